@@ -1,0 +1,146 @@
+// The one interface the Qwen3.5 forward (model/forward.cpp) calls. Backends are peers behind it: the CPU backend
+// (kernels/cpu/, fp32 arithmetic, the reference) and the CUDA backend (kernels/cuda/, bf16 activations).
+//
+// Memory: every pointer handed to an op points into the model's arena, which the backend itself allocated with
+// alloc() (host memory for the CPU, device memory for CUDA). "act" tensors have the backend's act_dtype() (F32 on
+// the CPU, BF16 on CUDA); weight matrices keep a per-matrix dtype; small parameter vectors (norm weights, A_log,
+// dt_bias, conv taps) are F32. Shapes are given row-major, outermost first, as [T, H] etc.
+//
+// A batch is T tokens laid out as rows; it is made of runs, each a stretch of consecutive positions of one
+// sequence slot (prefill of one prompt = one run of T tokens; batched decode = T runs of one token).
+// Token-wise ops (matmul, norms, MLP) see only rows; the mixers (attention, Gated DeltaNet) use the runs to find
+// each row's sequence state and position.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+
+#include "model/common.h"
+
+namespace hy {
+
+// A weight matrix in the arena: row-major [rows, cols]; a projection computes y = x W^T (rows = out features).
+struct Matrix {
+    const void* data = nullptr;
+    DType dtype = DType::BF16;
+    int64_t rows = 0;
+    int64_t cols = 0;
+};
+
+// Batch rows [row, row + n_tokens) are positions [pos, pos + n_tokens) of sequence slot `slot`.
+struct SeqRun {
+    int32_t slot = 0;
+    int32_t pos = 0;
+    int32_t row = 0;
+    int32_t n_tokens = 0;
+};
+
+// Host-side description of one forward step. The pointed-to arrays stay valid until the next begin_batch().
+struct BatchDesc {
+    int32_t n_tokens = 0;              // T
+    const int32_t* token_ids = nullptr;  // [T]
+    const SeqRun* runs = nullptr;      // [n_runs], rows in increasing order, covering [0, T)
+    int32_t n_runs = 0;
+};
+
+// Sizes that bound every step; fixed at load.
+struct BatchLimits {
+    int32_t max_tokens = 0;   // rows per step (prefill chunk)
+    int32_t max_runs = 0;     // runs per step (= number of sequence slots)
+    int32_t n_ctx = 0;        // positions per sequence slot (KV cache length)
+    int32_t n_slots = 0;      // sequence slots
+};
+
+// One gated full-attention layer's core, after the q/k/v projections and before o_proj (QWEN35.md):
+//   q = RMSNorm1p(query; q_norm), k = RMSNorm1p(k; k_norm) per head over D; RoPE on the first R dims of q and k
+//   (rotate_half pairs (i, i + R/2), inv_freq[i] = theta^(-2i/R), angle = pos * inv_freq[i]); k (after norm and
+//   RoPE) and v are written to the KV cache at their positions; o = softmax(q k^T / sqrt(D) + causal) v (GQA);
+//   out = o * sigmoid(gate).
+struct AttentionArgs {
+    const void* qg = nullptr;   // act [T, Hq, 2*D]: per head the query (first D) then the gate (next D)
+    const void* k = nullptr;    // act [T, Hkv, D] (before k_norm)
+    const void* v = nullptr;    // act [T, Hkv, D]
+    const float* q_norm = nullptr;  // F32 [D] (zero-centred: applied as 1 + w)
+    const float* k_norm = nullptr;  // F32 [D]
+    void* k_cache = nullptr;    // act [n_slots, n_ctx, Hkv, D], this layer's
+    void* v_cache = nullptr;    // act [n_slots, n_ctx, Hkv, D]
+    void* out = nullptr;        // act [T, Hq * D]
+    int n_heads = 0, n_kv_heads = 0, head_dim = 0, rotary_dim = 0, n_ctx = 0;
+    float rope_theta = 0.0f, eps = 0.0f;
+};
+
+// One Gated DeltaNet layer's core, after the input projections and before out_proj (QWEN35.md):
+//   mixed = silu(causal depthwise conv over time of qkv, kernel K, with the conv state holding the previous K-1
+//   inputs); q, k, v = split(mixed); q, k l2-normalised over Dk (eps 1e-6), q *= 1/sqrt(Dk);
+//   beta = sigmoid(b); g = -exp(A_log) * softplus(a + dt_bias); per value head h (key head h / (Hv/Hk)), per token:
+//     S = exp(g) S;  u = beta (v - S^T k);  S += k u^T;  o = S^T q
+//   y = (norm_w * RMSNorm(o) over Dv (no 1+)) * silu(z).
+// Updates conv_state and ssm_state of every slot in the batch.
+struct GatedDeltaNetArgs {
+    const void* qkv = nullptr;    // act [T, C], C = 2*Hk*Dk + Hv*Dv, channel order [q | k | v], before the conv
+    const void* z = nullptr;      // act [T, Hv * Dv]
+    const void* b = nullptr;      // act [T, Hv]
+    const void* a = nullptr;      // act [T, Hv]
+    const float* conv_w = nullptr;   // F32 [C, K]; tap K-1 multiplies the current token
+    const float* A_log = nullptr;    // F32 [Hv]
+    const float* dt_bias = nullptr;  // F32 [Hv]
+    const float* norm_w = nullptr;   // F32 [Dv]
+    void* conv_state = nullptr;   // act [n_slots, K-1, C]: the last K-1 pre-conv inputs, oldest first
+    float* ssm_state = nullptr;   // F32 [n_slots, Hv, Dk, Dv]
+    void* out = nullptr;          // act [T, Hv * Dv]
+    int n_k_heads = 0, n_v_heads = 0, k_dim = 0, v_dim = 0, conv_kernel = 0;
+    float eps = 0.0f;             // of the gated RMSNorm
+};
+
+class Backend {
+public:
+    virtual ~Backend() = default;
+    virtual const char* name() const = 0;
+    // Element type of activations, KV cache and conv state.
+    virtual DType act_dtype() const = 0;
+    // Storage type for a weight matrix stored as `checkpoint` in the file.
+    virtual DType matrix_dtype(DType checkpoint) const = 0;
+
+    // ---- memory ----
+    // Allocates the arena (once, at load). Throws hy::Error(out_of_memory) on failure.
+    virtual void* alloc(size_t bytes) = 0;
+    virtual void free(void* p) = 0;
+    virtual void upload(void* dst, const void* src, size_t bytes) = 0;    // host -> arena
+    virtual void download(void* dst, const void* src, size_t bytes) = 0;  // arena -> host (synchronizes)
+    virtual void fill_zero(void* dst, size_t bytes) = 0;
+    // Bytes of private scratch the backend needs for these limits; handed over once with set_workspace().
+    virtual size_t workspace_bytes(const BatchLimits& limits, int max_heads, int max_head_dim) const = 0;
+    virtual void set_workspace(void* ws, const BatchLimits& limits) = 0;
+    virtual void synchronize() = 0;
+
+    // ---- one forward step ----
+    virtual void begin_batch(const BatchDesc& batch) = 0;
+    // x[T, H] = table[token_ids] (converted to act).
+    virtual void embed(const Matrix& table, void* x) = 0;
+    // y[rows, dim] = x * rsqrt(mean(x^2) + eps) * (zero_centred ? 1 + w : w); fp32 math; y may alias x.
+    virtual void rms_norm(const void* x, const float* w, int64_t rows, int dim, float eps, bool zero_centred,
+                          void* y) = 0;
+    // y[rows, w.rows] = x[rows, w.cols] @ w^T with fp32 accumulation.
+    virtual void matmul(const void* x, int64_t rows, const Matrix& w, void* y) = 0;
+    // y[n] += x[n].
+    virtual void add(void* y, const void* x, int64_t n) = 0;
+    // y[n] = silu(gate[n]) * up[n] (the MLP activation; n = rows * F).
+    virtual void silu_mul(const void* gate, const void* up, int64_t n, void* y) = 0;
+    virtual void attention(const AttentionArgs& args) = 0;
+    virtual void gated_delta_net(const GatedDeltaNetArgs& args) = 0;
+    // y[n, dim] = x[rows[i], :] for the host list rows[0..n).
+    virtual void gather_rows(const void* x, int64_t dim, const int32_t* rows, int n, void* y) = 0;
+    // logits[n, w.rows] (F32, arena) = x[n, w.cols] @ w^T.
+    virtual void logits(const void* x, int n, const Matrix& w, float* logits) = 0;
+};
+
+// The CPU backend (always built). n_threads <= 0 uses all cores.
+std::unique_ptr<Backend> make_cpu_backend(int n_threads);
+// The CUDA backend; throws hy::Error(backend) when this build has no CUDA or no usable GPU is present.
+std::unique_ptr<Backend> make_cuda_backend(int device);
+// True when this build includes CUDA and a usable GPU is present.
+bool cuda_available();
+
+}  // namespace hy

@@ -1,0 +1,123 @@
+// CPU gated full attention (QWEN35.md "Gated attention layer"), fp32.
+#include <omp.h>
+
+#include <cmath>
+
+#include "kernels/cpu/cpu_ops.h"
+
+namespace hy::cpu {
+
+namespace {
+
+constexpr int kMaxRotaryHalf = 256;
+
+// RMSNorm1p over one head vector in place.
+void norm1p(float* v, const float* w, int D, float eps) {
+    float ss = 0.0f;
+    for (int i = 0; i < D; i++) ss += v[i] * v[i];
+    const float inv = 1.0f / std::sqrt(ss / float(D) + eps);
+    for (int i = 0; i < D; i++) v[i] = v[i] * inv * (1.0f + w[i]);
+}
+
+// cos/sin of angle = pos * inv_freq[i], inv_freq[i] = 1 / theta^(2i/R), i < R/2 (fp32, as HF computes them).
+void rope_table(int R, int pos, float theta, float* cos_out, float* sin_out) {
+    for (int i = 0; i < R / 2; i++) {
+        const float inv_freq = 1.0f / std::pow(theta, float(2 * i) / float(R));
+        const float angle = float(pos) * inv_freq;
+        cos_out[i] = std::cos(angle);
+        sin_out[i] = std::sin(angle);
+    }
+}
+
+// rotate_half RoPE on the first R dims: pairs (i, i + R/2).
+void rope(float* v, int R, const float* c, const float* s) {
+    const int half = R / 2;
+    for (int i = 0; i < half; i++) {
+        const float x0 = v[i], x1 = v[i + half];
+        v[i] = x0 * c[i] - x1 * s[i];
+        v[i + half] = x1 * c[i] + x0 * s[i];
+    }
+}
+
+}  // namespace
+
+void attention(const AttentionArgs& p, const RowMap& rows, float* q_all, float* scores, int n_threads) {
+    const int Hq = p.n_heads, Hkv = p.n_kv_heads, D = p.head_dim, R = p.rotary_dim;
+    const int64_t T = rows.n_rows;
+    const float* qg = static_cast<const float*>(p.qg);
+    const float* k_in = static_cast<const float*>(p.k);
+    const float* v_in = static_cast<const float*>(p.v);
+    float* k_cache = static_cast<float*>(p.k_cache);
+    float* v_cache = static_cast<float*>(p.v_cache);
+    float* out = static_cast<float*>(p.out);
+    const int64_t kv_row = int64_t(Hkv) * D;
+    const int64_t slot_stride = int64_t(p.n_ctx) * kv_row;
+
+    const int32_t* row_slot = rows.slot;
+    const int32_t* row_pos = rows.pos;
+    if (R > 2 * kMaxRotaryHalf) throw Error(Status::unsupported, "CPU attention: rotary dims above 512");
+
+    // 1. q: norm + RoPE into q_all [T, Hq, D]; k: norm + RoPE, k and v into the cache.
+#pragma omp parallel for num_threads(n_threads) schedule(static)
+    for (int64_t t = 0; t < T; t++) {
+        const int pos = row_pos[t];
+        float cs[kMaxRotaryHalf], sn[kMaxRotaryHalf];
+        rope_table(R, pos, p.rope_theta, cs, sn);
+        for (int h = 0; h < Hq; h++) {
+            float* q = q_all + (t * Hq + h) * D;
+            const float* src = qg + (t * Hq + h) * 2 * D;
+            for (int i = 0; i < D; i++) q[i] = src[i];
+            norm1p(q, p.q_norm, D, p.eps);
+            rope(q, R, cs, sn);
+        }
+        float* kc = k_cache + row_slot[t] * slot_stride + int64_t(pos) * kv_row;
+        float* vc = v_cache + row_slot[t] * slot_stride + int64_t(pos) * kv_row;
+        for (int h = 0; h < Hkv; h++) {
+            float* k = kc + h * D;
+            for (int i = 0; i < D; i++) k[i] = k_in[t * kv_row + h * D + i];
+            norm1p(k, p.k_norm, D, p.eps);
+            rope(k, R, cs, sn);
+            for (int i = 0; i < D; i++) vc[h * D + i] = v_in[t * kv_row + h * D + i];
+        }
+    }
+
+    // 2. softmax(q k^T / sqrt(D)) v over positions [0, pos], then the sigmoid gate.
+    const float scale = 1.0f / std::sqrt(float(D));
+    const int group = Hq / Hkv;
+#pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1) collapse(2)
+    for (int64_t t = 0; t < T; t++) {
+        for (int h = 0; h < Hq; h++) {
+            float* s = scores + int64_t(omp_get_thread_num()) * p.n_ctx;
+            const int pos = row_pos[t];
+            const int kvh = h / group;
+            const float* q = q_all + (t * Hq + h) * D;
+            const float* kc = k_cache + row_slot[t] * slot_stride + kvh * D;
+            const float* vc = v_cache + row_slot[t] * slot_stride + kvh * D;
+            float mx = -INFINITY;
+            for (int j = 0; j <= pos; j++) {
+                const float* k = kc + int64_t(j) * kv_row;
+                float dot = 0.0f;
+                for (int i = 0; i < D; i++) dot += q[i] * k[i];
+                s[j] = dot * scale;
+                mx = std::max(mx, s[j]);
+            }
+            float sum = 0.0f;
+            for (int j = 0; j <= pos; j++) {
+                s[j] = std::exp(s[j] - mx);
+                sum += s[j];
+            }
+            const float inv = 1.0f / sum;
+            float* o = out + (t * Hq + h) * D;
+            for (int i = 0; i < D; i++) o[i] = 0.0f;
+            for (int j = 0; j <= pos; j++) {
+                const float pj = s[j] * inv;
+                const float* v = vc + int64_t(j) * kv_row;
+                for (int i = 0; i < D; i++) o[i] += pj * v[i];
+            }
+            const float* gate = qg + (t * Hq + h) * 2 * D + D;
+            for (int i = 0; i < D; i++) o[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
+        }
+    }
+}
+
+}  // namespace hy::cpu

@@ -1,0 +1,117 @@
+// The CPU backend: host memory, F32 activations, OpenMP threads. The reference implementation.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstdlib>
+#include <cstring>
+#include <vector>
+
+#include "kernels/cpu/cpu_ops.h"
+
+namespace hy {
+
+namespace {
+
+class CpuBackend final : public Backend {
+public:
+    explicit CpuBackend(int n_threads) : n_threads_(n_threads > 0 ? n_threads : omp_get_num_procs()) {}
+
+    const char* name() const override { return "cpu"; }
+    DType act_dtype() const override { return DType::F32; }
+    DType matrix_dtype(DType checkpoint) const override { return checkpoint; }
+
+    void* alloc(size_t bytes) override {
+        void* p = std::aligned_alloc(256, std::max<size_t>(256, (bytes + 255) / 256 * 256));
+        if (!p)
+            throw Error(Status::out_of_memory, "cannot allocate the model arena of " + std::to_string(bytes >> 20) +
+                                                   " MiB in host memory");
+        return p;
+    }
+    void free(void* p) override { std::free(p); }
+    void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+    void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
+    void fill_zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
+    void synchronize() override {}
+
+    size_t workspace_bytes(const BatchLimits& l, int max_heads, int max_head_dim) const override {
+        // q scratch [T, Hq, D] (or GDN mixed [T, C], which is no larger than T * 4 * heads * dim), scores
+        // [threads, n_ctx]
+        const size_t T = size_t(l.max_tokens);
+        return T * size_t(max_heads) * size_t(max_head_dim) * 4 * 4 + size_t(n_threads_) * size_t(l.n_ctx) * 4;
+    }
+    void set_workspace(void* ws, const BatchLimits& l) override {
+        limits_ = l;
+        scratch_ = static_cast<float*>(ws);
+        row_slot_.assign(size_t(l.max_tokens), 0);
+        row_pos_.assign(size_t(l.max_tokens), 0);
+    }
+
+    void begin_batch(const BatchDesc& b) override {
+        batch_ = b;
+        for (int r = 0; r < b.n_runs; r++) {
+            const SeqRun& run = b.runs[r];
+            for (int i = 0; i < run.n_tokens; i++) {
+                row_slot_[size_t(run.row + i)] = run.slot;
+                row_pos_[size_t(run.row + i)] = run.pos + i;
+            }
+        }
+    }
+
+    void embed(const Matrix& table, void* x) override {
+        float* out = static_cast<float*>(x);
+        const size_t row_bytes = size_t(table.cols) * dtype_size(table.dtype);
+        for (int t = 0; t < batch_.n_tokens; t++)
+            convert_to_f32(static_cast<const char*>(table.data) + size_t(batch_.token_ids[t]) * row_bytes, table.dtype,
+                           out + int64_t(t) * table.cols, size_t(table.cols));
+    }
+    void rms_norm(const void* x, const float* w, int64_t rows, int dim, float eps, bool zero_centred, void* y) override {
+        cpu::rms_norm(static_cast<const float*>(x), w, rows, dim, eps, zero_centred, static_cast<float*>(y), n_threads_);
+    }
+    void matmul(const void* x, int64_t rows, const Matrix& w, void* y) override {
+        cpu::matmul(static_cast<const float*>(x), rows, w, static_cast<float*>(y), n_threads_);
+    }
+    void add(void* y, const void* x, int64_t n) override {
+        float* yy = static_cast<float*>(y);
+        const float* xx = static_cast<const float*>(x);
+        for (int64_t i = 0; i < n; i++) yy[i] += xx[i];
+    }
+    void silu_mul(const void* gate, const void* up, int64_t n, void* y) override {
+        cpu::silu_mul(static_cast<const float*>(gate), static_cast<const float*>(up), n, static_cast<float*>(y), n_threads_);
+    }
+    void attention(const AttentionArgs& args) override {
+        const size_t q_floats = size_t(batch_.n_tokens) * size_t(args.n_heads) * size_t(args.head_dim);
+        cpu::RowMap rows{batch_.n_tokens, row_slot_.data(), row_pos_.data()};
+        cpu::attention(args, rows, scratch_, scratch_ + q_floats, n_threads_);
+    }
+    void gated_delta_net(const GatedDeltaNetArgs& args) override {
+        cpu::gated_delta_net(args, batch_, scratch_, n_threads_);
+    }
+    void gather_rows(const void* x, int64_t dim, const int32_t* rows, int n, void* y) override {
+        for (int i = 0; i < n; i++)
+            std::memmove(static_cast<float*>(y) + int64_t(i) * dim, static_cast<const float*>(x) + int64_t(rows[i]) * dim,
+                         size_t(dim) * 4);
+    }
+    void logits(const void* x, int n, const Matrix& w, float* out) override {
+        cpu::matmul(static_cast<const float*>(x), n, w, out, n_threads_);
+    }
+
+private:
+    int n_threads_;
+    BatchLimits limits_;
+    BatchDesc batch_;
+    float* scratch_ = nullptr;  // the workspace: attention q [T, Hq, D] then scores [threads, n_ctx]; GDN mixed [T, C]
+    std::vector<int32_t> row_slot_, row_pos_;  // [max_tokens], sized once at load
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_cpu_backend(int n_threads) { return std::make_unique<CpuBackend>(n_threads); }
+
+#ifndef HY_HAVE_CUDA
+std::unique_ptr<Backend> make_cuda_backend(int) {
+    throw Error(Status::backend, "this build of hybrid has no CUDA backend (rebuild with nvcc available)");
+}
+bool cuda_available() { return false; }
+#endif
+
+}  // namespace hy

@@ -1,0 +1,35 @@
+// The CPU kernels: fp32 arithmetic, the reference every other backend is tested against. All activations are F32.
+// Each function is deterministic and independent of the thread count and of how rows are batched: row r of an
+// output depends only on row r of the inputs (and the sequence state), computed in a fixed order.
+#pragma once
+
+#include <cstdint>
+
+#include "kernels/backend.h"
+
+namespace hy::cpu {
+
+// Per batch row: its sequence slot and position (filled from the batch runs).
+struct RowMap {
+    int64_t n_rows = 0;
+    const int32_t* slot = nullptr;  // [n_rows]
+    const int32_t* pos = nullptr;   // [n_rows]
+};
+
+// y[rows, w.rows] = x[rows, w.cols] @ w^T; w is F32, F16 or BF16 (widened exactly to F32); fp32 accumulation.
+void matmul(const float* x, int64_t rows, const Matrix& w, float* y, int n_threads);
+
+// y[rows, dim] = x * rsqrt(mean(x^2) + eps) * (zero_centred ? 1 + w : w). y may alias x.
+void rms_norm(const float* x, const float* w, int64_t rows, int dim, float eps, bool zero_centred, float* y,
+              int n_threads);
+
+// y[n] = silu(gate[n]) * up[n], silu(v) = v / (1 + exp(-v)).
+void silu_mul(const float* gate, const float* up, int64_t n, float* y, int n_threads);
+
+// Gated attention core (see AttentionArgs), F32 act. q_scratch: [T, Hq, D]; scores: [n_threads, n_ctx].
+void attention(const AttentionArgs& args, const RowMap& rows, float* q_scratch, float* scores, int n_threads);
+
+// Gated DeltaNet core (see GatedDeltaNetArgs), F32 act. mixed_scratch: [T, C].
+void gated_delta_net(const GatedDeltaNetArgs& args, const BatchDesc& batch, float* mixed_scratch, int n_threads);
+
+}  // namespace hy::cpu

@@ -1,0 +1,141 @@
+// CPU matmul y = x W^T with W in F32/F16/BF16 and fp32 accumulation.
+//
+// A register-blocked micro-kernel computes kRows x kTokens outputs at once with 16-lane accumulators (GCC vector
+// extensions: AVX-512, AVX2 or SSE, whatever -march allows). Every output (t, n) is accumulated in its own
+// 16-lane vector over k in steps of 16, the K % 16 tail is added lane-wise into the same vector, and the lanes are
+// summed in one fixed order. So the result of (t, n) does not depend on the block it fell into, the number of
+// rows in the batch or the thread count: batched and single-token forwards agree bitwise.
+#include <omp.h>
+
+#include <algorithm>
+#include <cstring>
+
+#include "kernels/cpu/cpu_ops.h"
+
+namespace hy::cpu {
+
+namespace {
+
+typedef float v16f __attribute__((vector_size(64)));
+typedef uint32_t v16u __attribute__((vector_size(64)));
+typedef uint16_t v16h __attribute__((vector_size(32)));
+
+constexpr int kLanes = 16;
+constexpr int kRows = 4;    // weight rows per micro-kernel
+constexpr int kTokens = 4;  // activation rows per micro-kernel
+constexpr int kTokenChunk = 64;  // activation rows kept hot in cache while a weight panel is swept
+
+inline v16f load_f32(const float* p) {
+    v16f v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+
+template <DType W>
+inline v16f load_w(const void* base, int64_t idx) {
+    if constexpr (W == DType::F32) {
+        return load_f32(static_cast<const float*>(base) + idx);
+    } else if constexpr (W == DType::BF16) {
+        v16h h;
+        std::memcpy(&h, static_cast<const uint16_t*>(base) + idx, sizeof h);
+        v16u u = __builtin_convertvector(h, v16u) << 16;
+        v16f f;
+        std::memcpy(&f, &u, sizeof f);
+        return f;
+    } else {
+        const uint16_t* p = static_cast<const uint16_t*>(base) + idx;
+        v16f v;
+        for (int i = 0; i < kLanes; i++) v[i] = f16_to_f32(p[i]);
+        return v;
+    }
+}
+
+template <DType W>
+inline float load_w1(const void* base, int64_t idx) {
+    if constexpr (W == DType::F32) return static_cast<const float*>(base)[idx];
+    else if constexpr (W == DType::BF16) return bf16_to_f32(static_cast<const uint16_t*>(base)[idx]);
+    else return f16_to_f32(static_cast<const uint16_t*>(base)[idx]);
+}
+
+// Sum of the 16 lanes in a fixed pairwise order.
+inline float reduce(v16f v) {
+    float s8[8], s4[4];
+    for (int i = 0; i < 8; i++) s8[i] = v[i] + v[i + 8];
+    for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+
+// y[t0 + j, n0 + r] for r < NR, j < NT.
+template <DType W, int NR, int NT>
+inline void micro_kernel(const float* x, int64_t ldx, const void* w, int64_t K, float* y, int64_t ldy, int64_t t0,
+                         int64_t n0) {
+    v16f acc[NR][NT];
+    for (int r = 0; r < NR; r++)
+        for (int j = 0; j < NT; j++) acc[r][j] = v16f{} ;
+    const int64_t K16 = K / kLanes * kLanes;
+    for (int64_t k = 0; k < K16; k += kLanes) {
+        v16f wv[NR];
+        for (int r = 0; r < NR; r++) wv[r] = load_w<W>(w, (n0 + r) * K + k);
+        for (int j = 0; j < NT; j++) {
+            v16f xv = load_f32(x + (t0 + j) * ldx + k);
+            for (int r = 0; r < NR; r++) acc[r][j] += wv[r] * xv;
+        }
+    }
+    for (int64_t k = K16; k < K; k++) {
+        const int lane = int(k - K16);
+        for (int r = 0; r < NR; r++) {
+            float wk = load_w1<W>(w, (n0 + r) * K + k);
+            for (int j = 0; j < NT; j++) acc[r][j][lane] += wk * x[(t0 + j) * ldx + k];
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int j = 0; j < NT; j++) y[(t0 + j) * ldy + n0 + r] = reduce(acc[r][j]);
+}
+
+template <DType W, int NR>
+inline void row_block(const float* x, int64_t t_begin, int64_t t_end, const void* w, int64_t K, float* y, int64_t ldy,
+                      int64_t n0) {
+    int64_t t = t_begin;
+    for (; t + kTokens <= t_end; t += kTokens) micro_kernel<W, NR, kTokens>(x, K, w, K, y, ldy, t, n0);
+    switch (t_end - t) {
+        case 3: micro_kernel<W, NR, 3>(x, K, w, K, y, ldy, t, n0); break;
+        case 2: micro_kernel<W, NR, 2>(x, K, w, K, y, ldy, t, n0); break;
+        case 1: micro_kernel<W, NR, 1>(x, K, w, K, y, ldy, t, n0); break;
+        default: break;
+    }
+}
+
+template <DType W>
+void matmul_typed(const float* x, int64_t T, const Matrix& m, float* y, int n_threads) {
+    const int64_t N = m.rows, K = m.cols;
+    const int64_t n_blocks = (N + kRows - 1) / kRows;
+    // Parallel over weight-row blocks: each weight row is read by one thread, once per token chunk.
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (n_blocks * T * K > 32768)
+    for (int64_t nb = 0; nb < n_blocks; nb++) {
+        const int64_t n0 = nb * kRows;
+        const int nr = int(std::min<int64_t>(kRows, N - n0));
+        for (int64_t t0 = 0; t0 < T; t0 += kTokenChunk) {
+            const int64_t t1 = std::min(T, t0 + kTokenChunk);
+            switch (nr) {
+                case 4: row_block<W, 4>(x, t0, t1, m.data, K, y, N, n0); break;
+                case 3: row_block<W, 3>(x, t0, t1, m.data, K, y, N, n0); break;
+                case 2: row_block<W, 2>(x, t0, t1, m.data, K, y, N, n0); break;
+                default: row_block<W, 1>(x, t0, t1, m.data, K, y, N, n0); break;
+            }
+        }
+    }
+}
+
+}  // namespace
+
+void matmul(const float* x, int64_t rows, const Matrix& w, float* y, int n_threads) {
+    switch (w.dtype) {
+        case DType::F32: return matmul_typed<DType::F32>(x, rows, w, y, n_threads);
+        case DType::BF16: return matmul_typed<DType::BF16>(x, rows, w, y, n_threads);
+        case DType::F16: return matmul_typed<DType::F16>(x, rows, w, y, n_threads);
+        default: break;
+    }
+    throw Error(Status::unsupported, std::string("CPU matmul: unsupported weight dtype ") + dtype_name(w.dtype));
+}
+
+}  // namespace hy::cpu

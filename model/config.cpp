@@ -1,0 +1,206 @@
+#include "model/config.h"
+
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+namespace hy {
+
+using json = nlohmann::json;
+
+int ModelConfig::n_attention_layers() const {
+    int n = 0;
+    for (LayerKind k : layer_kinds) n += k == LayerKind::full_attention;
+    return n;
+}
+
+int ModelConfig::n_gdn_layers() const { return n_layers - n_attention_layers(); }
+
+namespace {
+
+struct Reader {
+    const json& j;
+    const std::string& source;
+    const char* scope;  // "" or "text_config."
+
+    [[noreturn]] void fail(const std::string& field, const std::string& what) const {
+        throw Error(Status::format, source + ": field '" + scope + field + "' " + what);
+    }
+    bool has(const char* field) const { return j.contains(field) && !j.at(field).is_null(); }
+    int get_int(const char* field, int min_value) const {
+        if (!has(field)) fail(field, "is missing");
+        const json& v = j.at(field);
+        if (!v.is_number_integer()) fail(field, "must be an integer, found " + v.dump());
+        long long x = v.get<long long>();
+        if (x < min_value || x > (1ll << 30)) fail(field, "has invalid value " + v.dump());
+        return int(x);
+    }
+    int get_int_or(const char* field, int fallback, int min_value) const {
+        return has(field) ? get_int(field, min_value) : fallback;
+    }
+    float get_float(const json& obj, const char* field, const std::string& scope_name) const {
+        const json& v = obj.at(field);
+        if (!v.is_number()) throw Error(Status::format, source + ": field '" + scope_name + field + "' must be a number");
+        return v.get<float>();
+    }
+};
+
+std::vector<int> read_id_list(const json& v, const std::string& source, const char* field) {
+    std::vector<int> out;
+    if (v.is_null()) return out;
+    if (v.is_number_integer()) {
+        out.push_back(v.get<int>());
+    } else if (v.is_array()) {
+        for (const json& x : v) {
+            if (!x.is_number_integer())
+                throw Error(Status::format, source + ": field '" + field + "' must hold integers, found " + x.dump());
+            out.push_back(x.get<int>());
+        }
+    } else {
+        throw Error(Status::format, source + ": field '" + field + "' must be an integer or a list, found " + v.dump());
+    }
+    return out;
+}
+
+}  // namespace
+
+static ModelConfig parse_model_config_impl(const std::string& text, const std::string& source) {
+    json root;
+    try {
+        root = json::parse(text);
+    } catch (const json::exception& e) {
+        throw Error(Status::format, source + ": invalid JSON: " + e.what());
+    }
+    if (!root.is_object()) throw Error(Status::format, source + ": expected a JSON object");
+
+    ModelConfig c;
+    if (!root.contains("model_type") || !root["model_type"].is_string())
+        throw Error(Status::format, source + ": field 'model_type' is missing");
+    c.model_type = root["model_type"].get<std::string>();
+    const json* tj = &root;
+    const char* scope = "";
+    if (c.model_type == "qwen3_5") {
+        if (!root.contains("text_config") || !root["text_config"].is_object())
+            throw Error(Status::format, source + ": model_type qwen3_5 needs an object field 'text_config'");
+        tj = &root["text_config"];
+        scope = "text_config.";
+        c.tensor_prefix = "model.language_model.";
+    } else if (c.model_type == "qwen3_5_text") {
+        c.tensor_prefix = "model.";
+    } else {
+        throw Error(Status::unsupported, source + ": unsupported model_type '" + c.model_type +
+                                             "' (supported: qwen3_5_text, qwen3_5)");
+    }
+    Reader r{*tj, source, scope};
+
+    c.vocab_size = r.get_int("vocab_size", 1);
+    c.hidden_size = r.get_int("hidden_size", 1);
+    c.intermediate_size = r.get_int("intermediate_size", 1);
+    c.n_layers = r.get_int("num_hidden_layers", 1);
+    c.n_heads = r.get_int("num_attention_heads", 1);
+    c.n_kv_heads = r.get_int_or("num_key_value_heads", c.n_heads, 1);
+    c.head_dim = r.get_int_or("head_dim", c.hidden_size / c.n_heads, 1);
+    c.gdn_k_heads = r.get_int("linear_num_key_heads", 1);
+    c.gdn_v_heads = r.get_int("linear_num_value_heads", 1);
+    c.gdn_k_dim = r.get_int("linear_key_head_dim", 1);
+    c.gdn_v_dim = r.get_int("linear_value_head_dim", 1);
+    c.conv_kernel = r.get_int("linear_conv_kernel_dim", 1);
+    if (r.has("rms_norm_eps")) c.rms_norm_eps = r.get_float(*tj, "rms_norm_eps", scope);
+    if (!(c.rms_norm_eps > 0.0f)) r.fail("rms_norm_eps", "must be positive");
+
+    // tie_word_embeddings: text_config first, then the top level, default false.
+    if (r.has("tie_word_embeddings"))
+        c.tie_word_embeddings = tj->at("tie_word_embeddings").get<bool>();
+    else if (root.contains("tie_word_embeddings") && root["tie_word_embeddings"].is_boolean())
+        c.tie_word_embeddings = root["tie_word_embeddings"].get<bool>();
+
+    // RoPE: rope_parameters (or legacy rope_scaling-free top-level fields).
+    float theta = 10000.0f, partial = 1.0f;
+    const json* rp = nullptr;
+    if (r.has("rope_parameters") && tj->at("rope_parameters").is_object()) rp = &tj->at("rope_parameters");
+    std::string rp_scope = std::string(scope) + "rope_parameters.";
+    if (rp && rp->contains("rope_type") && rp->at("rope_type").is_string()) {
+        std::string type = rp->at("rope_type").get<std::string>();
+        if (type != "default")
+            throw Error(Status::unsupported, source + ": unsupported rope_type '" + type + "' (supported: default)");
+    }
+    if (rp && rp->contains("rope_theta"))
+        theta = r.get_float(*rp, "rope_theta", rp_scope);
+    else if (r.has("rope_theta"))
+        theta = r.get_float(*tj, "rope_theta", scope);
+    if (rp && rp->contains("partial_rotary_factor"))
+        partial = r.get_float(*rp, "partial_rotary_factor", rp_scope);
+    else if (r.has("partial_rotary_factor"))
+        partial = r.get_float(*tj, "partial_rotary_factor", scope);
+    c.rope_theta = theta;
+    c.partial_rotary_factor = partial;
+    c.rotary_dim = int(float(c.head_dim) * partial);  // as HF: int(head_dim * partial_rotary_factor)
+    if (!(theta > 0.0f)) r.fail("rope_theta", "must be positive");
+    if (!(partial > 0.0f) || partial > 1.0f) r.fail("partial_rotary_factor", "must lie in (0, 1]");
+    if (c.rotary_dim % 2 != 0 || c.rotary_dim <= 0 || c.rotary_dim > c.head_dim)
+        throw Error(Status::format, source + ": rotary dims " + std::to_string(c.rotary_dim) +
+                                        " (head_dim x partial_rotary_factor) must be even, positive and <= head_dim " +
+                                        std::to_string(c.head_dim));
+
+    // Layer kinds.
+    if (r.has("layer_types")) {
+        const json& lt = tj->at("layer_types");
+        if (!lt.is_array()) r.fail("layer_types", "must be a list");
+        if (int(lt.size()) != c.n_layers)
+            r.fail("layer_types", "has " + std::to_string(lt.size()) + " entries, expected num_hidden_layers = " +
+                                      std::to_string(c.n_layers));
+        for (size_t i = 0; i < lt.size(); i++) {
+            std::string s = lt[i].is_string() ? lt[i].get<std::string>() : lt[i].dump();
+            if (s == "linear_attention")
+                c.layer_kinds.push_back(LayerKind::gated_delta_net);
+            else if (s == "full_attention")
+                c.layer_kinds.push_back(LayerKind::full_attention);
+            else
+                throw Error(Status::unsupported, source + ": layer_types[" + std::to_string(i) + "] is '" + s +
+                                                     "' (supported: linear_attention, full_attention)");
+        }
+    } else {
+        int interval = r.get_int_or("full_attention_interval", 4, 1);
+        for (int i = 0; i < c.n_layers; i++)
+            c.layer_kinds.push_back((i + 1) % interval == 0 ? LayerKind::full_attention : LayerKind::gated_delta_net);
+    }
+
+    if (c.n_heads % c.n_kv_heads != 0)
+        throw Error(Status::format, source + ": num_attention_heads " + std::to_string(c.n_heads) +
+                                        " is not a multiple of num_key_value_heads " + std::to_string(c.n_kv_heads));
+    if (c.gdn_v_heads % c.gdn_k_heads != 0)
+        throw Error(Status::format, source + ": linear_num_value_heads " + std::to_string(c.gdn_v_heads) +
+                                        " is not a multiple of linear_num_key_heads " + std::to_string(c.gdn_k_heads));
+    if (c.conv_kernel < 2 || c.conv_kernel > 16)
+        r.fail("linear_conv_kernel_dim", "must lie in [2, 16], found " + std::to_string(c.conv_kernel));
+    if (r.has("attention_bias") && tj->at("attention_bias").is_boolean() && tj->at("attention_bias").get<bool>())
+        throw Error(Status::unsupported, source + ": attention_bias = true is not supported");
+    if (r.has("hidden_act") && tj->at("hidden_act") != "silu")
+        throw Error(Status::unsupported, source + ": hidden_act " + tj->at("hidden_act").dump() + " (supported: silu)");
+
+    // eos ids: text_config, then top level.
+    if (r.has("eos_token_id"))
+        c.eos_token_ids = read_id_list(tj->at("eos_token_id"), source, "eos_token_id");
+    else if (root.contains("eos_token_id"))
+        c.eos_token_ids = read_id_list(root["eos_token_id"], source, "eos_token_id");
+    return c;
+}
+
+ModelConfig parse_model_config(const std::string& text, const std::string& source) {
+    try {
+        return parse_model_config_impl(text, source);
+    } catch (const json::exception& e) {  // a field of the wrong JSON type
+        throw Error(Status::format, source + ": " + e.what());
+    }
+}
+
+ModelConfig load_model_config(const std::string& dir) {
+    std::string path = dir + "/config.json";
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw Error(Status::io, path + ": cannot open (is '" + dir + "' a Hugging Face model folder?)");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return parse_model_config(ss.str(), path);
+}
+
+}  // namespace hy

@@ -1,0 +1,61 @@
+// The Qwen3.5 hybrid model configuration, read from a Hugging Face config.json.
+//
+// Both layouts of ../docs (QWEN35.md, "Checkpoint") are accepted:
+//   text-only:   flat fields, model_type "qwen3_5_text", architectures ["Qwen3_5ForCausalLM"], tensors under "model."
+//   multimodal:  model_type "qwen3_5", the text fields under "text_config" (tie_word_embeddings may sit at the top
+//                level), tensors under "model.language_model."
+// Layer kinds come from layer_types, or, when absent, layer i is full attention iff (i+1) % full_attention_interval
+// == 0 (default 4). RoPE fields come from rope_parameters or, in older files, the top level.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "model/common.h"
+
+namespace hy {
+
+enum class LayerKind : uint8_t { gated_delta_net, full_attention };
+
+struct ModelConfig {
+    std::string model_type;    // "qwen3_5_text" or "qwen3_5"
+    std::string tensor_prefix; // "model." or "model.language_model."
+
+    int vocab_size = 0;        // rows of embed_tokens (may exceed the tokenizer's ids)
+    int hidden_size = 0;       // H
+    int intermediate_size = 0; // MLP width F
+    int n_layers = 0;          // L
+    float rms_norm_eps = 1e-6f;
+    bool tie_word_embeddings = false;
+    std::vector<LayerKind> layer_kinds;  // [L]
+
+    // gated full attention
+    int n_heads = 0;     // Hq
+    int n_kv_heads = 0;  // Hkv (GQA: q head j reads kv head j / (Hq / Hkv))
+    int head_dim = 0;    // D
+    int rotary_dim = 0;  // R = int(D * partial_rotary_factor), even
+    float rope_theta = 10000.0f;
+    float partial_rotary_factor = 1.0f;
+
+    // Gated DeltaNet (linear attention)
+    int gdn_k_heads = 0;   // Hk
+    int gdn_v_heads = 0;   // Hv (a multiple of Hk)
+    int gdn_k_dim = 0;     // Dk
+    int gdn_v_dim = 0;     // Dv
+    int conv_kernel = 0;   // K
+
+    std::vector<int> eos_token_ids;  // from config.json (int or list); may be empty
+
+    int gdn_conv_channels() const { return 2 * gdn_k_heads * gdn_k_dim + gdn_v_heads * gdn_v_dim; }  // C
+    int n_attention_layers() const;
+    int n_gdn_layers() const;
+};
+
+// Reads and validates `dir`/config.json. Throws hy::Error naming the file and field on a missing or invalid field,
+// an unsupported model_type, or inconsistent sizes (Hv % Hk, Hq % Hkv, rotary dims even and <= head_dim, ...).
+ModelConfig load_model_config(const std::string& dir);
+
+// Parses config.json text (`source` names it in messages). Same checks as load_model_config.
+ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
+
+}  // namespace hy

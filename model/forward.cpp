@@ -1,0 +1,151 @@
+// The Qwen3.5 hybrid forward, one explicit pass over the layers (QWEN35.md "Decoder layer"):
+//   h = h + Mixer(RMSNorm1p(h; input_layernorm));  h = h + MLP(RMSNorm1p(h; post_attention_layernorm))
+//   logits = RMSNorm1p(h; norm) @ W_out^T
+// where Mixer is a gated full-attention layer or a Gated DeltaNet layer. Every op goes through the Backend.
+#include <algorithm>
+
+#include "model/model.h"
+
+namespace hy {
+
+void Model::forward(const BatchDesc& batch, std::span<const int32_t> out_rows) {
+    const ModelConfig& c = config_;
+    Backend& be = *backend_;
+    Activations& a = act_;
+    const int64_t T = batch.n_tokens;
+    const int H = c.hidden_size;
+    const float eps = c.rms_norm_eps;
+
+    be.begin_batch(batch);
+    be.embed(weights_.embed, a.x);  // [T, H]
+    for (int i = 0; i < c.n_layers; i++) {
+        const LayerWeights& L = weights_.layers[size_t(i)];
+        const LayerState& S = state_[size_t(i)];
+        be.rms_norm(a.x, L.input_norm, T, H, eps, true, a.xn);  // [T, H]
+        if (L.kind == LayerKind::full_attention) {
+            const AttentionWeights& w = L.attn;
+            be.matmul(a.xn, T, w.q_proj, a.mix_in);  // [T, Hq, 2D]
+            be.matmul(a.xn, T, w.k_proj, a.k);       // [T, Hkv, D]
+            be.matmul(a.xn, T, w.v_proj, a.v);       // [T, Hkv, D]
+            AttentionArgs args;
+            args.qg = a.mix_in; args.k = a.k; args.v = a.v;
+            args.q_norm = w.q_norm; args.k_norm = w.k_norm;
+            args.k_cache = S.k_cache; args.v_cache = S.v_cache;
+            args.out = a.mix_out;  // [T, Hq * D]
+            args.n_heads = c.n_heads; args.n_kv_heads = c.n_kv_heads; args.head_dim = c.head_dim;
+            args.rotary_dim = c.rotary_dim; args.n_ctx = params_.n_ctx;
+            args.rope_theta = c.rope_theta; args.eps = eps;
+            be.attention(args);
+            be.matmul(a.mix_out, T, w.o_proj, a.y);  // [T, H]
+        } else {
+            const GatedDeltaNetWeights& w = L.gdn;
+            be.matmul(a.xn, T, w.in_proj_qkv, a.mix_in);  // [T, C]
+            be.matmul(a.xn, T, w.in_proj_z, a.z);         // [T, Hv * Dv]
+            be.matmul(a.xn, T, w.in_proj_b, a.b);         // [T, Hv]
+            be.matmul(a.xn, T, w.in_proj_a, a.a);         // [T, Hv]
+            GatedDeltaNetArgs args;
+            args.qkv = a.mix_in; args.z = a.z; args.b = a.b; args.a = a.a;
+            args.conv_w = w.conv1d; args.A_log = w.A_log; args.dt_bias = w.dt_bias; args.norm_w = w.norm;
+            args.conv_state = S.conv_state; args.ssm_state = S.ssm_state;
+            args.out = a.mix_out;  // [T, Hv * Dv]
+            args.n_k_heads = c.gdn_k_heads; args.n_v_heads = c.gdn_v_heads;
+            args.k_dim = c.gdn_k_dim; args.v_dim = c.gdn_v_dim; args.conv_kernel = c.conv_kernel;
+            args.eps = eps;
+            be.gated_delta_net(args);
+            be.matmul(a.mix_out, T, w.out_proj, a.y);  // [T, H]
+        }
+        be.add(a.x, a.y, T * H);
+        be.rms_norm(a.x, L.post_norm, T, H, eps, true, a.xn);
+        be.matmul(a.xn, T, L.mlp.gate_proj, a.gate);  // [T, F]
+        be.matmul(a.xn, T, L.mlp.up_proj, a.up);      // [T, F]
+        be.silu_mul(a.gate, a.up, T * c.intermediate_size, a.gate);
+        be.matmul(a.gate, T, L.mlp.down_proj, a.y);   // [T, H]
+        be.add(a.x, a.y, T * H);
+    }
+    const int n_out = int(out_rows.size());
+    if (n_out == 0) return;
+    be.gather_rows(a.x, H, out_rows.data(), n_out, a.last);  // [n_out, H]
+    be.rms_norm(a.last, weights_.final_norm, n_out, H, eps, true, a.last);
+    be.logits(a.last, n_out, weights_.output, a.logits);     // [n_out, vocab]
+}
+
+std::span<const float> Model::step(const BatchDesc& batch, std::span<const int32_t> out_rows) {
+    const ModelConfig& c = config_;
+    if (batch.n_tokens <= 0 || batch.n_tokens > params_.max_batch_tokens)
+        throw Error(Status::invalid_argument, "batch of " + std::to_string(batch.n_tokens) + " tokens (limit " +
+                                                  std::to_string(params_.max_batch_tokens) + ")");
+    if (int(out_rows.size()) > params_.max_logits)
+        throw Error(Status::invalid_argument, "asked for " + std::to_string(out_rows.size()) + " logits rows (limit " +
+                                                  std::to_string(params_.max_logits) + ")");
+    for (int32_t r : out_rows)
+        if (r < 0 || r >= batch.n_tokens) throw Error(Status::invalid_argument, "logits row " + std::to_string(r) + " outside the batch");
+    for (int i = 0; i < batch.n_tokens; i++) {
+        int32_t t = batch.token_ids[i];
+        if (t < 0 || t >= c.vocab_size)
+            throw Error(Status::invalid_argument, "token id " + std::to_string(t) + " out of range [0, " +
+                                                      std::to_string(c.vocab_size) + ")");
+    }
+    int32_t expect_row = 0;
+    for (int r = 0; r < batch.n_runs; r++) {
+        const SeqRun& run = batch.runs[r];
+        int len = seq_len(run.slot);
+        if (run.row != expect_row || run.n_tokens <= 0)
+            throw Error(Status::invalid_argument, "batch runs must cover the rows in order without gaps");
+        if (run.pos != len)
+            throw Error(Status::invalid_argument, "run for slot " + std::to_string(run.slot) + " starts at position " +
+                                                      std::to_string(run.pos) + " but the sequence holds " +
+                                                      std::to_string(len) + " tokens");
+        if (len + run.n_tokens > params_.n_ctx)
+            throw Error(Status::context_full, "sequence " + std::to_string(run.slot) + " would hold " +
+                                                  std::to_string(len + run.n_tokens) + " tokens, context is " +
+                                                  std::to_string(params_.n_ctx));
+        for (int q = 0; q < r; q++)
+            if (batch.runs[q].slot == run.slot)
+                throw Error(Status::invalid_argument, "slot " + std::to_string(run.slot) + " appears twice in one batch");
+        expect_row += run.n_tokens;
+    }
+    if (expect_row != batch.n_tokens) throw Error(Status::invalid_argument, "batch runs do not cover every row");
+
+    forward(batch, out_rows);
+    for (int r = 0; r < batch.n_runs; r++) seq_len_[size_t(batch.runs[r].slot)] += batch.runs[r].n_tokens;
+    const size_t n = out_rows.size() * size_t(c.vocab_size);
+    if (n) backend_->download(logits_host_.data(), act_.logits, n * 4);
+    return {logits_host_.data(), n};
+}
+
+std::span<const float> Model::prefill(int slot, std::span<const int32_t> tokens, bool all_logits) {
+    const size_t V = size_t(config_.vocab_size);
+    const int len0 = seq_len(slot);
+    if (tokens.empty()) throw Error(Status::invalid_argument, "empty prompt");
+    if (len0 + int64_t(tokens.size()) > params_.n_ctx)
+        throw Error(Status::context_full, "prompt of " + std::to_string(tokens.size()) + " tokens does not fit: sequence holds " +
+                                              std::to_string(len0) + " of " + std::to_string(params_.n_ctx) + " positions");
+    for (int32_t t : tokens)
+        if (t < 0 || t >= config_.vocab_size)
+            throw Error(Status::invalid_argument, "token id " + std::to_string(t) + " out of range [0, " +
+                                                      std::to_string(config_.vocab_size) + ")");
+    // All-logits output may exceed the per-step logits buffer: then use smaller steps.
+    const int chunk = all_logits ? std::min(params_.max_batch_tokens, params_.max_logits) : params_.max_batch_tokens;
+    if (all_logits) all_logits_.resize(tokens.size() * V);
+    std::span<const float> last;
+    for (size_t done = 0; done < tokens.size();) {
+        const int n = int(std::min(tokens.size() - done, size_t(chunk)));
+        SeqRun run{slot, seq_len_[size_t(slot)], 0, n};
+        BatchDesc b{n, tokens.data() + done, &run, 1};
+        const bool is_last = done + size_t(n) == tokens.size();
+        if (all_logits) {
+            for (int r = 0; r < n; r++) rows_scratch_[size_t(r)] = r;
+            auto l = step(b, std::span<const int32_t>(rows_scratch_.data(), size_t(n)));
+            std::copy(l.begin(), l.end(), all_logits_.begin() + std::ptrdiff_t(done * V));
+        } else {
+            rows_scratch_[0] = n - 1;
+            auto l = step(b, is_last ? std::span<const int32_t>(rows_scratch_.data(), 1) : std::span<const int32_t>());
+            if (is_last) last = l;
+        }
+        done += size_t(n);
+    }
+    if (all_logits) return {all_logits_.data(), all_logits_.size()};
+    return last;
+}
+
+}  // namespace hy

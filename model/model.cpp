@@ -1,0 +1,468 @@
+// Loading a Qwen3.5 checkpoint into the arena; sequence slots and snapshots. The forward is in forward.cpp.
+#define HYST_IMPLEMENTATION
+#include "model/safetensors.h"
+
+#include <sys/stat.h>
+
+#include <algorithm>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "model/model.h"
+
+namespace hy {
+
+namespace {
+
+constexpr size_t kAlign = 256;
+
+size_t align_up(size_t n) { return (n + kAlign - 1) / kAlign * kAlign; }
+
+std::string shape_str(const std::vector<int64_t>& s) {
+    std::string out = "[";
+    for (size_t i = 0; i < s.size(); i++) out += (i ? ", " : "") + std::to_string(s[i]);
+    return out + "]";
+}
+
+bool is_dir(const std::string& p) {
+    struct stat st;
+    return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool is_file(const std::string& p) {
+    struct stat st;
+    return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+DType to_dtype(hyst_dtype t) {
+    switch (t) {
+        case HYST_F32: return DType::F32;
+        case HYST_F16: return DType::F16;
+        case HYST_BF16: return DType::BF16;
+        default: break;
+    }
+    throw Error(Status::unsupported, "unsupported tensor dtype");
+}
+
+// The checkpoint's safetensors files, opened for the duration of the load.
+struct Checkpoint {
+    std::vector<std::unique_ptr<hyst_file>> files;
+    std::map<std::string, const hyst_tensor*> tensors;
+    std::map<const hyst_tensor*, std::string> file_of;
+
+    ~Checkpoint() {
+        for (auto& f : files) hyst_close(f.get());
+    }
+
+    void open_file(const std::string& path) {
+        auto f = std::make_unique<hyst_file>();
+        int rc = hyst_open(f.get(), path.c_str());
+        if (rc != HYST_OK)
+            throw Error(rc == HYST_ERR_IO ? Status::io : rc == HYST_ERR_DTYPE ? Status::unsupported : Status::format,
+                        f->error);
+        for (int i = 0; i < f->n_tensors; i++) {
+            const hyst_tensor* t = &f->tensors[i];
+            if (!tensors.emplace(t->name, t).second)
+                throw Error(Status::format, path + ": tensor '" + t->name + "' also appears in " + file_of[tensors[t->name]]);
+            file_of[t] = path;
+        }
+        files.push_back(std::move(f));
+    }
+
+    void open(const std::string& dir) {
+        std::string single = dir + "/model.safetensors";
+        std::string index = dir + "/model.safetensors.index.json";
+        if (is_file(single)) {
+            open_file(single);
+            return;
+        }
+        if (!is_file(index))
+            throw Error(Status::io, dir + ": no model.safetensors or model.safetensors.index.json");
+        std::ifstream in(index, std::ios::binary);
+        std::stringstream ss;
+        ss << in.rdbuf();
+        nlohmann::json j;
+        try {
+            j = nlohmann::json::parse(ss.str());
+        } catch (const nlohmann::json::exception& e) {
+            throw Error(Status::format, index + ": invalid JSON: " + e.what());
+        }
+        if (!j.contains("weight_map") || !j["weight_map"].is_object())
+            throw Error(Status::format, index + ": field 'weight_map' is missing");
+        std::vector<std::string> shards;
+        for (auto& [name, file] : j["weight_map"].items()) {
+            if (!file.is_string()) throw Error(Status::format, index + ": weight_map['" + name + "'] is not a string");
+            std::string f = file.get<std::string>();
+            if (f.find('/') != std::string::npos || f == ".." || f.empty())
+                throw Error(Status::format, index + ": weight_map['" + name + "'] names an invalid file '" + f + "'");
+            if (std::find(shards.begin(), shards.end(), f) == shards.end()) shards.push_back(f);
+        }
+        for (const std::string& f : shards) open_file(dir + "/" + f);
+        for (auto& [name, file] : j["weight_map"].items()) {
+            auto it = tensors.find(name);
+            if (it == tensors.end())
+                throw Error(Status::model_mismatch, index + ": tensor '" + name + "' is listed for " +
+                                                        file.get<std::string>() + " but is not in it");
+        }
+    }
+
+    const hyst_tensor& get(const std::string& name, const std::vector<int64_t>& shape) const {
+        auto it = tensors.find(name);
+        if (it == tensors.end()) throw Error(Status::model_mismatch, "missing tensor '" + name + "' (expected shape " + shape_str(shape) + ")");
+        const hyst_tensor* t = it->second;
+        std::vector<int64_t> found(t->shape, t->shape + t->n_dims);
+        if (found != shape)
+            throw Error(Status::model_mismatch, "tensor '" + name + "' has shape " + shape_str(found) + ", expected " + shape_str(shape));
+        return *t;
+    }
+};
+
+}  // namespace
+
+// Builds the arena: a planning pass assigns offsets, then the backend allocates once and the weights are copied in.
+struct ModelLoader {
+    Model& m;
+    const Checkpoint& ck;
+    Backend& be;
+    size_t offset = 0;
+
+    struct MatrixJob { Matrix* dst; const hyst_tensor* src; size_t off; };
+    struct VectorJob { const float** dst; const hyst_tensor* src; size_t off; int64_t n; };
+    std::vector<MatrixJob> matrices;
+    std::vector<VectorJob> vectors;
+
+    size_t reserve(size_t bytes) {
+        size_t o = offset;
+        offset += align_up(bytes);
+        return o;
+    }
+
+    void matrix(Matrix& dst, const std::string& name, int64_t rows, int64_t cols) {
+        const hyst_tensor& t = ck.get(name, {rows, cols});
+        dst.rows = rows;
+        dst.cols = cols;
+        dst.dtype = be.matrix_dtype(to_dtype(t.dtype));
+        matrices.push_back({&dst, &t, reserve(size_t(rows * cols) * dtype_size(dst.dtype))});
+    }
+
+    void vector(const float*& dst, const std::string& name, const std::vector<int64_t>& shape) {
+        const hyst_tensor& t = ck.get(name, shape);
+        int64_t n = 1;
+        for (int64_t d : shape) n *= d;
+        vectors.push_back({&dst, &t, reserve(size_t(n) * 4), n});
+    }
+
+    void plan_weights() {
+        const ModelConfig& c = m.config_;
+        const std::string& p = c.tensor_prefix;
+        const int64_t H = c.hidden_size, F = c.intermediate_size, D = c.head_dim;
+        const int64_t Hq = c.n_heads, Hkv = c.n_kv_heads, Hv = c.gdn_v_heads, Dv = c.gdn_v_dim;
+        const int64_t C = c.gdn_conv_channels(), K = c.conv_kernel;
+        Weights& w = m.weights_;
+        matrix(w.embed, p + "embed_tokens.weight", c.vocab_size, H);
+        vector(w.final_norm, p + "norm.weight", {H});
+        if (!c.tie_word_embeddings) {  // tied: output = embed, set after the upload
+            matrix(w.output, "lm_head.weight", c.vocab_size, H);
+        }
+        w.layers.resize(size_t(c.n_layers));
+        int n_attn = 0, n_gdn = 0;
+        for (int i = 0; i < c.n_layers; i++) {
+            LayerWeights& L = w.layers[size_t(i)];
+            std::string lp = p + "layers." + std::to_string(i) + ".";
+            L.kind = c.layer_kinds[size_t(i)];
+            vector(L.input_norm, lp + "input_layernorm.weight", {H});
+            vector(L.post_norm, lp + "post_attention_layernorm.weight", {H});
+            if (L.kind == LayerKind::full_attention) {
+                L.state_index = n_attn++;
+                std::string ap = lp + "self_attn.";
+                matrix(L.attn.q_proj, ap + "q_proj.weight", Hq * 2 * D, H);
+                matrix(L.attn.k_proj, ap + "k_proj.weight", Hkv * D, H);
+                matrix(L.attn.v_proj, ap + "v_proj.weight", Hkv * D, H);
+                matrix(L.attn.o_proj, ap + "o_proj.weight", H, Hq * D);
+                vector(L.attn.q_norm, ap + "q_norm.weight", {D});
+                vector(L.attn.k_norm, ap + "k_norm.weight", {D});
+            } else {
+                L.state_index = n_gdn++;
+                std::string gp = lp + "linear_attn.";
+                matrix(L.gdn.in_proj_qkv, gp + "in_proj_qkv.weight", C, H);
+                matrix(L.gdn.in_proj_z, gp + "in_proj_z.weight", Hv * Dv, H);
+                matrix(L.gdn.in_proj_b, gp + "in_proj_b.weight", Hv, H);
+                matrix(L.gdn.in_proj_a, gp + "in_proj_a.weight", Hv, H);
+                matrix(L.gdn.out_proj, gp + "out_proj.weight", H, Hv * Dv);
+                vector(L.gdn.conv1d, gp + "conv1d.weight", {C, 1, K});
+                vector(L.gdn.A_log, gp + "A_log", {Hv});
+                vector(L.gdn.dt_bias, gp + "dt_bias", {Hv});
+                vector(L.gdn.norm, gp + "norm.weight", {Dv});
+            }
+            std::string mp = lp + "mlp.";
+            matrix(L.mlp.gate_proj, mp + "gate_proj.weight", F, H);
+            matrix(L.mlp.up_proj, mp + "up_proj.weight", F, H);
+            matrix(L.mlp.down_proj, mp + "down_proj.weight", H, F);
+        }
+    }
+
+    void upload_weights(char* base) {
+        std::vector<float> tmp;
+        for (const MatrixJob& j : matrices) {
+            void* dst = base + j.off;
+            DType src_type = to_dtype(j.src->dtype);
+            size_t n = size_t(j.dst->rows * j.dst->cols);
+            if (src_type == j.dst->dtype) {
+                be.upload(dst, j.src->data, n * dtype_size(src_type));
+            } else {
+                tmp.resize(n);
+                convert_to_f32(j.src->data, src_type, tmp.data(), n);
+                if (j.dst->dtype == DType::F32) {
+                    be.upload(dst, tmp.data(), n * 4);
+                } else if (j.dst->dtype == DType::BF16) {
+                    std::vector<uint16_t> h(n);
+                    for (size_t i = 0; i < n; i++) h[i] = f32_to_bf16(tmp[i]);
+                    be.upload(dst, h.data(), n * 2);
+                } else {
+                    throw Error(Status::internal, "no conversion to the backend's matrix dtype");
+                }
+            }
+            j.dst->data = dst;
+        }
+        for (const VectorJob& j : vectors) {
+            tmp.resize(size_t(j.n));
+            convert_to_f32(j.src->data, to_dtype(j.src->dtype), tmp.data(), size_t(j.n));
+            be.upload(base + j.off, tmp.data(), size_t(j.n) * 4);
+            *j.dst = reinterpret_cast<const float*>(base + j.off);
+        }
+    }
+};
+
+static std::unique_ptr<Backend> choose_backend(const ModelParams& p) {
+    switch (p.device) {
+        case Device::cpu: return make_cpu_backend(p.n_threads);
+        case Device::cuda: return make_cuda_backend(0);
+        case Device::auto_select: return cuda_available() ? make_cuda_backend(0) : make_cpu_backend(p.n_threads);
+    }
+    return make_cpu_backend(p.n_threads);
+}
+
+std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& params_in) {
+    if (!is_dir(dir)) throw Error(Status::io, "model folder '" + dir + "' does not exist or is not a folder");
+    std::unique_ptr<Model> m(new Model());
+    m->dir_ = dir;
+    m->config_ = load_model_config(dir);
+    const ModelConfig& c = m->config_;
+
+    ModelParams p = params_in;
+    if (p.n_ctx <= 0) throw Error(Status::invalid_argument, "context length must be positive, got " + std::to_string(p.n_ctx));
+    if (p.n_slots <= 0 || p.n_slots > 4096)
+        throw Error(Status::invalid_argument, "number of sequence slots must lie in [1, 4096], got " + std::to_string(p.n_slots));
+    if (p.max_batch_tokens <= 0)
+        throw Error(Status::invalid_argument, "batch size must be positive, got " + std::to_string(p.max_batch_tokens));
+    p.max_batch_tokens = std::max(p.max_batch_tokens, p.n_slots);  // a decode step of every slot fits
+    if (p.max_logits <= 0) p.max_logits = std::max(p.n_slots, 1);
+    p.max_logits = std::min(p.max_logits, p.max_batch_tokens);
+    m->params_ = p;
+
+    Checkpoint ck;
+    ck.open(dir);
+    m->backend_ = choose_backend(p);
+    Backend& be = *m->backend_;
+
+    ModelLoader ld{*m, ck, be, 0, {}, {}};
+    ld.plan_weights();
+    m->weight_bytes_ = ld.offset;
+
+    // Sequence state.
+    const DType act = be.act_dtype();
+    const size_t as = dtype_size(act);
+    const size_t S = size_t(p.n_slots), T = size_t(p.max_batch_tokens);
+    const size_t H = size_t(c.hidden_size), C = size_t(c.gdn_conv_channels());
+    const size_t kv_row = size_t(c.n_kv_heads) * size_t(c.head_dim);
+    struct StateOffsets { size_t k = 0, v = 0, conv = 0, ssm = 0; };
+    std::vector<StateOffsets> so(size_t(c.n_layers));
+    for (int i = 0; i < c.n_layers; i++) {
+        if (c.layer_kinds[size_t(i)] == LayerKind::full_attention) {
+            so[size_t(i)].k = ld.reserve(S * size_t(p.n_ctx) * kv_row * as);
+            so[size_t(i)].v = ld.reserve(S * size_t(p.n_ctx) * kv_row * as);
+        } else {
+            so[size_t(i)].conv = ld.reserve(S * size_t(c.conv_kernel - 1) * C * as);
+            so[size_t(i)].ssm = ld.reserve(S * size_t(c.gdn_v_heads) * size_t(c.gdn_k_dim) * size_t(c.gdn_v_dim) * 4);
+        }
+    }
+    m->state_bytes_ = ld.offset - m->weight_bytes_;
+
+    // Activations.
+    const size_t Hq = size_t(c.n_heads), D = size_t(c.head_dim), Hv = size_t(c.gdn_v_heads), Dv = size_t(c.gdn_v_dim);
+    const size_t F = size_t(c.intermediate_size);
+    size_t o_x = ld.reserve(T * H * as), o_xn = ld.reserve(T * H * as), o_y = ld.reserve(T * H * as);
+    size_t o_mix_in = ld.reserve(T * std::max(Hq * 2 * D, C) * as);
+    size_t o_k = ld.reserve(T * kv_row * as), o_v = ld.reserve(T * kv_row * as);
+    size_t o_z = ld.reserve(T * Hv * Dv * as), o_b = ld.reserve(T * Hv * as), o_a = ld.reserve(T * Hv * as);
+    size_t o_mix_out = ld.reserve(T * std::max(Hq * D, Hv * Dv) * as);
+    size_t o_gate = ld.reserve(T * F * as), o_up = ld.reserve(T * F * as);
+    size_t o_last = ld.reserve(size_t(p.max_logits) * H * as);
+    size_t o_logits = ld.reserve(size_t(p.max_logits) * size_t(c.vocab_size) * 4);
+
+    BatchLimits limits{p.max_batch_tokens, p.n_slots, p.n_ctx, p.n_slots};
+    int max_heads = std::max(c.n_heads, c.gdn_v_heads);
+    int max_head_dim = std::max(c.head_dim, std::max(c.gdn_k_dim, c.gdn_v_dim));
+    size_t o_ws = ld.reserve(be.workspace_bytes(limits, max_heads, max_head_dim));
+    m->arena_bytes_ = ld.offset;
+
+    m->arena_ = be.alloc(m->arena_bytes_);
+    char* base = static_cast<char*>(m->arena_);
+    ld.upload_weights(base);
+    if (c.tie_word_embeddings) m->weights_.output = m->weights_.embed;
+
+    m->state_.resize(size_t(c.n_layers));
+    for (int i = 0; i < c.n_layers; i++) {
+        LayerState& st = m->state_[size_t(i)];
+        if (c.layer_kinds[size_t(i)] == LayerKind::full_attention) {
+            st.k_cache = base + so[size_t(i)].k;
+            st.v_cache = base + so[size_t(i)].v;
+        } else {
+            st.conv_state = base + so[size_t(i)].conv;
+            st.ssm_state = reinterpret_cast<float*>(base + so[size_t(i)].ssm);
+        }
+    }
+    be.fill_zero(base + m->weight_bytes_, m->state_bytes_);
+    Activations& a = m->act_;
+    a.x = base + o_x; a.xn = base + o_xn; a.y = base + o_y; a.mix_in = base + o_mix_in;
+    a.k = base + o_k; a.v = base + o_v; a.z = base + o_z; a.b = base + o_b; a.a = base + o_a;
+    a.mix_out = base + o_mix_out; a.gate = base + o_gate; a.up = base + o_up; a.last = base + o_last;
+    a.logits = reinterpret_cast<float*>(base + o_logits);
+    be.set_workspace(base + o_ws, limits);
+    be.synchronize();
+
+    m->seq_len_.assign(S, 0);
+    m->logits_host_.resize(size_t(p.max_logits) * size_t(c.vocab_size));
+    m->runs_scratch_.resize(S);
+    m->rows_scratch_.resize(T);
+    return m;
+}
+
+Model::~Model() {
+    if (arena_ && backend_) backend_->free(arena_);
+}
+
+int Model::seq_len(int slot) const {
+    if (slot < 0 || slot >= params_.n_slots)
+        throw Error(Status::invalid_argument, "sequence slot " + std::to_string(slot) + " out of range [0, " +
+                                                  std::to_string(params_.n_slots) + ")");
+    return seq_len_[size_t(slot)];
+}
+
+void Model::reset(int slot) {
+    seq_len(slot);  // validates
+    seq_len_[size_t(slot)] = 0;
+    const ModelConfig& c = config_;
+    const size_t as = dtype_size(backend_->act_dtype());
+    const size_t conv = size_t(c.conv_kernel - 1) * size_t(c.gdn_conv_channels()) * as;
+    const size_t ssm = size_t(c.gdn_v_heads) * size_t(c.gdn_k_dim) * size_t(c.gdn_v_dim) * 4;
+    for (int i = 0; i < c.n_layers; i++) {
+        if (c.layer_kinds[size_t(i)] != LayerKind::gated_delta_net) continue;
+        LayerState& st = state_[size_t(i)];
+        backend_->fill_zero(static_cast<char*>(st.conv_state) + size_t(slot) * conv, conv);
+        backend_->fill_zero(reinterpret_cast<char*>(st.ssm_state) + size_t(slot) * ssm, ssm);
+    }
+}
+
+// Snapshot layout: a fixed header, then per layer its state for this slot (KV rows [0, len) for attention layers;
+// conv state and recurrent state for GDN layers).
+namespace {
+struct SnapshotHeader {
+    char magic[8];  // "HYSNAP1\0"
+    uint32_t n_layers, hidden, vocab, n_kv_heads, head_dim, gdn_v_heads, gdn_k_dim, gdn_v_dim, conv_channels,
+        conv_kernel, act_dtype, seq_len;
+};
+}  // namespace
+
+std::vector<uint8_t> Model::save_state(int slot) const {
+    const int len = seq_len(slot);
+    const ModelConfig& c = config_;
+    const size_t as = dtype_size(backend_->act_dtype());
+    SnapshotHeader h{};
+    std::memcpy(h.magic, "HYSNAP1", 8);
+    h.n_layers = uint32_t(c.n_layers); h.hidden = uint32_t(c.hidden_size); h.vocab = uint32_t(c.vocab_size);
+    h.n_kv_heads = uint32_t(c.n_kv_heads); h.head_dim = uint32_t(c.head_dim); h.gdn_v_heads = uint32_t(c.gdn_v_heads);
+    h.gdn_k_dim = uint32_t(c.gdn_k_dim); h.gdn_v_dim = uint32_t(c.gdn_v_dim);
+    h.conv_channels = uint32_t(c.gdn_conv_channels()); h.conv_kernel = uint32_t(c.conv_kernel);
+    h.act_dtype = uint32_t(backend_->act_dtype()); h.seq_len = uint32_t(len);
+    const size_t kv_row = size_t(c.n_kv_heads) * size_t(c.head_dim) * as;
+    const size_t conv = size_t(c.conv_kernel - 1) * size_t(c.gdn_conv_channels()) * as;
+    const size_t ssm = size_t(c.gdn_v_heads) * size_t(c.gdn_k_dim) * size_t(c.gdn_v_dim) * 4;
+    size_t total = sizeof h;
+    for (int i = 0; i < c.n_layers; i++)
+        total += c.layer_kinds[size_t(i)] == LayerKind::full_attention ? 2 * size_t(len) * kv_row : conv + ssm;
+    std::vector<uint8_t> out(total);
+    std::memcpy(out.data(), &h, sizeof h);
+    size_t pos = sizeof h;
+    Backend& be = *backend_;
+    for (int i = 0; i < c.n_layers; i++) {
+        const LayerState& st = state_[size_t(i)];
+        if (c.layer_kinds[size_t(i)] == LayerKind::full_attention) {
+            size_t slot_bytes = size_t(params_.n_ctx) * kv_row;
+            be.download(out.data() + pos, static_cast<const char*>(st.k_cache) + size_t(slot) * slot_bytes, size_t(len) * kv_row);
+            pos += size_t(len) * kv_row;
+            be.download(out.data() + pos, static_cast<const char*>(st.v_cache) + size_t(slot) * slot_bytes, size_t(len) * kv_row);
+            pos += size_t(len) * kv_row;
+        } else {
+            be.download(out.data() + pos, static_cast<const char*>(st.conv_state) + size_t(slot) * conv, conv);
+            pos += conv;
+            be.download(out.data() + pos, reinterpret_cast<const char*>(st.ssm_state) + size_t(slot) * ssm, ssm);
+            pos += ssm;
+        }
+    }
+    return out;
+}
+
+void Model::load_state(int slot, std::span<const uint8_t> snap) {
+    seq_len(slot);
+    const ModelConfig& c = config_;
+    SnapshotHeader h{};
+    if (snap.size() < sizeof h) throw Error(Status::format, "snapshot is truncated (" + std::to_string(snap.size()) + " bytes)");
+    std::memcpy(&h, snap.data(), sizeof h);
+    if (std::memcmp(h.magic, "HYSNAP1", 8) != 0) throw Error(Status::format, "not a hybrid state snapshot (bad magic)");
+    const bool same = h.n_layers == uint32_t(c.n_layers) && h.hidden == uint32_t(c.hidden_size) &&
+                      h.vocab == uint32_t(c.vocab_size) && h.n_kv_heads == uint32_t(c.n_kv_heads) &&
+                      h.head_dim == uint32_t(c.head_dim) && h.gdn_v_heads == uint32_t(c.gdn_v_heads) &&
+                      h.gdn_k_dim == uint32_t(c.gdn_k_dim) && h.gdn_v_dim == uint32_t(c.gdn_v_dim) &&
+                      h.conv_channels == uint32_t(c.gdn_conv_channels()) && h.conv_kernel == uint32_t(c.conv_kernel);
+    if (!same) throw Error(Status::model_mismatch, "snapshot was saved from a model of different shape");
+    if (h.act_dtype != uint32_t(backend_->act_dtype()))
+        throw Error(Status::model_mismatch, std::string("snapshot holds ") + dtype_name(DType(h.act_dtype)) +
+                                                " state but this backend keeps " + dtype_name(backend_->act_dtype()));
+    if (h.seq_len > uint32_t(params_.n_ctx))
+        throw Error(Status::context_full, "snapshot holds " + std::to_string(h.seq_len) + " tokens, context is " +
+                                              std::to_string(params_.n_ctx));
+    const size_t as = dtype_size(backend_->act_dtype());
+    const size_t len = h.seq_len;
+    const size_t kv_row = size_t(c.n_kv_heads) * size_t(c.head_dim) * as;
+    const size_t conv = size_t(c.conv_kernel - 1) * size_t(c.gdn_conv_channels()) * as;
+    const size_t ssm = size_t(c.gdn_v_heads) * size_t(c.gdn_k_dim) * size_t(c.gdn_v_dim) * 4;
+    size_t total = sizeof h;
+    for (int i = 0; i < c.n_layers; i++)
+        total += c.layer_kinds[size_t(i)] == LayerKind::full_attention ? 2 * len * kv_row : conv + ssm;
+    if (snap.size() != total)
+        throw Error(Status::format, "snapshot has " + std::to_string(snap.size()) + " bytes, expected " + std::to_string(total));
+    size_t pos = sizeof h;
+    Backend& be = *backend_;
+    for (int i = 0; i < c.n_layers; i++) {
+        LayerState& st = state_[size_t(i)];
+        if (c.layer_kinds[size_t(i)] == LayerKind::full_attention) {
+            size_t slot_bytes = size_t(params_.n_ctx) * kv_row;
+            be.upload(static_cast<char*>(st.k_cache) + size_t(slot) * slot_bytes, snap.data() + pos, len * kv_row);
+            pos += len * kv_row;
+            be.upload(static_cast<char*>(st.v_cache) + size_t(slot) * slot_bytes, snap.data() + pos, len * kv_row);
+            pos += len * kv_row;
+        } else {
+            be.upload(static_cast<char*>(st.conv_state) + size_t(slot) * conv, snap.data() + pos, conv);
+            pos += conv;
+            be.upload(reinterpret_cast<char*>(st.ssm_state) + size_t(slot) * ssm, snap.data() + pos, ssm);
+            pos += ssm;
+        }
+    }
+    be.synchronize();
+    seq_len_[size_t(slot)] = int32_t(len);
+}
+
+}  // namespace hy

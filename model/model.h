@@ -1,0 +1,171 @@
+// The Qwen3.5 hybrid model: configuration, weights, per-sequence state and activations, all in one arena that
+// the backend allocates once at load; and the forward (model/forward.cpp).
+//
+// Arena layout (offsets fixed at load, nothing allocated afterwards):
+//   weights       matrices in the backend's matrix dtype (the checkpoint dtype on the CPU: bf16 stays bf16 and is
+//                 widened to fp32 inside the matmul), small vectors (norms, A_log, dt_bias, conv taps) in F32
+//   state         per attention layer: K and V cache [n_slots, n_ctx, Hkv, D] (act dtype)
+//                 per Gated DeltaNet layer: conv state [n_slots, K-1, C] (act dtype), recurrent state
+//                 [n_slots, Hv, Dk, Dv] (F32)
+//   activations   for max_batch_tokens rows; logits [max_logits, vocab] F32
+//   workspace     the backend's private scratch
+#pragma once
+
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "kernels/backend.h"
+#include "model/config.h"
+
+namespace hy {
+
+struct AttentionWeights {
+    Matrix q_proj;  // [Hq * 2D, H]: per head the query then the output gate
+    Matrix k_proj;  // [Hkv * D, H]
+    Matrix v_proj;  // [Hkv * D, H]
+    Matrix o_proj;  // [H, Hq * D]
+    const float* q_norm = nullptr;  // [D]
+    const float* k_norm = nullptr;  // [D]
+};
+
+struct GatedDeltaNetWeights {
+    Matrix in_proj_qkv;  // [C, H]
+    Matrix in_proj_z;    // [Hv * Dv, H]
+    Matrix in_proj_b;    // [Hv, H]
+    Matrix in_proj_a;    // [Hv, H]
+    Matrix out_proj;     // [H, Hv * Dv]
+    const float* conv1d = nullptr;   // [C, K]
+    const float* A_log = nullptr;    // [Hv]
+    const float* dt_bias = nullptr;  // [Hv]
+    const float* norm = nullptr;     // [Dv]
+};
+
+struct MlpWeights {
+    Matrix gate_proj;  // [F, H]
+    Matrix up_proj;    // [F, H]
+    Matrix down_proj;  // [H, F]
+};
+
+struct LayerWeights {
+    LayerKind kind = LayerKind::gated_delta_net;
+    int state_index = 0;  // index among the layers of its kind (KV cache or GDN state)
+    const float* input_norm = nullptr;  // [H]
+    const float* post_norm = nullptr;   // [H]
+    AttentionWeights attn;              // when kind == full_attention
+    GatedDeltaNetWeights gdn;           // when kind == gated_delta_net
+    MlpWeights mlp;
+};
+
+struct Weights {
+    Matrix embed;   // [vocab, H]
+    Matrix output;  // [vocab, H]: lm_head, or embed when tied
+    const float* final_norm = nullptr;  // [H]
+    std::vector<LayerWeights> layers;   // [L]
+};
+
+// Per-layer views of the sequence state.
+struct LayerState {
+    void* k_cache = nullptr;     // act [n_slots, n_ctx, Hkv, D]
+    void* v_cache = nullptr;     // act [n_slots, n_ctx, Hkv, D]
+    void* conv_state = nullptr;  // act [n_slots, K-1, C]
+    float* ssm_state = nullptr;  // F32 [n_slots, Hv, Dk, Dv]
+};
+
+// Activation buffers for up to max_batch_tokens rows (T).
+struct Activations {
+    void* x = nullptr;        // [T, H] residual stream
+    void* xn = nullptr;       // [T, H] normed input of a sub-layer
+    void* y = nullptr;        // [T, H] sub-layer output
+    void* mix_in = nullptr;   // [T, max(Hq*2D, C)] q_proj output or GDN qkv
+    void* k = nullptr;        // [T, Hkv*D]
+    void* v = nullptr;        // [T, Hkv*D]
+    void* z = nullptr;        // [T, Hv*Dv]
+    void* b = nullptr;        // [T, Hv]
+    void* a = nullptr;        // [T, Hv]
+    void* mix_out = nullptr;  // [T, max(Hq*D, Hv*Dv)]
+    void* gate = nullptr;     // [T, F]
+    void* up = nullptr;       // [T, F]
+    void* last = nullptr;     // [max_logits, H] rows whose logits are wanted
+    float* logits = nullptr;  // [max_logits, vocab] F32
+};
+
+enum class Device { auto_select, cpu, cuda };
+
+struct ModelParams {
+    Device device = Device::auto_select;
+    int n_threads = 0;          // CPU threads; <= 0: all cores
+    int n_ctx = 4096;           // positions per sequence slot
+    int n_slots = 1;            // sequence slots
+    int max_batch_tokens = 512; // rows per forward step (prefill chunk)
+    int max_logits = 0;         // logits rows per step; <= 0: max(n_slots, 1)
+};
+
+class Model {
+public:
+    // Loads a Hugging Face folder (config.json, model.safetensors or shards with model.safetensors.index.json).
+    // Throws hy::Error: io (missing folder/file), format (malformed file or config), unsupported, model_mismatch
+    // (missing or mis-shaped tensor, naming it with expected and found shapes), out_of_memory, backend.
+    static std::unique_ptr<Model> load(const std::string& dir, const ModelParams& params);
+    ~Model();
+    Model(const Model&) = delete;
+    Model& operator=(const Model&) = delete;
+
+    const ModelConfig& config() const { return config_; }
+    const ModelParams& params() const { return params_; }
+    Backend& backend() { return *backend_; }
+    const std::string& dir() const { return dir_; }
+    size_t arena_bytes() const { return arena_bytes_; }
+    size_t weight_bytes() const { return weight_bytes_; }
+    size_t state_bytes() const { return state_bytes_; }
+    int n_slots() const { return params_.n_slots; }
+    int n_ctx() const { return params_.n_ctx; }
+    int max_batch_tokens() const { return params_.max_batch_tokens; }
+    int max_logits() const { return params_.max_logits; }
+
+    // ---- sequences ----
+    int seq_len(int slot) const;  // tokens already in the slot's state
+    void reset(int slot);         // empties the slot: length 0, conv and recurrent state zeroed
+
+    // Appends `tokens` to sequence `slot` (prefill; a later call continues the same sequence) in steps of at most
+    // max_batch_tokens rows. Logits: when all_logits, one row per token ([n, vocab]) else the last token's only.
+    // Returns a host view valid until the next call. Throws invalid_argument (bad slot, token id >= vocab),
+    // context_full (would pass n_ctx).
+    std::span<const float> prefill(int slot, std::span<const int32_t> tokens, bool all_logits = false);
+
+    // One forward step over an explicit batch (several sequences at once). out_rows lists the batch rows whose
+    // logits are wanted (at most max_logits); returns them [n_out, vocab] on the host. Updates sequence lengths.
+    std::span<const float> step(const BatchDesc& batch, std::span<const int32_t> out_rows);
+
+    // ---- snapshots: the full state of one slot (length, KV cache up to length, conv and recurrent state) ----
+    std::vector<uint8_t> save_state(int slot) const;
+    // Throws model_mismatch when the snapshot was made by a model of another shape or dtype.
+    void load_state(int slot, std::span<const uint8_t> snapshot);
+
+    const Weights& weights() const { return weights_; }
+
+private:
+    Model() = default;
+    void forward(const BatchDesc& batch, std::span<const int32_t> out_rows);
+
+    std::string dir_;
+    ModelConfig config_;
+    ModelParams params_;
+    std::unique_ptr<Backend> backend_;
+    void* arena_ = nullptr;
+    size_t arena_bytes_ = 0, weight_bytes_ = 0, state_bytes_ = 0;
+    Weights weights_;
+    std::vector<LayerState> state_;  // [L]
+    Activations act_;
+    std::vector<int32_t> seq_len_;   // [n_slots]
+    std::vector<float> logits_host_;  // [max_logits, vocab]
+    std::vector<float> all_logits_;   // prefill(all_logits = true) output [n, vocab]
+    // host-side batch scratch (sized at load; the decode loop allocates nothing)
+    std::vector<SeqRun> runs_scratch_;
+    std::vector<int32_t> rows_scratch_;
+
+    friend struct ModelLoader;
+};
+
+}  // namespace hy

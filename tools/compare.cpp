@@ -1,0 +1,224 @@
+// hybrid-compare: checks hybrid against Hugging Face golden outputs (golden.json + golden_logits.safetensors, as
+// made by make_fixture.py). For each case: greedy tokens matched out of max_new_tokens, the first divergence (with
+// the top-2 logit margin there), the max absolute logit error at the last prompt position and over all prompt
+// positions. Then the `batch` entry: each prompt alone must reproduce its row of the left-padded batch.
+// Last line: SUMMARY: <k>/<n> cases exact, max logit err <x>. Exit 0 only if every case is exact.
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cxxopts.hpp>
+#include <fstream>
+#include <map>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "model/model.h"
+#include "model/safetensors.h"
+
+using namespace hy;
+using json = nlohmann::json;
+
+namespace {
+
+struct Greedy {
+    std::vector<int32_t> tokens;
+    std::vector<float> margins;  // top-1 minus top-2 logit at each step
+};
+
+int32_t argmax(std::span<const float> v, float* margin) {
+    int32_t best = 0;
+    for (size_t i = 1; i < v.size(); i++)
+        if (v[i] > v[size_t(best)]) best = int32_t(i);
+    float second = -INFINITY;
+    for (size_t i = 0; i < v.size(); i++)
+        if (int32_t(i) != best) second = std::max(second, v[i]);
+    if (margin) *margin = v[size_t(best)] - second;
+    return best;
+}
+
+Greedy greedy(Model& m, std::span<const float> last_logits, int n) {
+    Greedy g;
+    std::vector<float> cur(last_logits.begin(), last_logits.end());
+    for (int i = 0; i < n; i++) {
+        float margin;
+        int32_t t = argmax(cur, &margin);
+        g.tokens.push_back(t);
+        g.margins.push_back(margin);
+        if (i + 1 == n) break;
+        auto l = m.prefill(0, std::span<const int32_t>(&t, 1));
+        cur.assign(l.begin(), l.end());
+    }
+    return g;
+}
+
+std::string read_file(const std::string& path) {
+    std::ifstream in(path, std::ios::binary);
+    if (!in) throw Error(Status::io, path + ": cannot open");
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    cxxopts::Options opts("hybrid-compare", "Compare hybrid's logits and greedy tokens with Hugging Face goldens");
+    opts.add_options()("m,model", "model folder", cxxopts::value<std::string>())(
+        "golden", "golden file (default MODEL/golden.json)", cxxopts::value<std::string>())(
+        "logits", "golden logits (default MODEL/golden_logits.safetensors when present)", cxxopts::value<std::string>())(
+        "device", "cpu, cuda or auto", cxxopts::value<std::string>()->default_value("cpu"))(
+        "key", "golden token list to compare with (default greedy_fp32_cpu on the CPU, greedy_bf16_cuda on CUDA)",
+        cxxopts::value<std::string>())(
+        "tol", "max absolute logit error allowed (default 1e-3 on the CPU, 5e-2 on CUDA)", cxxopts::value<double>())(
+        "near-tie", "accept a divergence where the golden token's top-2 margin is below this", cxxopts::value<double>()->default_value("0"))(
+        "t,threads", "CPU threads (0: all cores)", cxxopts::value<int>()->default_value("0"))(
+        "case", "run only this case", cxxopts::value<std::string>())("h,help", "show this help");
+    cxxopts::ParseResult args;
+    try {
+        args = opts.parse(argc, argv);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "hybrid-compare: %s\n", e.what());
+        return 2;
+    }
+    if (args.count("help") || !args.count("model")) {
+        std::fputs(opts.help().c_str(), args.count("help") ? stdout : stderr);
+        return args.count("help") ? 0 : 2;
+    }
+    try {
+        const std::string dir = args["model"].as<std::string>();
+        const std::string dev = args["device"].as<std::string>();
+        ModelParams mp;
+        mp.device = dev == "cpu" ? Device::cpu : dev == "cuda" ? Device::cuda : dev == "auto" ? Device::auto_select
+                                                                                                : throw Error(Status::invalid_argument, "--device must be cpu, cuda or auto, got '" + dev + "'");
+        mp.n_threads = args["threads"].as<int>();
+        const std::string golden_path = args.count("golden") ? args["golden"].as<std::string>() : dir + "/golden.json";
+        json golden;
+        try {
+            golden = json::parse(read_file(golden_path));
+        } catch (const json::exception& e) {
+            throw Error(Status::format, golden_path + ": invalid JSON: " + e.what());
+        }
+        if (!golden.contains("cases") || !golden["cases"].is_array())
+            throw Error(Status::format, golden_path + ": field 'cases' is missing");
+        int max_len = 1;
+        for (const json& c : golden["cases"])
+            max_len = std::max(max_len, int(c["input_ids"].size()) + c["max_new_tokens"].get<int>());
+        mp.n_ctx = max_len + 8;
+        mp.max_batch_tokens = 128;
+        mp.max_logits = 128;
+        auto model = Model::load(dir, mp);
+        const bool on_gpu = std::string(model->backend().name()) != "cpu";
+        const std::string key = args.count("key") ? args["key"].as<std::string>()
+                                                  : (on_gpu ? "greedy_bf16_cuda" : "greedy_fp32_cpu");
+        const double tol = args.count("tol") ? args["tol"].as<double>() : (on_gpu ? 5e-2 : 1e-3);
+        const double near_tie = args["near-tie"].as<double>();
+        const int V = model->config().vocab_size;
+        std::printf("model %s on %s, golden %s (%s), logit tolerance %g\n", dir.c_str(), model->backend().name(),
+                    golden_path.c_str(), key.c_str(), tol);
+
+        // Golden logits, when present.
+        std::string logits_path = args.count("logits") ? args["logits"].as<std::string>() : dir + "/golden_logits.safetensors";
+        auto lf = std::make_unique<hyst_file>();
+        bool have_logits = false;
+        {
+            std::ifstream probe(logits_path);
+            if (probe) {
+                if (hyst_open(lf.get(), logits_path.c_str()) != HYST_OK) throw Error(Status::format, lf->error);
+                have_logits = true;
+            } else if (args.count("logits")) {
+                throw Error(Status::io, logits_path + ": cannot open");
+            }
+        }
+
+        int n_cases = 0, n_exact = 0;
+        double worst = 0.0;
+        std::map<std::string, std::vector<int32_t>> solo;
+        const std::string only = args.count("case") ? args["case"].as<std::string>() : "";
+        for (const json& c : golden["cases"]) {
+            const std::string name = c["name"].get<std::string>();
+            if (!only.empty() && name != only) continue;
+            std::vector<int32_t> ids = c["input_ids"].get<std::vector<int32_t>>();
+            const int n_new = c["max_new_tokens"].get<int>();
+            if (!c.contains(key)) throw Error(Status::format, golden_path + ": case '" + name + "' has no '" + key + "'");
+            std::vector<int32_t> want = c[key].get<std::vector<int32_t>>();
+            model->reset(0);
+            auto all = model->prefill(0, ids, true);
+            const size_t T = ids.size();
+            double err_all = NAN, err_last = NAN;
+            if (have_logits) {
+                const hyst_tensor* t = hyst_find(lf.get(), name.c_str());
+                if (!t || t->dtype != HYST_F32 || t->n_dims != 2 || size_t(t->shape[0]) != T || t->shape[1] != V)
+                    throw Error(Status::format, logits_path + ": no F32 [" + std::to_string(T) + ", " + std::to_string(V) +
+                                                    "] tensor '" + name + "'");
+                const float* g = static_cast<const float*>(t->data);
+                err_all = err_last = 0.0;
+                for (size_t i = 0; i < T * size_t(V); i++) {
+                    double e = std::fabs(double(all[i]) - double(g[i]));
+                    if (!(e == e)) e = INFINITY;  // NaN never passes
+                    err_all = std::max(err_all, e);
+                    if (i >= (T - 1) * size_t(V)) err_last = std::max(err_last, e);
+                }
+                worst = std::max(worst, err_all);
+            }
+            std::vector<float> last(all.end() - V, all.end());
+            Greedy got = greedy(*model, last, n_new);
+            solo[name] = got.tokens;
+            int matched = 0;
+            while (matched < n_new && matched < int(want.size()) && got.tokens[size_t(matched)] == want[size_t(matched)]) matched++;
+            bool tokens_ok = matched == n_new;
+            std::string note;
+            if (!tokens_ok) {
+                char buf[256];
+                std::snprintf(buf, sizeof buf, "; first divergence at step %d: golden %d, got %d, our top-2 margin %.4g",
+                              matched, want[size_t(matched)], got.tokens[size_t(matched)], got.margins[size_t(matched)]);
+                note = buf;
+                if (got.margins[size_t(matched)] < near_tie) {
+                    note += " (near-tie: accepted)";
+                    tokens_ok = true;
+                }
+            }
+            const bool logits_ok = !have_logits || err_all <= tol;
+            const bool ok = tokens_ok && logits_ok;
+            n_cases++;
+            n_exact += ok;
+            std::printf("%-4s %-16s prompt %4zu  tokens %2d/%d  logit err last %.3g all %.3g%s\n", ok ? "ok" : "FAIL",
+                        name.c_str(), T, matched, n_new, err_last, err_all, note.c_str());
+        }
+
+        if (golden.contains("batch") && only.empty()) {
+            const json& b = golden["batch"];
+            std::vector<std::string> names = b["names"].get<std::vector<std::string>>();
+            const json& rows = b["greedy_fp32_left_padded"];
+            bool ok = rows.size() == names.size();
+            for (size_t i = 0; ok && i < names.size(); i++) {
+                std::vector<int32_t> row = rows[i].get<std::vector<int32_t>>();
+                auto it = solo.find(names[i]);
+                if (it == solo.end()) {
+                    ok = false;
+                    break;
+                }
+                const std::vector<int32_t>& s = it->second;
+                size_t m = 0;
+                while (m < row.size() && m < s.size() && row[m] == s[m]) m++;
+                if (m != row.size()) {
+                    std::printf("     batch row %zu (%s): solo run diverges from the left-padded row at step %zu\n", i,
+                                names[i].c_str(), m);
+                    ok = false;
+                }
+            }
+            n_cases++;
+            n_exact += ok;
+            std::printf("%-4s %-16s %zu prompts: each alone reproduces its left-padded batch row\n", ok ? "ok" : "FAIL",
+                        "batch", names.size());
+        }
+        if (have_logits) hyst_close(lf.get());
+        std::printf("SUMMARY: %d/%d cases exact, max logit err %.3g\n", n_exact, n_cases, worst);
+        return n_exact == n_cases ? 0 : 1;
+    } catch (const Error& e) {
+        std::fprintf(stderr, "hybrid-compare: %s\n", e.what());
+        return 1;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "hybrid-compare: %s\n", e.what());
+        return 1;
+    }
+}

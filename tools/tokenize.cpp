@@ -1,0 +1,172 @@
+// hybrid-tokenize: encode/decode with a tokenizer.json, check golden encodings, measure speed.
+//
+//   hybrid-tokenize --tokenizer FILE|DIR --text T          ids of T, comma-separated on one line
+//   hybrid-tokenize --tokenizer FILE|DIR --decode 1,2,3    text of the ids
+//   hybrid-tokenize --tokenizer FILE|DIR --golden G.json   check {"cases":[{"text","ids","decoded"}]};
+//                                                          prints each mismatch, then SUMMARY: k/n cases match
+//   hybrid-tokenize --tokenizer FILE|DIR --bench TEXTFILE  load time and encode throughput (MB/s)
+// Exit status: 0 on success (all golden cases match), 1 on a mismatch, 2 on bad input.
+#include <chrono>
+#include <cstdio>
+#include <cxxopts.hpp>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "model/common.h"
+#include "model/tokenizer.h"
+
+namespace {
+
+using json = nlohmann::json;
+using Clock = std::chrono::steady_clock;
+
+double ms_since(Clock::time_point t0) {
+    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
+}
+
+std::string read_all(const std::string& path) {
+    std::ifstream f(path, std::ios::binary);
+    if (!f) throw hy::Error(hy::Status::io, "cannot open '" + path + "'");
+    std::ostringstream ss;
+    ss << f.rdbuf();
+    return ss.str();
+}
+
+std::string join_ids(const std::vector<int32_t>& ids) {
+    std::string s;
+    for (size_t i = 0; i < ids.size(); i++) {
+        if (i) s += ',';
+        s += std::to_string(ids[i]);
+    }
+    return s;
+}
+
+// A string as a JSON literal, so mismatches with control characters stay on one line.
+std::string json_quote(const std::string& s) { return json(s).dump(-1, ' ', false, json::error_handler_t::replace); }
+
+hy::Tokenizer load(const std::string& path) {
+    if (std::filesystem::is_directory(path)) return hy::Tokenizer::from_folder(path);
+    return hy::Tokenizer::from_file(path);
+}
+
+int run_golden(const hy::Tokenizer& tok, const std::string& path, bool parse_special) {
+    json g = json::parse(read_all(path), nullptr, false);
+    if (g.is_discarded()) throw hy::Error(hy::Status::format, path + ": malformed JSON");
+    if (!g.is_object() || !g.contains("cases") || !g["cases"].is_array())
+        throw hy::Error(hy::Status::format, path + ": expected an object with a 'cases' array");
+    size_t n = 0, ok = 0;
+    for (const json& c : g["cases"]) {
+        if (!c.is_object() || !c.contains("text") || !c["text"].is_string() || !c.contains("ids") ||
+            !c["ids"].is_array())
+            throw hy::Error(hy::Status::format, path + ": case " + std::to_string(n) + " lacks 'text' or 'ids'");
+        std::string text = c["text"].get<std::string>();
+        std::vector<int32_t> want;
+        for (const json& v : c["ids"]) {
+            if (!v.is_number_integer())
+                throw hy::Error(hy::Status::format, path + ": case " + std::to_string(n) + ": ids must be integers");
+            want.push_back(v.get<int32_t>());
+        }
+        n++;
+        std::vector<int32_t> got = tok.encode(text, parse_special);
+        bool match = got == want;
+        if (!match)
+            std::printf("MISMATCH ids  case %zu %s\n  want %s\n  got  %s\n", n - 1, json_quote(text).c_str(),
+                        join_ids(want).c_str(), join_ids(got).c_str());
+        if (c.contains("decoded") && c["decoded"].is_string()) {
+            std::string want_text = c["decoded"].get<std::string>();
+            std::string got_text = tok.decode(want);
+            if (got_text != want_text) {
+                match = false;
+                std::printf("MISMATCH text case %zu %s\n  want %s\n  got  %s\n", n - 1, json_quote(text).c_str(),
+                            json_quote(want_text).c_str(), json_quote(got_text).c_str());
+            }
+        }
+        ok += match;
+    }
+    std::printf("SUMMARY: %zu/%zu cases match\n", ok, n);
+    return ok == n ? 0 : 1;
+}
+
+int run_bench(const std::string& tok_path, const std::string& text_path, int repeat) {
+    const int loads = 5;
+    double best_load = 1e30;
+    for (int i = 0; i < loads; i++) {
+        auto t0 = Clock::now();
+        hy::Tokenizer t = load(tok_path);
+        best_load = std::min(best_load, ms_since(t0));
+    }
+    hy::Tokenizer tok = load(tok_path);
+    std::string text = read_all(text_path);
+    size_t n_tokens = tok.encode(text).size();  // warm-up (fills the word cache)
+    double best = 1e30;
+    for (int r = 0; r < repeat; r++) {
+        auto t0 = Clock::now();
+        size_t n = tok.encode(text).size();
+        best = std::min(best, ms_since(t0));
+        if (n != n_tokens) throw hy::Error(hy::Status::internal, "encode is not deterministic");
+    }
+    std::vector<int32_t> ids = tok.encode(text);
+    auto t0 = Clock::now();
+    std::string back = tok.decode(ids);
+    double dec_ms = ms_since(t0);
+    double mb = double(text.size()) / 1e6;
+    std::printf("load: %.1f ms (best of %d)\n", best_load, loads);
+    std::printf("encode: %.2f MB, %zu tokens, %.1f ms, %.1f MB/s (best of %d)\n", mb, n_tokens, best, mb / (best / 1e3),
+                repeat);
+    std::printf("decode: %.1f ms, %.1f MB/s\n", dec_ms, mb / (dec_ms / 1e3));
+    return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    cxxopts::Options opts("hybrid-tokenize", "Encode/decode text with a Hugging Face tokenizer.json");
+    opts.add_options()("tokenizer", "tokenizer.json file or checkpoint folder", cxxopts::value<std::string>())(
+        "text", "text to encode", cxxopts::value<std::string>())("decode", "comma-separated ids to decode",
+                                                                   cxxopts::value<std::string>())(
+        "golden", "golden file to check", cxxopts::value<std::string>())(
+        "bench", "text file to time encoding on", cxxopts::value<std::string>())(
+        "repeat", "bench repetitions", cxxopts::value<int>()->default_value("5"))(
+        "no-special", "encode special tokens as plain text")("h,help", "show this help");
+    try {
+        auto a = opts.parse(argc, argv);
+        if (a.count("help")) {
+            std::cout << opts.help() << "\n";
+            return 0;
+        }
+        if (!a.count("tokenizer")) throw hy::Error(hy::Status::invalid_argument, "--tokenizer is required");
+        int modes = int(a.count("text") + a.count("golden") + a.count("bench") + a.count("decode"));
+        if (modes != 1)
+            throw hy::Error(hy::Status::invalid_argument, "give exactly one of --text, --decode, --golden, --bench");
+        std::string tok_path = a["tokenizer"].as<std::string>();
+        bool parse_special = !a.count("no-special");
+        if (a.count("bench")) return run_bench(tok_path, a["bench"].as<std::string>(), a["repeat"].as<int>());
+        hy::Tokenizer tok = load(tok_path);
+        if (a.count("golden")) return run_golden(tok, a["golden"].as<std::string>(), parse_special);
+        if (a.count("decode")) {
+            std::vector<int32_t> ids;
+            std::stringstream ss(a["decode"].as<std::string>());
+            std::string item;
+            while (std::getline(ss, item, ',')) {
+                size_t used = 0;
+                long v = std::stol(item, &used);
+                if (used != item.size()) throw hy::Error(hy::Status::invalid_argument, "bad id '" + item + "'");
+                ids.push_back(int32_t(v));
+            }
+            std::cout << tok.decode(ids) << "\n";
+            return 0;
+        }
+        std::cout << join_ids(tok.encode(a["text"].as<std::string>(), parse_special)) << "\n";
+        return 0;
+    } catch (const hy::Error& e) {
+        std::fprintf(stderr, "hybrid-tokenize: %s\n", e.what());
+    } catch (const std::exception& e) {  // cxxopts and std::stol errors
+        std::fprintf(stderr, "hybrid-tokenize: %s\n", e.what());
+    }
+    return 2;
+}
