@@ -1,0 +1,181 @@
+// Sampler tests: distribution at temperature 1, greedy equivalences, penalty formulas, reproducibility, masking.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <vector>
+
+#include "model/common.h"
+#include "model/sampler.h"
+
+using namespace hy;
+
+namespace {
+
+SamplerParams plain(uint64_t seed = 42) {
+    SamplerParams p;
+    p.temperature = 1.0f;
+    p.top_k = 0;
+    p.top_p = 1.0f;
+    p.min_p = 0.0f;
+    p.repeat_penalty = 1.0f;
+    p.seed = seed;
+    return p;
+}
+
+}  // namespace
+
+TEST_CASE("sampler: temperature 1 without filters follows softmax (chi-square)", "[sampler]") {
+    const std::vector<float> logits = {1.0f, 2.0f, 0.5f, -1.0f, 3.0f, 0.0f, 2.5f, -0.5f};
+    const int V = int(logits.size());
+    Sampler s(plain(1234), V, V);
+    const int N = 40000;
+    std::vector<int> hist(size_t(V), 0);
+    for (int i = 0; i < N; i++) hist[size_t(s.sample(logits))]++;
+    double mx = 3.0, z = 0.0;
+    for (float l : logits) z += std::exp(double(l) - mx);
+    double chi2 = 0.0;
+    for (int i = 0; i < V; i++) {
+        const double e = N * std::exp(double(logits[size_t(i)]) - mx) / z;
+        chi2 += (hist[size_t(i)] - e) * (hist[size_t(i)] - e) / e;
+    }
+    // 7 degrees of freedom: P(chi2 > 24.32) = 0.001
+    INFO("chi2 = " << chi2);
+    CHECK(chi2 < 24.32);
+}
+
+TEST_CASE("sampler: top-k 1 and temperature 0 equal greedy", "[sampler]") {
+    std::vector<float> logits(300);
+    for (size_t i = 0; i < logits.size(); i++) logits[i] = float(std::sin(double(i) * 0.37) * 4.0);
+    const int32_t want = argmax(logits, 300);
+    SamplerParams a = plain(7);
+    a.top_k = 1;
+    SamplerParams b = plain(7);
+    b.temperature = 0.0f;
+    Sampler sa(a, 300, 300), sb(b, 300, 300);
+    for (int i = 0; i < 50; i++) {
+        CHECK(sa.sample(logits) == want);
+        CHECK(sb.sample(logits) == want);
+    }
+    // top-k 2 never leaves the two best ids
+    SamplerParams c = plain(9);
+    c.top_k = 2;
+    Sampler sc(c, 300, 300);
+    std::vector<float> sorted = logits;
+    std::sort(sorted.begin(), sorted.end(), std::greater<float>());
+    for (int i = 0; i < 200; i++) CHECK(logits[size_t(sc.sample(logits))] >= sorted[1]);
+}
+
+TEST_CASE("sampler: penalties match their formulas", "[sampler]") {
+    const std::vector<float> logits = {2.0f, -1.0f, 0.5f, -3.0f, 4.0f, 1.0f};
+    SamplerParams p = plain();
+    p.repeat_penalty = 2.0f;
+    p.presence_penalty = 0.25f;
+    p.frequency_penalty = 0.5f;
+    p.repeat_last_n = 4;
+    Sampler s(p, 6, 6);
+    for (int32_t id : {4, 0, 1, 1, 1, 3}) s.accept(id);  // window (last 4): 1, 1, 1, 3
+    CHECK(s.window_size() == 4);
+    std::vector<float> out = logits;
+    s.apply_penalties(out);
+    CHECK(out[0] == Approx(2.0f));  // left the window
+    CHECK(out[4] == Approx(4.0f));
+    CHECK(out[1] == Approx(-1.0f * 2.0f - 0.25f - 0.5f * 3));  // negative: multiplied once, count 3
+    CHECK(out[3] == Approx(-3.0f * 2.0f - 0.25f - 0.5f * 1));
+    CHECK(out[2] == Approx(0.5f));
+    CHECK(out[5] == Approx(1.0f));
+
+    SamplerParams q = plain();
+    q.repeat_penalty = 1.5f;
+    q.repeat_last_n = -1;
+    Sampler t(q, 6, 6, 100);
+    for (int32_t id : {0, 0, 0, 5}) t.accept(id);
+    std::vector<float> o2 = logits;
+    t.apply_penalties(o2);
+    CHECK(o2[0] == Approx(2.0f / 1.5f));  // positive: divided once, however often it occurs
+    CHECK(o2[5] == Approx(1.0f / 1.5f));
+    CHECK(o2[1] == Approx(-1.0f));
+
+    // a penalty large enough changes the greedy choice
+    SamplerParams g = plain();
+    g.temperature = 0.0f;
+    g.frequency_penalty = 10.0f;
+    Sampler sg(g, 6, 6);
+    CHECK(sg.sample(logits) == 4);
+    sg.accept(4);
+    CHECK(sg.sample(logits) == 0);
+    sg.reset();
+    CHECK(sg.sample(logits) == 4);
+}
+
+TEST_CASE("sampler: same seed, same output; other seed, other output", "[sampler]") {
+    std::vector<float> logits(1000);
+    for (size_t i = 0; i < logits.size(); i++) logits[i] = float(std::cos(double(i) * 0.11) * 2.0);
+    SamplerParams p;  // llama.cpp-like defaults: top-k 40, top-p 0.95, min-p 0.05, temp 0.8
+    p.seed = 99;
+    p.repeat_penalty = 1.1f;
+    auto run = [&](uint64_t seed) {
+        SamplerParams q = p;
+        q.seed = seed;
+        Sampler s(q, 1000, 1000);
+        std::vector<int32_t> ids;
+        for (int i = 0; i < 64; i++) {
+            ids.push_back(s.sample(logits));
+            s.accept(ids.back());
+        }
+        return ids;
+    };
+    CHECK(run(99) == run(99));
+    CHECK(run(99) != run(100));
+    Sampler s(p, 1000, 1000);
+    const int32_t first = s.sample(logits);
+    s.sample(logits);
+    s.reset();
+    CHECK(s.sample(logits) == first);
+}
+
+TEST_CASE("sampler: masked ids are never sampled", "[sampler]") {
+    // ids >= n_valid have the largest logits; they must never come out
+    std::vector<float> logits(64, 0.0f);
+    for (size_t i = 48; i < 64; i++) logits[i] = 50.0f;
+    logits[3] = std::nanf("");
+    SamplerParams p = plain(5);
+    Sampler s(p, 64, 48);
+    for (int i = 0; i < 5000; i++) {
+        const int32_t id = s.sample(logits);
+        REQUIRE(id >= 0);
+        REQUIRE(id < 48);
+        REQUIRE(id != 3);
+    }
+    SamplerParams g = plain();
+    g.temperature = 0.0f;
+    Sampler sg(g, 64, 48);
+    CHECK(sg.sample(logits) < 48);
+    CHECK(argmax(logits, 48) == 0);
+    // log-softmax over the valid ids only
+    CHECK(std::isinf(log_softmax_at(logits, 48, 50)));
+    CHECK(log_softmax_at(logits, 48, 0) == Approx(-std::log(47.0)));  // 47 finite zeros (id 3 is NaN)
+}
+
+TEST_CASE("sampler: top-p and min-p keep the expected sets", "[sampler]") {
+    // probabilities 0.5, 0.25, 0.125, 0.125
+    const std::vector<float> logits = {float(std::log(0.5)), float(std::log(0.25)), float(std::log(0.125)),
+                                       float(std::log(0.125))};
+    SamplerParams p = plain(3);
+    p.top_p = 0.7f;  // keeps ids 0 and 1
+    Sampler s(p, 4, 4);
+    for (int i = 0; i < 500; i++) CHECK(s.sample(logits) <= 1);
+    SamplerParams m = plain(3);
+    m.min_p = 0.3f;  // threshold 0.15: keeps ids 0 and 1
+    Sampler sm(m, 4, 4);
+    for (int i = 0; i < 500; i++) CHECK(sm.sample(logits) <= 1);
+}
+
+TEST_CASE("sampler: bad parameters are rejected", "[sampler]") {
+    SamplerParams p;
+    p.repeat_penalty = 0.0f;
+    CHECK_THROWS_AS(Sampler(p, 10, 10), Error);
+    SamplerParams q;
+    CHECK_THROWS_AS(Sampler(q, 0, 10), Error);
+    Sampler s(q, 10, 10);
+    std::vector<float> short_row(5, 0.0f);
+    CHECK_THROWS_AS(s.sample(short_row), Error);
+}
