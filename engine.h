@@ -1,0 +1,290 @@
+/* engine.h: the public C API of hybrid, an inference engine for Qwen3.5 hybrid models (Gated DeltaNet + gated
+ * full attention) that loads Hugging Face checkpoint folders directly.
+ *
+ * Valid C (C99 and later) and C++. Link with the hybrid_core library (a C++ library: link with a C++ linker).
+ *
+ * Objects (all opaque, created and freed only through these functions):
+ *   hy_model    weights, tokenizer, and the per-sequence state of n_slots sequences (KV cache, conv state and
+ *               recurrent state), allocated once at load.
+ *   hy_context  one sequence: it owns one of the model's slots, its token history and its last logits row.
+ *   hy_sampler  sampling settings, penalty history and an RNG (see model/sampler.h for the exact pipeline).
+ *
+ * Errors: every function that can fail returns an hy_status (HY_OK = 0) and sets a one-line, thread-local
+ * message readable with hy_last_error(). The library never prints and never exits; C++ exceptions never cross
+ * this API. Output pointers are written only on success unless stated otherwise.
+ *
+ * Threads: the functions of one hy_model and of every context/sampler made from it must not run concurrently
+ * (the model has one compute backend and one arena). Different models are independent.
+ *
+ * A typical generation:
+ *     hy_model* m; hy_context* c; hy_sampler* s;
+ *     hy_model_params mp = hy_model_default_params();
+ *     if (hy_model_load("models/tiny", &mp, &m) != HY_OK) { puts(hy_last_error()); return 1; }
+ *     hy_context_new(m, NULL, &c);
+ *     hy_sampler_params sp = hy_sampler_default_params();
+ *     hy_sampler_new(m, &sp, &s);
+ *     int32_t ids[256]; int n;
+ *     hy_tokenize(m, "def f(x):", -1, 1, ids, 256, &n);
+ *     hy_generate_params gp = hy_generate_default_params();
+ *     gp.max_tokens = 64; gp.on_token = my_print_callback;
+ *     hy_generate(c, s, ids, n, &gp, NULL);
+ *     hy_sampler_free(s); hy_context_free(c); hy_model_free(m);
+ */
+#ifndef HY_ENGINE_H
+#define HY_ENGINE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- status codes (the numeric values of hy::Status in model/common.h) ---------------------------------------- */
+typedef enum hy_status {
+    HY_OK = 0,
+    HY_ERR_INVALID_ARGUMENT = 1, /* a bad parameter (NULL pointer, id out of range, buffer too small, ...) */
+    HY_ERR_IO = 2,               /* a file or folder could not be read or written (or exists: see save_file) */
+    HY_ERR_FORMAT = 3,           /* a file is malformed (config.json, safetensors, tokenizer.json, snapshot) */
+    HY_ERR_UNSUPPORTED = 4,      /* valid input this build does not support (model_type, dtype, device) */
+    HY_ERR_MODEL_MISMATCH = 5,   /* missing or mis-shaped tensor; a snapshot saved from another model */
+    HY_ERR_OUT_OF_MEMORY = 6,    /* the arena could not be allocated */
+    HY_ERR_CONTEXT_FULL = 7,     /* a sequence would grow past n_ctx; no free sequence slot */
+    HY_ERR_BACKEND = 8,          /* the compute backend failed (no GPU, CUDA error, ...) */
+    HY_ERR_INTERNAL = 9          /* a bug: please report with the message */
+} hy_status;
+
+/* The message of the last failed call on this thread ("" when none). Valid until the next failing call on this
+ * thread. */
+const char* hy_last_error(void);
+
+/* A constant name for a status code ("ok", "invalid_argument", ...; "unknown" for other values). */
+const char* hy_status_name(int status);
+
+/* The library version, e.g. "0.1.0". */
+const char* hy_version(void);
+
+/* ---- model ------------------------------------------------------------------------------------------------------ */
+typedef struct hy_model hy_model;
+typedef struct hy_context hy_context;
+typedef struct hy_sampler hy_sampler;
+
+typedef enum hy_device {
+    HY_DEVICE_AUTO = 0, /* CUDA when this build has it and a GPU is present, else the CPU */
+    HY_DEVICE_CPU = 1,  /* the fp32 reference backend */
+    HY_DEVICE_CUDA = 2  /* fails with HY_ERR_BACKEND / HY_ERR_UNSUPPORTED when not available */
+} hy_device;
+
+typedef struct hy_model_params {
+    hy_device device;     /* default HY_DEVICE_AUTO */
+    int n_threads;        /* CPU threads; <= 0: all cores (default 0) */
+    int n_ctx;            /* positions per sequence, prompt plus generated tokens (default 4096) */
+    int n_slots;          /* sequences that can exist at once = the most live hy_contexts (default 1) */
+    int max_batch_tokens; /* tokens per forward step during prefill (default 512) */
+} hy_model_params;
+
+hy_model_params hy_model_default_params(void);
+
+/* Loads a Hugging Face folder: config.json, model.safetensors (or shards with model.safetensors.index.json),
+ * tokenizer.json, optionally tokenizer_config.json and generation_config.json. On success *out owns the model.
+ * Errors: HY_ERR_INVALID_ARGUMENT (NULL argument, n_ctx/n_slots/max_batch_tokens <= 0), HY_ERR_IO (missing folder
+ * or file), HY_ERR_FORMAT, HY_ERR_UNSUPPORTED, HY_ERR_MODEL_MISMATCH (tensor missing or of the wrong shape),
+ * HY_ERR_OUT_OF_MEMORY, HY_ERR_BACKEND. */
+int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out);
+
+/* Frees the model. Every context and sampler made from it must be freed first. NULL is allowed. */
+void hy_model_free(hy_model* model);
+
+/* Ids [0, n_vocab) can be tokens (the tokenizer's size); generation never samples ids >= n_vocab. */
+int hy_model_n_vocab(const hy_model* model);
+/* Length of a logits row (the embedding's rows; may exceed n_vocab). */
+int hy_model_n_logits(const hy_model* model);
+/* Positions per sequence (the n_ctx it was loaded with). */
+int hy_model_n_ctx(const hy_model* model);
+/* "cpu" or "cuda": the backend in use. */
+const char* hy_model_backend(const hy_model* model);
+/* Bytes held by the model's arena (weights + state + activations). */
+size_t hy_model_arena_bytes(const hy_model* model);
+/* A 64-bit fingerprint of the checkpoint (config.json, tokenizer.json and samples of the weight files); snapshots
+ * carry it and are refused by a model with another fingerprint. */
+uint64_t hy_model_fingerprint(const hy_model* model);
+
+/* The end-of-sequence set: the union of config.json eos_token_id, generation_config.json eos_token_id and the
+ * tokenizer's eos_token. Writes up to cap ids to out (out may be NULL when cap is 0) and returns the set's size. */
+int hy_model_eos_ids(const hy_model* model, int32_t* out, int cap);
+/* 1 when id is in the end-of-sequence set, else 0. */
+int hy_model_is_eos(const hy_model* model, int32_t id);
+
+/* ---- tokenizer -------------------------------------------------------------------------------------------------- */
+/* UTF-8 text (len bytes; len < 0: NUL-terminated) -> token ids. Invalid UTF-8 is replaced by U+FFFD, not an
+ * error. parse_special != 0: special tokens written in the text (e.g. "<|im_start|>") become their ids; 0: they
+ * are encoded as plain text. No BOS is added. *n_out receives the number of ids even when cap is too small; then
+ * nothing is written and HY_ERR_INVALID_ARGUMENT is returned (call again with a buffer of *n_out ids). */
+int hy_tokenize(const hy_model* model, const char* text, ptrdiff_t len, int parse_special, int32_t* out, int cap,
+                int* n_out);
+
+/* Token ids -> UTF-8 text (invalid UTF-8 from partial characters becomes U+FFFD). skip_special != 0 drops special
+ * tokens. Writes the text and a terminating NUL to buf when cap > its length; *n_out receives the length without
+ * the NUL in every case; returns HY_ERR_INVALID_ARGUMENT when buf is too small (nothing written) or an id is not a
+ * token. */
+int hy_detokenize(const hy_model* model, const int32_t* ids, int n_ids, int skip_special, char* buf, size_t cap,
+                  size_t* n_out);
+
+/* ---- contexts (sequences) --------------------------------------------------------------------------------------- */
+typedef struct hy_context_params {
+    int slot; /* sequence slot to use, or -1 (default): the first free one */
+} hy_context_params;
+
+hy_context_params hy_context_default_params(void);
+
+/* Creates a context on a free sequence slot (params may be NULL: defaults). The sequence starts empty.
+ * Errors: HY_ERR_CONTEXT_FULL (every slot is taken, or the requested one is), HY_ERR_INVALID_ARGUMENT. */
+int hy_context_new(hy_model* model, const hy_context_params* params, hy_context** out);
+
+/* Frees the context and returns its slot to the model. NULL is allowed. */
+void hy_context_free(hy_context* ctx);
+
+/* Empties the sequence: no tokens, state zeroed, no logits. */
+int hy_context_reset(hy_context* ctx);
+
+/* Tokens in the sequence's history: every prefilled id plus every generated id that was kept (see hy_generate).
+ * The ids not yet run through the model (at most one, the last generated id) are fed by the next
+ * hy_prefill/hy_decode/hy_generate. */
+int hy_context_n_tokens(const hy_context* ctx);
+
+/* Copies up to cap ids of the history to out; returns the history length. */
+int hy_context_tokens(const hy_context* ctx, int32_t* out, int cap);
+
+/* Appends n ids to the sequence and runs them through the model (prefill, in steps of max_batch_tokens); then the
+ * last token's logits are available (hy_context_logits). n may be 0 (only pending ids are fed).
+ * Errors: HY_ERR_INVALID_ARGUMENT (an id outside [0, n_logits)), HY_ERR_CONTEXT_FULL (the sequence would pass
+ * n_ctx; nothing is appended), HY_ERR_BACKEND. */
+int hy_prefill(hy_context* ctx, const int32_t* ids, int n);
+
+/* Appends one id and runs one decode step: hy_prefill(ctx, &id, 1). */
+int hy_decode(hy_context* ctx, int32_t id);
+
+/* One decode step for n contexts of the same model at once (one token each, batched into a single forward;
+ * n <= the model's n_slots, each context at most once). Same errors as hy_prefill; on error no context changes. */
+int hy_decode_batch(hy_context* const* ctxs, const int32_t* ids, int n);
+
+/* The logits row of the last token run through the model: F32 [n_logits] (raw, before any sampling step), or NULL
+ * when there is none (empty sequence, after reset, or after a generated id was appended but not yet fed).
+ * *n_logits (may be NULL) receives the row length. Valid until the next call that changes this context. */
+const float* hy_context_logits(const hy_context* ctx, int* n_logits);
+
+/* ---- snapshots: the whole sequence (history, KV cache, conv and recurrent state, last logits) ----------------- */
+/* Serializes the context. With buf == NULL or cap too small, only *n_out (the size needed) is set and
+ * HY_OK / HY_ERR_INVALID_ARGUMENT returned respectively. The format carries the model fingerprint. */
+int hy_state_save(const hy_context* ctx, void* buf, size_t cap, size_t* n_out);
+
+/* Restores a snapshot made by hy_state_save / hy_state_save_file into ctx (any slot). Errors: HY_ERR_FORMAT (not
+ * a snapshot, truncated, other version), HY_ERR_MODEL_MISMATCH (saved from another model: fingerprint or shapes
+ * differ), HY_ERR_CONTEXT_FULL (more tokens than n_ctx). On error the context is left empty (reset). */
+int hy_state_load(hy_context* ctx, const void* buf, size_t n);
+
+/* hy_state_save to a file. overwrite == 0 refuses an existing path (HY_ERR_IO, message "... exists"). The file is
+ * written to PATH.tmp then renamed, so a failure never leaves a half-written PATH. */
+int hy_state_save_file(const hy_context* ctx, const char* path, int overwrite);
+
+/* hy_state_load from a file. HY_ERR_IO when it cannot be read, else as hy_state_load. */
+int hy_state_load_file(hy_context* ctx, const char* path);
+
+/* ---- sampling (formulas and order: model/sampler.h) ------------------------------------------------------------ */
+typedef struct hy_sampler_params {
+    float temperature;       /* <= 0: greedy (default 0.8) */
+    int top_k;               /* <= 0: off (default 40) */
+    float top_p;             /* >= 1: off (default 0.95) */
+    float min_p;             /* <= 0: off (default 0.05) */
+    float repeat_penalty;    /* 1: off (default 1.0); > 0 */
+    int repeat_last_n;       /* penalty window in tokens; 0: none, -1: the whole context (default 64) */
+    float presence_penalty;  /* default 0 */
+    float frequency_penalty; /* default 0 */
+    uint64_t seed;           /* RNG seed (default 0xC0FFEE) */
+} hy_sampler_params;
+
+hy_sampler_params hy_sampler_default_params(void);
+
+/* Creates a sampler for the model's vocabulary (params may be NULL: defaults). Errors: HY_ERR_INVALID_ARGUMENT for
+ * an out-of-range parameter (repeat_penalty <= 0, repeat_last_n < -1, NaN values, negative top_p). */
+int hy_sampler_new(const hy_model* model, const hy_sampler_params* params, hy_sampler** out);
+void hy_sampler_free(hy_sampler* sampler);
+
+/* Samples one id from the context's current logits (HY_ERR_INVALID_ARGUMENT when it has none). *logprob (may be
+ * NULL) receives log p(id) under the log-softmax of the raw logits over ids [0, n_vocab), natural log. Does not
+ * append the id to the context nor to the penalty history (see hy_sampler_accept). */
+int hy_sampler_sample(hy_sampler* sampler, const hy_context* ctx, int32_t* id, float* logprob);
+
+/* Records an id in the penalty history. */
+void hy_sampler_accept(hy_sampler* sampler, int32_t id);
+
+/* Clears the penalty history and restarts the RNG from the seed. */
+void hy_sampler_reset(hy_sampler* sampler);
+
+/* Changes the seed and restarts the RNG. */
+void hy_sampler_set_seed(hy_sampler* sampler, uint64_t seed);
+
+/* ---- generation ------------------------------------------------------------------------------------------------- */
+typedef enum hy_stop_reason {
+    HY_STOP_NONE = 0,         /* not stopped (an error happened) */
+    HY_STOP_EOS = 1,          /* an id of the end-of-sequence set was sampled */
+    HY_STOP_STRING = 2,       /* the decoded text reached a stop string */
+    HY_STOP_MAX_TOKENS = 3,   /* max_tokens ids were generated */
+    HY_STOP_CONTEXT_FULL = 4, /* the sequence reached n_ctx */
+    HY_STOP_CALLBACK = 5      /* the token callback returned non-zero */
+} hy_stop_reason;
+
+/* A short constant name: "eos", "stop string", "max tokens", "context full", "callback", "none". */
+const char* hy_stop_reason_name(int reason);
+
+/* One generated token as given to the callback. */
+typedef struct hy_token_info {
+    int32_t id;         /* the id; -1 for the final call that only delivers held-back text */
+    float logprob;      /* log p(id): log-softmax of the raw logits over [0, n_vocab), natural log; 0 when id < 0 */
+    const char* text;   /* the text that became final with this token (UTF-8, NUL-terminated, may be empty) */
+    size_t text_len;    /* its length in bytes */
+    int index;          /* 0 for the first generated token */
+} hy_token_info;
+
+/* Called once per generated id (not for an end-of-sequence id and not for the id that completes a stop string)
+ * and, when text was held back, once more at the end with id -1. Text is held back while it could still be the
+ * start of a stop string or an incomplete UTF-8 character, so the concatenated texts are exactly the output (the
+ * stop string and what follows it excluded). Return non-zero to stop generation (HY_STOP_CALLBACK; the id just
+ * given is kept in the history). The info pointer is valid only during the call. */
+typedef int (*hy_token_callback)(const hy_token_info* token, void* user_data);
+
+typedef struct hy_generate_params {
+    int max_tokens;                /* ids to generate at most; < 0: until EOS or the context is full (default -1) */
+    const char* const* stop;       /* n_stop stop strings (UTF-8, non-empty), matched on the decoded text */
+    int n_stop;
+    int skip_special;              /* decode special tokens as empty text (default 1) */
+    int ignore_eos;                /* do not stop on the end-of-sequence set (default 0) */
+    hy_token_callback on_token;    /* may be NULL */
+    void* user_data;               /* passed to on_token */
+} hy_generate_params;
+
+hy_generate_params hy_generate_default_params(void);
+
+typedef struct hy_generate_result {
+    int stop_reason;     /* hy_stop_reason */
+    int n_prompt;        /* ids run through prefill by this call (the given ids plus any pending id) */
+    int n_generated;     /* ids sampled and given to the callback (EOS / stop-completing id not counted) */
+    double prompt_ms;    /* wall time of the prefill, milliseconds */
+    double generate_ms;  /* wall time of the sampling/decode loop, milliseconds */
+} hy_generate_result;
+
+/* Prefills `prompt` (n_prompt ids, may be 0 to continue from the current logits), then samples and decodes until
+ * a stop condition. The sampler's penalty history receives every generated id (not the prompt; call
+ * hy_sampler_accept yourself for that). History rules: a generated id given to the callback is kept (the last one
+ * is pending: fed by the next call); an end-of-sequence id and the id completing a stop string are dropped, so
+ * a chat can append its own end-of-turn text. Reaching n_ctx is a stop (HY_STOP_CONTEXT_FULL), not an error; a
+ * prompt that does not fit returns HY_ERR_CONTEXT_FULL before anything runs. result may be NULL.
+ * Errors: as hy_prefill; HY_ERR_INVALID_ARGUMENT (n_prompt == 0 with no logits, empty stop string). */
+int hy_generate(hy_context* ctx, hy_sampler* sampler, const int32_t* prompt, int n_prompt,
+                const hy_generate_params* params, hy_generate_result* result);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* HY_ENGINE_H */
