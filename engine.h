@@ -58,7 +58,8 @@ typedef enum hy_status {
  * thread. */
 const char* hy_last_error(void);
 
-/* A constant name for a status code ("ok", "invalid_argument", ...; "unknown" for other values). */
+/* A constant description of a status code ("ok", "invalid argument", "i/o error", ...; "unknown" for other
+ * values). */
 const char* hy_status_name(int status);
 
 /* The library version, e.g. "0.1.0". */

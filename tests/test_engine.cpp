@@ -1,0 +1,312 @@
+// engine.h tests on the bundled models/tiny: golden greedy ids through the C API, log-probabilities, stop
+// conditions, snapshots (memory and file, another model refused), batched decode, error codes.
+#include <catch2/catch.hpp>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <unistd.h>
+#include <vector>
+
+#include "engine.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kTiny = std::string(HY_SOURCE_DIR) + "/models/tiny";
+
+nlohmann::json golden_case(const std::string& name) {
+    std::ifstream in(kTiny + "/golden.json");
+    nlohmann::json g = nlohmann::json::parse(in);
+    for (const auto& c : g["cases"])
+        if (c["name"] == name) return c;
+    FAIL("no golden case " << name);
+    return {};
+}
+
+struct Collect {
+    std::vector<int32_t> ids;
+    std::vector<float> logprobs;
+    std::string text;
+    int stop_after = -1;  // stop when this many ids were seen
+};
+
+int collect(const hy_token_info* t, void* ud) {
+    auto* c = static_cast<Collect*>(ud);
+    c->text.append(t->text, t->text_len);
+    if (t->id < 0) return 0;
+    c->ids.push_back(t->id);
+    c->logprobs.push_back(t->logprob);
+    return c->stop_after >= 0 && int(c->ids.size()) >= c->stop_after ? 1 : 0;
+}
+
+struct Tiny {
+    hy_model* m = nullptr;
+    hy_context* c = nullptr;
+    hy_sampler* s = nullptr;
+    explicit Tiny(int n_ctx = 512, int n_slots = 1, const std::string& dir = kTiny) {
+        hy_model_params mp = hy_model_default_params();
+        mp.device = HY_DEVICE_CPU;
+        mp.n_ctx = n_ctx;
+        mp.n_slots = n_slots;
+        REQUIRE(hy_model_load(dir.c_str(), &mp, &m) == HY_OK);
+        REQUIRE(hy_context_new(m, nullptr, &c) == HY_OK);
+        hy_sampler_params sp = hy_sampler_default_params();
+        sp.temperature = 0.0f;
+        REQUIRE(hy_sampler_new(m, &sp, &s) == HY_OK);
+    }
+    ~Tiny() {
+        hy_sampler_free(s);
+        hy_context_free(c);
+        hy_model_free(m);
+    }
+    std::vector<int32_t> tokenize(const std::string& text) {
+        int n = 0;
+        hy_tokenize(m, text.data(), ptrdiff_t(text.size()), 1, nullptr, 0, &n);
+        std::vector<int32_t> ids(static_cast<size_t>(n));
+        REQUIRE(hy_tokenize(m, text.data(), ptrdiff_t(text.size()), 1, ids.data(), n, &n) == HY_OK);
+        return ids;
+    }
+    hy_generate_result generate(const std::vector<int32_t>& prompt, int max_tokens, Collect& out,
+                                const std::vector<const char*>& stops = {}) {
+        hy_generate_params gp = hy_generate_default_params();
+        gp.max_tokens = max_tokens;
+        gp.on_token = collect;
+        gp.user_data = &out;
+        gp.stop = stops.data();
+        gp.n_stop = int(stops.size());
+        hy_generate_result r;
+        REQUIRE(hy_generate(c, s, prompt.data(), int(prompt.size()), &gp, &r) == HY_OK);
+        return r;
+    }
+};
+
+}  // namespace
+
+TEST_CASE("engine: status codes and defaults", "[engine]") {
+    CHECK(HY_ERR_MODEL_MISMATCH == 5);
+    CHECK(std::string(hy_status_name(HY_ERR_CONTEXT_FULL)) == "context full");
+    CHECK(std::string(hy_stop_reason_name(HY_STOP_EOS)) == "eos");
+    hy_sampler_params sp = hy_sampler_default_params();
+    CHECK(sp.temperature == Approx(0.8f));
+    CHECK(sp.top_k == 40);
+    CHECK(hy_model_default_params().n_ctx == 4096);
+}
+
+TEST_CASE("engine: tokenize, generate the golden greedy ids and text", "[engine]") {
+    const auto g = golden_case("short");
+    Tiny t;
+    const std::vector<int32_t> ids = t.tokenize(g["prompt"].get<std::string>());
+    CHECK(ids == g["input_ids"].get<std::vector<int32_t>>());
+    Collect out;
+    const hy_generate_result r = t.generate(ids, 48, out);
+    CHECK(r.stop_reason == HY_STOP_MAX_TOKENS);
+    CHECK(r.n_prompt == 4);
+    CHECK(r.n_generated == 48);
+    CHECK(out.ids == g["greedy_fp32_cpu"].get<std::vector<int32_t>>());
+    CHECK(out.text == g["greedy_fp32_text"].get<std::string>());
+    CHECK(hy_context_n_tokens(t.c) == 4 + 48);
+
+    size_t n = 0;
+    REQUIRE(hy_detokenize(t.m, out.ids.data(), int(out.ids.size()), 1, nullptr, 0, &n) == HY_ERR_INVALID_ARGUMENT);
+    std::vector<char> buf(n + 1);
+    REQUIRE(hy_detokenize(t.m, out.ids.data(), int(out.ids.size()), 1, buf.data(), buf.size(), &n) == HY_OK);
+    CHECK(std::string(buf.data()) == out.text);
+}
+
+TEST_CASE("engine: log-probabilities are the log-softmax of the raw logits", "[engine]") {
+    Tiny t;
+    const std::vector<int32_t> ids = t.tokenize("def main():\n    ");
+    REQUIRE(hy_prefill(t.c, ids.data(), int(ids.size())) == HY_OK);
+    int nl = 0;
+    const float* row = hy_context_logits(t.c, &nl);
+    REQUIRE(row);
+    REQUIRE(nl == hy_model_n_logits(t.m));
+    double mx = -INFINITY, z = 0.0;
+    for (int i = 0; i < hy_model_n_vocab(t.m); i++) mx = std::max(mx, double(row[i]));
+    for (int i = 0; i < hy_model_n_vocab(t.m); i++) z += std::exp(double(row[i]) - mx);
+    int32_t id = -1;
+    float lp = 0.0f;
+    REQUIRE(hy_sampler_sample(t.s, t.c, &id, &lp) == HY_OK);
+    CHECK(lp == Approx(double(row[id]) - mx - std::log(z)).margin(1e-5));
+    Collect out;
+    t.generate({}, 1, out);  // continue from the current logits
+    REQUIRE(out.ids.size() == 1);
+    CHECK(out.ids[0] == id);
+    CHECK(out.logprobs[0] == Approx(lp));
+    CHECK(out.logprobs[0] <= 0.0f);
+}
+
+TEST_CASE("engine: stop strings, callback stop, context full", "[engine]") {
+    const auto g = golden_case("short");
+    const std::string golden_text = g["greedy_fp32_text"].get<std::string>();
+    const std::vector<int32_t> prompt = g["input_ids"].get<std::vector<int32_t>>();
+    {
+        Tiny t;
+        Collect out;
+        const hy_generate_result r = t.generate(prompt, 48, out, {"isinstance(origin"});
+        CHECK(r.stop_reason == HY_STOP_STRING);
+        CHECK(out.text == golden_text.substr(0, golden_text.find("isinstance(origin")));
+    }
+    {
+        Tiny t;
+        Collect out;
+        out.stop_after = 5;
+        const hy_generate_result r = t.generate(prompt, 48, out);
+        CHECK(r.stop_reason == HY_STOP_CALLBACK);
+        CHECK(r.n_generated == 5);
+        CHECK(hy_context_n_tokens(t.c) == 4 + 5);
+        // the kept ids continue exactly: the next call feeds the pending id first
+        Collect more;
+        t.generate({}, 10, more);
+        std::vector<int32_t> all = out.ids;
+        all.insert(all.end(), more.ids.begin(), more.ids.end());
+        const auto want = g["greedy_fp32_cpu"].get<std::vector<int32_t>>();
+        CHECK(all == std::vector<int32_t>(want.begin(), want.begin() + 15));
+    }
+    {
+        Tiny t(16);
+        Collect out;
+        const hy_generate_result r = t.generate(prompt, -1, out);
+        CHECK(r.stop_reason == HY_STOP_CONTEXT_FULL);
+        CHECK(r.n_generated == 16 - 4 + 1);  // the last sampled id cannot be fed
+        std::vector<int32_t> long_prompt(17, 300);
+        hy_generate_params gp = hy_generate_default_params();
+        CHECK(hy_generate(t.c, t.s, long_prompt.data(), 17, &gp, nullptr) == HY_ERR_CONTEXT_FULL);
+        CHECK(std::string(hy_last_error()).find("context length is 16") != std::string::npos);
+    }
+}
+
+TEST_CASE("engine: snapshots restore the sequence exactly", "[engine]") {
+    const auto g = golden_case("sentence");
+    const std::vector<int32_t> prompt = g["input_ids"].get<std::vector<int32_t>>();
+    Tiny t;
+    REQUIRE(hy_prefill(t.c, prompt.data(), int(prompt.size())) == HY_OK);
+    size_t n = 0;
+    REQUIRE(hy_state_save(t.c, nullptr, 0, &n) == HY_OK);
+    std::vector<uint8_t> snap(n);
+    REQUIRE(hy_state_save(t.c, snap.data(), snap.size(), &n) == HY_OK);
+
+    Collect first;
+    t.generate({}, 20, first);
+    // retry from the snapshot: same ids without recomputing the prompt
+    REQUIRE(hy_state_load(t.c, snap.data(), snap.size()) == HY_OK);
+    CHECK(hy_context_n_tokens(t.c) == int(prompt.size()));
+    Collect again;
+    t.generate({}, 20, again);
+    CHECK(again.ids == first.ids);
+    const auto want = g["greedy_fp32_cpu"].get<std::vector<int32_t>>();
+    CHECK(first.ids == std::vector<int32_t>(want.begin(), want.begin() + 20));
+
+    // a snapshot taken mid-generation (with a pending id) continues identically after a file round trip
+    const fs::path dir = fs::temp_directory_path() / ("hy_engine_test_" + std::to_string(::getpid()));
+    fs::create_directories(dir);
+    const std::string path = (dir / "chat.snap").string();
+    REQUIRE(hy_state_save_file(t.c, path.c_str(), 0) == HY_OK);
+    CHECK(hy_state_save_file(t.c, path.c_str(), 0) == HY_ERR_IO);  // never overwritten unless asked
+    CHECK(std::string(hy_last_error()).find("exists") != std::string::npos);
+    CHECK(hy_state_save_file(t.c, path.c_str(), 1) == HY_OK);
+    Collect cont1;
+    t.generate({}, 10, cont1);
+    REQUIRE(hy_context_reset(t.c) == HY_OK);
+    CHECK(hy_context_n_tokens(t.c) == 0);
+    CHECK(hy_context_logits(t.c, nullptr) == nullptr);
+    REQUIRE(hy_state_load_file(t.c, path.c_str()) == HY_OK);
+    Collect cont2;
+    t.generate({}, 10, cont2);
+    CHECK(cont2.ids == cont1.ids);
+
+    // bad input
+    std::vector<uint8_t> junk = {1, 2, 3};
+    CHECK(hy_state_load(t.c, junk.data(), junk.size()) == HY_ERR_FORMAT);
+    std::vector<uint8_t> cut(snap.begin(), snap.begin() + ptrdiff_t(snap.size() / 2));
+    CHECK(hy_state_load(t.c, cut.data(), cut.size()) == HY_ERR_FORMAT);
+    CHECK(hy_state_load_file(t.c, (dir / "missing.snap").string().c_str()) == HY_ERR_IO);
+
+    // another model (same shapes, another config.json) refuses the snapshot
+    const fs::path other = dir / "other";
+    fs::create_directories(other);
+    for (const char* f : {"model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+        fs::copy_file(fs::path(kTiny) / f, other / f, fs::copy_options::overwrite_existing);
+    {
+        std::ifstream in(kTiny + "/config.json");
+        nlohmann::json cfg = nlohmann::json::parse(in);
+        cfg["rms_norm_eps"] = 1e-5;
+        std::ofstream(other / "config.json") << cfg.dump(2);
+    }
+    {
+        Tiny o(512, 1, other.string());
+        CHECK(hy_model_fingerprint(o.m) != hy_model_fingerprint(t.m));
+        CHECK(hy_state_load_file(o.c, path.c_str()) == HY_ERR_MODEL_MISMATCH);
+        CHECK(std::string(hy_last_error()).find("another model") != std::string::npos);
+        CHECK(hy_context_n_tokens(o.c) == 0);
+    }
+    fs::remove_all(dir);
+}
+
+TEST_CASE("engine: batched decode equals one sequence at a time", "[engine]") {
+    Tiny t(256, 2);
+    hy_context* c2 = nullptr;
+    REQUIRE(hy_context_new(t.m, nullptr, &c2) == HY_OK);
+    hy_context* c3 = nullptr;
+    CHECK(hy_context_new(t.m, nullptr, &c3) == HY_ERR_CONTEXT_FULL);
+    const std::vector<int32_t> a = t.tokenize("def main():\n    "), b = t.tokenize("The");
+    REQUIRE(hy_prefill(t.c, a.data(), int(a.size())) == HY_OK);
+    REQUIRE(hy_prefill(c2, b.data(), int(b.size())) == HY_OK);
+    std::vector<int32_t> ga, gb;
+    for (int i = 0; i < 8; i++) {
+        int32_t ia, ib;
+        REQUIRE(hy_sampler_sample(t.s, t.c, &ia, nullptr) == HY_OK);
+        REQUIRE(hy_sampler_sample(t.s, c2, &ib, nullptr) == HY_OK);
+        ga.push_back(ia);
+        gb.push_back(ib);
+        hy_context* both[2] = {t.c, c2};
+        const int32_t ids[2] = {ia, ib};
+        REQUIRE(hy_decode_batch(both, ids, 2) == HY_OK);
+    }
+    const auto gs = golden_case("short")["greedy_fp32_cpu"].get<std::vector<int32_t>>();
+    const auto go = golden_case("one_token")["greedy_fp32_cpu"].get<std::vector<int32_t>>();
+    CHECK(ga == std::vector<int32_t>(gs.begin(), gs.begin() + 8));
+    CHECK(gb == std::vector<int32_t>(go.begin(), go.begin() + 8));
+    hy_context_free(c2);
+    REQUIRE(hy_context_new(t.m, nullptr, &c3) == HY_OK);  // the slot is free again
+    hy_context_free(c3);
+}
+
+TEST_CASE("engine: errors are status codes with a message", "[engine]") {
+    hy_model* m = nullptr;
+    hy_model_params mp = hy_model_default_params();
+    mp.device = HY_DEVICE_CPU;
+    CHECK(hy_model_load("/nonexistent/model", &mp, &m) == HY_ERR_IO);
+    CHECK(std::string(hy_last_error()).find("/nonexistent/model") != std::string::npos);
+    CHECK(m == nullptr);
+    mp.n_ctx = 0;
+    CHECK(hy_model_load(kTiny.c_str(), &mp, &m) == HY_ERR_INVALID_ARGUMENT);
+    CHECK(hy_model_load(nullptr, &mp, &m) == HY_ERR_INVALID_ARGUMENT);
+
+    Tiny t;
+    hy_sampler_params sp = hy_sampler_default_params();
+    sp.repeat_penalty = 0.0f;
+    hy_sampler* s = nullptr;
+    CHECK(hy_sampler_new(t.m, &sp, &s) == HY_ERR_INVALID_ARGUMENT);
+    int32_t id;
+    CHECK(hy_sampler_sample(t.s, t.c, &id, nullptr) == HY_ERR_INVALID_ARGUMENT);  // no logits yet
+    const int32_t bad = 1 << 30;
+    CHECK(hy_decode(t.c, bad) == HY_ERR_INVALID_ARGUMENT);
+    hy_generate_params gp = hy_generate_default_params();
+    CHECK(hy_generate(t.c, t.s, nullptr, 0, &gp, nullptr) == HY_ERR_INVALID_ARGUMENT);
+    const char* empty_stop[1] = {""};
+    gp.stop = empty_stop;
+    gp.n_stop = 1;
+    const int32_t one = 300;
+    CHECK(hy_generate(t.c, t.s, &one, 1, &gp, nullptr) == HY_ERR_INVALID_ARGUMENT);
+    // invalid UTF-8 is not an error
+    int n = 0;
+    const char bytes[] = "\xff\xfe abc \xc3";
+    std::vector<int32_t> ids(64);
+    CHECK(hy_tokenize(t.m, bytes, -1, 1, ids.data(), 64, &n) == HY_OK);
+    CHECK(n > 0);
+    CHECK(hy_tokenize(t.m, bytes, -1, 1, ids.data(), 1, &n) == HY_ERR_INVALID_ARGUMENT);
+}
