@@ -114,6 +114,10 @@ public:
     virtual size_t workspace_bytes(const BatchLimits& limits, int max_heads, int max_head_dim) const = 0;
     virtual void set_workspace(void* ws, const BatchLimits& limits) = 0;
     virtual void synchronize() = 0;
+    // Measured copy bandwidth of this device in GB/s (bytes read + bytes written per second, large buffers),
+    // the ceiling hybrid-bench compares decode against; 0 when the backend does not measure it. Allocates
+    // temporary memory outside the arena: call only from tools.
+    virtual double copy_bandwidth_gbs() { return 0.0; }
 
     // ---- one forward step ----
     virtual void begin_batch(const BatchDesc& batch) = 0;

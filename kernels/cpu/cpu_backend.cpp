@@ -32,6 +32,20 @@ public:
     void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
     void fill_zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
     void synchronize() override {}
+    double copy_bandwidth_gbs() override {
+        const size_t n = size_t(256) << 20;  // 256 MiB each way, far beyond the caches
+        std::vector<char> a(n, 1), b(n, 2);
+        double best = 0.0;
+        for (int rep = 0; rep < 5; rep++) {
+            const double t0 = omp_get_wtime();
+            // Parallel copy in per-thread stripes, as the kernels read weights.
+#pragma omp parallel for num_threads(n_threads_) schedule(static)
+            for (int part = 0; part < 64; part++) std::memcpy(b.data() + n / 64 * size_t(part), a.data() + n / 64 * size_t(part), n / 64);
+            const double dt = omp_get_wtime() - t0;
+            best = std::max(best, 2.0 * double(n) / dt / 1e9);
+        }
+        return best;
+    }
 
     size_t workspace_bytes(const BatchLimits& l, int max_heads, int max_head_dim) const override {
         // q scratch [T, Hq, D] (or GDN mixed [T, C], which is no larger than T * 4 * heads * dim), scores

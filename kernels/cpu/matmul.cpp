@@ -110,7 +110,7 @@ void matmul_typed(const float* x, int64_t T, const Matrix& m, float* y, int n_th
     const int64_t N = m.rows, K = m.cols;
     const int64_t n_blocks = (N + kRows - 1) / kRows;
     // Parallel over weight-row blocks: each weight row is read by one thread, once per token chunk.
-#pragma omp parallel for num_threads(n_threads) schedule(static) if (n_blocks * T * K > 32768)
+#pragma omp parallel for num_threads(n_threads) schedule(static) if (n_blocks * T * K >= 16384)
     for (int64_t nb = 0; nb < n_blocks; nb++) {
         const int64_t n0 = nb * kRows;
         const int nr = int(std::min<int64_t>(kRows, N - n0));

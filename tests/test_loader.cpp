@@ -1,0 +1,243 @@
+// Loader tests: every kind of bad input is a clear hy::Error naming the problem, never a crash. CI also runs
+// these under AddressSanitizer and UndefinedBehaviorSanitizer (make asan-test).
+#include <catch2/catch.hpp>
+
+#include <random>
+
+#include "model/config.h"
+#include "model/model.h"
+#include "test_util.h"
+
+using namespace hy;
+using namespace hy::test;
+
+namespace {
+
+// Runs f, which must throw hy::Error with `status` and a message containing `needle`.
+template <class F>
+void require_error(F&& f, Status status, const std::string& needle) {
+    try {
+        f();
+    } catch (const Error& e) {
+        INFO("message: " << e.what());
+        CHECK(e.status() == status);
+        CHECK(std::string(e.what()).find(needle) != std::string::npos);
+        CHECK(std::string(e.what()).find('\n') == std::string::npos);  // one line
+        return;
+    }
+    FAIL("no hy::Error thrown (expected: " << needle << ")");
+}
+
+ModelParams small_params() {
+    ModelParams p;
+    p.device = Device::cpu;
+    p.n_ctx = 64;
+    p.n_threads = 1;
+    return p;
+}
+
+int parse_image(const std::string& img) {
+    auto f = std::make_unique<hyst_file>();
+    return hyst_parse(f.get(), img.data(), img.size());
+}
+
+std::string image_with_header(const std::string& header, size_t data_bytes) {
+    std::string out(8, '\0');
+    uint64_t n = header.size();
+    for (int i = 0; i < 8; i++) out[size_t(i)] = char((n >> (8 * i)) & 0xff);
+    return out + header + std::string(data_bytes, '\0');
+}
+
+}  // namespace
+
+TEST_CASE("safetensors: the bundled model parses and validates", "[loader]") {
+    TensorMap m = read_safetensors(tiny_dir() + "/model.safetensors");
+    REQUIRE(m.size() == 108);
+    REQUIRE(m.at("model.embed_tokens.weight").dtype == "BF16");
+    REQUIRE(m.at("model.embed_tokens.weight").shape == std::vector<int64_t>{4096, 256});
+    REQUIRE(m.at("model.layers.0.linear_attn.A_log").dtype == "F32");
+}
+
+TEST_CASE("safetensors: malformed headers are rejected with a reason", "[loader]") {
+    auto f = std::make_unique<hyst_file>();
+    // Too short for the length field.
+    REQUIRE(hyst_parse(f.get(), "abc", 3) == HYST_ERR_FORMAT);
+    // Header length past the end of the file.
+    std::string img = image_with_header("{}", 0);
+    img[0] = char(0xff);
+    img[1] = char(0xff);
+    REQUIRE(hyst_parse(f.get(), img.data(), img.size()) == HYST_ERR_FORMAT);
+    REQUIRE(std::string(f->error).find("past the end") != std::string::npos);
+    // Header length above the 100 MB bound (but within a sparse "file" image is impractical: check the message
+    // path with a length just over the limit and a short buffer: reported as past the end).
+    // Bad JSON.
+    REQUIRE(parse_image(image_with_header("{\"a\": {", 0)) == HYST_ERR_FORMAT);
+    REQUIRE(parse_image(image_with_header("[1,2]", 0)) == HYST_ERR_FORMAT);
+    // Offsets out of range.
+    REQUIRE(parse_image(image_with_header(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8)) == HYST_ERR_FORMAT);
+    REQUIRE(hyst_parse(f.get(), image_with_header(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8).data(),
+                       8 + 56 + 8) != HYST_OK);
+    // Overlapping ranges.
+    {
+        std::string h = R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})";
+        std::string im = image_with_header(h, 32);
+        REQUIRE(hyst_parse(f.get(), im.data(), im.size()) == HYST_ERR_FORMAT);
+        REQUIRE(std::string(f->error).find("overlapping") != std::string::npos);
+    }
+    // Unknown dtype, named in the error.
+    {
+        std::string im = image_with_header(R"({"a":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]}})", 4);
+        REQUIRE(hyst_parse(f.get(), im.data(), im.size()) == HYST_ERR_DTYPE);
+        REQUIRE(std::string(f->error).find("F8_E4M3") != std::string::npos);
+    }
+    // Shape x dtype size != byte range.
+    {
+        std::string im = image_with_header(R"({"a":{"dtype":"BF16","shape":[4],"data_offsets":[0,16]}})", 16);
+        REQUIRE(hyst_parse(f.get(), im.data(), im.size()) == HYST_ERR_FORMAT);
+        REQUIRE(std::string(f->error).find("shape needs 8 bytes") != std::string::npos);
+    }
+    // Reversed offsets, fractional numbers, duplicate names.
+    REQUIRE(parse_image(image_with_header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", 4)) == HYST_ERR_FORMAT);
+    REQUIRE(parse_image(image_with_header(R"({"a":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", 4)) == HYST_ERR_FORMAT);
+    REQUIRE(parse_image(image_with_header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8)) == HYST_ERR_FORMAT);
+    // A valid minimal file with metadata and an empty tensor.
+    REQUIRE(parse_image(image_with_header(R"({"__metadata__":{"k":"v"},"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})", 0)) == HYST_OK);
+}
+
+TEST_CASE("safetensors: random corruption never crashes the parser", "[loader]") {
+    TensorMap m;
+    m["a"] = {"F32", {2, 3}, std::vector<uint8_t>(24, 1)};
+    m["b"] = {"BF16", {5}, std::vector<uint8_t>(10, 2)};
+    const std::string good = safetensors_image(m);
+    REQUIRE(parse_image(good) == HYST_OK);
+    std::mt19937 rng(7);
+    int rejected = 0;
+    for (int iter = 0; iter < 3000; iter++) {
+        std::string img = good;
+        const int flips = 1 + int(rng() % 4);
+        for (int k = 0; k < flips; k++) img[rng() % img.size()] = char(rng() & 0xff);
+        if (rng() % 4 == 0) img.resize(rng() % img.size());
+        rejected += parse_image(img) != HYST_OK;
+    }
+    CHECK(rejected > 0);
+}
+
+TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
+    const ModelParams p = small_params();
+    const std::string config = read_text(tiny_dir() + "/config.json");
+    const TensorMap tensors = read_safetensors(tiny_dir() + "/model.safetensors");
+
+    SECTION("folder does not exist") {
+        require_error([&] { Model::load("/nonexistent/model/folder", p); }, Status::io, "/nonexistent/model/folder");
+    }
+    SECTION("no config.json") {
+        TempDir d;
+        require_error([&] { Model::load(d.path, p); }, Status::io, "config.json");
+    }
+    SECTION("truncated weights file") {
+        TempDir d;
+        write_model_dir(d.path, tensors, config);
+        std::string img = read_text(d / "model.safetensors");
+        write_text(d / "model.safetensors", img.substr(0, img.size() / 2));
+        require_error([&] { Model::load(d.path, p); }, Status::format, "past the data area");
+    }
+    SECTION("missing tensor") {
+        TempDir d;
+        TensorMap t = tensors;
+        t.erase("model.layers.3.self_attn.k_norm.weight");
+        write_model_dir(d.path, t, config);
+        require_error([&] { Model::load(d.path, p); }, Status::model_mismatch,
+                      "missing tensor 'model.layers.3.self_attn.k_norm.weight' (expected shape [64])");
+    }
+    SECTION("wrong shape") {
+        TempDir d;
+        TensorMap t = tensors;
+        t["model.layers.0.mlp.down_proj.weight"].shape = {768, 256};
+        write_model_dir(d.path, t, config);
+        require_error([&] { Model::load(d.path, p); }, Status::model_mismatch,
+                      "tensor 'model.layers.0.mlp.down_proj.weight' has shape [768, 256], expected [256, 768]");
+    }
+    SECTION("unsupported dtype in the checkpoint") {
+        TempDir d;
+        TensorMap t = tensors;
+        t["model.norm.weight"].dtype = "I8";
+        t["model.norm.weight"].shape = {512};
+        write_model_dir(d.path, t, config);
+        require_error([&] { Model::load(d.path, p); }, Status::unsupported, "I8");
+    }
+    SECTION("config without a required field") {
+        TempDir d;
+        nlohmann::json j = nlohmann::json::parse(config);
+        j.erase("hidden_size");
+        write_model_dir(d.path, tensors, j.dump());
+        require_error([&] { Model::load(d.path, p); }, Status::format, "'hidden_size' is missing");
+    }
+    SECTION("config of another architecture") {
+        TempDir d;
+        nlohmann::json j = nlohmann::json::parse(config);
+        j["model_type"] = "llama";
+        write_model_dir(d.path, tensors, j.dump());
+        require_error([&] { Model::load(d.path, p); }, Status::unsupported, "unsupported model_type 'llama'");
+    }
+    SECTION("inconsistent config") {
+        TempDir d;
+        nlohmann::json j = nlohmann::json::parse(config);
+        j["linear_num_value_heads"] = 6;  // not a multiple of 4 key heads
+        write_model_dir(d.path, tensors, j.dump());
+        require_error([&] { Model::load(d.path, p); }, Status::format, "not a multiple of linear_num_key_heads");
+    }
+    SECTION("config with a field of the wrong type") {
+        TempDir d;
+        nlohmann::json j = nlohmann::json::parse(config);
+        j["num_hidden_layers"] = "eight";
+        write_model_dir(d.path, tensors, j.dump());
+        require_error([&] { Model::load(d.path, p); }, Status::format, "num_hidden_layers");
+    }
+    SECTION("invalid JSON config") {
+        TempDir d;
+        write_model_dir(d.path, tensors, "{ not json");
+        require_error([&] { Model::load(d.path, p); }, Status::format, "invalid JSON");
+    }
+}
+
+TEST_CASE("loader: a prompt id past the vocabulary is rejected", "[loader]") {
+    auto m = Model::load(tiny_dir(), small_params());
+    std::vector<int32_t> ids = {1, 2, 4096};
+    require_error([&] { m->prefill(0, ids); }, Status::invalid_argument, "token id 4096 out of range [0, 4096)");
+    std::vector<int32_t> neg = {-1};
+    require_error([&] { m->prefill(0, neg); }, Status::invalid_argument, "token id -1");
+    REQUIRE(m->seq_len(0) == 0);  // nothing was consumed
+    std::vector<int32_t> too_long(65, 5);
+    require_error([&] { m->prefill(0, too_long); }, Status::context_full, "does not fit");
+}
+
+TEST_CASE("config: both layouts and the layer pattern rules", "[loader]") {
+    nlohmann::json flat = nlohmann::json::parse(read_text(tiny_dir() + "/config.json"));
+    ModelConfig a = parse_model_config(flat.dump(), "flat");
+    REQUIRE(a.tensor_prefix == "model.");
+    REQUIRE(a.rotary_dim == 16);
+    REQUIRE(a.n_attention_layers() == 2);
+    REQUIRE(a.tie_word_embeddings);
+    REQUIRE(a.eos_token_ids == std::vector<int>{1});
+
+    // Multimodal: text fields under text_config, tie_word_embeddings at the top level, legacy rope fields.
+    nlohmann::json text = flat;
+    text.erase("tie_word_embeddings");
+    text.erase("layer_types");
+    text.erase("rope_parameters");
+    text["rope_theta"] = 1e6;
+    text["partial_rotary_factor"] = 0.5;
+    text["full_attention_interval"] = 2;
+    nlohmann::json mm = {{"model_type", "qwen3_5"}, {"architectures", {"Qwen3_5ForConditionalGeneration"}},
+                         {"tie_word_embeddings", false}, {"text_config", text}, {"eos_token_id", {1, 2}}};
+    mm["text_config"].erase("eos_token_id");
+    ModelConfig b = parse_model_config(mm.dump(), "mm");
+    REQUIRE(b.tensor_prefix == "model.language_model.");
+    REQUIRE_FALSE(b.tie_word_embeddings);
+    REQUIRE(b.rope_theta == 1e6f);
+    REQUIRE(b.rotary_dim == 32);
+    REQUIRE(b.layer_kinds[1] == LayerKind::full_attention);
+    REQUIRE(b.layer_kinds[2] == LayerKind::gated_delta_net);
+    REQUIRE(b.n_attention_layers() == 4);
+    REQUIRE(b.eos_token_ids == std::vector<int>{1, 2});
+}

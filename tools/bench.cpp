@@ -1,0 +1,182 @@
+// hybrid-bench: prefill and decode speed of a model folder, with the bytes each decode step must move and the
+// share of the memory-bandwidth roofline that the achieved rate represents.
+//
+// Roofline: a decode step of b sequences reads every weight once (the embedding table only through the logits
+// when tied), reads and writes each sequence's recurrent and conv state, and reads each sequence's KV cache up to
+// its length. bytes_per_step / copy_bandwidth is the fastest possible step; the copy bandwidth is measured here,
+// on the same device, by a large copy (bytes read + bytes written).
+#include <sys/resource.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <cxxopts.hpp>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <random>
+
+#include "model/model.h"
+
+using namespace hy;
+using Clock = std::chrono::steady_clock;
+
+namespace {
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+double median(std::vector<double> v) {
+    std::sort(v.begin(), v.end());
+    return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+std::vector<int> parse_list(const std::string& s) {
+    std::vector<int> out;
+    size_t i = 0;
+    while (i < s.size()) {
+        size_t j = s.find(',', i);
+        if (j == std::string::npos) j = s.size();
+        out.push_back(std::stoi(s.substr(i, j - i)));
+        i = j + 1;
+    }
+    return out;
+}
+
+int32_t argmax(const float* v, int n) {
+    int32_t best = 0;
+    for (int i = 1; i < n; i++)
+        if (v[i] > v[best]) best = i;
+    return best;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    const auto t_start = Clock::now();
+    cxxopts::Options opts("hybrid-bench", "Prefill and decode speed, bytes moved per token, share of the bandwidth roofline");
+    opts.add_options()("m,model", "model folder", cxxopts::value<std::string>())(
+        "p,prompt", "prompt tokens (random ids)", cxxopts::value<int>()->default_value("512"))(
+        "n,gen", "generated tokens per sequence", cxxopts::value<int>()->default_value("128"))(
+        "b,batch", "batch sizes (sequences decoded together), comma-separated", cxxopts::value<std::string>()->default_value("1"))(
+        "r,reps", "repetitions (medians are reported)", cxxopts::value<int>()->default_value("3"))(
+        "device", "cpu, cuda or auto", cxxopts::value<std::string>()->default_value("auto"))(
+        "t,threads", "CPU threads (0: all cores)", cxxopts::value<int>()->default_value("0"))(
+        "ubatch", "prefill chunk (rows per forward step)", cxxopts::value<int>()->default_value("512"))(
+        "json", "also write the results to this JSON file", cxxopts::value<std::string>())("h,help", "show this help");
+    cxxopts::ParseResult args;
+    try {
+        args = opts.parse(argc, argv);
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "hybrid-bench: %s\n", e.what());
+        return 2;
+    }
+    if (args.count("help") || !args.count("model")) {
+        std::fputs(opts.help().c_str(), args.count("help") ? stdout : stderr);
+        return args.count("help") ? 0 : 2;
+    }
+    try {
+        const std::string dir = args["model"].as<std::string>();
+        const int n_prompt = args["prompt"].as<int>(), n_gen = args["gen"].as<int>(), reps = args["reps"].as<int>();
+        std::vector<int> batches = parse_list(args["batch"].as<std::string>());
+        if (n_prompt < 1 || n_gen < 1 || reps < 1) throw Error(Status::invalid_argument, "-p, -n and -r must be >= 1");
+        const int max_b = *std::max_element(batches.begin(), batches.end());
+        if (batches.empty() || *std::min_element(batches.begin(), batches.end()) < 1)
+            throw Error(Status::invalid_argument, "-b needs positive batch sizes");
+        const std::string dev = args["device"].as<std::string>();
+        ModelParams mp;
+        mp.device = dev == "cpu" ? Device::cpu : dev == "cuda" ? Device::cuda : dev == "auto" ? Device::auto_select
+                                                                                                : throw Error(Status::invalid_argument, "--device must be cpu, cuda or auto");
+        mp.n_threads = args["threads"].as<int>();
+        mp.n_ctx = n_prompt + n_gen + 1;
+        mp.n_slots = max_b;
+        mp.max_batch_tokens = std::max(args["ubatch"].as<int>(), max_b);
+        mp.max_logits = max_b;
+        auto model = Model::load(dir, mp);
+        const double t_ready = seconds_since(t_start);
+        const ModelConfig& c = model->config();
+        Backend& be = model->backend();
+        const double copy_gbs = be.copy_bandwidth_gbs();
+
+        // Bytes a decode step must move, per sequence and shared.
+        const Weights& w = model->weights();
+        const size_t as = dtype_size(be.act_dtype());
+        size_t weights_read = model->weight_bytes();
+        if (!c.tie_word_embeddings) weights_read -= size_t(w.embed.rows * w.embed.cols) * dtype_size(w.embed.dtype);
+        const size_t ssm = size_t(c.gdn_v_heads) * size_t(c.gdn_k_dim) * size_t(c.gdn_v_dim) * 4;
+        const size_t conv = size_t(c.conv_kernel - 1) * size_t(c.gdn_conv_channels()) * as;
+        const size_t state_rw = size_t(c.n_gdn_layers()) * 2 * (ssm + conv);  // read + write
+        const size_t kv_per_pos = size_t(c.n_attention_layers()) * 2 * size_t(c.n_kv_heads) * size_t(c.head_dim) * as;
+
+        std::mt19937 rng(1234);
+        std::uniform_int_distribution<int32_t> pick(0, std::min(c.vocab_size, 4096) - 1);
+        std::printf("model %s: %d layers (%d attention), hidden %d, vocab %d; backend %s; arena %.1f MiB (weights %.1f MiB)\n",
+                    dir.c_str(), c.n_layers, c.n_attention_layers(), c.hidden_size, c.vocab_size, be.name(),
+                    double(model->arena_bytes()) / 1048576.0, double(model->weight_bytes()) / 1048576.0);
+        std::printf("ready after %.2f s; copy bandwidth %s\n", t_ready,
+                    copy_gbs > 0 ? (std::to_string(int(copy_gbs)) + " GB/s").c_str() : "not measured");
+        std::printf("\n| batch | prompt | gen | prefill tok/s | decode tok/s | MB/step | GB/s | %% roofline |\n");
+        std::printf("|------:|-------:|----:|--------------:|-------------:|--------:|-----:|-----------:|\n");
+
+        nlohmann::json out = {{"model", dir}, {"backend", be.name()}, {"ready_s", t_ready}, {"copy_gbs", copy_gbs},
+                              {"arena_bytes", model->arena_bytes()}, {"weight_bytes", model->weight_bytes()},
+                              {"runs", nlohmann::json::array()}};
+        std::vector<int32_t> prompt(static_cast<size_t>(n_prompt)), toks(static_cast<size_t>(max_b)), rows(static_cast<size_t>(max_b));
+        std::vector<SeqRun> runs(static_cast<size_t>(max_b));
+        for (int b : batches) {
+            std::vector<double> pre_tps, dec_tps;
+            for (int rep = 0; rep < reps + 1; rep++) {  // the first repetition warms up
+                for (int s = 0; s < b; s++) model->reset(s);
+                double t_pre = 0.0;
+                for (int s = 0; s < b; s++) {
+                    for (auto& t : prompt) t = pick(rng);
+                    be.synchronize();
+                    auto t0 = Clock::now();
+                    auto l = model->prefill(s, prompt);
+                    toks[size_t(s)] = argmax(l.data(), c.vocab_size);
+                    t_pre += seconds_since(t0);
+                }
+                auto t0 = Clock::now();
+                for (int i = 0; i < n_gen; i++) {
+                    for (int s = 0; s < b; s++) {
+                        runs[size_t(s)] = SeqRun{s, model->seq_len(s), s, 1};
+                        rows[size_t(s)] = s;
+                    }
+                    BatchDesc bd{b, toks.data(), runs.data(), b};
+                    auto l = model->step(bd, std::span<const int32_t>(rows.data(), size_t(b)));
+                    for (int s = 0; s < b; s++) toks[size_t(s)] = argmax(l.data() + size_t(s) * size_t(c.vocab_size), c.vocab_size);
+                }
+                be.synchronize();
+                const double t_dec = seconds_since(t0);
+                if (rep == 0) continue;
+                pre_tps.push_back(double(b) * n_prompt / t_pre);
+                dec_tps.push_back(double(b) * n_gen / t_dec);
+            }
+            const double pre = median(pre_tps), dec = median(dec_tps);
+            // Average KV length over the decode steps: n_prompt + (n_gen - 1) / 2.
+            const double kv_bytes = double(kv_per_pos) * (n_prompt + (n_gen - 1) / 2.0) * b;
+            const double step_bytes = double(weights_read) + double(state_rw) * b + kv_bytes;
+            const double steps_per_s = dec / b;
+            const double gbs = step_bytes * steps_per_s / 1e9;
+            const double roof = copy_gbs > 0 ? 100.0 * gbs / copy_gbs : NAN;
+            std::printf("| %5d | %6d | %3d | %13.1f | %12.1f | %7.1f | %4.1f | %10.1f |\n", b, n_prompt, n_gen, pre, dec,
+                        step_bytes / 1e6, gbs, roof);
+            out["runs"].push_back({{"batch", b}, {"prompt", n_prompt}, {"gen", n_gen}, {"prefill_tok_s", pre},
+                                   {"decode_tok_s", dec}, {"bytes_per_step", step_bytes}, {"gbs", gbs},
+                                   {"roofline_pct", roof}});
+        }
+        struct rusage ru;
+        getrusage(RUSAGE_SELF, &ru);
+        std::printf("\npeak host memory (RSS) %.1f MiB\n", double(ru.ru_maxrss) / 1024.0);
+        out["peak_rss_bytes"] = double(ru.ru_maxrss) * 1024.0;
+        if (args.count("json")) {
+            std::ofstream f(args["json"].as<std::string>());
+            if (!f) throw Error(Status::io, args["json"].as<std::string>() + ": cannot write");
+            f << out.dump(1) << "\n";
+        }
+        return 0;
+    } catch (const std::exception& e) {
+        std::fprintf(stderr, "hybrid-bench: %s\n", e.what());
+        return 1;
+    }
+}
