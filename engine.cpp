@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "model/chat.h"
 #include "model/common.h"
 #include "model/model.h"
 #include "model/sampler.h"
@@ -30,6 +31,11 @@ struct hy_model {
     int n_vocab = 0;                 // sampleable ids
     int n_logits = 0;                // logits row length
     uint64_t fingerprint = 0;
+    std::unique_ptr<hy::ChatTemplate> chat;  // made on first use (throws unsupported without ChatML tokens)
+    const hy::ChatTemplate& chat_template() {
+        if (!chat) chat = std::make_unique<hy::ChatTemplate>(hy::ChatTemplate::for_tokenizer(*tok));
+        return *chat;
+    }
 };
 
 struct hy_context {
@@ -398,6 +404,59 @@ int hy_detokenize(const hy_model* m, const int32_t* ids, int n_ids, int skip_spe
     });
 }
 
+// ---- chat ----
+namespace {
+
+int chat_text(const hy_model* cm, const hy_chat_message* msgs, int n, int add_gen, int thinking, bool continuation,
+              char* buf, size_t cap, size_t* n_out) {
+    return guard([&] {
+        HY_CHECK_ARG(cm && n_out && (msgs || n == 0) && n >= 0, "hy_chat_render: bad arguments");
+        HY_CHECK_ARG(thinking >= HY_THINK_DISABLED && thinking <= HY_THINK_MODEL_DECIDES,
+                     "unknown thinking mode " + std::to_string(thinking));
+        hy_model* m = const_cast<hy_model*>(cm);  // the template is built lazily
+        std::vector<hy::ChatMessage> v(static_cast<size_t>(n));
+        for (int i = 0; i < n; i++) {
+            HY_CHECK_ARG(msgs[i].role && msgs[i].content, "chat message " + std::to_string(i) + ": NULL role or content");
+            v[size_t(i)].role = msgs[i].role;
+            v[size_t(i)].content = msgs[i].content;
+        }
+        hy::ChatOptions o;
+        o.add_generation_prompt = add_gen != 0;
+        o.thinking = thinking == HY_THINK_ENABLED    ? hy::Thinking::enabled
+                     : thinking == HY_THINK_DISABLED ? hy::Thinking::disabled
+                                                     : hy::Thinking::model_decides;
+        const hy::ChatTemplate& t = m->chat_template();
+        const std::string s = continuation ? t.render_continuation(v, false, o) : t.render(v, o);
+        *n_out = s.size();
+        if (!buf || cap <= s.size())
+            return fail(Status::invalid_argument, "chat: the text needs " + std::to_string(s.size() + 1) +
+                                                      " bytes, the buffer holds " + std::to_string(cap));
+        std::memcpy(buf, s.data(), s.size() + 1);
+        return int(Status::ok);
+    });
+}
+
+}  // namespace
+
+int hy_chat_render(const hy_model* m, const hy_chat_message* msgs, int n, int add_generation_prompt, int thinking,
+                   char* buf, size_t cap, size_t* n_out) {
+    return chat_text(m, msgs, n, add_generation_prompt, thinking, false, buf, cap, n_out);
+}
+
+int hy_chat_continue(const hy_model* m, const hy_chat_message* msgs, int n, int thinking, char* buf, size_t cap,
+                     size_t* n_out) {
+    return chat_text(m, msgs, n, 1, thinking, true, buf, cap, n_out);
+}
+
+int32_t hy_chat_end_of_turn_id(const hy_model* cm) {
+    if (!cm) return -1;
+    try {
+        return const_cast<hy_model*>(cm)->chat_template().end_of_turn_id();
+    } catch (...) {
+        return -1;
+    }
+}
+
 // ---- contexts ----
 hy_context_params hy_context_default_params(void) {
     hy_context_params p;
@@ -659,6 +718,8 @@ hy_generate_params hy_generate_default_params(void) {
     p.n_stop = 0;
     p.skip_special = 1;
     p.ignore_eos = 0;
+    p.stop_ids = nullptr;
+    p.n_stop_ids = 0;
     p.on_token = nullptr;
     p.user_data = nullptr;
     return p;
@@ -712,7 +773,9 @@ int hy_generate(hy_context* c, hy_sampler* s, const int32_t* prompt, int n_promp
             }
             const int32_t id = s->s->sample(c->logits);
             const float lp = float(hy::log_softmax_at(c->logits, c->m->n_vocab, id));
-            if (!gp.ignore_eos && std::binary_search(c->m->eos.begin(), c->m->eos.end(), id)) {
+            if ((!gp.ignore_eos && std::binary_search(c->m->eos.begin(), c->m->eos.end(), id)) ||
+                (gp.stop_ids && std::find(gp.stop_ids, gp.stop_ids + std::max(gp.n_stop_ids, 0), id) !=
+                                    gp.stop_ids + std::max(gp.n_stop_ids, 0))) {
                 reason = HY_STOP_EOS;
                 break;
             }

@@ -131,6 +131,35 @@ int hy_tokenize(const hy_model* model, const char* text, ptrdiff_t len, int pars
 int hy_detokenize(const hy_model* model, const int32_t* ids, int n_ids, int skip_special, char* buf, size_t cap,
                   size_t* n_out);
 
+/* ---- chat format (ChatML, as model/chat.h: Qwen2/Qwen3/Qwen3.5 instruct models) ------------------------------ */
+typedef enum hy_thinking {
+    HY_THINK_DISABLED = 0,     /* generation prompt ends with an empty "<think>\n\n</think>\n\n" block */
+    HY_THINK_ENABLED = 1,      /* generation prompt ends with "<think>\n" (the model reasons first) */
+    HY_THINK_MODEL_DECIDES = 2 /* plain ChatML generation prompt */
+} hy_thinking;
+
+typedef struct hy_chat_message {
+    const char* role;    /* "system", "user" or "assistant" */
+    const char* content; /* UTF-8, inserted verbatim */
+} hy_chat_message;
+
+/* Renders a whole conversation: "<|im_start|>{role}\n{content}<|im_end|>\n" per message, then (when
+ * add_generation_prompt) "<|im_start|>assistant\n" and the think prefix of `thinking` (hy_thinking). Output as
+ * hy_detokenize: NUL-terminated text in buf when cap > its length, *n_out = its length; HY_ERR_INVALID_ARGUMENT
+ * when buf is too small or a role is unknown; HY_ERR_UNSUPPORTED when the tokenizer has no ChatML tokens. */
+int hy_chat_render(const hy_model* model, const hy_chat_message* messages, int n_messages, int add_generation_prompt,
+                   int thinking, char* buf, size_t cap, size_t* n_out);
+
+/* The text to prefill after an answer made by hy_generate (which never keeps the end-of-turn id in the context):
+ * "<|im_end|>\n" then the messages and the generation prompt. The sequence then equals the rendering of the whole
+ * conversation with the answer as an assistant message whose content is the think prefix plus the answer text.
+ * Output as hy_chat_render. */
+int hy_chat_continue(const hy_model* model, const hy_chat_message* messages, int n_messages, int thinking, char* buf,
+                     size_t cap, size_t* n_out);
+
+/* The end-of-turn id (<|im_end|>), or -1 when the tokenizer has no chat format. */
+int32_t hy_chat_end_of_turn_id(const hy_model* model);
+
 /* ---- contexts (sequences) --------------------------------------------------------------------------------------- */
 typedef struct hy_context_params {
     int slot; /* sequence slot to use, or -1 (default): the first free one */
@@ -228,7 +257,7 @@ void hy_sampler_set_seed(hy_sampler* sampler, uint64_t seed);
 /* ---- generation ------------------------------------------------------------------------------------------------- */
 typedef enum hy_stop_reason {
     HY_STOP_NONE = 0,         /* not stopped (an error happened) */
-    HY_STOP_EOS = 1,          /* an id of the end-of-sequence set was sampled */
+    HY_STOP_EOS = 1,          /* an id of the end-of-sequence set (or of stop_ids) was sampled */
     HY_STOP_STRING = 2,       /* the decoded text reached a stop string */
     HY_STOP_MAX_TOKENS = 3,   /* max_tokens ids were generated */
     HY_STOP_CONTEXT_FULL = 4, /* the sequence reached n_ctx */
@@ -260,6 +289,8 @@ typedef struct hy_generate_params {
     int n_stop;
     int skip_special;              /* decode special tokens as empty text (default 1) */
     int ignore_eos;                /* do not stop on the end-of-sequence set (default 0) */
+    const int32_t* stop_ids;       /* n_stop_ids more ids that end generation like the end-of-sequence set */
+    int n_stop_ids;
     hy_token_callback on_token;    /* may be NULL */
     void* user_data;               /* passed to on_token */
 } hy_generate_params;

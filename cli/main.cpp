@@ -1,1 +1,214 @@
-int main() { return 0; }
+// hybrid: the command-line program. One-shot generation from -p / -f / --prompt-ids (only the continuation is
+// printed, on stdout), or the interactive chat REPL (-i, cli/repl.cpp). Options and exit codes: cli/args.cpp
+// (--help). Everything goes through engine.h.
+#include <chrono>
+#include <csignal>
+#include <cstdio>
+#include <cstring>
+#include <unistd.h>
+
+#include "cli/cli.h"
+
+namespace hy::cli {
+
+std::atomic<bool> g_interrupted{false};
+
+namespace {
+
+void on_sigint(int) { g_interrupted.store(true); }
+
+bool stderr_tty() { return isatty(STDERR_FILENO) != 0; }
+
+// Per-token output of the one-shot run.
+struct OneShot {
+    bool print_text = true;
+    std::vector<int32_t> ids;
+    bool ends_with_newline = false;
+};
+
+int on_token(const hy_token_info* t, void* ud) {
+    auto* s = static_cast<OneShot*>(ud);
+    if (t->id >= 0) s->ids.push_back(t->id);
+    if (s->print_text && t->text_len > 0) {
+        std::fwrite(t->text, 1, t->text_len, stdout);
+        std::fflush(stdout);
+        s->ends_with_newline = t->text[t->text_len - 1] == '\n';
+    }
+    return g_interrupted.load() ? 1 : 0;
+}
+
+int status_exit_code(int status) {
+    switch (status) {
+        case HY_ERR_CONTEXT_FULL: return exit_context;
+        case HY_ERR_IO: return exit_io;
+        case HY_ERR_FORMAT:
+        case HY_ERR_MODEL_MISMATCH: return exit_snapshot;
+        default: return exit_runtime;
+    }
+}
+
+}  // namespace
+
+void install_sigint_handler() {
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof sa);
+    sa.sa_handler = on_sigint;
+    sigemptyset(&sa.sa_mask);
+    sa.sa_flags = 0;  // no SA_RESTART: a blocking read returns EINTR
+    sigaction(SIGINT, &sa, nullptr);
+}
+
+int thinking_mode(const Options& o) { return o.no_think ? HY_THINK_DISABLED : HY_THINK_ENABLED; }
+
+void engine_fail(int code, const std::string& what) {
+    throw Failure(code, what.empty() ? std::string(hy_last_error()) : what + ": " + hy_last_error());
+}
+
+std::string chat_render(hy_model* m, const std::vector<hy_chat_message>& msgs, bool add_generation_prompt,
+                        int thinking, bool continuation) {
+    size_t n = 0;
+    auto call = [&](char* buf, size_t cap) {
+        return continuation ? hy_chat_continue(m, msgs.data(), int(msgs.size()), thinking, buf, cap, &n)
+                            : hy_chat_render(m, msgs.data(), int(msgs.size()), add_generation_prompt ? 1 : 0,
+                                             thinking, buf, cap, &n);
+    };
+    int rc = call(nullptr, 0);
+    if (rc != HY_OK && rc != HY_ERR_INVALID_ARGUMENT) engine_fail(exit_usage, "chat format");
+    std::string out(n + 1, '\0');
+    if (call(out.data(), out.size()) != HY_OK) engine_fail(exit_usage, "chat format");
+    out.resize(n);
+    return out;
+}
+
+std::vector<int32_t> tokenize(hy_model* m, const std::string& text) {
+    int n = 0;
+    hy_tokenize(m, text.data(), ptrdiff_t(text.size()), 1, nullptr, 0, &n);
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    if (hy_tokenize(m, text.data(), ptrdiff_t(text.size()), 1, ids.data(), n, &n) != HY_OK)
+        engine_fail(exit_runtime, "tokenize");
+    return ids;
+}
+
+void print_summary(double load_ms, const hy_generate_result& r) {
+    auto rate = [](int n, double ms) { return ms > 0.0 ? 1000.0 * n / ms : 0.0; };
+    if (load_ms >= 0.0) std::fprintf(stderr, "hybrid: load       %10.1f ms\n", load_ms);
+    std::fprintf(stderr, "hybrid: prompt     %10.1f ms  %6d tokens  %9.1f tok/s\n", r.prompt_ms, r.n_prompt,
+                 rate(r.n_prompt, r.prompt_ms));
+    std::fprintf(stderr, "hybrid: generation %10.1f ms  %6d tokens  %9.1f tok/s\n", r.generate_ms, r.n_generated,
+                 rate(r.n_generated, r.generate_ms));
+    std::fprintf(stderr, "hybrid: stop: %s\n", hy_stop_reason_name(r.stop_reason));
+}
+
+namespace {
+
+struct Handles {
+    hy_model* m = nullptr;
+    hy_context* c = nullptr;
+    hy_sampler* s = nullptr;
+    ~Handles() {
+        hy_sampler_free(s);
+        hy_context_free(c);
+        hy_model_free(m);
+    }
+};
+
+int run(int argc, char** argv) {
+    Options o;
+    int code = exit_ok;
+    if (!parse_options(argc, argv, o, &code)) return code;
+    const bool show_summary = o.verbose || stderr_tty();
+
+    if (o.verbose)
+        std::fprintf(stderr,
+                     "hybrid: model %s, ctx %d, threads %d, seed %llu, temp %.3g, top-k %d, top-p %.3g, min-p %.3g, "
+                     "repeat-penalty %.3g (last %d), presence %.3g, frequency %.3g\n",
+                     o.model_dir.c_str(), o.n_ctx, o.n_threads, (unsigned long long)o.sampling.seed,
+                     o.sampling.temperature, o.sampling.top_k, o.sampling.top_p, o.sampling.min_p,
+                     o.sampling.repeat_penalty, o.sampling.repeat_last_n, o.sampling.presence_penalty,
+                     o.sampling.frequency_penalty);
+
+    // load
+    Handles h;
+    hy_model_params mp = hy_model_default_params();
+    mp.device = o.device;
+    mp.n_threads = o.n_threads;
+    mp.n_ctx = o.n_ctx;
+    if (stderr_tty()) std::fprintf(stderr, "hybrid: loading %s ...", o.model_dir.c_str());
+    const auto t0 = std::chrono::steady_clock::now();
+    const int rc = hy_model_load(o.model_dir.c_str(), &mp, &h.m);
+    const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (stderr_tty()) std::fprintf(stderr, "\r\033[K");
+    if (rc != HY_OK) engine_fail(exit_model, "cannot load the model");
+    if (o.verbose)
+        std::fprintf(stderr, "hybrid: loaded on %s, %.1f MiB arena, vocab %d\n", hy_model_backend(h.m),
+                     double(hy_model_arena_bytes(h.m)) / (1024.0 * 1024.0), hy_model_n_vocab(h.m));
+    if (hy_context_new(h.m, nullptr, &h.c) != HY_OK) engine_fail(exit_runtime, "");
+    if (hy_sampler_new(h.m, &o.sampling, &h.s) != HY_OK) engine_fail(exit_usage, "");
+    install_sigint_handler();
+
+    if (o.interactive) return run_repl(o, h.m, h.c, h.s, load_ms);
+
+    // prompt
+    std::vector<int32_t> ids;
+    if (o.has_prompt_ids) {
+        ids = o.prompt_ids;
+        for (int32_t id : ids)
+            if (id >= hy_model_n_vocab(h.m))
+                throw Failure(exit_usage, "--prompt-ids: id " + std::to_string(id) + " is not in the vocabulary (" +
+                                              std::to_string(hy_model_n_vocab(h.m)) + " ids)");
+    } else {
+        std::string text = o.prompt;
+        if (o.chat) {
+            std::vector<hy_chat_message> msgs;
+            if (!o.system.empty()) msgs.push_back({"system", o.system.c_str()});
+            msgs.push_back({"user", text.c_str()});
+            text = chat_render(h.m, msgs, true, thinking_mode(o), false);
+        }
+        ids = tokenize(h.m, text);
+    }
+    if (ids.empty()) throw Failure(exit_usage, "the prompt is empty (no tokens)");
+    if (int(ids.size()) >= o.n_ctx)
+        throw Failure(exit_context, "the prompt has " + std::to_string(ids.size()) + " tokens but the context holds " +
+                                        std::to_string(o.n_ctx) + " (-c): no room to generate");
+
+    // generate
+    OneShot st;
+    st.print_text = !o.has_prompt_ids;
+    std::vector<const char*> stops;
+    for (const auto& s : o.stop) stops.push_back(s.c_str());
+    hy_generate_params gp = hy_generate_default_params();
+    gp.max_tokens = o.n_predict;
+    gp.stop = stops.data();
+    gp.n_stop = int(stops.size());
+    gp.on_token = on_token;
+    gp.user_data = &st;
+    hy_generate_result res{};
+    const int g = hy_generate(h.c, h.s, ids.data(), int(ids.size()), &gp, &res);
+    if (g != HY_OK) engine_fail(status_exit_code(g), "generation failed");
+    if (o.has_prompt_ids) {
+        for (size_t i = 0; i < st.ids.size(); i++) std::printf("%s%d", i ? "," : "", st.ids[i]);
+        std::printf("\n");
+    } else if (isatty(STDOUT_FILENO) && !st.ends_with_newline) {
+        std::printf("\n");
+    }
+    std::fflush(stdout);
+    if (show_summary) print_summary(load_ms, res);
+    return res.stop_reason == HY_STOP_CALLBACK && g_interrupted.load() ? exit_interrupted : exit_ok;
+}
+
+}  // namespace
+}  // namespace hy::cli
+
+int main(int argc, char** argv) {
+    try {
+        return hy::cli::run(argc, argv);
+    } catch (const hy::cli::Failure& f) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "hybrid: error: %s\n", f.what());
+        return f.code;
+    } catch (const std::exception& e) {
+        std::fflush(stdout);
+        std::fprintf(stderr, "hybrid: error: %s\n", e.what());
+        return hy::cli::exit_runtime;
+    }
+}

@@ -1,0 +1,236 @@
+// Command-line options of `hybrid` (cxxopts), their validation and the help text with the exit codes.
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <cxxopts.hpp>
+#include <fstream>
+#include <random>
+#include <sstream>
+
+#include "cli/cli.h"
+
+namespace hy::cli {
+
+namespace {
+
+const char* kExitCodes =
+    "Output:\n"
+    "  Only the generated continuation goes to stdout (the prompt is not echoed), streamed token by token;\n"
+    "  with --prompt-ids the generated ids, comma-separated, one line. A timing summary (load time, prompt and\n"
+    "  generation tokens and tok/s, stop reason) goes to stderr when it is a terminal, or always with --verbose.\n"
+    "\n"
+    "Interactive chat (-i, -cnv): one line per user turn (stdin may be a pipe); each turn prefills only its new\n"
+    "  tokens. Commands: /reset, /save FILE (refuses to overwrite; /save! FILE overwrites), /load FILE, /help,\n"
+    "  /exit. Ctrl-C stops the current answer, Ctrl-D (end of input) exits. When stdin is not a terminal, a\n"
+    "  failing command ends the program with its exit code.\n"
+    "\n"
+    "Exit codes:\n"
+    "  0    success\n"
+    "  1    usage: unknown flag, bad value, missing -m, no or empty prompt\n"
+    "  2    the model could not be loaded (missing folder, malformed or unsupported files, no GPU)\n"
+    "  3    the prompt or the conversation does not fit the context (-c)\n"
+    "  4    a snapshot could not be loaded (not a snapshot, truncated, saved from another model)\n"
+    "  5    a file could not be read or written (-f FILE, /save FILE exists or is not writable)\n"
+    "  6    generation failed (backend error)\n"
+    "  130  interrupted by Ctrl-C (one-shot mode)\n";
+
+[[noreturn]] void usage(const std::string& msg) { throw Failure(exit_usage, msg); }
+
+std::vector<int32_t> parse_ids(const std::string& s) {
+    std::vector<int32_t> ids;
+    size_t i = 0;
+    while (i <= s.size()) {
+        size_t j = s.find(',', i);
+        if (j == std::string::npos) j = s.size();
+        std::string tok = s.substr(i, j - i);
+        while (!tok.empty() && tok.front() == ' ') tok.erase(tok.begin());
+        while (!tok.empty() && tok.back() == ' ') tok.pop_back();
+        char* end = nullptr;
+        errno = 0;
+        const long v = tok.empty() ? -1 : std::strtol(tok.c_str(), &end, 10);
+        if (tok.empty() || *end != '\0' || errno != 0 || v < 0 || v > INT32_MAX)
+            usage("--prompt-ids: '" + tok + "' is not a token id (expected a list like 1,2,3)");
+        ids.push_back(int32_t(v));
+        i = j + 1;
+    }
+    return ids;
+}
+
+}  // namespace
+
+std::string process_escapes(const std::string& s) {
+    std::string out;
+    out.reserve(s.size());
+    for (size_t i = 0; i < s.size(); i++) {
+        if (s[i] != '\\' || i + 1 == s.size()) {
+            out += s[i];
+            continue;
+        }
+        const char c = s[i + 1];
+        switch (c) {
+            case 'n': out += '\n'; break;
+            case 't': out += '\t'; break;
+            case 'r': out += '\r'; break;
+            case '\\': out += '\\'; break;
+            case '"': out += '"'; break;
+            case '\'': out += '\''; break;
+            case '0': out += '\0'; break;
+            default: out += '\\'; out += c; break;
+        }
+        i++;
+    }
+    return out;
+}
+
+bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
+    // -cnv (llama.cpp's spelling) and --stop (its values may hold commas, which cxxopts would split) are taken
+    // out before cxxopts sees the arguments.
+    std::vector<std::string> args;
+    std::vector<std::string> stops;
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        if (a == "-cnv") {
+            args.push_back("--interactive");
+        } else if (a == "--stop") {
+            if (i + 1 >= argc) usage("--stop needs a value");
+            stops.push_back(argv[++i]);
+        } else if (a.rfind("--stop=", 0) == 0) {
+            stops.push_back(a.substr(7));
+        } else {
+            args.push_back(a);
+        }
+    }
+    std::vector<char*> av;
+    av.push_back(argv[0]);
+    for (auto& a : args) av.push_back(a.data());
+
+    cxxopts::Options opts("hybrid", "hybrid: run Qwen3.5 hybrid models (Gated DeltaNet + attention) from a Hugging "
+                                    "Face folder.\nGenerates a continuation of a prompt, or chats (-i).");
+    opts.custom_help("-m DIR [-p TEXT | -f FILE | --prompt-ids 1,2,3 | -i] [options]");
+    opts.set_width(110);
+    // clang-format off
+    opts.add_options("Model")
+        ("m,model", "model folder (config.json, *.safetensors, tokenizer.json)", cxxopts::value<std::string>())
+        ("c,ctx-size", "context length in tokens (prompt + output)", cxxopts::value<int>()->default_value("4096"))
+        ("t,threads", "CPU threads (0: all cores)", cxxopts::value<int>()->default_value("0"))
+        ("device", "auto, cpu or cuda", cxxopts::value<std::string>()->default_value("auto"));
+    opts.add_options("Prompt")
+        ("p,prompt", "prompt text (escapes \\n \\t \\r \\\\ \\\" \\' processed)", cxxopts::value<std::string>())
+        ("f,file", "read the prompt from FILE (as is)", cxxopts::value<std::string>())
+        ("prompt-ids", "prompt as token ids, e.g. 1,2,3; prints the generated ids", cxxopts::value<std::string>())
+        ("no-escape", "do not process escapes in -p and --stop")
+        ("chat", "apply the chat format to the prompt (a user message)")
+        ("system", "system message for --chat and -i", cxxopts::value<std::string>())
+        ("no-think", "chat: disable thinking (empty <think></think> block)")
+        ("i,interactive", "interactive chat (REPL); also -cnv");
+    opts.add_options("Generation")
+        ("n,n-predict", "tokens to generate; -1: until end of sequence or the context is full",
+         cxxopts::value<int>()->default_value("-1"))
+        ("stop", "stop when the output contains STR (repeatable; not printed)", cxxopts::value<std::string>())
+        ("s,seed", "RNG seed; -1: random", cxxopts::value<int64_t>()->default_value("-1"))
+        ("temp", "temperature; <= 0: greedy", cxxopts::value<float>()->default_value("0.8"))
+        ("top-k", "top-k sampling; <= 0: off", cxxopts::value<int>()->default_value("40"))
+        ("top-p", "top-p (nucleus) sampling; 1: off", cxxopts::value<float>()->default_value("0.95"))
+        ("min-p", "min-p sampling; 0: off", cxxopts::value<float>()->default_value("0.05"))
+        ("repeat-penalty", "repetition penalty; 1: off", cxxopts::value<float>()->default_value("1.0"))
+        ("repeat-last-n", "tokens the penalties look back; 0: off, -1: context size",
+         cxxopts::value<int>()->default_value("64"))
+        ("presence-penalty", "presence penalty; 0: off", cxxopts::value<float>()->default_value("0"))
+        ("frequency-penalty", "frequency penalty; 0: off", cxxopts::value<float>()->default_value("0"));
+    opts.add_options("Other")
+        ("verbose", "print settings and the timing summary to stderr")
+        ("version", "print the version")
+        ("h,help", "print this help");
+    // clang-format on
+
+    cxxopts::ParseResult r;
+    try {
+        r = opts.parse(int(av.size()), av.data());
+    } catch (const cxxopts::exceptions::exception& e) {
+        usage(std::string(e.what()) + " (see --help)");
+    }
+    if (r.count("help")) {
+        std::printf("%s\n%s", opts.help().c_str(), kExitCodes);
+        *exit_code = exit_ok;
+        return false;
+    }
+    if (r.count("version")) {
+        std::printf("hybrid %s\n", hy_version());
+        *exit_code = exit_ok;
+        return false;
+    }
+    if (!r.unmatched().empty()) usage("unexpected argument '" + r.unmatched()[0] + "' (see --help)");
+    if (!r.count("model")) usage("-m DIR is required (see --help)");
+
+    o.model_dir = r["model"].as<std::string>();
+    o.escape = !r.count("no-escape");
+    o.n_ctx = r["ctx-size"].as<int>();
+    if (o.n_ctx < 1) usage("-c must be >= 1, got " + std::to_string(o.n_ctx));
+    o.n_threads = r["threads"].as<int>();
+    const std::string dev = r["device"].as<std::string>();
+    if (dev == "auto") o.device = HY_DEVICE_AUTO;
+    else if (dev == "cpu") o.device = HY_DEVICE_CPU;
+    else if (dev == "cuda") o.device = HY_DEVICE_CUDA;
+    else usage("--device must be auto, cpu or cuda, got '" + dev + "'");
+
+    const int n_sources = int(r.count("prompt") > 0) + int(r.count("file") > 0) + int(r.count("prompt-ids") > 0);
+    if (n_sources > 1) usage("give only one of -p, -f and --prompt-ids");
+    if (r.count("prompt")) {
+        o.prompt = o.escape ? process_escapes(r["prompt"].as<std::string>()) : r["prompt"].as<std::string>();
+        o.has_prompt = true;
+    }
+    if (r.count("file")) {
+        const std::string path = r["file"].as<std::string>();
+        std::ifstream in(path, std::ios::binary);
+        if (!in) throw Failure(exit_io, path + ": cannot read the prompt file");
+        std::stringstream ss;
+        ss << in.rdbuf();
+        o.prompt = ss.str();
+        o.has_prompt = true;
+    }
+    if (r.count("prompt-ids")) {
+        o.prompt_ids = parse_ids(r["prompt-ids"].as<std::string>());
+        o.has_prompt_ids = true;
+    }
+    o.chat = r.count("chat") > 0;
+    o.interactive = r.count("interactive") > 0;
+    o.no_think = r.count("no-think") > 0;
+    o.verbose = r.count("verbose") > 0;
+    if (r.count("system")) o.system = o.escape ? process_escapes(r["system"].as<std::string>()) : r["system"].as<std::string>();
+    if (o.chat && o.has_prompt_ids) usage("--chat needs a text prompt (-p or -f), not --prompt-ids");
+    if (o.interactive && o.has_prompt_ids) usage("-i does not take --prompt-ids");
+    if (!o.interactive && !o.has_prompt && !o.has_prompt_ids) usage("no prompt: give -p TEXT, -f FILE, --prompt-ids or -i");
+
+    o.n_predict = r["n-predict"].as<int>();
+    if (o.n_predict < -1) usage("-n must be >= -1, got " + std::to_string(o.n_predict));
+    for (const auto& s : stops) {
+        std::string v = o.escape ? process_escapes(s) : s;
+        if (v.empty()) usage("--stop needs a non-empty string");
+        o.stop.push_back(v);
+    }
+
+    hy_sampler_params& sp = o.sampling;
+    sp = hy_sampler_default_params();
+    sp.temperature = r["temp"].as<float>();
+    sp.top_k = r["top-k"].as<int>();
+    sp.top_p = r["top-p"].as<float>();
+    sp.min_p = r["min-p"].as<float>();
+    sp.repeat_penalty = r["repeat-penalty"].as<float>();
+    sp.repeat_last_n = r["repeat-last-n"].as<int>();
+    sp.presence_penalty = r["presence-penalty"].as<float>();
+    sp.frequency_penalty = r["frequency-penalty"].as<float>();
+    for (auto [name, v] : {std::pair<const char*, float>{"--temp", sp.temperature}, {"--top-p", sp.top_p},
+                           {"--min-p", sp.min_p}, {"--repeat-penalty", sp.repeat_penalty},
+                           {"--presence-penalty", sp.presence_penalty}, {"--frequency-penalty", sp.frequency_penalty}})
+        if (!std::isfinite(v)) usage(std::string(name) + " must be a finite number");
+    if (sp.top_p < 0.0f || sp.top_p > 1.0f) usage("--top-p must be in [0, 1], got " + std::to_string(sp.top_p));
+    if (sp.min_p < 0.0f || sp.min_p > 1.0f) usage("--min-p must be in [0, 1], got " + std::to_string(sp.min_p));
+    if (sp.repeat_penalty <= 0.0f) usage("--repeat-penalty must be > 0, got " + std::to_string(sp.repeat_penalty));
+    if (sp.repeat_last_n < -1) usage("--repeat-last-n must be >= -1, got " + std::to_string(sp.repeat_last_n));
+    o.seed = r["seed"].as<int64_t>();
+    if (o.seed < -1) usage("-s must be >= -1, got " + std::to_string(o.seed));
+    sp.seed = o.seed == -1 ? (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}() : uint64_t(o.seed);
+    return true;
+}
+
+}  // namespace hy::cli

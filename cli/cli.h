@@ -1,0 +1,84 @@
+// The `hybrid` program: shared declarations of cli/ (options, exit codes, the one-shot run and the chat REPL).
+// The program uses only engine.h (the public C API) to reach the library.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <stdexcept>
+#include <string>
+#include <vector>
+
+#include "engine.h"
+
+namespace hy::cli {
+
+// Exit codes (documented in --help).
+enum Exit : int {
+    exit_ok = 0,
+    exit_usage = 1,        // bad flag or value, missing -m, no or empty prompt
+    exit_model = 2,        // the model could not be loaded (missing folder, malformed files, backend)
+    exit_context = 3,      // the prompt or the conversation does not fit the context (-c)
+    exit_snapshot = 4,     // a snapshot could not be loaded (not a snapshot, another model)
+    exit_io = 5,           // a file could not be read or written (-f FILE, /save FILE)
+    exit_runtime = 6,      // generation failed (backend error)
+    exit_interrupted = 130 // Ctrl-C stopped a one-shot generation
+};
+
+// A failure that ends the program: a one-line message and an exit code.
+struct Failure : std::runtime_error {
+    Failure(int code_, const std::string& msg) : std::runtime_error(msg), code(code_) {}
+    int code;
+};
+
+struct Options {
+    std::string model_dir;              // -m
+    std::string prompt;                 // -p (escapes processed unless --no-escape) or the contents of -f
+    bool has_prompt = false;
+    std::vector<int32_t> prompt_ids;    // --prompt-ids
+    bool has_prompt_ids = false;
+    int n_predict = -1;                 // -n: -1 until EOS or context full
+    int n_ctx = 4096;                   // -c
+    int n_threads = 0;                  // -t: 0 all cores
+    hy_device device = HY_DEVICE_AUTO;  // --device
+    hy_sampler_params sampling{};       // --temp, --top-k, ... and -s
+    int64_t seed = -1;                  // -s as given (-1: random)
+    std::vector<std::string> stop;      // --stop (repeatable)
+    bool no_think = false;              // --no-think
+    std::string system;                 // --system
+    bool chat = false;                  // --chat
+    bool interactive = false;           // -i / -cnv
+    bool verbose = false;               // --verbose
+    bool escape = true;                 // off with --no-escape
+};
+
+// Parses argv. Returns false when the program should exit now with *exit_code (help, version); throws Failure
+// (exit_usage) for a bad flag or value; reading -f may throw Failure(exit_io).
+bool parse_options(int argc, char** argv, Options& opts, int* exit_code);
+
+// Replaces \n, \t, \r, \\, \", \' and \0 by the characters; any other backslash sequence stays as written.
+std::string process_escapes(const std::string& s);
+
+// Set by the SIGINT handler; token callbacks read it to stop the current answer.
+extern std::atomic<bool> g_interrupted;
+void install_sigint_handler();
+
+// Thinking mode chosen by the options (--no-think: disabled, else enabled).
+int thinking_mode(const Options& o);
+
+// Turns a failed engine call into a Failure with `code` and "what: message".
+[[noreturn]] void engine_fail(int code, const std::string& what);
+
+// Text of a chat rendering (hy_chat_render / hy_chat_continue); throws Failure(exit_usage).
+std::string chat_render(hy_model* m, const std::vector<hy_chat_message>& msgs, bool add_generation_prompt,
+                        int thinking, bool continuation);
+
+// Tokenizes text (special tokens parsed). Throws Failure(exit_runtime) on error.
+std::vector<int32_t> tokenize(hy_model* m, const std::string& text);
+
+// Prints the timing summary on stderr: load, prompt and generation rates, stop reason.
+void print_summary(double load_ms, const hy_generate_result& r);
+
+// The chat REPL (-i). Returns the exit code.
+int run_repl(const Options& o, hy_model* m, hy_context* c, hy_sampler* s, double load_ms);
+
+}  // namespace hy::cli

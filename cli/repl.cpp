@@ -1,0 +1,280 @@
+// The interactive chat of `hybrid -i`: one line per user turn, answers streamed to stdout. The conversation's
+// state stays in the context between turns, so each turn prefills only its new tokens: the first turn the
+// rendered system/user messages and the generation prompt, later turns "<|im_end|>\n" (closing the previous
+// answer, whose end-of-turn id hy_generate does not keep) plus the new user message and the generation prompt
+// (hy_chat_continue). The context then holds exactly the rendering of the whole conversation.
+//
+// Conversation files (/save, /load): "HYCHAT01", u32 length of a JSON header, the JSON header
+// ({"version": 1, "messages": [{"role", "content"}, ...], "no_think": bool}), then the engine snapshot
+// (hy_state_save: token history, KV cache, conv and recurrent state, last logits; it carries the model fingerprint).
+#include <cerrno>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iostream>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "cli/cli.h"
+
+#ifdef HY_HAVE_READLINE
+#include <readline/history.h>
+#include <readline/readline.h>
+#endif
+
+namespace hy::cli {
+
+namespace {
+
+constexpr char kChatMagic[8] = {'H', 'Y', 'C', 'H', 'A', 'T', '0', '1'};
+
+struct Message {
+    std::string role, content;
+};
+
+struct Repl {
+    Repl(const Options& o_, hy_model* m_, hy_context* c_, hy_sampler* s_) : o(o_), m(m_), c(c_), s(s_) {}
+    const Options& o;
+    hy_model* m;
+    hy_context* c;
+    hy_sampler* s;
+    bool tty_in = false;
+    std::vector<Message> messages;
+    std::string answer;  // the answer being generated
+
+    // ---- input ----
+    bool read_line(std::string& line) {
+#ifdef HY_HAVE_READLINE
+        if (tty_in) {
+            char* l = readline("> ");
+            if (!l) return false;
+            line = l;
+            if (*l) add_history(l);
+            std::free(l);
+            return true;
+        }
+#endif
+        for (;;) {
+            if (tty_in) {
+                std::fputs("> ", stdout);
+                std::fflush(stdout);
+            }
+            if (std::getline(std::cin, line)) return true;
+            if (std::cin.eof() || !g_interrupted.load()) return false;
+            // Ctrl-C at the prompt: a new prompt
+            g_interrupted.store(false);
+            std::cin.clear();
+            std::clearerr(stdin);
+            std::fputs("\n", stdout);
+        }
+    }
+
+    // ---- turns ----
+    static int on_token(const hy_token_info* t, void* ud) {
+        auto* r = static_cast<Repl*>(ud);
+        if (t->text_len > 0) {
+            std::fwrite(t->text, 1, t->text_len, stdout);
+            std::fflush(stdout);
+            r->answer.append(t->text, t->text_len);
+        }
+        return g_interrupted.load() ? 1 : 0;
+    }
+
+    void turn(const std::string& user) {
+        const int think = thinking_mode(o);
+        std::string text;
+        if (hy_context_n_tokens(c) == 0) {
+            std::vector<hy_chat_message> msgs;
+            if (!o.system.empty()) msgs.push_back({"system", o.system.c_str()});
+            msgs.push_back({"user", user.c_str()});
+            text = chat_render(m, msgs, true, think, false);
+            messages.clear();
+            if (!o.system.empty()) messages.push_back({"system", o.system});
+        } else {
+            std::vector<hy_chat_message> msgs = {{"user", user.c_str()}};
+            text = chat_render(m, msgs, true, think, true);
+        }
+        const std::vector<int32_t> ids = tokenize(m, text);
+        const int have = hy_context_n_tokens(c), n_ctx = hy_model_n_ctx(m);
+        if (have + int(ids.size()) >= n_ctx)
+            throw Failure(exit_context, "the conversation would hold " + std::to_string(have + int(ids.size())) +
+                                            " tokens; the context holds " + std::to_string(n_ctx) +
+                                            " (-c): /reset or /save it");
+        std::vector<const char*> stops;
+        for (const auto& st : o.stop) stops.push_back(st.c_str());
+        const int32_t eot = hy_chat_end_of_turn_id(m);
+        hy_generate_params gp = hy_generate_default_params();
+        gp.max_tokens = o.n_predict;
+        gp.stop = stops.data();
+        gp.n_stop = int(stops.size());
+        gp.stop_ids = eot >= 0 ? &eot : nullptr;
+        gp.n_stop_ids = eot >= 0 ? 1 : 0;
+        gp.on_token = on_token;
+        gp.user_data = this;
+        answer.clear();
+        g_interrupted.store(false);
+        hy_generate_result res{};
+        const int rc = hy_generate(c, s, ids.data(), int(ids.size()), &gp, &res);
+        std::fputs("\n", stdout);
+        std::fflush(stdout);
+        if (rc != HY_OK)
+            engine_fail(rc == HY_ERR_CONTEXT_FULL ? exit_context : exit_runtime, "generation failed");
+        messages.push_back({"user", user});
+        messages.push_back({"assistant", answer});
+        if (g_interrupted.exchange(false) && tty_in) std::fprintf(stderr, "[stopped]\n");
+        if (o.verbose) print_summary(-1.0, res);
+    }
+
+    // ---- commands ----
+    void save(const std::string& path, bool overwrite) {
+        namespace fs = std::filesystem;
+        std::error_code ec;
+        if (path.empty()) throw Failure(exit_usage, "/save needs a file name");
+        if (!overwrite && fs::exists(path, ec))
+            throw Failure(exit_io, path + ": exists (use /save! FILE to overwrite)");
+        size_t n = 0;
+        if (hy_state_save(c, nullptr, 0, &n) != HY_OK) engine_fail(exit_runtime, "save");
+        std::vector<char> snap(n);
+        if (hy_state_save(c, snap.data(), n, &n) != HY_OK) engine_fail(exit_runtime, "save");
+        nlohmann::json j;
+        j["version"] = 1;
+        j["no_think"] = o.no_think;
+        j["messages"] = nlohmann::json::array();
+        for (const auto& msg : messages) j["messages"].push_back({{"role", msg.role}, {"content", msg.content}});
+        const std::string header = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+        const std::string tmp = path + ".tmp";
+        {
+            std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
+            if (!f) throw Failure(exit_io, path + ": cannot write");
+            const uint32_t hl = uint32_t(header.size());
+            f.write(kChatMagic, 8);
+            f.write(reinterpret_cast<const char*>(&hl), 4);
+            f.write(header.data(), std::streamsize(header.size()));
+            f.write(snap.data(), std::streamsize(snap.size()));
+            f.close();
+            if (!f) {
+                fs::remove(tmp, ec);
+                throw Failure(exit_io, path + ": write failed");
+            }
+        }
+        fs::rename(tmp, path, ec);
+        if (ec) {
+            fs::remove(tmp, ec);
+            throw Failure(exit_io, path + ": cannot write");
+        }
+        if (tty_in) std::fprintf(stderr, "saved %d tokens to %s\n", hy_context_n_tokens(c), path.c_str());
+    }
+
+    void load(const std::string& path) {
+        if (path.empty()) throw Failure(exit_usage, "/load needs a file name");
+        std::ifstream f(path, std::ios::binary);
+        std::error_code ec;
+        if (!f || std::filesystem::is_directory(path, ec)) throw Failure(exit_io, path + ": cannot read");
+        std::vector<char> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+        uint32_t hl = 0;
+        if (data.size() < 12 || std::memcmp(data.data(), kChatMagic, 8) != 0)
+            throw Failure(exit_snapshot, path + ": not a hybrid conversation file");
+        std::memcpy(&hl, data.data() + 8, 4);
+        if (hl > data.size() - 12) throw Failure(exit_snapshot, path + ": truncated conversation file");
+        std::vector<Message> msgs;
+        try {
+            const nlohmann::json j = nlohmann::json::parse(data.begin() + 12, data.begin() + 12 + hl);
+            for (const auto& e : j.at("messages"))
+                msgs.push_back({e.at("role").get<std::string>(), e.at("content").get<std::string>()});
+        } catch (const nlohmann::json::exception& e) {
+            throw Failure(exit_snapshot, path + ": bad conversation header: " + e.what());
+        }
+        // keep the current conversation if the snapshot is refused
+        size_t n = 0;
+        std::vector<char> backup;
+        if (hy_state_save(c, nullptr, 0, &n) == HY_OK) {
+            backup.resize(n);
+            if (hy_state_save(c, backup.data(), n, &n) != HY_OK) backup.clear();
+        }
+        const int rc = hy_state_load(c, data.data() + 12 + hl, data.size() - 12 - hl);
+        if (rc != HY_OK) {
+            const std::string msg = path + ": " + hy_last_error();
+            if (!backup.empty()) hy_state_load(c, backup.data(), backup.size());
+            throw Failure(rc == HY_ERR_CONTEXT_FULL ? exit_context : exit_snapshot, msg);
+        }
+        messages = std::move(msgs);
+        hy_sampler_reset(s);
+        if (tty_in)
+            std::fprintf(stderr, "loaded %zu messages, %d tokens from %s\n", messages.size(), hy_context_n_tokens(c),
+                         path.c_str());
+    }
+
+    // Returns false to leave the REPL.
+    bool command(const std::string& line) {
+        const size_t sp = line.find(' ');
+        const std::string cmd = line.substr(0, sp);
+        std::string arg = sp == std::string::npos ? "" : line.substr(sp + 1);
+        while (!arg.empty() && (arg.back() == ' ' || arg.back() == '\t' || arg.back() == '\r')) arg.pop_back();
+        while (!arg.empty() && arg.front() == ' ') arg.erase(arg.begin());
+        if (cmd == "/exit" || cmd == "/quit") return false;
+        if (cmd == "/reset") {
+            if (hy_context_reset(c) != HY_OK) engine_fail(exit_runtime, "reset");
+            hy_sampler_reset(s);
+            messages.clear();
+            if (tty_in) std::fprintf(stderr, "conversation cleared\n");
+        } else if (cmd == "/save" || cmd == "/save!") {
+            save(arg, cmd == "/save!");
+        } else if (cmd == "/load") {
+            load(arg);
+        } else if (cmd == "/help") {
+            std::fprintf(stderr,
+                         "/reset        start a new conversation\n"
+                         "/save FILE    save the conversation (refuses to overwrite; /save! FILE overwrites)\n"
+                         "/load FILE    continue a saved conversation\n"
+                         "/exit         leave (also Ctrl-D); Ctrl-C stops an answer\n");
+        } else {
+            throw Failure(exit_usage, "unknown command " + cmd + " (/help lists them)");
+        }
+        return true;
+    }
+};
+
+}  // namespace
+
+int run_repl(const Options& o, hy_model* m, hy_context* c, hy_sampler* s, double load_ms) {
+    Repl r(o, m, c, s);
+    r.tty_in = isatty(STDIN_FILENO) != 0;
+    if (hy_chat_end_of_turn_id(m) < 0) {
+        std::vector<hy_chat_message> none;
+        chat_render(m, none, true, thinking_mode(o), false);  // throws with the engine's message
+    }
+    if (r.tty_in)
+        std::fprintf(stderr, "hybrid chat (%s, loaded in %.0f ms). /help for commands, Ctrl-C stops an answer, "
+                             "Ctrl-D exits.\n", hy_model_backend(m), load_ms);
+    auto guarded = [&](auto&& fn) -> int {
+        try {
+            fn();
+        } catch (const Failure& f) {
+            std::fflush(stdout);
+            std::fprintf(stderr, "hybrid: error: %s\n", f.what());
+            if (!r.tty_in) return f.code;  // scripted: a failure ends the session
+        }
+        return -1;
+    };
+    if (o.has_prompt) {
+        const int rc = guarded([&] { r.turn(o.prompt); });
+        if (rc >= 0) return rc;
+    }
+    std::string line;
+    while (r.read_line(line)) {
+        while (!line.empty() && (line.back() == '\r' || line.back() == '\n')) line.pop_back();
+        if (line.find_first_not_of(" \t") == std::string::npos) continue;
+        bool go_on = true;
+        const int rc = guarded([&] {
+            if (line[0] == '/') go_on = r.command(line);
+            else r.turn(line);
+        });
+        if (rc >= 0) return rc;
+        if (!go_on) break;
+    }
+    if (r.tty_in) std::fputs("\n", stdout);
+    return exit_ok;
+}
+
+}  // namespace hy::cli
