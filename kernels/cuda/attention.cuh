@@ -1,0 +1,14 @@
+// Gated full attention core on bf16 activations (see hy::AttentionArgs, QWEN35.md "Gated attention layer"):
+// q/k RMSNorm1p per head, partial RoPE (rotate_half), K/V written to the cache, causal softmax attention over the
+// cache with GQA, the sigmoid output gate. Prefill (many rows of one or more runs) and decode (one row per run)
+// use the same two kernels: a prep kernel (norm, RoPE, cache write) and the attention core.
+#pragma once
+
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace hy::cuda {
+
+// q_scratch: bf16 [T, Hq, D] (workspace). Head dims 64, 128 and 256 are built; others throw unsupported.
+void attention(const AttentionArgs& args, const RowMap& rows, bf16* q_scratch, cudaStream_t stream);
+
+}  // namespace hy::cuda

@@ -1,0 +1,97 @@
+// Shared pieces of the CUDA kernels: error checks that throw hy::Error naming the failing call, bf16 helpers,
+// warp/block reductions and the per-batch row map the mixers read.
+#pragma once
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <string>
+
+#include "kernels/backend.h"
+#include "kernels/cuda/tuning.cuh"
+
+namespace hy::cuda {
+
+using bf16 = __nv_bfloat16;
+
+// Throws hy::Error(backend) "CUDA error in <what>: <reason>" when `e` is not cudaSuccess.
+inline void check(cudaError_t e, const char* what) {
+    if (e != cudaSuccess)
+        throw Error(Status::backend, std::string("CUDA error in ") + what + ": " + cudaGetErrorName(e) + " (" +
+                                         cudaGetErrorString(e) + ")");
+}
+// Checks a launch (configuration errors surface here; faults surface at the next synchronizing call).
+inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
+
+#define HY_CUDA_CHECK(call) ::hy::cuda::check((call), #call)
+
+// Per batch row, on the device (filled by the backend's begin_batch from the host runs).
+struct RowMap {
+    const int32_t* slot = nullptr;    // [T] sequence slot of the row
+    const int32_t* pos = nullptr;     // [T] absolute position of the row in its sequence
+    const int32_t* in_run = nullptr;  // [T] index of the row inside its run (0 = the run's first row)
+    const SeqRun* runs = nullptr;     // [n_runs]
+    int32_t n_rows = 0;
+    int32_t n_runs = 0;
+};
+
+__device__ __forceinline__ float to_f32(bf16 v) { return __bfloat162float(v); }
+__device__ __forceinline__ bf16 to_bf16(float v) { return __float2bfloat16_rn(v); }
+// Rounds through bf16 (to mirror where a bf16 PyTorch model rounds an intermediate).
+__device__ __forceinline__ float round_bf16(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// 8 bf16 values in one 16-byte word.
+union Bf16x8 {
+    uint4 u;
+    __nv_bfloat162 h2[4];
+};
+
+__device__ __forceinline__ void unpack8(const uint4& u, float* f) {
+    Bf16x8 v;
+    v.u = u;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float2 p = __bfloat1622float2(v.h2[i]);
+        f[2 * i] = p.x;
+        f[2 * i + 1] = p.y;
+    }
+}
+
+__device__ __forceinline__ uint4 pack8(const float* f) {
+    Bf16x8 v;
+#pragma unroll
+    for (int i = 0; i < 4; i++) v.h2[i] = __floats2bfloat162_rn(f[2 * i], f[2 * i + 1]);
+    return v.u;
+}
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+    return v;
+}
+
+// Sum over a block of blockDim.x threads (a multiple of 32, at most 1024); every thread gets the result.
+// `scratch` holds 32 floats of shared memory; the function synchronizes the block.
+__device__ __forceinline__ float block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    v = warp_sum(v);
+    __syncthreads();  // scratch may still be read by a previous call
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = lane < n_warps ? scratch[lane] : 0.0f;
+    return warp_sum(v);
+}
+
+__device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf(-x)); }
+__device__ __forceinline__ float siluf_(float x) { return x / (1.0f + expf(-x)); }
+
+inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }
+
+}  // namespace hy::cuda

@@ -1,0 +1,211 @@
+#include "kernels/cuda/matmul.cuh"
+
+namespace hy::cuda {
+
+namespace {
+
+void check_lt(cublasStatus_t s, const char* what) {
+    if (s != CUBLAS_STATUS_SUCCESS)
+        throw Error(Status::backend, std::string("cuBLASLt error in ") + what + ": status " + std::to_string(int(s)));
+}
+
+template <typename OutT>
+__device__ __forceinline__ OutT store_as(float v);
+template <>
+__device__ __forceinline__ float store_as<float>(float v) { return v; }
+template <>
+__device__ __forceinline__ bf16 store_as<bf16>(float v) { return to_bf16(v); }
+
+// One warp per output feature n: lanes stride over K in 16-byte words of W (8 bf16), kGemvUnroll words in
+// flight, each multiplied with the same 8 values of every token's x (x rows stay in L1/L2). Warp-reduced at the
+// end, so each output is a fixed-order fp32 sum.
+template <int NT, typename OutT>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const bf16* __restrict__ x,
+                                                               const bf16* __restrict__ w, OutT* __restrict__ y,
+                                                               int N, int K) {
+    const int lane = threadIdx.x & 31;
+    const int n = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+    if (n >= N) return;
+    const uint4* wr = reinterpret_cast<const uint4*>(w + int64_t(n) * K);
+    const int K8 = K / 8;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    int i = lane;
+    for (; i + 32 * (kGemvUnroll - 1) < K8; i += 32 * kGemvUnroll) {
+        uint4 wv[kGemvUnroll];
+#pragma unroll
+        for (int u = 0; u < kGemvUnroll; u++) wv[u] = __ldg(wr + i + 32 * u);
+#pragma unroll
+        for (int u = 0; u < kGemvUnroll; u++) {
+            float wf[8];
+            unpack8(wv[u], wf);
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                float xf[8];
+                unpack8(__ldg(reinterpret_cast<const uint4*>(x + int64_t(t) * K) + i + 32 * u), xf);
+#pragma unroll
+                for (int j = 0; j < 8; j++) acc[t] = fmaf(wf[j], xf[j], acc[t]);
+            }
+        }
+    }
+    for (; i < K8; i += 32) {
+        float wf[8];
+        unpack8(__ldg(wr + i), wf);
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float xf[8];
+            unpack8(__ldg(reinterpret_cast<const uint4*>(x + int64_t(t) * K) + i), xf);
+#pragma unroll
+            for (int j = 0; j < 8; j++) acc[t] = fmaf(wf[j], xf[j], acc[t]);
+        }
+    }
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float s = warp_sum(acc[t]);
+        if (lane == 0) y[int64_t(t) * N + n] = store_as<OutT>(s);
+    }
+}
+
+template <typename OutT>
+void gemv_typed(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, OutT* y, cudaStream_t stream) {
+    const unsigned grid = ceil_div(N, kGemvWarps);
+    const int threads = kGemvWarps * 32;
+    switch (T) {
+        case 1: gemv_kernel<1, OutT><<<grid, threads, 0, stream>>>(x, w, y, int(N), int(K)); break;
+        case 2: gemv_kernel<2, OutT><<<grid, threads, 0, stream>>>(x, w, y, int(N), int(K)); break;
+        case 3: gemv_kernel<3, OutT><<<grid, threads, 0, stream>>>(x, w, y, int(N), int(K)); break;
+        case 4: gemv_kernel<4, OutT><<<grid, threads, 0, stream>>>(x, w, y, int(N), int(K)); break;
+        default: throw Error(Status::internal, "gemv: " + std::to_string(T) + " rows (at most 4)");
+    }
+    check_launch("gemv kernel");
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Any shape and alignment (rare: odd K or unaligned rows): one warp per output feature, scalar loads.
+template <typename OutT>
+__global__ void matmul_scalar_kernel(const bf16* __restrict__ x, int64_t T, const bf16* __restrict__ w,
+                                     OutT* __restrict__ y, int64_t N, int64_t K) {
+    const int lane = threadIdx.x & 31;
+    const int64_t n = int64_t(blockIdx.x) * kGemvWarps + (threadIdx.x >> 5);
+    if (n >= N) return;
+    const bf16* wr = w + n * K;
+    for (int64_t t = 0; t < T; t++) {
+        const bf16* xr = x + t * K;
+        float acc = 0.0f;
+        for (int64_t k = lane; k < K; k += 32) acc = fmaf(to_f32(wr[k]), to_f32(xr[k]), acc);
+        acc = warp_sum(acc);
+        if (lane == 0) y[t * N + n] = store_as<OutT>(acc);
+    }
+}
+
+void matmul_scalar(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
+                   cudaStream_t stream) {
+    const unsigned grid = ceil_div(N, kGemvWarps);
+    if (out_f32)
+        matmul_scalar_kernel<float><<<grid, kGemvWarps * 32, 0, stream>>>(x, T, w, static_cast<float*>(y), N, K);
+    else
+        matmul_scalar_kernel<bf16><<<grid, kGemvWarps * 32, 0, stream>>>(x, T, w, static_cast<bf16*>(y), N, K);
+    check_launch("scalar matmul kernel");
+}
+
+}  // namespace
+
+static_assert(kGemvMaxTokens == 4, "gemv_typed instantiates 1..4 tokens");
+
+bool gemv_fits(const bf16* x, int64_t T, const bf16* w, int64_t K) {
+    return T >= 1 && T <= kGemvMaxTokens && K % 8 == 0 && K <= (int64_t(1) << 30) && aligned16(x) && aligned16(w);
+}
+
+void gemv(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32, cudaStream_t stream) {
+    if (out_f32)
+        gemv_typed(x, T, w, N, K, static_cast<float*>(y), stream);
+    else
+        gemv_typed(x, T, w, N, K, static_cast<bf16*>(y), stream);
+}
+
+Gemm::Gemm() {
+    check_lt(cublasLtCreate(&handle_), "cublasLtCreate");
+    check_lt(cublasLtMatmulDescCreate(&op_, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate");
+    const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+    check_lt(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "set TRANSA");
+    check_lt(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "set TRANSB");
+    plans_.reserve(kMaxPlans);
+}
+
+Gemm::~Gemm() {
+    for (Plan& p : plans_) destroy(p);
+    if (op_) cublasLtMatmulDescDestroy(op_);
+    if (handle_) cublasLtDestroy(handle_);
+}
+
+void Gemm::destroy(Plan& p) {
+    if (p.a) cublasLtMatrixLayoutDestroy(p.a);
+    if (p.b) cublasLtMatrixLayoutDestroy(p.b);
+    if (p.c) cublasLtMatrixLayoutDestroy(p.c);
+    p.a = p.b = p.c = nullptr;
+}
+
+// Column-major view: W [N, K] row-major is a K x N column-major matrix A, used transposed; x [T, K] is K x T (B);
+// y [T, N] is N x T (C = D). So D = A^T B.
+Gemm::Plan& Gemm::plan(int64_t T, int64_t N, int64_t K, bool out_f32) {
+    for (Plan& p : plans_)
+        if (p.T == T && p.N == N && p.K == K && p.out_f32 == out_f32) return p;
+    Plan p;
+    p.T = T; p.N = N; p.K = K; p.out_f32 = out_f32;
+    try {
+        check_lt(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, uint64_t(K), uint64_t(N), K), "layout A");
+        check_lt(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, uint64_t(K), uint64_t(T), K), "layout B");
+        check_lt(cublasLtMatrixLayoutCreate(&p.c, out_f32 ? CUDA_R_32F : CUDA_R_16BF, uint64_t(N), uint64_t(T), N),
+                 "layout C");
+        cublasLtMatmulPreference_t pref = nullptr;
+        check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+        size_t ws = kWorkspaceBytes;
+        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+        cublasLtMatmulHeuristicResult_t result{};
+        int found = 0;
+        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle_, op_, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+        cublasLtMatmulPreferenceDestroy(pref);
+        if (s != CUBLAS_STATUS_SUCCESS || found == 0)
+            throw Error(Status::backend, "cuBLASLt has no algorithm for a bf16 matmul of " + std::to_string(T) + " x " +
+                                             std::to_string(K) + " by " + std::to_string(N) + " x " +
+                                             std::to_string(K) + "^T");
+        p.algo = result.algo;
+    } catch (...) {
+        destroy(p);
+        throw;
+    }
+    if (plans_.size() < kMaxPlans) {
+        plans_.push_back(p);
+        return plans_.back();
+    }
+    Plan& victim = plans_[next_victim_];
+    next_victim_ = (next_victim_ + 1) % kMaxPlans;
+    destroy(victim);
+    victim = p;
+    return victim;
+}
+
+void Gemm::run(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
+               cudaStream_t stream) {
+    if (!workspace_) throw Error(Status::internal, "cuBLASLt matmul before set_workspace");
+    Plan& p = plan(T, N, K, out_f32);
+    const float alpha = 1.0f, beta = 0.0f;
+    check_lt(cublasLtMatmul(handle_, op_, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace_,
+                            kWorkspaceBytes, stream),
+             "cublasLtMatmul");
+}
+
+void matmul(Gemm& gemm, const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
+            cudaStream_t stream) {
+    if (T <= 0 || N <= 0) return;
+    if (gemv_fits(x, T, w, K))
+        gemv(x, T, w, N, K, y, out_f32, stream);
+    else if (K % 8 == 0 && N % 8 == 0 && aligned16(x) && aligned16(w) && aligned16(y))
+        gemm.run(x, T, w, N, K, y, out_f32, stream);
+    else
+        matmul_scalar(x, T, w, N, K, y, out_f32, stream);
+}
+
+}  // namespace hy::cuda

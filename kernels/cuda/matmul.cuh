@@ -1,0 +1,57 @@
+// Projections y[T, N] = x[T, K] @ W[N, K]^T with bf16 x and W and fp32 accumulation, y in bf16 (activations) or
+// F32 (logits). Few rows (decode) go to a GEMV that streams W once with 16-byte loads; more rows go to cuBLASLt.
+#pragma once
+
+#include <cublasLt.h>
+
+#include <vector>
+
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace hy::cuda {
+
+// cuBLASLt state of one backend: the handle, the workspace (a piece of the arena) and a small cache of chosen
+// algorithms per shape, so that prefill does not query the heuristic for every call.
+class Gemm {
+public:
+    Gemm();
+    ~Gemm();
+    Gemm(const Gemm&) = delete;
+    Gemm& operator=(const Gemm&) = delete;
+
+    // Workspace bytes handed to cuBLASLt.
+    static constexpr size_t kWorkspaceBytes = size_t(32) << 20;
+    void set_workspace(void* ws) { workspace_ = ws; }
+
+    // y[T, N] = x[T, K] @ w[N, K]^T; out_f32 selects an F32 y (else bf16).
+    void run(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
+             cudaStream_t stream);
+
+private:
+    struct Plan {
+        int64_t T = 0, N = 0, K = 0;
+        bool out_f32 = false;
+        cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
+        cublasLtMatmulAlgo_t algo{};
+    };
+    Plan& plan(int64_t T, int64_t N, int64_t K, bool out_f32);
+    void destroy(Plan& p);
+
+    cublasLtHandle_t handle_ = nullptr;
+    cublasLtMatmulDesc_t op_ = nullptr;
+    void* workspace_ = nullptr;
+    std::vector<Plan> plans_;  // at most kMaxPlans; the oldest is replaced when full
+    size_t next_victim_ = 0;
+    static constexpr size_t kMaxPlans = 256;
+};
+
+// The GEMV path alone (T <= kGemvMaxTokens, K % 8 == 0, 16-byte aligned x and w rows).
+void gemv(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32, cudaStream_t stream);
+// True when gemv() can take this shape and these pointers.
+bool gemv_fits(const bf16* x, int64_t T, const bf16* w, int64_t K);
+
+// y = x @ w^T through the GEMV when it fits, else cuBLASLt.
+void matmul(Gemm& gemm, const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
+            cudaStream_t stream);
+
+}  // namespace hy::cuda

@@ -1,0 +1,13 @@
+// RMSNorm over rows of bf16 activations (QWEN35.md "RMSNorm1p"): fp32 math from the bf16 input, one rounding at
+// the end.
+#pragma once
+
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace hy::cuda {
+
+// y[rows, dim] = bf16(x * rsqrt(mean(x^2) + eps) * (zero_centred ? 1 + w : w)); y may alias x.
+void rms_norm(const bf16* x, const float* w, int64_t rows, int dim, float eps, bool zero_centred, bf16* y,
+              cudaStream_t stream);
+
+}  // namespace hy::cuda

@@ -1,0 +1,38 @@
+// Per-architecture tuning constants. Launch shapes (threads per block, rows per block) are the same for every
+// architecture so that host code can compute them; what differs per architecture is chosen inside the kernels at
+// compile time from __CUDA_ARCH__ through these named constants.
+//
+// Supported: sm_80 (A100), sm_86 (RTX 30xx / A10), sm_89 (L4 / RTX 40xx), sm_90 / sm_90a (H100 / H200).
+#pragma once
+
+namespace hy::cuda {
+
+// Compute capability encodings as __CUDA_ARCH__ spells them.
+constexpr int kArchAmpere = 800;
+constexpr int kArchAmpereConsumer = 860;
+constexpr int kArchAda = 890;
+constexpr int kArchHopper = 900;
+// The oldest architecture the kernels are written for (bf16 arithmetic, cp.async, 164 KB shared memory).
+constexpr int kArchMin = kArchAmpere;
+
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#error "hybrid's CUDA kernels need compute capability 8.0 or newer (bf16); set CMAKE_CUDA_ARCHITECTURES accordingly"
+#endif
+
+// GEMV (decode projections): 16-byte weight loads each lane keeps in flight per token before reducing.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+constexpr int kGemvUnroll = 4;  // HBM3 needs more bytes in flight per SM
+#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 860
+constexpr int kGemvUnroll = 2;  // smaller register file per SM share on consumer parts
+#else
+constexpr int kGemvUnroll = 4;
+#endif
+
+// Launch shapes shared by host and device code.
+constexpr int kGemvWarps = 4;        // output rows per GEMV block (one warp each)
+constexpr int kGemvMaxTokens = 4;    // rows up to which matmul uses the GEMV; more go to cuBLASLt
+constexpr int kNormThreads = 256;    // threads per row of RMSNorm
+constexpr int kAttnWarps = 4;        // warps per (row, q head) in the attention core
+constexpr int kElementwiseThreads = 256;
+
+}  // namespace hy::cuda
