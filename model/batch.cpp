@@ -1,0 +1,158 @@
+#include "model/batch.h"
+
+#include <algorithm>
+
+namespace hy {
+
+const char* finish_reason_name(FinishReason r) {
+    switch (r) {
+        case FinishReason::none: return "none";
+        case FinishReason::eos: return "eos";
+        case FinishReason::max_tokens: return "max_tokens";
+        case FinishReason::context_full: return "context_full";
+        case FinishReason::cancelled: return "cancelled";
+    }
+    return "?";
+}
+
+BatchGenerator::BatchGenerator(Model& model, int n_valid) : model_(model) {
+    const int V = model.config().vocab_size;
+    n_valid_ = n_valid > 0 ? std::min(n_valid, V) : V;
+    slots_.resize(size_t(model.n_slots()));
+    tokens_.resize(size_t(model.max_batch_tokens()));
+    out_rows_.resize(size_t(model.n_slots()));
+    out_slot_.resize(size_t(model.n_slots()));
+    runs_.resize(size_t(model.n_slots()));
+}
+
+int BatchGenerator::submit(GenerationRequest r) {
+    if (r.prompt.empty()) throw Error(Status::invalid_argument, "empty prompt");
+    if (r.max_new_tokens < 1) throw Error(Status::invalid_argument, "max_new_tokens must be >= 1");
+    for (int32_t t : r.prompt)
+        if (t < 0 || t >= model_.config().vocab_size)
+            throw Error(Status::invalid_argument, "token id " + std::to_string(t) + " out of range [0, " +
+                                                      std::to_string(model_.config().vocab_size) + ")");
+    if (int64_t(r.prompt.size()) >= model_.n_ctx())
+        throw Error(Status::context_full, "prompt of " + std::to_string(r.prompt.size()) + " tokens does not fit a context of " +
+                                              std::to_string(model_.n_ctx()));
+    // Validate the sampling parameters now rather than at admission.
+    Sampler probe(r.sampling, model_.config().vocab_size, n_valid_, 1);
+    requests_.push_back(std::move(r));
+    results_.emplace_back();
+    const int id = int(requests_.size()) - 1;
+    queue_.push_back(id);
+    return id;
+}
+
+void BatchGenerator::cancel(int id) {
+    if (id < 0 || id >= int(requests_.size())) throw Error(Status::invalid_argument, "no request " + std::to_string(id));
+    if (results_[size_t(id)].done) return;
+    auto it = std::find(queue_.begin(), queue_.end(), id);
+    if (it != queue_.end()) {
+        queue_.erase(it);
+        results_[size_t(id)].reason = FinishReason::cancelled;
+        results_[size_t(id)].done = true;
+        return;
+    }
+    for (Sequence& s : slots_)
+        if (s.id == id) s.cancel = true;
+}
+
+const GenerationResult& BatchGenerator::result(int id) const {
+    if (id < 0 || id >= int(results_.size())) throw Error(Status::invalid_argument, "no request " + std::to_string(id));
+    return results_[size_t(id)];
+}
+
+int BatchGenerator::n_active() const {
+    int n = 0;
+    for (const Sequence& s : slots_) n += s.id >= 0;
+    return n;
+}
+
+void BatchGenerator::finish(int slot, FinishReason reason) {
+    Sequence& s = slots_[size_t(slot)];
+    results_[size_t(s.id)].reason = reason;
+    results_[size_t(s.id)].done = true;
+    s.id = -1;
+    s.sampler.reset();
+}
+
+bool BatchGenerator::step() {
+    // Admit queued requests into free slots.
+    for (int slot = 0; slot < int(slots_.size()) && !queue_.empty(); slot++) {
+        Sequence& s = slots_[size_t(slot)];
+        if (s.id >= 0) continue;
+        const int id = queue_.front();
+        queue_.pop_front();
+        const GenerationRequest& r = requests_[size_t(id)];
+        model_.reset(slot);
+        s.id = id;
+        s.prompt_done = 0;
+        s.cancel = false;
+        s.sampler = std::make_unique<Sampler>(r.sampling, model_.config().vocab_size, n_valid_, model_.n_ctx());
+        for (int32_t t : r.prompt) s.sampler->accept(t);
+        results_[size_t(id)].tokens.reserve(size_t(r.max_new_tokens));
+        results_[size_t(id)].logprobs.reserve(size_t(r.max_new_tokens));
+    }
+
+    // Build the batch: decode rows first (one per generating sequence), then prompt chunks in the space left.
+    const int budget = model_.max_batch_tokens();
+    int n_rows = 0, n_runs = 0, n_out = 0;
+    for (int pass = 0; pass < 2; pass++) {
+        for (int slot = 0; slot < int(slots_.size()); slot++) {
+            Sequence& s = slots_[size_t(slot)];
+            if (s.id < 0) continue;
+            const GenerationRequest& r = requests_[size_t(s.id)];
+            const bool generating = s.prompt_done == r.prompt.size();
+            if ((pass == 0) != generating) continue;
+            int n;
+            if (generating) {
+                n = 1;
+                tokens_[size_t(n_rows)] = results_[size_t(s.id)].tokens.back();
+            } else {
+                n = int(std::min(r.prompt.size() - s.prompt_done, size_t(budget - n_rows)));
+                if (n <= 0) continue;
+                std::copy_n(r.prompt.begin() + std::ptrdiff_t(s.prompt_done), n, tokens_.begin() + n_rows);
+                s.prompt_done += size_t(n);
+            }
+            runs_[size_t(n_runs++)] = SeqRun{slot, model_.seq_len(slot), n_rows, n};
+            n_rows += n;
+            if (s.prompt_done == r.prompt.size()) {  // the last row's logits give the next token
+                out_rows_[size_t(n_out)] = n_rows - 1;
+                out_slot_[size_t(n_out++)] = slot;
+            }
+        }
+    }
+    if (n_rows == 0) return false;
+
+    BatchDesc batch{n_rows, tokens_.data(), runs_.data(), n_runs};
+    auto logits = model_.step(batch, std::span<const int32_t>(out_rows_.data(), size_t(n_out)));
+    const size_t V = size_t(model_.config().vocab_size);
+    for (int i = 0; i < n_out; i++) {
+        const int slot = out_slot_[size_t(i)];
+        Sequence& s = slots_[size_t(slot)];
+        const GenerationRequest& r = requests_[size_t(s.id)];
+        GenerationResult& res = results_[size_t(s.id)];
+        std::span<const float> row = logits.subspan(size_t(i) * V, V);
+        const int32_t tok = s.sampler->sample(row);
+        s.sampler->accept(tok);
+        res.tokens.push_back(tok);
+        res.logprobs.push_back(float(log_softmax_at(row, n_valid_, tok)));
+        if (std::find(r.stop_ids.begin(), r.stop_ids.end(), tok) != r.stop_ids.end())
+            finish(slot, FinishReason::eos);
+        else if (int(res.tokens.size()) >= r.max_new_tokens)
+            finish(slot, FinishReason::max_tokens);
+        else if (model_.seq_len(slot) >= model_.n_ctx())
+            finish(slot, FinishReason::context_full);
+    }
+    for (int slot = 0; slot < int(slots_.size()); slot++)
+        if (slots_[size_t(slot)].id >= 0 && slots_[size_t(slot)].cancel) finish(slot, FinishReason::cancelled);
+    return true;
+}
+
+void BatchGenerator::run() {
+    while (step()) {
+    }
+}
+
+}  // namespace hy
