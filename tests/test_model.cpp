@@ -205,3 +205,38 @@ TEST_CASE("slot reuse and snapshots", "[model]") {
         REQUIRE(e.status() == Status::model_mismatch);
     }
 }
+
+TEST_CASE("sharded checkpoint through model.safetensors.index.json", "[model]") {
+    TensorMap all = read_safetensors(tiny_dir() + "/model.safetensors");
+    TensorMap a, b;
+    nlohmann::json index = {{"metadata", {{"total_size", 0}}}, {"weight_map", nlohmann::json::object()}};
+    int i = 0;
+    for (auto& [name, t] : all) {
+        const bool first = i++ % 2 == 0;
+        (first ? a : b)[name] = t;
+        index["weight_map"][name] = first ? "model-00001-of-00002.safetensors" : "model-00002-of-00002.safetensors";
+    }
+    TempDir d;
+    write_model_dir(d.path, a, read_text(tiny_dir() + "/config.json"));
+    std::filesystem::rename(d / "model.safetensors", d / "model-00001-of-00002.safetensors");
+    write_safetensors(d / "model-00002-of-00002.safetensors", b);
+    write_text(d / "model.safetensors.index.json", index.dump());
+
+    auto ref = Model::load(tiny_dir(), cpu_params());
+    auto sharded = Model::load(d.path, cpu_params());
+    const auto ids = prompt(20, 4);
+    REQUIRE(copy(ref->prefill(0, ids, true)) == copy(sharded->prefill(0, ids, true)));
+
+    // A shard that is missing, and an index that names a tensor its shard lacks.
+    std::filesystem::rename(d / "model-00002-of-00002.safetensors", d / "moved.safetensors");
+    REQUIRE_THROWS_AS(Model::load(d.path, cpu_params()), Error);
+    std::filesystem::rename(d / "moved.safetensors", d / "model-00002-of-00002.safetensors");
+    index["weight_map"]["model.extra.weight"] = "model-00001-of-00002.safetensors";
+    write_text(d / "model.safetensors.index.json", index.dump());
+    try {
+        Model::load(d.path, cpu_params());
+        FAIL("accepted an index naming a tensor that is not in its shard");
+    } catch (const Error& e) {
+        REQUIRE(std::string(e.what()).find("model.extra.weight") != std::string::npos);
+    }
+}
