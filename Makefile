@@ -50,8 +50,10 @@ asan-test:
 	cd $(ASAN_BUILD) && ASAN_OPTIONS=detect_leaks=1 UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1 \
 	    ./hybrid-tests "[loader]"
 
+# The bundled tiny model continues a Python prompt (greedy); --verbose prints the timing summary on stderr even
+# when it is not a terminal.
 demo: deps build
-	./hybrid -m models/tiny -p 'def fibonacci(n):\n    ' -n 64
+	./hybrid -m models/tiny -p 'def fibonacci(n):\n    ' -n 64 --temp 0 --verbose
 
 format:
 	clang-format -i $$(git ls-files '*.h' '*.cpp' '*.c' '*.cu' '*.cuh')

@@ -2,9 +2,9 @@
  * valid C. Loads a model folder, generates from a prompt and prints the continuation (stdout), then a one-line
  * summary (stderr).
  *
- *   embed_example MODEL_DIR [PROMPT] [N_TOKENS]
+ *   embed_example MODEL_DIR [PROMPT] [N_TOKENS] [N_THREADS]
  *
- * Greedy decoding (temperature 0), CPU backend. Exit status: 0 on success, 1 on a usage error, 2 when the model
+ * Greedy decoding (temperature 0), CPU backend, N_THREADS CPU threads (default 0: all cores). Exit status: 0 on success, 1 on a usage error, 2 when the model
  * cannot be loaded, 3 when generation fails.
  */
 #include <stdio.h>
@@ -25,6 +25,7 @@ int main(int argc, char** argv) {
     const char* dir;
     const char* prompt = "def main():\n    ";
     int n_tokens = 32;
+    int n_threads = 0;
     hy_model_params mp;
     hy_sampler_params sp;
     hy_generate_params gp;
@@ -37,16 +38,18 @@ int main(int argc, char** argv) {
     double logprob_sum = 0.0;
     int rc = 0;
 
-    if (argc < 2 || argc > 4) {
-        fprintf(stderr, "usage: %s MODEL_DIR [PROMPT] [N_TOKENS]\n", argv[0]);
+    if (argc < 2 || argc > 5) {
+        fprintf(stderr, "usage: %s MODEL_DIR [PROMPT] [N_TOKENS] [N_THREADS]\n", argv[0]);
         return 1;
     }
     dir = argv[1];
     if (argc > 2) prompt = argv[2];
     if (argc > 3) n_tokens = atoi(argv[3]);
+    if (argc > 4) n_threads = atoi(argv[4]);
 
     mp = hy_model_default_params();
     mp.device = HY_DEVICE_CPU;
+    mp.n_threads = n_threads;
     mp.n_ctx = 1024;
     if (hy_model_load(dir, &mp, &model) != HY_OK) {
         fprintf(stderr, "embed_example: error: %s\n", hy_last_error());

@@ -1,0 +1,284 @@
+// Tests of the real `hybrid` binary and of tools/embed_example (the C program) on models/tiny: golden text and ids,
+// exit codes and messages, the scripted chat REPL against a one-shot run of the whole conversation, /save + /load.
+// The programs run with -t 1 so that a busy machine does not slow the OpenMP threads down.
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "engine.h"
+
+namespace fs = std::filesystem;
+
+namespace {
+
+const std::string kSrc = HY_SOURCE_DIR;
+const std::string kBin = HY_BINARY_DIR;
+
+struct Run {
+    int rc = -1;
+    std::string out, err;
+};
+
+std::string quote(const std::string& s) {
+    std::string q = "'";
+    for (char ch : s) {
+        if (ch == '\'') q += "'\\''";
+        else q += ch;
+    }
+    return q + "'";
+}
+
+std::string slurp(const fs::path& p) {
+    std::ifstream in(p, std::ios::binary);
+    std::stringstream ss;
+    ss << in.rdbuf();
+    return ss.str();
+}
+
+struct TempDir {
+    fs::path path;
+    explicit TempDir(const std::string& tag) {
+        path = fs::temp_directory_path() / ("hy_cli_test_" + tag + "_" + std::to_string(::getpid()));
+        fs::create_directories(path);
+    }
+    ~TempDir() {
+        std::error_code ec;
+        fs::remove_all(path, ec);
+    }
+};
+
+// Runs `program args...` from the repository root with `input` on stdin.
+Run run_prog(const std::string& program, const std::vector<std::string>& args, const std::string& input = "") {
+    static TempDir tmp("runs");
+    static int counter = 0;
+    const std::string base = (tmp.path / ("run" + std::to_string(counter++))).string();
+    std::ofstream(base + ".in", std::ios::binary) << input;
+    std::string cmd = "cd " + quote(kSrc) + " && " + quote(program);
+    for (const auto& a : args) cmd += " " + quote(a);
+    cmd += " < " + quote(base + ".in") + " > " + quote(base + ".out") + " 2> " + quote(base + ".err");
+    const int st = std::system(cmd.c_str());
+    Run r;
+    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    r.out = slurp(base + ".out");
+    r.err = slurp(base + ".err");
+    return r;
+}
+
+Run hybrid(std::vector<std::string> args, const std::string& input = "") {
+    args.insert(args.begin(), {"-t", "1"});
+    return run_prog(kBin + "/hybrid", args, input);
+}
+
+nlohmann::json golden_case(const std::string& name) {
+    std::ifstream in(kSrc + "/models/tiny/golden.json");
+    const nlohmann::json g = nlohmann::json::parse(in);
+    for (const auto& c : g["cases"])
+        if (c["name"] == name) return c;
+    return {};
+}
+
+std::string join_ids(const std::vector<int32_t>& ids) {
+    std::string s;
+    for (size_t i = 0; i < ids.size(); i++) s += (i ? "," : "") + std::to_string(ids[i]);
+    return s;
+}
+
+}  // namespace
+
+TEST_CASE("cli: one-shot greedy prints the golden continuation", "[cli]") {
+    const auto g = golden_case("short");
+    REQUIRE(g["prompt"] == "def main():\n    ");
+    const Run r = hybrid({"-m", "models/tiny", "-p", "def main():\\n    ", "-n", "48", "--temp", "0"});
+    INFO(r.err);
+    CHECK(r.rc == 0);
+    CHECK(r.out == g["greedy_fp32_text"].get<std::string>());
+    CHECK(r.err.empty());  // stderr is not a terminal and --verbose is off: nothing
+
+    // --no-escape keeps the backslash: another prompt, another output
+    const Run raw = hybrid({"-m", "models/tiny", "-p", "def main():\\n    ", "--no-escape", "-n", "8", "--temp", "0"});
+    CHECK(raw.rc == 0);
+    CHECK(raw.out != r.out.substr(0, raw.out.size()));
+}
+
+TEST_CASE("cli: --prompt-ids prints the golden ids; --verbose prints the summary", "[cli]") {
+    for (const char* name : {"short", "sentence"}) {
+        const auto g = golden_case(name);
+        const Run r = hybrid({"-m", "models/tiny", "--prompt-ids", join_ids(g["input_ids"].get<std::vector<int32_t>>()),
+                              "-n", "48", "--temp", "0", "--verbose"});
+        INFO(r.err);
+        CHECK(r.rc == 0);
+        CHECK(r.out == join_ids(g["greedy_fp32_cpu"].get<std::vector<int32_t>>()) + "\n");
+        CHECK(r.err.find("tok/s") != std::string::npos);
+        CHECK(r.err.find("stop: max tokens") != std::string::npos);
+        CHECK(r.err.find("load") != std::string::npos);
+    }
+}
+
+TEST_CASE("cli: sampling with a seed is reproducible; stop strings are not printed", "[cli]") {
+    const std::vector<std::string> a = {"-m", "models/tiny", "-p", "def fibonacci(n):\\n    ", "-n", "32", "-s", "7"};
+    const Run r1 = hybrid(a), r2 = hybrid(a);
+    CHECK(r1.rc == 0);
+    CHECK(r1.out == r2.out);
+    CHECK(!r1.out.empty());
+
+    const auto g = golden_case("short");
+    const std::string text = g["greedy_fp32_text"].get<std::string>();
+    const Run s = hybrid({"-m", "models/tiny", "-p", "def main():\\n    ", "-n", "48", "--temp", "0", "--stop",
+                          "isinstance", "--verbose"});
+    CHECK(s.rc == 0);
+    CHECK(s.out == text.substr(0, text.find("isinstance")));
+    CHECK(s.err.find("stop: stop string") != std::string::npos);
+}
+
+TEST_CASE("cli: errors have one-line messages and documented exit codes", "[cli]") {
+    const Run help = hybrid({"--help"});
+    CHECK(help.rc == 0);
+    CHECK(help.out.find("Exit codes:") != std::string::npos);
+    CHECK(hybrid({"--version"}).out.find("hybrid ") == 0);
+
+    auto check_error = [](const Run& r, int code, const std::string& needle) {
+        INFO(r.err);
+        CHECK(r.rc == code);
+        CHECK(r.err.rfind("hybrid: error: ", 0) == 0);
+        CHECK(r.err.find(needle) != std::string::npos);
+        CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    };
+    check_error(hybrid({"-m", "models/nope", "-p", "x"}), 2, "models/nope");
+    check_error(hybrid({"-p", "x"}), 1, "-m");
+    check_error(hybrid({"-m", "models/tiny"}), 1, "no prompt");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "--bogus"}), 1, "bogus");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "-n", "abc"}), 1, "abc");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "--device", "tpu"}), 1, "--device");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "--top-p", "2"}), 1, "--top-p");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "--repeat-penalty", "0"}), 1, "--repeat-penalty");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "-c", "0"}), 1, "-c");
+    check_error(hybrid({"-m", "models/tiny", "-p", ""}), 1, "empty");
+    check_error(hybrid({"-m", "models/tiny", "--prompt-ids", "1,x"}), 1, "prompt-ids");
+    check_error(hybrid({"-m", "models/tiny", "--prompt-ids", "999999"}), 1, "999999");
+    check_error(hybrid({"-m", "models/tiny", "-f", "/nonexistent/prompt.txt"}), 5, "prompt.txt");
+    std::string long_prompt;
+    for (int i = 0; i < 100; i++) long_prompt += "word ";
+    check_error(hybrid({"-m", "models/tiny", "-p", long_prompt, "-c", "32"}), 3, "context");
+}
+
+TEST_CASE("cli: odd input does not crash", "[cli]") {
+    // bad UTF-8 in the prompt, a huge -n with a small context (stops when the context is full)
+    const Run r = hybrid({"-m", "models/tiny", "-p", "\xff\xfe caf\xc3", "-n", "1000000", "-c", "40", "--verbose"});
+    INFO(r.err);
+    CHECK(r.rc == 0);
+    CHECK(r.err.find("stop: context full") != std::string::npos);
+    // end of input right away in the REPL; empty lines are skipped
+    CHECK(hybrid({"-m", "models/tiny", "-i"}, "").rc == 0);
+    CHECK(hybrid({"-m", "models/tiny", "-i"}, "\n   \n/exit\n").rc == 0);
+    const Run bad = hybrid({"-m", "models/tiny", "-i"}, "/frobnicate\n");
+    CHECK(bad.rc == 1);
+    CHECK(bad.err.find("unknown command") != std::string::npos);
+}
+
+TEST_CASE("cli: a scripted two-turn chat equals a one-shot run of the whole conversation", "[cli]") {
+    const std::string u1 = "Write a function that adds two numbers.", u2 = "Now make it multiply them.";
+    const std::vector<std::string> chat = {"-m", "models/tiny", "-i", "--temp", "0", "-n", "24", "--no-think"};
+    const Run one = hybrid(chat, u1 + "\n");
+    const Run two = hybrid(chat, u1 + "\n" + u2 + "\n");
+    INFO(one.err << two.err);
+    REQUIRE(one.rc == 0);
+    REQUIRE(two.rc == 0);
+    // stdout: each answer followed by a newline
+    REQUIRE(two.out.rfind(one.out, 0) == 0);
+    const std::string a1 = one.out.substr(0, one.out.size() - 1);
+    const std::string a2 = two.out.substr(one.out.size(), two.out.size() - one.out.size() - 1);
+    REQUIRE(!a2.empty());
+
+    // render the whole conversation with the chat template, then run it one-shot
+    hy_model* m = nullptr;
+    hy_model_params mp = hy_model_default_params();
+    mp.device = HY_DEVICE_CPU;
+    mp.n_ctx = 64;
+    REQUIRE(hy_model_load((kSrc + "/models/tiny").c_str(), &mp, &m) == HY_OK);
+    std::vector<char> think(64);
+    size_t n = 0;
+    REQUIRE(hy_chat_render(m, nullptr, 0, 1, HY_THINK_DISABLED, think.data(), think.size(), &n) == HY_OK);
+    const std::string header = "<|im_start|>assistant\n";
+    const std::string prefix = std::string(think.data()).substr(header.size());  // the empty think block
+    const std::string assistant = prefix + a1;
+    const hy_chat_message msgs[3] = {{"user", u1.c_str()}, {"assistant", assistant.c_str()}, {"user", u2.c_str()}};
+    hy_chat_render(m, msgs, 3, 1, HY_THINK_DISABLED, nullptr, 0, &n);
+    std::vector<char> buf(n + 1);
+    REQUIRE(hy_chat_render(m, msgs, 3, 1, HY_THINK_DISABLED, buf.data(), buf.size(), &n) == HY_OK);
+    hy_model_free(m);
+    const std::string whole(buf.data(), n);
+    const Run shot = hybrid({"-m", "models/tiny", "--no-escape", "-p", whole, "--temp", "0", "-n", "24"});
+    INFO(whole);
+    CHECK(shot.rc == 0);
+    CHECK(shot.out == a2);
+
+    // --chat renders -p as one user message: the same as the REPL's first answer
+    const Run c1 = hybrid({"-m", "models/tiny", "--chat", "--no-think", "-p", u1, "--temp", "0", "-n", "24"});
+    CHECK(c1.out == a1);
+}
+
+TEST_CASE("cli: /save then /load continues identically; another model's snapshot is refused", "[cli]") {
+    TempDir tmp("save");
+    const std::string file = (tmp.path / "conv.hychat").string();
+    const std::vector<std::string> chat = {"-m", "models/tiny", "-i", "--temp", "0", "-n", "16", "--no-think"};
+    const Run a = hybrid(chat, "Hello there.\n/save " + file + "\nWhat is a list?\n");
+    INFO(a.err);
+    REQUIRE(a.rc == 0);
+    REQUIRE(fs::exists(file));
+    const Run first = hybrid(chat, "Hello there.\n");
+    const std::string tail = a.out.substr(first.out.size());
+    const Run b = hybrid(chat, "/load " + file + "\nWhat is a list?\n");
+    INFO(b.err);
+    CHECK(b.rc == 0);
+    CHECK(b.out == tail);
+
+    // never overwritten unless asked
+    const std::string before = slurp(file);
+    const Run again = hybrid(chat, "Hi.\n/save " + file + "\n");
+    CHECK(again.rc == 5);
+    CHECK(again.err.find("exists") != std::string::npos);
+    CHECK(slurp(file) == before);
+    CHECK(hybrid(chat, "Hi.\n/save! " + file + "\n").rc == 0);
+    CHECK(slurp(file) != before);
+
+    // not a snapshot; a missing file
+    std::ofstream(tmp.path / "junk") << "hello";
+    const Run junk = hybrid(chat, "/load " + (tmp.path / "junk").string() + "\n");
+    CHECK(junk.rc == 4);
+    CHECK(hybrid(chat, "/load " + (tmp.path / "missing").string() + "\n").rc == 5);
+
+    // the same weights with another config.json: another model
+    const fs::path other = tmp.path / "other";
+    fs::create_directories(other);
+    for (const char* f : {"model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+        fs::copy_file(fs::path(kSrc) / "models/tiny" / f, other / f);
+    {
+        std::ifstream in(kSrc + "/models/tiny/config.json");
+        nlohmann::json cfg = nlohmann::json::parse(in);
+        cfg["rms_norm_eps"] = 1e-5;
+        std::ofstream(other / "config.json") << cfg.dump(2);
+    }
+    const Run mismatch = hybrid({"-m", other.string(), "-i", "--temp", "0", "-n", "4"}, "/load " + file + "\n");
+    INFO(mismatch.err);
+    CHECK(mismatch.rc == 4);
+    CHECK(mismatch.err.find("another model") != std::string::npos);
+    CHECK(std::count(mismatch.err.begin(), mismatch.err.end(), '\n') == 1);
+}
+
+TEST_CASE("cli: the C example (engine.h from C) generates the golden text", "[cli]") {
+    const auto g = golden_case("short");
+    const Run r = run_prog(kBin + "/embed_example", {"models/tiny", g["prompt"].get<std::string>(), "48", "1"});
+    INFO(r.err);
+    CHECK(r.rc == 0);
+    CHECK(r.out == g["greedy_fp32_text"].get<std::string>() + "\n");
+    CHECK(r.err.find("48 generated (stop: max tokens)") != std::string::npos);
+    CHECK(run_prog(kBin + "/embed_example", {"models/nope"}).rc == 2);
+}
