@@ -19,10 +19,11 @@ const char* kExitCodes =
     "  with --prompt-ids the generated ids, comma-separated, one line. A timing summary (load time, prompt and\n"
     "  generation tokens and tok/s, stop reason) goes to stderr when it is a terminal, or always with --verbose.\n"
     "\n"
-    "Interactive chat (-i, -cnv): one line per user turn (stdin may be a pipe); each turn prefills only its new\n"
-    "  tokens. Commands: /reset, /save FILE (refuses to overwrite; /save! FILE overwrites), /load FILE, /help,\n"
-    "  /exit. Ctrl-C stops the current answer, Ctrl-D (end of input) exits. When stdin is not a terminal, a\n"
-    "  failing command ends the program with its exit code.\n"
+    "Interactive chat (-i, -cnv): one line per user turn (stdin may be a pipe); -p TEXT is the first turn. Each\n"
+    "  turn prefills only its new tokens; an answer ends at the end-of-turn token or after -n tokens. Commands:\n"
+    "  /reset, /save FILE (refuses to overwrite; /save! FILE overwrites), /load FILE, /help, /exit.\n"
+    "  Ctrl-C stops the current answer, Ctrl-D (end of input) exits. When stdin is not a terminal, a failing\n"
+    "  command ends the program with its exit code. Answers go to stdout, each followed by a newline.\n"
     "\n"
     "Exit codes:\n"
     "  0    success\n"
@@ -197,6 +198,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     o.no_think = r.count("no-think") > 0;
     o.verbose = r.count("verbose") > 0;
     if (r.count("system")) o.system = o.escape ? process_escapes(r["system"].as<std::string>()) : r["system"].as<std::string>();
+    if (r.count("system") && !o.chat && !o.interactive) usage("--system needs --chat or -i");
     if (o.chat && o.has_prompt_ids) usage("--chat needs a text prompt (-p or -f), not --prompt-ids");
     if (o.interactive && o.has_prompt_ids) usage("-i does not take --prompt-ids");
     if (!o.interactive && !o.has_prompt && !o.has_prompt_ids) usage("no prompt: give -p TEXT, -f FILE, --prompt-ids or -i");

@@ -96,7 +96,8 @@ void print_summary(double load_ms, const hy_generate_result& r) {
                  rate(r.n_prompt, r.prompt_ms));
     std::fprintf(stderr, "hybrid: generation %10.1f ms  %6d tokens  %9.1f tok/s\n", r.generate_ms, r.n_generated,
                  rate(r.n_generated, r.generate_ms));
-    std::fprintf(stderr, "hybrid: stop: %s\n", hy_stop_reason_name(r.stop_reason));
+    const bool ctrl_c = r.stop_reason == HY_STOP_CALLBACK && g_interrupted.load();
+    std::fprintf(stderr, "hybrid: stop: %s\n", ctrl_c ? "interrupted (Ctrl-C)" : hy_stop_reason_name(r.stop_reason));
 }
 
 namespace {

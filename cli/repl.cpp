@@ -122,8 +122,8 @@ struct Repl {
             engine_fail(rc == HY_ERR_CONTEXT_FULL ? exit_context : exit_runtime, "generation failed");
         messages.push_back({"user", user});
         messages.push_back({"assistant", answer});
-        if (g_interrupted.exchange(false) && tty_in) std::fprintf(stderr, "[stopped]\n");
         if (o.verbose) print_summary(-1.0, res);
+        if (g_interrupted.exchange(false) && tty_in) std::fprintf(stderr, "[stopped]\n");
     }
 
     // ---- commands ----

@@ -49,6 +49,7 @@ struct Tiny {
     explicit Tiny(int n_ctx = 512, int n_slots = 1, const std::string& dir = kTiny) {
         hy_model_params mp = hy_model_default_params();
         mp.device = HY_DEVICE_CPU;
+        mp.n_threads = 1;  // a busy machine slows OpenMP teams down a lot; the tiny model needs no more
         mp.n_ctx = n_ctx;
         mp.n_slots = n_slots;
         REQUIRE(hy_model_load(dir.c_str(), &mp, &m) == HY_OK);
