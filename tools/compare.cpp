@@ -212,7 +212,10 @@ int main(int argc, char** argv) {
                         "batch", names.size());
         }
         if (have_logits) hyst_close(lf.get());
-        std::printf("SUMMARY: %d/%d cases exact, max logit err %.3g\n", n_exact, n_cases, worst);
+        if (have_logits)
+            std::printf("SUMMARY: %d/%d cases exact, max logit err %.3g\n", n_exact, n_cases, worst);
+        else
+            std::printf("SUMMARY: %d/%d cases exact, max logit err n/a (no golden logits)\n", n_exact, n_cases);
         return n_exact == n_cases ? 0 : 1;
     } catch (const Error& e) {
         std::fprintf(stderr, "hybrid-compare: %s\n", e.what());
