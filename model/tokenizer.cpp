@@ -11,12 +11,12 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <fstream>
+#include <filesystem>
 #include <functional>
+#include <memory>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <queue>
-#include <sstream>
 #include <unordered_map>
 
 #include "model/common.h"
@@ -168,19 +168,27 @@ const ByteAlphabet& byte_alphabet() {
 
 // The bytes a token string stands for under the ByteLevel decoder: every character mapped back to its byte; a
 // string with a character outside the alphabet (e.g. an added token with a space) stands for its own UTF-8 bytes.
-std::string byte_level_decode(std::string_view tok) {
+// Appends the result to `out`.
+void byte_level_decode_into(std::string_view tok, std::string& out) {
     const ByteAlphabet& a = byte_alphabet();
-    std::string out;
-    out.reserve(tok.size());
+    size_t start = out.size();
     const auto* p = reinterpret_cast<const unsigned char*>(tok.data());
     size_t i = 0, n = tok.size();
     while (i < n) {
+        if (p[i] < 0x80 && a.byte_of[p[i]] >= 0) {  // fast path: printable ASCII stands for itself
+            out += char(p[i]);
+            i++;
+            continue;
+        }
         Utf8Step st = utf8_step(p + i, n - i);
-        if (!st.valid || st.cp >= a.byte_of.size() || a.byte_of[st.cp] < 0) return std::string(tok);
+        if (!st.valid || st.cp >= a.byte_of.size() || a.byte_of[st.cp] < 0) {
+            out.resize(start);
+            out.append(tok);
+            return;
+        }
         out += char(a.byte_of[st.cp]);
         i += size_t(st.len);
     }
-    return out;
 }
 
 std::string byte_level_encode(std::string_view bytes) {
@@ -193,9 +201,34 @@ std::string byte_level_encode(std::string_view bytes) {
 
 // ---- hashing --------------------------------------------------------------------------------------------------
 
+// 64-bit hash of a short byte string: 8-byte chunks, multiply and xor-shift mixing. Not for hostile keys (the
+// keys are vocabulary strings and pre-tokenized words; a collision costs only a probe).
+inline uint64_t hash_bytes(std::string_view s) {
+    constexpr uint64_t kMul = 0x9E3779B97F4A7C15ull;
+    uint64_t h = 0x243F6A8885A308D3ull ^ (uint64_t(s.size()) * kMul);
+    const char* p = s.data();
+    size_t n = s.size();
+    while (n >= 8) {
+        uint64_t w;
+        std::memcpy(&w, p, 8);
+        h = (h ^ w) * kMul;
+        h ^= h >> 29;
+        p += 8;
+        n -= 8;
+    }
+    if (n) {
+        uint64_t w = 0;
+        std::memcpy(&w, p, n);
+        h = (h ^ w) * kMul;
+        h ^= h >> 29;
+    }
+    h *= 0xBF58476D1CE4E5B9ull;
+    return h ^ (h >> 32);
+}
+
 struct StringHash {
     using is_transparent = void;
-    size_t operator()(std::string_view s) const noexcept { return std::hash<std::string_view>{}(s); }
+    size_t operator()(std::string_view s) const noexcept { return size_t(hash_bytes(s)); }
 };
 using StringMap = std::unordered_map<std::string, int32_t, StringHash, std::equal_to<>>;
 
@@ -248,8 +281,13 @@ private:
 
 // ---- regex (PCRE2) ----------------------------------------------------------------------------------------------
 
-// Oniguruma (Hugging Face) classifies U+180E as \s; PCRE2 with UCP does not. Rewrites \s and \S outside
-// character classes and \s inside classes to include it; \Q...\E quoting is respected.
+// PCRE2 (10.42, UCP) matches U+180E MONGOLIAN VOWEL SEPARATOR with \s; Oniguruma (Hugging Face) follows the
+// Unicode White_Space property, which lost U+180E in Unicode 6.3. The pattern is rewritten to spell \s out as
+// that property: \s and \S outside character classes and \s inside classes (\S inside a class is kept).
+// \Q...\E quoting and POSIX [:name:] classes are respected.
+constexpr const char* kWhiteSpaceSet =
+    "\\t\\n\\x0B\\f\\r\\x20\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}";
+
 std::string onig_compat_pattern(std::string_view p) {
     std::string out;
     out.reserve(p.size() + 32);
@@ -267,9 +305,13 @@ std::string onig_compat_pattern(std::string_view p) {
                 continue;
             }
             if (d == 's') {
-                out += in_class ? "\\s\\x{180E}" : "[\\s\\x{180E}]";
+                if (!in_class) out += '[';
+                out += kWhiteSpaceSet;
+                if (!in_class) out += ']';
             } else if (d == 'S' && !in_class) {
-                out += "[^\\s\\x{180E}]";
+                out += "[^";
+                out += kWhiteSpaceSet;
+                out += ']';
             } else {
                 out += c;
                 out += d;
@@ -329,11 +371,11 @@ struct MatchScratch {
 
 class Regex {
 public:
-    Regex(const std::string& pattern, bool literal, const std::string& where) : source_(pattern) {
+    Regex(const std::string& pattern, bool literal, const std::string& where) {
         std::string pat = literal ? pattern : onig_compat_pattern(pattern);
         int err = 0;
         PCRE2_SIZE off = 0;
-        uint32_t opts = PCRE2_UTF | PCRE2_UCP | (literal ? PCRE2_LITERAL : 0);
+        uint32_t opts = literal ? PCRE2_UTF | PCRE2_LITERAL : PCRE2_UTF | PCRE2_UCP;
         code_ = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pat.data()), pat.size(), opts, &err, &off, nullptr);
         if (!code_) {
             PCRE2_UCHAR msg[256];
@@ -355,7 +397,7 @@ public:
             rc = pcre2_jit_match(code_, subj, n, start, 0, m.md, m.mctx);
             if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {  // deep backtracking: retry with a large JIT stack
                 if (!m.jit_stack) {
-                    m.jit_stack = pcre2_jit_stack_create(64 * 1024, 256 * 1024 * 1024, nullptr);
+                    m.jit_stack = pcre2_jit_stack_create(64 * 1024, 64 * 1024 * 1024, nullptr);
                     if (m.jit_stack) pcre2_jit_stack_assign(m.context(), nullptr, m.jit_stack);
                 }
                 if (m.jit_stack) rc = pcre2_jit_match(code_, subj, n, start, 0, m.md, m.mctx);
@@ -383,7 +425,6 @@ public:
     }
 
 private:
-    std::string source_;
     pcre2_code* code_ = nullptr;
     bool jit_ = false;
 };
@@ -449,61 +490,102 @@ private:
 
 // ---- word cache -------------------------------------------------------------------------------------------------
 
-// Encoded words, sharded by hash, each shard behind its own mutex. A full shard is cleared.
+// Encoded short words. Sharded by hash, each shard a mutex-protected table of cache-line slots (key and ids
+// inline, so a lookup touches one line); a word probes 4 slots and replaces the one it hashes to when all are
+// taken. Words longer than kMaxKey bytes or of more than kMaxIds tokens are not cached.
 class WordCache {
 public:
-    static constexpr size_t kMaxWordBytes = 128;
+    static constexpr size_t kMaxKey = 22, kMaxIds = 8;
 
-    bool get(std::string_view w, size_t h, std::vector<int32_t>& out) const {
-        Shard& s = shards_[h % kShards];
-        std::lock_guard<std::mutex> lock(s.m);
-        auto it = s.map.find(w);
-        if (it == s.map.end()) return false;
-        out.insert(out.end(), it->second.begin(), it->second.end());
-        return true;
+    bool get(std::string_view w, uint64_t h, std::vector<int32_t>& out) const {
+        Shard& sh = shard(h);
+        std::lock_guard<std::mutex> lock(sh.m);
+        if (!sh.slots) return false;
+        for (size_t k = 0; k < kProbe; k++) {
+            const Slot& s = sh.slots[(h + k) & kMask];
+            if (s.hash == (h | 1) && s.key_len == w.size() && std::memcmp(s.key, w.data(), w.size()) == 0) {
+                out.insert(out.end(), s.ids, s.ids + s.n_ids);
+                return true;
+            }
+        }
+        return false;
     }
 
-    void put(std::string_view w, size_t h, const int32_t* ids, size_t n) const {
-        Shard& s = shards_[h % kShards];
-        std::lock_guard<std::mutex> lock(s.m);
-        if (s.map.size() >= kShardCapacity) s.map.clear();
-        s.map.try_emplace(std::string(w), ids, ids + n);
+    void put(std::string_view w, uint64_t h, const int32_t* ids, size_t n) const {
+        if (w.size() > kMaxKey || n > kMaxIds || n == 0) return;
+        Shard& sh = shard(h);
+        std::lock_guard<std::mutex> lock(sh.m);
+        if (!sh.slots) sh.slots = std::make_unique<Slot[]>(kSlots);
+        Slot* dst = &sh.slots[h & kMask];
+        for (size_t k = 0; k < kProbe; k++) {
+            Slot& s = sh.slots[(h + k) & kMask];
+            if (s.hash == 0) {
+                dst = &s;
+                break;
+            }
+        }
+        dst->hash = h | 1;
+        dst->key_len = uint8_t(w.size());
+        dst->n_ids = uint8_t(n);
+        std::memcpy(dst->key, w.data(), w.size());
+        std::memcpy(dst->ids, ids, n * sizeof(int32_t));
     }
 
 private:
-    static constexpr size_t kShards = 32;
-    static constexpr size_t kShardCapacity = 4096;
+    static constexpr size_t kShards = 16, kSlots = 4096, kMask = kSlots - 1, kProbe = 4;
+    struct alignas(64) Slot {
+        uint64_t hash = 0;  // 0: empty; else the word's hash with bit 0 set
+        uint8_t key_len = 0, n_ids = 0;
+        char key[kMaxKey];
+        int32_t ids[kMaxIds];
+    };
+    static_assert(sizeof(Slot) == 64);
     struct Shard {
         std::mutex m;
-        std::unordered_map<std::string, std::vector<int32_t>, StringHash, std::equal_to<>> map;
+        std::unique_ptr<Slot[]> slots;  // [kSlots], allocated on first use
     };
+    Shard& shard(uint64_t h) const { return shards_[(h >> 59) & (kShards - 1)]; }
     mutable std::array<Shard, kShards> shards_;
 };
 
 // ---- tokenizer.json streaming reader ----------------------------------------------------------------------------
 
 // SAX handler that builds a DOM for everything except model.vocab and model.merges (the bulk of the file), which
-// it streams into flat vectors: parsing an 11 MB tokenizer.json this way takes a third of the time of a full DOM.
+// it streams into flat arenas without one allocation per string: parsing an 11 MB tokenizer.json this way takes
+// a third of the time of a full DOM.
 class TokenizerJsonReader : public nlohmann::json_sax<json> {
 public:
+    struct Span {
+        uint32_t off, len;
+    };
+    struct VocabEntry {
+        Span key;
+        int64_t id;
+    };
+    struct MergeEntry {
+        Span a, b;
+    };
+
     json root;
     bool have_vocab = false, have_merges = false;
-    std::vector<std::pair<std::string, int64_t>> vocab;
-    std::vector<std::pair<std::string, std::string>> merges;
+    std::string vocab_arena;  // vocab keys back to back
+    std::vector<VocabEntry> vocab;
+    std::string merge_arena;  // merge halves back to back
+    std::vector<MergeEntry> merges;
     std::string error;
 
     bool null() override { return value(json()); }
     bool boolean(bool v) override { return value(json(v)); }
     bool number_integer(number_integer_t v) override {
         if (mode_ == Mode::vocab) {
-            vocab.emplace_back(std::move(vocab_key_), int64_t(v));
+            vocab.push_back(VocabEntry{vocab_key_, int64_t(v)});
             return true;
         }
         return value(json(v));
     }
     bool number_unsigned(number_unsigned_t v) override {
         if (mode_ == Mode::vocab) {
-            vocab.emplace_back(std::move(vocab_key_), v > uint64_t(INT64_MAX) ? INT64_MAX : int64_t(v));
+            vocab.push_back(VocabEntry{vocab_key_, v > uint64_t(INT64_MAX) ? INT64_MAX : int64_t(v)});
             return true;
         }
         return value(json(v));
@@ -516,12 +598,15 @@ public:
             if (sp == std::string::npos || s.find(' ', sp + 1) != std::string::npos)
                 return fail("model.merges[" + std::to_string(merges.size()) + "]: '" + s +
                             "' is not two tokens separated by one space");
-            merges.emplace_back(s.substr(0, sp), s.substr(sp + 1));
-            return true;
+            Span a = store(merge_arena, std::string_view(s).substr(0, sp));
+            Span b = store(merge_arena, std::string_view(s).substr(sp + 1));
+            merges.push_back(MergeEntry{a, b});
+            return !overflow_ || fail("model.merges is too large");
         }
         if (mode_ == Mode::merge_pair) {
-            pair_.push_back(std::move(s));
-            return true;
+            if (pair_n_ < 2) pair_[pair_n_] = store(merge_arena, s);
+            pair_n_++;
+            return !overflow_ || fail("model.merges is too large");
         }
         return value(json(std::move(s)));
     }
@@ -535,10 +620,11 @@ public:
         return true;
     }
     bool key(string_t& k) override {
-        if (mode_ == Mode::vocab)
-            vocab_key_ = std::move(k);
-        else
-            stack_.back().key = std::move(k);
+        if (mode_ == Mode::vocab) {
+            vocab_key_ = store(vocab_arena, k);
+            return !overflow_ || fail("model.vocab is too large");
+        }
+        stack_.back().key = std::move(k);
         return true;
     }
     bool end_object() override {
@@ -556,7 +642,7 @@ public:
         }
         if (mode_ == Mode::merges) {
             mode_ = Mode::merge_pair;
-            pair_.clear();
+            pair_n_ = 0;
             return true;
         }
         if (mode_ != Mode::normal) return fail(where() + " holds an unexpected array");
@@ -565,9 +651,9 @@ public:
     }
     bool end_array() override {
         if (mode_ == Mode::merge_pair) {
-            if (pair_.size() != 2)
+            if (pair_n_ != 2)
                 return fail("model.merges[" + std::to_string(merges.size()) + "] is not a pair of two strings");
-            merges.emplace_back(std::move(pair_[0]), std::move(pair_[1]));
+            merges.push_back(MergeEntry{pair_[0], pair_[1]});
             mode_ = Mode::merges;
             return true;
         }
@@ -590,6 +676,15 @@ private:
         std::string key;
     };
 
+    Span store(std::string& arena, std::string_view s) {
+        if (arena.size() + s.size() > UINT32_MAX) {
+            overflow_ = true;
+            return Span{0, 0};
+        }
+        Span sp{uint32_t(arena.size()), uint32_t(s.size())};
+        arena.append(s);
+        return sp;
+    }
     bool at_model_field(const char* name) const {
         return stack_.size() == 2 && stack_[0].key == "model" && stack_[1].value.is_object() &&
                stack_[1].key == name;
@@ -627,22 +722,35 @@ private:
 
     Mode mode_ = Mode::normal;
     std::vector<Frame> stack_;
-    std::string vocab_key_;
-    std::vector<std::string> pair_;
+    Span vocab_key_{0, 0};
+    Span pair_[2]{};
+    size_t pair_n_ = 0;
+    bool overflow_ = false;
 };
 
 std::string read_file(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
+    std::error_code ec;
+    if (std::filesystem::is_directory(path, ec)) throw Error(Status::io, "cannot read '" + path + "': a directory");
+    std::FILE* f = std::fopen(path.c_str(), "rb");
     if (!f) throw Error(Status::io, "cannot open '" + path + "': " + std::strerror(errno));
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    if (f.bad()) throw Error(Status::io, "cannot read '" + path + "'");
-    return ss.str();
+    std::string out;
+    char buf[1 << 16];
+    if (std::fseek(f, 0, SEEK_END) == 0) {
+        long size = std::ftell(f);
+        if (size > 0 && size < (long(1) << 32)) out.reserve(size_t(size));
+        std::rewind(f);
+    }
+    size_t n;
+    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
+    bool bad = std::ferror(f) != 0;
+    std::fclose(f);
+    if (bad) throw Error(Status::io, "cannot read '" + path + "' (is it a directory?)");
+    return out;
 }
 
 bool file_exists(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    return bool(f);
+    std::error_code ec;
+    return std::filesystem::exists(path, ec);
 }
 
 // Typed field access with one-line errors naming the file and the field.
@@ -741,18 +849,25 @@ struct Tokenizer::Impl {
     std::string origin;  // file name for messages
 
     // model
-    StringMap vocab;                     // token string (byte-level alphabet) -> id
-    MergeTable merges;                   // (left id, right id) -> (rank, merged id)
-    std::array<int32_t, 256> byte_id{};  // byte -> id of its one-character token, -1 when absent
+    std::string vocab_arena;               // vocab strings back to back (byte-level alphabet, as in the file)
+    std::vector<uint32_t> vocab_off;       // [n_vocab] offset of the vocab string of each id
+    std::vector<uint32_t> vocab_len;       // [n_vocab] its length; kNone when the id has no vocab string
+    std::vector<uint32_t> vocab_slots;     // open-addressing table: 1 + id, 0 = empty (keys via vocab_off)
+    size_t vocab_mask = 0;
+    StringMap vocab_extra;                 // vocab strings whose id already has another string (rare)
+    MergeTable merges;                     // (left id, right id) -> (rank, merged id)
+    std::array<int32_t, 256> byte_id{};    // byte -> id of its one-character token, -1 when absent
     int32_t unk_id = -1;
     bool fuse_unk = false;
     bool ignore_merges = false;
 
     // ids -> tokens
+    static constexpr uint32_t kNone = UINT32_MAX;
     int32_t n_vocab = 0;
-    std::vector<std::string> token_str;   // [n_vocab] token string as in the file
-    std::vector<std::string> token_bytes; // [n_vocab] bytes after the ByteLevel decoder
-    std::vector<uint8_t> id_flags;        // [n_vocab] bit 0: assigned, bit 1: special
+    std::string bytes_arena;               // token bytes after the ByteLevel decoder, back to back
+    std::vector<uint32_t> bytes_off;       // [n_vocab + 1] token id's bytes are [bytes_off[id], bytes_off[id+1])
+    std::vector<uint8_t> id_flags;         // [n_vocab] bit 0: assigned, bit 1: special, bit 2: added token
+    std::unordered_map<int32_t, size_t> added_by_id;  // id -> index in `added`
 
     // added tokens
     std::vector<AddedToken> added;
@@ -778,17 +893,38 @@ struct Tokenizer::Impl {
                             std::to_string(n_vocab) + ")");
     }
 
-    // Vocab id of the token whose bytes are `bytes` (mapped to the byte-level alphabet), or -1.
-    int32_t lookup_vocab_bytes(std::string_view bytes) const {
-        auto v = vocab.find(byte_level_encode(bytes));
-        return v == vocab.end() ? -1 : v->second;
+    std::string_view vocab_string(int32_t id) const {
+        return std::string_view(vocab_arena).substr(vocab_off[size_t(id)], vocab_len[size_t(id)]);
     }
+
+    std::string_view token_bytes(int32_t id) const {
+        size_t b = bytes_off[size_t(id)], e = bytes_off[size_t(id) + 1];
+        return std::string_view(bytes_arena).substr(b, e - b);
+    }
+
+    static size_t hash(std::string_view s) { return StringHash{}(s); }
+
+    // Vocab string -> id, or -1.
+    int32_t vocab_find(std::string_view s) const {
+        for (size_t i = hash(s) & vocab_mask;; i = (i + 1) & vocab_mask) {
+            uint32_t v = vocab_slots[i];
+            if (!v) break;
+            if (vocab_string(int32_t(v - 1)) == s) return int32_t(v - 1);
+        }
+        if (!vocab_extra.empty()) {
+            auto it = vocab_extra.find(s);
+            if (it != vocab_extra.end()) return it->second;
+        }
+        return -1;
+    }
+
+    // Vocab id of the token whose bytes are `bytes` (mapped to the byte-level alphabet), or -1.
+    int32_t lookup_vocab_bytes(std::string_view bytes) const { return vocab_find(byte_level_encode(bytes)); }
 
     int32_t lookup(std::string_view tok) const {
         auto a = added_ids.find(tok);
         if (a != added_ids.end()) return a->second;
-        auto v = vocab.find(tok);
-        return v == vocab.end() ? -1 : v->second;
+        return vocab_find(tok);
     }
 
     // -- encode --
@@ -796,7 +932,6 @@ struct Tokenizer::Impl {
         MatchScratch scratch;
         std::vector<int32_t>* out;
         bool parse_special;
-        std::string norm_buf;
         std::vector<int32_t> tmp_ids;
     };
 
@@ -833,10 +968,10 @@ void Tokenizer::Impl::split_added(std::string_view s, const TokenTrie& trie, Ctx
         size_t start = i, stop = end;
         i = end;
         if (t.special && !ctx.parse_special) continue;
+        const auto* bytes = reinterpret_cast<const unsigned char*>(s.data());
         if (t.single_word) {
             bool left_ok = start == 0 || !is_word_char(last_code_point(s, start));
-            bool right_ok = stop == n ||
-                            !is_word_char(utf8_step(reinterpret_cast<const unsigned char*>(s.data()) + stop, n - stop).cp);
+            bool right_ok = stop == n || !is_word_char(utf8_step(bytes + stop, n - stop).cp);
             if (!left_ok || !right_ok) continue;
         }
         if (t.lstrip) {
@@ -844,14 +979,14 @@ void Tokenizer::Impl::split_added(std::string_view s, const TokenTrie& trie, Ctx
             while (b > start_offset) {
                 size_t p = b - 1;
                 while (p > 0 && (static_cast<unsigned char>(s[p]) & 0xC0) == 0x80) p--;
-                if (!is_white_space(utf8_step(reinterpret_cast<const unsigned char*>(s.data()) + p, b - p).cp)) break;
+                if (!is_white_space(utf8_step(bytes + p, b - p).cp)) break;
                 b = p;
             }
             start = std::max(b, start_offset);
         }
         if (t.rstrip) {
             while (stop < n) {
-                Utf8Step st = utf8_step(reinterpret_cast<const unsigned char*>(s.data()) + stop, n - stop);
+                Utf8Step st = utf8_step(bytes + stop, n - stop);
                 if (!is_white_space(st.cp)) break;
                 stop += size_t(st.len);
             }
@@ -866,20 +1001,12 @@ void Tokenizer::Impl::split_added(std::string_view s, const TokenTrie& trie, Ctx
 
 // One piece of text between raw-matched added tokens: normalize, match the normalized added tokens, pre-tokenize.
 void Tokenizer::Impl::encode_segment(std::string_view seg, Ctx& ctx) const {
-    std::string normalized;
     std::string_view text = seg;
-    if (!norms.empty()) {
-        std::string cur(seg), next;
-        bool changed = false;
-        for (NormForm f : norms) {
-            if (normalize_runs(cur, f, next)) {
-                cur.swap(next);
-                changed = true;
-            }
-        }
-        if (changed) {
-            normalized = std::move(cur);
-            text = normalized;
+    std::string cur, next;  // used only when a normalizer changes the text
+    for (NormForm f : norms) {
+        if (normalize_runs(text, f, next)) {
+            cur.swap(next);
+            text = cur;
         }
     }
     split_added(text, norm_trie, ctx, [&](std::string_view piece) { pre_tokenize(piece, 0, ctx); });
@@ -933,10 +1060,10 @@ void Tokenizer::Impl::bpe_word(std::string_view w, Ctx& ctx) const {
         out.push_back(byte_id[static_cast<unsigned char>(w[0])]);
         return;
     }
-    bool cacheable = w.size() <= WordCache::kMaxWordBytes;
-    size_t h = 0;
+    bool cacheable = w.size() <= WordCache::kMaxKey;
+    uint64_t h = 0;
     if (cacheable) {
-        h = StringHash{}(w);
+        h = hash_bytes(w);
         if (cache.get(w, h, out)) return;
     }
     // initial symbols: one per byte; bytes without a token become unk (fused when fuse_unk) or are dropped
@@ -1030,7 +1157,6 @@ void Tokenizer::Impl::merge_symbols(int32_t* ids, size_t m, std::vector<int32_t>
         if (s[i].alive) out.push_back(s[i].id);
 }
 
-
 // ---- loading ----------------------------------------------------------------------------------------------------
 
 namespace {
@@ -1045,8 +1171,11 @@ int32_t get_id(const json& v, const std::string& where) {
     return int32_t(id);
 }
 
-void parse_normalizer(const json& n, const std::string& where, std::vector<NormForm>& out) {
+constexpr int kMaxNesting = 32;  // Sequence inside Sequence ...
+
+void parse_normalizer(const json& n, const std::string& where, std::vector<NormForm>& out, int depth = 0) {
     if (n.is_null()) return;
+    if (depth > kMaxNesting) throw Error(Status::format, where + ": Sequence nested too deeply");
     std::string type = type_of(n, where);
     if (type == "NFC") {
         out.push_back(NormForm::nfc);
@@ -1060,7 +1189,7 @@ void parse_normalizer(const json& n, const std::string& where, std::vector<NormF
         const json* list = field(n, "normalizers");
         if (!list || !list->is_array()) throw Error(Status::format, where + ".normalizers must be an array");
         for (size_t i = 0; i < list->size(); i++)
-            parse_normalizer((*list)[i], where + ".normalizers[" + std::to_string(i) + "]", out);
+            parse_normalizer((*list)[i], where + ".normalizers[" + std::to_string(i) + "]", out, depth + 1);
     } else {
         throw Error(Status::unsupported, where + ": normalizer type '" + type +
                                              "' is not supported (supported: NFC, NFD, NFKC, NFKD, Sequence)");
@@ -1068,13 +1197,14 @@ void parse_normalizer(const json& n, const std::string& where, std::vector<NormF
 }
 
 void flatten_pre_tokenizer(const json& p, const std::string& where,
-                           std::vector<std::pair<const json*, std::string>>& out) {
+                           std::vector<std::pair<const json*, std::string>>& out, int depth = 0) {
+    if (depth > kMaxNesting) throw Error(Status::format, where + ": Sequence nested too deeply");
     std::string type = type_of(p, where);
     if (type == "Sequence") {
         const json* list = field(p, "pretokenizers");
         if (!list || !list->is_array()) throw Error(Status::format, where + ".pretokenizers must be an array");
         for (size_t i = 0; i < list->size(); i++)
-            flatten_pre_tokenizer((*list)[i], where + ".pretokenizers[" + std::to_string(i) + "]", out);
+            flatten_pre_tokenizer((*list)[i], where + ".pretokenizers[" + std::to_string(i) + "]", out, depth + 1);
     } else if (type == "Split" || type == "ByteLevel") {
         out.emplace_back(&p, where);
     } else {
@@ -1136,61 +1266,60 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
     t.fuse_unk = get_bool(*model, "fuse_unk", false, origin + ": model");
     t.ignore_merges = get_bool(*model, "ignore_merges", false, origin + ": model");
 
+    // -- vocab: ids, then the table string -> id (a repeated key keeps its last id, as a JSON map read does) --
     int64_t max_id = -1;
-    t.vocab.reserve(r.vocab.size());
-    for (auto& [tok, id] : r.vocab) {
-        if (id < 0 || id >= kMaxTokenId)
-            throw Error(Status::format, origin + ": model.vocab['" + tok + "']: id " + std::to_string(id) +
-                                            " is out of range [0, 2^24)");
-        max_id = std::max(max_id, id);
-        t.vocab.insert_or_assign(std::move(tok), int32_t(id));
+    for (const auto& e : r.vocab) {
+        if (e.id < 0 || e.id >= kMaxTokenId)
+            throw Error(Status::format, origin + ": model.vocab['" +
+                                            r.vocab_arena.substr(e.key.off, e.key.len) + "']: id " +
+                                            std::to_string(e.id) + " is out of range [0, 2^24)");
+        max_id = std::max(max_id, e.id);
+    }
+    size_t nv = size_t(max_id + 1);
+    t.vocab_arena = std::move(r.vocab_arena);
+    t.vocab_off.assign(nv, 0);
+    t.vocab_len.assign(nv, Impl::kNone);
+    {
+        size_t cap = 16;
+        while (cap < r.vocab.size() * 2) cap <<= 1;
+        t.vocab_slots.assign(cap, 0);
+        t.vocab_mask = cap - 1;
+    }
+    size_t vocab_count = 0;  // distinct vocab strings (Hugging Face's vocab size)
+    for (const auto& e : r.vocab) {
+        std::string_view key = std::string_view(t.vocab_arena).substr(e.key.off, e.key.len);
+        int32_t id = int32_t(e.id);
+        size_t i = Impl::hash(key) & t.vocab_mask;
+        for (; t.vocab_slots[i]; i = (i + 1) & t.vocab_mask)
+            if (t.vocab_string(int32_t(t.vocab_slots[i] - 1)) == key) break;
+        bool known = t.vocab_slots[i] != 0 || t.vocab_extra.count(key);
+        vocab_count += !known;
+        if (t.vocab_len[size_t(id)] == Impl::kNone) {
+            t.vocab_off[size_t(id)] = e.key.off;
+            t.vocab_len[size_t(id)] = e.key.len;
+            t.vocab_slots[i] = uint32_t(id) + 1;
+        } else if (t.vocab_slots[i]) {
+            t.vocab_slots[i] = uint32_t(id) + 1;  // a repeated key
+        } else {
+            t.vocab_extra.insert_or_assign(std::string(key), id);  // the id already has another string
+        }
     }
     r.vocab = {};
-    if (const json* unk = field(*model, "unk_token")) {
-        if (!unk->is_string()) throw Error(Status::format, origin + ": model.unk_token must be a string");
-        auto it = t.vocab.find(unk->get<std::string>());
-        if (it == t.vocab.end())
-            throw Error(Status::format, origin + ": model.unk_token '" + unk->get<std::string>() +
-                                            "' is not in model.vocab");
-        t.unk_id = it->second;
-    }
 
-    // -- merges --
-    t.merges.reserve(r.merges.size());
-    {
-        std::string joined;
-        for (size_t rank = 0; rank < r.merges.size(); rank++) {
-            const auto& [a, b] = r.merges[rank];
-            auto ia = t.vocab.find(a), ib = t.vocab.find(b);
-            joined.assign(a).append(b);
-            auto im = t.vocab.find(joined);
-            const std::string* missing = ia == t.vocab.end() ? &a : ib == t.vocab.end() ? &b
-                                         : im == t.vocab.end() ? &joined
-                                                               : nullptr;
-            if (missing)
-                throw Error(Status::format, origin + ": model.merges[" + std::to_string(rank) + "] ('" + a + "', '" +
-                                                b + "'): token '" + *missing + "' is not in model.vocab");
-            t.merges.put(ia->second, ib->second, int32_t(rank), im->second);
-        }
-        r.merges = {};
-    }
-    const ByteAlphabet& alpha = byte_alphabet();
-    for (int b = 0; b < 256; b++) {
-        auto it = t.vocab.find(alpha.utf8[size_t(b)]);
-        t.byte_id[size_t(b)] = it == t.vocab.end() ? -1 : it->second;
-    }
-
-    // -- added tokens --
+    // -- added tokens. Ids are assigned as Hugging Face does when it loads the file: the id of the same content
+    // (added or vocab token) when there is one, else the next id after the vocab / the last added token. For files
+    // that Hugging Face wrote this is the "id" field. --
     if (const json* list = field(root, "added_tokens")) {
         if (!list->is_array()) throw Error(Status::format, origin + ": added_tokens must be an array");
+        int64_t max_added = -1;
         for (size_t i = 0; i < list->size(); i++) {
             const json& e = (*list)[i];
             std::string where = origin + ": added_tokens[" + std::to_string(i) + "]";
             if (!e.is_object()) throw Error(Status::format, where + " must be an object");
             const json* idv = field(e, "id");
             if (!idv) throw Error(Status::format, where + ".id is missing");
+            get_id(*idv, where + ".id");  // validated; the id actually used is assigned below
             AddedToken a;
-            a.id = get_id(*idv, where + ".id");
             a.content = get_string(e, "content", where);
             a.special = get_bool(e, "special", false, where);
             a.normalized = get_bool(e, "normalized", !a.special, where);
@@ -1198,12 +1327,84 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
             a.rstrip = get_bool(e, "rstrip", false, where);
             a.single_word = get_bool(e, "single_word", false, where);
             if (!utf8_is_valid(a.content)) throw Error(Status::format, where + ".content is not valid UTF-8");
-            if (a.content.empty()) continue;  // Hugging Face ignores empty added tokens
+            if (a.content.empty()) continue;  // ignored, as in Hugging Face
+            auto seen = t.added_ids.find(a.content);
+            if (seen != t.added_ids.end()) {  // same content again: new options, same id; special stays
+                AddedToken& old = t.added[t.added_by_id[seen->second]];
+                a.id = old.id;
+                a.special = a.special || old.special;
+                old = std::move(a);
+                continue;
+            }
+            a.id = t.vocab_find(a.content);
+            if (a.id < 0) {
+                if (max_added < 0)
+                    a.id = int32_t(vocab_count);
+                else if (max_added >= int64_t(vocab_count) || vocab_count == 0)
+                    a.id = int32_t(max_added + 1);
+                else
+                    a.id = int32_t(vocab_count);
+            }
+            if (a.id >= kMaxTokenId) throw Error(Status::format, where + ": too many tokens");
+            max_added = std::max<int64_t>(max_added, a.id);
             max_id = std::max<int64_t>(max_id, a.id);
-            t.added_ids.insert_or_assign(a.content, a.id);
+            t.added_ids.emplace(a.content, a.id);
+            t.added_by_id[a.id] = t.added.size();
             t.added.push_back(std::move(a));
         }
     }
+    if (max_id < 0) throw Error(Status::format, origin + ": the vocabulary is empty");
+    t.n_vocab = int32_t(max_id + 1);
+    nv = size_t(t.n_vocab);
+    t.vocab_off.resize(nv, 0);
+    t.vocab_len.resize(nv, Impl::kNone);
+    t.id_flags.assign(nv, 0);
+    for (size_t id = 0; id < nv; id++) t.id_flags[id] = t.vocab_len[id] != Impl::kNone;
+    for (const auto& [key, id] : t.vocab_extra) t.id_flags[size_t(id)] = 1;
+    if (const json* unk = field(*model, "unk_token")) {
+        if (!unk->is_string()) throw Error(Status::format, origin + ": model.unk_token must be a string");
+        t.unk_id = t.vocab_find(unk->get<std::string>());
+        if (t.unk_id < 0)
+            throw Error(Status::format, origin + ": model.unk_token '" + unk->get<std::string>() +
+                                            "' is not in model.vocab");
+    }
+
+    // -- merges --
+    t.merges.reserve(r.merges.size());
+    {
+        std::string joined;
+        std::string_view arena = r.merge_arena;
+        for (size_t rank = 0; rank < r.merges.size(); rank++) {
+            std::string_view a = arena.substr(r.merges[rank].a.off, r.merges[rank].a.len);
+            std::string_view b = arena.substr(r.merges[rank].b.off, r.merges[rank].b.len);
+            joined.assign(a).append(b);
+            int32_t ia = t.vocab_find(a), ib = t.vocab_find(b), im = t.vocab_find(joined);
+            if (ia < 0 || ib < 0 || im < 0)
+                throw Error(Status::format, origin + ": model.merges[" + std::to_string(rank) + "] ('" +
+                                                std::string(a) + "', '" + std::string(b) + "'): token '" +
+                                                std::string(ia < 0 ? a : ib < 0 ? b : std::string_view(joined)) +
+                                                "' is not in model.vocab");
+            t.merges.put(ia, ib, int32_t(rank), im);
+        }
+        r.merges = {};
+        r.merge_arena = {};
+    }
+    const ByteAlphabet& alpha = byte_alphabet();
+    for (size_t b = 0; b < 256; b++) t.byte_id[b] = t.vocab_find(alpha.utf8[b]);
+
+    // -- decoded bytes of every token --
+    for (const AddedToken& a : t.added) t.id_flags[size_t(a.id)] = uint8_t(1 | 4 | (a.special ? 2 : 0));
+    t.bytes_off.assign(nv + 1, 0);
+    t.bytes_arena.reserve(t.vocab_arena.size());
+    for (size_t id = 0; id < nv; id++) {
+        t.bytes_off[id] = uint32_t(t.bytes_arena.size());
+        if (t.id_flags[id] & 4)
+            byte_level_decode_into(t.added[t.added_by_id[int32_t(id)]].content, t.bytes_arena);
+        else if (t.vocab_len[id] != Impl::kNone)
+            byte_level_decode_into(t.vocab_string(int32_t(id)), t.bytes_arena);
+        if (t.bytes_arena.size() > UINT32_MAX) throw Error(Status::format, origin + ": the vocabulary is too large");
+    }
+    t.bytes_off[nv] = uint32_t(t.bytes_arena.size());
 
     // -- normalizer (needed to build the normalized added-token trie) --
     if (const json* n = field(root, "normalizer")) parse_normalizer(*n, origin + ": normalizer", t.norms);
@@ -1226,7 +1427,7 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
     const json* pre = field(root, "pre_tokenizer");
     if (!pre)
         throw Error(Status::unsupported,
-                    origin + ": pre_tokenizer null is not supported (a byte-level BPE needs a ByteLevel pre_tokenizer)");
+                    origin + ": pre_tokenizer null is not supported (byte-level BPE needs a ByteLevel pre_tokenizer)");
     std::vector<std::pair<const json*, std::string>> parts;
     flatten_pre_tokenizer(*pre, origin + ": pre_tokenizer", parts);
     for (size_t i = 0; i < parts.size(); i++) {
@@ -1277,22 +1478,6 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
         throw Error(Status::unsupported,
                     origin + ": decoder type '" + dec_type + "' is not supported (supported: ByteLevel)");
 
-    // -- id tables --
-    if (max_id < 0) throw Error(Status::format, origin + ": the vocabulary is empty");
-    t.n_vocab = int32_t(max_id + 1);
-    t.token_str.assign(size_t(t.n_vocab), std::string());
-    t.token_bytes.assign(size_t(t.n_vocab), std::string());
-    t.id_flags.assign(size_t(t.n_vocab), 0);
-    for (const auto& [tok, id] : t.vocab) {
-        t.token_str[size_t(id)] = tok;
-        t.id_flags[size_t(id)] = 1;
-    }
-    for (const AddedToken& a : t.added) {
-        t.token_str[size_t(a.id)] = a.content;
-        t.id_flags[size_t(a.id)] = uint8_t(1 | (a.special ? 2 : 0));
-    }
-    for (size_t id = 0; id < size_t(t.n_vocab); id++)
-        if (t.id_flags[id]) t.token_bytes[id] = byte_level_decode(t.token_str[id]);
     return Tokenizer(std::move(impl));
 }
 
@@ -1389,7 +1574,7 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) c
     for (int32_t id : ids) {
         t.check_id(id);
         if (skip_special && (t.id_flags[size_t(id)] & 2)) continue;
-        out += t.token_bytes[size_t(id)];
+        out += t.token_bytes(id);
     }
     if (all_ascii(out.data(), out.size()) || utf8_is_valid(out)) return out;
     return utf8_sanitize(out);
@@ -1397,12 +1582,14 @@ std::string Tokenizer::decode(std::span<const int32_t> ids, bool skip_special) c
 
 std::string Tokenizer::token_piece(int32_t id) const {
     impl_->check_id(id);
-    return impl_->token_bytes[size_t(id)];
+    return std::string(impl_->token_bytes(id));
 }
 
-const std::string& Tokenizer::token_string(int32_t id) const {
+std::string_view Tokenizer::token_string(int32_t id) const {
     impl_->check_id(id);
-    return impl_->token_str[size_t(id)];
+    const Impl& t = *impl_;
+    if (t.id_flags[size_t(id)] & 4) return t.added[t.added_by_id.at(id)].content;
+    return t.vocab_string(id);
 }
 
 int32_t Tokenizer::n_vocab() const { return impl_->n_vocab; }

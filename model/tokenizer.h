@@ -8,22 +8,30 @@
 //      lstrip, rstrip, single_word honoured); the pieces between them go on;
 //   3. `normalizer` (NFC, NFD, NFKC, NFKD or a Sequence of them) is applied to each piece, then the
 //      `added_tokens` with normalized=true are matched in the normalized piece;
-//   4. `pre_tokenizer`: each Split (regex from the file, behaviour Isolated) cuts the pieces further, then
-//      ByteLevel (optional prefix space, optional GPT-2 regex) maps every byte to the GPT-2 printable alphabet;
-//   5. `model` BPE merges each word by merge rank (lowest rank first, leftmost first among equals).
-// Decoding maps each token back to bytes (ByteLevel decoder) and replaces invalid UTF-8 in the result by U+FFFD,
-// as Hugging Face does.
+//   4. `pre_tokenizer`: each Split (regex from the file, behaviour Isolated; or a literal String pattern) cuts the
+//      pieces further, then ByteLevel (optional prefix space on every piece, optional GPT-2 regex) maps every
+//      byte to the GPT-2 printable alphabet;
+//   5. `model` BPE merges each word by merge rank (lowest rank first, leftmost first among equals; a word that is
+//      a vocab token is taken whole when `ignore_merges` is set).
+// Decoding maps each token back to bytes (ByteLevel decoder; a token with a character outside the byte alphabet
+// stands for its own UTF-8) and replaces invalid UTF-8 in the result by U+FFFD, as Hugging Face does.
+// Supported components: model BPE (no dropout, no byte_fallback, unk_token/fuse_unk honoured); normalizers
+// NFC/NFD/NFKC/NFKD/Sequence/null; pre_tokenizers Split/ByteLevel/Sequence ending with ByteLevel; decoder
+// ByteLevel. `post_processor`, `truncation` and `padding` are ignored (encode never adds special tokens).
+// Ids of `added_tokens` are assigned as Hugging Face assigns them when it loads the file (the vocab id when the
+// content is a vocab token, else the next id); for files that Hugging Face wrote they equal the "id" fields.
 //
 // Thread safety: a Tokenizer is immutable after loading except for an internal, mutex-protected cache of encoded
-// words; every const method may be called from several threads at once.
+// words (at most 4 MiB); every const method may be called from several threads at once.
 //
 // Known differences from Hugging Face (none of them affects the golden cases in tests/data/tokenizers):
-//   - Unicode tables: regex classes (\p{L}, \p{N}, \p{M}, \s) come from the system PCRE2 (10.42: Unicode 14)
-//     while Hugging Face uses Oniguruma (newer Unicode): characters assigned after Unicode 14 are classified as
-//     unassigned here. Oniguruma's \s also matches U+180E MONGOLIAN VOWEL SEPARATOR; the regex is rewritten so that
-//     \s and \S outside character classes and \s inside classes agree with it.
+//   - Unicode tables: regex classes (\p{L}, \p{N}, \p{M}) come from the system PCRE2 (10.42: Unicode 14) while
+//     Hugging Face uses Oniguruma (newer Unicode): characters assigned after Unicode 14 are classified as
+//     unassigned here. \s is rewritten to the Unicode White_Space list as Oniguruma has it (PCRE2 alone also
+//     matches U+180E); a sweep of every code point in six contexts found no other difference in the splits.
 //   - NFC comes from utf8proc (Unicode 15); Hugging Face's tables predate some combining marks added in Unicode
 //     13-14 (54 code points, e.g. U+1AC1..U+1ACE), which utf8proc reorders by combining class and HF does not.
+//   - single_word added tokens use an approximation of Rust's Unicode \w (letters, marks, Nd, Nl, Pc, ZWJ/ZWNJ).
 #pragma once
 
 #include <cstdint>
@@ -88,7 +96,7 @@ public:
 
     // The token string as written in tokenizer.json (byte-level alphabet for vocab tokens, e.g. "Ġhello").
     // Throws like decode for a bad id.
-    const std::string& token_string(int32_t id) const;
+    std::string_view token_string(int32_t id) const;
 
     // max id + 1 over the vocab and the added tokens (ids below it may be unassigned; see is_valid).
     int32_t n_vocab() const;
