@@ -15,10 +15,15 @@ const char* finish_reason_name(FinishReason r) {
     return "?";
 }
 
-BatchGenerator::BatchGenerator(Model& model, int n_valid) : model_(model) {
+BatchGenerator::BatchGenerator(Model& model, int n_valid, std::vector<int> slots) : model_(model), usable_(std::move(slots)) {
     const int V = model.config().vocab_size;
     n_valid_ = n_valid > 0 ? std::min(n_valid, V) : V;
     slots_.resize(size_t(model.n_slots()));
+    if (usable_.empty())
+        for (int s = 0; s < model.n_slots(); s++) usable_.push_back(s);
+    for (int s : usable_)
+        if (s < 0 || s >= model.n_slots() || std::count(usable_.begin(), usable_.end(), s) != 1)
+            throw Error(Status::invalid_argument, "batch generator: slot " + std::to_string(s) + " is invalid or listed twice");
     tokens_.resize(size_t(model.max_batch_tokens()));
     out_rows_.resize(size_t(model.n_slots()));
     out_slot_.resize(size_t(model.n_slots()));
@@ -79,7 +84,8 @@ void BatchGenerator::finish(int slot, FinishReason reason) {
 
 bool BatchGenerator::step() {
     // Admit queued requests into free slots.
-    for (int slot = 0; slot < int(slots_.size()) && !queue_.empty(); slot++) {
+    for (size_t u = 0; u < usable_.size() && !queue_.empty(); u++) {
+        const int slot = usable_[u];
         Sequence& s = slots_[size_t(slot)];
         if (s.id >= 0) continue;
         const int id = queue_.front();

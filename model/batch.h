@@ -41,7 +41,9 @@ struct GenerationResult {
 class BatchGenerator {
 public:
     // n_valid: ids [0, n_valid) may be sampled (the tokenizer's vocabulary; the model's vocab_size when <= 0).
-    BatchGenerator(Model& model, int n_valid = 0);
+    // slots: the model's sequence slots this generator may use (empty: all of them); it resets a slot before each
+    // use and leaves the others alone.
+    BatchGenerator(Model& model, int n_valid = 0, std::vector<int> slots = {});
 
     // Queues a request; returns its id (0, 1, 2, ... in submission order). Throws invalid_argument for an empty
     // prompt, an id out of range, max_new_tokens < 1, or a prompt that cannot fit the context.
@@ -71,7 +73,8 @@ private:
     std::vector<GenerationRequest> requests_;
     std::vector<GenerationResult> results_;
     std::deque<int> queue_;
-    std::vector<Sequence> slots_;  // [n_slots]
+    std::vector<Sequence> slots_;  // [n_slots]; only those listed in usable_ are used
+    std::vector<int> usable_;
     // per-step scratch, sized once
     std::vector<int32_t> tokens_, out_rows_, out_slot_;
     std::vector<SeqRun> runs_;
