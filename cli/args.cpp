@@ -15,7 +15,8 @@ namespace {
 
 const char* kExitCodes =
     "Output:\n"
-    "  Only the generated continuation goes to stdout (the prompt is not echoed), streamed token by token;\n"
+    "  Only the generated continuation goes to stdout (the prompt is not echoed), streamed token by token, with\n"
+    "  no newline added unless stdout is a terminal (or shares its target with a summary on stderr);\n"
     "  with --prompt-ids the generated ids, comma-separated, one line. A timing summary (load time, prompt and\n"
     "  generation tokens and tok/s, stop reason) goes to stderr when it is a terminal, or always with --verbose.\n"
     "\n"

@@ -5,6 +5,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -18,6 +19,13 @@ namespace {
 void on_sigint(int) { g_interrupted.store(true); }
 
 bool stderr_tty() { return isatty(STDERR_FILENO) != 0; }
+
+// True when stdout and stderr reach the same file, pipe or terminal (e.g. `2>&1`).
+bool same_target() {
+    struct stat a, b;
+    if (fstat(STDOUT_FILENO, &a) != 0 || fstat(STDERR_FILENO, &b) != 0) return false;
+    return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
+}
 
 // Per-token output of the one-shot run.
 struct OneShot {
@@ -189,8 +197,8 @@ int run(int argc, char** argv) {
     if (o.has_prompt_ids) {
         for (size_t i = 0; i < st.ids.size(); i++) std::printf("%s%d", i ? "," : "", st.ids[i]);
         std::printf("\n");
-    } else if (isatty(STDOUT_FILENO) && !st.ends_with_newline) {
-        std::printf("\n");
+    } else if (!st.ends_with_newline && (isatty(STDOUT_FILENO) || (show_summary && same_target()))) {
+        std::printf("\n");  // the shell prompt or the summary starts on a new line
     }
     std::fflush(stdout);
     if (show_summary) print_summary(load_ms, res);
