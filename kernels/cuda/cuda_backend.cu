@@ -4,14 +4,17 @@
 // map; all device memory is the one arena from alloc(), the backend's scratch being the workspace piece of it.
 // Ops are enqueued on the stream and return at once; download() and synchronize() wait.
 #include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <string>
+#include <vector>
 
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/embed.cuh"
 #include "kernels/cuda/gated_delta_net.cuh"
+#include "kernels/cuda/graph.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/norm.cuh"
 
@@ -58,6 +61,120 @@ void check_device(int device) {
     }
 }
 
+// One backend op with its arguments as given (pointers into the arena). Recorded ops are replayed through a CUDA
+// graph; fuse() turns op sequences of a recorded step into the fused kernels (same memory results).
+struct Op {
+    enum class Kind : uint8_t {
+        copy_h2d, embed, rms_norm, matmul, logits, add, silu_mul, attention, gated_delta_net, gather_rows,
+        gemv_group, gate_up, add_rms_norm,  // made by fuse()
+    };
+    Kind kind = Kind::copy_h2d;
+    const void* x = nullptr;   // main input (copy source, table, norm/matmul input, add addend, silu gate)
+    const void* x2 = nullptr;  // silu up; add_rms_norm addend
+    void* y = nullptr;         // output (add: the accumulator)
+    void* y2 = nullptr;        // gate_up: up output; add_rms_norm: norm output
+    void* y3 = nullptr;        // gate_up: activation output
+    const float* w = nullptr;  // norm weight
+    Matrix m, m2;              // matmul weights (gate_up: gate, up)
+    int64_t n = 0;             // rows, or elements (add, silu_mul), or bytes (copy)
+    int64_t dim = 0;
+    float eps = 0.0f;
+    bool flag = false;         // rms_norm zero_centred
+    cuda::GemvGroup group;
+    AttentionArgs attn;
+    GatedDeltaNetArgs gdn;
+    cuda::RowMap rows;
+};
+
+// Appends every argument of `op` to a signature (field by field: no padding bytes).
+void sign(const Op& op, std::vector<uint64_t>& sig) {
+    auto u = [&](uint64_t v) { sig.push_back(v); };
+    auto p = [&](const void* v) { sig.push_back(uint64_t(reinterpret_cast<uintptr_t>(v))); };
+    auto f = [&](float v) {
+        uint32_t b;
+        std::memcpy(&b, &v, 4);
+        sig.push_back(b);
+    };
+    u(uint64_t(op.kind));
+    p(op.x); p(op.x2); p(op.y); p(op.w);
+    p(op.m.data); u(uint64_t(op.m.rows)); u(uint64_t(op.m.cols));
+    u(uint64_t(op.n)); u(uint64_t(op.dim)); f(op.eps); u(op.flag);
+    if (op.kind == Op::Kind::attention) {
+        const AttentionArgs& a = op.attn;
+        p(a.qg); p(a.k); p(a.v); p(a.q_norm); p(a.k_norm); p(a.k_cache); p(a.v_cache); p(a.out);
+        u(uint64_t(a.n_heads)); u(uint64_t(a.n_kv_heads)); u(uint64_t(a.head_dim)); u(uint64_t(a.rotary_dim));
+        u(uint64_t(a.n_ctx)); f(a.rope_theta); f(a.eps);
+    }
+    if (op.kind == Op::Kind::gated_delta_net) {
+        const GatedDeltaNetArgs& g = op.gdn;
+        p(g.qkv); p(g.z); p(g.b); p(g.a); p(g.conv_w); p(g.A_log); p(g.dt_bias); p(g.norm_w); p(g.conv_state);
+        p(g.ssm_state); p(g.out);
+        u(uint64_t(g.n_k_heads)); u(uint64_t(g.n_v_heads)); u(uint64_t(g.k_dim)); u(uint64_t(g.v_dim));
+        u(uint64_t(g.conv_kernel)); f(g.eps);
+    }
+    if (op.kind == Op::Kind::attention || op.kind == Op::Kind::gated_delta_net) {
+        const cuda::RowMap& r = op.rows;
+        p(r.slot); p(r.pos); p(r.in_run); p(r.runs); u(uint64_t(r.n_rows)); u(uint64_t(r.n_runs));
+    }
+}
+
+bool gemv_ok(const Op& op) {
+    return op.kind == Op::Kind::matmul &&
+           cuda::gemv_fits(static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data), op.m.cols);
+}
+
+// Peephole fusion over a recorded step:
+//   matmul(x, Wg -> g), matmul(x, Wu -> u), silu_mul(g, u -> a)   ->  gate_up
+//   add(x += d), rms_norm(x -> y)                                  ->  add_rms_norm
+//   2 to 4 matmuls of the same x (GEMV-sized)                      ->  gemv_group
+void fuse(const std::vector<Op>& in, std::vector<Op>& out) {
+    out.clear();
+    const size_t n = in.size();
+    for (size_t i = 0; i < n;) {
+        const Op& a = in[i];
+        if (i + 2 < n && gemv_ok(a) && gemv_ok(in[i + 1]) && in[i + 2].kind == Op::Kind::silu_mul) {
+            const Op &b = in[i + 1], &s = in[i + 2];
+            if (b.x == a.x && b.n == a.n && b.m.rows == a.m.rows && b.m.cols == a.m.cols && a.y != b.y &&
+                a.y != a.x && b.y != a.x && s.x == a.y && s.x2 == b.y && s.n == a.n * a.m.rows) {
+                Op f;
+                f.kind = Op::Kind::gate_up;
+                f.x = a.x; f.m = a.m; f.m2 = b.m; f.y = a.y; f.y2 = b.y; f.y3 = s.y; f.n = a.n;
+                out.push_back(f);
+                i += 3;
+                continue;
+            }
+        }
+        if (i + 1 < n && a.kind == Op::Kind::add && in[i + 1].kind == Op::Kind::rms_norm) {
+            const Op& r = in[i + 1];
+            if (r.x == a.y && r.n * r.dim == a.n && r.y != a.x) {
+                Op f;
+                f.kind = Op::Kind::add_rms_norm;
+                f.y = a.y; f.x2 = a.x; f.w = r.w; f.n = r.n; f.dim = r.dim; f.eps = r.eps; f.flag = r.flag; f.y2 = r.y;
+                out.push_back(f);
+                i += 2;
+                continue;
+            }
+        }
+        if (gemv_ok(a)) {
+            size_t j = i + 1;
+            while (j < n && j - i < size_t(cuda::GemvGroup::kMax) && gemv_ok(in[j]) && in[j].x == a.x &&
+                   in[j].n == a.n && in[j].m.cols == a.m.cols && in[j].y != a.x && in[j - 1].y != a.x)
+                j++;
+            if (j - i >= 2 && in[j - 1].y != a.x) {
+                Op f;
+                f.kind = Op::Kind::gemv_group;
+                f.x = a.x; f.n = a.n; f.dim = a.m.cols;
+                for (size_t k = i; k < j; k++) f.group.add(static_cast<const bf16*>(in[k].m.data), in[k].y, in[k].m.rows);
+                out.push_back(f);
+                i = j;
+                continue;
+            }
+        }
+        out.push_back(a);
+        i++;
+    }
+}
+
 class CudaBackend final : public Backend {
 public:
     explicit CudaBackend(int device) : device_(device) {
@@ -65,9 +182,19 @@ public:
         HY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         HY_CUDA_CHECK(cudaEventCreateWithFlags(&staging_done_, cudaEventDisableTiming));
         gemm_ = std::make_unique<cuda::Gemm>();
+        const char* g = std::getenv("HY_CUDA_GRAPHS");
+        graphs_enabled_ = !(g && std::strcmp(g, "0") == 0);
+        ops_.reserve(kMaxRecordedOps);
+        fused_.reserve(kMaxRecordedOps);
+        sig_.reserve(kMaxRecordedOps * 24);
     }
     ~CudaBackend() override {
+        try {
+            flush();
+        } catch (const Error&) {
+        }
         if (stream_) cudaStreamSynchronize(stream_);
+        graphs_.clear();
         gemm_.reset();
         if (staging_) cudaFreeHost(staging_);
         if (staging_done_) cudaEventDestroy(staging_done_);
@@ -93,22 +220,32 @@ public:
         return p;
     }
     void free(void* p) override {
+        flush();
         if (stream_) cudaStreamSynchronize(stream_);
         cudaFree(p);
     }
     void upload(void* dst, const void* src, size_t bytes) override {
+        flush();
         HY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
         HY_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the caller may reuse src at once
     }
     void download(void* dst, const void* src, size_t bytes) override {
+        flush();
         HY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
         HY_CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
-    void fill_zero(void* dst, size_t bytes) override { HY_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_)); }
-    void synchronize() override { HY_CUDA_CHECK(cudaStreamSynchronize(stream_)); }
+    void fill_zero(void* dst, size_t bytes) override {
+        flush();
+        HY_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_));
+    }
+    void synchronize() override {
+        flush();
+        HY_CUDA_CHECK(cudaStreamSynchronize(stream_));
+    }
     // Device-to-device copies of 1 GiB (bytes read + written per second), best of 5 after a warm-up; the buffers
     // are temporary allocations outside the arena (tools only).
     double copy_bandwidth_gbs() override {
+        flush();
         const size_t n = size_t(1) << 30;
         void *a = nullptr, *b = nullptr;
         cudaEvent_t e0 = nullptr, e1 = nullptr;
@@ -136,22 +273,27 @@ public:
 
     // Workspace: cuBLASLt scratch | row map (token ids, slot, pos, index in run, gather rows) [T] each | runs |
     // bf16 scratch A [T, 4 * heads * head_dim] (attention q [T, Hq, D] or GDN mixed [T, C]) | bf16 scratch B
-    // [T, heads * head_dim] (GDN o).
+    // [T, heads * head_dim] (GDN o). workspace_bytes() records the scratch sizes that set_workspace() lays out.
     size_t workspace_bytes(const BatchLimits& l, int max_heads, int max_head_dim) const override {
-        const Layout w = layout(l, max_heads, max_head_dim);
-        return w.total;
+        const size_t T = size_t(std::max(l.max_tokens, 1)), R = size_t(std::max(l.max_runs, 1));
+        const size_t hd = size_t(std::max(max_heads, 1)) * size_t(std::max(max_head_dim, 1));
+        scratch_a_elems_ = align256(T * 4 * hd * 2) / 2;  // >= Hq * D and >= C = 2 Hk Dk + Hv Dv <= 3 Hv Dv
+        scratch_b_elems_ = align256(T * hd * 2) / 2;
+        return align256(cuda::Gemm::kWorkspaceBytes) + align256(5 * T * 4 + R * sizeof(SeqRun)) +
+               scratch_a_elems_ * 2 + scratch_b_elems_ * 2;
     }
     void set_workspace(void* ws, const BatchLimits& l) override {
-        // The model asks workspace_bytes() with its own head counts; the layout must match, so it is recomputed
-        // from the sizes the scratch needs and checked against the bytes recorded then.
+        if (scratch_a_elems_ == 0) throw Error(Status::internal, "CUDA backend: set_workspace before workspace_bytes");
+        flush();
+        synchronize();
+        graphs_.clear();  // captured graphs point into the old workspace
         limits_ = l;
         ws_ = static_cast<char*>(ws);
         gemm_->set_workspace(ws_);
-        const size_t T = size_t(l.max_tokens), R = size_t(std::max(l.max_runs, 1));
-        staging_bytes_ = 5 * T * 4 + R * sizeof(SeqRun);
+        const size_t T = size_t(std::max(l.max_tokens, 1)), R = size_t(std::max(l.max_runs, 1));
         if (staging_) cudaFreeHost(staging_);
         staging_ = nullptr;
-        HY_CUDA_CHECK(cudaMallocHost(&staging_, staging_bytes_));
+        HY_CUDA_CHECK(cudaMallocHost(&staging_, 5 * T * 4 + R * sizeof(SeqRun)));
         char* d = ws_ + align256(cuda::Gemm::kWorkspaceBytes);
         d_tokens_ = reinterpret_cast<int32_t*>(d);
         d_slot_ = d_tokens_ + T;
@@ -160,7 +302,6 @@ public:
         d_gather_ = d_in_run_ + T;
         d_runs_ = reinterpret_cast<SeqRun*>(d_gather_ + T);
         scratch_a_ = reinterpret_cast<bf16*>(d + align256(5 * T * 4 + R * sizeof(SeqRun)));
-        // scratch B follows scratch A; its offset is fixed by the element count chosen in workspace_bytes().
         scratch_b_ = scratch_a_ + scratch_a_elems_;
     }
 
@@ -169,6 +310,7 @@ public:
         if (b.n_tokens > limits_.max_tokens || b.n_runs > std::max(limits_.max_runs, 1))
             throw Error(Status::invalid_argument, "CUDA backend: batch of " + std::to_string(b.n_tokens) + " rows and " +
                                                       std::to_string(b.n_runs) + " runs exceeds the load-time limits");
+        flush();
         wait_staging();
         const size_t T = size_t(limits_.max_tokens);
         int32_t* h = static_cast<int32_t*>(staging_);
@@ -184,82 +326,191 @@ public:
         }
         SeqRun* runs = reinterpret_cast<SeqRun*>(h + 5 * T);
         std::memcpy(runs, b.runs, size_t(b.n_runs) * sizeof(SeqRun));
-        // One copy of the four row arrays (the gather slot in between is unused here) and one of the runs.
-        HY_CUDA_CHECK(cudaMemcpyAsync(d_tokens_, h, 4 * T * 4, cudaMemcpyHostToDevice, stream_));
-        HY_CUDA_CHECK(cudaMemcpyAsync(d_runs_, runs, size_t(b.n_runs) * sizeof(SeqRun), cudaMemcpyHostToDevice, stream_));
-        HY_CUDA_CHECK(cudaEventRecord(staging_done_, stream_));
+        recording_ = graphs_enabled_ && b.n_tokens <= kGraphMaxTokens;
+        // One copy of the four row arrays (the gather slot after them is unused here) and one of the runs.
+        Op c;
+        c.kind = Op::Kind::copy_h2d;
+        c.x = h; c.y = d_tokens_; c.n = int64_t(4 * T * 4);
+        submit(c);
+        c.x = runs; c.y = d_runs_; c.n = int64_t(size_t(b.n_runs) * sizeof(SeqRun));
+        submit(c);
+        if (!recording_) HY_CUDA_CHECK(cudaEventRecord(staging_done_, stream_));
         rows_ = cuda::RowMap{d_slot_, d_pos_, d_in_run_, d_runs_, b.n_tokens, b.n_runs};
     }
 
     void embed(const Matrix& table, void* x) override {
         require_bf16(table, "embedding table");
-        cuda::embed(static_cast<const bf16*>(table.data), table.cols, d_tokens_, rows_.n_rows, static_cast<bf16*>(x),
-                    stream_);
+        Op op;
+        op.kind = Op::Kind::embed;
+        op.m = table; op.y = x; op.n = rows_.n_rows;
+        submit(op);
     }
     void rms_norm(const void* x, const float* w, int64_t rows, int dim, float eps, bool zero_centred, void* y) override {
-        cuda::rms_norm(static_cast<const bf16*>(x), w, rows, dim, eps, zero_centred, static_cast<bf16*>(y), stream_);
+        Op op;
+        op.kind = Op::Kind::rms_norm;
+        op.x = x; op.w = w; op.n = rows; op.dim = dim; op.eps = eps; op.flag = zero_centred; op.y = y;
+        submit(op);
     }
     void matmul(const void* x, int64_t rows, const Matrix& w, void* y) override {
         require_bf16(w, "weight matrix");
-        cuda::matmul(*gemm_, static_cast<const bf16*>(x), rows, static_cast<const bf16*>(w.data), w.rows, w.cols, y,
-                     false, stream_);
+        Op op;
+        op.kind = Op::Kind::matmul;
+        op.x = x; op.n = rows; op.m = w; op.y = y;
+        submit(op);
     }
     void add(void* y, const void* x, int64_t n) override {
-        cuda::add(static_cast<bf16*>(y), static_cast<const bf16*>(x), n, stream_);
+        Op op;
+        op.kind = Op::Kind::add;
+        op.y = y; op.x = x; op.n = n;
+        submit(op);
     }
     void silu_mul(const void* gate, const void* up, int64_t n, void* y) override {
-        cuda::silu_mul(static_cast<const bf16*>(gate), static_cast<const bf16*>(up), n, static_cast<bf16*>(y), stream_);
+        Op op;
+        op.kind = Op::Kind::silu_mul;
+        op.x = gate; op.x2 = up; op.n = n; op.y = y;
+        submit(op);
     }
     void attention(const AttentionArgs& args) override {
         const size_t need = size_t(rows_.n_rows) * size_t(args.n_heads) * size_t(args.head_dim);
         if (need > scratch_a_elems_) throw Error(Status::internal, "CUDA attention: workspace too small for q");
-        cuda::attention(args, rows_, scratch_a_, stream_);
+        Op op;
+        op.kind = Op::Kind::attention;
+        op.attn = args; op.rows = rows_;
+        submit(op);
     }
     void gated_delta_net(const GatedDeltaNetArgs& args) override {
         const size_t C = 2 * size_t(args.n_k_heads) * size_t(args.k_dim) + size_t(args.n_v_heads) * size_t(args.v_dim);
         const size_t T = size_t(rows_.n_rows);
         if (T * C > scratch_a_elems_ || T * size_t(args.n_v_heads) * size_t(args.v_dim) > scratch_b_elems_)
             throw Error(Status::internal, "CUDA Gated DeltaNet: workspace too small");
-        cuda::gated_delta_net(args, rows_, scratch_a_, scratch_b_, stream_);
+        Op op;
+        op.kind = Op::Kind::gated_delta_net;
+        op.gdn = args; op.rows = rows_;
+        submit(op);
     }
     void gather_rows(const void* x, int64_t dim, const int32_t* rows, int n, void* y) override {
         if (n <= 0) return;
         if (n > limits_.max_tokens) throw Error(Status::invalid_argument, "CUDA gather_rows: too many rows");
-        wait_staging();
-        int32_t* h = static_cast<int32_t*>(staging_) + 4 * size_t(limits_.max_tokens);
-        std::memcpy(h, rows, size_t(n) * 4);
-        HY_CUDA_CHECK(cudaMemcpyAsync(d_gather_, h, size_t(n) * 4, cudaMemcpyHostToDevice, stream_));
-        HY_CUDA_CHECK(cudaEventRecord(staging_done_, stream_));
         if (x == y) {  // in place: only valid when the rows are already in place
             for (int i = 0; i < n; i++)
                 if (rows[i] != i) throw Error(Status::invalid_argument, "CUDA gather_rows: overlapping in-place gather");
             return;
         }
-        cuda::gather_rows(static_cast<const bf16*>(x), dim, d_gather_, n, static_cast<bf16*>(y), stream_);
+        wait_staging();
+        int32_t* h = static_cast<int32_t*>(staging_) + 4 * size_t(limits_.max_tokens);
+        std::memcpy(h, rows, size_t(n) * 4);
+        Op c;
+        c.kind = Op::Kind::copy_h2d;
+        c.x = h; c.y = d_gather_; c.n = int64_t(n) * 4;
+        submit(c);
+        if (!recording_) HY_CUDA_CHECK(cudaEventRecord(staging_done_, stream_));
+        Op op;
+        op.kind = Op::Kind::gather_rows;
+        op.x = x; op.dim = dim; op.n = n; op.y = y;
+        submit(op);
     }
     void logits(const void* x, int n, const Matrix& w, float* out) override {
         require_bf16(w, "output matrix");
-        cuda::matmul(*gemm_, static_cast<const bf16*>(x), n, static_cast<const bf16*>(w.data), w.rows, w.cols, out,
-                     true, stream_);
+        Op op;
+        op.kind = Op::Kind::logits;
+        op.x = x; op.n = n; op.m = w; op.y = out;
+        submit(op);
     }
 
 private:
-    struct Layout {
-        size_t total = 0;
-    };
-    // Sizes scratch A and B for the limits and records their element counts (workspace_bytes() is const, so the
-    // counts are mutable members; set_workspace() uses them).
-    Layout layout(const BatchLimits& l, int max_heads, int max_head_dim) const {
-        const size_t T = size_t(std::max(l.max_tokens, 1)), R = size_t(std::max(l.max_runs, 1));
-        const size_t hd = size_t(std::max(max_heads, 1)) * size_t(std::max(max_head_dim, 1));
-        scratch_a_elems_ = T * 4 * hd;  // >= Hq * D and >= C = 2 Hk Dk + Hv Dv <= 3 Hv Dv
-        scratch_b_elems_ = T * hd;
-        Layout w;
-        w.total = align256(cuda::Gemm::kWorkspaceBytes) + align256(5 * T * 4 + R * sizeof(SeqRun)) +
-                  align256(scratch_a_elems_ * 2) + align256(scratch_b_elems_ * 2);
-        scratch_a_elems_ = align256(scratch_a_elems_ * 2) / 2;
-        return w;
+    static constexpr int kGraphMaxTokens = 16;     // steps of at most this many rows are replayed as graphs
+    static constexpr size_t kMaxRecordedOps = 4096;
+
+    // Runs the op now, or appends it to the recorded step.
+    void submit(const Op& op) {
+        if (!recording_) {
+            exec(op);
+            return;
+        }
+        if (ops_.size() == kMaxRecordedOps) {  // an unusually long step: run what was recorded, go on eagerly
+            for (const Op& o : ops_) exec(o);
+            ops_.clear();
+            sig_.clear();
+            recording_ = false;
+            HY_CUDA_CHECK(cudaEventRecord(staging_done_, stream_));
+            exec(op);
+            return;
+        }
+        ops_.push_back(op);
+        sign(op, sig_);
     }
+
+    // Ends a recorded step: launches its graph (capturing the fused ops on the first occurrence).
+    void flush() {
+        if (!recording_) return;
+        recording_ = false;
+        if (!ops_.empty()) {
+            cudaGraphExec_t g = graphs_.find(sig_);
+            if (!g) {
+                fuse(ops_, fused_);
+                g = graphs_.capture(sig_, stream_, [&] {
+                    for (const Op& o : fused_) exec(o);
+                });
+            }
+            const cudaError_t e = cudaGraphLaunch(g, stream_);
+            ops_.clear();
+            sig_.clear();
+            cuda::check(e, "cudaGraphLaunch");
+        }
+        HY_CUDA_CHECK(cudaEventRecord(staging_done_, stream_));
+    }
+
+    void exec(const Op& op) {
+        using K = Op::Kind;
+        switch (op.kind) {
+            case K::copy_h2d:
+                HY_CUDA_CHECK(cudaMemcpyAsync(op.y, op.x, size_t(op.n), cudaMemcpyHostToDevice, stream_));
+                return;
+            case K::embed:
+                cuda::embed(static_cast<const bf16*>(op.m.data), op.m.cols, d_tokens_, int(op.n), static_cast<bf16*>(op.y),
+                            stream_);
+                return;
+            case K::rms_norm:
+                cuda::rms_norm(static_cast<const bf16*>(op.x), op.w, op.n, int(op.dim), op.eps, op.flag,
+                               static_cast<bf16*>(op.y), stream_);
+                return;
+            case K::matmul:
+            case K::logits:
+                cuda::matmul(*gemm_, static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data), op.m.rows,
+                             op.m.cols, op.y, op.kind == K::logits, stream_);
+                return;
+            case K::add:
+                cuda::add(static_cast<bf16*>(op.y), static_cast<const bf16*>(op.x), op.n, stream_);
+                return;
+            case K::silu_mul:
+                cuda::silu_mul(static_cast<const bf16*>(op.x), static_cast<const bf16*>(op.x2), op.n,
+                               static_cast<bf16*>(op.y), stream_);
+                return;
+            case K::attention:
+                cuda::attention(op.attn, op.rows, scratch_a_, stream_);
+                return;
+            case K::gated_delta_net:
+                cuda::gated_delta_net(op.gdn, op.rows, scratch_a_, scratch_b_, stream_);
+                return;
+            case K::gather_rows:
+                cuda::gather_rows(static_cast<const bf16*>(op.x), op.dim, d_gather_, int(op.n), static_cast<bf16*>(op.y),
+                                  stream_);
+                return;
+            case K::gemv_group:
+                cuda::gemv_group(static_cast<const bf16*>(op.x), op.n, op.group, op.dim, false, stream_);
+                return;
+            case K::gate_up:
+                cuda::gemv_gate_up(static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data),
+                                   static_cast<const bf16*>(op.m2.data), op.m.rows, op.m.cols, static_cast<bf16*>(op.y),
+                                   static_cast<bf16*>(op.y2), static_cast<bf16*>(op.y3), stream_);
+                return;
+            case K::add_rms_norm:
+                cuda::add_rms_norm(static_cast<bf16*>(op.y), static_cast<const bf16*>(op.x2), op.w, op.n, int(op.dim),
+                                   op.eps, op.flag, static_cast<bf16*>(op.y2), stream_);
+                return;
+        }
+    }
+
     void wait_staging() { HY_CUDA_CHECK(cudaEventSynchronize(staging_done_)); }
     static void require_bf16(const Matrix& m, const char* what) {
         if (m.dtype != DType::BF16)
@@ -269,17 +520,22 @@ private:
 
     int device_ = 0;
     cudaStream_t stream_ = nullptr;
-    cudaEvent_t staging_done_ = nullptr;
+    cudaEvent_t staging_done_ = nullptr;  // recorded after the last use of the staging buffer was enqueued
     std::unique_ptr<cuda::Gemm> gemm_;
     BatchLimits limits_{};
     char* ws_ = nullptr;
     void* staging_ = nullptr;  // pinned host: tokens, slot, pos, in_run, gather rows [max_tokens] each, runs
-    size_t staging_bytes_ = 0;
     int32_t *d_tokens_ = nullptr, *d_slot_ = nullptr, *d_pos_ = nullptr, *d_in_run_ = nullptr, *d_gather_ = nullptr;
     SeqRun* d_runs_ = nullptr;
     bf16 *scratch_a_ = nullptr, *scratch_b_ = nullptr;
     mutable size_t scratch_a_elems_ = 0, scratch_b_elems_ = 0;
     cuda::RowMap rows_{};
+    // CUDA graph replay of small steps (HY_CUDA_GRAPHS=0 turns it off).
+    bool graphs_enabled_ = true;
+    bool recording_ = false;
+    std::vector<Op> ops_, fused_;  // the step being recorded; its fused form (capacity reserved once)
+    std::vector<uint64_t> sig_;    // the recorded step's signature
+    cuda::GraphCache graphs_;
 };
 
 }  // namespace

@@ -16,26 +16,28 @@ __device__ __forceinline__ float store_as<float>(float v) { return v; }
 template <>
 __device__ __forceinline__ bf16 store_as<bf16>(float v) { return to_bf16(v); }
 
-// One warp per output feature n: lanes stride over K in 16-byte words of W (8 bf16), kGemvUnroll words in
-// flight, each multiplied with the same 8 values of every token's x (x rows stay in L1/L2). Warp-reduced at the
-// end, so each output is a fixed-order fp32 sum.
-template <int NT, typename OutT>
-__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const bf16* __restrict__ x,
-                                                               const bf16* __restrict__ w, OutT* __restrict__ y,
-                                                               int N, int K) {
+// A weight word: read once per step, so it bypasses L1 (x, reused by every warp, stays there).
+__device__ __forceinline__ uint4 ld_weight(const uint4* p) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p));
+    return r;
+}
+
+// acc[t] += W[row, :] . x[t, :] over this lane's share: lanes stride over K in 16-byte words (8 bf16),
+// kGemvUnroll words in flight, each multiplied with the same 8 values of every token's x.
+template <int NT>
+__device__ __forceinline__ void row_dot(const bf16* __restrict__ w_row, const bf16* __restrict__ x, int K,
+                                        float* acc) {
     const int lane = threadIdx.x & 31;
-    const int n = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
-    if (n >= N) return;
-    const uint4* wr = reinterpret_cast<const uint4*>(w + int64_t(n) * K);
+    const uint4* wr = reinterpret_cast<const uint4*>(w_row);
     const int K8 = K / 8;
-    float acc[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
     int i = lane;
     for (; i + 32 * (kGemvUnroll - 1) < K8; i += 32 * kGemvUnroll) {
         uint4 wv[kGemvUnroll];
 #pragma unroll
-        for (int u = 0; u < kGemvUnroll; u++) wv[u] = __ldg(wr + i + 32 * u);
+        for (int u = 0; u < kGemvUnroll; u++) wv[u] = ld_weight(wr + i + 32 * u);
 #pragma unroll
         for (int u = 0; u < kGemvUnroll; u++) {
             float wf[8];
@@ -51,7 +53,7 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const bf16* __res
     }
     for (; i < K8; i += 32) {
         float wf[8];
-        unpack8(__ldg(wr + i), wf);
+        unpack8(ld_weight(wr + i), wf);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             float xf[8];
@@ -60,22 +62,67 @@ __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const bf16* __res
             for (int j = 0; j < 8; j++) acc[t] = fmaf(wf[j], xf[j], acc[t]);
         }
     }
+}
+
+// One warp per output feature of one of up to GemvGroup::kMax matrices sharing x (blocks are assigned to the
+// matrices in order: matrix s owns blocks [block_end[s-1], block_end[s])). Warp-reduced at the end, so each output
+// is a fixed-order fp32 sum, the same whichever group it was computed in.
+template <int NT, typename OutT>
+__global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const bf16* __restrict__ x, GemvGroup g, int K) {
+    int s = 0;
+#pragma unroll
+    for (int j = 0; j < GemvGroup::kMax - 1; j++) s += (j < g.count - 1 && int(blockIdx.x) >= g.block_end[j]);
+    const int first = s ? g.block_end[s - 1] : 0;
+    const int n = (int(blockIdx.x) - first) * kGemvWarps + (threadIdx.x >> 5);
+    const int N = g.n[s];
+    if (n >= N) return;
+    float acc[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
+    row_dot<NT>(g.w[s] + int64_t(n) * K, x, K, acc);
+    OutT* y = static_cast<OutT*>(g.y[s]);
 #pragma unroll
     for (int t = 0; t < NT; t++) {
-        const float s = warp_sum(acc[t]);
-        if (lane == 0) y[int64_t(t) * N + n] = store_as<OutT>(s);
+        const float v = warp_sum(acc[t]);
+        if ((threadIdx.x & 31) == 0) y[int64_t(t) * N + n] = store_as<OutT>(v);
+    }
+}
+
+// The MLP's gate and up projections and the activation in one pass: per feature n the warp computes
+// g = bf16(x.Wg[n]) and u = bf16(x.Wu[n]), writes u to up_out, g to gate_out (when act_out is not gate_out) and
+// bf16(bf16(silu(g)) * u) to act_out: the same memory as matmul, matmul, silu_mul.
+template <int NT>
+__global__ void __launch_bounds__(kGemvWarps * 32)
+    gemv_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ wg, const bf16* __restrict__ wu,
+                        bf16* gate_out, bf16* up_out, bf16* act_out, int N, int K) {
+    const int n = blockIdx.x * kGemvWarps + (threadIdx.x >> 5);
+    if (n >= N) return;
+    float ag[NT], au[NT];
+#pragma unroll
+    for (int t = 0; t < NT; t++) ag[t] = au[t] = 0.0f;
+    row_dot<NT>(wg + int64_t(n) * K, x, K, ag);
+    row_dot<NT>(wu + int64_t(n) * K, x, K, au);
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float g = round_bf16(warp_sum(ag[t])), u = round_bf16(warp_sum(au[t]));
+        if ((threadIdx.x & 31) == 0) {
+            const int64_t o = int64_t(t) * N + n;
+            up_out[o] = to_bf16(u);
+            if (act_out != gate_out) gate_out[o] = to_bf16(g);
+            act_out[o] = to_bf16(round_bf16(siluf_(g)) * u);
+        }
     }
 }
 
 template <typename OutT>
-void gemv_typed(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, OutT* y, cudaStream_t stream) {
-    const unsigned grid = ceil_div(N, kGemvWarps);
+void gemv_typed(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, cudaStream_t stream) {
+    const unsigned grid = unsigned(g.block_end[g.count - 1]);
     const int threads = kGemvWarps * 32;
     switch (T) {
-        case 1: gemv_kernel<1, OutT><<<grid, threads, 0, stream>>>(x, w, y, int(N), int(K)); break;
-        case 2: gemv_kernel<2, OutT><<<grid, threads, 0, stream>>>(x, w, y, int(N), int(K)); break;
-        case 3: gemv_kernel<3, OutT><<<grid, threads, 0, stream>>>(x, w, y, int(N), int(K)); break;
-        case 4: gemv_kernel<4, OutT><<<grid, threads, 0, stream>>>(x, w, y, int(N), int(K)); break;
+        case 1: gemv_kernel<1, OutT><<<grid, threads, 0, stream>>>(x, g, int(K)); break;
+        case 2: gemv_kernel<2, OutT><<<grid, threads, 0, stream>>>(x, g, int(K)); break;
+        case 3: gemv_kernel<3, OutT><<<grid, threads, 0, stream>>>(x, g, int(K)); break;
+        case 4: gemv_kernel<4, OutT><<<grid, threads, 0, stream>>>(x, g, int(K)); break;
         default: throw Error(Status::internal, "gemv: " + std::to_string(T) + " rows (at most 4)");
     }
     check_launch("gemv kernel");
@@ -119,10 +166,31 @@ bool gemv_fits(const bf16* x, int64_t T, const bf16* w, int64_t K) {
 }
 
 void gemv(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32, cudaStream_t stream) {
+    GemvGroup g;
+    g.add(w, y, N);
+    gemv_group(x, T, g, K, out_f32, stream);
+}
+
+void gemv_group(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, cudaStream_t stream) {
+    if (g.count < 1 || g.count > GemvGroup::kMax) throw Error(Status::internal, "gemv: bad group");
     if (out_f32)
-        gemv_typed(x, T, w, N, K, static_cast<float*>(y), stream);
+        gemv_typed<float>(x, T, g, K, stream);
     else
-        gemv_typed(x, T, w, N, K, static_cast<bf16*>(y), stream);
+        gemv_typed<bf16>(x, T, g, K, stream);
+}
+
+void gemv_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int64_t N, int64_t K, bf16* gate_out,
+                  bf16* up_out, bf16* act_out, cudaStream_t stream) {
+    const unsigned grid = ceil_div(N, kGemvWarps);
+    const int threads = kGemvWarps * 32;
+    switch (T) {
+        case 1: gemv_gate_up_kernel<1><<<grid, threads, 0, stream>>>(x, wg, wu, gate_out, up_out, act_out, int(N), int(K)); break;
+        case 2: gemv_gate_up_kernel<2><<<grid, threads, 0, stream>>>(x, wg, wu, gate_out, up_out, act_out, int(N), int(K)); break;
+        case 3: gemv_gate_up_kernel<3><<<grid, threads, 0, stream>>>(x, wg, wu, gate_out, up_out, act_out, int(N), int(K)); break;
+        case 4: gemv_gate_up_kernel<4><<<grid, threads, 0, stream>>>(x, wg, wu, gate_out, up_out, act_out, int(N), int(K)); break;
+        default: throw Error(Status::internal, "gemv_gate_up: " + std::to_string(T) + " rows (at most 4)");
+    }
+    check_launch("gemv gate/up/SiLU kernel");
 }
 
 Gemm::Gemm() {

@@ -45,6 +45,27 @@ private:
     static constexpr size_t kMaxPlans = 256;
 };
 
+// Up to kMax weight matrices that share x and K, computed by one GEMV launch (e.g. the q, k, v projections).
+struct GemvGroup {
+    static constexpr int kMax = 4;
+    const bf16* w[kMax] = {};
+    void* y[kMax] = {};
+    int n[kMax] = {};
+    int block_end[kMax] = {};  // cumulative GEMV blocks (kGemvWarps rows each) up to and including matrix s
+    int count = 0;
+    void add(const bf16* wm, void* ym, int64_t rows) {
+        w[count] = wm;
+        y[count] = ym;
+        n[count] = int(rows);
+        block_end[count] = (count ? block_end[count - 1] : 0) + int((rows + kGemvWarps - 1) / kGemvWarps);
+        count++;
+    }
+};
+void gemv_group(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, cudaStream_t stream);
+// gate_out = bf16(x Wg^T), up_out = bf16(x Wu^T), act_out = bf16(bf16(silu(gate)) * up) (act_out may be gate_out).
+void gemv_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int64_t N, int64_t K, bf16* gate_out,
+                  bf16* up_out, bf16* act_out, cudaStream_t stream);
+
 // The GEMV path alone (T <= kGemvMaxTokens, K % 8 == 0, 16-byte aligned x and w rows).
 void gemv(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32, cudaStream_t stream);
 // True when gemv() can take this shape and these pointers.

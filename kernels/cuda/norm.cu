@@ -6,25 +6,40 @@ namespace {
 
 // One block of kNormThreads per row. Each thread reads its elements twice (sum of squares, then the scaled
 // output): the second read hits L1/L2, and in-place use is safe because a thread only rewrites its own elements.
-template <bool kVec>
-__global__ void rms_norm_kernel(const bf16* x, const float* __restrict__ w, int dim, float eps, bool zero_centred,
-                                bf16* y) {
+// With kAdd, the first pass also adds d to x and stores the rounded sum back into x (each thread its own
+// elements, which it alone reads again below).
+template <bool kVec, bool kAdd>
+__global__ void rms_norm_kernel(bf16* x, const bf16* __restrict__ d, const float* __restrict__ w, int dim, float eps,
+                                bool zero_centred, bf16* y) {
     __shared__ float scratch[32];
     const int64_t row = blockIdx.x;
-    const bf16* xr = x + row * dim;
+    bf16* xr = x + row * dim;
     bf16* yr = y + row * dim;
     float ss = 0.0f;
     if constexpr (kVec) {
-        const uint4* x4 = reinterpret_cast<const uint4*>(xr);
+        uint4* x4 = reinterpret_cast<uint4*>(xr);
         for (int i = threadIdx.x; i < dim / 8; i += blockDim.x) {
             float v[8];
             unpack8(x4[i], v);
+            if constexpr (kAdd) {
+                float a[8];
+                unpack8(reinterpret_cast<const uint4*>(d + row * dim)[i], a);
+#pragma unroll
+                for (int j = 0; j < 8; j++) v[j] += a[j];
+                const uint4 sum = pack8(v);
+                x4[i] = sum;
+                unpack8(sum, v);  // the rounded sum, as rms_norm would read it
+            }
 #pragma unroll
             for (int j = 0; j < 8; j++) ss += v[j] * v[j];
         }
     } else {
         for (int i = threadIdx.x; i < dim; i += blockDim.x) {
-            const float v = to_f32(xr[i]);
+            float v = to_f32(xr[i]);
+            if constexpr (kAdd) {
+                v = round_bf16(v + to_f32(d[row * dim + i]));
+                xr[i] = to_bf16(v);
+            }
             ss += v * v;
         }
     }
@@ -33,7 +48,7 @@ __global__ void rms_norm_kernel(const bf16* x, const float* __restrict__ w, int 
     const float one = zero_centred ? 1.0f : 0.0f;
     if constexpr (kVec) {
         const uint4* x4 = reinterpret_cast<const uint4*>(xr);
-        uint4* y4 = reinterpret_cast<uint4*>(yr);
+        uint4* y4 = reinterpret_cast<uint4*>(yr);  // may alias x4: each thread rewrites only what it read
         for (int i = threadIdx.x; i < dim / 8; i += blockDim.x) {
             float v[8];
             unpack8(x4[i], v);
@@ -46,18 +61,31 @@ __global__ void rms_norm_kernel(const bf16* x, const float* __restrict__ w, int 
     }
 }
 
+bool vectorizable(const void* x, const void* y, int dim) {
+    return dim % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 && (reinterpret_cast<uintptr_t>(y) & 15u) == 0;
+}
+
 }  // namespace
 
 void rms_norm(const bf16* x, const float* w, int64_t rows, int dim, float eps, bool zero_centred, bf16* y,
               cudaStream_t stream) {
     if (rows <= 0) return;
-    const bool vec = dim % 8 == 0 && (reinterpret_cast<uintptr_t>(x) & 15u) == 0 &&
-                     (reinterpret_cast<uintptr_t>(y) & 15u) == 0;
-    if (vec)
-        rms_norm_kernel<true><<<unsigned(rows), kNormThreads, 0, stream>>>(x, w, dim, eps, zero_centred, y);
+    bf16* xm = const_cast<bf16*>(x);  // not written without kAdd
+    if (vectorizable(x, y, dim))
+        rms_norm_kernel<true, false><<<unsigned(rows), kNormThreads, 0, stream>>>(xm, nullptr, w, dim, eps, zero_centred, y);
     else
-        rms_norm_kernel<false><<<unsigned(rows), kNormThreads, 0, stream>>>(x, w, dim, eps, zero_centred, y);
+        rms_norm_kernel<false, false><<<unsigned(rows), kNormThreads, 0, stream>>>(xm, nullptr, w, dim, eps, zero_centred, y);
     check_launch("rms_norm kernel");
+}
+
+void add_rms_norm(bf16* x, const bf16* d, const float* w, int64_t rows, int dim, float eps, bool zero_centred, bf16* y,
+                  cudaStream_t stream) {
+    if (rows <= 0) return;
+    if (vectorizable(x, y, dim) && (reinterpret_cast<uintptr_t>(d) & 15u) == 0)
+        rms_norm_kernel<true, true><<<unsigned(rows), kNormThreads, 0, stream>>>(x, d, w, dim, eps, zero_centred, y);
+    else
+        rms_norm_kernel<false, true><<<unsigned(rows), kNormThreads, 0, stream>>>(x, d, w, dim, eps, zero_centred, y);
+    check_launch("add + rms_norm kernel");
 }
 
 }  // namespace hy::cuda

@@ -10,4 +10,9 @@ namespace hy::cuda {
 void rms_norm(const bf16* x, const float* w, int64_t rows, int dim, float eps, bool zero_centred, bf16* y,
               cudaStream_t stream);
 
+// The residual add and the next RMSNorm in one pass: x = bf16(x + d), then y = rms_norm(x) as above (y may alias
+// x; d must not). The same memory as add() followed by rms_norm().
+void add_rms_norm(bf16* x, const bf16* d, const float* w, int64_t rows, int dim, float eps, bool zero_centred, bf16* y,
+                  cudaStream_t stream);
+
 }  // namespace hy::cuda
