@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <limits>
 #include <string>
 
@@ -13,6 +14,45 @@ namespace hy {
 namespace {
 
 float clean(float x) { return std::isnan(x) ? -std::numeric_limits<float>::infinity() : x; }
+
+// exp(x) for x <= 0 in float, vectorizable: 2^n * 2^f with n = round(x log2 e), |f| <= 1/2, 2^f by its Taylor
+// series to degree 7 (relative error < 2e-7). Arguments below -87 (and NaN) give exp(-87) ~ 1.6e-38, which is
+// negligible in every sum this file makes; -inf logits are never candidates.
+inline float fast_exp(float x) {
+    x = x > -87.0f ? x : -87.0f;
+    const float t = x * 1.44269504088896341f;
+    const float n = (t + 12582912.0f) - 12582912.0f;  // round to nearest (|t| < 2^22)
+    const float f = (t - n) * 0.693147180559945309f;  // f * ln 2, in [-0.347, 0.347]
+    float q = 1.0f / 5040.0f;
+    q = q * f + 1.0f / 720.0f;
+    q = q * f + 1.0f / 120.0f;
+    q = q * f + 1.0f / 24.0f;
+    q = q * f + 1.0f / 6.0f;
+    q = q * f + 0.5f;
+    q = q * f + 1.0f;
+    q = q * f + 1.0f;
+    const int32_t e = (int32_t(n) + 127) << 23;
+    float scale;
+    std::memcpy(&scale, &e, 4);
+    return q * scale;
+}
+
+// sum_i exp(x_i - mx) over x (NaN and -inf add ~0), accumulated in 16 float lanes per block of 1024 values and
+// in double across blocks.
+double exp_sum(std::span<const float> x, float mx) {
+    double total = 0.0;
+    const size_t n = x.size();
+    for (size_t b = 0; b < n; b += 1024) {
+        const size_t e = std::min(n, b + 1024);
+        float lanes[16] = {};
+        size_t i = b;
+        for (; i + 16 <= e; i += 16)
+            for (size_t l = 0; l < 16; l++) lanes[l] += fast_exp(x[i + l] - mx);
+        for (; i < e; i++) lanes[0] += fast_exp(x[i] - mx);
+        for (float v : lanes) total += double(v);
+    }
+    return total;
+}
 
 }  // namespace
 
@@ -35,12 +75,9 @@ double log_softmax_at(std::span<const float> logits, int n_valid, int32_t id) {
     if (id < 0 || size_t(id) >= n) return -std::numeric_limits<double>::infinity();
     const float x = clean(logits[size_t(id)]);
     if (std::isinf(x) && x < 0) return -std::numeric_limits<double>::infinity();
-    double mx = -std::numeric_limits<double>::infinity();
-    for (size_t i = 0; i < n; i++) mx = std::max(mx, double(clean(logits[i])));
-    if (std::isinf(mx)) return mx > 0 ? (std::isinf(x) ? 0.0 : -std::numeric_limits<double>::infinity()) : mx;
-    double s = 0.0;
-    for (size_t i = 0; i < n; i++) s += std::exp(double(clean(logits[i])) - mx);
-    return double(x) - mx - std::log(s);
+    const float mx = logits[size_t(argmax(logits, int(n)))];
+    if (std::isinf(mx)) return x == mx ? 0.0 : -std::numeric_limits<double>::infinity();  // +inf present
+    return double(x) - double(mx) - std::log(exp_sum(logits.first(n), mx));
 }
 
 Sampler::Sampler(const SamplerParams& p, int n_logits, int n_valid, int history_capacity) : params_(p) {
@@ -118,48 +155,83 @@ int32_t Sampler::sample(std::span<const float> logits) {
                                                   " values, expected " + std::to_string(n_logits_));
     const size_t nv = size_t(n_valid_);
     std::copy(logits.begin(), logits.begin() + std::ptrdiff_t(nv), work_.begin());
-    for (size_t i = 0; i < nv; i++) work_[i] = clean(work_[i]);
     apply_penalties(std::span<float>(work_.data(), nv));
+    const float* x = work_.data();
 
     const SamplerParams& p = params_;
-    if (p.temperature <= 0.0f || p.top_k == 1) return argmax(std::span<const float>(work_.data(), nv), n_valid_);
-
-    cand_.clear();
-    for (size_t i = 0; i < nv; i++)
-        if (!(std::isinf(work_[i]) && work_[i] < 0)) cand_.push_back({int32_t(i), work_[i], 0.0f});
-    if (cand_.empty()) return argmax(std::span<const float>(work_.data(), nv), n_valid_);
+    if (p.temperature <= 0.0f || p.top_k == 1) return argmax(std::span<const float>(x, nv), n_valid_);
+    const float neg_inf = -std::numeric_limits<float>::infinity();
     auto by_logit = [](const Candidate& a, const Candidate& b) {
         return a.logit > b.logit || (a.logit == b.logit && a.id < b.id);
     };
 
-    // top-k, then the survivors sorted by logit (descending)
-    size_t n = cand_.size();
-    if (p.top_k > 0 && size_t(p.top_k) < n) {
-        std::nth_element(cand_.begin(), cand_.begin() + p.top_k - 1, cand_.end(), by_logit);
-        n = size_t(p.top_k);
+    // Candidates (finite logits; NaN and -inf never), sorted by logit descending over [0, n_sorted).
+    cand_.clear();
+    size_t n_sorted = 0;
+    if (p.top_k > 0) {
+        // top-k by one pass with a min-heap of k (the heap's front is the weakest kept candidate)
+        const size_t k = size_t(p.top_k);
+        for (size_t i = 0; i < nv; i++) {
+            const float v = x[i];
+            if (!(v > neg_inf)) continue;  // -inf or NaN
+            if (cand_.size() < k) {
+                cand_.push_back({int32_t(i), v, 0.0f});
+                std::push_heap(cand_.begin(), cand_.end(), by_logit);
+            } else if (v > cand_.front().logit) {
+                std::pop_heap(cand_.begin(), cand_.end(), by_logit);
+                cand_.back() = {int32_t(i), v, 0.0f};
+                std::push_heap(cand_.begin(), cand_.end(), by_logit);
+            }
+        }
+        std::sort_heap(cand_.begin(), cand_.end(), by_logit);
+        n_sorted = cand_.size();
+    } else {
+        // no top-k: min-p is a logit threshold (p_i >= min_p * p_max  <=>  x_i >= x_max + log(min_p)), so only
+        // the survivors are collected; the top-p prefix is then found by sorting as few of them as needed.
+        const float mx = x[argmax(std::span<const float>(x, nv), n_valid_)];
+        const float thr = p.min_p > 0.0f ? mx + std::log(std::min(p.min_p, 1.0f)) : neg_inf;
+        for (size_t i = 0; i < nv; i++)
+            if (x[i] > neg_inf && x[i] >= thr) cand_.push_back({int32_t(i), x[i], 0.0f});
     }
-    std::sort(cand_.begin(), cand_.begin() + std::ptrdiff_t(n), by_logit);
+    if (cand_.empty()) return argmax(std::span<const float>(x, nv), n_valid_);
+    size_t n = cand_.size();
 
-    // probabilities at temperature 1 (for top-p and min-p)
-    const bool filter_p = p.top_p < 1.0f || p.min_p > 0.0f;
-    if (filter_p) {
-        const float mx = cand_[0].logit;
-        double sum = 0.0;
-        for (size_t i = 0; i < n; i++) sum += std::exp(double(cand_[i].logit - mx));
-        for (size_t i = 0; i < n; i++) cand_[i].p = float(std::exp(double(cand_[i].logit - mx)) / sum);
+    // probabilities at temperature 1 over the candidates of the top-k step (all valid ids when top-k is off)
+    if (p.top_p < 1.0f || (p.min_p > 0.0f && p.top_k > 0)) {
+        double z = 0.0;
+        float mx = cand_[0].logit;
+        if (p.top_k > 0) {
+            for (size_t i = 0; i < n; i++) z += std::exp(double(cand_[i].logit - mx));
+        } else {
+            mx = x[argmax(std::span<const float>(x, nv), n_valid_)];
+            z = exp_sum(std::span<const float>(x, nv), mx);
+        }
+        const float inv_z = float(1.0 / z);
+        for (size_t i = 0; i < n; i++) cand_[i].p = fast_exp(cand_[i].logit - mx) * inv_z;
         if (p.top_p < 1.0f) {
-            double cum = 0.0;
+            // sort a growing prefix until its mass reaches top_p
             size_t keep = n;
-            for (size_t i = 0; i < n; i++) {
-                cum += cand_[i].p;
-                if (cum >= double(p.top_p)) {
+            double cum = 0.0;
+            size_t i = 0;
+            for (size_t want = std::min<size_t>(64, n);; want = std::min(2 * want, n)) {
+                if (n_sorted < want) {
+                    std::partial_sort(cand_.begin() + std::ptrdiff_t(n_sorted), cand_.begin() + std::ptrdiff_t(want),
+                                      cand_.end(), by_logit);
+                    n_sorted = want;
+                }
+                for (; i < want; i++) {
+                    cum += cand_[i].p;
+                    if (cum >= double(p.top_p)) break;
+                }
+                if (i < want) {
                     keep = i + 1;
                     break;
                 }
+                if (want == n) break;
             }
             n = std::max<size_t>(keep, 1);
         }
-        if (p.min_p > 0.0f) {
+        if (p.min_p > 0.0f && p.top_k > 0) {
             const float thr = p.min_p * cand_[0].p;
             size_t keep = 1;
             while (keep < n && cand_[keep].p >= thr) keep++;
@@ -169,12 +241,16 @@ int32_t Sampler::sample(std::span<const float> logits) {
 
     // temperature, then one draw
     const double inv_t = 1.0 / double(p.temperature);
-    if (!std::isfinite(inv_t)) return cand_[0].id;
-    const double mx = double(cand_[0].logit);
+    float mx = cand_[0].logit;
+    for (size_t i = 1; i < n; i++) mx = std::max(mx, cand_[i].logit);
+    if (!std::isfinite(inv_t)) {
+        for (size_t i = 0; i < n; i++)
+            if (cand_[i].logit == mx) return cand_[i].id;
+    }
+    const float scale = float(inv_t);
     double sum = 0.0;
     for (size_t i = 0; i < n; i++) {
-        const double w = std::exp((double(cand_[i].logit) - mx) * inv_t);
-        cand_[i].p = float(w);
+        cand_[i].p = fast_exp((cand_[i].logit - mx) * scale);
         sum += double(cand_[i].p);
     }
     const double r = uniform01() * sum;
