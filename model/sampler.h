@@ -18,7 +18,9 @@
 //                 sampler's own std::mt19937_64 (53-bit uniform in [0, 1), so a seed gives the same ids on every
 //                 platform with the same logits).
 // Filters 4-6 see the distribution at temperature 1 and temperature is applied last, as llama.cpp's default
-// chain does.
+// chain does. Without top-k, min-p is applied first as the equivalent logit threshold x >= x_max + log(min_p) and
+// only the survivors are sorted, as far as top-p needs. Exponentials use a float polynomial (relative error
+// < 2e-7); sums over the vocabulary are accumulated in float lanes per block of 1024 and in double across blocks.
 //
 // Memory: every buffer is sized in the constructor; sample() and accept() allocate nothing.
 // Thread safety: a Sampler is single-threaded state (history and RNG); use one per sequence.
@@ -96,8 +98,9 @@ private:
 };
 
 // log p(id) = logits[id] - log(sum_{j < n_valid} exp(logits[j])): the log-softmax of the raw logits (before
-// penalties, filters and temperature) over the sampleable ids, computed in double. Returns -inf for an id outside
-// [0, n_valid) or a -inf/NaN logit. n_valid is clamped to logits.size().
+// penalties, filters and temperature) over the sampleable ids, natural log, max-subtracted (absolute error about
+// 1e-6). NaN logits count as -inf. Returns -inf for an id outside [0, n_valid) or a -inf/NaN logit; n_valid is
+// clamped to logits.size(). O(n_valid), no allocation.
 double log_softmax_at(std::span<const float> logits, int n_valid, int32_t id);
 
 // The arg max of logits[0, n_valid) (lowest id on ties, NaN ignored); 0 when every value is NaN or -inf.

@@ -1,6 +1,7 @@
 // Tests of the real `hybrid` binary and of tools/embed_example (the C program) on models/tiny: golden text and ids,
 // exit codes and messages, the scripted chat REPL against a one-shot run of the whole conversation, /save + /load.
-// The programs run with -t 1 so that a busy machine does not slow the OpenMP threads down.
+// The programs run on the CPU backend (the goldens are fp32 CPU outputs) with -t 1, so that a busy machine does not
+// slow the OpenMP threads down.
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -80,7 +81,7 @@ bool have_programs() {
 }
 
 Run hybrid(std::vector<std::string> args, const std::string& input = "") {
-    args.insert(args.begin(), {"-t", "1"});
+    args.insert(args.begin(), {"-t", "1", "--device", "cpu"});  // the goldens are the fp32 CPU ones
     return run_prog(kBin + "/hybrid", args, input);
 }
 
