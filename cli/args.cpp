@@ -135,7 +135,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         ("top-p", "top-p (nucleus) sampling; 1: off", cxxopts::value<float>()->default_value("0.95"))
         ("min-p", "min-p sampling; 0: off", cxxopts::value<float>()->default_value("0.05"))
         ("repeat-penalty", "repetition penalty; 1: off", cxxopts::value<float>()->default_value("1.0"))
-        ("repeat-last-n", "tokens the penalties look back; 0: off, -1: context size",
+        ("repeat-last-n", "tokens (prompt included) the penalties look back; 0: off, -1: context size",
          cxxopts::value<int>()->default_value("64"))
         ("presence-penalty", "presence penalty; 0: off", cxxopts::value<float>()->default_value("0"))
         ("frequency-penalty", "frequency penalty; 0: off", cxxopts::value<float>()->default_value("0"));

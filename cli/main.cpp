@@ -192,6 +192,7 @@ int run(int argc, char** argv) {
     gp.on_token = on_token;
     gp.user_data = &st;
     hy_generate_result res{};
+    for (int32_t id : ids) hy_sampler_accept(h.s, id);  // penalties look at the prompt too (as llama.cpp)
     const int g = hy_generate(h.c, h.s, ids.data(), int(ids.size()), &gp, &res);
     if (g != HY_OK) engine_fail(status_exit_code(g), "generation failed");
     if (o.has_prompt_ids) {

@@ -115,6 +115,7 @@ struct Repl {
         answer.clear();
         g_interrupted.store(false);
         hy_generate_result res{};
+        for (int32_t id : ids) hy_sampler_accept(s, id);  // penalties look at the whole conversation
         const int rc = hy_generate(c, s, ids.data(), int(ids.size()), &gp, &res);
         std::fputs("\n", stdout);
         std::fflush(stdout);
