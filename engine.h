@@ -187,8 +187,9 @@ int hy_context_tokens(const hy_context* ctx, int32_t* out, int cap);
 
 /* Appends n ids to the sequence and runs them through the model (prefill, in steps of max_batch_tokens); then the
  * last token's logits are available (hy_context_logits). n may be 0 (only pending ids are fed).
- * Errors: HY_ERR_INVALID_ARGUMENT (an id outside [0, n_logits)), HY_ERR_CONTEXT_FULL (the sequence would pass
- * n_ctx; nothing is appended), HY_ERR_BACKEND. */
+ * Errors: HY_ERR_INVALID_ARGUMENT (an id outside [0, n_logits); nothing is appended), HY_ERR_CONTEXT_FULL (the
+ * sequence would pass n_ctx; nothing is appended), HY_ERR_BACKEND (the sequence is reset: its state would be
+ * partial). */
 int hy_prefill(hy_context* ctx, const int32_t* ids, int n);
 
 /* Appends one id and runs one decode step: hy_prefill(ctx, &id, 1). */
