@@ -149,6 +149,33 @@ TEST_CASE("cli: sampling with a seed is reproducible; stop strings are not print
     CHECK(s.err.find("stop: stop string") != std::string::npos);
 }
 
+TEST_CASE("cli: -f reads the prompt as is; --system and -p in the REPL", "[cli]") {
+    if (!have_programs()) return;
+    TempDir tmp("file");
+    const fs::path prompt = tmp.path / "prompt.txt";
+    std::ofstream(prompt, std::ios::binary) << "def main():\n    ";
+    const Run f = hybrid({"-m", "models/tiny", "-f", prompt.string(), "-n", "48", "--temp", "0"});
+    CHECK(f.rc == 0);
+    CHECK(f.out == golden_case("short")["greedy_fp32_text"].get<std::string>());
+
+    const std::vector<std::string> base = {"-m", "models/tiny", "--temp", "0", "-n", "16", "--no-think"};
+    auto with = [&](std::vector<std::string> extra) {
+        std::vector<std::string> a = base;
+        a.insert(a.end(), extra.begin(), extra.end());
+        return a;
+    };
+    const Run plain = hybrid(with({"--chat", "-p", "Say hi."}));
+    const Run sys = hybrid(with({"--chat", "-p", "Say hi.", "--system", "You are a pirate."}));
+    CHECK(plain.rc == 0);
+    CHECK(sys.rc == 0);
+    // -p in the REPL is the first turn, as if typed; --system applies there too
+    const Run repl_p = hybrid(with({"-i", "-p", "Say hi.", "--system", "You are a pirate."}), "");
+    CHECK(repl_p.out == sys.out + "\n");
+    const Run repl_in = hybrid(with({"-i", "--system", "You are a pirate."}), "Say hi.\n");
+    CHECK(repl_in.out == sys.out + "\n");
+    CHECK(hybrid({"-m", "models/tiny", "-p", "x", "--system", "s"}).rc == 1);  // --system needs --chat or -i
+}
+
 TEST_CASE("cli: errors have one-line messages and documented exit codes", "[cli]") {
     if (!have_programs()) return;
     const Run help = hybrid({"--help"});
