@@ -297,9 +297,10 @@ struct AttnShape {
     int Hq, Hkv, D, R;
 };
 
-void attention_case(const AttnShape& s) {
-    const int n_ctx = 64, slots = 3;
-    Pair p(limits(48, slots, n_ctx), s.Hq, s.D, size_t(64) << 20);
+// long_ctx: a context of 1024 positions and a 300-token prompt, so decode steps are split over positions.
+void attention_case(const AttnShape& s, bool long_ctx = false) {
+    const int n_ctx = long_ctx ? 1024 : 64, slots = 3, first = long_ctx ? 300 : 30;
+    Pair p(limits(long_ctx ? 320 : 48, slots, n_ctx), s.Hq, s.D, size_t(long_ctx ? 256 : 64) << 20);
     const size_t cache = size_t(slots) * n_ctx * s.Hkv * s.D;
     void* kc_c = p.cpu.take(cache * 4);
     void* vc_c = p.cpu.take(cache * 4);
@@ -309,9 +310,9 @@ void attention_case(const AttnShape& s) {
     const float *qn_c = p.cpu.f32(qn), *qn_g = p.gpu.f32(qn), *kn_c = p.cpu.f32(kn), *kn_g = p.gpu.f32(kn);
     // Prefill of two sequences (slots 2 and 0) in one batch, then decode steps of both, then a 2-token step.
     std::vector<Batch> steps;
-    steps.emplace_back(Batch({{2, 0, 30}, {0, 0, 11}}, 10));
-    steps.emplace_back(Batch({{0, 11, 1}, {2, 30, 1}}, 10));
-    steps.emplace_back(Batch({{2, 31, 1}}, 10));
+    steps.emplace_back(Batch({{2, 0, first}, {0, 0, 11}}, 10));
+    steps.emplace_back(Batch({{0, 11, 1}, {2, first, 1}}, 10));
+    steps.emplace_back(Batch({{2, first + 1, 1}}, 10));
     steps.emplace_back(Batch({{0, 12, 2}}, 10));
     for (size_t si = 0; si < steps.size(); si++) {
         const BatchDesc& b = steps[si].desc;
@@ -333,11 +334,12 @@ void attention_case(const AttnShape& s) {
         p.cpu.be->attention(ac);
         p.gpu.be->attention(ag);
         const double e = rel_err(p.gpu.read_act(ag.out, n_out), p.cpu.read_f32(ac.out, n_out));
-        INFO("Hq " << s.Hq << " Hkv " << s.Hkv << " D " << s.D << " R " << s.R << " step " << si << " rel err " << e);
+        INFO("Hq " << s.Hq << " Hkv " << s.Hkv << " D " << s.D << " R " << s.R << " n_ctx " << n_ctx << " step " << si
+                    << " rel err " << e);
         CHECK(e <= kTol);
     }
     // The written cache rows agree (unwritten rows stay NaN on the GPU: compare only the written positions).
-    const int lens[slots] = {14, 0, 32};
+    const int lens[slots] = {14, 0, first + 2};
     for (int slot = 0; slot < slots; slot++) {
         const size_t off = size_t(slot) * n_ctx * s.Hkv * s.D, n = size_t(lens[slot]) * s.Hkv * s.D;
         if (!n) continue;
@@ -354,6 +356,8 @@ TEST_CASE("CUDA attention (prefill, several runs, decode) matches the CPU refere
     attention_case({4, 1, 64, 16});    // the tiny model
     attention_case({16, 4, 256, 64});  // Qwen3.5-4B
     attention_case({6, 3, 128, 32});
+    attention_case({4, 1, 64, 16}, true);     // decode split over 4 position ranges
+    attention_case({16, 4, 256, 64}, true);
 }
 
 namespace {

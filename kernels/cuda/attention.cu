@@ -3,6 +3,8 @@
 // sigmoid gate and its product are rounded. Softmax and the value sum run in fp32 (online softmax).
 #include "kernels/cuda/attention.cuh"
 
+#include <algorithm>
+
 namespace hy::cuda {
 
 namespace {
@@ -88,12 +90,20 @@ __device__ __forceinline__ void load_vec(const bf16* p, float* f) {
     }
 }
 
-// One block of kAttnWarps warps per (row t, q head h); warp w visits keys w, w + kAttnWarps, ... of positions
-// [0, pos] with its own online softmax; lane l owns the kPer consecutive dims [l * kPer, (l + 1) * kPer).
-// The warps' partial results are merged in shared memory, then the gate is applied.
-template <int D>
+__device__ __forceinline__ void write_gated(const AttentionArgs& p, int t, int h, int D, int i, float o) {
+    const bf16* gate = static_cast<const bf16*>(p.qg) + (int64_t(t) * p.n_heads + h) * 2 * D + D;
+    bf16* out = static_cast<bf16*>(p.out) + (int64_t(t) * p.n_heads + h) * D;
+    out[i] = to_bf16(round_bf16(o) * round_bf16(sigmoidf_(to_f32(gate[i]))));
+}
+
+// One block of kAttnWarps warps per (row t, q head h, position split z); warp w visits keys w, w + kAttnWarps, ...
+// of the split's positions (all of [0, pos] without a split) with its own online softmax; lane l owns the kPer
+// consecutive dims [l * kPer, (l + 1) * kPer). The warps' results are merged in shared memory; then either the
+// gate is applied (no split) or the block's (o unnormalized, max, sum) go to `part` for attn_merge_kernel.
+template <int D, bool kSplit>
 __global__ void __launch_bounds__(kAttnWarps * 32)
-    attn_core_kernel(AttentionArgs p, RowMap rows, const bf16* __restrict__ q_in) {
+    attn_core_kernel(AttentionArgs p, RowMap rows, const bf16* __restrict__ q_in, float* __restrict__ part,
+                     int split_len) {
     constexpr int kPer = D / 32;
     __shared__ float part_o[kAttnWarps][D];
     __shared__ float part_m[kAttnWarps], part_l[kAttnWarps];
@@ -112,7 +122,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 #pragma unroll
     for (int j = 0; j < kPer; j++) o[j] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    for (int key = warp; key <= pos; key += kAttnWarps) {
+    const int key_begin = kSplit ? int(blockIdx.z) * split_len : 0;
+    const int key_end = kSplit ? min(pos + 1, key_begin + split_len) : pos + 1;
+    for (int key = key_begin + warp; key < key_end; key += kAttnWarps) {
         float kf[kPer], vf[kPer];
         load_vec<kPer>(kc + int64_t(key) * kv_row + lane * kPer, kf);
         load_vec<kPer>(vc + int64_t(key) * kv_row + lane * kPer, vf);
@@ -145,32 +157,83 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
         f[w] = part_l[w] > 0.0f ? expf(part_m[w] - M) : 0.0f;  // a warp that saw no key contributes nothing
         L += part_l[w] * f[w];
     }
+    if constexpr (kSplit) {
+        float* dst = part + ((int64_t(t) * Hq + h) * gridDim.z + blockIdx.z) * (D + 2);
+        for (int i = threadIdx.x; i < D; i += blockDim.x) {
+            float acc = 0.0f;
+#pragma unroll
+            for (int w = 0; w < kAttnWarps; w++) acc += part_o[w][i] * f[w];
+            dst[i] = acc;
+        }
+        if (threadIdx.x == 0) {
+            dst[D] = M;
+            dst[D + 1] = L;  // 0 when the split holds no position <= pos
+        }
+        return;
+    }
     const float inv_l = 1.0f / L;
-    const bf16* gate = static_cast<const bf16*>(p.qg) + (int64_t(t) * Hq + h) * 2 * D + D;
-    bf16* out = static_cast<bf16*>(p.out) + (int64_t(t) * Hq + h) * D;
     for (int i = threadIdx.x; i < D; i += blockDim.x) {
         float acc = 0.0f;
 #pragma unroll
         for (int w = 0; w < kAttnWarps; w++) acc += part_o[w][i] * f[w];
-        const float oi = round_bf16(acc * inv_l);
-        out[i] = to_bf16(oi * round_bf16(sigmoidf_(to_f32(gate[i]))));
+        write_gated(p, t, h, D, i, acc * inv_l);
     }
 }
 
+// Merges the position splits of (row t = blockIdx.y, head h = blockIdx.x) and applies the gate.
 template <int D>
-void launch(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, cudaStream_t stream) {
+__global__ void attn_merge_kernel(AttentionArgs p, const float* __restrict__ part, int n_splits) {
+    const int h = blockIdx.x, t = blockIdx.y;
+    const float* src = part + (int64_t(t) * p.n_heads + h) * n_splits * (D + 2);
+    float M = -INFINITY;
+    for (int z = 0; z < n_splits; z++)
+        if (src[z * (D + 2) + D + 1] > 0.0f) M = fmaxf(M, src[z * (D + 2) + D]);
+    float L = 0.0f;
+    for (int z = 0; z < n_splits; z++) {
+        const float lz = src[z * (D + 2) + D + 1];
+        if (lz > 0.0f) L += lz * expf(src[z * (D + 2) + D] - M);
+    }
+    const float inv_l = 1.0f / L;
+    for (int i = threadIdx.x; i < D; i += blockDim.x) {
+        float acc = 0.0f;
+        for (int z = 0; z < n_splits; z++) {
+            const float lz = src[z * (D + 2) + D + 1];
+            if (lz > 0.0f) acc += src[z * (D + 2) + i] * expf(src[z * (D + 2) + D] - M);
+        }
+        write_gated(p, t, h, D, i, acc * inv_l);
+    }
+}
+
+int n_splits(int n_ctx) { return std::min(kAttnMaxSplits, std::max(1, (n_ctx + kAttnSplitKeys - 1) / kAttnSplitKeys)); }
+
+template <int D>
+void launch(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, float* split_scratch, cudaStream_t stream) {
     const int T = rows.n_rows;
     dim3 prep_grid(unsigned(T), ceil_div(a.n_heads + a.n_kv_heads, kAttnWarps));
     attn_prep_kernel<D><<<prep_grid, kAttnWarps * 32, 0, stream>>>(a, rows, q_scratch);
     check_launch("attention prep kernel (q/k norm, RoPE, KV cache write)");
-    dim3 core_grid(unsigned(a.n_heads), unsigned(T));
-    attn_core_kernel<D><<<core_grid, kAttnWarps * 32, 0, stream>>>(a, rows, q_scratch);
-    check_launch("attention core kernel");
+    const int S = T <= kAttnSplitMaxRows ? n_splits(a.n_ctx) : 1;
+    if (S > 1) {
+        const int split_len = (a.n_ctx + S - 1) / S;
+        dim3 core_grid(unsigned(a.n_heads), unsigned(T), unsigned(S));
+        attn_core_kernel<D, true><<<core_grid, kAttnWarps * 32, 0, stream>>>(a, rows, q_scratch, split_scratch, split_len);
+        check_launch("attention core kernel (split over positions)");
+        attn_merge_kernel<D><<<dim3(unsigned(a.n_heads), unsigned(T)), 128, 0, stream>>>(a, split_scratch, S);
+        check_launch("attention split merge kernel");
+    } else {
+        dim3 core_grid(unsigned(a.n_heads), unsigned(T));
+        attn_core_kernel<D, false><<<core_grid, kAttnWarps * 32, 0, stream>>>(a, rows, q_scratch, nullptr, 0);
+        check_launch("attention core kernel");
+    }
 }
 
 }  // namespace
 
-void attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, cudaStream_t stream) {
+size_t attention_split_floats(int max_heads, int max_head_dim) {
+    return size_t(kAttnSplitMaxRows) * size_t(max_heads) * size_t(kAttnMaxSplits) * size_t(max_head_dim + 2);
+}
+
+void attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, float* split_scratch, cudaStream_t stream) {
     if (rows.n_rows <= 0) return;
     if (a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0)
         throw Error(Status::unsupported, "CUDA attention: " + std::to_string(a.n_heads) + " q heads are not a multiple of " +
@@ -179,9 +242,9 @@ void attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, cuda
         throw Error(Status::unsupported, "CUDA attention: rotary dims " + std::to_string(a.rotary_dim) +
                                              " must be even and at most the head dim");
     switch (a.head_dim) {
-        case 64: return launch<64>(a, rows, q_scratch, stream);
-        case 128: return launch<128>(a, rows, q_scratch, stream);
-        case 256: return launch<256>(a, rows, q_scratch, stream);
+        case 64: return launch<64>(a, rows, q_scratch, split_scratch, stream);
+        case 128: return launch<128>(a, rows, q_scratch, split_scratch, stream);
+        case 256: return launch<256>(a, rows, q_scratch, split_scratch, stream);
         default: break;
     }
     static_assert(kMaxHeadDim == 256, "largest instantiated head dim");

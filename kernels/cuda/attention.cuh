@@ -8,7 +8,11 @@
 
 namespace hy::cuda {
 
-// q_scratch: bf16 [T, Hq, D] (workspace). Head dims 64, 128 and 256 are built; others throw unsupported.
-void attention(const AttentionArgs& args, const RowMap& rows, bf16* q_scratch, cudaStream_t stream);
+// Floats of split scratch attention() needs (decode steps split over positions).
+size_t attention_split_floats(int max_heads, int max_head_dim);
+// q_scratch: bf16 [T, Hq, D]; split_scratch: attention_split_floats() floats (workspace). Head dims 64, 128 and
+// 256 are built; others throw unsupported.
+void attention(const AttentionArgs& args, const RowMap& rows, bf16* q_scratch, float* split_scratch,
+               cudaStream_t stream);
 
 }  // namespace hy::cuda

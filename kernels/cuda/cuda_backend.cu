@@ -273,14 +273,15 @@ public:
 
     // Workspace: cuBLASLt scratch | row map (token ids, slot, pos, index in run, gather rows) [T] each | runs |
     // bf16 scratch A [T, 4 * heads * head_dim] (attention q [T, Hq, D] or GDN mixed [T, C]) | bf16 scratch B
-    // [T, heads * head_dim] (GDN o). workspace_bytes() records the scratch sizes that set_workspace() lays out.
+    // [T, heads * head_dim] (GDN o) | attention split partials. workspace_bytes() records the scratch sizes that set_workspace() lays out.
     size_t workspace_bytes(const BatchLimits& l, int max_heads, int max_head_dim) const override {
         const size_t T = size_t(std::max(l.max_tokens, 1)), R = size_t(std::max(l.max_runs, 1));
         const size_t hd = size_t(std::max(max_heads, 1)) * size_t(std::max(max_head_dim, 1));
         scratch_a_elems_ = align256(T * 4 * hd * 2) / 2;  // >= Hq * D and >= C = 2 Hk Dk + Hv Dv <= 3 Hv Dv
         scratch_b_elems_ = align256(T * hd * 2) / 2;
+        split_floats_ = cuda::attention_split_floats(std::max(max_heads, 1), std::max(max_head_dim, 1));
         return align256(cuda::Gemm::kWorkspaceBytes) + align256(5 * T * 4 + R * sizeof(SeqRun)) +
-               scratch_a_elems_ * 2 + scratch_b_elems_ * 2;
+               scratch_a_elems_ * 2 + scratch_b_elems_ * 2 + align256(split_floats_ * 4);
     }
     void set_workspace(void* ws, const BatchLimits& l) override {
         if (scratch_a_elems_ == 0) throw Error(Status::internal, "CUDA backend: set_workspace before workspace_bytes");
@@ -303,6 +304,7 @@ public:
         d_runs_ = reinterpret_cast<SeqRun*>(d_gather_ + T);
         scratch_a_ = reinterpret_cast<bf16*>(d + align256(5 * T * 4 + R * sizeof(SeqRun)));
         scratch_b_ = scratch_a_ + scratch_a_elems_;
+        split_scratch_ = reinterpret_cast<float*>(scratch_b_ + scratch_b_elems_);
     }
 
     void begin_batch(const BatchDesc& b) override {
@@ -372,7 +374,9 @@ public:
     }
     void attention(const AttentionArgs& args) override {
         const size_t need = size_t(rows_.n_rows) * size_t(args.n_heads) * size_t(args.head_dim);
-        if (need > scratch_a_elems_) throw Error(Status::internal, "CUDA attention: workspace too small for q");
+        if (need > scratch_a_elems_ ||
+            cuda::attention_split_floats(args.n_heads, args.head_dim) > split_floats_)
+            throw Error(Status::internal, "CUDA attention: workspace too small");
         Op op;
         op.kind = Op::Kind::attention;
         op.attn = args; op.rows = rows_;
@@ -487,7 +491,7 @@ private:
                                static_cast<bf16*>(op.y), stream_);
                 return;
             case K::attention:
-                cuda::attention(op.attn, op.rows, scratch_a_, stream_);
+                cuda::attention(op.attn, op.rows, scratch_a_, split_scratch_, stream_);
                 return;
             case K::gated_delta_net:
                 cuda::gated_delta_net(op.gdn, op.rows, scratch_a_, scratch_b_, stream_);
@@ -528,7 +532,8 @@ private:
     int32_t *d_tokens_ = nullptr, *d_slot_ = nullptr, *d_pos_ = nullptr, *d_in_run_ = nullptr, *d_gather_ = nullptr;
     SeqRun* d_runs_ = nullptr;
     bf16 *scratch_a_ = nullptr, *scratch_b_ = nullptr;
-    mutable size_t scratch_a_elems_ = 0, scratch_b_elems_ = 0;
+    float* split_scratch_ = nullptr;  // attention partials of decode steps split over positions
+    mutable size_t scratch_a_elems_ = 0, scratch_b_elems_ = 0, split_floats_ = 0;
     cuda::RowMap rows_{};
     // CUDA graph replay of small steps (HY_CUDA_GRAPHS=0 turns it off).
     bool graphs_enabled_ = true;

@@ -25,41 +25,32 @@ __device__ __forceinline__ uint4 ld_weight(const uint4* p) {
     return r;
 }
 
-// acc[t] += W[row, :] . x[t, :] over this lane's share: lanes stride over K in 16-byte words (8 bf16),
-// kGemvUnroll words in flight, each multiplied with the same 8 values of every token's x.
+// acc[t] += W[row, :] . x[t, :] over this lane's share: lanes stride over K in 16-byte words (8 bf16); each round
+// issues kGemvUnroll predicated weight loads before using any, so a row of K <= 32 * 8 * kGemvUnroll costs one
+// memory round trip (no serial tail); each word is multiplied with the same 8 values of every token's x (L1).
 template <int NT>
 __device__ __forceinline__ void row_dot(const bf16* __restrict__ w_row, const bf16* __restrict__ x, int K,
                                         float* acc) {
     const int lane = threadIdx.x & 31;
     const uint4* wr = reinterpret_cast<const uint4*>(w_row);
     const int K8 = K / 8;
-    int i = lane;
-    for (; i + 32 * (kGemvUnroll - 1) < K8; i += 32 * kGemvUnroll) {
+    for (int base = lane; base < K8; base += 32 * kGemvUnroll) {
         uint4 wv[kGemvUnroll];
 #pragma unroll
-        for (int u = 0; u < kGemvUnroll; u++) wv[u] = ld_weight(wr + i + 32 * u);
+        for (int u = 0; u < kGemvUnroll; u++)
+            if (base + 32 * u < K8) wv[u] = ld_weight(wr + base + 32 * u);
 #pragma unroll
         for (int u = 0; u < kGemvUnroll; u++) {
+            if (base + 32 * u >= K8) break;
             float wf[8];
             unpack8(wv[u], wf);
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 float xf[8];
-                unpack8(__ldg(reinterpret_cast<const uint4*>(x + int64_t(t) * K) + i + 32 * u), xf);
+                unpack8(__ldg(reinterpret_cast<const uint4*>(x + int64_t(t) * K) + base + 32 * u), xf);
 #pragma unroll
                 for (int j = 0; j < 8; j++) acc[t] = fmaf(wf[j], xf[j], acc[t]);
             }
-        }
-    }
-    for (; i < K8; i += 32) {
-        float wf[8];
-        unpack8(ld_weight(wr + i), wf);
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float xf[8];
-            unpack8(__ldg(reinterpret_cast<const uint4*>(x + int64_t(t) * K) + i), xf);
-#pragma unroll
-            for (int j = 0; j < 8; j++) acc[t] = fmaf(wf[j], xf[j], acc[t]);
         }
     }
 }

@@ -19,13 +19,13 @@ constexpr int kArchMin = kArchAmpere;
 #error "hybrid's CUDA kernels need compute capability 8.0 or newer (bf16); set CMAKE_CUDA_ARCHITECTURES accordingly"
 #endif
 
-// GEMV (decode projections): 16-byte weight loads each lane keeps in flight per token before reducing.
+// GEMV (decode projections): 16-byte weight loads each lane issues per round before using them.
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-constexpr int kGemvUnroll = 4;  // HBM3 needs more bytes in flight per SM
+constexpr int kGemvUnroll = 8;  // HBM3/HBM3e: 4 KB in flight per warp (a 2048-wide row per round trip)
 #elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 860
-constexpr int kGemvUnroll = 2;  // smaller register file per SM share on consumer parts
+constexpr int kGemvUnroll = 4;  // consumer parts: less bandwidth to cover, fewer registers per SM
 #else
-constexpr int kGemvUnroll = 4;
+constexpr int kGemvUnroll = 8;  // A100 (HBM2e)
 #endif
 
 // Launch shapes shared by host and device code.
@@ -34,5 +34,10 @@ constexpr int kGemvMaxTokens = 4;    // rows up to which matmul uses the GEMV; m
 constexpr int kNormThreads = 256;    // threads per row of RMSNorm
 constexpr int kAttnWarps = 4;        // warps per (row, q head) in the attention core
 constexpr int kElementwiseThreads = 256;
+// Attention over the KV cache for steps of at most kAttnSplitMaxRows rows (decode) is split over the positions
+// (flash-decoding): ceil(n_ctx / kAttnSplitKeys) blocks per (row, head), at most kAttnMaxSplits, then merged.
+constexpr int kAttnSplitMaxRows = 16;
+constexpr int kAttnSplitKeys = 256;
+constexpr int kAttnMaxSplits = 32;
 
 }  // namespace hy::cuda
