@@ -852,9 +852,13 @@ struct Tokenizer::Impl {
     std::string vocab_arena;               // vocab strings back to back (byte-level alphabet, as in the file)
     std::vector<uint32_t> vocab_off;       // [n_vocab] offset of the vocab string of each id
     std::vector<uint32_t> vocab_len;       // [n_vocab] its length; kNone when the id has no vocab string
-    std::vector<uint32_t> vocab_slots;     // open-addressing table: 1 + id, 0 = empty (keys via vocab_off)
+    struct VocabSlot {
+        uint32_t tag = 0;  // high 32 bits of the key's hash
+        int32_t id = -1;   // -1: empty
+        uint32_t off = 0, len = 0;  // the key in vocab_arena
+    };
+    std::vector<VocabSlot> vocab_slots;    // open-addressing table vocab string -> id
     size_t vocab_mask = 0;
-    StringMap vocab_extra;                 // vocab strings whose id already has another string (rare)
     MergeTable merges;                     // (left id, right id) -> (rank, merged id)
     std::array<int32_t, 256> byte_id{};    // byte -> id of its one-character token, -1 when absent
     int32_t unk_id = -1;
@@ -902,21 +906,20 @@ struct Tokenizer::Impl {
         return std::string_view(bytes_arena).substr(b, e - b);
     }
 
-    static size_t hash(std::string_view s) { return StringHash{}(s); }
+    // The slot of vocab string s: the one holding it, or the empty slot where it would go.
+    size_t vocab_slot(std::string_view s) const {
+        uint64_t h = hash_bytes(s);
+        uint32_t tag = uint32_t(h >> 32);
+        for (size_t i = size_t(h) & vocab_mask;; i = (i + 1) & vocab_mask) {
+            const VocabSlot& v = vocab_slots[i];
+            if (v.id < 0) return i;
+            if (v.tag == tag && v.len == s.size() && std::memcmp(vocab_arena.data() + v.off, s.data(), s.size()) == 0)
+                return i;
+        }
+    }
 
     // Vocab string -> id, or -1.
-    int32_t vocab_find(std::string_view s) const {
-        for (size_t i = hash(s) & vocab_mask;; i = (i + 1) & vocab_mask) {
-            uint32_t v = vocab_slots[i];
-            if (!v) break;
-            if (vocab_string(int32_t(v - 1)) == s) return int32_t(v - 1);
-        }
-        if (!vocab_extra.empty()) {
-            auto it = vocab_extra.find(s);
-            if (it != vocab_extra.end()) return it->second;
-        }
-        return -1;
-    }
+    int32_t vocab_find(std::string_view s) const { return vocab_slots[vocab_slot(s)].id; }
 
     // Vocab id of the token whose bytes are `bytes` (mapped to the byte-level alphabet), or -1.
     int32_t lookup_vocab_bytes(std::string_view bytes) const { return vocab_find(byte_level_encode(bytes)); }
@@ -1282,26 +1285,23 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
     {
         size_t cap = 16;
         while (cap < r.vocab.size() * 2) cap <<= 1;
-        t.vocab_slots.assign(cap, 0);
+        t.vocab_slots.assign(cap, Impl::VocabSlot{});
         t.vocab_mask = cap - 1;
     }
     size_t vocab_count = 0;  // distinct vocab strings (Hugging Face's vocab size)
     for (const auto& e : r.vocab) {
         std::string_view key = std::string_view(t.vocab_arena).substr(e.key.off, e.key.len);
         int32_t id = int32_t(e.id);
-        size_t i = Impl::hash(key) & t.vocab_mask;
-        for (; t.vocab_slots[i]; i = (i + 1) & t.vocab_mask)
-            if (t.vocab_string(int32_t(t.vocab_slots[i] - 1)) == key) break;
-        bool known = t.vocab_slots[i] != 0 || t.vocab_extra.count(key);
-        vocab_count += !known;
-        if (t.vocab_len[size_t(id)] == Impl::kNone) {
+        Impl::VocabSlot& slot = t.vocab_slots[t.vocab_slot(key)];
+        if (slot.id < 0) {
+            vocab_count++;
+            slot = Impl::VocabSlot{uint32_t(hash_bytes(key) >> 32), id, e.key.off, e.key.len};
+        } else {
+            slot.id = id;  // a repeated key: the last id wins
+        }
+        if (t.vocab_len[size_t(id)] == Impl::kNone) {  // id -> string: the first string of the id
             t.vocab_off[size_t(id)] = e.key.off;
             t.vocab_len[size_t(id)] = e.key.len;
-            t.vocab_slots[i] = uint32_t(id) + 1;
-        } else if (t.vocab_slots[i]) {
-            t.vocab_slots[i] = uint32_t(id) + 1;  // a repeated key
-        } else {
-            t.vocab_extra.insert_or_assign(std::string(key), id);  // the id already has another string
         }
     }
     r.vocab = {};
@@ -1360,7 +1360,6 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
     t.vocab_len.resize(nv, Impl::kNone);
     t.id_flags.assign(nv, 0);
     for (size_t id = 0; id < nv; id++) t.id_flags[id] = t.vocab_len[id] != Impl::kNone;
-    for (const auto& [key, id] : t.vocab_extra) t.id_flags[size_t(id)] = 1;
     if (const json* unk = field(*model, "unk_token")) {
         if (!unk->is_string()) throw Error(Status::format, origin + ": model.unk_token must be a string");
         t.unk_id = t.vocab_find(unk->get<std::string>());

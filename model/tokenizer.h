@@ -80,6 +80,9 @@ public:
     // encode_special_tokens=True); non-special added tokens are still matched.
     // Invalid UTF-8 is not an error: each maximal invalid subsequence is replaced by U+FFFD first (what Python's
     // bytes.decode("utf-8", "replace") gives), so the result equals HF's encoding of that replaced string.
+    // decode(encode(t)) is the normalized text (NFC for Qwen): each stretch between added tokens is normalized on
+    // its own. Cost: linear in the text for the regex; BPE is O(w^2) for a word of w <= 128 bytes and
+    // O(w log w) above (a 2 MB word of one repeated letter takes 1-2 s); words up to 22 bytes are cached.
     // Throws hy::Error(Status::internal) only if the regex engine fails (resource limits), which the fuzzer has
     // not found for the shipped patterns.
     std::vector<int32_t> encode(std::string_view text, bool parse_special = true) const;
@@ -110,7 +113,7 @@ public:
     // True for added tokens marked special; false for other ids (including invalid ones).
     bool is_special(int32_t id) const;
 
-    // The added tokens, in file order.
+    // The added tokens, in file order (a repeated content keeps its first place and its last options).
     const std::vector<AddedToken>& added_tokens() const;
 
     // End-of-sequence ids: tokenizer_config's eos_token first, then generation_config's eos_token_id entries, no
@@ -120,9 +123,8 @@ public:
     int32_t pad_id() const;  // tokenizer_config pad_token (or generation_config pad_token_id), -1 when none
     bool add_bos() const;    // tokenizer_config add_bos_token (false when absent): callers prepend bos_id()
 
-    struct Impl;
-
 private:
+    struct Impl;
     explicit Tokenizer(std::unique_ptr<Impl> impl);
     std::unique_ptr<Impl> impl_;
 };

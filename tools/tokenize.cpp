@@ -6,6 +6,7 @@
 //                                                          prints each mismatch, then SUMMARY: k/n cases match
 //   hybrid-tokenize --tokenizer FILE|DIR --bench TEXTFILE  load time and encode throughput (MB/s)
 // Exit status: 0 on success (all golden cases match), 1 on a mismatch, 2 on bad input.
+#include <charconv>
 #include <chrono>
 #include <ctime>
 #include <cstdio>
@@ -177,10 +178,11 @@ int main(int argc, char** argv) {
             std::stringstream ss(a["decode"].as<std::string>());
             std::string item;
             while (std::getline(ss, item, ',')) {
-                size_t used = 0;
-                long v = std::stol(item, &used);
-                if (used != item.size()) throw hy::Error(hy::Status::invalid_argument, "bad id '" + item + "'");
-                ids.push_back(int32_t(v));
+                int32_t v = 0;
+                auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
+                if (ec != std::errc() || end != item.data() + item.size() || item.empty())
+                    throw hy::Error(hy::Status::invalid_argument, "--decode: bad id '" + item + "'");
+                ids.push_back(v);
             }
             std::cout << tok.decode(ids) << "\n";
             return 0;
@@ -189,7 +191,7 @@ int main(int argc, char** argv) {
         return 0;
     } catch (const hy::Error& e) {
         std::fprintf(stderr, "hybrid-tokenize: %s\n", e.what());
-    } catch (const std::exception& e) {  // cxxopts and std::stol errors
+    } catch (const std::exception& e) {  // cxxopts errors, bad_alloc
         std::fprintf(stderr, "hybrid-tokenize: %s\n", e.what());
     }
     return 2;
