@@ -169,6 +169,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     o.n_ctx = r["ctx-size"].as<int>();
     if (o.n_ctx < 1) usage("-c must be >= 1, got " + std::to_string(o.n_ctx));
     o.n_threads = r["threads"].as<int>();
+    if (o.n_threads < 0 || o.n_threads > 1024) usage("-t must be in [0, 1024], got " + std::to_string(o.n_threads));
     const std::string dev = r["device"].as<std::string>();
     if (dev == "auto") o.device = HY_DEVICE_AUTO;
     else if (dev == "cpu") o.device = HY_DEVICE_CPU;

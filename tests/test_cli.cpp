@@ -199,6 +199,7 @@ TEST_CASE("cli: errors have one-line messages and documented exit codes", "[cli]
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--top-p", "2"}), 1, "--top-p");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--repeat-penalty", "0"}), 1, "--repeat-penalty");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "-c", "0"}), 1, "-c");
+    check_error(run_prog(kBin + "/hybrid", {"-m", "models/tiny", "-p", "x", "-t", "100000"}), 1, "-t");
     check_error(hybrid({"-m", "models/tiny", "-p", ""}), 1, "empty");
     check_error(hybrid({"-m", "models/tiny", "--prompt-ids", "1,x"}), 1, "prompt-ids");
     check_error(hybrid({"-m", "models/tiny", "--prompt-ids", "999999"}), 1, "999999");
