@@ -260,6 +260,8 @@ public:
         }
     }
 
+    void prefetch(int32_t a, int32_t b) const { __builtin_prefetch(&slots_[slot(pack(a, b))]); }
+
     const Entry* find(int32_t a, int32_t b) const {
         uint64_t key = pack(a, b);
         for (size_t i = slot(key);; i = (i + 1) & mask_) {
@@ -907,8 +909,8 @@ struct Tokenizer::Impl {
     }
 
     // The slot of vocab string s: the one holding it, or the empty slot where it would go.
-    size_t vocab_slot(std::string_view s) const {
-        uint64_t h = hash_bytes(s);
+    size_t vocab_slot(std::string_view s) const { return vocab_slot(s, hash_bytes(s)); }
+    size_t vocab_slot(std::string_view s, uint64_t h) const {
         uint32_t tag = uint32_t(h >> 32);
         for (size_t i = size_t(h) & vocab_mask;; i = (i + 1) & vocab_mask) {
             const VocabSlot& v = vocab_slots[i];
@@ -920,6 +922,8 @@ struct Tokenizer::Impl {
 
     // Vocab string -> id, or -1.
     int32_t vocab_find(std::string_view s) const { return vocab_slots[vocab_slot(s)].id; }
+    int32_t vocab_find(std::string_view s, uint64_t h) const { return vocab_slots[vocab_slot(s, h)].id; }
+    void vocab_prefetch(uint64_t h) const { __builtin_prefetch(&vocab_slots[size_t(h) & vocab_mask]); }
 
     // Vocab id of the token whose bytes are `bytes` (mapped to the byte-level alphabet), or -1.
     int32_t lookup_vocab_bytes(std::string_view bytes) const { return vocab_find(byte_level_encode(bytes)); }
@@ -1288,14 +1292,20 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
         t.vocab_slots.assign(cap, Impl::VocabSlot{});
         t.vocab_mask = cap - 1;
     }
-    size_t vocab_count = 0;  // distinct vocab strings (Hugging Face's vocab size)
-    for (const auto& e : r.vocab) {
+    constexpr size_t kAhead = 8;  // prefetch distance of the table loops below (random access in megabytes)
+    size_t vocab_count = 0;       // distinct vocab strings (Hugging Face's vocab size)
+    std::vector<uint64_t> vocab_hash(r.vocab.size());
+    for (size_t k = 0; k < r.vocab.size(); k++)
+        vocab_hash[k] = hash_bytes(std::string_view(t.vocab_arena).substr(r.vocab[k].key.off, r.vocab[k].key.len));
+    for (size_t k = 0; k < r.vocab.size(); k++) {
+        if (k + kAhead < r.vocab.size()) t.vocab_prefetch(vocab_hash[k + kAhead]);
+        const auto& e = r.vocab[k];
         std::string_view key = std::string_view(t.vocab_arena).substr(e.key.off, e.key.len);
         int32_t id = int32_t(e.id);
-        Impl::VocabSlot& slot = t.vocab_slots[t.vocab_slot(key)];
+        Impl::VocabSlot& slot = t.vocab_slots[t.vocab_slot(key, vocab_hash[k])];
         if (slot.id < 0) {
             vocab_count++;
-            slot = Impl::VocabSlot{uint32_t(hash_bytes(key) >> 32), id, e.key.off, e.key.len};
+            slot = Impl::VocabSlot{uint32_t(vocab_hash[k] >> 32), id, e.key.off, e.key.len};
         } else {
             slot.id = id;  // a repeated key: the last id wins
         }
@@ -1369,21 +1379,42 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
     }
 
     // -- merges --
+    // Three vocab lookups per merge, random in a table of megabytes: the hashes are computed first so that the
+    // slots can be prefetched a few merges ahead (this loop dominates the load time otherwise).
     t.merges.reserve(r.merges.size());
     {
-        std::string joined;
         std::string_view arena = r.merge_arena;
-        for (size_t rank = 0; rank < r.merges.size(); rank++) {
+        const size_t nm = r.merges.size();
+        std::string joined;
+        std::vector<uint64_t> hashes(nm * 3);
+        for (size_t k = 0; k < nm; k++) {
+            std::string_view a = arena.substr(r.merges[k].a.off, r.merges[k].a.len);
+            std::string_view b = arena.substr(r.merges[k].b.off, r.merges[k].b.len);
+            joined.assign(a).append(b);
+            hashes[3 * k] = hash_bytes(a);
+            hashes[3 * k + 1] = hash_bytes(b);
+            hashes[3 * k + 2] = hash_bytes(joined);
+        }
+        std::vector<std::array<int32_t, 3>> resolved(nm);  // (left id, right id, merged id) by rank
+        for (size_t k = 0; k < std::min(kAhead, nm) * 3; k++) t.vocab_prefetch(hashes[k]);
+        for (size_t rank = 0; rank < nm; rank++) {
+            if (rank + kAhead < nm)
+                for (size_t j = 0; j < 3; j++) t.vocab_prefetch(hashes[3 * (rank + kAhead) + j]);
             std::string_view a = arena.substr(r.merges[rank].a.off, r.merges[rank].a.len);
             std::string_view b = arena.substr(r.merges[rank].b.off, r.merges[rank].b.len);
             joined.assign(a).append(b);
-            int32_t ia = t.vocab_find(a), ib = t.vocab_find(b), im = t.vocab_find(joined);
+            int32_t ia = t.vocab_find(a, hashes[3 * rank]), ib = t.vocab_find(b, hashes[3 * rank + 1]);
+            int32_t im = t.vocab_find(joined, hashes[3 * rank + 2]);
             if (ia < 0 || ib < 0 || im < 0)
                 throw Error(Status::format, origin + ": model.merges[" + std::to_string(rank) + "] ('" +
                                                 std::string(a) + "', '" + std::string(b) + "'): token '" +
                                                 std::string(ia < 0 ? a : ib < 0 ? b : std::string_view(joined)) +
                                                 "' is not in model.vocab");
-            t.merges.put(ia, ib, int32_t(rank), im);
+            resolved[rank] = {ia, ib, im};
+        }
+        for (size_t rank = 0; rank < nm; rank++) {
+            if (rank + kAhead < nm) t.merges.prefetch(resolved[rank + kAhead][0], resolved[rank + kAhead][1]);
+            t.merges.put(resolved[rank][0], resolved[rank][1], int32_t(rank), resolved[rank][2]);
         }
         r.merges = {};
         r.merge_arena = {};
