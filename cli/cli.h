@@ -75,7 +75,8 @@ std::string chat_render(hy_model* m, const std::vector<hy_chat_message>& msgs, b
 // Tokenizes text (special tokens parsed). Throws Failure(exit_runtime) on error.
 std::vector<int32_t> tokenize(hy_model* m, const std::string& text);
 
-// Prints the timing summary on stderr: load, prompt and generation rates, stop reason.
+// Prints the timing summary on stderr: load time (omitted when load_ms < 0), prompt and generation tokens, times
+// and rates, stop reason (of the last generation).
 void print_summary(double load_ms, const hy_generate_result& r);
 
 // The chat REPL (-i). Returns the exit code.

@@ -42,6 +42,7 @@ struct Repl {
     bool tty_in = false;
     std::vector<Message> messages;
     std::string answer;  // the answer being generated
+    hy_generate_result total{};  // summed over the turns (stop_reason: the last turn's)
 
     // ---- input ----
     bool read_line(std::string& line) {
@@ -123,6 +124,11 @@ struct Repl {
             engine_fail(rc == HY_ERR_CONTEXT_FULL ? exit_context : exit_runtime, "generation failed");
         messages.push_back({"user", user});
         messages.push_back({"assistant", answer});
+        total.n_prompt += res.n_prompt;
+        total.n_generated += res.n_generated;
+        total.prompt_ms += res.prompt_ms;
+        total.generate_ms += res.generate_ms;
+        total.stop_reason = res.stop_reason;
         if (o.verbose) print_summary(-1.0, res);
         if (g_interrupted.exchange(false) && tty_in) std::fprintf(stderr, "[stopped]\n");
     }
@@ -275,6 +281,10 @@ int run_repl(const Options& o, hy_model* m, hy_context* c, hy_sampler* s, double
         if (!go_on) break;
     }
     if (r.tty_in) std::fputs("\n", stdout);
+    if (isatty(STDERR_FILENO) || o.verbose) {
+        std::fprintf(stderr, "hybrid: session totals:\n");
+        print_summary(load_ms, r.total);
+    }
     return exit_ok;
 }
 
