@@ -27,6 +27,7 @@ struct hy_model {
     std::unique_ptr<hy::Model> model;
     std::unique_ptr<hy::Tokenizer> tok;
     std::vector<int32_t> eos;        // the end-of-sequence set, sorted, unique
+    std::vector<int32_t> holes;      // ids in [0, n_vocab) the tokenizer does not assign (never sampled)
     std::vector<uint8_t> slot_used;  // [n_slots]
     int n_vocab = 0;                 // sampleable ids
     int n_logits = 0;                // logits row length
@@ -343,6 +344,8 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
         m->model = hy::Model::load(dir, mp);
         m->n_logits = m->model->config().vocab_size;
         m->n_vocab = std::min(m->tok->n_vocab(), m->n_logits);
+        for (int32_t id = 0; id < m->n_vocab; id++)
+            if (!m->tok->is_valid(id)) m->holes.push_back(id);
         for (int id : m->model->config().eos_token_ids) m->eos.push_back(id);
         for (int32_t id : m->tok->eos_ids()) m->eos.push_back(id);
         std::sort(m->eos.begin(), m->eos.end());
@@ -668,6 +671,7 @@ int hy_sampler_new(const hy_model* m, const hy_sampler_params* params, hy_sample
         auto s = std::make_unique<hy_sampler>();
         s->m = m;
         s->s = std::make_unique<hy::Sampler>(to_core(p), m->n_logits, m->n_vocab, m->model->n_ctx());
+        s->s->set_banned(m->holes);
         *out = s.release();
         return int(Status::ok);
     });

@@ -96,7 +96,8 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
 /* Frees the model. Every context and sampler made from it must be freed first. NULL is allowed. */
 void hy_model_free(hy_model* model);
 
-/* Ids [0, n_vocab) can be tokens (the tokenizer's size); generation never samples ids >= n_vocab. */
+/* Ids [0, n_vocab) can be tokens (the tokenizer's size); samplers never pick ids >= n_vocab, nor ids below it that
+ * the tokenizer leaves unassigned. */
 int hy_model_n_vocab(const hy_model* model);
 /* Length of a logits row (the embedding's rows; may exceed n_vocab). */
 int hy_model_n_logits(const hy_model* model);

@@ -100,6 +100,12 @@ Sampler::Sampler(const SamplerParams& p, int n_logits, int n_valid, int history_
     rng_.seed(p.seed);
 }
 
+void Sampler::set_banned(std::span<const int32_t> ids) {
+    banned_.clear();
+    for (int32_t id : ids)
+        if (id >= 0 && id < n_logits_) banned_.push_back(id);
+}
+
 void Sampler::set_seed(uint64_t seed) {
     params_.seed = seed;
     rng_.seed(seed);
@@ -155,6 +161,7 @@ int32_t Sampler::sample(std::span<const float> logits) {
                                                   " values, expected " + std::to_string(n_logits_));
     const size_t nv = size_t(n_valid_);
     std::copy(logits.begin(), logits.begin() + std::ptrdiff_t(nv), work_.begin());
+    for (int32_t id : banned_) work_[size_t(id)] = -std::numeric_limits<float>::infinity();
     apply_penalties(std::span<float>(work_.data(), nv));
     const float* x = work_.data();
 

@@ -2,8 +2,8 @@
 // used to report per-token log-probabilities.
 //
 // The pipeline applied by Sampler::sample() to one row of logits (F32 [n_logits]), in this order:
-//   1. mask:      ids >= n_valid (the embedding may have more rows than the tokenizer has ids; QWEN35.md) are
-//                 never candidates; NaN logits count as -inf.
+//   1. mask:      ids >= n_valid (the embedding may have more rows than the tokenizer has ids; QWEN35.md) and
+//                 the banned ids (set_banned) are never candidates; NaN logits count as -inf.
 //   2. penalties over the last `repeat_last_n` accepted ids (the window; -1 = every accepted id, 0 = none):
 //                 repetition (CTRL paper, Keskar et al. 2019, as llama.cpp): each distinct id in the window once:
 //                 logit > 0 ? logit / repeat_penalty : logit * repeat_penalty;
@@ -72,6 +72,10 @@ public:
     // Changes the seed and restarts the RNG.
     void set_seed(uint64_t seed);
 
+    // Ids in [0, n_valid) that must never be sampled either (e.g. ids the tokenizer leaves unassigned); they are
+    // treated as -inf logits, before the penalties. Ids outside [0, n_logits) are ignored. Replaces the previous set.
+    void set_banned(std::span<const int32_t> ids);
+
     // Applies step 2 (penalties) in place to `logits` (F32 [n_logits]); exposed for tests.
     void apply_penalties(std::span<float> logits) const;
 
@@ -95,6 +99,7 @@ private:
     mutable std::vector<uint8_t> seen_;  // [n_logits] scratch for "each distinct id once"
     std::vector<float> work_;       // [n_logits] penalized logits
     std::vector<Candidate> cand_;   // [n_valid] candidates
+    std::vector<int32_t> banned_;   // ids forced to -inf
 };
 
 // log p(id) = logits[id] - log(sum_{j < n_valid} exp(logits[j])): the log-softmax of the raw logits (before

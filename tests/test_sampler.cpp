@@ -145,8 +145,19 @@ TEST_CASE("sampler: masked ids are never sampled", "[sampler]") {
         REQUIRE(id < 48);
         REQUIRE(id != 3);
     }
+    // banned ids inside the valid range never come out either, greedy included
+    const std::vector<int32_t> banned = {0, 1, 2, 4, 5, 100};
+    s.set_banned(banned);
+    for (int i = 0; i < 2000; i++) {
+        const int32_t id = s.sample(logits);
+        REQUIRE(id >= 6);
+        REQUIRE(id < 48);
+    }
     SamplerParams g = plain();
     g.temperature = 0.0f;
+    Sampler sb(g, 64, 48);
+    sb.set_banned(banned);
+    CHECK(sb.sample(logits) == 6);
     Sampler sg(g, 64, 48);
     CHECK(sg.sample(logits) < 48);
     CHECK(argmax(logits, 48) == 0);
