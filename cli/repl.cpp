@@ -109,6 +109,7 @@ struct Repl {
         gp.max_tokens = o.n_predict;
         gp.stop = stops.data();
         gp.n_stop = int(stops.size());
+        gp.skip_special = 0;  // show <think>/</think>: the answer text then re-encodes to what the context holds
         gp.stop_ids = eot >= 0 ? &eot : nullptr;
         gp.n_stop_ids = eot >= 0 ? 1 : 0;
         gp.on_token = on_token;
