@@ -227,44 +227,51 @@ TEST_CASE("cli: odd input does not crash", "[cli]") {
 TEST_CASE("cli: a scripted two-turn chat equals a one-shot run of the whole conversation", "[cli]") {
     if (!have_programs()) return;
     const std::string u1 = "Write a function that adds two numbers.", u2 = "Now make it multiply them.";
-    const std::vector<std::string> chat = {"-m", "models/tiny", "-i", "--temp", "0", "-n", "24", "--no-think"};
-    const Run one = hybrid(chat, u1 + "\n");
-    const Run two = hybrid(chat, u1 + "\n" + u2 + "\n");
-    INFO(one.err << two.err);
-    REQUIRE(one.rc == 0);
-    REQUIRE(two.rc == 0);
-    // stdout: each answer followed by a newline
-    REQUIRE(two.out.rfind(one.out, 0) == 0);
-    const std::string a1 = one.out.substr(0, one.out.size() - 1);
-    const std::string a2 = two.out.substr(one.out.size(), two.out.size() - one.out.size() - 1);
-    REQUIRE(!a2.empty());
+    for (const bool no_think : {true, false}) {
+        INFO("no_think " << no_think);
+        std::vector<std::string> chat = {"-m", "models/tiny", "-i", "--temp", "0", "-n", "24"};
+        if (no_think) chat.push_back("--no-think");
+        const Run one = hybrid(chat, u1 + "\n");
+        const Run two = hybrid(chat, u1 + "\n" + u2 + "\n");
+        INFO(one.err << two.err);
+        REQUIRE(one.rc == 0);
+        REQUIRE(two.rc == 0);
+        // stdout: each answer followed by a newline
+        REQUIRE(two.out.rfind(one.out, 0) == 0);
+        const std::string a1 = one.out.substr(0, one.out.size() - 1);
+        const std::string a2 = two.out.substr(one.out.size(), two.out.size() - one.out.size() - 1);
+        REQUIRE(!a2.empty());
 
-    // render the whole conversation with the chat template, then run it one-shot
-    hy_model* m = nullptr;
-    hy_model_params mp = hy_model_default_params();
-    mp.device = HY_DEVICE_CPU;
-    mp.n_ctx = 64;
-    REQUIRE(hy_model_load((kSrc + "/models/tiny").c_str(), &mp, &m) == HY_OK);
-    std::vector<char> think(64);
-    size_t n = 0;
-    REQUIRE(hy_chat_render(m, nullptr, 0, 1, HY_THINK_DISABLED, think.data(), think.size(), &n) == HY_OK);
-    const std::string header = "<|im_start|>assistant\n";
-    const std::string prefix = std::string(think.data()).substr(header.size());  // the empty think block
-    const std::string assistant = prefix + a1;
-    const hy_chat_message msgs[3] = {{"user", u1.c_str()}, {"assistant", assistant.c_str()}, {"user", u2.c_str()}};
-    hy_chat_render(m, msgs, 3, 1, HY_THINK_DISABLED, nullptr, 0, &n);
-    std::vector<char> buf(n + 1);
-    REQUIRE(hy_chat_render(m, msgs, 3, 1, HY_THINK_DISABLED, buf.data(), buf.size(), &n) == HY_OK);
-    hy_model_free(m);
-    const std::string whole(buf.data(), n);
-    const Run shot = hybrid({"-m", "models/tiny", "--no-escape", "-p", whole, "--temp", "0", "-n", "24"});
-    INFO(whole);
-    CHECK(shot.rc == 0);
-    CHECK(shot.out == a2);
+        // render the whole conversation with the chat template, then run it one-shot
+        const int mode = no_think ? HY_THINK_DISABLED : HY_THINK_ENABLED;
+        hy_model* m = nullptr;
+        hy_model_params mp = hy_model_default_params();
+        mp.device = HY_DEVICE_CPU;
+        mp.n_ctx = 64;
+        REQUIRE(hy_model_load((kSrc + "/models/tiny").c_str(), &mp, &m) == HY_OK);
+        std::vector<char> gen(64);
+        size_t n = 0;
+        REQUIRE(hy_chat_render(m, nullptr, 0, 1, mode, gen.data(), gen.size(), &n) == HY_OK);
+        const std::string header = "<|im_start|>assistant\n";
+        const std::string prefix = std::string(gen.data()).substr(header.size());  // the think prefix
+        CHECK(prefix == (no_think ? "<think>\n\n</think>\n\n" : "<think>\n"));
+        const std::string assistant = prefix + a1;
+        const hy_chat_message msgs[3] = {{"user", u1.c_str()}, {"assistant", assistant.c_str()}, {"user", u2.c_str()}};
+        hy_chat_render(m, msgs, 3, 1, mode, nullptr, 0, &n);
+        std::vector<char> buf(n + 1);
+        REQUIRE(hy_chat_render(m, msgs, 3, 1, mode, buf.data(), buf.size(), &n) == HY_OK);
+        hy_model_free(m);
+        const std::string whole(buf.data(), n);
+        const Run shot = hybrid({"-m", "models/tiny", "--no-escape", "-p", whole, "--temp", "0", "-n", "24"});
+        INFO(whole);
+        CHECK(shot.rc == 0);
+        CHECK(shot.out == a2);
 
-    // --chat renders -p as one user message: the same as the REPL's first answer
-    const Run c1 = hybrid({"-m", "models/tiny", "--chat", "--no-think", "-p", u1, "--temp", "0", "-n", "24"});
-    CHECK(c1.out == a1);
+        // --chat renders -p as one user message: the same as the REPL's first answer
+        std::vector<std::string> c = {"-m", "models/tiny", "--chat", "-p", u1, "--temp", "0", "-n", "24"};
+        if (no_think) c.push_back("--no-think");
+        CHECK(hybrid(c).out == a1);
+    }
 }
 
 TEST_CASE("cli: /save then /load continues identically; another model's snapshot is refused", "[cli]") {
