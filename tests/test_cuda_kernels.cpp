@@ -189,8 +189,10 @@ TEST_CASE("CUDA matmul and logits match the CPU reference", "[gpu]") {
     HY_REQUIRE_GPU();
     Pair p(limits(64, 1, 16), 4, 64, size_t(64) << 20);
     // (T, N, K): GEMV (T <= 4), cuBLASLt (T > 4), the scalar fallback (K % 8 != 0).
+    // K >= 4096 splits each row over two warps.
     const int shapes[][3] = {{1, 96, 256}, {2, 40, 768}, {3, 256, 264}, {4, 1000, 512}, {5, 96, 256},
-                             {37, 776, 1024}, {64, 8, 256}, {1, 33, 100}, {7, 33, 100}};
+                             {37, 776, 1024}, {64, 8, 256}, {1, 33, 100}, {7, 33, 100}, {1, 61, 4096},
+                             {3, 40, 9216}, {4, 17, 4104}};
     for (auto& s : shapes) {
         const int T = s[0], N = s[1], K = s[2];
         auto x = randn(size_t(T) * K), w = randn(size_t(N) * K, 0.05f);

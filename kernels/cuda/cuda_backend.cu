@@ -272,16 +272,15 @@ public:
     }
 
     // Workspace: cuBLASLt scratch | row map (token ids, slot, pos, index in run, gather rows) [T] each | runs |
-    // bf16 scratch A [T, 4 * heads * head_dim] (attention q [T, Hq, D] or GDN mixed [T, C]) | bf16 scratch B
-    // [T, heads * head_dim] (GDN o) | attention split partials. workspace_bytes() records the scratch sizes that set_workspace() lays out.
+    // bf16 scratch A [T, 4 * heads * head_dim] (attention q [T, Hq, D] or GDN mixed [T, C]) | attention split
+    // partials. workspace_bytes() records the scratch sizes that set_workspace() lays out.
     size_t workspace_bytes(const BatchLimits& l, int max_heads, int max_head_dim) const override {
         const size_t T = size_t(std::max(l.max_tokens, 1)), R = size_t(std::max(l.max_runs, 1));
         const size_t hd = size_t(std::max(max_heads, 1)) * size_t(std::max(max_head_dim, 1));
         scratch_a_elems_ = align256(T * 4 * hd * 2) / 2;  // >= Hq * D and >= C = 2 Hk Dk + Hv Dv <= 3 Hv Dv
-        scratch_b_elems_ = align256(T * hd * 2) / 2;
         split_floats_ = cuda::attention_split_floats(std::max(max_heads, 1), std::max(max_head_dim, 1));
         return align256(cuda::Gemm::kWorkspaceBytes) + align256(5 * T * 4 + R * sizeof(SeqRun)) +
-               scratch_a_elems_ * 2 + scratch_b_elems_ * 2 + align256(split_floats_ * 4);
+               scratch_a_elems_ * 2 + align256(split_floats_ * 4);
     }
     void set_workspace(void* ws, const BatchLimits& l) override {
         if (scratch_a_elems_ == 0) throw Error(Status::internal, "CUDA backend: set_workspace before workspace_bytes");
@@ -303,8 +302,7 @@ public:
         d_gather_ = d_in_run_ + T;
         d_runs_ = reinterpret_cast<SeqRun*>(d_gather_ + T);
         scratch_a_ = reinterpret_cast<bf16*>(d + align256(5 * T * 4 + R * sizeof(SeqRun)));
-        scratch_b_ = scratch_a_ + scratch_a_elems_;
-        split_scratch_ = reinterpret_cast<float*>(scratch_b_ + scratch_b_elems_);
+        split_scratch_ = reinterpret_cast<float*>(scratch_a_ + scratch_a_elems_);
     }
 
     void begin_batch(const BatchDesc& b) override {
@@ -385,7 +383,7 @@ public:
     void gated_delta_net(const GatedDeltaNetArgs& args) override {
         const size_t C = 2 * size_t(args.n_k_heads) * size_t(args.k_dim) + size_t(args.n_v_heads) * size_t(args.v_dim);
         const size_t T = size_t(rows_.n_rows);
-        if (T * C > scratch_a_elems_ || T * size_t(args.n_v_heads) * size_t(args.v_dim) > scratch_b_elems_)
+        if (T * C > scratch_a_elems_)
             throw Error(Status::internal, "CUDA Gated DeltaNet: workspace too small");
         Op op;
         op.kind = Op::Kind::gated_delta_net;
@@ -494,7 +492,7 @@ private:
                 cuda::attention(op.attn, op.rows, scratch_a_, split_scratch_, stream_);
                 return;
             case K::gated_delta_net:
-                cuda::gated_delta_net(op.gdn, op.rows, scratch_a_, scratch_b_, stream_);
+                cuda::gated_delta_net(op.gdn, op.rows, scratch_a_, stream_);
                 return;
             case K::gather_rows:
                 cuda::gather_rows(static_cast<const bf16*>(op.x), op.dim, d_gather_, int(op.n), static_cast<bf16*>(op.y),
@@ -531,9 +529,9 @@ private:
     void* staging_ = nullptr;  // pinned host: tokens, slot, pos, in_run, gather rows [max_tokens] each, runs
     int32_t *d_tokens_ = nullptr, *d_slot_ = nullptr, *d_pos_ = nullptr, *d_in_run_ = nullptr, *d_gather_ = nullptr;
     SeqRun* d_runs_ = nullptr;
-    bf16 *scratch_a_ = nullptr, *scratch_b_ = nullptr;
+    bf16* scratch_a_ = nullptr;
     float* split_scratch_ = nullptr;  // attention partials of decode steps split over positions
-    mutable size_t scratch_a_elems_ = 0, scratch_b_elems_ = 0, split_floats_ = 0;
+    mutable size_t scratch_a_elems_ = 0, split_floats_ = 0;
     cuda::RowMap rows_{};
     // CUDA graph replay of small steps (HY_CUDA_GRAPHS=0 turns it off).
     bool graphs_enabled_ = true;

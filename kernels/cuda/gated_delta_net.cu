@@ -9,18 +9,19 @@ namespace {
 
 constexpr int kMaxConvKernel = 16;
 constexpr int kConvThreads = 256;
-constexpr int kGatedNormThreads = 128;
+constexpr int kMaxValueDim = 256;  // threads of the recurrence block (one per value column)
 
 // Thread per (row, channel). Input j of the window of row t is at run index i - (K-1) + j; a negative index reads
 // the conv state of the row's slot ([K-1, C], oldest first).
-__global__ void conv_kernel(const bf16* __restrict__ qkv, const float* __restrict__ conv_w,
-                            const bf16* __restrict__ conv_state, RowMap rows, int64_t C, int K,
-                            bf16* __restrict__ mixed) {
+// With update_state (every run is one token, so the thread is the only reader of its slot's state column), the
+// thread also shifts the state by its input, replacing conv_state_kernel.
+__global__ void conv_kernel(const bf16* __restrict__ qkv, const float* __restrict__ conv_w, bf16* conv_state,
+                            RowMap rows, int64_t C, int K, bool update_state, bf16* __restrict__ mixed) {
     const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
     if (idx >= int64_t(rows.n_rows) * C) return;
     const int64_t t = idx / C, c = idx % C;
     const int i = rows.in_run[t];
-    const bf16* st = conv_state + int64_t(rows.slot[t]) * (K - 1) * C;
+    bf16* st = conv_state + int64_t(rows.slot[t]) * (K - 1) * C;
     const float* w = conv_w + c * K;
     float acc = 0.0f;
     for (int j = 0; j < K; j++) {
@@ -29,6 +30,10 @@ __global__ void conv_kernel(const bf16* __restrict__ qkv, const float* __restric
         acc = fmaf(w[j], in, acc);
     }
     mixed[idx] = to_bf16(siluf_(round_bf16(acc)));
+    if (update_state) {
+        for (int j = 0; j + 1 < K - 1; j++) st[int64_t(j) * C + c] = st[int64_t(j + 1) * C + c];
+        if (K > 1) st[int64_t(K - 2) * C + c] = qkv[t * C + c];
+    }
 }
 
 // Thread per (run, channel): the new state holds the last K-1 inputs of [old state, run].
@@ -49,21 +54,26 @@ __global__ void conv_state_kernel(const bf16* __restrict__ qkv, bf16* __restrict
 
 __device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-// One warp per (32 value columns, value head h, run r). Lane e owns column e of the head's state S [Dk, Dv]: its
-// Dk values live in registers for the whole run, so every product over Dk is thread-local. Per token the warp
-// l2-normalizes q and k of key head h / (Hv/Hk) into shared memory (fp32) and each lane updates its column:
-//   S = exp(g) S;  u = beta (v - S^T k);  S += k u^T;  o = S^T q.
+// One block per (value head h, run r), one thread per value column e (Dv threads, Dv / 32 warps). Thread e owns
+// column e of the head's state S [Dk, Dv]: its Dk values live in registers for the whole run, so every product
+// over Dk is thread-local. Per token each warp l2-normalizes q and k of key head h / (Hv/Hk) into its own shared
+// copy (fp32) and each thread updates its column:
+//   S = exp(g) S;  u = beta (v - S^T k);  S += k u^T;  o = S^T q
+// then the block applies the gated RMSNorm over the head: y = bf16(bf16(w * bf16(o * rsqrt(mean(o^2) + eps))) *
+// silu(z)), o rounded to bf16 first.
 template <int DK>
-__global__ void __launch_bounds__(32) recurrence_kernel(GatedDeltaNetArgs p, RowMap rows,
-                                                        const bf16* __restrict__ mixed, bf16* __restrict__ o_out) {
+__global__ void __launch_bounds__(kMaxValueDim) recurrence_kernel(GatedDeltaNetArgs p, RowMap rows,
+                                                                  const bf16* __restrict__ mixed) {
     constexpr int kPer = DK / 32;
-    __shared__ float sq[DK], sk[DK];
-    const int lane = threadIdx.x;
-    const int h = blockIdx.y;
-    const SeqRun run = rows.runs[blockIdx.z];
+    constexpr int kMaxWarps = kMaxValueDim / 32;
+    __shared__ float sq[kMaxWarps][DK], sk[kMaxWarps][DK];
+    __shared__ float red[2][kMaxWarps];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+    const int h = blockIdx.x;
+    const SeqRun run = rows.runs[blockIdx.y];
     const int Hk = p.n_k_heads, Hv = p.n_v_heads, Dv = p.v_dim;
     const int kh = h / (Hv / Hk);
-    const int e = blockIdx.x * 32 + lane;
+    const int e = threadIdx.x;
     const int64_t C = 2 * int64_t(Hk) * DK + int64_t(Hv) * Dv;
     float* S = p.ssm_state + (int64_t(run.slot) * Hv + h) * DK * Dv + e;  // column e, stride Dv
     float s[DK];
@@ -72,8 +82,13 @@ __global__ void __launch_bounds__(32) recurrence_kernel(GatedDeltaNetArgs p, Row
     const float A = expf(p.A_log[h]);
     const float dt_bias = p.dt_bias[h];
     const float q_scale = rsqrtf(float(DK));
+    const float norm_w = p.norm_w[e];
     const bf16* b_in = static_cast<const bf16*>(p.b);
     const bf16* a_in = static_cast<const bf16*>(p.a);
+    const bf16* z_in = static_cast<const bf16*>(p.z);
+    bf16* out = static_cast<bf16*>(p.out);
+    float* wq = sq[warp];
+    float* wk = sk[warp];
     for (int i = 0; i < run.n_tokens; i++) {
         const int64_t row = int64_t(run.row) + i;
         const bf16* m = mixed + row * C;
@@ -86,11 +101,11 @@ __global__ void __launch_bounds__(32) recurrence_kernel(GatedDeltaNetArgs p, Row
             kk += kv[j] * kv[j];
         }
         const float qn = rsqrtf(warp_sum(qq) + 1e-6f) * q_scale, kn = rsqrtf(warp_sum(kk) + 1e-6f);
-        __syncwarp();  // the previous token's readers are done with sq/sk
+        __syncwarp();  // this warp's readers of the previous token are done with wq/wk
 #pragma unroll
         for (int j = 0; j < kPer; j++) {
-            sq[lane + 32 * j] = qv[j] * qn;
-            sk[lane + 32 * j] = kv[j] * kn;
+            wq[lane + 32 * j] = qv[j] * qn;
+            wk[lane + 32 * j] = kv[j] * kn;
         }
         __syncwarp();
         const float v = to_f32(m[2 * int64_t(Hk) * DK + int64_t(h) * Dv + e]);
@@ -100,58 +115,51 @@ __global__ void __launch_bounds__(32) recurrence_kernel(GatedDeltaNetArgs p, Row
 #pragma unroll
         for (int d = 0; d < DK; d++) {
             s[d] *= decay;
-            km = fmaf(s[d], sk[d], km);
+            km = fmaf(s[d], wk[d], km);
         }
         const float u = beta * (v - km);
         float o = 0.0f;
 #pragma unroll
         for (int d = 0; d < DK; d++) {
-            s[d] = fmaf(sk[d], u, s[d]);
-            o = fmaf(s[d], sq[d], o);
+            s[d] = fmaf(wk[d], u, s[d]);
+            o = fmaf(s[d], wq[d], o);
         }
-        o_out[row * int64_t(Hv) * Dv + int64_t(h) * Dv + e] = to_bf16(o);
+        // Gated RMSNorm over the head's Dv outputs. red is double-buffered by token parity, so one barrier per
+        // token suffices: no warp can write this buffer again before every warp has passed the next barrier.
+        o = round_bf16(o);
+        const float part = warp_sum(o * o);
+        if (lane == 0) red[i & 1][warp] = part;
+        __syncthreads();
+        float ss = 0.0f;
+        for (int w = 0; w < n_warps; w++) ss += red[i & 1][w];
+        const float inv = rsqrtf(ss / float(Dv) + p.eps);
+        const int64_t oi = row * int64_t(Hv) * Dv + int64_t(h) * Dv + e;
+        const float nrm = round_bf16(norm_w * round_bf16(o * inv));
+        out[oi] = to_bf16(nrm * siluf_(to_f32(z_in[oi])));
     }
 #pragma unroll
     for (int d = 0; d < DK; d++) S[int64_t(d) * Dv] = s[d];
 }
 
-// Block per (value head h, row t): y = bf16(bf16(w * bf16(o * rsqrt(mean(o^2) + eps))) * silu(z)).
-__global__ void gated_norm_kernel(const bf16* __restrict__ o_in, const bf16* __restrict__ z,
-                                  const float* __restrict__ w, int Hv, int Dv, float eps, bf16* __restrict__ y) {
-    __shared__ float scratch[32];
-    const int64_t base = (int64_t(blockIdx.y) * Hv + blockIdx.x) * Dv;
-    float ss = 0.0f;
-    for (int i = threadIdx.x; i < Dv; i += blockDim.x) {
-        const float v = to_f32(o_in[base + i]);
-        ss += v * v;
-    }
-    ss = block_sum(ss, scratch);
-    const float inv = rsqrtf(ss / float(Dv) + eps);
-    for (int i = threadIdx.x; i < Dv; i += blockDim.x) {
-        const float n = round_bf16(w[i] * round_bf16(to_f32(o_in[base + i]) * inv));
-        y[base + i] = to_bf16(n * siluf_(to_f32(z[base + i])));
-    }
-}
-
 template <int DK>
-void launch_recurrence(const GatedDeltaNetArgs& a, const RowMap& rows, const bf16* mixed, bf16* o, cudaStream_t s) {
-    dim3 grid(unsigned(a.v_dim / 32), unsigned(a.n_v_heads), unsigned(rows.n_runs));
-    recurrence_kernel<DK><<<grid, 32, 0, s>>>(a, rows, mixed, o);
-    check_launch("Gated DeltaNet recurrence kernel");
+void launch_recurrence(const GatedDeltaNetArgs& a, const RowMap& rows, const bf16* mixed, cudaStream_t s) {
+    dim3 grid(unsigned(a.n_v_heads), unsigned(rows.n_runs));
+    recurrence_kernel<DK><<<grid, a.v_dim, 0, s>>>(a, rows, mixed);
+    check_launch("Gated DeltaNet recurrence + gated RMSNorm kernel");
 }
 
 }  // namespace
 
-void gated_delta_net(const GatedDeltaNetArgs& a, const RowMap& rows, bf16* mixed, bf16* o, cudaStream_t stream) {
+void gated_delta_net(const GatedDeltaNetArgs& a, const RowMap& rows, bf16* mixed, cudaStream_t stream) {
     if (rows.n_rows <= 0) return;
     const int K = a.conv_kernel;
     if (K < 1 || K > kMaxConvKernel)
         throw Error(Status::unsupported, "CUDA Gated DeltaNet: conv kernel " + std::to_string(K) + " (1 to 16 supported)");
     if (a.n_k_heads <= 0 || a.n_v_heads % a.n_k_heads != 0)
         throw Error(Status::unsupported, "CUDA Gated DeltaNet: value heads must be a multiple of key heads");
-    if (a.v_dim <= 0 || a.v_dim % 32 != 0)
+    if (a.v_dim <= 0 || a.v_dim % 32 != 0 || a.v_dim > kMaxValueDim)
         throw Error(Status::unsupported, "CUDA Gated DeltaNet: value head dim " + std::to_string(a.v_dim) +
-                                             " is not a multiple of 32");
+                                             " is not a multiple of 32 up to " + std::to_string(kMaxValueDim));
     if (a.k_dim != 32 && a.k_dim != 64 && a.k_dim != 128)
         throw Error(Status::unsupported, "CUDA Gated DeltaNet: key head dim " + std::to_string(a.k_dim) +
                                              " is not built (32, 64 and 128 are)");
@@ -159,23 +167,20 @@ void gated_delta_net(const GatedDeltaNetArgs& a, const RowMap& rows, bf16* mixed
     const bf16* qkv = static_cast<const bf16*>(a.qkv);
     bf16* conv_state = static_cast<bf16*>(a.conv_state);
 
+    const bool one_token_runs = rows.n_rows == rows.n_runs;  // decode: the conv kernel updates the state itself
     conv_kernel<<<ceil_div(int64_t(rows.n_rows) * C, kConvThreads), kConvThreads, 0, stream>>>(
-        qkv, a.conv_w, conv_state, rows, C, K, mixed);
+        qkv, a.conv_w, conv_state, rows, C, K, one_token_runs, mixed);
     check_launch("Gated DeltaNet conv kernel");
-    if (K > 1) {
+    if (K > 1 && !one_token_runs) {
         conv_state_kernel<<<ceil_div(int64_t(rows.n_runs) * C, kConvThreads), kConvThreads, 0, stream>>>(
             qkv, conv_state, rows, C, K);
         check_launch("Gated DeltaNet conv state kernel");
     }
     switch (a.k_dim) {
-        case 32: launch_recurrence<32>(a, rows, mixed, o, stream); break;
-        case 64: launch_recurrence<64>(a, rows, mixed, o, stream); break;
-        default: launch_recurrence<128>(a, rows, mixed, o, stream); break;
+        case 32: launch_recurrence<32>(a, rows, mixed, stream); break;
+        case 64: launch_recurrence<64>(a, rows, mixed, stream); break;
+        default: launch_recurrence<128>(a, rows, mixed, stream); break;
     }
-    dim3 grid(unsigned(a.n_v_heads), unsigned(rows.n_rows));
-    gated_norm_kernel<<<grid, kGatedNormThreads, 0, stream>>>(o, static_cast<const bf16*>(a.z), a.norm_w,
-                                                              a.n_v_heads, a.v_dim, a.eps, static_cast<bf16*>(a.out));
-    check_launch("Gated DeltaNet gated RMSNorm kernel");
 }
 
 }  // namespace hy::cuda

@@ -1,9 +1,9 @@
 // Gated DeltaNet core on bf16 activations (see hy::GatedDeltaNetArgs, QWEN35.md "Gated DeltaNet layer"):
 //   1. causal depthwise conv over each run (the conv state supplies the K-1 inputs before it) + SiLU -> mixed
-//   2. conv state <- the last K-1 pre-conv inputs of [state, run]
+//   2. conv state <- the last K-1 pre-conv inputs of [state, run] (inside 1. when every run is one token)
 //   3. the delta-rule recurrence per (run, value head), token by token, fp32 state updated in place: gates
-//      beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias); l2norm of q and k; o = S^T q  (o rounded to bf16)
-//   4. gated RMSNorm: y = norm_w * RMSNorm(o) * silu(z)
+//      beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias); l2norm of q and k; o = S^T q  (o rounded to bf16),
+//      and in the same kernel the gated RMSNorm: y = norm_w * RMSNorm(o) * silu(z)
 // Prefill and decode run the same kernels (decode is a run of one token).
 #pragma once
 
@@ -11,9 +11,8 @@
 
 namespace hy::cuda {
 
-// mixed_scratch: bf16 [T, C]; o_scratch: bf16 [T, Hv * Dv] (workspace). Key dims 32, 64 and 128 are built; value
-// dims must be multiples of 32; others throw unsupported.
-void gated_delta_net(const GatedDeltaNetArgs& args, const RowMap& rows, bf16* mixed_scratch, bf16* o_scratch,
-                     cudaStream_t stream);
+// mixed_scratch: bf16 [T, C] (workspace). Key dims 32, 64 and 128 are built; value dims must be multiples of 32
+// up to 256; others throw unsupported.
+void gated_delta_net(const GatedDeltaNetArgs& args, const RowMap& rows, bf16* mixed_scratch, cudaStream_t stream);
 
 }  // namespace hy::cuda

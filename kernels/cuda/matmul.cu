@@ -28,26 +28,26 @@ __device__ __forceinline__ uint4 ld_weight(const uint4* p) {
 // acc[t] += W[row, :] . x[t, :] over this lane's share: lanes stride over K in 16-byte words (8 bf16); each round
 // issues kGemvUnroll predicated weight loads before using any, so a row of K <= 32 * 8 * kGemvUnroll costs one
 // memory round trip (no serial tail); each word is multiplied with the same 8 values of every token's x (L1).
+// With a K split over kSplit warps, this warp takes the words first, first + step, ... (step = 32 * kSplit).
 template <int NT>
 __device__ __forceinline__ void row_dot(const bf16* __restrict__ w_row, const bf16* __restrict__ x, int K,
-                                        float* acc) {
-    const int lane = threadIdx.x & 31;
+                                        float* acc, int first, int step) {
     const uint4* wr = reinterpret_cast<const uint4*>(w_row);
     const int K8 = K / 8;
-    for (int base = lane; base < K8; base += 32 * kGemvUnroll) {
+    for (int base = first; base < K8; base += step * kGemvUnroll) {
         uint4 wv[kGemvUnroll];
 #pragma unroll
         for (int u = 0; u < kGemvUnroll; u++)
-            if (base + 32 * u < K8) wv[u] = ld_weight(wr + base + 32 * u);
+            if (base + step * u < K8) wv[u] = ld_weight(wr + base + step * u);
 #pragma unroll
         for (int u = 0; u < kGemvUnroll; u++) {
-            if (base + 32 * u >= K8) break;
+            if (base + step * u >= K8) break;
             float wf[8];
             unpack8(wv[u], wf);
 #pragma unroll
             for (int t = 0; t < NT; t++) {
                 float xf[8];
-                unpack8(__ldg(reinterpret_cast<const uint4*>(x + int64_t(t) * K) + base + 32 * u), xf);
+                unpack8(__ldg(reinterpret_cast<const uint4*>(x + int64_t(t) * K) + base + step * u), xf);
 #pragma unroll
                 for (int j = 0; j < 8; j++) acc[t] = fmaf(wf[j], xf[j], acc[t]);
             }
@@ -55,28 +55,47 @@ __device__ __forceinline__ void row_dot(const bf16* __restrict__ w_row, const bf
     }
 }
 
-// One warp per output feature of one of up to GemvGroup::kMax matrices sharing x (blocks are assigned to the
-// matrices in order: matrix s owns blocks [block_end[s-1], block_end[s])). Warp-reduced at the end, so each output
-// is a fixed-order fp32 sum, the same whichever group it was computed in.
-template <int NT, typename OutT>
+// kSplit warps per output feature of one of up to GemvGroup::kMax matrices sharing x (blocks are assigned to
+// the matrices in order: matrix s owns blocks [block_end[s-1], block_end[s])); each warp takes every kSplit-th
+// 16-byte word of the row. Partial sums are warp-reduced, then added in part order, so each output is a
+// fixed-order fp32 sum that depends only on K (kSplit is chosen from K), not on the group it was computed in.
+template <int NT, typename OutT, int kSplit>
 __global__ void __launch_bounds__(kGemvWarps * 32) gemv_kernel(const bf16* __restrict__ x, GemvGroup g, int K) {
+    constexpr int kRows = kGemvWarps / kSplit;  // rows per block
+    __shared__ float part[kGemvWarps][NT];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     int s = 0;
 #pragma unroll
     for (int j = 0; j < GemvGroup::kMax - 1; j++) s += (j < g.count - 1 && int(blockIdx.x) >= g.block_end[j]);
-    const int first = s ? g.block_end[s - 1] : 0;
-    const int n = (int(blockIdx.x) - first) * kGemvWarps + (threadIdx.x >> 5);
+    const int first_block = s ? g.block_end[s - 1] : 0;
+    const int n = (int(blockIdx.x) - first_block) * kRows + warp / kSplit;
     const int N = g.n[s];
-    if (n >= N) return;
+    const bool valid = n < N;
     float acc[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    row_dot<NT>(g.w[s] + int64_t(n) * K, x, K, acc);
+    if (valid) row_dot<NT>(g.w[s] + int64_t(n) * K, x, K, acc, lane + 32 * (warp % kSplit), 32 * kSplit);
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
+    if constexpr (kSplit > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int t = 0; t < NT; t++) part[warp][t] = acc[t];
+        }
+        __syncthreads();
+        if (warp % kSplit != 0) return;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = part[warp][t];
+#pragma unroll
+            for (int q = 1; q < kSplit; q++) v += part[warp + q][t];
+            acc[t] = v;
+        }
+    }
+    if (!valid || lane != 0) return;
     OutT* y = static_cast<OutT*>(g.y[s]);
 #pragma unroll
-    for (int t = 0; t < NT; t++) {
-        const float v = warp_sum(acc[t]);
-        if ((threadIdx.x & 31) == 0) y[int64_t(t) * N + n] = store_as<OutT>(v);
-    }
+    for (int t = 0; t < NT; t++) y[int64_t(t) * N + n] = store_as<OutT>(acc[t]);
 }
 
 // The MLP's gate and up projections and the activation in one pass: per feature n the warp computes
@@ -91,8 +110,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     float ag[NT], au[NT];
 #pragma unroll
     for (int t = 0; t < NT; t++) ag[t] = au[t] = 0.0f;
-    row_dot<NT>(wg + int64_t(n) * K, x, K, ag);
-    row_dot<NT>(wu + int64_t(n) * K, x, K, au);
+    const int lane = threadIdx.x & 31;
+    row_dot<NT>(wg + int64_t(n) * K, x, K, ag, lane, 32);
+    row_dot<NT>(wu + int64_t(n) * K, x, K, au, lane, 32);
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         const float g = round_bf16(warp_sum(ag[t])), u = round_bf16(warp_sum(au[t]));
@@ -105,15 +125,17 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     }
 }
 
-template <typename OutT>
-void gemv_typed(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, cudaStream_t stream) {
+template <typename OutT, int kSplit>
+void gemv_typed(const bf16* x, int64_t T, GemvGroup g, int64_t K, cudaStream_t stream) {
+    constexpr int kRows = kGemvWarps / kSplit;
+    for (int i = 0; i < g.count; i++) g.block_end[i] = (i ? g.block_end[i - 1] : 0) + (g.n[i] + kRows - 1) / kRows;
     const unsigned grid = unsigned(g.block_end[g.count - 1]);
     const int threads = kGemvWarps * 32;
     switch (T) {
-        case 1: gemv_kernel<1, OutT><<<grid, threads, 0, stream>>>(x, g, int(K)); break;
-        case 2: gemv_kernel<2, OutT><<<grid, threads, 0, stream>>>(x, g, int(K)); break;
-        case 3: gemv_kernel<3, OutT><<<grid, threads, 0, stream>>>(x, g, int(K)); break;
-        case 4: gemv_kernel<4, OutT><<<grid, threads, 0, stream>>>(x, g, int(K)); break;
+        case 1: gemv_kernel<1, OutT, kSplit><<<grid, threads, 0, stream>>>(x, g, int(K)); break;
+        case 2: gemv_kernel<2, OutT, kSplit><<<grid, threads, 0, stream>>>(x, g, int(K)); break;
+        case 3: gemv_kernel<3, OutT, kSplit><<<grid, threads, 0, stream>>>(x, g, int(K)); break;
+        case 4: gemv_kernel<4, OutT, kSplit><<<grid, threads, 0, stream>>>(x, g, int(K)); break;
         default: throw Error(Status::internal, "gemv: " + std::to_string(T) + " rows (at most 4)");
     }
     check_launch("gemv kernel");
@@ -164,10 +186,14 @@ void gemv(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y
 
 void gemv_group(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, cudaStream_t stream) {
     if (g.count < 1 || g.count > GemvGroup::kMax) throw Error(Status::internal, "gemv: bad group");
+    // Long rows (few outputs in decode: o_proj, out_proj, down_proj) split K over two warps for more loads in
+    // flight; the choice depends on K only, so a matrix gives the same bits alone or in a group.
     if (out_f32)
-        gemv_typed<float>(x, T, g, K, stream);
+        gemv_typed<float, 1>(x, T, g, K, stream);
+    else if (K >= kGemvSplitMinK)
+        gemv_typed<bf16, 2>(x, T, g, K, stream);
     else
-        gemv_typed<bf16>(x, T, g, K, stream);
+        gemv_typed<bf16, 1>(x, T, g, K, stream);
 }
 
 void gemv_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int64_t N, int64_t K, bf16* gate_out,

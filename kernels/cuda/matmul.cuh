@@ -51,13 +51,12 @@ struct GemvGroup {
     const bf16* w[kMax] = {};
     void* y[kMax] = {};
     int n[kMax] = {};
-    int block_end[kMax] = {};  // cumulative GEMV blocks (kGemvWarps rows each) up to and including matrix s
+    int block_end[kMax] = {};  // cumulative GEMV blocks up to and including matrix s (set by gemv_group)
     int count = 0;
     void add(const bf16* wm, void* ym, int64_t rows) {
         w[count] = wm;
         y[count] = ym;
         n[count] = int(rows);
-        block_end[count] = (count ? block_end[count - 1] : 0) + int((rows + kGemvWarps - 1) / kGemvWarps);
         count++;
     }
 };

@@ -31,6 +31,7 @@ constexpr int kGemvUnroll = 8;  // A100 (HBM2e)
 // Launch shapes shared by host and device code.
 constexpr int kGemvWarps = 4;        // output rows per GEMV block (one warp each)
 constexpr int kGemvMaxTokens = 4;    // rows up to which matmul uses the GEMV; more go to cuBLASLt
+constexpr int kGemvSplitMinK = 4096; // rows at least this long are split over 2 warps (bf16 outputs)
 constexpr int kNormThreads = 256;    // threads per row of RMSNorm
 constexpr int kAttnWarps = 4;        // warps per (row, q head) in the attention core
 constexpr int kElementwiseThreads = 256;
