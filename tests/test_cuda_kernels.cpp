@@ -368,26 +368,42 @@ struct GdnShape {
     int Hk, Hv, Dk, Dv;
 };
 
+// The GPU rounds where a bf16 PyTorch model rounds (conv output, beta, o); on a young state (few tokens) the
+// output can be ill-conditioned with respect to such roundings (o = S^T q with S of rank <= 4 can cancel), so the
+// check is relative error <= max(1e-2, 6 x the error the fp32 reference itself shows when its qkv and b inputs
+// are perturbed by up to 2^-7 relative). A numpy model of this test put the GPU-style error of the young-state
+// step above 1e-2 in 7% of seeds (max 3.4% in 300), so a fixed 1e-2 is flaky; with this bound the largest
+// ratio error / bound over 1800 modelled checks was 0.69. A kernel bug gives errors far above either bound.
 void gdn_case(const GdnShape& s) {
     const int slots = 3, K = 4;
     const int64_t C = 2 * int64_t(s.Hk) * s.Dk + int64_t(s.Hv) * s.Dv;
     Pair p(limits(80, slots, 128), s.Hv, std::max(s.Dk, s.Dv), size_t(64) << 20);
+    Side noisy(make_cpu_backend(2), limits(80, slots, 128), s.Hv, std::max(s.Dk, s.Dv), size_t(64) << 20);
     const size_t conv_n = size_t(slots) * (K - 1) * size_t(C), ssm_n = size_t(slots) * s.Hv * s.Dk * s.Dv;
     void* conv_c = p.cpu.take(conv_n * 4);
+    void* conv_n_c = noisy.take(conv_n * 4);
     void* conv_g = p.gpu.take(conv_n * 2);
     float* ssm_c = static_cast<float*>(p.cpu.take(ssm_n * 4));
+    float* ssm_n_c = static_cast<float*>(noisy.take(ssm_n * 4));
     float* ssm_g = static_cast<float*>(p.gpu.take(ssm_n * 4));
     p.cpu.be->fill_zero(conv_c, conv_n * 4);
+    noisy.be->fill_zero(conv_n_c, conv_n * 4);
     p.gpu.be->fill_zero(conv_g, conv_n * 2);
     p.cpu.be->fill_zero(ssm_c, ssm_n * 4);
+    noisy.be->fill_zero(ssm_n_c, ssm_n * 4);
     p.gpu.be->fill_zero(ssm_g, ssm_n * 4);
     auto conv_w = randn(size_t(C) * K, 0.5f), norm_w = randn(size_t(s.Dv), 0.2f, 1.0f);
     std::vector<float> A_log(size_t(s.Hv)), dt_bias = randn(size_t(s.Hv), 0.5f);
-    std::uniform_real_distribution<float> ua(0.0f, 2.5f);
+    std::uniform_real_distribution<float> ua(0.0f, 2.5f), jitter(-1.0f / 128, 1.0f / 128);
     for (float& x : A_log) x = ua(rng());
     const float *cw_c = p.cpu.f32(conv_w), *cw_g = p.gpu.f32(conv_w), *nw_c = p.cpu.f32(norm_w),
                 *nw_g = p.gpu.f32(norm_w), *al_c = p.cpu.f32(A_log), *al_g = p.gpu.f32(A_log),
-                *dt_c = p.cpu.f32(dt_bias), *dt_g = p.gpu.f32(dt_bias);
+                *dt_c = p.cpu.f32(dt_bias), *dt_g = p.gpu.f32(dt_bias), *cw_n = noisy.f32(conv_w),
+                *nw_n = noisy.f32(norm_w), *al_n = noisy.f32(A_log), *dt_n = noisy.f32(dt_bias);
+    auto perturb = [&](std::vector<float> v) {
+        for (float& x : v) x *= 1.0f + jitter(rng());
+        return v;
+    };
     // Prefill of two sequences in one batch (one shorter than the conv kernel), then decode, then a 2-token step.
     std::vector<Batch> steps;
     steps.emplace_back(Batch({{1, 0, 70}, {2, 0, 2}}, 10));
@@ -398,28 +414,38 @@ void gdn_case(const GdnShape& s) {
         const BatchDesc& b = steps[si].desc;
         const int T = b.n_tokens;
         p.begin_batch(b);
+        noisy.be->begin_batch(b);
         auto qkv = randn(size_t(T) * C), z = randn(size_t(T) * s.Hv * s.Dv), bb = randn(size_t(T) * s.Hv),
              aa = randn(size_t(T) * s.Hv);
         GatedDeltaNetArgs a;
         a.n_k_heads = s.Hk; a.n_v_heads = s.Hv; a.k_dim = s.Dk; a.v_dim = s.Dv; a.conv_kernel = K; a.eps = 1e-6f;
-        GatedDeltaNetArgs ac = a, ag = a;
+        GatedDeltaNetArgs ac = a, ag = a, an = a;
         ac.qkv = p.cpu.act(qkv); ac.z = p.cpu.act(z); ac.b = p.cpu.act(bb); ac.a = p.cpu.act(aa);
         ag.qkv = p.gpu.act(qkv); ag.z = p.gpu.act(z); ag.b = p.gpu.act(bb); ag.a = p.gpu.act(aa);
+        an.qkv = noisy.act(perturb(qkv)); an.z = noisy.act(z); an.b = noisy.act(perturb(bb)); an.a = noisy.act(aa);
         ac.conv_w = cw_c; ac.A_log = al_c; ac.dt_bias = dt_c; ac.norm_w = nw_c;
         ag.conv_w = cw_g; ag.A_log = al_g; ag.dt_bias = dt_g; ag.norm_w = nw_g;
+        an.conv_w = cw_n; an.A_log = al_n; an.dt_bias = dt_n; an.norm_w = nw_n;
         ac.conv_state = conv_c; ac.ssm_state = ssm_c; ag.conv_state = conv_g; ag.ssm_state = ssm_g;
+        an.conv_state = conv_n_c; an.ssm_state = ssm_n_c;
         const size_t n_out = size_t(T) * s.Hv * s.Dv;
         ac.out = p.cpu.take(n_out * 4);
+        an.out = noisy.take(n_out * 4);
         ag.out = p.gpu.poisoned(n_out);
         p.cpu.be->gated_delta_net(ac);
+        noisy.be->gated_delta_net(an);
         p.gpu.be->gated_delta_net(ag);
-        const double e = rel_err(p.gpu.read_act(ag.out, n_out), p.cpu.read_f32(ac.out, n_out));
-        const double es = rel_err(p.gpu.read_f32(ssm_g, ssm_n), p.cpu.read_f32(ssm_c, ssm_n));
+        const auto ref = p.cpu.read_f32(ac.out, n_out), ref_state = p.cpu.read_f32(ssm_c, ssm_n);
+        const double e = rel_err(p.gpu.read_act(ag.out, n_out), ref);
+        const double es = rel_err(p.gpu.read_f32(ssm_g, ssm_n), ref_state);
+        const double noise = rel_err(noisy.read_f32(an.out, n_out), ref);
+        const double noise_s = rel_err(noisy.read_f32(ssm_n_c, ssm_n), ref_state);
         const double ec = rel_err(p.gpu.read_act(conv_g, conv_n), p.cpu.read_f32(conv_c, conv_n));
         INFO("Hk " << s.Hk << " Hv " << s.Hv << " Dk " << s.Dk << " Dv " << s.Dv << " step " << si << ": out "
-                   << e << ", recurrent state " << es << ", conv state " << ec);
-        CHECK(e <= kTol);
-        CHECK(es <= kTol);
+                   << e << " (reference under bf16-sized input noise: " << noise << "), recurrent state " << es
+                   << " (" << noise_s << "), conv state " << ec);
+        CHECK(e <= std::max(kTol, 6 * noise));
+        CHECK(es <= std::max(kTol, 6 * noise_s));
         CHECK(ec == 0.0);  // the conv state is a copy of bf16 inputs
     }
 }
