@@ -1,6 +1,4 @@
 // CPU gated full attention (QWEN35.md "Gated attention layer"), fp32.
-#include <omp.h>
-
 #include <cmath>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -41,7 +39,7 @@ void rope(float* v, int R, const float* c, const float* s) {
 
 }  // namespace
 
-void attention(const AttentionArgs& p, const RowMap& rows, float* q_all, float* scores, int n_threads) {
+void attention(const AttentionArgs& p, const RowMap& rows, float* q_all, float* scores, ThreadPool& pool) {
     const int Hq = p.n_heads, Hkv = p.n_kv_heads, D = p.head_dim, R = p.rotary_dim;
     const int64_t T = rows.n_rows;
     const float* qg = static_cast<const float*>(p.qg);
@@ -58,8 +56,8 @@ void attention(const AttentionArgs& p, const RowMap& rows, float* q_all, float* 
     if (R > 2 * kMaxRotaryHalf) throw Error(Status::unsupported, "CPU attention: rotary dims above 512");
 
     // 1. q: norm + RoPE into q_all [T, Hq, D]; k: norm + RoPE, k and v into the cache.
-#pragma omp parallel for num_threads(n_threads) schedule(static)
-    for (int64_t t = 0; t < T; t++) {
+    pool.parallel_for(T, 1, [&](int64_t t0, int64_t t1, int) {
+    for (int64_t t = t0; t < t1; t++) {
         const int pos = row_pos[t];
         float cs[kMaxRotaryHalf], sn[kMaxRotaryHalf];
         rope_table(R, pos, p.rope_theta, cs, sn);
@@ -80,14 +78,20 @@ void attention(const AttentionArgs& p, const RowMap& rows, float* q_all, float* 
             for (int i = 0; i < D; i++) vc[h * D + i] = v_in[t * kv_row + h * D + i];
         }
     }
+    });
 
     // 2. softmax(q k^T / sqrt(D)) v over positions [0, pos], then the sigmoid gate.
     const float scale = 1.0f / std::sqrt(float(D));
     const int group = Hq / Hkv;
-#pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1) collapse(2)
-    for (int64_t t = 0; t < T; t++) {
-        for (int h = 0; h < Hq; h++) {
-            float* s = scores + int64_t(omp_get_thread_num()) * p.n_ctx;
+    // Items (row, head) are dealt round-robin: causal rows grow longer, so contiguous chunks would be unbalanced.
+    const int64_t n_items = T * Hq;
+    const int n_workers = pool.size();
+    pool.parallel_for(n_workers, 1, [&](int64_t w0, int64_t w1, int) {
+    for (int64_t w = w0; w < w1; w++) {
+        for (int64_t item = w; item < n_items; item += n_workers) {
+            const int64_t t = item / Hq;
+            const int h = int(item % Hq);
+            float* s = scores + w * p.n_ctx;
             const int pos = row_pos[t];
             const int kvh = h / group;
             const float* q = q_all + (t * Hq + h) * D;
@@ -118,6 +122,7 @@ void attention(const AttentionArgs& p, const RowMap& rows, float* q_all, float* 
             for (int i = 0; i < D; i++) o[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
         }
     }
+    });
 }
 
 }  // namespace hy::cpu

@@ -1,6 +1,5 @@
 // The CPU backend: host memory, F32 activations, OpenMP threads. The reference implementation.
-#include <omp.h>
-
+#include <chrono>
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -15,7 +14,7 @@ namespace {
 
 class CpuBackend final : public Backend {
 public:
-    explicit CpuBackend(int n_threads) : n_threads_(n_threads > 0 ? n_threads : omp_get_num_procs()) {}
+    explicit CpuBackend(int n_threads) : pool_(n_threads) {}
 
     const char* name() const override { return "cpu"; }
     DType act_dtype() const override { return DType::F32; }
@@ -43,11 +42,13 @@ public:
         std::vector<char> a(n, 1), b(n, 2);
         double best = 0.0;
         for (int rep = 0; rep < 5; rep++) {
-            const double t0 = omp_get_wtime();
+            const auto t0 = std::chrono::steady_clock::now();
             // Parallel copy in per-thread stripes, as the kernels read weights.
-#pragma omp parallel for num_threads(n_threads_) schedule(static)
-            for (int part = 0; part < 64; part++) std::memcpy(b.data() + n / 64 * size_t(part), a.data() + n / 64 * size_t(part), n / 64);
-            const double dt = omp_get_wtime() - t0;
+            pool_.parallel_for(64, 1, [&](int64_t p0, int64_t p1, int) {
+                for (int64_t part = p0; part < p1; part++)
+                    std::memcpy(b.data() + n / 64 * size_t(part), a.data() + n / 64 * size_t(part), n / 64);
+            });
+            const double dt = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
             best = std::max(best, 2.0 * double(n) / dt / 1e9);
         }
         return best;
@@ -57,7 +58,7 @@ public:
         // q scratch [T, Hq, D] (or GDN mixed [T, C], which is no larger than T * 4 * heads * dim), scores
         // [threads, n_ctx]
         const size_t T = size_t(l.max_tokens);
-        return T * size_t(max_heads) * size_t(max_head_dim) * 4 * 4 + size_t(n_threads_) * size_t(l.n_ctx) * 4;
+        return T * size_t(max_heads) * size_t(max_head_dim) * 4 * 4 + size_t(pool_.size()) * size_t(l.n_ctx) * 4;
     }
     void set_workspace(void* ws, const BatchLimits& l) override {
         limits_ = l;
@@ -85,10 +86,10 @@ public:
                            out + int64_t(t) * table.cols, size_t(table.cols));
     }
     void rms_norm(const void* x, const float* w, int64_t rows, int dim, float eps, bool zero_centred, void* y) override {
-        cpu::rms_norm(static_cast<const float*>(x), w, rows, dim, eps, zero_centred, static_cast<float*>(y), n_threads_);
+        cpu::rms_norm(static_cast<const float*>(x), w, rows, dim, eps, zero_centred, static_cast<float*>(y), pool_);
     }
     void matmul(const void* x, int64_t rows, const Matrix& w, void* y) override {
-        cpu::matmul(static_cast<const float*>(x), rows, w, static_cast<float*>(y), n_threads_);
+        cpu::matmul(static_cast<const float*>(x), rows, w, static_cast<float*>(y), pool_);
     }
     void add(void* y, const void* x, int64_t n) override {
         float* yy = static_cast<float*>(y);
@@ -96,15 +97,15 @@ public:
         for (int64_t i = 0; i < n; i++) yy[i] += xx[i];
     }
     void silu_mul(const void* gate, const void* up, int64_t n, void* y) override {
-        cpu::silu_mul(static_cast<const float*>(gate), static_cast<const float*>(up), n, static_cast<float*>(y), n_threads_);
+        cpu::silu_mul(static_cast<const float*>(gate), static_cast<const float*>(up), n, static_cast<float*>(y), pool_);
     }
     void attention(const AttentionArgs& args) override {
         const size_t q_floats = size_t(batch_.n_tokens) * size_t(args.n_heads) * size_t(args.head_dim);
         cpu::RowMap rows{batch_.n_tokens, row_slot_.data(), row_pos_.data()};
-        cpu::attention(args, rows, scratch_, scratch_ + q_floats, n_threads_);
+        cpu::attention(args, rows, scratch_, scratch_ + q_floats, pool_);
     }
     void gated_delta_net(const GatedDeltaNetArgs& args) override {
-        cpu::gated_delta_net(args, batch_, scratch_, n_threads_);
+        cpu::gated_delta_net(args, batch_, scratch_, pool_);
     }
     void gather_rows(const void* x, int64_t dim, const int32_t* rows, int n, void* y) override {
         for (int i = 0; i < n; i++)
@@ -112,11 +113,11 @@ public:
                          size_t(dim) * 4);
     }
     void logits(const void* x, int n, const Matrix& w, float* out) override {
-        cpu::matmul(static_cast<const float*>(x), n, w, out, n_threads_);
+        cpu::matmul(static_cast<const float*>(x), n, w, out, pool_);
     }
 
 private:
-    int n_threads_;
+    cpu::ThreadPool pool_;
     BatchLimits limits_;
     BatchDesc batch_;
     float* scratch_ = nullptr;  // the workspace: attention q [T, Hq, D] then scores [threads, n_ctx]; GDN mixed [T, C]

@@ -6,6 +6,7 @@
 #include <cstdint>
 
 #include "kernels/backend.h"
+#include "kernels/cpu/thread_pool.h"
 
 namespace hy::cpu {
 
@@ -17,19 +18,19 @@ struct RowMap {
 };
 
 // y[rows, w.rows] = x[rows, w.cols] @ w^T; w is F32, F16 or BF16 (widened exactly to F32); fp32 accumulation.
-void matmul(const float* x, int64_t rows, const Matrix& w, float* y, int n_threads);
+void matmul(const float* x, int64_t rows, const Matrix& w, float* y, ThreadPool& pool);
 
 // y[rows, dim] = x * rsqrt(mean(x^2) + eps) * (zero_centred ? 1 + w : w). y may alias x.
 void rms_norm(const float* x, const float* w, int64_t rows, int dim, float eps, bool zero_centred, float* y,
-              int n_threads);
+              ThreadPool& pool);
 
 // y[n] = silu(gate[n]) * up[n], silu(v) = v / (1 + exp(-v)).
-void silu_mul(const float* gate, const float* up, int64_t n, float* y, int n_threads);
+void silu_mul(const float* gate, const float* up, int64_t n, float* y, ThreadPool& pool);
 
-// Gated attention core (see AttentionArgs), F32 act. q_scratch: [T, Hq, D]; scores: [n_threads, n_ctx].
-void attention(const AttentionArgs& args, const RowMap& rows, float* q_scratch, float* scores, int n_threads);
+// Gated attention core (see AttentionArgs), F32 act. q_scratch: [T, Hq, D]; scores: [pool.size(), n_ctx].
+void attention(const AttentionArgs& args, const RowMap& rows, float* q_scratch, float* scores, ThreadPool& pool);
 
 // Gated DeltaNet core (see GatedDeltaNetArgs), F32 act. mixed_scratch: [T, C].
-void gated_delta_net(const GatedDeltaNetArgs& args, const BatchDesc& batch, float* mixed_scratch, int n_threads);
+void gated_delta_net(const GatedDeltaNetArgs& args, const BatchDesc& batch, float* mixed_scratch, ThreadPool& pool);
 
 }  // namespace hy::cpu

@@ -1,4 +1,5 @@
 // CPU RMSNorm and the MLP activation.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -7,24 +8,26 @@ namespace hy::cpu {
 
 // HF Qwen3_5RMSNorm: x * rsqrt(mean(x^2) + eps) * (1 + w), all fp32; the gated GDN norm uses w directly.
 void rms_norm(const float* x, const float* w, int64_t rows, int dim, float eps, bool zero_centred, float* y,
-              int n_threads) {
-#pragma omp parallel for num_threads(n_threads) schedule(static) if (rows * dim > 65536)
-    for (int64_t r = 0; r < rows; r++) {
-        const float* xr = x + r * dim;
-        float* yr = y + r * dim;
-        float ss = 0.0f;
-        for (int i = 0; i < dim; i++) ss += xr[i] * xr[i];
-        const float inv = 1.0f / std::sqrt(ss / float(dim) + eps);
-        for (int i = 0; i < dim; i++) yr[i] = xr[i] * inv * (zero_centred ? 1.0f + w[i] : w[i]);
-    }
+              ThreadPool& pool) {
+    pool.parallel_for(rows, std::max<int64_t>(1, 16384 / std::max(dim, 1)), [&](int64_t r0, int64_t r1, int) {
+        for (int64_t r = r0; r < r1; r++) {
+            const float* xr = x + r * dim;
+            float* yr = y + r * dim;
+            float ss = 0.0f;
+            for (int i = 0; i < dim; i++) ss += xr[i] * xr[i];
+            const float inv = 1.0f / std::sqrt(ss / float(dim) + eps);
+            for (int i = 0; i < dim; i++) yr[i] = xr[i] * inv * (zero_centred ? 1.0f + w[i] : w[i]);
+        }
+    });
 }
 
-void silu_mul(const float* gate, const float* up, int64_t n, float* y, int n_threads) {
-#pragma omp parallel for num_threads(n_threads) schedule(static) if (n > 65536)
-    for (int64_t i = 0; i < n; i++) {
-        const float g = gate[i];
-        y[i] = g / (1.0f + std::exp(-g)) * up[i];
-    }
+void silu_mul(const float* gate, const float* up, int64_t n, float* y, ThreadPool& pool) {
+    pool.parallel_for(n, 16384, [&](int64_t b, int64_t e, int) {
+        for (int64_t i = b; i < e; i++) {
+            const float g = gate[i];
+            y[i] = g / (1.0f + std::exp(-g)) * up[i];
+        }
+    });
 }
 
 }  // namespace hy::cpu

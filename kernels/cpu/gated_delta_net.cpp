@@ -1,4 +1,5 @@
 // CPU Gated DeltaNet core (QWEN35.md "Gated DeltaNet layer"), fp32, token by token: the exact recurrence.
+#include <algorithm>
 #include <cmath>
 
 #include "kernels/cpu/cpu_ops.h"
@@ -24,7 +25,7 @@ inline void l2norm(float* x, int n) {
 
 }  // namespace
 
-void gated_delta_net(const GatedDeltaNetArgs& p, const BatchDesc& batch, float* mixed, int n_threads) {
+void gated_delta_net(const GatedDeltaNetArgs& p, const BatchDesc& batch, float* mixed, ThreadPool& pool) {
     const int Hk = p.n_k_heads, Hv = p.n_v_heads, Dk = p.k_dim, Dv = p.v_dim, K = p.conv_kernel;
     const int64_t C = 2 * int64_t(Hk) * Dk + int64_t(Hv) * Dv;
     const float* qkv = static_cast<const float*>(p.qkv);
@@ -40,8 +41,8 @@ void gated_delta_net(const GatedDeltaNetArgs& p, const BatchDesc& batch, float* 
     for (int r = 0; r < batch.n_runs; r++) {
         const SeqRun& run = batch.runs[r];
         float* st = conv_state + run.slot * conv_slot;  // [K-1, C], oldest first
-#pragma omp parallel for num_threads(n_threads) schedule(static) if (C * run.n_tokens > 16384)
-        for (int64_t c = 0; c < C; c++) {
+        pool.parallel_for(C, std::max<int64_t>(1, 8192 / run.n_tokens), [&](int64_t c0, int64_t c1, int) {
+        for (int64_t c = c0; c < c1; c++) {
             const float* w = p.conv_w + c * K;
             for (int i = 0; i < run.n_tokens; i++) {
                 const int64_t row = run.row + i;
@@ -61,16 +62,21 @@ void gated_delta_net(const GatedDeltaNetArgs& p, const BatchDesc& batch, float* 
             }
             for (int j = 0; j < K - 1; j++) st[int64_t(j) * C + c] = last[j];
         }
+        });
     }
 
     // 2. The delta rule per (run, value head), token by token; then the gated RMSNorm.
     const int ratio = Hv / Hk;
     const float sqrt_dk = float(std::sqrt(double(Dk)));
     if (Dk > kMaxDim || Dv > kMaxDim) throw Error(Status::unsupported, "CPU Gated DeltaNet: head dims above 512");
-#pragma omp parallel for num_threads(n_threads) schedule(dynamic, 1) collapse(2)
-    for (int r = 0; r < batch.n_runs; r++) {
-        for (int h = 0; h < Hv; h++) {
-            const SeqRun& run = batch.runs[r];
+    // Items (run, value head) are dealt round-robin: runs differ in length.
+    const int64_t n_items = int64_t(batch.n_runs) * Hv;
+    const int n_workers = pool.size();
+    pool.parallel_for(n_workers, 1, [&](int64_t w0, int64_t w1, int) {
+    for (int64_t w = w0; w < w1; w++) {
+        for (int64_t item = w; item < n_items; item += n_workers) {
+            const SeqRun& run = batch.runs[item / Hv];
+            const int h = int(item % Hv);
             float* S = p.ssm_state + run.slot * ssm_slot + int64_t(h) * Dk * Dv;  // [Dk, Dv]
             const int kh = h / ratio;
             const float A = std::exp(p.A_log[h]);
@@ -120,6 +126,7 @@ void gated_delta_net(const GatedDeltaNetArgs& p, const BatchDesc& batch, float* 
             }
         }
     }
+    });
 }
 
 }  // namespace hy::cpu

@@ -5,8 +5,6 @@
 // 16-lane vector over k in steps of 16, the K % 16 tail is added lane-wise into the same vector, and the lanes are
 // summed in one fixed order. So the result of (t, n) does not depend on the block it fell into, the number of
 // rows in the batch or the thread count: batched and single-token forwards agree bitwise.
-#include <omp.h>
-
 #include <algorithm>
 #include <cstring>
 
@@ -106,12 +104,13 @@ inline void row_block(const float* x, int64_t t_begin, int64_t t_end, const void
 }
 
 template <DType W>
-void matmul_typed(const float* x, int64_t T, const Matrix& m, float* y, int n_threads) {
+void matmul_typed(const float* x, int64_t T, const Matrix& m, float* y, ThreadPool& pool) {
     const int64_t N = m.rows, K = m.cols;
     const int64_t n_blocks = (N + kRows - 1) / kRows;
     // Parallel over weight-row blocks: each weight row is read by one thread, once per token chunk.
-#pragma omp parallel for num_threads(n_threads) schedule(static) if (n_blocks * T * K >= 16384)
-    for (int64_t nb = 0; nb < n_blocks; nb++) {
+    const int64_t min_blocks = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, T * K));
+    pool.parallel_for(n_blocks, min_blocks, [&](int64_t nb0, int64_t nb1, int) {
+    for (int64_t nb = nb0; nb < nb1; nb++) {
         const int64_t n0 = nb * kRows;
         const int nr = int(std::min<int64_t>(kRows, N - n0));
         for (int64_t t0 = 0; t0 < T; t0 += kTokenChunk) {
@@ -124,15 +123,16 @@ void matmul_typed(const float* x, int64_t T, const Matrix& m, float* y, int n_th
             }
         }
     }
+    });
 }
 
 }  // namespace
 
-void matmul(const float* x, int64_t rows, const Matrix& w, float* y, int n_threads) {
+void matmul(const float* x, int64_t rows, const Matrix& w, float* y, ThreadPool& pool) {
     switch (w.dtype) {
-        case DType::F32: return matmul_typed<DType::F32>(x, rows, w, y, n_threads);
-        case DType::BF16: return matmul_typed<DType::BF16>(x, rows, w, y, n_threads);
-        case DType::F16: return matmul_typed<DType::F16>(x, rows, w, y, n_threads);
+        case DType::F32: return matmul_typed<DType::F32>(x, rows, w, y, pool);
+        case DType::BF16: return matmul_typed<DType::BF16>(x, rows, w, y, pool);
+        case DType::F16: return matmul_typed<DType::F16>(x, rows, w, y, pool);
         default: break;
     }
     throw Error(Status::unsupported, std::string("CPU matmul: unsupported weight dtype ") + dtype_name(w.dtype));
