@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "model/batch.h"
 #include "model/chat.h"
 #include "model/common.h"
 #include "model/model.h"
@@ -707,6 +708,7 @@ void hy_sampler_set_seed(hy_sampler* s, uint64_t seed) {
 const char* hy_stop_reason_name(int r) {
     switch (r) {
         case HY_STOP_EOS: return "eos";
+        case HY_STOP_CANCELLED: return "cancelled";
         case HY_STOP_STRING: return "stop string";
         case HY_STOP_MAX_TOKENS: return "max tokens";
         case HY_STOP_CONTEXT_FULL: return "context full";
@@ -840,3 +842,105 @@ int hy_generate(hy_context* c, hy_sampler* s, const int32_t* prompt, int n_promp
 }
 
 }  // extern "C"
+
+// ---- batched generation ----
+struct hy_batch {
+    hy_model* m = nullptr;
+    std::vector<int> slots;
+    std::unique_ptr<hy::BatchGenerator> gen;
+    std::vector<uint8_t> accept_prompt;  // per request
+};
+
+hy_request_params hy_request_default_params(void) {
+    hy_request_params p;
+    p.max_tokens = 128;
+    p.sampling = hy_sampler_default_params();
+    p.ignore_eos = 0;
+    p.accept_prompt = 1;
+    return p;
+}
+
+int hy_batch_new(hy_model* m, int n_slots, hy_batch** out) {
+    return guard([&] {
+        HY_CHECK_ARG(m && out, "hy_batch_new: model and out must not be NULL");
+        std::vector<int> free_slots;
+        for (int i = 0; i < int(m->slot_used.size()); i++)
+            if (!m->slot_used[size_t(i)]) free_slots.push_back(i);
+        if (n_slots > 0 && int(free_slots.size()) < n_slots)
+            return fail(Status::context_full, "hy_batch_new: asked for " + std::to_string(n_slots) + " sequence slots, " +
+                                                  std::to_string(free_slots.size()) + " are free (load the model with more n_slots)");
+        if (free_slots.empty()) return fail(Status::context_full, "hy_batch_new: every sequence slot is in use");
+        if (n_slots > 0) free_slots.resize(size_t(n_slots));
+        auto b = std::make_unique<hy_batch>();
+        b->m = m;
+        b->slots = free_slots;
+        b->gen = std::make_unique<hy::BatchGenerator>(*m->model, m->n_vocab, free_slots, m->holes);
+        for (int s : free_slots) m->slot_used[size_t(s)] = 1;
+        *out = b.release();
+        return int(Status::ok);
+    });
+}
+
+void hy_batch_free(hy_batch* b) {
+    if (!b) return;
+    for (int s : b->slots) {
+        b->m->slot_used[size_t(s)] = 0;
+        b->m->model->reset(s);
+    }
+    delete b;
+}
+
+int hy_batch_submit(hy_batch* b, const int32_t* prompt, int n_prompt, const hy_request_params* params, int* id) {
+    return guard([&] {
+        HY_CHECK_ARG(b && id, "hy_batch_submit: batch and id must not be NULL");
+        HY_CHECK_ARG(prompt && n_prompt > 0, "hy_batch_submit: the prompt is empty");
+        const hy_request_params p = params ? *params : hy_request_default_params();
+        hy::GenerationRequest r;
+        r.prompt.assign(prompt, prompt + n_prompt);
+        r.max_new_tokens = p.max_tokens;
+        r.sampling = to_core(p.sampling);
+        r.accept_prompt = p.accept_prompt != 0;
+        if (!p.ignore_eos) r.stop_ids = b->m->eos;
+        *id = b->gen->submit(std::move(r));
+        return int(Status::ok);
+    });
+}
+
+int hy_batch_step(hy_batch* b, int* n_running) {
+    return guard([&] {
+        HY_CHECK_ARG(b, "hy_batch_step: batch must not be NULL");
+        b->gen->step();
+        if (n_running) *n_running = b->gen->n_active() + b->gen->n_queued();
+        return int(Status::ok);
+    });
+}
+
+int hy_batch_cancel(hy_batch* b, int id) {
+    return guard([&] {
+        HY_CHECK_ARG(b, "hy_batch_cancel: batch must not be NULL");
+        b->gen->cancel(id);
+        return int(Status::ok);
+    });
+}
+
+int hy_batch_result(const hy_batch* b, int id, const int32_t** tokens, const float** logprobs, int* n,
+                    int* stop_reason, int* done) {
+    return guard([&] {
+        HY_CHECK_ARG(b, "hy_batch_result: batch must not be NULL");
+        const hy::GenerationResult& r = b->gen->result(id);
+        if (tokens) *tokens = r.tokens.data();
+        if (logprobs) *logprobs = r.logprobs.data();
+        if (n) *n = int(r.tokens.size());
+        if (done) *done = r.done ? 1 : 0;
+        if (stop_reason) {
+            switch (r.reason) {
+                case hy::FinishReason::none: *stop_reason = HY_STOP_NONE; break;
+                case hy::FinishReason::eos: *stop_reason = HY_STOP_EOS; break;
+                case hy::FinishReason::max_tokens: *stop_reason = HY_STOP_MAX_TOKENS; break;
+                case hy::FinishReason::context_full: *stop_reason = HY_STOP_CONTEXT_FULL; break;
+                case hy::FinishReason::cancelled: *stop_reason = HY_STOP_CANCELLED; break;
+            }
+        }
+        return int(Status::ok);
+    });
+}

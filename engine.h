@@ -263,7 +263,8 @@ typedef enum hy_stop_reason {
     HY_STOP_STRING = 2,       /* the decoded text reached a stop string */
     HY_STOP_MAX_TOKENS = 3,   /* max_tokens ids were generated */
     HY_STOP_CONTEXT_FULL = 4, /* the sequence reached n_ctx */
-    HY_STOP_CALLBACK = 5      /* the token callback returned non-zero */
+    HY_STOP_CALLBACK = 5,     /* the token callback returned non-zero */
+    HY_STOP_CANCELLED = 6     /* a batch request was cancelled (hy_batch_cancel) */
 } hy_stop_reason;
 
 /* A short constant name: "eos", "stop string", "max tokens", "context full", "callback", "none". */
@@ -316,6 +317,52 @@ typedef struct hy_generate_result {
  * Errors: as hy_prefill; HY_ERR_INVALID_ARGUMENT (n_prompt == 0 with no logits, empty stop string). */
 int hy_generate(hy_context* ctx, hy_sampler* sampler, const int32_t* prompt, int n_prompt,
                 const hy_generate_params* params, hy_generate_result* result);
+
+/* ---- batched generation (continuous batching) ---------------------------------------------------------------------
+ * Many sequences generated together, e.g. reinforcement-learning rollouts or parallel requests. Requests wait in a
+ * queue until one of the batch's sequence slots is free; each hy_batch_step() runs ONE forward over every active
+ * sequence (a decode row for each generating sequence plus prompt chunks of newly admitted ones, at most the
+ * model's max_batch_tokens rows) and samples one token for each sequence whose logits came out. Finished
+ * sequences give their slot back at once; new requests may be submitted between steps. A reused slot is reset,
+ * so each request is computed exactly as if it ran alone (bitwise on the CPU backend). */
+typedef struct hy_batch hy_batch;
+
+typedef struct hy_request_params {
+    int max_tokens;                /* ids to generate, >= 1 (default 128) */
+    hy_sampler_params sampling;    /* this request's sampling, seed included (default: hy_sampler_default_params) */
+    int ignore_eos;                /* do not stop at the end-of-sequence set (default 0) */
+    int accept_prompt;             /* the prompt ids enter the penalty history, as the hybrid CLI does (default 1) */
+} hy_request_params;
+
+hy_request_params hy_request_default_params(void);
+
+/* Creates a batch generator over n_slots free sequence slots of the model (n_slots <= 0: every free slot). The
+ * slots stay taken (hy_context_new cannot use them) until hy_batch_free.
+ * Errors: HY_ERR_CONTEXT_FULL (fewer free slots than asked, or none), HY_ERR_INVALID_ARGUMENT. */
+int hy_batch_new(hy_model* model, int n_slots, hy_batch** out);
+
+/* Frees the generator and gives its slots back. NULL is allowed. */
+void hy_batch_free(hy_batch* batch);
+
+/* Queues a prompt (n_prompt >= 1 ids; params may be NULL: defaults); *id receives the request id (0, 1, 2, ... in
+ * submission order). Errors: HY_ERR_INVALID_ARGUMENT (empty prompt, id outside [0, n_logits), bad sampling
+ * values, max_tokens < 1), HY_ERR_CONTEXT_FULL (the prompt leaves no room in n_ctx). */
+int hy_batch_submit(hy_batch* batch, const int32_t* prompt, int n_prompt, const hy_request_params* params, int* id);
+
+/* One step (see above). *n_running (may be NULL) receives the number of requests still queued or generating;
+ * 0 means every request is done (then the step did nothing). Errors: HY_ERR_BACKEND and other model errors. */
+int hy_batch_step(hy_batch* batch, int* n_running);
+
+/* Stops request id: a queued one never runs, a running one ends after the current step (HY_STOP_CANCELLED). */
+int hy_batch_cancel(hy_batch* batch, int id);
+
+/* The output of request id so far. *tokens and *logprobs (each may be NULL) point to its n generated ids and
+ * their log-probabilities (log-softmax of the raw logits over [0, n_vocab), natural log), valid until the next
+ * hy_batch_step/hy_batch_free; when it stopped on the end-of-sequence set the last id is that EOS id.
+ * *stop_reason: an hy_stop_reason (HY_STOP_NONE while running); *done: 1 when finished. Any out pointer may be
+ * NULL. Errors: HY_ERR_INVALID_ARGUMENT (no such request). */
+int hy_batch_result(const hy_batch* batch, int id, const int32_t** tokens, const float** logprobs, int* n,
+                    int* stop_reason, int* done);
 
 #ifdef __cplusplus
 }

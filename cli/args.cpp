@@ -26,6 +26,11 @@ const char* kExitCodes =
     "  Ctrl-C stops the current answer, Ctrl-D (end of input) exits. When stdin is not a terminal, a failing\n"
     "  command ends the program with its exit code. Answers go to stdout, each followed by a newline.\n"
     "\n"
+    "Batch (--batch-file FILE): every non-empty line of FILE is a prompt (escapes processed unless --no-escape;\n"
+    "  with --chat each is a user message). Up to --parallel of them are generated together (continuous\n"
+    "  batching); prompt i samples with seed -s + i. stdout gets one JSON object per prompt, in input order:\n"
+    "  {\"index\", \"prompt\", \"text\", \"ids\", \"logprobs\", \"n_prompt\", \"stop_reason\"}; -n applies to each.\n"
+    "\n"
     "Exit codes:\n"
     "  0    success\n"
     "  1    usage: unknown flag, bad value, missing -m, no or empty prompt\n"
@@ -93,6 +98,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         const std::string a = argv[i];
         if (a == "-cnv") {
             args.push_back("--interactive");
+        } else if (a == "-np") {  // llama.cpp's short spelling of --parallel
+            args.push_back("--parallel");
         } else if (a == "--stop") {
             if (i + 1 >= argc) usage("--stop needs a value");
             stops.push_back(argv[++i]);
@@ -124,7 +131,11 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         ("chat", "apply the chat format to the prompt (a user message)")
         ("system", "system message for --chat and -i", cxxopts::value<std::string>())
         ("no-think", "chat: disable thinking (empty <think></think> block)")
-        ("i,interactive", "interactive chat (REPL); also -cnv");
+        ("i,interactive", "interactive chat (REPL); also -cnv")
+        ("batch-file", "generate for every line of FILE (one prompt per line, escapes processed) together; "
+                       "writes JSONL to stdout", cxxopts::value<std::string>())
+        ("parallel", "--batch-file: sequences generated at once (sequence slots); also -np",
+         cxxopts::value<int>()->default_value("8"));
     opts.add_options("Generation")
         ("n,n-predict", "tokens to generate; -1: until end of sequence or the context is full",
          cxxopts::value<int>()->default_value("-1"))
@@ -176,8 +187,24 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     else if (dev == "cuda") o.device = HY_DEVICE_CUDA;
     else usage("--device must be auto, cpu or cuda, got '" + dev + "'");
 
-    const int n_sources = int(r.count("prompt") > 0) + int(r.count("file") > 0) + int(r.count("prompt-ids") > 0);
-    if (n_sources > 1) usage("give only one of -p, -f and --prompt-ids");
+    const int n_sources = int(r.count("prompt") > 0) + int(r.count("file") > 0) + int(r.count("prompt-ids") > 0) +
+                          int(r.count("batch-file") > 0);
+    if (n_sources > 1) usage("give only one of -p, -f, --prompt-ids and --batch-file");
+    if (r.count("batch-file")) {
+        const std::string path = r["batch-file"].as<std::string>();
+        std::ifstream in(path, std::ios::binary);
+        if (!in) throw Failure(exit_io, path + ": cannot read the batch file");
+        std::string line;
+        while (std::getline(in, line)) {
+            if (!line.empty() && line.back() == '\r') line.pop_back();
+            if (line.empty()) continue;
+            o.batch_prompts.push_back(o.escape ? process_escapes(line) : line);
+        }
+        if (o.batch_prompts.empty()) usage(path + ": the batch file holds no prompt");
+        o.has_batch = true;
+    }
+    o.parallel = r["parallel"].as<int>();
+    if (o.parallel < 1 || o.parallel > 256) usage("--parallel must be in [1, 256], got " + std::to_string(o.parallel));
     if (r.count("prompt")) {
         o.prompt = o.escape ? process_escapes(r["prompt"].as<std::string>()) : r["prompt"].as<std::string>();
         o.has_prompt = true;
@@ -203,7 +230,9 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     if (r.count("system") && !o.chat && !o.interactive) usage("--system needs --chat or -i");
     if (o.chat && o.has_prompt_ids) usage("--chat needs a text prompt (-p or -f), not --prompt-ids");
     if (o.interactive && o.has_prompt_ids) usage("-i does not take --prompt-ids");
-    if (!o.interactive && !o.has_prompt && !o.has_prompt_ids) usage("no prompt: give -p TEXT, -f FILE, --prompt-ids or -i");
+    if (o.interactive && o.has_batch) usage("-i does not take --batch-file");
+    if (!o.interactive && !o.has_prompt && !o.has_prompt_ids && !o.has_batch)
+        usage("no prompt: give -p TEXT, -f FILE, --prompt-ids, --batch-file or -i");
 
     o.n_predict = r["n-predict"].as<int>();
     if (o.n_predict < -1) usage("-n must be >= -1, got " + std::to_string(o.n_predict));

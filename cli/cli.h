@@ -49,6 +49,9 @@ struct Options {
     bool interactive = false;           // -i / -cnv
     bool verbose = false;               // --verbose
     bool escape = true;                 // off with --no-escape
+    std::vector<std::string> batch_prompts;  // --batch-file lines (escapes processed unless --no-escape)
+    bool has_batch = false;
+    int parallel = 8;                   // --parallel / -np: sequence slots for --batch-file
 };
 
 // Parses argv. Returns false when the program should exit now with *exit_code (help, version); throws Failure
@@ -78,6 +81,10 @@ std::vector<int32_t> tokenize(hy_model* m, const std::string& text);
 // Prints the timing summary on stderr: load time (omitted when load_ms < 0), prompt and generation tokens, times
 // and rates, stop reason (of the last generation).
 void print_summary(double load_ms, const hy_generate_result& r);
+
+// --batch-file: generates for every prompt together (continuous batching) and writes JSONL to stdout. The model
+// must have been loaded with at least one free slot. Returns the exit code.
+int run_batch(const Options& o, hy_model* m, double load_ms);
 
 // The chat REPL (-i). Returns the exit code.
 int run_repl(const Options& o, hy_model* m, hy_context* c, hy_sampler* s, double load_ms);

@@ -142,6 +142,7 @@ int run(int argc, char** argv) {
     mp.device = o.device;
     mp.n_threads = o.n_threads;
     mp.n_ctx = o.n_ctx;
+    if (o.has_batch) mp.n_slots = std::min<int>(o.parallel, int(o.batch_prompts.size()));
     if (stderr_tty()) std::fprintf(stderr, "hybrid: loading %s ...", o.model_dir.c_str());
     const auto t0 = std::chrono::steady_clock::now();
     const int rc = hy_model_load(o.model_dir.c_str(), &mp, &h.m);
@@ -151,6 +152,7 @@ int run(int argc, char** argv) {
     if (o.verbose)
         std::fprintf(stderr, "hybrid: loaded on %s, %.1f MiB arena, vocab %d\n", hy_model_backend(h.m),
                      double(hy_model_arena_bytes(h.m)) / (1024.0 * 1024.0), hy_model_n_vocab(h.m));
+    if (o.has_batch) return run_batch(o, h.m, load_ms);
     if (hy_context_new(h.m, nullptr, &h.c) != HY_OK) engine_fail(exit_runtime, "");
     if (hy_sampler_new(h.m, &o.sampling, &h.s) != HY_OK) engine_fail(exit_usage, "");
     install_sigint_handler();

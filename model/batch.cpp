@@ -15,7 +15,8 @@ const char* finish_reason_name(FinishReason r) {
     return "?";
 }
 
-BatchGenerator::BatchGenerator(Model& model, int n_valid, std::vector<int> slots) : model_(model), usable_(std::move(slots)) {
+BatchGenerator::BatchGenerator(Model& model, int n_valid, std::vector<int> slots, std::vector<int32_t> banned)
+    : model_(model), usable_(std::move(slots)), banned_(std::move(banned)) {
     const int V = model.config().vocab_size;
     n_valid_ = n_valid > 0 ? std::min(n_valid, V) : V;
     slots_.resize(size_t(model.n_slots()));
@@ -96,7 +97,9 @@ bool BatchGenerator::step() {
         s.prompt_done = 0;
         s.cancel = false;
         s.sampler = std::make_unique<Sampler>(r.sampling, model_.config().vocab_size, n_valid_, model_.n_ctx());
-        for (int32_t t : r.prompt) s.sampler->accept(t);
+        if (!banned_.empty()) s.sampler->set_banned(banned_);
+        if (r.accept_prompt)
+            for (int32_t t : r.prompt) s.sampler->accept(t);
         results_[size_t(id)].tokens.reserve(size_t(r.max_new_tokens));
         results_[size_t(id)].logprobs.reserve(size_t(r.max_new_tokens));
     }

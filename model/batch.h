@@ -29,6 +29,7 @@ struct GenerationRequest {
     int max_new_tokens = 128;        // >= 1
     SamplerParams sampling;          // temperature <= 0 is greedy
     std::vector<int32_t> stop_ids;   // generation stops after producing one of these (it is kept in `tokens`)
+    bool accept_prompt = true;       // the prompt ids enter the sampler's penalty history
 };
 
 struct GenerationResult {
@@ -42,8 +43,9 @@ class BatchGenerator {
 public:
     // n_valid: ids [0, n_valid) may be sampled (the tokenizer's vocabulary; the model's vocab_size when <= 0).
     // slots: the model's sequence slots this generator may use (empty: all of them); it resets a slot before each
-    // use and leaves the others alone.
-    BatchGenerator(Model& model, int n_valid = 0, std::vector<int> slots = {});
+    // use and leaves the others alone. banned: ids in [0, n_valid) never sampled (ids the tokenizer leaves
+    // unassigned).
+    BatchGenerator(Model& model, int n_valid = 0, std::vector<int> slots = {}, std::vector<int32_t> banned = {});
 
     // Queues a request; returns its id (0, 1, 2, ... in submission order). Throws invalid_argument for an empty
     // prompt, an id out of range, max_new_tokens < 1, or a prompt that cannot fit the context.
@@ -75,6 +77,7 @@ private:
     std::deque<int> queue_;
     std::vector<Sequence> slots_;  // [n_slots]; only those listed in usable_ are used
     std::vector<int> usable_;
+    std::vector<int32_t> banned_;
     // per-step scratch, sized once
     std::vector<int32_t> tokens_, out_rows_, out_slot_;
     std::vector<SeqRun> runs_;

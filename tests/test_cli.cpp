@@ -333,3 +333,35 @@ TEST_CASE("cli: the C example (engine.h from C) generates the golden text", "[cl
     CHECK(r.err.find("48 generated (stop: max tokens)") != std::string::npos);
     CHECK(run_prog(kBin + "/embed_example", {"models/nope"}).rc == 2);
 }
+
+TEST_CASE("cli: --batch-file writes one JSON line per prompt, each equal to its one-shot run", "[cli]") {
+    if (!have_programs()) return;
+    TempDir dir("batch");
+    const std::string file = (dir.path / "prompts.txt").string();
+    std::ofstream(file) << "def main():\\n    \n\nclass Foo:\nimport os\n";
+    const Run r = hybrid({"-m", "models/tiny", "--batch-file", file, "-n", "12", "--temp", "0", "-np", "2"});
+    REQUIRE(r.rc == 0);
+    std::istringstream lines(r.out);
+    std::string line;
+    std::vector<nlohmann::json> objs;
+    while (std::getline(lines, line)) objs.push_back(nlohmann::json::parse(line));
+    REQUIRE(objs.size() == 3);  // the empty line is skipped
+    const std::vector<std::string> prompts = {"def main():\\n    ", "class Foo:", "import os"};
+    for (size_t i = 0; i < objs.size(); i++) {
+        INFO("prompt " << i);
+        REQUIRE(objs[i]["index"] == i);
+        REQUIRE(objs[i]["stop_reason"] == "max tokens");
+        REQUIRE(objs[i]["ids"].size() == 12);
+        REQUIRE(objs[i]["logprobs"].size() == 12);
+        const Run one = hybrid({"-m", "models/tiny", "-p", prompts[i], "-n", "12", "--temp", "0"});
+        REQUIRE(one.rc == 0);
+        REQUIRE(objs[i]["text"].get<std::string>() == one.out);
+    }
+    // Errors: a missing file, an empty file, a bad --parallel.
+    REQUIRE(hybrid({"-m", "models/tiny", "--batch-file", (dir.path / "nope.txt").string()}).rc == 5);
+    std::ofstream((dir.path / "empty.txt").string()) << "\n\n";
+    const Run e = hybrid({"-m", "models/tiny", "--batch-file", (dir.path / "empty.txt").string()});
+    REQUIRE(e.rc == 1);
+    REQUIRE(e.err.find("holds no prompt") != std::string::npos);
+    REQUIRE(hybrid({"-m", "models/tiny", "--batch-file", file, "-np", "0"}).rc == 1);
+}

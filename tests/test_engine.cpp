@@ -311,3 +311,60 @@ TEST_CASE("engine: errors are status codes with a message", "[engine]") {
     CHECK(n > 0);
     CHECK(hy_tokenize(t.m, bytes, -1, 1, ids.data(), 1, &n) == HY_ERR_INVALID_ARGUMENT);
 }
+
+TEST_CASE("engine: hy_batch reproduces the golden left-padded batch and each solo run", "[engine]") {
+    std::ifstream in(kTiny + "/golden.json");
+    const nlohmann::json g = nlohmann::json::parse(in);
+    const auto names = g["batch"]["names"].get<std::vector<std::string>>();
+    hy_model_params mp = hy_model_default_params();
+    mp.device = HY_DEVICE_CPU;
+    mp.n_threads = 1;
+    mp.n_ctx = 256;
+    mp.n_slots = 3;  // 4 prompts on 3 slots: the last waits for a free slot
+    mp.max_batch_tokens = 32;
+    hy_model* m = nullptr;
+    REQUIRE(hy_model_load(kTiny.c_str(), &mp, &m) == HY_OK);
+    hy_context* c = nullptr;
+    REQUIRE(hy_context_new(m, nullptr, &c) == HY_OK);  // takes one slot
+    hy_batch* b = nullptr;
+    REQUIRE(hy_batch_new(m, 3, &b) == HY_ERR_CONTEXT_FULL);  // only 2 free
+    REQUIRE(std::string(hy_last_error()).find("2 are free") != std::string::npos);
+    hy_context_free(c);
+    REQUIRE(hy_batch_new(m, 0, &b) == HY_OK);
+    hy_context* c2 = nullptr;
+    REQUIRE(hy_context_new(m, nullptr, &c2) == HY_ERR_CONTEXT_FULL);  // the batch holds every slot
+
+    hy_request_params rp = hy_request_default_params();
+    rp.sampling.temperature = 0.0f;
+    rp.max_tokens = 48;
+    rp.ignore_eos = 1;
+    std::vector<int> ids;
+    for (const auto& n : names) {
+        const auto prompt = golden_case(n)["input_ids"].get<std::vector<int32_t>>();
+        int id = -1;
+        REQUIRE(hy_batch_submit(b, prompt.data(), int(prompt.size()), &rp, &id) == HY_OK);
+        ids.push_back(id);
+    }
+    int running = 1, steps = 0;
+    while (running > 0) {
+        REQUIRE(hy_batch_step(b, &running) == HY_OK);
+        steps++;
+    }
+    for (size_t i = 0; i < ids.size(); i++) {
+        const int32_t* toks = nullptr;
+        const float* lps = nullptr;
+        int n = 0, reason = -1, done = 0;
+        REQUIRE(hy_batch_result(b, ids[i], &toks, &lps, &n, &reason, &done) == HY_OK);
+        INFO("row " << i << " " << names[i]);
+        REQUIRE(done == 1);
+        REQUIRE(reason == HY_STOP_MAX_TOKENS);
+        REQUIRE(std::vector<int32_t>(toks, toks + n) == g["batch"]["greedy_fp32_left_padded"][i].get<std::vector<int32_t>>());
+        for (int k = 0; k < n; k++) REQUIRE(lps[k] <= 0.0f);
+    }
+    REQUIRE(hy_batch_result(b, 99, nullptr, nullptr, nullptr, nullptr, nullptr) == HY_ERR_INVALID_ARGUMENT);
+    REQUIRE(hy_batch_submit(b, nullptr, 0, &rp, &running) == HY_ERR_INVALID_ARGUMENT);
+    hy_batch_free(b);
+    REQUIRE(hy_context_new(m, nullptr, &c2) == HY_OK);  // slots are back
+    hy_context_free(c2);
+    hy_model_free(m);
+}

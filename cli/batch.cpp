@@ -1,0 +1,107 @@
+// hybrid --batch-file: every prompt of a file generated together through the engine's continuous batching
+// (hy_batch_*), one JSON object per prompt on stdout.
+#include <chrono>
+#include <cstdio>
+#include <nlohmann/json.hpp>
+#include <unistd.h>
+
+#include "cli/cli.h"
+
+namespace hy::cli {
+
+namespace {
+
+std::string detokenize(hy_model* m, const int32_t* ids, int n) {
+    std::string out(64, '\0');
+    size_t need = 0;
+    int rc = hy_detokenize(m, ids, n, 1, out.data(), out.size(), &need);
+    if (rc == HY_ERR_INVALID_ARGUMENT && need + 1 > out.size()) {
+        out.assign(need + 1, '\0');
+        rc = hy_detokenize(m, ids, n, 1, out.data(), out.size(), &need);
+    }
+    if (rc != HY_OK) engine_fail(exit_runtime, "detokenize");
+    out.resize(need);
+    return out;
+}
+
+}  // namespace
+
+int run_batch(const Options& o, hy_model* m, double load_ms) {
+    const bool show_summary = o.verbose || isatty(STDERR_FILENO);
+    hy_batch* b = nullptr;
+    if (hy_batch_new(m, 0, &b) != HY_OK) engine_fail(exit_runtime, "cannot start the batch");
+    struct Free {
+        hy_batch* b;
+        ~Free() { hy_batch_free(b); }
+    } guard{b};
+
+    // Tokenize every prompt first: a prompt that cannot run stops the program before any work.
+    std::vector<std::vector<int32_t>> prompts;
+    for (size_t i = 0; i < o.batch_prompts.size(); i++) {
+        std::string text = o.batch_prompts[i];
+        if (o.chat) {
+            std::vector<hy_chat_message> msgs;
+            if (!o.system.empty()) msgs.push_back({"system", o.system.c_str()});
+            msgs.push_back({"user", text.c_str()});
+            text = chat_render(m, msgs, true, thinking_mode(o), false);
+        }
+        std::vector<int32_t> ids = tokenize(m, text);
+        if (ids.empty()) throw Failure(exit_usage, "batch prompt " + std::to_string(i + 1) + " is empty (no tokens)");
+        if (int(ids.size()) >= o.n_ctx)
+            throw Failure(exit_context, "batch prompt " + std::to_string(i + 1) + " has " + std::to_string(ids.size()) +
+                                            " tokens but the context holds " + std::to_string(o.n_ctx) + " (-c)");
+        prompts.push_back(std::move(ids));
+    }
+    std::vector<int> ids(prompts.size());
+    int n_prompt_tokens = 0;
+    for (size_t i = 0; i < prompts.size(); i++) {
+        hy_request_params rp = hy_request_default_params();
+        rp.sampling = o.sampling;
+        rp.sampling.seed = o.sampling.seed + uint64_t(i);
+        rp.max_tokens = o.n_predict < 0 ? o.n_ctx - int(prompts[i].size()) : std::max(1, o.n_predict);
+        if (hy_batch_submit(b, prompts[i].data(), int(prompts[i].size()), &rp, &ids[i]) != HY_OK)
+            engine_fail(exit_usage, "batch prompt " + std::to_string(i + 1));
+        n_prompt_tokens += int(prompts[i].size());
+    }
+
+    // Step until done, printing each result as soon as it and every earlier one are finished (input order).
+    install_sigint_handler();
+    const auto t0 = std::chrono::steady_clock::now();
+    size_t next_out = 0;
+    int n_generated = 0, running = 1, steps = 0;
+    while (next_out < prompts.size()) {
+        if (g_interrupted.load()) {
+            for (int id : ids) hy_batch_cancel(b, id);
+        }
+        if (running > 0) {
+            if (hy_batch_step(b, &running) != HY_OK) engine_fail(exit_runtime, "generation failed");
+            steps++;
+        }
+        for (; next_out < prompts.size(); next_out++) {
+            const int32_t* toks = nullptr;
+            const float* lps = nullptr;
+            int n = 0, reason = 0, done = 0;
+            hy_batch_result(b, ids[next_out], &toks, &lps, &n, &reason, &done);
+            if (!done) break;
+            n_generated += n;
+            nlohmann::ordered_json j = {{"index", next_out},
+                                {"prompt", o.batch_prompts[next_out]},
+                                {"text", detokenize(m, toks, n)},
+                                {"ids", std::vector<int32_t>(toks, toks + n)},
+                                {"logprobs", std::vector<float>(lps, lps + n)},
+                                {"n_prompt", prompts[next_out].size()},
+                                {"stop_reason", hy_stop_reason_name(reason)}};
+            std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
+            std::fflush(stdout);
+        }
+    }
+    const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
+    if (show_summary) {
+        std::fprintf(stderr, "hybrid: load       %10.1f ms\n", load_ms);
+        std::fprintf(stderr, "hybrid: batch      %10.1f ms  %zu prompts (%d tokens), %d generated in %d steps, %.1f tok/s\n",
+                     ms, prompts.size(), n_prompt_tokens, n_generated, steps, ms > 0 ? 1000.0 * n_generated / ms : 0.0);
+    }
+    return g_interrupted.load() ? exit_interrupted : exit_ok;
+}
+
+}  // namespace hy::cli
