@@ -18,15 +18,7 @@ ModelParams params(int n_slots, int max_batch) {
     return p;
 }
 
-std::vector<int32_t> prompt(int n, uint32_t seed) {
-    std::vector<int32_t> ids(static_cast<size_t>(n));
-    uint32_t x = seed;
-    for (auto& t : ids) {
-        x = x * 1664525u + 1013904223u;
-        t = int32_t(2 + (x >> 8) % 4000);
-    }
-    return ids;
-}
+std::vector<int32_t> prompt(int n, uint32_t seed) { return random_prompt(n, seed); }
 
 GenerationResult solo(const GenerationRequest& r) {
     auto m = Model::load(tiny_dir(), params(1, 512));

@@ -21,15 +21,7 @@ ModelParams cpu_params(int n_slots = 1, int max_batch = 512) {
     return p;
 }
 
-std::vector<int32_t> prompt(int n, uint32_t seed) {
-    std::vector<int32_t> ids(static_cast<size_t>(n));
-    uint32_t x = seed;
-    for (auto& t : ids) {
-        x = x * 1664525u + 1013904223u;
-        t = int32_t(2 + (x >> 8) % 4000);
-    }
-    return ids;
-}
+std::vector<int32_t> prompt(int n, uint32_t seed) { return random_prompt(n, seed); }
 
 double max_abs_diff(std::span<const float> a, std::span<const float> b) {
     REQUIRE(a.size() == b.size());

@@ -92,6 +92,17 @@ inline std::string safetensors_image(const TensorMap& m) {
     return out;
 }
 
+// n pseudo-random token ids in [2, 4002) (a fixed LCG, so tests are reproducible).
+inline std::vector<int32_t> random_prompt(int n, uint32_t seed) {
+    std::vector<int32_t> ids(static_cast<size_t>(n));
+    uint32_t x = seed;
+    for (auto& t : ids) {
+        x = x * 1664525u + 1013904223u;
+        t = int32_t(2 + (x >> 8) % 4000);
+    }
+    return ids;
+}
+
 inline void write_safetensors(const std::string& path, const TensorMap& m) { write_text(path, safetensors_image(m)); }
 
 // Copies the tiny model's config.json and tokenizer files into dir, and writes `tensors` as model.safetensors.

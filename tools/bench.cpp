@@ -18,6 +18,7 @@
 #include <random>
 
 #include "model/model.h"
+#include "tools/tool_common.h"
 
 using namespace hy;
 using Clock = std::chrono::steady_clock;
@@ -65,16 +66,8 @@ int main(int argc, char** argv) {
         "ubatch", "prefill chunk (rows per forward step)", cxxopts::value<int>()->default_value("512"))(
         "json", "also write the results to this JSON file", cxxopts::value<std::string>())("h,help", "show this help");
     cxxopts::ParseResult args;
-    try {
-        args = opts.parse(argc, argv);
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "hybrid-bench: %s\n", e.what());
-        return 2;
-    }
-    if (args.count("help") || !args.count("model")) {
-        std::fputs(opts.help().c_str(), args.count("help") ? stdout : stderr);
-        return args.count("help") ? 0 : 2;
-    }
+    int exit_code = 0;
+    if (!tools::parse_args(opts, argc, argv, "hybrid-bench", args, &exit_code)) return exit_code;
     try {
         const std::string dir = args["model"].as<std::string>();
         const int n_prompt = args["prompt"].as<int>(), n_gen = args["gen"].as<int>(), reps = args["reps"].as<int>();
@@ -85,8 +78,7 @@ int main(int argc, char** argv) {
             throw Error(Status::invalid_argument, "-b needs positive batch sizes");
         const std::string dev = args["device"].as<std::string>();
         ModelParams mp;
-        mp.device = dev == "cpu" ? Device::cpu : dev == "cuda" ? Device::cuda : dev == "auto" ? Device::auto_select
-                                                                                                : throw Error(Status::invalid_argument, "--device must be cpu, cuda or auto");
+        mp.device = tools::parse_device(dev);
         mp.n_threads = args["threads"].as<int>();
         mp.n_ctx = n_prompt + n_gen + 1;
         mp.n_slots = max_b;

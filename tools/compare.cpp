@@ -13,6 +13,7 @@
 #include <sstream>
 
 #include "model/model.h"
+#include "tools/tool_common.h"
 #include "model/safetensors.h"
 
 using namespace hy;
@@ -74,22 +75,13 @@ int main(int argc, char** argv) {
         "t,threads", "CPU threads (0: all cores)", cxxopts::value<int>()->default_value("0"))(
         "case", "run only this case", cxxopts::value<std::string>())("h,help", "show this help");
     cxxopts::ParseResult args;
-    try {
-        args = opts.parse(argc, argv);
-    } catch (const std::exception& e) {
-        std::fprintf(stderr, "hybrid-compare: %s\n", e.what());
-        return 2;
-    }
-    if (args.count("help") || !args.count("model")) {
-        std::fputs(opts.help().c_str(), args.count("help") ? stdout : stderr);
-        return args.count("help") ? 0 : 2;
-    }
+    int exit_code = 0;
+    if (!tools::parse_args(opts, argc, argv, "hybrid-compare", args, &exit_code)) return exit_code;
     try {
         const std::string dir = args["model"].as<std::string>();
         const std::string dev = args["device"].as<std::string>();
         ModelParams mp;
-        mp.device = dev == "cpu" ? Device::cpu : dev == "cuda" ? Device::cuda : dev == "auto" ? Device::auto_select
-                                                                                                : throw Error(Status::invalid_argument, "--device must be cpu, cuda or auto, got '" + dev + "'");
+        mp.device = tools::parse_device(dev);
         mp.n_threads = args["threads"].as<int>();
         const std::string golden_path = args.count("golden") ? args["golden"].as<std::string>() : dir + "/golden.json";
         json golden;
