@@ -3,6 +3,10 @@
 // The backend owns its stream, its cuBLASLt handle and a small pinned host staging buffer for the per-batch row
 // map; all device memory is the one arena from alloc(), the backend's scratch being the workspace piece of it.
 // Ops are enqueued on the stream and return at once; download() and synchronize() wait.
+//
+// Steps of at most kGraphMaxTokens rows (decode) are recorded rather than launched and replayed as one CUDA graph
+// (graph.cuh), with the peephole fusions of fuse(); the environment variable HY_CUDA_GRAPHS=0, read when the
+// backend is made, turns this off (every op launched eagerly, unfused), for comparisons and debugging.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
