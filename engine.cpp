@@ -2,7 +2,12 @@
 // and std::exception and turns them into an hy_status plus the thread-local hy_last_error() message.
 #include "engine.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -237,7 +242,8 @@ struct Reader {
     }
 };
 
-void deserialize(hy_context* c, const uint8_t* data, size_t n) {
+// Checks magic, version and fingerprint (the first 24 bytes); throws hy::Error.
+void check_snapshot_header(const hy_context* c, const uint8_t* data, size_t n) {
     Reader r{data, n};
     if (n < 8 || std::memcmp(data, kMagic, 8) != 0) throw Error(Status::format, "not a hybrid snapshot (bad magic)");
     r.pos = 8;
@@ -245,7 +251,7 @@ void deserialize(hy_context* c, const uint8_t* data, size_t n) {
     if (version != kVersion)
         throw Error(Status::format, "snapshot version " + std::to_string(version) + " is not supported (expected " +
                                         std::to_string(kVersion) + ")");
-    const uint32_t flags = r.get<uint32_t>();
+    r.get<uint32_t>();  // flags
     const uint64_t fp = r.get<uint64_t>();
     if (fp != c->m->fingerprint) {
         char msg[160];
@@ -253,6 +259,14 @@ void deserialize(hy_context* c, const uint8_t* data, size_t n) {
                       (unsigned long long)fp, (unsigned long long)c->m->fingerprint);
         throw Error(Status::model_mismatch, msg);
     }
+}
+
+void deserialize(hy_context* c, const uint8_t* data, size_t n) {
+    check_snapshot_header(c, data, n);
+    Reader r{data, n};
+    r.pos = 12;
+    const uint32_t flags = r.get<uint32_t>();
+    r.get<uint64_t>();  // fingerprint
     const uint32_t n_hist = r.get<uint32_t>();
     const uint32_t n_pending = r.get<uint32_t>();
     if (n_pending > n_hist) throw Error(Status::format, "snapshot: pending ids exceed the history");
@@ -281,6 +295,154 @@ void deserialize(hy_context* c, const uint8_t* data, size_t n) {
     c->history = std::move(hist);
     c->n_pending = int(n_pending);
     c->has_logits = has_logits;
+}
+
+// The largest snapshot serialize() can make for a context of this model: the fixed header, n_ctx + 1 history ids
+// (the sequence plus one pending id), a logits row and the slot's state block (Model::save_state: a small header
+// plus at most the slot's share of the state arena).
+size_t max_snapshot_bytes(const hy_context* c) {
+    const hy::Model& model = *c->m->model;
+    return 32 + 4 * (size_t(model.n_ctx()) + 1) + 4 + 4 * size_t(c->m->n_logits) + 8 +
+           model.state_bytes() / size_t(std::max(model.n_slots(), 1)) + 4096;
+}
+
+// Checks the fixed header (magic, version, fingerprint) of a snapshot of n >= 8 bytes; throws hy::Error.
+void check_snapshot_header(const hy_context* c, const uint8_t* data, size_t n);
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+// What a non-regular file is, for messages.
+const char* file_kind(mode_t m) {
+    if (S_ISLNK(m)) return "a symbolic link";
+    if (S_ISDIR(m)) return "a directory";
+    if (S_ISCHR(m) || S_ISBLK(m)) return "a device";
+    if (S_ISFIFO(m)) return "a FIFO";
+    if (S_ISSOCK(m)) return "a socket";
+    return "not a regular file";
+}
+
+// Writes `data` to `path` atomically: a new file PATH.XXXXXX (created with O_EXCL, so no other file is touched)
+// in the same folder, fsync, then a link (overwrite == 0: fails if PATH exists, without a race) or a rename onto
+// PATH. An existing PATH that is not a regular file (symbolic link, device, directory, FIFO) is never replaced.
+// Throws hy::Error(io).
+void write_file_atomic(const std::string& path, const void* data, size_t n, bool overwrite) {
+    struct stat st;
+    if (lstat(path.c_str(), &st) == 0) {
+        if (!S_ISREG(st.st_mode))
+            throw Error(Status::io, path + ": is " + std::string(file_kind(st.st_mode)) + ", not a regular file (not replaced)");
+        if (!overwrite) throw Error(Status::io, path + ": exists (not overwritten)");
+    }
+    std::string tmp;
+    int fd = -1;
+    static thread_local uint64_t counter = 0;
+    for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
+        const uint64_t r = (uint64_t(::getpid()) << 32) ^ uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+                           (++counter * 0x9E3779B97F4A7C15ull);
+        char suffix[16];
+        std::snprintf(suffix, sizeof suffix, ".%06llx", (unsigned long long)(r & 0xFFFFFFull));
+        tmp = path + suffix;
+        fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+        if (fd < 0 && errno != EEXIST) throw Error(Status::io, path + ": cannot write: " + errno_text(errno));
+    }
+    if (fd < 0) throw Error(Status::io, path + ": cannot create a temporary file");
+    auto fail_io = [&](const std::string& what, int e) {
+        if (fd >= 0) ::close(fd);
+        ::unlink(tmp.c_str());
+        throw Error(Status::io, path + ": " + what + ": " + errno_text(e));
+    };
+    const char* p = static_cast<const char*>(data);
+    size_t left = n;
+    while (left > 0) {
+        const ssize_t w = ::write(fd, p, left);
+        if (w < 0) {
+            if (errno == EINTR) continue;
+            fail_io("write failed", errno);
+        }
+        p += w;
+        left -= size_t(w);
+    }
+    if (::fsync(fd) != 0 && errno != EINVAL) fail_io("write failed", errno);
+    const int rc = ::close(fd);
+    fd = -1;
+    if (rc != 0) fail_io("write failed", errno);
+    if (!overwrite) {
+        if (::link(tmp.c_str(), path.c_str()) == 0) {
+            ::unlink(tmp.c_str());
+        } else if (errno == EEXIST) {
+            ::unlink(tmp.c_str());
+            throw Error(Status::io, path + ": exists (not overwritten)");
+        } else if (errno == EPERM || errno == EOPNOTSUPP || errno == ENOSYS || errno == EMLINK) {
+            // no hard links on this filesystem: check again, then rename
+            if (lstat(path.c_str(), &st) == 0) {
+                ::unlink(tmp.c_str());
+                throw Error(Status::io, path + ": exists (not overwritten)");
+            }
+            if (::rename(tmp.c_str(), path.c_str()) != 0) fail_io("cannot rename the temporary file", errno);
+        } else {
+            fail_io("cannot create", errno);
+        }
+    } else {
+        if (lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
+            ::unlink(tmp.c_str());
+            throw Error(Status::io, path + ": is " + std::string(file_kind(st.st_mode)) + ", not a regular file (not replaced)");
+        }
+        if (::rename(tmp.c_str(), path.c_str()) != 0) fail_io("cannot rename the temporary file", errno);
+    }
+    // make the new name durable too (best effort)
+    const size_t slash = path.find_last_of('/');
+    const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
+    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (dfd >= 0) {
+        ::fsync(dfd);
+        ::close(dfd);
+    }
+}
+
+// Reads a snapshot file: a regular file whose fixed header is checked before the rest is read, and whose size is
+// at most max_snapshot_bytes(c). Throws hy::Error (io, format, model_mismatch) naming the path.
+std::vector<uint8_t> read_snapshot_file(const hy_context* c, const std::string& path) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) throw Error(Status::io, path + ": cannot open: " + errno_text(errno));
+    if (!S_ISREG(st.st_mode))
+        throw Error(Status::io, path + ": is " + std::string(file_kind(st.st_mode)) + ", not a regular file");
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
+    if (fd < 0) throw Error(Status::io, path + ": cannot open: " + errno_text(errno));
+    struct Closer {
+        int fd;
+        ~Closer() { ::close(fd); }
+    } closer{fd};
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw Error(Status::io, path + ": not a regular file");
+    const uint64_t size = uint64_t(st.st_size);
+    auto read_at_most = [&](uint8_t* dst, size_t n) {
+        size_t got = 0;
+        while (got < n) {
+            const ssize_t r = ::read(fd, dst + got, n - got);
+            if (r < 0) {
+                if (errno == EINTR) continue;
+                throw Error(Status::io, path + ": read failed: " + errno_text(errno));
+            }
+            if (r == 0) break;
+            got += size_t(r);
+        }
+        return got;
+    };
+    uint8_t head[32];
+    const size_t nh = read_at_most(head, sizeof head);
+    try {
+        check_snapshot_header(c, head, nh);
+        const size_t cap = max_snapshot_bytes(c);
+        if (size > cap)
+            throw Error(Status::format, "snapshot file has " + std::to_string(size) +
+                                            " bytes, more than any snapshot of this model (at most " +
+                                            std::to_string(cap) + ")");
+    } catch (const Error& e) {
+        throw Error(e.status(), path + ": " + e.what());
+    }
+    std::vector<uint8_t> data(size_t(size) + 1);
+    std::memcpy(data.data(), head, nh);
+    const size_t got = nh + read_at_most(data.data() + nh, data.size() - nh);
+    data.resize(got);
+    return data;
 }
 
 void context_clear(hy_context* c) {
@@ -608,26 +770,8 @@ int hy_state_load(hy_context* c, const void* buf, size_t n) {
 int hy_state_save_file(const hy_context* c, const char* path, int overwrite) {
     return guard([&] {
         HY_CHECK_ARG(c && path && *path, "hy_state_save_file: ctx and path must be given");
-        std::error_code ec;
-        if (!overwrite && fs::exists(path, ec)) return fail(Status::io, std::string(path) + ": exists (not overwritten)");
-        if (fs::is_directory(path, ec)) return fail(Status::io, std::string(path) + ": is a folder");
         const std::vector<uint8_t> s = serialize(c);
-        const std::string tmp = std::string(path) + ".tmp";
-        {
-            std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-            if (!f) return fail(Status::io, tmp + ": cannot write");
-            f.write(reinterpret_cast<const char*>(s.data()), std::streamsize(s.size()));
-            f.close();
-            if (!f) {
-                fs::remove(tmp, ec);
-                return fail(Status::io, tmp + ": write failed");
-            }
-        }
-        fs::rename(tmp, path, ec);
-        if (ec) {
-            fs::remove(tmp, ec);
-            return fail(Status::io, std::string(path) + ": cannot rename the temporary file");
-        }
+        write_file_atomic(path, s.data(), s.size(), overwrite != 0);
         return int(Status::ok);
     });
 }
@@ -635,20 +779,20 @@ int hy_state_save_file(const hy_context* c, const char* path, int overwrite) {
 int hy_state_load_file(hy_context* c, const char* path) {
     return guard([&] {
         HY_CHECK_ARG(c && path, "hy_state_load_file: ctx and path must not be NULL");
-        std::error_code ec;
-        if (fs::is_directory(path, ec)) return fail(Status::io, std::string(path) + ": is a folder");
-        std::ifstream f(path, std::ios::binary);
-        if (!f) return fail(Status::io, std::string(path) + ": cannot open");
-        std::vector<uint8_t> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+        std::vector<uint8_t> data;
         try {
+            data = read_snapshot_file(c, path);
             deserialize(c, data.data(), data.size());
         } catch (const Error& e) {
-            context_clear(c);
-            throw Error(e.status(), std::string(path) + ": " + e.what());
+            if (e.status() != Status::io) context_clear(c);  // unreadable: the context is left as it was
+            const std::string msg = e.what();
+            throw Error(e.status(), msg.rfind(std::string(path) + ": ", 0) == 0 ? msg : std::string(path) + ": " + msg);
         }
         return int(Status::ok);
     });
 }
+
+size_t hy_state_size_max(const hy_context* c) { return c ? max_snapshot_bytes(c) : 0; }
 
 // ---- sampling ----
 hy_sampler_params hy_sampler_default_params(void) {

@@ -215,12 +215,19 @@ int hy_state_save(const hy_context* ctx, void* buf, size_t cap, size_t* n_out);
  * differ), HY_ERR_CONTEXT_FULL (more tokens than n_ctx). On error the context is left empty (reset). */
 int hy_state_load(hy_context* ctx, const void* buf, size_t n);
 
-/* hy_state_save to a file. overwrite == 0 refuses an existing path (HY_ERR_IO, message "... exists"). The file is
- * written to PATH.tmp then renamed, so a failure never leaves a half-written PATH. */
+/* hy_state_save to a file. overwrite == 0 refuses an existing path (HY_ERR_IO, message "... exists"). An existing
+ * path that is not a regular file (symbolic link, device, directory, FIFO) is refused even with overwrite. The
+ * snapshot is written to a new, uniquely named file PATH.XXXXXX in the same folder (no other file is touched),
+ * synced, then linked or renamed onto PATH, so a failure never leaves a half-written PATH. */
 int hy_state_save_file(const hy_context* ctx, const char* path, int overwrite);
 
-/* hy_state_load from a file. HY_ERR_IO when it cannot be read, else as hy_state_load. */
+/* hy_state_load from a file. HY_ERR_IO when it cannot be read or is not a regular file (the context is then left
+ * unchanged); the fixed header is checked before the rest is read, and a file larger than hy_state_size_max() is
+ * refused (HY_ERR_FORMAT); else as hy_state_load. */
 int hy_state_load_file(hy_context* ctx, const char* path);
+
+/* An upper bound of the size of any snapshot of a context of this model (a full context); 0 for NULL. */
+size_t hy_state_size_max(const hy_context* ctx);
 
 /* ---- sampling (formulas and order: model/sampler.h) ------------------------------------------------------------ */
 typedef struct hy_sampler_params {

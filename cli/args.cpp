@@ -1,9 +1,9 @@
 // Command-line options of `hybrid` (cxxopts), their validation and the help text with the exit codes.
+#include <cerrno>
 #include <cmath>
 #include <cstdio>
 #include <cstring>
 #include <cxxopts.hpp>
-#include <fstream>
 #include <random>
 #include <sstream>
 
@@ -22,7 +22,8 @@ const char* kExitCodes =
     "\n"
     "Interactive chat (-i, -cnv): one line per user turn (stdin may be a pipe); -p TEXT is the first turn. Each\n"
     "  turn prefills only its new tokens; an answer ends at the end-of-turn token or after -n tokens. Commands:\n"
-    "  /reset, /save FILE (refuses to overwrite; /save! FILE overwrites), /load FILE, /help, /exit.\n"
+    "  /reset, /save FILE (refuses to overwrite; /save! FILE overwrites; never a symbolic link, device or\n"
+    "  directory), /load FILE, /help, /exit.\n"
     "  Ctrl-C stops the current answer, Ctrl-D (end of input) exits. When stdin is not a terminal, a failing\n"
     "  command ends the program with its exit code. Answers go to stdout, each followed by a newline.\n"
     "\n"
@@ -37,8 +38,8 @@ const char* kExitCodes =
     "  2    the model could not be loaded (missing folder, malformed or unsupported files, no GPU)\n"
     "  3    the prompt or the conversation does not fit the context (-c)\n"
     "  4    a snapshot could not be loaded (not a snapshot, truncated, saved from another model)\n"
-    "  5    a file could not be read or written (-f FILE, /save FILE exists or is not writable)\n"
-    "  6    generation failed (backend error)\n"
+    "  5    a file could not be read or written (-f FILE, /save FILE exists or is not writable), or stdout\n"
+    "  6    generation failed (backend error; the model produced NaN or inf logits)\n"
     "  130  interrupted by Ctrl-C (one-shot mode)\n";
 
 [[noreturn]] void usage(const std::string& msg) { throw Failure(exit_usage, msg); }
@@ -124,23 +125,24 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         ("t,threads", "CPU threads (0: all cores)", cxxopts::value<int>()->default_value("0"))
         ("device", "auto, cpu or cuda", cxxopts::value<std::string>()->default_value("auto"));
     opts.add_options("Prompt")
-        ("p,prompt", "prompt text (escapes \\n \\t \\r \\\\ \\\" \\' processed)", cxxopts::value<std::string>())
-        ("f,file", "read the prompt from FILE (as is)", cxxopts::value<std::string>())
+        ("p,prompt", "prompt text (escapes \\n \\t \\r \\0 \\\\ \\\" \\' processed)", cxxopts::value<std::string>())
+        ("f,file", "read the prompt from FILE (as is; at most 256 MiB; a pipe such as /dev/stdin is read to its "
+                   "end)", cxxopts::value<std::string>())
         ("prompt-ids", "prompt as token ids, e.g. 1,2,3; prints the generated ids", cxxopts::value<std::string>())
         ("no-escape", "do not process escapes in -p and --stop")
         ("chat", "apply the chat format to the prompt (a user message)")
         ("system", "system message for --chat and -i", cxxopts::value<std::string>())
         ("no-think", "chat: disable thinking (empty <think></think> block)")
         ("i,interactive", "interactive chat (REPL); also -cnv")
-        ("batch-file", "generate for every line of FILE (one prompt per line, escapes processed) together; "
-                       "writes JSONL to stdout", cxxopts::value<std::string>())
+        ("batch-file", "generate for every line of FILE (one prompt per line, escapes processed; at most "
+                       "256 MiB) together; writes JSONL to stdout", cxxopts::value<std::string>())
         ("parallel", "--batch-file: sequences generated at once (sequence slots); also -np",
          cxxopts::value<int>()->default_value("8"));
     opts.add_options("Generation")
         ("n,n-predict", "tokens to generate; -1: until end of sequence or the context is full",
          cxxopts::value<int>()->default_value("-1"))
         ("stop", "stop when the output contains STR (repeatable; not printed)", cxxopts::value<std::string>())
-        ("s,seed", "RNG seed; -1: random", cxxopts::value<int64_t>()->default_value("-1"))
+        ("s,seed", "RNG seed in [0, 2^64-1]; -1: random", cxxopts::value<std::string>()->default_value("-1"))
         ("temp", "temperature; <= 0: greedy", cxxopts::value<float>()->default_value("0.8"))
         ("top-k", "top-k sampling; <= 0: off", cxxopts::value<int>()->default_value("40"))
         ("top-p", "top-p (nucleus) sampling; 1: off", cxxopts::value<float>()->default_value("0.95"))
@@ -163,12 +165,14 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         usage(std::string(e.what()) + " (see --help)");
     }
     if (r.count("help")) {
-        std::printf("%s\n%s", opts.help().c_str(), kExitCodes);
+        const std::string text = opts.help() + "\n" + kExitCodes;
+        write_stdout(text.data(), text.size());  // a write error is reported by main()
         *exit_code = exit_ok;
         return false;
     }
     if (r.count("version")) {
-        std::printf("hybrid %s\n", hy_version());
+        const std::string text = std::string("hybrid ") + hy_version() + "\n";
+        write_stdout(text.data(), text.size());
         *exit_code = exit_ok;
         return false;
     }
@@ -187,13 +191,17 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     else if (dev == "cuda") o.device = HY_DEVICE_CUDA;
     else usage("--device must be auto, cpu or cuda, got '" + dev + "'");
 
+    // cxxopts keeps the last of repeated values: a repeated single-valued option is an error, not a silent choice
+    for (const char* name : {"model", "prompt", "file", "prompt-ids", "batch-file", "system", "ctx-size", "threads",
+                             "device", "parallel", "n-predict", "seed", "temp", "top-k", "top-p", "min-p",
+                             "repeat-penalty", "repeat-last-n", "presence-penalty", "frequency-penalty"})
+        if (r.count(name) > 1) usage(std::string("--") + name + " was given more than once");
     const int n_sources = int(r.count("prompt") > 0) + int(r.count("file") > 0) + int(r.count("prompt-ids") > 0) +
                           int(r.count("batch-file") > 0);
     if (n_sources > 1) usage("give only one of -p, -f, --prompt-ids and --batch-file");
     if (r.count("batch-file")) {
         const std::string path = r["batch-file"].as<std::string>();
-        std::ifstream in(path, std::ios::binary);
-        if (!in) throw Failure(exit_io, path + ": cannot read the batch file");
+        std::istringstream in(read_input_file(path));
         std::string line;
         while (std::getline(in, line)) {
             if (!line.empty() && line.back() == '\r') line.pop_back();
@@ -210,12 +218,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         o.has_prompt = true;
     }
     if (r.count("file")) {
-        const std::string path = r["file"].as<std::string>();
-        std::ifstream in(path, std::ios::binary);
-        if (!in) throw Failure(exit_io, path + ": cannot read the prompt file");
-        std::stringstream ss;
-        ss << in.rdbuf();
-        o.prompt = ss.str();
+        o.prompt = read_input_file(r["file"].as<std::string>());
         o.has_prompt = true;
     }
     if (r.count("prompt-ids")) {
@@ -231,6 +234,9 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     if (o.chat && o.has_prompt_ids) usage("--chat needs a text prompt (-p or -f), not --prompt-ids");
     if (o.interactive && o.has_prompt_ids) usage("-i does not take --prompt-ids");
     if (o.interactive && o.has_batch) usage("-i does not take --batch-file");
+    if (o.has_batch && !stops.empty()) usage("--stop is not supported with --batch-file");
+    if (r.count("parallel") && !o.has_batch) usage("--parallel (-np) needs --batch-file");
+    if (o.no_think && !o.chat && !o.interactive) usage("--no-think needs --chat or -i");
     if (!o.interactive && !o.has_prompt && !o.has_prompt_ids && !o.has_batch)
         usage("no prompt: give -p TEXT, -f FILE, --prompt-ids, --batch-file or -i");
 
@@ -260,9 +266,20 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     if (sp.min_p < 0.0f || sp.min_p > 1.0f) usage("--min-p must be in [0, 1], got " + std::to_string(sp.min_p));
     if (sp.repeat_penalty <= 0.0f) usage("--repeat-penalty must be > 0, got " + std::to_string(sp.repeat_penalty));
     if (sp.repeat_last_n < -1) usage("--repeat-last-n must be >= -1, got " + std::to_string(sp.repeat_last_n));
-    o.seed = r["seed"].as<int64_t>();
-    if (o.seed < -1) usage("-s must be >= -1, got " + std::to_string(o.seed));
-    sp.seed = o.seed == -1 ? (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}() : uint64_t(o.seed);
+    const std::string seed = r["seed"].as<std::string>();
+    o.random_seed = seed == "-1";
+    if (o.random_seed) {
+        sp.seed = (uint64_t(std::random_device{}()) << 32) ^ std::random_device{}();
+    } else {
+        // every uint64 (--verbose prints random seeds in that range); digits only, no sign, no overflow
+        char* end = nullptr;
+        errno = 0;
+        const unsigned long long v = std::strtoull(seed.c_str(), &end, 10);
+        if (seed.empty() || seed.find_first_not_of("0123456789") != std::string::npos || *end != '\0' ||
+            errno == ERANGE)
+            usage("-s must be -1 or an integer in [0, 18446744073709551615], got '" + seed + "'");
+        sp.seed = uint64_t(v);
+    }
     return true;
 }
 

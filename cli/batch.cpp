@@ -91,8 +91,8 @@ int run_batch(const Options& o, hy_model* m, double load_ms) {
                                 {"logprobs", std::vector<float>(lps, lps + n)},
                                 {"n_prompt", prompts[next_out].size()},
                                 {"stop_reason", hy_stop_reason_name(reason)}};
-            std::printf("%s\n", j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace).c_str());
-            std::fflush(stdout);
+            const std::string line = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+            if (!write_stdout(line.data(), line.size())) check_stdout();  // stops the batch: the output is lost
         }
     }
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

@@ -19,7 +19,7 @@ enum Exit : int {
     exit_model = 2,        // the model could not be loaded (missing folder, malformed files, backend)
     exit_context = 3,      // the prompt or the conversation does not fit the context (-c)
     exit_snapshot = 4,     // a snapshot could not be loaded (not a snapshot, another model)
-    exit_io = 5,           // a file could not be read or written (-f FILE, /save FILE)
+    exit_io = 5,           // a file could not be read or written (-f FILE, /save FILE, stdout)
     exit_runtime = 6,      // generation failed (backend error)
     exit_interrupted = 130 // Ctrl-C stopped a one-shot generation
 };
@@ -41,7 +41,7 @@ struct Options {
     int n_threads = 0;                  // -t: 0 all cores
     hy_device device = HY_DEVICE_AUTO;  // --device
     hy_sampler_params sampling{};       // --temp, --top-k, ... and -s
-    int64_t seed = -1;                  // -s as given (-1: random)
+    bool random_seed = true;            // -s -1 (the default): sampling.seed was drawn at random
     std::vector<std::string> stop;      // --stop (repeatable)
     bool no_think = false;              // --no-think
     std::string system;                 // --system
@@ -60,6 +60,38 @@ bool parse_options(int argc, char** argv, Options& opts, int* exit_code);
 
 // Replaces \n, \t, \r, \\, \", \' and \0 by the characters; any other backslash sequence stays as written.
 std::string process_escapes(const std::string& s);
+
+// ---- files (cli/files.cpp); every failure throws Failure(exit_io) with "PATH: reason" ----
+constexpr size_t kMaxInputFile = size_t(256) << 20;  // -f and --batch-file: 256 MiB
+
+// "a directory", "a symbolic link", "a device", "a FIFO", ... for an st_mode.
+const char* file_kind(unsigned mode);
+
+// Reads a whole input file of at most `cap` bytes: a regular file, or a pipe/terminal/device such as /dev/stdin
+// (read until end of file, at most cap bytes). Refuses a directory ("PATH: is a directory") and a larger file
+// ("PATH: larger than 256 MiB").
+std::string read_input_file(const std::string& path, size_t cap = kMaxInputFile);
+
+// Opens a regular file (anything else is refused without opening it) and reads its first n bytes (fewer if it
+// is shorter). *size receives the file size and *fd the open descriptor, which read_rest() reads and closes.
+std::string read_regular_file_head(const std::string& path, size_t n, uint64_t* size, int* fd);
+std::string read_rest(int fd, size_t n, const std::string& path);
+
+// Writes data to path through a uniquely named temporary file in the same folder (fsync, then link or rename), so
+// no other file is touched and a failure leaves no half-written path. Refuses an existing path that is not a
+// regular file (symbolic link, device, directory, FIFO), even with overwrite; without overwrite an existing path
+// is refused with "PATH: " + exists_msg.
+void write_file_atomic(const std::string& path, const std::string& data, bool overwrite, const std::string& exists_msg);
+
+// ---- stdout (cli/main.cpp): write errors (a full disk, a closed pipe or descriptor) end the program with
+// exit_io and "cannot write to stdout: <reason>" ----
+extern int g_stdout_errno;  // the first write error on stdout (0: none)
+// Flushes stdout; false when this or an earlier write failed.
+bool stdout_ok();
+// Writes and flushes; false on a write error (the caller stops producing output).
+bool write_stdout(const char* data, size_t n);
+// Throws Failure(exit_io) when a write to stdout failed.
+void check_stdout();
 
 // Set by the SIGINT handler; token callbacks read it to stop the current answer.
 extern std::atomic<bool> g_interrupted;

@@ -1,6 +1,9 @@
 // hybrid: the command-line program. One-shot generation from -p / -f / --prompt-ids (only the continuation is
 // printed, on stdout), or the interactive chat REPL (-i, cli/repl.cpp). Options and exit codes: cli/args.cpp
 // (--help). Everything goes through engine.h.
+#include <fcntl.h>
+
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
@@ -13,6 +16,7 @@
 namespace hy::cli {
 
 std::atomic<bool> g_interrupted{false};
+int g_stdout_errno = 0;
 
 namespace {
 
@@ -38,8 +42,7 @@ int on_token(const hy_token_info* t, void* ud) {
     auto* s = static_cast<OneShot*>(ud);
     if (t->id >= 0) s->ids.push_back(t->id);
     if (s->print_text && t->text_len > 0) {
-        std::fwrite(t->text, 1, t->text_len, stdout);
-        std::fflush(stdout);
+        if (!write_stdout(t->text, t->text_len)) return 1;  // stop early: the output is lost
         s->ends_with_newline = t->text[t->text_len - 1] == '\n';
     }
     return g_interrupted.load() ? 1 : 0;
@@ -56,6 +59,29 @@ int status_exit_code(int status) {
 }
 
 }  // namespace
+
+bool stdout_ok() {
+    if (g_stdout_errno != 0) return false;
+    errno = 0;
+    const bool flushed = std::fflush(stdout) == 0;
+    if (flushed && !std::ferror(stdout)) return true;
+    g_stdout_errno = errno != 0 ? errno : EIO;
+    return false;
+}
+
+bool write_stdout(const char* data, size_t n) {
+    if (g_stdout_errno != 0) return false;
+    errno = 0;
+    if (n > 0 && std::fwrite(data, 1, n, stdout) != n) {
+        g_stdout_errno = errno != 0 ? errno : EIO;
+        return false;
+    }
+    return stdout_ok();
+}
+
+void check_stdout() {
+    if (!stdout_ok()) throw Failure(exit_io, std::string("cannot write to stdout: ") + std::strerror(g_stdout_errno));
+}
 
 void install_sigint_handler() {
     struct sigaction sa;
@@ -197,13 +223,14 @@ int run(int argc, char** argv) {
     for (int32_t id : ids) hy_sampler_accept(h.s, id);  // penalties look at the prompt too (as llama.cpp)
     const int g = hy_generate(h.c, h.s, ids.data(), int(ids.size()), &gp, &res);
     if (g != HY_OK) engine_fail(status_exit_code(g), "generation failed");
+    check_stdout();
     if (o.has_prompt_ids) {
         for (size_t i = 0; i < st.ids.size(); i++) std::printf("%s%d", i ? "," : "", st.ids[i]);
         std::printf("\n");
     } else if (!st.ends_with_newline && (isatty(STDOUT_FILENO) || (show_summary && same_target()))) {
         std::printf("\n");  // the shell prompt or the summary starts on a new line
     }
-    std::fflush(stdout);
+    check_stdout();
     if (show_summary) print_summary(load_ms, res);
     return res.stop_reason == HY_STOP_CALLBACK && g_interrupted.load() ? exit_interrupted : exit_ok;
 }
@@ -211,9 +238,29 @@ int run(int argc, char** argv) {
 }  // namespace
 }  // namespace hy::cli
 
+// A closed standard descriptor (e.g. `>&-`) would be reused by the next open() (a model file could become
+// "stdout"): put /dev/null there, read-only, so that writes still fail (EBADF) and are reported.
+static void guard_std_fds() {
+    for (int fd = 0; fd <= 2; fd++) {
+        if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+        const int n = open("/dev/null", O_RDONLY | O_CLOEXEC);
+        if (n >= 0 && n != fd) {
+            dup2(n, fd);
+            close(n);
+        }
+    }
+}
+
 int main(int argc, char** argv) {
+    guard_std_fds();
     try {
-        return hy::cli::run(argc, argv);
+        int code = hy::cli::run(argc, argv);
+        // a write error not reported yet (an error exit has printed its message already)
+        if (!hy::cli::stdout_ok() && (code == hy::cli::exit_ok || code == hy::cli::exit_interrupted)) {
+            std::fprintf(stderr, "hybrid: error: cannot write to stdout: %s\n", std::strerror(hy::cli::g_stdout_errno));
+            code = hy::cli::exit_io;
+        }
+        return code;
     } catch (const hy::cli::Failure& f) {
         std::fflush(stdout);
         std::fprintf(stderr, "hybrid: error: %s\n", f.what());

@@ -10,8 +10,6 @@
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
-#include <filesystem>
-#include <fstream>
 #include <iostream>
 #include <nlohmann/json.hpp>
 #include <unistd.h>
@@ -75,9 +73,8 @@ struct Repl {
     static int on_token(const hy_token_info* t, void* ud) {
         auto* r = static_cast<Repl*>(ud);
         if (t->text_len > 0) {
-            std::fwrite(t->text, 1, t->text_len, stdout);
-            std::fflush(stdout);
             r->answer.append(t->text, t->text_len);
+            if (!write_stdout(t->text, t->text_len)) return 1;  // stop early: the output is lost
         }
         return g_interrupted.load() ? 1 : 0;
     }
@@ -119,10 +116,10 @@ struct Repl {
         hy_generate_result res{};
         for (int32_t id : ids) hy_sampler_accept(s, id);  // penalties look at the whole conversation
         const int rc = hy_generate(c, s, ids.data(), int(ids.size()), &gp, &res);
-        std::fputs("\n", stdout);
-        std::fflush(stdout);
+        write_stdout("\n", 1);
         if (rc != HY_OK)
             engine_fail(rc == HY_ERR_CONTEXT_FULL ? exit_context : exit_runtime, "generation failed");
+        check_stdout();
         messages.push_back({"user", user});
         messages.push_back({"assistant", answer});
         total.n_prompt += res.n_prompt;
@@ -136,11 +133,7 @@ struct Repl {
 
     // ---- commands ----
     void save(const std::string& path, bool overwrite) {
-        namespace fs = std::filesystem;
-        std::error_code ec;
         if (path.empty()) throw Failure(exit_usage, "/save needs a file name");
-        if (!overwrite && fs::exists(path, ec))
-            throw Failure(exit_io, path + ": exists (use /save! FILE to overwrite)");
         size_t n = 0;
         if (hy_state_save(c, nullptr, 0, &n) != HY_OK) engine_fail(exit_runtime, "save");
         std::vector<char> snap(n);
@@ -151,43 +144,42 @@ struct Repl {
         j["messages"] = nlohmann::json::array();
         for (const auto& msg : messages) j["messages"].push_back({{"role", msg.role}, {"content", msg.content}});
         const std::string header = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-        const std::string tmp = path + ".tmp";
-        {
-            std::ofstream f(tmp, std::ios::binary | std::ios::trunc);
-            if (!f) throw Failure(exit_io, path + ": cannot write");
-            const uint32_t hl = uint32_t(header.size());
-            f.write(kChatMagic, 8);
-            f.write(reinterpret_cast<const char*>(&hl), 4);
-            f.write(header.data(), std::streamsize(header.size()));
-            f.write(snap.data(), std::streamsize(snap.size()));
-            f.close();
-            if (!f) {
-                fs::remove(tmp, ec);
-                throw Failure(exit_io, path + ": write failed");
-            }
-        }
-        fs::rename(tmp, path, ec);
-        if (ec) {
-            fs::remove(tmp, ec);
-            throw Failure(exit_io, path + ": cannot write");
-        }
+        std::string data;
+        data.reserve(12 + header.size() + snap.size());
+        const uint32_t hl = uint32_t(header.size());
+        data.append(kChatMagic, 8);
+        data.append(reinterpret_cast<const char*>(&hl), 4);
+        data += header;
+        data.append(snap.data(), snap.size());
+        write_file_atomic(path, data, overwrite, "exists (use /save! FILE to overwrite)");
         if (tty_in) std::fprintf(stderr, "saved %d tokens to %s\n", hy_context_n_tokens(c), path.c_str());
     }
 
     void load(const std::string& path) {
         if (path.empty()) throw Failure(exit_usage, "/load needs a file name");
-        std::ifstream f(path, std::ios::binary);
-        std::error_code ec;
-        if (!f || std::filesystem::is_directory(path, ec)) throw Failure(exit_io, path + ": cannot read");
-        std::vector<char> data((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+        // A regular file only (a FIFO would block, /dev/zero never ends); the fixed header is checked before
+        // anything else is read, and the size is bounded by the JSON header's length plus the largest snapshot.
+        uint64_t size = 0;
+        int fd = -1;
+        const std::string head = read_regular_file_head(path, 12, &size, &fd);
+        const uint32_t max_header = 64u << 20;  // the messages of a conversation that fits the context
         uint32_t hl = 0;
-        if (data.size() < 12 || std::memcmp(data.data(), kChatMagic, 8) != 0)
+        if (head.size() >= 12) std::memcpy(&hl, head.data() + 8, 4);
+        if (head.size() < 12 || std::memcmp(head.data(), kChatMagic, 8) != 0 || hl > max_header) {
+            read_rest(fd, 0, path);  // closes fd
             throw Failure(exit_snapshot, path + ": not a hybrid conversation file");
-        std::memcpy(&hl, data.data() + 8, 4);
-        if (hl > data.size() - 12) throw Failure(exit_snapshot, path + ": truncated conversation file");
+        }
+        const uint64_t max_size = 12 + uint64_t(hl) + hy_state_size_max(c);
+        if (size > max_size) {
+            read_rest(fd, 0, path);
+            throw Failure(exit_snapshot, path + ": " + std::to_string(size) +
+                                             " bytes, larger than any conversation file of this model");
+        }
+        const std::string rest = read_rest(fd, size_t(size - 12), path);
+        if (rest.size() < hl) throw Failure(exit_snapshot, path + ": truncated conversation file");
         std::vector<Message> msgs;
         try {
-            const nlohmann::json j = nlohmann::json::parse(data.begin() + 12, data.begin() + 12 + hl);
+            const nlohmann::json j = nlohmann::json::parse(rest.begin(), rest.begin() + hl);
             for (const auto& e : j.at("messages"))
                 msgs.push_back({e.at("role").get<std::string>(), e.at("content").get<std::string>()});
         } catch (const nlohmann::json::exception& e) {
@@ -200,7 +192,7 @@ struct Repl {
             backup.resize(n);
             if (hy_state_save(c, backup.data(), n, &n) != HY_OK) backup.clear();
         }
-        const int rc = hy_state_load(c, data.data() + 12 + hl, data.size() - 12 - hl);
+        const int rc = hy_state_load(c, rest.data() + hl, rest.size() - hl);
         if (rc != HY_OK) {
             const std::string msg = path + ": " + hy_last_error();
             if (!backup.empty()) hy_state_load(c, backup.data(), backup.size());
@@ -261,7 +253,7 @@ int run_repl(const Options& o, hy_model* m, hy_context* c, hy_sampler* s, double
         } catch (const Failure& f) {
             std::fflush(stdout);
             std::fprintf(stderr, "hybrid: error: %s\n", f.what());
-            if (!r.tty_in) return f.code;  // scripted: a failure ends the session
+            if (!r.tty_in || g_stdout_errno != 0) return f.code;  // scripted, or stdout is lost: the session ends
         }
         return -1;
     };

@@ -162,6 +162,12 @@ int32_t Sampler::sample(std::span<const float> logits) {
     const size_t nv = size_t(n_valid_);
     std::copy(logits.begin(), logits.begin() + std::ptrdiff_t(nv), work_.begin());
     for (int32_t id : banned_) work_[size_t(id)] = -std::numeric_limits<float>::infinity();
+    // a row without any finite value (NaN or inf weights or activations) has no distribution to sample from:
+    // an error, not a silent id 0
+    size_t first_finite = 0;
+    while (first_finite < nv && !std::isfinite(work_[first_finite])) first_finite++;
+    if (first_finite == nv)
+        throw Error(Status::backend, "the model produced no finite logits (NaN or inf weights or activations?)");
     apply_penalties(std::span<float>(work_.data(), nv));
     const float* x = work_.data();
 

@@ -3,7 +3,8 @@
 //
 // The pipeline applied by Sampler::sample() to one row of logits (F32 [n_logits]), in this order:
 //   1. mask:      ids >= n_valid (the embedding may have more rows than the tokenizer has ids; QWEN35.md) and
-//                 the banned ids (set_banned) are never candidates; NaN logits count as -inf.
+//                 the banned ids (set_banned) are never candidates; NaN logits count as -inf. A row with no
+//                 finite logit left is an error (hy::Error backend), not a draw.
 //   2. penalties over the last `repeat_last_n` accepted ids (the window; -1 = every accepted id, 0 = none):
 //                 repetition (CTRL paper, Keskar et al. 2019, as llama.cpp): each distinct id in the window once:
 //                 logit > 0 ? logit / repeat_penalty : logit * repeat_penalty;
@@ -59,7 +60,8 @@ public:
     int n_valid() const { return n_valid_; }
 
     // Picks one id in [0, n_valid) from `logits` (F32 [n_logits]) by the pipeline above. Does not record it: call
-    // accept() with the id that was actually used. Throws invalid_argument when logits.size() != n_logits.
+    // accept() with the id that was actually used. Throws invalid_argument when logits.size() != n_logits, and
+    // backend ("the model produced no finite logits ...") when no id that may be sampled has a finite logit.
     int32_t sample(std::span<const float> logits);
 
     // Records an id in the penalty history (prompt ids may be accepted too, as llama.cpp does). Ids outside

@@ -2,9 +2,11 @@
 // exit codes and messages, the scripted chat REPL against a one-shot run of the whole conversation, /save + /load.
 // The programs run on the CPU backend (the goldens are fp32 CPU outputs) with -t 1, so that a busy machine does not
 // slow the OpenMP threads down.
+#include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
@@ -15,6 +17,7 @@
 #include <vector>
 
 #include "engine.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 
@@ -364,4 +367,202 @@ TEST_CASE("cli: --batch-file writes one JSON line per prompt, each equal to its 
     REQUIRE(e.rc == 1);
     REQUIRE(e.err.find("holds no prompt") != std::string::npos);
     REQUIRE(hybrid({"-m", "models/tiny", "--batch-file", file, "-np", "0"}).rc == 1);
+}
+
+namespace {
+
+// Runs `hybrid -t 1 --device cpu args... <stdin_redirect >stdout_redirect 2>ERR` through the shell; returns the
+// exit code and stderr (stdout goes where the redirection says, e.g. "/dev/full" or "&-").
+Run hybrid_redirected(const std::vector<std::string>& args, const std::string& out_redirect,
+                      const std::string& input = "") {
+    static TempDir tmp("redir");
+    static int counter = 0;
+    const std::string base = (tmp.path / ("run" + std::to_string(counter++))).string();
+    std::ofstream(base + ".in", std::ios::binary) << input;
+    std::string cmd = "cd " + quote(kSrc) + " && " + quote(kBin + "/hybrid") + " -t 1 --device cpu";
+    for (const auto& a : args) cmd += " " + quote(a);
+    cmd += " < " + quote(base + ".in") + " >" + out_redirect + " 2> " + quote(base + ".err");
+    const int st = std::system(cmd.c_str());
+    Run r;
+    r.rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+    r.err = slurp(base + ".err");
+    return r;
+}
+
+void check_one_line_error(const Run& r, int code, const std::string& needle) {
+    INFO(r.err);
+    CHECK(r.rc == code);
+    CHECK(r.err.rfind("hybrid: error: ", 0) == 0);
+    CHECK(r.err.find(needle) != std::string::npos);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+}
+
+}  // namespace
+
+TEST_CASE("cli: /save never touches PATH.tmp nor replaces a symlink, a device or a directory", "[cli]") {
+    if (!have_programs()) return;
+    TempDir tmp("savesafe");
+    const std::vector<std::string> chat = {"-m", "models/tiny", "-i", "--temp", "0", "-n", "4", "--no-think"};
+    const std::string file = (tmp.path / "conv").string();
+    std::ofstream(file + ".tmp") << "the user's own file";
+    const Run a = hybrid(chat, "Hi.\n/save " + file + "\n");
+    INFO(a.err);
+    REQUIRE(a.rc == 0);
+    CHECK(slurp(file + ".tmp") == "the user's own file");
+    CHECK(hybrid(chat, "Hi.\n/save! " + file + "\n").rc == 0);
+    CHECK(slurp(file + ".tmp") == "the user's own file");
+    // no temporary file is left behind
+    CHECK(std::distance(fs::directory_iterator(tmp.path), fs::directory_iterator()) == 2);
+
+    // a symbolic link (even to a regular file), a device, a directory, a FIFO: refused, also with /save!
+    const fs::path target = tmp.path / "target";
+    std::ofstream(target) << "target";
+    fs::create_symlink(target, tmp.path / "link");
+    fs::create_directories(tmp.path / "dir");
+    REQUIRE(::mkfifo((tmp.path / "fifo").c_str(), 0600) == 0);
+    for (const auto& [path, kind] : std::vector<std::pair<std::string, std::string>>{
+             {(tmp.path / "link").string(), "symbolic link"},
+             {"/dev/null", "device"},
+             {(tmp.path / "dir").string(), "directory"},
+             {(tmp.path / "fifo").string(), "FIFO"}}) {
+        for (const char* cmd : {"/save ", "/save! "}) {
+            INFO(cmd << path);
+            const Run r = hybrid(chat, std::string(cmd) + path + "\n");
+            check_one_line_error(r, 5, kind);
+        }
+    }
+    CHECK(fs::is_symlink(tmp.path / "link"));
+    CHECK(slurp(target) == "target");
+    CHECK(fs::is_character_file("/dev/null"));
+    CHECK(fs::is_directory(tmp.path / "dir"));
+    // a folder that does not exist
+    check_one_line_error(hybrid(chat, "/save " + (tmp.path / "nope" / "conv").string() + "\n"), 5, "cannot write");
+}
+
+TEST_CASE("cli: /load reads only a regular file of a bounded size", "[cli]") {
+    if (!have_programs()) return;
+    TempDir tmp("loadsafe");
+    const std::vector<std::string> chat = {"-m", "models/tiny", "-i", "--temp", "0", "-n", "4", "--no-think"};
+    REQUIRE(::mkfifo((tmp.path / "fifo").c_str(), 0600) == 0);
+    check_one_line_error(hybrid(chat, "/load " + (tmp.path / "fifo").string() + "\n"), 5, "FIFO");
+    check_one_line_error(hybrid(chat, "/load /dev/zero\n"), 5, "device");
+    check_one_line_error(hybrid(chat, "/load " + tmp.path.string() + "\n"), 5, "directory");
+    // a valid header followed by far more bytes than any snapshot of this model
+    const std::string file = (tmp.path / "conv").string();
+    REQUIRE(hybrid(chat, "Hi.\n/save " + file + "\n").rc == 0);
+    const std::string good = slurp(file);
+    {
+        std::ofstream big((tmp.path / "big").string(), std::ios::binary);
+        big << good;
+        fs::resize_file(tmp.path / "big", 64u << 20);
+    }
+    check_one_line_error(hybrid(chat, "/load " + (tmp.path / "big").string() + "\n"), 4, "larger");
+    // a missing file; the good file still loads
+    check_one_line_error(hybrid(chat, "/load " + (tmp.path / "nope").string() + "\n"), 5, "nope");
+    CHECK(hybrid(chat, "/load " + file + "\nMore.\n").rc == 0);
+}
+
+TEST_CASE("cli: flags without effect and repeated flags are usage errors", "[cli]") {
+    if (!have_programs()) return;
+    TempDir tmp("flags");
+    const std::string file = (tmp.path / "prompts.txt").string();
+    std::ofstream(file) << "a\nb\n";
+    check_one_line_error(hybrid({"-m", "models/tiny", "--batch-file", file, "--stop", "x"}), 1,
+                         "--stop is not supported with --batch-file");
+    check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "-np", "2"}), 1, "--batch-file");
+    check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "--parallel", "2"}), 1, "--batch-file");
+    check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "--no-think"}), 1, "--no-think");
+    check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "-p", "y"}), 1, "more than once");
+    check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "-n", "1", "-n", "2"}), 1, "more than once");
+    // still fine: --no-think with --chat, -np with --batch-file
+    CHECK(hybrid({"-m", "models/tiny", "--chat", "-p", "x", "--no-think", "-n", "1"}).rc == 0);
+    CHECK(hybrid({"-m", "models/tiny", "--batch-file", file, "-np", "2", "-n", "1"}).rc == 0);
+}
+
+TEST_CASE("cli: -s accepts every uint64 seed and -1", "[cli]") {
+    if (!have_programs()) return;
+    const std::vector<std::string> base = {"-m", "models/tiny", "-p", "def f(x):", "-n", "8", "--verbose"};
+    auto with_seed = [&](const std::string& s) {
+        std::vector<std::string> a = base;
+        a.push_back("-s");
+        a.push_back(s);
+        return hybrid(a);
+    };
+    const Run big = with_seed("10639773750631520454");
+    INFO(big.err);
+    CHECK(big.rc == 0);
+    CHECK(big.err.find("seed 10639773750631520454") != std::string::npos);
+    CHECK(with_seed("10639773750631520454").out == big.out);
+    const Run max = with_seed("18446744073709551615");
+    CHECK(max.rc == 0);
+    CHECK(max.err.find("seed 18446744073709551615") != std::string::npos);
+    CHECK(with_seed("0").rc == 0);
+    CHECK(with_seed("-1").rc == 0);
+    // the seed --verbose prints reproduces the run
+    const Run rnd = with_seed("-1");
+    const size_t at = rnd.err.find("seed ");
+    REQUIRE(at != std::string::npos);
+    const std::string printed = rnd.err.substr(at + 5, rnd.err.find(',', at) - at - 5);
+    CHECK(with_seed(printed).out == rnd.out);
+    for (const char* bad : {"18446744073709551616", "-2", "+5", " 5", "5x", "", "0x10", "-0"})
+        check_one_line_error(with_seed(bad), 1, "-s");
+}
+
+TEST_CASE("cli: a write error on stdout is exit code 5", "[cli]") {
+    if (!have_programs()) return;
+    if (!fs::exists("/dev/full")) {
+        WARN("no /dev/full: write error test skipped");
+        return;
+    }
+    TempDir tmp("full");
+    const std::string file = (tmp.path / "prompts.txt").string();
+    std::ofstream(file) << "a\nb\n";
+    const std::string msg = "cannot write to stdout: ";
+    check_one_line_error(hybrid_redirected({"-m", "models/tiny", "-p", "def f", "-n", "4"}, "/dev/full"), 5, msg);
+    check_one_line_error(hybrid_redirected({"-m", "models/tiny", "--prompt-ids", "5", "-n", "4"}, "/dev/full"), 5, msg);
+    check_one_line_error(hybrid_redirected({"-m", "models/tiny", "--batch-file", file, "-n", "2"}, "/dev/full"), 5, msg);
+    check_one_line_error(hybrid_redirected({"-m", "models/tiny", "-i", "-n", "2"}, "/dev/full", "Hi.\n"), 5, msg);
+    check_one_line_error(hybrid_redirected({"--help"}, "/dev/full"), 5, msg);
+    // a closed stdout
+    check_one_line_error(hybrid_redirected({"-m", "models/tiny", "-p", "def f", "-n", "4"}, "&-"), 5, msg);
+    // a successful run still exits 0
+    CHECK(hybrid_redirected({"-m", "models/tiny", "-p", "def f", "-n", "4"}, "/dev/null").rc == 0);
+}
+
+TEST_CASE("cli: -f and --batch-file refuse a directory and a huge file; -f reads a pipe", "[cli]") {
+    if (!have_programs()) return;
+    TempDir tmp("inputs");
+    check_one_line_error(hybrid({"-m", "models/tiny", "-f", tmp.path.string()}), 5, "is a directory");
+    check_one_line_error(hybrid({"-m", "models/tiny", "--batch-file", tmp.path.string()}), 5, "is a directory");
+    const fs::path big = tmp.path / "big.txt";
+    std::ofstream(big) << "x";
+    fs::resize_file(big, (size_t(256) << 20) + 1);  // sparse
+    check_one_line_error(hybrid({"-m", "models/tiny", "-f", big.string()}), 5, "larger than 256 MiB");
+    check_one_line_error(hybrid({"-m", "models/tiny", "--batch-file", big.string()}), 5, "larger than 256 MiB");
+    // the prompt from stdin
+    const Run in = hybrid({"-m", "models/tiny", "-f", "/dev/stdin", "-n", "48", "--temp", "0"}, "def main():\n    ");
+    INFO(in.err);
+    CHECK(in.rc == 0);
+    CHECK(in.out == golden_case("short")["greedy_fp32_text"].get<std::string>());
+}
+
+TEST_CASE("cli: a model with NaN weights is a generation error, not silent output", "[cli]") {
+    if (!have_programs()) return;
+    hy::test::TempDir tmp;
+    hy::test::TensorMap t = hy::test::read_safetensors(hy::test::tiny_dir() + "/model.safetensors");
+    auto& norm = t.at("model.norm.weight");
+    REQUIRE(norm.dtype == "BF16");
+    for (size_t i = 0; i + 1 < norm.bytes.size(); i += 2) {
+        norm.bytes[i] = 0xC0;  // bf16 NaN 0x7FC0
+        norm.bytes[i + 1] = 0x7F;
+    }
+    const std::string dir = tmp / "nan";
+    hy::test::write_model_dir(dir, t, hy::test::read_text(hy::test::tiny_dir() + "/config.json"));
+    const Run ids = hybrid({"-m", dir, "--prompt-ids", "5", "-n", "4"});
+    check_one_line_error(ids, 6, "no finite logits");
+    CHECK(ids.out.empty());
+    check_one_line_error(hybrid({"-m", dir, "-p", "x", "-n", "4", "--temp", "0"}), 6, "no finite logits");
+    const std::string file = tmp / "prompts.txt";
+    hy::test::write_text(file, "a\nb\n");
+    check_one_line_error(hybrid({"-m", dir, "--batch-file", file, "-n", "2"}), 6, "no finite logits");
 }

@@ -4,8 +4,10 @@
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <iterator>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <vector>
 
@@ -367,4 +369,64 @@ TEST_CASE("engine: hy_batch reproduces the golden left-padded batch and each sol
     REQUIRE(hy_context_new(m, nullptr, &c2) == HY_OK);  // slots are back
     hy_context_free(c2);
     hy_model_free(m);
+}
+
+TEST_CASE("engine: snapshot files: no PATH.tmp, no symlink/device/folder replaced, bounded reads", "[engine]") {
+    Tiny t;
+    const std::vector<int32_t> prompt = t.tokenize("def main():\n    ");
+    REQUIRE(hy_prefill(t.c, prompt.data(), int(prompt.size())) == HY_OK);
+    const fs::path dir = fs::temp_directory_path() / ("hy_engine_files_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    auto slurp = [](const fs::path& p) {
+        std::ifstream in(p, std::ios::binary);
+        return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+    };
+    const std::string path = (dir / "s.snap").string();
+    std::ofstream(path + ".tmp") << "not mine to touch";
+    REQUIRE(hy_state_save_file(t.c, path.c_str(), 0) == HY_OK);
+    REQUIRE(hy_state_save_file(t.c, path.c_str(), 1) == HY_OK);
+    CHECK(slurp(path + ".tmp") == "not mine to touch");
+    CHECK(std::distance(fs::directory_iterator(dir), fs::directory_iterator()) == 2);  // no temporary left
+
+    // refused even with overwrite; nothing replaced
+    std::ofstream(dir / "target") << "target";
+    fs::create_symlink(dir / "target", dir / "link");
+    fs::create_directories(dir / "folder");
+    REQUIRE(::mkfifo((dir / "fifo").c_str(), 0600) == 0);
+    for (const std::string& p : {(dir / "link").string(), std::string("/dev/null"), (dir / "folder").string(),
+                                (dir / "fifo").string()}) {
+        for (int overwrite : {0, 1}) {
+            INFO(p << " overwrite " << overwrite);
+            CHECK(hy_state_save_file(t.c, p.c_str(), overwrite) == HY_ERR_IO);
+            CHECK(std::string(hy_last_error()).find("not a regular file") != std::string::npos);
+        }
+    }
+    CHECK(fs::is_symlink(dir / "link"));
+    CHECK(slurp(dir / "target") == "target");
+    CHECK(fs::is_character_file("/dev/null"));
+    CHECK(hy_state_save_file(t.c, (dir / "no" / "such" / "folder").string().c_str(), 1) == HY_ERR_IO);
+
+    // loads: a FIFO and a device are refused without reading (no blocking, no endless read); the context stays
+    const int n_before = hy_context_n_tokens(t.c);
+    CHECK(hy_state_load_file(t.c, (dir / "fifo").string().c_str()) == HY_ERR_IO);
+    CHECK(hy_state_load_file(t.c, "/dev/zero") == HY_ERR_IO);
+    CHECK(hy_state_load_file(t.c, (dir / "folder").string().c_str()) == HY_ERR_IO);
+    CHECK(hy_context_n_tokens(t.c) == n_before);
+    // a good header followed by more bytes than any snapshot of this model
+    const std::string good = slurp(path);
+    CHECK(good.size() <= hy_state_size_max(t.c));
+    const fs::path big = dir / "big.snap";
+    std::ofstream(big, std::ios::binary) << good;
+    fs::resize_file(big, hy_state_size_max(t.c) + 1);
+    CHECK(hy_state_load_file(t.c, big.string().c_str()) == HY_ERR_FORMAT);
+    CHECK(std::string(hy_last_error()).find("more than any snapshot") != std::string::npos);
+    // a bad header is refused from the header alone
+    std::ofstream(dir / "junk", std::ios::binary) << "JUNKJUNKJUNKJUNK";
+    fs::resize_file(dir / "junk", size_t(1) << 30);  // sparse: never read
+    CHECK(hy_state_load_file(t.c, (dir / "junk").string().c_str()) == HY_ERR_FORMAT);
+    CHECK(hy_state_load_file(t.c, path.c_str()) == HY_OK);
+    CHECK(hy_context_n_tokens(t.c) == int(prompt.size()));
+    CHECK(hy_state_size_max(nullptr) == 0);
+    fs::remove_all(dir);
 }

@@ -1,6 +1,8 @@
 // Sampler tests: distribution at temperature 1, greedy equivalences, penalty formulas, reproducibility, masking.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <limits>
+#include <string>
 #include <vector>
 
 #include "model/common.h"
@@ -189,4 +191,37 @@ TEST_CASE("sampler: bad parameters are rejected", "[sampler]") {
     Sampler s(q, 10, 10);
     std::vector<float> short_row(5, 0.0f);
     CHECK_THROWS_AS(s.sample(short_row), Error);
+}
+
+TEST_CASE("sampler: a row without a finite logit is an error, not id 0", "[sampler]") {
+    const float nan = std::nanf(""), inf = std::numeric_limits<float>::infinity();
+    SamplerParams greedy = plain();
+    greedy.temperature = 0.0f;
+    SamplerParams topk = plain();
+    topk.top_k = 40;
+    for (const SamplerParams& p : {plain(), greedy, topk}) {
+        Sampler s(p, 8, 6);
+        // all NaN; NaN and -inf; finite values only among the ids that may not be sampled
+        const std::vector<std::vector<float>> rows = {
+            std::vector<float>(8, nan), {nan, -inf, nan, -inf, nan, nan, nan, nan}, {nan, nan, nan, nan, nan, nan, 1.0f, 2.0f}};
+        for (const auto& row : rows) {
+            try {
+                s.sample(row);
+                FAIL("no error");
+            } catch (const Error& e) {
+                CHECK(e.status() == Status::backend);
+                CHECK(std::string(e.what()).find("no finite logits") != std::string::npos);
+            }
+        }
+        // the only finite logit is banned
+        std::vector<float> one(8, nan);
+        one[2] = 1.0f;
+        CHECK(s.sample(one) == 2);
+        const std::vector<int32_t> banned = {2};
+        s.set_banned(banned);
+        CHECK_THROWS_AS(s.sample(one), Error);
+        // one finite value among NaN: it is chosen
+        one[4] = 0.5f;
+        CHECK(s.sample(one) == 4);
+    }
 }
