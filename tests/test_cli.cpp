@@ -566,3 +566,62 @@ TEST_CASE("cli: a model with NaN weights is a generation error, not silent outpu
     hy::test::write_text(file, "a\nb\n");
     check_one_line_error(hybrid({"-m", dir, "--batch-file", file, "-n", "2"}), 6, "no finite logits");
 }
+
+TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate their arguments", "[cli]") {
+    if (!have_programs()) return;
+    for (const char* p : {"hybrid-compare", "hybrid-bench", "hybrid-tokenize"})
+        if (!fs::exists(kBin + "/" + p)) {
+            WARN(p << " is not built: skipped");
+            return;
+        }
+    const std::string compare = kBin + "/hybrid-compare", bench = kBin + "/hybrid-bench",
+                      tokenize = kBin + "/hybrid-tokenize";
+    auto check = [](const Run& r, int code, const std::string& needle) {
+        INFO(r.out << r.err);
+        CHECK(r.rc == code);
+        CHECK(r.err.find(needle) != std::string::npos);
+        CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    };
+    // compare: an unknown case is an error, not "SUMMARY: 0/0"
+    const Run nope = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "nope"});
+    check(nope, 1, "no case named 'nope'");
+    CHECK(nope.out.find("SUMMARY") == std::string::npos);
+    check(run_prog(compare, {"-m", "models/tiny", "--tol", "-1"}), 1, "--tol");
+    check(run_prog(compare, {"-m", "models/tiny", "--near-tie", "-0.5"}), 1, "--near-tie");
+    check(run_prog(compare, {"-m", "models/tiny", "-t", "-3"}), 1, "-t");
+    check(run_prog(compare, {"-m", "models/tiny", "stray"}), 2, "'stray'");
+    const Run one = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "short"});
+    CHECK(one.rc == 0);
+    CHECK(one.out.find("SUMMARY: 1/1") != std::string::npos);
+    // without golden logits: "n/a", never "nan"
+    TempDir tmp("tools");
+    const fs::path dir = tmp.path / "nologits";
+    fs::create_directories(dir);
+    for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "golden.json"})
+        fs::copy_file(fs::path(kSrc) / "models/tiny" / f, dir / f);
+    const Run na = run_prog(compare, {"-m", dir.string(), "-t", "1", "--case", "short"});
+    INFO(na.out << na.err);
+    CHECK(na.rc == 0);
+    CHECK(na.out.find("logit err last n/a all n/a") != std::string::npos);
+    CHECK(na.out.find("nan") == std::string::npos);
+
+    // bench
+    check(run_prog(bench, {"-m", "models/tiny", "-b", "1,,2"}), 1, "-b: ''");
+    check(run_prog(bench, {"-m", "models/tiny", "-b", "x"}), 1, "-b: 'x'");
+    check(run_prog(bench, {"-m", "models/tiny", "-b", "0"}), 1, "-b: '0'");
+    check(run_prog(bench, {"-m", "models/tiny", "--ubatch", "0"}), 1, "--ubatch");
+    check(run_prog(bench, {"-m", "models/tiny", "-t", "2000"}), 1, "-t");
+    check(run_prog(bench, {"-m", "models/tiny", "stray"}), 2, "'stray'");
+    const Run j = run_prog(bench, {"-m", "models/tiny", "--json", (tmp.path / "no" / "b.json").string()});
+    check(j, 1, "cannot write");
+    CHECK(j.out.empty());  // refused before the run
+    const std::string json_path = (tmp.path / "b.json").string();
+    const Run ok = run_prog(bench, {"-m", "models/tiny", "-t", "1", "-p", "8", "-n", "4", "-r", "1", "--json", json_path});
+    INFO(ok.err);
+    CHECK(ok.rc == 0);
+    CHECK(nlohmann::json::parse(slurp(json_path))["runs"].size() == 1);
+
+    // tokenize
+    check(run_prog(tokenize, {"--tokenizer", "models/tiny", "--text", "hi", "extra"}), 2, "'extra'");
+    CHECK(run_prog(tokenize, {"--tokenizer", "models/tiny", "--text", "hi"}).rc == 0);
+}

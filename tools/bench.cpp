@@ -5,12 +5,17 @@
 // when tied), reads and writes each sequence's recurrent and conv state, and reads each sequence's KV cache up to
 // its length. bytes_per_step / copy_bandwidth is the fastest possible step; the copy bandwidth is measured here,
 // on the same device, by a large copy (bytes read + bytes written).
+#include <fcntl.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <unistd.h>
 
 #include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <cxxopts.hpp>
 #include <fstream>
@@ -32,13 +37,23 @@ double median(std::vector<double> v) {
     return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
+// "1,2,8" -> {1, 2, 8}: each item an integer in [1, 4096]; throws invalid_argument naming -b and the item.
 std::vector<int> parse_list(const std::string& s) {
     std::vector<int> out;
     size_t i = 0;
-    while (i < s.size()) {
+    for (;;) {
         size_t j = s.find(',', i);
         if (j == std::string::npos) j = s.size();
-        out.push_back(std::stoi(s.substr(i, j - i)));
+        const std::string item = s.substr(i, j - i);
+        char* end = nullptr;
+        errno = 0;
+        const long v = item.empty() ? 0 : std::strtol(item.c_str(), &end, 10);
+        if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos || *end != '\0' ||
+            errno == ERANGE || v < 1 || v > 4096)
+            throw Error(Status::invalid_argument, "-b: '" + item + "' is not a batch size in [1, 4096] (expected a "
+                                                  "list like 1,2,8), in '" + s + "'");
+        out.push_back(int(v));
+        if (j == s.size()) break;
         i = j + 1;
     }
     return out;
@@ -68,21 +83,40 @@ int main(int argc, char** argv) {
     cxxopts::ParseResult args;
     int exit_code = 0;
     if (!tools::parse_args(opts, argc, argv, "hybrid-bench", args, &exit_code)) return exit_code;
+    if (!args.unmatched().empty()) {
+        std::fprintf(stderr, "hybrid-bench: unexpected argument '%s' (see --help)\n", args.unmatched()[0].c_str());
+        return 2;
+    }
+    std::string json_created;  // the --json file when this run created it
     try {
         const std::string dir = args["model"].as<std::string>();
         const int n_prompt = args["prompt"].as<int>(), n_gen = args["gen"].as<int>(), reps = args["reps"].as<int>();
         std::vector<int> batches = parse_list(args["batch"].as<std::string>());
         if (n_prompt < 1 || n_gen < 1 || reps < 1) throw Error(Status::invalid_argument, "-p, -n and -r must be >= 1");
-        const int max_b = *std::max_element(batches.begin(), batches.end());
-        if (batches.empty() || *std::min_element(batches.begin(), batches.end()) < 1)
-            throw Error(Status::invalid_argument, "-b needs positive batch sizes");
+        const int max_b = *std::max_element(batches.begin(), batches.end());  // parse_list: not empty, all >= 1
+        const int ubatch = args["ubatch"].as<int>(), threads = args["threads"].as<int>();
+        if (ubatch < 1) throw Error(Status::invalid_argument, "--ubatch must be >= 1, got " + std::to_string(ubatch));
+        if (threads < 0 || threads > 1024)
+            throw Error(Status::invalid_argument, "-t must be in [0, 1024], got " + std::to_string(threads));
+        // the --json file must be writable before the run (a bad path fails now, not after it); it is opened
+        // without truncation here, and a file created by this check is removed if the run fails
+        if (args.count("json")) {
+            const std::string path = args["json"].as<std::string>();
+            struct stat st;
+            const bool existed = ::stat(path.c_str(), &st) == 0;
+            if (existed && S_ISDIR(st.st_mode)) throw Error(Status::io, path + ": is a directory");
+            const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
+            if (fd < 0) throw Error(Status::io, path + ": cannot write: " + std::strerror(errno));
+            ::close(fd);
+            if (!existed) json_created = path;
+        }
         const std::string dev = args["device"].as<std::string>();
         ModelParams mp;
         mp.device = tools::parse_device(dev);
-        mp.n_threads = args["threads"].as<int>();
+        mp.n_threads = threads;
         mp.n_ctx = n_prompt + n_gen + 1;
         mp.n_slots = max_b;
-        mp.max_batch_tokens = std::max(args["ubatch"].as<int>(), max_b);
+        mp.max_batch_tokens = std::max(ubatch, max_b);
         mp.max_logits = max_b;
         auto model = Model::load(dir, mp);
         const double t_ready = seconds_since(t_start);
@@ -162,12 +196,14 @@ int main(int argc, char** argv) {
         std::printf("\npeak host memory (RSS) %.1f MiB\n", double(ru.ru_maxrss) / 1024.0);
         out["peak_rss_bytes"] = double(ru.ru_maxrss) * 1024.0;
         if (args.count("json")) {
-            std::ofstream f(args["json"].as<std::string>());
-            if (!f) throw Error(Status::io, args["json"].as<std::string>() + ": cannot write");
+            std::ofstream f(args["json"].as<std::string>(), std::ios::trunc);
             f << out.dump(1) << "\n";
+            f.close();
+            if (!f) throw Error(Status::io, args["json"].as<std::string>() + ": write failed");
         }
         return 0;
     } catch (const std::exception& e) {
+        if (!json_created.empty()) ::unlink(json_created.c_str());
         std::fprintf(stderr, "hybrid-bench: %s\n", e.what());
         return 1;
     }

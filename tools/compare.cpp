@@ -77,12 +77,21 @@ int main(int argc, char** argv) {
     cxxopts::ParseResult args;
     int exit_code = 0;
     if (!tools::parse_args(opts, argc, argv, "hybrid-compare", args, &exit_code)) return exit_code;
+    if (!args.unmatched().empty()) {
+        std::fprintf(stderr, "hybrid-compare: unexpected argument '%s' (see --help)\n", args.unmatched()[0].c_str());
+        return 2;
+    }
     try {
         const std::string dir = args["model"].as<std::string>();
         const std::string dev = args["device"].as<std::string>();
         ModelParams mp;
         mp.device = tools::parse_device(dev);
         mp.n_threads = args["threads"].as<int>();
+        if (mp.n_threads < 0 || mp.n_threads > 1024)
+            throw Error(Status::invalid_argument, "-t must be in [0, 1024], got " + std::to_string(mp.n_threads));
+        for (const char* name : {"tol", "near-tie"})
+            if (args.count(name) && !(args[name].as<double>() >= 0.0))  // NaN fails too
+                throw Error(Status::invalid_argument, std::string("--") + name + " must be a number >= 0");
         const std::string golden_path = args.count("golden") ? args["golden"].as<std::string>() : dir + "/golden.json";
         json golden;
         try {
@@ -92,6 +101,12 @@ int main(int argc, char** argv) {
         }
         if (!golden.contains("cases") || !golden["cases"].is_array())
             throw Error(Status::format, golden_path + ": field 'cases' is missing");
+        const std::string only_case = args.count("case") ? args["case"].as<std::string>() : "";
+        if (args.count("case")) {
+            bool found = false;
+            for (const json& c : golden["cases"]) found = found || (c.contains("name") && c["name"] == only_case);
+            if (!found) throw Error(Status::invalid_argument, golden_path + ": no case named '" + only_case + "'");
+        }
         int max_len = 1;
         for (const json& c : golden["cases"])
             max_len = std::max(max_len, int(c["input_ids"].size()) + c["max_new_tokens"].get<int>());
@@ -125,7 +140,7 @@ int main(int argc, char** argv) {
         int n_cases = 0, n_exact = 0;
         double worst = 0.0;
         std::map<std::string, std::vector<int32_t>> solo;
-        const std::string only = args.count("case") ? args["case"].as<std::string>() : "";
+        const std::string& only = only_case;
         for (const json& c : golden["cases"]) {
             const std::string name = c["name"].get<std::string>();
             if (!only.empty() && name != only) continue;
@@ -173,8 +188,14 @@ int main(int argc, char** argv) {
             const bool ok = tokens_ok && logits_ok;
             n_cases++;
             n_exact += ok;
-            std::printf("%-4s %-16s prompt %4zu  tokens %2d/%d  logit err last %.3g all %.3g%s\n", ok ? "ok" : "FAIL",
-                        name.c_str(), T, matched, n_new, err_last, err_all, note.c_str());
+            auto num = [](double v) {
+                if (std::isnan(v)) return std::string("n/a");  // no golden logits
+                char b[32];
+                std::snprintf(b, sizeof b, "%.3g", v);
+                return std::string(b);
+            };
+            std::printf("%-4s %-16s prompt %4zu  tokens %2d/%d  logit err last %s all %s%s\n", ok ? "ok" : "FAIL",
+                        name.c_str(), T, matched, n_new, num(err_last).c_str(), num(err_all).c_str(), note.c_str());
         }
 
         if (golden.contains("batch") && only.empty()) {

@@ -164,6 +164,8 @@ int main(int argc, char** argv) {
             std::cout << opts.help() << "\n";
             return 0;
         }
+        if (!a.unmatched().empty())
+            throw hy::Error(hy::Status::invalid_argument, "unexpected argument '" + a.unmatched()[0] + "' (see --help)");
         if (!a.count("tokenizer")) throw hy::Error(hy::Status::invalid_argument, "--tokenizer is required");
         int modes = int(a.count("text") + a.count("golden") + a.count("bench") + a.count("decode"));
         if (modes != 1)
