@@ -24,8 +24,9 @@ const char* kExitCodes =
     "  turn prefills only its new tokens; an answer ends at the end-of-turn token or after -n tokens. Commands:\n"
     "  /reset, /save FILE (refuses to overwrite; /save! FILE overwrites; never a symbolic link, device or\n"
     "  directory), /load FILE, /help, /exit.\n"
-    "  Ctrl-C stops the current answer, Ctrl-D (end of input) exits. When stdin is not a terminal, a failing\n"
-    "  command ends the program with its exit code. Answers go to stdout, each followed by a newline.\n"
+    "  Ctrl-C stops the current answer (at the input line: discards the line), Ctrl-D (end of input) exits.\n"
+    "  When stdin is not a terminal, a failing command ends the program with its exit code. Answers go to\n"
+    "  stdout, each followed by a newline.\n"
     "\n"
     "Batch (--batch-file FILE): every non-empty line of FILE is a prompt (escapes processed unless --no-escape;\n"
     "  with --chat each is a user message). Up to --parallel of them are generated together (continuous\n"
@@ -203,10 +204,13 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         const std::string path = r["batch-file"].as<std::string>();
         std::istringstream in(read_input_file(path));
         std::string line;
+        int line_no = 0;
         while (std::getline(in, line)) {
+            line_no++;
             if (!line.empty() && line.back() == '\r') line.pop_back();
             if (line.empty()) continue;
             o.batch_prompts.push_back(o.escape ? process_escapes(line) : line);
+            o.batch_lines.push_back(line_no);
         }
         if (o.batch_prompts.empty()) usage(path + ": the batch file holds no prompt");
         o.has_batch = true;

@@ -24,6 +24,13 @@ std::string detokenize(hy_model* m, const int32_t* ids, int n) {
     return out;
 }
 
+// "batch prompt 2 (line 4)": the index as the JSON "index" (from 0) and the line of the file (from 1).
+std::string prompt_name(const Options& o, size_t i) {
+    std::string s = "batch prompt " + std::to_string(i);
+    if (i < o.batch_lines.size()) s += " (line " + std::to_string(o.batch_lines[i]) + ")";
+    return s;
+}
+
 }  // namespace
 
 int run_batch(const Options& o, hy_model* m, double load_ms) {
@@ -46,10 +53,10 @@ int run_batch(const Options& o, hy_model* m, double load_ms) {
             text = chat_render(m, msgs, true, thinking_mode(o), false);
         }
         std::vector<int32_t> ids = tokenize(m, text);
-        if (ids.empty()) throw Failure(exit_usage, "batch prompt " + std::to_string(i + 1) + " is empty (no tokens)");
+        if (ids.empty()) throw Failure(exit_usage, prompt_name(o, i) + " is empty (no tokens)");
         if (int(ids.size()) >= o.n_ctx)
-            throw Failure(exit_context, "batch prompt " + std::to_string(i + 1) + " has " + std::to_string(ids.size()) +
-                                            " tokens but the context holds " + std::to_string(o.n_ctx) + " (-c)");
+            throw Failure(exit_context, prompt_name(o, i) + " has " + count_of(ids.size(), "token") +
+                                            " but the context holds " + std::to_string(o.n_ctx) + " (-c)");
         prompts.push_back(std::move(ids));
     }
     std::vector<int> ids(prompts.size());
@@ -60,7 +67,7 @@ int run_batch(const Options& o, hy_model* m, double load_ms) {
         rp.sampling.seed = o.sampling.seed + uint64_t(i);
         rp.max_tokens = o.n_predict < 0 ? o.n_ctx - int(prompts[i].size()) : std::max(1, o.n_predict);
         if (hy_batch_submit(b, prompts[i].data(), int(prompts[i].size()), &rp, &ids[i]) != HY_OK)
-            engine_fail(exit_usage, "batch prompt " + std::to_string(i + 1));
+            engine_fail(exit_usage, prompt_name(o, i));
         n_prompt_tokens += int(prompts[i].size());
     }
 

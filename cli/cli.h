@@ -50,6 +50,7 @@ struct Options {
     bool verbose = false;               // --verbose
     bool escape = true;                 // off with --no-escape
     std::vector<std::string> batch_prompts;  // --batch-file lines (escapes processed unless --no-escape)
+    std::vector<int> batch_lines;            // the line number (from 1) in the file of each batch prompt
     bool has_batch = false;
     int parallel = 8;                   // --parallel / -np: sequence slots for --batch-file
 };
@@ -92,6 +93,9 @@ bool stdout_ok();
 bool write_stdout(const char* data, size_t n);
 // Throws Failure(exit_io) when a write to stdout failed.
 void check_stdout();
+
+// "1 token", "2 tokens": n and the noun, plural unless n == 1.
+std::string count_of(size_t n, const char* noun);
 
 // Set by the SIGINT handler; token callbacks read it to stop the current answer.
 extern std::atomic<bool> g_interrupted;

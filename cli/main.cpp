@@ -2,12 +2,14 @@
 // printed, on stdout), or the interactive chat REPL (-i, cli/repl.cpp). Options and exit codes: cli/args.cpp
 // (--help). Everything goes through engine.h.
 #include <fcntl.h>
+#include <sched.h>
 
 #include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdio>
 #include <cstring>
+#include <thread>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -48,6 +50,16 @@ int on_token(const hy_token_info* t, void* ud) {
     return g_interrupted.load() ? 1 : 0;
 }
 
+// -t as the CPU backend applies it: 0 means one thread per core available to the process (its affinity mask).
+std::string threads_text(int n_threads) {
+    if (n_threads > 0) return std::to_string(n_threads);
+    int n = 0;
+    cpu_set_t set;
+    if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
+    if (n <= 0) n = int(std::max(1u, std::thread::hardware_concurrency()));
+    return std::to_string(n) + " (all cores)";
+}
+
 int status_exit_code(int status) {
     switch (status) {
         case HY_ERR_CONTEXT_FULL: return exit_context;
@@ -81,6 +93,10 @@ bool write_stdout(const char* data, size_t n) {
 
 void check_stdout() {
     if (!stdout_ok()) throw Failure(exit_io, std::string("cannot write to stdout: ") + std::strerror(g_stdout_errno));
+}
+
+std::string count_of(size_t n, const char* noun) {
+    return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }
 
 void install_sigint_handler() {
@@ -155,9 +171,9 @@ int run(int argc, char** argv) {
 
     if (o.verbose)
         std::fprintf(stderr,
-                     "hybrid: model %s, ctx %d, threads %d, seed %llu, temp %.3g, top-k %d, top-p %.3g, min-p %.3g, "
+                     "hybrid: model %s, ctx %d, threads %s, seed %llu, temp %.3g, top-k %d, top-p %.3g, min-p %.3g, "
                      "repeat-penalty %.3g (last %d), presence %.3g, frequency %.3g\n",
-                     o.model_dir.c_str(), o.n_ctx, o.n_threads, (unsigned long long)o.sampling.seed,
+                     o.model_dir.c_str(), o.n_ctx, threads_text(o.n_threads).c_str(), (unsigned long long)o.sampling.seed,
                      o.sampling.temperature, o.sampling.top_k, o.sampling.top_p, o.sampling.min_p,
                      o.sampling.repeat_penalty, o.sampling.repeat_last_n, o.sampling.presence_penalty,
                      o.sampling.frequency_penalty);
@@ -205,7 +221,7 @@ int run(int argc, char** argv) {
     }
     if (ids.empty()) throw Failure(exit_usage, "the prompt is empty (no tokens)");
     if (int(ids.size()) >= o.n_ctx)
-        throw Failure(exit_context, "the prompt has " + std::to_string(ids.size()) + " tokens but the context holds " +
+        throw Failure(exit_context, "the prompt has " + count_of(ids.size(), "token") + " but the context holds " +
                                         std::to_string(o.n_ctx) + " (-c): no room to generate");
 
     // generate

@@ -27,6 +27,21 @@ namespace {
 
 constexpr char kChatMagic[8] = {'H', 'Y', 'C', 'H', 'A', 'T', '0', '1'};
 
+#ifdef HY_HAVE_READLINE
+// Called by readline while it waits for input (after its own handler has passed SIGINT on to ours): Ctrl-C at the
+// input line discards what was typed and shows a fresh prompt, as a shell does.
+int on_readline_signal() {
+    if (g_interrupted.exchange(false)) {
+        rl_free_line_state();
+        rl_replace_line("", 0);
+        std::fputs("\n", rl_outstream ? rl_outstream : stdout);
+        rl_on_new_line();
+        rl_redisplay();
+    }
+    return 0;
+}
+#endif
+
 struct Message {
     std::string role, content;
 };
@@ -46,6 +61,10 @@ struct Repl {
     bool read_line(std::string& line) {
 #ifdef HY_HAVE_READLINE
         if (tty_in) {
+            // the signal hook runs when Ctrl-C interrupts readline's wait for input; the event hook (every 0.1 s
+            // while it waits) catches a Ctrl-C that came while readline was busy (e.g. echoing a key)
+            rl_signal_event_hook = on_readline_signal;
+            rl_event_hook = on_readline_signal;
             char* l = readline("> ");
             if (!l) return false;
             line = l;
@@ -227,7 +246,7 @@ struct Repl {
                          "/reset        start a new conversation\n"
                          "/save FILE    save the conversation (refuses to overwrite; /save! FILE overwrites)\n"
                          "/load FILE    continue a saved conversation\n"
-                         "/exit         leave (also Ctrl-D); Ctrl-C stops an answer\n");
+                         "/exit         leave (also Ctrl-D); Ctrl-C stops an answer or discards the typed line\n");
         } else {
             throw Failure(exit_usage, "unknown command " + cmd + " (/help lists them)");
         }

@@ -2,12 +2,17 @@
 // exit codes and messages, the scripted chat REPL against a one-shot run of the whole conversation, /save + /load.
 // The programs run on the CPU backend (the goldens are fp32 CPU outputs) with -t 1, so that a busy machine does not
 // slow the OpenMP threads down.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+#include <chrono>
+#include <csignal>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -624,4 +629,117 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     // tokenize
     check(run_prog(tokenize, {"--tokenizer", "models/tiny", "--text", "hi", "extra"}), 2, "'extra'");
     CHECK(run_prog(tokenize, {"--tokenizer", "models/tiny", "--text", "hi"}).rc == 0);
+}
+
+namespace {
+
+// Drives `hybrid args...` on a pseudo-terminal: for each step, waits until the output (since the last step) holds
+// `wait_for`, then writes `send`. Returns the exit code (-1 on a timeout) and the whole output in *out.
+int run_on_pty(const std::vector<std::string>& args, const std::vector<std::pair<std::string, std::string>>& steps,
+               std::string* out) {
+    const int master = ::posix_openpt(O_RDWR | O_NOCTTY);
+    if (master < 0 || ::grantpt(master) != 0 || ::unlockpt(master) != 0) return -1;
+    const std::string slave_name = ::ptsname(master);
+    std::vector<std::string> argv_s = {kBin + "/hybrid", "-t", "1", "--device", "cpu"};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        ::setsid();
+        const int slave = ::open(slave_name.c_str(), O_RDWR);
+        if (slave < 0) ::_exit(127);
+        ::ioctl(slave, TIOCSCTTY, 0);
+        ::dup2(slave, 0);
+        ::dup2(slave, 1);
+        ::dup2(slave, 2);
+        ::close(master);
+        if (::chdir(kSrc.c_str()) != 0) ::_exit(127);
+        ::execv(argv[0], argv.data());
+        ::_exit(127);
+    }
+    auto read_until = [&](const std::string& needle, size_t from, double seconds) {
+        const auto t0 = std::chrono::steady_clock::now();
+        while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
+            if (!needle.empty() && out->find(needle, from) != std::string::npos) return true;
+            pollfd p{master, POLLIN, 0};
+            if (::poll(&p, 1, 50) > 0) {
+                char buf[4096];
+                const ssize_t n = ::read(master, buf, sizeof buf);
+                if (n <= 0) return needle.empty();
+                out->append(buf, size_t(n));
+            }
+        }
+        return needle.empty();
+    };
+    bool ok = true;
+    size_t from = 0;
+    for (const auto& [wait_for, send] : steps) {
+        if (!read_until(wait_for, from, 20.0)) {
+            ok = false;
+            break;
+        }
+        from = out->size();
+        if (::write(master, send.data(), send.size()) != ssize_t(send.size())) ok = false;
+    }
+    read_until("", 0, ok ? 2.0 : 0.1);
+    int st = 0;
+    for (int i = 0; i < 200 && ::waitpid(pid, &st, WNOHANG) == 0; i++) read_until("", 0, 0.05);
+    if (::waitpid(pid, &st, WNOHANG) == 0) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &st, 0);
+        ok = false;
+    }
+    ::close(master);
+    return ok && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+}  // namespace
+
+TEST_CASE("cli: Ctrl-C at the chat input line discards the partial line", "[cli]") {
+    if (!have_programs()) return;
+    TempDir tmp("ctrlc");
+    const std::string file = (tmp.path / "conv").string();
+    std::string out;
+    // "abc", Ctrl-C, then a command: the command must run alone (not "abc/save ..." as a chat turn)
+    const int rc = run_on_pty({"-m", "models/tiny", "-i", "-n", "4", "--temp", "0"},
+                              {{"> ", "abc"}, {"abc", "\x03"}, {"> ", "/save " + file + "\r"}, {"saved", "/exit\r"}},
+                              &out);
+    INFO(out);
+    CHECK(rc == 0);
+    REQUIRE(fs::exists(file));
+    const std::string data = slurp(file);
+    CHECK(data.find("\"messages\":[]") != std::string::npos);
+    CHECK(data.find("abc") == std::string::npos);
+}
+
+TEST_CASE("cli: small messages: thread count, plurals, batch prompt numbering, embed_example arguments", "[cli]") {
+    if (!have_programs()) return;
+    // --verbose prints the thread count in use, never "threads 0"
+    const Run all = run_prog(kBin + "/hybrid", {"-m", "models/tiny", "--device", "cpu", "-p", "x", "-n", "1", "--verbose"});
+    CHECK(all.rc == 0);
+    CHECK(all.err.find("threads 0") == std::string::npos);
+    CHECK(all.err.find("(all cores)") != std::string::npos);
+    CHECK(hybrid({"-m", "models/tiny", "-p", "x", "-n", "1", "--verbose"}).err.find("threads 1,") != std::string::npos);
+    // "1 token"
+    check_one_line_error(hybrid({"-m", "models/tiny", "--prompt-ids", "5", "-c", "1"}), 3, "has 1 token but");
+    // batch prompts: numbered from 0 as the JSON "index", with the file's line
+    TempDir tmp("small");
+    const std::string file = (tmp.path / "prompts.txt").string();
+    std::ofstream(file) << "a\n\n\nhello world this is a longer prompt\n";
+    check_one_line_error(hybrid({"-m", "models/tiny", "--batch-file", file, "-c", "3"}), 3, "batch prompt 1 (line 4)");
+    // the help lists \0 among the escapes
+    CHECK(hybrid({"--help"}).out.find("\\0") != std::string::npos);
+    // embed_example: counts must be whole numbers in range
+    const std::string ex = kBin + "/embed_example";
+    for (const std::vector<std::string>& a : std::vector<std::vector<std::string>>{
+             {"models/tiny", "x", "-5"}, {"models/tiny", "x", "abc"}, {"models/tiny", "x", "4x"},
+             {"models/tiny", "x", "99999999999999999999"}, {"models/tiny", "x", "4", "-1"},
+             {"models/tiny", "x", "4", "two"}, {"models/tiny", ""}}) {
+        const Run r = run_prog(ex, a);
+        INFO(r.err);
+        CHECK(r.rc == 1);
+        CHECK(r.err.find("embed_example: error: ") == 0);
+    }
 }

@@ -4,14 +4,27 @@
  *
  *   embed_example MODEL_DIR [PROMPT] [N_TOKENS] [N_THREADS]
  *
- * Greedy decoding (temperature 0), CPU backend, N_THREADS CPU threads (default 0: all cores). Exit status: 0 on success, 1 on a usage error, 2 when the model
- * cannot be loaded, 3 when generation fails.
+ * Greedy decoding (temperature 0), CPU backend, N_TOKENS in [1, 1000000] (default 32; the context holds 1024),
+ * N_THREADS CPU threads in [0, 1024] (default 0: all cores). Exit status: 0 on success, 1 on a usage error (bad
+ * count, empty prompt), 2 when the model cannot be loaded, 3 when generation fails.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "engine.h"
+
+/* Parses a whole decimal integer in [lo, hi] into *out; 0 when s is not one (sign, trailing text, overflow). */
+static int parse_int(const char* s, long lo, long hi, int* out) {
+    char* end = NULL;
+    long v;
+    errno = 0;
+    v = strtol(s, &end, 10);
+    if (end == s || *end != '\0' || errno != 0 || v < lo || v > hi) return 0;
+    *out = (int)v;
+    return 1;
+}
 
 static int print_token(const hy_token_info* token, void* user_data) {
     double* logprob_sum = (double*)user_data;
@@ -44,8 +57,18 @@ int main(int argc, char** argv) {
     }
     dir = argv[1];
     if (argc > 2) prompt = argv[2];
-    if (argc > 3) n_tokens = atoi(argv[3]);
-    if (argc > 4) n_threads = atoi(argv[4]);
+    if (argc > 2 && prompt[0] == '\0') {
+        fprintf(stderr, "embed_example: error: the prompt is empty\n");
+        return 1;
+    }
+    if (argc > 3 && !parse_int(argv[3], 1, 1000000, &n_tokens)) {
+        fprintf(stderr, "embed_example: error: N_TOKENS must be an integer in [1, 1000000], got '%s'\n", argv[3]);
+        return 1;
+    }
+    if (argc > 4 && !parse_int(argv[4], 0, 1024, &n_threads)) {
+        fprintf(stderr, "embed_example: error: N_THREADS must be an integer in [0, 1024], got '%s'\n", argv[4]);
+        return 1;
+    }
 
     mp = hy_model_default_params();
     mp.device = HY_DEVICE_CPU;
@@ -87,8 +110,8 @@ int main(int argc, char** argv) {
         goto done;
     }
     printf("\n");
-    fprintf(stderr, "embed_example: %d prompt tokens, %d generated (stop: %s), sum of log-probabilities %.3f\n",
-            result.n_prompt, result.n_generated, hy_stop_reason_name(result.stop_reason), logprob_sum);
+    fprintf(stderr, "embed_example: %d prompt token%s, %d generated (stop: %s), sum of log-probabilities %.3f\n",
+            result.n_prompt, result.n_prompt == 1 ? "" : "s", result.n_generated, hy_stop_reason_name(result.stop_reason), logprob_sum);
 
 done:
     free(ids);
