@@ -249,7 +249,8 @@ hy_sampler_params hy_sampler_default_params(void);
 int hy_sampler_new(const hy_model* model, const hy_sampler_params* params, hy_sampler** out);
 void hy_sampler_free(hy_sampler* sampler);
 
-/* Samples one id from the context's current logits (HY_ERR_INVALID_ARGUMENT when it has none). *logprob (may be
+/* Samples one id from the context's current logits (HY_ERR_INVALID_ARGUMENT when it has none; HY_ERR_BACKEND when
+ * no id that may be sampled has a finite logit: NaN or inf weights or activations). *logprob (may be
  * NULL) receives log p(id) under the log-softmax of the raw logits over ids [0, n_vocab), natural log. Does not
  * append the id to the context nor to the penalty history (see hy_sampler_accept). */
 int hy_sampler_sample(hy_sampler* sampler, const hy_context* ctx, int32_t* id, float* logprob);
@@ -321,7 +322,8 @@ typedef struct hy_generate_result {
  * is pending: fed by the next call); an end-of-sequence id and the id completing a stop string are dropped, so
  * a chat can append its own end-of-turn text. Reaching n_ctx is a stop (HY_STOP_CONTEXT_FULL), not an error; a
  * prompt that does not fit returns HY_ERR_CONTEXT_FULL before anything runs. result may be NULL.
- * Errors: as hy_prefill; HY_ERR_INVALID_ARGUMENT (n_prompt == 0 with no logits, empty stop string). */
+ * Errors: as hy_prefill; HY_ERR_INVALID_ARGUMENT (n_prompt == 0 with no logits, empty stop string);
+ * HY_ERR_BACKEND when a logits row has no finite value to sample from (NaN or inf weights or activations). */
 int hy_generate(hy_context* ctx, hy_sampler* sampler, const int32_t* prompt, int n_prompt,
                 const hy_generate_params* params, hy_generate_result* result);
 

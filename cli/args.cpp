@@ -196,7 +196,13 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     for (const char* name : {"model", "prompt", "file", "prompt-ids", "batch-file", "system", "ctx-size", "threads",
                              "device", "parallel", "n-predict", "seed", "temp", "top-k", "top-p", "min-p",
                              "repeat-penalty", "repeat-last-n", "presence-penalty", "frequency-penalty"})
-        if (r.count(name) > 1) usage(std::string("--") + name + " was given more than once");
+        if (r.count(name) > 1) {
+            const std::string n = name;
+            const char* short_name = n == "model" ? "-m/" : n == "prompt" ? "-p/" : n == "file" ? "-f/" :
+                                     n == "ctx-size" ? "-c/" : n == "threads" ? "-t/" : n == "n-predict" ? "-n/" :
+                                     n == "seed" ? "-s/" : n == "parallel" ? "-np/" : "";
+            usage(std::string(short_name) + "--" + n + " was given more than once (give it once)");
+        }
     const int n_sources = int(r.count("prompt") > 0) + int(r.count("file") > 0) + int(r.count("prompt-ids") > 0) +
                           int(r.count("batch-file") > 0);
     if (n_sources > 1) usage("give only one of -p, -f, --prompt-ids and --batch-file");

@@ -44,7 +44,9 @@ std::vector<int> parse_list(const std::string& s) {
     for (;;) {
         size_t j = s.find(',', i);
         if (j == std::string::npos) j = s.size();
-        const std::string item = s.substr(i, j - i);
+        std::string item = s.substr(i, j - i);
+        while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+        while (!item.empty() && item.back() == ' ') item.pop_back();
         char* end = nullptr;
         errno = 0;
         const long v = item.empty() ? 0 : std::strtol(item.c_str(), &end, 10);
