@@ -327,10 +327,12 @@ const char* file_kind(mode_t m) {
 // Throws hy::Error(io).
 void write_file_atomic(const std::string& path, const void* data, size_t n, bool overwrite) {
     struct stat st;
+    mode_t keep_mode = 0;  // an overwritten file keeps its permissions
     if (lstat(path.c_str(), &st) == 0) {
         if (!S_ISREG(st.st_mode))
             throw Error(Status::io, path + ": is " + std::string(file_kind(st.st_mode)) + ", not a regular file (not replaced)");
         if (!overwrite) throw Error(Status::io, path + ": exists (not overwritten)");
+        keep_mode = st.st_mode & 07777;
     }
     std::string tmp;
     int fd = -1;
@@ -350,6 +352,7 @@ void write_file_atomic(const std::string& path, const void* data, size_t n, bool
         ::unlink(tmp.c_str());
         throw Error(Status::io, path + ": " + what + ": " + errno_text(e));
     };
+    if (keep_mode != 0) ::fchmod(fd, keep_mode);  // best effort
     const char* p = static_cast<const char*>(data);
     size_t left = n;
     while (left > 0) {

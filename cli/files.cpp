@@ -109,9 +109,11 @@ void write_file_atomic(const std::string& path, const std::string& data, bool ov
     auto refuse_kind = [&](mode_t m) {
         throw Failure(exit_io, path + ": is " + std::string(file_kind(m)) + ", not a regular file (not replaced)");
     };
+    mode_t keep_mode = 0;  // an overwritten file keeps its permissions
     if (::lstat(path.c_str(), &st) == 0) {
         if (!S_ISREG(st.st_mode)) refuse_kind(st.st_mode);
         if (!overwrite) throw Failure(exit_io, path + ": " + exists_msg);
+        keep_mode = st.st_mode & 07777;
     }
     std::string tmp;
     int fd = -1;
@@ -132,6 +134,7 @@ void write_file_atomic(const std::string& path, const std::string& data, bool ov
         ::unlink(tmp.c_str());
         throw Failure(exit_io, path + ": " + what + ": " + std::strerror(e));
     };
+    if (keep_mode != 0) ::fchmod(fd, keep_mode);  // best effort
     const char* p = data.data();
     size_t left = data.size();
     while (left > 0) {

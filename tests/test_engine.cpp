@@ -388,6 +388,10 @@ TEST_CASE("engine: snapshot files: no PATH.tmp, no symlink/device/folder replace
     REQUIRE(hy_state_save_file(t.c, path.c_str(), 1) == HY_OK);
     CHECK(slurp(path + ".tmp") == "not mine to touch");
     CHECK(std::distance(fs::directory_iterator(dir), fs::directory_iterator()) == 2);  // no temporary left
+    // an overwritten file keeps its permissions
+    fs::permissions(path, fs::perms::owner_read | fs::perms::owner_write);
+    REQUIRE(hy_state_save_file(t.c, path.c_str(), 1) == HY_OK);
+    CHECK(fs::status(path).permissions() == (fs::perms::owner_read | fs::perms::owner_write));
 
     // refused even with overwrite; nothing replaced
     std::ofstream(dir / "target") << "target";
