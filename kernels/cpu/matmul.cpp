@@ -20,7 +20,7 @@ typedef uint16_t v16h __attribute__((vector_size(32)));
 
 constexpr int kLanes = 16;
 constexpr int kRows = 4;    // weight rows per micro-kernel
-constexpr int kTokens = 4;  // activation rows per micro-kernel
+constexpr int kTokens = 6;  // activation rows per micro-kernel (4 x 6 accumulators + 4 weights + 1 input)
 constexpr int kTokenChunk = 64;  // activation rows kept hot in cache while a weight panel is swept
 
 inline v16f load_f32(const float* p) {
@@ -96,6 +96,8 @@ inline void row_block(const float* x, int64_t t_begin, int64_t t_end, const void
     int64_t t = t_begin;
     for (; t + kTokens <= t_end; t += kTokens) micro_kernel<W, NR, kTokens>(x, K, w, K, y, ldy, t, n0);
     switch (t_end - t) {
+        case 5: micro_kernel<W, NR, 5>(x, K, w, K, y, ldy, t, n0); break;
+        case 4: micro_kernel<W, NR, 4>(x, K, w, K, y, ldy, t, n0); break;
         case 3: micro_kernel<W, NR, 3>(x, K, w, K, y, ldy, t, n0); break;
         case 2: micro_kernel<W, NR, 2>(x, K, w, K, y, ldy, t, n0); break;
         case 1: micro_kernel<W, NR, 1>(x, K, w, K, y, ldy, t, n0); break;
