@@ -528,6 +528,7 @@ void hy_model_free(hy_model* model) { delete model; }
 int hy_model_n_vocab(const hy_model* m) { return m ? m->n_vocab : 0; }
 int hy_model_n_logits(const hy_model* m) { return m ? m->n_logits : 0; }
 int hy_model_n_ctx(const hy_model* m) { return m ? m->model->n_ctx() : 0; }
+int hy_model_n_ctx_train(const hy_model* m) { return m ? m->model->config().max_position_embeddings : 0; }
 const char* hy_model_backend(const hy_model* m) { return m ? m->model->backend().name() : ""; }
 size_t hy_model_arena_bytes(const hy_model* m) { return m ? m->model->arena_bytes() : 0; }
 uint64_t hy_model_fingerprint(const hy_model* m) { return m ? m->fingerprint : 0; }

@@ -103,6 +103,8 @@ int hy_model_n_vocab(const hy_model* model);
 int hy_model_n_logits(const hy_model* model);
 /* Positions per sequence (the n_ctx it was loaded with). */
 int hy_model_n_ctx(const hy_model* model);
+/* Positions the model was trained for (config.json max_position_embeddings); 0 when the config does not say. */
+int hy_model_n_ctx_train(const hy_model* model);
 /* "cpu" or "cuda": the backend in use. */
 const char* hy_model_backend(const hy_model* model);
 /* Bytes held by the model's arena (weights + state + activations). */

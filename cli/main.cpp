@@ -194,6 +194,9 @@ int run(int argc, char** argv) {
     if (o.verbose)
         std::fprintf(stderr, "hybrid: loaded on %s, %.1f MiB arena, vocab %d\n", hy_model_backend(h.m),
                      double(hy_model_arena_bytes(h.m)) / (1024.0 * 1024.0), hy_model_n_vocab(h.m));
+    if (const int trained = hy_model_n_ctx_train(h.m); trained > 0 && o.n_ctx > trained)
+        std::fprintf(stderr, "hybrid: warning: -c %d is larger than the %d positions the model was trained for "
+                             "(max_position_embeddings): output past them may degrade\n", o.n_ctx, trained);
     if (o.has_batch) return run_batch(o, h.m, load_ms);
     if (hy_context_new(h.m, nullptr, &h.c) != HY_OK) engine_fail(exit_runtime, "");
     if (hy_sampler_new(h.m, &o.sampling, &h.s) != HY_OK) engine_fail(exit_usage, "");

@@ -178,6 +178,8 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
     if (r.has("hidden_act") && tj->at("hidden_act") != "silu")
         throw Error(Status::unsupported, source + ": hidden_act " + tj->at("hidden_act").dump() + " (supported: silu)");
 
+    c.max_position_embeddings = r.get_int_or("max_position_embeddings", 0, 0);
+
     // eos ids: text_config, then top level.
     if (r.has("eos_token_id"))
         c.eos_token_ids = read_id_list(tj->at("eos_token_id"), source, "eos_token_id");

@@ -45,6 +45,7 @@ struct ModelConfig {
     int conv_kernel = 0;   // K
 
     std::vector<int> eos_token_ids;  // from config.json (int or list); may be empty
+    int max_position_embeddings = 0; // positions the model was trained for (0 when the config does not say)
 
     int gdn_conv_channels() const { return 2 * gdn_k_heads * gdn_k_dim + gdn_v_heads * gdn_v_dim; }  // C
     int n_attention_layers() const;

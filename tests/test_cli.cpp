@@ -685,7 +685,7 @@ int run_on_pty(const std::vector<std::string>& args, const std::vector<std::pair
     }
     read_until("", 0, ok ? 2.0 : 0.1);
     int st = 0;
-    for (int i = 0; i < 200 && ::waitpid(pid, &st, WNOHANG) == 0; i++) read_until("", 0, 0.05);
+    for (int i = 0; i < 600 && ::waitpid(pid, &st, WNOHANG) == 0; i++) read_until("", 0, 0.05);  // 30 s: a loaded machine
     if (::waitpid(pid, &st, WNOHANG) == 0) {
         ::kill(pid, SIGKILL);
         ::waitpid(pid, &st, 0);
@@ -742,4 +742,13 @@ TEST_CASE("cli: small messages: thread count, plurals, batch prompt numbering, e
         CHECK(r.rc == 1);
         CHECK(r.err.find("embed_example: error: ") == 0);
     }
+}
+
+TEST_CASE("cli: a context beyond the trained positions is allowed with a warning", "[cli]") {
+    if (!have_programs()) return;
+    const Run r = hybrid({"-m", "models/tiny", "-p", "x", "-n", "2", "--temp", "0", "-c", "40000"});
+    REQUIRE(r.rc == 0);
+    REQUIRE(r.err.find("warning: -c 40000 is larger than the 32768 positions") != std::string::npos);
+    const Run ok = hybrid({"-m", "models/tiny", "-p", "x", "-n", "2", "--temp", "0", "-c", "512"});
+    REQUIRE(ok.err.find("warning") == std::string::npos);
 }
