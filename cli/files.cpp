@@ -106,80 +106,10 @@ std::string read_rest(int fd, size_t n, const std::string& path) {
 
 void write_file_atomic(const std::string& path, const std::string& data, bool overwrite, const std::string& exists_msg) {
     struct stat st;
-    auto refuse_kind = [&](mode_t m) {
-        throw Failure(exit_io, path + ": is " + std::string(file_kind(m)) + ", not a regular file (not replaced)");
-    };
-    mode_t keep_mode = 0;  // an overwritten file keeps its permissions
-    if (::lstat(path.c_str(), &st) == 0) {
-        if (!S_ISREG(st.st_mode)) refuse_kind(st.st_mode);
-        if (!overwrite) throw Failure(exit_io, path + ": " + exists_msg);
-        keep_mode = st.st_mode & 07777;
-    }
-    std::string tmp;
-    int fd = -1;
-    static uint64_t counter = 0;
-    for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
-        const uint64_t r = (uint64_t(::getpid()) << 24) ^
-                           uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) ^
-                           (++counter * 0x9E3779B97F4A7C15ull);
-        char suffix[16];
-        std::snprintf(suffix, sizeof suffix, ".%06llx", (unsigned long long)((r ^ (r >> 24)) & 0xFFFFFFull));
-        tmp = path + suffix;
-        fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-        if (fd < 0 && errno != EEXIST) throw Failure(exit_io, path + ": cannot write: " + std::strerror(errno));
-    }
-    if (fd < 0) throw Failure(exit_io, path + ": cannot create a temporary file next to it");
-    auto fail = [&](const std::string& what, int e) {
-        if (fd >= 0) ::close(fd);
-        ::unlink(tmp.c_str());
-        throw Failure(exit_io, path + ": " + what + ": " + std::strerror(e));
-    };
-    if (keep_mode != 0) ::fchmod(fd, keep_mode);  // best effort
-    const char* p = data.data();
-    size_t left = data.size();
-    while (left > 0) {
-        const ssize_t w = ::write(fd, p, left);
-        if (w < 0) {
-            if (errno == EINTR) continue;
-            fail("write failed", errno);
-        }
-        p += w;
-        left -= size_t(w);
-    }
-    if (::fsync(fd) != 0 && errno != EINVAL) fail("write failed", errno);
-    const int rc = ::close(fd);
-    fd = -1;
-    if (rc != 0) fail("write failed", errno);
-    if (!overwrite) {
-        // link() fails with EEXIST if PATH appeared meanwhile: never replaced
-        if (::link(tmp.c_str(), path.c_str()) == 0) {
-            ::unlink(tmp.c_str());
-        } else if (errno == EEXIST) {
-            ::unlink(tmp.c_str());
-            throw Failure(exit_io, path + ": " + exists_msg);
-        } else if (errno == EPERM || errno == EOPNOTSUPP || errno == ENOSYS || errno == EMLINK) {
-            if (::lstat(path.c_str(), &st) == 0) {  // no hard links on this filesystem
-                ::unlink(tmp.c_str());
-                throw Failure(exit_io, path + ": " + exists_msg);
-            }
-            if (::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot rename the temporary file", errno);
-        } else {
-            fail("cannot write", errno);
-        }
-    } else {
-        if (::lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
-            ::unlink(tmp.c_str());
-            refuse_kind(st.st_mode);
-        }
-        if (::rename(tmp.c_str(), path.c_str()) != 0) fail("cannot rename the temporary file", errno);
-    }
-    const size_t slash = path.find_last_of('/');
-    const std::string dir = slash == std::string::npos ? "." : (slash == 0 ? "/" : path.substr(0, slash));
-    const int dfd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (dfd >= 0) {
-        ::fsync(dfd);
-        ::close(dfd);
-    }
+    if (!overwrite && ::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode))
+        throw Failure(exit_io, path + ": " + exists_msg);  // the REPL's own wording (hy_file_write checks again)
+    if (hy_file_write(path.c_str(), data.data(), data.size(), overwrite ? 1 : 0) != HY_OK)
+        throw Failure(exit_io, hy_last_error());
 }
 
 }  // namespace hy::cli
