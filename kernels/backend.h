@@ -94,6 +94,12 @@ struct GatedDeltaNetArgs {
     float eps = 0.0f;             // of the gated RMSNorm
 };
 
+// The greedy pick of one logits row (Backend::argmax_rows).
+struct TokenPick {
+    int32_t id = -1;       // arg max over ids [0, n_valid), lowest id on ties; -1 when no logit there is > -inf
+    float logprob = 0.0f;  // log-softmax over ids [0, n_valid) at id: -log(sum_j exp(logit_j - logit_id)), natural log
+};
+
 class Backend {
 public:
     virtual ~Backend() = default;
@@ -138,6 +144,9 @@ public:
     virtual void gather_rows(const void* x, int64_t dim, const int32_t* rows, int n, void* y) = 0;
     // logits[n, w.rows] (F32, arena) = x[n, w.cols] @ w^T.
     virtual void logits(const void* x, int n, const Matrix& w, float* logits) = 0;
+    // picks[i] (arena) = the greedy pick of row i of logits (F32 [n, row_len], arena) over ids [0, n_valid)
+    // (n_valid <= row_len); NaN logits count as -inf. Exponentials and sums in fp32.
+    virtual void argmax_rows(const float* logits, int n, int row_len, int n_valid, TokenPick* picks) = 0;
 };
 
 // The CPU backend (always built). n_threads <= 0 uses all cores.

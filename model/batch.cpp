@@ -134,19 +134,33 @@ bool BatchGenerator::step() {
     }
     if (n_rows == 0) return false;
 
+    // The backend picks each row's arg max (and its log-probability) itself; a sequence that samples greedily
+    // without penalties takes that pick (so its result never depends on what else shares the batch), unless it is
+    // a banned id; the logits rows reach the host only when some sequence needs the full sampler.
     BatchDesc batch{n_rows, tokens_.data(), runs_.data(), n_runs};
-    auto logits = model_.step(batch, std::span<const int32_t>(out_rows_.data(), size_t(n_out)));
+    const std::span<const int32_t> out_rows(out_rows_.data(), size_t(n_out));
+    std::span<const float> logits;
+    std::span<const TokenPick> picks = model_.step_greedy(batch, out_rows, n_valid_);
     const size_t V = size_t(model_.config().vocab_size);
     for (int i = 0; i < n_out; i++) {
         const int slot = out_slot_[size_t(i)];
         Sequence& s = slots_[size_t(slot)];
         const GenerationRequest& r = requests_[size_t(s.id)];
         GenerationResult& res = results_[size_t(s.id)];
-        std::span<const float> row = logits.subspan(size_t(i) * V, V);
-        const int32_t tok = s.sampler->sample(row);
+        int32_t tok;
+        float logprob;
+        if (s.sampler->plain_greedy() && picks[size_t(i)].id >= 0 && !s.sampler->is_banned(picks[size_t(i)].id)) {
+            tok = picks[size_t(i)].id;
+            logprob = picks[size_t(i)].logprob;
+        } else {
+            if (logits.empty()) logits = model_.last_logits();
+            std::span<const float> row = logits.subspan(size_t(i) * V, V);
+            tok = s.sampler->sample(row);
+            logprob = float(log_softmax_at(row, n_valid_, tok));
+        }
         s.sampler->accept(tok);
         res.tokens.push_back(tok);
-        res.logprobs.push_back(float(log_softmax_at(row, n_valid_, tok)));
+        res.logprobs.push_back(logprob);
         if (std::find(r.stop_ids.begin(), r.stop_ids.end(), tok) != r.stop_ids.end())
             finish(slot, FinishReason::eos);
         else if (int(res.tokens.size()) >= r.max_new_tokens)

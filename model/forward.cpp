@@ -69,7 +69,7 @@ void Model::forward(const BatchDesc& batch, std::span<const int32_t> out_rows) {
     be.logits(a.last, n_out, weights_.output, a.logits);     // [n_out, vocab]
 }
 
-std::span<const float> Model::step(const BatchDesc& batch, std::span<const int32_t> out_rows) {
+void Model::check_batch(const BatchDesc& batch, std::span<const int32_t> out_rows) const {
     const ModelConfig& c = config_;
     if (batch.n_tokens <= 0 || batch.n_tokens > params_.max_batch_tokens)
         throw Error(Status::invalid_argument, "batch of " + std::to_string(batch.n_tokens) + " tokens (limit " +
@@ -105,10 +105,31 @@ std::span<const float> Model::step(const BatchDesc& batch, std::span<const int32
         expect_row += run.n_tokens;
     }
     if (expect_row != batch.n_tokens) throw Error(Status::invalid_argument, "batch runs do not cover every row");
+}
 
+std::span<const float> Model::step(const BatchDesc& batch, std::span<const int32_t> out_rows) {
+    check_batch(batch, out_rows);
+    last_n_out_ = 0;
     forward(batch, out_rows);
     for (int r = 0; r < batch.n_runs; r++) seq_len_[size_t(batch.runs[r].slot)] += batch.runs[r].n_tokens;
-    const size_t n = out_rows.size() * size_t(c.vocab_size);
+    last_n_out_ = int(out_rows.size());
+    return last_logits();
+}
+
+std::span<const TokenPick> Model::step_greedy(const BatchDesc& batch, std::span<const int32_t> out_rows, int n_valid) {
+    check_batch(batch, out_rows);
+    last_n_out_ = 0;
+    const int n = int(out_rows.size());
+    forward(batch, out_rows);
+    if (n) backend_->argmax_rows(act_.logits, n, config_.vocab_size, std::clamp(n_valid, 1, config_.vocab_size), act_.picks);
+    for (int r = 0; r < batch.n_runs; r++) seq_len_[size_t(batch.runs[r].slot)] += batch.runs[r].n_tokens;
+    last_n_out_ = n;
+    if (n) backend_->download(picks_host_.data(), act_.picks, size_t(n) * sizeof(TokenPick));
+    return {picks_host_.data(), size_t(n)};
+}
+
+std::span<const float> Model::last_logits() {
+    const size_t n = size_t(last_n_out_) * size_t(config_.vocab_size);
     if (n) backend_->download(logits_host_.data(), act_.logits, n * 4);
     return {logits_host_.data(), n};
 }

@@ -301,6 +301,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     size_t o_gate = ld.reserve(T * F * as), o_up = ld.reserve(T * F * as);
     size_t o_last = ld.reserve(size_t(p.max_logits) * H * as);
     size_t o_logits = ld.reserve(size_t(p.max_logits) * size_t(c.vocab_size) * 4);
+    size_t o_picks = ld.reserve(size_t(p.max_logits) * sizeof(TokenPick));
 
     BatchLimits limits{p.max_batch_tokens, p.n_slots, p.n_ctx, p.n_slots};
     int max_heads = std::max(c.n_heads, c.gdn_v_heads);
@@ -330,11 +331,13 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     a.k = base + o_k; a.v = base + o_v; a.z = base + o_z; a.b = base + o_b; a.a = base + o_a;
     a.mix_out = base + o_mix_out; a.gate = base + o_gate; a.up = base + o_up; a.last = base + o_last;
     a.logits = reinterpret_cast<float*>(base + o_logits);
+    a.picks = reinterpret_cast<TokenPick*>(base + o_picks);
     be.set_workspace(base + o_ws, limits);
     be.synchronize();
 
     m->seq_len_.assign(S, 0);
     m->logits_host_.resize(size_t(p.max_logits) * size_t(c.vocab_size));
+    m->picks_host_.resize(size_t(p.max_logits));
     m->runs_scratch_.resize(S);
     m->rows_scratch_.resize(T);
     return m;

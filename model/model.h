@@ -89,6 +89,7 @@ struct Activations {
     void* up = nullptr;       // [T, F]
     void* last = nullptr;     // [max_logits, H] rows whose logits are wanted
     float* logits = nullptr;  // [max_logits, vocab] F32
+    TokenPick* picks = nullptr;  // [max_logits] greedy picks of the logits rows
 };
 
 enum class Device { auto_select, cpu, cuda };
@@ -138,6 +139,13 @@ public:
     // logits are wanted (at most max_logits); returns them [n_out, vocab] on the host. Updates sequence lengths.
     std::span<const float> step(const BatchDesc& batch, std::span<const int32_t> out_rows);
 
+    // As step(), but the logits stay on the backend: returns the greedy pick of each out row over ids
+    // [0, n_valid) (Backend::argmax_rows; n_valid is clamped to [1, vocab]), so a greedy step moves 8 bytes per
+    // row to the host. last_logits() then downloads the rows if the caller needs them after all.
+    std::span<const TokenPick> step_greedy(const BatchDesc& batch, std::span<const int32_t> out_rows, int n_valid);
+    // The logits rows of the last step() / step_greedy() ([n_out, vocab], host view valid until the next call).
+    std::span<const float> last_logits();
+
     // ---- snapshots: the full state of one slot (length, KV cache up to length, conv and recurrent state) ----
     std::vector<uint8_t> save_state(int slot) const;
     // Throws model_mismatch when the snapshot was made by a model of another shape or dtype.
@@ -148,6 +156,7 @@ public:
 private:
     Model() = default;
     void forward(const BatchDesc& batch, std::span<const int32_t> out_rows);
+    void check_batch(const BatchDesc& batch, std::span<const int32_t> out_rows) const;
 
     std::string dir_;
     ModelConfig config_;
@@ -160,6 +169,8 @@ private:
     Activations act_;
     std::vector<int32_t> seq_len_;   // [n_slots]
     std::vector<float> logits_host_;  // [max_logits, vocab]
+    std::vector<TokenPick> picks_host_;  // [max_logits]
+    int last_n_out_ = 0;              // logits rows of the last step, still in act_.logits
     std::vector<float> all_logits_;   // prefill(all_logits = true) output [n, vocab]
     // host-side batch scratch (sized at load; the decode loop allocates nothing)
     std::vector<SeqRun> runs_scratch_;

@@ -104,6 +104,15 @@ void Sampler::set_banned(std::span<const int32_t> ids) {
     banned_.clear();
     for (int32_t id : ids)
         if (id >= 0 && id < n_logits_) banned_.push_back(id);
+    std::sort(banned_.begin(), banned_.end());
+}
+
+bool Sampler::is_banned(int32_t id) const { return std::binary_search(banned_.begin(), banned_.end(), id); }
+
+bool Sampler::plain_greedy() const {
+    const SamplerParams& p = params_;
+    return (p.temperature <= 0.0f || p.top_k == 1) && p.repeat_penalty == 1.0f && p.presence_penalty == 0.0f &&
+           p.frequency_penalty == 0.0f;
 }
 
 void Sampler::set_seed(uint64_t seed) {

@@ -78,6 +78,13 @@ public:
     // treated as -inf logits, before the penalties. Ids outside [0, n_logits) are ignored. Replaces the previous set.
     void set_banned(std::span<const int32_t> ids);
 
+    // True when sample() is the plain arg max of the raw logits over the ids that may be sampled: greedy
+    // (temperature <= 0 or top_k == 1) with every penalty off. Then a device-side pick (Model::step_greedy) can
+    // stand in for sample(), unless it picked a banned id.
+    bool plain_greedy() const;
+    // Whether set_banned() listed `id`. O(log n).
+    bool is_banned(int32_t id) const;
+
     // Applies step 2 (penalties) in place to `logits` (F32 [n_logits]); exposed for tests.
     void apply_penalties(std::span<float> logits) const;
 
@@ -101,7 +108,7 @@ private:
     mutable std::vector<uint8_t> seen_;  // [n_logits] scratch for "each distinct id once"
     std::vector<float> work_;       // [n_logits] penalized logits
     std::vector<Candidate> cand_;   // [n_valid] candidates
-    std::vector<int32_t> banned_;   // ids forced to -inf
+    std::vector<int32_t> banned_;   // ids forced to -inf, sorted
 };
 
 // log p(id) = logits[id] - log(sum_{j < n_valid} exp(logits[j])): the log-softmax of the raw logits (before

@@ -188,11 +188,11 @@ TEST_CASE("CUDA backend: --device cuda without a GPU is a clear backend error", 
 TEST_CASE("CUDA matmul and logits match the CPU reference", "[gpu]") {
     HY_REQUIRE_GPU();
     Pair p(limits(64, 1, 16), 4, 64, size_t(64) << 20);
-    // (T, N, K): GEMV (T <= 4), cuBLASLt (T > 4), the scalar fallback (K % 8 != 0).
-    // K >= 4096 splits each row over two warps.
+    // (T, N, K): GEMV (T <= 4), cuBLASLt (T > 4), the scalar fallback (K % 8 != 0). Long rows split over 2 or 4
+    // warps; K = 20480 takes two rounds of loads per lane.
     const int shapes[][3] = {{1, 96, 256}, {2, 40, 768}, {3, 256, 264}, {4, 1000, 512}, {5, 96, 256},
                              {37, 776, 1024}, {64, 8, 256}, {1, 33, 100}, {7, 33, 100}, {1, 61, 4096},
-                             {3, 40, 9216}, {4, 17, 4104}};
+                             {3, 40, 9216}, {4, 17, 4104}, {1, 24, 20480}, {4, 9, 20480}};
     for (auto& s : shapes) {
         const int T = s[0], N = s[1], K = s[2];
         auto x = randn(size_t(T) * K), w = randn(size_t(N) * K, 0.05f);
@@ -220,6 +220,88 @@ TEST_CASE("CUDA matmul and logits match the CPU reference", "[gpu]") {
             CHECK(e <= kTol);
             if (as_logits) CHECK(e <= 1e-4);  // F32 output: only accumulation order differs
         }
+    }
+}
+
+// A recorded decode step (one row): the backend fuses matmul(gate), matmul(up), silu_mul into one GEMV and 2-4
+// matmuls of the same x into a group, and replays them as a graph.
+TEST_CASE("CUDA fused decode GEMVs (gate/up/SiLU, groups) match the CPU reference", "[gpu]") {
+    HY_REQUIRE_GPU();
+    Pair p(limits(16, 1, 16), 4, 64, size_t(160) << 20);
+    for (int K : {256, 2560, 9216}) {
+        const int F = 1000, N2 = 72;
+        for (int T : {1, 3}) {
+            auto x = randn(size_t(T) * K), wg = randn(size_t(F) * K, 0.05f), wu = randn(size_t(F) * K, 0.05f);
+            auto w2 = randn(size_t(N2) * K, 0.05f);
+            void* xc = p.cpu.act(x);
+            void* xg = p.gpu.act(x);
+            Matrix gc = p.cpu.matrix(wg, F, K), uc = p.cpu.matrix(wu, F, K), c2 = p.cpu.matrix(w2, N2, K);
+            Matrix gg = p.gpu.matrix(wg, F, K), ug = p.gpu.matrix(wu, F, K), g2 = p.gpu.matrix(w2, N2, K);
+            void* yc[4];
+            void* yg[4];
+            for (int i = 0; i < 4; i++) {
+                yc[i] = p.cpu.take(size_t(T) * F * 4);
+                yg[i] = p.gpu.poisoned(size_t(T) * F);
+            }
+            Batch b({{0, 0, T}}, 16);
+            p.begin_batch(b.desc);
+            for (Side* side : {&p.cpu, &p.gpu}) {
+                const bool g = side == &p.gpu;
+                void* xs = g ? xg : xc;
+                void** y = g ? yg : yc;
+                side->be->matmul(xs, T, g ? gg : gc, y[0]);   // gate
+                side->be->matmul(xs, T, g ? ug : uc, y[1]);   // up
+                side->be->silu_mul(y[0], y[1], int64_t(T) * F, y[2]);
+                side->be->matmul(xs, T, g ? g2 : c2, y[3]);   // with the next one: a group
+                side->be->matmul(xs, T, g ? ug : uc, y[0]);
+            }
+            const size_t n = size_t(T) * F;
+            const double e_act = rel_err(p.gpu.read_act(yg[2], n), p.cpu.read_f32(yc[2], n));
+            const double e_up = rel_err(p.gpu.read_act(yg[1], n), p.cpu.read_f32(yc[1], n));
+            const double e_grp = rel_err(p.gpu.read_act(yg[3], size_t(T) * N2), p.cpu.read_f32(yc[3], size_t(T) * N2));
+            const double e_grp2 = rel_err(p.gpu.read_act(yg[0], n), p.cpu.read_f32(yc[0], n));
+            INFO("K=" << K << " T=" << T << " rel err act " << e_act << " up " << e_up << " group " << e_grp << " / "
+                      << e_grp2);
+            CHECK(e_act <= kTol);
+            CHECK(e_up <= kTol);
+            CHECK(e_grp <= kTol);
+            CHECK(e_grp2 <= kTol);
+        }
+    }
+}
+
+// Greedy picks on the device: the arg max (lowest id on ties, NaN and -inf never picked) and its log-softmax
+// over the ids below n_valid, against the CPU backend's.
+TEST_CASE("CUDA argmax_rows matches the CPU reference", "[gpu]") {
+    HY_REQUIRE_GPU();
+    const int V = 50021, n = 6;
+    Pair p(limits(8, 1, 16), 4, 64, size_t(8) << 20);
+    std::vector<float> l = randn(size_t(n) * V, 3.0f);
+    l[size_t(0) * V + 17] = 40.0f;  // row 0: a tie between 17 and 40000: 17 wins
+    l[size_t(0) * V + 40000] = 40.0f;
+    l[size_t(1) * V + 5] = NAN;  // row 1: NaN and +large past n_valid are ignored
+    l[size_t(1) * V + V - 3] = 1e6f;
+    for (int i = 0; i < V; i++) l[size_t(2) * V + size_t(i)] = -INFINITY;  // row 2: nothing to pick
+    for (int i = 0; i < V; i += 7) l[size_t(3) * V + size_t(i)] = -INFINITY;
+    l[size_t(4) * V + V - 100] = 25.0f;  // row 4: the max in the last slice
+    const int n_valid = V - 10;
+    const float* lc = p.cpu.f32(l);
+    const float* lg = p.gpu.f32(l);
+    auto* pc = static_cast<TokenPick*>(p.cpu.take(n * sizeof(TokenPick)));
+    auto* pg = static_cast<TokenPick*>(p.gpu.take(n * sizeof(TokenPick)));
+    p.cpu.be->argmax_rows(lc, n, V, n_valid, pc);
+    p.gpu.be->argmax_rows(lg, n, V, n_valid, pg);
+    std::vector<TokenPick> c(n), g(n);
+    p.cpu.be->download(c.data(), pc, n * sizeof(TokenPick));
+    p.gpu.be->download(g.data(), pg, n * sizeof(TokenPick));
+    CHECK(c[0].id == 17);
+    CHECK(c[2].id == -1);
+    CHECK(c[4].id == V - 100);
+    for (int r = 0; r < n; r++) {
+        INFO("row " << r << ": cpu " << c[r].id << " " << c[r].logprob << ", gpu " << g[r].id << " " << g[r].logprob);
+        CHECK(g[r].id == c[r].id);
+        CHECK(c[r].id < n_valid);
+        if (c[r].id >= 0) CHECK(std::abs(g[r].logprob - c[r].logprob) <= 1e-4f * std::max(1.0f, std::abs(c[r].logprob)));
     }
 }
 
@@ -459,6 +541,73 @@ TEST_CASE("CUDA Gated DeltaNet (prefill, several runs, decode) matches the CPU r
     gdn_case({3, 3, 64, 64});
 }
 
+// A sequence's Gated DeltaNet outputs and state must not depend on how its tokens are split into runs and steps
+// or on what else shares the batch: 300 tokens as one run, and as runs of 64, 1 (beside another sequence) and 235.
+TEST_CASE("CUDA Gated DeltaNet is bitwise independent of run boundaries and batch company", "[gpu]") {
+    HY_REQUIRE_GPU();
+    struct Shape {
+        int Hk, Hv, Dk, Dv;
+    };
+    for (Shape sh : {Shape{2, 4, 128, 128}, Shape{4, 8, 32, 32}}) {
+        const int K = 4, L = 300, C = 2 * sh.Hk * sh.Dk + sh.Hv * sh.Dv, V = sh.Hv * sh.Dv;
+        Side g(make_cuda_backend(0), limits(L, 2, 512), sh.Hv, std::max(sh.Dk, sh.Dv), size_t(64) << 20);
+        const size_t conv_n = size_t(2) * (K - 1) * C, ssm_n = size_t(2) * sh.Hv * sh.Dk * sh.Dv;
+        auto qkv = randn(size_t(L) * C), z = randn(size_t(L) * V), bb = randn(size_t(L) * sh.Hv),
+             aa = randn(size_t(L) * sh.Hv), other = randn(size_t(5) * C);
+        auto conv_w = randn(size_t(C) * K, 0.5f), norm_w = randn(size_t(sh.Dv), 0.2f, 1.0f),
+             dt_bias = randn(size_t(sh.Hv), 0.5f), A_log = randn(size_t(sh.Hv), 0.3f, 1.0f);
+        GatedDeltaNetArgs base;
+        base.n_k_heads = sh.Hk; base.n_v_heads = sh.Hv; base.k_dim = sh.Dk; base.v_dim = sh.Dv; base.conv_kernel = K;
+        base.eps = 1e-6f;
+        base.conv_w = g.f32(conv_w); base.A_log = g.f32(A_log); base.dt_bias = g.f32(dt_bias);
+        base.norm_w = g.f32(norm_w);
+        base.conv_state = g.take(conv_n * 2);
+        base.ssm_state = static_cast<float*>(g.take(ssm_n * 4));
+        // inputs of rows [r0, r0 + n) of the sequence, optionally after 5 rows of another sequence
+        auto rows = [&](const std::vector<float>& v, int width, int r0, int n, const std::vector<float>* pre) {
+            std::vector<float> out;
+            if (pre) out.insert(out.end(), pre->begin(), pre->end());
+            out.insert(out.end(), v.begin() + std::ptrdiff_t(size_t(r0) * width), v.begin() + std::ptrdiff_t(size_t(r0 + n) * width));
+            return out;
+        };
+        auto run = [&](std::initializer_list<std::array<int, 2>> parts) {  // {pos, n}: a step per part
+            g.be->fill_zero(base.conv_state, conv_n * 2);
+            g.be->fill_zero(base.ssm_state, ssm_n * 4);
+            std::vector<float> out;
+            for (auto pn : parts) {
+                const int pos = pn[0], n = pn[1];
+                const bool company = n == 1;  // the single-token step shares the batch with 5 rows of slot 1
+                std::vector<float> zo = randn(size_t(5) * V), bo = randn(size_t(5) * sh.Hv), ao = randn(size_t(5) * sh.Hv);
+                Batch b = company ? Batch({{1, 0, 5}, {0, pos, 1}}, 10) : Batch({{0, pos, n}}, 10);
+                g.be->begin_batch(b.desc);
+                GatedDeltaNetArgs a = base;
+                a.qkv = g.act(rows(qkv, C, pos, n, company ? &other : nullptr));
+                a.z = g.act(rows(z, V, pos, n, company ? &zo : nullptr));
+                a.b = g.act(rows(bb, sh.Hv, pos, n, company ? &bo : nullptr));
+                a.a = g.act(rows(aa, sh.Hv, pos, n, company ? &ao : nullptr));
+                const int T = b.desc.n_tokens;
+                a.out = g.poisoned(size_t(T) * V);
+                g.be->gated_delta_net(a);
+                auto o = g.read_act(a.out, size_t(T) * V);
+                out.insert(out.end(), o.end() - std::ptrdiff_t(size_t(n) * V), o.end());
+            }
+            auto st = g.read_f32(base.ssm_state, ssm_n / 2);  // slot 0
+            auto cs = g.read_act(base.conv_state, conv_n / 2);
+            out.insert(out.end(), st.begin(), st.end());
+            out.insert(out.end(), cs.begin(), cs.end());
+            return out;
+        };
+        const auto whole = run({{0, L}});
+        const auto split = run({{0, 64}, {64, 1}, {65, L - 65}});
+        REQUIRE(whole.size() == split.size());
+        size_t diff = 0;
+        for (size_t i = 0; i < whole.size(); i++) diff += !(whole[i] == split[i]);
+        INFO("Hk " << sh.Hk << " Hv " << sh.Hv << " Dk " << sh.Dk << ": " << diff << " of " << whole.size()
+                   << " outputs and state values differ");
+        CHECK(diff == 0);
+    }
+}
+
 TEST_CASE("CUDA tiny model: prompt logits match the CPU backend; one-shot and token-by-token agree", "[gpu]") {
     HY_REQUIRE_GPU();
     ModelParams mp;
@@ -540,7 +689,10 @@ TEST_CASE("CUDA graph replay of decode steps (with fused ops) equals eager execu
             be.matmul(b.gate, T, b.wd, b.y);
             be.add(b.x, b.y, int64_t(T) * H);  // residual add + the next norm: fused
             be.rms_norm(b.x, b.nw, T, H, 1e-6f, true, b.xn);
+            be.matmul(b.gate, T, b.wd, b.y);  // a residual add alone
+            be.add(b.x, b.y, int64_t(T) * H);
             out[s] = {d.read_act(b.x, size_t(T) * H), d.read_act(b.xn, size_t(T) * H), d.read_act(b.a, size_t(T) * N3),
+                      d.read_act(b.y, size_t(T) * H),
                       d.read_act(b.b, size_t(T) * N3), d.read_act(b.gate, size_t(T) * F), d.read_act(b.up, size_t(T) * F)};
         }
         for (size_t k = 0; k < out[0].size(); k++) {

@@ -1,5 +1,6 @@
 // The CPU backend: host memory, F32 activations, OpenMP threads. The reference implementation.
 #include <chrono>
+#include <cmath>
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
@@ -114,6 +115,23 @@ public:
     }
     void logits(const void* x, int n, const Matrix& w, float* out) override {
         cpu::matmul(static_cast<const float*>(x), n, w, out, pool_);
+    }
+    void argmax_rows(const float* logits, int n, int row_len, int n_valid, TokenPick* picks) override {
+        for (int r = 0; r < n; r++) {
+            const float* v = logits + int64_t(r) * row_len;
+            int32_t best = -1;
+            for (int i = 0; i < n_valid; i++)  // NaN and -inf never win
+                if (v[i] > -INFINITY && (best < 0 || v[i] > v[best])) best = i;
+            TokenPick p;
+            if (best >= 0) {
+                float sum = 0.0f;
+                for (int i = 0; i < n_valid; i++)
+                    if (v[i] > -INFINITY) sum += std::exp(v[i] - v[best]);
+                p.id = best;
+                p.logprob = -std::log(sum);
+            }
+            picks[r] = p;
+        }
     }
 
 private:

@@ -4,8 +4,8 @@
 // map; all device memory is the one arena from alloc(), the backend's scratch being the workspace piece of it.
 // Ops are enqueued on the stream and return at once; download() and synchronize() wait.
 //
-// Steps of at most kGraphMaxTokens rows (decode) are recorded rather than launched and replayed as one CUDA graph
-// (graph.cuh), with the peephole fusions of fuse(); the environment variable HY_CUDA_GRAPHS=0, read when the
+// Steps of at most kGraphMaxTokens rows, and decode steps of any batch size, are recorded rather than launched and
+// replayed as one CUDA graph (graph.cuh), with the peephole fusions of fuse(); the environment variable HY_CUDA_GRAPHS=0, read when the
 // backend is made, turns this off (every op launched eagerly, unfused), for comparisons and debugging.
 #include <algorithm>
 #include <cstdlib>
@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "kernels/cuda/argmax.cuh"
 #include "kernels/cuda/attention.cuh"
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/elementwise.cuh"
@@ -27,6 +28,14 @@
 #endif
 
 namespace hy {
+
+namespace cuda {
+namespace {
+bool g_pdl = false;
+}
+void set_pdl_enabled(bool on) { g_pdl = on; }
+bool pdl_enabled() { return g_pdl; }
+}  // namespace cuda
 
 namespace {
 
@@ -69,7 +78,7 @@ void check_device(int device) {
 // graph; fuse() turns op sequences of a recorded step into the fused kernels (same memory results).
 struct Op {
     enum class Kind : uint8_t {
-        copy_h2d, embed, rms_norm, matmul, logits, add, silu_mul, attention, gated_delta_net, gather_rows,
+        copy_h2d, embed, rms_norm, matmul, logits, add, silu_mul, attention, gated_delta_net, gather_rows, argmax,
         gemv_group, gate_up, add_rms_norm,  // made by fuse()
     };
     Kind kind = Kind::copy_h2d;
@@ -82,6 +91,7 @@ struct Op {
     Matrix m, m2;              // matmul weights (gate_up: gate, up)
     int64_t n = 0;             // rows, or elements (add, silu_mul), or bytes (copy)
     int64_t dim = 0;
+    int64_t n2 = 0;            // argmax: n_valid
     float eps = 0.0f;
     bool flag = false;         // rms_norm zero_centred
     cuda::GemvGroup group;
@@ -102,7 +112,7 @@ void sign(const Op& op, std::vector<uint64_t>& sig) {
     u(uint64_t(op.kind));
     p(op.x); p(op.x2); p(op.y); p(op.w);
     p(op.m.data); u(uint64_t(op.m.rows)); u(uint64_t(op.m.cols));
-    u(uint64_t(op.n)); u(uint64_t(op.dim)); f(op.eps); u(op.flag);
+    u(uint64_t(op.n)); u(uint64_t(op.dim)); u(uint64_t(op.n2)); f(op.eps); u(op.flag);
     if (op.kind == Op::Kind::attention) {
         const AttentionArgs& a = op.attn;
         p(a.qg); p(a.k); p(a.v); p(a.q_norm); p(a.k_norm); p(a.k_cache); p(a.v_cache); p(a.out);
@@ -188,6 +198,11 @@ public:
         gemm_ = std::make_unique<cuda::Gemm>();
         const char* g = std::getenv("HY_CUDA_GRAPHS");
         graphs_enabled_ = !(g && std::strcmp(g, "0") == 0);
+        // Programmatic dependent launch needs compute capability 9.0; HY_CUDA_PDL=0 turns it off.
+        int major = 0;
+        HY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+        const char* pdl = std::getenv("HY_CUDA_PDL");
+        cuda::set_pdl_enabled(major >= 9 && !(pdl && std::strcmp(pdl, "0") == 0));
         ops_.reserve(kMaxRecordedOps);
         fused_.reserve(kMaxRecordedOps);
         sig_.reserve(kMaxRecordedOps * 24);
@@ -277,14 +292,14 @@ public:
 
     // Workspace: cuBLASLt scratch | row map (token ids, slot, pos, index in run, gather rows) [T] each | runs |
     // bf16 scratch A [T, 4 * heads * head_dim] (attention q [T, Hq, D] or GDN mixed [T, C]) | attention split
-    // partials. workspace_bytes() records the scratch sizes that set_workspace() lays out.
+    // partials | argmax partials [T]. workspace_bytes() records the scratch sizes that set_workspace() lays out.
     size_t workspace_bytes(const BatchLimits& l, int max_heads, int max_head_dim) const override {
         const size_t T = size_t(std::max(l.max_tokens, 1)), R = size_t(std::max(l.max_runs, 1));
         const size_t hd = size_t(std::max(max_heads, 1)) * size_t(std::max(max_head_dim, 1));
         scratch_a_elems_ = align256(T * 4 * hd * 2) / 2;  // >= Hq * D and >= C = 2 Hk Dk + Hv Dv <= 3 Hv Dv
         split_floats_ = cuda::attention_split_floats(std::max(max_heads, 1), std::max(max_head_dim, 1));
         return align256(cuda::Gemm::kWorkspaceBytes) + align256(5 * T * 4 + R * sizeof(SeqRun)) +
-               scratch_a_elems_ * 2 + align256(split_floats_ * 4);
+               scratch_a_elems_ * 2 + align256(split_floats_ * 4) + align256(cuda::argmax_scratch_floats(int(T)) * 4);
     }
     void set_workspace(void* ws, const BatchLimits& l) override {
         if (scratch_a_elems_ == 0) throw Error(Status::internal, "CUDA backend: set_workspace before workspace_bytes");
@@ -307,6 +322,7 @@ public:
         d_runs_ = reinterpret_cast<SeqRun*>(d_gather_ + T);
         scratch_a_ = reinterpret_cast<bf16*>(d + align256(5 * T * 4 + R * sizeof(SeqRun)));
         split_scratch_ = reinterpret_cast<float*>(scratch_a_ + scratch_a_elems_);
+        argmax_scratch_ = reinterpret_cast<float*>(reinterpret_cast<char*>(split_scratch_) + align256(split_floats_ * 4));
     }
 
     void begin_batch(const BatchDesc& b) override {
@@ -330,7 +346,9 @@ public:
         }
         SeqRun* runs = reinterpret_cast<SeqRun*>(h + 5 * T);
         std::memcpy(runs, b.runs, size_t(b.n_runs) * sizeof(SeqRun));
-        recording_ = graphs_enabled_ && b.n_tokens <= kGraphMaxTokens;
+        // Graphs for small steps and for every decode step (one token per run: few distinct shapes, one graph per
+        // batch size); prefill steps of other shapes would rarely repeat.
+        recording_ = graphs_enabled_ && (b.n_tokens <= kGraphMaxTokens || b.n_runs == b.n_tokens);
         // One copy of the four row arrays (the gather slot after them is unused here) and one of the runs.
         Op c;
         c.kind = Op::Kind::copy_h2d;
@@ -423,8 +441,16 @@ public:
         submit(op);
     }
 
+    void argmax_rows(const float* logits, int n, int row_len, int n_valid, TokenPick* picks) override {
+        if (n > limits_.max_tokens) throw Error(Status::invalid_argument, "CUDA argmax_rows: too many rows");
+        Op op;
+        op.kind = Op::Kind::argmax;
+        op.x = logits; op.n = n; op.dim = row_len; op.n2 = n_valid; op.y = picks;
+        submit(op);
+    }
+
 private:
-    static constexpr int kGraphMaxTokens = 16;     // steps of at most this many rows are replayed as graphs
+    static constexpr int kGraphMaxTokens = 16;     // steps of at most this many rows (or all decode) are graphs
     static constexpr size_t kMaxRecordedOps = 4096;
 
     // Runs the op now, or appends it to the recorded step.
@@ -502,6 +528,10 @@ private:
                 cuda::gather_rows(static_cast<const bf16*>(op.x), op.dim, d_gather_, int(op.n), static_cast<bf16*>(op.y),
                                   stream_);
                 return;
+            case K::argmax:
+                cuda::argmax_rows(static_cast<const float*>(op.x), int(op.n), int(op.dim), int(op.n2),
+                                  static_cast<TokenPick*>(op.y), argmax_scratch_, stream_);
+                return;
             case K::gemv_group:
                 cuda::gemv_group(static_cast<const bf16*>(op.x), op.n, op.group, op.dim, false, stream_);
                 return;
@@ -535,6 +565,7 @@ private:
     SeqRun* d_runs_ = nullptr;
     bf16* scratch_a_ = nullptr;
     float* split_scratch_ = nullptr;  // attention partials of decode steps split over positions
+    float* argmax_scratch_ = nullptr;  // argmax_rows partials
     mutable size_t scratch_a_elems_ = 0, split_floats_ = 0;
     cuda::RowMap rows_{};
     // CUDA graph replay of small steps (HY_CUDA_GRAPHS=0 turns it off).

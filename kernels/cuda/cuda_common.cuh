@@ -7,6 +7,7 @@
 
 #include <cstdint>
 #include <string>
+#include <utility>
 
 #include "kernels/backend.h"
 #include "kernels/cuda/tuning.cuh"
@@ -93,5 +94,48 @@ __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf
 __device__ __forceinline__ float siluf_(float x) { return x / (1.0f + expf(-x)); }
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }
+
+// ---- Programmatic dependent launch (PDL, compute capability 9.0+) ----
+// A kernel launched with launch() may start while the kernel before it on the stream is still running, so that
+// its launch latency and its prologue (e.g. loading weights, which no kernel writes) overlap the predecessor's
+// tail. The protocol every kernel of this backend follows:
+//   - pdl_trigger() early (lets the next kernel be scheduled once every block of this one has started);
+//   - pdl_wait() in every thread before the first read of memory that an earlier kernel writes, before the first
+//     write of memory that an earlier kernel reads, and before any early return. pdl_wait() returns once the
+//     preceding kernel has completed and its writes are visible; since that kernel waited for its own
+//     predecessor, everything enqueued earlier is complete too.
+// Both are no-ops below sm_90 and when the kernel was launched without the attribute.
+__device__ __forceinline__ void pdl_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pdl_trigger() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
+
+// Whether launch() asks for programmatic dependent launch: set once by the backend (device >= 9.0 and
+// HY_CUDA_PDL not "0").
+void set_pdl_enabled(bool on);
+bool pdl_enabled();
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute when enabled; checks the launch.
+template <typename... KArgs, typename... Args>
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const char* what,
+            Args&&... args) {
+    cudaLaunchConfig_t cfg{};
+    cfg.gridDim = grid;
+    cfg.blockDim = block;
+    cfg.dynamicSmemBytes = smem;
+    cfg.stream = stream;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cfg.attrs = attr;
+    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
+}
 
 }  // namespace hy::cuda

@@ -8,6 +8,8 @@ namespace {
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 __global__ void add_vec_kernel(uint4* y, const uint4* x, int64_t n8) {
+    pdl_trigger();
+    pdl_wait();
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n8; i += int64_t(gridDim.x) * blockDim.x) {
         float a[8], b[8];
         unpack8(y[i], a);
@@ -19,6 +21,8 @@ __global__ void add_vec_kernel(uint4* y, const uint4* x, int64_t n8) {
 }
 
 __global__ void add_kernel(bf16* y, const bf16* x, int64_t n) {
+    pdl_trigger();
+    pdl_wait();
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
         y[i] = to_bf16(to_f32(y[i]) + to_f32(x[i]));
 }
@@ -26,6 +30,8 @@ __global__ void add_kernel(bf16* y, const bf16* x, int64_t n) {
 __device__ __forceinline__ float silu_mul1(float g, float u) { return round_bf16(siluf_(g)) * u; }
 
 __global__ void silu_mul_vec_kernel(const uint4* gate, const uint4* up, int64_t n8, uint4* y) {
+    pdl_trigger();
+    pdl_wait();
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n8; i += int64_t(gridDim.x) * blockDim.x) {
         float g[8], u[8];
         unpack8(gate[i], g);
@@ -37,6 +43,8 @@ __global__ void silu_mul_vec_kernel(const uint4* gate, const uint4* up, int64_t 
 }
 
 __global__ void silu_mul_kernel(const bf16* gate, const bf16* up, int64_t n, bf16* y) {
+    pdl_trigger();
+    pdl_wait();
     for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
         y[i] = to_bf16(silu_mul1(to_f32(gate[i]), to_f32(up[i])));
 }
@@ -51,23 +59,22 @@ unsigned grid_for(int64_t n) {
 void add(bf16* y, const bf16* x, int64_t n, cudaStream_t stream) {
     if (n <= 0) return;
     if (n % 8 == 0 && aligned16(y) && aligned16(x)) {
-        add_vec_kernel<<<grid_for(n / 8), kElementwiseThreads, 0, stream>>>(reinterpret_cast<uint4*>(y),
-                                                                              reinterpret_cast<const uint4*>(x), n / 8);
+        launch(add_vec_kernel, grid_for(n / 8), kElementwiseThreads, 0, stream, "add kernel", reinterpret_cast<uint4*>(y),
+               reinterpret_cast<const uint4*>(x), n / 8);
     } else {
-        add_kernel<<<grid_for(n), kElementwiseThreads, 0, stream>>>(y, x, n);
+        launch(add_kernel, grid_for(n), kElementwiseThreads, 0, stream, "add kernel", y, x, n);
     }
-    check_launch("add kernel");
 }
 
 void silu_mul(const bf16* gate, const bf16* up, int64_t n, bf16* y, cudaStream_t stream) {
     if (n <= 0) return;
     if (n % 8 == 0 && aligned16(gate) && aligned16(up) && aligned16(y)) {
-        silu_mul_vec_kernel<<<grid_for(n / 8), kElementwiseThreads, 0, stream>>>(
-            reinterpret_cast<const uint4*>(gate), reinterpret_cast<const uint4*>(up), n / 8, reinterpret_cast<uint4*>(y));
+        launch(silu_mul_vec_kernel, grid_for(n / 8), kElementwiseThreads, 0, stream, "silu_mul kernel",
+               reinterpret_cast<const uint4*>(gate), reinterpret_cast<const uint4*>(up), n / 8,
+               reinterpret_cast<uint4*>(y));
     } else {
-        silu_mul_kernel<<<grid_for(n), kElementwiseThreads, 0, stream>>>(gate, up, n, y);
+        launch(silu_mul_kernel, grid_for(n), kElementwiseThreads, 0, stream, "silu_mul kernel", gate, up, n, y);
     }
-    check_launch("silu_mul kernel");
 }
 
 }  // namespace hy::cuda

@@ -7,6 +7,8 @@ namespace {
 // One block per output row; copies dim bf16 values (16-byte words when dim % 8 == 0).
 __global__ void gather_kernel(const bf16* __restrict__ src, int64_t dim, const int32_t* __restrict__ index,
                               bf16* __restrict__ dst) {
+    pdl_trigger();
+    pdl_wait();
     const int64_t r = blockIdx.x;
     const bf16* s = src + int64_t(index[r]) * dim;
     bf16* d = dst + r * dim;
@@ -22,8 +24,7 @@ __global__ void gather_kernel(const bf16* __restrict__ src, int64_t dim, const i
 void gather(const bf16* src, int64_t dim, const int32_t* index, int n, bf16* dst, cudaStream_t stream,
             const char* what) {
     if (n <= 0) return;
-    gather_kernel<<<unsigned(n), 128, 0, stream>>>(src, dim, index, dst);
-    check_launch(what);
+    launch(gather_kernel, unsigned(n), 128, 0, stream, what, src, dim, index, dst);
 }
 
 }  // namespace

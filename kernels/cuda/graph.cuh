@@ -14,7 +14,7 @@ namespace hy::cuda {
 
 class GraphCache {
 public:
-    static constexpr int kMaxGraphs = 8;
+    static constexpr int kMaxGraphs = 32;
     GraphCache() = default;
     ~GraphCache();
     GraphCache(const GraphCache&) = delete;

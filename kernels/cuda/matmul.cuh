@@ -61,6 +61,17 @@ struct GemvGroup {
     }
 };
 void gemv_group(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, cudaStream_t stream);
+// Launch shape of a decode GEMV: `split` warps share a row, each lane holds `per` 16-byte weight words per round.
+// gemv_config chooses it from K alone (so a matrix gives the same bits alone or in a group).
+struct GemvConfig {
+    int split = 2;
+    int per = 8;
+};
+GemvConfig gemv_config(int64_t K);
+// gemv_group with an explicit launch shape (benchmarks). Shapes built: (split, per) in {(2,8), (4,8), (4,16)};
+// others throw internal.
+void gemv_group_with(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, GemvConfig c,
+                     cudaStream_t stream);
 // gate_out = bf16(x Wg^T), up_out = bf16(x Wu^T), act_out = bf16(bf16(silu(gate)) * up) (act_out may be gate_out).
 void gemv_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int64_t N, int64_t K, bf16* gate_out,
                   bf16* up_out, bf16* act_out, cudaStream_t stream);

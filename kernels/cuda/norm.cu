@@ -12,6 +12,20 @@ template <bool kVec, bool kAdd>
 __global__ void rms_norm_kernel(bf16* x, const bf16* __restrict__ d, const float* __restrict__ w, int dim, float eps,
                                 bool zero_centred, bf16* y) {
     __shared__ float scratch[32];
+    pdl_trigger();
+    // The norm weights of this thread's first kPre 16-byte words, loaded before the wait (weights are never
+    // written by a kernel); rows longer than kPre * 8 * blockDim.x values read the rest in the loop.
+    constexpr int kPre = 2;  // (the loop below names wpre[0] and wpre[1])
+    float wpre[kPre][8];
+    if constexpr (kVec) {
+#pragma unroll
+        for (int q = 0; q < kPre; q++) {
+            const int i = threadIdx.x + q * int(blockDim.x);
+#pragma unroll
+            for (int j = 0; j < 8; j++) wpre[q][j] = i < dim / 8 ? w[8 * i + j] : 0.0f;
+        }
+    }
+    pdl_wait();
     const int64_t row = blockIdx.x;
     bf16* xr = x + row * dim;
     bf16* yr = y + row * dim;
@@ -31,7 +45,7 @@ __global__ void rms_norm_kernel(bf16* x, const bf16* __restrict__ d, const float
                 unpack8(sum, v);  // the rounded sum, as rms_norm would read it
             }
 #pragma unroll
-            for (int j = 0; j < 8; j++) ss += v[j] * v[j];
+            for (int j = 0; j < 8; j++) ss = fmaf(v[j], v[j], ss);
         }
     } else {
         for (int i = threadIdx.x; i < dim; i += blockDim.x) {
@@ -40,7 +54,7 @@ __global__ void rms_norm_kernel(bf16* x, const bf16* __restrict__ d, const float
                 v = round_bf16(v + to_f32(d[row * dim + i]));
                 xr[i] = to_bf16(v);
             }
-            ss += v * v;
+            ss = fmaf(v, v, ss);
         }
     }
     ss = block_sum(ss, scratch);
@@ -49,11 +63,16 @@ __global__ void rms_norm_kernel(bf16* x, const bf16* __restrict__ d, const float
     if constexpr (kVec) {
         const uint4* x4 = reinterpret_cast<const uint4*>(xr);
         uint4* y4 = reinterpret_cast<uint4*>(yr);  // may alias x4: each thread rewrites only what it read
-        for (int i = threadIdx.x; i < dim / 8; i += blockDim.x) {
+        for (int i = threadIdx.x, q = 0; i < dim / 8; i += blockDim.x, q++) {
             float v[8];
             unpack8(x4[i], v);
+            if (q < kPre) {
 #pragma unroll
-            for (int j = 0; j < 8; j++) v[j] = v[j] * inv * (one + w[8 * i + j]);
+                for (int j = 0; j < 8; j++) v[j] = v[j] * inv * (one + (q == 0 ? wpre[0][j] : wpre[1][j]));
+            } else {
+#pragma unroll
+                for (int j = 0; j < 8; j++) v[j] = v[j] * inv * (one + w[8 * i + j]);
+            }
             y4[i] = pack8(v);
         }
     } else {
@@ -71,21 +90,17 @@ void rms_norm(const bf16* x, const float* w, int64_t rows, int dim, float eps, b
               cudaStream_t stream) {
     if (rows <= 0) return;
     bf16* xm = const_cast<bf16*>(x);  // not written without kAdd
-    if (vectorizable(x, y, dim))
-        rms_norm_kernel<true, false><<<unsigned(rows), kNormThreads, 0, stream>>>(xm, nullptr, w, dim, eps, zero_centred, y);
-    else
-        rms_norm_kernel<false, false><<<unsigned(rows), kNormThreads, 0, stream>>>(xm, nullptr, w, dim, eps, zero_centred, y);
-    check_launch("rms_norm kernel");
+    const bf16* none = nullptr;
+    launch(vectorizable(x, y, dim) ? rms_norm_kernel<true, false> : rms_norm_kernel<false, false>, unsigned(rows),
+           kNormThreads, 0, stream, "rms_norm kernel", xm, none, w, dim, eps, zero_centred, y);
 }
 
 void add_rms_norm(bf16* x, const bf16* d, const float* w, int64_t rows, int dim, float eps, bool zero_centred, bf16* y,
                   cudaStream_t stream) {
     if (rows <= 0) return;
-    if (vectorizable(x, y, dim) && (reinterpret_cast<uintptr_t>(d) & 15u) == 0)
-        rms_norm_kernel<true, true><<<unsigned(rows), kNormThreads, 0, stream>>>(x, d, w, dim, eps, zero_centred, y);
-    else
-        rms_norm_kernel<false, true><<<unsigned(rows), kNormThreads, 0, stream>>>(x, d, w, dim, eps, zero_centred, y);
-    check_launch("add + rms_norm kernel");
+    const bool vec = vectorizable(x, y, dim) && (reinterpret_cast<uintptr_t>(d) & 15u) == 0;
+    launch(vec ? rms_norm_kernel<true, true> : rms_norm_kernel<false, true>, unsigned(rows), kNormThreads, 0, stream,
+           "add + rms_norm kernel", x, d, w, dim, eps, zero_centred, y);
 }
 
 }  // namespace hy::cuda

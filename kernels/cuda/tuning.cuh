@@ -19,19 +19,9 @@ constexpr int kArchMin = kArchAmpere;
 #error "hybrid's CUDA kernels need compute capability 8.0 or newer (bf16); set CMAKE_CUDA_ARCHITECTURES accordingly"
 #endif
 
-// GEMV (decode projections): 16-byte weight loads each lane issues per round before using them.
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-constexpr int kGemvUnroll = 8;  // HBM3/HBM3e: 4 KB in flight per warp (a 2048-wide row per round trip)
-#elif defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 860
-constexpr int kGemvUnroll = 4;  // consumer parts: less bandwidth to cover, fewer registers per SM
-#else
-constexpr int kGemvUnroll = 8;  // A100 (HBM2e)
-#endif
-
 // Launch shapes shared by host and device code.
 constexpr int kGemvWarps = 4;        // output rows per GEMV block (one warp each)
 constexpr int kGemvMaxTokens = 4;    // rows up to which matmul uses the GEMV; more go to cuBLASLt
-constexpr int kGemvSplitMinK = 4096; // rows at least this long are split over 2 warps (bf16 outputs)
 constexpr int kNormThreads = 256;    // threads per row of RMSNorm
 constexpr int kAttnWarps = 4;        // warps per (row, q head) in the attention core
 constexpr int kElementwiseThreads = 256;
