@@ -1,7 +1,23 @@
 // The Gated DeltaNet kernels. Rounding follows a bf16 PyTorch model where it is free: the conv output and its SiLU
 // are rounded to bf16, beta = sigmoid(b) is rounded, the recurrence output o is rounded before the gated norm, the
 // normed o and its product with the norm weight are rounded. The state and the recurrence are fp32.
+//
+// Kernels (all launched with cuda::launch, i.e. with programmatic dependent launch where enabled):
+//   conv_kernel          causal conv + SiLU -> mixed [T, C]; in decode (every run one token) also the conv state
+//   conv_state_kernel    otherwise: the conv state <- the last K-1 inputs of [state, run]
+//   decode_kernel        every run one token: one block per (value head, run) does the whole head,
+//                        the state update, o and the gated RMSNorm
+//   prefill_kernel       otherwise: one block per (32 value columns, value head, run) runs the recurrence over the
+//                        run token by token and writes o (bf16) to out; then
+//   gated_norm_kernel    out = norm_w * RMSNorm(o) * silu(z) per (row, value head), in place.
+//
+// Batch invariance: a token's outputs and state depend only on its sequence, never on how tokens are grouped into
+// runs, chunks or steps, on other runs or on the batch size. The two recurrence kernels share the per-column code
+// (same thread owning the same Dk rows, same accumulation order, same butterflies), the q/k l2 norm code and the
+// gate code, and the two gated-norm paths share one fixed summation order over the head; no float atomics.
 #include "kernels/cuda/gated_delta_net.cuh"
+
+#include <algorithm>
 
 namespace hy::cuda {
 
@@ -9,143 +25,574 @@ namespace {
 
 constexpr int kMaxConvKernel = 16;
 constexpr int kConvThreads = 256;
-constexpr int kMaxValueDim = 256;  // threads of the recurrence block (one per value column)
+constexpr int kMaxValueDim = 256;
 
-// Thread per (row, channel). Input j of the window of row t is at run index i - (K-1) + j; a negative index reads
-// the conv state of the row's slot ([K-1, C], oldest first).
-// With update_state (every run is one token, so the thread is the only reader of its slot's state column), the
+// Recurrence thread layout (both recurrence kernels): a column group of kGroupLanes = 8 consecutive lanes
+// (g = lane & 7) owns two adjacent value columns a = 2p, b = 2p + 1 of one head's state S [Dk, Dv]; lane g holds
+// the Dk rows d = 4 (g + 8 j) + c (j < Dk/32, c < 4) of both columns in registers. Why: per token every owner of
+// a state element needs k and q of its Dk rows from shared memory, and two columns per thread halve that traffic
+// (shared memory delivers 32 words per clock per SM: with one column per thread it, not the FMAs, would bound a
+// token); eight lanes per column keep the butterfly over Dk at three shuffles while leaving 4 warps for the 32
+// columns an SM gets in a single-sequence prefill. The float4 chunks 4 (g + 8 j) of one warp's k/q loads are 128
+// contiguous bytes, so the loads are conflict-free broadcasts.
+constexpr int kGroupLanes = 8;
+constexpr int kPrefillCols = 32;                                   // value columns per prefill block
+constexpr int kPrefillThreads = kPrefillCols / 2 * kGroupLanes;    // 128
+constexpr int kChunk = 32;                                         // tokens staged in shared memory at a time
+constexpr int kDecodeMaxThreads = kMaxValueDim / 4 * kGroupLanes;  // decode block: 2 Dv threads, whole head
+constexpr int kNormWarps = 8;                                      // (row, head) items per gated-norm block
+
+// VEC consecutive bf16 channels: 8 as one 16-byte word, or 1 (the fallback for unaligned pointers).
+template <int VEC>
+__device__ __forceinline__ void load_channels(const bf16* p, float (&f)[VEC]) {
+    if constexpr (VEC == 8)
+        unpack8(*reinterpret_cast<const uint4*>(p), f);
+    else
+        f[0] = to_f32(*p);
+}
+template <int VEC>
+__device__ __forceinline__ void copy_channels(bf16* dst, const bf16* src) {
+    if constexpr (VEC == 8)
+        *reinterpret_cast<uint4*>(dst) = *reinterpret_cast<const uint4*>(src);
+    else
+        *dst = *src;
+}
+
+// grid (C / VEC / kConvThreads, min(T, 65535)): thread per (row, VEC channels), rows strided by gridDim.y. Input j
+// of the window of row t is at run index i - (K-1) + j; a negative index reads the conv state of the row's slot
+// ([K-1, C], oldest first). Per channel acc = sum_j w[j] in[j] (FMAs in order j), mixed = bf16(silu(bf16(acc))).
+// With update_state (every run is one token, so the thread is the only reader of its slot's state columns), the
 // thread also shifts the state by its input, replacing conv_state_kernel.
-__global__ void conv_kernel(const bf16* __restrict__ qkv, const float* __restrict__ conv_w, bf16* conv_state,
-                            RowMap rows, int64_t C, int K, bool update_state, bf16* __restrict__ mixed) {
-    const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-    if (idx >= int64_t(rows.n_rows) * C) return;
-    const int64_t t = idx / C, c = idx % C;
-    const int i = rows.in_run[t];
-    bf16* st = conv_state + int64_t(rows.slot[t]) * (K - 1) * C;
-    const float* w = conv_w + c * K;
-    float acc = 0.0f;
-    for (int j = 0; j < K; j++) {
-        const int src = i - (K - 1) + j;
-        const float in = src >= 0 ? to_f32(qkv[(t - i + src) * C + c]) : to_f32(st[int64_t(K - 1 + src) * C + c]);
-        acc = fmaf(w[j], in, acc);
-    }
-    mixed[idx] = to_bf16(siluf_(round_bf16(acc)));
-    if (update_state) {
-        for (int j = 0; j + 1 < K - 1; j++) st[int64_t(j) * C + c] = st[int64_t(j + 1) * C + c];
-        if (K > 1) st[int64_t(K - 2) * C + c] = qkv[t * C + c];
+template <int VEC>
+__global__ void __launch_bounds__(kConvThreads)
+    conv_kernel(const bf16* __restrict__ qkv, const float* __restrict__ conv_w, bf16* conv_state, RowMap rows,
+                int64_t C, int K, bool update_state, bf16* __restrict__ mixed) {
+    pdl_trigger();
+    pdl_wait();  // qkv comes from the projection; the state and mixed may still be used by earlier kernels
+    const int64_t c = (int64_t(blockIdx.x) * kConvThreads + threadIdx.x) * VEC;
+    if (c >= C) return;
+    const float* w = conv_w + c * K;  // [VEC, K]
+    for (int64_t t = blockIdx.y; t < rows.n_rows; t += gridDim.y) {
+        const int i = rows.in_run[t];
+        bf16* st = conv_state + int64_t(rows.slot[t]) * (K - 1) * C + c;
+        float acc[VEC];
+#pragma unroll
+        for (int v = 0; v < VEC; v++) acc[v] = 0.0f;
+        for (int j = 0; j < K; j++) {
+            const int src = i - (K - 1) + j;
+            float in[VEC];
+            load_channels<VEC>(src >= 0 ? qkv + (t - i + src) * C + c : st + int64_t(K - 1 + src) * C, in);
+#pragma unroll
+            for (int v = 0; v < VEC; v++) acc[v] = fmaf(w[v * K + j], in[v], acc[v]);
+        }
+#pragma unroll
+        for (int v = 0; v < VEC; v++) acc[v] = siluf_(round_bf16(acc[v]));
+        if constexpr (VEC == 8)
+            *reinterpret_cast<uint4*>(mixed + t * C + c) = pack8(acc);
+        else
+            mixed[t * C + c] = to_bf16(acc[0]);
+        if (update_state) {
+            for (int j = 0; j + 1 < K - 1; j++) copy_channels<VEC>(st + int64_t(j) * C, st + int64_t(j + 1) * C);
+            if (K > 1) copy_channels<VEC>(st + int64_t(K - 2) * C, qkv + t * C + c);
+        }
     }
 }
 
-// Thread per (run, channel): the new state holds the last K-1 inputs of [old state, run].
-__global__ void conv_state_kernel(const bf16* __restrict__ qkv, bf16* __restrict__ conv_state, RowMap rows,
-                                  int64_t C, int K) {
-    const int64_t idx = blockIdx.x * int64_t(blockDim.x) + threadIdx.x;
-    if (idx >= int64_t(rows.n_runs) * C) return;
-    const SeqRun run = rows.runs[idx / C];
-    const int64_t c = idx % C;
-    bf16* st = conv_state + int64_t(run.slot) * (K - 1) * C;
-    bf16 last[kMaxConvKernel];
-    for (int j = 0; j < K - 1; j++) {
-        const int src = run.n_tokens - (K - 1) + j;
-        last[j] = src >= 0 ? qkv[(int64_t(run.row) + src) * C + c] : st[int64_t(K - 1 + src) * C + c];
+// grid (C / VEC / kConvThreads, min(n_runs, 65535)): thread per (run, VEC channels); the new state holds the last
+// K-1 inputs of [old state, run]. In place in increasing j: new row j reads old row n_tokens + j > j (or an input).
+template <int VEC>
+__global__ void __launch_bounds__(kConvThreads)
+    conv_state_kernel(const bf16* __restrict__ qkv, bf16* __restrict__ conv_state, RowMap rows, int64_t C, int K) {
+    pdl_trigger();
+    pdl_wait();  // conv_kernel (the predecessor) reads the old state
+    const int64_t c = (int64_t(blockIdx.x) * kConvThreads + threadIdx.x) * VEC;
+    if (c >= C) return;
+    for (int r = blockIdx.y; r < rows.n_runs; r += gridDim.y) {
+        const SeqRun run = rows.runs[r];
+        bf16* st = conv_state + int64_t(run.slot) * (K - 1) * C + c;
+        for (int j = 0; j < K - 1; j++) {
+            const int src = run.n_tokens - (K - 1) + j;
+            copy_channels<VEC>(st + int64_t(j) * C,
+                               src >= 0 ? qkv + (int64_t(run.row) + src) * C + c : st + int64_t(K - 1 + src) * C);
+        }
     }
-    for (int j = 0; j < K - 1; j++) st[int64_t(j) * C + c] = last[j];
 }
+
+// ---------------------------------------------------------------------------------------------------------------
+// Per-token math shared by the kernels. Every function here is the single definition of its rounding and
+// summation order; the products and sums that must match between kernels use explicit _rn intrinsics so that no
+// context-dependent FMA contraction can creep in.
 
 __device__ __forceinline__ float softplusf_(float x) { return x > 20.0f ? x : log1pf(expf(x)); }
 
-// One block per (value head h, run r), one thread per value column e (Dv threads, Dv / 32 warps). Thread e owns
-// column e of the head's state S [Dk, Dv]: its Dk values live in registers for the whole run, so every product
-// over Dk is thread-local. Per token each warp l2-normalizes q and k of key head h / (Hv/Hk) into its own shared
-// copy (fp32) and each thread updates its column:
-//   S = exp(g) S;  u = beta (v - S^T k);  S += k u^T;  o = S^T q
-// then the block applies the gated RMSNorm over the head: y = bf16(bf16(w * bf16(o * rsqrt(mean(o^2) + eps))) *
-// silu(z)), o rounded to bf16 first.
+// {beta, decay} of one (token, value head): beta = bf16(sigmoid(b)), decay = exp(g), g = -A softplus(a + dt_bias),
+// A = exp(A_log).
+__device__ __forceinline__ float2 token_gates(float b, float a, float A, float dt_bias) {
+    return make_float2(round_bf16(sigmoidf_(b)), expf(__fmul_rn(-A, softplusf_(__fadd_rn(a, dt_bias)))));
+}
+
+// l2 norm of a q or k vector of DK values spread over VL = DK/8 consecutive lanes (aligned groups of VL lanes):
+// lane li holds x[0..3] = elements 4 li .. 4 li + 3 and x[4..7] = elements DK/2 + 4 li .. + 3. Returns
+// rsqrt(sum x^2 + 1e-6) in every lane of the group; the sum order (8 sequential FMAs, then a butterfly over the
+// group) is fixed. All 32 lanes of the warp must call it.
+template <int VL>
+__device__ __forceinline__ float l2_inv(const float (&x)[8]) {
+    float p = 0.0f;
+#pragma unroll
+    for (int i = 0; i < 8; i++) p = __fmaf_rn(x[i], x[i], p);
+#pragma unroll
+    for (int o = VL / 2; o > 0; o >>= 1) p = __fadd_rn(p, __shfl_xor_sync(0xffffffffu, p, o));
+    return rsqrtf(__fadd_rn(p, 1e-6f));
+}
+
+// Loads the 8 raw values of lane li of a q or k vector (see l2_inv) as two 8-byte words.
 template <int DK>
-__global__ void __launch_bounds__(kMaxValueDim) recurrence_kernel(GatedDeltaNetArgs p, RowMap rows,
-                                                                  const bf16* __restrict__ mixed) {
-    constexpr int kPer = DK / 32;
-    constexpr int kMaxWarps = kMaxValueDim / 32;
-    __shared__ float sq[kMaxWarps][DK], sk[kMaxWarps][DK];
-    __shared__ float red[2][kMaxWarps];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, n_warps = blockDim.x >> 5;
+__device__ __forceinline__ void load_qk_raw(const bf16* vec, int li, uint2 (&r)[2]) {
+    r[0] = *reinterpret_cast<const uint2*>(vec + 4 * li);
+    r[1] = *reinterpret_cast<const uint2*>(vec + DK / 2 + 4 * li);
+}
+
+__device__ __forceinline__ void unpack_qk_raw(const uint2 (&r)[2], float (&x)[8]) {
+#pragma unroll
+    for (int h = 0; h < 2; h++) {
+        const float2 lo = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r[h].x));
+        const float2 hi = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r[h].y));
+        x[4 * h] = lo.x;
+        x[4 * h + 1] = lo.y;
+        x[4 * h + 2] = hi.x;
+        x[4 * h + 3] = hi.y;
+    }
+}
+
+// The factor of lane li's 8 values of a q (is_q) or k vector: q = x rsqrt(.) / sqrt(DK) (the two factors
+// multiplied first, as before), k = x rsqrt(.). Branch-free, so that the compiler can overlap the butterflies of
+// several vectors.
+template <int DK>
+__device__ __forceinline__ float qk_factor(const uint2 (&r)[2], bool is_q) {
+    float x[8];
+    unpack_qk_raw(r, x);
+    const float inv = l2_inv<DK / 8>(x);
+    return is_q ? __fmul_rn(inv, rsqrtf(float(DK))) : inv;
+}
+
+// Stores lane li's 8 normalized values x f (fp32) to the vector dst [DK].
+template <int DK>
+__device__ __forceinline__ void store_qk(const uint2 (&r)[2], int li, float f, float* dst) {
+    float x[8];
+    unpack_qk_raw(r, x);
+    *reinterpret_cast<float4*>(dst + 4 * li) =
+        make_float4(__fmul_rn(x[0], f), __fmul_rn(x[1], f), __fmul_rn(x[2], f), __fmul_rn(x[3], f));
+    *reinterpret_cast<float4*>(dst + DK / 2 + 4 * li) =
+        make_float4(__fmul_rn(x[4], f), __fmul_rn(x[5], f), __fmul_rn(x[6], f), __fmul_rn(x[7], f));
+}
+
+__device__ __forceinline__ float& comp(float4& v, int c) { return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w; }
+__device__ __forceinline__ float comp(const float4& v, int c) {
+    return c == 0 ? v.x : c == 1 ? v.y : c == 2 ? v.z : v.w;
+}
+
+// This lane's k or q rows 4 (g + 8 j) .. + 3 from a staged fp32 vector [DK].
+template <int J>
+__device__ __forceinline__ void load_rows(const float* v, int g, float4 (&x)[J]) {
+#pragma unroll
+    for (int j = 0; j < J; j++) x[j] = *reinterpret_cast<const float4*>(v + 4 * (g + 8 * j));
+}
+
+// The state rows of this lane for columns e0, e0 + 1 of a head's S [DK, Dv] (S points at row 0, column e0).
+template <int J>
+__device__ __forceinline__ void load_state(const float* S, int Dv, int g, float4 (&sa)[J], float4 (&sb)[J]) {
+#pragma unroll
+    for (int j = 0; j < J; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const float2 v = *reinterpret_cast<const float2*>(S + int64_t(4 * (g + 8 * j) + c) * Dv);
+            comp(sa[j], c) = v.x;
+            comp(sb[j], c) = v.y;
+        }
+}
+
+// The row addresses are recomputed from a base the compiler cannot match with load_state's (the empty asm), so
+// they are not kept live in registers across the token's math; __stcg keeps the stores global ones.
+template <int J>
+__device__ __forceinline__ void store_state(float* S, int Dv, int g, const float4 (&sa)[J], const float4 (&sb)[J]) {
+    asm volatile("" : "+l"(S), "+r"(Dv));
+#pragma unroll
+    for (int j = 0; j < J; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            __stcg(reinterpret_cast<float2*>(S + int64_t(4 * (g + 8 * j) + c) * Dv),
+                   make_float2(comp(sa[j], c), comp(sb[j], c)));
+}
+
+// Sum over the 8 lanes of a column group, butterfly xor 1, 2, 4: every lane gets the same bits.
+__device__ __forceinline__ float group_sum(float v) {
+    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
+    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
+    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 4));
+    return v;
+}
+
+// Sums column a's partials and column b's over the group in three shuffles (o needs no broadcast): the result is
+// column a's sum in lanes g < 4 and column b's in lanes g >= 4.
+__device__ __forceinline__ float group_sum_pair(float pa, float pb, int g) {
+    const bool hi = (g & 4) != 0;
+    float keep = hi ? pb : pa;
+    keep = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, hi ? pa : pb, 4));
+    keep = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, keep, 2));
+    keep = __fadd_rn(keep, __shfl_xor_sync(0xffffffffu, keep, 1));
+    return keep;
+}
+
+// The per-column token math, split in two halves (the prefill loop interleaves the halves of two columns). A
+// lane's partial dot products use two accumulators, acc[c & 1] summing its rows in order (j, c): enough independent
+// FMA chains to keep the per-token critical path short, one add to combine. The element operations are those of
+// the reference loop: S = decay S; km = S^T k; u = beta (v - km); S += k u^T; o = S^T q.
+
+// First half of a token for one column: S = decay S, then km = S^T k (the full sum, in every lane of the group).
+template <int J>
+__device__ __forceinline__ float decay_and_km(float4 (&s)[J], const float4 (&k)[J], float decay) {
+    float acc[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < J; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            float& x = comp(s[j], c);
+            x = __fmul_rn(x, decay);
+            acc[c & 1] = __fmaf_rn(x, comp(k[j], c), acc[c & 1]);
+        }
+    return group_sum(__fadd_rn(acc[0], acc[1]));
+}
+
+// Second half for one column: S += k u^T, then this lane's partial of o = S^T q (reduce with group_sum_pair).
+template <int J>
+__device__ __forceinline__ float update_and_o(float4 (&s)[J], const float4 (&k)[J], const float4 (&q)[J], float u) {
+    float acc[2] = {0.0f, 0.0f};
+#pragma unroll
+    for (int j = 0; j < J; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            float& x = comp(s[j], c);
+            x = __fmaf_rn(comp(k[j], c), u, x);
+            acc[c & 1] = __fmaf_rn(x, comp(q[j], c), acc[c & 1]);
+        }
+    return __fadd_rn(acc[0], acc[1]);
+}
+
+// u = beta (v - km).
+__device__ __forceinline__ float delta_u(float beta, float v, float km) { return __fmul_rn(beta, __fsub_rn(v, km)); }
+
+// Gated RMSNorm over a head's Dv outputs (o already rounded to bf16), in one fixed order: lane l of a warp holds
+// o[l + 32 i] in o32[i] (i < Dv/32); the lane sums its squares in order i, then a butterfly over the warp. Every
+// lane gets rsqrt(mean(o^2) + eps).
+__device__ __forceinline__ float head_inv_rms(const float (&o32)[kMaxValueDim / 32], int Dv, float eps) {
+    float p = 0.0f;
+#pragma unroll
+    for (int i = 0; i < kMaxValueDim / 32; i++)
+        if (i < Dv / 32) p = __fmaf_rn(o32[i], o32[i], p);
+#pragma unroll
+    for (int o = 16; o > 0; o >>= 1) p = __fadd_rn(p, __shfl_xor_sync(0xffffffffu, p, o));
+    return rsqrtf(__fadd_rn(__fdiv_rn(p, float(Dv)), eps));
+}
+
+// y = bf16(bf16(w * bf16(o * inv)) * silu(z)).
+__device__ __forceinline__ bf16 gated_out(float o, float inv, float w, float z) {
+    const float nrm = round_bf16(__fmul_rn(w, round_bf16(__fmul_rn(o, inv))));
+    return to_bf16(__fmul_rn(nrm, siluf_(z)));
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Decode: every run is one token. grid (Hv, n_runs), block 2 Dv threads: thread t is lane g = t & 7 of column group
+// p = t >> 3 (p < Dv/4) and owns two column pairs, e = 2p, 2p + 1 and e = Dv/2 + 2p, + 1, each handled exactly as a
+// prefill thread handles its pair. One warp covers 8 adjacent columns per pair, so each float2 state load of a warp
+// reads 8 rows x 32 contiguous bytes (full sectors). Four columns per thread amortize the per-thread overhead: at
+// Dv = 128 a block (256 threads) stays under 128 registers per thread, so two blocks (two heads' states) share an
+// SM and one block's loads overlap the other's math at large batch. The whole head is in the block, so the gated
+// norm needs one more barrier and no second kernel. Warp 0 normalizes q and k (lanes < VL q, VL .. 2VL-1 k).
+template <int DK>
+__global__ void __launch_bounds__(kDecodeMaxThreads)
+    decode_kernel(GatedDeltaNetArgs p, RowMap rows, const bf16* __restrict__ mixed) {
+    constexpr int J = DK / 32, VL = DK / 8;
+    __shared__ __align__(16) float sq[DK];
+    __shared__ __align__(16) float sk[DK];
+    __shared__ float so[kMaxValueDim];
+    pdl_trigger();
+    const int tid = threadIdx.x, lane = tid & 31, g = tid & 7;
     const int h = blockIdx.x;
+    const int Hk = p.n_k_heads, Hv = p.n_v_heads, Dv = p.v_dim;
+    const int e0 = 2 * (tid >> 3), e1 = e0 + Dv / 2;  // first columns of the two pairs
+    const int kh = h / (Hv / Hk);
+    const int64_t C = 2 * int64_t(Hk) * DK + int64_t(Hv) * Dv;
+    const float A = expf(p.A_log[h]);  // weights: readable before the wait
+    const float dt_bias = p.dt_bias[h];
+    const float norm_w = tid < Dv ? p.norm_w[tid] : 0.0f;
+    // The run table (copied in before the step's first kernel) and this layer's state (written only by this
+    // kernel in earlier steps, or by work enqueued before the step) are complete before any kernel of the step
+    // starts, so the state loads go out before the wait and overlap the projection kernel's tail.
     const SeqRun run = rows.runs[blockIdx.y];
+    const int64_t row = run.row;
+    float* S = p.ssm_state + (int64_t(run.slot) * Hv + h) * DK * Dv;
+    float4 sa[J], sb[J], sc[J], sd[J];  // columns e0, e0 + 1, e1, e1 + 1
+    load_state<J>(S + e0, Dv, g, sa, sb);
+    load_state<J>(S + e1, Dv, g, sc, sd);
+    pdl_wait();  // mixed and the activations come from the kernels just before
+    const bf16* m = mixed + row * C;
+    const bf16* mv = m + 2 * int64_t(Hk) * DK + int64_t(h) * Dv;
+    const float2 v0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(mv + e0));
+    const float2 v1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(mv + e1));
+    const float2 gate = token_gates(to_f32(static_cast<const bf16*>(p.b)[row * Hv + h]),
+                                    to_f32(static_cast<const bf16*>(p.a)[row * Hv + h]), A, dt_bias);
+    const int64_t oi = row * int64_t(Hv) * Dv + int64_t(h) * Dv + tid;  // output column tid (threads < Dv)
+    const float z = tid < Dv ? to_f32(static_cast<const bf16*>(p.z)[oi]) : 0.0f;
+    if (tid < 32) {
+        const int which = lane / VL, li = lane % VL;  // which: 0 q, 1 k, 2.. idle lanes (DK < 128)
+        uint2 r[2] = {make_uint2(0u, 0u), make_uint2(0u, 0u)};
+        if (which < 2) load_qk_raw<DK>(m + int64_t(which) * Hk * DK + int64_t(kh) * DK, li, r);
+        const float f = qk_factor<DK>(r, which == 0);
+        if (which < 2) store_qk<DK>(r, li, f, which == 0 ? sq : sk);
+    }
+    __syncthreads();
+
+    float4 kx[J], qx[J];
+    load_rows<J>(sk, g, kx);
+    const float km_a = decay_and_km<J>(sa, kx, gate.y), km_b = decay_and_km<J>(sb, kx, gate.y);
+    const float km_c = decay_and_km<J>(sc, kx, gate.y), km_d = decay_and_km<J>(sd, kx, gate.y);
+    load_rows<J>(sq, g, qx);
+    const float oa = update_and_o<J>(sa, kx, qx, delta_u(gate.x, v0.x, km_a));
+    const float ob = update_and_o<J>(sb, kx, qx, delta_u(gate.x, v0.y, km_b));
+    const float oc = update_and_o<J>(sc, kx, qx, delta_u(gate.x, v1.x, km_c));
+    const float od = update_and_o<J>(sd, kx, qx, delta_u(gate.x, v1.y, km_d));
+    store_state<J>(S + e0, Dv, g, sa, sb);
+    store_state<J>(S + e1, Dv, g, sc, sd);
+    const float o0 = round_bf16(group_sum_pair(oa, ob, g));
+    const float o1 = round_bf16(group_sum_pair(oc, od, g));
+    if ((g & 3) == 0) {
+        so[e0 + (g >> 2)] = o0;
+        so[e1 + (g >> 2)] = o1;
+    }
+    __syncthreads();
+    if (tid < Dv) {  // whole warps (Dv is a multiple of 32)
+        float o32[kMaxValueDim / 32];
+#pragma unroll
+        for (int i = 0; i < kMaxValueDim / 32; i++) o32[i] = i < Dv / 32 ? so[lane + 32 * i] : 0.0f;
+        const float inv = head_inv_rms(o32, Dv, p.eps);
+        static_cast<bf16*>(p.out)[oi] = gated_out(so[tid], inv, norm_w, z);
+    }
+}
+
+// ---------------------------------------------------------------------------------------------------------------
+// Prefill (any runs): grid (Dv/32, Hv, n_runs), kPrefillThreads = 128 threads; block (s, h, r) owns value columns
+// [32 s, 32 s + 32) of head h for run r (thread t: lane g = t & 7 of group p = t >> 3, columns 32 s + 2p, + 1).
+// Splitting a head's columns over blocks puts 128 blocks on the GPU for one sequence of a 32-head model.
+//
+// The run is processed in chunks of kChunk tokens. Per chunk, all threads stage in shared memory (fp32):
+//   sq, sk [kChunk][DK]  the l2-normalized q and k of key head h / (Hv/Hk)
+//   sv [kChunk][32]      v of the block's columns
+//   sgate [kChunk]       {beta, decay}
+// from raw bf16 values that were loaded into registers while the previous chunk ran (so the global latency is
+// hidden); then the token loop needs only shared-memory broadcasts, FMAs and the group butterflies (see the loop
+// for how the two columns of a thread are skewed). A chunk costs two barriers; staging is ~10% of the time.
+// o is rounded to bf16 and written to out; gated_norm_kernel then applies the gated RMSNorm.
+// Registers: ~205 per thread at Dk = 128 (state 32, k/q of two tokens 64, the next chunk's raw values 37).
+template <int DK>
+struct PrefillStage {
+    static constexpr int VL = DK / 8;                                  // lanes per q/k vector
+    static constexpr int kVecPerPass = kPrefillThreads / VL;           // vectors normalized per pass
+    static constexpr int kPasses = 2 * kChunk / kVecPerPass;           // q and k of kChunk tokens
+    static_assert(kPasses * kVecPerPass == 2 * kChunk, "chunk must fill whole passes");
+    static_assert(kChunk * kPrefillCols / 8 == kPrefillThreads, "one 16-byte v load per thread");
+    uint2 qk[kPasses][2];  // raw q/k of the chunk (see load_qk_raw)
+    uint4 v;               // 8 raw v values: token tid / 4, columns 8 (tid % 4) ..
+    float b, a;            // raw gates of token tid (tid < kChunk)
+};
+
+template <int DK>
+__global__ void __launch_bounds__(kPrefillThreads)
+    prefill_kernel(GatedDeltaNetArgs p, RowMap rows, const bf16* __restrict__ mixed) {
+    using Stage = PrefillStage<DK>;
+    constexpr int J = DK / 32, VL = Stage::VL;
+    __shared__ __align__(16) float sq[kChunk][DK];
+    __shared__ __align__(16) float sk[kChunk][DK];
+    __shared__ __align__(16) float sv[kChunk][kPrefillCols];
+    __shared__ __align__(16) float2 sgate[kChunk];
+    pdl_trigger();
+    const int tid = threadIdx.x, g = tid & 7, c0 = 2 * (tid >> 3);  // c0: first column inside the block
+    const int h = blockIdx.y;
     const int Hk = p.n_k_heads, Hv = p.n_v_heads, Dv = p.v_dim;
     const int kh = h / (Hv / Hk);
-    const int e = threadIdx.x;
     const int64_t C = 2 * int64_t(Hk) * DK + int64_t(Hv) * Dv;
-    float* S = p.ssm_state + (int64_t(run.slot) * Hv + h) * DK * Dv + e;  // column e, stride Dv
-    float s[DK];
-#pragma unroll
-    for (int d = 0; d < DK; d++) s[d] = S[int64_t(d) * Dv];
+    const int col0 = blockIdx.x * kPrefillCols;  // block's first column in the head
     const float A = expf(p.A_log[h]);
     const float dt_bias = p.dt_bias[h];
-    const float q_scale = rsqrtf(float(DK));
-    const float norm_w = p.norm_w[e];
     const bf16* b_in = static_cast<const bf16*>(p.b);
     const bf16* a_in = static_cast<const bf16*>(p.a);
-    const bf16* z_in = static_cast<const bf16*>(p.z);
     bf16* out = static_cast<bf16*>(p.out);
-    float* wq = sq[warp];
-    float* wk = sk[warp];
-    for (int i = 0; i < run.n_tokens; i++) {
-        const int64_t row = int64_t(run.row) + i;
-        const bf16* m = mixed + row * C;
-        float qv[kPer], kv[kPer], qq = 0.0f, kk = 0.0f;
+    pdl_wait();  // the run table, mixed, the activations and the state come from earlier work on the stream
+    const SeqRun run = rows.runs[blockIdx.z];
+    const int n_tokens = run.n_tokens;
+    if (n_tokens <= 0) return;  // block-uniform
+
+    float* S = p.ssm_state + (int64_t(run.slot) * Hv + h) * DK * Dv + col0 + c0;
+    float4 sa[J], sb[J];
+    load_state<J>(S, Dv, g, sa, sb);
+
+    // Issues the global loads of the raw chunk at run index i0 (n tokens) into st.
+    auto load_chunk = [&](int i0, int n, Stage& st) {
+        const int li = tid % VL;
 #pragma unroll
-        for (int j = 0; j < kPer; j++) {
-            qv[j] = to_f32(m[kh * DK + lane + 32 * j]);
-            kv[j] = to_f32(m[int64_t(Hk) * DK + kh * DK + lane + 32 * j]);
-            qq += qv[j] * qv[j];
-            kk += kv[j] * kv[j];
+        for (int r = 0; r < Stage::kPasses; r++) {
+            const int vi = r * Stage::kVecPerPass + tid / VL, t = vi >> 1, which = vi & 1;
+            st.qk[r][0] = st.qk[r][1] = make_uint2(0u, 0u);
+            if (t < n)
+                load_qk_raw<DK>(mixed + (int64_t(run.row) + i0 + t) * C + int64_t(which) * Hk * DK +
+                                    int64_t(kh) * DK,
+                                li, st.qk[r]);
         }
-        const float qn = rsqrtf(warp_sum(qq) + 1e-6f) * q_scale, kn = rsqrtf(warp_sum(kk) + 1e-6f);
-        __syncwarp();  // this warp's readers of the previous token are done with wq/wk
+        const int tv = tid >> 2;
+        st.v = make_uint4(0u, 0u, 0u, 0u);
+        if (tv < n)
+            st.v = *reinterpret_cast<const uint4*>(mixed + (int64_t(run.row) + i0 + tv) * C + 2 * int64_t(Hk) * DK +
+                                                   int64_t(h) * Dv + col0 + 8 * (tid & 3));
+        st.b = st.a = 0.0f;
+        if (tid < n) {
+            const int64_t gi = (int64_t(run.row) + i0 + tid) * Hv + h;
+            st.b = to_f32(b_in[gi]);
+            st.a = to_f32(a_in[gi]);
+        }
+    };
+    // Normalizes / converts the registers of a chunk of n tokens into the shared staging buffers.
+    auto stage_chunk = [&](const Stage& st, int n) {
+        const int li = tid % VL;
+        float f[Stage::kPasses];
 #pragma unroll
-        for (int j = 0; j < kPer; j++) {
-            wq[lane + 32 * j] = qv[j] * qn;
-            wk[lane + 32 * j] = kv[j] * kn;
-        }
-        __syncwarp();
-        const float v = to_f32(m[2 * int64_t(Hk) * DK + int64_t(h) * Dv + e]);
-        const float beta = round_bf16(sigmoidf_(to_f32(b_in[row * Hv + h])));
-        const float decay = expf(-A * softplusf_(to_f32(a_in[row * Hv + h]) + dt_bias));
-        float km = 0.0f;
+        for (int r = 0; r < Stage::kPasses; r++) f[r] = qk_factor<DK>(st.qk[r], ((tid / VL) & 1) == 0);
 #pragma unroll
-        for (int d = 0; d < DK; d++) {
-            s[d] *= decay;
-            km = fmaf(s[d], wk[d], km);
+        for (int r = 0; r < Stage::kPasses; r++) {
+            const int vi = r * Stage::kVecPerPass + tid / VL, t = vi >> 1, which = vi & 1;
+            if (t < n) store_qk<DK>(st.qk[r], li, f[r], which == 0 ? sq[t] : sk[t]);
         }
-        const float u = beta * (v - km);
-        float o = 0.0f;
-#pragma unroll
-        for (int d = 0; d < DK; d++) {
-            s[d] = fmaf(wk[d], u, s[d]);
-            o = fmaf(s[d], wq[d], o);
+        const int tv = tid >> 2;
+        if (tv < n) {
+            float vf[8];
+            unpack8(st.v, vf);
+            float* d = &sv[tv][8 * (tid & 3)];
+            *reinterpret_cast<float4*>(d) = make_float4(vf[0], vf[1], vf[2], vf[3]);
+            *reinterpret_cast<float4*>(d + 4) = make_float4(vf[4], vf[5], vf[6], vf[7]);
         }
-        // Gated RMSNorm over the head's Dv outputs. red is double-buffered by token parity, so one barrier per
-        // token suffices: no warp can write this buffer again before every warp has passed the next barrier.
-        o = round_bf16(o);
-        const float part = warp_sum(o * o);
-        if (lane == 0) red[i & 1][warp] = part;
+        if (tid < n) sgate[tid] = token_gates(st.b, st.a, A, dt_bias);
+    };
+
+    Stage st;
+    load_chunk(0, min(kChunk, n_tokens), st);
+    const int64_t o_col = int64_t(h) * Dv + col0 + c0 + (g >> 2);  // output column of lanes g = 0 and g = 4
+    const int64_t o_stride = int64_t(Hv) * Dv;
+    for (int i0 = 0; i0 < n_tokens; i0 += kChunk) {
+        const int n = min(kChunk, n_tokens - i0);
+        __syncthreads();  // every thread is done reading the previous chunk's staging
+        stage_chunk(st, n);
         __syncthreads();
-        float ss = 0.0f;
-        for (int w = 0; w < n_warps; w++) ss += red[i & 1][w];
-        const float inv = rsqrtf(ss / float(Dv) + p.eps);
-        const int64_t oi = row * int64_t(Hv) * Dv + int64_t(h) * Dv + e;
-        const float nrm = round_bf16(norm_w * round_bf16(o * inv));
-        out[oi] = to_bf16(nrm * siluf_(to_f32(z_in[oi])));
+        if (i0 + kChunk < n_tokens) load_chunk(i0 + kChunk, min(kChunk, n_tokens - i0 - kChunk), st);
+
+        // Token loop, skewed by half a token between the two columns: column a runs one token ahead of column b,
+        // so that the km butterfly of one column (three dependent shuffles) is in flight while the other column's
+        // update issues; with one warp per scheduler nothing else would hide it. Per column, a token is
+        //   u = beta (v - km);  S += k u^T;  o = S^T q  (update_and_o)  then  S = decay' S;  km' = S^T k'
+        // of the next token (decay_and_km); the chunk's first token gets its decay_and_km in the prologue, its
+        // last token none.
+        const float* vrow = &sv[0][c0];
+        auto u_of = [&](int t, int col, float km) { return delta_u(sgate[t].x, vrow[t * kPrefillCols + col], km); };
+        bf16* o_ptr = out + (int64_t(run.row) + i0) * o_stride + o_col;  // advances one row per token written
+        auto write_o = [&](float pa, float pb) {
+            const float o = round_bf16(group_sum_pair(pa, pb, g));
+            if ((g & 3) == 0) *o_ptr = to_bf16(o);
+            o_ptr += o_stride;
+        };
+        float4 kA[J], kB[J], qA[J], qB[J];
+        load_rows<J>(sk[0], g, kA);
+        load_rows<J>(sq[0], g, qA);
+        float km_a = decay_and_km<J>(sa, kA, sgate[0].y);
+        float km_b = decay_and_km<J>(sb, kA, sgate[0].y);
+        float oa = update_and_o<J>(sa, kA, qA, u_of(0, 0, km_a));  // column a's o partial of the oldest token
+        if (n == 1) {
+            write_o(oa, update_and_o<J>(sb, kA, qA, u_of(0, 1, km_b)));
+            continue;
+        }
+        load_rows<J>(sk[1], g, kB);
+        km_a = decay_and_km<J>(sa, kB, sgate[1].y);
+        // Column b finishes token t, column a does token t + 1 (needs t + 2 < n). On entry kc, qc = k_t, q_t,
+        // kn = k_{t+1}, km_b of t, km_a of t + 1, oa of t; on exit kn, qn = k_{t+1}, q_{t+1}, kc = k_{t+2}, so
+        // the next call swaps the roles (the loop is unrolled by two to avoid register copies).
+        auto step = [&](int t, float4 (&kc)[J], float4 (&qc)[J], float4 (&kn)[J], float4 (&qn)[J]) {
+            const float ob = update_and_o<J>(sb, kc, qc, u_of(t, 1, km_b));
+            km_b = decay_and_km<J>(sb, kn, sgate[t + 1].y);
+            write_o(oa, ob);
+            load_rows<J>(sq[t + 1], g, qn);
+            oa = update_and_o<J>(sa, kn, qn, u_of(t + 1, 0, km_a));
+            load_rows<J>(sk[t + 2], g, kc);
+            km_a = decay_and_km<J>(sa, kc, sgate[t + 2].y);
+        };
+        // The chunk's last two tokens t = n - 2, n - 1 (same entry state as step).
+        auto finish = [&](int t, float4 (&kc)[J], float4 (&qc)[J], float4 (&kn)[J], float4 (&qn)[J]) {
+            const float ob = update_and_o<J>(sb, kc, qc, u_of(t, 1, km_b));
+            km_b = decay_and_km<J>(sb, kn, sgate[t + 1].y);
+            write_o(oa, ob);
+            load_rows<J>(sq[t + 1], g, qn);
+            oa = update_and_o<J>(sa, kn, qn, u_of(t + 1, 0, km_a));
+            write_o(oa, update_and_o<J>(sb, kn, qn, u_of(t + 1, 1, km_b)));
+        };
+        int t = 0;
+        for (; t + 3 < n; t += 2) {
+            step(t, kA, qA, kB, qB);
+            step(t + 1, kB, qB, kA, qA);
+        }
+        if (t + 2 < n) {
+            step(t, kA, qA, kB, qB);
+            finish(t + 1, kB, qB, kA, qA);
+        } else {
+            finish(t, kA, qA, kB, qB);
+        }
     }
+    store_state<J>(S, Dv, g, sa, sb);
+}
+
+// Gated RMSNorm in place over o [T, Hv, Dv] (bf16, from prefill_kernel): one warp per (row, head), lane l handles
+// columns l + 32 i (the order of head_inv_rms). y = norm_w * RMSNorm(o) * silu(z).
+__global__ void __launch_bounds__(kNormWarps * 32)
+    gated_norm_kernel(const bf16* __restrict__ z, const float* __restrict__ norm_w, int64_t n_items, int Dv,
+                      float eps, bf16* out) {
+    pdl_trigger();
+    const int lane = threadIdx.x & 31;
+    float w[kMaxValueDim / 32];
 #pragma unroll
-    for (int d = 0; d < DK; d++) S[int64_t(d) * Dv] = s[d];
+    for (int i = 0; i < kMaxValueDim / 32; i++) w[i] = i < Dv / 32 ? norm_w[lane + 32 * i] : 0.0f;
+    pdl_wait();  // o comes from prefill_kernel, z from the projection
+    const int64_t item = int64_t(blockIdx.x) * kNormWarps + (threadIdx.x >> 5);  // row * Hv + head
+    if (item >= n_items) return;
+    bf16* o_row = out + item * Dv;
+    const bf16* z_row = z + item * Dv;
+    float o32[kMaxValueDim / 32];
+#pragma unroll
+    for (int i = 0; i < kMaxValueDim / 32; i++) o32[i] = i < Dv / 32 ? to_f32(o_row[lane + 32 * i]) : 0.0f;
+    const float inv = head_inv_rms(o32, Dv, eps);
+#pragma unroll
+    for (int i = 0; i < kMaxValueDim / 32; i++)
+        if (i < Dv / 32) o_row[lane + 32 * i] = gated_out(o32[i], inv, w[i], to_f32(z_row[lane + 32 * i]));
 }
 
 template <int DK>
-void launch_recurrence(const GatedDeltaNetArgs& a, const RowMap& rows, const bf16* mixed, cudaStream_t s) {
-    dim3 grid(unsigned(a.n_v_heads), unsigned(rows.n_runs));
-    recurrence_kernel<DK><<<grid, a.v_dim, 0, s>>>(a, rows, mixed);
-    check_launch("Gated DeltaNet recurrence + gated RMSNorm kernel");
+void launch_recurrence(const GatedDeltaNetArgs& a, const RowMap& rows, const bf16* mixed, bool decode,
+                       cudaStream_t s) {
+    if (decode) {
+        launch(decode_kernel<DK>, dim3(unsigned(a.n_v_heads), unsigned(rows.n_runs)), dim3(unsigned(2 * a.v_dim)),
+               0, s, "Gated DeltaNet decode kernel (recurrence + gated RMSNorm)", a, rows, mixed);
+        return;
+    }
+    launch(prefill_kernel<DK>,
+           dim3(unsigned(a.v_dim / kPrefillCols), unsigned(a.n_v_heads), unsigned(rows.n_runs)),
+           dim3(kPrefillThreads), 0, s, "Gated DeltaNet prefill recurrence kernel", a, rows, mixed);
+    const int64_t n_items = int64_t(rows.n_rows) * a.n_v_heads;
+    launch(gated_norm_kernel, dim3(ceil_div(n_items, kNormWarps)), dim3(kNormWarps * 32), 0, s,
+           "Gated DeltaNet gated RMSNorm kernel", static_cast<const bf16*>(a.z), a.norm_w, n_items, a.v_dim, a.eps,
+           static_cast<bf16*>(a.out));
 }
 
 }  // namespace
@@ -163,23 +610,32 @@ void gated_delta_net(const GatedDeltaNetArgs& a, const RowMap& rows, bf16* mixed
     if (a.k_dim != 32 && a.k_dim != 64 && a.k_dim != 128)
         throw Error(Status::unsupported, "CUDA Gated DeltaNet: key head dim " + std::to_string(a.k_dim) +
                                              " is not built (32, 64 and 128 are)");
+    // The recurrence kernels read mixed with 8- and 16-byte loads (rows of C, a multiple of 32, bf16 values).
+    if ((reinterpret_cast<uintptr_t>(mixed) & 15u) != 0)
+        throw Error(Status::internal, "CUDA Gated DeltaNet: scratch is not 16-byte aligned");
     const int64_t C = 2 * int64_t(a.n_k_heads) * a.k_dim + int64_t(a.n_v_heads) * a.v_dim;
     const bf16* qkv = static_cast<const bf16*>(a.qkv);
     bf16* conv_state = static_cast<bf16*>(a.conv_state);
 
     const bool one_token_runs = rows.n_rows == rows.n_runs;  // decode: the conv kernel updates the state itself
-    conv_kernel<<<ceil_div(int64_t(rows.n_rows) * C, kConvThreads), kConvThreads, 0, stream>>>(
-        qkv, a.conv_w, conv_state, rows, C, K, one_token_runs, mixed);
-    check_launch("Gated DeltaNet conv kernel");
+    // 8 channels per conv thread when the activations allow 16-byte accesses (C is a multiple of 32) and the step
+    // has enough rows to fill the GPU that way; small decode steps take one channel per thread (8x the threads,
+    // shorter per-thread chains; the same arithmetic per channel).
+    const bool vec = ((reinterpret_cast<uintptr_t>(qkv) | reinterpret_cast<uintptr_t>(conv_state)) & 15u) == 0 &&
+                     int64_t(rows.n_rows) * C >= int64_t(1) << 18;
+    const int V = vec ? 8 : 1;
+    const dim3 conv_grid(ceil_div(C / V, kConvThreads), unsigned(std::min(rows.n_rows, 65535)));
+    launch(vec ? conv_kernel<8> : conv_kernel<1>, conv_grid, dim3(kConvThreads), 0, stream,
+           "Gated DeltaNet conv kernel", qkv, a.conv_w, conv_state, rows, C, K, one_token_runs, mixed);
     if (K > 1 && !one_token_runs) {
-        conv_state_kernel<<<ceil_div(int64_t(rows.n_runs) * C, kConvThreads), kConvThreads, 0, stream>>>(
-            qkv, conv_state, rows, C, K);
-        check_launch("Gated DeltaNet conv state kernel");
+        const dim3 grid(ceil_div(C / V, kConvThreads), unsigned(std::min(rows.n_runs, 65535)));
+        launch(vec ? conv_state_kernel<8> : conv_state_kernel<1>, grid, dim3(kConvThreads), 0, stream,
+               "Gated DeltaNet conv state kernel", qkv, conv_state, rows, C, K);
     }
     switch (a.k_dim) {
-        case 32: launch_recurrence<32>(a, rows, mixed, stream); break;
-        case 64: launch_recurrence<64>(a, rows, mixed, stream); break;
-        default: launch_recurrence<128>(a, rows, mixed, stream); break;
+        case 32: launch_recurrence<32>(a, rows, mixed, one_token_runs, stream); break;
+        case 64: launch_recurrence<64>(a, rows, mixed, one_token_runs, stream); break;
+        default: launch_recurrence<128>(a, rows, mixed, one_token_runs, stream); break;
     }
 }
 

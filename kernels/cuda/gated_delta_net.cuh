@@ -3,16 +3,19 @@
 //   2. conv state <- the last K-1 pre-conv inputs of [state, run] (inside 1. when every run is one token)
 //   3. the delta-rule recurrence per (run, value head), token by token, fp32 state updated in place: gates
 //      beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias); l2norm of q and k; o = S^T q  (o rounded to bf16),
-//      and in the same kernel the gated RMSNorm: y = norm_w * RMSNorm(o) * silu(z)
-// Prefill and decode run the same kernels (decode is a run of one token).
+//      then the gated RMSNorm: y = norm_w * RMSNorm(o) * silu(z)
+// Decode (every run one token) runs the recurrence and the norm in one kernel per (value head, run); otherwise the
+// recurrence runs per (32 value columns, value head, run), writes o to out, and a second kernel applies the norm in
+// place. Both paths give bitwise the same outputs and state for a token, however tokens are grouped into runs and
+// steps. Every kernel is launched with programmatic dependent launch (cuda::launch) where enabled.
 #pragma once
 
 #include "kernels/cuda/cuda_common.cuh"
 
 namespace hy::cuda {
 
-// mixed_scratch: bf16 [T, C] (workspace). Key dims 32, 64 and 128 are built; value dims must be multiples of 32
-// up to 256; others throw unsupported.
+// mixed_scratch: bf16 [T, C] (workspace, 16-byte aligned). Key dims 32, 64 and 128 are built; value dims must be
+// multiples of 32 up to 256; others throw unsupported. args.out must not alias args.qkv, args.z or the scratch.
 void gated_delta_net(const GatedDeltaNetArgs& args, const RowMap& rows, bf16* mixed_scratch, cudaStream_t stream);
 
 }  // namespace hy::cuda
