@@ -1,9 +1,11 @@
 // The attention kernels. Rounding follows a bf16 PyTorch model (eager attention) where that is free: normed q/k
 // are rounded to bf16, each RoPE product and sum is rounded, scores are rounded to bf16 before scaling, the
-// sigmoid gate and its product are rounded. Softmax and the value sum run in fp32 (online softmax).
+// sigmoid gate and its product are rounded. Softmax and the value sum run in fp32 (online softmax); the prefill
+// kernel rounds the softmax weights to bf16 for its tensor-core P V product.
 #include "kernels/cuda/attention.cuh"
 
 #include <algorithm>
+#include <atomic>
 
 namespace hy::cuda {
 
@@ -17,6 +19,8 @@ template <int D>
 __global__ void attn_prep_kernel(AttentionArgs p, RowMap rows, bf16* __restrict__ q_out) {
     constexpr int kPer = D / 32;
     __shared__ float buf[kAttnWarps][D];
+    pdl_trigger();
+    pdl_wait();  // activations come from the projections; the cache may still be read by earlier kernels
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int t = blockIdx.x;
     const int head = blockIdx.y * kAttnWarps + warp;
@@ -107,6 +111,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     constexpr int kPer = D / 32;
     __shared__ float part_o[kAttnWarps][D];
     __shared__ float part_m[kAttnWarps], part_l[kAttnWarps];
+    pdl_trigger();
+    pdl_wait();  // row map, q_scratch and the cache come from earlier kernels
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.x, t = blockIdx.y;
     const int Hq = p.n_heads, Hkv = p.n_kv_heads;
@@ -183,6 +189,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 // Merges the position splits of (row t = blockIdx.y, head h = blockIdx.x) and applies the gate.
 template <int D>
 __global__ void attn_merge_kernel(AttentionArgs p, const float* __restrict__ part, int n_splits) {
+    pdl_trigger();
+    pdl_wait();  // the partials come from attn_core_kernel
     const int h = blockIdx.x, t = blockIdx.y;
     const float* src = part + (int64_t(t) * p.n_heads + h) * n_splits * (D + 2);
     float M = -INFINITY;
@@ -204,26 +212,395 @@ __global__ void attn_merge_kernel(AttentionArgs p, const float* __restrict__ par
     }
 }
 
-int n_splits(int n_ctx) { return std::min(kAttnMaxSplits, std::max(1, (n_ctx + kAttnSplitKeys - 1) / kAttnSplitKeys)); }
+// ---- Prefill: tensor-core flash attention ---------------------------------------------------------------------
+//
+// Used for steps of more than kAttnSplitMaxRows rows. One block of kFlashWarps warps per (query tile, q head):
+// a query tile is up to kFlashRows consecutive rows of ONE run (tile i of a run holds its rows
+// [64 i, 64 i + 64)), so the rows of a tile are consecutive positions pos0 .. pos0 + n_q - 1 of one slot and
+// every row of the tile attends to a prefix of the keys [0, kv_end), kv_end = pos0 + n_q. The block walks the
+// key tiles [64 kt, 64 kt + 64) for kt = ceil(kv_end / 64) - 1 down to 0 (the diagonal, partly masked tiles
+// first), staging K and V in shared memory, and keeps an online softmax per row. Warp w owns the query rows
+// [16 w, 16 w + 16) of the tile: S = Q K^T (16 x 64 per warp) and O += P V (16 x D per warp) run on
+// mma.sync.m16n8k16 bf16 with fp32 accumulation.
+//
+// Fragment layouts of mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 that this code relies on
+// (lane = 4 g + t, g = lane >> 2 in [0, 8), t = lane & 3; a register holds 2 bf16, the lower column/k index in
+// the low half):
+//   A (16 x 16, rows m, cols k):  a[0] = (m g,     k 2t..2t+1)   a[1] = (m g + 8, k 2t..2t+1)
+//                                 a[2] = (m g,     k 2t+8..2t+9) a[3] = (m g + 8, k 2t+8..2t+9)
+//   B (16 x 8,  rows k, cols n):  b[0] = (k 2t..2t+1, n g)       b[1] = (k 2t+8..2t+9, n g)
+//   C (16 x 8, fp32):             c[0], c[1] = (m g, n 2t, 2t+1) c[2], c[3] = (m g + 8, n 2t, 2t+1)
+// ldmatrix.x4 loads four 8 x 8 b16 matrices; lanes 8 i .. 8 i + 7 give the row addresses of matrix i, and
+// register i of lane (g, t) receives matrix i's (row g, cols 2t, 2t+1) (.trans: (rows 2t, 2t+1, col g)).
+//   Q (smem [64][D], row-major) as A: matrices (rows 0-7, k 0-7), (rows 8-15, k 0-7), (rows 0-7, k 8-15),
+//     (rows 8-15, k 8-15) -> a[0..3]; lane l addresses row (l & 7) + 8 ((l >> 3) & 1), col 8 (l >> 4).
+//   K (smem [64 keys][D]) as B of S = Q K^T (B[k = d][n = key] = K[key][d]: each key row is a column of B, so
+//     plain ldmatrix gives b[0] = (d 2t..2t+1, key g)): matrices (keys 0-7, d 0-7), (keys 0-7, d 8-15),
+//     (keys 8-15, d 0-7), (keys 8-15, d 8-15) -> b[0], b[1] of key block n0, b[0], b[1] of key block n0 + 8;
+//     lane l addresses key (l & 7) + 8 (l >> 4), d 8 ((l >> 3) & 1).
+//   V (smem [64 keys][D]) as B of O = P V (B[k = key][n = d] = V[key][d], so .trans): matrices
+//     (keys 0-7, d 0-7), (keys 8-15, d 0-7), (keys 0-7, d 8-15), (keys 8-15, d 8-15) -> b[0], b[1] of d block
+//     n0, b[0], b[1] of d block n0 + 8; lane l addresses key (l & 7) + 8 ((l >> 3) & 1), d 8 (l >> 4).
+//   P as A of O = P V comes straight from the S accumulators: for keys [16 j, 16 j + 16), a[0] = S block 2j
+//     c[0..1], a[1] = S block 2j c[2..3], a[2] = S block 2j+1 c[0..1], a[3] = S block 2j+1 c[2..3].
+//
+// Shared memory: Q, K, V tiles of [64][D + 8] bf16. The 8-element pad makes the row stride 2D + 16 bytes, so
+// the 8 row addresses of an ldmatrix phase start 16 bytes (4 banks) apart: conflict-free for every D that is a
+// multiple of 64. Sizes: D = 64: 27 KB, 128: 51 KB, 256: 99 KB (2 blocks per SM on sm_90, 1 on sm_80).
+// Pipeline (cp.async, one buffer each): V of tile kt loads while S of tile kt is computed, K of tile kt - 1
+// while P V of tile kt is computed.
+//
+// Numerics as in attn_core_kernel: s = bf16(bf16(q.k) * 1/sqrt(D)); fp32 online softmax (in base 2); P is
+// rounded to bf16 for the tensor-core product and the row sum adds the same rounded values; o = bf16(O / l);
+// out = bf16(o * bf16(sigmoid(gate))).
+//
+// Keys at or past kv_end and query rows past the run's end are zero-filled (never read from memory: the cache
+// there may hold anything, NaN included, and 0 * NaN would poison the P V product). Keys past a row's position
+// get s = -inf, so they contribute exactly 0; a warp skips key tiles that lie wholly past its last row.
+
+constexpr int kFlashWarps = 4;
+constexpr int kFlashThreads = kFlashWarps * 32;
+constexpr int kFlashRows = 16 * kFlashWarps;  // query rows per block (16 per warp: the mma's m)
+constexpr int kFlashKeys = 64;                // keys per K/V tile
+constexpr int kFlashPad = 8;                  // bf16 elements of padding per shared-memory row
 
 template <int D>
-void launch(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, float* split_scratch, cudaStream_t stream) {
+__host__ __device__ constexpr int flash_stride() {
+    return D + kFlashPad;
+}
+template <int D>
+__host__ __device__ constexpr size_t flash_smem_bytes() {
+    return size_t(kFlashRows + 2 * kFlashKeys) * size_t(flash_stride<D>()) * sizeof(bf16);
+}
+// Blocks per SM the register budget is sized for (ptxas caps registers at 64K / (128 * n)).
+template <int D>
+__host__ __device__ constexpr int flash_min_blocks() {
+    return D >= 256 ? 2 : (D >= 128 ? 3 : 4);
+}
+
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy; when !valid nothing is read and the 16 bytes are zero-filled.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+    const int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+
+// volatile: the shared memory behind a fixed address changes between loop iterations (cp.async), so these loads
+// must not be merged or hoisted by the compiler.
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
+                                              uint32_t& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+
+// c (16 x 8 fp32) += a (16 x 16 bf16) * b (16 x 8 bf16).
+__device__ __forceinline__ void mma_bf16_16816(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+    asm("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};\n"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// Two floats as a bf16 pair (lo in the low half: the lower column index).
+__device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(lo, hi);
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Copies `n_rows` rows of D bf16 into a [64][D + pad] shared tile; row r comes from src + r * row_elems (rows
+// >= n_valid are zero-filled instead).
+template <int D>
+__device__ __forceinline__ void flash_load_tile(uint32_t dst, const bf16* src, int64_t row_elems, int n_valid) {
+    constexpr int kChunks = D / 8;  // 16-byte chunks per row
+    constexpr int kPerThread = kFlashKeys * kChunks / kFlashThreads;
+    static_assert(kFlashKeys == kFlashRows, "Q, K and V tiles share the loader");
+    static_assert(kFlashKeys * kChunks % kFlashThreads == 0, "whole chunks per thread");
+#pragma unroll
+    for (int j = 0; j < kPerThread; j++) {
+        const int c = int(threadIdx.x) + j * kFlashThreads;
+        const int r = c / kChunks, col = (c % kChunks) * 8;
+        const bool valid = r < n_valid;
+        const bf16* g = src + (valid ? int64_t(r) * row_elems : 0) + col;
+        cp_async16(dst + uint32_t((r * flash_stride<D>() + col) * sizeof(bf16)), g, valid);
+    }
+}
+
+// grid (Hq, tile slots): blockIdx.x = q head (fastest, so the heads of one query tile, which share K/V through
+// L2, run together), blockIdx.y = tile slot. Slots are numbered run by run, ceil(n_tokens / 64) per run, the
+// last (most expensive) tile of a run first; slots past the batch's tiles exit at once.
+template <int D>
+__global__ void __launch_bounds__(kFlashThreads, flash_min_blocks<D>())
+    attn_flash_kernel(AttentionArgs p, RowMap rows, const bf16* __restrict__ q_in) {
+    static_assert(D % 64 == 0, "head dim a multiple of 64 (ldmatrix tiles, bank-conflict-free padding)");
+    constexpr int kStride = flash_stride<D>();
+    constexpr int kRowBytes = kStride * int(sizeof(bf16));
+    constexpr int kNB = kFlashKeys / 8;  // 8-key column blocks of S per warp
+    constexpr int kDB = D / 8;           // 8-dim column blocks of O per warp
+    extern __shared__ __align__(16) unsigned char flash_smem[];
+    bf16* sQ = reinterpret_cast<bf16*>(flash_smem);
+    const uint32_t q_base = smem_addr(sQ);
+    const uint32_t k_base = q_base + uint32_t(kFlashRows * kRowBytes);
+    const uint32_t v_base = k_base + uint32_t(kFlashKeys * kRowBytes);
+
+    pdl_trigger();
+    pdl_wait();  // the run table, q_scratch and the cache are written by earlier work on the stream
+
+    // Find (run, tile) for this slot.
+    int slot_idx = int(blockIdx.y), run_idx = -1, tile = 0;
+    for (int r = 0; r < rows.n_runs; r++) {
+        const int nt = (rows.runs[r].n_tokens + kFlashRows - 1) / kFlashRows;
+        if (slot_idx < nt) {
+            run_idx = r;
+            tile = nt - 1 - slot_idx;
+            break;
+        }
+        slot_idx -= nt;
+    }
+    if (run_idx < 0) return;
+    const SeqRun run = rows.runs[run_idx];
+
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int g = lane >> 2, t4 = lane & 3;
+    const int h = blockIdx.x;
+    const int Hq = p.n_heads, Hkv = p.n_kv_heads;
+    const int kvh = h / (Hq / Hkv);
+    const int row0 = run.row + tile * kFlashRows;                 // batch row of the tile's first query
+    const int n_q = min(kFlashRows, run.n_tokens - tile * kFlashRows);  // valid query rows, >= 1
+    const int pos0 = run.pos + tile * kFlashRows;                 // its position
+    const int kv_end = pos0 + n_q;                                // keys [0, kv_end) can be attended
+    const int n_kt = (kv_end + kFlashKeys - 1) / kFlashKeys;
+
+    const int64_t kv_row = int64_t(Hkv) * D;  // elements between consecutive positions in the cache
+    const int64_t cache_off = int64_t(run.slot) * p.n_ctx * kv_row + int64_t(kvh) * D;
+    const bf16* kc = static_cast<const bf16*>(p.k_cache) + cache_off;
+    const bf16* vc = static_cast<const bf16*>(p.v_cache) + cache_off;
+
+    // This warp's query rows: tile rows [16 warp, 16 warp + 16); the thread holds rows g and g + 8 of them.
+    const int wrow0 = warp * 16;
+    const bool warp_live = wrow0 < n_q;
+    const int w_first_pos = pos0 + wrow0;
+    const int w_last_pos = pos0 + min(wrow0 + 15, n_q - 1);
+    const int rpos0 = pos0 + wrow0 + g, rpos1 = rpos0 + 8;
+
+    // Lane addresses for ldmatrix (see the layout notes above).
+    const uint32_t q_lane = q_base + uint32_t((wrow0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kRowBytes +
+                                              8 * (lane >> 4) * int(sizeof(bf16)));
+    const uint32_t k_lane =
+        k_base + uint32_t(((lane & 7) + 8 * (lane >> 4)) * kRowBytes + 8 * ((lane >> 3) & 1) * int(sizeof(bf16)));
+    const uint32_t v_lane =
+        v_base + uint32_t(((lane & 7) + 8 * ((lane >> 3) & 1)) * kRowBytes + 8 * (lane >> 4) * int(sizeof(bf16)));
+
+    // Prologue: Q and the last key tile.
+    flash_load_tile<D>(q_base, q_in + (int64_t(row0) * Hq + h) * D, int64_t(Hq) * D, n_q);
+    flash_load_tile<D>(k_base, kc + int64_t(n_kt - 1) * kFlashKeys * kv_row, kv_row,
+                       kv_end - (n_kt - 1) * kFlashKeys);
+    cp_async_commit();
+
+    constexpr float kLog2e = 1.4426950408889634f;
+    const float scale = rsqrtf(float(D));
+    float o[kDB][4];
+#pragma unroll
+    for (int i = 0; i < kDB; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float m0 = -INFINITY, m1 = -INFINITY;  // running max of rows g, g + 8 (scores, not yet scaled by log2 e)
+    float l0 = 0.0f, l1 = 0.0f;            // this thread's share of the running sums (its 16 of 64 columns)
+
+    for (int kt = n_kt - 1; kt >= 0; kt--) {
+        const int key0 = kt * kFlashKeys;
+        cp_async_wait_all();
+        __syncthreads();  // K tile kt (and Q) landed for all threads; every warp is done with the V buffer
+        flash_load_tile<D>(v_base, vc + int64_t(key0) * kv_row, kv_row, kv_end - key0);
+        cp_async_commit();
+
+        // A warp whose rows all lie before this key tile (or past the run's end) has nothing to do here.
+        const bool active = warp_live && key0 <= w_last_pos;
+        uint32_t pa[kFlashKeys / 16][4];  // P as A fragments, one per 16 keys
+        if (active) {
+            float s[kNB][4];
+#pragma unroll
+            for (int i = 0; i < kNB; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+            for (int ks = 0; ks < D / 16; ks++) {
+                uint32_t a[4];
+                ldsm_x4(q_lane + ks * 32, a[0], a[1], a[2], a[3]);
+#pragma unroll
+                for (int np = 0; np < kNB / 2; np++) {
+                    uint32_t b0, b1, b2, b3;
+                    ldsm_x4(k_lane + np * 16 * kRowBytes + ks * 32, b0, b1, b2, b3);
+                    mma_bf16_16816(s[2 * np], a, b0, b1);
+                    mma_bf16_16816(s[2 * np + 1], a, b2, b3);
+                }
+            }
+            // Scores, causal mask, row max.
+            const bool need_mask = key0 + kFlashKeys - 1 > w_first_pos;
+            float mx0 = -INFINITY, mx1 = -INFINITY;
+#pragma unroll
+            for (int nb = 0; nb < kNB; nb++) {
+#pragma unroll
+                for (int e = 0; e < 4; e++) {
+                    float v = round_bf16(round_bf16(s[nb][e]) * scale);
+                    if (need_mask) {
+                        const int key = key0 + nb * 8 + 2 * t4 + (e & 1);
+                        if (key > (e < 2 ? rpos0 : rpos1)) v = -INFINITY;
+                    }
+                    s[nb][e] = v;
+                }
+                mx0 = fmaxf(mx0, fmaxf(s[nb][0], s[nb][1]));
+                mx1 = fmaxf(mx1, fmaxf(s[nb][2], s[nb][3]));
+            }
+            // The 4 lanes of a quad (same g) hold the 64 columns of the same two rows.
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 1));
+            mx0 = fmaxf(mx0, __shfl_xor_sync(0xffffffffu, mx0, 2));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 1));
+            mx1 = fmaxf(mx1, __shfl_xor_sync(0xffffffffu, mx1, 2));
+            const float mn0 = fmaxf(m0, mx0), mn1 = fmaxf(m1, mx1);
+            // A row with every key so far masked keeps max -inf: use 0 as the reference so exp2 gives 0, not NaN.
+            const float ref0 = mn0 == -INFINITY ? 0.0f : mn0 * kLog2e;
+            const float ref1 = mn1 == -INFINITY ? 0.0f : mn1 * kLog2e;
+            const float corr0 = exp2f(m0 * kLog2e - ref0), corr1 = exp2f(m1 * kLog2e - ref1);  // 0 while m = -inf
+            m0 = mn0;
+            m1 = mn1;
+            float sum0 = 0.0f, sum1 = 0.0f;
+#pragma unroll
+            for (int nb = 0; nb < kNB; nb++) {
+                const float p0 = round_bf16(exp2f(fmaf(s[nb][0], kLog2e, -ref0)));
+                const float p1 = round_bf16(exp2f(fmaf(s[nb][1], kLog2e, -ref0)));
+                const float p2 = round_bf16(exp2f(fmaf(s[nb][2], kLog2e, -ref1)));
+                const float p3 = round_bf16(exp2f(fmaf(s[nb][3], kLog2e, -ref1)));
+                sum0 += p0 + p1;
+                sum1 += p2 + p3;
+                pa[nb / 2][(nb & 1) * 2 + 0] = pack_bf16x2(p0, p1);  // row g
+                pa[nb / 2][(nb & 1) * 2 + 1] = pack_bf16x2(p2, p3);  // row g + 8
+            }
+            l0 = fmaf(l0, corr0, sum0);
+            l1 = fmaf(l1, corr1, sum1);
+#pragma unroll
+            for (int i = 0; i < kDB; i++) {
+                o[i][0] *= corr0;
+                o[i][1] *= corr0;
+                o[i][2] *= corr1;
+                o[i][3] *= corr1;
+            }
+        }
+
+        cp_async_wait_all();
+        __syncthreads();  // V tile kt landed; every warp is done with the K buffer
+        if (kt > 0) {
+            const int prev0 = key0 - kFlashKeys;
+            flash_load_tile<D>(k_base, kc + int64_t(prev0) * kv_row, kv_row, kv_end - prev0);
+            cp_async_commit();
+        }
+
+        if (active) {
+#pragma unroll
+            for (int kk = 0; kk < kFlashKeys / 16; kk++) {
+#pragma unroll
+                for (int dp = 0; dp < D / 16; dp++) {
+                    uint32_t b0, b1, b2, b3;
+                    ldsm_x4_trans(v_lane + kk * 16 * kRowBytes + dp * 32, b0, b1, b2, b3);
+                    mma_bf16_16816(o[2 * dp], pa[kk], b0, b1);
+                    mma_bf16_16816(o[2 * dp + 1], pa[kk], b2, b3);
+                }
+            }
+        }
+    }
+
+    if (!warp_live) return;
+    // Row sums over the quad; the key at the row's own position is never masked, so l > 0 for valid rows.
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 1);
+    l0 += __shfl_xor_sync(0xffffffffu, l0, 2);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 1);
+    l1 += __shfl_xor_sync(0xffffffffu, l1, 2);
+    const float inv0 = 1.0f / l0, inv1 = 1.0f / l1;
+
+    // o = bf16(O / l) goes over this warp's own Q rows in shared memory (only this warp ever read them), then the
+    // warp writes its rows with the gate in 16-byte pieces.
+    bf16* wq = sQ + wrow0 * kStride;
+#pragma unroll
+    for (int i = 0; i < kDB; i++) {
+        const int col = i * 8 + 2 * t4;
+        *reinterpret_cast<__nv_bfloat162*>(wq + g * kStride + col) =
+            __floats2bfloat162_rn(o[i][0] * inv0, o[i][1] * inv0);
+        *reinterpret_cast<__nv_bfloat162*>(wq + (g + 8) * kStride + col) =
+            __floats2bfloat162_rn(o[i][2] * inv1, o[i][3] * inv1);
+    }
+    __syncwarp();
+    constexpr int kChunks = D / 8;
+    const int n_rows = min(16, n_q - wrow0);
+    for (int c = lane; c < n_rows * kChunks; c += 32) {
+        const int r = c / kChunks, col = (c % kChunks) * 8;
+        const int64_t trow = row0 + wrow0 + r;
+        const uint4 gate = *reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.qg) +
+                                                           (trow * Hq + h) * 2 * D + D + col);
+        float gf[8], of[8];
+        unpack8(gate, gf);
+        unpack8(*reinterpret_cast<const uint4*>(wq + r * kStride + col), of);
+#pragma unroll
+        for (int j = 0; j < 8; j++) of[j] *= round_bf16(sigmoidf_(gf[j]));
+        *reinterpret_cast<uint4*>(static_cast<bf16*>(p.out) + (trow * Hq + h) * D + col) = pack8(of);
+    }
+}
+
+int n_splits(int n_ctx) { return std::min(kAttnMaxSplits, std::max(1, (n_ctx + kAttnSplitKeys - 1) / kAttnSplitKeys)); }
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// Opts the flash kernel for head dim D into its dynamic shared memory (above the 48 KB default for D >= 128),
+// once per device.
+template <int D>
+void flash_smem_opt_in() {
+    static std::atomic<uint64_t> done{0};
+    int dev = 0;
+    check(cudaGetDevice(&dev), "cudaGetDevice (attention)");
+    const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
+    if (bit && (done.load(std::memory_order_relaxed) & bit)) return;
+    check(cudaFuncSetAttribute(attn_flash_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(flash_smem_bytes<D>())),
+          "cudaFuncSetAttribute (flash attention shared memory)");
+    done.fetch_or(bit, std::memory_order_relaxed);
+}
+
+template <int D>
+void run_attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, float* split_scratch,
+                   cudaStream_t stream) {
     const int T = rows.n_rows;
     dim3 prep_grid(unsigned(T), ceil_div(a.n_heads + a.n_kv_heads, kAttnWarps));
-    attn_prep_kernel<D><<<prep_grid, kAttnWarps * 32, 0, stream>>>(a, rows, q_scratch);
-    check_launch("attention prep kernel (q/k norm, RoPE, KV cache write)");
+    cuda::launch(attn_prep_kernel<D>, prep_grid, dim3(kAttnWarps * 32), 0, stream,
+                 "attention prep kernel (q/k norm, RoPE, KV cache write)", a, rows, q_scratch);
+    // Prefill: tensor-core tiles. Tile slots: sum over runs of ceil(n / 64) <= ceil(T / 64) + n_runs - 1.
+    const int64_t tile_slots = int64_t(ceil_div(T, kFlashRows)) + std::max(rows.n_runs, 1) - 1;
+    // (decode steps of many one-token runs take the per-row kernel below: a 64-row tile would hold one live row)
+    if (T > kAttnSplitMaxRows && rows.n_rows > rows.n_runs && tile_slots <= 65535 && aligned16(q_scratch) && aligned16(a.qg) &&
+        aligned16(a.out) && aligned16(a.k_cache) && aligned16(a.v_cache)) {
+        flash_smem_opt_in<D>();
+        cuda::launch(attn_flash_kernel<D>, dim3(unsigned(a.n_heads), unsigned(tile_slots)), dim3(kFlashThreads),
+                     flash_smem_bytes<D>(), stream, "attention flash kernel (prefill)", a, rows,
+                     static_cast<const bf16*>(q_scratch));
+        return;
+    }
     const int S = T <= kAttnSplitMaxRows ? n_splits(a.n_ctx) : 1;
     if (S > 1) {
         const int split_len = (a.n_ctx + S - 1) / S;
         dim3 core_grid(unsigned(a.n_heads), unsigned(T), unsigned(S));
-        attn_core_kernel<D, true><<<core_grid, kAttnWarps * 32, 0, stream>>>(a, rows, q_scratch, split_scratch, split_len);
-        check_launch("attention core kernel (split over positions)");
-        attn_merge_kernel<D><<<dim3(unsigned(a.n_heads), unsigned(T)), 128, 0, stream>>>(a, split_scratch, S);
-        check_launch("attention split merge kernel");
+        cuda::launch(attn_core_kernel<D, true>, core_grid, dim3(kAttnWarps * 32), 0, stream,
+                     "attention core kernel (split over positions)", a, rows, static_cast<const bf16*>(q_scratch),
+                     split_scratch, split_len);
+        cuda::launch(attn_merge_kernel<D>, dim3(unsigned(a.n_heads), unsigned(T)), dim3(128), 0, stream,
+                     "attention split merge kernel", a, static_cast<const float*>(split_scratch), S);
     } else {
         dim3 core_grid(unsigned(a.n_heads), unsigned(T));
-        attn_core_kernel<D, false><<<core_grid, kAttnWarps * 32, 0, stream>>>(a, rows, q_scratch, nullptr, 0);
-        check_launch("attention core kernel");
+        cuda::launch(attn_core_kernel<D, false>, core_grid, dim3(kAttnWarps * 32), 0, stream, "attention core kernel",
+                     a, rows, static_cast<const bf16*>(q_scratch), static_cast<float*>(nullptr), 0);
     }
 }
 
@@ -242,9 +619,9 @@ void attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, floa
         throw Error(Status::unsupported, "CUDA attention: rotary dims " + std::to_string(a.rotary_dim) +
                                              " must be even and at most the head dim");
     switch (a.head_dim) {
-        case 64: return launch<64>(a, rows, q_scratch, split_scratch, stream);
-        case 128: return launch<128>(a, rows, q_scratch, split_scratch, stream);
-        case 256: return launch<256>(a, rows, q_scratch, split_scratch, stream);
+        case 64: return run_attention<64>(a, rows, q_scratch, split_scratch, stream);
+        case 128: return run_attention<128>(a, rows, q_scratch, split_scratch, stream);
+        case 256: return run_attention<256>(a, rows, q_scratch, split_scratch, stream);
         default: break;
     }
     static_assert(kMaxHeadDim == 256, "largest instantiated head dim");
