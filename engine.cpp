@@ -191,6 +191,36 @@ void feed(hy_context* c, const int32_t* ids, int n) {
     c->has_logits = true;
 }
 
+// Feeds the one pending id and returns the backend's greedy pick of the next id over the tokenizer's ids
+// (Model::step_greedy): the logits stay on the backend (Model::last_logits() fetches them). Throws hy::Error.
+hy::TokenPick feed_pick(hy_context* c) {
+    hy::Model& model = *c->m->model;
+    if (c->n_pending != 1) throw Error(Status::internal, "feed_pick: expected one pending id");
+    int32_t id = c->history.back();
+    hy::SeqRun run{c->slot, model.seq_len(c->slot), 0, 1};
+    const hy::BatchDesc b{1, &id, &run, 1};
+    const int32_t row = 0;
+    c->has_logits = false;
+    hy::TokenPick pick;
+    try {
+        pick = model.step_greedy(b, std::span<const int32_t>(&row, 1), c->m->n_vocab)[0];
+    } catch (...) {
+        model.reset(c->slot);
+        c->history.clear();
+        c->n_pending = 0;
+        throw;
+    }
+    c->n_pending = 0;
+    return pick;
+}
+
+// Copies the last step's logits row from the backend into the context.
+void fetch_logits(hy_context* c) {
+    auto l = c->m->model->last_logits();
+    std::copy(l.end() - c->m->n_logits, l.end(), c->logits.begin());
+    c->has_logits = true;
+}
+
 // ---- snapshot container ----
 //   char magic[8] "HYCTX01\0"; u32 version (1); u32 flags (bit 0: logits present); u64 fingerprint;
 //   u32 n_history; u32 n_pending; i32 history[n_history]; [u32 n_logits; f32 logits[n_logits]];
@@ -928,13 +958,26 @@ int hy_generate(hy_context* c, hy_sampler* s, const int32_t* prompt, int n_promp
         std::string out_text;
         out_text.reserve(256);
         int reason = HY_STOP_NONE;
+        // Greedy without penalties: after the prompt, each step's arg max (and its log-probability) is picked on
+        // the backend, and only a pick of a banned id (or a failure to pick) brings the logits row to the host.
+        const bool pick_on_backend = s->s->plain_greedy();
+        hy::TokenPick pick;
+        bool have_pick = false, logits_on_backend = false;
         for (;;) {
             if (gp.max_tokens >= 0 && res.n_generated >= gp.max_tokens) {
                 reason = HY_STOP_MAX_TOKENS;
                 break;
             }
-            const int32_t id = s->s->sample(c->logits);
-            const float lp = float(hy::log_softmax_at(c->logits, c->m->n_vocab, id));
+            int32_t id;
+            float lp;
+            if (have_pick) {
+                id = pick.id;
+                lp = pick.logprob;
+                have_pick = false;
+            } else {
+                id = s->s->sample(c->logits);
+                lp = float(hy::log_softmax_at(c->logits, c->m->n_vocab, id));
+            }
             if ((!gp.ignore_eos && std::binary_search(c->m->eos.begin(), c->m->eos.end(), id)) ||
                 (gp.stop_ids && std::find(gp.stop_ids, gp.stop_ids + std::max(gp.n_stop_ids, 0), id) !=
                                     gp.stop_ids + std::max(gp.n_stop_ids, 0))) {
@@ -982,8 +1025,20 @@ int hy_generate(hy_context* c, hy_sampler* s, const int32_t* prompt, int n_promp
                 reason = HY_STOP_CONTEXT_FULL;
                 break;
             }
-            feed(c, nullptr, 0);  // runs the pending id
+            if (pick_on_backend) {  // runs the pending id
+                pick = feed_pick(c);
+                logits_on_backend = true;
+                have_pick = pick.id >= 0 && !s->s->is_banned(pick.id);
+                if (!have_pick) {
+                    fetch_logits(c);
+                    logits_on_backend = false;
+                }
+            } else {
+                feed(c, nullptr, 0);
+            }
         }
+        // the context keeps the logits of its last fed token, as after feed()
+        if (logits_on_backend) fetch_logits(c);
         if (reason != HY_STOP_STRING) held += dec.flush();
         if (!held.empty()) {
             out_text = held;

@@ -1,6 +1,8 @@
 // Continuous batching on the CPU: every sequence equals its solo run, whatever else shares the batch.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
+
 #include "model/batch.h"
 #include "test_util.h"
 
@@ -123,4 +125,34 @@ TEST_CASE("batch: stop ids, cancel and bad requests", "[model]") {
     REQUIRE_THROWS_AS(g.submit(bad), Error);
     bad.prompt = prompt(300, 2);
     REQUIRE_THROWS_AS(g.submit(bad), Error);
+}
+
+TEST_CASE("batch: a greedy pick of a banned id falls back to the full sampler", "[model]") {
+    // The backend's arg max cannot know the banned ids: when it picks one, the generator must take the logits and
+    // sample the best id that is not banned.
+    GenerationRequest r;
+    r.prompt = prompt(9, 77);
+    r.max_new_tokens = 6;
+    r.sampling.temperature = 0.0f;
+    auto m = Model::load(tiny_dir(), params(1, 64));
+    BatchGenerator free_gen(*m);
+    const int a = free_gen.submit(r);
+    free_gen.run();
+    const std::vector<int32_t> want = free_gen.result(a).tokens;
+    REQUIRE(want.size() == 6);
+    // ban the first and third greedy ids: the sequence must avoid them and match a host-side greedy run
+    const std::vector<int32_t> banned = {want[0], want[2]};
+    BatchGenerator g(*m, 0, {}, banned);
+    const int b = g.submit(r);
+    g.run();
+    const auto& got = g.result(b).tokens;
+    REQUIRE(got.size() == 6);
+    for (int32_t t : got) CHECK(std::find(banned.begin(), banned.end(), t) == banned.end());
+    // the same choice by hand: logits of the prompt, greedy over ids that are not banned
+    m->reset(0);
+    auto row = m->prefill(0, r.prompt);
+    Sampler s(r.sampling, m->config().vocab_size, m->config().vocab_size);
+    s.set_banned(banned);
+    CHECK(got[0] == s.sample(row));
+    CHECK(got[0] != want[0]);
 }
