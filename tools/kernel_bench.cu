@@ -134,7 +134,7 @@ int main(int argc, char** argv) {
             if (sh.gate_up)
                 shapes_to_try = {{2, 8}};
             else
-                shapes_to_try = {{2, 8}, {4, 8}, {4, 16}};
+                shapes_to_try = {{2, 8}, {4, 8}, {8, 8}};
             bool first = true;
             for (GemvConfig c : shapes_to_try) {
                 ms = time_graph(s, [&] {

@@ -86,6 +86,12 @@ __device__ __forceinline__ void row_dot(const bf16* __restrict__ w_row, bool val
     }
 }
 
+// Warps per block of a GEMV whose rows take kSplit warps: kGemvWarps, or kSplit when that is larger.
+template <int kSplit>
+constexpr int gemv_block_warps() {
+    return kSplit > kGemvWarps ? kSplit : kGemvWarps;
+}
+
 // Reduces the kSplit parts of each row of the block into acc of part 0 (returns false in the other parts).
 template <int NT, int kSplit>
 __device__ __forceinline__ bool reduce_parts(float* acc, float (*part)[NT]) {
@@ -113,10 +119,10 @@ __device__ __forceinline__ bool reduce_parts(float* acc, float (*part)[NT]) {
 // kSplit warps per output feature of one of up to GemvGroup::kMax matrices sharing x (blocks are assigned to the
 // matrices in order: matrix s owns blocks [block_end[s-1], block_end[s])).
 template <int NT, typename OutT, int kSplit, int kPer>
-__global__ void __launch_bounds__(kGemvWarps * 32)
+__global__ void __launch_bounds__(gemv_block_warps<kSplit>() * 32)
     gemv_kernel(const bf16* __restrict__ x, const __grid_constant__ GemvGroup g, int K) {
-    constexpr int kRows = kGemvWarps / kSplit;  // rows per block
-    __shared__ float part[kGemvWarps][NT];
+    constexpr int kRows = gemv_block_warps<kSplit>() / kSplit;  // rows per block
+    __shared__ float part[gemv_block_warps<kSplit>()][NT];
     pdl_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     // this block's matrix, selected with constant indices
@@ -193,9 +199,9 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 
 template <int NT, typename OutT, int kSplit, int kPer>
 void gemv_launch(const bf16* x, GemvGroup g, int64_t K, cudaStream_t stream) {
-    constexpr int kRows = kGemvWarps / kSplit;
+    constexpr int kWarps = gemv_block_warps<kSplit>(), kRows = kWarps / kSplit;
     for (int i = 0; i < g.count; i++) g.block_end[i] = (i ? g.block_end[i - 1] : 0) + (g.n[i] + kRows - 1) / kRows;
-    launch(gemv_kernel<NT, OutT, kSplit, kPer>, unsigned(g.block_end[g.count - 1]), kGemvWarps * 32, 0, stream,
+    launch(gemv_kernel<NT, OutT, kSplit, kPer>, unsigned(g.block_end[g.count - 1]), kWarps * 32, 0, stream,
            "gemv kernel", x, g, int(K));
 }
 
@@ -203,7 +209,7 @@ template <int NT, typename OutT>
 void gemv_shape(const bf16* x, const GemvGroup& g, int64_t K, GemvConfig c, cudaStream_t stream) {
     if (c.split == 2 && c.per == 8) return gemv_launch<NT, OutT, 2, 8>(x, g, K, stream);
     if (c.split == 4 && c.per == 8) return gemv_launch<NT, OutT, 4, 8>(x, g, K, stream);
-    if (c.split == 4 && c.per == 16) return gemv_launch<NT, OutT, 4, 16>(x, g, K, stream);
+    if (c.split == 8 && c.per == 8) return gemv_launch<NT, OutT, 8, 8>(x, g, K, stream);
     throw Error(Status::internal, "gemv: no kernel for split " + std::to_string(c.split) + ", " + std::to_string(c.per) +
                                       " words per lane");
 }
@@ -268,13 +274,13 @@ bool gemv_fits(const bf16* x, int64_t T, const bf16* w, int64_t K) {
 
 // Measured on an H200 (BENCHMARKS.md, hybrid-kernel-bench, 4B shapes, PDL on): rows up to 3072 values take 2
 // warps of 8 words per lane (K = 2560: 3.9-4.6 TB/s, against 3.6-4.2 with 4 warps), up to 8192 values 4 warps of
-// 8 words (o_proj, K = 4096: 3.2 TB/s against 2.4 with 2 warps), longer rows 4 warps of 16 words (down_proj,
-// K = 9216: 3.4 TB/s against 3.3 with 8 words).
+// 8 words (o_proj, K = 4096: 3.2 TB/s against 2.4 with 2 and 3.0 with 8 warps), longer rows 8 warps of 8 words
+// (down_proj, K = 9216: 3.8 TB/s against 3.4 with 4 warps of 16 words); past 16384 values, several rounds.
 GemvConfig gemv_config(int64_t K) {
     const int64_t K8 = K / 8;
     if (K8 <= 32 * 12) return {2, 8};
     if (K8 <= 32 * 4 * 8) return {4, 8};
-    return {4, 16};
+    return {8, 8};
 }
 
 void gemv(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32, cudaStream_t stream) {

@@ -68,7 +68,7 @@ struct GemvConfig {
     int per = 8;
 };
 GemvConfig gemv_config(int64_t K);
-// gemv_group with an explicit launch shape (benchmarks). Shapes built: (split, per) in {(2,8), (4,8), (4,16)};
+// gemv_group with an explicit launch shape (benchmarks). Shapes built: (split, per) in {(2,8), (4,8), (8,8)};
 // others throw internal.
 void gemv_group_with(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, GemvConfig c,
                      cudaStream_t stream);

@@ -53,7 +53,7 @@ if want kernels; then
     step kernel_bench8 120 $BIN/hybrid-kernel-bench 8
     grep -E "^\| [a-z]" "$LOG" | tail -6 >>"$SUM"
 fi
-if want bench || want hf || want ncu || want ncu64; then
+if want bench || want hf || want ncu || want ncu64 || want ncu8 || want cli; then
     step fixture_4b 150 python3 tools/gpu/random_checkpoint.py --out $M
 fi
 if want bench; then
@@ -86,6 +86,19 @@ if want ncu64; then  # b=64 decode steps (after 64 one-token prefills of about 2
     ncu --import /tmp/ncu_decode64.ncu-rep --csv >/tmp/ncu64.csv 2>>"$LOG"
     python3 tools/gpu/ncu_summary.py /tmp/ncu64.csv >"$OUT/ncu_decode64.txt" 2>&1
     head -18 "$OUT/ncu_decode64.txt" >>"$SUM"
+fi
+if want ncu8; then  # b=8 decode steps (after 8 one-token prefills)
+    step ncu_decode8 150 ncu --clock-control none --graph-profiling node --metrics gpu__time_duration.sum \
+        --launch-skip 4000 --launch-count 600 -o /tmp/ncu_decode8 $BIN/hybrid-bench -m $M --device cuda -p 1 -n 40 \
+        -b 8 -r 1
+    ncu --import /tmp/ncu_decode8.ncu-rep --csv >/tmp/ncu8.csv 2>>"$LOG"
+    python3 tools/gpu/ncu_summary.py /tmp/ncu8.csv >"$OUT/ncu_decode8.txt" 2>&1
+    head -18 "$OUT/ncu_decode8.txt" >>"$SUM"
+fi
+if want cli; then  # the CLI's own decode rate on the 4B shapes (tiny tokenizer: ids below 4096 only)
+    cp models/tiny/tokenizer.json models/tiny/tokenizer_config.json $M/ 2>/dev/null
+    step cli_4b 90 $BIN/hybrid -m $M --device cuda -p "def main():" -n 256 --temp 0 --verbose
+    grep -iE "tok/s|tokens per second" "$LOG" | tail -2 >>"$SUM"
 fi
 say "total $(($(date +%s) - T0)) s"
 echo "================ summary"
