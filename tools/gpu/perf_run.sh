@@ -7,6 +7,7 @@
 #      PDL off, prefill 4096, batch sizes 1..128
 #   4. Hugging Face transformers on the same folder (tools/gpu/hf_decode_baseline.py)
 #   5. ncu per-kernel times of one decode step
+#   6. optional stages: sanitize (compute-sanitizer memcheck/racecheck), ncu64, ncu8 (b=64 / b=8 profiles), cli
 # STAGES (default "all") limits the run: e.g. STAGES="tests bench" . Logs: $OUT/all.log, $OUT/summary.txt.
 # Usage (device tool): bash tools/gpu/perf_run.sh   with carry [".carry", "gpu-bin"]; gpu-bin/bins.txz holds
 # hybrid-tests, hybrid-bench, hybrid-compare, hybrid-kernel-bench and hybrid built here (see tools/gpu/pack_bins.sh).
@@ -46,6 +47,14 @@ if want tests; then
     grep -E "SUMMARY" "$LOG" | tail -1 >>"$SUM"
     step compare_tiny_nopdl 60 env HY_CUDA_PDL=0 $BIN/hybrid-compare -m models/tiny --device cuda --near-tie 0.05
     grep -E "SUMMARY" "$LOG" | tail -1 >>"$SUM"
+fi
+if want sanitize; then  # memcheck over every [gpu] test; racecheck (shared memory) over the mixer kernels' tests
+    step memcheck 240 compute-sanitizer --tool memcheck --error-exitcode 99 $BIN/hybrid-tests "[gpu]"
+    grep -E "ERROR SUMMARY" "$LOG" | tail -1 >>"$SUM"
+    step racecheck 240 compute-sanitizer --tool racecheck --error-exitcode 99 $BIN/hybrid-tests \
+        "CUDA attention (prefill, several runs, decode) matches the CPU reference" \
+        "CUDA Gated DeltaNet (prefill, several runs, decode) matches the CPU reference"
+    grep -E "RACECHECK SUMMARY|ERROR SUMMARY" "$LOG" | tail -1 >>"$SUM"
 fi
 if want kernels; then
     step kernel_bench 120 $BIN/hybrid-kernel-bench 1
