@@ -124,6 +124,9 @@ public:
     // the ceiling hybrid-bench compares decode against; 0 when the backend does not measure it. Allocates
     // temporary memory outside the arena: call only from tools.
     virtual double copy_bandwidth_gbs() { return 0.0; }
+    // Bytes of device memory in use now (the whole device: total minus free, so it counts the runtime's own
+    // context and any other process); 0 when the backend does not measure it. For tools.
+    virtual size_t device_memory_used() { return 0; }
 
     // ---- one forward step ----
     virtual void begin_batch(const BatchDesc& batch) = 0;

@@ -197,6 +197,20 @@ int main(int argc, char** argv) {
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
         std::printf("\npeak host memory (RSS) %.1f MiB\n", double(ru.ru_maxrss) / 1024.0);
+        // Device memory: the arena (weights, KV cache and recurrent state for the configured context and slots,
+        // activations, backend workspace) against what the device reports in use (adds the CUDA context).
+        const size_t dev_used = be.device_memory_used();
+        if (dev_used) {
+            const double mib = 1048576.0;
+            const size_t rest = model->arena_bytes() - model->weight_bytes() - model->state_bytes();
+            std::printf("device memory in use %.1f MiB: arena %.1f MiB (weights %.1f, KV cache + states %.1f, "
+                        "activations + workspace %.1f), %.1f%% above the arena\n",
+                        double(dev_used) / mib, double(model->arena_bytes()) / mib, double(model->weight_bytes()) / mib,
+                        double(model->state_bytes()) / mib, double(rest) / mib,
+                        100.0 * (double(dev_used) / double(model->arena_bytes()) - 1.0));
+            out["device_memory_used_bytes"] = double(dev_used);
+        }
+        out["state_bytes"] = double(model->state_bytes());
         out["peak_rss_bytes"] = double(ru.ru_maxrss) * 1024.0;
         if (args.count("json")) {
             std::ofstream f(args["json"].as<std::string>(), std::ios::trunc);

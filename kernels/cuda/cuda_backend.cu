@@ -261,6 +261,14 @@ public:
         flush();
         HY_CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
+    size_t device_memory_used() override {
+        size_t free_b = 0, total_b = 0;
+        if (cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+            cudaGetLastError();
+            return 0;
+        }
+        return total_b - free_b;
+    }
     // Device-to-device copies of 1 GiB (bytes read + written per second), best of 5 after a warm-up; the buffers
     // are temporary allocations outside the arena (tools only).
     double copy_bandwidth_gbs() override {
