@@ -188,11 +188,12 @@ TEST_CASE("CUDA backend: --device cuda without a GPU is a clear backend error", 
 TEST_CASE("CUDA matmul and logits match the CPU reference", "[gpu]") {
     HY_REQUIRE_GPU();
     Pair p(limits(64, 1, 16), 4, 64, size_t(64) << 20);
-    // (T, N, K): GEMV (T <= 4), cuBLASLt (T > 4), the scalar fallback (K % 8 != 0). Long rows split over 2 or 4
-    // warps; K = 20480 takes two rounds of loads per lane.
+    // (T, N, K): GEMV (T <= 4; 5-8 with K % 32 == 0 on tensor cores), cuBLASLt (more rows), the scalar fallback
+    // (K % 8 != 0). Long rows split over 2, 4 or 8 warps; K = 20480 takes two rounds of loads per lane.
     const int shapes[][3] = {{1, 96, 256}, {2, 40, 768}, {3, 256, 264}, {4, 1000, 512}, {5, 96, 256},
                              {37, 776, 1024}, {64, 8, 256}, {1, 33, 100}, {7, 33, 100}, {1, 61, 4096},
-                             {3, 40, 9216}, {4, 17, 4104}, {1, 24, 20480}, {4, 9, 20480}};
+                             {3, 40, 9216}, {4, 17, 4104}, {1, 24, 20480}, {4, 9, 20480}, {8, 40, 2560},
+                             {6, 100, 4096}, {5, 33, 9216}, {8, 17, 20480}};
     for (auto& s : shapes) {
         const int T = s[0], N = s[1], K = s[2];
         auto x = randn(size_t(T) * K), w = randn(size_t(N) * K, 0.05f);
@@ -223,14 +224,62 @@ TEST_CASE("CUDA matmul and logits match the CPU reference", "[gpu]") {
     }
 }
 
+// Steps of 5 to 8 rows (recorded, fused) run 3-4 projections of one x as one tensor-core GEMV group: it matches the
+// CPU, and a row of x gets the same bits whatever the number of rows (5 to 8) beside it.
+TEST_CASE("CUDA small-batch GEMV groups match the CPU and do not depend on the batch size", "[gpu]") {
+    HY_REQUIRE_GPU();
+    Pair p(limits(16, 8, 16), 4, 64, size_t(64) << 20);
+    const int K = 2560, N[3] = {300, 40, 72};
+    auto x = randn(size_t(8) * K);
+    std::vector<std::vector<float>> w;
+    for (int n : N) w.push_back(randn(size_t(n) * K, 0.05f));
+    void* xc = p.cpu.act(x);
+    void* xg = p.gpu.act(x);
+    Matrix mc[3], mg[3];
+    for (int i = 0; i < 3; i++) {
+        mc[i] = p.cpu.matrix(w[size_t(i)], N[i], K);
+        mg[i] = p.gpu.matrix(w[size_t(i)], N[i], K);
+    }
+    std::vector<std::vector<float>> first5[3];
+    for (int T : {5, 6, 8}) {
+        Batch b({{0, 0, 1}, {1, 0, 1}, {2, 0, 1}, {3, 0, 1}, {4, 0, 1}, {5, 0, 1}, {6, 0, 1}, {7, 0, 1}}, 16);
+        b.desc.n_tokens = T;
+        b.desc.n_runs = T;
+        void* yc[3];
+        void* yg[3];
+        for (int i = 0; i < 3; i++) {  // (an upload would end the recorded step: allocate first)
+            yc[i] = p.cpu.take(size_t(T) * N[i] * 4);
+            yg[i] = p.gpu.poisoned(size_t(T) * N[i]);
+        }
+        p.begin_batch(b.desc);
+        for (int i = 0; i < 3; i++) {
+            p.cpu.be->matmul(xc, T, mc[i], yc[i]);
+            p.gpu.be->matmul(xg, T, mg[i], yg[i]);
+        }
+        for (int i = 0; i < 3; i++) {
+            const size_t n = size_t(T) * N[i];
+            auto got = p.gpu.read_act(yg[i], n);
+            const double e = rel_err(got, p.cpu.read_f32(yc[i], n));
+            INFO("T=" << T << " matrix " << i << " rel err " << e);
+            CHECK(e <= kTol);
+            got.resize(size_t(5) * N[i]);
+            first5[i].push_back(got);
+        }
+    }
+    for (int i = 0; i < 3; i++) {
+        CHECK(first5[i][1] == first5[i][0]);
+        CHECK(first5[i][2] == first5[i][0]);
+    }
+}
+
 // A recorded decode step (one row): the backend fuses matmul(gate), matmul(up), silu_mul into one GEMV and 2-4
 // matmuls of the same x into a group, and replays them as a graph.
 TEST_CASE("CUDA fused decode GEMVs (gate/up/SiLU, groups) match the CPU reference", "[gpu]") {
     HY_REQUIRE_GPU();
-    Pair p(limits(16, 1, 16), 4, 64, size_t(160) << 20);
+    Pair p(limits(16, 1, 16), 4, 64, size_t(320) << 20);
     for (int K : {256, 2560, 9216}) {
         const int F = 1000, N2 = 72;
-        for (int T : {1, 3}) {
+        for (int T : {1, 3, 6}) {  // 6 rows: no gate/up fusion, a tensor-core group
             auto x = randn(size_t(T) * K), wg = randn(size_t(F) * K, 0.05f), wu = randn(size_t(F) * K, 0.05f);
             auto w2 = randn(size_t(N2) * K, 0.05f);
             void* xc = p.cpu.act(x);

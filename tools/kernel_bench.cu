@@ -131,15 +131,15 @@ int main(int argc, char** argv) {
             set_pdl_enabled(major >= 9);
             const GemvConfig chosen = sh.gate_up ? GemvConfig{2, 8} : gemv_config(sh.K);
             std::vector<GemvConfig> shapes_to_try;
-            if (sh.gate_up)
-                shapes_to_try = {{2, 8}};
+            if (sh.gate_up || T > kGemvBlockMaxTokens)
+                shapes_to_try = {{2, 8}};  // (more rows: the tensor-core GEMV, which has one shape)
             else
                 shapes_to_try = {{2, 8}, {4, 8}, {8, 8}};
             bool first = true;
             for (GemvConfig c : shapes_to_try) {
                 ms = time_graph(s, [&] {
                     for (int i = 0; i < kLaunches; i++) {
-                        if (sh.gate_up) {
+                        if (sh.gate_up && T <= kGemvBlockMaxTokens) {
                             bf16* yb = static_cast<bf16*>(y);
                             gemv_gate_up(x, T, wcopy(i), wcopy(i) + sh.n[0] * sh.K, sh.n[0], sh.K, yb,
                                          yb + 8 * sh.n[0], yb + 16 * sh.n[0], s);
@@ -148,8 +148,12 @@ int main(int argc, char** argv) {
                         }
                     }
                 });
-                std::snprintf(buf, sizeof buf, "%s%d,%d%s: %.0f", first ? "" : "; ", c.split, c.per,
-                              (c.split == chosen.split && c.per == chosen.per) ? "*" : "", total / (ms * 1e-3) / 1e9);
+                if (T > kGemvBlockMaxTokens)
+                    std::snprintf(buf, sizeof buf, "tensor-core GEMV%s: %.0f", sh.gate_up ? " (gate, up as a group)" : "",
+                                  total / (ms * 1e-3) / 1e9);
+                else
+                    std::snprintf(buf, sizeof buf, "%s%d,%d%s: %.0f", first ? "" : "; ", c.split, c.per,
+                                  (c.split == chosen.split && c.per == chosen.per) ? "*" : "", total / (ms * 1e-3) / 1e9);
                 line += buf;
                 first = false;
             }

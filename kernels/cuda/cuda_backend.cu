@@ -137,16 +137,27 @@ bool gemv_ok(const Op& op) {
            cuda::gemv_fits(static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data), op.m.cols);
 }
 
+// A matmul that may join a group of matmuls over the same x (gemv_group_fits decides for the whole group).
+bool groupable(const Op& op) {
+    return op.kind == Op::Kind::matmul && op.n >= 1 && op.n <= cuda::kGemvMaxTokens &&
+           cuda::gemv_group_fits(static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data),
+                                 op.m.cols, 1);
+}
+
 // Peephole fusion over a recorded step:
 //   matmul(x, Wg -> g), matmul(x, Wu -> u), silu_mul(g, u -> a)   ->  gate_up
 //   add(x += d), rms_norm(x -> y)                                  ->  add_rms_norm
 //   2 to 4 matmuls of the same x (GEMV-sized)                      ->  gemv_group
+//   (with 5 to 8 rows: 3 or 4 of them, as the attention q/k/v and Gated DeltaNet input projections: one tensor-core
+//   GEMV launch instead of 3-4 cuBLASLt calls, two of them tiny; single matmuls stay with cuBLASLt, which is faster
+//   there. With HY_CUDA_GRAPHS=0 such steps run unfused, so their bits differ from the graph's.)
 void fuse(const std::vector<Op>& in, std::vector<Op>& out) {
     out.clear();
     const size_t n = in.size();
     for (size_t i = 0; i < n;) {
         const Op& a = in[i];
-        if (i + 2 < n && gemv_ok(a) && gemv_ok(in[i + 1]) && in[i + 2].kind == Op::Kind::silu_mul) {
+        if (i + 2 < n && gemv_ok(a) && gemv_ok(in[i + 1]) && in[i + 2].kind == Op::Kind::silu_mul &&
+            a.n <= cuda::kGemvBlockMaxTokens) {
             const Op &b = in[i + 1], &s = in[i + 2];
             if (b.x == a.x && b.n == a.n && b.m.rows == a.m.rows && b.m.cols == a.m.cols && a.y != b.y &&
                 a.y != a.x && b.y != a.x && s.x == a.y && s.x2 == b.y && s.n == a.n * a.m.rows) {
@@ -169,12 +180,14 @@ void fuse(const std::vector<Op>& in, std::vector<Op>& out) {
                 continue;
             }
         }
-        if (gemv_ok(a)) {
+        if (groupable(a)) {
             size_t j = i + 1;
-            while (j < n && j - i < size_t(cuda::GemvGroup::kMax) && gemv_ok(in[j]) && in[j].x == a.x &&
+            while (j < n && j - i < size_t(cuda::GemvGroup::kMax) && groupable(in[j]) && in[j].x == a.x &&
                    in[j].n == a.n && in[j].m.cols == a.m.cols && in[j].y != a.x && in[j - 1].y != a.x)
                 j++;
-            if (j - i >= 2 && in[j - 1].y != a.x) {
+            const bool fits = cuda::gemv_group_fits(static_cast<const bf16*>(a.x), a.n,
+                                                    static_cast<const bf16*>(a.m.data), a.m.cols, int(j - i));
+            if (j - i >= 2 && fits && in[j - 1].y != a.x) {
                 Op f;
                 f.kind = Op::Kind::gemv_group;
                 f.x = a.x; f.n = a.n; f.dim = a.m.cols;

@@ -233,6 +233,109 @@ void gate_up_launch(const bf16* x, const bf16* wg, const bf16* wu, int64_t N, in
            "gemv gate/up/SiLU kernel", x, wg, wu, gate_out, up_out, act_out, int(N), int(K));
 }
 
+// ---- the small-batch GEMV on tensor cores (5 to 8 rows of x) ----
+// With more than 4 rows the GEMV above becomes bound by reading x from L1 (every weight word meets every row),
+// so here the products run on tensor cores: mma.sync m16n8k16 with A = 16 weight rows x 16 k, B = 16 k x 8 rows
+// of x (rows >= T are zeros), fp32 accumulation. A warp owns a tile of 16 output features and every kMmaParts-th
+// chunk of 32 k of it (the kMmaParts warps of a block share the tile and are summed in a fixed order at the end).
+// The k order inside a chunk is permuted the same way for A and B (a dot product does not care): lane (g = lane/4,
+// q = lane%4) loads the 16-byte words W[row g][8q .. 8q+7] and W[row g+8][...] and x[row g][8q .. 8q+7] of the
+// chunk, and the two mma of the chunk take its halves {8q+0,1 | 8q+2,3} and {8q+4,5 | 8q+6,7} as k = {2q, 2q+1 |
+// 2q+8, 2q+9}. Each output sums the same products in the same order whatever T is, so a row of x gets the same
+// result in any batch of 5 to 8 rows. Weights of the first round are loaded before the PDL wait.
+constexpr int kMmaParts = 8;   // warps per block (K split)
+constexpr int kMmaUnroll = 4;  // chunks of 32 k per warp in flight
+
+__device__ __forceinline__ void mma_bf16_16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+template <typename OutT>
+__global__ void __launch_bounds__(kMmaParts * 32)
+    gemv_mma_kernel(const bf16* __restrict__ x, int T, const __grid_constant__ GemvGroup g, int K) {
+    __shared__ float red[kMmaParts][32][4];
+    pdl_trigger();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, q = lane & 3;
+    const bf16* w = g.w[0];
+    void* y_out = g.y[0];
+    int N = g.n[0], first_block = 0;
+#pragma unroll
+    for (int j = 1; j < GemvGroup::kMax; j++) {
+        if (j < g.count && int(blockIdx.x) >= g.block_end[j - 1]) {
+            w = g.w[j];
+            y_out = g.y[j];
+            N = g.n[j];
+            first_block = g.block_end[j - 1];
+        }
+    }
+    const int row0 = (int(blockIdx.x) - first_block) * 16;
+    const bool va = row0 + gi < N, vb = row0 + gi + 8 < N;
+    const uint4* wa = reinterpret_cast<const uint4*>(w + int64_t(va ? row0 + gi : 0) * K) + q;
+    const uint4* wb = reinterpret_cast<const uint4*>(w + int64_t(vb ? row0 + gi + 8 : 0) * K) + q;
+    const uint4* xr = reinterpret_cast<const uint4*>(x + int64_t(gi < T ? gi : 0) * K) + q;
+    const bool vx = gi < T;
+    const int n_chunks = K / 32;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    uint4 ra[kMmaUnroll], rb[kMmaUnroll];
+    auto load_w = [&](int c0) {
+#pragma unroll
+        for (int u = 0; u < kMmaUnroll; u++) {
+            const int c = c0 + kMmaParts * u;
+            ra[u] = c < n_chunks && va ? ld_weight(wa + 4 * c) : zero;
+            rb[u] = c < n_chunks && vb ? ld_weight(wb + 4 * c) : zero;
+        }
+    };
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    load_w(warp);
+    pdl_wait();
+    for (int c0 = warp; c0 < n_chunks; c0 += kMmaParts * kMmaUnroll) {
+        uint4 rx[kMmaUnroll];
+#pragma unroll
+        for (int u = 0; u < kMmaUnroll; u++) {
+            const int c = c0 + kMmaParts * u;
+            rx[u] = c < n_chunks && vx ? __ldg(xr + 4 * c) : zero;
+        }
+#pragma unroll
+        for (int u = 0; u < kMmaUnroll; u++) {
+            mma_bf16_16816(acc, ra[u].x, rb[u].x, ra[u].y, rb[u].y, rx[u].x, rx[u].y);
+            mma_bf16_16816(acc, ra[u].z, rb[u].z, ra[u].w, rb[u].w, rx[u].z, rx[u].w);
+        }
+        if (c0 + kMmaParts * kMmaUnroll < n_chunks) load_w(c0 + kMmaParts * kMmaUnroll);
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) red[warp][lane][i] = acc[i];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float v = red[0][lane][i];
+#pragma unroll
+        for (int p = 1; p < kMmaParts; p++) v += red[p][lane][i];
+        acc[i] = v;
+    }
+    // acc[0], acc[1]: feature row0 + gi, x rows 2q, 2q + 1; acc[2], acc[3]: feature row0 + gi + 8, same x rows
+    OutT* y = static_cast<OutT*>(y_out);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int t = 2 * q + (i & 1), n = row0 + gi + (i >= 2 ? 8 : 0);
+        if (t < T && n < N) y[int64_t(t) * N + n] = store_as<OutT>(acc[i]);
+    }
+}
+
+template <typename OutT>
+void gemv_mma(const bf16* x, int64_t T, GemvGroup g, int64_t K, cudaStream_t stream) {
+    for (int i = 0; i < g.count; i++) g.block_end[i] = (i ? g.block_end[i - 1] : 0) + (g.n[i] + 15) / 16;
+    launch(gemv_mma_kernel<OutT>, unsigned(g.block_end[g.count - 1]), kMmaParts * 32, 0, stream,
+           "tensor-core gemv kernel", x, int(T), g, int(K));
+}
+
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // Any shape and alignment (rare: odd K or unaligned rows): one warp per output feature, scalar loads.
@@ -266,10 +369,21 @@ void matmul_scalar(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K
 
 }  // namespace
 
-static_assert(kGemvMaxTokens == 4, "gemv_rows instantiates 1..4 rows");
+static_assert(kGemvBlockMaxTokens == 4, "gemv_rows instantiates 1..4 rows");
+static_assert(kGemvMaxTokens == 8, "the tensor-core GEMV takes up to 8 rows (mma n = 8)");
 
 bool gemv_fits(const bf16* x, int64_t T, const bf16* w, int64_t K) {
-    return T >= 1 && T <= kGemvMaxTokens && K % 8 == 0 && K <= (int64_t(1) << 30) && aligned16(x) && aligned16(w);
+    return T >= 1 && T <= kGemvBlockMaxTokens && K % 8 == 0 && K <= (int64_t(1) << 30) && aligned16(x) &&
+           aligned16(w);
+}
+
+// 5 to 8 rows: only groups of 3 or 4 matrices (hybrid-kernel-bench, 8 rows: the 4B q/k/v group 2.6 TB/s and the
+// Gated DeltaNet input group 2.8 TB/s against 2.1 and 2.0 for their cuBLASLt calls; single matrices and the gate/up
+// pair are faster with cuBLASLt: o_proj 2.2 vs 1.8, down_proj 2.9 vs 2.1, gate+up 3.4 vs 2.9, lm_head 4.2 vs 3.6).
+bool gemv_group_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, int count) {
+    if (T >= 1 && T <= kGemvBlockMaxTokens) return gemv_fits(x, T, w, K);
+    return T <= kGemvMaxTokens && (count == 1 || count >= 3) && K % 32 == 0 && K <= (int64_t(1) << 30) &&
+           aligned16(x) && aligned16(w);
 }
 
 // Measured on an H200 (BENCHMARKS.md, hybrid-kernel-bench, 4B shapes, PDL on): rows up to 3072 values take 2
@@ -296,6 +410,15 @@ void gemv_group(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool ou
 void gemv_group_with(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, GemvConfig c,
                      cudaStream_t stream) {
     if (g.count < 1 || g.count > GemvGroup::kMax) throw Error(Status::internal, "gemv: bad group");
+    if (T > kGemvBlockMaxTokens) {
+        if (T > kGemvMaxTokens || K % 32 != 0)
+            throw Error(Status::internal, "gemv: " + std::to_string(T) + " rows of " + std::to_string(K) + " values");
+        if (out_f32)
+            gemv_mma<float>(x, T, g, K, stream);
+        else
+            gemv_mma<bf16>(x, T, g, K, stream);
+        return;
+    }
     if (out_f32)
         gemv_rows<float>(x, T, g, K, c, stream);
     else

@@ -21,7 +21,8 @@ constexpr int kArchMin = kArchAmpere;
 
 // Launch shapes shared by host and device code.
 constexpr int kGemvWarps = 4;        // output rows per GEMV block (one warp each)
-constexpr int kGemvMaxTokens = 4;    // rows up to which matmul uses the GEMV; more go to cuBLASLt
+constexpr int kGemvMaxTokens = 8;       // rows up to which matmul uses a GEMV; more go to cuBLASLt
+constexpr int kGemvBlockMaxTokens = 4;  // rows up to which it is the CUDA-core GEMV (then the tensor-core one)
 constexpr int kNormThreads = 256;    // threads per row of RMSNorm
 constexpr int kAttnWarps = 4;        // warps per (row, q head) in the attention core
 constexpr int kElementwiseThreads = 256;
