@@ -192,7 +192,9 @@ struct Repl {
         if (size > max_size) {
             read_rest(fd, 0, path);
             throw Failure(exit_snapshot, path + ": " + std::to_string(size) +
-                                             " bytes, larger than any conversation file of this model");
+                                             " bytes, larger than any conversation file of this model with this "
+                                             "context (-c " + std::to_string(hy_model_n_ctx(m)) +
+                                             "): a larger -c may hold it");
         }
         const std::string rest = read_rest(fd, size_t(size - 12), path);
         if (rest.size() < hl) throw Failure(exit_snapshot, path + ": truncated conversation file");

@@ -11,6 +11,8 @@
 
 #include <algorithm>
 #include <catch2/catch.hpp>
+
+#include <cerrno>
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
@@ -617,6 +619,8 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     check(run_prog(bench, {"-m", "models/tiny", "--ubatch", "0"}), 1, "--ubatch");
     check(run_prog(bench, {"-m", "models/tiny", "-t", "2000"}), 1, "-t");
     check(run_prog(bench, {"-m", "models/tiny", "stray"}), 2, "'stray'");
+    check(run_prog(bench, {"-p", "8"}), 2, "-m DIR");  // a missing model folder is named in one line
+    check(run_prog(compare, {"--device", "cpu"}), 2, "-m DIR");
     const Run j = run_prog(bench, {"-m", "models/tiny", "--json", (tmp.path / "no" / "b.json").string()});
     check(j, 1, "cannot write");
     CHECK(j.out.empty());  // refused before the run
@@ -624,7 +628,10 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     const Run ok = run_prog(bench, {"-m", "models/tiny", "-t", "1", "-p", "8", "-n", "4", "-r", "1", "--json", json_path});
     INFO(ok.err);
     CHECK(ok.rc == 0);
-    CHECK(nlohmann::json::parse(slurp(json_path))["runs"].size() == 1);
+    const auto bj = nlohmann::json::parse(slurp(json_path));
+    CHECK(bj["runs"].size() == 1);
+    CHECK(bj["settings"]["reps"] == 1);  // the settings travel with the figures
+    CHECK(bj["runs"][0]["bytes_per_step"].is_number_integer());
 
     // tokenize
     check(run_prog(tokenize, {"--tokenizer", "models/tiny", "--text", "hi", "extra"}), 2, "'extra'");
@@ -685,8 +692,21 @@ int run_on_pty(const std::vector<std::string>& args, const std::vector<std::pair
     }
     read_until("", 0, ok ? 2.0 : 0.1);
     int st = 0;
-    for (int i = 0; i < 600 && ::waitpid(pid, &st, WNOHANG) == 0; i++) read_until("", 0, 0.05);  // 30 s: a loaded machine
-    if (::waitpid(pid, &st, WNOHANG) == 0) {
+    // Up to 30 s for the exit (a loaded machine: freeing the model can take a while). read_until returns at once
+    // once the terminal is closed, so the loop also sleeps; the child is reaped by the waitpid that sees it exit.
+    bool reaped = false;
+    const auto t_exit = std::chrono::steady_clock::now();
+    while (std::chrono::duration<double>(std::chrono::steady_clock::now() - t_exit).count() < 30.0) {
+        const pid_t r = ::waitpid(pid, &st, WNOHANG);
+        if (r == pid) {
+            reaped = true;
+            break;
+        }
+        if (r < 0 && errno != EINTR) break;
+        read_until("", 0, 0.05);
+        ::usleep(10000);
+    }
+    if (!reaped) {
         ::kill(pid, SIGKILL);
         ::waitpid(pid, &st, 0);
         ok = false;

@@ -123,6 +123,9 @@ int main(int argc, char** argv) {
         auto model = Model::load(dir, mp);
         const double t_ready = seconds_since(t_start);
         const ModelConfig& c = model->config();
+        if (c.max_position_embeddings > 0 && mp.n_ctx > c.max_position_embeddings)
+            std::fprintf(stderr, "hybrid-bench: warning: -p + -n = %d positions pass the %d the model was trained "
+                                 "for (max_position_embeddings)\n", mp.n_ctx - 1, c.max_position_embeddings);
         Backend& be = model->backend();
         const double copy_gbs = be.copy_bandwidth_gbs();
 
@@ -148,6 +151,9 @@ int main(int argc, char** argv) {
 
         nlohmann::json out = {{"model", dir}, {"backend", be.name()}, {"ready_s", t_ready}, {"copy_gbs", copy_gbs},
                               {"arena_bytes", model->arena_bytes()}, {"weight_bytes", model->weight_bytes()},
+                              {"state_bytes", model->state_bytes()},
+                              {"settings", {{"prompt", n_prompt}, {"gen", n_gen}, {"batch", batches}, {"reps", reps},
+                                            {"threads", threads}, {"ubatch", ubatch}, {"device", dev}}},
                               {"runs", nlohmann::json::array()}};
         std::vector<int32_t> prompt(static_cast<size_t>(n_prompt)), toks(static_cast<size_t>(max_b)), rows(static_cast<size_t>(max_b));
         std::vector<SeqRun> runs(static_cast<size_t>(max_b));
@@ -191,9 +197,12 @@ int main(int argc, char** argv) {
             std::printf("| %5d | %6d | %3d | %13.1f | %12.1f | %7.1f | %4.1f | %10.1f |\n", b, n_prompt, n_gen, pre, dec,
                         step_bytes / 1e6, gbs, roof);
             out["runs"].push_back({{"batch", b}, {"prompt", n_prompt}, {"gen", n_gen}, {"prefill_tok_s", pre},
-                                   {"decode_tok_s", dec}, {"bytes_per_step", step_bytes}, {"gbs", gbs},
+                                   {"decode_tok_s", dec}, {"bytes_per_step", int64_t(step_bytes)}, {"gbs", gbs},
                                    {"roofline_pct", roof}});
         }
+        if (std::string(be.name()) == "cpu")
+            std::printf("\n(CPU: the copy-bandwidth ceiling is DRAM's; weights that fit in the caches can pass it, "
+                        "so %% roofline over 100 means the model is cache-resident)\n");
         struct rusage ru;
         getrusage(RUSAGE_SELF, &ru);
         std::printf("\npeak host memory (RSS) %.1f MiB\n", double(ru.ru_maxrss) / 1024.0);
@@ -208,10 +217,9 @@ int main(int argc, char** argv) {
                         double(dev_used) / mib, double(model->arena_bytes()) / mib, double(model->weight_bytes()) / mib,
                         double(model->state_bytes()) / mib, double(rest) / mib,
                         100.0 * (double(dev_used) / double(model->arena_bytes()) - 1.0));
-            out["device_memory_used_bytes"] = double(dev_used);
+            out["device_memory_used_bytes"] = dev_used;
         }
-        out["state_bytes"] = double(model->state_bytes());
-        out["peak_rss_bytes"] = double(ru.ru_maxrss) * 1024.0;
+        out["peak_rss_bytes"] = int64_t(ru.ru_maxrss) * 1024;
         if (args.count("json")) {
             std::ofstream f(args["json"].as<std::string>(), std::ios::trunc);
             f << out.dump(1) << "\n";

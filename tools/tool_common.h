@@ -20,9 +20,14 @@ inline bool parse_args(cxxopts::Options& opts, int argc, char** argv, const char
         *exit_code = 2;
         return false;
     }
-    if (out.count("help") || !out.count("model")) {
-        std::fputs(opts.help().c_str(), out.count("help") ? stdout : stderr);
-        *exit_code = out.count("help") ? 0 : 2;
+    if (out.count("help")) {
+        std::fputs(opts.help().c_str(), stdout);
+        *exit_code = 0;
+        return false;
+    }
+    if (!out.count("model")) {
+        std::fprintf(stderr, "%s: -m DIR (the model folder) is required (see --help)\n", name);
+        *exit_code = 2;
         return false;
     }
     return true;

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "model/sampler.h"
 
 namespace hy {
 
@@ -123,12 +124,9 @@ public:
             for (int i = 0; i < n_valid; i++)  // NaN and -inf never win
                 if (v[i] > -INFINITY && (best < 0 || v[i] > v[best])) best = i;
             TokenPick p;
-            if (best >= 0) {
-                float sum = 0.0f;
-                for (int i = 0; i < n_valid; i++)
-                    if (v[i] > -INFINITY) sum += std::exp(v[i] - v[best]);
+            if (best >= 0) {  // the host sampler's own formula, so a pick's log-probability equals a sampled one's
                 p.id = best;
-                p.logprob = -std::log(sum);
+                p.logprob = float(log_softmax_at(std::span<const float>(v, size_t(row_len)), n_valid, best));
             }
             picks[r] = p;
         }

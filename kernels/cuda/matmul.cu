@@ -86,6 +86,23 @@ __device__ __forceinline__ void row_dot(const bf16* __restrict__ w_row, bool val
     }
 }
 
+// The matrix of a group that block blockIdx.x works on (matrix s owns blocks [block_end[s-1], block_end[s])),
+// selected with constant indices: a dynamically indexed kernel parameter would be copied to local memory.
+struct GroupMember {
+    const bf16* w;
+    void* y;
+    int n;            // rows of the matrix
+    int first_block;  // its first block
+};
+
+__device__ __forceinline__ GroupMember group_member(const GemvGroup& g) {
+    GroupMember m{g.w[0], g.y[0], g.n[0], 0};
+#pragma unroll
+    for (int j = 1; j < GemvGroup::kMax; j++)
+        if (j < g.count && int(blockIdx.x) >= g.block_end[j - 1]) m = GroupMember{g.w[j], g.y[j], g.n[j], g.block_end[j - 1]};
+    return m;
+}
+
 // Warps per block of a GEMV whose rows take kSplit warps: kGemvWarps, or kSplit when that is larger.
 template <int kSplit>
 constexpr int gemv_block_warps() {
@@ -125,19 +142,10 @@ __global__ void __launch_bounds__(gemv_block_warps<kSplit>() * 32)
     __shared__ float part[gemv_block_warps<kSplit>()][NT];
     pdl_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    // this block's matrix, selected with constant indices
-    const bf16* w = g.w[0];
-    void* y_out = g.y[0];
-    int N = g.n[0], first_block = 0;
-#pragma unroll
-    for (int j = 1; j < GemvGroup::kMax; j++) {
-        if (j < g.count && int(blockIdx.x) >= g.block_end[j - 1]) {
-            w = g.w[j];
-            y_out = g.y[j];
-            N = g.n[j];
-            first_block = g.block_end[j - 1];
-        }
-    }
+    const GroupMember mem = group_member(g);
+    const bf16* w = mem.w;
+    void* y_out = mem.y;
+    const int N = mem.n, first_block = mem.first_block;
     const int n = (int(blockIdx.x) - first_block) * kRows + warp / kSplit;
     const bool valid = n < N;
     float acc[NT];
@@ -263,18 +271,10 @@ __global__ void __launch_bounds__(kMmaParts * 32)
     __shared__ float red[kMmaParts][32][4];
     pdl_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, q = lane & 3;
-    const bf16* w = g.w[0];
-    void* y_out = g.y[0];
-    int N = g.n[0], first_block = 0;
-#pragma unroll
-    for (int j = 1; j < GemvGroup::kMax; j++) {
-        if (j < g.count && int(blockIdx.x) >= g.block_end[j - 1]) {
-            w = g.w[j];
-            y_out = g.y[j];
-            N = g.n[j];
-            first_block = g.block_end[j - 1];
-        }
-    }
+    const GroupMember mem = group_member(g);
+    const bf16* w = mem.w;
+    void* y_out = mem.y;
+    const int N = mem.n, first_block = mem.first_block;
     const int row0 = (int(blockIdx.x) - first_block) * 16;
     const bool va = row0 + gi < N, vb = row0 + gi + 8 < N;
     const uint4* wa = reinterpret_cast<const uint4*>(w + int64_t(va ? row0 + gi : 0) * K) + q;
