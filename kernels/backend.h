@@ -148,7 +148,8 @@ public:
     // logits[n, w.rows] (F32, arena) = x[n, w.cols] @ w^T.
     virtual void logits(const void* x, int n, const Matrix& w, float* logits) = 0;
     // picks[i] (arena) = the greedy pick of row i of logits (F32 [n, row_len], arena) over ids [0, n_valid)
-    // (n_valid <= row_len); NaN logits count as -inf. Exponentials and sums in fp32.
+    // (n_valid <= row_len); NaN logits count as -inf. The CPU backend computes the log-probability with the
+    // sampler's log_softmax_at (so it equals a host-sampled token's); CUDA sums in fp32 (agrees to about 1e-5).
     virtual void argmax_rows(const float* logits, int n, int row_len, int n_valid, TokenPick* picks) = 0;
 };
 
