@@ -20,11 +20,11 @@ constexpr int kArchMin = kArchAmpere;
 #endif
 
 // Launch shapes shared by host and device code.
-constexpr int kGemvWarps = 4;        // output rows per GEMV block (one warp each)
-constexpr int kGemvMaxTokens = 8;       // rows up to which matmul uses a GEMV; more go to cuBLASLt
+constexpr int kGemvWarps = 4;           // warps per CUDA-core GEMV block (more when a row takes more warps)
+constexpr int kGemvMaxTokens = 8;       // rows up to which a GEMV may be used; more always go to cuBLASLt
 constexpr int kGemvBlockMaxTokens = 4;  // rows up to which it is the CUDA-core GEMV (then the tensor-core one)
-constexpr int kNormThreads = 256;    // threads per row of RMSNorm
-constexpr int kAttnWarps = 4;        // warps per (row, q head) in the attention core
+constexpr int kNormThreads = 256;       // threads per row of RMSNorm
+constexpr int kAttnWarps = 4;           // warps per (row, q head) in the attention core
 constexpr int kElementwiseThreads = 256;
 // Attention over the KV cache for steps of at most kAttnSplitMaxRows rows (decode) is split over the positions
 // (flash-decoding): ceil(n_ctx / kAttnSplitKeys) blocks per (row, head), at most kAttnMaxSplits, then merged.
