@@ -99,32 +99,39 @@ void Model::check_batch(const BatchDesc& batch, std::span<const int32_t> out_row
             throw Error(Status::context_full, "sequence " + std::to_string(run.slot) + " would hold " +
                                                   std::to_string(len + run.n_tokens) + " tokens, context is " +
                                                   std::to_string(params_.n_ctx));
-        for (int q = 0; q < r; q++)
-            if (batch.runs[q].slot == run.slot)
-                throw Error(Status::invalid_argument, "slot " + std::to_string(run.slot) + " appears twice in one batch");
         expect_row += run.n_tokens;
     }
     if (expect_row != batch.n_tokens) throw Error(Status::invalid_argument, "batch runs do not cover every row");
+    // Each slot at most once (slots are valid here: seq_len checked them); the marks are cleared before returning.
+    int dup = -1;
+    for (int r = 0; r < batch.n_runs && dup < 0; r++) {
+        uint8_t& seen = slot_seen_[size_t(batch.runs[r].slot)];
+        if (seen) dup = batch.runs[r].slot;
+        seen = 1;
+    }
+    for (int r = 0; r < batch.n_runs; r++) slot_seen_[size_t(batch.runs[r].slot)] = 0;
+    if (dup >= 0) throw Error(Status::invalid_argument, "slot " + std::to_string(dup) + " appears twice in one batch");
 }
 
-std::span<const float> Model::step(const BatchDesc& batch, std::span<const int32_t> out_rows) {
+void Model::advance(const BatchDesc& batch, std::span<const int32_t> out_rows) {
     check_batch(batch, out_rows);
     last_n_out_ = 0;
     forward(batch, out_rows);
     for (int r = 0; r < batch.n_runs; r++) seq_len_[size_t(batch.runs[r].slot)] += batch.runs[r].n_tokens;
     last_n_out_ = int(out_rows.size());
+}
+
+std::span<const float> Model::step(const BatchDesc& batch, std::span<const int32_t> out_rows) {
+    advance(batch, out_rows);
     return last_logits();
 }
 
 std::span<const TokenPick> Model::step_greedy(const BatchDesc& batch, std::span<const int32_t> out_rows, int n_valid) {
-    check_batch(batch, out_rows);
-    last_n_out_ = 0;
-    const int n = int(out_rows.size());
-    forward(batch, out_rows);
-    if (n) backend_->argmax_rows(act_.logits, n, config_.vocab_size, std::clamp(n_valid, 1, config_.vocab_size), act_.picks);
-    for (int r = 0; r < batch.n_runs; r++) seq_len_[size_t(batch.runs[r].slot)] += batch.runs[r].n_tokens;
-    last_n_out_ = n;
-    if (n) backend_->download(picks_host_.data(), act_.picks, size_t(n) * sizeof(TokenPick));
+    advance(batch, out_rows);
+    const int n = last_n_out_;
+    if (n == 0) return {};
+    backend_->argmax_rows(act_.logits, n, config_.vocab_size, std::clamp(n_valid, 1, config_.vocab_size), act_.picks);
+    backend_->download(picks_host_.data(), act_.picks, size_t(n) * sizeof(TokenPick));
     return {picks_host_.data(), size_t(n)};
 }
 

@@ -339,6 +339,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     m->logits_host_.resize(size_t(p.max_logits) * size_t(c.vocab_size));
     m->picks_host_.resize(size_t(p.max_logits));
     m->runs_scratch_.resize(S);
+    m->slot_seen_.assign(S, 0);
     m->rows_scratch_.resize(T);
     return m;
 }

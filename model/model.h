@@ -157,6 +157,8 @@ private:
     Model() = default;
     void forward(const BatchDesc& batch, std::span<const int32_t> out_rows);
     void check_batch(const BatchDesc& batch, std::span<const int32_t> out_rows) const;
+    // check_batch, forward, then the sequence lengths and the count of logits rows left on the backend.
+    void advance(const BatchDesc& batch, std::span<const int32_t> out_rows);
 
     std::string dir_;
     ModelConfig config_;
@@ -175,6 +177,7 @@ private:
     // host-side batch scratch (sized at load; the decode loop allocates nothing)
     std::vector<SeqRun> runs_scratch_;
     std::vector<int32_t> rows_scratch_;
+    mutable std::vector<uint8_t> slot_seen_;  // [n_slots] check_batch's "slot twice" marks (all 0 between calls)
 
     friend struct ModelLoader;
 };

@@ -156,3 +156,25 @@ TEST_CASE("batch: a greedy pick of a banned id falls back to the full sampler", 
     CHECK(got[0] == s.sample(row));
     CHECK(got[0] != want[0]);
 }
+
+TEST_CASE("step: a slot twice in one batch is refused, and the next batch is unaffected", "[model]") {
+    auto m = Model::load(tiny_dir(), params(2, 16));
+    const int32_t toks[3] = {5, 6, 7};
+    const SeqRun twice[2] = {{0, 0, 0, 1}, {0, 0, 1, 1}};
+    const BatchDesc bad{2, toks, twice, 2};
+    try {
+        m->step(bad, {});
+        FAIL("a slot twice was accepted");
+    } catch (const Error& e) {
+        CHECK(e.status() == Status::invalid_argument);
+        CHECK(std::string(e.what()).find("slot 0 appears twice") != std::string::npos);
+    }
+    CHECK(m->seq_len(0) == 0);
+    const SeqRun ok[2] = {{0, 0, 0, 1}, {1, 0, 1, 2}};
+    const int32_t row = 2;
+    auto picks = m->step_greedy(BatchDesc{3, toks, ok, 2}, std::span<const int32_t>(&row, 1), 0);
+    REQUIRE(picks.size() == 1);
+    CHECK(picks[0].id >= 0);
+    CHECK(m->seq_len(0) == 1);
+    CHECK(m->seq_len(1) == 2);
+}
