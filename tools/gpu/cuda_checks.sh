@@ -14,27 +14,7 @@
 # Usage: bash ../shared/tools/device_prep.sh --no-fixtures (models/tiny is in the repo; the fixtures would pass the
 # 64 MiB carry limit), then the device tool: bash tools/gpu/cuda_checks.sh  with carry [".carry", "build-gpu-carry"]
 set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-LOG=$OUT/all.log
-SUM=$OUT/summary.txt
-: >"$LOG"
-: >"$SUM"
-T0=$(date +%s)
-say() { echo "$*" | tee -a "$SUM"; }
-step() {  # step NAME TIMEOUT_S CMD...: runs CMD with a time limit, logs its output, records rc and seconds
-    local name=$1 limit=$2
-    shift 2
-    local t=$(date +%s)
-    echo "==== $name: $*" >>"$LOG"
-    timeout "$limit" "$@" >>"$LOG" 2>&1
-    local rc=$?
-    say "$(printf '%-28s rc=%-3s %4ss' "$name" "$rc" "$(($(date +%s) - t))")"
-    return $rc
-}
-
-export PYTHONUNBUFFERED=1
-[ -d /work/main ] || { mkdir -p /work && ln -sfn "$PWD" /work/main; }  # tests name the source dir of the build
+. tools/gpu/run_lib.sh  # OUT, LOG, SUM, T0, say, step
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv >>"$SUM" 2>&1
 say "commit $(git rev-parse --short HEAD 2>/dev/null) $(git status --short kernels/cuda | wc -l) changed cuda files"
 

@@ -12,29 +12,21 @@
 # Usage (device tool): bash tools/gpu/perf_run.sh   with carry [".carry", "gpu-bin"]; gpu-bin/bins.txz holds
 # hybrid-tests, hybrid-bench, hybrid-compare, hybrid-kernel-bench and hybrid built here (see tools/gpu/pack_bins.sh).
 set -u
-OUT=${OUT:-/tmp/out}
-mkdir -p "$OUT"
-LOG=$OUT/all.log
-SUM=$OUT/summary.txt
-: >"$LOG"
-: >"$SUM"
-T0=$(date +%s)
+. tools/gpu/run_lib.sh  # OUT, LOG, SUM, T0, say, step
 STAGES=${STAGES:-all}
 want() { [ "$STAGES" = all ] || [[ " $STAGES " == *" $1 "* ]]; }
-say() { echo "$*" | tee -a "$SUM"; }
-step() {  # step NAME TIMEOUT_S CMD...
-    local name=$1 limit=$2
-    shift 2
-    local t=$(date +%s)
-    echo "==== $name: $*" >>"$LOG"
-    timeout "$limit" "$@" >>"$LOG" 2>&1
-    local rc=$?
-    say "$(printf '%-24s rc=%-3s %4ss' "$name" "$rc" "$(($(date +%s) - t))")"
-    return $rc
-}
 last_table() { grep -E "^\| +[0-9]" "$LOG" | tail -"$1" >>"$SUM"; }
-export PYTHONUNBUFFERED=1
-[ -d /work/main ] || { mkdir -p /work && ln -sfn "$PWD" /work/main; }
+# ncu_profile NAME SKIP COUNT BENCH_ARGS...: per-kernel device time (kernels as graph nodes, serialized) of COUNT
+# launches after SKIP of a hybrid-bench run on the 4B model; the per-kernel sums go to $OUT/NAME.txt and the summary.
+ncu_profile() {
+    local name=$1 skip=$2 count=$3
+    shift 3
+    step "$name" 150 ncu --clock-control none --graph-profiling node --metrics gpu__time_duration.sum \
+        --launch-skip "$skip" --launch-count "$count" -o "/tmp/$name" $BIN/hybrid-bench -m $M --device cuda "$@"
+    ncu --import "/tmp/$name.ncu-rep" --csv >"/tmp/$name.csv" 2>>"$LOG"
+    python3 tools/gpu/ncu_summary.py "/tmp/$name.csv" >"$OUT/$name.txt" 2>&1
+    head -18 "$OUT/$name.txt" >>"$SUM"
+}
 nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format=csv,noheader >>"$SUM" 2>&1
 BIN=gpu-bin
 # the carried binaries travel as one xz tarball (five static-ish binaries share most bytes; the carry limit is 64 MiB)
@@ -80,29 +72,10 @@ if want hf; then
     step hf_baseline 150 python3 tools/gpu/hf_decode_baseline.py --model $M --prompt 512 --new 32
     grep -E "^HF " "$LOG" | tail -1 >>"$SUM"
 fi
-if want ncu; then
-    step ncu_decode 150 ncu --clock-control none --graph-profiling node --metrics gpu__time_duration.sum \
-        --launch-skip 700 --launch-count 300 -o /tmp/ncu_decode $BIN/hybrid-bench -m $M --device cuda -p 1 -n 6 -r 1
-    ncu --import /tmp/ncu_decode.ncu-rep --csv >/tmp/ncu.csv 2>>"$LOG"
-    python3 tools/gpu/ncu_summary.py /tmp/ncu.csv >"$OUT/ncu_decode.txt" 2>&1
-    head -18 "$OUT/ncu_decode.txt" >>"$SUM"
-fi
-if want ncu64; then  # b=64 decode steps (after 64 one-token prefills of about 240-330 launches each)
-    step ncu_decode64 150 ncu --clock-control none --graph-profiling node --metrics gpu__time_duration.sum \
-        --launch-skip 22000 --launch-count 700 -o /tmp/ncu_decode64 $BIN/hybrid-bench -m $M --device cuda -p 1 -n 40 \
-        -b 64 -r 1
-    ncu --import /tmp/ncu_decode64.ncu-rep --csv >/tmp/ncu64.csv 2>>"$LOG"
-    python3 tools/gpu/ncu_summary.py /tmp/ncu64.csv >"$OUT/ncu_decode64.txt" 2>&1
-    head -18 "$OUT/ncu_decode64.txt" >>"$SUM"
-fi
-if want ncu8; then  # b=8 decode steps (after 8 one-token prefills)
-    step ncu_decode8 150 ncu --clock-control none --graph-profiling node --metrics gpu__time_duration.sum \
-        --launch-skip 4000 --launch-count 600 -o /tmp/ncu_decode8 $BIN/hybrid-bench -m $M --device cuda -p 1 -n 40 \
-        -b 8 -r 1
-    ncu --import /tmp/ncu_decode8.ncu-rep --csv >/tmp/ncu8.csv 2>>"$LOG"
-    python3 tools/gpu/ncu_summary.py /tmp/ncu8.csv >"$OUT/ncu_decode8.txt" 2>&1
-    head -18 "$OUT/ncu_decode8.txt" >>"$SUM"
-fi
+want ncu && ncu_profile ncu_decode 700 300 -p 1 -n 6 -r 1  # about one b=1 decode step
+# b=64 / b=8 decode steps, after 64 / 8 one-token prefills of about 240-330 launches each
+want ncu64 && ncu_profile ncu_decode64 22000 700 -p 1 -n 40 -b 64 -r 1
+want ncu8 && ncu_profile ncu_decode8 4000 600 -p 1 -n 40 -b 8 -r 1
 if want cli; then  # the CLI's own decode rate on the 4B shapes (tiny tokenizer: ids below 4096 only)
     cp models/tiny/tokenizer.json models/tiny/tokenizer_config.json $M/ 2>/dev/null
     step cli_4b 90 $BIN/hybrid -m $M --device cuda -p "def main():" -n 256 --temp 0 --verbose

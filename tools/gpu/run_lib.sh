@@ -1,0 +1,25 @@
+# Shared by the one-command device runs (cuda_checks.sh, perf_run.sh): sourced from the repository root.
+# Sets OUT (default /tmp/out), LOG=$OUT/all.log and SUM=$OUT/summary.txt (both emptied), T0, and defines
+#   say TEXT...            prints TEXT and appends it to the summary
+#   step NAME LIMIT CMD... runs CMD under `timeout LIMIT` with its output in the log; records rc and seconds
+# It also makes /work/main point at the checkout (the tests name their source folder) and unbuffers Python.
+OUT=${OUT:-/tmp/out}
+mkdir -p "$OUT"
+LOG=$OUT/all.log
+SUM=$OUT/summary.txt
+: >"$LOG"
+: >"$SUM"
+T0=$(date +%s)
+say() { echo "$*" | tee -a "$SUM"; }
+step() {
+    local name=$1 limit=$2
+    shift 2
+    local t=$(date +%s)
+    echo "==== $name: $*" >>"$LOG"
+    timeout "$limit" "$@" >>"$LOG" 2>&1
+    local rc=$?
+    say "$(printf '%-28s rc=%-3s %4ss' "$name" "$rc" "$(($(date +%s) - t))")"
+    return $rc
+}
+export PYTHONUNBUFFERED=1
+[ -d /work/main ] || { mkdir -p /work && ln -sfn "$PWD" /work/main; }
