@@ -1028,7 +1028,7 @@ int hy_generate(hy_context* c, hy_sampler* s, const int32_t* prompt, int n_promp
             if (pick_on_backend) {  // runs the pending id
                 pick = feed_pick(c);
                 logits_on_backend = true;
-                have_pick = pick.id >= 0 && !s->s->is_banned(pick.id);
+                have_pick = s->s->pick_stands(pick.id);
                 if (!have_pick) {
                     fetch_logits(c);
                     logits_on_backend = false;

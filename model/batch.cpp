@@ -149,7 +149,7 @@ bool BatchGenerator::step() {
         GenerationResult& res = results_[size_t(s.id)];
         int32_t tok;
         float logprob;
-        if (s.sampler->plain_greedy() && picks[size_t(i)].id >= 0 && !s.sampler->is_banned(picks[size_t(i)].id)) {
+        if (s.sampler->pick_stands(picks[size_t(i)].id)) {
             tok = picks[size_t(i)].id;
             logprob = picks[size_t(i)].logprob;
         } else {

@@ -109,6 +109,10 @@ void Sampler::set_banned(std::span<const int32_t> ids) {
 
 bool Sampler::is_banned(int32_t id) const { return std::binary_search(banned_.begin(), banned_.end(), id); }
 
+bool Sampler::pick_stands(int32_t id) const {
+    return plain_greedy() && id >= 0 && id < n_valid_ && !is_banned(id);
+}
+
 bool Sampler::plain_greedy() const {
     const SamplerParams& p = params_;
     return (p.temperature <= 0.0f || p.top_k == 1) && p.repeat_penalty == 1.0f && p.presence_penalty == 0.0f &&

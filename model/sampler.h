@@ -79,9 +79,11 @@ public:
     void set_banned(std::span<const int32_t> ids);
 
     // True when sample() is the plain arg max of the raw logits over the ids that may be sampled: greedy
-    // (temperature <= 0 or top_k == 1) with every penalty off. Then a device-side pick (Model::step_greedy) can
-    // stand in for sample(), unless it picked a banned id.
+    // (temperature <= 0 or top_k == 1) with every penalty off.
     bool plain_greedy() const;
+    // Whether the backend's greedy pick `id` of a row (Model::step_greedy; -1: none) is what sample() would return
+    // for it: plain_greedy(), and an id that may be sampled (not banned, below n_valid). Else call sample().
+    bool pick_stands(int32_t id) const;
     // Whether set_banned() listed `id`. O(log n).
     bool is_banned(int32_t id) const;
 

@@ -5,8 +5,10 @@
 // Ops are enqueued on the stream and return at once; download() and synchronize() wait.
 //
 // Steps of at most kGraphMaxTokens rows, and decode steps of any batch size, are recorded rather than launched and
-// replayed as one CUDA graph (graph.cuh), with the peephole fusions of fuse(); the environment variable HY_CUDA_GRAPHS=0, read when the
-// backend is made, turns this off (every op launched eagerly, unfused), for comparisons and debugging.
+// replayed as one CUDA graph (graph.cuh), with the peephole fusions of fuse(); the environment variable
+// HY_CUDA_GRAPHS=0, read when the backend is made, turns this off (every op launched eagerly, unfused), for
+// comparisons and debugging. Kernels use programmatic dependent launch (cuda_common.cuh) on compute capability
+// 9.0+; HY_CUDA_PDL=0 turns that off.
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
