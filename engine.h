@@ -345,7 +345,8 @@ int hy_generate(hy_context* ctx, hy_sampler* sampler, const int32_t* prompt, int
 typedef struct hy_batch hy_batch;
 
 typedef struct hy_request_params {
-    int max_tokens;                /* ids to generate, >= 1 (default 128) */
+    int max_tokens;                /* ids to generate at most, >= 0 (0: prefill only; default 128); more than the
+                                      context can hold ends with HY_STOP_CONTEXT_FULL */
     hy_sampler_params sampling;    /* this request's sampling, seed included (default: hy_sampler_default_params) */
     int ignore_eos;                /* do not stop at the end-of-sequence set (default 0) */
     int accept_prompt;             /* the prompt ids enter the penalty history, as the hybrid CLI does (default 1) */
@@ -363,7 +364,7 @@ void hy_batch_free(hy_batch* batch);
 
 /* Queues a prompt (n_prompt >= 1 ids; params may be NULL: defaults); *id receives the request id (0, 1, 2, ... in
  * submission order). Errors: HY_ERR_INVALID_ARGUMENT (empty prompt, id outside [0, n_logits), bad sampling
- * values, max_tokens < 1), HY_ERR_CONTEXT_FULL (the prompt leaves no room in n_ctx). */
+ * values, max_tokens < 0), HY_ERR_CONTEXT_FULL (the prompt leaves no room in n_ctx). */
 int hy_batch_submit(hy_batch* batch, const int32_t* prompt, int n_prompt, const hy_request_params* params, int* id);
 
 /* One step (see above). *n_running (may be NULL) receives the number of requests still queued or generating;

@@ -65,7 +65,8 @@ int run_batch(const Options& o, hy_model* m, double load_ms) {
         hy_request_params rp = hy_request_default_params();
         rp.sampling = o.sampling;
         rp.sampling.seed = o.sampling.seed + uint64_t(i);
-        rp.max_tokens = o.n_predict < 0 ? o.n_ctx - int(prompts[i].size()) : std::max(1, o.n_predict);
+        // -n -1: until EOS or the context is full (at most n_ctx ids can follow a prompt), as in one-shot mode
+        rp.max_tokens = o.n_predict < 0 ? o.n_ctx + 1 : o.n_predict;
         if (hy_batch_submit(b, prompts[i].data(), int(prompts[i].size()), &rp, &ids[i]) != HY_OK)
             engine_fail(exit_usage, prompt_name(o, i));
         n_prompt_tokens += int(prompts[i].size());

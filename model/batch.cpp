@@ -28,12 +28,13 @@ BatchGenerator::BatchGenerator(Model& model, int n_valid, std::vector<int> slots
     tokens_.resize(size_t(model.max_batch_tokens()));
     out_rows_.resize(size_t(model.n_slots()));
     out_slot_.resize(size_t(model.n_slots()));
+    prefilled_.resize(size_t(model.n_slots()));
     runs_.resize(size_t(model.n_slots()));
 }
 
 int BatchGenerator::submit(GenerationRequest r) {
     if (r.prompt.empty()) throw Error(Status::invalid_argument, "empty prompt");
-    if (r.max_new_tokens < 1) throw Error(Status::invalid_argument, "max_new_tokens must be >= 1");
+    if (r.max_new_tokens < 0) throw Error(Status::invalid_argument, "max_new_tokens must be >= 0");
     for (int32_t t : r.prompt)
         if (t < 0 || t >= model_.config().vocab_size)
             throw Error(Status::invalid_argument, "token id " + std::to_string(t) + " out of range [0, " +
@@ -100,13 +101,15 @@ bool BatchGenerator::step() {
         if (!banned_.empty()) s.sampler->set_banned(banned_);
         if (r.accept_prompt)
             for (int32_t t : r.prompt) s.sampler->accept(t);
-        results_[size_t(id)].tokens.reserve(size_t(r.max_new_tokens));
-        results_[size_t(id)].logprobs.reserve(size_t(r.max_new_tokens));
+        // (at most n_ctx ids fit: a request may ask for more and end with context_full)
+        const size_t cap = size_t(std::min(r.max_new_tokens, model_.n_ctx()));
+        results_[size_t(id)].tokens.reserve(cap);
+        results_[size_t(id)].logprobs.reserve(cap);
     }
 
     // Build the batch: decode rows first (one per generating sequence), then prompt chunks in the space left.
     const int budget = model_.max_batch_tokens();
-    int n_rows = 0, n_runs = 0, n_out = 0;
+    int n_rows = 0, n_runs = 0, n_out = 0, n_prefilled = 0;
     for (int pass = 0; pass < 2; pass++) {
         for (int slot = 0; slot < int(slots_.size()); slot++) {
             Sequence& s = slots_[size_t(slot)];
@@ -126,7 +129,9 @@ bool BatchGenerator::step() {
             }
             runs_[size_t(n_runs++)] = SeqRun{slot, model_.seq_len(slot), n_rows, n};
             n_rows += n;
-            if (s.prompt_done == r.prompt.size()) {  // the last row's logits give the next token
+            if (s.prompt_done == r.prompt.size() && r.max_new_tokens == 0) {  // prefilled: done after the step
+                prefilled_[size_t(n_prefilled++)] = slot;
+            } else if (s.prompt_done == r.prompt.size()) {  // the last row's logits give the next token
                 out_rows_[size_t(n_out)] = n_rows - 1;
                 out_slot_[size_t(n_out++)] = slot;
             }
@@ -168,6 +173,7 @@ bool BatchGenerator::step() {
         else if (model_.seq_len(slot) >= model_.n_ctx())
             finish(slot, FinishReason::context_full);
     }
+    for (int i = 0; i < n_prefilled; i++) finish(prefilled_[size_t(i)], FinishReason::max_tokens);
     for (int slot = 0; slot < int(slots_.size()); slot++)
         if (slots_[size_t(slot)].id >= 0 && slots_[size_t(slot)].cancel) finish(slot, FinishReason::cancelled);
     return true;

@@ -26,7 +26,7 @@ const char* finish_reason_name(FinishReason r);
 
 struct GenerationRequest {
     std::vector<int32_t> prompt;     // token ids, at least one
-    int max_new_tokens = 128;        // >= 1
+    int max_new_tokens = 128;        // >= 0 (0: the prompt is prefilled, nothing is generated)
     SamplerParams sampling;          // temperature <= 0 is greedy
     std::vector<int32_t> stop_ids;   // generation stops after producing one of these (it is kept in `tokens`)
     bool accept_prompt = true;       // the prompt ids enter the sampler's penalty history
@@ -48,7 +48,7 @@ public:
     BatchGenerator(Model& model, int n_valid = 0, std::vector<int> slots = {}, std::vector<int32_t> banned = {});
 
     // Queues a request; returns its id (0, 1, 2, ... in submission order). Throws invalid_argument for an empty
-    // prompt, an id out of range, max_new_tokens < 1, or a prompt that cannot fit the context.
+    // prompt, an id out of range, max_new_tokens < 0, or a prompt that cannot fit the context.
     int submit(GenerationRequest request);
     // Stops a request: a queued one never runs; an active one finishes at the end of the next step.
     void cancel(int id);
@@ -78,6 +78,7 @@ private:
     std::vector<Sequence> slots_;  // [n_slots]; only those listed in usable_ are used
     std::vector<int> usable_;
     std::vector<int32_t> banned_;
+    std::vector<int> prefilled_;  // [n_slots] slots whose prompt (max_new_tokens 0) completed in this step
     // per-step scratch, sized once
     std::vector<int32_t> tokens_, out_rows_, out_slot_;
     std::vector<SeqRun> runs_;

@@ -178,3 +178,28 @@ TEST_CASE("step: a slot twice in one batch is refused, and the next batch is una
     CHECK(m->seq_len(0) == 1);
     CHECK(m->seq_len(1) == 2);
 }
+
+TEST_CASE("batch: max_new_tokens 0 only prefills; more than the context ends with context_full", "[model]") {
+    auto m = Model::load(tiny_dir(), params(2, 16));
+    BatchGenerator g(*m);
+    GenerationRequest none, all, two;
+    none.prompt = prompt(20, 3);  // longer than a step: prefilled over two steps
+    none.max_new_tokens = 0;
+    all.prompt = prompt(5, 4);
+    all.max_new_tokens = 1000;  // more than n_ctx (256) - 5 + 1 ids can follow
+    all.sampling.temperature = 0.0f;
+    two.prompt = prompt(5, 4);
+    two.max_new_tokens = 2;
+    two.sampling.temperature = 0.0f;
+    const int a = g.submit(none), b = g.submit(all), c = g.submit(two);
+    g.run();
+    CHECK(g.result(a).tokens.empty());
+    CHECK(g.result(a).reason == FinishReason::max_tokens);
+    CHECK(g.result(b).reason == FinishReason::context_full);
+    CHECK(int(g.result(b).tokens.size()) == m->n_ctx() - 5 + 1);
+    REQUIRE(g.result(c).tokens.size() == 2);
+    CHECK(std::vector<int32_t>(g.result(b).tokens.begin(), g.result(b).tokens.begin() + 2) == g.result(c).tokens);
+    GenerationRequest bad = two;
+    bad.max_new_tokens = -1;
+    CHECK_THROWS_AS(g.submit(bad), Error);
+}
