@@ -489,7 +489,7 @@ TEST_CASE("CUDA attention (prefill, several runs, decode) matches the CPU refere
     attention_case({4, 1, 64, 16});    // the tiny model
     attention_case({16, 4, 256, 64});  // Qwen3.5-4B
     attention_case({6, 3, 128, 32});
-    attention_case({4, 1, 64, 16}, true);     // decode split over 4 position ranges
+    attention_case({4, 1, 64, 16}, true);     // decode split over 32 position ranges
     attention_case({16, 4, 256, 64}, true);
 }
 

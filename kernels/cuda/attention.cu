@@ -100,15 +100,22 @@ __device__ __forceinline__ void write_gated(const AttentionArgs& p, int t, int h
     out[i] = to_bf16(round_bf16(o) * round_bf16(sigmoidf_(to_f32(gate[i]))));
 }
 
-// One block of kAttnWarps warps per (row t, q head h, position split z); warp w visits keys w, w + kAttnWarps, ...
-// of the split's positions (all of [0, pos] without a split) with its own online softmax; lane l owns the kPer
-// consecutive dims [l * kPer, (l + 1) * kPer). The warps' results are merged in shared memory; then either the
-// gate is applied (no split) or the block's (o unnormalized, max, sum) go to `part` for attn_merge_kernel.
+// One block of kAttnWarps warps per (row t, q head h, position split z). The row's keys [0, pos] are cut into
+// gridDim.z equal ranges (ceil((pos + 1) / gridDim.z) keys each, from the row's position, read on the device, so a
+// graph captured once serves every depth); without a split the block takes all of them. Warp w takes rounds of
+// kAttnKeysInFlight consecutive keys (keys k0 + kAttnKeysInFlight w .. of each round of kAttnWarps
+// kAttnKeysInFlight): the K and V loads of a round are all issued before any is used, so a warp waits for memory
+// once per round, not once per key (decode is latency-bound: a few dozen keys per warp). Lane l owns the kPer
+// consecutive dims [l * kPer, (l + 1) * kPer). Each warp keeps an fp32 online softmax, updated once per round
+// (one max and one rescale for the round's keys, summed in key order); the warps' results are merged in shared
+// memory; then either the gate is applied (no split) or the block's (o unnormalized, max, sum) go to `part` for
+// attn_merge_kernel.
+constexpr int kAttnKeysInFlight = 4;
+
 template <int D, bool kSplit>
 __global__ void __launch_bounds__(kAttnWarps * 32)
-    attn_core_kernel(AttentionArgs p, RowMap rows, const bf16* __restrict__ q_in, float* __restrict__ part,
-                     int split_len) {
-    constexpr int kPer = D / 32;
+    attn_core_kernel(AttentionArgs p, RowMap rows, const bf16* __restrict__ q_in, float* __restrict__ part) {
+    constexpr int kPer = D / 32, U = kAttnKeysInFlight;
     __shared__ float part_o[kAttnWarps][D];
     __shared__ float part_m[kAttnWarps], part_l[kAttnWarps];
     pdl_trigger();
@@ -128,23 +135,50 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 #pragma unroll
     for (int j = 0; j < kPer; j++) o[j] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    const int key_begin = kSplit ? int(blockIdx.z) * split_len : 0;
-    const int key_end = kSplit ? min(pos + 1, key_begin + split_len) : pos + 1;
-    for (int key = key_begin + warp; key < key_end; key += kAttnWarps) {
-        float kf[kPer], vf[kPer];
-        load_vec<kPer>(kc + int64_t(key) * kv_row + lane * kPer, kf);
-        load_vec<kPer>(vc + int64_t(key) * kv_row + lane * kPer, vf);
-        float dot = 0.0f;
+    int key_begin = 0, key_end = pos + 1;
+    if constexpr (kSplit) {
+        const int len = (pos + int(gridDim.z)) / int(gridDim.z);  // ceil((pos + 1) / splits)
+        key_begin = min(pos + 1, int(blockIdx.z) * len);
+        key_end = min(pos + 1, key_begin + len);
+    }
+    for (int k0 = key_begin + U * warp; k0 < key_end; k0 += U * kAttnWarps) {
+        float kf[U][kPer], vf[U][kPer];
 #pragma unroll
-        for (int j = 0; j < kPer; j++) dot = fmaf(q[j], kf[j], dot);
-        dot = warp_sum(dot);
-        const float s = round_bf16(round_bf16(dot) * scale);
-        const float m_new = fmaxf(m, s);
-        const float corr = expf(m - m_new);  // 0 on the first key (m = -inf)
-        const float e = expf(s - m_new);
-        l = l * corr + e;
+        for (int u = 0; u < U; u++) {
+            if (k0 + u < key_end) {
+                load_vec<kPer>(kc + int64_t(k0 + u) * kv_row + lane * kPer, kf[u]);
+                load_vec<kPer>(vc + int64_t(k0 + u) * kv_row + lane * kPer, vf[u]);
+            } else {
 #pragma unroll
-        for (int j = 0; j < kPer; j++) o[j] = fmaf(e, vf[j], o[j] * corr);
+                for (int j = 0; j < kPer; j++) kf[u][j] = vf[u][j] = 0.0f;
+            }
+        }
+        float s[U];
+        float m_new = m;
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            float dot = 0.0f;
+#pragma unroll
+            for (int j = 0; j < kPer; j++) dot = fmaf(q[j], kf[u][j], dot);
+            dot = warp_sum(dot);
+            s[u] = k0 + u < key_end ? round_bf16(round_bf16(dot) * scale) : -INFINITY;
+            m_new = fmaxf(m_new, s[u]);
+        }
+        const float corr = expf(m - m_new);  // 0 on the first round (m = -inf; key k0 is valid, so m_new is finite)
+        float e[U];
+#pragma unroll
+        for (int u = 0; u < U; u++) e[u] = expf(s[u] - m_new);  // 0 for keys past the range
+        float e_sum = 0.0f;
+#pragma unroll
+        for (int u = 0; u < U; u++) e_sum += e[u];
+        l = l * corr + e_sum;
+#pragma unroll
+        for (int j = 0; j < kPer; j++) {
+            float acc = o[j] * corr;
+#pragma unroll
+            for (int u = 0; u < U; u++) acc = fmaf(e[u], vf[u][j], acc);
+            o[j] = acc;
+        }
         m = m_new;
     }
 #pragma unroll
@@ -186,29 +220,38 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     }
 }
 
-// Merges the position splits of (row t = blockIdx.y, head h = blockIdx.x) and applies the gate.
+// Merges the n_splits <= 2 * 32 position splits of (row t = blockIdx.y, head h = blockIdx.x) and applies the gate.
+// Warp 0 turns the splits' (max, sum) into weights exp(max_z - max) in shared memory (lane l: splits l, l + 32);
+// then thread i sums dim i over the splits, the loads of all splits independent (one memory wait, not n_splits).
+// A split that saw no key has sum 0 and weight 0 (its partial o is 0).
 template <int D>
-__global__ void attn_merge_kernel(AttentionArgs p, const float* __restrict__ part, int n_splits) {
+__global__ void __launch_bounds__(D) attn_merge_kernel(AttentionArgs p, const float* __restrict__ part, int n_splits) {
+    static_assert(kAttnMaxSplits <= 64, "warp 0 holds two splits per lane");
+    __shared__ float weight[kAttnMaxSplits];
+    __shared__ float inv_sum;
     pdl_trigger();
     pdl_wait();  // the partials come from attn_core_kernel
     const int h = blockIdx.x, t = blockIdx.y;
     const float* src = part + (int64_t(t) * p.n_heads + h) * n_splits * (D + 2);
-    float M = -INFINITY;
-    for (int z = 0; z < n_splits; z++)
-        if (src[z * (D + 2) + D + 1] > 0.0f) M = fmaxf(M, src[z * (D + 2) + D]);
-    float L = 0.0f;
-    for (int z = 0; z < n_splits; z++) {
-        const float lz = src[z * (D + 2) + D + 1];
-        if (lz > 0.0f) L += lz * expf(src[z * (D + 2) + D] - M);
+    if (threadIdx.x < 32) {
+        const int z0 = threadIdx.x, z1 = threadIdx.x + 32;
+        const float l0 = z0 < n_splits ? src[z0 * (D + 2) + D + 1] : 0.0f;
+        const float l1 = z1 < n_splits ? src[z1 * (D + 2) + D + 1] : 0.0f;
+        const float m0 = l0 > 0.0f ? src[z0 * (D + 2) + D] : -INFINITY;
+        const float m1 = l1 > 0.0f ? src[z1 * (D + 2) + D] : -INFINITY;
+        const float M = warp_max(fmaxf(m0, m1));  // finite: split 0 holds key 0
+        const float w0 = l0 > 0.0f ? expf(m0 - M) : 0.0f, w1 = l1 > 0.0f ? expf(m1 - M) : 0.0f;
+        const float L = warp_sum(l0 * w0 + l1 * w1);
+        if (z0 < kAttnMaxSplits) weight[z0] = w0;
+        if (z1 < kAttnMaxSplits) weight[z1] = w1;
+        if (threadIdx.x == 0) inv_sum = 1.0f / L;
     }
-    const float inv_l = 1.0f / L;
+    __syncthreads();
     for (int i = threadIdx.x; i < D; i += blockDim.x) {
         float acc = 0.0f;
-        for (int z = 0; z < n_splits; z++) {
-            const float lz = src[z * (D + 2) + D + 1];
-            if (lz > 0.0f) acc += src[z * (D + 2) + i] * expf(src[z * (D + 2) + D] - M);
-        }
-        write_gated(p, t, h, D, i, acc * inv_l);
+#pragma unroll 8
+        for (int z = 0; z < n_splits; z++) acc = fmaf(src[z * (D + 2) + i], weight[z], acc);
+        write_gated(p, t, h, D, i, acc * inv_sum);
     }
 }
 
@@ -590,17 +633,16 @@ void run_attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, 
     }
     const int S = T <= kAttnSplitMaxRows ? n_splits(a.n_ctx) : 1;
     if (S > 1) {
-        const int split_len = (a.n_ctx + S - 1) / S;
         dim3 core_grid(unsigned(a.n_heads), unsigned(T), unsigned(S));
         cuda::launch(attn_core_kernel<D, true>, core_grid, dim3(kAttnWarps * 32), 0, stream,
                      "attention core kernel (split over positions)", a, rows, static_cast<const bf16*>(q_scratch),
-                     split_scratch, split_len);
-        cuda::launch(attn_merge_kernel<D>, dim3(unsigned(a.n_heads), unsigned(T)), dim3(128), 0, stream,
+                     split_scratch);
+        cuda::launch(attn_merge_kernel<D>, dim3(unsigned(a.n_heads), unsigned(T)), dim3(D), 0, stream,
                      "attention split merge kernel", a, static_cast<const float*>(split_scratch), S);
     } else {
         dim3 core_grid(unsigned(a.n_heads), unsigned(T));
         cuda::launch(attn_core_kernel<D, false>, core_grid, dim3(kAttnWarps * 32), 0, stream, "attention core kernel",
-                     a, rows, static_cast<const bf16*>(q_scratch), static_cast<float*>(nullptr), 0);
+                     a, rows, static_cast<const bf16*>(q_scratch), static_cast<float*>(nullptr));
     }
 }
 

@@ -27,9 +27,10 @@ constexpr int kNormThreads = 256;       // threads per row of RMSNorm
 constexpr int kAttnWarps = 4;           // warps per (row, q head) in the attention core
 constexpr int kElementwiseThreads = 256;
 // Attention over the KV cache for steps of at most kAttnSplitMaxRows rows (decode) is split over the positions
-// (flash-decoding): ceil(n_ctx / kAttnSplitKeys) blocks per (row, head), at most kAttnMaxSplits, then merged.
+// (flash-decoding): min(ceil(n_ctx / kAttnSplitKeys), kAttnMaxSplits) blocks per (row, head), fixed when a step's
+// graph is captured; each takes an equal share of the row's keys [0, pos] at run time, then the splits are merged.
 constexpr int kAttnSplitMaxRows = 16;
-constexpr int kAttnSplitKeys = 256;
-constexpr int kAttnMaxSplits = 32;
+constexpr int kAttnSplitKeys = 32;
+constexpr int kAttnMaxSplits = 64;
 
 }  // namespace hy::cuda
