@@ -8,8 +8,12 @@
 // replayed as one CUDA graph (graph.cuh), with the peephole fusions of fuse(); the environment variable
 // HY_CUDA_GRAPHS=0, read when the backend is made, turns this off (every op launched eagerly, unfused), for
 // comparisons and debugging. Kernels use programmatic dependent launch (cuda_common.cuh) on compute capability
-// 9.0+; HY_CUDA_PDL=0 turns that off.
+// 9.0+; HY_CUDA_PDL=0 turns that off. HY_CUDA_L2_EVICT_FIRST=0 makes the decode GEMVs load weights with the
+// normal L2 policy instead of evict-first (matmul.cuh). HY_CUDA_SKIP_OPS (timing studies only: the model's output becomes
+// meaningless) names op kinds that recorded steps leave out, e.g. "add_rms_norm,gated_delta_net", or one of the
+// Gated DeltaNet's kernels (gdn_conv, gdn_recurrence; any step); see skip_mask().
 #include <algorithm>
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
@@ -134,6 +138,57 @@ void sign(const Op& op, std::vector<uint64_t>& sig) {
     }
 }
 
+const char* kind_name(Op::Kind k) {
+    using K = Op::Kind;
+    switch (k) {
+        case K::copy_h2d: return "copy_h2d";
+        case K::embed: return "embed";
+        case K::rms_norm: return "rms_norm";
+        case K::matmul: return "matmul";
+        case K::logits: return "logits";
+        case K::add: return "add";
+        case K::silu_mul: return "silu_mul";
+        case K::attention: return "attention";
+        case K::gated_delta_net: return "gated_delta_net";
+        case K::gather_rows: return "gather_rows";
+        case K::argmax: return "argmax";
+        case K::gemv_group: return "gemv_group";
+        case K::gate_up: return "gate_up";
+        case K::add_rms_norm: return "add_rms_norm";
+    }
+    return "?";
+}
+
+// The op kinds named in HY_CUDA_SKIP_OPS (comma-separated kind_name()s) as a bit mask; throws on an unknown name.
+// A timing study: how long the decode step takes without, say, its norms tells what they cost inside the
+// pipelined graph (ncu times kernels one by one, which hides the overlap that PDL gives).
+uint32_t skip_mask() {
+    const char* env = std::getenv("HY_CUDA_SKIP_OPS");
+    if (!env || !*env) return 0;
+    uint32_t mask = 0;
+    std::string list(env);
+    for (size_t at = 0; at <= list.size();) {
+        const size_t end = std::min(list.find(',', at), list.size());
+        const std::string name = list.substr(at, end - at);
+        bool found = false;
+        if (name == "gdn_conv" || name == "gdn_recurrence") {  // one of the Gated DeltaNet's kernels
+            cuda::set_gdn_skip(cuda::gdn_skip() | (name == "gdn_conv" ? 1u : 2u));
+            found = true;
+        }
+        for (int k = 0; k <= int(Op::Kind::add_rms_norm); k++)
+            if (name == kind_name(Op::Kind(k))) {
+                mask |= 1u << k;
+                found = true;
+            }
+        if (!found)
+            throw Error(Status::invalid_argument, "HY_CUDA_SKIP_OPS: unknown op kind '" + name + "'");
+        at = end + 1;
+    }
+    std::fprintf(stderr, "hybrid: HY_CUDA_SKIP_OPS=%s: recorded steps leave these ops out (output is meaningless)\n",
+                 env);
+    return mask;
+}
+
 bool gemv_ok(const Op& op) {
     return op.kind == Op::Kind::matmul &&
            cuda::gemv_fits(static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data), op.m.cols);
@@ -218,6 +273,9 @@ public:
         HY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
         const char* pdl = std::getenv("HY_CUDA_PDL");
         cuda::set_pdl_enabled(major >= 9 && !(pdl && std::strcmp(pdl, "0") == 0));
+        skip_ = skip_mask();
+        const char* ef = std::getenv("HY_CUDA_L2_EVICT_FIRST");
+        cuda::set_weights_evict_first(!(ef && std::strcmp(ef, "0") == 0));
         ops_.reserve(kMaxRecordedOps);
         fused_.reserve(kMaxRecordedOps);
         sig_.reserve(kMaxRecordedOps * 24);
@@ -504,7 +562,8 @@ private:
             if (!g) {
                 fuse(ops_, fused_);
                 g = graphs_.capture(sig_, stream_, [&] {
-                    for (const Op& o : fused_) exec(o);
+                    for (const Op& o : fused_)
+                        if (!(skip_ >> unsigned(o.kind) & 1u)) exec(o);
                 });
             }
             const cudaError_t e = cudaGraphLaunch(g, stream_);
@@ -593,6 +652,7 @@ private:
     cuda::RowMap rows_{};
     // CUDA graph replay of small steps (HY_CUDA_GRAPHS=0 turns it off).
     bool graphs_enabled_ = true;
+    uint32_t skip_ = 0;  // HY_CUDA_SKIP_OPS
     bool recording_ = false;
     std::vector<Op> ops_, fused_;  // the step being recorded; its fused form (capacity reserved once)
     std::vector<uint64_t> sig_;    // the recorded step's signature

@@ -68,20 +68,55 @@ __global__ void __launch_bounds__(kConvThreads)
     conv_kernel(const bf16* __restrict__ qkv, const float* __restrict__ conv_w, bf16* conv_state, RowMap rows,
                 int64_t C, int K, bool update_state, bf16* __restrict__ mixed) {
     pdl_trigger();
-    pdl_wait();  // qkv comes from the projection; the state and mixed may still be used by earlier kernels
     const int64_t c = (int64_t(blockIdx.x) * kConvThreads + threadIdx.x) * VEC;
-    if (c >= C) return;
-    const float* w = conv_w + c * K;  // [VEC, K]
+    const bool active = c < C;
+    const float* w = conv_w + (active ? c : 0) * K;  // [VEC, K]
+    // Loaded before the wait: the first kPreTaps taps of the weights (never written by a kernel) and, in decode
+    // (every run one token), taps 0 .. K-2 of the block's first row, which are the conv state: only this kernel
+    // writes it, in earlier steps, and those are complete before the step's first kernel (see decode_kernel).
+    constexpr int kPreTaps = 4;
+    float wpre[VEC][kPreTaps];
+#pragma unroll
+    for (int v = 0; v < VEC; v++)
+#pragma unroll
+        for (int j = 0; j < kPreTaps; j++) wpre[v][j] = active && j < K ? w[v * K + j] : 0.0f;
+    const bool pre_state = update_state && active && K - 1 <= kPreTaps && int(blockIdx.y) < rows.n_rows;
+    float spre[kPreTaps][VEC];
+    if (pre_state) {
+        const bf16* st0 = conv_state + int64_t(rows.slot[blockIdx.y]) * (K - 1) * C + c;
+#pragma unroll
+        for (int j = 0; j < kPreTaps; j++)
+            if (j < K - 1) load_channels<VEC>(st0 + int64_t(j) * C, spre[j]);
+    }
+    pdl_wait();  // qkv comes from the projection; the state and mixed may still be used by earlier kernels
+    if (!active) return;
     for (int64_t t = blockIdx.y; t < rows.n_rows; t += gridDim.y) {
         const int i = rows.in_run[t];
         bf16* st = conv_state + int64_t(rows.slot[t]) * (K - 1) * C + c;
         float acc[VEC];
 #pragma unroll
         for (int v = 0; v < VEC; v++) acc[v] = 0.0f;
-        for (int j = 0; j < K; j++) {
+        const bool use_pre = pre_state && t == int64_t(blockIdx.y);
+        auto input = [&](int j, float (&in)[VEC]) {  // tap j's input
             const int src = i - (K - 1) + j;
-            float in[VEC];
             load_channels<VEC>(src >= 0 ? qkv + (t - i + src) * C + c : st + int64_t(K - 1 + src) * C, in);
+        };
+#pragma unroll
+        for (int j = 0; j < kPreTaps; j++) {  // FMAs in order j, as below
+            if (j >= K) break;
+            float in[VEC];
+            if (use_pre && j < K - 1) {
+#pragma unroll
+                for (int v = 0; v < VEC; v++) in[v] = spre[j][v];
+            } else {
+                input(j, in);
+            }
+#pragma unroll
+            for (int v = 0; v < VEC; v++) acc[v] = fmaf(wpre[v][j], in[v], acc[v]);
+        }
+        for (int j = kPreTaps; j < K; j++) {
+            float in[VEC];
+            input(j, in);
 #pragma unroll
             for (int v = 0; v < VEC; v++) acc[v] = fmaf(w[v * K + j], in[v], acc[v]);
         }
@@ -595,7 +630,12 @@ void launch_recurrence(const GatedDeltaNetArgs& a, const RowMap& rows, const bf1
            static_cast<bf16*>(a.out));
 }
 
+unsigned g_gdn_skip = 0;
+
 }  // namespace
+
+void set_gdn_skip(unsigned bits) { g_gdn_skip = bits; }
+unsigned gdn_skip() { return g_gdn_skip; }
 
 void gated_delta_net(const GatedDeltaNetArgs& a, const RowMap& rows, bf16* mixed, cudaStream_t stream) {
     if (rows.n_rows <= 0) return;
@@ -625,8 +665,10 @@ void gated_delta_net(const GatedDeltaNetArgs& a, const RowMap& rows, bf16* mixed
                      int64_t(rows.n_rows) * C >= int64_t(1) << 18;
     const int V = vec ? 8 : 1;
     const dim3 conv_grid(ceil_div(C / V, kConvThreads), unsigned(std::min(rows.n_rows, 65535)));
-    launch(vec ? conv_kernel<8> : conv_kernel<1>, conv_grid, dim3(kConvThreads), 0, stream,
-           "Gated DeltaNet conv kernel", qkv, a.conv_w, conv_state, rows, C, K, one_token_runs, mixed);
+    if (!(g_gdn_skip & 1u))
+        launch(vec ? conv_kernel<8> : conv_kernel<1>, conv_grid, dim3(kConvThreads), 0, stream,
+               "Gated DeltaNet conv kernel", qkv, a.conv_w, conv_state, rows, C, K, one_token_runs, mixed);
+    if (g_gdn_skip & 2u) return;
     if (K > 1 && !one_token_runs) {
         const dim3 grid(ceil_div(C / V, kConvThreads), unsigned(std::min(rows.n_runs, 65535)));
         launch(vec ? conv_state_kernel<8> : conv_state_kernel<1>, grid, dim3(kConvThreads), 0, stream,

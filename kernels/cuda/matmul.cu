@@ -20,12 +20,25 @@ __device__ __forceinline__ float store_as<float>(float v) { return v; }
 template <>
 __device__ __forceinline__ bf16 store_as<bf16>(float v) { return to_bf16(v); }
 
-// A weight word: read once per step, so it bypasses L1 (x, reused by every warp, stays there).
-__device__ __forceinline__ uint4 ld_weight(const uint4* p) {
+bool g_evict_first = false;
+
+// The L2 policy of weight loads: evict-first, or normal.
+__device__ __forceinline__ uint64_t weight_policy(bool evict_first) {
+    uint64_t pol;
+    if (evict_first)
+        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    else
+        asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
+
+// A weight word: read once per step, so it bypasses L1 (x, reused by every warp, stays there); pol from
+// weight_policy.
+__device__ __forceinline__ uint4 ld_weight(const uint4* p, uint64_t pol) {
     uint4 r;
-    asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
         : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p));
+        : "l"(p), "l"(pol));
     return r;
 }
 
@@ -38,10 +51,11 @@ __device__ __forceinline__ uint4 ld_weight(const uint4* p) {
 // is read after the wait. Partial sums are warp-reduced, then added in part order: each output is a fixed-order
 // fp32 sum that depends only on K (the launch shape is chosen from K), not on the group or the batch.
 template <int kPer>
-__device__ __forceinline__ void load_round(const uint4* __restrict__ wr, int base, int step, int K8, uint4* wv) {
+__device__ __forceinline__ void load_round(const uint4* __restrict__ wr, int base, int step, int K8, uint4* wv,
+                                           uint64_t pol) {
 #pragma unroll
     for (int u = 0; u < kPer; u++)
-        if (base + step * u < K8) wv[u] = ld_weight(wr + base + step * u);
+        if (base + step * u < K8) wv[u] = ld_weight(wr + base + step * u, pol);
 }
 
 // acc[t] += the words base, base + step, ... (kPer of them, below K8) of the row times the same words of x[t].
@@ -69,11 +83,11 @@ __device__ __forceinline__ void fma_round(const uint4* wv, const bf16* __restric
 // predecessor kernel after issuing the first round of weight loads.
 template <int NT, int kPer>
 __device__ __forceinline__ void row_dot(const bf16* __restrict__ w_row, bool valid, const bf16* __restrict__ x, int K,
-                                        int first, int step, float* acc) {
+                                        int first, int step, float* acc, uint64_t pol) {
     const uint4* wr = reinterpret_cast<const uint4*>(w_row);
     const int K8 = K / 8;
     uint4 wv[kPer];
-    if (valid) load_round<kPer>(wr, first, step, K8, wv);
+    if (valid) load_round<kPer>(wr, first, step, K8, wv, pol);
     pdl_wait();
 #pragma unroll
     for (int t = 0; t < NT; t++) acc[t] = 0.0f;
@@ -82,7 +96,7 @@ __device__ __forceinline__ void row_dot(const bf16* __restrict__ w_row, bool val
         fma_round<NT, kPer>(wv, x, K, base, step, acc);
         base += step * kPer;
         if (base >= K8) break;
-        load_round<kPer>(wr, base, step, K8, wv);
+        load_round<kPer>(wr, base, step, K8, wv, pol);
     }
 }
 
@@ -149,7 +163,8 @@ __global__ void __launch_bounds__(gemv_block_warps<kSplit>() * 32)
     const int n = (int(blockIdx.x) - first_block) * kRows + warp / kSplit;
     const bool valid = n < N;
     float acc[NT];
-    row_dot<NT, kPer>(w + int64_t(valid ? n : 0) * K, valid, x, K, lane + 32 * (warp % kSplit), 32 * kSplit, acc);
+    row_dot<NT, kPer>(w + int64_t(valid ? n : 0) * K, valid, x, K, lane + 32 * (warp % kSplit), 32 * kSplit, acc,
+                      weight_policy(g.evict_first));
     if (!reduce_parts<NT, kSplit>(acc, part) || !valid || lane != 0) return;
     OutT* y = static_cast<OutT*>(y_out);
 #pragma unroll
@@ -163,7 +178,7 @@ __global__ void __launch_bounds__(gemv_block_warps<kSplit>() * 32)
 template <int NT, int kSplit, int kPer>
 __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ wg, const bf16* __restrict__ wu,
-                        bf16* gate_out, bf16* up_out, bf16* act_out, int N, int K) {
+                        bf16* gate_out, bf16* up_out, bf16* act_out, int N, int K, bool evict_first) {
     constexpr int kRows = kGemvWarps / kSplit;
     __shared__ float part_g[kGemvWarps][NT], part_u[kGemvWarps][NT];
     pdl_trigger();
@@ -174,9 +189,10 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     const uint4* wgr = reinterpret_cast<const uint4*>(wg + int64_t(valid ? n : 0) * K);
     const uint4* wur = reinterpret_cast<const uint4*>(wu + int64_t(valid ? n : 0) * K);
     uint4 vg[kPer], vu[kPer];
+    const uint64_t pol = weight_policy(evict_first);
     if (valid) {
-        load_round<kPer>(wgr, first, step, K8, vg);
-        load_round<kPer>(wur, first, step, K8, vu);
+        load_round<kPer>(wgr, first, step, K8, vg, pol);
+        load_round<kPer>(wur, first, step, K8, vu, pol);
     }
     pdl_wait();
     float ag[NT], au[NT];
@@ -188,8 +204,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
             fma_round<NT, kPer>(vu, x, K, base, step, au);
             base += step * kPer;
             if (base >= K8) break;
-            load_round<kPer>(wgr, base, step, K8, vg);
-            load_round<kPer>(wur, base, step, K8, vu);
+            load_round<kPer>(wgr, base, step, K8, vg, pol);
+            load_round<kPer>(wur, base, step, K8, vu, pol);
         }
     }
     const bool lead_g = reduce_parts<NT, kSplit>(ag, part_g);
@@ -209,6 +225,7 @@ template <int NT, typename OutT, int kSplit, int kPer>
 void gemv_launch(const bf16* x, GemvGroup g, int64_t K, cudaStream_t stream) {
     constexpr int kWarps = gemv_block_warps<kSplit>(), kRows = kWarps / kSplit;
     for (int i = 0; i < g.count; i++) g.block_end[i] = (i ? g.block_end[i - 1] : 0) + (g.n[i] + kRows - 1) / kRows;
+    g.evict_first = g_evict_first;
     launch(gemv_kernel<NT, OutT, kSplit, kPer>, unsigned(g.block_end[g.count - 1]), kWarps * 32, 0, stream,
            "gemv kernel", x, g, int(K));
 }
@@ -238,7 +255,7 @@ void gate_up_launch(const bf16* x, const bf16* wg, const bf16* wu, int64_t N, in
                     bf16* act_out, cudaStream_t stream) {
     constexpr int kSplit = 2, kPer = 8, kRows = kGemvWarps / kSplit;
     launch(gemv_gate_up_kernel<NT, kSplit, kPer>, ceil_div(N, kRows), kGemvWarps * 32, 0, stream,
-           "gemv gate/up/SiLU kernel", x, wg, wu, gate_out, up_out, act_out, int(N), int(K));
+           "gemv gate/up/SiLU kernel", x, wg, wu, gate_out, up_out, act_out, int(N), int(K), g_evict_first);
 }
 
 // ---- the small-batch GEMV on tensor cores (5 to 8 rows of x) ----
@@ -283,13 +300,14 @@ __global__ void __launch_bounds__(kMmaParts * 32)
     const bool vx = gi < T;
     const int n_chunks = K / 32;
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    const uint64_t pol = weight_policy(g.evict_first);
     uint4 ra[kMmaUnroll], rb[kMmaUnroll];
     auto load_w = [&](int c0) {
 #pragma unroll
         for (int u = 0; u < kMmaUnroll; u++) {
             const int c = c0 + kMmaParts * u;
-            ra[u] = c < n_chunks && va ? ld_weight(wa + 4 * c) : zero;
-            rb[u] = c < n_chunks && vb ? ld_weight(wb + 4 * c) : zero;
+            ra[u] = c < n_chunks && va ? ld_weight(wa + 4 * c, pol) : zero;
+            rb[u] = c < n_chunks && vb ? ld_weight(wb + 4 * c, pol) : zero;
         }
     };
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
@@ -332,6 +350,7 @@ __global__ void __launch_bounds__(kMmaParts * 32)
 template <typename OutT>
 void gemv_mma(const bf16* x, int64_t T, GemvGroup g, int64_t K, cudaStream_t stream) {
     for (int i = 0; i < g.count; i++) g.block_end[i] = (i ? g.block_end[i - 1] : 0) + (g.n[i] + 15) / 16;
+    g.evict_first = g_evict_first;
     launch(gemv_mma_kernel<OutT>, unsigned(g.block_end[g.count - 1]), kMmaParts * 32, 0, stream,
            "tensor-core gemv kernel", x, int(T), g, int(K));
 }
@@ -371,6 +390,9 @@ void matmul_scalar(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K
 
 static_assert(kGemvBlockMaxTokens == 4, "gemv_rows instantiates 1..4 rows");
 static_assert(kGemvMaxTokens == 8, "the tensor-core GEMV takes up to 8 rows (mma n = 8)");
+
+void set_weights_evict_first(bool on) { g_evict_first = on; }
+bool weights_evict_first() { return g_evict_first; }
 
 bool gemv_fits(const bf16* x, int64_t T, const bf16* w, int64_t K) {
     return T >= 1 && T <= kGemvBlockMaxTokens && K % 8 == 0 && K <= (int64_t(1) << 30) && aligned16(x) &&

@@ -53,6 +53,7 @@ struct GemvGroup {
     int n[kMax] = {};
     int block_end[kMax] = {};  // cumulative GEMV blocks up to and including matrix s (set by gemv_group)
     int count = 0;
+    int evict_first = 0;  // weight loads marked L2 evict-first (set by gemv_group from weights_evict_first())
     void add(const bf16* wm, void* ym, int64_t rows) {
         w[count] = wm;
         y[count] = ym;
@@ -61,6 +62,11 @@ struct GemvGroup {
     }
 };
 void gemv_group(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, cudaStream_t stream);
+// Whether the decode GEMVs load weights with an L2 evict-first policy (each weight byte is read once per step, so
+// it should not push out what is read again: the recurrent state, the KV cache, activations). Set once by the
+// backend: on unless HY_CUDA_L2_EVICT_FIRST=0 (decode b=1 on 4B shapes: 354 against 349 tok/s, BENCHMARKS.md).
+void set_weights_evict_first(bool on);
+bool weights_evict_first();
 // Launch shape of a decode GEMV: `split` warps share a row, each lane holds `per` 16-byte weight words per round.
 // gemv_config chooses it from K alone (so a matrix gives the same bits alone or in a group).
 struct GemvConfig {

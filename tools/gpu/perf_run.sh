@@ -7,7 +7,8 @@
 #      PDL off, prefill 4096, batch sizes 1..128
 #   4. Hugging Face transformers on the same folder (tools/gpu/hf_decode_baseline.py)
 #   5. ncu per-kernel times of one decode step
-#   6. optional stages: sanitize (compute-sanitizer memcheck/racecheck), ncu64, ncu8 (b=64 / b=8 profiles), cli
+#   6. optional stages: ablate (decode b=1 without some op kinds, HY_CUDA_SKIP_OPS), sanitize (compute-sanitizer
+#      memcheck/racecheck), ncu64, ncu8 (b=64 / b=8 profiles), cli
 # STAGES (default "all") limits the run: e.g. STAGES="tests bench" . Logs: $OUT/all.log, $OUT/summary.txt.
 # Usage (device tool): bash tools/gpu/perf_run.sh   with carry [".carry", "gpu-bin"]; gpu-bin/bins.txz holds
 # hybrid-tests, hybrid-bench, hybrid-compare, hybrid-kernel-bench and hybrid built here (see tools/gpu/pack_bins.sh).
@@ -53,8 +54,8 @@ if want kernels; then
     step kernel_bench8 120 $BIN/hybrid-kernel-bench 8
     grep -E "^\| [a-z]" "$LOG" | tail -6 >>"$SUM"
 fi
-if want bench || want hf || want ncu || want ncu64 || want ncu8 || want cli; then
-    step fixture_4b 150 python3 tools/gpu/random_checkpoint.py --out $M
+if want bench || want ablate || want hf || want ncu || want ncu64 || want ncu8 || want cli; then
+    [ -f $M/config.json ] || step fixture_4b 150 python3 tools/gpu/random_checkpoint.py --out $M  # kept while warm
 fi
 if want bench; then
     step bench_b1 90 $BIN/hybrid-bench -m $M --device cuda -p 512 -n 256 -r 3 --json "$OUT/bench_b1.json"
@@ -67,6 +68,16 @@ if want bench; then
     step bench_batch 150 $BIN/hybrid-bench -m $M --device cuda -p 128 -n 128 -b 1,8,32,64,128 -r 2 \
         --json "$OUT/bench_batch.json"
     last_table 5
+fi
+if want ablate; then  # decode b=1 without some op kinds (HY_CUDA_SKIP_OPS): what each costs inside the graph
+    for skip in "" add_rms_norm,rms_norm gated_delta_net gdn_conv gdn_recurrence attention \
+        add_rms_norm,rms_norm,gated_delta_net,attention gemv_group,gate_up,matmul,logits; do
+        step "ablate_${skip:-none}" 60 env HY_CUDA_SKIP_OPS=$skip $BIN/hybrid-bench -m $M --device cuda -p 512 -n 128 -r 3
+        say "skip [${skip:-none}]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+    done
+    step ablate_gemv_only_nopdl 60 env HY_CUDA_PDL=0 HY_CUDA_SKIP_OPS=add_rms_norm,rms_norm,gated_delta_net,attention \
+        $BIN/hybrid-bench -m $M --device cuda -p 512 -n 128 -r 3
+    say "skip [small, PDL off]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
 fi
 if want hf; then
     step hf_baseline 150 python3 tools/gpu/hf_decode_baseline.py --model $M --prompt 512 --new 32
