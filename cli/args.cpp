@@ -7,6 +7,7 @@
 #include <random>
 #include <sstream>
 
+#include "cli/arg_error.h"
 #include "cli/cli.h"
 
 namespace hy::cli {
@@ -26,7 +27,8 @@ const char* kExitCodes =
     "  directory), /load FILE, /help, /exit.\n"
     "  Ctrl-C stops the current answer (at the input line: discards the line), Ctrl-D (end of input) exits.\n"
     "  When stdin is not a terminal, a failing command ends the program with its exit code. Answers go to\n"
-    "  stdout, each followed by a newline.\n"
+    "  stdout, each followed by a newline; /save, /load and /reset are confirmed on stderr when stdin is a\n"
+    "  terminal or with --verbose.\n"
     "\n"
     "Batch (--batch-file FILE): every non-empty line of FILE is a prompt (escapes processed unless --no-escape;\n"
     "  with --chat each is a user message). Up to --parallel of them are generated together (continuous\n"
@@ -163,7 +165,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     try {
         r = opts.parse(int(av.size()), av.data());
     } catch (const cxxopts::exceptions::exception& e) {
-        usage(std::string(e.what()) + " (see --help)");
+        usage(parse_error_message(e.what(), int(av.size()), av.data()) + " (see --help)");
     }
     if (r.count("help")) {
         const std::string text = opts.help() + "\n" + kExitCodes;

@@ -115,8 +115,9 @@ std::string chat_render(hy_model* m, const std::vector<hy_chat_message>& msgs, b
 std::vector<int32_t> tokenize(hy_model* m, const std::string& text);
 
 // Prints the timing summary on stderr: load time (omitted when load_ms < 0), prompt and generation tokens, times
-// and rates, stop reason (of the last generation).
-void print_summary(double load_ms, const hy_generate_result& r);
+// and rates, stop reason (of the last generation; a callback stop reads "interrupted (Ctrl-C)" when `interrupted`
+// or the Ctrl-C flag is set).
+void print_summary(double load_ms, const hy_generate_result& r, bool interrupted = false);
 
 // --batch-file: generates for every prompt together (continuous batching) and writes JSONL to stdout. The model
 // must have been loaded with at least one free slot. Returns the exit code.

@@ -139,14 +139,14 @@ std::vector<int32_t> tokenize(hy_model* m, const std::string& text) {
     return ids;
 }
 
-void print_summary(double load_ms, const hy_generate_result& r) {
+void print_summary(double load_ms, const hy_generate_result& r, bool interrupted) {
     auto rate = [](int n, double ms) { return ms > 0.0 ? 1000.0 * n / ms : 0.0; };
     if (load_ms >= 0.0) std::fprintf(stderr, "hybrid: load       %10.1f ms\n", load_ms);
     std::fprintf(stderr, "hybrid: prompt     %10.1f ms  %6d tokens  %9.1f tok/s\n", r.prompt_ms, r.n_prompt,
                  rate(r.n_prompt, r.prompt_ms));
     std::fprintf(stderr, "hybrid: generation %10.1f ms  %6d tokens  %9.1f tok/s\n", r.generate_ms, r.n_generated,
                  rate(r.n_generated, r.generate_ms));
-    const bool ctrl_c = r.stop_reason == HY_STOP_CALLBACK && g_interrupted.load();
+    const bool ctrl_c = r.stop_reason == HY_STOP_CALLBACK && (interrupted || g_interrupted.load());
     std::fprintf(stderr, "hybrid: stop: %s\n", ctrl_c ? "interrupted (Ctrl-C)" : hy_stop_reason_name(r.stop_reason));
 }
 

@@ -53,6 +53,8 @@ struct Repl {
     hy_context* c;
     hy_sampler* s;
     bool tty_in = false;
+    bool confirm = false;           // confirm /save, /load and /reset on stderr (stdin a terminal, or --verbose)
+    bool last_interrupted = false;  // Ctrl-C stopped the last answer
     std::vector<Message> messages;
     std::string answer;  // the answer being generated
     hy_generate_result total{};  // summed over the turns (stop_reason: the last turn's)
@@ -146,8 +148,9 @@ struct Repl {
         total.prompt_ms += res.prompt_ms;
         total.generate_ms += res.generate_ms;
         total.stop_reason = res.stop_reason;
-        if (o.verbose) print_summary(-1.0, res);
-        if (g_interrupted.exchange(false) && tty_in) std::fprintf(stderr, "[stopped]\n");
+        last_interrupted = g_interrupted.exchange(false);  // Ctrl-C stopped this answer
+        if (o.verbose) print_summary(-1.0, res, last_interrupted);
+        if (last_interrupted && tty_in) std::fprintf(stderr, "[stopped]\n");
     }
 
     // ---- commands ----
@@ -171,7 +174,7 @@ struct Repl {
         data += header;
         data.append(snap.data(), snap.size());
         write_file_atomic(path, data, overwrite, "exists (use /save! FILE to overwrite)");
-        if (tty_in) std::fprintf(stderr, "saved %d tokens to %s\n", hy_context_n_tokens(c), path.c_str());
+        if (confirm) std::fprintf(stderr, "saved %d tokens to %s\n", hy_context_n_tokens(c), path.c_str());
     }
 
     void load(const std::string& path) {
@@ -215,13 +218,15 @@ struct Repl {
         }
         const int rc = hy_state_load(c, rest.data() + hl, rest.size() - hl);
         if (rc != HY_OK) {
-            const std::string msg = path + ": " + hy_last_error();
+            std::string msg = path + ": " + hy_last_error();
+            if (rc == HY_ERR_CONTEXT_FULL)
+                msg += " (-c " + std::to_string(hy_model_n_ctx(m)) + "): a larger -c may hold it";
             if (!backup.empty()) hy_state_load(c, backup.data(), backup.size());
             throw Failure(rc == HY_ERR_CONTEXT_FULL ? exit_context : exit_snapshot, msg);
         }
         messages = std::move(msgs);
         hy_sampler_reset(s);
-        if (tty_in)
+        if (confirm)
             std::fprintf(stderr, "loaded %zu messages, %d tokens from %s\n", messages.size(), hy_context_n_tokens(c),
                          path.c_str());
     }
@@ -238,7 +243,7 @@ struct Repl {
             if (hy_context_reset(c) != HY_OK) engine_fail(exit_runtime, "reset");
             hy_sampler_reset(s);
             messages.clear();
-            if (tty_in) std::fprintf(stderr, "conversation cleared\n");
+            if (confirm) std::fprintf(stderr, "conversation cleared\n");
         } else if (cmd == "/save" || cmd == "/save!") {
             save(arg, cmd == "/save!");
         } else if (cmd == "/load") {
@@ -261,6 +266,7 @@ struct Repl {
 int run_repl(const Options& o, hy_model* m, hy_context* c, hy_sampler* s, double load_ms) {
     Repl r(o, m, c, s);
     r.tty_in = isatty(STDIN_FILENO) != 0;
+    r.confirm = r.tty_in || o.verbose;
     if (hy_chat_end_of_turn_id(m) < 0) {
         std::vector<hy_chat_message> none;
         chat_render(m, none, true, thinking_mode(o), false);  // throws with the engine's message
@@ -297,7 +303,7 @@ int run_repl(const Options& o, hy_model* m, hy_context* c, hy_sampler* s, double
     if (r.tty_in) std::fputs("\n", stdout);
     if (isatty(STDERR_FILENO) || o.verbose) {
         std::fprintf(stderr, "hybrid: session totals:\n");
-        print_summary(load_ms, r.total);
+        print_summary(load_ms, r.total, r.last_interrupted);
     }
     return exit_ok;
 }

@@ -127,6 +127,8 @@ public:
     // Bytes of device memory in use now (the whole device: total minus free, so it counts the runtime's own
     // context and any other process); 0 when the backend does not measure it. For tools.
     virtual size_t device_memory_used() { return 0; }
+    // Host threads the backend computes with (the CPU backend's pool); 0 for a device backend. For tools.
+    virtual int host_threads() const { return 0; }
 
     // ---- one forward step ----
     virtual void begin_batch(const BatchDesc& batch) = 0;

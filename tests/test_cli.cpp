@@ -204,7 +204,9 @@ TEST_CASE("cli: errors have one-line messages and documented exit codes", "[cli]
     check_error(hybrid({"-p", "x"}), 1, "-m");
     check_error(hybrid({"-m", "models/tiny"}), 1, "no prompt");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--bogus"}), 1, "bogus");
-    check_error(hybrid({"-m", "models/tiny", "-p", "x", "-n", "abc"}), 1, "abc");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "-n", "abc"}), 1, "invalid value 'abc' for -n");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "--temp=hot"}), 1, "invalid value 'hot' for --temp");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "--ctx-size", "1e3"}), 1, "for --ctx-size");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--device", "tpu"}), 1, "--device");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--top-p", "2"}), 1, "--top-p");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--repeat-penalty", "0"}), 1, "--repeat-penalty");
@@ -299,6 +301,26 @@ TEST_CASE("cli: /save then /load continues identically; another model's snapshot
     INFO(b.err);
     CHECK(b.rc == 0);
     CHECK(b.out == tail);
+    CHECK(b.err.find("loaded") == std::string::npos);  // a piped REPL is quiet ...
+    std::vector<std::string> chat_v = chat;
+    chat_v.push_back("--verbose");
+    const Run bv = hybrid(chat_v, "/load " + file + "\n/reset\n");
+    CHECK(bv.err.find("loaded 2 messages") != std::string::npos);  // ... unless --verbose
+    CHECK(bv.err.find("conversation cleared") != std::string::npos);
+    // a context too small for the conversation names -c (exit 3); N - 1 positions still load: the last token of
+    // the history is not in the model's state until the next turn feeds it
+    const std::string file2 = (tmp.path / "conv2.hychat").string();
+    const Run sv = hybrid(chat_v, "Hello there.\n/save " + file2 + "\n");
+    const size_t at = sv.err.find("saved ");
+    REQUIRE(at != std::string::npos);
+    const int n_tokens = std::atoi(sv.err.c_str() + at + 6);
+    REQUIRE(n_tokens > 2);
+    std::vector<std::string> small = chat;
+    small.insert(small.end(), {"-c", std::to_string(n_tokens - 2)});
+    const Run tight = hybrid(small, "/load " + file2 + "\n");
+    INFO(tight.err);
+    CHECK(tight.rc == 3);
+    CHECK(tight.err.find("-c " + std::to_string(n_tokens - 2)) != std::string::npos);
 
     // never overwritten unless asked
     const std::string before = slurp(file);
@@ -619,6 +641,7 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     check(run_prog(bench, {"-m", "models/tiny", "--ubatch", "0"}), 1, "--ubatch");
     check(run_prog(bench, {"-m", "models/tiny", "-t", "2000"}), 1, "-t");
     check(run_prog(bench, {"-m", "models/tiny", "stray"}), 2, "'stray'");
+    check(run_prog(bench, {"-m", "models/tiny", "-n", "abc"}), 2, "invalid value 'abc' for -n");
     check(run_prog(bench, {"-p", "8"}), 2, "-m DIR");  // a missing model folder is named in one line
     check(run_prog(compare, {"--device", "cpu"}), 2, "-m DIR");
     const Run j = run_prog(bench, {"-m", "models/tiny", "--json", (tmp.path / "no" / "b.json").string()});
@@ -632,6 +655,16 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     CHECK(bj["runs"].size() == 1);
     CHECK(bj["settings"]["reps"] == 1);  // the settings travel with the figures
     CHECK(bj["runs"][0]["bytes_per_step"].is_number_integer());
+    CHECK(bj["cpu_threads"] == 1);  // the threads in use (-t 1)
+    // the copy probe's 512 MiB of buffers are not in the peak (the tiny model's run itself needs about 200 MiB)
+    CHECK(bj["peak_rss_bytes"].get<int64_t>() < (int64_t(450) << 20));
+    if (fs::exists("/dev/full")) {  // a lost table is a failure, not exit 0
+        const std::string cmd = "cd " + quote(kSrc) + " && " + quote(bench) +
+                                " -m models/tiny -t 1 -p 8 -n 4 -r 1 >/dev/full 2>" + quote((tmp.path / "e").string());
+        const int st = std::system(cmd.c_str());
+        CHECK((WIFEXITED(st) ? WEXITSTATUS(st) : -1) == 1);
+        CHECK(slurp((tmp.path / "e").string()).find("cannot write to stdout") != std::string::npos);
+    }
 
     // tokenize
     check(run_prog(tokenize, {"--tokenizer", "models/tiny", "--text", "hi", "extra"}), 2, "'extra'");

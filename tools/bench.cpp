@@ -61,6 +61,33 @@ std::vector<int> parse_list(const std::string& s) {
     return out;
 }
 
+// The process's peak resident set so far (Linux VmHWM; getrusage's ru_maxrss elsewhere), in bytes.
+size_t peak_rss_bytes() {
+    if (FILE* f = std::fopen("/proc/self/status", "r")) {
+        char line[256];
+        size_t kib = 0;
+        bool found = false;
+        while (std::fgets(line, sizeof line, f))
+            if (std::sscanf(line, "VmHWM: %zu kB", &kib) == 1) {
+                found = true;
+                break;
+            }
+        std::fclose(f);
+        if (found) return kib * 1024;
+    }
+    struct rusage ru;
+    getrusage(RUSAGE_SELF, &ru);
+    return size_t(ru.ru_maxrss) * 1024;
+}
+
+// Resets the peak resident set to the current one (Linux 4.0+: "5" to /proc/self/clear_refs); best effort.
+void reset_peak_rss() {
+    if (FILE* f = std::fopen("/proc/self/clear_refs", "w")) {
+        std::fputs("5", f);
+        std::fclose(f);
+    }
+}
+
 int32_t argmax(const float* v, int n) {
     int32_t best = 0;
     for (int i = 1; i < n; i++)
@@ -127,7 +154,11 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "hybrid-bench: warning: -p + -n = %d positions pass the %d the model was trained "
                                  "for (max_position_embeddings)\n", mp.n_ctx - 1, c.max_position_embeddings);
         Backend& be = model->backend();
+        // The copy probe allocates temporary buffers (512 MiB of host memory on the CPU): the reported peak RSS
+        // is the peak before it or after it, not during it.
+        const size_t rss_before_probe = peak_rss_bytes();
         const double copy_gbs = be.copy_bandwidth_gbs();
+        reset_peak_rss();
 
         // Bytes a decode step must move, per sequence and shared.
         const Weights& w = model->weights();
@@ -203,9 +234,8 @@ int main(int argc, char** argv) {
         if (std::string(be.name()) == "cpu")
             std::printf("\n(CPU: the copy-bandwidth ceiling is DRAM's; weights that fit in the caches can pass it, "
                         "so %% roofline over 100 means the model is cache-resident)\n");
-        struct rusage ru;
-        getrusage(RUSAGE_SELF, &ru);
-        std::printf("\npeak host memory (RSS) %.1f MiB\n", double(ru.ru_maxrss) / 1024.0);
+        const size_t peak_rss = std::max(rss_before_probe, peak_rss_bytes());
+        std::printf("\npeak host memory (RSS, the copy probe's buffers excluded) %.1f MiB\n", double(peak_rss) / 1048576.0);
         // Device memory: the arena (weights, KV cache and recurrent state for the configured context and slots,
         // activations, backend workspace) against what the device reports in use (adds the CUDA context).
         const size_t dev_used = be.device_memory_used();
@@ -219,7 +249,10 @@ int main(int argc, char** argv) {
                         100.0 * (double(dev_used) / double(model->arena_bytes()) - 1.0));
             out["device_memory_used_bytes"] = dev_used;
         }
-        out["peak_rss_bytes"] = int64_t(ru.ru_maxrss) * 1024;
+        out["peak_rss_bytes"] = int64_t(peak_rss);
+        if (be.host_threads() > 0) out["cpu_threads"] = be.host_threads();  // what -t 0 ("all cores") became
+        if (std::fflush(stdout) != 0 || std::ferror(stdout))
+            throw Error(Status::io, std::string("cannot write to stdout: ") + std::strerror(errno));
         if (args.count("json")) {
             std::ofstream f(args["json"].as<std::string>(), std::ios::trunc);
             f << out.dump(1) << "\n";

@@ -19,6 +19,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/arg_error.h"
 #include "model/common.h"
 #include "model/tokenizer.h"
 
@@ -161,7 +162,8 @@ int main(int argc, char** argv) {
     try {
         auto a = opts.parse(argc, argv);
         if (a.count("help")) {
-            std::cout << opts.help() << "\n";
+            std::cout << opts.help() << "\nExit status: 0 success (--golden: every case matches); 1 failure; "
+                                       "2 bad arguments.\n";
             return 0;
         }
         if (!a.unmatched().empty())
@@ -193,8 +195,12 @@ int main(int argc, char** argv) {
         return 0;
     } catch (const hy::Error& e) {
         std::fprintf(stderr, "hybrid-tokenize: %s\n", e.what());
-    } catch (const std::exception& e) {  // cxxopts errors, bad_alloc
+        return e.status() == hy::Status::invalid_argument ? 2 : 1;
+    } catch (const cxxopts::exceptions::exception& e) {
+        std::fprintf(stderr, "hybrid-tokenize: %s (see --help)\n", hy::parse_error_message(e.what(), argc, argv).c_str());
+        return 2;
+    } catch (const std::exception& e) {  // bad_alloc
         std::fprintf(stderr, "hybrid-tokenize: %s\n", e.what());
+        return 1;
     }
-    return 2;
 }

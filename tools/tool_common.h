@@ -5,6 +5,7 @@
 #include <cxxopts.hpp>
 #include <string>
 
+#include "cli/arg_error.h"
 #include "model/model.h"
 
 namespace hy::tools {
@@ -16,12 +17,14 @@ inline bool parse_args(cxxopts::Options& opts, int argc, char** argv, const char
     try {
         out = opts.parse(argc, argv);
     } catch (const std::exception& e) {
-        std::fprintf(stderr, "%s: %s\n", name, e.what());
+        std::fprintf(stderr, "%s: %s (see --help)\n", name, parse_error_message(e.what(), argc, argv).c_str());
         *exit_code = 2;
         return false;
     }
     if (out.count("help")) {
         std::fputs(opts.help().c_str(), stdout);
+        std::fputs("\nExit status: 0 success; 1 failure (an error, or for hybrid-compare a case that does not match);"
+                   "\n2 bad arguments.\n", stdout);
         *exit_code = 0;
         return false;
     }

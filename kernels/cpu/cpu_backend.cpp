@@ -19,6 +19,7 @@ public:
     explicit CpuBackend(int n_threads) : pool_(n_threads) {}
 
     const char* name() const override { return "cpu"; }
+    int host_threads() const override { return pool_.size(); }
     DType act_dtype() const override { return DType::F32; }
     DType matrix_dtype(DType checkpoint) const override { return checkpoint; }
 

@@ -1,0 +1,36 @@
+// A command-line parse error that names the option: cxxopts reports a value it cannot convert as
+// "Argument 'VALUE' failed to parse" without saying which option it was given to.
+#pragma once
+
+#include <cstring>
+#include <string>
+
+namespace hy {
+
+// The message for a cxxopts parse error `what`: when it quotes a value that follows an option on the command
+// line (argv[1..argc-1]: "-c VALUE", "--ctx-size VALUE", "--ctx-size=VALUE" or "-cVALUE"), "invalid value 'VALUE'
+// for OPTION"; otherwise `what` unchanged.
+inline std::string parse_error_message(const char* what, int argc, char** argv) {
+    const std::string msg = what;
+    // cxxopts quotes with U+2018 / U+2019 (UTF-8 E2 80 98 / E2 80 99)
+    const std::string open = "\xE2\x80\x98", close = "\xE2\x80\x99";
+    const size_t a = msg.find(open);
+    const size_t b = a == std::string::npos ? a : msg.find(close, a + open.size());
+    if (a == std::string::npos || b == std::string::npos || msg.find("failed to parse") == std::string::npos)
+        return msg;
+    const std::string value = msg.substr(a + open.size(), b - a - open.size());
+    for (int i = 1; i < argc; i++) {
+        const std::string arg = argv[i];
+        std::string option;
+        if (arg.rfind("--", 0) == 0 && arg.find('=') != std::string::npos && arg.substr(arg.find('=') + 1) == value)
+            option = arg.substr(0, arg.find('='));
+        else if (arg == value && i > 1 && argv[i - 1][0] == '-' && std::strlen(argv[i - 1]) > 1)
+            option = argv[i - 1];
+        else if (arg.size() > 2 && arg[0] == '-' && arg[1] != '-' && arg.substr(2) == value)
+            option = arg.substr(0, 2);
+        if (!option.empty()) return "invalid value '" + value + "' for " + option;
+    }
+    return msg;
+}
+
+}  // namespace hy
