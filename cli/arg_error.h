@@ -9,15 +9,17 @@ namespace hy {
 
 // The message for a cxxopts parse error `what`: when it quotes a value that follows an option on the command
 // line (argv[1..argc-1]: "-c VALUE", "--ctx-size VALUE", "--ctx-size=VALUE" or "-cVALUE"), "invalid value 'VALUE'
-// for OPTION"; otherwise `what` unchanged.
+// for OPTION"; otherwise `what` with ASCII quotes.
 inline std::string parse_error_message(const char* what, int argc, char** argv) {
     const std::string msg = what;
     // cxxopts quotes with U+2018 / U+2019 (UTF-8 E2 80 98 / E2 80 99)
     const std::string open = "\xE2\x80\x98", close = "\xE2\x80\x99";
     const size_t a = msg.find(open);
     const size_t b = a == std::string::npos ? a : msg.find(close, a + open.size());
-    if (a == std::string::npos || b == std::string::npos || msg.find("failed to parse") == std::string::npos)
-        return msg;
+    if (a == std::string::npos || b == std::string::npos) return msg;
+    if (msg.find("failed to parse") == std::string::npos)  // other cxxopts messages: ASCII quotes, as ours
+        return msg.substr(0, a) + "'" + msg.substr(a + open.size(), b - a - open.size()) + "'" +
+               msg.substr(b + close.size());
     const std::string value = msg.substr(a + open.size(), b - a - open.size());
     for (int i = 1; i < argc; i++) {
         const std::string arg = argv[i];

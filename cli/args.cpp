@@ -95,12 +95,33 @@ std::string process_escapes(const std::string& s) {
 
 bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     // -cnv (llama.cpp's spelling) and --stop (its values may hold commas, which cxxopts would split) are taken
-    // out before cxxopts sees the arguments.
+    // out before cxxopts sees the arguments. The word after an option that takes a value is that value, even when
+    // it starts with '-' (as getopt does: `-p --stop` is the prompt "--stop", `-n -1` is -1): such a value is
+    // passed on as --name=VALUE.
+    static const char* const kValued[][2] = {
+        {"-m", "--model"}, {"-c", "--ctx-size"}, {"-t", "--threads"}, {"-p", "--prompt"}, {"-f", "--file"},
+        {"-n", "--n-predict"}, {"-s", "--seed"}, {"", "--device"}, {"", "--prompt-ids"}, {"", "--system"},
+        {"", "--batch-file"}, {"", "--parallel"}, {"-np", "--parallel"}, {"", "--temp"}, {"", "--top-k"},
+        {"", "--top-p"}, {"", "--min-p"}, {"", "--repeat-penalty"}, {"", "--repeat-last-n"},
+        {"", "--presence-penalty"}, {"", "--frequency-penalty"}};
+    auto valued = [](const std::string& a) -> const char* {
+        for (const auto& v : kValued)
+            if ((v[0][0] && a == v[0]) || a == v[1]) return v[1];
+        return nullptr;
+    };
     std::vector<std::string> args;
     std::vector<std::string> stops;
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
-        if (a == "-cnv") {
+        if (const char* name = valued(a); name && i + 1 < argc) {
+            const std::string v = argv[++i];
+            if (!v.empty() && v[0] == '-') {
+                args.push_back(std::string(name) + "=" + v);
+            } else {  // as two words: cxxopts does not take a --name=VALUE whose value spans lines
+                args.push_back(name);
+                args.push_back(v);
+            }
+        } else if (a == "-cnv") {
             args.push_back("--interactive");
         } else if (a == "-np") {  // llama.cpp's short spelling of --parallel
             args.push_back("--parallel");
@@ -124,7 +145,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     // clang-format off
     opts.add_options("Model")
         ("m,model", "model folder (config.json, *.safetensors, tokenizer.json)", cxxopts::value<std::string>())
-        ("c,ctx-size", "context length in tokens (prompt + output)", cxxopts::value<int>()->default_value("4096"))
+        ("c,ctx-size", "context length in tokens: the positions the model holds (prompt + output; the last output "
+                       "token is never fed back, so it needs none)", cxxopts::value<int>()->default_value("4096"))
         ("t,threads", "CPU threads (0: all cores)", cxxopts::value<int>()->default_value("0"))
         ("device", "auto, cpu or cuda", cxxopts::value<std::string>()->default_value("auto"));
     opts.add_options("Prompt")
@@ -144,7 +166,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     opts.add_options("Generation")
         ("n,n-predict", "tokens to generate; -1: until end of sequence or the context is full",
          cxxopts::value<int>()->default_value("-1"))
-        ("stop", "stop when the output contains STR (repeatable; not printed)", cxxopts::value<std::string>())
+        ("stop", "stop when the output contains STR (repeatable; not printed; not with --batch-file)",
+         cxxopts::value<std::string>())
         ("s,seed", "RNG seed in [0, 2^64-1]; -1: random", cxxopts::value<std::string>()->default_value("-1"))
         ("temp", "temperature; <= 0: greedy", cxxopts::value<float>()->default_value("0.8"))
         ("top-k", "top-k sampling; <= 0: off", cxxopts::value<int>()->default_value("40"))
@@ -165,7 +188,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     try {
         r = opts.parse(int(av.size()), av.data());
     } catch (const cxxopts::exceptions::exception& e) {
-        usage(parse_error_message(e.what(), int(av.size()), av.data()) + " (see --help)");
+        usage(parse_error_message(e.what(), argc, argv) + " (see --help)");  // the option as the user spelled it
     }
     if (r.count("help")) {
         const std::string text = opts.help() + "\n" + kExitCodes;

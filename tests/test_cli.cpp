@@ -157,6 +157,14 @@ TEST_CASE("cli: sampling with a seed is reproducible; stop strings are not print
     CHECK(s.rc == 0);
     CHECK(s.out == text.substr(0, text.find("isinstance")));
     CHECK(s.err.find("stop: stop string") != std::string::npos);
+
+    // the word after an option that takes a value is its value, even when it starts with '-' (as getopt does)
+    const Run dash = hybrid({"-m", "models/tiny", "-p", "--stop", "-n", "3", "--temp", "0", "--verbose"});
+    INFO(dash.err);
+    CHECK(dash.rc == 0);
+    CHECK(dash.err.find("generation") != std::string::npos);
+    CHECK(dash.err.find("3 tokens") != std::string::npos);  // -n 3 is honoured, not taken as the stop string
+    CHECK(hybrid({"-m", "models/tiny", "-p", "-np", "-n", "2"}).rc == 0);  // the prompt "-np", not --parallel
 }
 
 TEST_CASE("cli: -f reads the prompt as is; --system and -p in the REPL", "[cli]") {
@@ -203,7 +211,7 @@ TEST_CASE("cli: errors have one-line messages and documented exit codes", "[cli]
     check_error(hybrid({"-m", "models/nope", "-p", "x"}), 2, "models/nope");
     check_error(hybrid({"-p", "x"}), 1, "-m");
     check_error(hybrid({"-m", "models/tiny"}), 1, "no prompt");
-    check_error(hybrid({"-m", "models/tiny", "-p", "x", "--bogus"}), 1, "bogus");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "--bogus"}), 1, "'bogus'");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "-n", "abc"}), 1, "invalid value 'abc' for -n");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--temp=hot"}), 1, "invalid value 'hot' for --temp");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--ctx-size", "1e3"}), 1, "for --ctx-size");
@@ -613,11 +621,13 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     };
     // compare: an unknown case is an error, not "SUMMARY: 0/0"
     const Run nope = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "nope"});
-    check(nope, 1, "no case named 'nope'");
+    check(nope, 2, "no case named 'nope'");
     CHECK(nope.out.find("SUMMARY") == std::string::npos);
-    check(run_prog(compare, {"-m", "models/tiny", "--tol", "-1"}), 1, "--tol");
-    check(run_prog(compare, {"-m", "models/tiny", "--near-tie", "-0.5"}), 1, "--near-tie");
-    check(run_prog(compare, {"-m", "models/tiny", "-t", "-3"}), 1, "-t");
+    check(run_prog(compare, {"-m", "models/tiny", "--tol", "-1"}), 2, "--tol");  // bad values: 2, as documented
+    check(run_prog(compare, {"-m", "models/tiny", "--near-tie", "-0.5"}), 2, "--near-tie");
+    check(run_prog(compare, {"-m", "models/tiny", "-t", "-3"}), 2, "-t");
+    check(run_prog(compare, {"-m", "models/tiny", "--device", "gpu"}), 2, "--device");
+    check(run_prog(compare, {"-m", "models/nope"}), 1, "models/nope: no such model folder");
     check(run_prog(compare, {"-m", "models/tiny", "stray"}), 2, "'stray'");
     const Run one = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "short"});
     CHECK(one.rc == 0);
@@ -635,11 +645,12 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     CHECK(na.out.find("nan") == std::string::npos);
 
     // bench
-    check(run_prog(bench, {"-m", "models/tiny", "-b", "1,,2"}), 1, "-b: ''");
-    check(run_prog(bench, {"-m", "models/tiny", "-b", "x"}), 1, "-b: 'x'");
-    check(run_prog(bench, {"-m", "models/tiny", "-b", "0"}), 1, "-b: '0'");
-    check(run_prog(bench, {"-m", "models/tiny", "--ubatch", "0"}), 1, "--ubatch");
-    check(run_prog(bench, {"-m", "models/tiny", "-t", "2000"}), 1, "-t");
+    check(run_prog(bench, {"-m", "models/tiny", "-b", "1,,2"}), 2, "-b: ''");
+    check(run_prog(bench, {"-m", "models/tiny", "-b", "x"}), 2, "-b: 'x'");
+    check(run_prog(bench, {"-m", "models/tiny", "-b", "0"}), 2, "-b: '0'");
+    check(run_prog(bench, {"-m", "models/tiny", "--ubatch", "0"}), 2, "--ubatch");
+    check(run_prog(bench, {"-m", "models/tiny", "-t", "2000"}), 2, "-t");
+    check(run_prog(bench, {"-m", "models/tiny", "-r", "0"}), 2, "-r must be >= 1");
     check(run_prog(bench, {"-m", "models/tiny", "stray"}), 2, "'stray'");
     check(run_prog(bench, {"-m", "models/tiny", "-n", "abc"}), 2, "invalid value 'abc' for -n");
     check(run_prog(bench, {"-p", "8"}), 2, "-m DIR");  // a missing model folder is named in one line
@@ -669,6 +680,14 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     // tokenize
     check(run_prog(tokenize, {"--tokenizer", "models/tiny", "--text", "hi", "extra"}), 2, "'extra'");
     CHECK(run_prog(tokenize, {"--tokenizer", "models/tiny", "--text", "hi"}).rc == 0);
+    check(run_prog(tokenize, {"--tokenizer", "models/tiny", "--bench", "README.md", "--repeat", "0"}), 2, "--repeat");
+    if (fs::exists("/dev/full"))  // a lost result is a failure
+        for (const std::string& cmd : {quote(compare) + " -m models/tiny -t 1 --case short", quote(tokenize) +
+                                           " --tokenizer models/tiny --text hi", quote(bench) + " --help"}) {
+            const int st = std::system(("cd " + quote(kSrc) + " && " + cmd + " >/dev/full 2>/dev/null").c_str());
+            INFO(cmd);
+            CHECK((WIFEXITED(st) ? WEXITSTATUS(st) : -1) == 1);
+        }
 }
 
 namespace {

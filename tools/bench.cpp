@@ -52,8 +52,8 @@ std::vector<int> parse_list(const std::string& s) {
         const long v = item.empty() ? 0 : std::strtol(item.c_str(), &end, 10);
         if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos || *end != '\0' ||
             errno == ERANGE || v < 1 || v > 4096)
-            throw Error(Status::invalid_argument, "-b: '" + item + "' is not a batch size in [1, 4096] (expected a "
-                                                  "list like 1,2,8), in '" + s + "'");
+            throw tools::UsageError("-b: '" + item + "' is not a batch size in [1, 4096] (expected a list like "
+                                    "1,2,8), in '" + s + "'");
         out.push_back(int(v));
         if (j == s.size()) break;
         i = j + 1;
@@ -108,7 +108,7 @@ int main(int argc, char** argv) {
         "device", "cpu, cuda or auto", cxxopts::value<std::string>()->default_value("auto"))(
         "t,threads", "CPU threads (0: all cores)", cxxopts::value<int>()->default_value("0"))(
         "ubatch", "prefill chunk (rows per forward step)", cxxopts::value<int>()->default_value("512"))(
-        "json", "also write the results to this JSON file", cxxopts::value<std::string>())("h,help", "show this help");
+        "json", "also write the results to this JSON file (replaced if it exists)", cxxopts::value<std::string>())("h,help", "show this help");
     cxxopts::ParseResult args;
     int exit_code = 0;
     if (!tools::parse_args(opts, argc, argv, "hybrid-bench", args, &exit_code)) return exit_code;
@@ -121,12 +121,13 @@ int main(int argc, char** argv) {
         const std::string dir = args["model"].as<std::string>();
         const int n_prompt = args["prompt"].as<int>(), n_gen = args["gen"].as<int>(), reps = args["reps"].as<int>();
         std::vector<int> batches = parse_list(args["batch"].as<std::string>());
-        if (n_prompt < 1 || n_gen < 1 || reps < 1) throw Error(Status::invalid_argument, "-p, -n and -r must be >= 1");
+        for (const auto& [flag, v] : {std::pair<const char*, int>{"-p", n_prompt}, {"-n", n_gen}, {"-r", reps}})
+            if (v < 1) throw tools::UsageError(std::string(flag) + " must be >= 1, got " + std::to_string(v));
         const int max_b = *std::max_element(batches.begin(), batches.end());  // parse_list: not empty, all >= 1
         const int ubatch = args["ubatch"].as<int>(), threads = args["threads"].as<int>();
-        if (ubatch < 1) throw Error(Status::invalid_argument, "--ubatch must be >= 1, got " + std::to_string(ubatch));
+        if (ubatch < 1) throw tools::UsageError("--ubatch must be >= 1, got " + std::to_string(ubatch));
         if (threads < 0 || threads > 1024)
-            throw Error(Status::invalid_argument, "-t must be in [0, 1024], got " + std::to_string(threads));
+            throw tools::UsageError("-t must be in [0, 1024], got " + std::to_string(threads));
         // the --json file must be writable before the run (a bad path fails now, not after it); it is opened
         // without truncation here, and a file created by this check is removed if the run fails
         if (args.count("json")) {
@@ -257,9 +258,13 @@ int main(int argc, char** argv) {
             std::ofstream f(args["json"].as<std::string>(), std::ios::trunc);
             f << out.dump(1) << "\n";
             f.close();
-            if (!f) throw Error(Status::io, args["json"].as<std::string>() + ": write failed");
+            if (!f) throw Error(Status::io, args["json"].as<std::string>() + ": write failed: " + std::strerror(errno));
         }
         return 0;
+    } catch (const tools::UsageError& e) {
+        if (!json_created.empty()) ::unlink(json_created.c_str());
+        std::fprintf(stderr, "hybrid-bench: %s (see --help)\n", e.what());
+        return 2;
     } catch (const std::exception& e) {
         if (!json_created.empty()) ::unlink(json_created.c_str());
         std::fprintf(stderr, "hybrid-bench: %s\n", e.what());

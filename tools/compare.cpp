@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <filesystem>
 #include <cxxopts.hpp>
 #include <fstream>
 #include <map>
@@ -88,10 +89,12 @@ int main(int argc, char** argv) {
         mp.device = tools::parse_device(dev);
         mp.n_threads = args["threads"].as<int>();
         if (mp.n_threads < 0 || mp.n_threads > 1024)
-            throw Error(Status::invalid_argument, "-t must be in [0, 1024], got " + std::to_string(mp.n_threads));
+            throw tools::UsageError("-t must be in [0, 1024], got " + std::to_string(mp.n_threads));
         for (const char* name : {"tol", "near-tie"})
             if (args.count(name) && !(args[name].as<double>() >= 0.0))  // NaN fails too
-                throw Error(Status::invalid_argument, std::string("--") + name + " must be a number >= 0");
+                throw tools::UsageError(std::string("--") + name + " must be a number >= 0");
+        std::error_code ec;
+        if (!std::filesystem::is_directory(dir, ec)) throw Error(Status::io, dir + ": no such model folder");
         const std::string golden_path = args.count("golden") ? args["golden"].as<std::string>() : dir + "/golden.json";
         json golden;
         try {
@@ -105,7 +108,7 @@ int main(int argc, char** argv) {
         if (args.count("case")) {
             bool found = false;
             for (const json& c : golden["cases"]) found = found || (c.contains("name") && c["name"] == only_case);
-            if (!found) throw Error(Status::invalid_argument, golden_path + ": no case named '" + only_case + "'");
+            if (!found) throw tools::UsageError(golden_path + ": no case named '" + only_case + "'");
         }
         int max_len = 1;
         for (const json& c : golden["cases"])
@@ -229,7 +232,10 @@ int main(int argc, char** argv) {
             std::printf("SUMMARY: %d/%d cases exact, max logit err %.3g\n", n_exact, n_cases, worst);
         else
             std::printf("SUMMARY: %d/%d cases exact, max logit err n/a (no golden logits)\n", n_exact, n_cases);
-        return n_exact == n_cases ? 0 : 1;
+        return tools::finish("hybrid-compare", n_exact == n_cases ? 0 : 1);
+    } catch (const tools::UsageError& e) {
+        std::fprintf(stderr, "hybrid-compare: %s (see --help)\n", e.what());
+        return 2;
     } catch (const Error& e) {
         std::fprintf(stderr, "hybrid-compare: %s\n", e.what());
         return 1;

@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "cli/arg_error.h"
+#include "tools/tool_common.h"
 #include "model/common.h"
 #include "model/tokenizer.h"
 
@@ -164,7 +165,7 @@ int main(int argc, char** argv) {
         if (a.count("help")) {
             std::cout << opts.help() << "\nExit status: 0 success (--golden: every case matches); 1 failure; "
                                        "2 bad arguments.\n";
-            return 0;
+            return hy::tools::finish("hybrid-tokenize", 0);
         }
         if (!a.unmatched().empty())
             throw hy::Error(hy::Status::invalid_argument, "unexpected argument '" + a.unmatched()[0] + "' (see --help)");
@@ -174,9 +175,15 @@ int main(int argc, char** argv) {
             throw hy::Error(hy::Status::invalid_argument, "give exactly one of --text, --decode, --golden, --bench");
         std::string tok_path = a["tokenizer"].as<std::string>();
         bool parse_special = !a.count("no-special");
-        if (a.count("bench")) return run_bench(tok_path, a["bench"].as<std::string>(), a["repeat"].as<int>());
+        if (a.count("bench")) {
+            const int repeat = a["repeat"].as<int>();
+            if (repeat < 1)
+                throw hy::Error(hy::Status::invalid_argument, "--repeat must be >= 1, got " + std::to_string(repeat));
+            return hy::tools::finish("hybrid-tokenize", run_bench(tok_path, a["bench"].as<std::string>(), repeat));
+        }
         hy::Tokenizer tok = load(tok_path);
-        if (a.count("golden")) return run_golden(tok, a["golden"].as<std::string>(), parse_special);
+        if (a.count("golden"))
+            return hy::tools::finish("hybrid-tokenize", run_golden(tok, a["golden"].as<std::string>(), parse_special));
         if (a.count("decode")) {
             std::vector<int32_t> ids;
             std::stringstream ss(a["decode"].as<std::string>());
@@ -189,10 +196,10 @@ int main(int argc, char** argv) {
                 ids.push_back(v);
             }
             std::cout << tok.decode(ids) << "\n";
-            return 0;
+            return hy::tools::finish("hybrid-tokenize", 0);
         }
         std::cout << join_ids(tok.encode(a["text"].as<std::string>(), parse_special)) << "\n";
-        return 0;
+        return hy::tools::finish("hybrid-tokenize", 0);
     } catch (const hy::Error& e) {
         std::fprintf(stderr, "hybrid-tokenize: %s\n", e.what());
         return e.status() == hy::Status::invalid_argument ? 2 : 1;

@@ -3,12 +3,35 @@
 
 #include <cstdio>
 #include <cxxopts.hpp>
+#include <iostream>
+#include <stdexcept>
 #include <string>
 
 #include "cli/arg_error.h"
 #include "model/model.h"
 
 namespace hy::tools {
+
+// A bad command-line value, found after parsing: the tools exit 2 for it, as for a parse error (1 for every other
+// failure).
+struct UsageError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// False when something written to stdout (C stdio or std::cout) was lost (e.g. a full disk).
+inline bool stdout_ok() {
+    std::cout.flush();
+    return std::fflush(stdout) == 0 && !std::ferror(stdout) && std::cout.good();
+}
+
+// rc, or 1 with "NAME: cannot write to stdout" on stderr when stdout_ok() is false and rc is 0.
+inline int finish(const char* name, int rc) {
+    if (!stdout_ok() && rc == 0) {
+        std::fprintf(stderr, "%s: cannot write to stdout\n", name);
+        return 1;
+    }
+    return rc;
+}
 
 // Parses argv with `opts` (which must define -m/--model and -h/--help). Returns true when the tool should run;
 // otherwise *exit_code is 0 after --help, 2 after a parse error or a missing -m (message on stderr).
@@ -25,7 +48,7 @@ inline bool parse_args(cxxopts::Options& opts, int argc, char** argv, const char
         std::fputs(opts.help().c_str(), stdout);
         std::fputs("\nExit status: 0 success; 1 failure (an error, or for hybrid-compare a case that does not match);"
                    "\n2 bad arguments.\n", stdout);
-        *exit_code = 0;
+        *exit_code = finish(name, 0);
         return false;
     }
     if (!out.count("model")) {
@@ -36,12 +59,12 @@ inline bool parse_args(cxxopts::Options& opts, int argc, char** argv, const char
     return true;
 }
 
-// "cpu", "cuda" or "auto"; anything else is an invalid_argument error.
+// "cpu", "cuda" or "auto"; anything else is a UsageError.
 inline Device parse_device(const std::string& s) {
     if (s == "cpu") return Device::cpu;
     if (s == "cuda") return Device::cuda;
     if (s == "auto") return Device::auto_select;
-    throw Error(Status::invalid_argument, "--device must be cpu, cuda or auto, got '" + s + "'");
+    throw UsageError("--device must be cpu, cuda or auto, got '" + s + "'");
 }
 
 }  // namespace hy::tools
