@@ -430,10 +430,11 @@ struct AttnShape {
     int Hq, Hkv, D, R;
 };
 
-// long_ctx: a context of 1024 positions and a 300-token prompt, so decode steps are split over positions.
-void attention_case(const AttnShape& s, bool long_ctx = false) {
-    const int n_ctx = long_ctx ? 1024 : 64, slots = 3, first = long_ctx ? 300 : 30;
-    Pair p(limits(long_ctx ? 320 : 48, slots, n_ctx), s.Hq, s.D, size_t(long_ctx ? 256 : 64) << 20);
+// long_ctx: a context of long_ctx positions (1024: 32 splits over positions in decode steps; 2048: 64) and a
+// 300-token prompt; otherwise 64 positions (2 splits) and a 30-token prompt.
+void attention_case(const AttnShape& s, int long_ctx = 0) {
+    const int n_ctx = long_ctx ? long_ctx : 64, slots = 3, first = long_ctx ? 300 : 30;
+    Pair p(limits(long_ctx ? 320 : 48, slots, n_ctx), s.Hq, s.D, size_t(long_ctx ? 512 : 64) << 20);
     const size_t cache = size_t(slots) * n_ctx * s.Hkv * s.D;
     void* kc_c = p.cpu.take(cache * 4);
     void* vc_c = p.cpu.take(cache * 4);
@@ -489,8 +490,10 @@ TEST_CASE("CUDA attention (prefill, several runs, decode) matches the CPU refere
     attention_case({4, 1, 64, 16});    // the tiny model
     attention_case({16, 4, 256, 64});  // Qwen3.5-4B
     attention_case({6, 3, 128, 32});
-    attention_case({4, 1, 64, 16}, true);     // decode split over 32 position ranges
-    attention_case({16, 4, 256, 64}, true);
+    attention_case({4, 1, 64, 16}, 1024);     // decode split over 32 position ranges
+    attention_case({16, 4, 256, 64}, 1024);
+    attention_case({4, 1, 64, 16}, 2048);     // 64 ranges (the merge's second split per lane)
+    attention_case({16, 4, 256, 64}, 2048);
 }
 
 namespace {

@@ -182,6 +182,12 @@ uint32_t skip_mask() {
             }
         if (!found)
             throw Error(Status::invalid_argument, "HY_CUDA_SKIP_OPS: unknown op kind '" + name + "'");
+        // only ops whose absence leaves stale values, never a bad index: the row map copy, the gather, the embedding
+        // and the picks stay
+        for (Op::Kind k : {Op::Kind::copy_h2d, Op::Kind::gather_rows, Op::Kind::embed, Op::Kind::argmax})
+            if (mask >> unsigned(k) & 1u)
+                throw Error(Status::invalid_argument, std::string("HY_CUDA_SKIP_OPS: '") + kind_name(k) +
+                                                          "' cannot be left out");
         at = end + 1;
     }
     std::fprintf(stderr, "hybrid: HY_CUDA_SKIP_OPS=%s: recorded steps leave these ops out (output is meaningless)\n",

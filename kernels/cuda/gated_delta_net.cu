@@ -665,15 +665,16 @@ void gated_delta_net(const GatedDeltaNetArgs& a, const RowMap& rows, bf16* mixed
                      int64_t(rows.n_rows) * C >= int64_t(1) << 18;
     const int V = vec ? 8 : 1;
     const dim3 conv_grid(ceil_div(C / V, kConvThreads), unsigned(std::min(rows.n_rows, 65535)));
-    if (!(g_gdn_skip & 1u))
+    if (!(g_gdn_skip & 1u)) {
         launch(vec ? conv_kernel<8> : conv_kernel<1>, conv_grid, dim3(kConvThreads), 0, stream,
                "Gated DeltaNet conv kernel", qkv, a.conv_w, conv_state, rows, C, K, one_token_runs, mixed);
-    if (g_gdn_skip & 2u) return;
-    if (K > 1 && !one_token_runs) {
-        const dim3 grid(ceil_div(C / V, kConvThreads), unsigned(std::min(rows.n_runs, 65535)));
-        launch(vec ? conv_state_kernel<8> : conv_state_kernel<1>, grid, dim3(kConvThreads), 0, stream,
-               "Gated DeltaNet conv state kernel", qkv, conv_state, rows, C, K);
+        if (K > 1 && !one_token_runs) {
+            const dim3 grid(ceil_div(C / V, kConvThreads), unsigned(std::min(rows.n_runs, 65535)));
+            launch(vec ? conv_state_kernel<8> : conv_state_kernel<1>, grid, dim3(kConvThreads), 0, stream,
+                   "Gated DeltaNet conv state kernel", qkv, conv_state, rows, C, K);
+        }
     }
+    if (g_gdn_skip & 2u) return;
     switch (a.k_dim) {
         case 32: launch_recurrence<32>(a, rows, mixed, one_token_runs, stream); break;
         case 64: launch_recurrence<64>(a, rows, mixed, one_token_runs, stream); break;

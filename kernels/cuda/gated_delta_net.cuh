@@ -18,8 +18,8 @@ namespace hy::cuda {
 // multiples of 32 up to 256; others throw unsupported. args.out must not alias args.qkv, args.z or the scratch.
 void gated_delta_net(const GatedDeltaNetArgs& args, const RowMap& rows, bf16* mixed_scratch, cudaStream_t stream);
 
-// Timing studies only (HY_CUDA_SKIP_OPS in the backend): bit 0 leaves the conv kernels out, bit 1 the recurrence
-// kernels (the output is meaningless).
+// Timing studies only (HY_CUDA_SKIP_OPS in the backend): bit 0 leaves the conv kernels out (conv and conv state),
+// bit 1 the recurrence kernels (recurrence and gated norm); the output is meaningless.
 void set_gdn_skip(unsigned bits);
 unsigned gdn_skip();
 
