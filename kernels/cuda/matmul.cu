@@ -20,7 +20,7 @@ __device__ __forceinline__ float store_as<float>(float v) { return v; }
 template <>
 __device__ __forceinline__ bf16 store_as<bf16>(float v) { return to_bf16(v); }
 
-bool g_evict_first = false;
+bool g_evict_first = true;  // weights_evict_first(): on unless the backend is told otherwise
 
 // The L2 policy of weight loads: evict-first, or normal.
 __device__ __forceinline__ uint64_t weight_policy(bool evict_first) {
