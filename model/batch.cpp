@@ -141,11 +141,19 @@ bool BatchGenerator::step() {
 
     // The backend picks each row's arg max (and its log-probability) itself; a sequence that samples greedily
     // without penalties takes that pick (so its result never depends on what else shares the batch), unless it is
-    // a banned id; the logits rows reach the host only when some sequence needs the full sampler.
+    // a banned id; the logits rows reach the host only when some sequence needs the full sampler. (When no
+    // sequence samples greedily, the step brings the logits and picks nothing.)
     BatchDesc batch{n_rows, tokens_.data(), runs_.data(), n_runs};
     const std::span<const int32_t> out_rows(out_rows_.data(), size_t(n_out));
+    bool any_greedy = false;
+    for (int i = 0; i < n_out && !any_greedy; i++)
+        any_greedy = slots_[size_t(out_slot_[size_t(i)])].sampler->plain_greedy();
     std::span<const float> logits;
-    std::span<const TokenPick> picks = model_.step_greedy(batch, out_rows, n_valid_);
+    std::span<const TokenPick> picks;
+    if (any_greedy)
+        picks = model_.step_greedy(batch, out_rows, n_valid_);
+    else
+        logits = model_.step(batch, out_rows);
     const size_t V = size_t(model_.config().vocab_size);
     for (int i = 0; i < n_out; i++) {
         const int slot = out_slot_[size_t(i)];
@@ -154,7 +162,7 @@ bool BatchGenerator::step() {
         GenerationResult& res = results_[size_t(s.id)];
         int32_t tok;
         float logprob;
-        if (s.sampler->pick_stands(picks[size_t(i)].id)) {
+        if (any_greedy && s.sampler->pick_stands(picks[size_t(i)].id)) {
             tok = picks[size_t(i)].id;
             logprob = picks[size_t(i)].logprob;
         } else {

@@ -108,7 +108,8 @@ int main(int argc, char** argv) {
         "device", "cpu, cuda or auto", cxxopts::value<std::string>()->default_value("auto"))(
         "t,threads", "CPU threads (0: all cores)", cxxopts::value<int>()->default_value("0"))(
         "ubatch", "prefill chunk (rows per forward step)", cxxopts::value<int>()->default_value("512"))(
-        "json", "also write the results to this JSON file (replaced if it exists)", cxxopts::value<std::string>())("h,help", "show this help");
+        "json", "also write the results to this JSON file (replaced if it exists)", cxxopts::value<std::string>())(
+        "h,help", "show this help");
     cxxopts::ParseResult args;
     int exit_code = 0;
     if (!tools::parse_args(opts, argc, argv, "hybrid-bench", args, &exit_code)) return exit_code;

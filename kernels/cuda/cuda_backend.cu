@@ -9,9 +9,9 @@
 // HY_CUDA_GRAPHS=0, read when the backend is made, turns this off (every op launched eagerly, unfused), for
 // comparisons and debugging. Kernels use programmatic dependent launch (cuda_common.cuh) on compute capability
 // 9.0+; HY_CUDA_PDL=0 turns that off. HY_CUDA_L2_EVICT_FIRST=0 makes the decode GEMVs load weights with the
-// normal L2 policy instead of evict-first (matmul.cuh). HY_CUDA_SKIP_OPS (timing studies only: the model's output becomes
-// meaningless) names op kinds that recorded steps leave out, e.g. "add_rms_norm,gated_delta_net", or one of the
-// Gated DeltaNet's kernels (gdn_conv, gdn_recurrence; any step); see skip_mask().
+// normal L2 policy instead of evict-first (matmul.cuh). HY_CUDA_SKIP_OPS (timing studies only: the model's output
+// becomes meaningless) names op kinds that recorded steps leave out, e.g. "add_rms_norm,gated_delta_net", or one of
+// the Gated DeltaNet's kernels (gdn_conv, gdn_recurrence; any step); see skip_mask().
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -162,6 +162,12 @@ const char* kind_name(Op::Kind k) {
 // The op kinds named in HY_CUDA_SKIP_OPS (comma-separated kind_name()s) as a bit mask; throws on an unknown name.
 // A timing study: how long the decode step takes without, say, its norms tells what they cost inside the
 // pipelined graph (ncu times kernels one by one, which hides the overlap that PDL gives).
+// Whether the environment variable `name` is "0" (turns a default-on feature off).
+bool env_off(const char* name) {
+    const char* v = std::getenv(name);
+    return v && std::strcmp(v, "0") == 0;
+}
+
 uint32_t skip_mask() {
     const char* env = std::getenv("HY_CUDA_SKIP_OPS");
     if (!env || !*env) return 0;
@@ -272,16 +278,13 @@ public:
         HY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         HY_CUDA_CHECK(cudaEventCreateWithFlags(&staging_done_, cudaEventDisableTiming));
         gemm_ = std::make_unique<cuda::Gemm>();
-        const char* g = std::getenv("HY_CUDA_GRAPHS");
-        graphs_enabled_ = !(g && std::strcmp(g, "0") == 0);
+        graphs_enabled_ = !env_off("HY_CUDA_GRAPHS");
         // Programmatic dependent launch needs compute capability 9.0; HY_CUDA_PDL=0 turns it off.
         int major = 0;
         HY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-        const char* pdl = std::getenv("HY_CUDA_PDL");
-        cuda::set_pdl_enabled(major >= 9 && !(pdl && std::strcmp(pdl, "0") == 0));
+        cuda::set_pdl_enabled(major >= 9 && !env_off("HY_CUDA_PDL"));
+        cuda::set_weights_evict_first(!env_off("HY_CUDA_L2_EVICT_FIRST"));
         skip_ = skip_mask();
-        const char* ef = std::getenv("HY_CUDA_L2_EVICT_FIRST");
-        cuda::set_weights_evict_first(!(ef && std::strcmp(ef, "0") == 0));
         ops_.reserve(kMaxRecordedOps);
         fused_.reserve(kMaxRecordedOps);
         sig_.reserve(kMaxRecordedOps * 24);
