@@ -118,8 +118,8 @@ struct Repl {
         const int have = hy_context_n_tokens(c), n_ctx = hy_model_n_ctx(m);
         if (have + int(ids.size()) >= n_ctx)
             throw Failure(exit_context, "the conversation would hold " + std::to_string(have + int(ids.size())) +
-                                            " tokens; the context holds " + std::to_string(n_ctx) +
-                                            " (-c): /reset or /save it");
+                                            " tokens, leaving no room for an answer in a context of " +
+                                            std::to_string(n_ctx) + " (-c): /reset or /save it");
         std::vector<const char*> stops;
         for (const auto& st : o.stop) stops.push_back(st.c_str());
         const int32_t eot = hy_chat_end_of_turn_id(m);
@@ -204,6 +204,9 @@ struct Repl {
         std::vector<Message> msgs;
         try {
             const nlohmann::json j = nlohmann::json::parse(rest.begin(), rest.begin() + hl);
+            if (j.at("version") != 1)
+                throw Failure(exit_snapshot, path + ": conversation file version " + j.at("version").dump() +
+                                                 " (this hybrid reads version 1)");
             for (const auto& e : j.at("messages"))
                 msgs.push_back({e.at("role").get<std::string>(), e.at("content").get<std::string>()});
         } catch (const nlohmann::json::exception& e) {

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdio>
+#include <cstring>
 #include <cxxopts.hpp>
 #include <iostream>
 #include <stdexcept>
@@ -46,8 +47,8 @@ inline bool parse_args(cxxopts::Options& opts, int argc, char** argv, const char
     }
     if (out.count("help")) {
         std::fputs(opts.help().c_str(), stdout);
-        std::fputs("\nExit status: 0 success; 1 failure (an error, or for hybrid-compare a case that does not match);"
-                   "\n2 bad arguments.\n", stdout);
+        std::fprintf(stdout, "\nExit status: 0 success; 1 failure (an error%s); 2 bad arguments.\n",
+                     std::strcmp(name, "hybrid-compare") == 0 ? ", or a case that does not match" : "");
         *exit_code = finish(name, 0);
         return false;
     }
