@@ -112,4 +112,6 @@ void argmax_rows(const float* logits, int n, int row_len, int n_valid, TokenPick
            n, picks);
 }
 
+HY_CUDA_TRACE_BINDER(argmax)
+
 }  // namespace hy::cuda

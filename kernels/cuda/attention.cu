@@ -671,4 +671,6 @@ void attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, floa
                                          " is not built (64, 128 and 256 are)");
 }
 
+HY_CUDA_TRACE_BINDER(attention)
+
 }  // namespace hy::cuda

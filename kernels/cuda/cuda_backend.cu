@@ -11,12 +11,14 @@
 // 9.0+; HY_CUDA_PDL=0 turns that off. HY_CUDA_L2_EVICT_FIRST=0 makes the decode GEMVs load weights with the
 // normal L2 policy instead of evict-first (matmul.cuh). HY_CUDA_SKIP_OPS (timing studies only: the model's output
 // becomes meaningless) names op kinds that recorded steps leave out, e.g. "add_rms_norm,gated_delta_net", or one of
-// the Gated DeltaNet's kernels (gdn_conv, gdn_recurrence; any step); see skip_mask().
+// the Gated DeltaNet's kernels (gdn_conv, gdn_recurrence; any step); see skip_mask(). HY_CUDA_TRACE=FILE (timing
+// studies) writes every kernel's start and ready times to FILE when the backend is destroyed (start_trace()).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "kernels/cuda/argmax.cuh"
@@ -41,6 +43,23 @@ bool g_pdl = false;
 }
 void set_pdl_enabled(bool on) { g_pdl = on; }
 bool pdl_enabled() { return g_pdl; }
+
+void trace_bind_argmax(const TraceBuf& t);
+void trace_bind_attention(const TraceBuf& t);
+void trace_bind_elementwise(const TraceBuf& t);
+void trace_bind_embed(const TraceBuf& t);
+void trace_bind_gated_delta_net(const TraceBuf& t);
+void trace_bind_matmul(const TraceBuf& t);
+void trace_bind_norm(const TraceBuf& t);
+void trace_bind_all(const TraceBuf& t) {
+    trace_bind_argmax(t);
+    trace_bind_attention(t);
+    trace_bind_elementwise(t);
+    trace_bind_embed(t);
+    trace_bind_gated_delta_net(t);
+    trace_bind_matmul(t);
+    trace_bind_norm(t);
+}
 }  // namespace cuda
 
 namespace {
@@ -217,7 +236,7 @@ bool groupable(const Op& op) {
 //   matmul(x, Wg -> g), matmul(x, Wu -> u), silu_mul(g, u -> a)   ->  gate_up
 //   add(x += d), rms_norm(x -> y)                                  ->  add_rms_norm
 //   2 to 4 matmuls of the same x (GEMV-sized)                      ->  gemv_group
-//   (with 5 to 8 rows: 3 or 4 of them, as the attention q/k/v and Gated DeltaNet input projections: one tensor-core
+//   (with 3 to 8 rows: 3 or 4 of them, as the attention q/k/v and Gated DeltaNet input projections: one tensor-core
 //   GEMV launch instead of 3-4 cuBLASLt calls, two of them tiny; single matmuls stay with cuBLASLt, which is faster
 //   there. With HY_CUDA_GRAPHS=0 such steps run unfused, so their bits differ from the graph's.)
 void fuse(const std::vector<Op>& in, std::vector<Op>& out) {
@@ -285,6 +304,7 @@ public:
         cuda::set_pdl_enabled(major >= 9 && !env_off("HY_CUDA_PDL"));
         cuda::set_weights_evict_first(!env_off("HY_CUDA_L2_EVICT_FIRST"));
         skip_ = skip_mask();
+        if (const char* f = std::getenv("HY_CUDA_TRACE"); f && *f) start_trace(f);
         ops_.reserve(kMaxRecordedOps);
         fused_.reserve(kMaxRecordedOps);
         sig_.reserve(kMaxRecordedOps * 24);
@@ -295,6 +315,7 @@ public:
         } catch (const Error&) {
         }
         if (stream_) cudaStreamSynchronize(stream_);
+        finish_trace();
         graphs_.clear();
         gemm_.reset();
         if (staging_) cudaFreeHost(staging_);
@@ -570,10 +591,24 @@ private:
             cudaGraphExec_t g = graphs_.find(sig_);
             if (!g) {
                 fuse(ops_, fused_);
+                std::vector<cuda::LaunchRecord> names;  // the captured launches, for the trace
                 g = graphs_.capture(sig_, stream_, [&] {
-                    for (const Op& o : fused_)
-                        if (!(skip_ >> unsigned(o.kind) & 1u)) exec(o);
+                    std::vector<cuda::LaunchRecord>* const log = cuda::launch_log();
+                    if (log) cuda::launch_log() = &names;
+                    try {
+                        for (const Op& o : fused_)
+                            if (!(skip_ >> unsigned(o.kind) & 1u)) exec(o);
+                    } catch (...) {
+                        cuda::launch_log() = log;
+                        throw;
+                    }
+                    cuda::launch_log() = log;
                 });
+                if (trace_.start) graph_launches_[g] = std::move(names);
+            }
+            if (trace_.start) {
+                const std::vector<cuda::LaunchRecord>& names = graph_launches_[g];
+                trace_log_.insert(trace_log_.end(), names.begin(), names.end());
             }
             const cudaError_t e = cudaGraphLaunch(g, stream_);
             ops_.clear();
@@ -639,6 +674,51 @@ private:
     }
 
     void wait_staging() { HY_CUDA_CHECK(cudaEventSynchronize(staging_done_)); }
+
+    // HY_CUDA_TRACE=FILE (timing studies): every kernel's start and ready stamps (cuda_common.cuh) and the host's
+    // list of launches in the order the GPU runs them (eager launches, and each graph's captured list per replay);
+    // written to FILE when the backend is destroyed, one line per kernel: index, description, start and ready in
+    // ns. tools/gpu/trace_summary.py turns it into per-kernel costs.
+    void start_trace(const char* file) {
+        constexpr unsigned kCap = 1u << 21;
+        trace_file_ = file;
+        HY_CUDA_CHECK(cudaMalloc(&trace_.start, size_t(kCap) * 8));
+        HY_CUDA_CHECK(cudaMalloc(&trace_.ready, size_t(kCap) * 8));
+        HY_CUDA_CHECK(cudaMalloc(&trace_.count, 8));
+        HY_CUDA_CHECK(cudaMemset(trace_.count, 0, 8));
+        trace_.cap = kCap;
+        cuda::trace_bind_all(trace_);
+        trace_log_.reserve(kCap);
+        cuda::launch_log() = &trace_log_;
+    }
+    void finish_trace() {
+        if (!trace_.start) return;
+        cuda::launch_log() = nullptr;
+        unsigned count[2] = {0, 0};
+        cudaMemcpy(count, trace_.count, 8, cudaMemcpyDeviceToHost);
+        const size_t n = std::min<size_t>({count[0], count[1], trace_.cap});
+        std::vector<unsigned long long> start(n), ready(n);
+        cudaMemcpy(start.data(), trace_.start, n * 8, cudaMemcpyDeviceToHost);
+        cudaMemcpy(ready.data(), trace_.ready, n * 8, cudaMemcpyDeviceToHost);
+        if (FILE* f = std::fopen(trace_file_.c_str(), "w")) {
+            std::fprintf(f, "# hybrid CUDA trace: %u kernels started, %u passed their wait, %zu launches logged\n"
+                            "# index\tkernel\tblocks\tthreads\tstart_ns\tready_ns\n",
+                         count[0], count[1], trace_log_.size());
+            for (size_t i = 0; i < n; i++) {
+                const cuda::LaunchRecord r = i < trace_log_.size() ? trace_log_[i] : cuda::LaunchRecord{"?", 0, 0};
+                std::fprintf(f, "%zu\t%s\t%u\t%u\t%llu\t%llu\n", i, r.what, r.blocks, r.threads, start[i], ready[i]);
+            }
+            std::fclose(f);
+        } else {
+            std::fprintf(stderr, "hybrid: HY_CUDA_TRACE: cannot write %s\n", trace_file_.c_str());
+        }
+        const cuda::TraceBuf none{};
+        cuda::trace_bind_all(none);
+        cudaFree(trace_.start);
+        cudaFree(trace_.ready);
+        cudaFree(trace_.count);
+        trace_ = none;
+    }
     static void require_bf16(const Matrix& m, const char* what) {
         if (m.dtype != DType::BF16)
             throw Error(Status::internal, std::string("CUDA backend: ") + what + " is " + dtype_name(m.dtype) +
@@ -666,6 +746,11 @@ private:
     std::vector<Op> ops_, fused_;  // the step being recorded; its fused form (capacity reserved once)
     std::vector<uint64_t> sig_;    // the recorded step's signature
     cuda::GraphCache graphs_;
+    // HY_CUDA_TRACE
+    cuda::TraceBuf trace_{};
+    std::string trace_file_;
+    std::vector<cuda::LaunchRecord> trace_log_;
+    std::unordered_map<cudaGraphExec_t, std::vector<cuda::LaunchRecord>> graph_launches_;
 };
 
 }  // namespace

@@ -8,6 +8,7 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+#include <vector>
 
 #include "kernels/backend.h"
 #include "kernels/cuda/tuning.cuh"
@@ -95,6 +96,47 @@ __device__ __forceinline__ float siluf_(float x) { return x / (1.0f + expf(-x));
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }
 
+// ---- The decode-step trace (HY_CUDA_TRACE, see the backend) ----
+// When bound, block (0, 0, 0) of every kernel of this backend appends two %globaltimer stamps (ns): when it
+// started (in pdl_trigger) and when its wait for the predecessor returned (in pdl_wait). Kernels start and pass
+// their waits in stream order, so entry i of both lists belongs to the i-th launch; the time from one kernel's
+// wait to the next one's is what that kernel costs on the critical path of the pipelined step. Not bound (the
+// default), it costs a constant-cache load and a branch per thread.
+struct TraceBuf {
+    unsigned long long* start = nullptr;  // [cap]
+    unsigned long long* ready = nullptr;  // [cap]
+    unsigned int* count = nullptr;        // [2]: entries taken in start, in ready
+    unsigned int cap = 0;
+};
+// One copy per translation unit (CUDA without relocatable device code); each kernel file binds its own with
+// HY_CUDA_TRACE_BINDER, and the backend binds them all (trace_bind_all).
+static __constant__ TraceBuf g_trace;
+#define HY_CUDA_TRACE_BINDER(name)                                                         \
+    void trace_bind_##name(const TraceBuf& t) {                                            \
+        check(cudaMemcpyToSymbol(g_trace, &t, sizeof t), "cudaMemcpyToSymbol(trace, " #name ")"); \
+    }
+void trace_bind_all(const TraceBuf& t);
+
+__device__ __forceinline__ void trace_stamp(int which) {
+    if (g_trace.start && threadIdx.x == 0 && (blockIdx.x | blockIdx.y | blockIdx.z) == 0) {
+        unsigned long long now;
+        asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(now));
+        const unsigned int i = atomicAdd(g_trace.count + which, 1u);
+        if (i < g_trace.cap) (which ? g_trace.ready : g_trace.start)[i] = now;
+    }
+}
+
+// Host side: while set, launch() appends each launch to this list (the backend's trace log).
+struct LaunchRecord {
+    const char* what;
+    unsigned blocks;
+    unsigned threads;
+};
+inline std::vector<LaunchRecord>*& launch_log() {
+    static std::vector<LaunchRecord>* log = nullptr;
+    return log;
+}
+
 // ---- Programmatic dependent launch (PDL, compute capability 9.0+) ----
 // A kernel launched with launch() may start while the kernel before it on the stream is still running, so that
 // its launch latency and its prologue (e.g. loading weights, which no kernel writes) overlap the predecessor's
@@ -109,8 +151,10 @@ __device__ __forceinline__ void pdl_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");
 #endif
+    trace_stamp(1);
 }
 __device__ __forceinline__ void pdl_trigger() {
+    trace_stamp(0);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
 #endif
@@ -136,6 +180,8 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
     cfg.attrs = attr;
     cfg.numAttrs = pdl_enabled() ? 1 : 0;
     check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
+    if (std::vector<LaunchRecord>* log = launch_log())
+        log->push_back(LaunchRecord{what, grid.x * grid.y * grid.z, block.x * block.y * block.z});
 }
 
 }  // namespace hy::cuda

@@ -77,4 +77,6 @@ void silu_mul(const bf16* gate, const bf16* up, int64_t n, bf16* y, cudaStream_t
     }
 }
 
+HY_CUDA_TRACE_BINDER(elementwise)
+
 }  // namespace hy::cuda

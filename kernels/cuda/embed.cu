@@ -37,4 +37,6 @@ void gather_rows(const bf16* x, int64_t dim, const int32_t* rows, int n, bf16* y
     gather(x, dim, rows, n, y, stream, "gather_rows kernel");
 }
 
+HY_CUDA_TRACE_BINDER(embed)
+
 }  // namespace hy::cuda

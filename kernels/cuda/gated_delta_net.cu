@@ -682,4 +682,6 @@ void gated_delta_net(const GatedDeltaNetArgs& a, const RowMap& rows, bf16* mixed
     }
 }
 
+HY_CUDA_TRACE_BINDER(gated_delta_net)
+
 }  // namespace hy::cuda
