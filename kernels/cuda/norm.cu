@@ -4,9 +4,11 @@ namespace hy::cuda {
 
 namespace {
 
-// One block of kNormThreads per row. Each thread reads its elements twice (sum of squares, then the scaled
-// output): the second read hits L1/L2, and in-place use is safe because a thread only rewrites its own elements.
-// With kAdd, the first pass also adds d to x and stores the rounded sum back into x (each thread its own
+// One block of kNormThreads per row. Each thread passes over its elements twice (sum of squares, then the scaled
+// output); its first kPre 16-byte words stay in registers between the passes (a decode row of up to
+// kPre * 8 * kNormThreads values is read once: the second read would be another L2 round trip on the step's
+// critical path), longer rows read the rest again. In-place use is safe because a thread only rewrites its own
+// elements. With kAdd, the first pass also adds d to x and stores the rounded sum back into x (each thread its own
 // elements, which it alone reads again below).
 template <bool kVec, bool kAdd>
 __global__ void rms_norm_kernel(bf16* x, const bf16* __restrict__ d, const float* __restrict__ w, int dim, float eps,
@@ -15,8 +17,9 @@ __global__ void rms_norm_kernel(bf16* x, const bf16* __restrict__ d, const float
     pdl_trigger();
     // The norm weights of this thread's first kPre 16-byte words, loaded before the wait (weights are never
     // written by a kernel); rows longer than kPre * 8 * blockDim.x values read the rest in the loop.
-    constexpr int kPre = 2;  // (the loop below names wpre[0] and wpre[1])
+    constexpr int kPre = 2;  // (the loops below name wpre[0], wpre[1], xkeep[0] and xkeep[1])
     float wpre[kPre][8];
+    uint4 xkeep[kPre] = {};  // this thread's first kPre words of x (after the add), kept for the second pass
     if constexpr (kVec) {
 #pragma unroll
         for (int q = 0; q < kPre; q++) {
@@ -32,18 +35,21 @@ __global__ void rms_norm_kernel(bf16* x, const bf16* __restrict__ d, const float
     float ss = 0.0f;
     if constexpr (kVec) {
         uint4* x4 = reinterpret_cast<uint4*>(xr);
-        for (int i = threadIdx.x; i < dim / 8; i += blockDim.x) {
+        for (int i = threadIdx.x, q = 0; i < dim / 8; i += blockDim.x, q++) {
+            uint4 word = x4[i];
             float v[8];
-            unpack8(x4[i], v);
+            unpack8(word, v);
             if constexpr (kAdd) {
                 float a[8];
                 unpack8(reinterpret_cast<const uint4*>(d + row * dim)[i], a);
 #pragma unroll
                 for (int j = 0; j < 8; j++) v[j] += a[j];
-                const uint4 sum = pack8(v);
-                x4[i] = sum;
-                unpack8(sum, v);  // the rounded sum, as rms_norm would read it
+                word = pack8(v);
+                x4[i] = word;
+                unpack8(word, v);  // the rounded sum, as rms_norm would read it
             }
+            if (q == 0) xkeep[0] = word;
+            if (q == 1) xkeep[1] = word;
 #pragma unroll
             for (int j = 0; j < 8; j++) ss = fmaf(v[j], v[j], ss);
         }
@@ -65,7 +71,7 @@ __global__ void rms_norm_kernel(bf16* x, const bf16* __restrict__ d, const float
         uint4* y4 = reinterpret_cast<uint4*>(yr);  // may alias x4: each thread rewrites only what it read
         for (int i = threadIdx.x, q = 0; i < dim / 8; i += blockDim.x, q++) {
             float v[8];
-            unpack8(x4[i], v);
+            unpack8(q == 0 ? xkeep[0] : q == 1 ? xkeep[1] : x4[i], v);
             if (q < kPre) {
 #pragma unroll
                 for (int j = 0; j < 8; j++) v[j] = v[j] * inv * (one + (q == 0 ? wpre[0][j] : wpre[1][j]));
@@ -102,5 +108,7 @@ void add_rms_norm(bf16* x, const bf16* d, const float* w, int64_t rows, int dim,
     launch(vec ? rms_norm_kernel<true, true> : rms_norm_kernel<false, true>, unsigned(rows), kNormThreads, 0, stream,
            "add + rms_norm kernel", x, d, w, dim, eps, zero_centred, y);
 }
+
+HY_CUDA_TRACE_BINDER(norm)
 
 }  // namespace hy::cuda
