@@ -58,45 +58,55 @@ __device__ __forceinline__ void load_round(const uint4* __restrict__ wr, int bas
         if (base + step * u < K8) wv[u] = ld_weight(wr + base + step * u, pol);
 }
 
-// acc[t] += the words base, base + step, ... (kPer of them, below K8) of the row times the same words of x[t].
-template <int NT, int kPer>
-__device__ __forceinline__ void fma_round(const uint4* wv, const bf16* __restrict__ x, int K, int base, int step,
-                                          float* acc) {
+// acc[r][t] += the words base, base + step, ... (kPer of them, below K8) of row r times the same words of x[t]
+// (each word of x is loaded once for the kR rows).
+template <int NT, int kPer, int kR>
+__device__ __forceinline__ void fma_round(const uint4 (&wv)[kR][kPer], const bf16* __restrict__ x, int K, int base,
+                                          int step, float (&acc)[kR][NT]) {
     const int K8 = K / 8;
 #pragma unroll
     for (int u = 0; u < kPer; u++) {
         const int word = base + step * u;
         if (word >= K8) break;
-        float wf[8];
-        unpack8(wv[u], wf);
+        float wf[kR][8];
+#pragma unroll
+        for (int r = 0; r < kR; r++) unpack8(wv[r][u], wf[r]);
 #pragma unroll
         for (int t = 0; t < NT; t++) {
             float xf[8];
             unpack8(__ldg(reinterpret_cast<const uint4*>(x + int64_t(t) * K) + word), xf);
 #pragma unroll
-            for (int e = 0; e < 8; e++) acc[t] = fmaf(wf[e], xf[e], acc[t]);
+            for (int r = 0; r < kR; r++)
+#pragma unroll
+                for (int e = 0; e < 8; e++) acc[r][t] = fmaf(wf[r][e], xf[e], acc[r][t]);
         }
     }
 }
 
-// acc[t] = W[row, :] . x[t, :] over this warp's share; `valid` false: no loads, acc stays 0. Waits for the
-// predecessor kernel after issuing the first round of weight loads.
-template <int NT, int kPer>
-__device__ __forceinline__ void row_dot(const bf16* __restrict__ w_row, bool valid, const bf16* __restrict__ x, int K,
-                                        int first, int step, float* acc, uint64_t pol) {
-    const uint4* wr = reinterpret_cast<const uint4*>(w_row);
+// acc[r][t] = W[row r, :] . x[t, :] over this warp's share, for kR rows of W (w_row[r]; valid[r] false: no loads,
+// acc[r] stays 0). Waits for the predecessor kernel after issuing the first round of weight loads.
+template <int NT, int kPer, int kR>
+__device__ __forceinline__ void rows_dot(const bf16* const (&w_row)[kR], const bool (&valid)[kR],
+                                         const bf16* __restrict__ x, int K, int first, int step, float (&acc)[kR][NT],
+                                         uint64_t pol) {
     const int K8 = K / 8;
-    uint4 wv[kPer];
-    if (valid) load_round<kPer>(wr, first, step, K8, wv, pol);
+    uint4 wv[kR][kPer];
+#pragma unroll
+    for (int r = 0; r < kR; r++)
+        if (valid[r]) load_round<kPer>(reinterpret_cast<const uint4*>(w_row[r]), first, step, K8, wv[r], pol);
     pdl_wait();
 #pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = 0.0f;
-    if (!valid) return;
+    for (int r = 0; r < kR; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    if (!valid[0]) return;  // (rows are filled in order: no valid row after an invalid one)
     for (int base = first;;) {
-        fma_round<NT, kPer>(wv, x, K, base, step, acc);
+        fma_round<NT, kPer, kR>(wv, x, K, base, step, acc);
         base += step * kPer;
         if (base >= K8) break;
-        load_round<kPer>(wr, base, step, K8, wv, pol);
+#pragma unroll
+        for (int r = 0; r < kR; r++)
+            if (valid[r]) load_round<kPer>(reinterpret_cast<const uint4*>(w_row[r]), base, step, K8, wv[r], pol);
     }
 }
 
@@ -157,18 +167,18 @@ __global__ void __launch_bounds__(gemv_block_warps<kSplit>() * 32)
     pdl_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const GroupMember mem = group_member(g);
-    const bf16* w = mem.w;
     void* y_out = mem.y;
     const int N = mem.n, first_block = mem.first_block;
     const int n = (int(blockIdx.x) - first_block) * kRows + warp / kSplit;
-    const bool valid = n < N;
-    float acc[NT];
-    row_dot<NT, kPer>(w + int64_t(valid ? n : 0) * K, valid, x, K, lane + 32 * (warp % kSplit), 32 * kSplit, acc,
-                      weight_policy(g.evict_first));
-    if (!reduce_parts<NT, kSplit>(acc, part) || !valid || lane != 0) return;
+    const bool valid[1] = {n < N};
+    const bf16* const w_row[1] = {mem.w + int64_t(valid[0] ? n : 0) * K};
+    float acc[1][NT];
+    rows_dot<NT, kPer, 1>(w_row, valid, x, K, lane + 32 * (warp % kSplit), 32 * kSplit, acc,
+                          weight_policy(g.evict_first));
+    if (!reduce_parts<NT, kSplit>(acc[0], part) || !valid[0] || lane != 0) return;
     OutT* y = static_cast<OutT*>(y_out);
 #pragma unroll
-    for (int t = 0; t < NT; t++) y[int64_t(t) * N + n] = store_as<OutT>(acc[t]);
+    for (int t = 0; t < NT; t++) y[int64_t(t) * N + n] = store_as<OutT>(acc[0][t]);
 }
 
 // The MLP's gate and up projections and the activation in one pass: kSplit warps per feature n compute
@@ -180,37 +190,18 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     gemv_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ wg, const bf16* __restrict__ wu,
                         bf16* gate_out, bf16* up_out, bf16* act_out, int N, int K, bool evict_first) {
     constexpr int kRows = kGemvWarps / kSplit;
-    __shared__ float part_g[kGemvWarps][NT], part_u[kGemvWarps][NT];
+    __shared__ float part[kGemvWarps][2 * NT];
     pdl_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n = blockIdx.x * kRows + warp / kSplit;
-    const bool valid = n < N;
-    const int K8 = K / 8, first = lane + 32 * (warp % kSplit), step = 32 * kSplit;
-    const uint4* wgr = reinterpret_cast<const uint4*>(wg + int64_t(valid ? n : 0) * K);
-    const uint4* wur = reinterpret_cast<const uint4*>(wu + int64_t(valid ? n : 0) * K);
-    uint4 vg[kPer], vu[kPer];
-    const uint64_t pol = weight_policy(evict_first);
-    if (valid) {
-        load_round<kPer>(wgr, first, step, K8, vg, pol);
-        load_round<kPer>(wur, first, step, K8, vu, pol);
-    }
-    pdl_wait();
-    float ag[NT], au[NT];
-#pragma unroll
-    for (int t = 0; t < NT; t++) ag[t] = au[t] = 0.0f;
-    if (valid) {
-        for (int base = first;;) {
-            fma_round<NT, kPer>(vg, x, K, base, step, ag);
-            fma_round<NT, kPer>(vu, x, K, base, step, au);
-            base += step * kPer;
-            if (base >= K8) break;
-            load_round<kPer>(wgr, base, step, K8, vg, pol);
-            load_round<kPer>(wur, base, step, K8, vu, pol);
-        }
-    }
-    const bool lead_g = reduce_parts<NT, kSplit>(ag, part_g);
-    const bool lead = reduce_parts<NT, kSplit>(au, part_u) && lead_g;
-    if (!lead || !valid || lane != 0) return;
+    const bool v = n < N;
+    const bool valid[2] = {v, v};
+    const bf16* const w_row[2] = {wg + int64_t(v ? n : 0) * K, wu + int64_t(v ? n : 0) * K};
+    float acc[2][NT];  // gate, up
+    rows_dot<NT, kPer, 2>(w_row, valid, x, K, lane + 32 * (warp % kSplit), 32 * kSplit, acc, weight_policy(evict_first));
+    if (!reduce_parts<2 * NT, kSplit>(&acc[0][0], part) || !v || lane != 0) return;
+    const float* ag = acc[0];
+    const float* au = acc[1];
 #pragma unroll
     for (int t = 0; t < NT; t++) {
         const float gv = round_bf16(ag[t]), uv = round_bf16(au[t]);
@@ -244,9 +235,7 @@ void gemv_rows(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, GemvConf
     switch (T) {
         case 1: return gemv_shape<1, OutT>(x, g, K, c, stream);
         case 2: return gemv_shape<2, OutT>(x, g, K, c, stream);
-        case 3: return gemv_shape<3, OutT>(x, g, K, c, stream);
-        case 4: return gemv_shape<4, OutT>(x, g, K, c, stream);
-        default: throw Error(Status::internal, "gemv: " + std::to_string(T) + " rows (at most 4)");
+        default: throw Error(Status::internal, "gemv: " + std::to_string(T) + " rows (at most 2)");
     }
 }
 
@@ -258,8 +247,8 @@ void gate_up_launch(const bf16* x, const bf16* wg, const bf16* wu, int64_t N, in
            "gemv gate/up/SiLU kernel", x, wg, wu, gate_out, up_out, act_out, int(N), int(K), g_evict_first);
 }
 
-// ---- the small-batch GEMV on tensor cores (5 to 8 rows of x) ----
-// With more than 4 rows the GEMV above becomes bound by reading x from L1 (every weight word meets every row),
+// ---- the small-batch GEMV on tensor cores (3 to 8 rows of x) ----
+// With more than 2 rows the GEMV above becomes bound by reading x from L1 (every weight word meets every row),
 // so here the products run on tensor cores: mma.sync m16n8k16 with A = 16 weight rows x 16 k, B = 16 k x 8 rows
 // of x (rows >= T are zeros), fp32 accumulation. A warp owns a tile of 16 output features and every kMmaParts-th
 // chunk of 32 k of it (the kMmaParts warps of a block share the tile and are summed in a fixed order at the end).
@@ -267,7 +256,7 @@ void gate_up_launch(const bf16* x, const bf16* wg, const bf16* wu, int64_t N, in
 // q = lane%4) loads the 16-byte words W[row g][8q .. 8q+7] and W[row g+8][...] and x[row g][8q .. 8q+7] of the
 // chunk, and the two mma of the chunk take its halves {8q+0,1 | 8q+2,3} and {8q+4,5 | 8q+6,7} as k = {2q, 2q+1 |
 // 2q+8, 2q+9}. Each output sums the same products in the same order whatever T is, so a row of x gets the same
-// result in any batch of 5 to 8 rows. Weights of the first round are loaded before the PDL wait.
+// result in any batch of 3 to 8 rows. Weights of the first round are loaded before the PDL wait.
 constexpr int kMmaParts = 8;   // warps per block (K split)
 constexpr int kMmaUnroll = 4;  // chunks of 32 k per warp in flight
 
@@ -388,7 +377,7 @@ void matmul_scalar(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K
 
 }  // namespace
 
-static_assert(kGemvBlockMaxTokens == 4, "gemv_rows instantiates 1..4 rows");
+static_assert(kGemvBlockMaxTokens == 2, "gemv_rows and gemv_gate_up instantiate 1 and 2 rows");
 static_assert(kGemvMaxTokens == 8, "the tensor-core GEMV takes up to 8 rows (mma n = 8)");
 
 void set_weights_evict_first(bool on) { g_evict_first = on; }
@@ -399,7 +388,7 @@ bool gemv_fits(const bf16* x, int64_t T, const bf16* w, int64_t K) {
            aligned16(w);
 }
 
-// 5 to 8 rows: only groups of 3 or 4 matrices (hybrid-kernel-bench, 8 rows: the 4B q/k/v group 2.6 TB/s and the
+// 3 to 8 rows: only groups of 3 or 4 matrices (hybrid-kernel-bench, 8 rows: the 4B q/k/v group 2.6 TB/s and the
 // Gated DeltaNet input group 2.8 TB/s against 2.1 and 2.0 for their cuBLASLt calls; single matrices and the gate/up
 // pair are faster with cuBLASLt: o_proj 2.2 vs 1.8, down_proj 2.9 vs 2.1, gate+up 3.4 vs 2.9, lm_head 4.2 vs 3.6).
 bool gemv_group_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, int count) {
@@ -453,9 +442,7 @@ void gemv_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int6
     switch (T) {
         case 1: return gate_up_launch<1>(x, wg, wu, N, K, gate_out, up_out, act_out, stream);
         case 2: return gate_up_launch<2>(x, wg, wu, N, K, gate_out, up_out, act_out, stream);
-        case 3: return gate_up_launch<3>(x, wg, wu, N, K, gate_out, up_out, act_out, stream);
-        case 4: return gate_up_launch<4>(x, wg, wu, N, K, gate_out, up_out, act_out, stream);
-        default: throw Error(Status::internal, "gemv_gate_up: " + std::to_string(T) + " rows (at most 4)");
+        default: throw Error(Status::internal, "gemv_gate_up: " + std::to_string(T) + " rows (at most 2)");
     }
 }
 
@@ -541,5 +528,7 @@ void matmul(Gemm& gemm, const bf16* x, int64_t T, const bf16* w, int64_t N, int6
     else
         matmul_scalar(x, T, w, N, K, y, out_f32, stream);
 }
+
+HY_CUDA_TRACE_BINDER(matmul)
 
 }  // namespace hy::cuda

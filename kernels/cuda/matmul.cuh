@@ -84,12 +84,12 @@ void gemv_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int6
                   bf16* up_out, bf16* act_out, cudaStream_t stream);
 
 // The GEMV path alone (T <= kGemvBlockMaxTokens, K % 8 == 0, 16-byte aligned x and w rows); gemv_group also takes
-// 5 to 8 rows with K % 32 == 0 (tensor cores).
+// 3 to 8 rows with K % 32 == 0 (tensor cores).
 void gemv(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32, cudaStream_t stream);
 // True when gemv() can take this shape and these pointers (T <= kGemvBlockMaxTokens).
 bool gemv_fits(const bf16* x, int64_t T, const bf16* w, int64_t K);
 // True when a group of `count` such matrices over x may go to gemv_group (count 1: a member that could join a
-// group; 5 to 8 rows need count 3 or 4, see matmul.cu).
+// group; 3 to 8 rows need count 3 or 4, see matmul.cu).
 bool gemv_group_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, int count);
 
 // y = x @ w^T through the GEMV when it fits, else cuBLASLt.
