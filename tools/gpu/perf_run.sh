@@ -7,7 +7,7 @@
 #      PDL off, prefill 4096, batch sizes 1..128
 #   4. Hugging Face transformers on the same folder (tools/gpu/hf_decode_baseline.py)
 #   5. ncu per-kernel times of one decode step
-#   6. optional stages: ablate (decode b=1 without some op kinds, HY_CUDA_SKIP_OPS), sanitize (compute-sanitizer
+#   6. optional stages: ab (alternating decode b=1 pairs, AB="ENV=VALUE ..."), ablate (decode b=1 without some op kinds, HY_CUDA_SKIP_OPS), sanitize (compute-sanitizer
 #      memcheck/racecheck), ncu64, ncu8 (b=64 / b=8 profiles), cli
 # STAGES (default "all") limits the run: e.g. STAGES="tests bench" . Logs: $OUT/all.log, $OUT/summary.txt.
 # Usage (device tool): bash tools/gpu/perf_run.sh   with carry [".carry", "gpu-bin"]; gpu-bin/bins.txz holds
@@ -54,7 +54,7 @@ if want kernels; then
     step kernel_bench8 120 $BIN/hybrid-kernel-bench 8
     grep -E "^\| [a-z]" "$LOG" | tail -6 >>"$SUM"
 fi
-if want bench || want ablate || want hf || want ncu || want ncu64 || want ncu8 || want cli; then
+if want bench || want ablate || want ab || want hf || want ncu || want ncu64 || want ncu8 || want cli; then
     [ -f $M/config.json ] || step fixture_4b 150 python3 tools/gpu/random_checkpoint.py --out $M  # kept while warm
 fi
 if want bench; then
@@ -78,6 +78,16 @@ if want ablate; then  # decode b=1 without some op kinds (HY_CUDA_SKIP_OPS): wha
     step ablate_gemv_only_nopdl 60 env HY_CUDA_PDL=0 HY_CUDA_SKIP_OPS=add_rms_norm,rms_norm,gated_delta_net,attention \
         $BIN/hybrid-bench -m $M --device cuda -p 512 -n 128 -r 3
     say "skip [small, PDL off]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+fi
+if want ab; then  # alternating pairs of decode b=1 with and without the environment settings in AB (default: the
+    # decode norm fusion off), each pair in one warm run: differences of a few percent beat the run-to-run noise
+    AB=${AB:-HY_CUDA_NORM_FUSION=0}
+    for i in 1 2; do
+        step "ab_default_$i" 60 $BIN/hybrid-bench -m $M --device cuda -p 512 -n 128 -r 3
+        say "ab default: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+        step "ab_with_$i" 60 env $AB $BIN/hybrid-bench -m $M --device cuda -p 512 -n 128 -r 3
+        say "ab [$AB]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+    done
 fi
 if want hf; then
     step hf_baseline 150 python3 tools/gpu/hf_decode_baseline.py --model $M --prompt 512 --new 32
