@@ -132,6 +132,15 @@ public:
 
     // ---- one forward step ----
     virtual void begin_batch(const BatchDesc& batch) = 0;
+    // Instead of begin_batch and the step's ops: when the backend recorded the previous step and can run it again
+    // (the CUDA backend's graphs) and `batch` has that step's shape (rows, runs, rows per run), enqueues it again
+    // with batch's token ids, positions and slots and returns true; else does nothing and returns false. The
+    // caller guarantees that the ops it would issue for `batch` are those of that step (Model: same rows per run,
+    // logits rows and greedy picks), so the host skips recording them (about 300 ops per decode step).
+    virtual bool repeat_step(const BatchDesc& batch) {
+        (void)batch;
+        return false;
+    }
     // x[T, H] = table[token_ids] (converted to act).
     virtual void embed(const Matrix& table, void* x) = 0;
     // y[rows, dim] = x * rsqrt(mean(x^2) + eps) * (zero_centred ? 1 + w : w); fp32 math; y may alias x.

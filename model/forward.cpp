@@ -113,12 +113,26 @@ void Model::check_batch(const BatchDesc& batch, std::span<const int32_t> out_row
     if (dup >= 0) throw Error(Status::invalid_argument, "slot " + std::to_string(dup) + " appears twice in one batch");
 }
 
-void Model::advance(const BatchDesc& batch, std::span<const int32_t> out_rows) {
+void Model::advance(const BatchDesc& batch, std::span<const int32_t> out_rows, int n_valid) {
     check_batch(batch, out_rows);
     last_n_out_ = 0;
-    forward(batch, out_rows);
+    const int n_out = int(out_rows.size());
+    std::vector<int32_t>& key = step_key_;
+    key.clear();
+    key.push_back(batch.n_tokens);
+    key.push_back(batch.n_runs);
+    for (int r = 0; r < batch.n_runs; r++) key.push_back(batch.runs[r].n_tokens);
+    key.push_back(n_out);
+    key.insert(key.end(), out_rows.begin(), out_rows.end());
+    key.push_back(n_out > 0 ? n_valid : 0);
+    if (!(key == last_step_key_ && backend_->repeat_step(batch))) {
+        last_step_key_.clear();  // (stays empty if the step throws)
+        forward(batch, out_rows);
+        if (n_valid > 0 && n_out > 0) backend_->argmax_rows(act_.logits, n_out, config_.vocab_size, n_valid, act_.picks);
+        last_step_key_.assign(key.begin(), key.end());
+    }
     for (int r = 0; r < batch.n_runs; r++) seq_len_[size_t(batch.runs[r].slot)] += batch.runs[r].n_tokens;
-    last_n_out_ = int(out_rows.size());
+    last_n_out_ = n_out;
 }
 
 std::span<const float> Model::step(const BatchDesc& batch, std::span<const int32_t> out_rows) {
@@ -127,10 +141,9 @@ std::span<const float> Model::step(const BatchDesc& batch, std::span<const int32
 }
 
 std::span<const TokenPick> Model::step_greedy(const BatchDesc& batch, std::span<const int32_t> out_rows, int n_valid) {
-    advance(batch, out_rows);
+    advance(batch, out_rows, std::clamp(n_valid, 1, config_.vocab_size));
     const int n = last_n_out_;
     if (n == 0) return {};
-    backend_->argmax_rows(act_.logits, n, config_.vocab_size, std::clamp(n_valid, 1, config_.vocab_size), act_.picks);
     backend_->download(picks_host_.data(), act_.picks, size_t(n) * sizeof(TokenPick));
     return {picks_host_.data(), size_t(n)};
 }

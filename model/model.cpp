@@ -341,6 +341,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     m->runs_scratch_.resize(S);
     m->slot_seen_.assign(S, 0);
     m->rows_scratch_.resize(T);
+    m->last_step_key_.reserve(S + size_t(p.max_logits) + 4);
+    m->step_key_.reserve(S + size_t(p.max_logits) + 4);
     return m;
 }
 

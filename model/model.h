@@ -157,8 +157,10 @@ private:
     Model() = default;
     void forward(const BatchDesc& batch, std::span<const int32_t> out_rows);
     void check_batch(const BatchDesc& batch, std::span<const int32_t> out_rows) const;
-    // check_batch, forward, then the sequence lengths and the count of logits rows left on the backend.
-    void advance(const BatchDesc& batch, std::span<const int32_t> out_rows);
+    // check_batch, forward (then, with n_valid > 0, the greedy picks of the out rows into act_.picks), then the
+    // sequence lengths and the count of logits rows left on the backend. A step of the same shape as the last one
+    // (same rows per run, out rows and n_valid) asks the backend to repeat it instead (Backend::repeat_step).
+    void advance(const BatchDesc& batch, std::span<const int32_t> out_rows, int n_valid = 0);
 
     std::string dir_;
     ModelConfig config_;
@@ -177,6 +179,9 @@ private:
     // host-side batch scratch (sized at load; the decode loop allocates nothing)
     std::vector<SeqRun> runs_scratch_;
     std::vector<int32_t> rows_scratch_;
+    // advance(): the shape of the last step [n_tokens, n_runs, rows per run..., n_out, out rows..., n_valid] (empty:
+    // none that may be repeated) and the current one (capacity reserved at load)
+    std::vector<int32_t> last_step_key_, step_key_;
     mutable std::vector<uint8_t> slot_seen_;  // [n_slots] check_batch's "slot twice" marks (all 0 between calls)
 
     friend struct ModelLoader;

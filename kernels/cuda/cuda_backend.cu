@@ -417,6 +417,7 @@ public:
         flush();
         synchronize();
         graphs_.clear();  // captured graphs point into the old workspace
+        last_graph_ = nullptr;
         limits_ = l;
         ws_ = static_cast<char*>(ws);
         gemm_->set_workspace(ws_);
@@ -424,6 +425,8 @@ public:
         if (staging_) cudaFreeHost(staging_);
         staging_ = nullptr;
         HY_CUDA_CHECK(cudaMallocHost(&staging_, 5 * T * 4 + R * sizeof(SeqRun)));
+        last_runs_.reserve(R);
+        recorded_runs_.reserve(R);
         char* d = ws_ + align256(cuda::Gemm::kWorkspaceBytes);
         d_tokens_ = reinterpret_cast<int32_t*>(d);
         d_slot_ = d_tokens_ + T;
@@ -443,32 +446,40 @@ public:
                                                       std::to_string(b.n_runs) + " runs exceeds the load-time limits");
         flush();
         wait_staging();
-        const size_t T = size_t(limits_.max_tokens);
-        int32_t* h = static_cast<int32_t*>(staging_);
-        int32_t *tok = h, *slot = h + T, *pos = h + 2 * T, *in_run = h + 3 * T;
-        std::memcpy(tok, b.token_ids, size_t(b.n_tokens) * 4);
-        for (int r = 0; r < b.n_runs; r++) {
-            const SeqRun& run = b.runs[r];
-            for (int i = 0; i < run.n_tokens; i++) {
-                slot[run.row + i] = run.slot;
-                pos[run.row + i] = run.pos + i;
-                in_run[run.row + i] = i;
-            }
-        }
-        SeqRun* runs = reinterpret_cast<SeqRun*>(h + 5 * T);
-        std::memcpy(runs, b.runs, size_t(b.n_runs) * sizeof(SeqRun));
+        fill_staging(b);
         // Graphs for small steps and for every decode step (one token per run: few distinct shapes, one graph per
         // batch size); prefill steps of other shapes would rarely repeat.
         recording_ = graphs_enabled_ && (b.n_tokens <= kGraphMaxTokens || b.n_runs == b.n_tokens);
-        // One copy of the four row arrays (the gather slot after them is unused here) and one of the runs.
+        if (recording_) {
+            recorded_runs_.clear();
+            for (int r = 0; r < b.n_runs; r++) recorded_runs_.push_back(b.runs[r].n_tokens);
+        }
+        // One copy of the row arrays, the gather rows and the runs (contiguous in the staging buffer and on the
+        // device): a recorded step's gather_rows() fills its part of the staging buffer before the graph runs, so
+        // the graph has a single copy node, ahead of every kernel.
         Op c;
         c.kind = Op::Kind::copy_h2d;
-        c.x = h; c.y = d_tokens_; c.n = int64_t(4 * T * 4);
-        submit(c);
-        c.x = runs; c.y = d_runs_; c.n = int64_t(size_t(b.n_runs) * sizeof(SeqRun));
+        c.x = staging_; c.y = d_tokens_;
+        c.n = int64_t(5 * size_t(limits_.max_tokens) * 4 + size_t(b.n_runs) * sizeof(SeqRun));
         submit(c);
         if (!recording_) HY_CUDA_CHECK(cudaEventRecord(staging_done_, stream_));
         rows_ = cuda::RowMap{d_slot_, d_pos_, d_in_run_, d_runs_, b.n_tokens, b.n_runs};
+    }
+
+    bool repeat_step(const BatchDesc& b) override {
+        if (!last_graph_ || recording_ || b.n_tokens != last_rows_ || b.n_runs != int(last_runs_.size())) return false;
+        for (int r = 0; r < b.n_runs; r++)
+            if (b.runs[r].n_tokens != last_runs_[size_t(r)]) return false;
+        wait_staging();
+        fill_staging(b);
+        rows_ = cuda::RowMap{d_slot_, d_pos_, d_in_run_, d_runs_, b.n_tokens, b.n_runs};
+        if (trace_.start) {
+            const std::vector<cuda::LaunchRecord>& names = graph_launches_[last_graph_];
+            trace_log_.insert(trace_log_.end(), names.begin(), names.end());
+        }
+        HY_CUDA_CHECK(cudaGraphLaunch(last_graph_, stream_));
+        HY_CUDA_CHECK(cudaEventRecord(staging_done_, stream_));
+        return true;
     }
 
     void embed(const Matrix& table, void* x) override {
@@ -534,11 +545,13 @@ public:
         wait_staging();
         int32_t* h = static_cast<int32_t*>(staging_) + 4 * size_t(limits_.max_tokens);
         std::memcpy(h, rows, size_t(n) * 4);
-        Op c;
-        c.kind = Op::Kind::copy_h2d;
-        c.x = h; c.y = d_gather_; c.n = int64_t(n) * 4;
-        submit(c);
-        if (!recording_) HY_CUDA_CHECK(cudaEventRecord(staging_done_, stream_));
+        if (!recording_) {  // (a recorded step's begin_batch copy, run when the graph runs, carries them)
+            Op c;
+            c.kind = Op::Kind::copy_h2d;
+            c.x = h; c.y = d_gather_; c.n = int64_t(n) * 4;
+            submit(c);
+            HY_CUDA_CHECK(cudaEventRecord(staging_done_, stream_));
+        }
         Op op;
         op.kind = Op::Kind::gather_rows;
         op.x = x; op.dim = dim; op.n = n; op.y = y;
@@ -567,10 +580,12 @@ private:
     // Runs the op now, or appends it to the recorded step.
     void submit(const Op& op) {
         if (!recording_) {
+            last_graph_ = nullptr;  // the work on the stream is no longer just the last recorded step
             exec(op);
             return;
         }
         if (ops_.size() == kMaxRecordedOps) {  // an unusually long step: run what was recorded, go on eagerly
+            last_graph_ = nullptr;
             for (const Op& o : ops_) exec(o);
             ops_.clear();
             sig_.clear();
@@ -611,6 +626,9 @@ private:
                 trace_log_.insert(trace_log_.end(), names.begin(), names.end());
             }
             const cudaError_t e = cudaGraphLaunch(g, stream_);
+            last_graph_ = e == cudaSuccess ? g : nullptr;
+            last_rows_ = rows_.n_rows;
+            last_runs_.assign(recorded_runs_.begin(), recorded_runs_.end());
             ops_.clear();
             sig_.clear();
             cuda::check(e, "cudaGraphLaunch");
@@ -674,6 +692,23 @@ private:
     }
 
     void wait_staging() { HY_CUDA_CHECK(cudaEventSynchronize(staging_done_)); }
+    // Writes the row map of b (token ids, slot, position and index in run per row; the runs) into the staging
+    // buffer; the caller has waited for its previous use (wait_staging).
+    void fill_staging(const BatchDesc& b) {
+        const size_t T = size_t(limits_.max_tokens);
+        int32_t* h = static_cast<int32_t*>(staging_);
+        int32_t *tok = h, *slot = h + T, *pos = h + 2 * T, *in_run = h + 3 * T;
+        std::memcpy(tok, b.token_ids, size_t(b.n_tokens) * 4);
+        for (int r = 0; r < b.n_runs; r++) {
+            const SeqRun& run = b.runs[r];
+            for (int i = 0; i < run.n_tokens; i++) {
+                slot[run.row + i] = run.slot;
+                pos[run.row + i] = run.pos + i;
+                in_run[run.row + i] = i;
+            }
+        }
+        std::memcpy(h + 5 * T, b.runs, size_t(b.n_runs) * sizeof(SeqRun));
+    }
 
     // HY_CUDA_TRACE=FILE (timing studies): every kernel's start and ready stamps (cuda_common.cuh) and the host's
     // list of launches in the order the GPU runs them (eager launches, and each graph's captured list per replay);
@@ -746,6 +781,10 @@ private:
     std::vector<Op> ops_, fused_;  // the step being recorded; its fused form (capacity reserved once)
     std::vector<uint64_t> sig_;    // the recorded step's signature
     cuda::GraphCache graphs_;
+    // repeat_step(): the graph launched last, if nothing ran on the stream after it, and its step's shape
+    cudaGraphExec_t last_graph_ = nullptr;
+    int last_rows_ = 0;
+    std::vector<int32_t> last_runs_, recorded_runs_;  // rows per run (capacity reserved in set_workspace)
     // HY_CUDA_TRACE
     cuda::TraceBuf trace_{};
     std::string trace_file_;
