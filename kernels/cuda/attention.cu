@@ -13,8 +13,62 @@ namespace {
 
 constexpr int kMaxHeadDim = 256;
 
+// One warp turns a q or k head vector src [D] of row position pos into what attention uses: RMSNorm over D with
+// weight 1 + nw, then RoPE on the first R dims; lane l returns elements l + 32 j in v[j] (bf16-rounded values).
+// buf: D floats of shared memory for the warp (the rotate_half partner). The single definition of this rounding,
+// for the prep kernel and the decode core kernel that does it itself.
+template <int D>
+__device__ __forceinline__ void norm_rope(const AttentionArgs& p, const bf16* src, const float* nw, int pos, float* buf,
+                                          float (&v)[D / 32]) {
+    constexpr int kPer = D / 32;
+    const int lane = threadIdx.x & 31, R = p.rotary_dim, half = R / 2;
+    float ss = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kPer; j++) {
+        v[j] = to_f32(src[lane + 32 * j]);
+        ss = __fmaf_rn(v[j], v[j], ss);
+    }
+    ss = warp_sum(ss);
+    const float inv = rsqrtf(ss / float(D) + p.eps);
+#pragma unroll
+    for (int j = 0; j < kPer; j++) {
+        const int i = lane + 32 * j;
+        v[j] = round_bf16(v[j] * inv * (1.0f + nw[i]));
+        buf[i] = v[j];
+    }
+    __syncwarp();
+#pragma unroll
+    for (int j = 0; j < kPer; j++) {
+        const int i = lane + 32 * j;
+        if (i < R) {
+            const int f = i < half ? i : i - half;
+            const float inv_freq = 1.0f / powf(p.rope_theta, float(2 * f) / float(R));
+            const float angle = float(pos) * inv_freq;
+            const float c = round_bf16(cosf(angle)), s = round_bf16(sinf(angle));
+            const float rot = i < half ? -buf[i + half] : buf[i - half];
+            v[j] = round_bf16(round_bf16(v[j] * c) + round_bf16(rot * s));
+        }
+    }
+}
+
+// Row t's k head h (normed, RoPE'd) and v head h into the KV cache at the row's position; lane l writes elements
+// l + 32 j of k (kv[j]).
+template <int D>
+__device__ __forceinline__ void write_kv(const AttentionArgs& p, const RowMap& rows, int t, int h, const float* kv) {
+    const int lane = threadIdx.x & 31, Hkv = p.n_kv_heads;
+    const int64_t kv_row = int64_t(Hkv) * D;
+    const int64_t off = int64_t(rows.slot[t]) * p.n_ctx * kv_row + int64_t(rows.pos[t]) * kv_row + int64_t(h) * D;
+    bf16* kd = static_cast<bf16*>(p.k_cache) + off;
+    bf16* vd = static_cast<bf16*>(p.v_cache) + off;
+    const bf16* vs = static_cast<const bf16*>(p.v) + (int64_t(t) * Hkv + h) * D;
+#pragma unroll
+    for (int j = 0; j < D / 32; j++) {
+        kd[lane + 32 * j] = to_bf16(kv[j]);
+        vd[lane + 32 * j] = vs[lane + 32 * j];
+    }
+}
+
 // One warp per head vector: blockIdx.x = row, warp w of the block handles head w (q heads first, then k heads).
-// Lane l holds elements l, l + 32, ... (D / 32 of them).
 template <int D>
 __global__ void attn_prep_kernel(AttentionArgs p, RowMap rows, bf16* __restrict__ q_out) {
     constexpr int kPer = D / 32;
@@ -24,57 +78,21 @@ __global__ void attn_prep_kernel(AttentionArgs p, RowMap rows, bf16* __restrict_
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int t = blockIdx.x;
     const int head = blockIdx.y * kAttnWarps + warp;
-    const int Hq = p.n_heads, Hkv = p.n_kv_heads, R = p.rotary_dim, half = R / 2;
+    const int Hq = p.n_heads, Hkv = p.n_kv_heads;
     if (head >= Hq + Hkv) return;
     const bool is_q = head < Hq;
     const int h = is_q ? head : head - Hq;
     const bf16* src = is_q ? static_cast<const bf16*>(p.qg) + (int64_t(t) * Hq + h) * 2 * D
                            : static_cast<const bf16*>(p.k) + (int64_t(t) * Hkv + h) * D;
-    const float* nw = is_q ? p.q_norm : p.k_norm;
     float v[kPer];
-    float ss = 0.0f;
-#pragma unroll
-    for (int j = 0; j < kPer; j++) {
-        v[j] = to_f32(src[lane + 32 * j]);
-        ss += v[j] * v[j];
-    }
-    ss = warp_sum(ss);
-    const float inv = rsqrtf(ss / float(D) + p.eps);
-    float* b = buf[warp];
-#pragma unroll
-    for (int j = 0; j < kPer; j++) {
-        const int i = lane + 32 * j;
-        v[j] = round_bf16(v[j] * inv * (1.0f + nw[i]));
-        b[i] = v[j];
-    }
-    __syncwarp();
-    const int pos = rows.pos[t];
-#pragma unroll
-    for (int j = 0; j < kPer; j++) {
-        const int i = lane + 32 * j;
-        if (i < R) {
-            const int f = i < half ? i : i - half;
-            const float inv_freq = 1.0f / powf(p.rope_theta, float(2 * f) / float(R));
-            const float angle = float(pos) * inv_freq;
-            const float c = round_bf16(cosf(angle)), s = round_bf16(sinf(angle));
-            const float rot = i < half ? -b[i + half] : b[i - half];
-            v[j] = round_bf16(round_bf16(v[j] * c) + round_bf16(rot * s));
-        }
-    }
-    bf16* dst;
+    norm_rope<D>(p, src, is_q ? p.q_norm : p.k_norm, rows.pos[t], buf[warp], v);
     if (is_q) {
-        dst = q_out + (int64_t(t) * Hq + h) * D;
+        bf16* dst = q_out + (int64_t(t) * Hq + h) * D;
+#pragma unroll
+        for (int j = 0; j < kPer; j++) dst[lane + 32 * j] = to_bf16(v[j]);
     } else {
-        const int64_t kv_row = int64_t(Hkv) * D;
-        const int64_t off = int64_t(rows.slot[t]) * p.n_ctx * kv_row + int64_t(pos) * kv_row + int64_t(h) * D;
-        dst = static_cast<bf16*>(p.k_cache) + off;
-        const bf16* vs = static_cast<const bf16*>(p.v) + (int64_t(t) * Hkv + h) * D;
-        bf16* vd = static_cast<bf16*>(p.v_cache) + off;
-#pragma unroll
-        for (int j = 0; j < kPer; j++) vd[lane + 32 * j] = vs[lane + 32 * j];
+        write_kv<D>(p, rows, t, h, v);
     }
-#pragma unroll
-    for (int j = 0; j < kPer; j++) dst[lane + 32 * j] = to_bf16(v[j]);
 }
 
 // Loads kPer consecutive bf16 values (kPer = 2, 4 or 8: 4, 8 or 16 bytes) as floats.
@@ -110,14 +128,21 @@ __device__ __forceinline__ void write_gated(const AttentionArgs& p, int t, int h
 // (one max and one rescale for the round's keys, summed in key order); the warps' results are merged in shared
 // memory; then either the gate is applied (no split) or the block's (o unnormalized, max, sum) go to `part` for
 // attn_merge_kernel.
+//
+// kPrep (decode steps, every run one token): no prep kernel before; warp 0 of the block normalizes and rotates its
+// q head itself (norm_rope), and a block whose keys include the row's own position has warp 1 do the same for the
+// new key and take it and the new value from shared memory instead of the cache; of those blocks, the one of the
+// kv head's first q head also writes them to the cache (no other block of the kernel reads that position).
 constexpr int kAttnKeysInFlight = 4;
 
-template <int D, bool kSplit>
+template <int D, bool kSplit, bool kPrep = false>
 __global__ void __launch_bounds__(kAttnWarps * 32)
     attn_core_kernel(AttentionArgs p, RowMap rows, const bf16* __restrict__ q_in, float* __restrict__ part) {
     constexpr int kPer = D / 32, U = kAttnKeysInFlight;
     __shared__ float part_o[kAttnWarps][D];
     __shared__ float part_m[kAttnWarps], part_l[kAttnWarps];
+    __shared__ float s_new[kPrep ? 3 : 1][kPrep ? D : 1];  // kPrep: q, the new k and v of the row
+    __shared__ float s_buf[kPrep ? 2 : 1][kPrep ? D : 1];  // kPrep: norm_rope scratch of warps 0 and 1
     pdl_trigger();
     pdl_wait();  // row map, q_scratch and the cache come from earlier kernels
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
@@ -130,21 +155,53 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     const bf16* vc = static_cast<const bf16*>(p.v_cache) + int64_t(rows.slot[t]) * p.n_ctx * kv_row + int64_t(kvh) * D;
     const float scale = rsqrtf(float(D));
 
-    float q[kPer], o[kPer];
-    load_vec<kPer>(q_in + (int64_t(t) * Hq + h) * D + lane * kPer, q);
-#pragma unroll
-    for (int j = 0; j < kPer; j++) o[j] = 0.0f;
-    float m = -INFINITY, l = 0.0f;
     int key_begin = 0, key_end = pos + 1;
     if constexpr (kSplit) {
         const int len = (pos + int(gridDim.z)) / int(gridDim.z);  // ceil((pos + 1) / splits)
         key_begin = min(pos + 1, int(blockIdx.z) * len);
         key_end = min(pos + 1, key_begin + len);
     }
+    float q[kPer], o[kPer];
+    if constexpr (kPrep) {
+        const bool has_new = key_begin <= pos && pos < key_end;
+        float v[kPer];
+        if (warp == 0) {
+            norm_rope<D>(p, static_cast<const bf16*>(p.qg) + (int64_t(t) * Hq + h) * 2 * D, p.q_norm, pos, s_buf[0], v);
+#pragma unroll
+            for (int j = 0; j < kPer; j++) s_new[0][lane + 32 * j] = v[j];
+        } else if (warp == 1 && has_new) {
+            norm_rope<D>(p, static_cast<const bf16*>(p.k) + (int64_t(t) * Hkv + kvh) * D, p.k_norm, pos, s_buf[1], v);
+            const bf16* vs = static_cast<const bf16*>(p.v) + (int64_t(t) * Hkv + kvh) * D;
+#pragma unroll
+            for (int j = 0; j < kPer; j++) {
+                s_new[1][lane + 32 * j] = v[j];
+                s_new[2][lane + 32 * j] = to_f32(vs[lane + 32 * j]);
+            }
+            if (h % (Hq / Hkv) == 0) write_kv<D>(p, rows, t, kvh, v);
+        }
+        __syncthreads();
+#pragma unroll
+        for (int j = 0; j < kPer; j++) q[j] = s_new[0][lane * kPer + j];
+    } else {
+        load_vec<kPer>(q_in + (int64_t(t) * Hq + h) * D + lane * kPer, q);
+    }
+#pragma unroll
+    for (int j = 0; j < kPer; j++) o[j] = 0.0f;
+    float m = -INFINITY, l = 0.0f;
     for (int k0 = key_begin + U * warp; k0 < key_end; k0 += U * kAttnWarps) {
         float kf[U][kPer], vf[U][kPer];
 #pragma unroll
         for (int u = 0; u < U; u++) {
+            if constexpr (kPrep) {
+                if (k0 + u == pos && pos < key_end) {  // the row's own key, in this range: not in the cache yet
+#pragma unroll
+                    for (int j = 0; j < kPer; j++) {
+                        kf[u][j] = s_new[1][lane * kPer + j];
+                        vf[u][j] = s_new[2][lane * kPer + j];
+                    }
+                    continue;
+                }
+            }
             if (k0 + u < key_end) {
                 load_vec<kPer>(kc + int64_t(k0 + u) * kv_row + lane * kPer, kf[u]);
                 load_vec<kPer>(vc + int64_t(k0 + u) * kv_row + lane * kPer, vf[u]);
@@ -617,6 +674,15 @@ template <int D>
 void run_attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, float* split_scratch,
                    cudaStream_t stream) {
     const int T = rows.n_rows;
+    const int S = T <= kAttnSplitMaxRows ? n_splits(a.n_ctx) : 1;
+    if (S > 1 && rows.n_rows == rows.n_runs) {  // decode, split over positions: the core kernel does the prep
+        cuda::launch(attn_core_kernel<D, true, true>, dim3(unsigned(a.n_heads), unsigned(T), unsigned(S)),
+                     dim3(kAttnWarps * 32), 0, stream, "attention core kernel (prep, split over positions)", a, rows,
+                     static_cast<const bf16*>(nullptr), split_scratch);
+        cuda::launch(attn_merge_kernel<D>, dim3(unsigned(a.n_heads), unsigned(T)), dim3(D), 0, stream,
+                     "attention split merge kernel", a, static_cast<const float*>(split_scratch), S);
+        return;
+    }
     dim3 prep_grid(unsigned(T), ceil_div(a.n_heads + a.n_kv_heads, kAttnWarps));
     cuda::launch(attn_prep_kernel<D>, prep_grid, dim3(kAttnWarps * 32), 0, stream,
                  "attention prep kernel (q/k norm, RoPE, KV cache write)", a, rows, q_scratch);
@@ -631,7 +697,6 @@ void run_attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, 
                      static_cast<const bf16*>(q_scratch));
         return;
     }
-    const int S = T <= kAttnSplitMaxRows ? n_splits(a.n_ctx) : 1;
     if (S > 1) {
         dim3 core_grid(unsigned(a.n_heads), unsigned(T), unsigned(S));
         cuda::launch(attn_core_kernel<D, true>, core_grid, dim3(kAttnWarps * 32), 0, stream,

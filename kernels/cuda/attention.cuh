@@ -2,7 +2,8 @@
 // q/k RMSNorm1p per head, partial RoPE (rotate_half), K/V written to the cache, causal softmax attention over the
 // cache with GQA, the sigmoid output gate. A prep kernel (norm, RoPE, cache write) runs first; then steps of more
 // than kAttnSplitMaxRows rows (prefill) use a tensor-core flash-attention kernel (query tiles of 64 rows of one
-// run), smaller steps (decode) a per-row kernel, split over positions for long contexts.
+// run), smaller steps (decode) a per-row kernel, split over positions for long contexts. Decode steps of one-token
+// runs split over positions need no prep kernel: the per-row kernel normalizes and rotates q and the new key itself.
 #pragma once
 
 #include "kernels/cuda/cuda_common.cuh"
