@@ -525,6 +525,7 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
         HY_CHECK_ARG(p.device == HY_DEVICE_AUTO || p.device == HY_DEVICE_CPU || p.device == HY_DEVICE_CUDA,
                      "unknown device " + std::to_string(int(p.device)));
         std::error_code ec;
+        if (!*dir) return fail(Status::io, "the model folder path is empty");
         if (!fs::exists(dir, ec)) return fail(Status::io, std::string(dir) + ": no such model folder");
         if (!fs::is_directory(dir, ec)) return fail(Status::io, std::string(dir) + ": not a folder");
         hy::ModelParams mp;
@@ -539,6 +540,18 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
         m->tok = std::make_unique<hy::Tokenizer>(hy::Tokenizer::from_folder(dir));
         m->model = hy::Model::load(dir, mp);
         m->n_logits = m->model->config().vocab_size;
+        // A token the model cannot embed would fail only when a prompt or an answer uses it: refuse the pair now.
+        const std::string vocab_range = "outside the model's vocabulary [0, " + std::to_string(m->n_logits) +
+                                        ") (config.json vocab_size)";
+        for (int32_t id = m->n_logits; id < m->tok->n_vocab(); id++)
+            if (m->tok->is_valid(id))
+                return fail(Status::format, std::string(dir) + "/tokenizer.json: token '" +
+                                                std::string(m->tok->token_string(id)) + "' has id " + std::to_string(id) +
+                                                ", " + vocab_range);
+        for (int32_t id : m->tok->eos_ids())
+            if (id >= m->n_logits)
+                return fail(Status::format, std::string(dir) + ": end-of-sequence id " + std::to_string(id) +
+                                                " (tokenizer_config.json / generation_config.json) is " + vocab_range);
         m->n_vocab = std::min(m->tok->n_vocab(), m->n_logits);
         for (int32_t id = 0; id < m->n_vocab; id++)
             if (!m->tok->is_valid(id)) m->holes.push_back(id);

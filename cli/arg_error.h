@@ -2,6 +2,9 @@
 // "Argument 'VALUE' failed to parse" without saying which option it was given to.
 #pragma once
 
+#include <cerrno>
+#include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <string>
 
@@ -33,6 +36,19 @@ inline std::string parse_error_message(const char* what, int argc, char** argv) 
         if (!option.empty()) return "invalid value '" + value + "' for " + option;
     }
     return msg;
+}
+
+// A real-number option's value, strictly (cxxopts' float parser stops at the first bad character and keeps the
+// number before it): the whole text must be a finite decimal number such as "0.5", "-1", ".5", "2." or "1e-3";
+// "0.5abc", "1,5", "0x10", "nan", "inf" and "" give false.
+inline bool parse_real(const std::string& text, double* out) {
+    if (text.empty() || text.find_first_not_of("0123456789+-.eE") != std::string::npos) return false;
+    char* end = nullptr;
+    errno = 0;
+    const double v = std::strtod(text.c_str(), &end);
+    if (end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(v)) return false;
+    *out = v;
+    return true;
 }
 
 }  // namespace hy

@@ -169,15 +169,15 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         ("stop", "stop when the output contains STR (repeatable; not printed; not with --batch-file)",
          cxxopts::value<std::string>())
         ("s,seed", "RNG seed in [0, 2^64-1]; -1: random", cxxopts::value<std::string>()->default_value("-1"))
-        ("temp", "temperature; <= 0: greedy", cxxopts::value<float>()->default_value("0.8"))
+        ("temp", "temperature; <= 0: greedy", cxxopts::value<std::string>()->default_value("0.8"))
         ("top-k", "top-k sampling; <= 0: off", cxxopts::value<int>()->default_value("40"))
-        ("top-p", "top-p (nucleus) sampling; 1: off", cxxopts::value<float>()->default_value("0.95"))
-        ("min-p", "min-p sampling; 0: off", cxxopts::value<float>()->default_value("0.05"))
-        ("repeat-penalty", "repetition penalty; 1: off", cxxopts::value<float>()->default_value("1.0"))
+        ("top-p", "top-p (nucleus) sampling; 1: off", cxxopts::value<std::string>()->default_value("0.95"))
+        ("min-p", "min-p sampling; 0: off", cxxopts::value<std::string>()->default_value("0.05"))
+        ("repeat-penalty", "repetition penalty; 1: off", cxxopts::value<std::string>()->default_value("1.0"))
         ("repeat-last-n", "tokens (prompt included) the penalties look back; 0: off, -1: context size",
          cxxopts::value<int>()->default_value("64"))
-        ("presence-penalty", "presence penalty; 0: off", cxxopts::value<float>()->default_value("0"))
-        ("frequency-penalty", "frequency penalty; 0: off", cxxopts::value<float>()->default_value("0"));
+        ("presence-penalty", "presence penalty; 0: off", cxxopts::value<std::string>()->default_value("0"))
+        ("frequency-penalty", "frequency penalty; 0: off", cxxopts::value<std::string>()->default_value("0"));
     opts.add_options("Other")
         ("verbose", "print settings and the timing summary to stderr")
         ("version", "print the version")
@@ -285,14 +285,20 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
 
     hy_sampler_params& sp = o.sampling;
     sp = hy_sampler_default_params();
-    sp.temperature = r["temp"].as<float>();
+    auto real = [&](const char* name) {  // the strict parse of a real-number option (arg_error.h)
+        const std::string text = r[name].as<std::string>();
+        double v = 0.0;
+        if (!parse_real(text, &v)) usage("invalid value '" + text + "' for --" + name);
+        return float(v);
+    };
+    sp.temperature = real("temp");
     sp.top_k = r["top-k"].as<int>();
-    sp.top_p = r["top-p"].as<float>();
-    sp.min_p = r["min-p"].as<float>();
-    sp.repeat_penalty = r["repeat-penalty"].as<float>();
+    sp.top_p = real("top-p");
+    sp.min_p = real("min-p");
+    sp.repeat_penalty = real("repeat-penalty");
     sp.repeat_last_n = r["repeat-last-n"].as<int>();
-    sp.presence_penalty = r["presence-penalty"].as<float>();
-    sp.frequency_penalty = r["frequency-penalty"].as<float>();
+    sp.presence_penalty = real("presence-penalty");
+    sp.frequency_penalty = real("frequency-penalty");
     for (auto [name, v] : {std::pair<const char*, float>{"--temp", sp.temperature}, {"--top-p", sp.top_p},
                            {"--min-p", sp.min_p}, {"--repeat-penalty", sp.repeat_penalty},
                            {"--presence-penalty", sp.presence_penalty}, {"--frequency-penalty", sp.frequency_penalty}})

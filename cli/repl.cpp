@@ -119,7 +119,8 @@ struct Repl {
         if (have + int(ids.size()) >= n_ctx)
             throw Failure(exit_context, "the conversation would hold " + std::to_string(have + int(ids.size())) +
                                             " tokens, leaving no room for an answer in a context of " +
-                                            std::to_string(n_ctx) + " (-c): /reset or /save it");
+                                            std::to_string(n_ctx) + " (-c): " +
+                                            (have == 0 ? "give a larger -c" : "/reset or /save it"));
         std::vector<const char*> stops;
         for (const auto& st : o.stop) stops.push_back(st.c_str());
         const int32_t eot = hy_chat_end_of_turn_id(m);

@@ -185,6 +185,10 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
         c.eos_token_ids = read_id_list(tj->at("eos_token_id"), source, "eos_token_id");
     else if (root.contains("eos_token_id"))
         c.eos_token_ids = read_id_list(root["eos_token_id"], source, "eos_token_id");
+    for (int id : c.eos_token_ids)
+        if (id < 0 || id >= c.vocab_size)
+            throw Error(Status::format, source + ": eos_token_id " + std::to_string(id) + " is outside the vocabulary [0, " +
+                                            std::to_string(c.vocab_size) + ")");
     return c;
 }
 

@@ -214,6 +214,9 @@ TEST_CASE("cli: errors have one-line messages and documented exit codes", "[cli]
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--bogus"}), 1, "'bogus'");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "-n", "abc"}), 1, "invalid value 'abc' for -n");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--temp=hot"}), 1, "invalid value 'hot' for --temp");
+    for (const char* junk : {"0.5abc", "1,5", "0x10", "nan", ""})  // real numbers are parsed strictly too
+        check_error(hybrid({"-m", "models/tiny", "-p", "x", "--top-p", junk}), 1,
+                    std::string("invalid value '") + junk + "' for --top-p");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--ctx-size", "1e3"}), 1, "for --ctx-size");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--device", "tpu"}), 1, "--device");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--top-p", "2"}), 1, "--top-p");
@@ -625,6 +628,7 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     CHECK(nope.out.find("SUMMARY") == std::string::npos);
     check(run_prog(compare, {"-m", "models/tiny", "--tol", "-1"}), 2, "--tol");  // bad values: 2, as documented
     check(run_prog(compare, {"-m", "models/tiny", "--near-tie", "-0.5"}), 2, "--near-tie");
+    check(run_prog(compare, {"-m", "models/tiny", "--tol", "1x"}), 2, "invalid value '1x' for --tol");
     check(run_prog(compare, {"-m", "models/tiny", "-t", "-3"}), 2, "-t");
     check(run_prog(compare, {"-m", "models/tiny", "--device", "gpu"}), 2, "--device");
     check(run_prog(compare, {"-m", "models/nope"}), 1, "models/nope: no such model folder");

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "engine.h"
+#include "test_util.h"
 
 namespace fs = std::filesystem;
 
@@ -288,6 +289,21 @@ TEST_CASE("engine: errors are status codes with a message", "[engine]") {
     mp.n_ctx = 0;
     CHECK(hy_model_load(kTiny.c_str(), &mp, &m) == HY_ERR_INVALID_ARGUMENT);
     CHECK(hy_model_load(nullptr, &mp, &m) == HY_ERR_INVALID_ARGUMENT);
+    mp.n_ctx = 64;
+    CHECK(hy_model_load("", &mp, &m) == HY_ERR_IO);
+    CHECK(std::string(hy_last_error()).find("path is empty") != std::string::npos);
+    {  // a tokenizer with a token the model cannot embed is refused at load, naming the token and its id
+        hy::test::TempDir tmp;
+        const std::string dir = tmp.path;
+        for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+            std::filesystem::copy_file(kTiny + "/" + f, dir + "/" + f);
+        nlohmann::json tok = nlohmann::json::parse(std::ifstream(kTiny + "/tokenizer.json"));
+        tok["model"]["vocab"]["zzqq"] = 99999;
+        std::ofstream(dir + "/tokenizer.json") << tok.dump();
+        CHECK(hy_model_load(dir.c_str(), &mp, &m) == HY_ERR_FORMAT);
+        CHECK(std::string(hy_last_error()).find("token 'zzqq' has id 99999") != std::string::npos);
+        CHECK(m == nullptr);
+    }
 
     Tiny t;
     hy_sampler_params sp = hy_sampler_default_params();

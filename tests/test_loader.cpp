@@ -186,6 +186,13 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
         write_model_dir(d.path, tensors, j.dump());
         require_error([&] { Model::load(d.path, p); }, Status::format, "not a multiple of linear_num_key_heads");
     }
+    SECTION("config with an end-of-sequence id past the vocabulary") {
+        TempDir d;
+        nlohmann::json j = nlohmann::json::parse(config);
+        j["eos_token_id"] = 99999;
+        write_model_dir(d.path, tensors, j.dump());
+        require_error([&] { Model::load(d.path, p); }, Status::format, "eos_token_id 99999 is outside the vocabulary [0, 4096)");
+    }
     SECTION("config with a field of the wrong type") {
         TempDir d;
         nlohmann::json j = nlohmann::json::parse(config);

@@ -71,8 +71,8 @@ int main(int argc, char** argv) {
         "device", "cpu, cuda or auto", cxxopts::value<std::string>()->default_value("cpu"))(
         "key", "golden token list to compare with (default greedy_fp32_cpu on the CPU, greedy_bf16_cuda on CUDA)",
         cxxopts::value<std::string>())(
-        "tol", "max absolute logit error allowed (default 1e-3 on the CPU, 5e-2 on CUDA)", cxxopts::value<double>())(
-        "near-tie", "accept a divergence where the golden token's top-2 margin is below this", cxxopts::value<double>()->default_value("0"))(
+        "tol", "max absolute logit error allowed (default 1e-3 on the CPU, 5e-2 on CUDA)", cxxopts::value<std::string>())(
+        "near-tie", "accept a divergence where the golden token's top-2 margin is below this", cxxopts::value<std::string>()->default_value("0"))(
         "t,threads", "CPU threads (0: all cores)", cxxopts::value<int>()->default_value("0"))(
         "case", "run only this case", cxxopts::value<std::string>())("h,help", "show this help");
     cxxopts::ParseResult args;
@@ -90,9 +90,15 @@ int main(int argc, char** argv) {
         mp.n_threads = args["threads"].as<int>();
         if (mp.n_threads < 0 || mp.n_threads > 1024)
             throw tools::UsageError("-t must be in [0, 1024], got " + std::to_string(mp.n_threads));
-        for (const char* name : {"tol", "near-tie"})
-            if (args.count(name) && !(args[name].as<double>() >= 0.0))  // NaN fails too
-                throw tools::UsageError(std::string("--") + name + " must be a number >= 0");
+        double reals[2] = {-1.0, 0.0};  // --tol (unset: -1), --near-tie
+        for (int i = 0; i < 2; i++) {
+            const char* name = i == 0 ? "tol" : "near-tie";
+            if (!args.count(name) && i == 0) continue;
+            const std::string text = args[name].as<std::string>();
+            if (!parse_real(text, &reals[i]))
+                throw tools::UsageError("invalid value '" + text + "' for --" + name);
+            if (!(reals[i] >= 0.0)) throw tools::UsageError(std::string("--") + name + " must be a number >= 0");
+        }
         std::error_code ec;
         if (!std::filesystem::is_directory(dir, ec)) throw Error(Status::io, dir + ": no such model folder");
         const std::string golden_path = args.count("golden") ? args["golden"].as<std::string>() : dir + "/golden.json";
@@ -120,8 +126,8 @@ int main(int argc, char** argv) {
         const bool on_gpu = std::string(model->backend().name()) != "cpu";
         const std::string key = args.count("key") ? args["key"].as<std::string>()
                                                   : (on_gpu ? "greedy_bf16_cuda" : "greedy_fp32_cpu");
-        const double tol = args.count("tol") ? args["tol"].as<double>() : (on_gpu ? 5e-2 : 1e-3);
-        const double near_tie = args["near-tie"].as<double>();
+        const double tol = reals[0] >= 0.0 ? reals[0] : (on_gpu ? 5e-2 : 1e-3);
+        const double near_tie = reals[1];
         const int V = model->config().vocab_size;
         std::printf("model %s on %s, golden %s (%s), logit tolerance %g\n", dir.c_str(), model->backend().name(),
                     golden_path.c_str(), key.c_str(), tol);
