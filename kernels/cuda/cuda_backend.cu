@@ -319,6 +319,7 @@ public:
         graphs_.clear();
         gemm_.reset();
         if (staging_) cudaFreeHost(staging_);
+        if (bounce_) cudaFreeHost(bounce_);
         if (staging_done_) cudaEventDestroy(staging_done_);
         if (stream_) cudaStreamDestroy(stream_);
     }
@@ -351,8 +352,17 @@ public:
         HY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
         HY_CUDA_CHECK(cudaStreamSynchronize(stream_));  // the caller may reuse src at once
     }
+    // Small downloads (a decode step's picks) go through a pinned bounce buffer: a copy into pageable memory is
+    // staged by the driver and costs several microseconds more on the path between two tokens.
     void download(void* dst, const void* src, size_t bytes) override {
         flush();
+        if (bytes <= kBounceBytes) {
+            if (!bounce_) HY_CUDA_CHECK(cudaMallocHost(&bounce_, kBounceBytes));
+            HY_CUDA_CHECK(cudaMemcpyAsync(bounce_, src, bytes, cudaMemcpyDeviceToHost, stream_));
+            HY_CUDA_CHECK(cudaStreamSynchronize(stream_));
+            std::memcpy(dst, bounce_, bytes);
+            return;
+        }
         HY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
         HY_CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
@@ -767,6 +777,8 @@ private:
     BatchLimits limits_{};
     char* ws_ = nullptr;
     void* staging_ = nullptr;  // pinned host: tokens, slot, pos, in_run, gather rows [max_tokens] each, runs
+    static constexpr size_t kBounceBytes = size_t(64) << 10;
+    void* bounce_ = nullptr;  // pinned host, for downloads of at most kBounceBytes (made on first use)
     int32_t *d_tokens_ = nullptr, *d_slot_ = nullptr, *d_pos_ = nullptr, *d_in_run_ = nullptr, *d_gather_ = nullptr;
     SeqRun* d_runs_ = nullptr;
     bf16* scratch_a_ = nullptr;
