@@ -74,7 +74,8 @@ int run_golden(const hy::Tokenizer& tok, const std::string& path, bool parse_spe
     for (const json& c : g["cases"]) {
         if (!c.is_object() || !c.contains("text") || !c["text"].is_string() || !c.contains("ids") ||
             !c["ids"].is_array())
-            throw hy::Error(hy::Status::format, path + ": case " + std::to_string(n) + " lacks 'text' or 'ids'");
+            throw hy::Error(hy::Status::format, path + ": case " + std::to_string(n) +
+                                                    " lacks 'text' or 'ids' (a tokenizer golden file, not a model's)");
         std::string text = c["text"].get<std::string>();
         std::vector<int32_t> want;
         for (const json& v : c["ids"]) {
@@ -156,7 +157,10 @@ int main(int argc, char** argv) {
     opts.add_options()("tokenizer", "tokenizer.json file or checkpoint folder", cxxopts::value<std::string>())(
         "text", "text to encode", cxxopts::value<std::string>())("decode", "comma-separated ids to decode",
                                                                    cxxopts::value<std::string>())(
-        "golden", "golden file to check", cxxopts::value<std::string>())(
+        "golden",
+        "tokenizer golden file to check: {\"cases\": [{\"text\", \"ids\", \"decoded\" (optional)}]}, e.g. "
+        "tests/data/tokenizers/qwen3/golden.json (a model folder's golden.json is hybrid-compare's)",
+        cxxopts::value<std::string>())(
         "bench", "text file to time encoding on", cxxopts::value<std::string>())(
         "repeat", "bench repetitions", cxxopts::value<int>()->default_value("5"))(
         "no-special", "encode special tokens as plain text")("h,help", "show this help");
