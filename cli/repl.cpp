@@ -2,7 +2,9 @@
 // state stays in the context between turns, so each turn prefills only its new tokens: the first turn the
 // rendered system/user messages and the generation prompt, later turns "<|im_end|>\n" (closing the previous
 // answer, whose end-of-turn id hy_generate does not keep) plus the new user message and the generation prompt
-// (hy_chat_continue). The context then holds exactly the rendering of the whole conversation.
+// (hy_chat_continue). The context then holds exactly the rendering of the whole conversation, with one exception:
+// an answer ended by a --stop string keeps that string's tokens in the context, while the answer text (and the
+// saved messages) end before it, as the text the user saw does.
 //
 // Conversation files (/save, /load): "HYCHAT01", u32 length of a JSON header, the JSON header
 // ({"version": 1, "messages": [{"role", "content"}, ...], "no_think": bool}), then the engine snapshot
@@ -257,7 +259,8 @@ struct Repl {
                          "/reset        start a new conversation\n"
                          "/save FILE    save the conversation (refuses to overwrite; /save! FILE overwrites)\n"
                          "/load FILE    continue a saved conversation\n"
-                         "/exit         leave (also Ctrl-D); Ctrl-C stops an answer or discards the typed line\n");
+                         "/exit         leave (also Ctrl-D); Ctrl-C stops an answer or discards the typed line\n"
+                         "(a message that begins with '/': type a space first)\n");
         } else {
             throw Failure(exit_usage, "unknown command " + cmd + " (/help lists them)");
         }
