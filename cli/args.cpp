@@ -288,7 +288,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     auto real = [&](const char* name) {  // the strict parse of a real-number option (arg_error.h)
         const std::string text = r[name].as<std::string>();
         double v = 0.0;
-        if (!parse_real(text, &v)) usage("invalid value '" + text + "' for --" + name);
+        if (!parse_real(text, &v) || !std::isfinite(float(v))) usage("invalid value '" + text + "' for --" + name);
         return float(v);
     };
     sp.temperature = real("temp");
@@ -299,10 +299,6 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     sp.repeat_last_n = r["repeat-last-n"].as<int>();
     sp.presence_penalty = real("presence-penalty");
     sp.frequency_penalty = real("frequency-penalty");
-    for (auto [name, v] : {std::pair<const char*, float>{"--temp", sp.temperature}, {"--top-p", sp.top_p},
-                           {"--min-p", sp.min_p}, {"--repeat-penalty", sp.repeat_penalty},
-                           {"--presence-penalty", sp.presence_penalty}, {"--frequency-penalty", sp.frequency_penalty}})
-        if (!std::isfinite(v)) usage(std::string(name) + " must be a finite number");
     if (sp.top_p < 0.0f || sp.top_p > 1.0f) usage("--top-p must be in [0, 1], got " + std::to_string(sp.top_p));
     if (sp.min_p < 0.0f || sp.min_p > 1.0f) usage("--min-p must be in [0, 1], got " + std::to_string(sp.min_p));
     if (sp.repeat_penalty <= 0.0f) usage("--repeat-penalty must be > 0, got " + std::to_string(sp.repeat_penalty));

@@ -90,15 +90,15 @@ int main(int argc, char** argv) {
         mp.n_threads = args["threads"].as<int>();
         if (mp.n_threads < 0 || mp.n_threads > 1024)
             throw tools::UsageError("-t must be in [0, 1024], got " + std::to_string(mp.n_threads));
-        double reals[2] = {-1.0, 0.0};  // --tol (unset: -1), --near-tie
-        for (int i = 0; i < 2; i++) {
-            const char* name = i == 0 ? "tol" : "near-tie";
-            if (!args.count(name) && i == 0) continue;
+        auto nonnegative = [&](const char* name) {  // a real option >= 0, parsed strictly (arg_error.h)
             const std::string text = args[name].as<std::string>();
-            if (!parse_real(text, &reals[i]))
-                throw tools::UsageError("invalid value '" + text + "' for --" + name);
-            if (!(reals[i] >= 0.0)) throw tools::UsageError(std::string("--") + name + " must be a number >= 0");
-        }
+            double v = 0.0;
+            if (!parse_real(text, &v)) throw tools::UsageError("invalid value '" + text + "' for --" + name);
+            if (v < 0.0) throw tools::UsageError(std::string("--") + name + " must be a number >= 0");
+            return v;
+        };
+        const double tol_arg = args.count("tol") ? nonnegative("tol") : -1.0;  // -1: the device's default
+        const double near_tie = nonnegative("near-tie");
         std::error_code ec;
         if (!std::filesystem::is_directory(dir, ec)) throw Error(Status::io, dir + ": no such model folder");
         const std::string golden_path = args.count("golden") ? args["golden"].as<std::string>() : dir + "/golden.json";
@@ -126,8 +126,7 @@ int main(int argc, char** argv) {
         const bool on_gpu = std::string(model->backend().name()) != "cpu";
         const std::string key = args.count("key") ? args["key"].as<std::string>()
                                                   : (on_gpu ? "greedy_bf16_cuda" : "greedy_fp32_cpu");
-        const double tol = reals[0] >= 0.0 ? reals[0] : (on_gpu ? 5e-2 : 1e-3);
-        const double near_tie = reals[1];
+        const double tol = tol_arg >= 0.0 ? tol_arg : (on_gpu ? 5e-2 : 1e-3);
         const int V = model->config().vocab_size;
         std::printf("model %s on %s, golden %s (%s), logit tolerance %g\n", dir.c_str(), model->backend().name(),
                     golden_path.c_str(), key.c_str(), tol);
