@@ -265,15 +265,15 @@ int32_t Sampler::sample(std::span<const float> logits) {
         }
     }
 
-    // temperature, then one draw
-    const double inv_t = 1.0 / double(p.temperature);
+    // temperature, then one draw; a temperature so small that 1/t overflows the float scale (below about 3e-39)
+    // is the greedy limit (an infinite scale would turn the best logit's 0 * inf into NaN)
+    const float scale = float(1.0 / double(p.temperature));
     float mx = cand_[0].logit;
     for (size_t i = 1; i < n; i++) mx = std::max(mx, cand_[i].logit);
-    if (!std::isfinite(inv_t)) {
+    if (!std::isfinite(scale)) {
         for (size_t i = 0; i < n; i++)
             if (cand_[i].logit == mx) return cand_[i].id;
     }
-    const float scale = float(inv_t);
     double sum = 0.0;
     for (size_t i = 0; i < n; i++) {
         cand_[i].p = fast_exp((cand_[i].logit - mx) * scale);

@@ -57,6 +57,15 @@ TEST_CASE("sampler: top-k 1 and temperature 0 equal greedy", "[sampler]") {
         CHECK(sa.sample(logits) == want);
         CHECK(sb.sample(logits) == want);
     }
+    // a positive temperature whose inverse overflows a float is the greedy limit, whatever the seed
+    for (float t : {1e-38f, 1e-40f, 1e-44f})
+        for (uint64_t seed : {1u, 2u, 3u}) {
+            SamplerParams c = plain(seed);
+            c.temperature = t;
+            Sampler sc(c, 300, 300);
+            INFO("temperature " << t << " seed " << seed);
+            CHECK(sc.sample(logits) == want);
+        }
     // top-k 2 never leaves the two best ids
     SamplerParams c = plain(9);
     c.top_k = 2;
