@@ -110,6 +110,30 @@ int main(int argc, char** argv) {
         }
         if (!golden.contains("cases") || !golden["cases"].is_array())
             throw Error(Status::format, golden_path + ": field 'cases' is missing");
+        // every case's fields, once, so that the code below can read them as they are
+        size_t case_no = 0;
+        for (const json& c : golden["cases"]) {
+            const std::string where = golden_path + ": case " + std::to_string(case_no++);
+            auto int_list = [](const json& v) {
+                if (!v.is_array()) return false;
+                for (const json& x : v)
+                    if (!x.is_number_integer()) return false;
+                return true;
+            };
+            if (!c.is_object() || !c.contains("name") || !c["name"].is_string())
+                throw Error(Status::format, where + ": field 'name' (a string) is missing");
+            if (!c.contains("input_ids") || !int_list(c["input_ids"]) || c["input_ids"].empty())
+                throw Error(Status::format, where + " ('" + c["name"].get<std::string>() +
+                                                "'): field 'input_ids' must be a non-empty list of integers");
+            if (!c.contains("max_new_tokens") || !c["max_new_tokens"].is_number_integer() ||
+                c["max_new_tokens"].get<int64_t>() < 0 || c["max_new_tokens"].get<int64_t>() > (1 << 20))
+                throw Error(Status::format, where + " ('" + c["name"].get<std::string>() +
+                                                "'): field 'max_new_tokens' must be an integer in [0, 1048576]");
+            for (const auto& [field, v] : c.items())
+                if (field.rfind("greedy_", 0) == 0 && v.is_array() && !int_list(v))  // (token lists; *_text are text)
+                    throw Error(Status::format, where + " ('" + c["name"].get<std::string>() + "'): field '" + field +
+                                                    "' must be a list of integers");
+        }
         const std::string only_case = args.count("case") ? args["case"].as<std::string>() : "";
         if (args.count("case")) {
             bool found = false;
@@ -243,6 +267,9 @@ int main(int argc, char** argv) {
         return 2;
     } catch (const Error& e) {
         std::fprintf(stderr, "hybrid-compare: %s\n", e.what());
+        return 1;
+    } catch (const json::exception& e) {  // a field the checks above do not cover (the batch section)
+        std::fprintf(stderr, "hybrid-compare: a golden file field has the wrong type or is missing: %s\n", e.what());
         return 1;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "hybrid-compare: %s\n", e.what());
