@@ -133,6 +133,7 @@ int main(int argc, char** argv) {
         // without truncation here, and a file created by this check is removed if the run fails
         if (args.count("json")) {
             const std::string path = args["json"].as<std::string>();
+            if (path.empty()) throw tools::UsageError("--json needs a file name");
             struct stat st;
             const bool existed = ::stat(path.c_str(), &st) == 0;
             if (existed && S_ISDIR(st.st_mode)) throw Error(Status::io, path + ": is a directory");
@@ -147,7 +148,7 @@ int main(int argc, char** argv) {
         mp.n_threads = threads;
         mp.n_ctx = n_prompt + n_gen + 1;
         mp.n_slots = max_b;
-        mp.max_batch_tokens = std::max(ubatch, max_b);
+        mp.max_batch_tokens = std::max(std::min(ubatch, n_prompt), max_b);  // (a chunk past the prompt is never used)
         mp.max_logits = max_b;
         auto model = Model::load(dir, mp);
         const double t_ready = seconds_since(t_start);

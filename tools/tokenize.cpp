@@ -91,7 +91,12 @@ int run_golden(const hy::Tokenizer& tok, const std::string& path, bool parse_spe
                         join_ids(want).c_str(), join_ids(got).c_str());
         if (c.contains("decoded") && c["decoded"].is_string()) {
             std::string want_text = c["decoded"].get<std::string>();
-            std::string got_text = tok.decode(want);
+            std::string got_text;
+            try {  // a golden file of another tokenizer may hold ids this one lacks: a mismatch, not an abort
+                got_text = tok.decode(want);
+            } catch (const hy::Error& e) {
+                got_text = std::string("(cannot decode: ") + e.what() + ")";
+            }
             if (got_text != want_text) {
                 match = false;
                 std::printf("MISMATCH text case %zu %s\n  want %s\n  got  %s\n", n - 1, json_quote(text).c_str(),
