@@ -8,7 +8,7 @@
 #   4. Hugging Face transformers on the same folder (tools/gpu/hf_decode_baseline.py)
 #   5. ncu per-kernel times of one decode step
 #   6. optional stages: trace (per-kernel critical-path costs of a b=1 step, HY_CUDA_TRACE), ab (alternating
-#      decode b=1 pairs, AB="ENV=VALUE ..."), ablate (decode b=1 without some op kinds, HY_CUDA_SKIP_OPS),
+#      decode b=1 pairs, AB="ENV=VALUE ..."), sweep (decode b=1 under each of SWEEP="A=1,B=2 A=3 -"), ablate (decode b=1 without some op kinds, HY_CUDA_SKIP_OPS),
 #      sanitize (compute-sanitizer memcheck/racecheck), ncu64, ncu8 (b=64 / b=8 profiles), cli
 # STAGES (default "all") limits the run: e.g. STAGES="tests bench" . Logs: $OUT/all.log, $OUT/summary.txt.
 # Usage (device tool): bash tools/gpu/perf_run.sh   with carry [".carry", "gpu-bin"]; gpu-bin/bins.txz holds
@@ -55,7 +55,7 @@ if want kernels; then
     step kernel_bench8 120 $BIN/hybrid-kernel-bench 8
     grep -E "^\| [a-z]" "$LOG" | tail -6 >>"$SUM"
 fi
-if want bench || want ablate || want ab || want trace || want hf || want ncu || want ncu64 || want ncu8 || want cli; then
+if want bench || want ablate || want ab || want sweep || want trace || want hf || want ncu || want ncu64 || want ncu8 || want cli; then
     [ -f $M/config.json ] || step fixture_4b 150 python3 tools/gpu/random_checkpoint.py --out $M  # kept while warm
 fi
 if want bench; then
@@ -88,6 +88,17 @@ if want ab; then  # alternating pairs of decode b=1 with and without the environ
         say "ab default: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
         step "ab_with_$i" 60 env $AB $BIN/hybrid-bench -m $M --device cuda -p 512 -n 128 -r 3
         say "ab [$AB]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+    done
+fi
+if want sweep; then  # decode b=1 under each setting of SWEEP (space-separated; a setting is comma-separated
+    # ENV=VALUE assignments, "-" for none), two rounds in turn in one warm run
+    for i in 1 2; do
+        for set in ${SWEEP:--}; do
+            env_args=()
+            [ "$set" = - ] || IFS=, read -r -a env_args <<<"$set"
+            step "sweep_${i}_$set" 60 env "${env_args[@]}" $BIN/hybrid-bench -m $M --device cuda -p 512 -n 128 -r 3
+            say "sweep [$set]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+        done
     done
 fi
 if want trace; then  # each kernel's cost on the critical path of the pipelined b=1 decode step (HY_CUDA_TRACE)
