@@ -1081,6 +1081,8 @@ hy_request_params hy_request_default_params(void) {
     p.sampling = hy_sampler_default_params();
     p.ignore_eos = 0;
     p.accept_prompt = 1;
+    p.stop_ids = nullptr;
+    p.n_stop_ids = 0;
     return p;
 }
 
@@ -1124,7 +1126,10 @@ int hy_batch_submit(hy_batch* b, const int32_t* prompt, int n_prompt, const hy_r
         r.max_new_tokens = p.max_tokens;
         r.sampling = to_core(p.sampling);
         r.accept_prompt = p.accept_prompt != 0;
+        HY_CHECK_ARG(p.n_stop_ids >= 0 && (p.n_stop_ids == 0 || p.stop_ids),
+                     "hy_batch_submit: stop_ids is NULL or n_stop_ids negative");
         if (!p.ignore_eos) r.stop_ids = b->m->eos;
+        r.stop_ids.insert(r.stop_ids.end(), p.stop_ids, p.stop_ids + p.n_stop_ids);
         *id = b->gen->submit(std::move(r));
         return int(Status::ok);
     });

@@ -350,6 +350,9 @@ typedef struct hy_request_params {
     hy_sampler_params sampling;    /* this request's sampling, seed included (default: hy_sampler_default_params) */
     int ignore_eos;                /* do not stop at the end-of-sequence set (default 0) */
     int accept_prompt;             /* the prompt ids enter the penalty history, as the hybrid CLI does (default 1) */
+    const int32_t* stop_ids;       /* n_stop_ids more ids that end the request like the end-of-sequence set (copied
+                                      by hy_batch_submit; default none) */
+    int n_stop_ids;
 } hy_request_params;
 
 hy_request_params hy_request_default_params(void);

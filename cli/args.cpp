@@ -22,7 +22,8 @@ const char* kExitCodes =
     "  generation tokens and tok/s, stop reason) goes to stderr when it is a terminal, or always with --verbose.\n"
     "\n"
     "Interactive chat (-i, -cnv): one line per user turn (stdin may be a pipe); -p TEXT is the first turn. Each\n"
-    "  turn prefills only its new tokens; an answer ends at the end-of-turn token or after -n tokens. Commands:\n"
+    "  turn prefills only its new tokens; an answer ends at the end-of-turn token (also at <|endoftext|> or\n"
+    "  <|im_start|>, as with --chat) or after -n tokens. Commands:\n"
     "  /reset, /save FILE (refuses to overwrite; /save! FILE overwrites; never a symbolic link, device or\n"
     "  directory), /load FILE, /help, /exit.\n"
     "  Ctrl-C stops the current answer (at the input line: discards the line), Ctrl-D (end of input) exits.\n"
@@ -155,7 +156,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
                    "end)", cxxopts::value<std::string>())
         ("prompt-ids", "prompt as token ids, e.g. 1,2,3; prints the generated ids", cxxopts::value<std::string>())
         ("no-escape", "do not process escapes in -p and --stop")
-        ("chat", "apply the chat format to the prompt (a user message)")
+        ("chat", "apply the chat format to the prompt (a user message); the answer ends at the end-of-turn token, "
+                 "<|endoftext|> or <|im_start|>")
         ("system", "system message for --chat and -i", cxxopts::value<std::string>())
         ("no-think", "chat: disable thinking (empty <think></think> block)")
         ("i,interactive", "interactive chat (REPL); also -cnv")

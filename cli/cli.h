@@ -113,6 +113,11 @@ std::string chat_render(hy_model* m, const std::vector<hy_chat_message>& msgs, b
 
 // Tokenizes text (special tokens parsed). Throws Failure(exit_runtime) on error.
 std::vector<int32_t> tokenize(hy_model* m, const std::string& text);
+// The ids that end a chat answer besides the model's end-of-sequence ids: the template's end-of-turn token and,
+// when the vocabulary has them as single special tokens, <|endoftext|> (a new document) and <|im_start|> (a new
+// turn the model would write for the user), as llama.cpp's end-of-generation tokens. Plain completion (-p without
+// --chat) stops only at the model's own end-of-sequence ids, as Hugging Face generate does.
+std::vector<int32_t> chat_stop_ids(hy_model* m);
 
 // Prints the timing summary on stderr: load time (omitted when load_ms < 0), prompt and generation tokens, times
 // and rates, stop reason (of the last generation; a callback stop reads "interrupted (Ctrl-C)" when `interrupted`

@@ -4,6 +4,7 @@
 #include <fcntl.h>
 #include <sched.h>
 
+#include <algorithm>
 #include <cerrno>
 #include <chrono>
 #include <csignal>
@@ -112,6 +113,19 @@ int thinking_mode(const Options& o) { return o.no_think ? HY_THINK_DISABLED : HY
 
 void engine_fail(int code, const std::string& what) {
     throw Failure(code, what.empty() ? std::string(hy_last_error()) : what + ": " + hy_last_error());
+}
+
+std::vector<int32_t> chat_stop_ids(hy_model* m) {
+    std::vector<int32_t> ids;
+    if (const int32_t eot = hy_chat_end_of_turn_id(m); eot >= 0) ids.push_back(eot);
+    for (const char* special : {"<|endoftext|>", "<|im_start|>"}) {
+        int32_t id = -1;
+        int n = 0;
+        if (hy_tokenize(m, special, -1, 1, &id, 1, &n) == HY_OK && n == 1 &&
+            std::find(ids.begin(), ids.end(), id) == ids.end())
+            ids.push_back(id);
+    }
+    return ids;
 }
 
 std::string chat_render(hy_model* m, const std::vector<hy_chat_message>& msgs, bool add_generation_prompt,
@@ -238,6 +252,9 @@ int run(int argc, char** argv) {
     gp.n_stop = int(stops.size());
     gp.on_token = on_token;
     gp.user_data = &st;
+    const std::vector<int32_t> chat_stops = o.chat ? chat_stop_ids(h.m) : std::vector<int32_t>{};
+    gp.stop_ids = chat_stops.empty() ? nullptr : chat_stops.data();
+    gp.n_stop_ids = int(chat_stops.size());
     hy_generate_result res{};
     for (int32_t id : ids) hy_sampler_accept(h.s, id);  // penalties look at the prompt too (as llama.cpp)
     const int g = hy_generate(h.c, h.s, ids.data(), int(ids.size()), &gp, &res);

@@ -49,11 +49,13 @@ struct Message {
 };
 
 struct Repl {
-    Repl(const Options& o_, hy_model* m_, hy_context* c_, hy_sampler* s_) : o(o_), m(m_), c(c_), s(s_) {}
+    Repl(const Options& o_, hy_model* m_, hy_context* c_, hy_sampler* s_)
+        : o(o_), m(m_), c(c_), s(s_), chat_stops(chat_stop_ids(m_)) {}
     const Options& o;
     hy_model* m;
     hy_context* c;
     hy_sampler* s;
+    const std::vector<int32_t> chat_stops;  // ids that end an answer (chat_stop_ids)
     bool tty_in = false;
     bool confirm = false;           // confirm /save, /load and /reset on stderr (stdin a terminal, or --verbose)
     bool last_interrupted = false;  // Ctrl-C stopped the last answer
@@ -125,14 +127,13 @@ struct Repl {
                                             (have == 0 ? "give a larger -c" : "/reset or /save it"));
         std::vector<const char*> stops;
         for (const auto& st : o.stop) stops.push_back(st.c_str());
-        const int32_t eot = hy_chat_end_of_turn_id(m);
         hy_generate_params gp = hy_generate_default_params();
         gp.max_tokens = o.n_predict;
         gp.stop = stops.data();
         gp.n_stop = int(stops.size());
         gp.skip_special = 0;  // show <think>/</think>: the answer text then re-encodes to what the context holds
-        gp.stop_ids = eot >= 0 ? &eot : nullptr;
-        gp.n_stop_ids = eot >= 0 ? 1 : 0;
+        gp.stop_ids = chat_stops.empty() ? nullptr : chat_stops.data();
+        gp.n_stop_ids = int(chat_stops.size());
         gp.on_token = on_token;
         gp.user_data = this;
         answer.clear();

@@ -297,6 +297,90 @@ TEST_CASE("cli: a scripted two-turn chat equals a one-shot run of the whole conv
     }
 }
 
+// The tiny model answers "def f(x):" (thinking on) with <|endoftext|> and a new document when nothing stops it; the
+// chat modes end the answer there (chat_stop_ids), as llama.cpp ends generation at such tokens.
+TEST_CASE("cli: a chat answer ends at <|endoftext|> or <|im_start|>, which are not printed", "[cli]") {
+    if (!have_programs()) return;
+    const std::string user = "def f(x):";
+    hy_model* m = nullptr;
+    hy_model_params mp = hy_model_default_params();
+    mp.device = HY_DEVICE_CPU;
+    mp.n_threads = 1;
+    mp.n_ctx = 256;
+    REQUIRE(hy_model_load((kSrc + "/models/tiny").c_str(), &mp, &m) == HY_OK);
+    const hy_chat_message msg{"user", user.c_str()};
+    size_t n = 0;
+    hy_chat_render(m, &msg, 1, 1, HY_THINK_ENABLED, nullptr, 0, &n);
+    std::vector<char> buf(n + 1);
+    REQUIRE(hy_chat_render(m, &msg, 1, 1, HY_THINK_ENABLED, buf.data(), buf.size(), &n) == HY_OK);
+    int n_ids = 0;
+    hy_tokenize(m, buf.data(), ptrdiff_t(n), 1, nullptr, 0, &n_ids);
+    std::vector<int32_t> prompt(size_t(n_ids), 0);
+    REQUIRE(hy_tokenize(m, buf.data(), ptrdiff_t(n), 1, prompt.data(), n_ids, &n_ids) == HY_OK);
+    // the answer with no chat stops: every id
+    hy_context* c = nullptr;
+    hy_sampler* s = nullptr;
+    REQUIRE(hy_context_new(m, nullptr, &c) == HY_OK);
+    hy_sampler_params sp = hy_sampler_default_params();
+    sp.temperature = 0.0f;
+    REQUIRE(hy_sampler_new(m, &sp, &s) == HY_OK);
+    std::vector<int32_t> ids;
+    hy_generate_params gp = hy_generate_default_params();
+    gp.max_tokens = 40;
+    gp.on_token = [](const hy_token_info* t, void* ud) {
+        if (t->id >= 0) static_cast<std::vector<int32_t>*>(ud)->push_back(t->id);
+        return 0;
+    };
+    gp.user_data = &ids;
+    REQUIRE(hy_generate(c, s, prompt.data(), int(prompt.size()), &gp, nullptr) == HY_OK);
+    hy_sampler_free(s);
+    hy_context_free(c);
+    auto single = [&](const char* special) {
+        int32_t id = -1;
+        int k = 0;
+        REQUIRE(hy_tokenize(m, special, -1, 1, &id, 1, &k) == HY_OK);
+        REQUIRE(k == 1);
+        return id;
+    };
+    const int32_t stops[3] = {hy_chat_end_of_turn_id(m), single("<|endoftext|>"), single("<|im_start|>")};
+    size_t cut = 0;
+    while (cut < ids.size() && std::find(stops, stops + 3, ids[cut]) == stops + 3) cut++;
+    REQUIRE(cut < ids.size());  // (else this prompt no longer exercises the stop)
+    INFO("first stop id " << ids[cut] << " after " << cut << " ids");
+    auto text = [&](int skip_special) {
+        size_t len = 0;
+        hy_detokenize(m, ids.data(), int(cut), skip_special, nullptr, 0, &len);
+        std::vector<char> t(len + 1);
+        REQUIRE(hy_detokenize(m, ids.data(), int(cut), skip_special, t.data(), t.size(), &len) == HY_OK);
+        return std::string(t.data(), len);
+    };
+    const std::string repl_expect = text(0) + "\n", chat_expect = text(1);
+    hy_model_free(m);
+    const Run repl = hybrid({"-m", "models/tiny", "-i", "--temp", "0", "-n", "40"}, user + "\n");
+    CHECK(repl.rc == 0);
+    CHECK(repl.out == repl_expect);
+    const Run chat = hybrid({"-m", "models/tiny", "--chat", "-p", user, "--temp", "0", "-n", "40"});
+    CHECK(chat.rc == 0);
+    CHECK(chat.out == chat_expect);
+    TempDir dir("chatstop");
+    const std::string file = (dir.path / "prompts.txt").string();
+    std::ofstream(file) << user << "\n" << user << "\n";
+    const Run batch = hybrid({"-m", "models/tiny", "--batch-file", file, "--chat", "--temp", "0", "-n", "40"});
+    REQUIRE(batch.rc == 0);
+    std::istringstream lines(batch.out);
+    std::string line;
+    int n_lines = 0;
+    while (std::getline(lines, line)) {
+        const nlohmann::json j = nlohmann::json::parse(line);
+        CHECK(j["text"].get<std::string>() == chat_expect);
+        REQUIRE(j["ids"].size() == cut + 1);  // (a batch result keeps the id that ended it)
+        CHECK(j["ids"].back() == ids[cut]);
+        CHECK(j["stop_reason"] == "eos");
+        n_lines++;
+    }
+    CHECK(n_lines == 2);
+}
+
 TEST_CASE("cli: /save then /load continues identically; another model's snapshot is refused", "[cli]") {
     if (!have_programs()) return;
     TempDir tmp("save");

@@ -381,6 +381,27 @@ TEST_CASE("engine: hy_batch reproduces the golden left-padded batch and each sol
     }
     REQUIRE(hy_batch_result(b, 99, nullptr, nullptr, nullptr, nullptr, nullptr) == HY_ERR_INVALID_ARGUMENT);
     REQUIRE(hy_batch_submit(b, nullptr, 0, &rp, &running) == HY_ERR_INVALID_ARGUMENT);
+    {  // stop_ids: the request ends at the first of them (kept as its last id), with the end-of-sequence reason
+        const auto prompt = golden_case(names[0])["input_ids"].get<std::vector<int32_t>>();
+        const auto want = g["batch"]["greedy_fp32_left_padded"][0].get<std::vector<int32_t>>();
+        const int32_t stop = want[5];
+        const int first = int(std::find(want.begin(), want.end(), stop) - want.begin());
+        hy_request_params sp = rp;
+        sp.stop_ids = &stop;
+        sp.n_stop_ids = 1;
+        int id = -1;
+        REQUIRE(hy_batch_submit(b, prompt.data(), int(prompt.size()), &sp, &id) == HY_OK);
+        do REQUIRE(hy_batch_step(b, &running) == HY_OK);
+        while (running > 0);
+        const int32_t* toks = nullptr;
+        int n = 0, reason = -1, done = 0;
+        REQUIRE(hy_batch_result(b, id, &toks, nullptr, &n, &reason, &done) == HY_OK);
+        CHECK(done == 1);
+        CHECK(reason == HY_STOP_EOS);
+        CHECK(std::vector<int32_t>(toks, toks + n) == std::vector<int32_t>(want.begin(), want.begin() + first + 1));
+        sp.stop_ids = nullptr;
+        REQUIRE(hy_batch_submit(b, prompt.data(), int(prompt.size()), &sp, &id) == HY_ERR_INVALID_ARGUMENT);
+    }
     hy_batch_free(b);
     REQUIRE(hy_context_new(m, nullptr, &c2) == HY_OK);  // slots are back
     hy_context_free(c2);
