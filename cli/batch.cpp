@@ -11,13 +11,13 @@ namespace hy::cli {
 
 namespace {
 
-std::string detokenize(hy_model* m, const int32_t* ids, int n) {
+std::string detokenize(hy_model* m, const int32_t* ids, int n, int skip_special) {
     std::string out(64, '\0');
     size_t need = 0;
-    int rc = hy_detokenize(m, ids, n, 1, out.data(), out.size(), &need);
+    int rc = hy_detokenize(m, ids, n, skip_special, out.data(), out.size(), &need);
     if (rc == HY_ERR_INVALID_ARGUMENT && need + 1 > out.size()) {
         out.assign(need + 1, '\0');
-        rc = hy_detokenize(m, ids, n, 1, out.data(), out.size(), &need);
+        rc = hy_detokenize(m, ids, n, skip_special, out.data(), out.size(), &need);
     }
     if (rc != HY_OK) engine_fail(exit_runtime, "detokenize");
     out.resize(need);
@@ -95,9 +95,12 @@ int run_batch(const Options& o, hy_model* m, double load_ms) {
             hy_batch_result(b, ids[next_out], &toks, &lps, &n, &reason, &done);
             if (!done) break;
             n_generated += n;
+            // the text as one-shot mode prints it: without the id that ended the request, and with --chat special
+            // tokens (<think>) shown, as the REPL and --chat -p show them
+            const int n_text = reason == HY_STOP_EOS && n > 0 ? n - 1 : n;
             nlohmann::ordered_json j = {{"index", next_out},
                                 {"prompt", o.batch_prompts[next_out]},
-                                {"text", detokenize(m, toks, n)},
+                                {"text", detokenize(m, toks, n_text, o.chat ? 0 : 1)},
                                 {"ids", std::vector<int32_t>(toks, toks + n)},
                                 {"logprobs", std::vector<float>(lps, lps + n)},
                                 {"n_prompt", prompts[next_out].size()},

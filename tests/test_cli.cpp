@@ -354,7 +354,7 @@ TEST_CASE("cli: a chat answer ends at <|endoftext|> or <|im_start|>, which are n
         REQUIRE(hy_detokenize(m, ids.data(), int(cut), skip_special, t.data(), t.size(), &len) == HY_OK);
         return std::string(t.data(), len);
     };
-    const std::string repl_expect = text(0) + "\n", chat_expect = text(1);
+    const std::string chat_expect = text(0), repl_expect = chat_expect + "\n";
     hy_model_free(m);
     const Run repl = hybrid({"-m", "models/tiny", "-i", "--temp", "0", "-n", "40"}, user + "\n");
     CHECK(repl.rc == 0);
@@ -379,6 +379,30 @@ TEST_CASE("cli: a chat answer ends at <|endoftext|> or <|im_start|>, which are n
         n_lines++;
     }
     CHECK(n_lines == 2);
+}
+
+// The three chat modes print the same answer, special tokens such as </think> included (from the fresh-user test:
+// --chat -p and --batch-file --chat dropped them while the REPL showed them).
+TEST_CASE("cli: the REPL and --chat -p and --batch-file --chat print the same answer with </think>", "[cli]") {
+    if (!have_programs()) return;
+    const std::vector<std::string> flags = {"-m",      "models/tiny", "--temp", "1.5", "--top-k", "0", "--top-p",
+                                            "1",       "--min-p",     "0",      "-n",  "300",     "-s", "19"};
+    auto with = [&](std::vector<std::string> extra) {
+        extra.insert(extra.begin(), flags.begin(), flags.end());
+        return extra;
+    };
+    const Run repl = hybrid(with({"-i"}), "import os\n");
+    const Run chat = hybrid(with({"--chat", "-p", "import os"}));
+    REQUIRE(repl.rc == 0);
+    REQUIRE(chat.rc == 0);
+    CHECK(repl.out.find("</think>") != std::string::npos);  // (else this seed no longer exercises the case)
+    CHECK(repl.out == chat.out + "\n");
+    TempDir dir("chatsame");
+    const std::string file = (dir.path / "prompts.txt").string();
+    std::ofstream(file) << "import os\n";
+    const Run batch = hybrid(with({"--batch-file", file, "--chat"}));
+    REQUIRE(batch.rc == 0);
+    CHECK(nlohmann::json::parse(batch.out)["text"].get<std::string>() == chat.out);
 }
 
 TEST_CASE("cli: /save then /load continues identically; another model's snapshot is refused", "[cli]") {
