@@ -232,7 +232,11 @@ struct Repl {
             throw Failure(rc == HY_ERR_CONTEXT_FULL ? exit_context : exit_snapshot, msg);
         }
         messages = std::move(msgs);
+        // the penalties look at the whole conversation: the history is the restored sequence, as it was when saved
         hy_sampler_reset(s);
+        std::vector<int32_t> history(size_t(hy_context_n_tokens(c)));
+        hy_context_tokens(c, history.data(), int(history.size()));
+        for (int32_t id : history) hy_sampler_accept(s, id);
         if (confirm)
             std::fprintf(stderr, "loaded %zu messages, %d tokens from %s\n", messages.size(), hy_context_n_tokens(c),
                          path.c_str());

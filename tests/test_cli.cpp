@@ -421,6 +421,19 @@ TEST_CASE("cli: /save then /load continues identically; another model's snapshot
     CHECK(b.rc == 0);
     CHECK(b.out == tail);
     CHECK(b.err.find("loaded") == std::string::npos);  // a piped REPL is quiet ...
+    // with penalties, which look at the whole conversation, /load restores their history too (from the fresh-user
+    // test: the third answer differed after /save + /load)
+    for (const std::vector<std::string>& pen : std::vector<std::vector<std::string>>{
+             {"--repeat-penalty", "3", "--repeat-last-n", "200"}, {"--presence-penalty", "1.5"}}) {
+        std::vector<std::string> chat_p = {"-m", "models/tiny", "-i", "--temp", "0", "-n", "30"};
+        chat_p.insert(chat_p.end(), pen.begin(), pen.end());
+        const std::string file_p = (tmp.path / "conv_p.hychat").string();
+        fs::remove(file_p);
+        const Run plain = hybrid(chat_p, "hello\nsecond turn\nthird\n");
+        const Run saved = hybrid(chat_p, "hello\nsecond turn\n/save " + file_p + "\n/load " + file_p + "\nthird\n");
+        REQUIRE(plain.rc == 0);
+        CHECK(saved.out == plain.out);
+    }
     std::vector<std::string> chat_v = chat;
     chat_v.push_back("--verbose");
     const Run bv = hybrid(chat_v, "/load " + file + "\n/reset\n");
