@@ -207,8 +207,10 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     if (!r.unmatched().empty()) usage("unexpected argument '" + r.unmatched()[0] + "' (see --help)");
     if (!r.count("model")) usage("-m DIR is required (see --help)");
 
+    // a switch is on when given, unless given as --switch=false (or =0, =no), which cxxopts parses as false
+    auto flag = [&](const char* name) { return r.count(name) > 0 && r[name].as<bool>(); };
     o.model_dir = r["model"].as<std::string>();
-    o.escape = !r.count("no-escape");
+    o.escape = !flag("no-escape");
     o.n_ctx = r["ctx-size"].as<int>();
     if (o.n_ctx < 1) usage("-c must be >= 1, got " + std::to_string(o.n_ctx));
     o.n_threads = r["threads"].as<int>();
@@ -262,10 +264,10 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         o.prompt_ids = parse_ids(r["prompt-ids"].as<std::string>());
         o.has_prompt_ids = true;
     }
-    o.chat = r.count("chat") > 0;
-    o.interactive = r.count("interactive") > 0;
-    o.no_think = r.count("no-think") > 0;
-    o.verbose = r.count("verbose") > 0;
+    o.chat = flag("chat");
+    o.interactive = flag("interactive");
+    o.no_think = flag("no-think");
+    o.verbose = flag("verbose");
     if (r.count("system")) o.system = o.escape ? process_escapes(r["system"].as<std::string>()) : r["system"].as<std::string>();
     if (r.count("system") && !o.chat && !o.interactive) usage("--system needs --chat or -i");
     if (o.chat && o.has_prompt_ids) usage("--chat needs a text prompt (-p or -f), not --prompt-ids");

@@ -638,6 +638,19 @@ TEST_CASE("cli: flags without effect and repeated flags are usage errors", "[cli
     // still fine: --no-think with --chat, -np with --batch-file
     CHECK(hybrid({"-m", "models/tiny", "--chat", "-p", "x", "--no-think", "-n", "1"}).rc == 0);
     CHECK(hybrid({"-m", "models/tiny", "--batch-file", file, "-np", "2", "-n", "1"}).rc == 0);
+    // a switch given as --switch=false is off (it was on: from the fresh-user test)
+    const std::vector<std::string> say = {"-m", "models/tiny", "-p", "Say hi.", "--temp", "0", "-n", "8"};
+    auto with = [&](const std::string& extra) {
+        std::vector<std::string> a = say;
+        a.push_back(extra);
+        return hybrid(a);
+    };
+    const Run plain = hybrid(say), chat = with("--chat");
+    REQUIRE(plain.out != chat.out);
+    CHECK(with("--chat=false").out == plain.out);
+    CHECK(with("--chat=0").out == plain.out);
+    CHECK(with("--chat=true").out == chat.out);
+    check_one_line_error(with("--chat=maybe"), 1, "--chat");
 }
 
 TEST_CASE("cli: -s accepts every uint64 seed and -1", "[cli]") {
