@@ -47,6 +47,8 @@ int run_batch(const Options& o, hy_model* m, double load_ms) {
     for (size_t i = 0; i < o.batch_prompts.size(); i++) {
         std::string text = o.batch_prompts[i];
         if (o.chat) {
+            check_chat_text(text, prompt_name(o, i));
+            check_chat_text(o.system, "--system");
             std::vector<hy_chat_message> msgs;
             if (!o.system.empty()) msgs.push_back({"system", o.system.c_str()});
             msgs.push_back({"user", text.c_str()});

@@ -115,6 +115,11 @@ void engine_fail(int code, const std::string& what) {
     throw Failure(code, what.empty() ? std::string(hy_last_error()) : what + ": " + hy_last_error());
 }
 
+void check_chat_text(const std::string& text, const std::string& what) {
+    if (text.find('\0') != std::string::npos)
+        throw Failure(exit_usage, what + " holds a NUL byte (\\0 or a zero byte), which a chat message cannot carry");
+}
+
 std::vector<int32_t> chat_stop_ids(hy_model* m) {
     std::vector<int32_t> ids;
     if (const int32_t eot = hy_chat_end_of_turn_id(m); eot >= 0) ids.push_back(eot);
@@ -229,6 +234,8 @@ int run(int argc, char** argv) {
     } else {
         std::string text = o.prompt;
         if (o.chat) {
+            check_chat_text(text, "the prompt");
+            check_chat_text(o.system, "--system");
             std::vector<hy_chat_message> msgs;
             if (!o.system.empty()) msgs.push_back({"system", o.system.c_str()});
             msgs.push_back({"user", text.c_str()});

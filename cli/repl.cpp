@@ -105,6 +105,8 @@ struct Repl {
     }
 
     void turn(const std::string& user) {
+        check_chat_text(user, "the message");
+        check_chat_text(o.system, "--system");
         const int think = thinking_mode(o);
         std::string text;
         if (hy_context_n_tokens(c) == 0) {

@@ -651,6 +651,13 @@ TEST_CASE("cli: flags without effect and repeated flags are usage errors", "[cli
     CHECK(with("--chat=0").out == plain.out);
     CHECK(with("--chat=true").out == chat.out);
     check_one_line_error(with("--chat=maybe"), 1, "--chat");
+    // a NUL byte in a chat message is refused (the chat format would cut the text there)
+    check_one_line_error(hybrid({"-m", "models/tiny", "--chat", "-p", "hello\\0world"}), 1, "the prompt holds a NUL");
+    check_one_line_error(hybrid({"-m", "models/tiny", "--chat", "-p", "hi", "--system", "a\\0b"}), 1, "--system");
+    check_one_line_error(hybrid({"-m", "models/tiny", "-i"}, std::string("a\0b\n", 4)), 1, "the message holds a NUL");
+    std::ofstream(file, std::ios::binary) << std::string("a\0b\n", 4);
+    check_one_line_error(hybrid({"-m", "models/tiny", "--batch-file", file, "--chat"}), 1, "batch prompt 0 (line 1)");
+    CHECK(hybrid({"-m", "models/tiny", "-p", "hello\\0world", "-n", "1"}).rc == 0);  // plain text keeps it
 }
 
 TEST_CASE("cli: -s accepts every uint64 seed and -1", "[cli]") {
