@@ -57,6 +57,7 @@ struct Repl {
     hy_sampler* s;
     const std::vector<int32_t> chat_stops;  // ids that end an answer (chat_stop_ids)
     bool tty_in = false;
+    FILE* prompt_out = stdout;  // where the "> " prompt (and readline's echo) goes
     bool confirm = false;           // confirm /save, /load and /reset on stderr (stdin a terminal, or --verbose)
     bool last_interrupted = false;  // Ctrl-C stopped the last answer
     std::vector<Message> messages;
@@ -81,8 +82,8 @@ struct Repl {
 #endif
         for (;;) {
             if (tty_in) {
-                std::fputs("> ", stdout);
-                std::fflush(stdout);
+                std::fputs("> ", prompt_out);
+                std::fflush(prompt_out);
             }
             if (std::getline(std::cin, line)) return true;
             if (std::cin.eof() || !g_interrupted.load()) return false;
@@ -90,7 +91,7 @@ struct Repl {
             g_interrupted.store(false);
             std::cin.clear();
             std::clearerr(stdin);
-            std::fputs("\n", stdout);
+            std::fputs("\n", prompt_out);
         }
     }
 
@@ -280,6 +281,12 @@ struct Repl {
 int run_repl(const Options& o, hy_model* m, hy_context* c, hy_sampler* s, double load_ms) {
     Repl r(o, m, c, s);
     r.tty_in = isatty(STDIN_FILENO) != 0;
+    // typed at a terminal with stdout redirected (hybrid -i > answers.txt): the prompt and the echo of the typed
+    // line go to stderr, so that the file gets only the answers and the user still sees what they type
+    r.prompt_out = r.tty_in && !isatty(STDOUT_FILENO) ? stderr : stdout;
+#ifdef HY_HAVE_READLINE
+    rl_outstream = r.prompt_out;
+#endif
     r.confirm = r.tty_in || o.verbose;
     if (hy_chat_end_of_turn_id(m) < 0) {
         std::vector<hy_chat_message> none;
@@ -314,7 +321,7 @@ int run_repl(const Options& o, hy_model* m, hy_context* c, hy_sampler* s, double
         if (rc >= 0) return rc;
         if (!go_on) break;
     }
-    if (r.tty_in) std::fputs("\n", stdout);
+    if (r.tty_in) std::fputs("\n", r.prompt_out);  // (after the last prompt)
     if (isatty(STDERR_FILENO) || o.verbose) {
         std::fprintf(stderr, "hybrid: session totals:\n");
         print_summary(load_ms, r.total, r.last_interrupted);

@@ -840,7 +840,7 @@ namespace {
 // Drives `hybrid args...` on a pseudo-terminal: for each step, waits until the output (since the last step) holds
 // `wait_for`, then writes `send`. Returns the exit code (-1 on a timeout) and the whole output in *out.
 int run_on_pty(const std::vector<std::string>& args, const std::vector<std::pair<std::string, std::string>>& steps,
-               std::string* out) {
+               std::string* out, const std::string& stdout_file = "") {
     const int master = ::posix_openpt(O_RDWR | O_NOCTTY);
     if (master < 0 || ::grantpt(master) != 0 || ::unlockpt(master) != 0) return -1;
     const std::string slave_name = ::ptsname(master);
@@ -856,7 +856,9 @@ int run_on_pty(const std::vector<std::string>& args, const std::vector<std::pair
         if (slave < 0) ::_exit(127);
         ::ioctl(slave, TIOCSCTTY, 0);
         ::dup2(slave, 0);
-        ::dup2(slave, 1);
+        const int out_fd = stdout_file.empty() ? slave : ::open(stdout_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        if (out_fd < 0) ::_exit(127);
+        ::dup2(out_fd, 1);
         ::dup2(slave, 2);
         ::close(master);
         if (::chdir(kSrc.c_str()) != 0) ::_exit(127);
@@ -913,6 +915,23 @@ int run_on_pty(const std::vector<std::string>& args, const std::vector<std::pair
 }
 
 }  // namespace
+
+// hybrid -i > answers.txt at a terminal: the prompt and the typed line's echo go to the terminal (stderr), the file
+// gets the answers only (it got "> ", the echo and readline's escape codes: from the fresh-user test)
+TEST_CASE("cli: the REPL at a terminal with stdout redirected writes only the answers to the file", "[cli]") {
+    if (!have_programs()) return;
+    TempDir tmp("redirect");
+    const std::string file = (tmp.path / "answers.txt").string();
+    std::string term;
+    const std::vector<std::string> chat = {"-m", "models/tiny", "-i", "-n", "8", "--temp", "0"};
+    const int rc = run_on_pty(chat, {{"> ", "hello\r"}, {"> ", "/exit\r"}}, &term, file);
+    INFO(term);
+    CHECK(rc == 0);
+    const Run piped = hybrid(chat, "hello\n");
+    REQUIRE(piped.rc == 0);
+    CHECK(slurp(file) == piped.out);
+    CHECK(term.find("hello") != std::string::npos);  // the echo is on the terminal
+}
 
 TEST_CASE("cli: Ctrl-C at the chat input line discards the partial line", "[cli]") {
     if (!have_programs()) return;
