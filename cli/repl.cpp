@@ -86,6 +86,8 @@ struct Repl {
                 std::fflush(prompt_out);
             }
             if (std::getline(std::cin, line)) return true;
+            if (std::ferror(stdin) && !g_interrupted.load())  // (std::cin reads through stdio's stdin)
+                throw Failure(exit_io, std::string("cannot read the chat input (stdin): ") + std::strerror(errno));
             if (std::cin.eof() || !g_interrupted.load()) return false;
             // Ctrl-C at the prompt: a new prompt
             g_interrupted.store(false);
@@ -162,7 +164,7 @@ struct Repl {
 
     // ---- commands ----
     void save(const std::string& path, bool overwrite) {
-        if (path.empty()) throw Failure(exit_usage, "/save needs a file name");
+        if (path.empty()) throw Failure(exit_usage, std::string(overwrite ? "/save!" : "/save") + " needs a file name");
         size_t n = 0;
         if (hy_state_save(c, nullptr, 0, &n) != HY_OK) engine_fail(exit_runtime, "save");
         std::vector<char> snap(n);

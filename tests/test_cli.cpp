@@ -657,6 +657,16 @@ TEST_CASE("cli: flags without effect and repeated flags are usage errors", "[cli
     check_one_line_error(hybrid({"-m", "models/tiny", "-i"}, std::string("a\0b\n", 4)), 1, "the message holds a NUL");
     std::ofstream(file, std::ios::binary) << std::string("a\0b\n", 4);
     check_one_line_error(hybrid({"-m", "models/tiny", "--batch-file", file, "--chat"}), 1, "batch prompt 0 (line 1)");
+    check_one_line_error(hybrid({"-m", "models/tiny", "-i"}, "/save!\n"), 1, "/save! needs a file name");
+    {  // a chat input that cannot be read is an error (exit 5), not a silent end of the conversation
+        const std::string err = (tmp.path / "err.txt").string();
+        const std::string cmd = "cd " + quote(kSrc) + " && " + quote(kBin + "/hybrid") +
+                                " -t 1 --device cpu -m models/tiny -i < " + quote(tmp.path.string()) + " 2>" + quote(err);
+        const int st = std::system(cmd.c_str());
+        CHECK(WIFEXITED(st));
+        CHECK(WEXITSTATUS(st) == 5);
+        CHECK(slurp(err).find("hybrid: error: cannot read the chat input (stdin)") != std::string::npos);
+    }
     CHECK(hybrid({"-m", "models/tiny", "-p", "hello\\0world", "-n", "1"}).rc == 0);  // plain text keeps it
 }
 
