@@ -142,6 +142,8 @@ std::string chat_render(hy_model* m, const std::vector<hy_chat_message>& msgs, b
                                              thinking, buf, cap, &n);
     };
     int rc = call(nullptr, 0);
+    // the model's own files (a tokenizer without the ChatML tokens) are exit 2, as any unsupported model file
+    if (rc == HY_ERR_UNSUPPORTED || rc == HY_ERR_FORMAT) engine_fail(exit_model, "chat format");
     if (rc != HY_OK && rc != HY_ERR_INVALID_ARGUMENT) engine_fail(exit_usage, "chat format");
     std::string out(n + 1, '\0');
     if (call(out.data(), out.size()) != HY_OK) engine_fail(exit_usage, "chat format");

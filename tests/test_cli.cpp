@@ -758,6 +758,23 @@ TEST_CASE("cli: a model with NaN weights is a generation error, not silent outpu
     check_one_line_error(hybrid({"-m", dir, "--batch-file", file, "-n", "2"}), 6, "no finite logits");
 }
 
+// A tokenizer without the ChatML tokens: the chat modes refuse the model with exit 2 (an unsupported model file, as
+// the help says; it was exit 1), plain completion still runs.
+TEST_CASE("cli: a model whose tokenizer has no ChatML tokens is exit 2 in the chat modes", "[cli]") {
+    if (!have_programs()) return;
+    hy::test::TempDir tmp;
+    const std::string dir = tmp / "nochat";
+    hy::test::write_model_dir(dir, hy::test::read_safetensors(hy::test::tiny_dir() + "/model.safetensors"),
+                              hy::test::read_text(hy::test::tiny_dir() + "/config.json"));
+    std::string tok = hy::test::read_text(dir + "/tokenizer.json");
+    for (size_t at = tok.find("<|im_start|>"); at != std::string::npos; at = tok.find("<|im_start|>", at))
+        tok.replace(at, 12, "<|im_begin|>");
+    hy::test::write_text(dir + "/tokenizer.json", tok);
+    check_one_line_error(hybrid({"-m", dir, "--chat", "-p", "hi", "-n", "2"}), 2, "unsupported chat template");
+    check_one_line_error(hybrid({"-m", dir, "-i"}, "hi\n"), 2, "unsupported chat template");
+    CHECK(hybrid({"-m", dir, "-p", "hi", "-n", "2"}).rc == 0);
+}
+
 TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate their arguments", "[cli]") {
     if (!have_programs()) return;
     for (const char* p : {"hybrid-compare", "hybrid-bench", "hybrid-tokenize"})
