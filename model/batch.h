@@ -79,6 +79,7 @@ private:
     std::vector<int> usable_;
     std::vector<int32_t> banned_;
     std::vector<int> prefilled_;  // [n_slots] slots whose prompt (max_new_tokens 0) completed in this step
+    std::vector<int> order_;      // [n_slots] the slots of a step in the order they take rows (see step())
     // per-step scratch, sized once
     std::vector<int32_t> tokens_, out_rows_, out_slot_;
     std::vector<SeqRun> runs_;

@@ -203,3 +203,27 @@ TEST_CASE("batch: max_new_tokens 0 only prefills; more than the context ends wit
     bad.max_new_tokens = -1;
     CHECK_THROWS_AS(g.submit(bad), Error);
 }
+
+// Prompts as long as a step's row budget: prompt chunks go to the oldest request first, so requests finish in the
+// order they were submitted. In slot order, each request admitted into slot 0 took the whole budget of the next
+// step and the requests in slots 1 and 2 waited until the queue ran dry (from the fresh-user test: --batch-file
+// output stalled behind them).
+TEST_CASE("batch: prompt chunks go to the oldest request first", "[model]") {
+    auto m = Model::load(tiny_dir(), params(3, 32));
+    BatchGenerator g(*m);
+    std::vector<GenerationRequest> reqs(8);
+    std::vector<int> ids;
+    for (size_t i = 0; i < reqs.size(); i++) {
+        reqs[i].prompt = prompt(32, 100 + uint32_t(i));
+        reqs[i].max_new_tokens = 1;
+        reqs[i].sampling.temperature = 0.0f;
+        ids.push_back(g.submit(reqs[i]));
+    }
+    std::vector<int> finished;
+    while (g.step())
+        for (int id : ids)
+            if (g.result(id).done && std::find(finished.begin(), finished.end(), id) == finished.end())
+                finished.push_back(id);
+    CHECK(finished == ids);
+    for (size_t i = 0; i < reqs.size(); i++) CHECK(g.result(ids[i]).tokens == solo(reqs[i]).tokens);
+}
