@@ -311,7 +311,11 @@ typedef struct hy_generate_params {
     const int32_t* stop_ids;       /* n_stop_ids more ids that end generation like the end-of-sequence set */
     int n_stop_ids;
     hy_token_callback on_token;    /* may be NULL */
-    void* user_data;               /* passed to on_token */
+    void* user_data;               /* passed to on_token and should_abort */
+    int (*should_abort)(void* user_data); /* may be NULL; polled between the prompt's prefill steps (of
+                                      max_batch_tokens ids): non-zero stops the prefill, resets the sequence (its
+                                      history and state are cleared: they would hold part of the prompt) and ends
+                                      the call with HY_OK and HY_STOP_CALLBACK, nothing generated */
 } hy_generate_params;
 
 hy_generate_params hy_generate_default_params(void);

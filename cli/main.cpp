@@ -261,6 +261,7 @@ int run(int argc, char** argv) {
     gp.n_stop = int(stops.size());
     gp.on_token = on_token;
     gp.user_data = &st;
+    gp.should_abort = [](void*) { return g_interrupted.load() ? 1 : 0; };  // Ctrl-C during a long prompt's prefill
     gp.skip_special = o.chat ? 0 : 1;  // a chat answer shows <think>/</think>, as the REPL does
     const std::vector<int32_t> chat_stops = o.chat ? chat_stop_ids(h.m) : std::vector<int32_t>{};
     gp.stop_ids = chat_stops.empty() ? nullptr : chat_stops.data();

@@ -134,6 +134,14 @@ public:
     // Returns a host view valid until the next call. Throws invalid_argument (bad slot, token id >= vocab),
     // context_full (would pass n_ctx).
     std::span<const float> prefill(int slot, std::span<const int32_t> tokens, bool all_logits = false);
+    // Thrown by prefill when the abort hook returns true (checked before every step after the first); the slot then
+    // holds part of the tokens: the caller resets it.
+    struct Aborted {};
+    // While set (fn non-null), prefill polls fn(data) between its steps (a long prompt can be interrupted).
+    void set_prefill_abort(bool (*fn)(void*), void* data) {
+        abort_fn_ = fn;
+        abort_data_ = data;
+    }
 
     // One forward step over an explicit batch (several sequences at once). out_rows lists the batch rows whose
     // logits are wanted (at most max_logits); returns them [n_out, vocab] on the host. Updates sequence lengths.
@@ -154,6 +162,8 @@ public:
     const Weights& weights() const { return weights_; }
 
 private:
+    bool (*abort_fn_)(void*) = nullptr;  // set_prefill_abort
+    void* abort_data_ = nullptr;
     Model() = default;
     void forward(const BatchDesc& batch, std::span<const int32_t> out_rows);
     void check_batch(const BatchDesc& batch, std::span<const int32_t> out_rows) const;

@@ -943,6 +943,67 @@ int run_on_pty(const std::vector<std::string>& args, const std::vector<std::pair
 
 }  // namespace
 
+// Ctrl-C during the prefill of a long prompt ends the program within a prefill step (it waited for the whole prompt:
+// about 20 s for this one on the CPU; from the fresh-user test).
+TEST_CASE("cli: Ctrl-C during a long prompt's prefill exits 130 promptly", "[cli]") {
+    if (!have_programs()) return;
+    TempDir tmp("prefill_int");
+    const std::string file = (tmp.path / "long.txt").string();
+    {
+        std::ofstream f(file);
+        for (int i = 0; i < 5000; i++) f << (i ? " w" : "w") << i;  // about 24,000 tokens
+    }
+    int err_pipe[2];
+    REQUIRE(::pipe(err_pipe) == 0);
+    std::vector<std::string> argv_s = {kBin + "/hybrid", "-t",    "1",    "--device", "cpu", "-m", "models/tiny", "-f",
+                                       file,            "-c",    "32768", "-n",      "4",   "--verbose"};
+    std::vector<char*> argv;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        ::dup2(err_pipe[1], 2);
+        const int null_fd = ::open("/dev/null", O_WRONLY);
+        ::dup2(null_fd, 1);
+        ::close(err_pipe[0]);
+        if (::chdir(kSrc.c_str()) != 0) ::_exit(127);
+        ::execv(argv[0], argv.data());
+        ::_exit(127);
+    }
+    ::close(err_pipe[1]);
+    std::string err;
+    const auto t0 = std::chrono::steady_clock::now();
+    auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
+    while (err.find("loaded on") == std::string::npos && elapsed() < 30.0) {  // the SIGINT handler comes next
+        pollfd p{err_pipe[0], POLLIN, 0};
+        if (::poll(&p, 1, 50) > 0) {
+            char buf[1024];
+            const ssize_t n = ::read(err_pipe[0], buf, sizeof buf);
+            if (n <= 0) break;
+            err.append(buf, size_t(n));
+        }
+    }
+    INFO(err);
+    ::usleep(500000);  // well inside the prefill
+    const auto t_int = std::chrono::steady_clock::now();
+    ::kill(pid, SIGINT);
+    int st = 0;
+    pid_t r = 0;
+    while ((r = ::waitpid(pid, &st, WNOHANG)) == 0 &&
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t_int).count() < 10.0)
+        ::usleep(10000);
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_int).count();
+    if (r == 0) {
+        ::kill(pid, SIGKILL);
+        ::waitpid(pid, &st, 0);
+    }
+    ::close(err_pipe[0]);
+    CHECK(r == pid);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 130);
+    CHECK(waited < 5.0);
+}
+
 // hybrid -i > answers.txt at a terminal: the prompt and the typed line's echo go to the terminal (stderr), the file
 // gets the answers only (it got "> ", the echo and readline's escape codes: from the fresh-user test)
 TEST_CASE("cli: the REPL at a terminal with stdout redirected writes only the answers to the file", "[cli]") {

@@ -408,6 +408,36 @@ TEST_CASE("engine: hy_batch reproduces the golden left-padded batch and each sol
     hy_model_free(m);
 }
 
+// should_abort stops a long prompt's prefill between its steps: HY_OK with HY_STOP_CALLBACK, nothing generated, the
+// sequence reset (it would hold part of the prompt), and the context usable afterwards.
+TEST_CASE("engine: should_abort stops the prefill and resets the sequence", "[engine]") {
+    Tiny t(2048);
+    std::vector<int32_t> prompt = hy::test::random_prompt(1500, 7);  // several prefill steps of max_batch_tokens
+    struct Poll {
+        int calls = 0;
+        int stop_at = 1;
+    } poll;
+    hy_generate_params gp = hy_generate_default_params();
+    gp.max_tokens = 4;
+    gp.user_data = &poll;
+    gp.should_abort = [](void* ud) {
+        auto* p = static_cast<Poll*>(ud);
+        return ++p->calls >= p->stop_at ? 1 : 0;
+    };
+    hy_generate_result r{};
+    REQUIRE(hy_generate(t.c, t.s, prompt.data(), int(prompt.size()), &gp, &r) == HY_OK);
+    CHECK(r.stop_reason == HY_STOP_CALLBACK);
+    CHECK(r.n_generated == 0);
+    CHECK(poll.calls == 1);
+    CHECK(hy_context_n_tokens(t.c) == 0);
+    // never aborting: the same prompt runs to the end
+    poll = Poll{0, 1 << 30};
+    REQUIRE(hy_generate(t.c, t.s, prompt.data(), int(prompt.size()), &gp, &r) == HY_OK);
+    CHECK(r.stop_reason == HY_STOP_MAX_TOKENS);
+    CHECK(poll.calls >= 2);
+    CHECK(hy_context_n_tokens(t.c) == int(prompt.size()) + 4);
+}
+
 TEST_CASE("engine: snapshot files: no PATH.tmp, no symlink/device/folder replaced, bounded reads", "[engine]") {
     Tiny t;
     const std::vector<int32_t> prompt = t.tokenize("def main():\n    ");
