@@ -307,7 +307,9 @@ int run_repl(const Options& o, hy_model* m, hy_context* c, hy_sampler* s, double
         }
         return -1;
     };
-    if (o.has_prompt) {
+    if (o.has_prompt) {  // the first turn, as if typed (a blank one is refused, as one-shot mode refuses it)
+        if (o.prompt.find_first_not_of(" \t\r\n") == std::string::npos)
+            throw Failure(exit_usage, "the first turn (-p or -f) is empty");
         const int rc = guarded([&] { r.turn(o.prompt); });
         if (rc >= 0) return rc;
     }

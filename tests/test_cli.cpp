@@ -658,6 +658,7 @@ TEST_CASE("cli: flags without effect and repeated flags are usage errors", "[cli
     std::ofstream(file, std::ios::binary) << std::string("a\0b\n", 4);
     check_one_line_error(hybrid({"-m", "models/tiny", "--batch-file", file, "--chat"}), 1, "batch prompt 0 (line 1)");
     check_one_line_error(hybrid({"-m", "models/tiny", "-i"}, "/save!\n"), 1, "/save! needs a file name");
+    check_one_line_error(hybrid({"-m", "models/tiny", "-i", "-p", " "}), 1, "the first turn (-p or -f) is empty");
     {  // a chat input that cannot be read is an error (exit 5), not a silent end of the conversation
         const std::string err = (tmp.path / "err.txt").string();
         const std::string cmd = "cd " + quote(kSrc) + " && " + quote(kBin + "/hybrid") +
