@@ -966,6 +966,7 @@ int hy_generate(hy_context* c, hy_sampler* s, const int32_t* prompt, int n_promp
             feed(c, prompt, n_prompt);  // (resets the sequence when it throws)
         } catch (const hy::Model::Aborted&) {
             model.set_prefill_abort(nullptr, nullptr);
+            res.n_prompt = 0;  // (the sequence was reset: none of it was kept)
             res.prompt_ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
             res.stop_reason = HY_STOP_CALLBACK;
             return int(Status::ok);
@@ -1018,7 +1019,6 @@ int hy_generate(hy_context* c, hy_sampler* s, const int32_t* prompt, int n_promp
                 reason = HY_STOP_EOS;
                 break;
             }
-            s->s->accept(id);
             held += dec.push(id);
             // stop strings: find the earliest match in the held text
             size_t cut = std::string::npos;
@@ -1042,6 +1042,7 @@ int hy_generate(hy_context* c, hy_sampler* s, const int32_t* prompt, int n_promp
                     }
             out_text.assign(held, 0, held.size() - keep);
             held.erase(0, held.size() - keep);
+            s->s->accept(id);  // (kept ids only: the penalty history stays the sequence's, as /load rebuilds it)
             c->history.push_back(id);
             c->n_pending = 1;
             c->has_logits = false;

@@ -315,7 +315,7 @@ typedef struct hy_generate_params {
     int (*should_abort)(void* user_data); /* may be NULL; polled between the prompt's prefill steps (of
                                       max_batch_tokens ids): non-zero stops the prefill, resets the sequence (its
                                       history and state are cleared: they would hold part of the prompt) and ends
-                                      the call with HY_OK and HY_STOP_CALLBACK, nothing generated */
+                                      the call with HY_OK, HY_STOP_CALLBACK, n_prompt 0 and nothing generated */
 } hy_generate_params;
 
 hy_generate_params hy_generate_default_params(void);
@@ -329,8 +329,8 @@ typedef struct hy_generate_result {
 } hy_generate_result;
 
 /* Prefills `prompt` (n_prompt ids, may be 0 to continue from the current logits), then samples and decodes until
- * a stop condition. The sampler's penalty history receives every generated id (not the prompt; call
- * hy_sampler_accept yourself for that). History rules: a generated id given to the callback is kept (the last one
+ * a stop condition. The sampler's penalty history receives every generated id that is kept (below; not the
+ * prompt: call hy_sampler_accept yourself for that). History rules: a generated id given to the callback is kept (the last one
  * is pending: fed by the next call); an end-of-sequence id and the id completing a stop string are dropped, so
  * a chat can append its own end-of-turn text. Reaching n_ctx is a stop (HY_STOP_CONTEXT_FULL), not an error; a
  * prompt that does not fit returns HY_ERR_CONTEXT_FULL before anything runs. result may be NULL.

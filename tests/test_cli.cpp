@@ -434,6 +434,16 @@ TEST_CASE("cli: /save then /load continues identically; another model's snapshot
         REQUIRE(plain.rc == 0);
         CHECK(saved.out == plain.out);
     }
+    {  // an answer cut by a stop string: the id completing it is in neither the context nor the penalty history
+        const std::vector<std::string> chat_s = {"-m",      "models/tiny",      "-i",  "--temp", "0",    "-n", "60",
+                                                 "--stop",  " the",             "--repeat-penalty", "1.5",
+                                                 "--repeat-last-n", "-1"};
+        const std::string file_s = (tmp.path / "conv_s.hychat").string();
+        const Run plain = hybrid(chat_s, "hello\ndef foo\nbar baz\nimport os\n");
+        const Run saved = hybrid(chat_s, "hello\n/save " + file_s + "\n/load " + file_s + "\ndef foo\nbar baz\nimport os\n");
+        REQUIRE(plain.rc == 0);
+        CHECK(saved.out == plain.out);
+    }
     std::vector<std::string> chat_v = chat;
     chat_v.push_back("--verbose");
     const Run bv = hybrid(chat_v, "/load " + file + "\n/reset\n");
