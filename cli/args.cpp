@@ -192,13 +192,15 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     } catch (const cxxopts::exceptions::exception& e) {
         usage(parse_error_message(e.what(), argc, argv) + " (see --help)");  // the option as the user spelled it
     }
-    if (r.count("help")) {
+    // a switch is on when given, unless given as --switch=false (or =0, =f), which cxxopts parses as false
+    auto flag = [&](const char* name) { return r.count(name) > 0 && r[name].as<bool>(); };
+    if (flag("help")) {
         const std::string text = opts.help() + "\n" + kExitCodes;
         write_stdout(text.data(), text.size());  // a write error is reported by main()
         *exit_code = exit_ok;
         return false;
     }
-    if (r.count("version")) {
+    if (flag("version")) {
         const std::string text = std::string("hybrid ") + hy_version() + "\n";
         write_stdout(text.data(), text.size());
         *exit_code = exit_ok;
@@ -207,8 +209,6 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     if (!r.unmatched().empty()) usage("unexpected argument '" + r.unmatched()[0] + "' (see --help)");
     if (!r.count("model")) usage("-m DIR is required (see --help)");
 
-    // a switch is on when given, unless given as --switch=false (or =0, =no), which cxxopts parses as false
-    auto flag = [&](const char* name) { return r.count(name) > 0 && r[name].as<bool>(); };
     o.model_dir = r["model"].as<std::string>();
     o.escape = !flag("no-escape");
     o.n_ctx = r["ctx-size"].as<int>();
@@ -284,6 +284,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     for (const auto& s : stops) {
         std::string v = o.escape ? process_escapes(s) : s;
         if (v.empty()) usage("--stop needs a non-empty string");
+        if (v.find('\0') != std::string::npos) usage("--stop holds a NUL byte (\\0), which a stop string cannot carry");
         o.stop.push_back(v);
     }
 

@@ -48,7 +48,7 @@ int run_batch(const Options& o, hy_model* m, double load_ms) {
         std::string text = o.batch_prompts[i];
         if (o.chat) {
             check_chat_text(text, prompt_name(o, i));
-            check_chat_text(o.system, "--system");
+            check_chat_text(o.system, "--system", true);
             std::vector<hy_chat_message> msgs;
             if (!o.system.empty()) msgs.push_back({"system", o.system.c_str()});
             msgs.push_back({"user", text.c_str()});

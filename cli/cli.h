@@ -119,8 +119,8 @@ std::vector<int32_t> tokenize(hy_model* m, const std::string& text);
 // --chat) stops only at the model's own end-of-sequence ids, as Hugging Face generate does.
 std::vector<int32_t> chat_stop_ids(hy_model* m);
 // Throws Failure(exit_usage) naming `what` when a chat message's text holds a NUL byte (the chat format takes
-// NUL-terminated messages: the text would be cut there silently).
-void check_chat_text(const std::string& text, const std::string& what);
+// NUL-terminated messages: the text would be cut there silently) or, unless blank_ok, is only whitespace.
+void check_chat_text(const std::string& text, const std::string& what, bool blank_ok = false);
 
 // Prints the timing summary on stderr: load time (omitted when load_ms < 0), prompt and generation tokens, times
 // and rates, stop reason (of the last generation; a callback stop reads "interrupted (Ctrl-C)" when `interrupted`

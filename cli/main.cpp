@@ -115,7 +115,9 @@ void engine_fail(int code, const std::string& what) {
     throw Failure(code, what.empty() ? std::string(hy_last_error()) : what + ": " + hy_last_error());
 }
 
-void check_chat_text(const std::string& text, const std::string& what) {
+void check_chat_text(const std::string& text, const std::string& what, bool blank_ok) {
+    if (!blank_ok && text.find_first_not_of(" \t\n\v\f\r") == std::string::npos)
+        throw Failure(exit_usage, what + " is empty (a chat message needs some text)");
     if (text.find('\0') != std::string::npos)
         throw Failure(exit_usage, what + " holds a NUL byte (\\0 or a zero byte), which a chat message cannot carry");
 }
@@ -237,7 +239,7 @@ int run(int argc, char** argv) {
         std::string text = o.prompt;
         if (o.chat) {
             check_chat_text(text, "the prompt");
-            check_chat_text(o.system, "--system");
+            check_chat_text(o.system, "--system", true);
             std::vector<hy_chat_message> msgs;
             if (!o.system.empty()) msgs.push_back({"system", o.system.c_str()});
             msgs.push_back({"user", text.c_str()});

@@ -85,9 +85,12 @@ struct Repl {
                 std::fputs("> ", prompt_out);
                 std::fflush(prompt_out);
             }
+            errno = 0;
             if (std::getline(std::cin, line)) return true;
-            if (std::ferror(stdin) && !g_interrupted.load())  // (std::cin reads through stdio's stdin)
-                throw Failure(exit_io, std::string("cannot read the chat input (stdin): ") + std::strerror(errno));
+            const int err = errno;
+            // a read error (std::cin reads through stdio's stdin), not end of input nor a signal's interruption
+            if (std::ferror(stdin) && err != 0 && err != EINTR && !g_interrupted.load())
+                throw Failure(exit_io, std::string("cannot read the chat input (stdin): ") + std::strerror(err));
             if (std::cin.eof() || !g_interrupted.load()) return false;
             // Ctrl-C at the prompt: a new prompt
             g_interrupted.store(false);
@@ -109,7 +112,7 @@ struct Repl {
 
     void turn(const std::string& user) {
         check_chat_text(user, "the message");
-        check_chat_text(o.system, "--system");
+        check_chat_text(o.system, "--system", true);
         const int think = thinking_mode(o);
         std::string text;
         if (hy_context_n_tokens(c) == 0) {
@@ -254,6 +257,8 @@ struct Repl {
         std::string arg = sp == std::string::npos ? "" : line.substr(sp + 1);
         while (!arg.empty() && (arg.back() == ' ' || arg.back() == '\t' || arg.back() == '\r')) arg.pop_back();
         while (!arg.empty() && arg.front() == ' ') arg.erase(arg.begin());
+        if (arg.find('\0') != std::string::npos)
+            throw Failure(exit_usage, cmd + ": the argument holds a NUL byte, which a file name cannot carry");
         if (cmd == "/exit" || cmd == "/quit") return false;
         if (cmd == "/reset") {
             if (hy_context_reset(c) != HY_OK) engine_fail(exit_runtime, "reset");
@@ -308,7 +313,7 @@ int run_repl(const Options& o, hy_model* m, hy_context* c, hy_sampler* s, double
         return -1;
     };
     if (o.has_prompt) {  // the first turn, as if typed (a blank one is refused, as one-shot mode refuses it)
-        if (o.prompt.find_first_not_of(" \t\r\n") == std::string::npos)
+        if (o.prompt.find_first_not_of(" \t\n\v\f\r") == std::string::npos)
             throw Failure(exit_usage, "the first turn (-p or -f) is empty");
         const int rc = guarded([&] { r.turn(o.prompt); });
         if (rc >= 0) return rc;
@@ -316,7 +321,7 @@ int run_repl(const Options& o, hy_model* m, hy_context* c, hy_sampler* s, double
     std::string line;
     while (r.read_line(line)) {
         while (!line.empty() && (line.back() == '\r' || line.back() == '\n')) line.pop_back();
-        if (line.find_first_not_of(" \t") == std::string::npos) continue;
+        if (line.find_first_not_of(" \t\n\v\f\r") == std::string::npos) continue;
         bool go_on = true;
         const int rc = guarded([&] {
             if (line[0] == '/') go_on = r.command(line);

@@ -669,6 +669,12 @@ TEST_CASE("cli: flags without effect and repeated flags are usage errors", "[cli
     check_one_line_error(hybrid({"-m", "models/tiny", "--batch-file", file, "--chat"}), 1, "batch prompt 0 (line 1)");
     check_one_line_error(hybrid({"-m", "models/tiny", "-i"}, "/save!\n"), 1, "/save! needs a file name");
     check_one_line_error(hybrid({"-m", "models/tiny", "-i", "-p", " "}), 1, "the first turn (-p or -f) is empty");
+    // (from the second fresh-user test) a blank chat message, a NUL in --stop or in a REPL file name
+    check_one_line_error(hybrid({"-m", "models/tiny", "--chat", "-p", " "}), 1, "the prompt is empty");
+    check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "--stop", "a\\0b"}), 1, "--stop holds a NUL");
+    check_one_line_error(hybrid({"-m", "models/tiny", "-i"}, std::string("/save /tmp/a\0b\n", 15)), 1,
+                         "/save: the argument holds a NUL byte");
+    check_one_line_error(hybrid({"--help=false"}), 1, "-m DIR is required");
     {  // a chat input that cannot be read is an error (exit 5), not a silent end of the conversation
         const std::string err = (tmp.path / "err.txt").string();
         const std::string cmd = "cd " + quote(kSrc) + " && " + quote(kBin + "/hybrid") +
