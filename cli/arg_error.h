@@ -51,4 +51,16 @@ inline bool parse_real(const std::string& text, double* out) {
     return true;
 }
 
+// An int option's value, strictly (cxxopts wraps some values past 2^32, e.g. "5000000000" became 705032704, and
+// takes hexadecimal): the whole text must be a decimal integer in the range of int, an optional '-' first.
+inline bool parse_int(const std::string& text, int* out) {
+    const size_t digits = text.size() - (text.empty() || text[0] != '-' ? 0 : 1);
+    if (digits == 0 || digits > 10 || text.find_first_not_of("0123456789", text.size() - digits) != std::string::npos)
+        return false;
+    const long long v = std::strtoll(text.c_str(), nullptr, 10);
+    if (v < -2147483648LL || v > 2147483647LL) return false;
+    *out = int(v);
+    return true;
+}
+
 }  // namespace hy
