@@ -9,6 +9,11 @@
 // Conversation files (/save, /load): "HYCHAT01", u32 length of a JSON header, the JSON header
 // ({"version": 1, "messages": [{"role", "content"}, ...], "no_think": bool}), then the engine snapshot
 // (hy_state_save: token history, KV cache, conv and recurrent state, last logits; it carries the model fingerprint).
+// /load rebuilds the penalties' history from the restored tokens, so greedy continuations (penalties or not) equal
+// the unsaved session's; the sampler's random state is not in the file (/load reseeds it with -s), so sampled
+// continuations differ. Not done yet: Ctrl-C during a long message's prefill takes effect only when the prefill
+// ends (one-shot mode stops between prefill steps, hy_generate_params.should_abort; here an abort would also have
+// to restore the conversation, which the engine resets).
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
