@@ -823,6 +823,11 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     check(run_prog(compare, {"-m", "models/tiny", "--device", "gpu"}), 2, "--device");
     check(run_prog(compare, {"-m", "models/nope"}), 1, "models/nope: no such model folder");
     check(run_prog(compare, {"-m", "models/tiny", "stray"}), 2, "'stray'");
+    // int options strictly in the tools too (cxxopts wrapped values past 2^32 and took hexadecimal)
+    check(run_prog(compare, {"-m", "models/tiny", "-t", "0x10"}), 2, "invalid value '0x10' for --threads");
+    check(run_prog(bench, {"-m", "models/tiny", "-p", "5000000000"}), 2, "invalid value '5000000000' for --prompt");
+    check(run_prog(tokenize, {"--tokenizer", "models/tiny", "--bench", "/dev/null", "--repeat", "9999999999"}), 2,
+          "invalid value '9999999999' for --repeat");
     const Run one = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "short"});
     CHECK(one.rc == 0);
     CHECK(one.out.find("SUMMARY: 1/1") != std::string::npos);

@@ -83,6 +83,7 @@ int main(int argc, char** argv) {
         return 2;
     }
     try {
+        tools::check_int_args(args, {"threads"});
         const std::string dir = args["model"].as<std::string>();
         const std::string dev = args["device"].as<std::string>();
         ModelParams mp;

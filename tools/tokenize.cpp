@@ -178,6 +178,7 @@ int main(int argc, char** argv) {
         }
         if (!a.unmatched().empty())
             throw hy::Error(hy::Status::invalid_argument, "unexpected argument '" + a.unmatched()[0] + "' (see --help)");
+        hy::tools::check_int_args(a, {"repeat"});
         if (!a.count("tokenizer")) throw hy::Error(hy::Status::invalid_argument, "--tokenizer is required");
         int modes = int(a.count("text") + a.count("golden") + a.count("bench") + a.count("decode"));
         if (modes != 1)
@@ -214,6 +215,9 @@ int main(int argc, char** argv) {
         return e.status() == hy::Status::invalid_argument ? 2 : 1;
     } catch (const cxxopts::exceptions::exception& e) {
         std::fprintf(stderr, "hybrid-tokenize: %s (see --help)\n", hy::parse_error_message(e.what(), argc, argv).c_str());
+        return 2;
+    } catch (const hy::tools::UsageError& e) {
+        std::fprintf(stderr, "hybrid-tokenize: %s\n", e.what());
         return 2;
     } catch (const std::exception& e) {  // bad_alloc
         std::fprintf(stderr, "hybrid-tokenize: %s\n", e.what());

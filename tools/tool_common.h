@@ -4,6 +4,7 @@
 #include <cstdio>
 #include <cstring>
 #include <cxxopts.hpp>
+#include <initializer_list>
 #include <iostream>
 #include <stdexcept>
 #include <string>
@@ -58,6 +59,18 @@ inline bool parse_args(cxxopts::Options& opts, int argc, char** argv, const char
         return false;
     }
     return true;
+}
+
+// The int options `names` (long names) as given, strictly (parse_int: cxxopts wraps some values past 2^32 and
+// takes hexadecimal); a bad one is a UsageError naming it.
+inline void check_int_args(const cxxopts::ParseResult& r, std::initializer_list<const char*> names) {
+    for (const auto& kv : r.arguments()) {
+        int v = 0;
+        for (const char* n : names)
+            if (kv.key() == n && !parse_int(kv.value(), &v))
+                throw UsageError("invalid value '" + kv.value() + "' for --" + n +
+                                 " (an integer in [-2147483648, 2147483647])");
+    }
 }
 
 // "cpu", "cuda" or "auto"; anything else is a UsageError.
