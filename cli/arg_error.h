@@ -6,6 +6,8 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <cxxopts.hpp>
+#include <initializer_list>
 #include <string>
 
 namespace hy {
@@ -61,6 +63,17 @@ inline bool parse_int(const std::string& text, int* out) {
     if (v < -2147483648LL || v > 2147483647LL) return false;
     *out = int(v);
     return true;
+}
+
+// The first of the int options `names` (long names) given a value parse_int refuses, as the message "invalid value
+// 'VALUE' for --NAME (...)"; empty when every one is fine.
+inline std::string bad_int_arg(const cxxopts::ParseResult& r, std::initializer_list<const char*> names) {
+    int v = 0;
+    for (const auto& kv : r.arguments())
+        for (const char* n : names)
+            if (kv.key() == n && !parse_int(kv.value(), &v))
+                return "invalid value '" + kv.value() + "' for --" + n + " (an integer in [-2147483648, 2147483647])";
+    return "";
 }
 
 }  // namespace hy

@@ -207,12 +207,10 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         return false;
     }
     if (!r.unmatched().empty()) usage("unexpected argument '" + r.unmatched()[0] + "' (see --help)");
-    for (const auto& kv : r.arguments()) {  // int options, strictly (see parse_int)
-        int v = 0;
-        for (const char* name : {"ctx-size", "threads", "parallel", "n-predict", "top-k", "repeat-last-n"})
-            if (kv.key() == name && !parse_int(kv.value(), &v))
-                usage("invalid value '" + kv.value() + "' for --" + name + " (an integer in [-2147483648, 2147483647])");
-    }
+    if (const std::string bad =
+            bad_int_arg(r, {"ctx-size", "threads", "parallel", "n-predict", "top-k", "repeat-last-n"});
+        !bad.empty())
+        usage(bad);
     if (!r.count("model")) usage("-m DIR is required (see --help)");
 
     o.model_dir = r["model"].as<std::string>();

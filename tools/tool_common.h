@@ -4,7 +4,6 @@
 #include <cstdio>
 #include <cstring>
 #include <cxxopts.hpp>
-#include <initializer_list>
 #include <iostream>
 #include <stdexcept>
 #include <string>
@@ -61,16 +60,9 @@ inline bool parse_args(cxxopts::Options& opts, int argc, char** argv, const char
     return true;
 }
 
-// The int options `names` (long names) as given, strictly (parse_int: cxxopts wraps some values past 2^32 and
-// takes hexadecimal); a bad one is a UsageError naming it.
+// The int options `names` (long names) as given, strictly (bad_int_arg); a bad one is a UsageError naming it.
 inline void check_int_args(const cxxopts::ParseResult& r, std::initializer_list<const char*> names) {
-    for (const auto& kv : r.arguments()) {
-        int v = 0;
-        for (const char* n : names)
-            if (kv.key() == n && !parse_int(kv.value(), &v))
-                throw UsageError("invalid value '" + kv.value() + "' for --" + n +
-                                 " (an integer in [-2147483648, 2147483647])");
-    }
+    if (const std::string bad = bad_int_arg(r, names); !bad.empty()) throw UsageError(bad);
 }
 
 // "cpu", "cuda" or "auto"; anything else is a UsageError.
