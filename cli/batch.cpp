@@ -45,16 +45,8 @@ int run_batch(const Options& o, hy_model* m, double load_ms) {
     // Tokenize every prompt first: a prompt that cannot run stops the program before any work.
     std::vector<std::vector<int32_t>> prompts;
     for (size_t i = 0; i < o.batch_prompts.size(); i++) {
-        std::string text = o.batch_prompts[i];
-        if (o.chat) {
-            check_chat_text(text, prompt_name(o, i));
-            check_chat_text(o.system, "--system", true);
-            std::vector<hy_chat_message> msgs;
-            if (!o.system.empty()) msgs.push_back({"system", o.system.c_str()});
-            msgs.push_back({"user", text.c_str()});
-            text = chat_render(m, msgs, true, thinking_mode(o), false);
-        }
-        std::vector<int32_t> ids = tokenize(m, text);
+        const std::string& line = o.batch_prompts[i];
+        std::vector<int32_t> ids = tokenize(m, o.chat ? chat_first_turn(m, o, line, prompt_name(o, i)) : line);
         if (ids.empty()) throw Failure(exit_usage, prompt_name(o, i) + " is empty (no tokens)");
         if (int(ids.size()) >= o.n_ctx)
             throw Failure(exit_context, prompt_name(o, i) + " has " + count_of(ids.size(), "token") +

@@ -121,6 +121,10 @@ std::vector<int32_t> chat_stop_ids(hy_model* m);
 // Throws Failure(exit_usage) naming `what` when a chat message's text holds a NUL byte (the chat format takes
 // NUL-terminated messages: the text would be cut there silently) or, unless blank_ok, is only whitespace.
 void check_chat_text(const std::string& text, const std::string& what, bool blank_ok = false);
+// The text of a conversation's first turn: the --system message (when given) and the user message, rendered with
+// the generation prompt and the thinking mode of the options; `what` names the user message in errors (both are
+// checked with check_chat_text).
+std::string chat_first_turn(hy_model* m, const Options& o, const std::string& user, const std::string& what);
 
 // Prints the timing summary on stderr: load time (omitted when load_ms < 0), prompt and generation tokens, times
 // and rates, stop reason (of the last generation; a callback stop reads "interrupted (Ctrl-C)" when `interrupted`

@@ -122,6 +122,15 @@ void check_chat_text(const std::string& text, const std::string& what, bool blan
         throw Failure(exit_usage, what + " holds a NUL byte (\\0 or a zero byte), which a chat message cannot carry");
 }
 
+std::string chat_first_turn(hy_model* m, const Options& o, const std::string& user, const std::string& what) {
+    check_chat_text(user, what);
+    check_chat_text(o.system, "--system", true);
+    std::vector<hy_chat_message> msgs;
+    if (!o.system.empty()) msgs.push_back({"system", o.system.c_str()});
+    msgs.push_back({"user", user.c_str()});
+    return chat_render(m, msgs, true, thinking_mode(o), false);
+}
+
 std::vector<int32_t> chat_stop_ids(hy_model* m) {
     std::vector<int32_t> ids;
     if (const int32_t eot = hy_chat_end_of_turn_id(m); eot >= 0) ids.push_back(eot);
@@ -236,16 +245,7 @@ int run(int argc, char** argv) {
                 throw Failure(exit_usage, "--prompt-ids: id " + std::to_string(id) + " is not in the vocabulary (" +
                                               std::to_string(hy_model_n_vocab(h.m)) + " ids)");
     } else {
-        std::string text = o.prompt;
-        if (o.chat) {
-            check_chat_text(text, "the prompt");
-            check_chat_text(o.system, "--system", true);
-            std::vector<hy_chat_message> msgs;
-            if (!o.system.empty()) msgs.push_back({"system", o.system.c_str()});
-            msgs.push_back({"user", text.c_str()});
-            text = chat_render(h.m, msgs, true, thinking_mode(o), false);
-        }
-        ids = tokenize(h.m, text);
+        ids = tokenize(h.m, o.chat ? chat_first_turn(h.m, o, o.prompt, "the prompt") : o.prompt);
     }
     if (ids.empty()) throw Failure(exit_usage, "the prompt is empty (no tokens)");
     if (int(ids.size()) >= o.n_ctx)

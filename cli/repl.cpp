@@ -116,20 +116,15 @@ struct Repl {
     }
 
     void turn(const std::string& user) {
-        check_chat_text(user, "the message");
-        check_chat_text(o.system, "--system", true);
-        const int think = thinking_mode(o);
         std::string text;
         if (hy_context_n_tokens(c) == 0) {
-            std::vector<hy_chat_message> msgs;
-            if (!o.system.empty()) msgs.push_back({"system", o.system.c_str()});
-            msgs.push_back({"user", user.c_str()});
-            text = chat_render(m, msgs, true, think, false);
+            text = chat_first_turn(m, o, user, "the message");
             messages.clear();
             if (!o.system.empty()) messages.push_back({"system", o.system});
         } else {
+            check_chat_text(user, "the message");
             std::vector<hy_chat_message> msgs = {{"user", user.c_str()}};
-            text = chat_render(m, msgs, true, think, true);
+            text = chat_render(m, msgs, true, thinking_mode(o), true);
         }
         const std::vector<int32_t> ids = tokenize(m, text);
         const int have = hy_context_n_tokens(c), n_ctx = hy_model_n_ctx(m);
