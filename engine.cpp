@@ -953,28 +953,20 @@ int hy_generate(hy_context* c, hy_sampler* s, const int32_t* prompt, int n_promp
         // prefill
         const auto t0 = clock::now();
         res.n_prompt = n_prompt + c->n_pending;
-        struct Hook {
-            int (*fn)(void*);
-            void* data;
-            static bool poll(void* h) {
-                const Hook* k = static_cast<const Hook*>(h);
-                return k->fn(k->data) != 0;
-            }
-        } hook{gp.should_abort, gp.user_data};
-        if (gp.should_abort) model.set_prefill_abort(&Hook::poll, &hook);
+        struct AbortHook {  // set for this prefill only
+            hy::Model& m;
+            ~AbortHook() { m.set_prefill_abort(nullptr, nullptr); }
+        };
         try {
+            const AbortHook hook{model};
+            model.set_prefill_abort(gp.should_abort, gp.user_data);
             feed(c, prompt, n_prompt);  // (resets the sequence when it throws)
         } catch (const hy::Model::Aborted&) {
-            model.set_prefill_abort(nullptr, nullptr);
             res.n_prompt = 0;  // (the sequence was reset: none of it was kept)
             res.prompt_ms = std::chrono::duration<double, std::milli>(clock::now() - t0).count();
             res.stop_reason = HY_STOP_CALLBACK;
             return int(Status::ok);
-        } catch (...) {
-            model.set_prefill_abort(nullptr, nullptr);
-            throw;
         }
-        model.set_prefill_abort(nullptr, nullptr);
         const auto t1 = clock::now();
         res.prompt_ms = std::chrono::duration<double, std::milli>(t1 - t0).count();
 

@@ -170,7 +170,7 @@ std::span<const float> Model::prefill(int slot, std::span<const int32_t> tokens,
     if (all_logits) all_logits_.resize(tokens.size() * V);
     std::span<const float> last;
     for (size_t done = 0; done < tokens.size();) {
-        if (done > 0 && abort_fn_ && abort_fn_(abort_data_)) throw Aborted{};
+        if (done > 0 && abort_fn_ && abort_fn_(abort_data_) != 0) throw Aborted{};
         const int n = int(std::min(tokens.size() - done, size_t(chunk)));
         SeqRun run{slot, seq_len_[size_t(slot)], 0, n};
         BatchDesc b{n, tokens.data() + done, &run, 1};

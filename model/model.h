@@ -137,8 +137,9 @@ public:
     // Thrown by prefill when the abort hook returns true (checked before every step after the first); the slot then
     // holds part of the tokens: the caller resets it.
     struct Aborted {};
-    // While set (fn non-null), prefill polls fn(data) between its steps (a long prompt can be interrupted).
-    void set_prefill_abort(bool (*fn)(void*), void* data) {
+    // While set (fn non-null), prefill polls fn(data) between its steps and stops when it returns non-zero (a long
+    // prompt can be interrupted; the signature of hy_generate_params.should_abort).
+    void set_prefill_abort(int (*fn)(void*), void* data) {
         abort_fn_ = fn;
         abort_data_ = data;
     }
@@ -162,7 +163,7 @@ public:
     const Weights& weights() const { return weights_; }
 
 private:
-    bool (*abort_fn_)(void*) = nullptr;  // set_prefill_abort
+    int (*abort_fn_)(void*) = nullptr;  // set_prefill_abort
     void* abort_data_ = nullptr;
     Model() = default;
     void forward(const BatchDesc& batch, std::span<const int32_t> out_rows);
