@@ -108,19 +108,18 @@ bool BatchGenerator::step() {
         results_[size_t(id)].logprobs.reserve(cap);
     }
 
-    // Build the batch: decode rows first (one per generating sequence), then prompt chunks in the space left, oldest
-    // request first (in slot order a prompt admitted into a high slot could wait while newer prompts in lower slots
-    // took every step's rows, and with results read in submission order nothing would come out until the queue
-    // ran dry).
+    // Build the batch: decode rows first (one per generating sequence), then prompt chunks in the space left; both
+    // oldest request first (in slot order a prompt admitted into a high slot could wait while newer prompts in lower
+    // slots took every step's rows, and with results read in submission order nothing would come out until the
+    // queue ran dry).
+    int n_order = 0;
+    for (int slot = 0; slot < int(slots_.size()); slot++)
+        if (slots_[size_t(slot)].id >= 0) order_[size_t(n_order++)] = slot;
+    std::sort(order_.begin(), order_.begin() + n_order,
+              [&](int a, int b) { return slots_[size_t(a)].id < slots_[size_t(b)].id; });
     const int budget = model_.max_batch_tokens();
     int n_rows = 0, n_runs = 0, n_out = 0, n_prefilled = 0;
     for (int pass = 0; pass < 2; pass++) {
-        int n_order = 0;
-        for (int slot = 0; slot < int(slots_.size()); slot++)
-            if (slots_[size_t(slot)].id >= 0) order_[size_t(n_order++)] = slot;
-        if (pass == 1)
-            std::sort(order_.begin(), order_.begin() + n_order,
-                      [&](int a, int b) { return slots_[size_t(a)].id < slots_[size_t(b)].id; });
         for (int k = 0; k < n_order; k++) {
             const int slot = order_[size_t(k)];
             Sequence& s = slots_[size_t(slot)];
