@@ -483,11 +483,7 @@ public:
         wait_staging();
         fill_staging(b);
         rows_ = cuda::RowMap{d_slot_, d_pos_, d_in_run_, d_runs_, b.n_tokens, b.n_runs};
-        if (trace_.start) {
-            const std::vector<cuda::LaunchRecord>& names = graph_launches_[last_graph_];
-            trace_log_.insert(trace_log_.end(), names.begin(), names.end());
-        }
-        HY_CUDA_CHECK(cudaGraphLaunch(last_graph_, stream_));
+        cuda::check(launch_graph(last_graph_), "cudaGraphLaunch");
         HY_CUDA_CHECK(cudaEventRecord(staging_done_, stream_));
         return true;
     }
@@ -618,24 +614,13 @@ private:
                 fuse(ops_, fused_);
                 std::vector<cuda::LaunchRecord> names;  // the captured launches, for the trace
                 g = graphs_.capture(sig_, stream_, [&] {
-                    std::vector<cuda::LaunchRecord>* const log = cuda::launch_log();
-                    if (log) cuda::launch_log() = &names;
-                    try {
-                        for (const Op& o : fused_)
-                            if (!(skip_ >> unsigned(o.kind) & 1u)) exec(o);
-                    } catch (...) {
-                        cuda::launch_log() = log;
-                        throw;
-                    }
-                    cuda::launch_log() = log;
+                    const cuda::LaunchLogTo to_names(&names);
+                    for (const Op& o : fused_)
+                        if (!(skip_ >> unsigned(o.kind) & 1u)) exec(o);
                 });
                 if (trace_.start) graph_launches_[g] = std::move(names);
             }
-            if (trace_.start) {
-                const std::vector<cuda::LaunchRecord>& names = graph_launches_[g];
-                trace_log_.insert(trace_log_.end(), names.begin(), names.end());
-            }
-            const cudaError_t e = cudaGraphLaunch(g, stream_);
+            const cudaError_t e = launch_graph(g);
             last_graph_ = e == cudaSuccess ? g : nullptr;
             last_rows_ = rows_.n_rows;
             last_runs_.assign(recorded_runs_.begin(), recorded_runs_.end());
@@ -699,6 +684,15 @@ private:
                                    op.eps, op.flag, static_cast<bf16*>(op.y2), stream_);
                 return;
         }
+    }
+
+    // Launches graph g on the stream (with HY_CUDA_TRACE, its captured launches go to the trace log first).
+    cudaError_t launch_graph(cudaGraphExec_t g) {
+        if (trace_.start) {
+            const std::vector<cuda::LaunchRecord>& names = graph_launches_[g];
+            trace_log_.insert(trace_log_.end(), names.begin(), names.end());
+        }
+        return cudaGraphLaunch(g, stream_);
     }
 
     void wait_staging() { HY_CUDA_CHECK(cudaEventSynchronize(staging_done_)); }

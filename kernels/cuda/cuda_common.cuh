@@ -136,6 +136,16 @@ inline std::vector<LaunchRecord>*& launch_log() {
     static std::vector<LaunchRecord>* log = nullptr;
     return log;
 }
+// While alive, sends the launches to `to` instead of the trace log (when a trace log is set); restores it after.
+struct LaunchLogTo {
+    std::vector<LaunchRecord>* const saved;
+    explicit LaunchLogTo(std::vector<LaunchRecord>* to) : saved(launch_log()) {
+        if (saved) launch_log() = to;
+    }
+    ~LaunchLogTo() { launch_log() = saved; }
+    LaunchLogTo(const LaunchLogTo&) = delete;
+    LaunchLogTo& operator=(const LaunchLogTo&) = delete;
+};
 
 // ---- Programmatic dependent launch (PDL, compute capability 9.0+) ----
 // A kernel launched with launch() may start while the kernel before it on the stream is still running, so that
