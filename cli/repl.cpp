@@ -91,17 +91,22 @@ struct Repl {
                 std::fflush(prompt_out);
             }
             errno = 0;
-            if (std::getline(std::cin, line)) return true;
+            const bool got = static_cast<bool>(std::getline(std::cin, line));
             const int err = errno;
-            // a read error (std::cin reads through stdio's stdin), not end of input nor a signal's interruption
-            if (std::ferror(stdin) && err != 0 && err != EINTR && !g_interrupted.load())
+            if (g_interrupted.load()) {
+                // Ctrl-C at the input line: what was read of the line is discarded, and a new prompt. (The
+                // interrupted read of a pipe or a file looks like its end to std::cin, which reads through stdio's
+                // stdin: its flags are cleared and reading goes on.)
+                g_interrupted.store(false);
+                std::cin.clear();
+                std::clearerr(stdin);
+                if (tty_in) std::fputs("\n", prompt_out);  // (after the "> " prompt)
+                continue;
+            }
+            if (got) return true;
+            if (std::ferror(stdin) && err != 0 && err != EINTR)  // a read error, not the end of the input
                 throw Failure(exit_io, std::string("cannot read the chat input (stdin): ") + std::strerror(err));
-            if (std::cin.eof() || !g_interrupted.load()) return false;
-            // Ctrl-C at the prompt: a new prompt
-            g_interrupted.store(false);
-            std::cin.clear();
-            std::clearerr(stdin);
-            std::fputs("\n", prompt_out);
+            return false;
         }
     }
 

@@ -1031,6 +1031,71 @@ TEST_CASE("cli: Ctrl-C during a long prompt's prefill exits 130 promptly", "[cli
     CHECK(waited < 5.0);
 }
 
+// Ctrl-C at the input line of a REPL reading a pipe: the partial line is discarded and reading goes on, as at a
+// terminal (the interrupted read looked like the end of the input: the chat ended with exit 0 and the typed part
+// was answered; from the final fresh-user test).
+TEST_CASE("cli: Ctrl-C at the input line of a piped REPL discards the partial line and goes on", "[cli]") {
+    if (!have_programs()) return;
+    const std::vector<std::string> chat = {"-m", "models/tiny", "-i", "-n", "8", "--temp", "0"};
+    const Run plain = hybrid(chat, "hi\nagain\n");
+    REQUIRE(plain.rc == 0);
+    int in_pipe[2], out_pipe[2], err_pipe[2];
+    REQUIRE(::pipe(in_pipe) == 0);
+    REQUIRE(::pipe(out_pipe) == 0);
+    REQUIRE(::pipe(err_pipe) == 0);
+    std::vector<std::string> argv_s = {kBin + "/hybrid", "-t", "1", "--device", "cpu", "--verbose"};
+    argv_s.insert(argv_s.end(), chat.begin(), chat.end());
+    std::vector<char*> argv;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    const pid_t pid = ::fork();
+    if (pid == 0) {
+        ::dup2(in_pipe[0], 0);
+        ::dup2(out_pipe[1], 1);
+        ::dup2(err_pipe[1], 2);
+        for (int fd : {in_pipe[0], in_pipe[1], out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) ::close(fd);
+        if (::chdir(kSrc.c_str()) != 0) ::_exit(127);
+        ::execv(argv[0], argv.data());
+        ::_exit(127);
+    }
+    ::close(in_pipe[0]);
+    ::close(out_pipe[1]);
+    ::close(err_pipe[1]);
+    std::string err, out;
+    const auto t0 = std::chrono::steady_clock::now();
+    while (err.find("loaded on") == std::string::npos &&
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 30.0) {
+        pollfd p{err_pipe[0], POLLIN, 0};
+        if (::poll(&p, 1, 50) > 0) {
+            char buf[1024];
+            const ssize_t n = ::read(err_pipe[0], buf, sizeof buf);
+            if (n <= 0) break;
+            err.append(buf, size_t(n));
+        }
+    }
+    ::usleep(500000);  // the REPL waits for its first line
+    struct IgnorePipe {  // a program that quit early must fail the checks below, not kill the test binary
+        void (*saved)(int) = std::signal(SIGPIPE, SIG_IGN);
+        ~IgnorePipe() { std::signal(SIGPIPE, saved); }
+    } ignore_pipe;
+    CHECK(::write(in_pipe[1], "partial", 7) == 7);
+    ::usleep(300000);
+    ::kill(pid, SIGINT);
+    ::usleep(300000);
+    CHECK(::write(in_pipe[1], "hi\nagain\n", 9) == 9);
+    ::close(in_pipe[1]);
+    char buf[4096];
+    for (ssize_t n; (n = ::read(out_pipe[0], buf, sizeof buf)) > 0;) out.append(buf, size_t(n));
+    int st = 0;
+    ::waitpid(pid, &st, 0);
+    ::close(out_pipe[0]);
+    ::close(err_pipe[0]);
+    INFO(err);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 0);
+    CHECK(out == plain.out);
+}
+
 // hybrid -i > answers.txt at a terminal: the prompt and the typed line's echo go to the terminal (stderr), the file
 // gets the answers only (it got "> ", the echo and readline's escape codes: from the fresh-user test)
 TEST_CASE("cli: the REPL at a terminal with stdout redirected writes only the answers to the file", "[cli]") {
