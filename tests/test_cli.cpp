@@ -968,6 +968,58 @@ int run_on_pty(const std::vector<std::string>& args, const std::vector<std::pair
     return ok && WIFEXITED(st) ? WEXITSTATUS(st) : -1;
 }
 
+// hybrid (-t 1 --device cpu --verbose, then args) with stdin, stdout and stderr on pipes, for the tests that signal
+// it while it runs; wait_loaded() reads stderr until the model is loaded (the SIGINT handler is installed next).
+struct Spawned {
+    pid_t pid = -1;
+    int in = -1, out = -1, err_fd = -1;  // our ends: stdin (write), stdout and stderr (read)
+    std::string err;                     // stderr read so far
+};
+
+Spawned spawn_hybrid(const std::vector<std::string>& args) {
+    int in_pipe[2], out_pipe[2], err_pipe[2];
+    REQUIRE(::pipe(in_pipe) == 0);
+    REQUIRE(::pipe(out_pipe) == 0);
+    REQUIRE(::pipe(err_pipe) == 0);
+    std::vector<std::string> argv_s = {kBin + "/hybrid", "-t", "1", "--device", "cpu", "--verbose"};
+    argv_s.insert(argv_s.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : argv_s) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    Spawned s;
+    s.pid = ::fork();
+    if (s.pid == 0) {
+        ::dup2(in_pipe[0], 0);
+        ::dup2(out_pipe[1], 1);
+        ::dup2(err_pipe[1], 2);
+        for (int fd : {in_pipe[0], in_pipe[1], out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) ::close(fd);
+        if (::chdir(kSrc.c_str()) != 0) ::_exit(127);
+        ::execv(argv[0], argv.data());
+        ::_exit(127);
+    }
+    ::close(in_pipe[0]);
+    ::close(out_pipe[1]);
+    ::close(err_pipe[1]);
+    s.in = in_pipe[1];
+    s.out = out_pipe[0];
+    s.err_fd = err_pipe[0];
+    return s;
+}
+
+void wait_loaded(Spawned& s) {
+    const auto t0 = std::chrono::steady_clock::now();
+    while (s.err.find("loaded on") == std::string::npos &&
+           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 30.0) {
+        pollfd p{s.err_fd, POLLIN, 0};
+        if (::poll(&p, 1, 50) > 0) {
+            char buf[1024];
+            const ssize_t n = ::read(s.err_fd, buf, sizeof buf);
+            if (n <= 0) break;
+            s.err.append(buf, size_t(n));
+        }
+    }
+}
+
 }  // namespace
 
 // Ctrl-C during the prefill of a long prompt ends the program within a prefill step (it waited for the whole prompt:
@@ -980,52 +1032,24 @@ TEST_CASE("cli: Ctrl-C during a long prompt's prefill exits 130 promptly", "[cli
         std::ofstream f(file);
         for (int i = 0; i < 5000; i++) f << (i ? " w" : "w") << i;  // about 24,000 tokens
     }
-    int err_pipe[2];
-    REQUIRE(::pipe(err_pipe) == 0);
-    std::vector<std::string> argv_s = {kBin + "/hybrid", "-t",    "1",    "--device", "cpu", "-m", "models/tiny", "-f",
-                                       file,            "-c",    "32768", "-n",      "4",   "--verbose"};
-    std::vector<char*> argv;
-    for (auto& a : argv_s) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-        ::dup2(err_pipe[1], 2);
-        const int null_fd = ::open("/dev/null", O_WRONLY);
-        ::dup2(null_fd, 1);
-        ::close(err_pipe[0]);
-        if (::chdir(kSrc.c_str()) != 0) ::_exit(127);
-        ::execv(argv[0], argv.data());
-        ::_exit(127);
-    }
-    ::close(err_pipe[1]);
-    std::string err;
-    const auto t0 = std::chrono::steady_clock::now();
-    auto elapsed = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(); };
-    while (err.find("loaded on") == std::string::npos && elapsed() < 30.0) {  // the SIGINT handler comes next
-        pollfd p{err_pipe[0], POLLIN, 0};
-        if (::poll(&p, 1, 50) > 0) {
-            char buf[1024];
-            const ssize_t n = ::read(err_pipe[0], buf, sizeof buf);
-            if (n <= 0) break;
-            err.append(buf, size_t(n));
-        }
-    }
-    INFO(err);
+    Spawned h = spawn_hybrid({"-m", "models/tiny", "-f", file, "-c", "32768", "-n", "4"});
+    wait_loaded(h);
+    INFO(h.err);
     ::usleep(500000);  // well inside the prefill
     const auto t_int = std::chrono::steady_clock::now();
-    ::kill(pid, SIGINT);
+    ::kill(h.pid, SIGINT);
     int st = 0;
     pid_t r = 0;
-    while ((r = ::waitpid(pid, &st, WNOHANG)) == 0 &&
+    while ((r = ::waitpid(h.pid, &st, WNOHANG)) == 0 &&
            std::chrono::duration<double>(std::chrono::steady_clock::now() - t_int).count() < 10.0)
         ::usleep(10000);
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_int).count();
     if (r == 0) {
-        ::kill(pid, SIGKILL);
-        ::waitpid(pid, &st, 0);
+        ::kill(h.pid, SIGKILL);
+        ::waitpid(h.pid, &st, 0);
     }
-    ::close(err_pipe[0]);
-    CHECK(r == pid);
+    for (int fd : {h.in, h.out, h.err_fd}) ::close(fd);
+    CHECK(r == h.pid);
     CHECK(WIFEXITED(st));
     CHECK(WEXITSTATUS(st) == 130);
     CHECK(waited < 5.0);
@@ -1039,58 +1063,27 @@ TEST_CASE("cli: Ctrl-C at the input line of a piped REPL discards the partial li
     const std::vector<std::string> chat = {"-m", "models/tiny", "-i", "-n", "8", "--temp", "0"};
     const Run plain = hybrid(chat, "hi\nagain\n");
     REQUIRE(plain.rc == 0);
-    int in_pipe[2], out_pipe[2], err_pipe[2];
-    REQUIRE(::pipe(in_pipe) == 0);
-    REQUIRE(::pipe(out_pipe) == 0);
-    REQUIRE(::pipe(err_pipe) == 0);
-    std::vector<std::string> argv_s = {kBin + "/hybrid", "-t", "1", "--device", "cpu", "--verbose"};
-    argv_s.insert(argv_s.end(), chat.begin(), chat.end());
-    std::vector<char*> argv;
-    for (auto& a : argv_s) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    const pid_t pid = ::fork();
-    if (pid == 0) {
-        ::dup2(in_pipe[0], 0);
-        ::dup2(out_pipe[1], 1);
-        ::dup2(err_pipe[1], 2);
-        for (int fd : {in_pipe[0], in_pipe[1], out_pipe[0], out_pipe[1], err_pipe[0], err_pipe[1]}) ::close(fd);
-        if (::chdir(kSrc.c_str()) != 0) ::_exit(127);
-        ::execv(argv[0], argv.data());
-        ::_exit(127);
-    }
-    ::close(in_pipe[0]);
-    ::close(out_pipe[1]);
-    ::close(err_pipe[1]);
-    std::string err, out;
-    const auto t0 = std::chrono::steady_clock::now();
-    while (err.find("loaded on") == std::string::npos &&
-           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 30.0) {
-        pollfd p{err_pipe[0], POLLIN, 0};
-        if (::poll(&p, 1, 50) > 0) {
-            char buf[1024];
-            const ssize_t n = ::read(err_pipe[0], buf, sizeof buf);
-            if (n <= 0) break;
-            err.append(buf, size_t(n));
-        }
-    }
+    Spawned h = spawn_hybrid(chat);
+    wait_loaded(h);
     ::usleep(500000);  // the REPL waits for its first line
     struct IgnorePipe {  // a program that quit early must fail the checks below, not kill the test binary
         void (*saved)(int) = std::signal(SIGPIPE, SIG_IGN);
         ~IgnorePipe() { std::signal(SIGPIPE, saved); }
     } ignore_pipe;
-    CHECK(::write(in_pipe[1], "partial", 7) == 7);
+    CHECK(::write(h.in, "partial", 7) == 7);
     ::usleep(300000);
-    ::kill(pid, SIGINT);
+    ::kill(h.pid, SIGINT);
     ::usleep(300000);
-    CHECK(::write(in_pipe[1], "hi\nagain\n", 9) == 9);
-    ::close(in_pipe[1]);
+    CHECK(::write(h.in, "hi\nagain\n", 9) == 9);
+    ::close(h.in);
+    std::string out;
     char buf[4096];
-    for (ssize_t n; (n = ::read(out_pipe[0], buf, sizeof buf)) > 0;) out.append(buf, size_t(n));
+    for (ssize_t n; (n = ::read(h.out, buf, sizeof buf)) > 0;) out.append(buf, size_t(n));
     int st = 0;
-    ::waitpid(pid, &st, 0);
-    ::close(out_pipe[0]);
-    ::close(err_pipe[0]);
-    INFO(err);
+    ::waitpid(h.pid, &st, 0);
+    ::close(h.out);
+    ::close(h.err_fd);
+    INFO(h.err);
     CHECK(WIFEXITED(st));
     CHECK(WEXITSTATUS(st) == 0);
     CHECK(out == plain.out);
