@@ -22,6 +22,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "cli/line_reader.h"
 
 #ifdef HY_HAVE_READLINE
 #include <readline/history.h>
@@ -91,7 +92,11 @@ struct Repl {
                 std::fflush(prompt_out);
             }
             errno = 0;
-            const bool got = static_cast<bool>(std::getline(std::cin, line));
+            const LineRead r = getline_bounded(std::cin, line, kMaxInputFile);
+            if (r == LineRead::too_long)
+                throw Failure(exit_io, "cannot read the chat input (stdin): a line longer than " +
+                                           std::to_string(kMaxInputFile >> 20) + " MiB");
+            const bool got = r == LineRead::line;
             const int err = errno;
             if (g_interrupted.load()) {
                 // Ctrl-C at the input line: what was read of the line is discarded, and a new prompt. (The

@@ -1,6 +1,58 @@
 #include "model/common.h"
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+
 namespace hy {
+
+std::string read_regular_file(const std::string& path, size_t max_bytes) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) != 0) throw Error(Status::io, "cannot open '" + path + "': " + std::strerror(errno));
+    auto refuse_kind = [&](mode_t m) {
+        if (S_ISREG(m)) return;
+        const char* kind = S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) || S_ISBLK(m) ? "a device" :
+                           S_ISSOCK(m) ? "a socket" : "not a regular file";
+        throw Error(Status::io, "cannot read '" + path + "': " + kind + ", expected a regular file");
+    };
+    refuse_kind(st.st_mode);
+    auto too_large = [&] {
+        return Error(Status::io, "cannot read '" + path + "': larger than " + std::to_string(max_bytes >> 20) +
+                                     " MiB, the most this reader takes");
+    };
+    if (uint64_t(st.st_size) > max_bytes) throw too_large();
+    const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // (no wait if it became a FIFO)
+    if (fd < 0) throw Error(Status::io, "cannot open '" + path + "': " + std::strerror(errno));
+    std::string out;
+    try {
+        if (::fstat(fd, &st) != 0) throw Error(Status::io, "cannot read '" + path + "': " + std::strerror(errno));
+        refuse_kind(st.st_mode);
+        out.resize(std::min(size_t(st.st_size), max_bytes) + 1);
+        size_t got = 0;
+        for (;;) {
+            if (got == out.size()) {
+                if (out.size() > max_bytes) throw too_large();  // it grew while being read
+                out.resize(std::min(2 * out.size(), max_bytes + 1));
+            }
+            const ssize_t r = ::read(fd, out.data() + got, out.size() - got);
+            if (r < 0) {
+                if (errno == EINTR) continue;
+                throw Error(Status::io, "cannot read '" + path + "': " + std::strerror(errno));
+            }
+            if (r == 0) break;
+            got += size_t(r);
+        }
+        out.resize(got);
+    } catch (...) {
+        ::close(fd);
+        throw;
+    }
+    ::close(fd);
+    return out;
+}
 
 const char* status_name(Status s) {
     switch (s) {

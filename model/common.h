@@ -40,6 +40,14 @@ private:
     Status status_;
 };
 
+// The whole of a regular file of at most max_bytes (the JSON files of a model folder, goldens, texts). Throws
+// Error(Status::io) naming the path when it cannot be opened or read, is a directory, a FIFO, a device or a socket
+// (reading those could block or never end), or is larger than max_bytes.
+std::string read_regular_file(const std::string& path, size_t max_bytes);
+// Limit for the JSON files of a model folder (config.json, tokenizer.json, tokenizer_config.json, the safetensors
+// index): the real ones are a few MB (Qwen3's tokenizer.json: 11 MB).
+constexpr size_t kMaxJsonFileBytes = size_t(256) << 20;
+
 // Element types of tensors in checkpoints and in the arena.
 enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, I32 = 3 };
 

@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <sstream>
@@ -202,11 +203,10 @@ ModelConfig parse_model_config(const std::string& text, const std::string& sourc
 
 ModelConfig load_model_config(const std::string& dir) {
     std::string path = dir + "/config.json";
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw Error(Status::io, path + ": cannot open (is '" + dir + "' a Hugging Face model folder?)");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return parse_model_config(ss.str(), path);
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec))
+        throw Error(Status::io, path + ": cannot open (is '" + dir + "' a Hugging Face model folder?)");
+    return parse_model_config(read_regular_file(path, kMaxJsonFileBytes), path);
 }
 
 }  // namespace hy

@@ -80,12 +80,10 @@ struct Checkpoint {
         }
         if (!is_file(index))
             throw Error(Status::io, dir + ": no model.safetensors or model.safetensors.index.json");
-        std::ifstream in(index, std::ios::binary);
-        std::stringstream ss;
-        ss << in.rdbuf();
+        const std::string index_text = read_regular_file(index, kMaxJsonFileBytes);
         nlohmann::json j;
         try {
-            j = nlohmann::json::parse(ss.str());
+            j = nlohmann::json::parse(index_text);
         } catch (const nlohmann::json::exception& e) {
             throw Error(Status::format, index + ": invalid JSON: " + e.what());
         }

@@ -730,25 +730,7 @@ private:
     bool overflow_ = false;
 };
 
-std::string read_file(const std::string& path) {
-    std::error_code ec;
-    if (std::filesystem::is_directory(path, ec)) throw Error(Status::io, "cannot read '" + path + "': a directory");
-    std::FILE* f = std::fopen(path.c_str(), "rb");
-    if (!f) throw Error(Status::io, "cannot open '" + path + "': " + std::strerror(errno));
-    std::string out;
-    char buf[1 << 16];
-    if (std::fseek(f, 0, SEEK_END) == 0) {
-        long size = std::ftell(f);
-        if (size > 0 && size < (long(1) << 32)) out.reserve(size_t(size));
-        std::rewind(f);
-    }
-    size_t n;
-    while ((n = std::fread(buf, 1, sizeof buf, f)) > 0) out.append(buf, n);
-    bool bad = std::ferror(f) != 0;
-    std::fclose(f);
-    if (bad) throw Error(Status::io, "cannot read '" + path + "' (is it a directory?)");
-    return out;
-}
+std::string read_file(const std::string& path) { return read_regular_file(path, kMaxJsonFileBytes); }
 
 bool file_exists(const std::string& path) {
     std::error_code ec;

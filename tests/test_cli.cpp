@@ -23,6 +23,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/line_reader.h"
 #include "engine.h"
 #include "test_util.h"
 
@@ -795,6 +796,68 @@ TEST_CASE("cli: a model whose tokenizer has no ChatML tokens is exit 2 in the ch
     check_one_line_error(hybrid({"-m", dir, "--chat", "-p", "hi", "-n", "2"}), 2, "unsupported chat template");
     check_one_line_error(hybrid({"-m", dir, "-i"}, "hi\n"), 2, "unsupported chat template");
     CHECK(hybrid({"-m", dir, "-p", "hi", "-n", "2"}).rc == 0);
+}
+
+TEST_CASE("cli: getline_bounded reads lines of any length across its buffer and stops past the bound", "[cli]") {
+    std::vector<std::string> lines = {"", "a", std::string("x\0y", 3)};
+    for (size_t n : {65534, 65535, 65536, 65537, 131071, 200000}) lines.push_back(std::string(n, char('a' + n % 26)));
+    std::string text;
+    for (const std::string& l : lines) text += l + "\n";
+    for (size_t last : {0, 3, 65535, 65536, 131070}) {  // then a last line without its newline
+        INFO("last line " << last);
+        std::istringstream in(text + std::string(last, 'z'));
+        std::string line;
+        for (const std::string& want : lines) {
+            REQUIRE(hy::cli::getline_bounded(in, line, 1 << 20) == hy::cli::LineRead::line);
+            CHECK(line == want);
+        }
+        if (last > 0) {
+            REQUIRE(hy::cli::getline_bounded(in, line, 1 << 20) == hy::cli::LineRead::line);
+            CHECK(line == std::string(last, 'z'));
+        }
+        CHECK(hy::cli::getline_bounded(in, line, 1 << 20) == hy::cli::LineRead::end);
+        CHECK(hy::cli::getline_bounded(in, line, 1 << 20) == hy::cli::LineRead::end);
+    }
+    std::istringstream at_bound(std::string(70000, 'q') + "\n");
+    std::string line;
+    CHECK(hy::cli::getline_bounded(at_bound, line, 70000) == hy::cli::LineRead::line);
+    std::istringstream past_bound(std::string(70001, 'q') + "\n");
+    CHECK(hy::cli::getline_bounded(past_bound, line, 70000) == hy::cli::LineRead::too_long);
+    std::istringstream past_small(std::string(11, 'q'));
+    CHECK(hy::cli::getline_bounded(past_small, line, 10) == hy::cli::LineRead::too_long);
+}
+
+TEST_CASE("cli: endless or blocking inputs are one-line errors: stdin of /dev/zero, a FIFO config.json", "[cli]") {
+    if (!have_programs()) return;
+    hy::test::TempDir tmp;
+    // a REPL line with no end (stdin from /dev/zero) stops at the bound instead of growing without end
+    const std::string err_file = tmp / "zero.err";
+    const std::string cmd = "cd " + quote(kSrc) + " && " + quote(kBin + "/hybrid") +
+                            " -t 1 --device cpu -m models/tiny -i < /dev/zero > /dev/null 2> " + quote(err_file);
+    const int st = std::system(cmd.c_str());
+    check_one_line_error(Run{WIFEXITED(st) ? WEXITSTATUS(st) : -1, "", slurp(err_file)}, 5,
+                         "a line longer than 256 MiB");
+    // a model folder whose config.json is a FIFO: exit 2 at once (opening it would wait for a writer)
+    const std::string dir = tmp / "fifo";
+    hy::test::write_model_dir(dir, hy::test::read_safetensors(hy::test::tiny_dir() + "/model.safetensors"),
+                              hy::test::read_text(hy::test::tiny_dir() + "/config.json"));
+    fs::remove(dir + "/config.json");
+    REQUIRE(::mkfifo((dir + "/config.json").c_str(), 0600) == 0);
+    check_one_line_error(hybrid({"-m", dir, "-p", "hi", "-n", "2"}), 2, "a FIFO, expected a regular file");
+    // the tools' input files: a directory or a device is named as such (it was "invalid JSON", or read as empty)
+    for (const char* p : {"hybrid-compare", "hybrid-tokenize"})
+        if (!fs::exists(kBin + "/" + p)) return;
+    for (const auto& [file, kind] : std::vector<std::pair<std::string, std::string>>{{tmp.path, "a directory"},
+                                                                                     {"/dev/zero", "a device"}}) {
+        const Run c = run_prog(kBin + "/hybrid-compare", {"-m", "models/tiny", "--golden", file});
+        INFO(c.err);
+        CHECK(c.rc == 1);
+        CHECK(c.err == "hybrid-compare: cannot read '" + file + "': " + kind + ", expected a regular file\n");
+        const Run t = run_prog(kBin + "/hybrid-tokenize", {"--tokenizer", "models/tiny", "--bench", file});
+        INFO(t.err);
+        CHECK(t.rc == 1);
+        CHECK(t.err == "hybrid-tokenize: cannot read '" + file + "': " + kind + ", expected a regular file\n");
+    }
 }
 
 TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate their arguments", "[cli]") {

@@ -2,10 +2,14 @@
 // these under AddressSanitizer and UndefinedBehaviorSanitizer (make asan-test).
 #include <catch2/catch.hpp>
 
+#include <sys/stat.h>
+
+#include <filesystem>
 #include <random>
 
 #include "model/config.h"
 #include "model/model.h"
+#include "model/tokenizer.h"
 #include "test_util.h"
 
 using namespace hy;
@@ -205,6 +209,36 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
         write_model_dir(d.path, tensors, "{ not json");
         require_error([&] { Model::load(d.path, p); }, Status::format, "invalid JSON");
     }
+    SECTION("config.json or tokenizer.json a FIFO or a device: refused at once, not read until a writer comes") {
+        TempDir d;
+        write_model_dir(d.path, tensors, config);
+        std::filesystem::remove(d / "config.json");
+        REQUIRE(::mkfifo((d / "config.json").c_str(), 0600) == 0);
+        require_error([&] { Model::load(d.path, p); }, Status::io, "config.json': a FIFO, expected a regular file");
+        std::filesystem::remove(d / "config.json");
+        write_text(d / "config.json", config);
+        std::filesystem::remove(d / "tokenizer.json");
+        std::filesystem::create_symlink("/dev/zero", d / "tokenizer.json");
+        require_error([&] { Tokenizer::from_folder(d.path); }, Status::io,
+                      "tokenizer.json': a device, expected a regular file");
+    }
+}
+
+TEST_CASE("read_regular_file: the whole of a regular file up to a bound, nothing else", "[loader]") {
+    TempDir d;
+    const std::string bytes("a\0b\nc", 5);
+    write_text(d / "f", bytes);
+    CHECK(read_regular_file(d / "f", 5) == bytes);  // exactly the bound, NUL bytes kept
+    write_text(d / "empty", "");
+    CHECK(read_regular_file(d / "empty", 0).empty());
+    require_error([&] { read_regular_file(d / "f", 4); }, Status::io, "larger than");
+    require_error([&] { read_regular_file(d / "nope", 100); }, Status::io, "cannot open '" + d / "nope" + "'");
+    require_error([&] { read_regular_file(d.path, 100); }, Status::io, "a directory");
+    require_error([&] { read_regular_file("/dev/zero", 100); }, Status::io, "a device");
+    REQUIRE(::mkfifo((d / "fifo").c_str(), 0600) == 0);
+    require_error([&] { read_regular_file(d / "fifo", 100); }, Status::io, "a FIFO");
+    std::filesystem::create_symlink(d / "f", d / "link");  // a link to a regular file is read through
+    CHECK(read_regular_file(d / "link", 100) == bytes);
 }
 
 TEST_CASE("loader: a prompt id past the vocabulary is rejected", "[loader]") {

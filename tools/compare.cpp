@@ -53,13 +53,7 @@ Greedy greedy(Model& m, std::span<const float> last_logits, int n) {
     return g;
 }
 
-std::string read_file(const std::string& path) {
-    std::ifstream in(path, std::ios::binary);
-    if (!in) throw Error(Status::io, path + ": cannot open");
-    std::stringstream ss;
-    ss << in.rdbuf();
-    return ss.str();
-}
+std::string read_file(const std::string& path) { return read_regular_file(path, size_t(1) << 30); }
 
 }  // namespace
 

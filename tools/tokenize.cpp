@@ -40,13 +40,7 @@ double cpu_ms() {
     return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) / 1e6;
 }
 
-std::string read_all(const std::string& path) {
-    std::ifstream f(path, std::ios::binary);
-    if (!f) throw hy::Error(hy::Status::io, "cannot open '" + path + "'");
-    std::ostringstream ss;
-    ss << f.rdbuf();
-    return ss.str();
-}
+std::string read_all(const std::string& path) { return hy::read_regular_file(path, size_t(1) << 30); }
 
 std::string join_ids(const std::vector<int32_t>& ids) {
     std::string s;
