@@ -147,7 +147,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     opts.add_options("Model")
         ("m,model", "model folder (config.json, *.safetensors, tokenizer.json)", cxxopts::value<std::string>())
         ("c,ctx-size", "context length in tokens: the positions the model holds (prompt + output; the last output "
-                       "token is never fed back, so it needs none)", cxxopts::value<int>()->default_value("4096"))
+                       "token is never fed back, so it needs none; the prompt must be shorter than this)",
+         cxxopts::value<int>()->default_value("4096"))
         ("t,threads", "CPU threads (0: all cores)", cxxopts::value<int>()->default_value("0"))
         ("device", "auto, cpu or cuda", cxxopts::value<std::string>()->default_value("auto"));
     opts.add_options("Prompt")
@@ -155,12 +156,12 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         ("f,file", "read the prompt from FILE (as is; at most 256 MiB; a pipe such as /dev/stdin is read to its "
                    "end)", cxxopts::value<std::string>())
         ("prompt-ids", "prompt as token ids, e.g. 1,2,3; prints the generated ids", cxxopts::value<std::string>())
-        ("no-escape", "do not process escapes in -p and --stop")
+        ("no-escape", "do not process escapes in -p, --system, --stop and --batch-file lines")
         ("chat", "apply the chat format to the prompt (a user message); the answer ends at the end-of-turn token, "
                  "<|endoftext|> or <|im_start|>")
         ("system", "system message for --chat and -i", cxxopts::value<std::string>())
         ("no-think", "chat: disable thinking (empty <think></think> block)")
-        ("i,interactive", "interactive chat (REPL); also -cnv")
+        ("i,interactive", "interactive chat (REPL; lines are taken as typed, escapes not processed); also -cnv")
         ("batch-file", "generate for every line of FILE (one prompt per line, escapes processed; at most "
                        "256 MiB) together; writes JSONL to stdout", cxxopts::value<std::string>())
         ("parallel", "--batch-file: sequences generated at once (sequence slots); also -np",
