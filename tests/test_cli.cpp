@@ -860,6 +860,26 @@ TEST_CASE("cli: endless or blocking inputs are one-line errors: stdin of /dev/ze
     }
 }
 
+TEST_CASE("cli tools: an option given twice is a usage error (exit 2), not the last value winning", "[cli]") {
+    if (!have_programs()) return;
+    for (const char* p : {"hybrid-compare", "hybrid-bench", "hybrid-tokenize"})
+        if (!fs::exists(kBin + "/" + p)) return;
+    const std::vector<std::pair<std::string, std::vector<std::string>>> runs = {
+        {"hybrid-bench", {"-m", "models/tiny", "-p", "4", "--prompt", "8"}},
+        {"hybrid-compare", {"-m", "models/tiny", "--case", "short", "--case", "long"}},
+        {"hybrid-tokenize", {"--tokenizer", "models/tiny", "--text", "a", "--text", "b"}},
+        {"hybrid-tokenize", {"--tokenizer", "models/tiny", "--text", "a", "--no-special", "--no-special"}}};
+    for (const auto& [prog, args] : runs) {
+        const Run r = run_prog(kBin + "/" + prog, args);
+        INFO(prog << ": " << r.err);
+        CHECK(r.rc == 2);
+        CHECK(r.err.find(prog + ": --") == 0);
+        CHECK(r.err.find(" was given more than once (give it once)") != std::string::npos);
+        CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+        CHECK(r.out.empty());
+    }
+}
+
 TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate their arguments", "[cli]") {
     if (!have_programs()) return;
     for (const char* p : {"hybrid-compare", "hybrid-bench", "hybrid-tokenize"})

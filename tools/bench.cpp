@@ -120,6 +120,7 @@ int main(int argc, char** argv) {
     std::string json_created;  // the --json file when this run created it
     try {
         tools::check_int_args(args, {"prompt", "gen", "reps", "threads", "ubatch"});
+        tools::check_given_once(args);
         const std::string dir = args["model"].as<std::string>();
         const int n_prompt = args["prompt"].as<int>(), n_gen = args["gen"].as<int>(), reps = args["reps"].as<int>();
         std::vector<int> batches = parse_list(args["batch"].as<std::string>());

@@ -78,6 +78,7 @@ int main(int argc, char** argv) {
     }
     try {
         tools::check_int_args(args, {"threads"});
+        tools::check_given_once(args);
         const std::string dir = args["model"].as<std::string>();
         const std::string dev = args["device"].as<std::string>();
         ModelParams mp;

@@ -173,6 +173,7 @@ int main(int argc, char** argv) {
         if (!a.unmatched().empty())
             throw hy::Error(hy::Status::invalid_argument, "unexpected argument '" + a.unmatched()[0] + "' (see --help)");
         hy::tools::check_int_args(a, {"repeat"});
+        hy::tools::check_given_once(a);
         if (!a.count("tokenizer")) throw hy::Error(hy::Status::invalid_argument, "--tokenizer is required");
         int modes = int(a.count("text") + a.count("golden") + a.count("bench") + a.count("decode"));
         if (modes != 1)

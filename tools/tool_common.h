@@ -1,12 +1,14 @@
 // Shared by the hybrid-* tools: argument parsing boilerplate and the --device value.
 #pragma once
 
+#include <algorithm>
 #include <cstdio>
 #include <cstring>
 #include <cxxopts.hpp>
 #include <iostream>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 #include "cli/arg_error.h"
 #include "model/model.h"
@@ -63,6 +65,17 @@ inline bool parse_args(cxxopts::Options& opts, int argc, char** argv, const char
 // The int options `names` (long names) as given, strictly (bad_int_arg); a bad one is a UsageError naming it.
 inline void check_int_args(const cxxopts::ParseResult& r, std::initializer_list<const char*> names) {
     if (const std::string bad = bad_int_arg(r, names); !bad.empty()) throw UsageError(bad);
+}
+
+// A UsageError naming the first option given more than once: each takes one value, and a second one used to
+// replace the first without a word (hybrid refuses repeated flags the same way).
+inline void check_given_once(const cxxopts::ParseResult& r) {
+    std::vector<std::string> seen;
+    for (const cxxopts::KeyValue& kv : r.arguments()) {
+        if (std::find(seen.begin(), seen.end(), kv.key()) != seen.end())
+            throw UsageError("--" + kv.key() + " was given more than once (give it once)");
+        seen.push_back(kv.key());
+    }
 }
 
 // "cpu", "cuda" or "auto"; anything else is a UsageError.
