@@ -11,9 +11,9 @@
 // (hy_state_save: token history, KV cache, conv and recurrent state, last logits; it carries the model fingerprint).
 // /load rebuilds the penalties' history from the restored tokens, so greedy continuations (penalties or not) equal
 // the unsaved session's; the sampler's random state is not in the file (/load reseeds it with -s), so sampled
-// continuations differ. Not done yet: Ctrl-C during a long message's prefill takes effect only when the prefill
-// ends (one-shot mode stops between prefill steps, hy_generate_params.should_abort; here an abort would also have
-// to restore the conversation, which the engine resets).
+// continuations differ. Ctrl-C during a long message's prefill stops it between prefill steps and drops the
+// message: the conversation is restored from a snapshot taken before the prefill (the engine resets a sequence
+// whose prefill was stopped).
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
@@ -65,7 +65,9 @@ struct Repl {
     bool tty_in = false;
     FILE* prompt_out = stdout;  // where the "> " prompt (and readline's echo) goes
     bool confirm = false;           // confirm /save, /load and /reset on stderr (stdin a terminal, or --verbose)
-    bool last_interrupted = false;  // Ctrl-C stopped the last answer
+    bool last_interrupted = false;  // Ctrl-C stopped the last answer (or its message's prefill)
+    // messages of at least this many ids can be stopped during their prefill (see turn())
+    static constexpr size_t kAbortablePrefill = 256;
     std::vector<Message> messages;
     std::string answer;  // the answer being generated
     hy_generate_result total{};  // summed over the turns (stop_reason: the last turn's)
@@ -155,10 +157,31 @@ struct Repl {
         gp.on_token = on_token;
         gp.user_data = this;
         answer.clear();
+        // Ctrl-C during a long message's prefill stops it between prefill steps (should_abort). The engine then
+        // resets the sequence, so the conversation before the message is restored from a snapshot taken here; an
+        // empty context needs none. (A short message prefills in one step, which cannot be stopped anyway.)
+        std::vector<char> before;
+        if (have > 0 && ids.size() >= kAbortablePrefill) {
+            size_t n = 0;
+            if (hy_state_save(c, nullptr, 0, &n) == HY_OK) {
+                before.resize(n);
+                if (hy_state_save(c, before.data(), n, &n) != HY_OK) before.clear();
+            }
+        }
+        if (have == 0 || !before.empty()) gp.should_abort = should_abort;
         g_interrupted.store(false);
         hy_generate_result res{};
         for (int32_t id : ids) hy_sampler_accept(s, id);  // penalties look at the whole conversation
         const int rc = hy_generate(c, s, ids.data(), int(ids.size()), &gp, &res);
+        if (rc == HY_OK && res.n_prompt == 0) {  // the prefill was stopped: nothing of this message stays
+            if (!before.empty() && hy_state_load(c, before.data(), before.size()) != HY_OK)
+                engine_fail(exit_runtime, "restoring the conversation");
+            refill_penalty_history();
+            g_interrupted.store(false);
+            last_interrupted = true;
+            if (tty_in) std::fprintf(stderr, "[stopped before the answer: the message was dropped]\n");
+            return;
+        }
         write_stdout("\n", 1);
         if (rc != HY_OK)
             engine_fail(rc == HY_ERR_CONTEXT_FULL ? exit_context : exit_runtime, "generation failed");
@@ -173,6 +196,16 @@ struct Repl {
         last_interrupted = g_interrupted.exchange(false);  // Ctrl-C stopped this answer
         if (o.verbose) print_summary(-1.0, res, last_interrupted);
         if (last_interrupted && tty_in) std::fprintf(stderr, "[stopped]\n");
+    }
+
+    static int should_abort(void*) { return g_interrupted.load() ? 1 : 0; }
+
+    // The penalties' history := the context's sequence (after /load, or a stopped prefill).
+    void refill_penalty_history() {
+        hy_sampler_reset(s);
+        std::vector<int32_t> history(size_t(hy_context_n_tokens(c)));
+        hy_context_tokens(c, history.data(), int(history.size()));
+        for (int32_t id : history) hy_sampler_accept(s, id);
     }
 
     // ---- commands ----
@@ -251,10 +284,7 @@ struct Repl {
         }
         messages = std::move(msgs);
         // the penalties look at the whole conversation: the history is the restored sequence, as it was when saved
-        hy_sampler_reset(s);
-        std::vector<int32_t> history(size_t(hy_context_n_tokens(c)));
-        hy_context_tokens(c, history.data(), int(history.size()));
-        for (int32_t id : history) hy_sampler_accept(s, id);
+        refill_penalty_history();
         if (confirm)
             std::fprintf(stderr, "loaded %zu messages, %d tokens from %s\n", messages.size(), hy_context_n_tokens(c),
                          path.c_str());

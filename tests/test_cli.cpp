@@ -1172,6 +1172,61 @@ TEST_CASE("cli: Ctrl-C at the input line of a piped REPL discards the partial li
     CHECK(out == plain.out);
 }
 
+// Ctrl-C during the prefill of a long REPL message stops it within a prefill step and drops the message: the
+// conversation before it is restored, so the next message is answered as if the long one was never sent (the
+// prefill used to run to its end, about 20 s here on the CPU, and the message stayed in the context).
+TEST_CASE("cli: Ctrl-C during a long REPL message's prefill drops the message and the chat goes on", "[cli]") {
+    if (!have_programs()) return;
+    const std::vector<std::string> chat = {"-m", "models/tiny", "-i", "-n", "8", "--temp", "0", "-c", "32768"};
+    const Run plain = hybrid(chat, "hi\nagain\n");
+    REQUIRE(plain.rc == 0);
+    const Run first = hybrid(chat, "hi\n");
+    REQUIRE(first.rc == 0);
+    std::string long_line;
+    for (int i = 0; i < 5000; i++) long_line += (i ? " w" : "w") + std::to_string(i);  // about 24,000 tokens
+    long_line += "\n";
+    Spawned h = spawn_hybrid(chat);
+    wait_loaded(h);
+    struct IgnorePipe {  // a program that quit early must fail the checks below, not kill the test binary
+        void (*saved)(int) = std::signal(SIGPIPE, SIG_IGN);
+        ~IgnorePipe() { std::signal(SIGPIPE, saved); }
+    } ignore_pipe;
+    std::string out;
+    auto read_out = [&](size_t want, double seconds) {  // stdout until it holds `want` bytes
+        const auto t0 = std::chrono::steady_clock::now();
+        while (out.size() < want &&
+               std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < seconds) {
+            pollfd p{h.out, POLLIN, 0};
+            if (::poll(&p, 1, 50) > 0) {
+                char buf[4096];
+                const ssize_t n = ::read(h.out, buf, sizeof buf);
+                if (n <= 0) break;
+                out.append(buf, size_t(n));
+            }
+        }
+    };
+    CHECK(::write(h.in, "hi\n", 3) == 3);
+    read_out(first.out.size(), 30.0);  // the first answer is out: the conversation has a turn
+    CHECK(::write(h.in, long_line.data(), long_line.size()) == ssize_t(long_line.size()));
+    ::usleep(800000);  // well inside the long message's prefill
+    const auto t_int = std::chrono::steady_clock::now();
+    ::kill(h.pid, SIGINT);
+    ::usleep(300000);
+    CHECK(::write(h.in, "again\n", 6) == 6);
+    ::close(h.in);
+    read_out(size_t(-1), 60.0);
+    int st = 0;
+    ::waitpid(h.pid, &st, 0);
+    const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_int).count();
+    ::close(h.out);
+    ::close(h.err_fd);
+    INFO(h.err);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 0);
+    CHECK(out == plain.out);
+    CHECK(waited < 8.0);
+}
+
 // hybrid -i > answers.txt at a terminal: the prompt and the typed line's echo go to the terminal (stderr), the file
 // gets the answers only (it got "> ", the echo and readline's escape codes: from the fresh-user test)
 TEST_CASE("cli: the REPL at a terminal with stdout redirected writes only the answers to the file", "[cli]") {
