@@ -6,6 +6,7 @@
 
 #include <array>
 #include <cmath>
+#include <cstdlib>
 #include <cstring>
 #include <random>
 #include <vector>
@@ -655,6 +656,76 @@ TEST_CASE("CUDA Gated DeltaNet is bitwise independent of run boundaries and batc
         INFO("Hk " << sh.Hk << " Hv " << sh.Hv << " Dk " << sh.Dk << ": " << diff << " of " << whole.size()
                    << " outputs and state values differ");
         CHECK(diff == 0);
+    }
+}
+
+// Decode steps do the conv inside the recurrence kernel (clusters of the value heads that share a key head, on
+// compute capability 9.0); HY_CUDA_GDN_FUSED_CONV=0 keeps the conv kernel. Both must give bitwise the same outputs,
+// recurrent states and conv states, over decode steps of one and of two sequences.
+TEST_CASE("CUDA Gated DeltaNet decode with the conv inside equals the separate conv kernel bitwise", "[gpu]") {
+    HY_REQUIRE_GPU();
+    struct Shape {
+        int Hk, Hv, Dk, Dv;
+    };
+    for (Shape sh : {Shape{2, 4, 128, 128}, Shape{4, 8, 32, 32}, Shape{3, 3, 64, 64}, Shape{1, 4, 32, 32}}) {
+        const int K = 4, C = 2 * sh.Hk * sh.Dk + sh.Hv * sh.Dv, V = sh.Hv * sh.Dv;
+        const size_t conv_n = size_t(2) * (K - 1) * C, ssm_n = size_t(2) * sh.Hv * sh.Dk * sh.Dv;
+        // the steps: a prefill of both sequences (20 and 7 tokens), then one-token steps of both or of one
+        std::vector<Batch> steps;
+        steps.emplace_back(Batch({{0, 0, 20}, {1, 0, 7}}, 10));
+        for (int i = 0, p0 = 20, p1 = 7; i < 6; i++, p0 += 2, p1++) {
+            steps.emplace_back(Batch({{0, p0, 1}, {1, p1, 1}}, 10));
+            steps.emplace_back(Batch({{0, p0 + 1, 1}}, 10));
+        }
+        std::vector<std::vector<float>> qkv, z, bb, aa;
+        for (const Batch& b : steps) {
+            const size_t T = size_t(b.desc.n_tokens);
+            qkv.push_back(randn(T * C));
+            z.push_back(randn(T * V));
+            bb.push_back(randn(T * sh.Hv));
+            aa.push_back(randn(T * sh.Hv));
+        }
+        const auto conv_w = randn(size_t(C) * K, 0.5f), norm_w = randn(size_t(sh.Dv), 0.2f, 1.0f),
+                   dt_bias = randn(size_t(sh.Hv), 0.5f), A_log = randn(size_t(sh.Hv), 0.3f, 1.0f);
+        auto run = [&](bool fused) {
+            setenv("HY_CUDA_GDN_FUSED_CONV", fused ? "1" : "0", 1);
+            Side g(make_cuda_backend(0), limits(32, 2, 64), sh.Hv, std::max(sh.Dk, sh.Dv), size_t(64) << 20);
+            unsetenv("HY_CUDA_GDN_FUSED_CONV");
+            GatedDeltaNetArgs a;
+            a.n_k_heads = sh.Hk; a.n_v_heads = sh.Hv; a.k_dim = sh.Dk; a.v_dim = sh.Dv; a.conv_kernel = K;
+            a.eps = 1e-6f;
+            a.conv_w = g.f32(conv_w); a.A_log = g.f32(A_log); a.dt_bias = g.f32(dt_bias); a.norm_w = g.f32(norm_w);
+            a.conv_state = g.take(conv_n * 2);
+            a.ssm_state = static_cast<float*>(g.take(ssm_n * 4));
+            g.be->fill_zero(a.conv_state, conv_n * 2);
+            g.be->fill_zero(a.ssm_state, ssm_n * 4);
+            std::vector<float> out;
+            for (size_t si = 0; si < steps.size(); si++) {
+                const int T = steps[si].desc.n_tokens;
+                g.be->begin_batch(steps[si].desc);
+                a.qkv = g.act(qkv[si]); a.z = g.act(z[si]); a.b = g.act(bb[si]); a.a = g.act(aa[si]);
+                a.out = g.poisoned(size_t(T) * V);
+                g.be->gated_delta_net(a);
+                auto o = g.read_act(a.out, size_t(T) * V);
+                out.insert(out.end(), o.begin(), o.end());
+            }
+            auto st = g.read_f32(a.ssm_state, ssm_n);
+            auto cs = g.read_act(a.conv_state, conv_n);
+            out.insert(out.end(), st.begin(), st.end());
+            out.insert(out.end(), cs.begin(), cs.end());
+            return out;
+        };
+        const auto with = run(true), without = run(false);
+        REQUIRE(with.size() == without.size());
+        size_t diff = 0, nan = 0;
+        for (size_t i = 0; i < with.size(); i++) {
+            diff += !(with[i] == without[i]);
+            nan += std::isnan(with[i]) ? 1 : 0;
+        }
+        INFO("Hk " << sh.Hk << " Hv " << sh.Hv << " Dk " << sh.Dk << " Dv " << sh.Dv << ": " << diff << " of "
+                   << with.size() << " outputs and state values differ, " << nan << " NaN");
+        CHECK(diff == 0);
+        CHECK(nan == 0);
     }
 }
 

@@ -8,7 +8,8 @@
 // replayed as one CUDA graph (graph.cuh), with the peephole fusions of fuse(); the environment variable
 // HY_CUDA_GRAPHS=0, read when the backend is made, turns this off (every op launched eagerly, unfused), for
 // comparisons and debugging. Kernels use programmatic dependent launch (cuda_common.cuh) on compute capability
-// 9.0+; HY_CUDA_PDL=0 turns that off. HY_CUDA_L2_EVICT_FIRST=0 makes the decode GEMVs load weights with the
+// 9.0+; HY_CUDA_PDL=0 turns that off. HY_CUDA_GDN_FUSED_CONV=0 keeps the Gated DeltaNet conv of decode steps in
+// its own kernel (gated_delta_net.cuh). HY_CUDA_L2_EVICT_FIRST=0 makes the decode GEMVs load weights with the
 // normal L2 policy instead of evict-first (matmul.cuh). HY_CUDA_SKIP_OPS (timing studies only: the model's output
 // becomes meaningless) names op kinds that recorded steps leave out, e.g. "add_rms_norm,gated_delta_net", or one of
 // the Gated DeltaNet's kernels (gdn_conv, gdn_recurrence; any step); see skip_mask(). HY_CUDA_TRACE=FILE (timing
@@ -43,6 +44,13 @@ bool g_pdl = false;
 }
 void set_pdl_enabled(bool on) { g_pdl = on; }
 bool pdl_enabled() { return g_pdl; }
+bool cluster_launch_supported() {
+    int device = 0, v = 0;
+    const bool ok = cudaGetDevice(&device) == cudaSuccess &&
+                    cudaDeviceGetAttribute(&v, cudaDevAttrClusterLaunch, device) == cudaSuccess && v != 0;
+    cudaGetLastError();
+    return ok;
+}
 
 void trace_bind_argmax(const TraceBuf& t);
 void trace_bind_attention(const TraceBuf& t);
@@ -304,6 +312,7 @@ public:
         cuda::set_pdl_enabled(major >= 9 && !env_off("HY_CUDA_PDL"));
         cuda::set_weights_evict_first(!env_off("HY_CUDA_L2_EVICT_FIRST"));
         skip_ = skip_mask();
+        cuda::set_gdn_fused_conv(!env_off("HY_CUDA_GDN_FUSED_CONV"));
         if (const char* f = std::getenv("HY_CUDA_TRACE"); f && *f) start_trace(f);
         ops_.reserve(kMaxRecordedOps);
         fused_.reserve(kMaxRecordedOps);

@@ -175,23 +175,58 @@ __device__ __forceinline__ void pdl_trigger() {
 void set_pdl_enabled(bool on);
 bool pdl_enabled();
 
-// Launches kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute when enabled; checks the launch.
+// Launches kernel<<<grid, block, smem, stream>>>(args...) in clusters of cluster_x blocks along x (1: no cluster
+// attribute; more needs compute capability 9.0, see cluster_launch_supported()), with the PDL attribute when
+// enabled; checks the launch.
 template <typename... KArgs, typename... Args>
-void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const char* what,
-            Args&&... args) {
+void launch_clusters(void (*kernel)(KArgs...), dim3 grid, dim3 block, unsigned cluster_x, size_t smem,
+                     cudaStream_t stream, const char* what, Args&&... args) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
     cfg.stream = stream;
-    cudaLaunchAttribute attr[1];
-    attr[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-    attr[0].val.programmaticStreamSerializationAllowed = 1;
+    cudaLaunchAttribute attr[2];
+    unsigned n = 0;
+    if (pdl_enabled()) {
+        attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+        attr[n++].val.programmaticStreamSerializationAllowed = 1;
+    }
+    if (cluster_x > 1) {
+        attr[n].id = cudaLaunchAttributeClusterDimension;
+        attr[n].val.clusterDim.x = cluster_x;
+        attr[n].val.clusterDim.y = 1;
+        attr[n++].val.clusterDim.z = 1;
+    }
     cfg.attrs = attr;
-    cfg.numAttrs = pdl_enabled() ? 1 : 0;
+    cfg.numAttrs = n;
     check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
     if (std::vector<LaunchRecord>* log = launch_log())
         log->push_back(LaunchRecord{what, grid.x * grid.y * grid.z, block.x * block.y * block.z});
+}
+
+// Launches kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute when enabled; checks the launch.
+template <typename... KArgs, typename... Args>
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const char* what,
+            Args&&... args) {
+    launch_clusters(kernel, grid, block, 1, smem, stream, what, std::forward<Args>(args)...);
+}
+
+// Whether the current device can launch thread block clusters (compute capability 9.0+).
+bool cluster_launch_supported();
+
+// Waits until every thread of the calling block's cluster has arrived (barrier.cluster: arrive with release, wait
+// with acquire semantics); every thread of every block of the cluster must call it. A no-op below sm_90, where no
+// kernel is launched in clusters.
+__device__ __forceinline__ void cluster_arrive() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void cluster_wait() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait;" ::: "memory");
+#endif
 }
 
 }  // namespace hy::cuda

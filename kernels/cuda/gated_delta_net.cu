@@ -41,6 +41,23 @@ constexpr int kPrefillThreads = kPrefillCols / 2 * kGroupLanes;    // 128
 constexpr int kChunk = 32;                                         // tokens staged in shared memory at a time
 constexpr int kDecodeMaxThreads = kMaxValueDim / 4 * kGroupLanes;  // decode block: 2 Dv threads, whole head
 constexpr int kNormWarps = 8;                                      // (row, head) items per gated-norm block
+// The decode kernel with the conv inside (decode_kernel<DK, true>): conv kernel size 4 only, at most
+// kFusedConvPer channels per thread (2 Dk + Dv <= kFusedConvPer * 2 Dv), Hv/Hk <= kMaxClusterHeads.
+constexpr int kFusedConvTaps = 4;
+constexpr int kFusedConvPer = 2;
+constexpr int kMaxClusterHeads = 8;
+// Decode steps of more runs keep conv_kernel: each block would do a share of the conv that conv_kernel spreads over
+// the whole GPU (and the q, k channels twice); H200, 4B shapes: b = 64 9,240 against 9,514 tok/s, b = 8 the same.
+constexpr int kFusedConvMaxRuns = 8;
+
+// Channel (in [0, C)) of list index i of a decode block's conv channels: q of key head kh (i < DK), k (i < 2 DK),
+// v of value head h.
+template <int DK>
+__device__ __forceinline__ int64_t fused_conv_channel(int i, int kh, int h, int Hk, int Dv) {
+    if (i < DK) return int64_t(kh) * DK + i;
+    if (i < 2 * DK) return int64_t(Hk) * DK + int64_t(kh) * DK + (i - DK);
+    return 2 * int64_t(Hk) * DK + int64_t(h) * Dv + (i - 2 * DK);
+}
 
 // VEC consecutive bf16 channels: 8 as one 16-byte word, or 1 (the fallback for unaligned pointers).
 template <int VEC>
@@ -335,6 +352,15 @@ __device__ __forceinline__ bf16 gated_out(float o, float inv, float w, float z) 
     return to_bf16(__fmul_rn(nrm, siluf_(z)));
 }
 
+// The conv of one channel of a decode token, as conv_kernel computes it (FMAs in order j from 0, then bf16(silu(
+// bf16(acc)))): x[0 .. 2] the conv state (oldest first), x[3] the token's input, w the channel's 4 taps.
+__device__ __forceinline__ bf16 conv4_channel(const float* w, const float (&x)[kFusedConvTaps]) {
+    float acc = 0.0f;
+#pragma unroll
+    for (int j = 0; j < kFusedConvTaps; j++) acc = fmaf(w[j], x[j], acc);
+    return to_bf16(siluf_(round_bf16(acc)));
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Decode: every run is one token. grid (Hv, n_runs), block 2 Dv threads: thread t is lane g = t & 7 of column group
 // p = t >> 3 (p < Dv/4) and owns two column pairs, e = 2p, 2p + 1 and e = Dv/2 + 2p, + 1, each handled exactly as a
@@ -343,13 +369,21 @@ __device__ __forceinline__ bf16 gated_out(float o, float inv, float w, float z) 
 // Dv = 128 a block (256 threads) stays under 128 registers per thread, so two blocks (two heads' states) share an
 // SM and one block's loads overlap the other's math at large batch. The whole head is in the block, so the gated
 // norm needs one more barrier and no second kernel. Warp 0 normalizes q and k (lanes < VL q, VL .. 2VL-1 k).
-template <int DK>
+//
+// kConv (conv kernel size 4, compute capability 9.0): the kernel also does the conv of the 2 Dk + Dv channels it
+// reads (q and k of its key head, v of its head; at most two per thread) and the conv state update, instead of
+// conv_kernel and a kernel boundary. The blocks of the Hv/Hk value heads sharing a key head form a cluster: all
+// of them read the old conv state of the shared q and k channels, so the first one writes their new state only
+// after a cluster barrier (placed after the recurrence, which hides it); each writes its own v channels. Bitwise
+// the same outputs and states as conv_kernel followed by the kernel without kConv.
+template <int DK, bool kConv>
 __global__ void __launch_bounds__(kDecodeMaxThreads)
     decode_kernel(GatedDeltaNetArgs p, RowMap rows, const bf16* __restrict__ mixed) {
     constexpr int J = DK / 32, VL = DK / 8;
     __shared__ __align__(16) float sq[DK];
     __shared__ __align__(16) float sk[DK];
     __shared__ float so[kMaxValueDim];
+    __shared__ __align__(16) bf16 sconv[kConv ? 2 * DK + kMaxValueDim : 1];  // kConv: q, k, v after the conv
     pdl_trigger();
     const int tid = threadIdx.x, lane = tid & 31, g = tid & 7;
     const int h = blockIdx.x;
@@ -369,9 +403,44 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
     float4 sa[J], sb[J], sc[J], sd[J];  // columns e0, e0 + 1, e1, e1 + 1
     load_state<J>(S + e0, Dv, g, sa, sb);
     load_state<J>(S + e1, Dv, g, sc, sd);
+    // kConv: the conv state and weights of this thread's conv channels (list index i = tid + u 2 Dv < 2 DK + Dv:
+    // q, k, v), loaded before the wait like the recurrent state (the conv state is written only by this kernel, in
+    // earlier steps) and used only after it (a use before the wait would hold the block there until the loads
+    // return); xs[u][3] is the token's input, loaded after the wait.
+    bf16 xs[kConv ? kFusedConvPer : 1][kFusedConvTaps];
+    float4 cw[kConv ? kFusedConvPer : 1];
+    if constexpr (kConv) {
+        const bf16* st = static_cast<const bf16*>(p.conv_state) + int64_t(run.slot) * (kFusedConvTaps - 1) * C;
+#pragma unroll
+        for (int u = 0; u < kFusedConvPer; u++) {
+            const int i = tid + u * int(blockDim.x);
+            if (i >= 2 * DK + Dv) break;
+            const int64_t c = fused_conv_channel<DK>(i, kh, h, Hk, Dv);
+#pragma unroll
+            for (int j = 0; j + 1 < kFusedConvTaps; j++) xs[u][j] = st[int64_t(j) * C + c];
+            cw[u] = *reinterpret_cast<const float4*>(p.conv_w + c * kFusedConvTaps);
+        }
+    }
     pdl_wait();  // mixed and the activations come from the kernels just before
     const bf16* m = mixed + row * C;
     const bf16* mv = m + 2 * int64_t(Hk) * DK + int64_t(h) * Dv;
+    if constexpr (kConv) {
+        const bf16* in = static_cast<const bf16*>(p.qkv) + row * C;
+#pragma unroll
+        for (int u = 0; u < kFusedConvPer; u++) {
+            const int i = tid + u * int(blockDim.x);
+            if (i >= 2 * DK + Dv) break;
+            xs[u][kFusedConvTaps - 1] = in[fused_conv_channel<DK>(i, kh, h, Hk, Dv)];
+            float x[kFusedConvTaps];
+#pragma unroll
+            for (int j = 0; j < kFusedConvTaps; j++) x[j] = to_f32(xs[u][j]);
+            const float w[kFusedConvTaps] = {cw[u].x, cw[u].y, cw[u].z, cw[u].w};
+            sconv[i] = conv4_channel(w, x);
+        }
+        cluster_arrive();  // the old conv state is read
+        __syncthreads();
+        mv = sconv + 2 * DK;
+    }
     const float2 v0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(mv + e0));
     const float2 v1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(mv + e1));
     const float2 gate = token_gates(to_f32(static_cast<const bf16*>(p.b)[row * Hv + h]),
@@ -381,7 +450,8 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
     if (tid < 32) {
         const int which = lane / VL, li = lane % VL;  // which: 0 q, 1 k, 2.. idle lanes (DK < 128)
         uint2 r[2] = {make_uint2(0u, 0u), make_uint2(0u, 0u)};
-        if (which < 2) load_qk_raw<DK>(m + int64_t(which) * Hk * DK + int64_t(kh) * DK, li, r);
+        const bf16* vec = kConv ? sconv + which * DK : m + int64_t(which) * Hk * DK + int64_t(kh) * DK;
+        if (which < 2) load_qk_raw<DK>(vec, li, r);
         const float f = qk_factor<DK>(r, which == 0);
         if (which < 2) store_qk<DK>(r, li, f, which == 0 ? sq : sk);
     }
@@ -411,6 +481,20 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
         for (int i = 0; i < kMaxValueDim / 32; i++) o32[i] = i < Dv / 32 ? so[lane + 32 * i] : 0.0f;
         const float inv = head_inv_rms(o32, Dv, p.eps);
         static_cast<bf16*>(p.out)[oi] = gated_out(so[tid], inv, norm_w, z);
+    }
+    if constexpr (kConv) {  // the new conv state: rows 1 .. 3 of the window; shared q, k channels by one block
+        cluster_wait();
+        bf16* st = static_cast<bf16*>(p.conv_state) + int64_t(run.slot) * (kFusedConvTaps - 1) * C;
+        const bool owns_qk = h % (Hv / Hk) == 0;
+#pragma unroll
+        for (int u = 0; u < kFusedConvPer; u++) {
+            const int i = tid + u * int(blockDim.x);
+            if (i >= 2 * DK + Dv) break;
+            if (i < 2 * DK && !owns_qk) continue;
+            const int64_t c = fused_conv_channel<DK>(i, kh, h, Hk, Dv);
+#pragma unroll
+            for (int j = 0; j + 1 < kFusedConvTaps; j++) st[int64_t(j) * C + c] = xs[u][j + 1];
+        }
     }
 }
 
@@ -615,10 +699,15 @@ __global__ void __launch_bounds__(kNormWarps * 32)
 
 template <int DK>
 void launch_recurrence(const GatedDeltaNetArgs& a, const RowMap& rows, const bf16* mixed, bool decode,
-                       cudaStream_t s) {
+                       bool fused_conv, cudaStream_t s) {
     if (decode) {
-        launch(decode_kernel<DK>, dim3(unsigned(a.n_v_heads), unsigned(rows.n_runs)), dim3(unsigned(2 * a.v_dim)),
-               0, s, "Gated DeltaNet decode kernel (recurrence + gated RMSNorm)", a, rows, mixed);
+        const dim3 grid(unsigned(a.n_v_heads), unsigned(rows.n_runs)), block(unsigned(2 * a.v_dim));
+        if (fused_conv)
+            launch_clusters(decode_kernel<DK, true>, grid, block, unsigned(a.n_v_heads / a.n_k_heads), 0, s,
+                            "Gated DeltaNet decode kernel (conv + recurrence + gated RMSNorm)", a, rows, mixed);
+        else
+            launch(decode_kernel<DK, false>, grid, block, 0, s,
+                   "Gated DeltaNet decode kernel (recurrence + gated RMSNorm)", a, rows, mixed);
         return;
     }
     launch(prefill_kernel<DK>,
@@ -631,11 +720,13 @@ void launch_recurrence(const GatedDeltaNetArgs& a, const RowMap& rows, const bf1
 }
 
 unsigned g_gdn_skip = 0;
+bool g_gdn_fused_conv = true;
 
 }  // namespace
 
 void set_gdn_skip(unsigned bits) { g_gdn_skip = bits; }
 unsigned gdn_skip() { return g_gdn_skip; }
+void set_gdn_fused_conv(bool on) { g_gdn_fused_conv = on; }
 
 void gated_delta_net(const GatedDeltaNetArgs& a, const RowMap& rows, bf16* mixed, cudaStream_t stream) {
     if (rows.n_rows <= 0) return;
@@ -665,7 +756,14 @@ void gated_delta_net(const GatedDeltaNetArgs& a, const RowMap& rows, bf16* mixed
                      int64_t(rows.n_rows) * C >= int64_t(1) << 18;
     const int V = vec ? 8 : 1;
     const dim3 conv_grid(ceil_div(C / V, kConvThreads), unsigned(std::min(rows.n_rows, 65535)));
-    if (!(g_gdn_skip & 1u)) {
+    // decode: the conv inside the recurrence kernel where it can be (see decode_kernel)
+    const int ratio = a.n_v_heads / a.n_k_heads;
+    const bool fused_conv = one_token_runs && rows.n_runs <= kFusedConvMaxRuns && g_gdn_fused_conv &&
+                            g_gdn_skip == 0 && K == kFusedConvTaps &&
+                            ratio <= kMaxClusterHeads && 2 * a.k_dim + a.v_dim <= kFusedConvPer * 2 * a.v_dim &&
+                            (reinterpret_cast<uintptr_t>(a.conv_w) & 15u) == 0 &&  // (4 taps as one float4)
+                            (ratio == 1 || cluster_launch_supported());
+    if (!(g_gdn_skip & 1u) && !fused_conv) {
         launch(vec ? conv_kernel<8> : conv_kernel<1>, conv_grid, dim3(kConvThreads), 0, stream,
                "Gated DeltaNet conv kernel", qkv, a.conv_w, conv_state, rows, C, K, one_token_runs, mixed);
         if (K > 1 && !one_token_runs) {
@@ -676,9 +774,9 @@ void gated_delta_net(const GatedDeltaNetArgs& a, const RowMap& rows, bf16* mixed
     }
     if (g_gdn_skip & 2u) return;
     switch (a.k_dim) {
-        case 32: launch_recurrence<32>(a, rows, mixed, one_token_runs, stream); break;
-        case 64: launch_recurrence<64>(a, rows, mixed, one_token_runs, stream); break;
-        default: launch_recurrence<128>(a, rows, mixed, one_token_runs, stream); break;
+        case 32: launch_recurrence<32>(a, rows, mixed, one_token_runs, fused_conv, stream); break;
+        case 64: launch_recurrence<64>(a, rows, mixed, one_token_runs, fused_conv, stream); break;
+        default: launch_recurrence<128>(a, rows, mixed, one_token_runs, fused_conv, stream); break;
     }
 }
 

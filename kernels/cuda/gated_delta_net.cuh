@@ -22,5 +22,8 @@ void gated_delta_net(const GatedDeltaNetArgs& args, const RowMap& rows, bf16* mi
 // bit 1 the recurrence kernels (recurrence and gated norm); the output is meaningless.
 void set_gdn_skip(unsigned bits);
 unsigned gdn_skip();
+// Decode steps do the conv inside the recurrence kernel where they can (on unless set off: comparisons; the
+// backend sets it from HY_CUDA_GDN_FUSED_CONV).
+void set_gdn_fused_conv(bool on);
 
 }  // namespace hy::cuda
