@@ -899,6 +899,10 @@ void hy_sampler_reset(hy_sampler* s) {
     if (s) s->s->reset(true);
 }
 
+void hy_sampler_clear_history(hy_sampler* s) {
+    if (s) s->s->reset(false);
+}
+
 void hy_sampler_set_seed(hy_sampler* s, uint64_t seed) {
     if (s) s->s->set_seed(seed);
 }

@@ -266,8 +266,11 @@ int hy_sampler_sample(hy_sampler* sampler, const hy_context* ctx, int32_t* id, f
 /* Records an id in the penalty history. */
 void hy_sampler_accept(hy_sampler* sampler, int32_t id);
 
-/* Clears the penalty history and restarts the RNG from the seed. */
+/* Clears the penalty history and restarts the RNG from the seed (the same draws again). */
 void hy_sampler_reset(hy_sampler* sampler);
+
+/* Clears the penalty history only; the RNG goes on from where it is (a new conversation gets new draws). */
+void hy_sampler_clear_history(hy_sampler* sampler);
 
 /* Changes the seed and restarts the RNG. */
 void hy_sampler_set_seed(hy_sampler* sampler, uint64_t seed);

@@ -141,7 +141,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
 
     cxxopts::Options opts("hybrid", "hybrid: run Qwen3.5 hybrid models (Gated DeltaNet + attention) from a Hugging "
                                     "Face folder.\nGenerates a continuation of a prompt, or chats (-i).");
-    opts.custom_help("-m DIR [-p TEXT | -f FILE | --prompt-ids 1,2,3 | -i] [options]");
+    opts.custom_help("-m DIR [-p TEXT | -f FILE | --prompt-ids 1,2,3 | --batch-file FILE | -i] [options]");
     opts.set_width(110);
     // clang-format off
     opts.add_options("Model")
@@ -169,7 +169,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     opts.add_options("Generation")
         ("n,n-predict", "tokens to generate; -1: until end of sequence or the context is full",
          cxxopts::value<int>()->default_value("-1"))
-        ("stop", "stop when the output contains STR (repeatable; not printed; not with --batch-file)",
+        ("stop", "stop when the output contains STR (repeatable; not printed; not with --batch-file; with "
+                 "--prompt-ids the ids end before the one that completes STR)",
          cxxopts::value<std::string>())
         ("s,seed", "RNG seed in [0, 2^64-1]; -1: random", cxxopts::value<std::string>()->default_value("-1"))
         ("temp", "temperature; <= 0: greedy", cxxopts::value<std::string>()->default_value("0.8"))

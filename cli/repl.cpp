@@ -10,8 +10,9 @@
 // ({"version": 1, "messages": [{"role", "content"}, ...], "no_think": bool}), then the engine snapshot
 // (hy_state_save: token history, KV cache, conv and recurrent state, last logits; it carries the model fingerprint).
 // /load rebuilds the penalties' history from the restored tokens, so greedy continuations (penalties or not) equal
-// the unsaved session's; the sampler's random state is not in the file (/load reseeds it with -s), so sampled
-// continuations differ. Ctrl-C during a long message's prefill stops it between prefill steps and drops the
+// the unsaved session's; the sampler's random state is not in the file (the RNG goes on from where the session's
+// is), so sampled continuations differ. /reset clears the penalties' history but not the RNG: a new conversation
+// gets new draws. Ctrl-C during a long message's prefill stops it between prefill steps and drops the
 // message: the conversation is restored from a snapshot taken before the prefill (the engine resets a sequence
 // whose prefill was stopped).
 #include <cerrno>
@@ -200,9 +201,9 @@ struct Repl {
 
     static int should_abort(void*) { return g_interrupted.load() ? 1 : 0; }
 
-    // The penalties' history := the context's sequence (after /load, or a stopped prefill).
+    // The penalties' history := the context's sequence (after /load, or a stopped prefill); the RNG goes on.
     void refill_penalty_history() {
-        hy_sampler_reset(s);
+        hy_sampler_clear_history(s);
         std::vector<int32_t> history(size_t(hy_context_n_tokens(c)));
         hy_context_tokens(c, history.data(), int(history.size()));
         for (int32_t id : history) hy_sampler_accept(s, id);
@@ -302,7 +303,7 @@ struct Repl {
         if (cmd == "/exit" || cmd == "/quit") return false;
         if (cmd == "/reset") {
             if (hy_context_reset(c) != HY_OK) engine_fail(exit_runtime, "reset");
-            hy_sampler_reset(s);
+            hy_sampler_clear_history(s);  // (not reseeded: asking again gives another answer)
             messages.clear();
             if (confirm) std::fprintf(stderr, "conversation cleared\n");
         } else if (cmd == "/save" || cmd == "/save!") {

@@ -860,6 +860,34 @@ TEST_CASE("cli: endless or blocking inputs are one-line errors: stdin of /dev/ze
     }
 }
 
+// From the sixth session's fresh-user test: /reset restarted the RNG at the seed, so asking again after /reset gave
+// the same sampled answer; hybrid-compare listed a "batch" case that --case batch refused; a -c too large for memory
+// was a bare "cannot allocate the model arena".
+TEST_CASE("cli: /reset keeps the RNG going; --case batch; an arena too large names -c", "[cli]") {
+    if (!have_programs()) return;
+    const std::vector<std::string> chat = {"-m", "models/tiny", "-i", "-n", "12", "--temp", "1.5", "--top-k", "0",
+                                           "--top-p", "1", "--min-p", "0", "-s", "5", "--no-think"};
+    const Run a = hybrid(chat, "hi\n/reset\nhi\n");
+    INFO(a.err);
+    REQUIRE(a.rc == 0);
+    CHECK(hybrid(chat, "hi\n/reset\nhi\n").out == a.out);  // the session is reproducible with -s
+    const Run first = hybrid(chat, "hi\n");
+    REQUIRE(first.rc == 0);
+    REQUIRE(a.out.size() > first.out.size());
+    CHECK(a.out.substr(0, first.out.size()) == first.out);
+    CHECK(a.out.substr(first.out.size()) != first.out);  // the second "hi" gets other draws
+    if (fs::exists(kBin + "/hybrid-compare")) {
+        const Run b = run_prog(kBin + "/hybrid-compare", {"-m", "models/tiny", "-t", "1", "--case", "batch"});
+        INFO(b.out << b.err);
+        CHECK(b.rc == 0);
+        CHECK(b.out.find("ok   batch") != std::string::npos);
+        CHECK(b.out.find("SUMMARY: 5/5 cases exact") != std::string::npos);  // the batch entry and its 4 cases
+    }
+    const Run big = hybrid({"-m", "models/tiny", "-p", "hi", "-c", "2000000000", "-n", "1"});
+    check_one_line_error(big, 2, "a smaller -c may fit");
+    CHECK(big.err.find("-c 2000000000") != std::string::npos);
+}
+
 TEST_CASE("cli tools: an option given twice is a usage error (exit 2), not the last value winning", "[cli]") {
     if (!have_programs()) return;
     for (const char* p : {"hybrid-compare", "hybrid-bench", "hybrid-tokenize"})

@@ -68,7 +68,7 @@ int main(int argc, char** argv) {
         "tol", "max absolute logit error allowed (default 1e-3 on the CPU, 5e-2 on CUDA)", cxxopts::value<std::string>())(
         "near-tie", "accept a divergence where the golden token's top-2 margin is below this", cxxopts::value<std::string>()->default_value("0"))(
         "t,threads", "CPU threads (0: all cores)", cxxopts::value<int>()->default_value("0"))(
-        "case", "run only this case", cxxopts::value<std::string>())("h,help", "show this help");
+        "case", "run only this case (batch: the batch entry and the cases it compares with)", cxxopts::value<std::string>())("h,help", "show this help");
     cxxopts::ParseResult args;
     int exit_code = 0;
     if (!tools::parse_args(opts, argc, argv, "hybrid-compare", args, &exit_code)) return exit_code;
@@ -134,6 +134,7 @@ int main(int argc, char** argv) {
         if (args.count("case")) {
             bool found = false;
             for (const json& c : golden["cases"]) found = found || (c.contains("name") && c["name"] == only_case);
+            found = found || (only_case == "batch" && golden.contains("batch"));  // the batch entry, as reported
             if (!found) throw tools::UsageError(golden_path + ": no case named '" + only_case + "'");
         }
         int max_len = 1;
@@ -169,9 +170,15 @@ int main(int argc, char** argv) {
         double worst = 0.0;
         std::map<std::string, std::vector<int32_t>> solo;
         const std::string& only = only_case;
+        // --case batch: the batch entry and the cases whose solo runs it compares with its rows
+        std::vector<std::string> batch_cases;
+        if (only == "batch" && golden.contains("batch") && golden["batch"].contains("names"))
+            batch_cases = golden["batch"]["names"].get<std::vector<std::string>>();
         for (const json& c : golden["cases"]) {
             const std::string name = c["name"].get<std::string>();
-            if (!only.empty() && name != only) continue;
+            if (!only.empty() && name != only &&
+                std::find(batch_cases.begin(), batch_cases.end(), name) == batch_cases.end())
+                continue;
             std::vector<int32_t> ids = c["input_ids"].get<std::vector<int32_t>>();
             const int n_new = c["max_new_tokens"].get<int>();
             if (!c.contains(key)) throw Error(Status::format, golden_path + ": case '" + name + "' has no '" + key + "'");
@@ -226,7 +233,7 @@ int main(int argc, char** argv) {
                         name.c_str(), T, matched, n_new, num(err_last).c_str(), num(err_all).c_str(), note.c_str());
         }
 
-        if (golden.contains("batch") && only.empty()) {
+        if (golden.contains("batch") && (only.empty() || only == "batch")) {
             const json& b = golden["batch"];
             std::vector<std::string> names = b["names"].get<std::vector<std::string>>();
             const json& rows = b["greedy_fp32_left_padded"];
