@@ -258,15 +258,24 @@ struct Repl {
         const std::string rest = read_rest(fd, size_t(size - 12), path);
         if (rest.size() < hl) throw Failure(exit_snapshot, path + ": truncated conversation file");
         std::vector<Message> msgs;
-        try {
-            const nlohmann::json j = nlohmann::json::parse(rest.begin(), rest.begin() + hl);
-            if (j.at("version") != 1)
-                throw Failure(exit_snapshot, path + ": conversation file version " + j.at("version").dump() +
-                                                 " (this hybrid reads version 1)");
-            for (const auto& e : j.at("messages"))
-                msgs.push_back({e.at("role").get<std::string>(), e.at("content").get<std::string>()});
-        } catch (const nlohmann::json::exception& e) {
-            throw Failure(exit_snapshot, path + ": bad conversation header: " + e.what());
+        const nlohmann::json j = nlohmann::json::parse(rest.begin(), rest.begin() + hl, nullptr, false);
+        auto bad = [&](const std::string& why) {
+            return Failure(exit_snapshot, path + ": bad conversation header: " + why);
+        };
+        if (j.is_discarded()) throw bad("not valid JSON");
+        if (!j.is_object() || !j.contains("version")) throw bad("no 'version'");
+        if (j["version"] != 1)
+            throw Failure(exit_snapshot, path + ": conversation file version " + j["version"].dump() +
+                                             " (this hybrid reads version 1)");
+        if (!j.contains("messages") || !j["messages"].is_array()) throw bad("no 'messages' list");
+        for (const auto& e : j["messages"]) {
+            if (!e.is_object() || !e.contains("role") || !e["role"].is_string() || !e.contains("content") ||
+                !e["content"].is_string())
+                throw bad("message " + std::to_string(msgs.size()) + " is not {\"role\": text, \"content\": text}");
+            msgs.push_back({e["role"].get<std::string>(), e["content"].get<std::string>()});
+            if (msgs.back().role != "system" && msgs.back().role != "user" && msgs.back().role != "assistant")
+                throw bad("message " + std::to_string(msgs.size() - 1) + " has role '" + msgs.back().role +
+                          "' (system, user or assistant)");
         }
         // keep the current conversation if the snapshot is refused
         size_t n = 0;

@@ -888,6 +888,44 @@ TEST_CASE("cli: /reset keeps the RNG going; --case batch; an arena too large nam
     CHECK(big.err.find("-c 2000000000") != std::string::npos);
 }
 
+// A conversation file whose JSON header was edited: each defect is named in one line (it was the JSON library's
+// "[json.exception.out_of_range.403] key 'version' not found"), and a role the chat format has no use for is refused.
+TEST_CASE("cli: /load names what is wrong in an edited conversation header", "[cli]") {
+    if (!have_programs()) return;
+    TempDir tmp("header");
+    const std::vector<std::string> chat = {"-m", "models/tiny", "-i", "--temp", "0", "-n", "4", "--no-think"};
+    const std::string file = (tmp.path / "conv").string();
+    REQUIRE(hybrid(chat, "Hi.\n/save " + file + "\n").rc == 0);
+    const std::string good = slurp(file);
+    REQUIRE(good.size() > 12);
+    uint32_t hl = 0;
+    std::memcpy(&hl, good.data() + 8, 4);
+    const nlohmann::json header = nlohmann::json::parse(good.substr(12, hl));
+    auto with_header = [&](const std::string& h) {  // the file with another header
+        std::string f = good.substr(0, 8);
+        const uint32_t n = uint32_t(h.size());
+        f.append(reinterpret_cast<const char*>(&n), 4);
+        f += h + good.substr(12 + hl);
+        const std::string path = (tmp.path / "edited").string();
+        std::ofstream(path, std::ios::binary) << f;
+        return hybrid(chat, "/load " + path + "\n");
+    };
+    nlohmann::json j = header;
+    j.erase("version");
+    check_one_line_error(with_header(j.dump()), 4, "bad conversation header: no 'version'");
+    j = header;
+    j["messages"] = "none";
+    check_one_line_error(with_header(j.dump()), 4, "bad conversation header: no 'messages' list");
+    j = header;
+    j["messages"][0]["role"] = "tool";
+    check_one_line_error(with_header(j.dump()), 4, "has role 'tool' (system, user or assistant)");
+    j = header;
+    j["messages"][0]["content"] = 7;
+    check_one_line_error(with_header(j.dump()), 4, "message 0 is not {\"role\": text, \"content\": text}");
+    check_one_line_error(with_header("{oops"), 4, "bad conversation header: not valid JSON");
+    CHECK(with_header(header.dump()).rc == 0);  // the same header rebuilt: loads
+}
+
 TEST_CASE("cli tools: an option given twice is a usage error (exit 2), not the last value winning", "[cli]") {
     if (!have_programs()) return;
     for (const char* p : {"hybrid-compare", "hybrid-bench", "hybrid-tokenize"})
