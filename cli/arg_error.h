@@ -3,12 +3,14 @@
 #pragma once
 
 #include <cerrno>
+#include <cstdint>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
 #include <cxxopts.hpp>
 #include <initializer_list>
 #include <string>
+#include <vector>
 
 namespace hy {
 
@@ -74,6 +76,29 @@ inline std::string bad_int_arg(const cxxopts::ParseResult& r, std::initializer_l
             if (kv.key() == n && !parse_int(kv.value(), &v))
                 return "invalid value '" + kv.value() + "' for --" + n + " (an integer in [-2147483648, 2147483647])";
     return "";
+}
+
+// A comma-separated list of token ids ("1,2,3"; spaces around an id are allowed) into out. Returns false with
+// *bad set to the first item that is not an id in [0, 2^31 - 1] (an empty item included).
+inline bool parse_id_list(const std::string& s, std::vector<int32_t>& out, std::string* bad) {
+    out.clear();
+    for (size_t i = 0; i <= s.size();) {
+        size_t j = s.find(',', i);
+        if (j == std::string::npos) j = s.size();
+        std::string item = s.substr(i, j - i);
+        while (!item.empty() && item.front() == ' ') item.erase(item.begin());
+        while (!item.empty() && item.back() == ' ') item.pop_back();
+        char* end = nullptr;
+        errno = 0;
+        const long long v = item.empty() || item[0] == '-' ? -1 : std::strtoll(item.c_str(), &end, 10);
+        if (v < 0 || *end != '\0' || errno != 0 || v > 2147483647LL) {
+            *bad = item;
+            return false;
+        }
+        out.push_back(int32_t(v));
+        i = j + 1;
+    }
+    return true;
 }
 
 }  // namespace hy

@@ -50,21 +50,9 @@ const char* kExitCodes =
 
 std::vector<int32_t> parse_ids(const std::string& s) {
     std::vector<int32_t> ids;
-    size_t i = 0;
-    while (i <= s.size()) {
-        size_t j = s.find(',', i);
-        if (j == std::string::npos) j = s.size();
-        std::string tok = s.substr(i, j - i);
-        while (!tok.empty() && tok.front() == ' ') tok.erase(tok.begin());
-        while (!tok.empty() && tok.back() == ' ') tok.pop_back();
-        char* end = nullptr;
-        errno = 0;
-        const long v = tok.empty() ? -1 : std::strtol(tok.c_str(), &end, 10);
-        if (tok.empty() || *end != '\0' || errno != 0 || v < 0 || v > INT32_MAX)
-            usage("--prompt-ids: '" + tok + "' is not a token id (expected a list like 1,2,3)");
-        ids.push_back(int32_t(v));
-        i = j + 1;
-    }
+    std::string bad;
+    if (!parse_id_list(s, ids, &bad))
+        usage("--prompt-ids: '" + bad + "' is not a token id (expected a list like 1,2,3)");
     return ids;
 }
 
@@ -146,8 +134,9 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     // clang-format off
     opts.add_options("Model")
         ("m,model", "model folder (config.json, *.safetensors, tokenizer.json)", cxxopts::value<std::string>())
-        ("c,ctx-size", "context length in tokens: the positions the model holds (prompt + output; the last output "
-                       "token is never fed back, so it needs none; the prompt must be shorter than this)",
+        ("c,ctx-size", "context length in tokens, per sequence (each of the -np sequences of --batch-file has its "
+                       "own; llama.cpp divides -c among them): the positions the model holds (prompt + output; the "
+                       "last output token is never fed back, so it needs none; the prompt must be shorter than this)",
          cxxopts::value<int>()->default_value("4096"))
         ("t,threads", "CPU threads (0: all cores)", cxxopts::value<int>()->default_value("0"))
         ("device", "auto, cpu or cuda", cxxopts::value<std::string>()->default_value("auto"));

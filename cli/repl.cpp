@@ -302,13 +302,17 @@ struct Repl {
 
     // Returns false to leave the REPL.
     bool command(const std::string& line) {
-        const size_t sp = line.find(' ');
+        const size_t sp = line.find_first_of(" \t");
         const std::string cmd = line.substr(0, sp);
         std::string arg = sp == std::string::npos ? "" : line.substr(sp + 1);
         while (!arg.empty() && (arg.back() == ' ' || arg.back() == '\t' || arg.back() == '\r')) arg.pop_back();
-        while (!arg.empty() && arg.front() == ' ') arg.erase(arg.begin());
+        while (!arg.empty() && (arg.front() == ' ' || arg.front() == '\t')) arg.erase(arg.begin());
         if (arg.find('\0') != std::string::npos)
             throw Failure(exit_usage, cmd + ": the argument holds a NUL byte, which a file name cannot carry");
+        const bool takes_arg = cmd == "/save" || cmd == "/save!" || cmd == "/load";
+        if (!takes_arg && !arg.empty() &&
+            (cmd == "/exit" || cmd == "/quit" || cmd == "/reset" || cmd == "/help"))
+            throw Failure(exit_usage, cmd + " takes no argument (got '" + arg + "')");
         if (cmd == "/exit" || cmd == "/quit") return false;
         if (cmd == "/reset") {
             if (hy_context_reset(c) != HY_OK) engine_fail(exit_runtime, "reset");
@@ -324,7 +328,7 @@ struct Repl {
                          "/reset        start a new conversation\n"
                          "/save FILE    save the conversation (refuses to overwrite; /save! FILE overwrites)\n"
                          "/load FILE    continue a saved conversation\n"
-                         "/exit         leave (also Ctrl-D); Ctrl-C stops an answer or discards the typed line\n"
+                         "/exit, /quit  leave (also Ctrl-D); Ctrl-C stops an answer or discards the typed line\n"
                          "(a message that begins with '/': type a space first)\n");
         } else {
             throw Failure(exit_usage, "unknown command " + cmd + " (/help lists them)");

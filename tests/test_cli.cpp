@@ -926,6 +926,40 @@ TEST_CASE("cli: /load names what is wrong in an edited conversation header", "[c
     CHECK(with_header(header.dump()).rc == 0);  // the same header rebuilt: loads
 }
 
+// More from the sixth session's fresh-user test: the tools read id lists as hybrid does ("1, 2"), an empty tokenizer
+// golden file is not a pass, --repeat without --bench is refused; REPL commands take a tab before their argument and
+// refuse an argument they do not take (it was ignored: "/exit now" left).
+TEST_CASE("cli tools and REPL commands: id lists, empty goldens, stray arguments", "[cli]") {
+    if (!have_programs()) return;
+    TempDir tmp("strays");
+    if (fs::exists(kBin + "/hybrid-tokenize")) {
+        const std::string tok = kBin + "/hybrid-tokenize";
+        const Run spaced = run_prog(tok, {"--tokenizer", "models/tiny", "--decode", "1, 2"});
+        const Run plain = run_prog(tok, {"--tokenizer", "models/tiny", "--decode", "1,2"});
+        CHECK(spaced.rc == 0);
+        CHECK(spaced.out == plain.out);
+        const Run bad = run_prog(tok, {"--tokenizer", "models/tiny", "--decode", "1,-2"});
+        CHECK(bad.rc == 2);
+        CHECK(bad.err == "hybrid-tokenize: --decode: '-2' is not a token id (expected a list like 1,2,3)\n");
+        const std::string empty = (tmp.path / "empty.json").string();
+        std::ofstream(empty) << "{\"cases\": []}";
+        const Run none = run_prog(tok, {"--tokenizer", "models/tiny", "--golden", empty});
+        CHECK(none.rc == 1);
+        CHECK(none.err.find("the 'cases' array is empty") != std::string::npos);
+        const Run rep = run_prog(tok, {"--tokenizer", "models/tiny", "--text", "a", "--repeat", "3"});
+        CHECK(rep.rc == 2);
+        CHECK(rep.err.find("--repeat applies to --bench only") != std::string::npos);
+    }
+    const std::vector<std::string> chat = {"-m", "models/tiny", "-i", "--temp", "0", "-n", "4", "--no-think"};
+    for (const char* cmd : {"/exit now", "/quit 1", "/reset all", "/help me"}) {
+        INFO(cmd);
+        check_one_line_error(hybrid(chat, std::string(cmd) + "\n"), 1, "takes no argument");
+    }
+    const std::string file = (tmp.path / "conv").string();
+    CHECK(hybrid(chat, "Hi.\n/save\t" + file + "\n").rc == 0);
+    CHECK(fs::is_regular_file(file));
+}
+
 TEST_CASE("cli tools: an option given twice is a usage error (exit 2), not the last value winning", "[cli]") {
     if (!have_programs()) return;
     for (const char* p : {"hybrid-compare", "hybrid-bench", "hybrid-tokenize"})

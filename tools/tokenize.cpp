@@ -64,12 +64,15 @@ int run_golden(const hy::Tokenizer& tok, const std::string& path, bool parse_spe
     if (g.is_discarded()) throw hy::Error(hy::Status::format, path + ": malformed JSON");
     if (!g.is_object() || !g.contains("cases") || !g["cases"].is_array())
         throw hy::Error(hy::Status::format, path + ": expected an object with a 'cases' array");
+    if (g["cases"].empty()) throw hy::Error(hy::Status::format, path + ": the 'cases' array is empty");
     size_t n = 0, ok = 0;
     for (const json& c : g["cases"]) {
-        if (!c.is_object() || !c.contains("text") || !c["text"].is_string() || !c.contains("ids") ||
-            !c["ids"].is_array())
+        if (!c.is_object() || !c.contains("text") || !c.contains("ids"))
             throw hy::Error(hy::Status::format, path + ": case " + std::to_string(n) +
                                                     " lacks 'text' or 'ids' (a tokenizer golden file, not a model's)");
+        if (!c["text"].is_string() || !c["ids"].is_array())
+            throw hy::Error(hy::Status::format, path + ": case " + std::to_string(n) +
+                                                    ": 'text' must be a string and 'ids' a list of integers");
         std::string text = c["text"].get<std::string>();
         std::vector<int32_t> want;
         for (const json& v : c["ids"]) {
@@ -175,6 +178,8 @@ int main(int argc, char** argv) {
         hy::tools::check_int_args(a, {"repeat"});
         hy::tools::check_given_once(a);
         if (!a.count("tokenizer")) throw hy::Error(hy::Status::invalid_argument, "--tokenizer is required");
+        if (a.count("repeat") && !a.count("bench"))
+            throw hy::Error(hy::Status::invalid_argument, "--repeat applies to --bench only");
         int modes = int(a.count("text") + a.count("golden") + a.count("bench") + a.count("decode"));
         if (modes != 1)
             throw hy::Error(hy::Status::invalid_argument, "give exactly one of --text, --decode, --golden, --bench");
@@ -191,15 +196,11 @@ int main(int argc, char** argv) {
             return hy::tools::finish("hybrid-tokenize", run_golden(tok, a["golden"].as<std::string>(), parse_special));
         if (a.count("decode")) {
             std::vector<int32_t> ids;
-            std::stringstream ss(a["decode"].as<std::string>());
-            std::string item;
-            while (std::getline(ss, item, ',')) {
-                int32_t v = 0;
-                auto [end, ec] = std::from_chars(item.data(), item.data() + item.size(), v);
-                if (ec != std::errc() || end != item.data() + item.size() || item.empty())
-                    throw hy::Error(hy::Status::invalid_argument, "--decode: bad id '" + item + "'");
-                ids.push_back(v);
-            }
+            std::string bad;
+            const std::string list = a["decode"].as<std::string>();
+            if (!list.empty() && !hy::parse_id_list(list, ids, &bad))  // (an empty list decodes to nothing)
+                throw hy::Error(hy::Status::invalid_argument, "--decode: '" + bad +
+                                                                  "' is not a token id (expected a list like 1,2,3)");
             std::cout << tok.decode(ids) << "\n";
             return hy::tools::finish("hybrid-tokenize", 0);
         }
