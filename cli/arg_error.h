@@ -78,9 +78,10 @@ inline std::string bad_int_arg(const cxxopts::ParseResult& r, std::initializer_l
     return "";
 }
 
-// A comma-separated list of token ids ("1,2,3"; spaces around an id are allowed) into out. Returns false with
-// *bad set to the first item that is not an id in [0, 2^31 - 1] (an empty item included).
-inline bool parse_id_list(const std::string& s, std::vector<int32_t>& out, std::string* bad) {
+// A comma-separated list of integers in [lo, hi] ("1,2,3"; spaces around an item are allowed) into out. Returns
+// false with *bad set to the first item that is not one (an empty item included; only digits, no sign).
+inline bool parse_int_list(const std::string& s, long long lo, long long hi, std::vector<int32_t>& out,
+                           std::string* bad) {
     out.clear();
     for (size_t i = 0; i <= s.size();) {
         size_t j = s.find(',', i);
@@ -88,10 +89,10 @@ inline bool parse_id_list(const std::string& s, std::vector<int32_t>& out, std::
         std::string item = s.substr(i, j - i);
         while (!item.empty() && item.front() == ' ') item.erase(item.begin());
         while (!item.empty() && item.back() == ' ') item.pop_back();
-        char* end = nullptr;
         errno = 0;
-        const long long v = item.empty() || item[0] == '-' ? -1 : std::strtoll(item.c_str(), &end, 10);
-        if (v < 0 || *end != '\0' || errno != 0 || v > 2147483647LL) {
+        const bool digits = !item.empty() && item.size() <= 18 && item.find_first_not_of("0123456789") == std::string::npos;
+        const long long v = digits ? std::strtoll(item.c_str(), nullptr, 10) : -1;
+        if (!digits || v < lo || v > hi) {
             *bad = item;
             return false;
         }
@@ -99,6 +100,11 @@ inline bool parse_id_list(const std::string& s, std::vector<int32_t>& out, std::
         i = j + 1;
     }
     return true;
+}
+
+// Token ids: parse_int_list over [0, 2^31 - 1].
+inline bool parse_id_list(const std::string& s, std::vector<int32_t>& out, std::string* bad) {
+    return parse_int_list(s, 0, 2147483647LL, out, bad);
 }
 
 }  // namespace hy

@@ -1203,6 +1203,18 @@ void wait_loaded(Spawned& s) {
     }
 }
 
+// Reads the rest of s's stdout into out (until the program closes it), then waits for its exit and closes the pipes;
+// returns the wait status.
+int collect_exit(Spawned& s, std::string& out) {
+    char buf[4096];
+    for (ssize_t n; (n = ::read(s.out, buf, sizeof buf)) > 0;) out.append(buf, size_t(n));
+    int st = 0;
+    ::waitpid(s.pid, &st, 0);
+    ::close(s.out);
+    ::close(s.err_fd);
+    return st;
+}
+
 }  // namespace
 
 // Ctrl-C during the prefill of a long prompt ends the program within a prefill step (it waited for the whole prompt:
@@ -1260,12 +1272,7 @@ TEST_CASE("cli: Ctrl-C at the input line of a piped REPL discards the partial li
     CHECK(::write(h.in, "hi\nagain\n", 9) == 9);
     ::close(h.in);
     std::string out;
-    char buf[4096];
-    for (ssize_t n; (n = ::read(h.out, buf, sizeof buf)) > 0;) out.append(buf, size_t(n));
-    int st = 0;
-    ::waitpid(h.pid, &st, 0);
-    ::close(h.out);
-    ::close(h.err_fd);
+    const int st = collect_exit(h, out);
     INFO(h.err);
     CHECK(WIFEXITED(st));
     CHECK(WEXITSTATUS(st) == 0);
@@ -1314,12 +1321,8 @@ TEST_CASE("cli: Ctrl-C during a long REPL message's prefill drops the message an
     ::usleep(300000);
     CHECK(::write(h.in, "again\n", 6) == 6);
     ::close(h.in);
-    read_out(size_t(-1), 60.0);
-    int st = 0;
-    ::waitpid(h.pid, &st, 0);
+    const int st = collect_exit(h, out);
     const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t_int).count();
-    ::close(h.out);
-    ::close(h.err_fd);
     INFO(h.err);
     CHECK(WIFEXITED(st));
     CHECK(WEXITSTATUS(st) == 0);

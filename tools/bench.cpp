@@ -39,26 +39,12 @@ double median(std::vector<double> v) {
 
 // "1,2,8" -> {1, 2, 8}: each item an integer in [1, 4096]; throws invalid_argument naming -b and the item.
 std::vector<int> parse_list(const std::string& s) {
-    std::vector<int> out;
-    size_t i = 0;
-    for (;;) {
-        size_t j = s.find(',', i);
-        if (j == std::string::npos) j = s.size();
-        std::string item = s.substr(i, j - i);
-        while (!item.empty() && item.front() == ' ') item.erase(item.begin());
-        while (!item.empty() && item.back() == ' ') item.pop_back();
-        char* end = nullptr;
-        errno = 0;
-        const long v = item.empty() ? 0 : std::strtol(item.c_str(), &end, 10);
-        if (item.empty() || item.find_first_not_of("0123456789") != std::string::npos || *end != '\0' ||
-            errno == ERANGE || v < 1 || v > 4096)
-            throw tools::UsageError("-b: '" + item + "' is not a batch size in [1, 4096] (expected a list like "
-                                    "1,2,8), in '" + s + "'");
-        out.push_back(int(v));
-        if (j == s.size()) break;
-        i = j + 1;
-    }
-    return out;
+    std::vector<int32_t> v;
+    std::string bad;
+    if (!parse_int_list(s, 1, 4096, v, &bad))
+        throw tools::UsageError("-b: '" + bad + "' is not a batch size in [1, 4096] (expected a list like 1,2,8), in '" +
+                                s + "'");
+    return std::vector<int>(v.begin(), v.end());
 }
 
 // The process's peak resident set so far (Linux VmHWM; getrusage's ru_maxrss elsewhere), in bytes.
