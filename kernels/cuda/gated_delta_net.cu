@@ -6,7 +6,8 @@
 //   conv_kernel          causal conv + SiLU -> mixed [T, C]; in decode (every run one token) also the conv state
 //   conv_state_kernel    otherwise: the conv state <- the last K-1 inputs of [state, run]
 //   decode_kernel        every run one token: one block per (value head, run) does the whole head,
-//                        the state update, o and the gated RMSNorm
+//                        the state update, o and the gated RMSNorm; in small decode steps on compute capability
+//                        9.0 also the conv and the conv state update (then conv_kernel is not launched)
 //   prefill_kernel       otherwise: one block per (32 value columns, value head, run) runs the recurrence over the
 //                        run token by token and writes o (bf16) to out; then
 //   gated_norm_kernel    out = norm_w * RMSNorm(o) * silu(z) per (row, value head), in place.

@@ -4,7 +4,8 @@
 //   3. the delta-rule recurrence per (run, value head), token by token, fp32 state updated in place: gates
 //      beta = sigmoid(b), g = -exp(A_log) softplus(a + dt_bias); l2norm of q and k; o = S^T q  (o rounded to bf16),
 //      then the gated RMSNorm: y = norm_w * RMSNorm(o) * silu(z)
-// Decode (every run one token) runs the recurrence and the norm in one kernel per (value head, run); otherwise the
+// Decode (every run one token) runs the recurrence and the norm in one kernel per (value head, run), and in steps of
+// up to 8 runs on compute capability 9.0 the conv too (clusters of the value heads sharing a key head); otherwise the
 // recurrence runs per (32 value columns, value head, run), writes o to out, and a second kernel applies the norm in
 // place. Both paths give bitwise the same outputs and state for a token, however tokens are grouped into runs and
 // steps. Every kernel is launched with programmatic dependent launch (cuda::launch) where enabled.
