@@ -222,11 +222,25 @@ void fetch_logits(hy_context* c) {
 }
 
 // ---- snapshot container ----
-//   char magic[8] "HYCTX01\0"; u32 version (1); u32 flags (bit 0: logits present); u64 fingerprint;
+//   char magic[8] "HYCTX01\0"; u32 version (2); u32 flags (bit 0: logits present); u64 fingerprint;
 //   u32 n_history; u32 n_pending; i32 history[n_history]; [u32 n_logits; f32 logits[n_logits]];
-//   u64 n_state; u8 state[n_state] (Model::save_state of the slot)
+//   u64 n_state; u8 state[n_state] (Model::save_state of the slot); u64 checksum (snapshot_checksum of all the
+//   bytes before it). Version 1 is the same without the checksum, and is still read.
 constexpr char kMagic[8] = {'H', 'Y', 'C', 'T', 'X', '0', '1', '\0'};
-constexpr uint32_t kVersion = 1;
+constexpr uint32_t kVersion = 2;
+
+// FNV-1a over 8-byte little-endian words (then the tail bytes): catches a changed byte anywhere, at memory speed.
+uint64_t snapshot_checksum(const uint8_t* p, size_t n) {
+    uint64_t h = 14695981039346656037ull;
+    size_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        uint64_t w;
+        std::memcpy(&w, p + i, 8);
+        h = (h ^ w) * 1099511628211ull;
+    }
+    for (; i < n; i++) h = (h ^ p[i]) * 1099511628211ull;
+    return h;
+}
 
 void put_bytes(std::vector<uint8_t>& out, const void* p, size_t n) {
     const size_t at = out.size();
@@ -256,6 +270,7 @@ std::vector<uint8_t> serialize(const hy_context* c) {
     }
     put(out, uint64_t(state.size()));
     put_bytes(out, state.data(), state.size());
+    put(out, snapshot_checksum(out.data(), out.size()));
     return out;
 }
 
@@ -278,8 +293,8 @@ void check_snapshot_header(const hy_context* c, const uint8_t* data, size_t n) {
     if (n < 8 || std::memcmp(data, kMagic, 8) != 0) throw Error(Status::format, "not a hybrid snapshot (bad magic)");
     r.pos = 8;
     const uint32_t version = r.get<uint32_t>();
-    if (version != kVersion)
-        throw Error(Status::format, "snapshot version " + std::to_string(version) + " is not supported (expected " +
+    if (version != kVersion && version != 1)
+        throw Error(Status::format, "snapshot version " + std::to_string(version) + " is not supported (1 or " +
                                         std::to_string(kVersion) + ")");
     r.get<uint32_t>();  // flags
     const uint64_t fp = r.get<uint64_t>();
@@ -293,6 +308,16 @@ void check_snapshot_header(const hy_context* c, const uint8_t* data, size_t n) {
 
 void deserialize(hy_context* c, const uint8_t* data, size_t n) {
     check_snapshot_header(c, data, n);
+    uint32_t version = 0;
+    std::memcpy(&version, data + 8, 4);
+    if (version >= 2) {  // the checksum trailer: a damaged snapshot is refused before anything is read from it
+        uint64_t stored = 0;
+        if (n < 32) throw Error(Status::format, "snapshot is truncated");
+        std::memcpy(&stored, data + n - 8, 8);
+        n -= 8;
+        if (snapshot_checksum(data, n) != stored)
+            throw Error(Status::format, "snapshot is damaged (its checksum does not match its contents)");
+    }
     Reader r{data, n};
     r.pos = 12;
     const uint32_t flags = r.get<uint32_t>();
@@ -332,7 +357,7 @@ void deserialize(hy_context* c, const uint8_t* data, size_t n) {
 // plus at most the slot's share of the state arena).
 size_t max_snapshot_bytes(const hy_context* c) {
     const hy::Model& model = *c->m->model;
-    return 32 + 4 * (size_t(model.n_ctx()) + 1) + 4 + 4 * size_t(c->m->n_logits) + 8 +
+    return 32 + 4 * (size_t(model.n_ctx()) + 1) + 4 + 4 * size_t(c->m->n_logits) + 8 + 8 +
            model.state_bytes() / size_t(std::max(model.n_slots(), 1)) + 4096;
 }
 

@@ -209,11 +209,13 @@ const float* hy_context_logits(const hy_context* ctx, int* n_logits);
 
 /* ---- snapshots: the whole sequence (history, KV cache, conv and recurrent state, last logits) ----------------- */
 /* Serializes the context. With buf == NULL or cap too small, only *n_out (the size needed) is set and
- * HY_OK / HY_ERR_INVALID_ARGUMENT returned respectively. The format carries the model fingerprint. */
+ * HY_OK / HY_ERR_INVALID_ARGUMENT returned respectively. The format carries the model fingerprint and a checksum of
+ * its contents. */
 int hy_state_save(const hy_context* ctx, void* buf, size_t cap, size_t* n_out);
 
 /* Restores a snapshot made by hy_state_save / hy_state_save_file into ctx (any slot). Errors: HY_ERR_FORMAT (not
- * a snapshot, truncated, other version), HY_ERR_MODEL_MISMATCH (saved from another model: fingerprint or shapes
+ * a snapshot, truncated, damaged: the checksum does not match, other version), HY_ERR_MODEL_MISMATCH (saved from
+ * another model: fingerprint or shapes
  * differ), HY_ERR_CONTEXT_FULL (more tokens than n_ctx). On error the context is left empty (reset). */
 int hy_state_load(hy_context* ctx, const void* buf, size_t n);
 

@@ -228,6 +228,24 @@ TEST_CASE("engine: snapshots restore the sequence exactly", "[engine]") {
     std::vector<uint8_t> cut(snap.begin(), snap.begin() + ptrdiff_t(snap.size() / 2));
     CHECK(hy_state_load(t.c, cut.data(), cut.size()) == HY_ERR_FORMAT);
     CHECK(hy_state_load_file(t.c, (dir / "missing.snap").string().c_str()) == HY_ERR_IO);
+    // one changed byte anywhere (the history, the logits, the KV cache and states, the checksum itself) is refused by
+    // the checksum, before anything is restored (it used to load, and the next step could sample from NaN)
+    for (size_t at : {size_t(40), snap.size() / 3, snap.size() / 2, snap.size() - 100, snap.size() - 1}) {
+        INFO("byte " << at << " of " << snap.size());
+        std::vector<uint8_t> bad = snap;
+        bad[at] ^= 0x40;
+        CHECK(hy_state_load(t.c, bad.data(), bad.size()) == HY_ERR_FORMAT);
+        CHECK(std::string(hy_last_error()).find("damaged") != std::string::npos);
+        CHECK(hy_context_n_tokens(t.c) == 0);
+    }
+    REQUIRE(hy_state_load(t.c, snap.data(), snap.size()) == HY_OK);  // the intact one still loads
+    {  // a version 1 snapshot (the same layout without the checksum) is still read
+        std::vector<uint8_t> v1(snap.begin(), snap.end() - 8);
+        const uint32_t one = 1;
+        std::memcpy(v1.data() + 8, &one, 4);
+        CHECK(hy_state_load(t.c, v1.data(), v1.size()) == HY_OK);
+        CHECK(hy_context_n_tokens(t.c) > 0);
+    }
 
     // another model (same shapes, another config.json) refuses the snapshot
     const fs::path other = dir / "other";
