@@ -74,7 +74,8 @@ struct Checkpoint {
     void open(const std::string& dir) {
         std::string single = dir + "/model.safetensors";
         std::string index = dir + "/model.safetensors.index.json";
-        if (is_file(single)) {
+        struct stat st;
+        if (is_file(single) || ::stat(single.c_str(), &st) == 0) {  // (hyst_open names what else it is)
             open_file(single);
             return;
         }

@@ -474,7 +474,7 @@ int hyst_open(hyst_file* f, const char* path) {
     f->map = NULL;
     f->map_bytes = 0;
     f->n_tensors = 0;
-    int fd = open(path, O_RDONLY | O_CLOEXEC);
+    int fd = open(path, O_RDONLY | O_CLOEXEC | O_NONBLOCK);  // (a FIFO would block the open until a writer came)
     if (fd < 0) return hyst__fail(f, HYST_ERR_IO, "%s: cannot open: %s", path, strerror(errno));
     struct stat st;
     if (fstat(fd, &st) != 0) {

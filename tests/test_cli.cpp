@@ -844,6 +844,28 @@ TEST_CASE("cli: endless or blocking inputs are one-line errors: stdin of /dev/ze
     fs::remove(dir + "/config.json");
     REQUIRE(::mkfifo((dir + "/config.json").c_str(), 0600) == 0);
     check_one_line_error(hybrid({"-m", dir, "-p", "hi", "-n", "2"}), 2, "a FIFO, expected a regular file");
+    // model.safetensors a FIFO: named as what it is (it was "no model.safetensors or model.safetensors.index.json")
+    const std::string dir2 = tmp / "fifo_weights";
+    hy::test::write_model_dir(dir2, hy::test::read_safetensors(hy::test::tiny_dir() + "/model.safetensors"),
+                              hy::test::read_text(hy::test::tiny_dir() + "/config.json"));
+    fs::remove(dir2 + "/model.safetensors");
+    REQUIRE(::mkfifo((dir2 + "/model.safetensors").c_str(), 0600) == 0);
+    check_one_line_error(hybrid({"-m", dir2, "-p", "hi", "-n", "2"}), 2, "model.safetensors: not a regular file");
+    // hybrid-compare --logits and hybrid-bench --json given a FIFO with no one at the other end: errors, not hangs
+    const std::string fifo = tmp / "ff";
+    REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+    if (fs::exists(kBin + "/hybrid-compare")) {
+        const Run c =
+            run_prog(kBin + "/hybrid-compare", {"-m", "models/tiny", "-t", "1", "--logits", fifo, "--case", "short"});
+        CHECK(c.rc == 1);
+        CHECK(c.err.find(fifo + ": not a regular file") != std::string::npos);
+    }
+    if (fs::exists(kBin + "/hybrid-bench")) {
+        const Run b = run_prog(kBin + "/hybrid-bench", {"-m", "models/tiny", "-t", "1", "-p", "4", "-n", "2", "-r", "1",
+                                                        "--device", "cpu", "--json", fifo});
+        CHECK(b.rc == 1);
+        CHECK(b.err.find("a FIFO with no reader") != std::string::npos);
+    }
     // the tools' input files: a directory or a device is named as such (it was "invalid JSON", or read as empty)
     for (const char* p : {"hybrid-compare", "hybrid-tokenize"})
         if (!fs::exists(kBin + "/" + p)) return;

@@ -42,8 +42,8 @@ std::vector<int> parse_list(const std::string& s) {
     std::vector<int32_t> v;
     std::string bad;
     if (!parse_int_list(s, 1, 4096, v, &bad))
-        throw tools::UsageError("-b: '" + bad + "' is not a batch size in [1, 4096] (expected a list like 1,2,8), in '" +
-                                s + "'");
+        throw tools::UsageError("-b: '" + bad + "' is not a batch size in [1, 4096] (expected a list like 1,2,8), "
+                                "in '" + s + "'");
     return std::vector<int>(v.begin(), v.end());
 }
 
@@ -125,8 +125,12 @@ int main(int argc, char** argv) {
             struct stat st;
             const bool existed = ::stat(path.c_str(), &st) == 0;
             if (existed && S_ISDIR(st.st_mode)) throw Error(Status::io, path + ": is a directory");
-            const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC, 0666);
-            if (fd < 0) throw Error(Status::io, path + ": cannot write: " + std::strerror(errno));
+            // (non-blocking: a FIFO without a reader fails with ENXIO instead of blocking the open)
+            const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK, 0666);
+            if (fd < 0) {
+                const std::string why = errno == ENXIO ? "a FIFO with no reader" : std::strerror(errno);
+                throw Error(Status::io, path + ": cannot write: " + why);
+            }
             ::close(fd);
             if (!existed) json_created = path;
         }

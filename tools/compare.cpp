@@ -68,7 +68,8 @@ int main(int argc, char** argv) {
         "tol", "max absolute logit error allowed (default 1e-3 on the CPU, 5e-2 on CUDA)", cxxopts::value<std::string>())(
         "near-tie", "accept a divergence where the golden token's top-2 margin is below this", cxxopts::value<std::string>()->default_value("0"))(
         "t,threads", "CPU threads (0: all cores)", cxxopts::value<int>()->default_value("0"))(
-        "case", "run only this case (batch: the batch entry and the cases it compares with)", cxxopts::value<std::string>())("h,help", "show this help");
+        "case", "run only this case (batch: the batch entry and the cases it compares with)",
+        cxxopts::value<std::string>())("h,help", "show this help");
     cxxopts::ParseResult args;
     int exit_code = 0;
     if (!tools::parse_args(opts, argc, argv, "hybrid-compare", args, &exit_code)) return exit_code;
@@ -157,12 +158,10 @@ int main(int argc, char** argv) {
         auto lf = std::make_unique<hyst_file>();
         bool have_logits = false;
         {
-            std::ifstream probe(logits_path);
-            if (probe) {
+            std::error_code ec;
+            if (args.count("logits") || std::filesystem::exists(logits_path, ec)) {  // (hyst_open: regular files only)
                 if (hyst_open(lf.get(), logits_path.c_str()) != HYST_OK) throw Error(Status::format, lf->error);
                 have_logits = true;
-            } else if (args.count("logits")) {
-                throw Error(Status::io, logits_path + ": cannot open");
             }
         }
 
@@ -238,10 +237,14 @@ int main(int argc, char** argv) {
             std::vector<std::string> names = b["names"].get<std::vector<std::string>>();
             const json& rows = b["greedy_fp32_left_padded"];
             bool ok = rows.size() == names.size();
+            if (!ok)
+                std::printf("     the batch entry has %zu rows for %zu names\n", rows.size(), names.size());
             for (size_t i = 0; ok && i < names.size(); i++) {
                 std::vector<int32_t> row = rows[i].get<std::vector<int32_t>>();
                 auto it = solo.find(names[i]);
                 if (it == solo.end()) {
+                    std::printf("     batch row %zu names '%s', which is not a case of this file\n", i,
+                                names[i].c_str());
                     ok = false;
                     break;
                 }
