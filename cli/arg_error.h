@@ -90,7 +90,8 @@ inline bool parse_int_list(const std::string& s, long long lo, long long hi, std
         while (!item.empty() && item.front() == ' ') item.erase(item.begin());
         while (!item.empty() && item.back() == ' ') item.pop_back();
         errno = 0;
-        const bool digits = !item.empty() && item.size() <= 18 && item.find_first_not_of("0123456789") == std::string::npos;
+        const bool digits =
+            !item.empty() && item.size() <= 18 && item.find_first_not_of("0123456789") == std::string::npos;
         const long long v = digits ? std::strtoll(item.c_str(), nullptr, 10) : -1;
         if (!digits || v < lo || v > hi) {
             *bad = item;

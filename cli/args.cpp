@@ -25,7 +25,7 @@ const char* kExitCodes =
     "  turn prefills only its new tokens; an answer ends at the end-of-turn token (also at <|endoftext|> or\n"
     "  <|im_start|>, as with --chat) or after -n tokens. Commands:\n"
     "  /reset, /save FILE (refuses to overwrite; /save! FILE overwrites; never a symbolic link, device or\n"
-    "  directory), /load FILE, /help, /exit.\n"
+    "  directory), /load FILE, /help, /exit (or /quit).\n"
     "  Ctrl-C stops the current answer (at the input line: discards the line), Ctrl-D (end of input) exits.\n"
     "  When stdin is not a terminal, a failing command ends the program with its exit code. Answers go to\n"
     "  stdout, each followed by a newline; /save, /load and /reset are confirmed on stderr when stdin is a\n"

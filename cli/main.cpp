@@ -222,11 +222,12 @@ int run(int argc, char** argv) {
     const int rc = hy_model_load(o.model_dir.c_str(), &mp, &h.m);
     const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (stderr_tty()) std::fprintf(stderr, "\r\033[K");
-    if (rc == HY_ERR_OUT_OF_MEMORY)  // most often the KV cache of a large -c (times the sequences of -np)
-        throw Failure(exit_model, std::string("cannot load the model: ") + hy_last_error() + " (the KV cache and states " +
-                                      "grow with -c " + std::to_string(o.n_ctx) +
-                                      (mp.n_slots > 1 ? " and the " + std::to_string(mp.n_slots) + " sequences of -np" : "") +
+    if (rc == HY_ERR_OUT_OF_MEMORY) {  // most often the KV cache of a large -c (times the sequences of -np)
+        const std::string np = mp.n_slots > 1 ? " and the " + std::to_string(mp.n_slots) + " sequences of -np" : "";
+        throw Failure(exit_model, std::string("cannot load the model: ") + hy_last_error() +
+                                      " (the KV cache and states grow with -c " + std::to_string(o.n_ctx) + np +
                                       ": a smaller -c may fit)");
+    }
     if (rc != HY_OK) engine_fail(exit_model, "cannot load the model");
     if (o.verbose)
         std::fprintf(stderr, "hybrid: loaded on %s, %.1f MiB arena, vocab %d\n", hy_model_backend(h.m),

@@ -181,6 +181,8 @@ struct Repl {
             g_interrupted.store(false);
             last_interrupted = true;
             if (tty_in) std::fprintf(stderr, "[stopped before the answer: the message was dropped]\n");
+            else if (o.verbose)
+                std::fputs("hybrid: stop: interrupted (Ctrl-C) during the prefill; the message was dropped\n", stderr);
             return;
         }
         write_stdout("\n", 1);
@@ -296,8 +298,8 @@ struct Repl {
         // the penalties look at the whole conversation: the history is the restored sequence, as it was when saved
         refill_penalty_history();
         if (confirm)
-            std::fprintf(stderr, "loaded %zu messages, %d tokens from %s\n", messages.size(), hy_context_n_tokens(c),
-                         path.c_str());
+            std::fprintf(stderr, "loaded %s, %s from %s\n", count_of(messages.size(), "message").c_str(),
+                         count_of(size_t(hy_context_n_tokens(c)), "token").c_str(), path.c_str());
     }
 
     // Returns false to leave the REPL.
