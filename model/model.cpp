@@ -244,7 +244,11 @@ static std::unique_ptr<Backend> choose_backend(const ModelParams& p) {
 }
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& params_in) {
-    if (!is_dir(dir)) throw Error(Status::io, "model folder '" + dir + "' does not exist or is not a folder");
+    if (!is_dir(dir)) {  // (worded as hy_model_load and hybrid-compare word it)
+        struct stat st;
+        throw Error(Status::io, dir + (::stat(dir.c_str(), &st) == 0 ? ": not a folder (-m takes the model folder)"
+                                                                      : ": no such model folder"));
+    }
     std::unique_ptr<Model> m(new Model());
     m->dir_ = dir;
     m->config_ = load_model_config(dir);
