@@ -837,19 +837,20 @@ TEST_CASE("cli: endless or blocking inputs are one-line errors: stdin of /dev/ze
     const int st = std::system(cmd.c_str());
     check_one_line_error(Run{WIFEXITED(st) ? WEXITSTATUS(st) : -1, "", slurp(err_file)}, 5,
                          "a line longer than 256 MiB");
+    // a copy of the tiny model folder (tmp/name) whose file `file` is a FIFO
+    auto with_fifo = [&](const std::string& name, const std::string& file) {
+        const std::string dir = tmp / name;
+        hy::test::write_model_dir(dir, hy::test::read_safetensors(hy::test::tiny_dir() + "/model.safetensors"),
+                                  hy::test::read_text(hy::test::tiny_dir() + "/config.json"));
+        fs::remove(dir + "/" + file);
+        REQUIRE(::mkfifo((dir + "/" + file).c_str(), 0600) == 0);
+        return dir;
+    };
     // a model folder whose config.json is a FIFO: exit 2 at once (opening it would wait for a writer)
-    const std::string dir = tmp / "fifo";
-    hy::test::write_model_dir(dir, hy::test::read_safetensors(hy::test::tiny_dir() + "/model.safetensors"),
-                              hy::test::read_text(hy::test::tiny_dir() + "/config.json"));
-    fs::remove(dir + "/config.json");
-    REQUIRE(::mkfifo((dir + "/config.json").c_str(), 0600) == 0);
+    const std::string dir = with_fifo("fifo", "config.json");
     check_one_line_error(hybrid({"-m", dir, "-p", "hi", "-n", "2"}), 2, "a FIFO, expected a regular file");
     // model.safetensors a FIFO: named as what it is (it was "no model.safetensors or model.safetensors.index.json")
-    const std::string dir2 = tmp / "fifo_weights";
-    hy::test::write_model_dir(dir2, hy::test::read_safetensors(hy::test::tiny_dir() + "/model.safetensors"),
-                              hy::test::read_text(hy::test::tiny_dir() + "/config.json"));
-    fs::remove(dir2 + "/model.safetensors");
-    REQUIRE(::mkfifo((dir2 + "/model.safetensors").c_str(), 0600) == 0);
+    const std::string dir2 = with_fifo("fifo_weights", "model.safetensors");
     check_one_line_error(hybrid({"-m", dir2, "-p", "hi", "-n", "2"}), 2, "model.safetensors: not a regular file");
     // hybrid-compare --logits and hybrid-bench --json given a FIFO with no one at the other end: errors, not hangs
     const std::string fifo = tmp / "ff";
