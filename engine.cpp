@@ -551,6 +551,7 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
                      "unknown device " + std::to_string(int(p.device)));
         std::error_code ec;
         if (!*dir) return fail(Status::io, "the model folder path is empty");
+        // (before the tokenizer is read; Model::load words the same checks for its other callers)
         if (!fs::exists(dir, ec)) return fail(Status::io, std::string(dir) + ": no such model folder");
         if (!fs::is_directory(dir, ec)) return fail(Status::io, std::string(dir) + ": not a folder");
         hy::ModelParams mp;

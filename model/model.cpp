@@ -75,7 +75,7 @@ struct Checkpoint {
         std::string single = dir + "/model.safetensors";
         std::string index = dir + "/model.safetensors.index.json";
         struct stat st;
-        if (is_file(single) || ::stat(single.c_str(), &st) == 0) {  // (hyst_open names what else it is)
+        if (::stat(single.c_str(), &st) == 0) {  // (hyst_open refuses anything but a regular file, naming why)
             open_file(single);
             return;
         }
@@ -244,10 +244,9 @@ static std::unique_ptr<Backend> choose_backend(const ModelParams& p) {
 }
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& params_in) {
-    if (!is_dir(dir)) {  // (worded as hy_model_load and hybrid-compare word it)
+    if (!is_dir(dir)) {
         struct stat st;
-        throw Error(Status::io, dir + (::stat(dir.c_str(), &st) == 0 ? ": not a folder (-m takes the model folder)"
-                                                                      : ": no such model folder"));
+        throw Error(Status::io, dir + (::stat(dir.c_str(), &st) == 0 ? ": not a folder" : ": no such model folder"));
     }
     std::unique_ptr<Model> m(new Model());
     m->dir_ = dir;
