@@ -99,6 +99,8 @@ std::string count_of(size_t n, const char* noun);
 
 // Set by the SIGINT handler; token callbacks read it to stop the current answer.
 extern std::atomic<bool> g_interrupted;
+// hy_generate_params.should_abort for the CLI: 1 once Ctrl-C was pressed (g_interrupted), so a long prefill stops.
+int interrupted_abort(void*);
 void install_sigint_handler();
 
 // Thinking mode chosen by the options (--no-think: disabled, else enabled).

@@ -96,6 +96,8 @@ void check_stdout() {
     if (!stdout_ok()) throw Failure(exit_io, std::string("cannot write to stdout: ") + std::strerror(g_stdout_errno));
 }
 
+int interrupted_abort(void*) { return g_interrupted.load() ? 1 : 0; }
+
 std::string count_of(size_t n, const char* noun) {
     return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
 }
@@ -269,7 +271,7 @@ int run(int argc, char** argv) {
     gp.n_stop = int(stops.size());
     gp.on_token = on_token;
     gp.user_data = &st;
-    gp.should_abort = [](void*) { return g_interrupted.load() ? 1 : 0; };  // Ctrl-C during a long prompt's prefill
+    gp.should_abort = interrupted_abort;  // Ctrl-C during a long prompt's prefill
     gp.skip_special = o.chat ? 0 : 1;  // a chat answer shows <think>/</think>, as the REPL does
     const std::vector<int32_t> chat_stops = o.chat ? chat_stop_ids(h.m) : std::vector<int32_t>{};
     gp.stop_ids = chat_stops.empty() ? nullptr : chat_stops.data();

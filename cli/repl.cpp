@@ -162,14 +162,8 @@ struct Repl {
         // resets the sequence, so the conversation before the message is restored from a snapshot taken here; an
         // empty context needs none. (A short message prefills in one step, which cannot be stopped anyway.)
         std::vector<char> before;
-        if (have > 0 && ids.size() >= kAbortablePrefill) {
-            size_t n = 0;
-            if (hy_state_save(c, nullptr, 0, &n) == HY_OK) {
-                before.resize(n);
-                if (hy_state_save(c, before.data(), n, &n) != HY_OK) before.clear();
-            }
-        }
-        if (have == 0 || !before.empty()) gp.should_abort = should_abort;
+        if (have > 0 && ids.size() >= kAbortablePrefill) before = snapshot();
+        if (have == 0 || !before.empty()) gp.should_abort = interrupted_abort;
         g_interrupted.store(false);
         hy_generate_result res{};
         for (int32_t id : ids) hy_sampler_accept(s, id);  // penalties look at the whole conversation
@@ -201,7 +195,15 @@ struct Repl {
         if (last_interrupted && tty_in) std::fprintf(stderr, "[stopped]\n");
     }
 
-    static int should_abort(void*) { return g_interrupted.load() ? 1 : 0; }
+    // The context as an engine snapshot (hy_state_save); empty when it cannot be made (hy_last_error says why).
+    std::vector<char> snapshot() const {
+        size_t n = 0;
+        std::vector<char> out;
+        if (hy_state_save(c, nullptr, 0, &n) != HY_OK) return out;
+        out.resize(n);
+        if (hy_state_save(c, out.data(), n, &n) != HY_OK) out.clear();
+        return out;
+    }
 
     // The penalties' history := the context's sequence (after /load, or a stopped prefill); the RNG goes on.
     void refill_penalty_history() {
@@ -214,10 +216,8 @@ struct Repl {
     // ---- commands ----
     void save(const std::string& path, bool overwrite) {
         if (path.empty()) throw Failure(exit_usage, std::string(overwrite ? "/save!" : "/save") + " needs a file name");
-        size_t n = 0;
-        if (hy_state_save(c, nullptr, 0, &n) != HY_OK) engine_fail(exit_runtime, "save");
-        std::vector<char> snap(n);
-        if (hy_state_save(c, snap.data(), n, &n) != HY_OK) engine_fail(exit_runtime, "save");
+        const std::vector<char> snap = snapshot();
+        if (snap.empty()) engine_fail(exit_runtime, "save");
         nlohmann::json j;
         j["version"] = 1;
         j["no_think"] = o.no_think;
@@ -280,12 +280,7 @@ struct Repl {
                           "' (system, user or assistant)");
         }
         // keep the current conversation if the snapshot is refused
-        size_t n = 0;
-        std::vector<char> backup;
-        if (hy_state_save(c, nullptr, 0, &n) == HY_OK) {
-            backup.resize(n);
-            if (hy_state_save(c, backup.data(), n, &n) != HY_OK) backup.clear();
-        }
+        const std::vector<char> backup = snapshot();
         const int rc = hy_state_load(c, rest.data() + hl, rest.size() - hl);
         if (rc != HY_OK) {
             std::string msg = path + ": " + hy_last_error();
@@ -311,9 +306,7 @@ struct Repl {
         while (!arg.empty() && (arg.front() == ' ' || arg.front() == '\t')) arg.erase(arg.begin());
         if (arg.find('\0') != std::string::npos)
             throw Failure(exit_usage, cmd + ": the argument holds a NUL byte, which a file name cannot carry");
-        const bool takes_arg = cmd == "/save" || cmd == "/save!" || cmd == "/load";
-        if (!takes_arg && !arg.empty() &&
-            (cmd == "/exit" || cmd == "/quit" || cmd == "/reset" || cmd == "/help"))
+        if (!arg.empty() && (cmd == "/exit" || cmd == "/quit" || cmd == "/reset" || cmd == "/help"))
             throw Failure(exit_usage, cmd + " takes no argument (got '" + arg + "')");
         if (cmd == "/exit" || cmd == "/quit") return false;
         if (cmd == "/reset") {
