@@ -44,13 +44,11 @@ bool g_pdl = false;
 }
 void set_pdl_enabled(bool on) { g_pdl = on; }
 bool pdl_enabled() { return g_pdl; }
-bool cluster_launch_supported() {
-    int device = 0, v = 0;
-    const bool ok = cudaGetDevice(&device) == cudaSuccess &&
-                    cudaDeviceGetAttribute(&v, cudaDevAttrClusterLaunch, device) == cudaSuccess && v != 0;
-    cudaGetLastError();
-    return ok;
+namespace {
+bool g_clusters = false;
 }
+void set_clusters_supported(bool on) { g_clusters = on; }
+bool clusters_supported() { return g_clusters; }
 
 void trace_bind_argmax(const TraceBuf& t);
 void trace_bind_attention(const TraceBuf& t);
@@ -312,6 +310,9 @@ public:
         cuda::set_pdl_enabled(major >= 9 && !env_off("HY_CUDA_PDL"));
         cuda::set_weights_evict_first(!env_off("HY_CUDA_L2_EVICT_FIRST"));
         skip_ = skip_mask();
+        int clusters = 0;
+        HY_CUDA_CHECK(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device));
+        cuda::set_clusters_supported(clusters != 0);
         cuda::set_gdn_fused_conv(!env_off("HY_CUDA_GDN_FUSED_CONV"));
         if (const char* f = std::getenv("HY_CUDA_TRACE"); f && *f) start_trace(f);
         ops_.reserve(kMaxRecordedOps);

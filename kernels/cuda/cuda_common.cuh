@@ -176,7 +176,7 @@ void set_pdl_enabled(bool on);
 bool pdl_enabled();
 
 // Launches kernel<<<grid, block, smem, stream>>>(args...) in clusters of cluster_x blocks along x (1: no cluster
-// attribute; more needs compute capability 9.0, see cluster_launch_supported()), with the PDL attribute when
+// attribute; more needs compute capability 9.0, see clusters_supported()), with the PDL attribute when
 // enabled; checks the launch.
 template <typename... KArgs, typename... Args>
 void launch_clusters(void (*kernel)(KArgs...), dim3 grid, dim3 block, unsigned cluster_x, size_t smem,
@@ -212,12 +212,15 @@ void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaSt
     launch_clusters(kernel, grid, block, 1, smem, stream, what, std::forward<Args>(args)...);
 }
 
-// Whether the current device can launch thread block clusters (compute capability 9.0+).
-bool cluster_launch_supported();
+// Whether the device can launch thread block clusters (compute capability 9.0+): set once by the backend from
+// the device's attributes.
+void set_clusters_supported(bool on);
+bool clusters_supported();
 
-// Waits until every thread of the calling block's cluster has arrived (barrier.cluster: arrive with release, wait
-// with acquire semantics); every thread of every block of the cluster must call it. A no-op below sm_90, where no
-// kernel is launched in clusters.
+// The cluster barrier (barrier.cluster), in two halves: cluster_arrive() marks the calling thread as arrived
+// (release semantics) and returns; cluster_wait() waits until every thread of every block of the cluster has
+// arrived (acquire semantics). Every thread of the cluster must call both, in that order. No-ops below sm_90, where
+// no kernel is launched in clusters.
 __device__ __forceinline__ void cluster_arrive() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.arrive;" ::: "memory");

@@ -763,7 +763,7 @@ void gated_delta_net(const GatedDeltaNetArgs& a, const RowMap& rows, bf16* mixed
                             g_gdn_skip == 0 && K == kFusedConvTaps &&
                             ratio <= kMaxClusterHeads && 2 * a.k_dim + a.v_dim <= kFusedConvPer * 2 * a.v_dim &&
                             (reinterpret_cast<uintptr_t>(a.conv_w) & 15u) == 0 &&  // (4 taps as one float4)
-                            (ratio == 1 || cluster_launch_supported());
+                            (ratio == 1 || clusters_supported());
     if (!(g_gdn_skip & 1u) && !fused_conv) {
         launch(vec ? conv_kernel<8> : conv_kernel<1>, conv_grid, dim3(kConvThreads), 0, stream,
                "Gated DeltaNet conv kernel", qkv, a.conv_w, conv_state, rows, C, K, one_token_runs, mixed);
