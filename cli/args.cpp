@@ -1,4 +1,6 @@
 // Command-line options of `hybrid` (cxxopts), their validation and the help text with the exit codes.
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cmath>
 #include <cstdio>
@@ -119,6 +121,11 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
             stops.push_back(argv[++i]);
         } else if (a.rfind("--stop=", 0) == 0) {
             stops.push_back(a.substr(7));
+        } else if (a.size() >= 3 && a[0] == '-' && std::isalpha(static_cast<unsigned char>(a[1])) &&
+                   std::all_of(a.begin() + 2, a.end(),
+                               [](char ch) { return ch == '-' || std::isalpha(static_cast<unsigned char>(ch)); })) {
+            // -ngl, -sys, -no-cnv (llama.cpp's spellings): cxxopts would read them as -n "gl", -s "ys", ...
+            usage("unknown option " + a + " (options longer than one letter take two dashes; -h lists them)");
         } else {
             args.push_back(a);
         }

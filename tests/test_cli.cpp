@@ -983,6 +983,20 @@ TEST_CASE("cli tools and REPL commands: id lists, empty goldens, stray arguments
     CHECK(fs::is_regular_file(file));
 }
 
+// llama.cpp's single-dash spellings (-ngl, -sys, -no-cnv) were read by cxxopts as a short option with a value:
+// "invalid value 'gl' for -n". They are unknown options, named as given (from the final fresh-user test).
+TEST_CASE("cli: single-dash words are unknown options, not -n or -s with a value", "[cli]") {
+    if (!have_programs()) return;
+    for (const std::vector<std::string>& extra :
+         std::vector<std::vector<std::string>>{{"-ngl", "99"}, {"-sys", "hi"}, {"-no-cnv"}, {"-fa"}}) {
+        std::vector<std::string> args = {"-m", "models/tiny", "-p", "x", "-n", "1"};
+        args.insert(args.end(), extra.begin(), extra.end());
+        check_one_line_error(hybrid(args), 1, "unknown option " + extra[0] + " (options longer than one letter");
+    }
+    CHECK(hybrid({"-m", "models/tiny", "-n", "1", "-cnv"}, "hi\n").rc == 0);  // llama.cpp's -cnv is taken
+    CHECK(hybrid({"-m", "models/tiny", "-p", "-ngl", "-n", "1"}).rc == 0);    // a value that looks like one is fine
+}
+
 TEST_CASE("cli tools: an option given twice is a usage error (exit 2), not the last value winning", "[cli]") {
     if (!have_programs()) return;
     for (const char* p : {"hybrid-compare", "hybrid-bench", "hybrid-tokenize"})
