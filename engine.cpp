@@ -306,13 +306,34 @@ void check_snapshot_header(const hy_context* c, const uint8_t* data, size_t n) {
     }
 }
 
+// Walks the layout of a snapshot of n bytes (after check_snapshot_header) without using its contents: a file cut
+// short is "truncated" (and not "damaged" by the checksum, which it would also fail); one with bytes after the
+// layout is refused too.
+void check_snapshot_layout(const uint8_t* data, size_t n, uint32_t version) {
+    Reader r{data, n};
+    r.pos = 12;
+    const uint32_t flags = r.get<uint32_t>();
+    r.pos = 24;
+    const uint64_t n_hist = r.get<uint32_t>();
+    r.get<uint32_t>();  // n_pending
+    auto skip = [&](uint64_t bytes) {
+        if (bytes > n - r.pos) throw Error(Status::format, "snapshot is truncated");
+        r.pos += size_t(bytes);
+    };
+    skip(4 * n_hist);
+    if (flags & 1u) skip(4 * uint64_t(r.get<uint32_t>()));
+    skip(r.get<uint64_t>());
+    if (version >= 2) skip(8);  // the checksum
+    if (r.pos != n) throw Error(Status::format, "snapshot: state block size does not match the file size");
+}
+
 void deserialize(hy_context* c, const uint8_t* data, size_t n) {
     check_snapshot_header(c, data, n);
     uint32_t version = 0;
     std::memcpy(&version, data + 8, 4);
+    check_snapshot_layout(data, n, version);
     if (version >= 2) {  // the checksum trailer: a damaged snapshot is refused before anything is read from it
         uint64_t stored = 0;
-        if (n < 32) throw Error(Status::format, "snapshot is truncated");
         std::memcpy(&stored, data + n - 8, 8);
         n -= 8;
         if (snapshot_checksum(data, n) != stored)

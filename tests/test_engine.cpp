@@ -238,6 +238,11 @@ TEST_CASE("engine: snapshots restore the sequence exactly", "[engine]") {
         CHECK(std::string(hy_last_error()).find("damaged") != std::string::npos);
         CHECK(hy_context_n_tokens(t.c) == 0);
     }
+    for (size_t keep : {size_t(1000), snap.size() - 100, snap.size() - 1}) {  // cut short: "truncated", not "damaged"
+        INFO("first " << keep << " of " << snap.size() << " bytes");
+        CHECK(hy_state_load(t.c, snap.data(), keep) == HY_ERR_FORMAT);
+        CHECK(std::string(hy_last_error()).find("truncated") != std::string::npos);
+    }
     REQUIRE(hy_state_load(t.c, snap.data(), snap.size()) == HY_OK);  // the intact one still loads
     {  // a version 1 snapshot (the same layout without the checksum) is still read
         std::vector<uint8_t> v1(snap.begin(), snap.end() - 8);
