@@ -14,6 +14,10 @@
 #include "kernels/backend.h"
 #include "model/model.h"
 
+#if defined(HY_HAVE_CUDA)
+#include <cuda_runtime.h>
+#endif
+
 using namespace hy;
 
 namespace {
@@ -726,6 +730,94 @@ TEST_CASE("CUDA Gated DeltaNet decode with the conv inside equals the separate c
                    << with.size() << " outputs and state values differ, " << nan << " NaN");
         CHECK(diff == 0);
         CHECK(nan == 0);
+    }
+}
+
+// With HY_CUDA_STAGED_GEMV=1, the matmul right after a mixer in a decode step of one row becomes the staged GEMV
+// in a graph (compute capability 9.0 with PDL): bitwise the plain GEMV's result (eager execution), and near x W^T
+// computed here in double. A third backend leaves the staged ops out (HY_CUDA_SKIP_OPS): its outputs stay
+// poisoned, which shows that the graph did use the staged GEMV (on older GPUs no step stages, and that check is
+// skipped).
+TEST_CASE("CUDA staged GEMV after the Gated DeltaNet (opt-in) equals the plain GEMV bitwise", "[gpu]") {
+    HY_REQUIRE_GPU();
+    struct Shape {
+        int Hk, Hv, D, N;  // K = Hv D (gemv_config: split 2, 2, 4, 8)
+    };
+    for (Shape sh : {Shape{2, 4, 64, 77}, Shape{4, 8, 128, 1000}, Shape{16, 32, 128, 2560}, Shape{36, 72, 128, 300}}) {
+        const int Kc = 4, C = 2 * sh.Hk * sh.D + sh.Hv * sh.D, K = sh.Hv * sh.D, N = sh.N;
+        const size_t conv_n = size_t(Kc - 1) * C, ssm_n = size_t(sh.Hv) * sh.D * sh.D;
+        const int n_steps = 5;  // a 6-token prefill, then 4 one-token steps (the graph side captures, then replays)
+        std::vector<std::vector<float>> qkv, z, bb, aa;
+        for (int s = 0; s < n_steps; s++) {
+            const size_t T = s == 0 ? 6 : 1;
+            qkv.push_back(randn(T * C));
+            z.push_back(randn(T * K));
+            bb.push_back(randn(T * sh.Hv));
+            aa.push_back(randn(T * sh.Hv));
+        }
+        const auto conv_w = randn(size_t(C) * Kc, 0.5f), norm_w = randn(size_t(sh.D), 0.2f, 1.0f),
+                   dt_bias = randn(size_t(sh.Hv), 0.5f), A_log = randn(size_t(sh.Hv), 0.3f, 1.0f),
+                   w = randn(size_t(N) * K, 0.05f);
+        struct Run {
+            std::vector<std::vector<float>> x, y;  // per step: the mixer's output, the matmul's
+        };
+        auto run = [&](bool graphs, const char* skip) {
+            setenv("HY_CUDA_GRAPHS", graphs ? "1" : "0", 1);
+            setenv("HY_CUDA_STAGED_GEMV", "1", 1);
+            if (skip) setenv("HY_CUDA_SKIP_OPS", skip, 1);
+            Side g(make_cuda_backend(0), limits(8, 1, 64), sh.Hv, sh.D, size_t(160) << 20);
+            unsetenv("HY_CUDA_GRAPHS");
+            unsetenv("HY_CUDA_STAGED_GEMV");
+            unsetenv("HY_CUDA_SKIP_OPS");
+            GatedDeltaNetArgs a;
+            a.n_k_heads = sh.Hk; a.n_v_heads = sh.Hv; a.k_dim = sh.D; a.v_dim = sh.D; a.conv_kernel = Kc; a.eps = 1e-6f;
+            a.conv_w = g.f32(conv_w); a.A_log = g.f32(A_log); a.dt_bias = g.f32(dt_bias); a.norm_w = g.f32(norm_w);
+            a.conv_state = g.take(conv_n * 2);
+            a.ssm_state = static_cast<float*>(g.take(ssm_n * 4));
+            g.be->fill_zero(a.conv_state, conv_n * 2);
+            g.be->fill_zero(a.ssm_state, ssm_n * 4);
+            const Matrix wm = g.matrix(w, N, K);
+            Run r;
+            for (int s = 0, pos = 0; s < n_steps; s++) {
+                const int T = s == 0 ? 6 : 1;
+                Batch b({{0, pos, T}}, 16);
+                pos += T;
+                g.be->begin_batch(b.desc);
+                a.qkv = g.act(qkv[s]); a.z = g.act(z[s]); a.b = g.act(bb[s]); a.a = g.act(aa[s]);
+                a.out = g.poisoned(size_t(T) * K);
+                void* y = g.poisoned(size_t(T) * N);
+                g.be->gated_delta_net(a);
+                g.be->matmul(a.out, T, wm, y);
+                r.x.push_back(g.read_act(a.out, size_t(T) * K));
+                r.y.push_back(g.read_act(y, size_t(T) * N));
+            }
+            return r;
+        };
+        const Run eager = run(false, nullptr), graph = run(true, nullptr), skip = run(true, "gemv_staged");
+        // whether any decode step of the skip side left y poisoned (the staged op was recorded)
+        bool staged = false;
+        for (int s = 1; s < n_steps; s++) {
+            INFO("Hv " << sh.Hv << " D " << sh.D << " N " << N << " step " << s);
+            CHECK(graph.x[s] == eager.x[s]);
+            CHECK(graph.y[s] == eager.y[s]);
+            std::vector<float> ref(static_cast<size_t>(N));
+            for (int n = 0; n < N; n++) {
+                double acc = 0.0;
+                for (int k = 0; k < K; k++) acc += double(eager.x[s][size_t(k)]) * double(w[size_t(n) * K + k]);
+                ref[size_t(n)] = float(acc);
+            }
+            CHECK(rel_err(graph.y[s], ref) <= kTol);
+            size_t nan = 0;
+            for (float v : skip.y[s]) nan += std::isnan(v) ? 1 : 0;
+            CHECK((nan == 0 || nan == size_t(N)));
+            staged = staged || nan == size_t(N);
+        }
+        int major = 0;
+#if defined(HY_HAVE_CUDA)
+        REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);
+#endif
+        INFO("Hv " << sh.Hv << " D " << sh.D << " N " << N << ": staged " << staged);
+        if (major >= 9) CHECK(staged);
     }
 }
 

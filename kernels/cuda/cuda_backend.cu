@@ -10,7 +10,9 @@
 // comparisons and debugging. Kernels use programmatic dependent launch (cuda_common.cuh) on compute capability
 // 9.0+; HY_CUDA_PDL=0 turns that off. HY_CUDA_GDN_FUSED_CONV=0 keeps the Gated DeltaNet conv of decode steps in
 // its own kernel (gated_delta_net.cuh). HY_CUDA_L2_EVICT_FIRST=0 makes the decode GEMVs load weights with the
-// normal L2 policy instead of evict-first (matmul.cuh). HY_CUDA_SKIP_OPS (timing studies only: the model's output
+// normal L2 policy instead of evict-first (matmul.cuh). HY_CUDA_STAGED_GEMV=1 (experimental, not yet measured)
+// turns the matmul after a mixer into the staged GEMV (matmul.cuh); HY_CUDA_SMEM_CARVEOUT=P (experimental) asks for
+// P% shared memory in every kernel (cuda_common.cuh). HY_CUDA_SKIP_OPS (timing studies only: the model's output
 // becomes meaningless) names op kinds that recorded steps leave out, e.g. "add_rms_norm,gated_delta_net", or one of
 // the Gated DeltaNet's kernels (gdn_conv, gdn_recurrence; any step); see skip_mask(). HY_CUDA_TRACE=FILE (timing
 // studies) writes every kernel's start and ready times to FILE when the backend is destroyed (start_trace()).
@@ -18,8 +20,10 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <mutex>
 #include <string>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include "kernels/cuda/argmax.cuh"
@@ -49,6 +53,19 @@ bool g_clusters = false;
 }
 void set_clusters_supported(bool on) { g_clusters = on; }
 bool clusters_supported() { return g_clusters; }
+namespace {
+int g_carveout = -1;
+}
+void set_smem_carveout(int percent) { g_carveout = percent; }
+void apply_smem_carveout(const void* kernel) {
+    if (g_carveout < 0) return;
+    static std::mutex mu;
+    static std::unordered_set<const void*> done;
+    std::lock_guard<std::mutex> lock(mu);
+    if (done.insert(kernel).second)
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, g_carveout),
+              "cudaFuncSetAttribute(carveout)");
+}
 
 void trace_bind_argmax(const TraceBuf& t);
 void trace_bind_attention(const TraceBuf& t);
@@ -110,7 +127,7 @@ void check_device(int device) {
 struct Op {
     enum class Kind : uint8_t {
         copy_h2d, embed, rms_norm, matmul, logits, add, silu_mul, attention, gated_delta_net, gather_rows, argmax,
-        gemv_group, gate_up, add_rms_norm,  // made by fuse()
+        gemv_group, gate_up, add_rms_norm, gemv_staged,  // made by fuse()
     };
     Kind kind = Kind::copy_h2d;
     const void* x = nullptr;   // main input (copy source, table, norm/matmul input, add addend, silu gate)
@@ -180,6 +197,7 @@ const char* kind_name(Op::Kind k) {
         case K::gemv_group: return "gemv_group";
         case K::gate_up: return "gate_up";
         case K::add_rms_norm: return "add_rms_norm";
+        case K::gemv_staged: return "gemv_staged";
     }
     return "?";
 }
@@ -206,7 +224,7 @@ uint32_t skip_mask() {
             cuda::set_gdn_skip(cuda::gdn_skip() | (name == "gdn_conv" ? 1u : 2u));
             found = true;
         }
-        for (int k = 0; k <= int(Op::Kind::add_rms_norm); k++)
+        for (int k = 0; k <= int(Op::Kind::gemv_staged); k++)
             if (name == kind_name(Op::Kind(k))) {
                 mask |= 1u << k;
                 found = true;
@@ -241,6 +259,7 @@ bool groupable(const Op& op) {
 // Peephole fusion over a recorded step:
 //   matmul(x, Wg -> g), matmul(x, Wu -> u), silu_mul(g, u -> a)   ->  gate_up
 //   add(x += d), rms_norm(x -> y)                                  ->  add_rms_norm
+//   attention or gated_delta_net, then matmul (GEMV-sized)         ->  the same, then gemv_staged
 //   2 to 4 matmuls of the same x (GEMV-sized)                      ->  gemv_group
 //   (with 3 to 8 rows: 3 or 4 of them, as the attention q/k/v and Gated DeltaNet input projections: one tensor-core
 //   GEMV launch instead of 3-4 cuBLASLt calls, two of them tiny; single matmuls stay with cuBLASLt, which is faster
@@ -273,6 +292,15 @@ void fuse(const std::vector<Op>& in, std::vector<Op>& out) {
                 i += 2;
                 continue;
             }
+        }
+        if (!out.empty() && (out.back().kind == Op::Kind::attention || out.back().kind == Op::Kind::gated_delta_net) &&
+            gemv_ok(a) && cuda::gemv_staged_fits(static_cast<const bf16*>(a.x), a.n, static_cast<const bf16*>(a.m.data),
+                                                 a.m.rows, a.m.cols)) {
+            Op f = a;
+            f.kind = Op::Kind::gemv_staged;
+            out.push_back(f);
+            i++;
+            continue;
         }
         if (groupable(a)) {
             size_t j = i + 1;
@@ -314,6 +342,16 @@ public:
         HY_CUDA_CHECK(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device));
         cuda::set_clusters_supported(clusters != 0);
         cuda::set_gdn_fused_conv(!env_off("HY_CUDA_GDN_FUSED_CONV"));
+        // The staged GEMV after a mixer (matmul.cu) overlaps its weight copies with the mixer through PDL (and uses
+        // TMA), so it needs compute capability 9.0 with PDL on. Not yet measured on a GPU: opt-in
+        // (HY_CUDA_STAGED_GEMV=1) until it is.
+        int sms = 0, smem_optin = 0;
+        HY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+        HY_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+        const char* staged_env = std::getenv("HY_CUDA_STAGED_GEMV");
+        const bool staged = cuda::pdl_enabled() && staged_env && std::strcmp(staged_env, "1") == 0;
+        cuda::set_staged_gemv(staged ? sms : 0, size_t(smem_optin));
+        if (const char* c = std::getenv("HY_CUDA_SMEM_CARVEOUT"); c && *c) cuda::set_smem_carveout(std::atoi(c));
         if (const char* f = std::getenv("HY_CUDA_TRACE"); f && *f) start_trace(f);
         ops_.reserve(kMaxRecordedOps);
         fused_.reserve(kMaxRecordedOps);
@@ -688,6 +726,10 @@ private:
                 cuda::gemv_gate_up(static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data),
                                    static_cast<const bf16*>(op.m2.data), op.m.rows, op.m.cols, static_cast<bf16*>(op.y),
                                    static_cast<bf16*>(op.y2), static_cast<bf16*>(op.y3), stream_);
+                return;
+            case K::gemv_staged:
+                cuda::gemv_staged(static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data), op.m.rows,
+                                  op.m.cols, static_cast<bf16*>(op.y), stream_);
                 return;
             case K::add_rms_norm:
                 cuda::add_rms_norm(static_cast<bf16*>(op.y), static_cast<const bf16*>(op.x2), op.w, op.n, int(op.dim),

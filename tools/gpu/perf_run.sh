@@ -8,7 +8,7 @@
 #   4. Hugging Face transformers on the same folder (tools/gpu/hf_decode_baseline.py)
 #   5. ncu per-kernel times of one decode step
 #   6. optional stages: trace (per-kernel critical-path costs of a b=1 step, HY_CUDA_TRACE), ab (alternating
-#      decode b=1 pairs, AB="ENV=VALUE ..."), sweep (decode b=1 under each of SWEEP="A=1,B=2 A=3 -"), ablate (decode b=1 without some op kinds, HY_CUDA_SKIP_OPS),
+#      decode b=1 pairs, AB="ENV=VALUE ..."; TRACE_ENV="ENV=VALUE ..." for the trace), sweep (decode b=1 under each of SWEEP="A=1,B=2 A=3 -"), ablate (decode b=1 without some op kinds, HY_CUDA_SKIP_OPS),
 #      sanitize (compute-sanitizer memcheck/racecheck), ncu64, ncu8 (b=64 / b=8 profiles), cli
 # STAGES (default "all") limits the run: e.g. STAGES="tests bench" . Logs: $OUT/all.log, $OUT/summary.txt.
 # Usage (device tool): bash tools/gpu/perf_run.sh   with carry [".carry", "gpu-bin"]; gpu-bin/bins.txz holds
@@ -101,8 +101,9 @@ if want sweep; then  # decode b=1 under each setting of SWEEP (space-separated; 
         done
     done
 fi
-if want trace; then  # each kernel's cost on the critical path of the pipelined b=1 decode step (HY_CUDA_TRACE)
-    step trace_b1 90 env HY_CUDA_TRACE=/tmp/trace_b1.txt $BIN/hybrid-bench -m $M --device cuda -p 512 -n 64 -r 1
+if want trace; then  # each kernel's cost on the critical path of the pipelined b=1 decode step (HY_CUDA_TRACE),
+    # under the space-separated ENV=VALUE settings of TRACE_ENV (default none)
+    step trace_b1 90 env ${TRACE_ENV:-} HY_CUDA_TRACE=/tmp/trace_b1.txt $BIN/hybrid-bench -m $M --device cuda -p 512 -n 64 -r 1
     python3 tools/gpu/trace_summary.py /tmp/trace_b1.txt --steps 48 >"$OUT/trace_b1.txt" 2>&1
     head -24 "$OUT/trace_b1.txt" >>"$SUM"
 fi
