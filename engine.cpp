@@ -1103,6 +1103,7 @@ int hy_generate(hy_context* c, hy_sampler* s, const int32_t* prompt, int n_promp
                 reason = HY_STOP_CONTEXT_FULL;
                 break;
             }
+            res.n_decoded++;
             if (pick_on_backend) {  // runs the pending id
                 pick = feed_pick(c);
                 logits_on_backend = true;

@@ -331,6 +331,8 @@ typedef struct hy_generate_result {
     int n_generated;     /* ids sampled and given to the callback (EOS / stop-completing id not counted) */
     double prompt_ms;    /* wall time of the prefill, milliseconds */
     double generate_ms;  /* wall time of the sampling/decode loop, milliseconds */
+    int n_decoded;       /* decode steps in that loop (generated ids fed back; the first id comes from the prompt's
+                            logits): the decode rate is n_decoded / generate_ms, as llama.cpp counts "runs" */
 } hy_generate_result;
 
 /* Prefills `prompt` (n_prompt ids, may be 0 to continue from the current logits), then samples and decodes until

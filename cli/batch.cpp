@@ -42,21 +42,29 @@ int run_batch(const Options& o, hy_model* m, double load_ms) {
         ~Free() { hy_batch_free(b); }
     } guard{b};
 
-    // Tokenize every prompt first: a prompt that cannot run stops the program before any work.
+    // Tokenize every prompt first: a malformed one stops the program before any work. A prompt longer than the
+    // context fails alone (as a request does in vLLM): its line carries "error" instead of a result, the others
+    // run, and the exit code is then exit_context.
     std::vector<std::vector<int32_t>> prompts;
+    std::vector<std::string> errors(o.batch_prompts.size());
+    int n_failed = 0;
     for (size_t i = 0; i < o.batch_prompts.size(); i++) {
         const std::string& line = o.batch_prompts[i];
         std::vector<int32_t> ids = tokenize(m, o.chat ? chat_first_turn(m, o, line, prompt_name(o, i)) : line);
         if (ids.empty()) throw Failure(exit_usage, prompt_name(o, i) + " is empty (no tokens)");
-        if (int(ids.size()) >= o.n_ctx)
-            throw Failure(exit_context, prompt_name(o, i) + " has " + count_of(ids.size(), "token") +
-                                            " but the context holds " + std::to_string(o.n_ctx) + " (-c)");
+        if (int(ids.size()) >= o.n_ctx) {
+            errors[i] = "the prompt has " + count_of(ids.size(), "token") + " but the context holds " +
+                        std::to_string(o.n_ctx) + " (-c)";
+            std::fprintf(stderr, "hybrid: error: %s: %s\n", prompt_name(o, i).c_str(), errors[i].c_str());
+            n_failed++;
+        }
         prompts.push_back(std::move(ids));
     }
-    std::vector<int> ids(prompts.size());
+    std::vector<int> ids(prompts.size(), -1);
     int n_prompt_tokens = 0;
     const std::vector<int32_t> chat_stops = o.chat ? chat_stop_ids(m) : std::vector<int32_t>{};
     for (size_t i = 0; i < prompts.size(); i++) {
+        if (!errors[i].empty()) continue;
         hy_request_params rp = hy_request_default_params();
         rp.stop_ids = chat_stops.data();
         rp.n_stop_ids = int(chat_stops.size());
@@ -73,16 +81,27 @@ int run_batch(const Options& o, hy_model* m, double load_ms) {
     install_sigint_handler();
     const auto t0 = std::chrono::steady_clock::now();
     size_t next_out = 0;
-    int n_generated = 0, running = 1, steps = 0;
+    int n_generated = 0, running = n_failed < int(prompts.size()) ? 1 : 0, steps = 0;
     while (next_out < prompts.size()) {
         if (g_interrupted.load()) {
-            for (int id : ids) hy_batch_cancel(b, id);
+            for (int id : ids)
+                if (id >= 0) hy_batch_cancel(b, id);
         }
         if (running > 0) {
             if (hy_batch_step(b, &running) != HY_OK) engine_fail(exit_runtime, "generation failed");
             steps++;
         }
         for (; next_out < prompts.size(); next_out++) {
+            if (!errors[next_out].empty()) {
+                nlohmann::ordered_json j = {{"index", next_out},
+                                            {"prompt", o.batch_prompts[next_out]},
+                                            {"n_prompt", prompts[next_out].size()},
+                                            {"error", errors[next_out]}};
+                const std::string line =
+                    j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
+                if (!write_stdout(line.data(), line.size())) check_stdout();
+                continue;
+            }
             const int32_t* toks = nullptr;
             const float* lps = nullptr;
             int n = 0, reason = 0, done = 0;
@@ -107,9 +126,12 @@ int run_batch(const Options& o, hy_model* m, double load_ms) {
     if (show_summary) {
         std::fprintf(stderr, "hybrid: load       %10.1f ms\n", load_ms);
         std::fprintf(stderr, "hybrid: batch      %10.1f ms  %zu prompts (%d tokens), %d generated in %d steps, %.1f tok/s\n",
-                     ms, prompts.size(), n_prompt_tokens, n_generated, steps, ms > 0 ? 1000.0 * n_generated / ms : 0.0);
+                     ms, prompts.size() - size_t(n_failed), n_prompt_tokens, n_generated, steps,
+                     ms > 0 ? 1000.0 * n_generated / ms : 0.0);
+        if (n_failed > 0) std::fprintf(stderr, "hybrid: %s failed (see \"error\")\n", count_of(size_t(n_failed), "prompt").c_str());
     }
-    return g_interrupted.load() ? exit_interrupted : exit_ok;
+    if (g_interrupted.load()) return exit_interrupted;
+    return n_failed > 0 ? exit_context : exit_ok;
 }
 
 }  // namespace hy::cli

@@ -113,7 +113,8 @@ int thinking_mode(const Options& o);
 std::string chat_render(hy_model* m, const std::vector<hy_chat_message>& msgs, bool add_generation_prompt,
                         int thinking, bool continuation);
 
-// Tokenizes text (special tokens parsed). Throws Failure(exit_runtime) on error.
+// Tokenizes text (special tokens parsed); warns on stderr when the text is not valid UTF-8 (each invalid sequence
+// becomes U+FFFD). Throws Failure(exit_runtime) on error.
 std::vector<int32_t> tokenize(hy_model* m, const std::string& text);
 // The ids that end a chat answer besides the model's end-of-sequence ids: the template's end-of-turn token and,
 // when the vocabulary has them as single special tokens, <|endoftext|> (a new document) and <|im_start|> (a new

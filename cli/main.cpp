@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "model/tokenizer.h"
 
 namespace hy::cli {
 
@@ -165,6 +166,8 @@ std::string chat_render(hy_model* m, const std::vector<hy_chat_message>& msgs, b
 }
 
 std::vector<int32_t> tokenize(hy_model* m, const std::string& text) {
+    if (!hy::utf8_is_valid(text))  // the tokenizer reads each invalid sequence as U+FFFD, as Hugging Face does
+        std::fprintf(stderr, "hybrid: warning: the input is not valid UTF-8; its invalid bytes are read as U+FFFD\n");
     int n = 0;
     hy_tokenize(m, text.data(), ptrdiff_t(text.size()), 1, nullptr, 0, &n);
     std::vector<int32_t> ids(static_cast<size_t>(n));
@@ -178,8 +181,13 @@ void print_summary(double load_ms, const hy_generate_result& r, bool interrupted
     if (load_ms >= 0.0) std::fprintf(stderr, "hybrid: load       %10.1f ms\n", load_ms);
     std::fprintf(stderr, "hybrid: prompt     %10.1f ms  %6d tokens  %9.1f tok/s\n", r.prompt_ms, r.n_prompt,
                  rate(r.n_prompt, r.prompt_ms));
-    std::fprintf(stderr, "hybrid: generation %10.1f ms  %6d tokens  %9.1f tok/s\n", r.generate_ms, r.n_generated,
-                 rate(r.n_generated, r.generate_ms));
+    // the rate counts decode steps: the first generated id comes from the prompt's logits (llama.cpp's "runs")
+    if (r.n_decoded > 0)
+        std::fprintf(stderr, "hybrid: generation %10.1f ms  %6d tokens  %9.1f tok/s\n", r.generate_ms, r.n_generated,
+                     rate(r.n_decoded, r.generate_ms));
+    else
+        std::fprintf(stderr, "hybrid: generation %10.1f ms  %6d tokens          - tok/s\n", r.generate_ms,
+                     r.n_generated);
     const bool ctrl_c = r.stop_reason == HY_STOP_CALLBACK && (interrupted || g_interrupted.load());
     std::fprintf(stderr, "hybrid: stop: %s\n", ctrl_c ? "interrupted (Ctrl-C)" : hy_stop_reason_name(r.stop_reason));
 }

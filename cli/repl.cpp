@@ -189,6 +189,7 @@ struct Repl {
         total.n_generated += res.n_generated;
         total.prompt_ms += res.prompt_ms;
         total.generate_ms += res.generate_ms;
+        total.n_decoded += res.n_decoded;
         total.stop_reason = res.stop_reason;
         last_interrupted = g_interrupted.exchange(false);  // Ctrl-C stopped this answer
         if (o.verbose) print_summary(-1.0, res, last_interrupted);
@@ -232,7 +233,7 @@ struct Repl {
         data += header;
         data.append(snap.data(), snap.size());
         write_file_atomic(path, data, overwrite, "exists (use /save! FILE to overwrite)");
-        if (confirm) std::fprintf(stderr, "saved %d tokens to %s\n", hy_context_n_tokens(c), path.c_str());
+        if (confirm) std::fprintf(stderr, "hybrid: saved %d tokens to %s\n", hy_context_n_tokens(c), path.c_str());
     }
 
     void load(const std::string& path) {
@@ -293,8 +294,12 @@ struct Repl {
         // the penalties look at the whole conversation: the history is the restored sequence, as it was when saved
         refill_penalty_history();
         if (confirm)
-            std::fprintf(stderr, "loaded %s, %s from %s\n", count_of(messages.size(), "message").c_str(),
+            std::fprintf(stderr, "hybrid: loaded %s, %s from %s\n", count_of(messages.size(), "message").c_str(),
                          count_of(size_t(hy_context_n_tokens(c)), "token").c_str(), path.c_str());
+        // the new turns follow this session's --no-think, which may differ from the saved turns'
+        if (j.contains("no_think") && j["no_think"].is_boolean() && j["no_think"].get<bool>() != o.no_think)
+            std::fprintf(stderr, "hybrid: warning: %s was saved %s --no-think; new turns follow this session (%s it)\n",
+                         path.c_str(), o.no_think ? "without" : "with", o.no_think ? "with" : "without");
     }
 
     // Returns false to leave the REPL.
@@ -313,7 +318,7 @@ struct Repl {
             if (hy_context_reset(c) != HY_OK) engine_fail(exit_runtime, "reset");
             hy_sampler_clear_history(s);  // (not reseeded: asking again gives another answer)
             messages.clear();
-            if (confirm) std::fprintf(stderr, "conversation cleared\n");
+            if (confirm) std::fprintf(stderr, "hybrid: conversation cleared\n");
         } else if (cmd == "/save" || cmd == "/save!") {
             save(arg, cmd == "/save!");
         } else if (cmd == "/load") {

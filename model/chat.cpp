@@ -13,7 +13,19 @@ ChatTemplate ChatTemplate::for_tokenizer(const Tokenizer& tokenizer) {
         throw Error(Status::unsupported,
                     "unsupported chat template: the tokenizer has no <|im_start|>/<|im_end|> tokens (only ChatML is "
                     "supported)");
-    t.think_ = tokenizer.token_id("<think>") >= 0 && tokenizer.token_id("</think>") >= 0;
+    // A marker that is only a vocabulary entry is not matched as one token in text: a rendered chat would be
+    // encoded as plain text.
+    auto added = [&](const std::string& content) {
+        for (const AddedToken& a : tokenizer.added_tokens())
+            if (a.content == content) return true;
+        return false;
+    };
+    if (!added(t.start_) || !added(t.end_))
+        throw Error(Status::unsupported,
+                    "unsupported chat template: <|im_start|>/<|im_end|> are not in tokenizer.json's added_tokens, so "
+                    "a chat prompt would be encoded as plain text");
+    t.think_ = tokenizer.token_id("<think>") >= 0 && tokenizer.token_id("</think>") >= 0 && added("<think>") &&
+               added("</think>");
     return t;
 }
 

@@ -179,7 +179,7 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
     if (r.has("hidden_act") && tj->at("hidden_act") != "silu")
         throw Error(Status::unsupported, source + ": hidden_act " + tj->at("hidden_act").dump() + " (supported: silu)");
 
-    c.max_position_embeddings = r.get_int_or("max_position_embeddings", 0, 0);
+    c.max_position_embeddings = r.get_int_or("max_position_embeddings", 0, 1);  // 0: not given
 
     // eos ids: text_config, then top level.
     if (r.has("eos_token_id"))

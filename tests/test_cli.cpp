@@ -141,6 +141,11 @@ TEST_CASE("cli: --prompt-ids prints the golden ids; --verbose prints the summary
         CHECK(r.err.find("stop: max tokens") != std::string::npos);
         CHECK(r.err.find("load") != std::string::npos);
     }
+    // one token: no decode step ran, so there is no generation rate (not a rate of one token in no time)
+    const Run one = hybrid({"-m", "models/tiny", "--prompt-ids", "1,2,3", "-n", "1", "--temp", "0", "--verbose"});
+    INFO(one.err);
+    CHECK(one.rc == 0);
+    CHECK(one.err.find("1 tokens          - tok/s") != std::string::npos);
 }
 
 TEST_CASE("cli: sampling with a seed is reproducible; stop strings are not printed", "[cli]") {
@@ -240,6 +245,9 @@ TEST_CASE("cli: odd input does not crash", "[cli]") {
     INFO(r.err);
     CHECK(r.rc == 0);
     CHECK(r.err.find("stop: context full") != std::string::npos);
+    CHECK(r.err.find("warning: the input is not valid UTF-8") != std::string::npos);
+    const Run ok = hybrid({"-m", "models/tiny", "-p", "caf\xc3\xa9", "-n", "1"});
+    CHECK(ok.err.find("UTF-8") == std::string::npos);
     // end of input right away in the REPL; empty lines are skipped
     CHECK(hybrid({"-m", "models/tiny", "-i"}, "").rc == 0);
     CHECK(hybrid({"-m", "models/tiny", "-i"}, "\n   \n/exit\n").rc == 0);
@@ -422,6 +430,11 @@ TEST_CASE("cli: /save then /load continues identically; another model's snapshot
     CHECK(b.rc == 0);
     CHECK(b.out == tail);
     CHECK(b.err.find("loaded") == std::string::npos);  // a piped REPL is quiet ...
+    CHECK(b.err.find("warning") == std::string::npos);
+    // ... but says when the file's --no-think differs from this session's (new turns follow the session)
+    const Run think = hybrid({"-m", "models/tiny", "-i", "--temp", "0", "-n", "4"}, "/load " + file + "\n");
+    CHECK(think.rc == 0);
+    CHECK(think.err.find("was saved with --no-think; new turns follow this session (without it)") != std::string::npos);
     // with penalties, which look at the whole conversation, /load restores their history too (from the fresh-user
     // test: the third answer differed after /save + /load)
     for (const std::vector<std::string>& pen : std::vector<std::vector<std::string>>{
@@ -539,6 +552,24 @@ TEST_CASE("cli: --batch-file writes one JSON line per prompt, each equal to its 
     REQUIRE(e.rc == 1);
     REQUIRE(e.err.find("holds no prompt") != std::string::npos);
     REQUIRE(hybrid({"-m", "models/tiny", "--batch-file", file, "-np", "0"}).rc == 1);
+    // A prompt longer than the context fails alone: its line has "error", the others run as before; exit 3.
+    const std::string mixed = (dir.path / "mixed.txt").string();
+    std::string long_line;
+    for (int i = 0; i < 40; i++) long_line += "x = x + 1; ";
+    std::ofstream(mixed) << "class Foo:\n" << long_line << "\nimport os\n";
+    const Run m = hybrid({"-m", "models/tiny", "--batch-file", mixed, "-n", "12", "--temp", "0", "-c", "64"});
+    INFO(m.err);
+    CHECK(m.rc == 3);
+    CHECK(m.err.find("hybrid: error: batch prompt 1 (line 2): the prompt has ") != std::string::npos);
+    std::istringstream mlines(m.out);
+    std::vector<nlohmann::json> mobjs;
+    while (std::getline(mlines, line)) mobjs.push_back(nlohmann::json::parse(line));
+    REQUIRE(mobjs.size() == 3);
+    CHECK(mobjs[0]["text"] == objs[1]["text"]);
+    CHECK(mobjs[1]["index"] == 1);
+    CHECK(mobjs[1]["error"].get<std::string>().find("but the context holds 64 (-c)") != std::string::npos);
+    CHECK(!mobjs[1].contains("text"));
+    CHECK(mobjs[2]["text"] == objs[2]["text"]);
 }
 
 namespace {

@@ -109,6 +109,7 @@ TEST_CASE("engine: tokenize, generate the golden greedy ids and text", "[engine]
     CHECK(r.stop_reason == HY_STOP_MAX_TOKENS);
     CHECK(r.n_prompt == 4);
     CHECK(r.n_generated == 48);
+    CHECK(r.n_decoded == 47);  // the first id comes from the prompt's logits, the last is not fed
     CHECK(out.ids == g["greedy_fp32_cpu"].get<std::vector<int32_t>>());
     CHECK(out.text == g["greedy_fp32_text"].get<std::string>());
     CHECK(hy_context_n_tokens(t.c) == 4 + 48);
@@ -161,6 +162,7 @@ TEST_CASE("engine: stop strings, callback stop, context full", "[engine]") {
         const hy_generate_result r = t.generate(prompt, 48, out);
         CHECK(r.stop_reason == HY_STOP_CALLBACK);
         CHECK(r.n_generated == 5);
+        CHECK(r.n_decoded == 4);
         CHECK(hy_context_n_tokens(t.c) == 4 + 5);
         // the kept ids continue exactly: the next call feeds the pending id first
         Collect more;
@@ -176,6 +178,7 @@ TEST_CASE("engine: stop strings, callback stop, context full", "[engine]") {
         const hy_generate_result r = t.generate(prompt, -1, out);
         CHECK(r.stop_reason == HY_STOP_CONTEXT_FULL);
         CHECK(r.n_generated == 16 - 4 + 1);  // the last sampled id cannot be fed
+        CHECK(r.n_decoded == 16 - 4);
         std::vector<int32_t> long_prompt(17, 300);
         hy_generate_params gp = hy_generate_default_params();
         CHECK(hy_generate(t.c, t.s, long_prompt.data(), 17, &gp, nullptr) == HY_ERR_CONTEXT_FULL);
@@ -451,6 +454,7 @@ TEST_CASE("engine: should_abort stops the prefill and resets the sequence", "[en
     REQUIRE(hy_generate(t.c, t.s, prompt.data(), int(prompt.size()), &gp, &r) == HY_OK);
     CHECK(r.stop_reason == HY_STOP_CALLBACK);
     CHECK(r.n_generated == 0);
+    CHECK(r.n_decoded == 0);
     CHECK(poll.calls == 1);
     CHECK(hy_context_n_tokens(t.c) == 0);
     // never aborting: the same prompt runs to the end

@@ -204,6 +204,13 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
         write_model_dir(d.path, tensors, j.dump());
         require_error([&] { Model::load(d.path, p); }, Status::format, "num_hidden_layers");
     }
+    SECTION("config with max_position_embeddings 0 (absent is allowed: the context length is then unchecked)") {
+        TempDir d;
+        nlohmann::json j = nlohmann::json::parse(config);
+        j["max_position_embeddings"] = 0;
+        write_model_dir(d.path, tensors, j.dump());
+        require_error([&] { Model::load(d.path, p); }, Status::format, "'max_position_embeddings' has invalid value 0");
+    }
     SECTION("invalid JSON config") {
         TempDir d;
         write_model_dir(d.path, tensors, "{ not json");

@@ -538,6 +538,17 @@ TEST_CASE("a tokenizer without <|im_start|> has an unsupported chat template", "
     CHECK(error_of([&] { hy::ChatTemplate::for_tokenizer(tok); }, &msg) == Status::unsupported);
     CHECK(msg.find("unsupported chat template") != std::string::npos);
 
+    // <|im_end|> still in the vocab but gone from added_tokens: it would not be matched as one token in a prompt.
+    json m = tiny_json();
+    json kept = json::array();
+    for (const json& a : m["added_tokens"])
+        if (a["content"] != "<|im_end|>") kept.push_back(a);
+    m["added_tokens"] = kept;
+    Tokenizer no_added = from_json(m);
+    CHECK(no_added.token_id("<|im_end|>") >= 0);
+    CHECK(error_of([&] { hy::ChatTemplate::for_tokenizer(no_added); }, &msg) == Status::unsupported);
+    CHECK(msg.find("not in tokenizer.json's added_tokens") != std::string::npos);
+
     // Without <think>/</think>: plain ChatML, no think prefix.
     json k = tiny_json();
     for (const char* t : {"<think>", "</think>"}) k["model"]["vocab"].erase(t);

@@ -143,7 +143,7 @@ int run_bench(const std::string& tok_path, const std::string& text_path, int rep
     }
     double mb = double(text.size()) / 1e6;
     std::printf("load: %.1f ms wall, %.1f ms cpu (best of %d)\n", load_wall, load_cpu, loads);
-    std::printf("encode, first pass: %.2f MB, %zu tokens, %.1f MB/s wall, %.1f MB/s cpu\n", mb, n_tokens,
+    std::printf("encode, first pass: %zu bytes, %zu tokens, %.1f MB/s wall, %.1f MB/s cpu\n", text.size(), n_tokens,
                 mb / (cold_wall / 1e3), mb / (cold_cpu / 1e3));
     std::printf("encode, warm cache: %.1f MB/s wall, %.1f MB/s cpu (best of %d)\n", mb / (wall / 1e3),
                 mb / (cpu / 1e3), repeat);
