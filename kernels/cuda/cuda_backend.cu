@@ -10,12 +10,13 @@
 // comparisons and debugging. Kernels use programmatic dependent launch (cuda_common.cuh) on compute capability
 // 9.0+; HY_CUDA_PDL=0 turns that off. HY_CUDA_GDN_FUSED_CONV=0 keeps the Gated DeltaNet conv of decode steps in
 // its own kernel (gated_delta_net.cuh). HY_CUDA_L2_EVICT_FIRST=0 makes the decode GEMVs load weights with the
-// normal L2 policy instead of evict-first (matmul.cuh). HY_CUDA_STAGED_GEMV=1 (experimental, not yet measured)
-// turns the matmul after a mixer into the staged GEMV (matmul.cuh); HY_CUDA_SMEM_CARVEOUT=P (experimental) asks for
-// P% shared memory in every kernel (cuda_common.cuh). HY_CUDA_SKIP_OPS (timing studies only: the model's output
-// becomes meaningless) names op kinds that recorded steps leave out, e.g. "add_rms_norm,gated_delta_net", or one of
-// the Gated DeltaNet's kernels (gdn_conv, gdn_recurrence; any step); see skip_mask(). HY_CUDA_TRACE=FILE (timing
-// studies) writes every kernel's start and ready times to FILE when the backend is destroyed (start_trace()).
+// normal L2 policy instead of evict-first (matmul.cuh). HY_CUDA_STAGED_GEMV=1 or 2 (experimental, not yet measured)
+// turns the matmul after a mixer (2: also after gate/up) into the staged GEMV (matmul.cuh); HY_CUDA_SMEM_CARVEOUT=P
+// (experimental) asks for P% shared memory in every kernel (cuda_common.cuh). HY_CUDA_SKIP_OPS (timing studies
+// only: the model's output becomes meaningless) names op kinds that recorded steps leave out, e.g.
+// "add_rms_norm,gated_delta_net", or one of the Gated DeltaNet's kernels (gdn_conv, gdn_recurrence; any step); see
+// skip_mask(). HY_CUDA_TRACE=FILE (timing studies) writes every kernel's start and ready times to FILE when the
+// backend is destroyed (start_trace()).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -259,12 +260,13 @@ bool groupable(const Op& op) {
 // Peephole fusion over a recorded step:
 //   matmul(x, Wg -> g), matmul(x, Wu -> u), silu_mul(g, u -> a)   ->  gate_up
 //   add(x += d), rms_norm(x -> y)                                  ->  add_rms_norm
-//   attention or gated_delta_net, then matmul (GEMV-sized)         ->  the same, then gemv_staged
+//   attention or gated_delta_net, then matmul (one row)             ->  the same, then gemv_staged (staged >= 1)
+//   gate_up, then matmul (one row)                                 ->  gate_up, then gemv_staged (staged >= 2)
 //   2 to 4 matmuls of the same x (GEMV-sized)                      ->  gemv_group
 //   (with 3 to 8 rows: 3 or 4 of them, as the attention q/k/v and Gated DeltaNet input projections: one tensor-core
 //   GEMV launch instead of 3-4 cuBLASLt calls, two of them tiny; single matmuls stay with cuBLASLt, which is faster
 //   there. With HY_CUDA_GRAPHS=0 such steps run unfused, so their bits differ from the graph's.)
-void fuse(const std::vector<Op>& in, std::vector<Op>& out) {
+void fuse(const std::vector<Op>& in, std::vector<Op>& out, int staged) {
     out.clear();
     const size_t n = in.size();
     for (size_t i = 0; i < n;) {
@@ -293,9 +295,11 @@ void fuse(const std::vector<Op>& in, std::vector<Op>& out) {
                 continue;
             }
         }
-        if (!out.empty() && (out.back().kind == Op::Kind::attention || out.back().kind == Op::Kind::gated_delta_net) &&
-            gemv_ok(a) && cuda::gemv_staged_fits(static_cast<const bf16*>(a.x), a.n, static_cast<const bf16*>(a.m.data),
-                                                 a.m.rows, a.m.cols)) {
+        const Op::Kind before = out.empty() ? Op::Kind::copy_h2d : out.back().kind;
+        const bool after_mixer = before == Op::Kind::attention || before == Op::Kind::gated_delta_net;
+        if (((staged >= 1 && after_mixer) || (staged >= 2 && before == Op::Kind::gate_up)) && gemv_ok(a) &&
+            cuda::gemv_staged_fits(static_cast<const bf16*>(a.x), a.n, static_cast<const bf16*>(a.m.data), a.m.rows,
+                                   a.m.cols)) {
             Op f = a;
             f.kind = Op::Kind::gemv_staged;
             out.push_back(f);
@@ -342,15 +346,18 @@ public:
         HY_CUDA_CHECK(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device));
         cuda::set_clusters_supported(clusters != 0);
         cuda::set_gdn_fused_conv(!env_off("HY_CUDA_GDN_FUSED_CONV"));
-        // The staged GEMV after a mixer (matmul.cu) overlaps its weight copies with the mixer through PDL (and uses
-        // TMA), so it needs compute capability 9.0 with PDL on. Not yet measured on a GPU: opt-in
-        // (HY_CUDA_STAGED_GEMV=1) until it is.
+        // The staged GEMV (matmul.cuh) overlaps its weight copies with the kernel before it through PDL (and uses
+        // TMA), so it needs compute capability 9.0 with PDL on. Not yet measured on a GPU: opt-in until it is, with
+        // HY_CUDA_STAGED_GEMV=1 (the matmul after each mixer) or 2 (also down_proj after gate/up).
         int sms = 0, smem_optin = 0;
         HY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
         HY_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-        const char* staged_env = std::getenv("HY_CUDA_STAGED_GEMV");
-        const bool staged = cuda::pdl_enabled() && staged_env && std::strcmp(staged_env, "1") == 0;
-        cuda::set_staged_gemv(staged ? sms : 0, size_t(smem_optin));
+        if (const char* v = std::getenv("HY_CUDA_STAGED_GEMV"); v && *v && cuda::pdl_enabled()) {
+            if (std::strcmp(v, "0") != 0 && std::strcmp(v, "1") != 0 && std::strcmp(v, "2") != 0)
+                throw Error(Status::invalid_argument, std::string("HY_CUDA_STAGED_GEMV: '") + v + "' (0, 1 or 2)");
+            staged_ = v[0] - '0';
+        }
+        cuda::set_staged_gemv(staged_ > 0 ? sms : 0, size_t(smem_optin));
         if (const char* c = std::getenv("HY_CUDA_SMEM_CARVEOUT"); c && *c) cuda::set_smem_carveout(std::atoi(c));
         if (const char* f = std::getenv("HY_CUDA_TRACE"); f && *f) start_trace(f);
         ops_.reserve(kMaxRecordedOps);
@@ -659,7 +666,7 @@ private:
         if (!ops_.empty()) {
             cudaGraphExec_t g = graphs_.find(sig_);
             if (!g) {
-                fuse(ops_, fused_);
+                fuse(ops_, fused_, staged_);
                 std::vector<cuda::LaunchRecord> names;  // the captured launches, for the trace
                 g = graphs_.capture(sig_, stream_, [&] {
                     const cuda::LaunchLogTo to_names(&names);
@@ -835,6 +842,7 @@ private:
     // CUDA graph replay of small steps (HY_CUDA_GRAPHS=0 turns it off).
     bool graphs_enabled_ = true;
     uint32_t skip_ = 0;  // HY_CUDA_SKIP_OPS
+    int staged_ = 0;     // HY_CUDA_STAGED_GEMV (fuse())
     bool recording_ = false;
     std::vector<Op> ops_, fused_;  // the step being recorded; its fused form (capacity reserved once)
     std::vector<uint64_t> sig_;    // the recorded step's signature

@@ -247,168 +247,164 @@ void gate_up_launch(const bf16* x, const bf16* wg, const bf16* wu, int64_t N, in
            "gemv gate/up/SiLU kernel", x, wg, wu, gate_out, up_out, act_out, int(N), int(K), g_evict_first);
 }
 
-// ---- the staged decode GEMV (after a mixer; compute capability 9.0) ----
-// The matmul that follows the attention or Gated DeltaNet kernel (o_proj, out_proj) waits for a latency-bound
-// kernel that moves few bytes, and a block-per-row GEMV can only prefetch the rows of its blocks that are resident
-// by then. Here each block owns a contiguous share of R rows (grid <= one block per SM), and before its PDL wait one
-// thread starts TMA bulk copies of the whole share (R K 2 bytes, up to ~195 KB) into shared memory, so the whole
-// matrix streams in while the mixer runs; after the wait only x is read from L2 and the rows from shared memory.
-// The products are summed exactly as gemv_kernel sums them for this K (gemv_config: kSplit parts per row, part q
-// lane l takes the words l + 32 q + 32 kSplit u in order u, warp butterfly, parts added in order q), so the result
-// is bitwise that of the plain GEMV.
+// ---- the staged decode GEMV (one row of x; compute capability 9.0) ----
+// A matmul that follows a kernel moving few bytes (the attention or Gated DeltaNet kernel before o_proj /
+// out_proj) waits through it, and a block-per-row GEMV can only prefetch the rows of the blocks that are resident
+// by then (about 9.5 MB on an H200). Here each block owns a contiguous share of R rows (grid <= one block per SM)
+// and copies them into shared memory with TMA bulk copies (one thread, 16 KB pieces, L2 evict-first) in rounds of
+// up to S rows (as many as fit): the first round is issued before the PDL wait, so up to S rows per SM stream in
+// while the predecessor runs; each later round is issued once the block has used the previous one. After the wait
+// only x is read from L2, once per lane. The products are summed exactly as gemv_kernel sums them for this K
+// (gemv_config: kSplit parts per row, part q lane l takes the words l + 32 q + 32 kSplit u in order u, warp
+// butterfly, parts added in order q), so y is bitwise the plain GEMV's.
 constexpr int kStagedWarps = 8;
 constexpr int kStagedMaxRows = 64;   // rows per block
 constexpr int kStagedMaxWords = 8;   // 16-byte words of a row per lane and part
 constexpr int kStagedRowUnroll = 4;  // rows of a warp summed together (independent butterflies)
 constexpr int kStagedChunkBytes = 16 << 10;
+static_assert(kStagedChunkBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
 int g_staged_sms = 0;       // 0: staging off (set_staged_gemv)
 size_t g_staged_bytes = 0;  // shared memory a block may fill with rows
-
-static_assert(kStagedChunkBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
     return uint32_t(__cvta_generic_to_shared(p));
 }
+
+// Thread 0: arms the barrier for `bytes` and copies them from src to the start of sw in 16 KB pieces.
+__device__ __forceinline__ void staged_copy(uint4* sw, const char* src, uint32_t bytes, uint64_t* bar, uint64_t pol) {
+    const uint32_t b = smem_addr(bar);
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
+    for (uint32_t at = 0; at < bytes; at += kStagedChunkBytes) {
+        const uint32_t len = min(uint32_t(kStagedChunkBytes), bytes - at);
+        asm volatile(
+            "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
+            "%4;" ::"r"(smem_addr(sw) + at),
+            "l"(src + at), "r"(len), "r"(b), "l"(pol)
+            : "memory");
+    }
+}
+
+// Every thread: waits until the copies of the barrier's phase `parity` have landed.
+__device__ __forceinline__ void staged_wait(uint64_t* bar, uint32_t parity) {
+    const uint32_t b = smem_addr(bar);
+    uint32_t done = 0;
+    while (!done)
+        asm volatile(
+            "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+            : "=r"(done)
+            : "r"(b), "r"(parity)
+            : "memory");
+}
 #endif
 
-template <int NT, int kSplit>
+// y[n0 + r] for the block's rows, S (rows_per_round) at a time; see above.
+template <int kSplit>
 __global__ void __launch_bounds__(kStagedWarps * 32)
     gemv_staged_kernel(const bf16* __restrict__ x, const bf16* __restrict__ w, bf16* __restrict__ y, int N, int K,
-                       int rows_per_block, bool evict_first) {
+                       int rows_per_block, int rows_per_round, bool evict_first) {
     static_assert(kStagedWarps % kSplit == 0, "whole rows per warp group");
     constexpr int G = kStagedWarps / kSplit;  // rows in progress at once
     extern __shared__ __align__(128) uint4 sw[];
-    __shared__ float part[kStagedMaxRows][kSplit][NT];
+    __shared__ float part[kStagedMaxRows][kSplit];
     pdl_trigger();
-    const int n0 = int(blockIdx.x) * rows_per_block, nr = min(rows_per_block, N - n0);
+    const int n0 = int(blockIdx.x) * rows_per_block, nr = min(rows_per_block, N - n0), S = rows_per_round;
     const int K8 = K / 8;
+    const char* src = reinterpret_cast<const char*>(w + int64_t(n0) * K);
+    const uint64_t pol = weight_policy(evict_first);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     __shared__ __align__(8) uint64_t bar;
     if (threadIdx.x == 0) {
-        const uint32_t b = smem_addr(&bar);
-        const uint32_t bytes = uint32_t(nr) * uint32_t(K) * 2u;
-        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(b));
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(smem_addr(&bar)));
         asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
-        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
-        const char* src = reinterpret_cast<const char*>(w + int64_t(n0) * K);
-        const uint64_t pol = weight_policy(evict_first);
-        for (uint32_t at = 0; at < bytes; at += kStagedChunkBytes) {
-            const uint32_t len = min(uint32_t(kStagedChunkBytes), bytes - at);
-            asm volatile(
-                "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint [%0], [%1], %2, [%3], "
-                "%4;" ::"r"(smem_addr(sw) + at),
-                "l"(src + at), "r"(len), "r"(b), "l"(pol)
-                : "memory");
-        }
-    }
-#else
-    {  // no TMA: the rows are loaded by every thread before the wait (not reached: staging needs 9.0)
-        const uint4* src = reinterpret_cast<const uint4*>(w + int64_t(n0) * K);
-        const uint64_t pol = weight_policy(evict_first);
-        for (int i = threadIdx.x; i < nr * K8; i += blockDim.x) sw[i] = ld_weight(src + i, pol);
+        staged_copy(sw, src, uint32_t(min(S, nr)) * uint32_t(K) * 2u, &bar, pol);
     }
 #endif
     pdl_wait();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = warp % kSplit;
     // this lane's words of x: l + 32 q + 32 kSplit u
-    uint4 xw[NT][kStagedMaxWords];
+    uint4 xw[kStagedMaxWords];
 #pragma unroll
     for (int u = 0; u < kStagedMaxWords; u++) {
         const int word = lane + 32 * q + 32 * kSplit * u;
-#pragma unroll
-        for (int t = 0; t < NT; t++)
-            xw[t][u] = word < K8 ? __ldg(reinterpret_cast<const uint4*>(x + int64_t(t) * K) + word) : make_uint4(0, 0, 0, 0);
+        xw[u] = word < K8 ? __ldg(reinterpret_cast<const uint4*>(x) + word) : make_uint4(0, 0, 0, 0);
     }
     __syncthreads();  // the barrier is initialized
+    for (int first = 0, round = 0; first < nr; first += S, round++) {
+        const int rows = min(S, nr - first);
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    {
-        const uint32_t b = smem_addr(&bar);
-        uint32_t done = 0;
-        while (!done)
-            asm volatile(
-                "{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], 0; selp.u32 %0, 1, 0, p; }"
-                : "=r"(done)
-                : "r"(b)
-                : "memory");
-    }
+        if (round > 0 && threadIdx.x == 0) {  // every thread is done with the previous round (barrier below)
+            asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
+            staged_copy(sw, src + int64_t(first) * K * 2, uint32_t(rows) * uint32_t(K) * 2u, &bar, pol);
+        }
+        staged_wait(&bar, uint32_t(round & 1));
+#else
+        {  // no TMA (not reached: staging needs 9.0): every thread loads the round
+            const uint4* s4 = reinterpret_cast<const uint4*>(src) + int64_t(first) * K8;
+            for (int i = threadIdx.x; i < rows * K8; i += blockDim.x) sw[i] = ld_weight(s4 + i, pol);
+            __syncthreads();
+        }
 #endif
-    for (int r0 = warp / kSplit; r0 < nr; r0 += G * kStagedRowUnroll) {
-        float acc[kStagedRowUnroll][NT];
+        for (int r0 = warp / kSplit; r0 < rows; r0 += G * kStagedRowUnroll) {
+            float acc[kStagedRowUnroll];
 #pragma unroll
-        for (int j = 0; j < kStagedRowUnroll; j++)
+            for (int j = 0; j < kStagedRowUnroll; j++) acc[j] = 0.0f;
 #pragma unroll
-            for (int t = 0; t < NT; t++) acc[j][t] = 0.0f;
+            for (int u = 0; u < kStagedMaxWords; u++) {
+                const int word = lane + 32 * q + 32 * kSplit * u;
+                if (word >= K8) break;
+                float xf[8];
+                unpack8(xw[u], xf);
 #pragma unroll
-        for (int u = 0; u < kStagedMaxWords; u++) {
-            const int word = lane + 32 * q + 32 * kSplit * u;
-            if (word >= K8) break;
-            float xf[NT][8];
+                for (int j = 0; j < kStagedRowUnroll; j++) {
+                    const int r = r0 + G * j;
+                    if (r >= rows) break;
+                    float wf[8];
+                    unpack8(sw[int64_t(r) * K8 + word], wf);
 #pragma unroll
-            for (int t = 0; t < NT; t++) unpack8(xw[t][u], xf[t]);
+                    for (int e = 0; e < 8; e++) acc[j] = fmaf(wf[e], xf[e], acc[j]);
+                }
+            }
 #pragma unroll
-            for (int j = 0; j < kStagedRowUnroll; j++) {
-                const int r = r0 + G * j;
-                if (r >= nr) break;
-                float wf[8];
-                unpack8(sw[int64_t(r) * K8 + word], wf);
+            for (int j = 0; j < kStagedRowUnroll; j++) acc[j] = warp_sum(acc[j]);
+            if (lane == 0) {
 #pragma unroll
-                for (int t = 0; t < NT; t++)
-#pragma unroll
-                    for (int e = 0; e < 8; e++) acc[j][t] = fmaf(wf[e], xf[t][e], acc[j][t]);
+                for (int j = 0; j < kStagedRowUnroll; j++)
+                    if (r0 + G * j < rows) part[first + r0 + G * j][q] = acc[j];
             }
         }
-#pragma unroll
-        for (int j = 0; j < kStagedRowUnroll; j++)
-#pragma unroll
-            for (int t = 0; t < NT; t++) acc[j][t] = warp_sum(acc[j][t]);
-        if (lane == 0) {
-#pragma unroll
-            for (int j = 0; j < kStagedRowUnroll; j++)
-                if (r0 + G * j < nr)
-#pragma unroll
-                    for (int t = 0; t < NT; t++) part[r0 + G * j][q][t] = acc[j][t];
-        }
+        __syncthreads();  // the round's rows are used (the next round overwrites them); part is complete at the end
     }
-    __syncthreads();
-    for (int i = threadIdx.x; i < nr * NT; i += blockDim.x) {
-        const int r = i / NT, t = i % NT;
-        float v = part[r][0][t];
+    for (int r = threadIdx.x; r < nr; r += blockDim.x) {
+        float v = part[r][0];
 #pragma unroll
-        for (int p = 1; p < kSplit; p++) v += part[r][p][t];
-        y[int64_t(t) * N + n0 + r] = to_bf16(v);
+        for (int p = 1; p < kSplit; p++) v += part[r][p];
+        y[n0 + r] = to_bf16(v);
     }
 }
 
-// Rows per block of the staged GEMV for an N x K matrix, or 0 when it does not fit (see gemv_staged_fits).
-int staged_rows(int64_t N, int64_t K) {
-    if (g_staged_sms <= 0 || N <= 0) return 0;
+// The launch of the staged GEMV for an N x K matrix: R rows per block, S per round (R == 0: it does not fit).
+struct StagedShape {
+    int R = 0, S = 0;
+};
+StagedShape staged_shape(int64_t N, int64_t K) {
+    if (g_staged_sms <= 0 || N <= 0 || K <= 0) return {};
     const int64_t R = (N + g_staged_sms - 1) / g_staged_sms;
-    if (R > kStagedMaxRows || size_t(R) * size_t(K) * 2 > g_staged_bytes) return 0;
+    const int64_t S = std::min<int64_t>(R, int64_t(g_staged_bytes / (size_t(K) * 2)));
     const GemvConfig c = gemv_config(K);
-    if ((K / 8 + 32 * c.split - 1) / (32 * c.split) > kStagedMaxWords) return 0;
-    return int(R);
+    if (R > kStagedMaxRows || S < 1 || (K / 8 + 32 * c.split - 1) / (32 * c.split) > kStagedMaxWords) return {};
+    return {int(R), int(S)};
 }
 
-template <int NT, int kSplit>
-void staged_launch(const bf16* x, const bf16* w, int64_t N, int64_t K, bf16* y, int R, cudaStream_t stream) {
-    launch(gemv_staged_kernel<NT, kSplit>, ceil_div(N, R), kStagedWarps * 32, size_t(R) * size_t(K) * 2, stream,
-           "staged gemv kernel", x, w, y, int(N), int(K), R, g_evict_first);
+template <int kSplit>
+void staged_launch(const bf16* x, const bf16* w, int64_t N, int64_t K, bf16* y, StagedShape sh, cudaStream_t stream) {
+    launch(gemv_staged_kernel<kSplit>, ceil_div(N, sh.R), kStagedWarps * 32, size_t(sh.S) * size_t(K) * 2, stream,
+           "staged gemv kernel", x, w, y, int(N), int(K), sh.R, sh.S, g_evict_first);
 }
 
-template <int NT>
-void staged_rows_launch(const bf16* x, const bf16* w, int64_t N, int64_t K, bf16* y, int R, cudaStream_t stream) {
-    switch (gemv_config(K).split) {
-        case 2: return staged_launch<NT, 2>(x, w, N, K, y, R, stream);
-        case 4: return staged_launch<NT, 4>(x, w, N, K, y, R, stream);
-        case 8: return staged_launch<NT, 8>(x, w, N, K, y, R, stream);
-    }
-    throw Error(Status::internal, "staged gemv: no kernel for split " + std::to_string(gemv_config(K).split));
-}
-
-template <int NT, int kSplit>
+template <int kSplit>
 void staged_allow_smem(int bytes) {
-    check(cudaFuncSetAttribute(gemv_staged_kernel<NT, kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
+    check(cudaFuncSetAttribute(gemv_staged_kernel<kSplit>, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes),
           "cudaFuncSetAttribute(staged gemv)");
 }
 
@@ -553,22 +549,27 @@ void set_staged_gemv(int sm_count, size_t smem_per_block) {
     if (smem_per_block <= kReserve) return;
     g_staged_bytes = smem_per_block - kReserve;
     const int bytes = int(g_staged_bytes);
-    staged_allow_smem<1, 2>(bytes);
-    staged_allow_smem<1, 4>(bytes);
-    staged_allow_smem<1, 8>(bytes);
+    staged_allow_smem<2>(bytes);
+    staged_allow_smem<4>(bytes);
+    staged_allow_smem<8>(bytes);
     g_staged_sms = sm_count;
 }
 
 bool gemv_staged_fits(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K) {
-    return T == 1 && gemv_fits(x, T, w, K) && staged_rows(N, K) > 0;
+    return T == 1 && gemv_fits(x, T, w, K) && staged_shape(N, K).R > 0;
 }
 
 void gemv_staged(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, bf16* y, cudaStream_t stream) {
-    const int R = staged_rows(N, K);
-    if (R <= 0 || !gemv_staged_fits(x, T, w, N, K))
+    if (!gemv_staged_fits(x, T, w, N, K))
         throw Error(Status::internal, "staged gemv: " + std::to_string(T) + " rows of a " + std::to_string(N) + " x " +
                                           std::to_string(K) + " matrix do not fit");
-    staged_rows_launch<1>(x, w, N, K, y, R, stream);
+    const StagedShape sh = staged_shape(N, K);
+    switch (gemv_config(K).split) {
+        case 2: return staged_launch<2>(x, w, N, K, y, sh, stream);
+        case 4: return staged_launch<4>(x, w, N, K, y, sh, stream);
+        case 8: return staged_launch<8>(x, w, N, K, y, sh, stream);
+    }
+    throw Error(Status::internal, "staged gemv: no kernel for split " + std::to_string(gemv_config(K).split));
 }
 
 void set_weights_evict_first(bool on) { g_evict_first = on; }
