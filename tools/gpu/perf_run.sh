@@ -9,7 +9,7 @@
 #   5. ncu per-kernel times of one decode step
 #   6. optional stages: trace (per-kernel critical-path costs of a b=1 step, HY_CUDA_TRACE), ab (alternating
 #      decode b=1 pairs, AB="ENV=VALUE ..."; TRACE_ENV="ENV=VALUE ..." for the trace), sweep (decode b=1 under each of SWEEP="A=1,B=2 A=3 -"), ablate (decode b=1 without some op kinds, HY_CUDA_SKIP_OPS),
-#      sanitize (compute-sanitizer memcheck/racecheck), ncu64, ncu8 (b=64 / b=8 profiles), cli
+#      sanitize (compute-sanitizer memcheck/racecheck/synccheck), ncu64, ncu8 (b=64 / b=8 profiles), cli
 # STAGES (default "all") limits the run: e.g. STAGES="tests bench" . Logs: $OUT/all.log, $OUT/summary.txt.
 # Usage (device tool): bash tools/gpu/perf_run.sh   with carry [".carry", "gpu-bin"]; gpu-bin/bins.txz holds
 # hybrid-tests, hybrid-bench, hybrid-compare, hybrid-kernel-bench and hybrid built here (see tools/gpu/pack_bins.sh).
@@ -46,8 +46,11 @@ if want sanitize; then  # memcheck over every [gpu] test; racecheck (shared memo
     step memcheck 240 compute-sanitizer --tool memcheck --error-exitcode 99 $BIN/hybrid-tests "[gpu]"
     grep -E "ERROR SUMMARY" "$LOG" | tail -1 >>"$SUM"
     step racecheck 240 compute-sanitizer --tool racecheck --error-exitcode 99 $BIN/hybrid-tests \
-        "CUDA attention*,CUDA Gated DeltaNet*"
+        "CUDA attention*,CUDA Gated DeltaNet*,CUDA staged*"
     grep -E "RACECHECK SUMMARY|ERROR SUMMARY" "$LOG" | tail -1 >>"$SUM"
+    step synccheck 240 compute-sanitizer --tool synccheck --error-exitcode 99 $BIN/hybrid-tests \
+        "CUDA Gated DeltaNet*,CUDA staged*"
+    grep -E "ERROR SUMMARY" "$LOG" | tail -1 >>"$SUM"
 fi
 if want kernels; then
     step kernel_bench 120 $BIN/hybrid-kernel-bench 1
