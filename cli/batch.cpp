@@ -128,7 +128,8 @@ int run_batch(const Options& o, hy_model* m, double load_ms) {
         std::fprintf(stderr, "hybrid: batch      %10.1f ms  %zu prompts (%d tokens), %d generated in %d steps, %.1f tok/s\n",
                      ms, prompts.size() - size_t(n_failed), n_prompt_tokens, n_generated, steps,
                      ms > 0 ? 1000.0 * n_generated / ms : 0.0);
-        if (n_failed > 0) std::fprintf(stderr, "hybrid: %s failed (see \"error\")\n", count_of(size_t(n_failed), "prompt").c_str());
+        if (n_failed > 0)
+            std::fprintf(stderr, "hybrid: %s failed (see \"error\")\n", count_of(size_t(n_failed), "prompt").c_str());
     }
     if (g_interrupted.load()) return exit_interrupted;
     return n_failed > 0 ? exit_context : exit_ok;
