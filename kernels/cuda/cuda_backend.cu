@@ -266,7 +266,7 @@ bool groupable(const Op& op) {
 //   (with 3 to 8 rows: 3 or 4 of them, as the attention q/k/v and Gated DeltaNet input projections: one tensor-core
 //   GEMV launch instead of 3-4 cuBLASLt calls, two of them tiny; single matmuls stay with cuBLASLt, which is faster
 //   there. With HY_CUDA_GRAPHS=0 such steps run unfused, so their bits differ from the graph's.)
-void fuse(const std::vector<Op>& in, std::vector<Op>& out, int staged) {
+void fuse(const std::vector<Op>& in, std::vector<Op>& out, int staged, const cuda::StagedGemv& sg) {
     out.clear();
     const size_t n = in.size();
     for (size_t i = 0; i < n;) {
@@ -298,8 +298,8 @@ void fuse(const std::vector<Op>& in, std::vector<Op>& out, int staged) {
         const Op::Kind before = out.empty() ? Op::Kind::copy_h2d : out.back().kind;
         const bool after_mixer = before == Op::Kind::attention || before == Op::Kind::gated_delta_net;
         if (((staged >= 1 && after_mixer) || (staged >= 2 && before == Op::Kind::gate_up)) && gemv_ok(a) &&
-            cuda::gemv_staged_fits(static_cast<const bf16*>(a.x), a.n, static_cast<const bf16*>(a.m.data), a.m.rows,
-                                   a.m.cols)) {
+            cuda::gemv_staged_fits(sg, static_cast<const bf16*>(a.x), a.n, static_cast<const bf16*>(a.m.data),
+                                   a.m.rows, a.m.cols)) {
             Op f = a;
             f.kind = Op::Kind::gemv_staged;
             out.push_back(f);
@@ -336,15 +336,22 @@ public:
         HY_CUDA_CHECK(cudaEventCreateWithFlags(&staging_done_, cudaEventDisableTiming));
         gemm_ = std::make_unique<cuda::Gemm>();
         graphs_enabled_ = !env_off("HY_CUDA_GRAPHS");
-        // Programmatic dependent launch needs compute capability 9.0; HY_CUDA_PDL=0 turns it off.
+        // Programmatic dependent launch, the cluster barrier and TMA are compiled in only for compute capability
+        // 9.0+ (__CUDA_ARCH__ >= 900): they need a device of 9.0+ running code built for 9.0+. A newer GPU without
+        // machine code of its own runs the driver's compilation of the newest portable PTX of the build (compute_89
+        // by default: sm_90a code is not portable), which has none of them, so the backend uses none there (the
+        // PTX architecture of the code the device runs, as CUB finds it). HY_CUDA_PDL=0 turns PDL off.
         int major = 0;
         HY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-        cuda::set_pdl_enabled(major >= 9 && !env_off("HY_CUDA_PDL"));
+        cudaFuncAttributes probe{};
+        HY_CUDA_CHECK(cudaFuncGetAttributes(&probe, probe_kernel));
+        const bool sm90_code = major >= 9 && probe.ptxVersion >= 90;
+        cuda::set_pdl_enabled(sm90_code && !env_off("HY_CUDA_PDL"));
         cuda::set_weights_evict_first(!env_off("HY_CUDA_L2_EVICT_FIRST"));
         skip_ = skip_mask();
         int clusters = 0;
         HY_CUDA_CHECK(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device));
-        cuda::set_clusters_supported(clusters != 0);
+        cuda::set_clusters_supported(sm90_code && clusters != 0);
         cuda::set_gdn_fused_conv(!env_off("HY_CUDA_GDN_FUSED_CONV"));
         // The staged GEMV (matmul.cuh) overlaps its weight copies with the kernel before it through PDL (and uses
         // TMA), so it needs compute capability 9.0 with PDL on. Not yet measured on a GPU: opt-in until it is, with
@@ -355,9 +362,9 @@ public:
         if (const char* v = std::getenv("HY_CUDA_STAGED_GEMV"); v && *v && cuda::pdl_enabled()) {
             if (std::strcmp(v, "0") != 0 && std::strcmp(v, "1") != 0 && std::strcmp(v, "2") != 0)
                 throw Error(Status::invalid_argument, std::string("HY_CUDA_STAGED_GEMV: '") + v + "' (0, 1 or 2)");
-            staged_ = v[0] - '0';
+            staged_level_ = v[0] - '0';
         }
-        cuda::set_staged_gemv(staged_ > 0 ? sms : 0, size_t(smem_optin));
+        if (staged_level_ > 0) staged_ = cuda::staged_gemv_setup(sms, size_t(smem_optin));
         if (const char* c = std::getenv("HY_CUDA_SMEM_CARVEOUT"); c && *c) cuda::set_smem_carveout(std::atoi(c));
         if (const char* f = std::getenv("HY_CUDA_TRACE"); f && *f) start_trace(f);
         ops_.reserve(kMaxRecordedOps);
@@ -666,7 +673,7 @@ private:
         if (!ops_.empty()) {
             cudaGraphExec_t g = graphs_.find(sig_);
             if (!g) {
-                fuse(ops_, fused_, staged_);
+                fuse(ops_, fused_, staged_level_, staged_);
                 std::vector<cuda::LaunchRecord> names;  // the captured launches, for the trace
                 g = graphs_.capture(sig_, stream_, [&] {
                     const cuda::LaunchLogTo to_names(&names);
@@ -735,8 +742,8 @@ private:
                                    static_cast<bf16*>(op.y2), static_cast<bf16*>(op.y3), stream_);
                 return;
             case K::gemv_staged:
-                cuda::gemv_staged(static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data), op.m.rows,
-                                  op.m.cols, static_cast<bf16*>(op.y), stream_);
+                cuda::gemv_staged(staged_, static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data),
+                                  op.m.rows, op.m.cols, static_cast<bf16*>(op.y), stream_);
                 return;
             case K::add_rms_norm:
                 cuda::add_rms_norm(static_cast<bf16*>(op.y), static_cast<const bf16*>(op.x2), op.w, op.n, int(op.dim),
@@ -842,7 +849,8 @@ private:
     // CUDA graph replay of small steps (HY_CUDA_GRAPHS=0 turns it off).
     bool graphs_enabled_ = true;
     uint32_t skip_ = 0;  // HY_CUDA_SKIP_OPS
-    int staged_ = 0;     // HY_CUDA_STAGED_GEMV (fuse())
+    int staged_level_ = 0;     // HY_CUDA_STAGED_GEMV (fuse())
+    cuda::StagedGemv staged_;  // this device's staged GEMV launch limits (off unless staged_level_ > 0)
     bool recording_ = false;
     std::vector<Op> ops_, fused_;  // the step being recorded; its fused form (capacity reserved once)
     std::vector<uint64_t> sig_;    // the recorded step's signature

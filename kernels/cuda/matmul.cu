@@ -263,8 +263,6 @@ constexpr int kStagedMaxWords = 8;   // 16-byte words of a row per lane and part
 constexpr int kStagedRowUnroll = 4;  // rows of a warp summed together (independent butterflies)
 constexpr int kStagedChunkBytes = 16 << 10;
 static_assert(kStagedChunkBytes % 16 == 0, "bulk copies move multiples of 16 bytes");
-int g_staged_sms = 0;       // 0: staging off (set_staged_gemv)
-size_t g_staged_bytes = 0;  // shared memory a block may fill with rows
 
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
 __device__ __forceinline__ uint32_t smem_addr(const void* p) {
@@ -387,10 +385,10 @@ __global__ void __launch_bounds__(kStagedWarps * 32)
 struct StagedShape {
     int R = 0, S = 0;
 };
-StagedShape staged_shape(int64_t N, int64_t K) {
-    if (g_staged_sms <= 0 || N <= 0 || K <= 0) return {};
-    const int64_t R = (N + g_staged_sms - 1) / g_staged_sms;
-    const int64_t S = std::min<int64_t>(R, int64_t(g_staged_bytes / (size_t(K) * 2)));
+StagedShape staged_shape(const StagedGemv& sg, int64_t N, int64_t K) {
+    if (sg.sms <= 0 || N <= 0 || K <= 0) return {};
+    const int64_t R = (N + sg.sms - 1) / sg.sms;
+    const int64_t S = std::min<int64_t>(R, int64_t(sg.bytes / (size_t(K) * 2)));
     const GemvConfig c = gemv_config(K);
     if (R > kStagedMaxRows || S < 1 || (K / 8 + 32 * c.split - 1) / (32 * c.split) > kStagedMaxWords) return {};
     return {int(R), int(S)};
@@ -541,29 +539,28 @@ void matmul_scalar(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K
 static_assert(kGemvBlockMaxTokens == 2, "gemv_rows and gemv_gate_up instantiate 1 and 2 rows");
 static_assert(kGemvMaxTokens == 8, "the tensor-core GEMV takes up to 8 rows (mma n = 8)");
 
-void set_staged_gemv(int sm_count, size_t smem_per_block) {
-    g_staged_sms = 0;
-    if (sm_count <= 0) return;
-    // room for the static shared memory of the kernel (part, the barrier) and a co-resident mixer block
-    constexpr size_t kReserve = size_t(32) << 10;
-    if (smem_per_block <= kReserve) return;
-    g_staged_bytes = smem_per_block - kReserve;
-    const int bytes = int(g_staged_bytes);
-    staged_allow_smem<2>(bytes);
-    staged_allow_smem<4>(bytes);
-    staged_allow_smem<8>(bytes);
-    g_staged_sms = sm_count;
+StagedGemv staged_gemv_setup(int sm_count, size_t smem_per_block) {
+    // room for the static shared memory of the kernel (part, the barrier) and a co-resident mixer block; one round
+    // must stay below the barrier's transaction count limit (2^20 - 1 bytes)
+    constexpr size_t kReserve = size_t(32) << 10, kMaxRound = (size_t(1) << 20) - 16;
+    if (sm_count <= 0 || smem_per_block <= kReserve) return {};
+    StagedGemv sg{sm_count, std::min(smem_per_block - kReserve, kMaxRound)};
+    staged_allow_smem<2>(int(sg.bytes));
+    staged_allow_smem<4>(int(sg.bytes));
+    staged_allow_smem<8>(int(sg.bytes));
+    return sg;
 }
 
-bool gemv_staged_fits(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K) {
-    return T == 1 && gemv_fits(x, T, w, K) && staged_shape(N, K).R > 0;
+bool gemv_staged_fits(const StagedGemv& sg, const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K) {
+    return T == 1 && gemv_fits(x, T, w, K) && staged_shape(sg, N, K).R > 0;
 }
 
-void gemv_staged(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, bf16* y, cudaStream_t stream) {
-    if (!gemv_staged_fits(x, T, w, N, K))
+void gemv_staged(const StagedGemv& sg, const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, bf16* y,
+                 cudaStream_t stream) {
+    if (!gemv_staged_fits(sg, x, T, w, N, K))
         throw Error(Status::internal, "staged gemv: " + std::to_string(T) + " rows of a " + std::to_string(N) + " x " +
                                           std::to_string(K) + " matrix do not fit");
-    const StagedShape sh = staged_shape(N, K);
+    const StagedShape sh = staged_shape(sg, N, K);
     switch (gemv_config(K).split) {
         case 2: return staged_launch<2>(x, w, N, K, y, sh, stream);
         case 4: return staged_launch<4>(x, w, N, K, y, sh, stream);
