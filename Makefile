@@ -39,7 +39,8 @@ build: $(BUILD)/CMakeCache.txt
 	cmake --build $(BUILD) -j $(JOBS)
 	@for p in $(PROGRAMS); do [ -f $(BUILD)/$$p ] && ln -sf $(BUILD)/$$p $$p || true; done
 
-# Tests run one at a time: each one already uses every core (OpenMP), and two at once would oversubscribe them.
+# Tests run one at a time: each one already uses every core (the CPU backend's thread pool), and two at once would
+# oversubscribe them.
 test: deps build asan-test
 	cd $(BUILD) && ctest --output-on-failure --timeout 1800
 

@@ -87,6 +87,28 @@ std::string process_escapes(const std::string& s) {
     return out;
 }
 
+namespace {
+
+// What to say about a llama.cpp option that hybrid does not have ("" for any other word).
+std::string llama_cpp_hint(const std::string& a) {
+    static const char* const kHints[][2] = {
+        {"-ngl", "hybrid has no per-layer offload: --device cuda, or auto (the default) when a GPU is present, puts "
+                 "the whole model on the GPU"},
+        {"--n-gpu-layers", ""}, {"--gpu-layers", ""},
+        {"-sys", "the system message is --system"},
+        {"-no-cnv", "one-shot generation is the default; -i starts the chat"},
+        {"--no-conversation", ""},
+        {"-fa", "attention always runs as fused kernels"}, {"--flash-attn", ""}};
+    const char* last = "";
+    for (const auto& h : kHints) {
+        if (*h[1]) last = h[1];  // an empty hint: the one of the entry before (another spelling)
+        if (a == h[0] || (a.rfind(std::string(h[0]) + "=", 0) == 0 && h[0][1] == '-')) return last;
+    }
+    return "";
+}
+
+}  // namespace
+
 bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     // -cnv (llama.cpp's spelling) and --stop (its values may hold commas, which cxxopts would split) are taken
     // out before cxxopts sees the arguments. The word after an option that takes a value is that value, even when
@@ -98,6 +120,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         {"", "--batch-file"}, {"", "--parallel"}, {"-np", "--parallel"}, {"", "--temp"}, {"", "--top-k"},
         {"", "--top-p"}, {"", "--min-p"}, {"", "--repeat-penalty"}, {"", "--repeat-last-n"},
         {"", "--presence-penalty"}, {"", "--frequency-penalty"}};
+    static const char* const kFlags[] = {"--chat",    "--no-think", "--verbose", "--interactive",
+                                         "--no-escape", "--version",  "--help"};
     auto valued = [](const std::string& a) -> const char* {
         for (const auto& v : kValued)
             if ((v[0][0] && a == v[0]) || a == v[1]) return v[1];
@@ -124,11 +148,17 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
             stops.push_back(argv[++i]);
         } else if (a.rfind("--stop=", 0) == 0) {
             stops.push_back(a.substr(7));
+        } else if (const std::string hint = llama_cpp_hint(a); !hint.empty()) {
+            usage("unknown option " + a + " (" + hint + ")");
         } else if (a.size() >= 3 && a[0] == '-' && std::isalpha(static_cast<unsigned char>(a[1])) &&
                    std::all_of(a.begin() + 2, a.end(),
                                [](char ch) { return ch == '-' || std::isalpha(static_cast<unsigned char>(ch)); })) {
-            // -ngl, -sys, -no-cnv (llama.cpp's spellings): cxxopts would read them as -n "gl", -s "ys", ...
-            usage("unknown option " + a + " (options longer than one letter take two dashes; -h lists them)");
+            // -temp, -sys (single-dash long words): cxxopts would read them as -t "emp", -s "ys", ...
+            const std::string dashed = "-" + a;
+            bool known = valued(dashed) != nullptr;
+            for (const char* f : kFlags) known = known || dashed == f;
+            usage("unknown option " + a +
+                  (known ? " (did you mean " + dashed + "? long options take two dashes)" : " (-h lists the options)"));
         } else {
             args.push_back(a);
         }
@@ -309,9 +339,14 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     sp.repeat_last_n = r["repeat-last-n"].as<int>();
     sp.presence_penalty = real("presence-penalty");
     sp.frequency_penalty = real("frequency-penalty");
-    if (sp.top_p < 0.0f || sp.top_p > 1.0f) usage("--top-p must be in [0, 1], got " + std::to_string(sp.top_p));
-    if (sp.min_p < 0.0f || sp.min_p > 1.0f) usage("--min-p must be in [0, 1], got " + std::to_string(sp.min_p));
-    if (sp.repeat_penalty <= 0.0f) usage("--repeat-penalty must be > 0, got " + std::to_string(sp.repeat_penalty));
+    auto shown = [](float v) {  // as short as the value allows ("1.5", not "1.500000")
+        char buf[32];
+        std::snprintf(buf, sizeof buf, "%g", double(v));
+        return std::string(buf);
+    };
+    if (sp.top_p < 0.0f || sp.top_p > 1.0f) usage("--top-p must be in [0, 1], got " + shown(sp.top_p));
+    if (sp.min_p < 0.0f || sp.min_p > 1.0f) usage("--min-p must be in [0, 1], got " + shown(sp.min_p));
+    if (sp.repeat_penalty <= 0.0f) usage("--repeat-penalty must be > 0, got " + shown(sp.repeat_penalty));
     if (sp.repeat_last_n < -1) usage("--repeat-last-n must be >= -1, got " + std::to_string(sp.repeat_last_n));
     const std::string seed = r["seed"].as<std::string>();
     o.random_seed = seed == "-1";

@@ -125,9 +125,10 @@ int run_batch(const Options& o, hy_model* m, double load_ms) {
     const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();
     if (show_summary) {
         std::fprintf(stderr, "hybrid: load       %10.1f ms\n", load_ms);
-        std::fprintf(stderr, "hybrid: batch      %10.1f ms  %zu prompts (%d tokens), %d generated in %d steps, %.1f tok/s\n",
-                     ms, prompts.size() - size_t(n_failed), n_prompt_tokens, n_generated, steps,
-                     ms > 0 ? 1000.0 * n_generated / ms : 0.0);
+        // throughput over the whole batch (prefill included), as vLLM reports output tokens per second
+        std::fprintf(stderr, "hybrid: batch      %10.1f ms  %s (%d tokens), %d generated in %s, %.1f output tok/s\n",
+                     ms, count_of(prompts.size() - size_t(n_failed), "prompt").c_str(), n_prompt_tokens, n_generated,
+                     count_of(size_t(steps), "step").c_str(), ms > 0 ? 1000.0 * n_generated / ms : 0.0);
         if (n_failed > 0)
             std::fprintf(stderr, "hybrid: %s failed (see \"error\")\n", count_of(size_t(n_failed), "prompt").c_str());
     }

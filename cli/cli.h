@@ -128,6 +128,9 @@ void check_chat_text(const std::string& text, const std::string& what, bool blan
 // the generation prompt and the thinking mode of the options; `what` names the user message in errors (both are
 // checked with check_chat_text).
 std::string chat_first_turn(hy_model* m, const Options& o, const std::string& user, const std::string& what);
+// The same with another system message than --system ("" for none).
+std::string chat_first_turn(hy_model* m, const Options& o, const std::string& system, const std::string& user,
+                            const std::string& what);
 
 // Prints the timing summary on stderr: load time (omitted when load_ms < 0), prompt and generation tokens, times
 // and rates, stop reason (of the last generation; a callback stop reads "interrupted (Ctrl-C)" when `interrupted`

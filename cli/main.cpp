@@ -126,10 +126,15 @@ void check_chat_text(const std::string& text, const std::string& what, bool blan
 }
 
 std::string chat_first_turn(hy_model* m, const Options& o, const std::string& user, const std::string& what) {
+    return chat_first_turn(m, o, o.system, user, what);
+}
+
+std::string chat_first_turn(hy_model* m, const Options& o, const std::string& system, const std::string& user,
+                            const std::string& what) {
     check_chat_text(user, what);
-    check_chat_text(o.system, "--system", true);
+    check_chat_text(system, "--system", true);
     std::vector<hy_chat_message> msgs;
-    if (!o.system.empty()) msgs.push_back({"system", o.system.c_str()});
+    if (!system.empty()) msgs.push_back({"system", system.c_str()});
     msgs.push_back({"user", user.c_str()});
     return chat_render(m, msgs, true, thinking_mode(o), false);
 }
@@ -179,8 +184,11 @@ std::vector<int32_t> tokenize(hy_model* m, const std::string& text) {
 void print_summary(double load_ms, const hy_generate_result& r, bool interrupted) {
     auto rate = [](int n, double ms) { return ms > 0.0 ? 1000.0 * n / ms : 0.0; };
     if (load_ms >= 0.0) std::fprintf(stderr, "hybrid: load       %10.1f ms\n", load_ms);
-    std::fprintf(stderr, "hybrid: prompt     %10.1f ms  %6d tokens  %9.1f tok/s\n", r.prompt_ms, r.n_prompt,
-                 rate(r.n_prompt, r.prompt_ms));
+    if (r.n_prompt > 0)
+        std::fprintf(stderr, "hybrid: prompt     %10.1f ms  %6d tokens  %9.1f tok/s\n", r.prompt_ms, r.n_prompt,
+                     rate(r.n_prompt, r.prompt_ms));
+    else  // (a prefill stopped by Ctrl-C keeps nothing)
+        std::fprintf(stderr, "hybrid: prompt     %10.1f ms  %6d tokens          - tok/s\n", r.prompt_ms, r.n_prompt);
     // the rate counts decode steps: the first generated id comes from the prompt's logits (llama.cpp's "runs")
     if (r.n_decoded > 0)
         std::fprintf(stderr, "hybrid: generation %10.1f ms  %6d tokens  %9.1f tok/s\n", r.generate_ms, r.n_generated,
@@ -245,6 +253,15 @@ int run(int argc, char** argv) {
     if (const int trained = hy_model_n_ctx_train(h.m); trained > 0 && o.n_ctx > trained)
         std::fprintf(stderr, "hybrid: warning: -c %d is larger than the %d positions the model was trained for "
                              "(max_position_embeddings): output past them may degrade\n", o.n_ctx, trained);
+    if (o.no_think) {  // a tokenizer without <think>/</think> renders both modes alike: the option does nothing
+        char on[256], off[256];
+        size_t n_on = 0, n_off = 0;
+        if (hy_chat_render(h.m, nullptr, 0, 1, HY_THINK_ENABLED, on, sizeof on, &n_on) == HY_OK &&
+            hy_chat_render(h.m, nullptr, 0, 1, HY_THINK_DISABLED, off, sizeof off, &n_off) == HY_OK &&
+            n_on == n_off && std::memcmp(on, off, n_on) == 0)
+            std::fprintf(stderr, "hybrid: warning: --no-think has no effect: the tokenizer has no <think> and "
+                                 "</think> tokens\n");
+    }
     if (o.has_batch) return run_batch(o, h.m, load_ms);
     if (hy_context_new(h.m, nullptr, &h.c) != HY_OK) engine_fail(exit_runtime, "");
     if (hy_sampler_new(h.m, &o.sampling, &h.s) != HY_OK) engine_fail(exit_usage, "");

@@ -57,7 +57,7 @@ struct Message {
 
 struct Repl {
     Repl(const Options& o_, hy_model* m_, hy_context* c_, hy_sampler* s_)
-        : o(o_), m(m_), c(c_), s(s_), chat_stops(chat_stop_ids(m_)) {}
+        : o(o_), m(m_), c(c_), s(s_), chat_stops(chat_stop_ids(m_)), system(o_.system) {}
     const Options& o;
     hy_model* m;
     hy_context* c;
@@ -70,6 +70,9 @@ struct Repl {
     // messages of at least this many ids can be stopped during their prefill (see turn())
     static constexpr size_t kAbortablePrefill = 256;
     std::vector<Message> messages;
+    // the system message of the conversation's first turn while the context is empty: --system, or the one of a
+    // loaded conversation that had no turn yet (/reset goes back to --system)
+    std::string system;
     std::string answer;  // the answer being generated
     hy_generate_result total{};  // summed over the turns (stop_reason: the last turn's)
 
@@ -131,9 +134,9 @@ struct Repl {
     void turn(const std::string& user) {
         std::string text;
         if (hy_context_n_tokens(c) == 0) {
-            text = chat_first_turn(m, o, user, "the message");
+            text = chat_first_turn(m, o, system, user, "the message");
             messages.clear();
-            if (!o.system.empty()) messages.push_back({"system", o.system});
+            if (!system.empty()) messages.push_back({"system", system});
         } else {
             check_chat_text(user, "the message");
             std::vector<hy_chat_message> msgs = {{"user", user.c_str()}};
@@ -224,6 +227,8 @@ struct Repl {
         j["no_think"] = o.no_think;
         j["messages"] = nlohmann::json::array();
         for (const auto& msg : messages) j["messages"].push_back({{"role", msg.role}, {"content", msg.content}});
+        if (hy_context_n_tokens(c) == 0 && !system.empty())  // no turn yet: the system message of the first one
+            j["messages"] = nlohmann::json::array({{{"role", "system"}, {"content", system}}});
         const std::string header = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
         std::string data;
         data.reserve(12 + header.size() + snap.size());
@@ -291,6 +296,9 @@ struct Repl {
             throw Failure(rc == HY_ERR_CONTEXT_FULL ? exit_context : exit_snapshot, msg);
         }
         messages = std::move(msgs);
+        const std::string loaded_system =
+            !messages.empty() && messages[0].role == "system" ? messages[0].content : std::string();
+        if (hy_context_n_tokens(c) == 0) system = loaded_system;  // (a conversation saved before its first turn)
         // the penalties look at the whole conversation: the history is the restored sequence, as it was when saved
         refill_penalty_history();
         if (confirm)
@@ -300,6 +308,11 @@ struct Repl {
         if (j.contains("no_think") && j["no_think"].is_boolean() && j["no_think"].get<bool>() != o.no_think)
             std::fprintf(stderr, "hybrid: warning: %s was saved %s --no-think; new turns follow this session (%s it)\n",
                          path.c_str(), o.no_think ? "without" : "with", o.no_think ? "with" : "without");
+        // the loaded conversation keeps its own system message; --system applies again after /reset
+        if (!o.system.empty() && loaded_system != o.system)
+            std::fprintf(stderr, "hybrid: warning: %s has %s system message than --system; the conversation keeps "
+                                 "its own (--system applies after /reset)\n",
+                         path.c_str(), loaded_system.empty() ? "no" : "another");
     }
 
     // Returns false to leave the REPL.
@@ -318,6 +331,7 @@ struct Repl {
             if (hy_context_reset(c) != HY_OK) engine_fail(exit_runtime, "reset");
             hy_sampler_clear_history(s);  // (not reseeded: asking again gives another answer)
             messages.clear();
+            system = o.system;
             if (confirm) std::fprintf(stderr, "hybrid: conversation cleared\n");
         } else if (cmd == "/save" || cmd == "/save!") {
             save(arg, cmd == "/save!");

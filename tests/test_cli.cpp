@@ -146,6 +146,7 @@ TEST_CASE("cli: --prompt-ids prints the golden ids; --verbose prints the summary
     INFO(one.err);
     CHECK(one.rc == 0);
     CHECK(one.err.find("1 tokens          - tok/s") != std::string::npos);
+    CHECK(one.err.find("3 tokens          - tok/s") == std::string::npos);  // (the prompt has its rate)
 }
 
 TEST_CASE("cli: sampling with a seed is reproducible; stop strings are not printed", "[cli]") {
@@ -435,6 +436,30 @@ TEST_CASE("cli: /save then /load continues identically; another model's snapshot
     const Run think = hybrid({"-m", "models/tiny", "-i", "--temp", "0", "-n", "4"}, "/load " + file + "\n");
     CHECK(think.rc == 0);
     CHECK(think.err.find("was saved with --no-think; new turns follow this session (without it)") != std::string::npos);
+    {  // a conversation saved before its first turn keeps --system for that turn (the seventh session's fresh-user
+       // test: the system message was lost); another --system in the loading session gets a warning
+        const std::string file0 = (tmp.path / "conv0.hychat").string();
+        const std::vector<std::string> sys = {"-m", "models/tiny", "-i", "--temp", "0", "-n", "8", "--no-think",
+                                              "--system", "You are a pirate."};
+        const std::vector<std::string> none = {"-m", "models/tiny", "-i", "--temp", "0", "-n", "8", "--no-think"};
+        REQUIRE(hybrid(sys, "/save " + file0 + "\n").rc == 0);
+        const Run direct = hybrid(sys, "Say hi.\n");
+        const Run loaded = hybrid(none, "/load " + file0 + "\nSay hi.\n");
+        INFO(loaded.err);
+        CHECK(loaded.rc == 0);
+        CHECK(loaded.out == direct.out);
+        CHECK(loaded.err.find("warning") == std::string::npos);  // (no --system here: nothing to warn about)
+        CHECK(hybrid(none, "Say hi.\n").out != direct.out);      // (the system message matters to the answer)
+        std::vector<std::string> other = none;
+        other.insert(other.end(), {"--system", "You are a cat."});
+        const Run warned = hybrid(other, "/load " + file0 + "\nSay hi.\n");
+        CHECK(warned.out == direct.out);
+        CHECK(warned.err.find("has another system message than --system; the conversation keeps its own") !=
+              std::string::npos);
+        // after /reset, --system applies again
+        const Run reset = hybrid(other, "/load " + file0 + "\n/reset\nSay hi.\n");
+        CHECK(reset.out == hybrid(other, "Say hi.\n").out);
+    }
     // with penalties, which look at the whole conversation, /load restores their history too (from the fresh-user
     // test: the third answer differed after /save + /load)
     for (const std::vector<std::string>& pen : std::vector<std::vector<std::string>>{
@@ -1015,17 +1040,57 @@ TEST_CASE("cli tools and REPL commands: id lists, empty goldens, stray arguments
 }
 
 // llama.cpp's single-dash spellings (-ngl, -sys, -no-cnv) were read by cxxopts as a short option with a value:
-// "invalid value 'gl' for -n". They are unknown options, named as given (from the final fresh-user test).
+// "invalid value 'gl' for -n". They are unknown options, named as given (from the final fresh-user test), with
+// what to use instead: llama.cpp options hybrid has no use for say why, a single-dash long option names its
+// two-dash spelling (the seventh session's fresh-user test: "--ngl" was suggested, which does not exist either).
 TEST_CASE("cli: single-dash words are unknown options, not -n or -s with a value", "[cli]") {
     if (!have_programs()) return;
-    for (const std::vector<std::string>& extra :
-         std::vector<std::vector<std::string>>{{"-ngl", "99"}, {"-sys", "hi"}, {"-no-cnv"}, {"-fa"}}) {
+    const std::vector<std::pair<std::vector<std::string>, std::string>> cases = {
+        {{"-ngl", "99"}, "unknown option -ngl (hybrid has no per-layer offload: --device cuda"},
+        {{"--n-gpu-layers", "99"}, "unknown option --n-gpu-layers (hybrid has no per-layer offload"},
+        {{"--n-gpu-layers=99"}, "unknown option --n-gpu-layers=99 (hybrid has no per-layer offload"},
+        {{"-sys", "hi"}, "unknown option -sys (the system message is --system)"},
+        {{"-no-cnv"}, "unknown option -no-cnv (one-shot generation is the default; -i starts the chat)"},
+        {{"-fa"}, "unknown option -fa (attention always runs as fused kernels)"},
+        {{"-temp", "0"}, "unknown option -temp (did you mean --temp? long options take two dashes)"},
+        {{"-verbose"}, "unknown option -verbose (did you mean --verbose?"},
+        {{"-xyz"}, "unknown option -xyz (-h lists the options)"}};
+    for (const auto& [extra, msg] : cases) {
         std::vector<std::string> args = {"-m", "models/tiny", "-p", "x", "-n", "1"};
         args.insert(args.end(), extra.begin(), extra.end());
-        check_one_line_error(hybrid(args), 1, "unknown option " + extra[0] + " (options longer than one letter");
+        check_one_line_error(hybrid(args), 1, msg);
     }
+    check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "--top-p", "1.5"}), 1,
+                         "--top-p must be in [0, 1], got 1.5");
     CHECK(hybrid({"-m", "models/tiny", "-n", "1", "-cnv"}, "hi\n").rc == 0);  // llama.cpp's -cnv is taken
     CHECK(hybrid({"-m", "models/tiny", "-p", "-ngl", "-n", "1"}).rc == 0);    // a value that looks like one is fine
+}
+
+// --no-think with a tokenizer that has no <think>/</think> added tokens renders like thinking on: a warning says the
+// option does nothing (the seventh session's fresh-user test: it was silent).
+TEST_CASE("cli: --no-think without think tokens is a warning", "[cli]") {
+    if (!have_programs()) return;
+    TempDir tmp("nothink");
+    const fs::path dir = tmp.path / "model";
+    fs::create_directories(dir);
+    for (const char* f : {"config.json", "model.safetensors", "tokenizer_config.json"})
+        fs::copy_file(fs::path(kSrc) / "models/tiny" / f, dir / f);
+    std::ifstream in(fs::path(kSrc) / "models/tiny/tokenizer.json");
+    nlohmann::json tok = nlohmann::json::parse(in);
+    nlohmann::json kept = nlohmann::json::array();
+    for (const auto& a : tok["added_tokens"])
+        if (a["content"] != "<think>" && a["content"] != "</think>") kept.push_back(a);
+    REQUIRE(kept.size() + 2 == tok["added_tokens"].size());
+    tok["added_tokens"] = kept;
+    std::ofstream(dir / "tokenizer.json") << tok.dump();
+    const Run r = hybrid({"-m", dir.string(), "--chat", "--no-think", "-p", "hi", "-n", "1"});
+    INFO(r.err);
+    CHECK(r.rc == 0);
+    CHECK(r.err.find("warning: --no-think has no effect: the tokenizer has no <think> and </think> tokens") !=
+          std::string::npos);
+    const Run plain = hybrid({"-m", "models/tiny", "--chat", "--no-think", "-p", "hi", "-n", "1"});
+    CHECK(plain.rc == 0);
+    CHECK(plain.err.find("warning") == std::string::npos);
 }
 
 TEST_CASE("cli tools: an option given twice is a usage error (exit 2), not the last value winning", "[cli]") {

@@ -88,7 +88,8 @@ int main(int argc, char** argv) {
     cxxopts::Options opts("hybrid-bench", "Prefill and decode speed, bytes moved per token, share of the bandwidth roofline");
     opts.add_options()("m,model", "model folder", cxxopts::value<std::string>())(
         "p,prompt", "prompt tokens (random ids)", cxxopts::value<int>()->default_value("512"))(
-        "n,gen", "generated tokens per sequence", cxxopts::value<int>()->default_value("128"))(
+        "n,gen", "decode steps per sequence (each feeds one token after the prompt; llama-bench's -n)",
+        cxxopts::value<int>()->default_value("128"))(
         "b,batch", "batch sizes (sequences decoded together), comma-separated", cxxopts::value<std::string>()->default_value("1"))(
         "r,reps", "repetitions (medians are reported)", cxxopts::value<int>()->default_value("3"))(
         "device", "cpu, cuda or auto", cxxopts::value<std::string>()->default_value("auto"))(

@@ -204,7 +204,11 @@ int main(int argc, char** argv) {
             std::cout << tok.decode(ids) << "\n";
             return hy::tools::finish("hybrid-tokenize", 0);
         }
-        std::cout << join_ids(tok.encode(a["text"].as<std::string>(), parse_special)) << "\n";
+        const std::string text = a["text"].as<std::string>();
+        if (!hy::utf8_is_valid(text))  // as hybrid warns: each invalid sequence is encoded as U+FFFD
+            std::fprintf(stderr, "hybrid-tokenize: warning: --text is not valid UTF-8; its invalid bytes are read as "
+                                 "U+FFFD\n");
+        std::cout << join_ids(tok.encode(text, parse_special)) << "\n";
         return hy::tools::finish("hybrid-tokenize", 0);
     } catch (const hy::Error& e) {
         std::fprintf(stderr, "hybrid-tokenize: %s\n", e.what());
