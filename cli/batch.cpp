@@ -132,7 +132,10 @@ int run_batch(const Options& o, hy_model* m, double load_ms) {
         if (n_failed > 0)
             std::fprintf(stderr, "hybrid: %s failed (see \"error\")\n", count_of(size_t(n_failed), "prompt").c_str());
     }
-    if (g_interrupted.load()) return exit_interrupted;
+    if (g_interrupted.load()) {
+        std::fputs("hybrid: interrupted (Ctrl-C): the unfinished prompts end with stop_reason \"cancelled\"\n", stderr);
+        return exit_interrupted;
+    }
     return n_failed > 0 ? exit_context : exit_ok;
 }
 

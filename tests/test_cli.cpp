@@ -1383,6 +1383,42 @@ TEST_CASE("cli: Ctrl-C during a long prompt's prefill exits 130 promptly", "[cli
     CHECK(waited < 5.0);
 }
 
+// Ctrl-C during --batch-file: every unfinished prompt still gets its JSON line, with stop_reason "cancelled", the
+// exit code is 130, and stderr says so (the seventh session's fresh-user test: no word on stderr).
+TEST_CASE("cli: Ctrl-C during --batch-file cancels the unfinished prompts and says so", "[cli]") {
+    if (!have_programs()) return;
+    TempDir tmp("batch_int");
+    const std::string file = (tmp.path / "prompts.txt").string();
+    std::ofstream(file) << "def main():\nclass Foo:\n";
+    Spawned h = spawn_hybrid({"-m", "models/tiny", "--batch-file", file, "-n", "-1", "-c", "8192", "--temp", "0"});
+    wait_loaded(h);
+    ::usleep(500000);  // well inside the generation (8,000 tokens each)
+    ::kill(h.pid, SIGINT);
+    ::close(h.in);
+    std::string out;
+    char buf[4096];
+    for (ssize_t k; (k = ::read(h.out, buf, sizeof buf)) > 0;) out.append(buf, size_t(k));
+    for (ssize_t k; (k = ::read(h.err_fd, buf, sizeof buf)) > 0;) h.err.append(buf, size_t(k));
+    int st = 0;
+    ::waitpid(h.pid, &st, 0);
+    ::close(h.out);
+    ::close(h.err_fd);
+    INFO(h.err);
+    CHECK(WIFEXITED(st));
+    CHECK(WEXITSTATUS(st) == 130);
+    CHECK(h.err.find("hybrid: interrupted (Ctrl-C): the unfinished prompts end with stop_reason \"cancelled\"") !=
+          std::string::npos);
+    std::istringstream lines(out);
+    std::string line;
+    int n = 0;
+    while (std::getline(lines, line)) {
+        const auto j = nlohmann::json::parse(line);
+        CHECK(j["stop_reason"] == "cancelled");
+        n++;
+    }
+    CHECK(n == 2);
+}
+
 // Ctrl-C at the input line of a REPL reading a pipe: the partial line is discarded and reading goes on, as at a
 // terminal (the interrupted read looked like the end of the input: the chat ended with exit 0 and the typed part
 // was answered; from the final fresh-user test).
