@@ -38,6 +38,7 @@ struct hy_model {
     int n_vocab = 0;                 // sampleable ids
     int n_logits = 0;                // logits row length
     uint64_t fingerprint = 0;
+    hy::GenerationDefaults generation;  // generation_config.json's sampling fields
     std::unique_ptr<hy::ChatTemplate> chat;  // made on first use (throws unsupported without ChatML tokens)
     const hy::ChatTemplate& chat_template() {
         if (!chat) chat = std::make_unique<hy::ChatTemplate>(hy::ChatTemplate::for_tokenizer(*tok));
@@ -585,6 +586,7 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
         mp.max_batch_tokens = p.max_batch_tokens;
         auto m = std::make_unique<hy_model>();
         m->tok = std::make_unique<hy::Tokenizer>(hy::Tokenizer::from_folder(dir));
+        m->generation = hy::load_generation_defaults(dir);
         m->model = hy::Model::load(dir, mp);
         m->n_logits = m->model->config().vocab_size;
         // A token the model cannot embed would fail only when a prompt or an answer uses it: refuse the pair now.
@@ -909,6 +911,37 @@ hy_sampler_params hy_sampler_default_params(void) {
     p.frequency_penalty = 0.0f;
     p.seed = 0xC0FFEE;
     return p;
+}
+
+int hy_model_sampler_defaults(const hy_model* m, hy_sampler_params* out) {
+    if (!m || !out) return -1;
+    *out = hy_sampler_default_params();
+    const hy::GenerationDefaults& g = m->generation;
+    int took = 0;
+    if (g.do_sample == false) {
+        out->temperature = 0.0f;
+        took |= HY_SAMPLER_TEMPERATURE;
+    } else if (g.temperature) {
+        out->temperature = *g.temperature;
+        took |= HY_SAMPLER_TEMPERATURE;
+    }
+    if (g.top_k) {
+        out->top_k = *g.top_k;
+        took |= HY_SAMPLER_TOP_K;
+    }
+    if (g.top_p) {
+        out->top_p = *g.top_p;
+        took |= HY_SAMPLER_TOP_P;
+    }
+    if (g.min_p) {
+        out->min_p = *g.min_p;
+        took |= HY_SAMPLER_MIN_P;
+    }
+    if (g.repetition_penalty) {
+        out->repeat_penalty = *g.repetition_penalty;
+        took |= HY_SAMPLER_REPEAT_PENALTY;
+    }
+    return took;
 }
 
 int hy_sampler_new(const hy_model* m, const hy_sampler_params* params, hy_sampler** out) {

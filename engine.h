@@ -254,6 +254,22 @@ typedef struct hy_sampler_params {
 
 hy_sampler_params hy_sampler_default_params(void);
 
+/* The fields of hy_sampler_params that hy_model_sampler_defaults can take from a model folder. */
+typedef enum hy_sampler_field {
+    HY_SAMPLER_TEMPERATURE = 1,
+    HY_SAMPLER_TOP_K = 2,
+    HY_SAMPLER_TOP_P = 4,
+    HY_SAMPLER_MIN_P = 8,
+    HY_SAMPLER_REPEAT_PENALTY = 16
+} hy_sampler_field;
+
+/* The sampling the model folder recommends: hy_sampler_default_params() with what its generation_config.json gives
+ * applied, as vLLM applies it by default: "do_sample": false makes it greedy (temperature 0); "temperature",
+ * "top_k", "top_p", "min_p" and "repetition_penalty" are taken as given (top_k 0 and top_p 1 are off, as here).
+ * Returns a mask of the hy_sampler_field values taken (0 without a generation_config.json or sampling fields in
+ * it), or -1 when model or out is NULL. The file is read (and checked) by hy_model_load. */
+int hy_model_sampler_defaults(const hy_model* model, hy_sampler_params* out);
+
 /* Creates a sampler for the model's vocabulary (params may be NULL: defaults). Errors: HY_ERR_INVALID_ARGUMENT for
  * an out-of-range parameter (repeat_penalty <= 0, repeat_last_n < -1, NaN values, negative top_p). */
 int hy_sampler_new(const hy_model* model, const hy_sampler_params* params, hy_sampler** out);

@@ -17,6 +17,10 @@ namespace hy::cli {
 namespace {
 
 const char* kExitCodes =
+    "Sampling: options not given take the model folder's generation_config.json values when it has them\n"
+    "  (temperature, top_k, top_p, min_p, repetition_penalty; \"do_sample\": false is greedy), as transformers and\n"
+    "  vLLM do; otherwise the defaults shown above. --verbose names the values taken from the file.\n"
+    "\n"
     "Output:\n"
     "  Only the generated continuation goes to stdout (the prompt is not echoed), streamed token by token, with\n"
     "  no newline added unless stdout is a terminal (or shares its target with a summary on stderr);\n"
@@ -331,6 +335,12 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         if (!parse_real(text, &v) || !std::isfinite(float(v))) usage("invalid value '" + text + "' for --" + name);
         return float(v);
     };
+    // (options not given take the model folder's generation_config.json values when it has them: main.cpp)
+    if (r.count("temp")) o.sampling_given |= HY_SAMPLER_TEMPERATURE;
+    if (r.count("top-k")) o.sampling_given |= HY_SAMPLER_TOP_K;
+    if (r.count("top-p")) o.sampling_given |= HY_SAMPLER_TOP_P;
+    if (r.count("min-p")) o.sampling_given |= HY_SAMPLER_MIN_P;
+    if (r.count("repeat-penalty")) o.sampling_given |= HY_SAMPLER_REPEAT_PENALTY;
     sp.temperature = real("temp");
     sp.top_k = r["top-k"].as<int>();
     sp.top_p = real("top-p");

@@ -219,15 +219,6 @@ int run(int argc, char** argv) {
     if (!parse_options(argc, argv, o, &code)) return code;
     const bool show_summary = o.verbose || stderr_tty();
 
-    if (o.verbose)
-        std::fprintf(stderr,
-                     "hybrid: model %s, ctx %d, threads %s, seed %llu, temp %.3g, top-k %d, top-p %.3g, min-p %.3g, "
-                     "repeat-penalty %.3g (last %d), presence %.3g, frequency %.3g\n",
-                     o.model_dir.c_str(), o.n_ctx, threads_text(o.n_threads).c_str(), (unsigned long long)o.sampling.seed,
-                     o.sampling.temperature, o.sampling.top_k, o.sampling.top_p, o.sampling.min_p,
-                     o.sampling.repeat_penalty, o.sampling.repeat_last_n, o.sampling.presence_penalty,
-                     o.sampling.frequency_penalty);
-
     // load
     Handles h;
     hy_model_params mp = hy_model_default_params();
@@ -250,6 +241,30 @@ int run(int argc, char** argv) {
     if (o.verbose)
         std::fprintf(stderr, "hybrid: loaded on %s, %.1f MiB arena, vocab %d\n", hy_model_backend(h.m),
                      double(hy_model_arena_bytes(h.m)) / (1024.0 * 1024.0), hy_model_n_vocab(h.m));
+    // sampling options not given on the command line take the model folder's generation_config.json values, as
+    // transformers' generate and vLLM take them
+    hy_sampler_params recommended;
+    const int from_file = std::max(hy_model_sampler_defaults(h.m, &recommended), 0) & ~o.sampling_given;
+    if (from_file & HY_SAMPLER_TEMPERATURE) o.sampling.temperature = recommended.temperature;
+    if (from_file & HY_SAMPLER_TOP_K) o.sampling.top_k = recommended.top_k;
+    if (from_file & HY_SAMPLER_TOP_P) o.sampling.top_p = recommended.top_p;
+    if (from_file & HY_SAMPLER_MIN_P) o.sampling.min_p = recommended.min_p;
+    if (from_file & HY_SAMPLER_REPEAT_PENALTY) o.sampling.repeat_penalty = recommended.repeat_penalty;
+    if (o.verbose) {
+        std::string taken;
+        for (const auto& [bit, name] : {std::pair<int, const char*>{HY_SAMPLER_TEMPERATURE, "temp"},
+                                        {HY_SAMPLER_TOP_K, "top-k"}, {HY_SAMPLER_TOP_P, "top-p"},
+                                        {HY_SAMPLER_MIN_P, "min-p"}, {HY_SAMPLER_REPEAT_PENALTY, "repeat-penalty"}})
+            if (from_file & bit) taken += std::string(taken.empty() ? "" : ", ") + name;
+        std::fprintf(stderr,
+                     "hybrid: model %s, ctx %d, threads %s, seed %llu, temp %.3g, top-k %d, top-p %.3g, min-p %.3g, "
+                     "repeat-penalty %.3g (last %d), presence %.3g, frequency %.3g%s%s%s\n",
+                     o.model_dir.c_str(), o.n_ctx, threads_text(o.n_threads).c_str(), (unsigned long long)o.sampling.seed,
+                     o.sampling.temperature, o.sampling.top_k, o.sampling.top_p, o.sampling.min_p,
+                     o.sampling.repeat_penalty, o.sampling.repeat_last_n, o.sampling.presence_penalty,
+                     o.sampling.frequency_penalty, taken.empty() ? "" : " (", taken.c_str(),
+                     taken.empty() ? "" : " from generation_config.json)");
+    }
     if (const int trained = hy_model_n_ctx_train(h.m); trained > 0 && o.n_ctx > trained)
         std::fprintf(stderr, "hybrid: warning: -c %d is larger than the %d positions the model was trained for "
                              "(max_position_embeddings): output past them may degrade\n", o.n_ctx, trained);

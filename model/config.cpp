@@ -201,6 +201,47 @@ ModelConfig parse_model_config(const std::string& text, const std::string& sourc
     }
 }
 
+GenerationDefaults parse_generation_defaults(const std::string& text, const std::string& source) {
+    const json j = json::parse(text, nullptr, false);
+    if (j.is_discarded()) throw Error(Status::format, source + ": malformed JSON");
+    if (!j.is_object()) throw Error(Status::format, source + ": the top level must be a JSON object");
+    auto given = [&](const char* f) { return j.contains(f) && !j.at(f).is_null(); };
+    auto bad = [&](const char* f, const std::string& what) {
+        return Error(Status::format, source + ": field '" + f + "' " + what + ", found " + j.at(f).dump());
+    };
+    auto real = [&](const char* f, float lo, float hi, bool lo_open, const char* range) -> std::optional<float> {
+        if (!given(f)) return std::nullopt;
+        if (!j.at(f).is_number()) throw bad(f, "must be a number");
+        const double v = j.at(f).get<double>();
+        if (!(lo_open ? v > lo : v >= lo) || v > hi) throw bad(f, std::string("must be in ") + range);
+        return float(v);
+    };
+    GenerationDefaults g;
+    if (given("do_sample")) {
+        if (!j.at("do_sample").is_boolean()) throw bad("do_sample", "must be true or false");
+        g.do_sample = j.at("do_sample").get<bool>();
+    }
+    constexpr float kBig = 1e30f;
+    g.temperature = real("temperature", 0.0f, kBig, false, "[0, inf)");
+    g.top_p = real("top_p", 0.0f, 1.0f, true, "(0, 1]");
+    g.min_p = real("min_p", 0.0f, 1.0f, false, "[0, 1]");
+    g.repetition_penalty = real("repetition_penalty", 0.0f, kBig, true, "(0, inf)");
+    if (given("top_k")) {
+        if (!j.at("top_k").is_number_integer()) throw bad("top_k", "must be an integer");
+        const long long k = j.at("top_k").get<long long>();
+        if (k < 0 || k > (1ll << 30)) throw bad("top_k", "must be in [0, 2^30]");
+        g.top_k = int(k);
+    }
+    return g;
+}
+
+GenerationDefaults load_generation_defaults(const std::string& dir) {
+    const std::string path = dir + "/generation_config.json";
+    std::error_code ec;
+    if (!std::filesystem::exists(path, ec)) return {};
+    return parse_generation_defaults(read_regular_file(path, kMaxJsonFileBytes), path);
+}
+
 ModelConfig load_model_config(const std::string& dir) {
     std::string path = dir + "/config.json";
     std::error_code ec;

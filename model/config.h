@@ -8,6 +8,7 @@
 // == 0 (default 4). RoPE fields come from rope_parameters or, in older files, the top level.
 #pragma once
 
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -58,5 +59,22 @@ ModelConfig load_model_config(const std::string& dir);
 
 // Parses config.json text (`source` names it in messages). Same checks as load_model_config.
 ModelConfig parse_model_config(const std::string& json_text, const std::string& source);
+
+// The sampling fields of a model folder's generation_config.json (Hugging Face GenerationConfig: the settings the
+// model's authors recommend, which transformers' generate and vLLM use by default). A field that is absent or null
+// stays unset.
+struct GenerationDefaults {
+    std::optional<bool> do_sample;
+    std::optional<float> temperature, top_p, min_p, repetition_penalty;
+    std::optional<int> top_k;
+};
+
+// Reads `dir`/generation_config.json when it exists (otherwise every field is unset). Throws Error(format) naming
+// the file and field for malformed JSON, a value of the wrong type, or one out of range (temperature < 0, top_p
+// outside (0, 1], min_p outside [0, 1], repetition_penalty <= 0, top_k < 0); Error(io) when it cannot be read.
+GenerationDefaults load_generation_defaults(const std::string& dir);
+
+// Parses generation_config.json text (`source` names it in messages). Same checks as load_generation_defaults.
+GenerationDefaults parse_generation_defaults(const std::string& json_text, const std::string& source);
 
 }  // namespace hy

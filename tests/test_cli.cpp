@@ -1093,6 +1093,54 @@ TEST_CASE("cli: --no-think without think tokens is a warning", "[cli]") {
     CHECK(plain.err.find("warning") == std::string::npos);
 }
 
+// Sampling options not given take the model folder's generation_config.json values (as transformers and vLLM);
+// given ones win; a bad value is a load error naming the file and field.
+TEST_CASE("cli: generation_config.json gives the sampling defaults", "[cli]") {
+    if (!have_programs()) return;
+    TempDir tmp("genconfig");
+    const fs::path dir = tmp.path / "model";
+    fs::create_directories(dir);
+    for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+        fs::copy_file(fs::path(kSrc) / "models/tiny" / f, dir / f);
+    const std::vector<std::string> base = {"-p", "def main():", "-n", "16", "-s", "7"};
+    auto run_with = [&](const std::string& model, std::vector<std::string> extra) {
+        std::vector<std::string> args = {"-m", model};
+        args.insert(args.end(), base.begin(), base.end());
+        args.insert(args.end(), extra.begin(), extra.end());
+        return hybrid(args);
+    };
+    const Run greedy = run_with("models/tiny", {"--temp", "0"});
+    const Run sampled = run_with("models/tiny", {});
+    REQUIRE(greedy.rc == 0);
+    REQUIRE(sampled.rc == 0);
+    REQUIRE(greedy.out != sampled.out);  // (seed 7 samples something else than the arg max here)
+    // "do_sample": false: greedy unless --temp says otherwise
+    std::ofstream(dir / "generation_config.json") << R"({"do_sample": false, "eos_token_id": 1})";
+    const Run g = run_with(dir.string(), {"--verbose"});
+    INFO(g.err);
+    CHECK(g.rc == 0);
+    CHECK(g.out == greedy.out);
+    CHECK(g.err.find("temp 0, ") != std::string::npos);
+    CHECK(g.err.find("(temp from generation_config.json)") != std::string::npos);
+    CHECK(run_with(dir.string(), {"--temp", "0.8"}).out == sampled.out);
+    // the recommended values, as if given on the command line
+    std::ofstream(dir / "generation_config.json", std::ios::trunc)
+        << R"({"do_sample": true, "temperature": 0.6, "top_k": 20, "top_p": 0.9, "repetition_penalty": null})";
+    const Run rec = run_with(dir.string(), {"--verbose"});
+    INFO(rec.err);
+    CHECK(rec.rc == 0);
+    CHECK(rec.out == run_with("models/tiny", {"--temp", "0.6", "--top-k", "20", "--top-p", "0.9"}).out);
+    CHECK(rec.err.find("(temp, top-k, top-p from generation_config.json)") != std::string::npos);
+    CHECK(run_with(dir.string(), {"--temp", "0.6", "--top-k", "40", "--top-p", "0.9"}).out ==
+          run_with("models/tiny", {"--temp", "0.6", "--top-p", "0.9"}).out);  // a given option wins
+    // a bad value: the model does not load (exit 2), one line naming the file and field
+    std::ofstream(dir / "generation_config.json", std::ios::trunc) << R"({"temperature": "hot"})";
+    check_one_line_error(run_with(dir.string(), {}), 2,
+                         "generation_config.json: field 'temperature' must be a number, found \"hot\"");
+    std::ofstream(dir / "generation_config.json", std::ios::trunc) << R"({"top_p": 0})";
+    check_one_line_error(run_with(dir.string(), {}), 2, "field 'top_p' must be in (0, 1], found 0");
+}
+
 TEST_CASE("cli tools: an option given twice is a usage error (exit 2), not the last value winning", "[cli]") {
     if (!have_programs()) return;
     for (const char* p : {"hybrid-compare", "hybrid-bench", "hybrid-tokenize"})

@@ -99,6 +99,20 @@ TEST_CASE("engine: status codes and defaults", "[engine]") {
     CHECK(hy_model_default_params().n_ctx == 4096);
 }
 
+TEST_CASE("engine: without a generation_config.json the model's sampler defaults are the engine's", "[engine]") {
+    Tiny t;
+    hy_sampler_params p;
+    CHECK(hy_model_sampler_defaults(t.m, &p) == 0);
+    const hy_sampler_params d = hy_sampler_default_params();
+    CHECK(p.temperature == d.temperature);
+    CHECK(p.top_k == d.top_k);
+    CHECK(p.top_p == d.top_p);
+    CHECK(p.min_p == d.min_p);
+    CHECK(p.repeat_penalty == d.repeat_penalty);
+    CHECK(hy_model_sampler_defaults(nullptr, &p) == -1);
+    CHECK(hy_model_sampler_defaults(t.m, nullptr) == -1);
+}
+
 TEST_CASE("engine: tokenize, generate the golden greedy ids and text", "[engine]") {
     const auto g = golden_case("short");
     Tiny t;

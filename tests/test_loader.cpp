@@ -259,6 +259,38 @@ TEST_CASE("loader: a prompt id past the vocabulary is rejected", "[loader]") {
     require_error([&] { m->prefill(0, too_long); }, Status::context_full, "does not fit");
 }
 
+TEST_CASE("generation_config.json: sampling fields, types and ranges", "[loader]") {
+    const GenerationDefaults g = parse_generation_defaults(
+        R"({"do_sample": true, "temperature": 0.6, "top_k": 20, "top_p": 0.95, "min_p": 0, "eos_token_id": [1, 2],
+            "repetition_penalty": 1.05, "transformers_version": "4.57.0"})",
+        "g.json");
+    CHECK(g.do_sample == true);
+    CHECK(*g.temperature == Approx(0.6f));
+    CHECK(*g.top_k == 20);
+    CHECK(*g.top_p == Approx(0.95f));
+    CHECK(*g.min_p == 0.0f);
+    CHECK(*g.repetition_penalty == Approx(1.05f));
+    const GenerationDefaults none = parse_generation_defaults(R"({"temperature": null, "eos_token_id": 2})", "g.json");
+    CHECK(!none.temperature);
+    CHECK(!none.do_sample);
+    CHECK(!none.top_k);
+    for (const auto& [text, msg] : std::vector<std::pair<std::string, std::string>>{
+             {R"({"temperature": "hot"})", "g.json: field 'temperature' must be a number, found \"hot\""},
+             {R"({"temperature": -1})", "field 'temperature' must be in [0, inf), found -1"},
+             {R"({"top_p": 0})", "field 'top_p' must be in (0, 1], found 0"},
+             {R"({"top_p": 1.5})", "field 'top_p' must be in (0, 1], found 1.5"},
+             {R"({"min_p": 2})", "field 'min_p' must be in [0, 1]"},
+             {R"({"repetition_penalty": 0})", "field 'repetition_penalty' must be in (0, inf)"},
+             {R"({"top_k": 2.5})", "field 'top_k' must be an integer, found 2.5"},
+             {R"({"top_k": -1})", "field 'top_k' must be in [0, 2^30]"},
+             {R"({"do_sample": 1})", "field 'do_sample' must be true or false, found 1"},
+             {"[1]", "g.json: the top level must be a JSON object"},
+             {"{", "g.json: malformed JSON"}})
+        require_error([&] { parse_generation_defaults(text, "g.json"); }, Status::format, msg);
+    TempDir d;
+    CHECK(!load_generation_defaults(d.path).temperature);  // no file: nothing set
+}
+
 TEST_CASE("config: both layouts and the layer pattern rules", "[loader]") {
     nlohmann::json flat = nlohmann::json::parse(read_text(tiny_dir() + "/config.json"));
     ModelConfig a = parse_model_config(flat.dump(), "flat");
