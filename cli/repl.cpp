@@ -182,7 +182,7 @@ struct Repl {
                 std::fputs("hybrid: stop: interrupted (Ctrl-C) during the prefill; the message was dropped\n", stderr);
             return;
         }
-        write_stdout("\n", 1);
+        if (rc == HY_OK || !answer.empty()) write_stdout("\n", 1);  // (ends the answer; no empty line before an error)
         if (rc != HY_OK)
             engine_fail(rc == HY_ERR_CONTEXT_FULL ? exit_context : exit_runtime, "generation failed");
         check_stdout();

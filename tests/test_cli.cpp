@@ -835,6 +835,10 @@ TEST_CASE("cli: a model with NaN weights is a generation error, not silent outpu
     const std::string file = tmp / "prompts.txt";
     hy::test::write_text(file, "a\nb\n");
     check_one_line_error(hybrid({"-m", dir, "--batch-file", file, "-n", "2"}), 6, "no finite logits");
+    // the REPL: the error, and no empty answer line before it (the seventh session's fresh-user test)
+    const Run chat = hybrid({"-m", dir, "-i", "-n", "2"}, "hi\n");
+    check_one_line_error(chat, 6, "no finite logits");
+    CHECK(chat.out.empty());
 }
 
 // A tokenizer without the ChatML tokens: the chat modes refuse the model with exit 2 (an unsupported model file, as
