@@ -939,7 +939,8 @@ int hy_model_sampler_defaults(const hy_model* m, hy_sampler_params* out) {
     }
     if (g.repetition_penalty) {
         out->repeat_penalty = *g.repetition_penalty;
-        took |= HY_SAMPLER_REPEAT_PENALTY;
+        out->repeat_last_n = -1;
+        took |= HY_SAMPLER_REPEAT_PENALTY | HY_SAMPLER_REPEAT_LAST_N;
     }
     return took;
 }

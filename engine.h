@@ -260,14 +260,18 @@ typedef enum hy_sampler_field {
     HY_SAMPLER_TOP_K = 2,
     HY_SAMPLER_TOP_P = 4,
     HY_SAMPLER_MIN_P = 8,
-    HY_SAMPLER_REPEAT_PENALTY = 16
+    HY_SAMPLER_REPEAT_PENALTY = 16,
+    HY_SAMPLER_REPEAT_LAST_N = 32
 } hy_sampler_field;
 
 /* The sampling the model folder recommends: hy_sampler_default_params() with what its generation_config.json gives
  * applied, as vLLM applies it by default: "do_sample": false makes it greedy (temperature 0); "temperature",
- * "top_k", "top_p", "min_p" and "repetition_penalty" are taken as given (top_k 0 and top_p 1 are off, as here).
- * Returns a mask of the hy_sampler_field values taken (0 without a generation_config.json or sampling fields in
- * it), or -1 when model or out is NULL. The file is read (and checked) by hy_model_load. */
+ * "top_k", "top_p", "min_p" and "repetition_penalty" are taken as given (top_k 0 and top_p 1 are off, as here); a
+ * repetition_penalty also sets repeat_last_n to -1 (the whole context, as transformers and vLLM apply it). Fields
+ * the file leaves out keep hy_sampler_default_params()'s values (transformers would sample only with "do_sample":
+ * true, and has its own defaults for the rest). Returns a mask of the hy_sampler_field values taken (0 without a
+ * generation_config.json or sampling fields in it), or -1 when model or out is NULL. The file is read (and checked)
+ * by hy_model_load. */
 int hy_model_sampler_defaults(const hy_model* model, hy_sampler_params* out);
 
 /* Creates a sampler for the model's vocabulary (params may be NULL: defaults). Errors: HY_ERR_INVALID_ARGUMENT for

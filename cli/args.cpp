@@ -18,8 +18,8 @@ namespace {
 
 const char* kExitCodes =
     "Sampling: options not given take the model folder's generation_config.json values when it has them\n"
-    "  (temperature, top_k, top_p, min_p, repetition_penalty; \"do_sample\": false is greedy), as transformers and\n"
-    "  vLLM do; otherwise the defaults shown above. --verbose names the values taken from the file.\n"
+    "  (temperature, top_k, top_p, min_p, repetition_penalty over the whole context; \"do_sample\": false is\n"
+    "  greedy), as vLLM does; otherwise the defaults shown above. --verbose names the values taken from the file.\n"
     "\n"
     "Output:\n"
     "  Only the generated continuation goes to stdout (the prompt is not echoed), streamed token by token, with\n"
@@ -102,7 +102,11 @@ std::string llama_cpp_hint(const std::string& a) {
         {"-sys", "the system message is --system"},
         {"-no-cnv", "one-shot generation is the default; -i starts the chat"},
         {"--no-conversation", ""},
-        {"-fa", "attention always runs as fused kernels"}, {"--flash-attn", ""}};
+        {"-fa", "attention always runs as fused kernels"}, {"--flash-attn", ""},
+        {"-r", "--stop STR ends the output at a string; --chat and -i end at the end of the turn"},
+        {"--reverse-prompt", ""},
+        {"--jinja", "the chat format is built in: --chat, or -i for a chat"}, {"--chat-template", ""},
+        {"-b", "hybrid sizes its prefill steps itself"}, {"--batch-size", ""}, {"-ub", ""}, {"--ubatch-size", ""}};
     const char* last = "";
     for (const auto& h : kHints) {
         if (*h[1]) last = h[1];  // an empty hint: the one of the entry before (another spelling)
@@ -224,6 +228,12 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     cxxopts::ParseResult r;
     try {
         r = opts.parse(int(av.size()), av.data());
+    } catch (const cxxopts::exceptions::no_such_option& e) {
+        // "Option 'xyz' does not exist": worded as the unknown options found above are
+        std::string name = parse_error_message(e.what(), argc, argv);
+        const size_t a = name.find('\''), b = a == std::string::npos ? a : name.find('\'', a + 1);
+        name = b == std::string::npos ? name : name.substr(a + 1, b - a - 1);
+        usage("unknown option " + std::string(name.size() == 1 ? "-" : "--") + name + " (-h lists the options)");
     } catch (const cxxopts::exceptions::exception& e) {
         usage(parse_error_message(e.what(), argc, argv) + " (see --help)");  // the option as the user spelled it
     }
@@ -341,6 +351,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     if (r.count("top-p")) o.sampling_given |= HY_SAMPLER_TOP_P;
     if (r.count("min-p")) o.sampling_given |= HY_SAMPLER_MIN_P;
     if (r.count("repeat-penalty")) o.sampling_given |= HY_SAMPLER_REPEAT_PENALTY;
+    if (r.count("repeat-last-n")) o.sampling_given |= HY_SAMPLER_REPEAT_LAST_N;
     sp.temperature = real("temp");
     sp.top_k = r["top-k"].as<int>();
     sp.top_p = real("top-p");

@@ -50,11 +50,12 @@ int run_batch(const Options& o, hy_model* m, double load_ms) {
     int n_failed = 0;
     for (size_t i = 0; i < o.batch_prompts.size(); i++) {
         const std::string& line = o.batch_prompts[i];
-        std::vector<int32_t> ids = tokenize(m, o.chat ? chat_first_turn(m, o, line, prompt_name(o, i)) : line);
+        std::vector<int32_t> ids =
+            tokenize(m, o.chat ? chat_first_turn(m, o, line, prompt_name(o, i)) : line, prompt_name(o, i));
         if (ids.empty()) throw Failure(exit_usage, prompt_name(o, i) + " is empty (no tokens)");
         if (int(ids.size()) >= o.n_ctx) {
             errors[i] = "the prompt has " + count_of(ids.size(), "token") + " but the context holds " +
-                        std::to_string(o.n_ctx) + " (-c)";
+                        std::to_string(o.n_ctx) + " (-c): no room to generate";
             std::fprintf(stderr, "hybrid: error: %s: %s\n", prompt_name(o, i).c_str(), errors[i].c_str());
             n_failed++;
         }

@@ -114,9 +114,9 @@ int thinking_mode(const Options& o);
 std::string chat_render(hy_model* m, const std::vector<hy_chat_message>& msgs, bool add_generation_prompt,
                         int thinking, bool continuation);
 
-// Tokenizes text (special tokens parsed); warns on stderr when the text is not valid UTF-8 (each invalid sequence
-// becomes U+FFFD). Throws Failure(exit_runtime) on error.
-std::vector<int32_t> tokenize(hy_model* m, const std::string& text);
+// Tokenizes text (special tokens parsed); warns on stderr, naming `what`, when the text is not valid UTF-8 (each
+// invalid sequence becomes U+FFFD). Throws Failure(exit_runtime) on error.
+std::vector<int32_t> tokenize(hy_model* m, const std::string& text, const std::string& what);
 // The ids that end a chat answer besides the model's end-of-sequence ids: the template's end-of-turn token and,
 // when the vocabulary has them as single special tokens, <|endoftext|> (a new document) and <|im_start|> (a new
 // turn the model would write for the user), as llama.cpp's end-of-generation tokens. Plain completion (-p without

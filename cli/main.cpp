@@ -170,9 +170,10 @@ std::string chat_render(hy_model* m, const std::vector<hy_chat_message>& msgs, b
     return out;
 }
 
-std::vector<int32_t> tokenize(hy_model* m, const std::string& text) {
+std::vector<int32_t> tokenize(hy_model* m, const std::string& text, const std::string& what) {
     if (!hy::utf8_is_valid(text))  // the tokenizer reads each invalid sequence as U+FFFD, as Hugging Face does
-        std::fprintf(stderr, "hybrid: warning: the input is not valid UTF-8; its invalid bytes are read as U+FFFD\n");
+        std::fprintf(stderr, "hybrid: warning: %s is not valid UTF-8; its invalid bytes are read as U+FFFD\n",
+                     what.c_str());
     int n = 0;
     hy_tokenize(m, text.data(), ptrdiff_t(text.size()), 1, nullptr, 0, &n);
     std::vector<int32_t> ids(static_cast<size_t>(n));
@@ -184,18 +185,21 @@ std::vector<int32_t> tokenize(hy_model* m, const std::string& text) {
 void print_summary(double load_ms, const hy_generate_result& r, bool interrupted) {
     auto rate = [](int n, double ms) { return ms > 0.0 ? 1000.0 * n / ms : 0.0; };
     if (load_ms >= 0.0) std::fprintf(stderr, "hybrid: load       %10.1f ms\n", load_ms);
+    auto tokens = [](int n) { return n == 1 ? "token " : "tokens"; };
     if (r.n_prompt > 0)
-        std::fprintf(stderr, "hybrid: prompt     %10.1f ms  %6d tokens  %9.1f tok/s\n", r.prompt_ms, r.n_prompt,
-                     rate(r.n_prompt, r.prompt_ms));
-    else  // (a prefill stopped by Ctrl-C keeps nothing)
+        std::fprintf(stderr, "hybrid: prompt     %10.1f ms  %6d %s  %9.1f tok/s\n", r.prompt_ms, r.n_prompt,
+                     tokens(r.n_prompt), rate(r.n_prompt, r.prompt_ms));
+    else if (r.stop_reason == HY_STOP_CALLBACK)  // (a prefill stopped before its end keeps nothing of the prompt)
+        std::fprintf(stderr, "hybrid: prompt     %10.1f ms  stopped before its end (nothing kept)\n", r.prompt_ms);
+    else
         std::fprintf(stderr, "hybrid: prompt     %10.1f ms  %6d tokens          - tok/s\n", r.prompt_ms, r.n_prompt);
     // the rate counts decode steps: the first generated id comes from the prompt's logits (llama.cpp's "runs")
     if (r.n_decoded > 0)
-        std::fprintf(stderr, "hybrid: generation %10.1f ms  %6d tokens  %9.1f tok/s\n", r.generate_ms, r.n_generated,
-                     rate(r.n_decoded, r.generate_ms));
+        std::fprintf(stderr, "hybrid: generation %10.1f ms  %6d %s  %9.1f tok/s\n", r.generate_ms, r.n_generated,
+                     tokens(r.n_generated), rate(r.n_decoded, r.generate_ms));
     else
-        std::fprintf(stderr, "hybrid: generation %10.1f ms  %6d tokens          - tok/s\n", r.generate_ms,
-                     r.n_generated);
+        std::fprintf(stderr, "hybrid: generation %10.1f ms  %6d %s          - tok/s\n", r.generate_ms, r.n_generated,
+                     tokens(r.n_generated));
     const bool ctrl_c = r.stop_reason == HY_STOP_CALLBACK && (interrupted || g_interrupted.load());
     std::fprintf(stderr, "hybrid: stop: %s\n", ctrl_c ? "interrupted (Ctrl-C)" : hy_stop_reason_name(r.stop_reason));
 }
@@ -242,7 +246,7 @@ int run(int argc, char** argv) {
         std::fprintf(stderr, "hybrid: loaded on %s, %.1f MiB arena, vocab %d\n", hy_model_backend(h.m),
                      double(hy_model_arena_bytes(h.m)) / (1024.0 * 1024.0), hy_model_n_vocab(h.m));
     // sampling options not given on the command line take the model folder's generation_config.json values, as
-    // transformers' generate and vLLM take them
+    // vLLM takes them
     hy_sampler_params recommended;
     const int from_file = std::max(hy_model_sampler_defaults(h.m, &recommended), 0) & ~o.sampling_given;
     if (from_file & HY_SAMPLER_TEMPERATURE) o.sampling.temperature = recommended.temperature;
@@ -250,11 +254,13 @@ int run(int argc, char** argv) {
     if (from_file & HY_SAMPLER_TOP_P) o.sampling.top_p = recommended.top_p;
     if (from_file & HY_SAMPLER_MIN_P) o.sampling.min_p = recommended.min_p;
     if (from_file & HY_SAMPLER_REPEAT_PENALTY) o.sampling.repeat_penalty = recommended.repeat_penalty;
+    if (from_file & HY_SAMPLER_REPEAT_LAST_N) o.sampling.repeat_last_n = recommended.repeat_last_n;
     if (o.verbose) {
         std::string taken;
         for (const auto& [bit, name] : {std::pair<int, const char*>{HY_SAMPLER_TEMPERATURE, "temp"},
                                         {HY_SAMPLER_TOP_K, "top-k"}, {HY_SAMPLER_TOP_P, "top-p"},
-                                        {HY_SAMPLER_MIN_P, "min-p"}, {HY_SAMPLER_REPEAT_PENALTY, "repeat-penalty"}})
+                                        {HY_SAMPLER_MIN_P, "min-p"}, {HY_SAMPLER_REPEAT_PENALTY, "repeat-penalty"},
+                                        {HY_SAMPLER_REPEAT_LAST_N, "repeat-last-n"}})
             if (from_file & bit) taken += std::string(taken.empty() ? "" : ", ") + name;
         std::fprintf(stderr,
                      "hybrid: model %s, ctx %d, threads %s, seed %llu, temp %.3g, top-k %d, top-p %.3g, min-p %.3g, "
@@ -293,7 +299,7 @@ int run(int argc, char** argv) {
                 throw Failure(exit_usage, "--prompt-ids: id " + std::to_string(id) + " is not in the vocabulary (" +
                                               std::to_string(hy_model_n_vocab(h.m)) + " ids)");
     } else {
-        ids = tokenize(h.m, o.chat ? chat_first_turn(h.m, o, o.prompt, "the prompt") : o.prompt);
+        ids = tokenize(h.m, o.chat ? chat_first_turn(h.m, o, o.prompt, "the prompt") : o.prompt, "the prompt");
     }
     if (ids.empty()) throw Failure(exit_usage, "the prompt is empty (no tokens)");
     if (int(ids.size()) >= o.n_ctx)

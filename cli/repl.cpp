@@ -142,7 +142,7 @@ struct Repl {
             std::vector<hy_chat_message> msgs = {{"user", user.c_str()}};
             text = chat_render(m, msgs, true, thinking_mode(o), true);
         }
-        const std::vector<int32_t> ids = tokenize(m, text);
+        const std::vector<int32_t> ids = tokenize(m, text, "the message");
         const int have = hy_context_n_tokens(c), n_ctx = hy_model_n_ctx(m);
         if (have + int(ids.size()) >= n_ctx)
             throw Failure(exit_context, "the conversation would hold " + std::to_string(have + int(ids.size())) +
@@ -310,9 +310,9 @@ struct Repl {
                          path.c_str(), o.no_think ? "without" : "with", o.no_think ? "with" : "without");
         // the loaded conversation keeps its own system message; --system applies again after /reset
         if (!o.system.empty() && loaded_system != o.system)
-            std::fprintf(stderr, "hybrid: warning: %s has %s system message than --system; the conversation keeps "
-                                 "its own (--system applies after /reset)\n",
-                         path.c_str(), loaded_system.empty() ? "no" : "another");
+            std::fprintf(stderr, "hybrid: warning: %s has %s; --system applies after /reset\n", path.c_str(),
+                         loaded_system.empty() ? "no system message, and keeps none"
+                                               : "another system message than --system, and keeps its own");
     }
 
     // Returns false to leave the REPL.

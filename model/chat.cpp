@@ -20,10 +20,13 @@ ChatTemplate ChatTemplate::for_tokenizer(const Tokenizer& tokenizer) {
             if (a.content == content) return true;
         return false;
     };
-    if (!added(t.start_) || !added(t.end_))
-        throw Error(Status::unsupported,
-                    "unsupported chat template: <|im_start|>/<|im_end|> are not in tokenizer.json's added_tokens, so "
-                    "a chat prompt would be encoded as plain text");
+    if (!added(t.start_) || !added(t.end_)) {
+        const bool both = !added(t.start_) && !added(t.end_);
+        const std::string missing = both ? t.start_ + " and " + t.end_ : !added(t.start_) ? t.start_ : t.end_;
+        throw Error(Status::unsupported, "unsupported chat template: " + missing + (both ? " are" : " is") +
+                                             " not in tokenizer.json's added_tokens, so a chat prompt would be "
+                                             "encoded as plain text");
+    }
     t.think_ = tokenizer.token_id("<think>") >= 0 && tokenizer.token_id("</think>") >= 0 && added("<think>") &&
                added("</think>");
     return t;

@@ -1,5 +1,6 @@
 #include "model/config.h"
 
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -209,11 +210,14 @@ GenerationDefaults parse_generation_defaults(const std::string& text, const std:
     auto bad = [&](const char* f, const std::string& what) {
         return Error(Status::format, source + ": field '" + f + "' " + what + ", found " + j.at(f).dump());
     };
-    auto real = [&](const char* f, float lo, float hi, bool lo_open, const char* range) -> std::optional<float> {
+    // the ranges hybrid's options accept (--temp <= 0 is greedy, --top-k <= 0 and --top-p 1 are off)
+    auto real = [&](const char* f, bool unit, bool positive) -> std::optional<float> {
         if (!given(f)) return std::nullopt;
         if (!j.at(f).is_number()) throw bad(f, "must be a number");
         const double v = j.at(f).get<double>();
-        if (!(lo_open ? v > lo : v >= lo) || v > hi) throw bad(f, std::string("must be in ") + range);
+        if (!std::isfinite(float(v))) throw bad(f, "must be a finite number");
+        if (unit && (v < 0.0 || v > 1.0)) throw bad(f, "must be in [0, 1]");
+        if (positive && !(v > 0.0)) throw bad(f, "must be > 0");
         return float(v);
     };
     GenerationDefaults g;
@@ -221,15 +225,14 @@ GenerationDefaults parse_generation_defaults(const std::string& text, const std:
         if (!j.at("do_sample").is_boolean()) throw bad("do_sample", "must be true or false");
         g.do_sample = j.at("do_sample").get<bool>();
     }
-    constexpr float kBig = 1e30f;
-    g.temperature = real("temperature", 0.0f, kBig, false, "[0, inf)");
-    g.top_p = real("top_p", 0.0f, 1.0f, true, "(0, 1]");
-    g.min_p = real("min_p", 0.0f, 1.0f, false, "[0, 1]");
-    g.repetition_penalty = real("repetition_penalty", 0.0f, kBig, true, "(0, inf)");
+    g.temperature = real("temperature", false, false);
+    g.top_p = real("top_p", true, false);
+    g.min_p = real("min_p", true, false);
+    g.repetition_penalty = real("repetition_penalty", false, true);
     if (given("top_k")) {
         if (!j.at("top_k").is_number_integer()) throw bad("top_k", "must be an integer");
         const long long k = j.at("top_k").get<long long>();
-        if (k < 0 || k > (1ll << 30)) throw bad("top_k", "must be in [0, 2^30]");
+        if (k < -(1ll << 30) || k > (1ll << 30)) throw bad("top_k", "must be in [-2^30, 2^30]");
         g.top_k = int(k);
     }
     return g;

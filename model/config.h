@@ -70,8 +70,9 @@ struct GenerationDefaults {
 };
 
 // Reads `dir`/generation_config.json when it exists (otherwise every field is unset). Throws Error(format) naming
-// the file and field for malformed JSON, a value of the wrong type, or one out of range (temperature < 0, top_p
-// outside (0, 1], min_p outside [0, 1], repetition_penalty <= 0, top_k < 0); Error(io) when it cannot be read.
+// the file and field for malformed JSON, a value of the wrong type, or one out of the range hybrid's options accept
+// (a number that is not finite as a float, top_p or min_p outside [0, 1], repetition_penalty <= 0, top_k beyond
+// 2^30); Error(io) when it cannot be read.
 GenerationDefaults load_generation_defaults(const std::string& dir);
 
 // Parses generation_config.json text (`source` names it in messages). Same checks as load_generation_defaults.

@@ -145,7 +145,7 @@ TEST_CASE("cli: --prompt-ids prints the golden ids; --verbose prints the summary
     const Run one = hybrid({"-m", "models/tiny", "--prompt-ids", "1,2,3", "-n", "1", "--temp", "0", "--verbose"});
     INFO(one.err);
     CHECK(one.rc == 0);
-    CHECK(one.err.find("1 tokens          - tok/s") != std::string::npos);
+    CHECK(one.err.find("     1 token           - tok/s") != std::string::npos);
     CHECK(one.err.find("3 tokens          - tok/s") == std::string::npos);  // (the prompt has its rate)
 }
 
@@ -218,7 +218,9 @@ TEST_CASE("cli: errors have one-line messages and documented exit codes", "[cli]
     check_error(hybrid({"-m", "models/nope", "-p", "x"}), 2, "models/nope");
     check_error(hybrid({"-p", "x"}), 1, "-m");
     check_error(hybrid({"-m", "models/tiny"}), 1, "no prompt");
-    check_error(hybrid({"-m", "models/tiny", "-p", "x", "--bogus"}), 1, "'bogus'");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "--bogus"}), 1, "unknown option --bogus (-h lists the options)");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "-v"}), 1, "unknown option -v (-h lists the options)");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "-r", "User:"}), 1, "unknown option -r (--stop STR ends");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "-n", "abc"}), 1, "invalid value 'abc' for -n");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--temp=hot"}), 1, "invalid value 'hot' for --temp");
     for (const char* junk : {"0.5abc", "1,5", "0x10", "nan", ""})  // real numbers are parsed strictly too
@@ -246,7 +248,7 @@ TEST_CASE("cli: odd input does not crash", "[cli]") {
     INFO(r.err);
     CHECK(r.rc == 0);
     CHECK(r.err.find("stop: context full") != std::string::npos);
-    CHECK(r.err.find("warning: the input is not valid UTF-8") != std::string::npos);
+    CHECK(r.err.find("warning: the prompt is not valid UTF-8") != std::string::npos);
     const Run ok = hybrid({"-m", "models/tiny", "-p", "caf\xc3\xa9", "-n", "1"});
     CHECK(ok.err.find("UTF-8") == std::string::npos);
     // end of input right away in the REPL; empty lines are skipped
@@ -454,8 +456,8 @@ TEST_CASE("cli: /save then /load continues identically; another model's snapshot
         other.insert(other.end(), {"--system", "You are a cat."});
         const Run warned = hybrid(other, "/load " + file0 + "\nSay hi.\n");
         CHECK(warned.out == direct.out);
-        CHECK(warned.err.find("has another system message than --system; the conversation keeps its own") !=
-              std::string::npos);
+        CHECK(warned.err.find("has another system message than --system, and keeps its own; --system applies "
+                              "after /reset") != std::string::npos);
         // after /reset, --system applies again
         const Run reset = hybrid(other, "/load " + file0 + "\n/reset\nSay hi.\n");
         CHECK(reset.out == hybrid(other, "Say hi.\n").out);
@@ -1141,8 +1143,14 @@ TEST_CASE("cli: generation_config.json gives the sampling defaults", "[cli]") {
     std::ofstream(dir / "generation_config.json", std::ios::trunc) << R"({"temperature": "hot"})";
     check_one_line_error(run_with(dir.string(), {}), 2,
                          "generation_config.json: field 'temperature' must be a number, found \"hot\"");
-    std::ofstream(dir / "generation_config.json", std::ios::trunc) << R"({"top_p": 0})";
-    check_one_line_error(run_with(dir.string(), {}), 2, "field 'top_p' must be in (0, 1], found 0");
+    std::ofstream(dir / "generation_config.json", std::ios::trunc) << R"({"top_p": 1.5})";
+    check_one_line_error(run_with(dir.string(), {}), 2, "field 'top_p' must be in [0, 1], found 1.5");
+    // a repetition_penalty applies to the whole context, as transformers and vLLM apply it
+    std::ofstream(dir / "generation_config.json", std::ios::trunc) << R"({"repetition_penalty": 1.3})";
+    const Run pen = run_with(dir.string(), {"--verbose"});
+    CHECK(pen.err.find("repeat-penalty 1.3 (last -1)") != std::string::npos);
+    CHECK(pen.err.find("(repeat-penalty, repeat-last-n from generation_config.json)") != std::string::npos);
+    CHECK(pen.out == run_with("models/tiny", {"--repeat-penalty", "1.3", "--repeat-last-n", "-1"}).out);
 }
 
 TEST_CASE("cli tools: an option given twice is a usage error (exit 2), not the last value winning", "[cli]") {

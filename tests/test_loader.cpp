@@ -274,15 +274,23 @@ TEST_CASE("generation_config.json: sampling fields, types and ranges", "[loader]
     CHECK(!none.temperature);
     CHECK(!none.do_sample);
     CHECK(!none.top_k);
+    // the values hybrid's options accept: temperature <= 0 (greedy), top_k <= 0 and top_p 0 or 1
+    const GenerationDefaults edge =
+        parse_generation_defaults(R"({"temperature": -0.5, "top_k": -1, "top_p": 0, "min_p": 1})", "g.json");
+    CHECK(*edge.temperature == -0.5f);
+    CHECK(*edge.top_k == -1);
+    CHECK(*edge.top_p == 0.0f);
+    CHECK(*edge.min_p == 1.0f);
     for (const auto& [text, msg] : std::vector<std::pair<std::string, std::string>>{
              {R"({"temperature": "hot"})", "g.json: field 'temperature' must be a number, found \"hot\""},
-             {R"({"temperature": -1})", "field 'temperature' must be in [0, inf), found -1"},
-             {R"({"top_p": 0})", "field 'top_p' must be in (0, 1], found 0"},
-             {R"({"top_p": 1.5})", "field 'top_p' must be in (0, 1], found 1.5"},
+             {R"({"temperature": 1e39})", "field 'temperature' must be a finite number, found 1e+39"},
+             {R"({"top_p": -0.5})", "field 'top_p' must be in [0, 1], found -0.5"},
+             {R"({"top_p": 1.5})", "field 'top_p' must be in [0, 1], found 1.5"},
              {R"({"min_p": 2})", "field 'min_p' must be in [0, 1]"},
-             {R"({"repetition_penalty": 0})", "field 'repetition_penalty' must be in (0, inf)"},
+             {R"({"repetition_penalty": 0})", "field 'repetition_penalty' must be > 0, found 0"},
+             {R"({"repetition_penalty": 1e39})", "field 'repetition_penalty' must be a finite number"},
              {R"({"top_k": 2.5})", "field 'top_k' must be an integer, found 2.5"},
-             {R"({"top_k": -1})", "field 'top_k' must be in [0, 2^30]"},
+             {R"({"top_k": 2000000000})", "field 'top_k' must be in [-2^30, 2^30]"},
              {R"({"do_sample": 1})", "field 'do_sample' must be true or false, found 1"},
              {"[1]", "g.json: the top level must be a JSON object"},
              {"{", "g.json: malformed JSON"}})
