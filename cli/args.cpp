@@ -42,8 +42,8 @@ const char* kExitCodes =
     "  with --chat each is a user message). Up to --parallel of them are generated together (continuous\n"
     "  batching); prompt i samples with seed -s + i. stdout gets one JSON object per prompt, in input order:\n"
     "  {\"index\", \"prompt\", \"text\", \"ids\", \"logprobs\", \"n_prompt\", \"stop_reason\"}; -n applies to each.\n"
-    "  A prompt longer than -c gets {\"index\", \"prompt\", \"n_prompt\", \"error\"} instead; the others still run, and\n"
-    "  the exit code is then 3.\n"
+    "  A prompt that does not fit -c (as long as -c or longer) gets {\"index\", \"prompt\", \"n_prompt\", \"error\"}\n"
+    "  instead; the others still run, and the exit code is then 3.\n"
     "\n"
     "Exit codes:\n"
     "  0    success\n"
@@ -204,7 +204,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         ("parallel", "--batch-file: sequences generated at once (sequence slots); also -np",
          cxxopts::value<int>()->default_value("8"));
     opts.add_options("Generation")
-        ("n,n-predict", "tokens to generate; -1: until end of sequence or the context is full",
+        ("n,n-predict", "tokens to generate (-1: until end of sequence or a full context)",
          cxxopts::value<int>()->default_value("-1"))
         ("stop", "stop when the output contains STR (repeatable; not printed; not with --batch-file; with "
                  "--prompt-ids the ids end before the one that completes STR)",

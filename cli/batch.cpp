@@ -127,9 +127,12 @@ int run_batch(const Options& o, hy_model* m, double load_ms) {
     if (show_summary) {
         std::fprintf(stderr, "hybrid: load       %10.1f ms\n", load_ms);
         // throughput over the whole batch (prefill included), as vLLM reports output tokens per second
-        std::fprintf(stderr, "hybrid: batch      %10.1f ms  %s (%d tokens), %d generated in %s, %.1f output tok/s\n",
-                     ms, count_of(prompts.size() - size_t(n_failed), "prompt").c_str(), n_prompt_tokens, n_generated,
-                     count_of(size_t(steps), "step").c_str(), ms > 0 ? 1000.0 * n_generated / ms : 0.0);
+        char rate[32] = "-";
+        if (n_generated > 0 && ms > 0) std::snprintf(rate, sizeof rate, "%.1f", 1000.0 * n_generated / ms);
+        std::fprintf(stderr, "hybrid: batch      %10.1f ms  %s (%s), %d generated in %s, %s output tok/s\n", ms,
+                     count_of(prompts.size() - size_t(n_failed), "prompt").c_str(),
+                     count_of(size_t(n_prompt_tokens), "token").c_str(), n_generated,
+                     count_of(size_t(steps), "step").c_str(), rate);
         if (n_failed > 0)
             std::fprintf(stderr, "hybrid: %s failed (see \"error\")\n", count_of(size_t(n_failed), "prompt").c_str());
     }

@@ -262,12 +262,14 @@ int run(int argc, char** argv) {
                                         {HY_SAMPLER_MIN_P, "min-p"}, {HY_SAMPLER_REPEAT_PENALTY, "repeat-penalty"},
                                         {HY_SAMPLER_REPEAT_LAST_N, "repeat-last-n"}})
             if (from_file & bit) taken += std::string(taken.empty() ? "" : ", ") + name;
+        const std::string window = o.sampling.repeat_last_n < 0 ? std::string("the whole context")
+                                                                  : "last " + std::to_string(o.sampling.repeat_last_n);
         std::fprintf(stderr,
                      "hybrid: model %s, ctx %d, threads %s, seed %llu, temp %.3g, top-k %d, top-p %.3g, min-p %.3g, "
-                     "repeat-penalty %.3g (last %d), presence %.3g, frequency %.3g%s%s%s\n",
+                     "repeat-penalty %.3g (%s), presence %.3g, frequency %.3g%s%s%s\n",
                      o.model_dir.c_str(), o.n_ctx, threads_text(o.n_threads).c_str(), (unsigned long long)o.sampling.seed,
                      o.sampling.temperature, o.sampling.top_k, o.sampling.top_p, o.sampling.min_p,
-                     o.sampling.repeat_penalty, o.sampling.repeat_last_n, o.sampling.presence_penalty,
+                     o.sampling.repeat_penalty, window.c_str(), o.sampling.presence_penalty,
                      o.sampling.frequency_penalty, taken.empty() ? "" : " (", taken.c_str(),
                      taken.empty() ? "" : " from generation_config.json)");
     }

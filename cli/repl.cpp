@@ -258,6 +258,7 @@ struct Repl {
         const uint64_t max_size = 12 + uint64_t(hl) + hy_state_size_max(c);
         if (size > max_size) {
             read_rest(fd, 0, path);
+            // (exit 4: from the size alone, a conversation longer than this -c and a damaged file look alike)
             throw Failure(exit_snapshot, path + ": " + std::to_string(size) +
                                              " bytes, larger than any conversation file of this model with this "
                                              "context (-c " + std::to_string(hy_model_n_ctx(m)) +
@@ -343,6 +344,7 @@ struct Repl {
                          "/save FILE    save the conversation (refuses to overwrite; /save! FILE overwrites)\n"
                          "/load FILE    continue a saved conversation\n"
                          "/exit, /quit  leave (also Ctrl-D); Ctrl-C stops an answer or discards the typed line\n"
+                         "/help         this list\n"
                          "(a message that begins with '/': type a space first)\n");
         } else {
             throw Failure(exit_usage, "unknown command " + cmd + " (/help lists them)");

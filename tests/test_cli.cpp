@@ -1148,7 +1148,7 @@ TEST_CASE("cli: generation_config.json gives the sampling defaults", "[cli]") {
     // a repetition_penalty applies to the whole context, as transformers and vLLM apply it
     std::ofstream(dir / "generation_config.json", std::ios::trunc) << R"({"repetition_penalty": 1.3})";
     const Run pen = run_with(dir.string(), {"--verbose"});
-    CHECK(pen.err.find("repeat-penalty 1.3 (last -1)") != std::string::npos);
+    CHECK(pen.err.find("repeat-penalty 1.3 (the whole context)") != std::string::npos);
     CHECK(pen.err.find("(repeat-penalty, repeat-last-n from generation_config.json)") != std::string::npos);
     CHECK(pen.out == run_with("models/tiny", {"--repeat-penalty", "1.3", "--repeat-last-n", "-1"}).out);
 }
