@@ -1204,6 +1204,8 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     check(run_prog(bench, {"-m", "models/tiny", "-p", "5000000000"}), 2, "invalid value '5000000000' for --prompt");
     check(run_prog(tokenize, {"--tokenizer", "models/tiny", "--bench", "/dev/null", "--repeat", "9999999999"}), 2,
           "invalid value '9999999999' for --repeat");
+    check(run_prog(compare, {"-m", "models/tiny", "-t", "1", "--key", "nokey"}), 2,
+          "--key 'nokey': case 'one_token' of models/tiny/golden.json has no such token list");
     const Run one = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "short"});
     CHECK(one.rc == 0);
     CHECK(one.out.find("SUMMARY: 1/1") != std::string::npos);

@@ -148,6 +148,11 @@ int main(int argc, char** argv) {
         const bool on_gpu = std::string(model->backend().name()) != "cpu";
         const std::string key = args.count("key") ? args["key"].as<std::string>()
                                                   : (on_gpu ? "greedy_bf16_cuda" : "greedy_fp32_cpu");
+        if (args.count("key"))  // a --key no case has is a bad argument (exit 2), as a --case no case is named
+            for (const json& c : golden["cases"])
+                if (!c.contains(key))
+                    throw tools::UsageError("--key '" + key + "': case '" + c.value("name", std::string("?")) +
+                                            "' of " + golden_path + " has no such token list");
         const double tol = tol_arg >= 0.0 ? tol_arg : (on_gpu ? 5e-2 : 1e-3);
         const int V = model->config().vocab_size;
         std::printf("model %s on %s, golden %s (%s), logit tolerance %g\n", dir.c_str(), model->backend().name(),
