@@ -359,10 +359,10 @@ public:
         int sms = 0, smem_optin = 0;
         HY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
         HY_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-        if (const char* v = std::getenv("HY_CUDA_STAGED_GEMV"); v && *v && cuda::pdl_enabled()) {
+        if (const char* v = std::getenv("HY_CUDA_STAGED_GEMV"); v && *v) {  // (a bad value is refused even without PDL)
             if (std::strcmp(v, "0") != 0 && std::strcmp(v, "1") != 0 && std::strcmp(v, "2") != 0)
                 throw Error(Status::invalid_argument, std::string("HY_CUDA_STAGED_GEMV: '") + v + "' (0, 1 or 2)");
-            staged_level_ = v[0] - '0';
+            if (cuda::pdl_enabled()) staged_level_ = v[0] - '0';
         }
         if (staged_level_ > 0) staged_ = cuda::staged_gemv_setup(sms, size_t(smem_optin));
         if (const char* c = std::getenv("HY_CUDA_SMEM_CARVEOUT"); c && *c) cuda::set_smem_carveout(std::atoi(c));

@@ -337,11 +337,9 @@ __global__ void __launch_bounds__(kStagedWarps * 32)
         }
         staged_wait(&bar, uint32_t(round & 1));
 #else
-        {  // no TMA (not reached: staging needs 9.0): every thread loads the round
-            const uint4* s4 = reinterpret_cast<const uint4*>(src) + int64_t(first) * K8;
-            for (int i = threadIdx.x; i < rows * K8; i += blockDim.x) sw[i] = ld_weight(s4 + i, pol);
-            __syncthreads();
-        }
+        (void)src;
+        (void)pol;
+        __trap();  // no TMA: the backend stages only where the device runs code built for 9.0 (never reached)
 #endif
         for (int r0 = warp / kSplit; r0 < rows; r0 += G * kStagedRowUnroll) {
             float acc[kStagedRowUnroll];
