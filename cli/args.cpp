@@ -118,63 +118,6 @@ std::string llama_cpp_hint(const std::string& a) {
 }  // namespace
 
 bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
-    // -cnv (llama.cpp's spelling) and --stop (its values may hold commas, which cxxopts would split) are taken
-    // out before cxxopts sees the arguments. The word after an option that takes a value is that value, even when
-    // it starts with '-' (as getopt does: `-p --stop` is the prompt "--stop", `-n -1` is -1): such a value is
-    // passed on as --name=VALUE.
-    static const char* const kValued[][2] = {
-        {"-m", "--model"}, {"-c", "--ctx-size"}, {"-t", "--threads"}, {"-p", "--prompt"}, {"-f", "--file"},
-        {"-n", "--n-predict"}, {"-s", "--seed"}, {"", "--device"}, {"", "--prompt-ids"}, {"", "--system"},
-        {"", "--batch-file"}, {"", "--parallel"}, {"-np", "--parallel"}, {"", "--temp"}, {"", "--top-k"},
-        {"", "--top-p"}, {"", "--min-p"}, {"", "--repeat-penalty"}, {"", "--repeat-last-n"},
-        {"", "--presence-penalty"}, {"", "--frequency-penalty"}};
-    static const char* const kFlags[] = {"--chat",    "--no-think", "--verbose", "--interactive",
-                                         "--no-escape", "--version",  "--help"};
-    auto valued = [](const std::string& a) -> const char* {
-        for (const auto& v : kValued)
-            if ((v[0][0] && a == v[0]) || a == v[1]) return v[1];
-        return nullptr;
-    };
-    std::vector<std::string> args;
-    std::vector<std::string> stops;
-    for (int i = 1; i < argc; i++) {
-        const std::string a = argv[i];
-        if (const char* name = valued(a); name && i + 1 < argc) {
-            const std::string v = argv[++i];
-            if (!v.empty() && v[0] == '-') {
-                args.push_back(std::string(name) + "=" + v);
-            } else {  // as two words: cxxopts does not take a --name=VALUE whose value spans lines
-                args.push_back(name);
-                args.push_back(v);
-            }
-        } else if (a == "-cnv") {
-            args.push_back("--interactive");
-        } else if (a == "-np") {  // llama.cpp's short spelling of --parallel
-            args.push_back("--parallel");
-        } else if (a == "--stop") {
-            if (i + 1 >= argc) usage("--stop needs a value");
-            stops.push_back(argv[++i]);
-        } else if (a.rfind("--stop=", 0) == 0) {
-            stops.push_back(a.substr(7));
-        } else if (const std::string hint = llama_cpp_hint(a); !hint.empty()) {
-            usage("unknown option " + a + " (" + hint + ")");
-        } else if (a.size() >= 3 && a[0] == '-' && std::isalpha(static_cast<unsigned char>(a[1])) &&
-                   std::all_of(a.begin() + 2, a.end(),
-                               [](char ch) { return ch == '-' || std::isalpha(static_cast<unsigned char>(ch)); })) {
-            // -temp, -sys (single-dash long words): cxxopts would read them as -t "emp", -s "ys", ...
-            const std::string dashed = "-" + a;
-            bool known = valued(dashed) != nullptr;
-            for (const char* f : kFlags) known = known || dashed == f;
-            usage("unknown option " + a +
-                  (known ? " (did you mean " + dashed + "? long options take two dashes)" : " (-h lists the options)"));
-        } else {
-            args.push_back(a);
-        }
-    }
-    std::vector<char*> av;
-    av.push_back(argv[0]);
-    for (auto& a : args) av.push_back(a.data());
-
     cxxopts::Options opts("hybrid", "hybrid: run Qwen3.5 hybrid models (Gated DeltaNet + attention) from a Hugging "
                                     "Face folder.\nGenerates a continuation of a prompt, or chats (-i).");
     opts.custom_help("-m DIR [-p TEXT | -f FILE | --prompt-ids 1,2,3 | --batch-file FILE | -i] [options]");
@@ -224,6 +167,63 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         ("version", "print the version")
         ("h,help", "print this help");
     // clang-format on
+
+    // -cnv (llama.cpp's spelling) and --stop (its values may hold commas, which cxxopts would split) are taken
+    // out before cxxopts sees the arguments. The word after an option that takes a value is that value, even when
+    // it starts with '-' (as getopt does: `-p --stop` is the prompt "--stop", `-n -1` is -1): such a value is
+    // passed on as --name=VALUE.
+    static const char* const kValued[][2] = {
+        {"-m", "--model"}, {"-c", "--ctx-size"}, {"-t", "--threads"}, {"-p", "--prompt"}, {"-f", "--file"},
+        {"-n", "--n-predict"}, {"-s", "--seed"}, {"", "--device"}, {"", "--prompt-ids"}, {"", "--system"},
+        {"", "--batch-file"}, {"", "--parallel"}, {"-np", "--parallel"}, {"", "--temp"}, {"", "--top-k"},
+        {"", "--top-p"}, {"", "--min-p"}, {"", "--repeat-penalty"}, {"", "--repeat-last-n"},
+        {"", "--presence-penalty"}, {"", "--frequency-penalty"}};
+    auto valued = [](const std::string& a) -> const char* {
+        for (const auto& v : kValued)
+            if ((v[0][0] && a == v[0]) || a == v[1]) return v[1];
+        return nullptr;
+    };
+    std::vector<std::string> args;
+    std::vector<std::string> stops;
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        if (const char* name = valued(a); name && i + 1 < argc) {
+            const std::string v = argv[++i];
+            if (!v.empty() && v[0] == '-') {
+                args.push_back(std::string(name) + "=" + v);
+            } else {  // as two words: cxxopts does not take a --name=VALUE whose value spans lines
+                args.push_back(name);
+                args.push_back(v);
+            }
+        } else if (a == "-cnv") {
+            args.push_back("--interactive");
+        } else if (a == "-np") {  // llama.cpp's short spelling of --parallel
+            args.push_back("--parallel");
+        } else if (a == "--stop") {
+            if (i + 1 >= argc) usage("--stop needs a value");
+            stops.push_back(argv[++i]);
+        } else if (a.rfind("--stop=", 0) == 0) {
+            stops.push_back(a.substr(7));
+        } else if (const std::string hint = llama_cpp_hint(a); !hint.empty()) {
+            usage("unknown option " + a + " (" + hint + ")");
+        } else if (a.size() >= 3 && a[0] == '-' && std::isalpha(static_cast<unsigned char>(a[1])) &&
+                   std::all_of(a.begin() + 2, a.end(),
+                               [](char ch) { return ch == '-' || std::isalpha(static_cast<unsigned char>(ch)); })) {
+            // -temp, -sys (single-dash long words): cxxopts would read them as -t "emp", -s "ys", ...
+            bool known = false;  // (a long option of that name: suggest it)
+            for (const std::string& g : opts.groups())
+                for (const auto& d : opts.group_help(g).options)
+                    known = known || std::find(d.l.begin(), d.l.end(), a.substr(1)) != d.l.end();
+            usage("unknown option " + a + (known ? " (did you mean -" + a + "? long options take two dashes)"
+                                                 : " (-h lists the options)"));
+        } else {
+            args.push_back(a);
+        }
+    }
+    std::vector<char*> av;
+    av.push_back(argv[0]);
+    for (auto& a : args) av.push_back(a.data());
+
 
     cxxopts::ParseResult r;
     try {
