@@ -26,7 +26,8 @@ const char* kExitCodes =
     "  no newline added unless stdout is a terminal (or shares its target with a summary on stderr);\n"
     "  with --prompt-ids the generated ids, comma-separated, one line. A timing summary (load time, prompt and\n"
     "  generation tokens and tok/s, stop reason) goes to stderr when it is a terminal, or always with --verbose;\n"
-    "  the generation rate counts decode steps, one fewer than the tokens (the first comes from the prompt).\n"
+    "  the generation rate counts decode steps (the first token comes from the prompt's logits, so there is\n"
+    "  usually one step fewer than tokens).\n"
     "\n"
     "Interactive chat (-i, -cnv): one line per user turn (stdin may be a pipe); -p TEXT is the first turn. Each\n"
     "  turn prefills only its new tokens; an answer ends at the end-of-turn token (also at <|endoftext|> or\n"
@@ -106,7 +107,8 @@ std::string llama_cpp_hint(const std::string& a) {
         {"-r", "--stop STR ends the output at a string; --chat and -i end at the end of the turn"},
         {"--reverse-prompt", ""},
         {"--jinja", "the chat format is built in: --chat, or -i for a chat"}, {"--chat-template", ""},
-        {"-b", "hybrid sizes its prefill steps itself"}, {"--batch-size", ""}, {"-ub", ""}, {"--ubatch-size", ""}};
+        {"-b", "hybrid sizes its prefill steps itself"}, {"--batch-size", ""}, {"-ub", ""}, {"--ubatch-size", ""},
+        {"-v", "--verbose prints the settings and the timing summary"}};
     const char* last = "";
     for (const auto& h : kHints) {
         if (*h[1]) last = h[1];  // an empty hint: the one of the entry before (another spelling)
@@ -133,8 +135,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         ("device", "auto, cpu or cuda", cxxopts::value<std::string>()->default_value("auto"));
     opts.add_options("Prompt")
         ("p,prompt", "prompt text (escapes \\n \\t \\r \\0 \\\\ \\\" \\' processed)", cxxopts::value<std::string>())
-        ("f,file", "read the prompt from FILE (as is; at most 256 MiB; a pipe such as /dev/stdin is read to its "
-                   "end)", cxxopts::value<std::string>())
+        ("f,file", "read the prompt from FILE (as is; at most 256 MiB; - or a pipe such as /dev/stdin is read to "
+                   "its end)", cxxopts::value<std::string>())
         ("prompt-ids", "prompt as token ids, e.g. 1,2,3; prints the generated ids", cxxopts::value<std::string>())
         ("no-escape", "do not process escapes in -p, --system, --stop and --batch-file lines")
         ("chat", "apply the chat format to the prompt (a user message); the answer ends at the end-of-turn token, "

@@ -53,7 +53,8 @@ struct Fd {
 
 }  // namespace
 
-std::string read_input_file(const std::string& path, size_t cap) {
+std::string read_input_file(const std::string& path_in, size_t cap) {
+    const std::string path = path_in == "-" ? "/dev/stdin" : path_in;  // "-": standard input, as most tools take it
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) throw Failure(exit_io, path + ": cannot read: " + std::strerror(errno));
     if (S_ISDIR(st.st_mode)) throw Failure(exit_io, path + ": is a directory");

@@ -219,7 +219,8 @@ TEST_CASE("cli: errors have one-line messages and documented exit codes", "[cli]
     check_error(hybrid({"-p", "x"}), 1, "-m");
     check_error(hybrid({"-m", "models/tiny"}), 1, "no prompt");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--bogus"}), 1, "unknown option --bogus (-h lists the options)");
-    check_error(hybrid({"-m", "models/tiny", "-p", "x", "-v"}), 1, "unknown option -v (-h lists the options)");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "-v"}), 1, "unknown option -v (--verbose prints");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "-q"}), 1, "unknown option -q (-h lists the options)");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "-r", "User:"}), 1, "unknown option -r (--stop STR ends");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "-n", "abc"}), 1, "invalid value 'abc' for -n");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--temp=hot"}), 1, "invalid value 'hot' for --temp");
@@ -816,6 +817,10 @@ TEST_CASE("cli: -f and --batch-file refuse a directory and a huge file; -f reads
     INFO(in.err);
     CHECK(in.rc == 0);
     CHECK(in.out == golden_case("short")["greedy_fp32_text"].get<std::string>());
+    // "-" is standard input too (the last fresh-user test of session 7: "-: cannot read")
+    const Run dash = hybrid({"-m", "models/tiny", "-f", "-", "-n", "48", "--temp", "0"}, "def main():\n    ");
+    CHECK(dash.rc == 0);
+    CHECK(dash.out == in.out);
 }
 
 TEST_CASE("cli: a model with NaN weights is a generation error, not silent output", "[cli]") {
@@ -1206,6 +1211,8 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
           "invalid value '9999999999' for --repeat");
     check(run_prog(compare, {"-m", "models/tiny", "-t", "1", "--key", "nokey"}), 2,
           "--key 'nokey': case 'one_token' of models/tiny/golden.json has no such token list");
+    check(run_prog(compare, {"-m", "models/tiny", "-t", "1", "--key", "greedy_fp32_text"}), 2,
+          "--key 'greedy_fp32_text': case 'one_token' of models/tiny/golden.json has no such token list");
     const Run one = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "short"});
     CHECK(one.rc == 0);
     CHECK(one.out.find("SUMMARY: 1/1") != std::string::npos);

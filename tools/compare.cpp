@@ -151,12 +151,12 @@ int main(int argc, char** argv) {
         // every case must have the token list: a given --key that one lacks is a bad argument (exit 2, as an unknown
         // --case is); the default list missing is a defect of the golden file
         for (const json& c : golden["cases"])
-            if (!c.contains(key)) {
+            if (!c.contains(key) || !c[key].is_array()) {
                 const std::string name = c["name"].get<std::string>();
                 if (args.count("key"))
                     throw tools::UsageError("--key '" + key + "': case '" + name + "' of " + golden_path +
                                             " has no such token list");
-                throw Error(Status::format, golden_path + ": case '" + name + "' has no '" + key + "'");
+                throw Error(Status::format, golden_path + ": case '" + name + "' has no '" + key + "' list");
             }
         const double tol = tol_arg >= 0.0 ? tol_arg : (on_gpu ? 5e-2 : 1e-3);
         const int V = model->config().vocab_size;
