@@ -9,6 +9,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -35,8 +36,10 @@ namespace {
 
 constexpr double kTol = 1e-2;
 
+// Seeded from Catch's --rng-seed (0 unless given): the same inputs on every run, so a failure can be reproduced;
+// `hybrid-tests "[gpu]" --rng-seed time` draws new ones.
 std::mt19937& rng() {
-    static std::mt19937 g(std::random_device{}());
+    static std::mt19937 g(Catch::rngSeed());
     return g;
 }
 
@@ -736,159 +739,28 @@ TEST_CASE("CUDA Gated DeltaNet decode with the conv inside equals the separate c
     }
 }
 
-// With HY_CUDA_STAGED_GEMV=1, the matmul right after a mixer in a decode step of one row becomes the staged GEMV
-// in a graph (compute capability 9.0 with PDL): bitwise the plain GEMV's result (eager execution), and near x W^T
-// computed here in double. A third backend leaves the staged ops out (HY_CUDA_SKIP_OPS): its outputs stay
-// poisoned, which shows that the graph did use the staged GEMV (checked on compute capability 9.x, where this
-// build's sm_90a code runs).
-TEST_CASE("CUDA staged GEMV after the Gated DeltaNet (opt-in) equals the plain GEMV bitwise", "[gpu]") {
+// PDL (and the clustered Gated DeltaNet kernel) need code built for compute capability 9.0: the backend reads the
+// PTX architecture of the code the device runs. A 9.x GPU with this build's 9.0 code must get PDL (a wrong reading
+// would quietly cost about 8% of decode speed); HY_CUDA_PDL=0 must turn it off.
+TEST_CASE("CUDA backend turns PDL on where the device runs code built for 9.0", "[gpu]") {
     HY_REQUIRE_GPU();
-    struct Shape {
-        int Hk, Hv, D, N;  // K = Hv D (gemv_config: split 2, 2, 4, 8)
-    };
-    // (on an H200: 1, 8, 20 rows per block in one round; 25 rows of K = 9216 in three rounds of up to 10)
-    for (Shape sh : {Shape{2, 4, 64, 77}, Shape{4, 8, 128, 1000}, Shape{16, 32, 128, 2560}, Shape{36, 72, 128, 3300}}) {
-        const int Kc = 4, C = 2 * sh.Hk * sh.D + sh.Hv * sh.D, K = sh.Hv * sh.D, N = sh.N;
-        const size_t conv_n = size_t(Kc - 1) * C, ssm_n = size_t(sh.Hv) * sh.D * sh.D;
-        const int n_steps = 5;  // a 6-token prefill, then 4 one-token steps (the graph side captures, then replays)
-        std::vector<std::vector<float>> qkv, z, bb, aa;
-        for (int s = 0; s < n_steps; s++) {
-            const size_t T = s == 0 ? 6 : 1;
-            qkv.push_back(randn(T * C));
-            z.push_back(randn(T * K));
-            bb.push_back(randn(T * sh.Hv));
-            aa.push_back(randn(T * sh.Hv));
-        }
-        const auto conv_w = randn(size_t(C) * Kc, 0.5f), norm_w = randn(size_t(sh.D), 0.2f, 1.0f),
-                   dt_bias = randn(size_t(sh.Hv), 0.5f), A_log = randn(size_t(sh.Hv), 0.3f, 1.0f),
-                   w = randn(size_t(N) * K, 0.05f);
-        struct Run {
-            std::vector<std::vector<float>> x, y;  // per step: the mixer's output, the matmul's
-        };
-        auto run = [&](bool graphs, const char* skip) {
-            setenv("HY_CUDA_GRAPHS", graphs ? "1" : "0", 1);
-            setenv("HY_CUDA_STAGED_GEMV", "1", 1);
-            if (skip) setenv("HY_CUDA_SKIP_OPS", skip, 1);
-            Side g(make_cuda_backend(0), limits(8, 1, 64), sh.Hv, sh.D, size_t(160) << 20);
-            unsetenv("HY_CUDA_GRAPHS");
-            unsetenv("HY_CUDA_STAGED_GEMV");
-            unsetenv("HY_CUDA_SKIP_OPS");
-            GatedDeltaNetArgs a;
-            a.n_k_heads = sh.Hk; a.n_v_heads = sh.Hv; a.k_dim = sh.D; a.v_dim = sh.D; a.conv_kernel = Kc; a.eps = 1e-6f;
-            a.conv_w = g.f32(conv_w); a.A_log = g.f32(A_log); a.dt_bias = g.f32(dt_bias); a.norm_w = g.f32(norm_w);
-            a.conv_state = g.take(conv_n * 2);
-            a.ssm_state = static_cast<float*>(g.take(ssm_n * 4));
-            g.be->fill_zero(a.conv_state, conv_n * 2);
-            g.be->fill_zero(a.ssm_state, ssm_n * 4);
-            const Matrix wm = g.matrix(w, N, K);
-            Run r;
-            for (int s = 0, pos = 0; s < n_steps; s++) {
-                const int T = s == 0 ? 6 : 1;
-                Batch b({{0, pos, T}}, 16);
-                pos += T;
-                g.be->begin_batch(b.desc);
-                a.qkv = g.act(qkv[s]); a.z = g.act(z[s]); a.b = g.act(bb[s]); a.a = g.act(aa[s]);
-                a.out = g.poisoned(size_t(T) * K);
-                void* y = g.poisoned(size_t(T) * N);
-                g.be->gated_delta_net(a);
-                g.be->matmul(a.out, T, wm, y);
-                r.x.push_back(g.read_act(a.out, size_t(T) * K));
-                r.y.push_back(g.read_act(y, size_t(T) * N));
-            }
-            return r;
-        };
-        const Run eager = run(false, nullptr), graph = run(true, nullptr), skip = run(true, "gemv_staged");
-        // whether any decode step of the skip side left y poisoned (the staged op was recorded)
-        bool staged = false;
-        for (int s = 1; s < n_steps; s++) {
-            INFO("Hv " << sh.Hv << " D " << sh.D << " N " << N << " step " << s);
-            CHECK(graph.x[s] == eager.x[s]);
-            CHECK(graph.y[s] == eager.y[s]);
-            std::vector<float> ref(static_cast<size_t>(N));
-            for (int n = 0; n < N; n++) {
-                double acc = 0.0;
-                for (int k = 0; k < K; k++) acc += double(eager.x[s][size_t(k)]) * double(w[size_t(n) * K + k]);
-                ref[size_t(n)] = float(acc);
-            }
-            CHECK(rel_err(graph.y[s], ref) <= kTol);
-            size_t nan = 0;
-            for (float v : skip.y[s]) nan += std::isnan(v) ? 1 : 0;
-            CHECK((nan == 0 || nan == size_t(N)));
-            staged = staged || nan == size_t(N);
-        }
-        int major = 0;
 #if defined(HY_HAVE_CUDA)
-        REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);
-        // this build has sm_90a code, so a 9.x device runs it and the backend turns PDL on (HY_CUDA_PDL unset)
-        if (major == 9) CHECK(hy::cuda::pdl_enabled());
-#endif
-        INFO("Hv " << sh.Hv << " D " << sh.D << " N " << N << ": staged " << staged);
-        if (major == 9) CHECK(staged);  // (newer GPUs run the compute_89 PTX of this build: no staging)
-    }
-}
-
-// With HY_CUDA_STAGED_GEMV=2, down_proj after the fused gate/up/SiLU GEMV is staged too (4B shapes: K = 9216, rows
-// copied in two rounds on an H200): bitwise the eager result; the skip side shows that the staged op was recorded.
-TEST_CASE("CUDA staged GEMV after gate/up (opt-in) equals the plain GEMV bitwise", "[gpu]") {
-    HY_REQUIRE_GPU();
-    const int H = 2560, F = 9216;
-    const auto wg = randn(size_t(F) * H, 0.03f), wu = randn(size_t(F) * H, 0.03f), wd = randn(size_t(H) * F, 0.02f),
-               nw = randn(size_t(H), 0.2f);
-    std::vector<std::vector<float>> xs;
-    for (int s = 0; s < 4; s++) xs.push_back(randn(size_t(H)));
-    auto run = [&](bool graphs, const char* skip) {
-        setenv("HY_CUDA_GRAPHS", graphs ? "1" : "0", 1);
-        setenv("HY_CUDA_STAGED_GEMV", "2", 1);
-        if (skip) setenv("HY_CUDA_SKIP_OPS", skip, 1);
-        Side g(make_cuda_backend(0), limits(8, 1, 64), 4, 64, size_t(200) << 20);
-        unsetenv("HY_CUDA_GRAPHS");
-        unsetenv("HY_CUDA_STAGED_GEMV");
-        unsetenv("HY_CUDA_SKIP_OPS");
-        const Matrix mg = g.matrix(wg, F, H), mu = g.matrix(wu, F, H), md = g.matrix(wd, H, F);
-        const float* w = g.f32(nw);
-        std::vector<std::vector<float>> out;
-        for (int s = 0; s < 4; s++) {
-            Batch b({{0, s, 1}}, 16);
-            g.be->begin_batch(b.desc);
-            void* x = g.act(xs[size_t(s)]);
-            void* xn = g.poisoned(H);
-            void* gate = g.poisoned(F);
-            void* up = g.poisoned(F);
-            void* y = g.poisoned(H);
-            g.be->rms_norm(x, w, 1, H, 1e-6f, true, xn);
-            g.be->matmul(xn, 1, mg, gate);
-            g.be->matmul(xn, 1, mu, up);
-            g.be->silu_mul(gate, up, F, gate);
-            g.be->matmul(gate, 1, md, y);
-            out.push_back(g.read_act(gate, F));
-            out.push_back(g.read_act(y, H));
-        }
-        return out;
-    };
-    const auto eager = run(false, nullptr), graph = run(true, nullptr), skip = run(true, "gemv_staged");
-    bool staged = false;
-    for (size_t i = 0; i < eager.size(); i += 2) {
-        INFO("step " << i / 2);
-        CHECK(graph[i] == eager[i]);
-        CHECK(graph[i + 1] == eager[i + 1]);
-        std::vector<float> ref(static_cast<size_t>(H));
-        for (int n = 0; n < H; n++) {
-            double acc = 0.0;
-            for (int k = 0; k < F; k++) acc += double(eager[i][size_t(k)]) * double(wd[size_t(n) * F + k]);
-            ref[size_t(n)] = float(acc);
-        }
-        CHECK(rel_err(graph[i + 1], ref) <= kTol);
-        size_t nan = 0;
-        for (float v : skip[i + 1]) nan += std::isnan(v) ? 1 : 0;
-        CHECK((nan == 0 || nan == size_t(H)));
-        staged = staged || nan == size_t(H);
-    }
     int major = 0;
-#if defined(HY_HAVE_CUDA)
     REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);
+    const std::string archs = HY_CUDA_ARCHITECTURES;  // e.g. "80,86,89,90a"
+    {
+        auto be = make_cuda_backend(0);
+        INFO("compute capability " << major << ".x, built for " << archs);
+        if (major == 9 && archs.find("90") != std::string::npos) CHECK(hy::cuda::pdl_enabled());
+        if (major < 9) CHECK_FALSE(hy::cuda::pdl_enabled());
+    }
+    setenv("HY_CUDA_PDL", "0", 1);
+    {
+        auto be = make_cuda_backend(0);
+        CHECK_FALSE(hy::cuda::pdl_enabled());
+    }
+    unsetenv("HY_CUDA_PDL");
 #endif
-    INFO("staged " << staged);
-    if (major == 9) CHECK(staged);
 }
 
 TEST_CASE("CUDA tiny model: prompt logits match the CPU backend; one-shot and token-by-token agree", "[gpu]") {
@@ -1014,7 +886,10 @@ TEST_CASE("CUDA graph replay of decode steps (with fused ops) equals eager execu
             }
             for (size_t k = 0; k < out[0].size(); k++) {
                 INFO("H " << H << " step " << step << " output " << k);
-                CHECK(rel_err(out[1][k], out[0][k]) <= kTol);
+                // against fp32: two MLP blocks in series, each rounding to bf16 five times (norm, gate, up, product,
+                // down), so the deepest outputs are about 1% off (one draw of inputs was 1.0009%); kTol is for one
+                // op
+                CHECK(rel_err(out[1][k], out[0][k]) <= 2 * kTol);
                 // graph + fusion: bitwise the same as eager (more than 2 rows: the tensor-core group of the graph
                 // against cuBLASLt calls)
                 if (T <= 2) CHECK(out[2][k] == out[1][k]);

@@ -10,21 +10,17 @@
 // comparisons and debugging. Kernels use programmatic dependent launch (cuda_common.cuh) on compute capability
 // 9.0+; HY_CUDA_PDL=0 turns that off. HY_CUDA_GDN_FUSED_CONV=0 keeps the Gated DeltaNet conv of decode steps in
 // its own kernel (gated_delta_net.cuh). HY_CUDA_L2_EVICT_FIRST=0 makes the decode GEMVs load weights with the
-// normal L2 policy instead of evict-first (matmul.cuh). HY_CUDA_STAGED_GEMV=1 or 2 (experimental, not yet measured)
-// turns the matmul after a mixer (2: also after gate/up) into the staged GEMV (matmul.cuh); HY_CUDA_SMEM_CARVEOUT=P
-// (experimental) asks for P% shared memory in every kernel (cuda_common.cuh). HY_CUDA_SKIP_OPS (timing studies
-// only: the model's output becomes meaningless) names op kinds that recorded steps leave out, e.g.
-// "add_rms_norm,gated_delta_net", or one of the Gated DeltaNet's kernels (gdn_conv, gdn_recurrence; any step); see
-// skip_mask(). HY_CUDA_TRACE=FILE (timing studies) writes every kernel's start and ready times to FILE when the
-// backend is destroyed (start_trace()).
+// normal L2 policy instead of evict-first (matmul.cuh). HY_CUDA_SKIP_OPS (timing studies only: the model's
+// output becomes meaningless) names op kinds that recorded steps leave out, e.g. "add_rms_norm,gated_delta_net", or
+// one of the Gated DeltaNet's kernels (gdn_conv, gdn_recurrence; any step); see skip_mask(). HY_CUDA_TRACE=FILE
+// (timing studies) writes every kernel's start and ready times to FILE when the backend is destroyed
+// (start_trace()).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
-#include <mutex>
 #include <string>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include "kernels/cuda/argmax.cuh"
@@ -54,20 +50,6 @@ bool g_clusters = false;
 }
 void set_clusters_supported(bool on) { g_clusters = on; }
 bool clusters_supported() { return g_clusters; }
-namespace {
-int g_carveout = -1;
-}
-void set_smem_carveout(int percent) { g_carveout = percent; }
-void apply_smem_carveout(const void* kernel) {
-    if (g_carveout < 0) return;
-    static std::mutex mu;
-    static std::unordered_set<const void*> done;
-    std::lock_guard<std::mutex> lock(mu);
-    if (done.insert(kernel).second)
-        check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout, g_carveout),
-              "cudaFuncSetAttribute(carveout)");
-}
-
 void trace_bind_argmax(const TraceBuf& t);
 void trace_bind_attention(const TraceBuf& t);
 void trace_bind_elementwise(const TraceBuf& t);
@@ -128,7 +110,7 @@ void check_device(int device) {
 struct Op {
     enum class Kind : uint8_t {
         copy_h2d, embed, rms_norm, matmul, logits, add, silu_mul, attention, gated_delta_net, gather_rows, argmax,
-        gemv_group, gate_up, add_rms_norm, gemv_staged,  // made by fuse()
+        gemv_group, gate_up, add_rms_norm,  // made by fuse()
     };
     Kind kind = Kind::copy_h2d;
     const void* x = nullptr;   // main input (copy source, table, norm/matmul input, add addend, silu gate)
@@ -198,7 +180,6 @@ const char* kind_name(Op::Kind k) {
         case K::gemv_group: return "gemv_group";
         case K::gate_up: return "gate_up";
         case K::add_rms_norm: return "add_rms_norm";
-        case K::gemv_staged: return "gemv_staged";
     }
     return "?";
 }
@@ -225,7 +206,7 @@ uint32_t skip_mask() {
             cuda::set_gdn_skip(cuda::gdn_skip() | (name == "gdn_conv" ? 1u : 2u));
             found = true;
         }
-        for (int k = 0; k <= int(Op::Kind::gemv_staged); k++)
+        for (int k = 0; k <= int(Op::Kind::add_rms_norm); k++)
             if (name == kind_name(Op::Kind(k))) {
                 mask |= 1u << k;
                 found = true;
@@ -260,13 +241,11 @@ bool groupable(const Op& op) {
 // Peephole fusion over a recorded step:
 //   matmul(x, Wg -> g), matmul(x, Wu -> u), silu_mul(g, u -> a)   ->  gate_up
 //   add(x += d), rms_norm(x -> y)                                  ->  add_rms_norm
-//   attention or gated_delta_net, then matmul (one row)             ->  the same, then gemv_staged (staged >= 1)
-//   gate_up, then matmul (one row)                                 ->  gate_up, then gemv_staged (staged >= 2)
 //   2 to 4 matmuls of the same x (GEMV-sized)                      ->  gemv_group
 //   (with 3 to 8 rows: 3 or 4 of them, as the attention q/k/v and Gated DeltaNet input projections: one tensor-core
 //   GEMV launch instead of 3-4 cuBLASLt calls, two of them tiny; single matmuls stay with cuBLASLt, which is faster
 //   there. With HY_CUDA_GRAPHS=0 such steps run unfused, so their bits differ from the graph's.)
-void fuse(const std::vector<Op>& in, std::vector<Op>& out, int staged, const cuda::StagedGemv& sg) {
+void fuse(const std::vector<Op>& in, std::vector<Op>& out) {
     out.clear();
     const size_t n = in.size();
     for (size_t i = 0; i < n;) {
@@ -294,17 +273,6 @@ void fuse(const std::vector<Op>& in, std::vector<Op>& out, int staged, const cud
                 i += 2;
                 continue;
             }
-        }
-        const Op::Kind before = out.empty() ? Op::Kind::copy_h2d : out.back().kind;
-        const bool after_mixer = before == Op::Kind::attention || before == Op::Kind::gated_delta_net;
-        if (((staged >= 1 && after_mixer) || (staged >= 2 && before == Op::Kind::gate_up)) && gemv_ok(a) &&
-            cuda::gemv_staged_fits(sg, static_cast<const bf16*>(a.x), a.n, static_cast<const bf16*>(a.m.data),
-                                   a.m.rows, a.m.cols)) {
-            Op f = a;
-            f.kind = Op::Kind::gemv_staged;
-            out.push_back(f);
-            i++;
-            continue;
         }
         if (groupable(a)) {
             size_t j = i + 1;
@@ -336,7 +304,7 @@ public:
         HY_CUDA_CHECK(cudaEventCreateWithFlags(&staging_done_, cudaEventDisableTiming));
         gemm_ = std::make_unique<cuda::Gemm>();
         graphs_enabled_ = !env_off("HY_CUDA_GRAPHS");
-        // Programmatic dependent launch, the cluster barrier and TMA are compiled in only for compute capability
+        // Programmatic dependent launch and the cluster barrier are compiled in only for compute capability
         // 9.0+ (__CUDA_ARCH__ >= 900): they need a device of 9.0+ running code built for 9.0+. A newer GPU without
         // machine code of its own runs the driver's compilation of the newest portable PTX of the build (compute_89
         // by default: sm_90a code is not portable), which has none of them, so the backend uses none there (the
@@ -353,19 +321,6 @@ public:
         HY_CUDA_CHECK(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device));
         cuda::set_clusters_supported(sm90_code && clusters != 0);
         cuda::set_gdn_fused_conv(!env_off("HY_CUDA_GDN_FUSED_CONV"));
-        // The staged GEMV (matmul.cuh) overlaps its weight copies with the kernel before it through PDL (and uses
-        // TMA), so it needs compute capability 9.0 with PDL on. Not yet measured on a GPU: opt-in until it is, with
-        // HY_CUDA_STAGED_GEMV=1 (the matmul after each mixer) or 2 (also down_proj after gate/up).
-        int sms = 0, smem_optin = 0;
-        HY_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-        HY_CUDA_CHECK(cudaDeviceGetAttribute(&smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-        if (const char* v = std::getenv("HY_CUDA_STAGED_GEMV"); v && *v) {  // (a bad value is refused even without PDL)
-            if (std::strcmp(v, "0") != 0 && std::strcmp(v, "1") != 0 && std::strcmp(v, "2") != 0)
-                throw Error(Status::invalid_argument, std::string("HY_CUDA_STAGED_GEMV: '") + v + "' (0, 1 or 2)");
-            if (cuda::pdl_enabled()) staged_level_ = v[0] - '0';
-        }
-        if (staged_level_ > 0) staged_ = cuda::staged_gemv_setup(sms, size_t(smem_optin));
-        if (const char* c = std::getenv("HY_CUDA_SMEM_CARVEOUT"); c && *c) cuda::set_smem_carveout(std::atoi(c));
         if (const char* f = std::getenv("HY_CUDA_TRACE"); f && *f) start_trace(f);
         ops_.reserve(kMaxRecordedOps);
         fused_.reserve(kMaxRecordedOps);
@@ -673,7 +628,7 @@ private:
         if (!ops_.empty()) {
             cudaGraphExec_t g = graphs_.find(sig_);
             if (!g) {
-                fuse(ops_, fused_, staged_level_, staged_);
+                fuse(ops_, fused_);
                 std::vector<cuda::LaunchRecord> names;  // the captured launches, for the trace
                 g = graphs_.capture(sig_, stream_, [&] {
                     const cuda::LaunchLogTo to_names(&names);
@@ -740,10 +695,6 @@ private:
                 cuda::gemv_gate_up(static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data),
                                    static_cast<const bf16*>(op.m2.data), op.m.rows, op.m.cols, static_cast<bf16*>(op.y),
                                    static_cast<bf16*>(op.y2), static_cast<bf16*>(op.y3), stream_);
-                return;
-            case K::gemv_staged:
-                cuda::gemv_staged(staged_, static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data),
-                                  op.m.rows, op.m.cols, static_cast<bf16*>(op.y), stream_);
                 return;
             case K::add_rms_norm:
                 cuda::add_rms_norm(static_cast<bf16*>(op.y), static_cast<const bf16*>(op.x2), op.w, op.n, int(op.dim),
@@ -849,8 +800,6 @@ private:
     // CUDA graph replay of small steps (HY_CUDA_GRAPHS=0 turns it off).
     bool graphs_enabled_ = true;
     uint32_t skip_ = 0;  // HY_CUDA_SKIP_OPS
-    int staged_level_ = 0;     // HY_CUDA_STAGED_GEMV (fuse())
-    cuda::StagedGemv staged_;  // this device's staged GEMV launch limits (off unless staged_level_ > 0)
     bool recording_ = false;
     std::vector<Op> ops_, fused_;  // the step being recorded; its fused form (capacity reserved once)
     std::vector<uint64_t> sig_;    // the recorded step's signature

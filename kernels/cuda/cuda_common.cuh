@@ -178,16 +178,9 @@ bool pdl_enabled();
 // Launches kernel<<<grid, block, smem, stream>>>(args...) in clusters of cluster_x blocks along x (1: no cluster
 // attribute; more needs compute capability 9.0, see clusters_supported()), with the PDL attribute when
 // enabled; checks the launch.
-// Experiment: HY_CUDA_SMEM_CARVEOUT=P asks for P% of the L1/shared memory as shared memory in every kernel that
-// launch() starts (cudaFuncAttributePreferredSharedMemoryCarveout), so that SMs need not change their split
-// between kernels; -1 (the default) leaves it to the driver.
-void set_smem_carveout(int percent);
-void apply_smem_carveout(const void* kernel);
-
 template <typename... KArgs, typename... Args>
 void launch_clusters(void (*kernel)(KArgs...), dim3 grid, dim3 block, unsigned cluster_x, size_t smem,
                      cudaStream_t stream, const char* what, Args&&... args) {
-    apply_smem_carveout(reinterpret_cast<const void*>(kernel));
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = block;

@@ -92,24 +92,6 @@ bool gemv_fits(const bf16* x, int64_t T, const bf16* w, int64_t K);
 // group; 3 to 8 rows need count 3 or 4, see matmul.cu).
 bool gemv_group_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, int count);
 
-// The staged GEMV (matmul.cu) for a matmul of one row that follows a kernel moving few bytes: blocks of R =
-// ceil(N / sms) rows copy their rows into shared memory (the first round before the PDL wait), so the matrix
-// streams in while the predecessor runs. Bitwise the same y as gemv(). It needs code built for compute capability
-// 9.0 (TMA) and PDL; the backend uses it when HY_CUDA_STAGED_GEMV is 1 or 2 (not yet measured on a GPU).
-struct StagedGemv {
-    int sms = 0;       // SMs of the device; 0: off
-    size_t bytes = 0;  // dynamic shared memory a block may fill with rows
-};
-// The limits for the current device, given its SM count and opt-in shared memory per block; also allows the
-// kernels that much dynamic shared memory on this device. Off (sms 0) when too little shared memory is left.
-StagedGemv staged_gemv_setup(int sm_count, size_t smem_per_block);
-// True when gemv_staged can take this shape (one row of x, gemv_fits, staging on, at most 64 rows per block, a row
-// of K values fits the shared memory).
-bool gemv_staged_fits(const StagedGemv& sg, const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K);
-// y[1, N] (bf16) = x[1, K] @ w[N, K]^T; throws internal when !gemv_staged_fits.
-void gemv_staged(const StagedGemv& sg, const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, bf16* y,
-                 cudaStream_t stream);
-
 // y = x @ w^T through the GEMV when it fits, else cuBLASLt.
 void matmul(Gemm& gemm, const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
             cudaStream_t stream);
