@@ -13,12 +13,34 @@ namespace {
 
 constexpr int kMaxHeadDim = 256;
 
-// One warp turns a q or k head vector src [D] of row position pos into what attention uses: RMSNorm over D with
-// weight 1 + nw, then RoPE on the first R dims; lane l returns elements l + 32 j in v[j] (bf16-rounded values).
-// buf: D floats of shared memory for the warp (the rotate_half partner). The single definition of this rounding,
-// for the prep kernel and the decode core kernel that does it itself.
+// The RoPE factors of lane l's elements i = l + 32 j (j < D/32) at position pos: c[j] = bf16(cos(pos f_i)),
+// s[j] = bf16(sin(pos f_i)), f_i = theta^(-2 (i mod R/2) / R) (rotate_half pairing; dims i >= R are not rotated and
+// get c 1, s 0, unused). They depend only on the position, so kernels compute them before their PDL wait.
 template <int D>
-__device__ __forceinline__ void norm_rope(const AttentionArgs& p, const bf16* src, const float* nw, int pos, float* buf,
+__device__ __forceinline__ void rope_factors(const AttentionArgs& p, int pos, float (&c)[D / 32], float (&s)[D / 32]) {
+    const int lane = threadIdx.x & 31, R = p.rotary_dim, half = R / 2;
+#pragma unroll
+    for (int j = 0; j < D / 32; j++) {
+        const int i = lane + 32 * j;
+        c[j] = 1.0f;
+        s[j] = 0.0f;
+        if (i < R) {
+            const int f = i < half ? i : i - half;
+            const float inv_freq = 1.0f / powf(p.rope_theta, float(2 * f) / float(R));
+            const float angle = float(pos) * inv_freq;
+            c[j] = round_bf16(cosf(angle));
+            s[j] = round_bf16(sinf(angle));
+        }
+    }
+}
+
+// One warp turns a q or k head vector src [D] into what attention uses: RMSNorm over D with weight 1 + nw, then
+// RoPE on the first R dims with the factors rc, rs of rope_factors; lane l returns elements l + 32 j in v[j]
+// (bf16-rounded values). buf: D floats of shared memory for the warp (the rotate_half partner). The single
+// definition of this rounding, for the prep kernel and the decode core kernel that does it itself.
+template <int D>
+__device__ __forceinline__ void norm_rope(const AttentionArgs& p, const bf16* src, const float* nw,
+                                          const float (&rc)[D / 32], const float (&rs)[D / 32], float* buf,
                                           float (&v)[D / 32]) {
     constexpr int kPer = D / 32;
     const int lane = threadIdx.x & 31, R = p.rotary_dim, half = R / 2;
@@ -41,12 +63,8 @@ __device__ __forceinline__ void norm_rope(const AttentionArgs& p, const bf16* sr
     for (int j = 0; j < kPer; j++) {
         const int i = lane + 32 * j;
         if (i < R) {
-            const int f = i < half ? i : i - half;
-            const float inv_freq = 1.0f / powf(p.rope_theta, float(2 * f) / float(R));
-            const float angle = float(pos) * inv_freq;
-            const float c = round_bf16(cosf(angle)), s = round_bf16(sinf(angle));
             const float rot = i < half ? -buf[i + half] : buf[i - half];
-            v[j] = round_bf16(round_bf16(v[j] * c) + round_bf16(rot * s));
+            v[j] = round_bf16(round_bf16(v[j] * rc[j]) + round_bf16(rot * rs[j]));
         }
     }
 }
@@ -74,9 +92,11 @@ __global__ void attn_prep_kernel(AttentionArgs p, RowMap rows, bf16* __restrict_
     constexpr int kPer = D / 32;
     __shared__ float buf[kAttnWarps][D];
     pdl_trigger();
+    const int t = blockIdx.x;
+    float rc[kPer], rs[kPer];
+    rope_factors<D>(p, rows.pos[t], rc, rs);  // (the row map is copied in before the step's first kernel)
     pdl_wait();  // activations come from the projections; the cache may still be read by earlier kernels
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int t = blockIdx.x;
     const int head = blockIdx.y * kAttnWarps + warp;
     const int Hq = p.n_heads, Hkv = p.n_kv_heads;
     if (head >= Hq + Hkv) return;
@@ -85,7 +105,7 @@ __global__ void attn_prep_kernel(AttentionArgs p, RowMap rows, bf16* __restrict_
     const bf16* src = is_q ? static_cast<const bf16*>(p.qg) + (int64_t(t) * Hq + h) * 2 * D
                            : static_cast<const bf16*>(p.k) + (int64_t(t) * Hkv + h) * D;
     float v[kPer];
-    norm_rope<D>(p, src, is_q ? p.q_norm : p.k_norm, rows.pos[t], buf[warp], v);
+    norm_rope<D>(p, src, is_q ? p.q_norm : p.k_norm, rc, rs, buf[warp], v);
     if (is_q) {
         bf16* dst = q_out + (int64_t(t) * Hq + h) * D;
 #pragma unroll
@@ -95,21 +115,44 @@ __global__ void attn_prep_kernel(AttentionArgs p, RowMap rows, bf16* __restrict_
     }
 }
 
-// Loads kPer consecutive bf16 values (kPer = 2, 4 or 8: 4, 8 or 16 bytes) as floats.
+// kPer consecutive bf16 values (kPer = 2, 4 or 8) as one 4-, 8- or 16-byte word: loaded raw (a load whose value
+// is not used yet does not hold the warp), converted to floats where they are used.
 template <int kPer>
-__device__ __forceinline__ void load_vec(const bf16* p, float* f) {
+struct RawVec;
+template <>
+struct RawVec<8> {
+    using T = uint4;
+};
+template <>
+struct RawVec<4> {
+    using T = uint2;
+};
+template <>
+struct RawVec<2> {
+    using T = uint32_t;
+};
+template <int kPer>
+__device__ __forceinline__ typename RawVec<kPer>::T load_raw(const bf16* p) {
+    return *reinterpret_cast<const typename RawVec<kPer>::T*>(p);
+}
+template <int kPer>
+__device__ __forceinline__ void unpack_vec(const typename RawVec<kPer>::T& r, float* f) {
     if constexpr (kPer == 8) {
-        unpack8(*reinterpret_cast<const uint4*>(p), f);
+        unpack8(r, f);
     } else if constexpr (kPer == 4) {
-        const uint2 u = *reinterpret_cast<const uint2*>(p);
-        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&u);
+        const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&r);
         float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
         f[0] = a.x; f[1] = a.y; f[2] = b.x; f[3] = b.y;
     } else {
         static_assert(kPer == 2, "2, 4 or 8 values per lane");
-        float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(p));
+        float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r));
         f[0] = a.x; f[1] = a.y;
     }
+}
+// Loads kPer consecutive bf16 values as floats.
+template <int kPer>
+__device__ __forceinline__ void load_vec(const bf16* p, float* f) {
+    unpack_vec<kPer>(load_raw<kPer>(p), f);
 }
 
 __device__ __forceinline__ void write_gated(const AttentionArgs& p, int t, int h, int D, int i, float o) {
@@ -132,7 +175,10 @@ __device__ __forceinline__ void write_gated(const AttentionArgs& p, int t, int h
 // kPrep (decode steps, every run one token): no prep kernel before; warp 0 of the block normalizes and rotates its
 // q head itself (norm_rope), and a block whose keys include the row's own position has warp 1 do the same for the
 // new key and take it and the new value from shared memory instead of the cache; of those blocks, the one of the
-// kv head's first q head also writes them to the cache (no other block of the kernel reads that position).
+// kv head's first q head also writes them to the cache (no other block of the kernel reads that position). The
+// keys before the row's position were written by earlier steps and the row map by the step's first copy, all
+// complete before any kernel of the step starts: so each warp issues the loads of its first round of keys, and
+// warps 0 and 1 compute their RoPE factors, before the PDL wait, overlapping the q/k/v projection's tail.
 constexpr int kAttnKeysInFlight = 4;
 
 template <int D, bool kSplit, bool kPrep = false>
@@ -144,7 +190,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
     __shared__ float s_new[kPrep ? 3 : 1][kPrep ? D : 1];  // kPrep: q, the new k and v of the row
     __shared__ float s_buf[kPrep ? 2 : 1][kPrep ? D : 1];  // kPrep: norm_rope scratch of warps 0 and 1
     pdl_trigger();
-    pdl_wait();  // row map, q_scratch and the cache come from earlier kernels
+    if constexpr (!kPrep) pdl_wait();  // row map, q_scratch and the cache come from earlier kernels
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int h = blockIdx.x, t = blockIdx.y;
     const int Hq = p.n_heads, Hkv = p.n_kv_heads;
@@ -161,16 +207,34 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
         key_begin = min(pos + 1, int(blockIdx.z) * len);
         key_end = min(pos + 1, key_begin + len);
     }
+    // The raw K and V of a round of keys k0 .. k0 + U - 1 (kPrep: not the row's own key, which is in s_new).
+    using Raw = typename RawVec<kPer>::T;
+    Raw kr[U] = {}, vr[U] = {};
+    auto issue = [&](int k0) {
+#pragma unroll
+        for (int u = 0; u < U; u++)
+            if (k0 + u < key_end && !(kPrep && k0 + u == pos)) {
+                kr[u] = load_raw<kPer>(kc + int64_t(k0 + u) * kv_row + lane * kPer);
+                vr[u] = load_raw<kPer>(vc + int64_t(k0 + u) * kv_row + lane * kPer);
+            }
+    };
+    const int k_first = key_begin + U * warp;
     float q[kPer], o[kPer];
     if constexpr (kPrep) {
         const bool has_new = key_begin <= pos && pos < key_end;
+        issue(k_first);  // keys before pos only: written by earlier steps
+        float rc[kPer], rs[kPer];
+        if (warp < 2) rope_factors<D>(p, pos, rc, rs);
+        pdl_wait();  // q, k and v come from the projection just before
         float v[kPer];
         if (warp == 0) {
-            norm_rope<D>(p, static_cast<const bf16*>(p.qg) + (int64_t(t) * Hq + h) * 2 * D, p.q_norm, pos, s_buf[0], v);
+            norm_rope<D>(p, static_cast<const bf16*>(p.qg) + (int64_t(t) * Hq + h) * 2 * D, p.q_norm, rc, rs, s_buf[0],
+                         v);
 #pragma unroll
             for (int j = 0; j < kPer; j++) s_new[0][lane + 32 * j] = v[j];
         } else if (warp == 1 && has_new) {
-            norm_rope<D>(p, static_cast<const bf16*>(p.k) + (int64_t(t) * Hkv + kvh) * D, p.k_norm, pos, s_buf[1], v);
+            norm_rope<D>(p, static_cast<const bf16*>(p.k) + (int64_t(t) * Hkv + kvh) * D, p.k_norm, rc, rs, s_buf[1],
+                         v);
             const bf16* vs = static_cast<const bf16*>(p.v) + (int64_t(t) * Hkv + kvh) * D;
 #pragma unroll
             for (int j = 0; j < kPer; j++) {
@@ -188,7 +252,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 #pragma unroll
     for (int j = 0; j < kPer; j++) o[j] = 0.0f;
     float m = -INFINITY, l = 0.0f;
-    for (int k0 = key_begin + U * warp; k0 < key_end; k0 += U * kAttnWarps) {
+    for (int k0 = k_first; k0 < key_end; k0 += U * kAttnWarps) {
+        if (!kPrep || k0 != k_first) issue(k0);  // (kPrep: the first round was issued before the wait)
         float kf[U][kPer], vf[U][kPer];
 #pragma unroll
         for (int u = 0; u < U; u++) {
@@ -203,8 +268,8 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
                 }
             }
             if (k0 + u < key_end) {
-                load_vec<kPer>(kc + int64_t(k0 + u) * kv_row + lane * kPer, kf[u]);
-                load_vec<kPer>(vc + int64_t(k0 + u) * kv_row + lane * kPer, vf[u]);
+                unpack_vec<kPer>(kr[u], kf[u]);
+                unpack_vec<kPer>(vr[u], vf[u]);
             } else {
 #pragma unroll
                 for (int j = 0; j < kPer; j++) kf[u][j] = vf[u][j] = 0.0f;

@@ -423,6 +423,11 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
         }
     }
     pdl_wait();  // mixed and the activations come from the kernels just before
+    // the gate inputs and z, loaded here with the conv inputs (one memory wait for all, not one more after the
+    // conv's barriers)
+    const bf16 b_in = static_cast<const bf16*>(p.b)[row * Hv + h], a_in = static_cast<const bf16*>(p.a)[row * Hv + h];
+    const int64_t oi = row * int64_t(Hv) * Dv + int64_t(h) * Dv + tid;  // output column tid (threads < Dv)
+    const bf16 z_in = tid < Dv ? static_cast<const bf16*>(p.z)[oi] : to_bf16(0.0f);
     const bf16* m = mixed + row * C;
     const bf16* mv = m + 2 * int64_t(Hk) * DK + int64_t(h) * Dv;
     if constexpr (kConv) {
@@ -444,10 +449,8 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
     }
     const float2 v0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(mv + e0));
     const float2 v1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(mv + e1));
-    const float2 gate = token_gates(to_f32(static_cast<const bf16*>(p.b)[row * Hv + h]),
-                                    to_f32(static_cast<const bf16*>(p.a)[row * Hv + h]), A, dt_bias);
-    const int64_t oi = row * int64_t(Hv) * Dv + int64_t(h) * Dv + tid;  // output column tid (threads < Dv)
-    const float z = tid < Dv ? to_f32(static_cast<const bf16*>(p.z)[oi]) : 0.0f;
+    const float2 gate = token_gates(to_f32(b_in), to_f32(a_in), A, dt_bias);
+    const float z = to_f32(z_in);
     if (tid < 32) {
         const int which = lane / VL, li = lane % VL;  // which: 0 q, 1 k, 2.. idle lanes (DK < 128)
         uint2 r[2] = {make_uint2(0u, 0u), make_uint2(0u, 0u)};
