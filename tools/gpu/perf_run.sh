@@ -8,7 +8,8 @@
 #   4. Hugging Face transformers on the same folder (tools/gpu/hf_decode_baseline.py)
 #   5. ncu per-kernel times of one decode step
 #   6. optional stages: trace (per-kernel critical-path costs of a b=1 step, HY_CUDA_TRACE), ab (alternating
-#      decode b=1 pairs, AB="ENV=VALUE ..."; TRACE_ENV="ENV=VALUE ..." for the trace), sweep (decode b=1 under each of SWEEP="A=1,B=2 A=3 -"), ablate (decode b=1 without some op kinds, HY_CUDA_SKIP_OPS),
+#      decode b=1 pairs, AB="ENV=VALUE ..."; TRACE_ENV="ENV=VALUE ..." for the trace, TRACE_BASE=1 also traces the
+#      baseline binaries of gpu-bin/base.txz), sweep (decode b=1 under each of SWEEP="A=1,B=2 A=3 - base"), ablate (decode b=1 without some op kinds, HY_CUDA_SKIP_OPS),
 #      sanitize (compute-sanitizer memcheck/racecheck/synccheck), ncu64, ncu8 (b=64 / b=8 profiles), cli
 # STAGES (default "all") limits the run: e.g. STAGES="tests bench" . Logs: $OUT/all.log, $OUT/summary.txt.
 # Usage (device tool): bash tools/gpu/perf_run.sh   with carry [".carry", "gpu-bin"]; gpu-bin/bins.txz holds
@@ -33,6 +34,9 @@ nvidia-smi --query-gpu=name,driver_version,clocks.max.sm,clocks.max.mem --format
 BIN=gpu-bin
 # the carried binaries travel as one xz tarball (five static-ish binaries share most bytes; the carry limit is 64 MiB)
 [ -f $BIN/bins.txz ] && tar -C $BIN -xJf $BIN/bins.txz
+# optional baseline binaries (gpu-bin/base.txz, e.g. packed from the previous commit): the setting "base" of SWEEP
+# and TRACE_BASE=1 run them in the same warm run as the new ones
+[ -f $BIN/base.txz ] && mkdir -p $BIN/base && tar -C $BIN/base -xJf $BIN/base.txz
 M=/tmp/q4b
 if want tests; then
     step tests_gpu 150 $BIN/hybrid-tests "[gpu]"
@@ -46,10 +50,10 @@ if want sanitize; then  # memcheck over every [gpu] test; racecheck (shared memo
     step memcheck 240 compute-sanitizer --tool memcheck --error-exitcode 99 $BIN/hybrid-tests "[gpu]"
     grep -E "ERROR SUMMARY" "$LOG" | tail -1 >>"$SUM"
     step racecheck 240 compute-sanitizer --tool racecheck --error-exitcode 99 $BIN/hybrid-tests \
-        "CUDA attention*,CUDA Gated DeltaNet*,CUDA staged*"
+        "CUDA attention*,CUDA Gated DeltaNet*"
     grep -E "RACECHECK SUMMARY|ERROR SUMMARY" "$LOG" | tail -1 >>"$SUM"
     step synccheck 240 compute-sanitizer --tool synccheck --error-exitcode 99 $BIN/hybrid-tests \
-        "CUDA Gated DeltaNet*,CUDA staged*"
+        "CUDA Gated DeltaNet*"
     grep -E "ERROR SUMMARY" "$LOG" | tail -1 >>"$SUM"
 fi
 if want kernels; then
@@ -94,12 +98,13 @@ if want ab; then  # alternating pairs of decode b=1 with and without the environ
     done
 fi
 if want sweep; then  # decode b=1 under each setting of SWEEP (space-separated; a setting is comma-separated
-    # ENV=VALUE assignments, "-" for none), two rounds in turn in one warm run
+    # ENV=VALUE assignments, "-" for none, "base" for the baseline binaries), two rounds in turn in one warm run
     for i in 1 2; do
         for set in ${SWEEP:--}; do
             env_args=()
-            [ "$set" = - ] || IFS=, read -r -a env_args <<<"$set"
-            step "sweep_${i}_$set" 60 env "${env_args[@]}" $BIN/hybrid-bench -m $M --device cuda -p 512 -n 128 -r 3
+            bin=$BIN
+            if [ "$set" = base ]; then bin=$BIN/base; elif [ "$set" != - ]; then IFS=, read -r -a env_args <<<"$set"; fi
+            step "sweep_${i}_$set" 60 env "${env_args[@]}" $bin/hybrid-bench -m $M --device cuda -p 512 -n 128 -r 3
             say "sweep [$set]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
         done
     done
@@ -109,6 +114,12 @@ if want trace; then  # each kernel's cost on the critical path of the pipelined 
     step trace_b1 90 env ${TRACE_ENV:-} HY_CUDA_TRACE=/tmp/trace_b1.txt $BIN/hybrid-bench -m $M --device cuda -p 512 -n 64 -r 1
     python3 tools/gpu/trace_summary.py /tmp/trace_b1.txt --steps 48 >"$OUT/trace_b1.txt" 2>&1
     head -24 "$OUT/trace_b1.txt" >>"$SUM"
+    if [ "${TRACE_BASE:-0}" = 1 ]; then  # the same trace of the baseline binaries
+        step trace_b1_base 90 env HY_CUDA_TRACE=/tmp/trace_b1_base.txt $BIN/base/hybrid-bench -m $M --device cuda \
+            -p 512 -n 64 -r 1
+        python3 tools/gpu/trace_summary.py /tmp/trace_b1_base.txt --steps 48 >"$OUT/trace_b1_base.txt" 2>&1
+        head -24 "$OUT/trace_b1_base.txt" >>"$SUM"
+    fi
 fi
 if want hf; then
     step hf_baseline 150 python3 tools/gpu/hf_decode_baseline.py --model $M --prompt 512 --new 32
