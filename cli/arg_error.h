@@ -2,6 +2,8 @@
 // "Argument 'VALUE' failed to parse" without saying which option it was given to.
 #pragma once
 
+#include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdint>
 #include <cmath>
@@ -106,6 +108,46 @@ inline bool parse_int_list(const std::string& s, long long lo, long long hi, std
 // Token ids: parse_int_list over [0, 2^31 - 1].
 inline bool parse_id_list(const std::string& s, std::vector<int32_t>& out, std::string* bad) {
     return parse_int_list(s, 0, 2147483647LL, out, bad);
+}
+
+// For a single-dash word such as -temp or -ngl (a letter, then letters or '-'), which cxxopts would read as the
+// short option -t with the value "emp": the error to report, "unknown option -temp (did you mean --temp? long
+// options take two dashes)" when `opts` has a long option of that name, else "unknown option -ngl (-h lists the
+// options)". "" for any other word.
+inline std::string single_dash_word_error(const cxxopts::Options& opts, const std::string& a) {
+    auto letter = [](char ch) { return std::isalpha(static_cast<unsigned char>(ch)) != 0; };
+    if (a.size() < 3 || a[0] != '-' || !letter(a[1]) ||
+        !std::all_of(a.begin() + 2, a.end(), [&](char ch) { return ch == '-' || letter(ch); }))
+        return "";
+    bool known = false;
+    for (const std::string& g : opts.groups())
+        for (const cxxopts::HelpOptionDetails& d : opts.group_help(g).options)
+            known = known || std::find(d.l.begin(), d.l.end(), a.substr(1)) != d.l.end();
+    return "unknown option " + a + (known ? " (did you mean -" + a + "? long options take two dashes)"
+                                          : " (-h lists the options)");
+}
+
+// The single_dash_word_error of the first such word among argv[1 .. argc-1] ("" when none). The word after an
+// option of `opts` that takes a value ("-n", "--model") is that value and is not checked.
+inline std::string first_single_dash_word_error(const cxxopts::Options& opts, int argc, char** argv) {
+    auto takes_value = [&](const std::string& a) {
+        for (const std::string& g : opts.groups())
+            for (const cxxopts::HelpOptionDetails& d : opts.group_help(g).options)
+                if ((a.size() == 2 && a[0] == '-' && a[1] != '-' && d.s == a.substr(1)) ||
+                    (a.rfind("--", 0) == 0 && std::find(d.l.begin(), d.l.end(), a.substr(2)) != d.l.end()))
+                    return !d.is_boolean;
+        return false;
+    };
+    for (int i = 1; i < argc; i++) {
+        const std::string a = argv[i];
+        if (a == "--") break;
+        if (takes_value(a)) {
+            i++;
+            continue;
+        }
+        if (std::string e = single_dash_word_error(opts, a); !e.empty()) return e;
+    }
+    return "";
 }
 
 }  // namespace hy

@@ -208,16 +208,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
             stops.push_back(a.substr(7));
         } else if (const std::string hint = llama_cpp_hint(a); !hint.empty()) {
             usage("unknown option " + a + " (" + hint + ")");
-        } else if (a.size() >= 3 && a[0] == '-' && std::isalpha(static_cast<unsigned char>(a[1])) &&
-                   std::all_of(a.begin() + 2, a.end(),
-                               [](char ch) { return ch == '-' || std::isalpha(static_cast<unsigned char>(ch)); })) {
-            // -temp, -sys (single-dash long words): cxxopts would read them as -t "emp", -s "ys", ...
-            bool known = false;  // (a long option of that name: suggest it)
-            for (const std::string& g : opts.groups())
-                for (const auto& d : opts.group_help(g).options)
-                    known = known || std::find(d.l.begin(), d.l.end(), a.substr(1)) != d.l.end();
-            usage("unknown option " + a + (known ? " (did you mean -" + a + "? long options take two dashes)"
-                                                 : " (-h lists the options)"));
+        } else if (const std::string e = single_dash_word_error(opts, a); !e.empty()) {
+            usage(e);  // -temp, -sys: cxxopts would read them as -t "emp", -s "ys"
         } else {
             args.push_back(a);
         }

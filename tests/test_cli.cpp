@@ -1238,6 +1238,25 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     check(run_prog(bench, {"-m", "models/tiny", "stray"}), 2, "'stray'");
     check(run_prog(bench, {"-m", "models/tiny", "-n", "abc"}), 2, "invalid value 'abc' for -n");
     check(run_prog(bench, {"-p", "8"}), 2, "-m DIR");  // a missing model folder is named in one line
+    // single-dash words (llama.cpp's -ngl 99, or a long option with one dash): named, not read as -n "gl"
+    check(run_prog(bench, {"-m", "models/tiny", "-ngl", "99"}), 2, "hybrid-bench: unknown option -ngl (-h lists");
+    check(run_prog(bench, {"-m", "models/tiny", "-prompt", "8"}), 2,
+          "unknown option -prompt (did you mean --prompt? long options take two dashes)");
+    check(run_prog(compare, {"-m", "models/tiny", "-case", "short"}), 2, "(did you mean --case?");
+    check(run_prog(tokenize, {"-tokenizer", "models/tiny", "--text", "a"}), 2, "(did you mean --tokenizer?");
+    // ... but the value of an option that takes one is that value
+    check(run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "-nope"}), 2, "no case named '-nope'");
+    // a golden file without cases, or with a malformed batch entry: named, not "SUMMARY: 0/0" or a JSON exception
+    const fs::path g_empty = tmp.path / "empty.json", g_batch = tmp.path / "batch.json";
+    std::ofstream(g_empty) << R"({"cases": []})";
+    check(run_prog(compare, {"-m", "models/tiny", "--golden", g_empty.string()}), 1, "field 'cases' is empty");
+    {
+        auto g = nlohmann::json::parse(slurp(kSrc + "/models/tiny/golden.json"));
+        g["batch"] = {{"names", {"short"}}, {"greedy_fp32_left_padded", {{1, "x"}}}};
+        std::ofstream(g_batch) << g.dump();
+    }
+    check(run_prog(compare, {"-m", "models/tiny", "-t", "1", "--golden", g_batch.string()}), 1,
+          "field 'batch' must hold 'names' (a list of case names) and 'greedy_fp32_left_padded'");
     check(run_prog(compare, {"--device", "cpu"}), 2, "-m DIR");
     const Run j = run_prog(bench, {"-m", "models/tiny", "--json", (tmp.path / "no" / "b.json").string()});
     check(j, 1, "cannot write");

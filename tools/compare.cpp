@@ -107,6 +107,8 @@ int main(int argc, char** argv) {
         }
         if (!golden.contains("cases") || !golden["cases"].is_array())
             throw Error(Status::format, golden_path + ": field 'cases' is missing");
+        if (golden["cases"].empty())  // (a run of no cases would report 0/0 and pass)
+            throw Error(Status::format, golden_path + ": field 'cases' is empty");
         // every case's fields, once, so that the code below can read them as they are
         size_t case_no = 0;
         for (const json& c : golden["cases"]) {
@@ -130,6 +132,20 @@ int main(int argc, char** argv) {
                 if (field.rfind("greedy_", 0) == 0 && v.is_array() && !int_list(v))  // (token lists; *_text are text)
                     throw Error(Status::format, where + " ('" + c["name"].get<std::string>() + "'): field '" + field +
                                                     "' must be a list of integers");
+        }
+        if (golden.contains("batch")) {  // {"names": [case names], "greedy_fp32_left_padded": [token lists]}
+            const json& b = golden["batch"];
+            bool ok = b.is_object() && b.contains("names") && b["names"].is_array() &&
+                      b.contains("greedy_fp32_left_padded") && b["greedy_fp32_left_padded"].is_array();
+            for (size_t i = 0; ok && i < b["names"].size(); i++) ok = b["names"][i].is_string();
+            for (size_t i = 0; ok && i < b["greedy_fp32_left_padded"].size(); i++) {
+                const json& row = b["greedy_fp32_left_padded"][i];
+                ok = row.is_array() && std::all_of(row.begin(), row.end(),
+                                                   [](const json& x) { return x.is_number_integer(); });
+            }
+            if (!ok)
+                throw Error(Status::format, golden_path + ": field 'batch' must hold 'names' (a list of case names) and "
+                                                          "'greedy_fp32_left_padded' (a list of token lists)");
         }
         const std::string only_case = args.count("case") ? args["case"].as<std::string>() : "";
         if (args.count("case")) {

@@ -167,6 +167,8 @@ int main(int argc, char** argv) {
         "repeat", "bench repetitions", cxxopts::value<int>()->default_value("5"))(
         "no-special", "encode special tokens as plain text")("h,help", "show this help");
     try {
+        if (const std::string e = hy::first_single_dash_word_error(opts, argc, argv); !e.empty())
+            throw hy::Error(hy::Status::invalid_argument, e);
         auto a = opts.parse(argc, argv);
         if (a.count("help")) {
             std::cout << opts.help() << "\nExit status: 0 success (--golden: every case matches); 1 failure; "

@@ -40,6 +40,11 @@ inline int finish(const char* name, int rc) {
 // otherwise *exit_code is 0 after --help, 2 after a parse error or a missing -m (message on stderr).
 inline bool parse_args(cxxopts::Options& opts, int argc, char** argv, const char* name, cxxopts::ParseResult& out,
                        int* exit_code) {
+    if (const std::string e = first_single_dash_word_error(opts, argc, argv); !e.empty()) {
+        std::fprintf(stderr, "%s: %s\n", name, e.c_str());  // (-ngl 99 would be -n "gl")
+        *exit_code = 2;
+        return false;
+    }
     try {
         out = opts.parse(argc, argv);
     } catch (const std::exception& e) {
