@@ -35,13 +35,25 @@ __global__ void rms_norm_kernel(bf16* x, const bf16* __restrict__ d, const float
     float ss = 0.0f;
     if constexpr (kVec) {
         uint4* x4 = reinterpret_cast<uint4*>(xr);
+        const uint4* d4 = kAdd ? reinterpret_cast<const uint4*>(d + row * dim) : nullptr;
+        // the first kPre words of x and d are all loaded before any is used or stored (one memory wait, not one per
+        // word: the compiler may not move a load of x past the store of an earlier word)
+        uint4 dkeep[kPre] = {};
+#pragma unroll
+        for (int q = 0; q < kPre; q++) {
+            const int i = threadIdx.x + q * int(blockDim.x);
+            if (i < dim / 8) {
+                xkeep[q] = x4[i];
+                if constexpr (kAdd) dkeep[q] = d4[i];
+            }
+        }
         for (int i = threadIdx.x, q = 0; i < dim / 8; i += blockDim.x, q++) {
-            uint4 word = x4[i];
+            uint4 word = q == 0 ? xkeep[0] : q == 1 ? xkeep[1] : x4[i];
             float v[8];
             unpack8(word, v);
             if constexpr (kAdd) {
                 float a[8];
-                unpack8(reinterpret_cast<const uint4*>(d + row * dim)[i], a);
+                unpack8(q == 0 ? dkeep[0] : q == 1 ? dkeep[1] : d4[i], a);
 #pragma unroll
                 for (int j = 0; j < 8; j++) v[j] += a[j];
                 word = pack8(v);
