@@ -40,6 +40,14 @@ private:
     Status status_;
 };
 
+// A JSON library exception's text without its "[json.exception.parse_error.101] " tag: "parse error at line 1,
+// column 2: syntax error ...".
+inline std::string json_error_text(const char* what) {
+    const std::string w = what;
+    const size_t close = w.rfind("[json.exception.", 0) == 0 ? w.find("] ") : std::string::npos;
+    return close == std::string::npos ? w : w.substr(close + 2);
+}
+
 // The whole of a regular file of at most max_bytes (the JSON files of a model folder, goldens, texts). Throws
 // Error(Status::io) naming the path when it cannot be opened or read, is a directory, a FIFO, a device or a socket
 // (reading those could block or never end), or is larger than max_bytes.

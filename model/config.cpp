@@ -71,7 +71,7 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
     try {
         root = json::parse(text);
     } catch (const json::exception& e) {
-        throw Error(Status::format, source + ": invalid JSON: " + e.what());
+        throw Error(Status::format, source + ": invalid JSON: " + json_error_text(e.what()));
     }
     if (!root.is_object()) throw Error(Status::format, source + ": expected a JSON object");
 
@@ -111,16 +111,23 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
     if (!(c.rms_norm_eps > 0.0f)) r.fail("rms_norm_eps", "must be positive");
 
     // tie_word_embeddings: text_config first, then the top level, default false.
-    if (r.has("tie_word_embeddings"))
+    if (r.has("tie_word_embeddings")) {
+        if (!tj->at("tie_word_embeddings").is_boolean()) r.fail("tie_word_embeddings", "must be true or false");
         c.tie_word_embeddings = tj->at("tie_word_embeddings").get<bool>();
+    }
     else if (root.contains("tie_word_embeddings") && root["tie_word_embeddings"].is_boolean())
         c.tie_word_embeddings = root["tie_word_embeddings"].get<bool>();
 
     // RoPE: rope_parameters (or legacy rope_scaling-free top-level fields).
     float theta = 10000.0f, partial = 1.0f;
     const json* rp = nullptr;
-    if (r.has("rope_parameters") && tj->at("rope_parameters").is_object()) rp = &tj->at("rope_parameters");
+    if (r.has("rope_parameters")) {
+        if (!tj->at("rope_parameters").is_object()) r.fail("rope_parameters", "must be an object");
+        rp = &tj->at("rope_parameters");
+    }
     std::string rp_scope = std::string(scope) + "rope_parameters.";
+    if (rp && rp->contains("rope_type") && !rp->at("rope_type").is_string())
+        r.fail("rope_parameters.rope_type", "must be a string");
     if (rp && rp->contains("rope_type") && rp->at("rope_type").is_string()) {
         std::string type = rp->at("rope_type").get<std::string>();
         if (type != "default")
@@ -175,7 +182,8 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
                                         " is not a multiple of linear_num_key_heads " + std::to_string(c.gdn_k_heads));
     if (c.conv_kernel < 2 || c.conv_kernel > 16)
         r.fail("linear_conv_kernel_dim", "must lie in [2, 16], found " + std::to_string(c.conv_kernel));
-    if (r.has("attention_bias") && tj->at("attention_bias").is_boolean() && tj->at("attention_bias").get<bool>())
+    if (r.has("attention_bias") && !tj->at("attention_bias").is_boolean()) r.fail("attention_bias", "must be true or false");
+    if (r.has("attention_bias") && tj->at("attention_bias").get<bool>())
         throw Error(Status::unsupported, source + ": attention_bias = true is not supported");
     if (r.has("hidden_act") && tj->at("hidden_act") != "silu")
         throw Error(Status::unsupported, source + ": hidden_act " + tj->at("hidden_act").dump() + " (supported: silu)");
@@ -198,7 +206,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& sourc
     try {
         return parse_model_config_impl(text, source);
     } catch (const json::exception& e) {  // a field of the wrong JSON type
-        throw Error(Status::format, source + ": " + e.what());
+        throw Error(Status::format, source + ": a field has the wrong type: " + json_error_text(e.what()));
     }
 }
 

@@ -86,7 +86,7 @@ struct Checkpoint {
         try {
             j = nlohmann::json::parse(index_text);
         } catch (const nlohmann::json::exception& e) {
-            throw Error(Status::format, index + ": invalid JSON: " + e.what());
+            throw Error(Status::format, index + ": invalid JSON: " + json_error_text(e.what()));
         }
         if (!j.contains("weight_map") || !j["weight_map"].is_object())
             throw Error(Status::format, index + ": field 'weight_map' is missing");

@@ -1219,7 +1219,7 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
     try {
         ok = json::sax_parse(text.begin(), text.end(), &r);
     } catch (const json::exception& e) {
-        throw Error(Status::format, origin + ": malformed JSON: " + e.what());
+        throw Error(Status::format, origin + ": malformed JSON: " + json_error_text(e.what()));
     }
     if (!ok) throw Error(Status::format, origin + ": " + (r.error.empty() ? "malformed JSON" : r.error));
     const json& root = r.root;

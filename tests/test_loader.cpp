@@ -204,6 +204,38 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
         write_model_dir(d.path, tensors, j.dump());
         require_error([&] { Model::load(d.path, p); }, Status::format, "num_hidden_layers");
     }
+    SECTION("config with a flag or the RoPE parameters of the wrong type: named, not ignored or a JSON exception") {
+        const std::pair<const char*, nlohmann::json> cases[] = {
+            {"tie_word_embeddings", "yes"}, {"attention_bias", "x"}, {"rope_parameters", "x"}};
+        for (const auto& [field, value] : cases) {
+            TempDir d;
+            nlohmann::json j = nlohmann::json::parse(config);
+            j[field] = value;
+            write_model_dir(d.path, tensors, j.dump());
+            INFO(field);
+            require_error([&] { Model::load(d.path, p); }, Status::format,
+                          std::string("field '") + field + "' must be " +
+                              (std::string(field) == "rope_parameters" ? "an object" : "true or false"));
+        }
+        TempDir d;
+        nlohmann::json j = nlohmann::json::parse(config);
+        j["rope_parameters"]["rope_type"] = true;
+        write_model_dir(d.path, tensors, j.dump());
+        require_error([&] { Model::load(d.path, p); }, Status::format,
+                      "field 'rope_parameters.rope_type' must be a string");
+    }
+    SECTION("invalid JSON: the parser's message without the library's tag") {
+        TempDir d;
+        write_model_dir(d.path, tensors, "{ not json");
+        try {
+            Model::load(d.path, p);
+            FAIL("loaded");
+        } catch (const Error& e) {
+            const std::string m = e.what();
+            CHECK(m.find("config.json: invalid JSON: parse error at line 1") != std::string::npos);
+            CHECK(m.find("json.exception") == std::string::npos);
+        }
+    }
     SECTION("config with max_position_embeddings 0 (absent is allowed: the context length is then unchecked)") {
         TempDir d;
         nlohmann::json j = nlohmann::json::parse(config);
