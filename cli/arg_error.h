@@ -18,7 +18,7 @@ namespace hy {
 
 // The message for a cxxopts parse error `what`: when it quotes a value that follows an option on the command
 // line (argv[1..argc-1]: "-c VALUE", "--ctx-size VALUE", "--ctx-size=VALUE" or "-cVALUE"), "invalid value 'VALUE'
-// for OPTION"; otherwise `what` with ASCII quotes.
+// for OPTION"; a missing value "-p needs a value"; otherwise `what` with ASCII quotes.
 inline std::string parse_error_message(const char* what, int argc, char** argv) {
     const std::string msg = what;
     // cxxopts quotes with U+2018 / U+2019 (UTF-8 E2 80 98 / E2 80 99)
@@ -26,6 +26,10 @@ inline std::string parse_error_message(const char* what, int argc, char** argv) 
     const size_t a = msg.find(open);
     const size_t b = a == std::string::npos ? a : msg.find(close, a + open.size());
     if (a == std::string::npos || b == std::string::npos) return msg;
+    if (msg.find("is missing an argument") != std::string::npos) {  // "Option 'p' is missing an argument"
+        const std::string name = msg.substr(a + open.size(), b - a - open.size());
+        return (name.size() == 1 ? "-" : "--") + name + " needs a value";
+    }
     if (msg.find("failed to parse") == std::string::npos)  // other cxxopts messages: ASCII quotes, as ours
         return msg.substr(0, a) + "'" + msg.substr(a + open.size(), b - a - open.size()) + "'" +
                msg.substr(b + close.size());
@@ -110,20 +114,25 @@ inline bool parse_id_list(const std::string& s, std::vector<int32_t>& out, std::
     return parse_int_list(s, 0, 2147483647LL, out, bad);
 }
 
-// For a single-dash word such as -temp or -ngl (a letter, then letters or '-'), which cxxopts would read as the
-// short option -t with the value "emp": the error to report, "unknown option -temp (did you mean --temp? long
-// options take two dashes)" when `opts` has a long option of that name, else "unknown option -ngl (-h lists the
-// options)". "" for any other word.
+// For a single-dash word such as -temp or -ngl (a letter, then letters or '-', then nothing, digits or
+// "=VALUE": -ngl99, -temp=0.5), which cxxopts would read as the short option -t with the value "emp": the error
+// to report, "unknown option -temp=0.5 (did you mean --temp? long options take two dashes)" when `opts` has a
+// long option of that name, else "unknown option -ngl (-h lists the options)". "" for any other word (-n5, -p=x:
+// a short option and its value).
 inline std::string single_dash_word_error(const cxxopts::Options& opts, const std::string& a) {
     auto letter = [](char ch) { return std::isalpha(static_cast<unsigned char>(ch)) != 0; };
-    if (a.size() < 3 || a[0] != '-' || !letter(a[1]) ||
-        !std::all_of(a.begin() + 2, a.end(), [&](char ch) { return ch == '-' || letter(ch); }))
-        return "";
+    auto digit = [](char ch) { return std::isdigit(static_cast<unsigned char>(ch)) != 0; };
+    if (a.size() < 3 || a[0] != '-' || !letter(a[1])) return "";
+    size_t end = 2;  // the word: a[1 .. end)
+    while (end < a.size() && (letter(a[end]) || a[end] == '-')) end++;
+    if (end < 3) return "";
+    if (end < a.size() && a[end] != '=' && !std::all_of(a.begin() + long(end), a.end(), digit)) return "";
+    const std::string word = a.substr(1, end - 1);
     bool known = false;
     for (const std::string& g : opts.groups())
         for (const cxxopts::HelpOptionDetails& d : opts.group_help(g).options)
-            known = known || std::find(d.l.begin(), d.l.end(), a.substr(1)) != d.l.end();
-    return "unknown option " + a + (known ? " (did you mean -" + a + "? long options take two dashes)"
+            known = known || std::find(d.l.begin(), d.l.end(), word) != d.l.end();
+    return "unknown option " + a + (known ? " (did you mean --" + word + "? long options take two dashes)"
                                           : " (-h lists the options)");
 }
 

@@ -109,10 +109,13 @@ std::string llama_cpp_hint(const std::string& a) {
         {"--jinja", "the chat format is built in: --chat, or -i for a chat"}, {"--chat-template", ""},
         {"-b", "hybrid sizes its prefill steps itself"}, {"--batch-size", ""}, {"-ub", ""}, {"--ubatch-size", ""},
         {"-v", "--verbose prints the settings and the timing summary"}};
+    std::string key = a.substr(0, a.find('='));  // --flash-attn=on, -ngl=99, -ngl99: the option's name
+    if (key.size() > 1 && key[1] != '-')
+        while (key.size() > 2 && std::isdigit(static_cast<unsigned char>(key.back()))) key.pop_back();
     const char* last = "";
     for (const auto& h : kHints) {
         if (*h[1]) last = h[1];  // an empty hint: the one of the entry before (another spelling)
-        if (a == h[0] || (a.rfind(std::string(h[0]) + "=", 0) == 0 && h[0][1] == '-')) return last;
+        if (key == h[0]) return last;
     }
     return "";
 }
@@ -172,8 +175,9 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
 
     // -cnv (llama.cpp's spelling) and --stop (its values may hold commas, which cxxopts would split) are taken
     // out before cxxopts sees the arguments. The word after an option that takes a value is that value, even when
-    // it starts with '-' (as getopt does: `-p --stop` is the prompt "--stop", `-n -1` is -1): such a value is
-    // passed on as --name=VALUE.
+    // it starts with '-' (as getopt does: `-p --stop` is the prompt "--stop", `-n -1` is -1): it is passed on as
+    // the word after --name, which cxxopts takes as the value whatever it starts with (a --name=VALUE form would
+    // not take a value of several lines).
     static const char* const kValued[][2] = {
         {"-m", "--model"}, {"-c", "--ctx-size"}, {"-t", "--threads"}, {"-p", "--prompt"}, {"-f", "--file"},
         {"-n", "--n-predict"}, {"-s", "--seed"}, {"", "--device"}, {"", "--prompt-ids"}, {"", "--system"},
@@ -189,14 +193,14 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     std::vector<std::string> stops;
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
-        if (const char* name = valued(a); name && i + 1 < argc) {
-            const std::string v = argv[++i];
-            if (!v.empty() && v[0] == '-') {
-                args.push_back(std::string(name) + "=" + v);
-            } else {  // as two words: cxxopts does not take a --name=VALUE whose value spans lines
-                args.push_back(name);
-                args.push_back(v);
-            }
+        if (a == "--") {  // the rest are operands, as given (hybrid takes none: cxxopts names the first)
+            for (; i < argc; i++) args.push_back(argv[i]);
+            break;
+        }
+        if (const char* name = valued(a)) {
+            if (i + 1 >= argc) usage(a + " needs a value");
+            args.push_back(name);
+            args.push_back(argv[++i]);
         } else if (a == "-cnv") {
             args.push_back("--interactive");
         } else if (a == "-np") {  // llama.cpp's short spelling of --parallel

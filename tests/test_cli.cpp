@@ -18,6 +18,7 @@
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
+#include <functional>
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
@@ -1065,7 +1066,13 @@ TEST_CASE("cli: single-dash words are unknown options, not -n or -s with a value
         {{"-fa"}, "unknown option -fa (attention always runs as fused kernels)"},
         {{"-temp", "0"}, "unknown option -temp (did you mean --temp? long options take two dashes)"},
         {{"-verbose"}, "unknown option -verbose (did you mean --verbose?"},
-        {{"-xyz"}, "unknown option -xyz (-h lists the options)"}};
+        {{"-xyz"}, "unknown option -xyz (-h lists the options)"},
+        // with a value attached (the eighth session's fresh-user test: "invalid value 'emp=0.5' for -t")
+        {{"-temp=0.5"}, "unknown option -temp=0.5 (did you mean --temp? long options take two dashes)"},
+        {{"-ngl99"}, "unknown option -ngl99 (hybrid has no per-layer offload"},
+        {{"-ngl=99"}, "unknown option -ngl=99 (hybrid has no per-layer offload"},
+        {{"--", "-n", "3"}, "unexpected argument '-n'"},  // operands after --, as given (it said '--n-predict')
+        {{"-p"}, "-p needs a value"}};
     for (const auto& [extra, msg] : cases) {
         std::vector<std::string> args = {"-m", "models/tiny", "-p", "x", "-n", "1"};
         args.insert(args.end(), extra.begin(), extra.end());
@@ -1075,6 +1082,8 @@ TEST_CASE("cli: single-dash words are unknown options, not -n or -s with a value
                          "--top-p must be in [0, 1], got 1.5");
     CHECK(hybrid({"-m", "models/tiny", "-n", "1", "-cnv"}, "hi\n").rc == 0);  // llama.cpp's -cnv is taken
     CHECK(hybrid({"-m", "models/tiny", "-p", "-ngl", "-n", "1"}).rc == 0);    // a value that looks like one is fine
+    // ... also over several lines (a Markdown list as the prompt: cxxopts refused it as --prompt=VALUE)
+    CHECK(hybrid({"-m", "models/tiny", "-p", "- a\n- b", "-n", "1"}).rc == 0);
 }
 
 // --no-think with a tokenizer that has no <think>/</think> added tokens renders like thinking on: a warning says the
@@ -1244,6 +1253,11 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
           "unknown option -prompt (did you mean --prompt? long options take two dashes)");
     check(run_prog(compare, {"-m", "models/tiny", "-case", "short"}), 2, "(did you mean --case?");
     check(run_prog(tokenize, {"-tokenizer", "models/tiny", "--text", "a"}), 2, "(did you mean --tokenizer?");
+    check(run_prog(bench, {"-m", "models/tiny", "-ngl=99"}), 2, "unknown option -ngl=99 (-h lists");
+    check(run_prog(tokenize, {"--tokenizer", "models/tiny", "-text2", "a"}), 2, "-text2 (did you mean --text?");
+    check(run_prog(bench, {"-m", "models/tiny", "-p"}), 2, "hybrid-bench: -p needs a value");
+    check(run_prog(bench, {"-m", "models/tiny", "-p", "2147483647", "-n", "2147483647"}), 2,
+          "-p + -n must be at most 2^30 - 1 positions, got 4294967294");
     // ... but the value of an option that takes one is that value
     check(run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "-nope"}), 2, "no case named '-nope'");
     // a golden file without cases, or with a malformed batch entry: named, not "SUMMARY: 0/0" or a JSON exception
@@ -1257,6 +1271,25 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     }
     check(run_prog(compare, {"-m", "models/tiny", "-t", "1", "--golden", g_batch.string()}), 1,
           "field 'batch' must hold 'names' (a list of case names) and 'greedy_fp32_left_padded'");
+    // a token list shorter than max_new_tokens (it was read past its end: a crash for an empty one), a batch row
+    // naming no case, an id past int32 (it wrapped) or the vocabulary, a name used twice: refused before the run
+    auto golden_variant = [&](const std::string& file, const std::function<void(nlohmann::json&)>& edit) {
+        auto g = nlohmann::json::parse(slurp(kSrc + "/models/tiny/golden.json"));
+        edit(g);
+        const std::string path = (tmp.path / file).string();
+        std::ofstream(path) << g.dump();
+        return run_prog(compare, {"-m", "models/tiny", "-t", "1", "--golden", path});
+    };
+    check(golden_variant("g1.json", [](nlohmann::json& g) { g["cases"][0]["greedy_fp32_cpu"] = nlohmann::json::array(); }),
+          1, "case 'one_token': 'greedy_fp32_cpu' has 0 tokens, max_new_tokens is 48");
+    check(golden_variant("g2.json", [](nlohmann::json& g) { g["batch"]["names"][0] = "nope"; }), 1,
+          "field 'batch' names 'nope', which is not a case of the file");
+    check(golden_variant("g3.json", [](nlohmann::json& g) { g["cases"][0]["input_ids"][0] = 4294969814LL; }), 1,
+          "field 'input_ids' must be a non-empty list of token ids");
+    check(golden_variant("g4.json", [](nlohmann::json& g) { g["cases"][0]["input_ids"][0] = 99999; }), 1,
+          "'input_ids' holds 99999, outside the model's vocabulary [0, 4096)");
+    check(golden_variant("g5.json", [](nlohmann::json& g) { g["cases"][1]["name"] = g["cases"][0]["name"]; }), 1,
+          "the name 'one_token' is used by an earlier case too");
     check(run_prog(compare, {"--device", "cpu"}), 2, "-m DIR");
     const Run j = run_prog(bench, {"-m", "models/tiny", "--json", (tmp.path / "no" / "b.json").string()});
     check(j, 1, "cannot write");

@@ -139,6 +139,9 @@ int main(int argc, char** argv) {
         ModelParams mp;
         mp.device = tools::parse_device(dev);
         mp.n_threads = threads;
+        if (int64_t(n_prompt) + n_gen + 1 > (int64_t(1) << 30))  // (the sum overflowed int: "context length -1")
+            throw tools::UsageError("-p + -n must be at most 2^30 - 1 positions, got " +
+                                    std::to_string(int64_t(n_prompt) + n_gen));
         mp.n_ctx = n_prompt + n_gen + 1;
         mp.n_slots = max_b;
         mp.max_batch_tokens = std::max(std::min(ubatch, n_prompt), max_b);  // (a chunk past the prompt is never used)

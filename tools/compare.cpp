@@ -4,7 +4,9 @@
 // positions. Then the `batch` entry: each prompt alone must reproduce its row of the left-padded batch.
 // Last line: SUMMARY: <k>/<n> cases exact, max logit err <x>. Exit 0 only if every case is exact.
 #include <algorithm>
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <cstdio>
 #include <filesystem>
 #include <cxxopts.hpp>
@@ -21,6 +23,15 @@ using namespace hy;
 using json = nlohmann::json;
 
 namespace {
+
+// A JSON list of token ids: integers in [0, 2^31) (a larger value would wrap when read as int32).
+bool token_list(const json& v) {
+    if (!v.is_array()) return false;
+    for (const json& x : v)
+        if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX) return false;
+    return true;
+}
+
 
 struct Greedy {
     std::vector<int32_t> tokens;
@@ -103,7 +114,7 @@ int main(int argc, char** argv) {
         try {
             golden = json::parse(read_file(golden_path));
         } catch (const json::exception& e) {
-            throw Error(Status::format, golden_path + ": invalid JSON: " + e.what());
+            throw Error(Status::format, golden_path + ": invalid JSON: " + json_error_text(e.what()));
         }
         if (!golden.contains("cases") || !golden["cases"].is_array())
             throw Error(Status::format, golden_path + ": field 'cases' is missing");
@@ -113,17 +124,12 @@ int main(int argc, char** argv) {
         size_t case_no = 0;
         for (const json& c : golden["cases"]) {
             const std::string where = golden_path + ": case " + std::to_string(case_no++);
-            auto int_list = [](const json& v) {
-                if (!v.is_array()) return false;
-                for (const json& x : v)
-                    if (!x.is_number_integer()) return false;
-                return true;
-            };
+            auto int_list = [](const json& v) { return token_list(v); };
             if (!c.is_object() || !c.contains("name") || !c["name"].is_string())
                 throw Error(Status::format, where + ": field 'name' (a string) is missing");
             if (!c.contains("input_ids") || !int_list(c["input_ids"]) || c["input_ids"].empty())
                 throw Error(Status::format, where + " ('" + c["name"].get<std::string>() +
-                                                "'): field 'input_ids' must be a non-empty list of integers");
+                                                "'): field 'input_ids' must be a non-empty list of token ids");
             if (!c.contains("max_new_tokens") || !c["max_new_tokens"].is_number_integer() ||
                 c["max_new_tokens"].get<int64_t>() < 0 || c["max_new_tokens"].get<int64_t>() > (1 << 20))
                 throw Error(Status::format, where + " ('" + c["name"].get<std::string>() +
@@ -131,7 +137,11 @@ int main(int argc, char** argv) {
             for (const auto& [field, v] : c.items())
                 if (field.rfind("greedy_", 0) == 0 && v.is_array() && !int_list(v))  // (token lists; *_text are text)
                     throw Error(Status::format, where + " ('" + c["name"].get<std::string>() + "'): field '" + field +
-                                                    "' must be a list of integers");
+                                                    "' must be a list of token ids");
+            for (size_t k = 0; k + 1 < case_no; k++)  // (the logits file holds one tensor per case name)
+                if (golden["cases"][k]["name"] == c["name"])
+                    throw Error(Status::format, where + ": the name '" + c["name"].get<std::string>() +
+                                                    "' is used by an earlier case too");
         }
         if (golden.contains("batch")) {  // {"names": [case names], "greedy_fp32_left_padded": [token lists]}
             const json& b = golden["batch"];
@@ -140,12 +150,18 @@ int main(int argc, char** argv) {
             for (size_t i = 0; ok && i < b["names"].size(); i++) ok = b["names"][i].is_string();
             for (size_t i = 0; ok && i < b["greedy_fp32_left_padded"].size(); i++) {
                 const json& row = b["greedy_fp32_left_padded"][i];
-                ok = row.is_array() && std::all_of(row.begin(), row.end(),
-                                                   [](const json& x) { return x.is_number_integer(); });
+                ok = token_list(row) && !row.empty();
             }
-            if (!ok)
+            if (!ok || b["names"].empty() || b["names"].size() != b["greedy_fp32_left_padded"].size())
                 throw Error(Status::format, golden_path + ": field 'batch' must hold 'names' (a list of case names) and "
-                                                          "'greedy_fp32_left_padded' (a list of token lists)");
+                                                          "'greedy_fp32_left_padded' (as many non-empty token lists)");
+            for (const json& nm : b["names"]) {
+                bool found = false;
+                for (const json& c : golden["cases"]) found = found || c["name"] == nm;
+                if (!found)
+                    throw Error(Status::format, golden_path + ": field 'batch' names '" + nm.get<std::string>() +
+                                                    "', which is not a case of the file");
+            }
         }
         const std::string only_case = args.count("case") ? args["case"].as<std::string>() : "";
         if (args.count("case")) {
@@ -166,16 +182,29 @@ int main(int argc, char** argv) {
                                                   : (on_gpu ? "greedy_bf16_cuda" : "greedy_fp32_cpu");
         // every case must have the token list: a given --key that one lacks is a bad argument (exit 2, as an unknown
         // --case is); the default list missing is a defect of the golden file
-        for (const json& c : golden["cases"])
-            if (!c.contains(key) || !c[key].is_array()) {
-                const std::string name = c["name"].get<std::string>();
+        const int V = model->config().vocab_size;
+        for (const json& c : golden["cases"]) {
+            const std::string name = c["name"].get<std::string>();
+            if (!c.contains(key) || !token_list(c[key])) {
                 if (args.count("key"))
                     throw tools::UsageError("--key '" + key + "': case '" + name + "' of " + golden_path +
                                             " has no such token list");
                 throw Error(Status::format, golden_path + ": case '" + name + "' has no '" + key + "' list");
             }
+            // the goldens are generated without an end-of-sequence stop: max_new_tokens tokens each
+            if (c[key].size() != c["max_new_tokens"].get<size_t>())
+                throw Error(Status::format, golden_path + ": case '" + name + "': '" + key + "' has " +
+                                                std::to_string(c[key].size()) + " tokens, max_new_tokens is " +
+                                                std::to_string(c["max_new_tokens"].get<int64_t>()));
+            for (const char* field : {"input_ids", key.c_str()})
+                for (const json& x : c[field])
+                    if (x.get<int64_t>() >= V)
+                        throw Error(Status::format, golden_path + ": case '" + name + "': '" + field + "' holds " +
+                                                        std::to_string(x.get<int64_t>()) +
+                                                        ", outside the model's vocabulary [0, " + std::to_string(V) +
+                                                        ")");
+        }
         const double tol = tol_arg >= 0.0 ? tol_arg : (on_gpu ? 5e-2 : 1e-3);
-        const int V = model->config().vocab_size;
         std::printf("model %s on %s, golden %s (%s), logit tolerance %g\n", dir.c_str(), model->backend().name(),
                     golden_path.c_str(), key.c_str(), tol);
 

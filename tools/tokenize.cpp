@@ -7,6 +7,8 @@
 //   hybrid-tokenize --tokenizer FILE|DIR --bench TEXTFILE  load time and encode throughput (MB/s)
 // Exit status: 0 on success (all golden cases match), 1 on a mismatch, 2 on bad input.
 #include <charconv>
+#include <climits>
+#include <cstdint>
 #include <chrono>
 #include <ctime>
 #include <cstdio>
@@ -76,8 +78,9 @@ int run_golden(const hy::Tokenizer& tok, const std::string& path, bool parse_spe
         std::string text = c["text"].get<std::string>();
         std::vector<int32_t> want;
         for (const json& v : c["ids"]) {
-            if (!v.is_number_integer())
-                throw hy::Error(hy::Status::format, path + ": case " + std::to_string(n) + ": ids must be integers");
+            if (!v.is_number_integer() || v.get<int64_t>() < 0 || v.get<int64_t>() > INT32_MAX)
+                throw hy::Error(hy::Status::format, path + ": case " + std::to_string(n) +
+                                                        ": ids must be integers in [0, 2^31), found " + v.dump());
             want.push_back(v.get<int32_t>());
         }
         n++;
