@@ -122,7 +122,7 @@ inline bool parse_id_list(const std::string& s, std::vector<int32_t>& out, std::
 inline std::string single_dash_word_error(const cxxopts::Options& opts, const std::string& a) {
     auto letter = [](char ch) { return std::isalpha(static_cast<unsigned char>(ch)) != 0; };
     auto digit = [](char ch) { return std::isdigit(static_cast<unsigned char>(ch)) != 0; };
-    if (a.size() < 3 || a[0] != '-' || !letter(a[1])) return "";
+    if (a.size() < 3 || a[0] != '-' || !letter(a[1]) || !letter(a[2])) return "";  // (-n-1, -f-: -n "-1", -f "-")
     size_t end = 2;  // the word: a[1 .. end)
     while (end < a.size() && (letter(a[end]) || a[end] == '-')) end++;
     if (end < 3) return "";
@@ -136,27 +136,49 @@ inline std::string single_dash_word_error(const cxxopts::Options& opts, const st
                                           : " (-h lists the options)");
 }
 
+// Whether the option word a ("-n", "--model") names an option of `opts` that takes a value.
+inline bool option_takes_value(const cxxopts::Options& opts, const std::string& a) {
+    for (const std::string& g : opts.groups())
+        for (const cxxopts::HelpOptionDetails& d : opts.group_help(g).options)
+            if ((a.size() == 2 && a[0] == '-' && a[1] != '-' && d.s == a.substr(1)) ||
+                (a.rfind("--", 0) == 0 && std::find(d.l.begin(), d.l.end(), a.substr(2)) != d.l.end()))
+                return !d.is_boolean;
+    return false;
+}
+
 // The single_dash_word_error of the first such word among argv[1 .. argc-1] ("" when none). The word after an
 // option of `opts` that takes a value ("-n", "--model") is that value and is not checked.
 inline std::string first_single_dash_word_error(const cxxopts::Options& opts, int argc, char** argv) {
-    auto takes_value = [&](const std::string& a) {
-        for (const std::string& g : opts.groups())
-            for (const cxxopts::HelpOptionDetails& d : opts.group_help(g).options)
-                if ((a.size() == 2 && a[0] == '-' && a[1] != '-' && d.s == a.substr(1)) ||
-                    (a.rfind("--", 0) == 0 && std::find(d.l.begin(), d.l.end(), a.substr(2)) != d.l.end()))
-                    return !d.is_boolean;
-        return false;
-    };
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
         if (a == "--") break;
-        if (takes_value(a)) {
+        if (option_takes_value(opts, a)) {
             i++;
             continue;
         }
         if (std::string e = single_dash_word_error(opts, a); !e.empty()) return e;
     }
     return "";
+}
+
+// argv[0 .. argc-1] with each --name=VALUE of an option of `opts` that takes a value split into --name and VALUE
+// (cxxopts matches --name=VALUE with a pattern that fails on a VALUE of several lines), up to a "--".
+inline std::vector<std::string> split_long_assignments(const cxxopts::Options& opts, int argc, char** argv) {
+    std::vector<std::string> out;
+    bool operands = false;
+    for (int i = 0; i < argc; i++) {
+        const std::string a = argv[i];
+        operands = operands || a == "--";
+        const size_t eq = a.find('=');
+        if (i > 0 && !operands && a.rfind("--", 0) == 0 && eq != std::string::npos &&
+            option_takes_value(opts, a.substr(0, eq))) {
+            out.push_back(a.substr(0, eq));
+            out.push_back(a.substr(eq + 1));
+        } else {
+            out.push_back(a);
+        }
+    }
+    return out;
 }
 
 }  // namespace hy

@@ -201,6 +201,10 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
             if (i + 1 >= argc) usage(a + " needs a value");
             args.push_back(name);
             args.push_back(argv[++i]);
+        } else if (const size_t eq = a.find('=');
+                   a.rfind("--", 0) == 0 && eq != std::string::npos && valued(a.substr(0, eq))) {
+            args.push_back(valued(a.substr(0, eq)));  // --prompt=VALUE as two words (VALUE may span lines)
+            args.push_back(a.substr(eq + 1));
         } else if (a == "-cnv") {
             args.push_back("--interactive");
         } else if (a == "-np") {  // llama.cpp's short spelling of --parallel

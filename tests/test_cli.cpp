@@ -1084,6 +1084,8 @@ TEST_CASE("cli: single-dash words are unknown options, not -n or -s with a value
     CHECK(hybrid({"-m", "models/tiny", "-p", "-ngl", "-n", "1"}).rc == 0);    // a value that looks like one is fine
     // ... also over several lines (a Markdown list as the prompt: cxxopts refused it as --prompt=VALUE)
     CHECK(hybrid({"-m", "models/tiny", "-p", "- a\n- b", "-n", "1"}).rc == 0);
+    CHECK(hybrid({"-m", "models/tiny", "--prompt=a\nb", "-n", "1"}).rc == 0);  // (cxxopts refused it as one word)
+    CHECK(hybrid({"-m", "models/tiny", "-p", "x", "-n-1", "-c", "8"}).rc == 0);  // -n "-1", not a word -n-1
 }
 
 // --no-think with a tokenizer that has no <think>/</think> added tokens renders like thinking on: a warning says the
@@ -1281,7 +1283,7 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
         return run_prog(compare, {"-m", "models/tiny", "-t", "1", "--golden", path});
     };
     check(golden_variant("g1.json", [](nlohmann::json& g) { g["cases"][0]["greedy_fp32_cpu"] = nlohmann::json::array(); }),
-          1, "case 'one_token': 'greedy_fp32_cpu' has 0 tokens, max_new_tokens is 48");
+          1, "('one_token'): 'greedy_fp32_cpu' has 0 tokens, max_new_tokens is 48");
     check(golden_variant("g2.json", [](nlohmann::json& g) { g["batch"]["names"][0] = "nope"; }), 1,
           "field 'batch' names 'nope', which is not a case of the file");
     check(golden_variant("g3.json", [](nlohmann::json& g) { g["cases"][0]["input_ids"][0] = 4294969814LL; }), 1,
@@ -1290,6 +1292,18 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
           "'input_ids' holds 99999, outside the model's vocabulary [0, 4096)");
     check(golden_variant("g5.json", [](nlohmann::json& g) { g["cases"][1]["name"] = g["cases"][0]["name"]; }), 1,
           "the name 'one_token' is used by an earlier case too");
+    check(golden_variant("g6.json",
+                         [](nlohmann::json& g) {
+                             auto& row = g["batch"]["greedy_fp32_left_padded"][0];
+                             row = nlohmann::json::array({row[0]});
+                         }),
+          1, "batch row 0 ('");  // a truncated batch row passed
+    check(golden_variant("g7.json", [](nlohmann::json& g) { g["cases"] = nlohmann::json::object(); }), 1,
+          "field 'cases' must be a list");
+    // --name=VALUE with a value of several lines (cxxopts refused it)
+    const Run ml = run_prog(tokenize, {"--tokenizer", "models/tiny", "--text=a\nb"});
+    INFO(ml.err);
+    CHECK(ml.rc == 0);
     check(run_prog(compare, {"--device", "cpu"}), 2, "-m DIR");
     const Run j = run_prog(bench, {"-m", "models/tiny", "--json", (tmp.path / "no" / "b.json").string()});
     check(j, 1, "cannot write");

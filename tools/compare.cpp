@@ -116,8 +116,9 @@ int main(int argc, char** argv) {
         } catch (const json::exception& e) {
             throw Error(Status::format, golden_path + ": invalid JSON: " + json_error_text(e.what()));
         }
-        if (!golden.contains("cases") || !golden["cases"].is_array())
+        if (!golden.is_object() || !golden.contains("cases"))
             throw Error(Status::format, golden_path + ": field 'cases' is missing");
+        if (!golden["cases"].is_array()) throw Error(Status::format, golden_path + ": field 'cases' must be a list");
         if (golden["cases"].empty())  // (a run of no cases would report 0/0 and pass)
             throw Error(Status::format, golden_path + ": field 'cases' is empty");
         // every case's fields, once, so that the code below can read them as they are
@@ -134,10 +135,17 @@ int main(int argc, char** argv) {
                 c["max_new_tokens"].get<int64_t>() < 0 || c["max_new_tokens"].get<int64_t>() > (1 << 20))
                 throw Error(Status::format, where + " ('" + c["name"].get<std::string>() +
                                                 "'): field 'max_new_tokens' must be an integer in [0, 1048576]");
-            for (const auto& [field, v] : c.items())
-                if (field.rfind("greedy_", 0) == 0 && v.is_array() && !int_list(v))  // (token lists; *_text are text)
+            for (const auto& [field, v] : c.items()) {
+                if (field.rfind("greedy_", 0) != 0 || !v.is_array()) continue;  // (token lists; *_text are text)
+                if (!int_list(v))
                     throw Error(Status::format, where + " ('" + c["name"].get<std::string>() + "'): field '" + field +
                                                     "' must be a list of token ids");
+                // the goldens are generated without an end-of-sequence stop: max_new_tokens tokens each
+                if (v.size() != c["max_new_tokens"].get<size_t>())
+                    throw Error(Status::format, where + " ('" + c["name"].get<std::string>() + "'): '" + field +
+                                                    "' has " + std::to_string(v.size()) + " tokens, max_new_tokens is " +
+                                                    std::to_string(c["max_new_tokens"].get<int64_t>()));
+            }
             for (size_t k = 0; k + 1 < case_no; k++)  // (the logits file holds one tensor per case name)
                 if (golden["cases"][k]["name"] == c["name"])
                     throw Error(Status::format, where + ": the name '" + c["name"].get<std::string>() +
@@ -155,12 +163,24 @@ int main(int argc, char** argv) {
             if (!ok || b["names"].empty() || b["names"].size() != b["greedy_fp32_left_padded"].size())
                 throw Error(Status::format, golden_path + ": field 'batch' must hold 'names' (a list of case names) and "
                                                           "'greedy_fp32_left_padded' (as many non-empty token lists)");
-            for (const json& nm : b["names"]) {
-                bool found = false;
-                for (const json& c : golden["cases"]) found = found || c["name"] == nm;
-                if (!found)
+            for (size_t i = 0; i < b["names"].size(); i++) {
+                const json& nm = b["names"][i];
+                const json* cs = nullptr;
+                for (const json& c : golden["cases"])
+                    if (c["name"] == nm) cs = &c;
+                if (!cs)
                     throw Error(Status::format, golden_path + ": field 'batch' names '" + nm.get<std::string>() +
                                                     "', which is not a case of the file");
+                for (size_t k = 0; k < i; k++)
+                    if (b["names"][k] == nm)
+                        throw Error(Status::format, golden_path + ": field 'batch' names '" +
+                                                        nm.get<std::string>() + "' twice");
+                if (b["greedy_fp32_left_padded"][i].size() != (*cs)["max_new_tokens"].get<size_t>())
+                    throw Error(Status::format, golden_path + ": batch row " + std::to_string(i) + " ('" +
+                                                    nm.get<std::string>() + "') has " +
+                                                    std::to_string(b["greedy_fp32_left_padded"][i].size()) +
+                                                    " tokens, the case's max_new_tokens is " +
+                                                    std::to_string((*cs)["max_new_tokens"].get<int64_t>()));
             }
         }
         const std::string only_case = args.count("case") ? args["case"].as<std::string>() : "";
