@@ -1,6 +1,8 @@
 #include "model/config.h"
 
+#include <climits>
 #include <cmath>
+#include <cstdint>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -43,21 +45,25 @@ struct Reader {
     float get_float(const json& obj, const char* field, const std::string& scope_name) const {
         const json& v = obj.at(field);
         if (!v.is_number()) throw Error(Status::format, source + ": field '" + scope_name + field + "' must be a number");
+        if (!std::isfinite(v.get<float>()))  // (1e300 becomes inf as a float)
+            throw Error(Status::format, source + ": field '" + scope_name + field + "' must be a finite number, found " +
+                                            v.dump());
         return v.get<float>();
     }
 };
 
-std::vector<int> read_id_list(const json& v, const std::string& source, const char* field) {
+std::vector<int> read_id_list(const json& v, const std::string& source, const std::string& field) {
     std::vector<int> out;
     if (v.is_null()) return out;
+    auto id = [&](const json& x) {  // (a value past int would wrap into a valid-looking id)
+        if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
+            throw Error(Status::format, source + ": field '" + field + "' must hold token ids, found " + x.dump());
+        return int(x.get<int64_t>());
+    };
     if (v.is_number_integer()) {
-        out.push_back(v.get<int>());
+        out.push_back(id(v));
     } else if (v.is_array()) {
-        for (const json& x : v) {
-            if (!x.is_number_integer())
-                throw Error(Status::format, source + ": field '" + field + "' must hold integers, found " + x.dump());
-            out.push_back(x.get<int>());
-        }
+        for (const json& x : v) out.push_back(id(x));
     } else {
         throw Error(Status::format, source + ": field '" + field + "' must be an integer or a list, found " + v.dump());
     }
@@ -76,8 +82,9 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
     if (!root.is_object()) throw Error(Status::format, source + ": expected a JSON object");
 
     ModelConfig c;
-    if (!root.contains("model_type") || !root["model_type"].is_string())
+    if (!root.contains("model_type"))
         throw Error(Status::format, source + ": field 'model_type' is missing");
+    if (!root["model_type"].is_string()) throw Error(Status::format, source + ": field 'model_type' must be a string");
     c.model_type = root["model_type"].get<std::string>();
     const json* tj = &root;
     const char* scope = "";
@@ -115,8 +122,11 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
         if (!tj->at("tie_word_embeddings").is_boolean()) r.fail("tie_word_embeddings", "must be true or false");
         c.tie_word_embeddings = tj->at("tie_word_embeddings").get<bool>();
     }
-    else if (root.contains("tie_word_embeddings") && root["tie_word_embeddings"].is_boolean())
+    else if (root.contains("tie_word_embeddings") && !root["tie_word_embeddings"].is_null()) {
+        if (!root["tie_word_embeddings"].is_boolean())
+            throw Error(Status::format, source + ": field 'tie_word_embeddings' must be true or false");
         c.tie_word_embeddings = root["tie_word_embeddings"].get<bool>();
+    }
 
     // RoPE: rope_parameters (or legacy rope_scaling-free top-level fields).
     float theta = 10000.0f, partial = 1.0f;
@@ -192,7 +202,7 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
 
     // eos ids: text_config, then top level.
     if (r.has("eos_token_id"))
-        c.eos_token_ids = read_id_list(tj->at("eos_token_id"), source, "eos_token_id");
+        c.eos_token_ids = read_id_list(tj->at("eos_token_id"), source, std::string(scope) + "eos_token_id");
     else if (root.contains("eos_token_id"))
         c.eos_token_ids = read_id_list(root["eos_token_id"], source, "eos_token_id");
     for (int id : c.eos_token_ids)

@@ -667,7 +667,7 @@ public:
         return pop();
     }
     bool parse_error(std::size_t pos, const std::string&, const nlohmann::detail::exception& ex) override {
-        if (error.empty()) error = "malformed JSON near byte " + std::to_string(pos) + ": " + ex.what();
+        if (error.empty()) error = "malformed JSON near byte " + std::to_string(pos) + ": " + json_error_text(ex.what());
         return false;
     }
 
@@ -1239,6 +1239,9 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
                         origin + ": model type '" + type->get<std::string>() + "' is not supported (supported: BPE)");
     }
     if (!r.have_vocab) throw Error(Status::format, origin + ": missing object model.vocab");
+    if (!r.have_merges)  // (a BPE model without its merges would split every word into bytes)
+        throw Error(Status::format, origin + (field(*model, "merges") ? ": model.merges must be a list of merges"
+                                                                       : ": missing list model.merges"));
     if (const json* d = field(*model, "dropout")) {
         if (!d->is_number() || d->get<double>() != 0.0)
             throw Error(Status::unsupported, origin + ": model.dropout (BPE dropout) is not supported");

@@ -223,6 +223,21 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
         write_model_dir(d.path, tensors, j.dump());
         require_error([&] { Model::load(d.path, p); }, Status::format,
                       "field 'rope_parameters.rope_type' must be a string");
+        // a float past float's range (it became inf), an id past int (it wrapped to a valid one), a model_type
+        // that is not a string
+        j = nlohmann::json::parse(config);
+        j["rms_norm_eps"] = 1e300;
+        write_model_dir(d.path, tensors, j.dump());
+        require_error([&] { Model::load(d.path, p); }, Status::format, "field 'rms_norm_eps' must be a finite number");
+        j = nlohmann::json::parse(config);
+        j["eos_token_id"] = 4294967297LL;
+        write_model_dir(d.path, tensors, j.dump());
+        require_error([&] { Model::load(d.path, p); }, Status::format,
+                      "field 'eos_token_id' must hold token ids, found 4294967297");
+        j = nlohmann::json::parse(config);
+        j["model_type"] = 5;
+        write_model_dir(d.path, tensors, j.dump());
+        require_error([&] { Model::load(d.path, p); }, Status::format, "field 'model_type' must be a string");
     }
     SECTION("invalid JSON: the parser's message without the library's tag") {
         TempDir d;

@@ -418,6 +418,20 @@ TEST_CASE("loading errors are reported with a status and a clear message", "[tok
     CHECK(status_of(variant("/model/dropout", 0.1), &msg) == Status::unsupported);
     CHECK(status_of(variant("/model/merges/0", json::array({"Ġ", "nope"})), &msg) == Status::format);
     CHECK(msg.find("nope") != std::string::npos);
+    // merges of the wrong type, or none: refused (every word would be split into bytes without a word)
+    for (const json& bad : {json(5), json("a b"), json::object(), json(true)}) {
+        CHECK(status_of(variant("/model/merges", bad), &msg) == Status::format);
+        CHECK(msg.find("model.merges must be a list of merges") != std::string::npos);
+    }
+    {
+        json j = tiny_json();
+        j["model"].erase("merges");
+        CHECK(status_of(j, &msg) == Status::format);
+        CHECK(msg.find("missing list model.merges") != std::string::npos);
+    }
+    // the JSON library's tag stays out of the message
+    CHECK(error_of([] { Tokenizer::from_json_string("{\"model\": 1 x}"); }, &msg) == Status::format);
+    CHECK(msg.find("json.exception") == std::string::npos);
     CHECK(status_of(variant("/model/merges/0", "a b c"), &msg) == Status::format);
     CHECK(status_of(variant("/model/vocab/!", -5), &msg) == Status::format);
     CHECK(status_of(variant("/model/vocab/!", "five"), &msg) == Status::format);
