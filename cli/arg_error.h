@@ -18,7 +18,8 @@ namespace hy {
 
 // The message for a cxxopts parse error `what`: when it quotes a value that follows an option on the command
 // line (argv[1..argc-1]: "-c VALUE", "--ctx-size VALUE", "--ctx-size=VALUE" or "-cVALUE"), "invalid value 'VALUE'
-// for OPTION"; a missing value "-p needs a value"; otherwise `what` with ASCII quotes.
+// for OPTION"; a missing value "-p needs a value"; an unknown option "unknown option -x"; otherwise `what` with
+// ASCII quotes.
 inline std::string parse_error_message(const char* what, int argc, char** argv) {
     const std::string msg = what;
     // cxxopts quotes with U+2018 / U+2019 (UTF-8 E2 80 98 / E2 80 99)
@@ -26,6 +27,10 @@ inline std::string parse_error_message(const char* what, int argc, char** argv) 
     const size_t a = msg.find(open);
     const size_t b = a == std::string::npos ? a : msg.find(close, a + open.size());
     if (a == std::string::npos || b == std::string::npos) return msg;
+    if (msg.find("does not exist") != std::string::npos) {  // "Option 't' does not exist": as hybrid words it
+        const std::string name = msg.substr(a + open.size(), b - a - open.size());
+        return "unknown option " + std::string(name.size() == 1 ? "-" : "--") + name;
+    }
     if (msg.find("is missing an argument") != std::string::npos) {  // "Option 'p' is missing an argument"
         const std::string name = msg.substr(a + open.size(), b - a - open.size());
         return (name.size() == 1 ? "-" : "--") + name + " needs a value";

@@ -249,8 +249,10 @@ GenerationDefaults parse_generation_defaults(const std::string& text, const std:
     g.repetition_penalty = real("repetition_penalty", false, true);
     if (given("top_k")) {
         if (!j.at("top_k").is_number_integer()) throw bad("top_k", "must be an integer");
-        const long long k = j.at("top_k").get<long long>();
-        if (k < -(1ll << 30) || k > (1ll << 30)) throw bad("top_k", "must be in [-2^30, 2^30]");
+        const long long k = j.at("top_k").get<long long>();  // (a value past 2^63 would wrap: refused below)
+        if (k < -(1ll << 30) || k > (1ll << 30) ||
+            (j.at("top_k").is_number_unsigned() && j.at("top_k").get<uint64_t>() > (1ull << 30)))
+            throw bad("top_k", "must be in [-2^30, 2^30]");
         g.top_k = int(k);
     }
     return g;

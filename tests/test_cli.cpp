@@ -1258,6 +1258,7 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     check(run_prog(bench, {"-m", "models/tiny", "-ngl=99"}), 2, "unknown option -ngl=99 (-h lists");
     check(run_prog(tokenize, {"--tokenizer", "models/tiny", "-text2", "a"}), 2, "-text2 (did you mean --text?");
     check(run_prog(bench, {"-m", "models/tiny", "-p"}), 2, "hybrid-bench: -p needs a value");
+    check(run_prog(tokenize, {"--tokenizer", "models/tiny", "-t", "x"}), 2, "hybrid-tokenize: unknown option -t");
     check(run_prog(bench, {"-m", "models/tiny", "-p", "2147483647", "-n", "2147483647"}), 2,
           "-p + -n must be at most 2^30 - 1 positions, got 4294967294");
     // ... but the value of an option that takes one is that value

@@ -338,6 +338,7 @@ TEST_CASE("generation_config.json: sampling fields, types and ranges", "[loader]
              {R"({"repetition_penalty": 1e39})", "field 'repetition_penalty' must be a finite number"},
              {R"({"top_k": 2.5})", "field 'top_k' must be an integer, found 2.5"},
              {R"({"top_k": 2000000000})", "field 'top_k' must be in [-2^30, 2^30]"},
+             {R"({"top_k": 18446744073709551615})", "field 'top_k' must be in [-2^30, 2^30]"},  // (it wrapped to -1)
              {R"({"do_sample": 1})", "field 'do_sample' must be true or false, found 1"},
              {"[1]", "g.json: the top level must be a JSON object"},
              {"{", "g.json: malformed JSON"}})
