@@ -32,7 +32,6 @@ bool token_list(const json& v) {
     return true;
 }
 
-
 struct Greedy {
     std::vector<int32_t> tokens;
     std::vector<float> margins;  // top-1 minus top-2 logit at each step
@@ -125,10 +124,9 @@ int main(int argc, char** argv) {
         size_t case_no = 0;
         for (const json& c : golden["cases"]) {
             const std::string where = golden_path + ": case " + std::to_string(case_no++);
-            auto int_list = [](const json& v) { return token_list(v); };
             if (!c.is_object() || !c.contains("name") || !c["name"].is_string())
                 throw Error(Status::format, where + ": field 'name' (a string) is missing");
-            if (!c.contains("input_ids") || !int_list(c["input_ids"]) || c["input_ids"].empty())
+            if (!c.contains("input_ids") || !token_list(c["input_ids"]) || c["input_ids"].empty())
                 throw Error(Status::format, where + " ('" + c["name"].get<std::string>() +
                                                 "'): field 'input_ids' must be a non-empty list of token ids");
             if (!c.contains("max_new_tokens") || !c["max_new_tokens"].is_number_integer() ||
@@ -137,7 +135,7 @@ int main(int argc, char** argv) {
                                                 "'): field 'max_new_tokens' must be an integer in [0, 1048576]");
             for (const auto& [field, v] : c.items()) {
                 if (field.rfind("greedy_", 0) != 0 || !v.is_array()) continue;  // (token lists; *_text are text)
-                if (!int_list(v))
+                if (!token_list(v))
                     throw Error(Status::format, where + " ('" + c["name"].get<std::string>() + "'): field '" + field +
                                                     "' must be a list of token ids");
                 // the goldens are generated without an end-of-sequence stop: max_new_tokens tokens each
