@@ -119,6 +119,16 @@ inline bool parse_id_list(const std::string& s, std::vector<int32_t>& out, std::
     return parse_int_list(s, 0, 2147483647LL, out, bad);
 }
 
+// Whether the option word a ("-n", "--model") names an option of `opts` that takes a value.
+inline bool option_takes_value(const cxxopts::Options& opts, const std::string& a) {
+    for (const std::string& g : opts.groups())
+        for (const cxxopts::HelpOptionDetails& d : opts.group_help(g).options)
+            if ((a.size() == 2 && a[0] == '-' && a[1] != '-' && d.s == a.substr(1)) ||
+                (a.rfind("--", 0) == 0 && std::find(d.l.begin(), d.l.end(), a.substr(2)) != d.l.end()))
+                return !d.is_boolean;
+    return false;
+}
+
 // For a single-dash word such as -temp or -ngl (a letter, then letters or '-', then nothing, digits or
 // "=VALUE": -ngl99, -temp=0.5), which cxxopts would read as the short option -t with the value "emp": the error
 // to report, "unknown option -temp=0.5 (did you mean --temp? long options take two dashes)" when `opts` has a
@@ -139,16 +149,6 @@ inline std::string single_dash_word_error(const cxxopts::Options& opts, const st
             known = known || std::find(d.l.begin(), d.l.end(), word) != d.l.end();
     return "unknown option " + a + (known ? " (did you mean --" + word + "? long options take two dashes)"
                                           : " (-h lists the options)");
-}
-
-// Whether the option word a ("-n", "--model") names an option of `opts` that takes a value.
-inline bool option_takes_value(const cxxopts::Options& opts, const std::string& a) {
-    for (const std::string& g : opts.groups())
-        for (const cxxopts::HelpOptionDetails& d : opts.group_help(g).options)
-            if ((a.size() == 2 && a[0] == '-' && a[1] != '-' && d.s == a.substr(1)) ||
-                (a.rfind("--", 0) == 0 && std::find(d.l.begin(), d.l.end(), a.substr(2)) != d.l.end()))
-                return !d.is_boolean;
-    return false;
 }
 
 // The single_dash_word_error of the first such word among argv[1 .. argc-1] ("" when none). The word after an

@@ -205,6 +205,11 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
                    a.rfind("--", 0) == 0 && eq != std::string::npos && valued(a.substr(0, eq))) {
             args.push_back(valued(a.substr(0, eq)));  // --prompt=VALUE as two words (VALUE may span lines)
             args.push_back(a.substr(eq + 1));
+        } else if (const size_t eq1 = a.find('=');
+                   a.size() > 1 && a[1] != '-' && eq1 != std::string::npos && valued(a.substr(0, eq1))) {
+            // -p=hi would be the prompt "=hi" (getopt's reading), -np=4 an unknown option: neither is meant
+            usage(a.substr(0, eq1) + " takes its value as the next word: " + a.substr(0, eq1) + " " +
+                  a.substr(eq1 + 1) + ", or " + valued(a.substr(0, eq1)) + "=" + a.substr(eq1 + 1));
         } else if (a == "-cnv") {
             args.push_back("--interactive");
         } else if (a == "-np") {  // llama.cpp's short spelling of --parallel
@@ -231,11 +236,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     try {
         r = opts.parse(int(av.size()), av.data());
     } catch (const cxxopts::exceptions::no_such_option& e) {
-        // "Option 'xyz' does not exist": worded as the unknown options found above are
-        std::string name = parse_error_message(e.what(), argc, argv);
-        const size_t a = name.find('\''), b = a == std::string::npos ? a : name.find('\'', a + 1);
-        name = b == std::string::npos ? name : name.substr(a + 1, b - a - 1);
-        usage("unknown option " + std::string(name.size() == 1 ? "-" : "--") + name + " (-h lists the options)");
+        // "Option 'xyz' does not exist": "unknown option --xyz", as the unknown options found above are worded
+        usage(parse_error_message(e.what(), argc, argv) + " (-h lists the options)");
     } catch (const cxxopts::exceptions::exception& e) {
         usage(parse_error_message(e.what(), argc, argv) + " (see --help)");  // the option as the user spelled it
     }

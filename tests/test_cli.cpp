@@ -1086,6 +1086,14 @@ TEST_CASE("cli: single-dash words are unknown options, not -n or -s with a value
     CHECK(hybrid({"-m", "models/tiny", "-p", "- a\n- b", "-n", "1"}).rc == 0);
     CHECK(hybrid({"-m", "models/tiny", "--prompt=a\nb", "-n", "1"}).rc == 0);  // (cxxopts refused it as one word)
     CHECK(hybrid({"-m", "models/tiny", "-p", "x", "-n-1", "-c", "8"}).rc == 0);  // -n "-1", not a word -n-1
+    // unknown options are named once (the eighth session's last fresh-user test: "unknown option --unknown option")
+    check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "--bogus"}), 1,
+                         "hybrid: error: unknown option --bogus (-h lists the options)");
+    check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "-x"}), 1, "hybrid: error: unknown option -x (");
+    // -p=hi was the prompt "=hi": the two spellings that work are named
+    check_one_line_error(hybrid({"-m", "models/tiny", "-p=hi"}), 1,
+                         "-p takes its value as the next word: -p hi, or --prompt=hi");
+    check_one_line_error(hybrid({"-m", "models/tiny", "-np=4"}), 1, "-np takes its value as the next word");
 }
 
 // --no-think with a tokenizer that has no <think>/</think> added tokens renders like thinking on: a warning says the
@@ -1259,6 +1267,20 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     check(run_prog(tokenize, {"--tokenizer", "models/tiny", "-text2", "a"}), 2, "-text2 (did you mean --text?");
     check(run_prog(bench, {"-m", "models/tiny", "-p"}), 2, "hybrid-bench: -p needs a value");
     check(run_prog(tokenize, {"--tokenizer", "models/tiny", "-t", "x"}), 2, "hybrid-tokenize: unknown option -t");
+    // golden logits that lack a case: refused before any case runs (it stopped midway without a SUMMARY line)
+    {
+        auto g = nlohmann::json::parse(slurp(kSrc + "/models/tiny/golden.json"));
+        g["cases"][6]["name"] = "renamed";
+        g["batch"]["names"] = nlohmann::json::array({g["cases"][0]["name"]});
+        g["batch"]["greedy_fp32_left_padded"] = nlohmann::json::array({g["batch"]["greedy_fp32_left_padded"][0]});
+        const std::string path = (tmp.path / "renamed.json").string();
+        std::ofstream(path) << g.dump();
+        const Run r = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--golden", path});
+        check(r, 1, "golden_logits.safetensors: no F32 [");
+        CHECK(r.out.empty());
+    }
+    check(run_prog(compare, {"-m", "models/tiny", "--logits", (tmp.path / "none.safetensors").string()}), 1,
+          "none.safetensors");
     check(run_prog(bench, {"-m", "models/tiny", "-p", "2147483647", "-n", "2147483647"}), 2,
           "-p + -n must be at most 2^30 - 1 positions, got 4294967294");
     // ... but the value of an option that takes one is that value

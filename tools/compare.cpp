@@ -76,7 +76,7 @@ int main(int argc, char** argv) {
         "key", "golden token list to compare with (default greedy_fp32_cpu on the CPU, greedy_bf16_cuda on CUDA)",
         cxxopts::value<std::string>())(
         "tol", "max absolute logit error allowed (default 1e-3 on the CPU, 5e-2 on CUDA)", cxxopts::value<std::string>())(
-        "near-tie", "accept a divergence where the golden token's top-2 margin is below this", cxxopts::value<std::string>()->default_value("0"))(
+        "near-tie", "accept a divergence where our top-2 logit margin is below this (a near-tie)", cxxopts::value<std::string>()->default_value("0"))(
         "t,threads", "CPU threads (0: all cores)", cxxopts::value<int>()->default_value("0"))(
         "case", "run only this case (batch: the batch entry and the cases it compares with)",
         cxxopts::value<std::string>())("h,help", "show this help");
@@ -194,6 +194,17 @@ int main(int argc, char** argv) {
         mp.n_ctx = max_len + 8;
         mp.max_batch_tokens = 128;
         mp.max_logits = 128;
+        // Golden logits, when present (opened before the model is loaded: a bad --logits fails at once).
+        std::string logits_path = args.count("logits") ? args["logits"].as<std::string>() : dir + "/golden_logits.safetensors";
+        auto lf = std::make_unique<hyst_file>();
+        bool have_logits = false;
+        {
+            std::error_code ec;
+            if (args.count("logits") || std::filesystem::exists(logits_path, ec)) {  // (hyst_open: regular files only)
+                if (hyst_open(lf.get(), logits_path.c_str()) != HYST_OK) throw Error(Status::format, lf->error);
+                have_logits = true;
+            }
+        }
         auto model = Model::load(dir, mp);
         const bool on_gpu = std::string(model->backend().name()) != "cpu";
         const std::string key = args.count("key") ? args["key"].as<std::string>()
@@ -222,21 +233,23 @@ int main(int argc, char** argv) {
                                                         ", outside the model's vocabulary [0, " + std::to_string(V) +
                                                         ")");
         }
+        // each case that will run has its logits tensor [prompt tokens, vocab] (checked before any case runs)
+        const json* batch_names = golden.contains("batch") ? &golden["batch"]["names"] : nullptr;
+        for (const json& c : golden["cases"]) {
+            const std::string name = c["name"].get<std::string>();
+            const bool runs = only_case.empty() || name == only_case ||
+                              (only_case == "batch" && batch_names &&
+                               std::find(batch_names->begin(), batch_names->end(), c["name"]) != batch_names->end());
+            if (!have_logits || !runs) continue;
+            const hyst_tensor* t = hyst_find(lf.get(), name.c_str());
+            const size_t T = c["input_ids"].size();
+            if (!t || t->dtype != HYST_F32 || t->n_dims != 2 || size_t(t->shape[0]) != T || t->shape[1] != V)
+                throw Error(Status::format, logits_path + ": no F32 [" + std::to_string(T) + ", " + std::to_string(V) +
+                                                "] tensor '" + name + "'");
+        }
         const double tol = tol_arg >= 0.0 ? tol_arg : (on_gpu ? 5e-2 : 1e-3);
         std::printf("model %s on %s, golden %s (%s), logit tolerance %g\n", dir.c_str(), model->backend().name(),
                     golden_path.c_str(), key.c_str(), tol);
-
-        // Golden logits, when present.
-        std::string logits_path = args.count("logits") ? args["logits"].as<std::string>() : dir + "/golden_logits.safetensors";
-        auto lf = std::make_unique<hyst_file>();
-        bool have_logits = false;
-        {
-            std::error_code ec;
-            if (args.count("logits") || std::filesystem::exists(logits_path, ec)) {  // (hyst_open: regular files only)
-                if (hyst_open(lf.get(), logits_path.c_str()) != HYST_OK) throw Error(Status::format, lf->error);
-                have_logits = true;
-            }
-        }
 
         int n_cases = 0, n_exact = 0;
         double worst = 0.0;
@@ -259,10 +272,7 @@ int main(int argc, char** argv) {
             const size_t T = ids.size();
             double err_all = NAN, err_last = NAN;
             if (have_logits) {
-                const hyst_tensor* t = hyst_find(lf.get(), name.c_str());
-                if (!t || t->dtype != HYST_F32 || t->n_dims != 2 || size_t(t->shape[0]) != T || t->shape[1] != V)
-                    throw Error(Status::format, logits_path + ": no F32 [" + std::to_string(T) + ", " + std::to_string(V) +
-                                                    "] tensor '" + name + "'");
+                const hyst_tensor* t = hyst_find(lf.get(), name.c_str());  // (its dtype and shape checked above)
                 const float* g = static_cast<const float*>(t->data);
                 err_all = err_last = 0.0;
                 for (size_t i = 0; i < T * size_t(V); i++) {

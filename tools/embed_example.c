@@ -6,7 +6,8 @@
  *
  * Greedy decoding (temperature 0), CPU backend, N_TOKENS in [1, 1000000] (default 32; the context holds 1024),
  * N_THREADS CPU threads in [0, 1024] (default 0: all cores). Exit status: 0 on success, 1 on a usage error (bad
- * count, empty prompt), 2 when the model cannot be loaded, 3 when generation fails.
+ * count, empty prompt), 2 when the model cannot be loaded, 3 when generation fails, 4 when the output cannot be
+ * written.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -110,7 +111,12 @@ int main(int argc, char** argv) {
         goto done;
     }
     printf("\n");
-    fflush(stdout); /* the continuation's line before the summary when both go to one terminal */
+    /* the continuation's line before the summary when both go to one terminal; a lost write is an error */
+    if (fflush(stdout) != 0 || ferror(stdout)) {
+        fprintf(stderr, "embed_example: error: cannot write to stdout\n");
+        rc = 4;
+        goto done;
+    }
     fprintf(stderr, "embed_example: %d prompt token%s, %d generated (stop: %s), sum of log-probabilities %.3f\n",
             result.n_prompt, result.n_prompt == 1 ? "" : "s", result.n_generated, hy_stop_reason_name(result.stop_reason), logprob_sum);
 
