@@ -925,18 +925,14 @@ int hy_model_sampler_defaults(const hy_model* m, hy_sampler_params* out) {
         out->temperature = *g.temperature;
         took |= HY_SAMPLER_TEMPERATURE;
     }
-    if (g.top_k) {
-        out->top_k = *g.top_k;
-        took |= HY_SAMPLER_TOP_K;
-    }
-    if (g.top_p) {
-        out->top_p = *g.top_p;
-        took |= HY_SAMPLER_TOP_P;
-    }
-    if (g.min_p) {
-        out->min_p = *g.min_p;
-        took |= HY_SAMPLER_MIN_P;
-    }
+    auto take = [&](const auto& value, auto& field, int bit) {
+        if (!value) return;
+        field = *value;
+        took |= bit;
+    };
+    take(g.top_k, out->top_k, HY_SAMPLER_TOP_K);
+    take(g.top_p, out->top_p, HY_SAMPLER_TOP_P);
+    take(g.min_p, out->min_p, HY_SAMPLER_MIN_P);
     if (g.repetition_penalty) {
         out->repeat_penalty = *g.repetition_penalty;
         out->repeat_last_n = -1;

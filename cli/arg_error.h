@@ -186,4 +186,12 @@ inline std::vector<std::string> split_long_assignments(const cxxopts::Options& o
     return out;
 }
 
+// opts.parse over split_long_assignments of argv (throws what cxxopts throws).
+inline cxxopts::ParseResult parse_split(cxxopts::Options& opts, int argc, char** argv) {
+    std::vector<std::string> words = split_long_assignments(opts, argc, argv);
+    std::vector<char*> av;
+    for (std::string& w : words) av.push_back(w.data());
+    return opts.parse(int(av.size()), av.data());
+}
+
 }  // namespace hy

@@ -121,8 +121,7 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
     if (r.has("tie_word_embeddings")) {
         if (!tj->at("tie_word_embeddings").is_boolean()) r.fail("tie_word_embeddings", "must be true or false");
         c.tie_word_embeddings = tj->at("tie_word_embeddings").get<bool>();
-    }
-    else if (root.contains("tie_word_embeddings") && !root["tie_word_embeddings"].is_null()) {
+    } else if (root.contains("tie_word_embeddings") && !root["tie_word_embeddings"].is_null()) {
         if (!root["tie_word_embeddings"].is_boolean())
             throw Error(Status::format, source + ": field 'tie_word_embeddings' must be true or false");
         c.tie_word_embeddings = root["tie_word_embeddings"].get<bool>();
@@ -136,9 +135,8 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
         rp = &tj->at("rope_parameters");
     }
     std::string rp_scope = std::string(scope) + "rope_parameters.";
-    if (rp && rp->contains("rope_type") && !rp->at("rope_type").is_string())
-        r.fail("rope_parameters.rope_type", "must be a string");
-    if (rp && rp->contains("rope_type") && rp->at("rope_type").is_string()) {
+    if (rp && rp->contains("rope_type")) {
+        if (!rp->at("rope_type").is_string()) r.fail("rope_parameters.rope_type", "must be a string");
         std::string type = rp->at("rope_type").get<std::string>();
         if (type != "default")
             throw Error(Status::unsupported, source + ": unsupported rope_type '" + type + "' (supported: default)");

@@ -172,10 +172,7 @@ int main(int argc, char** argv) {
     try {
         if (const std::string e = hy::first_single_dash_word_error(opts, argc, argv); !e.empty())
             throw hy::Error(hy::Status::invalid_argument, e);
-        std::vector<std::string> words = hy::split_long_assignments(opts, argc, argv);
-        std::vector<char*> av;
-        for (std::string& w : words) av.push_back(w.data());
-        auto a = opts.parse(int(av.size()), av.data());
+        auto a = hy::parse_split(opts, argc, argv);
         if (a.count("help")) {
             std::cout << opts.help() << "\nExit status: 0 success (--golden: every case matches); 1 failure; "
                                        "2 bad arguments.\n";

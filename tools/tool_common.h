@@ -46,10 +46,7 @@ inline bool parse_args(cxxopts::Options& opts, int argc, char** argv, const char
         return false;
     }
     try {
-        std::vector<std::string> words = split_long_assignments(opts, argc, argv);
-        std::vector<char*> av;
-        for (std::string& w : words) av.push_back(w.data());
-        out = opts.parse(int(av.size()), av.data());
+        out = parse_split(opts, argc, argv);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "%s: %s (see --help)\n", name, parse_error_message(e.what(), argc, argv).c_str());
         *exit_code = 2;
