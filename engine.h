@@ -308,7 +308,7 @@ typedef enum hy_stop_reason {
     HY_STOP_CANCELLED = 6     /* a batch request was cancelled (hy_batch_cancel) */
 } hy_stop_reason;
 
-/* A short constant name: "eos", "stop string", "max tokens", "context full", "callback", "none". */
+/* A short constant name: "eos", "stop string", "max tokens", "context full", "callback", "cancelled", "none". */
 const char* hy_stop_reason_name(int reason);
 
 /* One generated token as given to the callback. */

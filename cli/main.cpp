@@ -248,7 +248,9 @@ int run(int argc, char** argv) {
     // sampling options not given on the command line take the model folder's generation_config.json values, as
     // vLLM takes them
     hy_sampler_params recommended;
-    const int from_file = std::max(hy_model_sampler_defaults(h.m, &recommended), 0) & ~o.sampling_given;
+    int from_file = std::max(hy_model_sampler_defaults(h.m, &recommended), 0) & ~o.sampling_given;
+    // the file's whole-context window goes with its own penalty: a --repeat-penalty keeps --repeat-last-n's default
+    if (o.sampling_given & HY_SAMPLER_REPEAT_PENALTY) from_file &= ~HY_SAMPLER_REPEAT_LAST_N;
     if (from_file & HY_SAMPLER_TEMPERATURE) o.sampling.temperature = recommended.temperature;
     if (from_file & HY_SAMPLER_TOP_K) o.sampling.top_k = recommended.top_k;
     if (from_file & HY_SAMPLER_TOP_P) o.sampling.top_p = recommended.top_p;

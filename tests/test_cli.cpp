@@ -1175,6 +1175,11 @@ TEST_CASE("cli: generation_config.json gives the sampling defaults", "[cli]") {
     CHECK(pen.err.find("repeat-penalty 1.3 (the whole context)") != std::string::npos);
     CHECK(pen.err.find("(repeat-penalty, repeat-last-n from generation_config.json)") != std::string::npos);
     CHECK(pen.out == run_with("models/tiny", {"--repeat-penalty", "1.3", "--repeat-last-n", "-1"}).out);
+    // ... but a --repeat-penalty given keeps the default window (the final fresh-user test: it took the file's)
+    const Run own = run_with(dir.string(), {"--verbose", "--repeat-penalty", "1.2"});
+    INFO(own.err);
+    CHECK(own.err.find("repeat-penalty 1.2 (last 64)") != std::string::npos);
+    CHECK(own.err.find("from generation_config.json") == std::string::npos);
 }
 
 TEST_CASE("cli tools: an option given twice is a usage error (exit 2), not the last value winning", "[cli]") {
@@ -1328,6 +1333,14 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     INFO(ml.err);
     CHECK(ml.rc == 0);
     check(run_prog(compare, {"--device", "cpu"}), 2, "-m DIR");
+    {  // a symbolic link is not written through (its target could be any file, as /save refuses)
+        const fs::path target = tmp.path / "keep.txt", link = tmp.path / "link.json";
+        std::ofstream(target) << "keep";
+        fs::create_symlink(target, link);
+        check(run_prog(bench, {"-m", "models/tiny", "-p", "4", "-n", "2", "-r", "1", "--json", link.string()}), 1,
+              "link.json: is a symbolic link; not replaced");
+        CHECK(slurp(target.string()) == "keep");
+    }
     const Run j = run_prog(bench, {"-m", "models/tiny", "--json", (tmp.path / "no" / "b.json").string()});
     check(j, 1, "cannot write");
     CHECK(j.out.empty());  // refused before the run

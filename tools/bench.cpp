@@ -95,7 +95,7 @@ int main(int argc, char** argv) {
         "device", "cpu, cuda or auto", cxxopts::value<std::string>()->default_value("auto"))(
         "t,threads", "CPU threads (0: all cores)", cxxopts::value<int>()->default_value("0"))(
         "ubatch", "prefill chunk (rows per forward step)", cxxopts::value<int>()->default_value("512"))(
-        "json", "also write the results to this JSON file (replaced if it exists)", cxxopts::value<std::string>())(
+        "json", "also write the results to this JSON file (replaced if it exists; a symbolic link is refused)", cxxopts::value<std::string>())(
         "h,help", "show this help");
     cxxopts::ParseResult args;
     int exit_code = 0;
@@ -126,6 +126,9 @@ int main(int argc, char** argv) {
             struct stat st;
             const bool existed = ::stat(path.c_str(), &st) == 0;
             if (existed && S_ISDIR(st.st_mode)) throw Error(Status::io, path + ": is a directory");
+            // (as hybrid's /save: a link is not written through, its target may be anything)
+            if (struct stat lst; ::lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode))
+                throw Error(Status::io, path + ": is a symbolic link; not replaced (give the target's path)");
             // (non-blocking: a FIFO without a reader fails with ENXIO instead of blocking the open)
             const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK, 0666);
             if (fd < 0) {
