@@ -288,8 +288,8 @@ struct Reader {
     }
 };
 
-// Checks magic, version and fingerprint (the first 24 bytes); throws hy::Error.
-void check_snapshot_header(const hy_context* c, const uint8_t* data, size_t n) {
+// Checks magic and version (the first 12 bytes); throws hy::Error.
+void check_snapshot_header(const uint8_t* data, size_t n) {
     Reader r{data, n};
     if (n < 8 || std::memcmp(data, kMagic, 8) != 0) throw Error(Status::format, "not a hybrid snapshot (bad magic)");
     r.pos = 8;
@@ -297,7 +297,13 @@ void check_snapshot_header(const hy_context* c, const uint8_t* data, size_t n) {
     if (version != kVersion && version != 1)
         throw Error(Status::format, "snapshot version " + std::to_string(version) + " is not supported (1 or " +
                                         std::to_string(kVersion) + ")");
-    r.get<uint32_t>();  // flags
+}
+
+// Checks the model fingerprint (bytes 16-23) against this model's; throws hy::Error. A damaged file would fail
+// this too, so callers check the checksum first where the file has one.
+void check_snapshot_fingerprint(const hy_context* c, const uint8_t* data, size_t n) {
+    Reader r{data, n};
+    r.pos = 16;
     const uint64_t fp = r.get<uint64_t>();
     if (fp != c->m->fingerprint) {
         char msg[160];
@@ -329,7 +335,7 @@ void check_snapshot_layout(const uint8_t* data, size_t n, uint32_t version) {
 }
 
 void deserialize(hy_context* c, const uint8_t* data, size_t n) {
-    check_snapshot_header(c, data, n);
+    check_snapshot_header(data, n);
     uint32_t version = 0;
     std::memcpy(&version, data + 8, 4);
     check_snapshot_layout(data, n, version);
@@ -340,6 +346,7 @@ void deserialize(hy_context* c, const uint8_t* data, size_t n) {
         if (snapshot_checksum(data, n) != stored)
             throw Error(Status::format, "snapshot is damaged (its checksum does not match its contents)");
     }
+    check_snapshot_fingerprint(c, data, n);  // (after the checksum: a damaged fingerprint is damage, not a model)
     Reader r{data, n};
     r.pos = 12;
     const uint32_t flags = r.get<uint32_t>();
@@ -383,8 +390,9 @@ size_t max_snapshot_bytes(const hy_context* c) {
            model.state_bytes() / size_t(std::max(model.n_slots(), 1)) + 4096;
 }
 
-// Checks the fixed header (magic, version, fingerprint) of a snapshot of n >= 8 bytes; throws hy::Error.
-void check_snapshot_header(const hy_context* c, const uint8_t* data, size_t n);
+// Checks the fixed header of a snapshot: magic and version; the model fingerprint; throws hy::Error.
+void check_snapshot_header(const uint8_t* data, size_t n);
+void check_snapshot_fingerprint(const hy_context* c, const uint8_t* data, size_t n);
 
 std::string errno_text(int e) { return std::strerror(e); }
 
@@ -509,12 +517,14 @@ std::vector<uint8_t> read_snapshot_file(const hy_context* c, const std::string& 
     uint8_t head[32];
     const size_t nh = read_at_most(head, sizeof head);
     try {
-        check_snapshot_header(c, head, nh);
+        check_snapshot_header(head, nh);
         const size_t cap = max_snapshot_bytes(c);
-        if (size > cap)
+        if (size > cap) {
+            check_snapshot_fingerprint(c, head, nh);  // (too big for this model: most likely another model's)
             throw Error(Status::format, "snapshot file has " + std::to_string(size) +
                                             " bytes, more than any snapshot of this model (at most " +
                                             std::to_string(cap) + ")");
+        }
     } catch (const Error& e) {
         throw Error(e.status(), path + ": " + e.what());
     }
@@ -866,6 +876,7 @@ int hy_state_load(hy_context* c, const void* buf, size_t n) {
 int hy_file_write(const char* path, const void* data, size_t n, int overwrite) {
     return guard([&] {
         HY_CHECK_ARG(path && (data || n == 0), "hy_file_write: path and data must not be NULL");
+        HY_CHECK_ARG(*path, "hy_file_write: the path is empty");
         write_file_atomic(path, data, n, overwrite != 0);
         return int(Status::ok);
     });
@@ -1021,6 +1032,9 @@ int hy_generate(hy_context* c, hy_sampler* s, const int32_t* prompt, int n_promp
         HY_CHECK_ARG(c && s && (prompt || n_prompt == 0) && n_prompt >= 0, "hy_generate: bad arguments");
         HY_CHECK_ARG(c->m == s->m, "hy_generate: the sampler belongs to another model");
         const hy_generate_params gp = params ? *params : hy_generate_default_params();
+        HY_CHECK_ARG(gp.n_stop >= 0 && (gp.n_stop == 0 || gp.stop), "hy_generate: stop is NULL or n_stop negative");
+        HY_CHECK_ARG(gp.n_stop_ids >= 0 && (gp.n_stop_ids == 0 || gp.stop_ids),
+                     "hy_generate: stop_ids is NULL or n_stop_ids negative");
         std::vector<std::string> stops;
         for (int i = 0; i < gp.n_stop; i++) {
             HY_CHECK_ARG(gp.stop && gp.stop[i] && gp.stop[i][0], "hy_generate: stop strings must be non-empty");

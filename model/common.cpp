@@ -9,6 +9,20 @@
 
 namespace hy {
 
+bool path_present(const std::string& path) {
+    struct stat st;
+    if (::stat(path.c_str(), &st) == 0) return true;
+    const int e = errno;
+    if (::lstat(path.c_str(), &st) == 0 && S_ISLNK(st.st_mode)) {
+        char target[4096];
+        const ssize_t n = ::readlink(path.c_str(), target, sizeof target - 1);
+        const std::string to = n > 0 ? std::string(target, size_t(n)) : std::string("?");
+        if (e == ELOOP) throw Error(Status::io, path + ": symbolic link loop (it points to '" + to + "')");
+        throw Error(Status::io, path + ": broken symbolic link (its target '" + to + "': " + std::strerror(e) + ")");
+    }
+    return e != ENOENT && e != ENOTDIR;
+}
+
 std::string read_regular_file(const std::string& path, size_t max_bytes) {
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) throw Error(Status::io, "cannot open '" + path + "': " + std::strerror(errno));

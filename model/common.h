@@ -52,6 +52,11 @@ inline std::string json_error_text(const char* what) {
 // Error(Status::io) naming the path when it cannot be opened or read, is a directory, a FIFO, a device or a socket
 // (reading those could block or never end), or is larger than max_bytes.
 std::string read_regular_file(const std::string& path, size_t max_bytes);
+// Whether anything is at `path` (for a model folder's optional files and the checks before a read): false when
+// nothing is; a symbolic link whose target is missing, or a link loop, throws Error(io) naming the link and its
+// target (stat alone reads it as "no such file"); any other state (an unreadable or odd file) is true, and the
+// read that follows names it.
+bool path_present(const std::string& path);
 // Limit for the JSON files of a model folder (config.json, tokenizer.json, tokenizer_config.json, the safetensors
 // index): the real ones are a few MB (Qwen3's tokenizer.json: 11 MB).
 constexpr size_t kMaxJsonFileBytes = size_t(256) << 20;

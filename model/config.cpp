@@ -258,15 +258,13 @@ GenerationDefaults parse_generation_defaults(const std::string& text, const std:
 
 GenerationDefaults load_generation_defaults(const std::string& dir) {
     const std::string path = dir + "/generation_config.json";
-    std::error_code ec;
-    if (!std::filesystem::exists(path, ec)) return {};
+    if (!path_present(path)) return {};
     return parse_generation_defaults(read_regular_file(path, kMaxJsonFileBytes), path);
 }
 
 ModelConfig load_model_config(const std::string& dir) {
     std::string path = dir + "/config.json";
-    std::error_code ec;
-    if (!std::filesystem::exists(path, ec))
+    if (!path_present(path))
         throw Error(Status::io, path + ": cannot open (is '" + dir + "' a Hugging Face model folder?)");
     return parse_model_config(read_regular_file(path, kMaxJsonFileBytes), path);
 }

@@ -31,11 +31,6 @@ bool is_dir(const std::string& p) {
     return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
 }
 
-bool is_file(const std::string& p) {
-    struct stat st;
-    return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
-}
-
 DType to_dtype(hyst_dtype t) {
     switch (t) {
         case HYST_F32: return DType::F32;
@@ -74,12 +69,11 @@ struct Checkpoint {
     void open(const std::string& dir) {
         std::string single = dir + "/model.safetensors";
         std::string index = dir + "/model.safetensors.index.json";
-        struct stat st;
-        if (::stat(single.c_str(), &st) == 0) {  // (hyst_open refuses anything but a regular file, naming why)
+        if (path_present(single)) {  // (hyst_open refuses anything but a regular file, naming why)
             open_file(single);
             return;
         }
-        if (!is_file(index))
+        if (!path_present(index))
             throw Error(Status::io, dir + ": no model.safetensors or model.safetensors.index.json");
         const std::string index_text = read_regular_file(index, kMaxJsonFileBytes);
         nlohmann::json j;

@@ -91,7 +91,10 @@ Sampler::Sampler(const SamplerParams& p, int n_logits, int n_valid, int history_
         throw Error(Status::invalid_argument, "sampler: temperature and penalties must be numbers");
     n_logits_ = n_logits;
     n_valid_ = std::min(n_valid, n_logits);
-    const int window = p.repeat_last_n < 0 ? std::max(history_capacity, 0) : p.repeat_last_n;
+    // the window holds at most history_capacity ids (a sequence never holds more: a larger window would only
+    // reserve memory, 4 bytes per id)
+    const int cap = std::max(history_capacity, 0);
+    const int window = p.repeat_last_n < 0 ? cap : std::min(p.repeat_last_n, cap);
     ring_.assign(size_t(window), 0);
     counts_.assign(size_t(n_logits), 0);
     seen_.assign(size_t(n_logits), 0);

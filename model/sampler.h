@@ -49,8 +49,8 @@ struct SamplerParams {
 class Sampler {
 public:
     // n_logits: the length of a logits row (the model's vocab_size); n_valid: ids [0, n_valid) may be sampled
-    // (the tokenizer's n_vocab, clamped to n_logits); history_capacity: the most ids the penalty window can hold
-    // when repeat_last_n is -1 (typically the context length). Throws hy::Error(invalid_argument) for n_logits <= 0,
+    // (the tokenizer's n_vocab, clamped to n_logits); history_capacity: the most ids the penalty window holds (for
+    // repeat_last_n -1 or larger than it; typically the context length). Throws hy::Error(invalid_argument) for n_logits <= 0,
     // n_valid <= 0, a negative or NaN top_p, a NaN min_p,
     // temperature or penalty, repeat_penalty <= 0, or repeat_last_n < -1.
     Sampler(const SamplerParams& params, int n_logits, int n_valid, int history_capacity = 4096);

@@ -732,10 +732,7 @@ private:
 
 std::string read_file(const std::string& path) { return read_regular_file(path, kMaxJsonFileBytes); }
 
-bool file_exists(const std::string& path) {
-    std::error_code ec;
-    return std::filesystem::exists(path, ec);
-}
+bool file_exists(const std::string& path) { return path_present(path); }
 
 // Typed field access with one-line errors naming the file and the field.
 const json* field(const json& obj, const char* name) {

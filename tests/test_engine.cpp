@@ -246,8 +246,9 @@ TEST_CASE("engine: snapshots restore the sequence exactly", "[engine]") {
     CHECK(hy_state_load(t.c, cut.data(), cut.size()) == HY_ERR_FORMAT);
     CHECK(hy_state_load_file(t.c, (dir / "missing.snap").string().c_str()) == HY_ERR_IO);
     // one changed byte anywhere (the history, the logits, the KV cache and states, the checksum itself) is refused by
-    // the checksum, before anything is restored (it used to load, and the next step could sample from NaN)
-    for (size_t at : {size_t(40), snap.size() / 3, snap.size() / 2, snap.size() - 100, snap.size() - 1}) {
+    // the checksum, before anything is restored (it used to load, and the next step could sample from NaN); a changed
+    // byte of the model fingerprint (bytes 16-23) is damage too, not "another model"
+    for (size_t at : {size_t(17), size_t(40), snap.size() / 3, snap.size() / 2, snap.size() - 100, snap.size() - 1}) {
         INFO("byte " << at << " of " << snap.size());
         std::vector<uint8_t> bad = snap;
         bad[at] ^= 0x40;
@@ -361,6 +362,18 @@ TEST_CASE("engine: errors are status codes with a message", "[engine]") {
     gp.n_stop = 1;
     const int32_t one = 300;
     CHECK(hy_generate(t.c, t.s, &one, 1, &gp, nullptr) == HY_ERR_INVALID_ARGUMENT);
+    // stop lists that hy_batch_submit refuses are refused here too (they used to be dropped without a word)
+    gp = hy_generate_default_params();
+    gp.n_stop = -3;
+    CHECK(hy_generate(t.c, t.s, &one, 1, &gp, nullptr) == HY_ERR_INVALID_ARGUMENT);
+    gp = hy_generate_default_params();
+    gp.n_stop_ids = 5;  // with stop_ids NULL
+    CHECK(hy_generate(t.c, t.s, &one, 1, &gp, nullptr) == HY_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(hy_last_error()).find("stop_ids") != std::string::npos);
+    gp.stop_ids = &one;
+    gp.n_stop_ids = -5;
+    CHECK(hy_generate(t.c, t.s, &one, 1, &gp, nullptr) == HY_ERR_INVALID_ARGUMENT);
+    CHECK(hy_file_write("", "x", 1, 1) == HY_ERR_INVALID_ARGUMENT);
     // invalid UTF-8 is not an error
     int n = 0;
     const char bytes[] = "\xff\xfe abc \xc3";

@@ -257,6 +257,39 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
         require_error([&] { Tokenizer::from_folder(d.path); }, Status::io,
                       "tokenizer.json': a device, expected a regular file");
     }
+    SECTION("a broken symbolic link is named as one, not taken for a missing file") {
+        // (as in a Hugging Face cache snapshot copied without its blobs: the weights were "no model.safetensors",
+        // config.json "cannot open", and the optional files were skipped without a word)
+        TempDir d;
+        write_model_dir(d.path, tensors, config);
+        std::filesystem::rename(d / "model.safetensors", d / "weights.bin");
+        std::filesystem::create_symlink("../blobs/abc", d / "model.safetensors");
+        require_error([&] { Model::load(d.path, p); }, Status::io,
+                      "model.safetensors: broken symbolic link (its target '../blobs/abc': No such file or directory)");
+        std::filesystem::remove(d / "model.safetensors");
+        std::filesystem::create_symlink("model.safetensors", d / "model.safetensors");
+        require_error([&] { Model::load(d.path, p); }, Status::io, "model.safetensors: symbolic link loop");
+        std::filesystem::remove(d / "model.safetensors");
+        std::filesystem::rename(d / "weights.bin", d / "model.safetensors");
+        for (const char* name : {"generation_config.json", "tokenizer_config.json"}) {
+            INFO(name);
+            std::filesystem::remove(d / name);
+            std::filesystem::create_symlink("../blobs/gone", d / name);
+            require_error([&] { Tokenizer::from_folder(d.path); }, Status::io,
+                          std::string(name) + ": broken symbolic link");
+            std::filesystem::remove(d / name);
+        }
+        std::filesystem::create_symlink("../blobs/gone", d / "generation_config.json");
+        require_error([&] { load_generation_defaults(d.path); }, Status::io,
+                      "generation_config.json: broken symbolic link");
+        std::filesystem::remove(d / "generation_config.json");
+        std::filesystem::remove(d / "config.json");
+        std::filesystem::create_symlink("../blobs/gone", d / "config.json");
+        require_error([&] { Model::load(d.path, p); }, Status::io, "config.json: broken symbolic link");
+        std::filesystem::remove(d / "config.json");
+        write_text(d / "config.json", config);
+        Model::load(d.path, p);  // (without the optional files, as before)
+    }
 }
 
 TEST_CASE("read_regular_file: the whole of a regular file up to a bound, nothing else", "[loader]") {

@@ -1,8 +1,12 @@
 // Model tests on the CPU reference: checkpoint layouts, sequence continuation, batching, snapshots.
 #include <catch2/catch.hpp>
 
-#include <cmath>
+#include <sys/resource.h>
 
+#include <cmath>
+#include <fstream>
+
+#include "kernels/cpu/thread_pool.h"
 #include "model/model.h"
 #include "test_util.h"
 
@@ -231,4 +235,45 @@ TEST_CASE("sharded checkpoint through model.safetensors.index.json", "[model]") 
     } catch (const Error& e) {
         REQUIRE(std::string(e.what()).find("model.extra.weight") != std::string::npos);
     }
+}
+
+TEST_CASE("CPU thread pool: threads the OS refuses are an error, not an abort", "[model]") {
+#if defined(__SANITIZE_ADDRESS__)
+    WARN("skipped under AddressSanitizer (its shadow memory defeats an address-space limit)");
+    return;
+#else
+    // An address-space limit just above what the process maps leaves no room for 64 thread stacks (8 MiB each by
+    // default), so the pool's thread creation fails part way (the constructor used to let std::system_error escape
+    // with threads running: std::terminate).
+    size_t vm_kib = 0;
+    std::ifstream status("/proc/self/status");
+    for (std::string line; std::getline(status, line);)
+        if (line.rfind("VmSize:", 0) == 0) vm_kib = std::stoull(line.substr(7));
+    REQUIRE(vm_kib > 0);
+    struct rlimit old{};
+    REQUIRE(getrlimit(RLIMIT_AS, &old) == 0);
+    struct rlimit lim = old;
+    lim.rlim_cur = rlim_t(vm_kib) * 1024 + (rlim_t(16) << 20);
+    if (old.rlim_cur != RLIM_INFINITY && lim.rlim_cur > old.rlim_cur) {
+        WARN("skipped: the address-space limit is already low");
+        return;
+    }
+    REQUIRE(setrlimit(RLIMIT_AS, &lim) == 0);
+    bool threw = false;
+    Status st = Status::ok;
+    std::string msg;
+    try {
+        cpu::ThreadPool pool(64);
+    } catch (const Error& e) {
+        threw = true;
+        st = e.status();
+        msg = e.what();
+    }
+    REQUIRE(setrlimit(RLIMIT_AS, &old) == 0);
+    CHECK(threw);
+    CHECK(st == Status::backend);
+    CHECK(msg.find("cannot start 64 CPU threads") != std::string::npos);
+    cpu::ThreadPool fine(4);  // (and the limit is gone again)
+    CHECK(fine.size() == 4);
+#endif
 }

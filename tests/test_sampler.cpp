@@ -105,6 +105,19 @@ TEST_CASE("sampler: penalties match their formulas", "[sampler]") {
     CHECK(o2[5] == Approx(1.0f / 1.5f));
     CHECK(o2[1] == Approx(-1.0f));
 
+    // a window larger than the history capacity holds the capacity (it used to reserve 4 bytes per asked id: 8 GB
+    // for INT_MAX)
+    SamplerParams w = plain();
+    w.repeat_penalty = 1.5f;
+    w.repeat_last_n = 2147483647;
+    Sampler big(w, 6, 6, 3);
+    for (int32_t id : {0, 1, 2, 5}) big.accept(id);  // the window keeps 1, 2, 5
+    CHECK(big.window_size() == 3);
+    std::vector<float> o3 = logits;
+    big.apply_penalties(o3);
+    CHECK(o3[0] == Approx(2.0f));  // left the window
+    CHECK(o3[5] == Approx(1.0f / 1.5f));
+
     // a penalty large enough changes the greedy choice
     SamplerParams g = plain();
     g.temperature = 0.0f;

@@ -2,6 +2,11 @@
 
 #include <sched.h>
 
+#include <string>
+#include <system_error>
+
+#include "model/common.h"
+
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #define HY_PAUSE() _mm_pause()
@@ -26,14 +31,25 @@ int ThreadPool::default_threads() {
 }
 
 ThreadPool::ThreadPool(int n_threads) : n_threads_(n_threads > 0 ? n_threads : default_threads()) {
-    for (int i = 1; i < n_threads_; i++) workers_.emplace_back([this, i] { worker(i); });
+    try {
+        for (int i = 1; i < n_threads_; i++) workers_.emplace_back([this, i] { worker(i); });
+    } catch (const std::system_error& e) {  // (the OS refused a thread: stop those started, then report)
+        const size_t started = workers_.size();
+        stop_workers();
+        throw Error(Status::backend, "cannot start " + std::to_string(n_threads_) + " CPU threads (" +
+                                         std::to_string(started + 1) + " started: " + e.what() +
+                                         "); ask for fewer threads");
+    }
 }
 
-ThreadPool::~ThreadPool() {
+ThreadPool::~ThreadPool() { stop_workers(); }
+
+void ThreadPool::stop_workers() {
     stop_.store(true, std::memory_order_release);
     wake_.fetch_add(1, std::memory_order_acq_rel);
     wake_.notify_all();
     for (auto& t : workers_) t.join();
+    workers_.clear();
 }
 
 // Claims and runs chunks of the current task until none is left.

@@ -20,7 +20,8 @@ namespace hy::cpu {
 
 class ThreadPool {
 public:
-    // n_threads <= 0: one per core available to this process.
+    // n_threads <= 0: one per core available to this process. Throws hy::Error (backend) when the OS refuses to
+    // start the threads (a process limit), after stopping those it started.
     explicit ThreadPool(int n_threads);
     ~ThreadPool();
     ThreadPool(const ThreadPool&) = delete;
@@ -51,6 +52,7 @@ private:
     void run(int64_t n, int64_t chunks, void* fn, Thunk thunk);
     void work(int thread);
     void worker(int thread);
+    void stop_workers();
 
     int n_threads_;
     std::vector<std::thread> workers_;
