@@ -129,6 +129,16 @@ inline bool option_takes_value(const cxxopts::Options& opts, const std::string& 
     return false;
 }
 
+// Whether the word a names an option of `opts` as written: "-x" for a short name x, "--name" for a long one.
+inline bool option_word(const cxxopts::Options& opts, const std::string& a) {
+    for (const std::string& g : opts.groups())
+        for (const cxxopts::HelpOptionDetails& d : opts.group_help(g).options)
+            if ((a.size() == 2 && a[0] == '-' && a[1] != '-' && d.s == a.substr(1)) ||
+                (a.rfind("--", 0) == 0 && std::find(d.l.begin(), d.l.end(), a.substr(2)) != d.l.end()))
+                return true;
+    return false;
+}
+
 // For a single-dash word such as -temp or -ngl (a letter, then letters or '-', then nothing, digits or
 // "=VALUE": -ngl99, -temp=0.5), which cxxopts would read as the short option -t with the value "emp": the error
 // to report, "unknown option -temp=0.5 (did you mean --temp? long options take two dashes)" when `opts` has a

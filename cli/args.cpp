@@ -154,7 +154,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     opts.add_options("Generation")
         ("n,n-predict", "tokens to generate (-1: until end of sequence or a full context)",
          cxxopts::value<int>()->default_value("-1"))
-        ("stop", "stop when the output contains STR (repeatable; not printed; not with --batch-file; with "
+        ("stop", "stop when the output contains STR (repeatable; not printed; matched on the printed text, "
+                 "which leaves out special tokens such as <|endoftext|>; not with --batch-file; with "
                  "--prompt-ids the ids end before the one that completes STR)",
          cxxopts::value<std::string>())
         ("s,seed", "RNG seed in [0, 2^64-1]; -1: random", cxxopts::value<std::string>()->default_value("-1"))
@@ -199,6 +200,12 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         }
         if (const char* name = valued(a)) {
             if (i + 1 >= argc) usage(a + " needs a value");
+            // an option word where a value belongs is a forgotten value (`-m -p hi` made "-p" the model folder);
+            // text values (the prompt, the system message) are taken as given
+            const std::string next = argv[i + 1];
+            if (std::strcmp(name, "--prompt") != 0 && std::strcmp(name, "--system") != 0 &&
+                (valued(next) || option_word(opts, next)))
+                usage(a + " needs a value (the next word, " + next + ", is an option)");
             args.push_back(name);
             args.push_back(argv[++i]);
         } else if (const size_t eq = a.find('=');
@@ -210,6 +217,11 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
             // -p=hi would be the prompt "=hi" (getopt's reading), -np=4 an unknown option: neither is meant
             usage(a.substr(0, eq1) + " takes its value as the next word: " + a.substr(0, eq1) + " " +
                   a.substr(eq1 + 1) + ", or " + valued(a.substr(0, eq1)) + "=" + a.substr(eq1 + 1));
+        } else if (a.size() > 2 && a[0] == '-' && a[1] != '-' && a[2] == '=') {
+            // -i=true: cxxopts would report "unknown option -="
+            const std::string opt = a.substr(0, 2);
+            usage(option_word(opts, opt) ? opt + " takes no value: write " + opt + " alone"
+                                         : "unknown option " + opt + " (-h lists the options)");
         } else if (a == "-cnv") {
             args.push_back("--interactive");
         } else if (a == "-np") {  // llama.cpp's short spelling of --parallel

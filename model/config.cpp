@@ -193,6 +193,12 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
     if (r.has("attention_bias") && !tj->at("attention_bias").is_boolean()) r.fail("attention_bias", "must be true or false");
     if (r.has("attention_bias") && tj->at("attention_bias").get<bool>())
         throw Error(Status::unsupported, source + ": attention_bias = true is not supported");
+    // the gate on the attention output (QWEN35.md) is always applied: a config that turns it off is another model
+    if (r.has("attn_output_gate") && !tj->at("attn_output_gate").is_boolean())
+        r.fail("attn_output_gate", "must be true or false");
+    if (r.has("attn_output_gate") && !tj->at("attn_output_gate").get<bool>())
+        throw Error(Status::unsupported, source + ": attn_output_gate = false is not supported (Qwen3.5's attention "
+                                                  "output is always gated)");
     if (r.has("hidden_act") && tj->at("hidden_act") != "silu")
         throw Error(Status::unsupported, source + ": hidden_act " + tj->at("hidden_act").dump() + " (supported: silu)");
 

@@ -1094,6 +1094,14 @@ TEST_CASE("cli: single-dash words are unknown options, not -n or -s with a value
     check_one_line_error(hybrid({"-m", "models/tiny", "-p=hi"}), 1,
                          "-p takes its value as the next word: -p hi, or --prompt=hi");
     check_one_line_error(hybrid({"-m", "models/tiny", "-np=4"}), 1, "-np takes its value as the next word");
+    // a forgotten value: `-m -p hi` made "-p" the model folder ("unexpected argument 'hi'"); prompts stay free text
+    check_one_line_error(hybrid({"-m", "-p", "hi", "-n", "3"}), 1,
+                         "hybrid: error: -m needs a value (the next word, -p, is an option)");
+    check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "-c", "--temp", "0"}), 1,
+                         "-c needs a value (the next word, --temp, is an option)");
+    CHECK(hybrid({"-m", "models/tiny", "-p", "-n", "-n", "1"}).rc == 0);  // the prompt "-n"
+    // -i=true was "unknown option -="
+    check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "-i=true"}), 1, "-i takes no value: write -i alone");
 }
 
 // --no-think with a tokenizer that has no <think>/</think> added tokens renders like thinking on: a warning says the

@@ -184,6 +184,13 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
         write_model_dir(d.path, tensors, j.dump());
         require_error([&] { Model::load(d.path, p); }, Status::unsupported, "unsupported model_type 'llama'");
     }
+    SECTION("config that turns off the attention output gate") {  // (it was ignored: the gate was applied)
+        TempDir d;
+        nlohmann::json j = nlohmann::json::parse(config);
+        j["attn_output_gate"] = false;
+        write_model_dir(d.path, tensors, j.dump());
+        require_error([&] { Model::load(d.path, p); }, Status::unsupported, "attn_output_gate = false is not supported");
+    }
     SECTION("inconsistent config") {
         TempDir d;
         nlohmann::json j = nlohmann::json::parse(config);
@@ -211,6 +218,7 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
         const std::tuple<const char*, nlohmann::json, const char*> cases[] = {
             {"/tie_word_embeddings", "yes", "field 'tie_word_embeddings' must be true or false"},
             {"/attention_bias", "x", "field 'attention_bias' must be true or false"},
+            {"/attn_output_gate", 1, "field 'attn_output_gate' must be true or false"},
             {"/rope_parameters", "x", "field 'rope_parameters' must be an object"},
             {"/rope_parameters/rope_type", true, "field 'rope_parameters.rope_type' must be a string"},
             {"/rms_norm_eps", 1e300, "field 'rms_norm_eps' must be a finite number"},
