@@ -1248,6 +1248,16 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     const Run one = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "short"});
     CHECK(one.rc == 0);
     CHECK(one.out.find("SUMMARY: 1/1") != std::string::npos);
+    // a divergence accepted at a near-tie passes but is not "exact" (the golden bf16 CUDA tokens of `long` leave
+    // the fp32 ones at step 8, where the top-2 margin is 0.04): it was counted in "8/8 cases exact"
+    const Run tie = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "long", "--key", "greedy_bf16_cuda",
+                                       "--near-tie", "0.1"});
+    CHECK(tie.rc == 0);
+    CHECK(tie.out.find("SUMMARY: 0/1 cases exact (1 more accepted at a near-tie)") != std::string::npos);
+    const Run no_tie = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "long", "--key",
+                                          "greedy_bf16_cuda"});
+    CHECK(no_tie.rc == 1);
+    CHECK(no_tie.out.find("SUMMARY: 0/1 cases exact, max logit err") != std::string::npos);
     // without golden logits: "n/a", never "nan"
     TempDir tmp("tools");
     const fs::path dir = tmp.path / "nologits";
