@@ -373,7 +373,7 @@ struct MatchScratch {
 
 class Regex {
 public:
-    Regex(const std::string& pattern, bool literal, const std::string& where) {
+    Regex(const std::string& pattern, bool literal, const std::string& where) : where_(where) {
         std::string pat = literal ? pattern : onig_compat_pattern(pattern);
         int err = 0;
         PCRE2_SIZE off = 0;
@@ -392,28 +392,36 @@ public:
     Regex& operator=(const Regex&) = delete;
 
     // Finds the first match in s[0..n) starting at or after `start`; false when there is none. s is valid UTF-8.
+    // Backtracking is bounded by a number of steps that grows with the piece (a long piece of a linear pattern takes
+    // a few steps a byte; nested quantifiers such as "(a+)+b" take exponentially many on a short one): past it,
+    // Error(format) names the regex instead of running for hours.
     bool find(const char* s, size_t n, size_t start, MatchScratch& m, size_t& ms, size_t& me) const {
         auto subj = reinterpret_cast<PCRE2_SPTR>(s);
+        const uint64_t limit = std::min<uint64_t>(UINT32_MAX, std::max<uint64_t>(10'000'000, 64 * uint64_t(n - start)));
+        pcre2_match_context* ctx = m.context();
+        pcre2_set_match_limit(ctx, uint32_t(limit));
         int rc;
         if (jit_) {
-            rc = pcre2_jit_match(code_, subj, n, start, 0, m.md, m.mctx);
+            rc = pcre2_jit_match(code_, subj, n, start, 0, m.md, ctx);
             if (rc == PCRE2_ERROR_JIT_STACKLIMIT) {  // deep backtracking: retry with a large JIT stack
                 if (!m.jit_stack) {
                     m.jit_stack = pcre2_jit_stack_create(64 * 1024, 64 * 1024 * 1024, nullptr);
-                    if (m.jit_stack) pcre2_jit_stack_assign(m.context(), nullptr, m.jit_stack);
+                    if (m.jit_stack) pcre2_jit_stack_assign(ctx, nullptr, m.jit_stack);
                 }
-                if (m.jit_stack) rc = pcre2_jit_match(code_, subj, n, start, 0, m.md, m.mctx);
+                if (m.jit_stack) rc = pcre2_jit_match(code_, subj, n, start, 0, m.md, ctx);
             }
-            if (rc < 0 && rc != PCRE2_ERROR_NOMATCH) {  // last resort: the interpreter, with generous limits
-                pcre2_match_context* ctx = m.context();
-                pcre2_set_heap_limit(ctx, 4u * 1024 * 1024);  // KiB
-                pcre2_set_match_limit(ctx, UINT32_MAX);
+            if (rc < 0 && rc != PCRE2_ERROR_NOMATCH && rc != PCRE2_ERROR_MATCHLIMIT) {
+                pcre2_set_heap_limit(ctx, 4u * 1024 * 1024);  // last resort: the interpreter, with a large heap (KiB)
                 rc = pcre2_match(code_, subj, n, start, PCRE2_NO_JIT | PCRE2_NO_UTF_CHECK, m.md, ctx);
             }
         } else {
-            rc = pcre2_match(code_, subj, n, start, PCRE2_NO_UTF_CHECK, m.md, m.mctx);
+            rc = pcre2_match(code_, subj, n, start, PCRE2_NO_UTF_CHECK, m.md, ctx);
         }
         if (rc == PCRE2_ERROR_NOMATCH) return false;
+        if (rc == PCRE2_ERROR_MATCHLIMIT)
+            throw Error(Status::format, where_ + ": the regex takes more than " + std::to_string(limit) +
+                                            " backtracking steps on a " + std::to_string(n - start) +
+                                            "-byte piece (nested quantifiers such as (a+)+?)");
         if (rc < 0) {
             PCRE2_UCHAR msg[256];
             pcre2_get_error_message(rc, msg, sizeof msg);
@@ -427,6 +435,7 @@ public:
     }
 
 private:
+    std::string where_;  // the regex's place in tokenizer.json, for messages
     pcre2_code* code_ = nullptr;
     bool jit_ = false;
 };

@@ -3,6 +3,8 @@
 // corpus, streaming decode, error cases, ChatML rendering.
 #include <catch2/catch.hpp>
 
+#include <chrono>
+
 #include <algorithm>
 #include <cstdint>
 #include <filesystem>
@@ -408,6 +410,17 @@ TEST_CASE("loading errors are reported with a status and a clear message", "[tok
     CHECK(status_of(variant("/pre_tokenizer/pretokenizers/0/invert", true), &msg) == Status::unsupported);
     CHECK(status_of(variant("/pre_tokenizer", nullptr), &msg) == Status::unsupported);
     CHECK(status_of(variant("/pre_tokenizer/pretokenizers/0/pattern/Regex", "(unclosed"), &msg) == Status::format);
+    {  // a regex with nested quantifiers backtracks a bounded number of steps, then is named (it ran for hours: the
+       // interpreter had no step limit; 34 letters took over 20 s)
+        const Tokenizer bad = from_json(variant("/pre_tokenizer/pretokenizers/0/pattern/Regex", "(a+)+b"));
+        const auto t0 = std::chrono::steady_clock::now();
+        CHECK(error_of([&] { bad.encode(std::string(40, 'a') + "c b"); }, &msg) == Status::format);
+        INFO(msg);
+        CHECK(msg.find("backtracking steps on a") != std::string::npos);
+        CHECK(msg.find("pre_tokenizer") != std::string::npos);
+        CHECK(std::chrono::steady_clock::now() - t0 < std::chrono::seconds(30));
+        CHECK(bad.encode("aab b").size() > 0);  // (a match within the bound is fine)
+    }
     CHECK(msg.find("regex") != std::string::npos);
     CHECK(status_of(variant("/decoder", {{"type", "WordPiece"}}), &msg) == Status::unsupported);
     CHECK(msg.find("decoder") != std::string::npos);
