@@ -1299,8 +1299,18 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
         const std::string path = (tmp.path / "renamed.json").string();
         std::ofstream(path) << g.dump();
         const Run r = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--golden", path});
-        check(r, 1, "golden_logits.safetensors: no F32 [");
+        check(r, 1, "golden_logits.safetensors: no tensor 'renamed' (expected F32 [");
         CHECK(r.out.empty());
+        // a tensor of another shape is named with what it is (it was "no F32 [2, 4096] tensor")
+        auto g2 = nlohmann::json::parse(slurp(kSrc + "/models/tiny/golden.json"));
+        g2["cases"][0]["input_ids"].push_back(5);
+        const std::string path2 = (tmp.path / "longer.json").string();
+        std::ofstream(path2) << g2.dump();
+        const std::string name0 = g2["cases"][0]["name"].get<std::string>();
+        const size_t t0 = g2["cases"][0]["input_ids"].size();
+        check(run_prog(compare, {"-m", "models/tiny", "-t", "1", "--golden", path2}), 1,
+              "tensor '" + name0 + "' is F32 [" + std::to_string(t0 - 1) + ", 4096], expected F32 [" +
+                  std::to_string(t0) + ", 4096]");
     }
     check(run_prog(compare, {"-m", "models/tiny", "--logits", (tmp.path / "none.safetensors").string()}), 1,
           "none.safetensors");

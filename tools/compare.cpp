@@ -244,9 +244,14 @@ int main(int argc, char** argv) {
             if (!have_logits || !runs) continue;
             const hyst_tensor* t = hyst_find(lf.get(), name.c_str());
             const size_t T = c["input_ids"].size();
-            if (!t || t->dtype != HYST_F32 || t->n_dims != 2 || size_t(t->shape[0]) != T || t->shape[1] != V)
-                throw Error(Status::format, logits_path + ": no F32 [" + std::to_string(T) + ", " + std::to_string(V) +
-                                                "] tensor '" + name + "'");
+            const std::string want = "F32 [" + std::to_string(T) + ", " + std::to_string(V) + "]";
+            if (!t) throw Error(Status::format, logits_path + ": no tensor '" + name + "' (expected " + want + ")");
+            if (t->dtype != HYST_F32 || t->n_dims != 2 || size_t(t->shape[0]) != T || t->shape[1] != V) {
+                std::string found = std::string(hyst_dtype_name(t->dtype)) + " [";
+                for (int d = 0; d < t->n_dims; d++) found += (d ? ", " : "") + std::to_string(t->shape[d]);
+                throw Error(Status::format,
+                            logits_path + ": tensor '" + name + "' is " + found + "], expected " + want);
+            }
         }
         const double tol = tol_arg >= 0.0 ? tol_arg : (on_gpu ? 5e-2 : 1e-3);
         std::printf("model %s on %s, golden %s (%s), logit tolerance %g\n", dir.c_str(), model->backend().name(),
