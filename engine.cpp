@@ -654,8 +654,9 @@ int hy_tokenize(const hy_model* m, const char* text, ptrdiff_t len, int parse_sp
         std::vector<int32_t> ids = m->tok->encode(std::string_view(text ? text : "", n), parse_special != 0);
         *n_out = int(ids.size());
         if (int(ids.size()) > cap || (!out && !ids.empty()))
-            return fail(Status::invalid_argument, "hy_tokenize: the text has " + std::to_string(ids.size()) +
-                                                      " tokens, the buffer holds " + std::to_string(std::max(cap, 0)));
+            return fail(Status::invalid_argument, "hy_tokenize: the text has " + std::to_string(ids.size()) + " tokens, " +
+                                                      (out ? "the buffer holds " + std::to_string(std::max(cap, 0))
+                                                           : std::string("out is NULL")));
         std::copy(ids.begin(), ids.end(), out);
         return int(Status::ok);
     });
@@ -664,12 +665,15 @@ int hy_tokenize(const hy_model* m, const char* text, ptrdiff_t len, int parse_sp
 int hy_detokenize(const hy_model* m, const int32_t* ids, int n_ids, int skip_special, char* buf, size_t cap,
                   size_t* n_out) {
     return guard([&] {
-        HY_CHECK_ARG(m && n_out && (ids || n_ids == 0) && n_ids >= 0, "hy_detokenize: bad arguments");
+        HY_CHECK_ARG(m && n_out, "hy_detokenize: the model and n_out must not be NULL");
+        HY_CHECK_ARG(n_ids >= 0 && (ids || n_ids == 0),
+                     "hy_detokenize: ids is NULL or n_ids negative (n_ids = " + std::to_string(n_ids) + ")");
         const std::string s = m->tok->decode(std::span<const int32_t>(ids, size_t(n_ids)), skip_special != 0);
         *n_out = s.size();
         if (!buf || cap <= s.size())
             return fail(Status::invalid_argument, "hy_detokenize: the text needs " + std::to_string(s.size() + 1) +
-                                                      " bytes, the buffer holds " + std::to_string(cap));
+                                                      " bytes, " +
+                                                      (buf ? "the buffer holds " + std::to_string(cap) : "buf is NULL"));
         std::memcpy(buf, s.data(), s.size());
         buf[s.size()] = '\0';
         return int(Status::ok);
@@ -682,7 +686,9 @@ namespace {
 int chat_text(const hy_model* cm, const hy_chat_message* msgs, int n, int add_gen, int thinking, bool continuation,
               char* buf, size_t cap, size_t* n_out) {
     return guard([&] {
-        HY_CHECK_ARG(cm && n_out && (msgs || n == 0) && n >= 0, "hy_chat_render: bad arguments");
+        const std::string fn = continuation ? "hy_chat_continue" : "hy_chat_render";
+        HY_CHECK_ARG(cm && n_out, fn + ": the model and n_out must not be NULL");
+        HY_CHECK_ARG(n >= 0 && (msgs || n == 0), fn + ": msgs is NULL or n negative (n = " + std::to_string(n) + ")");
         HY_CHECK_ARG(thinking >= HY_THINK_DISABLED && thinking <= HY_THINK_MODEL_DECIDES,
                      "unknown thinking mode " + std::to_string(thinking));
         hy_model* m = const_cast<hy_model*>(cm);  // the template is built lazily
@@ -701,8 +707,8 @@ int chat_text(const hy_model* cm, const hy_chat_message* msgs, int n, int add_ge
         const std::string s = continuation ? t.render_continuation(v, false, o) : t.render(v, o);
         *n_out = s.size();
         if (!buf || cap <= s.size())
-            return fail(Status::invalid_argument, "chat: the text needs " + std::to_string(s.size() + 1) +
-                                                      " bytes, the buffer holds " + std::to_string(cap));
+            return fail(Status::invalid_argument, fn + ": the text needs " + std::to_string(s.size() + 1) + " bytes, " +
+                                                      (buf ? "the buffer holds " + std::to_string(cap) : "buf is NULL"));
         std::memcpy(buf, s.data(), s.size() + 1);
         return int(Status::ok);
     });

@@ -374,6 +374,14 @@ TEST_CASE("engine: errors are status codes with a message", "[engine]") {
     gp.n_stop_ids = -5;
     CHECK(hy_generate(t.c, t.s, &one, 1, &gp, nullptr) == HY_ERR_INVALID_ARGUMENT);
     CHECK(hy_file_write("", "x", 1, 1) == HY_ERR_INVALID_ARGUMENT);
+    // messages name the function and the argument (hy_chat_continue's said "hy_chat_render: bad arguments", a NULL
+    // buffer was "the buffer holds 64")
+    size_t len = 0;
+    CHECK(hy_chat_continue(t.m, nullptr, -1, HY_THINK_DISABLED, nullptr, 0, &len) == HY_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(hy_last_error()).find("hy_chat_continue: msgs is NULL or n negative") != std::string::npos);
+    int n_ids = 0;
+    CHECK(hy_tokenize(t.m, "abc def", -1, 1, nullptr, 64, &n_ids) == HY_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(hy_last_error()).find("out is NULL") != std::string::npos);
     // invalid UTF-8 is not an error
     int n = 0;
     const char bytes[] = "\xff\xfe abc \xc3";
