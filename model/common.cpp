@@ -7,7 +7,17 @@
 #include <algorithm>
 #include <cerrno>
 
+#include <nlohmann/json.hpp>
+
 namespace hy {
+
+nlohmann::json parse_json(const std::string& text, const std::string& source) {
+    try {
+        return nlohmann::json::parse(text);
+    } catch (const nlohmann::json::exception& e) {
+        throw Error(Status::format, source + ": invalid JSON: " + json_error_text(e.what()));
+    }
+}
 
 bool path_present(const std::string& path) {
     struct stat st;

@@ -12,6 +12,8 @@
 #include <stdexcept>
 #include <string>
 
+#include <nlohmann/json_fwd.hpp>
+
 namespace hy {
 
 // Status codes; the numeric values are the public HY_* codes of engine.h.
@@ -47,6 +49,10 @@ inline std::string json_error_text(const char* what) {
     const size_t close = w.rfind("[json.exception.", 0) == 0 ? w.find("] ") : std::string::npos;
     return close == std::string::npos ? w : w.substr(close + 2);
 }
+
+// The JSON value of `text`; throws Error(format) "SOURCE: invalid JSON: parse error at line L, column C: ..." (the
+// parser's words without its tag) when it is not JSON.
+nlohmann::json parse_json(const std::string& text, const std::string& source);
 
 // The whole of a regular file of at most max_bytes (the JSON files of a model folder, goldens, texts). Throws
 // Error(Status::io) naming the path when it cannot be opened or read, is a directory, a FIFO, a device or a socket

@@ -73,12 +73,7 @@ std::vector<int> read_id_list(const json& v, const std::string& source, const st
 }  // namespace
 
 static ModelConfig parse_model_config_impl(const std::string& text, const std::string& source) {
-    json root;
-    try {
-        root = json::parse(text);
-    } catch (const json::exception& e) {
-        throw Error(Status::format, source + ": invalid JSON: " + json_error_text(e.what()));
-    }
+    const json root = parse_json(text, source);
     if (!root.is_object()) throw Error(Status::format, source + ": expected a JSON object");
 
     ModelConfig c;
@@ -225,8 +220,7 @@ ModelConfig parse_model_config(const std::string& text, const std::string& sourc
 }
 
 GenerationDefaults parse_generation_defaults(const std::string& text, const std::string& source) {
-    const json j = json::parse(text, nullptr, false);
-    if (j.is_discarded()) throw Error(Status::format, source + ": malformed JSON");
+    const json j = parse_json(text, source);
     if (!j.is_object()) throw Error(Status::format, source + ": the top level must be a JSON object");
     auto given = [&](const char* f) { return j.contains(f) && !j.at(f).is_null(); };
     auto bad = [&](const char* f, const std::string& what) {

@@ -76,12 +76,7 @@ struct Checkpoint {
         if (!path_present(index))
             throw Error(Status::io, dir + ": no model.safetensors or model.safetensors.index.json");
         const std::string index_text = read_regular_file(index, kMaxJsonFileBytes);
-        nlohmann::json j;
-        try {
-            j = nlohmann::json::parse(index_text);
-        } catch (const nlohmann::json::exception& e) {
-            throw Error(Status::format, index + ": invalid JSON: " + json_error_text(e.what()));
-        }
+        const nlohmann::json j = parse_json(index_text, index);
         if (!j.contains("weight_map") || !j["weight_map"].is_object())
             throw Error(Status::format, index + ": field 'weight_map' is missing");
         std::vector<std::string> shards;

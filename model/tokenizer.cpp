@@ -1518,8 +1518,7 @@ std::string config_token(const json& cfg, const char* name, const std::string& w
 
 json read_json_file(const std::string& path) {
     std::string text = read_file(path);
-    json j = json::parse(text, nullptr, false);
-    if (j.is_discarded()) throw Error(Status::format, path + ": malformed JSON");
+    json j = parse_json(text, path);
     if (!j.is_object()) throw Error(Status::format, path + ": the top level must be a JSON object");
     return j;
 }

@@ -363,7 +363,9 @@ TEST_CASE("generation_config.json: sampling fields, types and ranges", "[loader]
              {R"({"top_k": 18446744073709551615})", "field 'top_k' must be in [-2^30, 2^30]"},  // (it wrapped to -1)
              {R"({"do_sample": 1})", "field 'do_sample' must be true or false, found 1"},
              {"[1]", "g.json: the top level must be a JSON object"},
-             {"{", "g.json: malformed JSON"}})
+             {"{", "g.json: invalid JSON: parse error at line 1, column 2"},
+             // (a number past double's range was "malformed JSON")
+             {R"({"temperature": 1e400})", "g.json: invalid JSON: number overflow parsing '1e400'"}})
         require_error([&] { parse_generation_defaults(text, "g.json"); }, Status::format, msg);
     TempDir d;
     CHECK(!load_generation_defaults(d.path).temperature);  // no file: nothing set

@@ -110,12 +110,7 @@ int main(int argc, char** argv) {
         std::error_code ec;
         if (!std::filesystem::is_directory(dir, ec)) throw Error(Status::io, dir + ": no such model folder");
         const std::string golden_path = args.count("golden") ? args["golden"].as<std::string>() : dir + "/golden.json";
-        json golden;
-        try {
-            golden = json::parse(read_file(golden_path));
-        } catch (const json::exception& e) {
-            throw Error(Status::format, golden_path + ": invalid JSON: " + json_error_text(e.what()));
-        }
+        const json golden = parse_json(read_file(golden_path), golden_path);
         if (!golden.is_object() || !golden.contains("cases"))
             throw Error(Status::format, golden_path + ": field 'cases' is missing");
         if (!golden["cases"].is_array()) throw Error(Status::format, golden_path + ": field 'cases' must be a list");

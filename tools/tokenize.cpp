@@ -62,8 +62,7 @@ hy::Tokenizer load(const std::string& path) {
 }
 
 int run_golden(const hy::Tokenizer& tok, const std::string& path, bool parse_special) {
-    json g = json::parse(read_all(path), nullptr, false);
-    if (g.is_discarded()) throw hy::Error(hy::Status::format, path + ": malformed JSON");
+    const json g = hy::parse_json(read_all(path), path);
     if (!g.is_object() || !g.contains("cases") || !g["cases"].is_array())
         throw hy::Error(hy::Status::format, path + ": expected an object with a 'cases' array");
     if (g["cases"].empty()) throw hy::Error(hy::Status::format, path + ": the 'cases' array is empty");
