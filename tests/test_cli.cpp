@@ -1370,8 +1370,13 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
         CHECK(slurp(target.string()) == "keep");
     }
     const Run j = run_prog(bench, {"-m", "models/tiny", "--json", (tmp.path / "no" / "b.json").string()});
-    check(j, 1, "cannot write");
+    check(j, 1, "cannot write: no folder");
     CHECK(j.out.empty());  // refused before the run
+    {  // nothing is created before the end: a run that fails (or is interrupted) leaves no empty file
+        const fs::path never = tmp.path / "never.json";
+        check(run_prog(bench, {"-m", "models/nope", "--json", never.string()}), 1, "models/nope");
+        CHECK(!fs::exists(never));
+    }
     const std::string json_path = (tmp.path / "b.json").string();
     const Run ok = run_prog(bench, {"-m", "models/tiny", "-t", "1", "-p", "8", "-n", "4", "-r", "1", "--json", json_path});
     INFO(ok.err);

@@ -104,7 +104,6 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "hybrid-bench: unexpected argument '%s' (see --help)\n", args.unmatched()[0].c_str());
         return 2;
     }
-    std::string json_created;  // the --json file when this run created it
     try {
         tools::check_int_args(args, {"prompt", "gen", "reps", "threads", "ubatch"});
         tools::check_given_once(args);
@@ -118,8 +117,9 @@ int main(int argc, char** argv) {
         if (ubatch < 1) throw tools::UsageError("--ubatch must be >= 1, got " + std::to_string(ubatch));
         if (threads < 0 || threads > 1024)
             throw tools::UsageError("-t must be in [0, 1024], got " + std::to_string(threads));
-        // the --json file must be writable before the run (a bad path fails now, not after it); it is opened
-        // without truncation here, and a file created by this check is removed if the run fails
+        // the --json file must be writable before the run (a bad path fails now, not after it): an existing file
+        // is opened without truncation, a new one's folder is checked; nothing is created until the end (an
+        // interrupted run left an empty file)
         if (args.count("json")) {
             const std::string path = args["json"].as<std::string>();
             if (path.empty()) throw tools::UsageError("--json needs a file name");
@@ -129,14 +129,23 @@ int main(int argc, char** argv) {
             // (as hybrid's /save: a link is not written through, its target may be anything)
             if (struct stat lst; ::lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode))
                 throw Error(Status::io, path + ": is a symbolic link; not replaced (give the target's path)");
-            // (non-blocking: a FIFO without a reader fails with ENXIO instead of blocking the open)
-            const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NONBLOCK, 0666);
-            if (fd < 0) {
-                const std::string why = errno == ENXIO ? "a FIFO with no reader" : std::strerror(errno);
-                throw Error(Status::io, path + ": cannot write: " + why);
+            if (existed) {
+                // (non-blocking: a FIFO without a reader fails with ENXIO instead of blocking the open)
+                const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NONBLOCK);
+                if (fd < 0) {
+                    const std::string why = errno == ENXIO ? "a FIFO with no reader" : std::strerror(errno);
+                    throw Error(Status::io, path + ": cannot write: " + why);
+                }
+                ::close(fd);
+            } else {
+                const size_t slash = path.rfind('/');
+                const std::string folder = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+                struct stat fs;
+                if (::stat(folder.c_str(), &fs) != 0 || !S_ISDIR(fs.st_mode))
+                    throw Error(Status::io, path + ": cannot write: no folder " + folder);
+                if (::access(folder.c_str(), W_OK | X_OK) != 0)
+                    throw Error(Status::io, path + ": cannot write: " + std::strerror(errno));
             }
-            ::close(fd);
-            if (!existed) json_created = path;
         }
         const std::string dev = args["device"].as<std::string>();
         ModelParams mp;
@@ -263,11 +272,9 @@ int main(int argc, char** argv) {
         }
         return 0;
     } catch (const tools::UsageError& e) {
-        if (!json_created.empty()) ::unlink(json_created.c_str());
         std::fprintf(stderr, "hybrid-bench: %s (see --help)\n", e.what());
         return 2;
     } catch (const std::exception& e) {
-        if (!json_created.empty()) ::unlink(json_created.c_str());
         std::fprintf(stderr, "hybrid-bench: %s\n", e.what());
         return 1;
     }
