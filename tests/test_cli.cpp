@@ -1356,6 +1356,8 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
           1, "batch row 0 ('");  // a truncated batch row passed
     check(golden_variant("g7.json", [](nlohmann::json& g) { g["cases"] = nlohmann::json::object(); }), 1,
           "field 'cases' must be a list");
+    check(golden_variant("g8.json", [](nlohmann::json& g) { g["cases"][2]["name"] = "batch"; }), 1,
+          "case 2: the name 'batch' is the batch entry's");  // (--case batch ran both)
     // --name=VALUE with a value of several lines (cxxopts refused it)
     const Run ml = run_prog(tokenize, {"--tokenizer", "models/tiny", "--text=a\nb"});
     INFO(ml.err);

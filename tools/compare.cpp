@@ -122,6 +122,8 @@ int main(int argc, char** argv) {
             const std::string where = golden_path + ": case " + std::to_string(case_no++);
             if (!c.is_object() || !c.contains("name") || !c["name"].is_string())
                 throw Error(Status::format, where + ": field 'name' (a string) is missing");
+            if (c["name"] == "batch")  // (--case batch names the batch entry)
+                throw Error(Status::format, where + ": the name 'batch' is the batch entry's; give the case another");
             if (!c.contains("input_ids") || !token_list(c["input_ids"]) || c["input_ids"].empty())
                 throw Error(Status::format, where + " ('" + c["name"].get<std::string>() +
                                                 "'): field 'input_ids' must be a non-empty list of token ids");
