@@ -161,16 +161,51 @@ inline std::string single_dash_word_error(const cxxopts::Options& opts, const st
                                           : " (-h lists the options)");
 }
 
-// The single_dash_word_error of the first such word among argv[1 .. argc-1] ("" when none). The word after an
-// option of `opts` that takes a value ("-n", "--model") is that value and is not checked.
+// Options whose value is free text, which may look like an option (`-p -n` is the prompt "-n").
+inline bool text_option(const cxxopts::Options& opts, const std::string& a) {
+    for (const std::string& g : opts.groups())
+        for (const cxxopts::HelpOptionDetails& d : opts.group_help(g).options)
+            if ((a.size() == 2 && a[0] == '-' && a[1] != '-' && d.s == a.substr(1)) ||
+                (a.rfind("--", 0) == 0 && std::find(d.l.begin(), d.l.end(), a.substr(2)) != d.l.end()))
+                for (const char* t : {"prompt", "system", "text"})
+                    if (std::find(d.l.begin(), d.l.end(), t) != d.l.end()) return true;
+    return false;
+}
+
+// The error for the option word a of `opts` that takes a value when the next word is an option word of `opts`
+// (a forgotten value: `-m -p hi` would make "-p" the model folder): "-m needs a value (the next word, -p, is an
+// option)"; "" otherwise, and for text options (text_option).
+inline std::string missing_value_error(const cxxopts::Options& opts, const std::string& a, const std::string& next) {
+    if (text_option(opts, a) || !option_word(opts, next)) return "";
+    return a + " needs a value (the next word, " + next + ", is an option)";
+}
+
+// For a word -x=VALUE (cxxopts: "unknown option -="): "-x takes its value as the next word: -x VALUE" when -x
+// takes a value, "-x takes no value: write -x alone" when it is a switch, else "unknown option -x"; "" for any
+// other word.
+inline std::string short_assignment_error(const cxxopts::Options& opts, const std::string& a) {
+    if (a.size() < 3 || a[0] != '-' || a[1] == '-' || a[2] != '=') return "";
+    const std::string opt = a.substr(0, 2);
+    if (!option_word(opts, opt)) return "unknown option " + opt + " (-h lists the options)";
+    return option_takes_value(opts, opt) ? opt + " takes its value as the next word: " + opt + " " + a.substr(3)
+                                         : opt + " takes no value: write " + opt + " alone";
+}
+
+// The first argument error among argv[1 .. argc-1] that cxxopts would misreport ("" when none): a single-dash
+// word (single_dash_word_error), a -x=VALUE word (short_assignment_error), or an option word where a value
+// belongs (missing_value_error). The word after an option that takes a value is that value and is not checked
+// otherwise.
 inline std::string first_single_dash_word_error(const cxxopts::Options& opts, int argc, char** argv) {
     for (int i = 1; i < argc; i++) {
         const std::string a = argv[i];
         if (a == "--") break;
         if (option_takes_value(opts, a)) {
+            if (i + 1 < argc)
+                if (std::string e = missing_value_error(opts, a, argv[i + 1]); !e.empty()) return e;
             i++;
             continue;
         }
+        if (std::string e = short_assignment_error(opts, a); !e.empty()) return e;
         if (std::string e = single_dash_word_error(opts, a); !e.empty()) return e;
     }
     return "";

@@ -202,10 +202,10 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
             if (i + 1 >= argc) usage(a + " needs a value");
             // an option word where a value belongs is a forgotten value (`-m -p hi` made "-p" the model folder);
             // text values (the prompt, the system message) are taken as given
-            const std::string next = argv[i + 1];
-            if (std::strcmp(name, "--prompt") != 0 && std::strcmp(name, "--system") != 0 &&
-                (valued(next) || option_word(opts, next)))
-                usage(a + " needs a value (the next word, " + next + ", is an option)");
+            if (const std::string e = missing_value_error(opts, name, argv[i + 1]); !e.empty())
+                usage(a + e.substr(std::strlen(name)));
+            if (!text_option(opts, name) && valued(argv[i + 1]))  // (-np, which cxxopts does not know)
+                usage(a + " needs a value (the next word, " + argv[i + 1] + ", is an option)");
             args.push_back(name);
             args.push_back(argv[++i]);
         } else if (const size_t eq = a.find('=');
@@ -217,11 +217,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
             // -p=hi would be the prompt "=hi" (getopt's reading), -np=4 an unknown option: neither is meant
             usage(a.substr(0, eq1) + " takes its value as the next word: " + a.substr(0, eq1) + " " +
                   a.substr(eq1 + 1) + ", or " + valued(a.substr(0, eq1)) + "=" + a.substr(eq1 + 1));
-        } else if (a.size() > 2 && a[0] == '-' && a[1] != '-' && a[2] == '=') {
-            // -i=true: cxxopts would report "unknown option -="
-            const std::string opt = a.substr(0, 2);
-            usage(option_word(opts, opt) ? opt + " takes no value: write " + opt + " alone"
-                                         : "unknown option " + opt + " (-h lists the options)");
+        } else if (const std::string e = short_assignment_error(opts, a); !e.empty()) {
+            usage(e);  // -i=true: cxxopts would report "unknown option -="
         } else if (a == "-cnv") {
             args.push_back("--interactive");
         } else if (a == "-np") {  // llama.cpp's short spelling of --parallel

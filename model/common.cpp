@@ -35,7 +35,11 @@ bool path_present(const std::string& path) {
 
 std::string read_regular_file(const std::string& path, size_t max_bytes) {
     struct stat st;
-    if (::stat(path.c_str(), &st) != 0) throw Error(Status::io, "cannot open '" + path + "': " + std::strerror(errno));
+    if (::stat(path.c_str(), &st) != 0) {
+        const int e = errno;
+        path_present(path);  // (a broken link or a loop: named with its target)
+        throw Error(Status::io, "cannot open '" + path + "': " + std::strerror(e));
+    }
     auto refuse_kind = [&](mode_t m) {
         if (S_ISREG(m)) return;
         const char* kind = S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) || S_ISBLK(m) ? "a device" :

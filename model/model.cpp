@@ -52,6 +52,7 @@ struct Checkpoint {
     }
 
     void open_file(const std::string& path) {
+        path_present(path);  // (a shard that is a broken link or a loop: named with its target)
         auto f = std::make_unique<hyst_file>();
         int rc = hyst_open(f.get(), path.c_str());
         if (rc != HYST_OK)

@@ -1290,6 +1290,15 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     check(run_prog(tokenize, {"--tokenizer", "models/tiny", "-text2", "a"}), 2, "-text2 (did you mean --text?");
     check(run_prog(bench, {"-m", "models/tiny", "-p"}), 2, "hybrid-bench: -p needs a value");
     check(run_prog(tokenize, {"--tokenizer", "models/tiny", "-t", "x"}), 2, "hybrid-tokenize: unknown option -t");
+    // an option word where a value belongs, and -x=VALUE, as hybrid reports them (--json -h wrote a file named
+    // "-h"; -m --device cpu was "unexpected argument 'cpu'"; -h=1 was "unknown option -=")
+    check(run_prog(bench, {"-m", "models/tiny", "-p", "4", "--json", "-h"}), 2,
+          "hybrid-bench: --json needs a value (the next word, -h, is an option)");
+    check(run_prog(compare, {"-m", "--device", "cpu"}), 2,
+          "hybrid-compare: -m needs a value (the next word, --device, is an option)");
+    check(run_prog(bench, {"-m", "models/tiny", "-h=1"}), 2, "hybrid-bench: -h takes no value: write -h alone");
+    check(run_prog(bench, {"-m", "models/tiny", "-p=4"}), 2, "-p takes its value as the next word: -p 4");
+    CHECK(run_prog(tokenize, {"--tokenizer", "models/tiny", "--text", "--decode"}).rc == 0);  // text: as given
     // golden logits that lack a case: refused before any case runs (it stopped midway without a SUMMARY line)
     {
         auto g = nlohmann::json::parse(slurp(kSrc + "/models/tiny/golden.json"));

@@ -279,13 +279,15 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
         require_error([&] { Model::load(d.path, p); }, Status::io, "model.safetensors: symbolic link loop");
         std::filesystem::remove(d / "model.safetensors");
         std::filesystem::rename(d / "weights.bin", d / "model.safetensors");
-        for (const char* name : {"generation_config.json", "tokenizer_config.json"}) {
+        for (const char* name : {"generation_config.json", "tokenizer_config.json", "tokenizer.json"}) {
             INFO(name);
+            const std::string kept = read_text(d / name);
             std::filesystem::remove(d / name);
             std::filesystem::create_symlink("../blobs/gone", d / name);
             require_error([&] { Tokenizer::from_folder(d.path); }, Status::io,
                           std::string(name) + ": broken symbolic link");
             std::filesystem::remove(d / name);
+            if (std::string(name) == "tokenizer.json") write_text(d / name, kept);  // (required; the others are not)
         }
         std::filesystem::create_symlink("../blobs/gone", d / "generation_config.json");
         require_error([&] { load_generation_defaults(d.path); }, Status::io,
