@@ -747,6 +747,7 @@ int hy_context_new(hy_model* m, const hy_context_params* params, hy_context** ou
         HY_CHECK_ARG(m && out, "hy_context_new: model and out must not be NULL");
         const hy_context_params p = params ? *params : hy_context_default_params();
         const int n_slots = int(m->slot_used.size());
+        HY_CHECK_ARG(p.slot >= -1, "hy_context_new: slot " + std::to_string(p.slot) + " (-1: the first free one)");
         int slot = -1;
         if (p.slot >= 0) {
             HY_CHECK_ARG(p.slot < n_slots, "slot " + std::to_string(p.slot) + " is outside [0, " +
@@ -900,6 +901,7 @@ int hy_state_save_file(const hy_context* c, const char* path, int overwrite) {
 int hy_state_load_file(hy_context* c, const char* path) {
     return guard([&] {
         HY_CHECK_ARG(c && path, "hy_state_load_file: ctx and path must not be NULL");
+        HY_CHECK_ARG(*path, "hy_state_load_file: the path is empty");
         std::vector<uint8_t> data;
         try {
             data = read_snapshot_file(c, path);

@@ -78,7 +78,7 @@ typedef enum hy_device {
 
 typedef struct hy_model_params {
     hy_device device;     /* default HY_DEVICE_AUTO */
-    int n_threads;        /* CPU threads; <= 0: all cores (default 0) */
+    int n_threads;        /* CPU threads; <= 0: all cores (default 0); at most 1024 */
     int n_ctx;            /* positions per sequence, prompt plus generated tokens (default 4096) */
     int n_slots;          /* sequences that can exist at once = the most live hy_contexts (default 1) */
     int max_batch_tokens; /* tokens per forward step during prefill (default 512) */
@@ -88,9 +88,9 @@ hy_model_params hy_model_default_params(void);
 
 /* Loads a Hugging Face folder: config.json, model.safetensors (or shards with model.safetensors.index.json),
  * tokenizer.json, optionally tokenizer_config.json and generation_config.json. On success *out owns the model.
- * Errors: HY_ERR_INVALID_ARGUMENT (NULL argument, n_ctx/n_slots/max_batch_tokens <= 0), HY_ERR_IO (missing folder
- * or file), HY_ERR_FORMAT, HY_ERR_UNSUPPORTED, HY_ERR_MODEL_MISMATCH (tensor missing or of the wrong shape),
- * HY_ERR_OUT_OF_MEMORY, HY_ERR_BACKEND. */
+ * Errors: HY_ERR_INVALID_ARGUMENT (NULL argument, n_ctx/n_slots/max_batch_tokens <= 0, n_threads > 1024), HY_ERR_IO
+ * (missing folder or file), HY_ERR_FORMAT, HY_ERR_UNSUPPORTED, HY_ERR_MODEL_MISMATCH (tensor missing or of the wrong
+ * shape), HY_ERR_OUT_OF_MEMORY, HY_ERR_BACKEND. */
 int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out);
 
 /* Frees the model. Every context and sampler made from it must be freed first. NULL is allowed. */
@@ -275,7 +275,8 @@ typedef enum hy_sampler_field {
 int hy_model_sampler_defaults(const hy_model* model, hy_sampler_params* out);
 
 /* Creates a sampler for the model's vocabulary (params may be NULL: defaults). Errors: HY_ERR_INVALID_ARGUMENT for
- * an out-of-range parameter (repeat_penalty <= 0, repeat_last_n < -1, NaN values, negative top_p). */
+ * an out-of-range parameter (repeat_penalty <= 0, repeat_last_n < -1, a negative top_p, min_p above 1, a
+ * temperature or penalty that is NaN or infinite). */
 int hy_sampler_new(const hy_model* model, const hy_sampler_params* params, hy_sampler** out);
 void hy_sampler_free(hy_sampler* sampler);
 

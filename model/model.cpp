@@ -245,6 +245,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
 
     ModelParams p = params_in;
     if (p.n_ctx <= 0) throw Error(Status::invalid_argument, "context length must be positive, got " + std::to_string(p.n_ctx));
+    if (p.n_threads > 1024)  // (as the tools' -t; 50,000 started 32,000 threads before the OS refused one)
+        throw Error(Status::invalid_argument, "CPU threads must be at most 1024 (0: all cores), got " +
+                                                  std::to_string(p.n_threads));
     if (p.n_slots <= 0 || p.n_slots > 4096)
         throw Error(Status::invalid_argument, "number of sequence slots must lie in [1, 4096], got " + std::to_string(p.n_slots));
     if (p.max_batch_tokens <= 0)

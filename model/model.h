@@ -96,7 +96,7 @@ enum class Device { auto_select, cpu, cuda };
 
 struct ModelParams {
     Device device = Device::auto_select;
-    int n_threads = 0;          // CPU threads; <= 0: all cores
+    int n_threads = 0;          // CPU threads; <= 0: all cores; at most 1024
     int n_ctx = 4096;           // positions per sequence slot
     int n_slots = 1;            // sequence slots
     int max_batch_tokens = 512; // rows per forward step (prefill chunk)

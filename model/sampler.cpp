@@ -83,12 +83,15 @@ double log_softmax_at(std::span<const float> logits, int n_valid, int32_t id) {
 Sampler::Sampler(const SamplerParams& p, int n_logits, int n_valid, int history_capacity) : params_(p) {
     if (n_logits <= 0) throw Error(Status::invalid_argument, "sampler: n_logits must be > 0");
     if (n_valid <= 0) throw Error(Status::invalid_argument, "sampler: n_valid must be > 0");
+    // (top_p >= 1 and min_p <= 0 are "off", as engine.h documents; min_p 2 and infinities were taken)
     if (!(p.top_p >= 0.0f)) throw Error(Status::invalid_argument, "sampler: top_p must be >= 0");
-    if (std::isnan(p.min_p)) throw Error(Status::invalid_argument, "sampler: min_p is NaN");
+    if (!(p.min_p <= 1.0f))
+        throw Error(Status::invalid_argument, "sampler: min_p must be at most 1, got " + std::to_string(p.min_p));
     if (!(p.repeat_penalty > 0.0f)) throw Error(Status::invalid_argument, "sampler: repeat_penalty must be > 0");
     if (p.repeat_last_n < -1) throw Error(Status::invalid_argument, "sampler: repeat_last_n must be >= -1");
-    if (std::isnan(p.temperature) || std::isnan(p.presence_penalty) || std::isnan(p.frequency_penalty))
-        throw Error(Status::invalid_argument, "sampler: temperature and penalties must be numbers");
+    if (!std::isfinite(p.temperature) || !std::isfinite(p.presence_penalty) || !std::isfinite(p.frequency_penalty) ||
+        !std::isfinite(p.repeat_penalty))
+        throw Error(Status::invalid_argument, "sampler: temperature and penalties must be finite numbers");
     n_logits_ = n_logits;
     n_valid_ = std::min(n_valid, n_logits);
     // the window holds at most history_capacity ids (a sequence never holds more: a larger window would only

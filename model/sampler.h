@@ -51,8 +51,8 @@ public:
     // n_logits: the length of a logits row (the model's vocab_size); n_valid: ids [0, n_valid) may be sampled
     // (the tokenizer's n_vocab, clamped to n_logits); history_capacity: the most ids the penalty window holds (for
     // repeat_last_n -1 or larger than it; typically the context length). Throws hy::Error(invalid_argument) for n_logits <= 0,
-    // n_valid <= 0, a negative or NaN top_p, a NaN min_p,
-    // temperature or penalty, repeat_penalty <= 0, or repeat_last_n < -1.
+    // n_valid <= 0, a negative or NaN top_p, a min_p above 1 or NaN, a temperature or penalty that is not finite,
+    // repeat_penalty <= 0, or repeat_last_n < -1.
     Sampler(const SamplerParams& params, int n_logits, int n_valid, int history_capacity = 4096);
 
     const SamplerParams& params() const { return params_; }

@@ -1258,6 +1258,10 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
                                           "greedy_bf16_cuda"});
     CHECK(no_tie.rc == 1);
     CHECK(no_tie.out.find("SUMMARY: 0/1 cases exact, max logit err") != std::string::npos);
+    // a FAIL for the logits says so (with "near-tie: accepted" it named only why the tokens passed)
+    const Run tight = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "short", "--tol", "1e-12"});
+    CHECK(tight.rc == 1);
+    CHECK(tight.out.find("; logit err above the tolerance 1e-12") != std::string::npos);
     // without golden logits: "n/a", never "nan"
     TempDir tmp("tools");
     const fs::path dir = tmp.path / "nologits";

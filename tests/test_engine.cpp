@@ -374,6 +374,26 @@ TEST_CASE("engine: errors are status codes with a message", "[engine]") {
     gp.n_stop_ids = -5;
     CHECK(hy_generate(t.c, t.s, &one, 1, &gp, nullptr) == HY_ERR_INVALID_ARGUMENT);
     CHECK(hy_file_write("", "x", 1, 1) == HY_ERR_INVALID_ARGUMENT);
+    CHECK(hy_state_load_file(t.c, "") == HY_ERR_INVALID_ARGUMENT);  // (it was an IO error naming "")
+    hy_context_params cp = hy_context_default_params();
+    cp.slot = -2;  // (it was taken as -1)
+    hy_context* c2 = nullptr;
+    CHECK(hy_context_new(t.m, &cp, &c2) == HY_ERR_INVALID_ARGUMENT);
+    hy_sampler_params sp2 = hy_sampler_default_params();
+    hy_sampler* s2 = nullptr;
+    sp2.min_p = 2.0f;
+    CHECK(hy_sampler_new(t.m, &sp2, &s2) == HY_ERR_INVALID_ARGUMENT);
+    sp2 = hy_sampler_default_params();
+    sp2.temperature = INFINITY;
+    CHECK(hy_sampler_new(t.m, &sp2, &s2) == HY_ERR_INVALID_ARGUMENT);
+    sp2 = hy_sampler_default_params();
+    sp2.presence_penalty = -INFINITY;
+    CHECK(hy_sampler_new(t.m, &sp2, &s2) == HY_ERR_INVALID_ARGUMENT);
+    hy_model_params mp2 = hy_model_default_params();
+    mp2.n_threads = 50000;  // (it started 32,000 threads before the OS refused one)
+    hy_model* m2 = nullptr;
+    CHECK(hy_model_load(kTiny.c_str(), &mp2, &m2) == HY_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(hy_last_error()).find("at most 1024") != std::string::npos);
     // messages name the function and the argument (hy_chat_continue's said "hy_chat_render: bad arguments", a NULL
     // buffer was "the buffer holds 64")
     size_t len = 0;

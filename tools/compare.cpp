@@ -305,6 +305,11 @@ int main(int argc, char** argv) {
             }
             const bool logits_ok = !have_logits || err_all <= tol;
             const bool ok = tokens_ok && logits_ok;
+            if (!logits_ok) {  // (a FAIL line with "near-tie: accepted" said only why the tokens passed)
+                char buf[64];
+                std::snprintf(buf, sizeof buf, "; logit err above the tolerance %g", tol);
+                note += buf;
+            }
             n_cases++;
             n_exact += ok && matched == n_new;
             n_near_tie += ok && matched != n_new;
