@@ -7,8 +7,11 @@
 // saved messages) end before it, as the text the user saw does.
 //
 // Conversation files (/save, /load): "HYCHAT01", u32 length of a JSON header, the JSON header
-// ({"version": 1, "messages": [{"role", "content"}, ...], "no_think": bool}), then the engine snapshot
-// (hy_state_save: token history, KV cache, conv and recurrent state, last logits; it carries the model fingerprint).
+// ({"version": 1, "messages": [{"role", "content"}, ...], "no_think": bool, "checksum": "16 hex digits"}), then the
+// engine snapshot (hy_state_save: token history, KV cache, conv and recurrent state, last logits; it carries the
+// model fingerprint and a checksum of its own). The header's checksum is the 64-bit FNV-1a of the header's JSON
+// without it (as nlohmann::json dumps it), so a changed byte of a message is refused as damage; files without one
+// (saved before it was added) are still read.
 // /load rebuilds the penalties' history from the restored tokens, so greedy continuations (penalties or not) equal
 // the unsaved session's; the sampler's random state is not in the file (the RNG goes on from where the session's
 // is), so sampled continuations differ. /reset clears the penalties' history but not the RNG: a new conversation
@@ -35,6 +38,17 @@ namespace hy::cli {
 namespace {
 
 constexpr char kChatMagic[8] = {'H', 'Y', 'C', 'H', 'A', 'T', '0', '1'};
+
+// The conversation header's checksum: FNV-1a (64 bits) of its JSON without the "checksum" field, in hex.
+std::string header_checksum(nlohmann::json j) {
+    j.erase("checksum");
+    const std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
+    uint64_t h = 14695981039346656037ull;
+    for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
+    char hex[17];
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+    return hex;
+}
 
 #ifdef HY_HAVE_READLINE
 // Called by readline while it waits for input (after its own handler has passed SIGINT on to ours): Ctrl-C at the
@@ -229,6 +243,7 @@ struct Repl {
         for (const auto& msg : messages) j["messages"].push_back({{"role", msg.role}, {"content", msg.content}});
         if (hy_context_n_tokens(c) == 0 && !system.empty())  // no turn yet: the system message of the first one
             j["messages"] = nlohmann::json::array({{{"role", "system"}, {"content", system}}});
+        j["checksum"] = header_checksum(j);
         const std::string header = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
         std::string data;
         data.reserve(12 + header.size() + snap.size());
@@ -286,6 +301,9 @@ struct Repl {
                 throw bad("message " + std::to_string(msgs.size() - 1) + " has role '" + msgs.back().role +
                           "' (system, user or assistant)");
         }
+        if (j.contains("checksum") && (!j["checksum"].is_string() || j["checksum"] != header_checksum(j)))
+            throw Failure(exit_snapshot, path + ": conversation file is damaged (its header checksum does not match "
+                                                "its messages)");
         // keep the current conversation if the snapshot is refused
         const std::vector<char> backup = snapshot();
         const int rc = hy_state_load(c, rest.data() + hl, rest.size() - hl);

@@ -1015,6 +1015,17 @@ TEST_CASE("cli: /load names what is wrong in an edited conversation header", "[c
     check_one_line_error(with_header(j.dump()), 4, "message 0 is not {\"role\": text, \"content\": text}");
     check_one_line_error(with_header("{oops"), 4, "bad conversation header: not valid JSON");
     CHECK(with_header(header.dump()).rc == 0);  // the same header rebuilt: loads
+    // a changed message (its text, its role) is damage: the header's checksum (it loaded, and /save kept the change)
+    j = header;
+    REQUIRE(j.contains("checksum"));
+    j["messages"][0]["content"] = j["messages"][0]["content"].get<std::string>() + "!";
+    check_one_line_error(with_header(j.dump()), 4, "conversation file is damaged (its header checksum");
+    j = header;
+    j["checksum"] = "0000000000000000";
+    check_one_line_error(with_header(j.dump()), 4, "is damaged");
+    j = header;
+    j.erase("checksum");  // (a file saved before the checksum: read as before)
+    CHECK(with_header(j.dump()).rc == 0);
 }
 
 // More from the sixth session's fresh-user test: the tools read id lists as hybrid does ("1, 2"), an empty tokenizer
