@@ -750,7 +750,7 @@ int hy_context_new(hy_model* m, const hy_context_params* params, hy_context** ou
         HY_CHECK_ARG(p.slot >= -1, "hy_context_new: slot " + std::to_string(p.slot) + " (-1: the first free one)");
         int slot = -1;
         if (p.slot >= 0) {
-            HY_CHECK_ARG(p.slot < n_slots, "slot " + std::to_string(p.slot) + " is outside [0, " +
+            HY_CHECK_ARG(p.slot < n_slots, "hy_context_new: slot " + std::to_string(p.slot) + " is outside [0, " +
                                                std::to_string(n_slots) + ")");
             if (m->slot_used[size_t(p.slot)])
                 return fail(Status::context_full, "sequence slot " + std::to_string(p.slot) + " is in use");

@@ -88,9 +88,9 @@ hy_model_params hy_model_default_params(void);
 
 /* Loads a Hugging Face folder: config.json, model.safetensors (or shards with model.safetensors.index.json),
  * tokenizer.json, optionally tokenizer_config.json and generation_config.json. On success *out owns the model.
- * Errors: HY_ERR_INVALID_ARGUMENT (NULL argument, n_ctx/n_slots/max_batch_tokens <= 0, n_threads > 1024), HY_ERR_IO
- * (missing folder or file), HY_ERR_FORMAT, HY_ERR_UNSUPPORTED, HY_ERR_MODEL_MISMATCH (tensor missing or of the wrong
- * shape), HY_ERR_OUT_OF_MEMORY, HY_ERR_BACKEND. */
+ * Errors: HY_ERR_INVALID_ARGUMENT (NULL argument, n_ctx/max_batch_tokens <= 0, n_slots outside [1, 4096],
+ * n_threads > 1024), HY_ERR_IO (missing folder or file), HY_ERR_FORMAT, HY_ERR_UNSUPPORTED, HY_ERR_MODEL_MISMATCH
+ * (tensor missing or of the wrong shape), HY_ERR_OUT_OF_MEMORY, HY_ERR_BACKEND. */
 int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out);
 
 /* Frees the model. Every context and sampler made from it must be freed first. NULL is allowed. */
@@ -213,10 +213,10 @@ const float* hy_context_logits(const hy_context* ctx, int* n_logits);
  * its contents. */
 int hy_state_save(const hy_context* ctx, void* buf, size_t cap, size_t* n_out);
 
-/* Restores a snapshot made by hy_state_save / hy_state_save_file into ctx (any slot). Errors: HY_ERR_FORMAT (not
- * a snapshot, truncated, damaged: the checksum does not match, other version), HY_ERR_MODEL_MISMATCH (saved from
- * another model: fingerprint or shapes
- * differ), HY_ERR_CONTEXT_FULL (more tokens than n_ctx). On error the context is left empty (reset). */
+/* Restores a snapshot made by hy_state_save / hy_state_save_file into ctx (any slot). Errors: HY_ERR_INVALID_ARGUMENT
+ * (NULL ctx or buf; the context is unchanged), HY_ERR_FORMAT (not a snapshot, truncated, damaged: the checksum does
+ * not match, other version), HY_ERR_MODEL_MISMATCH (saved from another model: fingerprint or shapes differ),
+ * HY_ERR_CONTEXT_FULL (more tokens than n_ctx). On those three the context is left empty (reset). */
 int hy_state_load(hy_context* ctx, const void* buf, size_t n);
 
 /* hy_state_save to a file. overwrite == 0 refuses an existing path (HY_ERR_IO, message "... exists"). An existing
@@ -231,9 +231,9 @@ int hy_state_save_file(const hy_context* ctx, const char* path, int overwrite);
  * device, directory, FIFO) is never replaced. Errors: HY_ERR_IO (naming the path and the reason). */
 int hy_file_write(const char* path, const void* data, size_t n, int overwrite);
 
-/* hy_state_load from a file. HY_ERR_IO when it cannot be read or is not a regular file (the context is then left
- * unchanged); the fixed header is checked before the rest is read, and a file larger than hy_state_size_max() is
- * refused (HY_ERR_FORMAT); else as hy_state_load. */
+/* hy_state_load from a file. HY_ERR_INVALID_ARGUMENT for a NULL or empty path, HY_ERR_IO when it cannot be read or
+ * is not a regular file (the context is then left unchanged); the fixed header is checked before the rest is read,
+ * and a file larger than hy_state_size_max() is refused (HY_ERR_FORMAT); else as hy_state_load. */
 int hy_state_load_file(hy_context* ctx, const char* path);
 
 /* An upper bound of the size of any snapshot of a context of this model (a full context); 0 for NULL. */

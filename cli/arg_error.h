@@ -176,7 +176,8 @@ inline bool text_option(const cxxopts::Options& opts, const std::string& a) {
 // (a forgotten value: `-m -p hi` would make "-p" the model folder): "-m needs a value (the next word, -p, is an
 // option)"; "" otherwise, and for text options (text_option).
 inline std::string missing_value_error(const cxxopts::Options& opts, const std::string& a, const std::string& next) {
-    if (text_option(opts, a) || !option_word(opts, next)) return "";
+    const size_t eq = next.rfind("--", 0) == 0 ? next.find('=') : std::string::npos;  // (--temp=0 is an option too)
+    if (text_option(opts, a) || !option_word(opts, next.substr(0, eq))) return "";
     return a + " needs a value (the next word, " + next + ", is an option)";
 }
 

@@ -204,7 +204,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
             // text values (the prompt, the system message) are taken as given
             if (const std::string e = missing_value_error(opts, name, argv[i + 1]); !e.empty())
                 usage(a + e.substr(std::strlen(name)));
-            if (!text_option(opts, name) && valued(argv[i + 1]))  // (-np, which cxxopts does not know)
+            // (-np and -cnv, llama.cpp's spellings, are not cxxopts options)
+            if (!text_option(opts, name) && (valued(argv[i + 1]) || std::strcmp(argv[i + 1], "-cnv") == 0))
                 usage(a + " needs a value (the next word, " + argv[i + 1] + ", is an option)");
             args.push_back(name);
             args.push_back(argv[++i]);
