@@ -119,25 +119,25 @@ inline bool parse_id_list(const std::string& s, std::vector<int32_t>& out, std::
     return parse_int_list(s, 0, 2147483647LL, out, bad);
 }
 
-// Whether the option word a ("-n", "--model") names an option of `opts` that takes a value.
-inline bool option_takes_value(const cxxopts::Options& opts, const std::string& a) {
+// The option of `opts` that the word a names as written ("-x" for a short name x, "--name" for a long one), or
+// nullptr.
+inline const cxxopts::HelpOptionDetails* find_option(const cxxopts::Options& opts, const std::string& a) {
     for (const std::string& g : opts.groups())
         for (const cxxopts::HelpOptionDetails& d : opts.group_help(g).options)
             if ((a.size() == 2 && a[0] == '-' && a[1] != '-' && d.s == a.substr(1)) ||
                 (a.rfind("--", 0) == 0 && std::find(d.l.begin(), d.l.end(), a.substr(2)) != d.l.end()))
-                return !d.is_boolean;
-    return false;
+                return &d;
+    return nullptr;
 }
 
-// Whether the word a names an option of `opts` as written: "-x" for a short name x, "--name" for a long one.
-inline bool option_word(const cxxopts::Options& opts, const std::string& a) {
-    for (const std::string& g : opts.groups())
-        for (const cxxopts::HelpOptionDetails& d : opts.group_help(g).options)
-            if ((a.size() == 2 && a[0] == '-' && a[1] != '-' && d.s == a.substr(1)) ||
-                (a.rfind("--", 0) == 0 && std::find(d.l.begin(), d.l.end(), a.substr(2)) != d.l.end()))
-                return true;
-    return false;
+// Whether the option word a ("-n", "--model") names an option of `opts` that takes a value.
+inline bool option_takes_value(const cxxopts::Options& opts, const std::string& a) {
+    const cxxopts::HelpOptionDetails* d = find_option(opts, a);
+    return d && !d->is_boolean;
 }
+
+// Whether the word a names an option of `opts` as written.
+inline bool option_word(const cxxopts::Options& opts, const std::string& a) { return find_option(opts, a) != nullptr; }
 
 // For a single-dash word such as -temp or -ngl (a letter, then letters or '-', then nothing, digits or
 // "=VALUE": -ngl99, -temp=0.5), which cxxopts would read as the short option -t with the value "emp": the error
@@ -163,12 +163,10 @@ inline std::string single_dash_word_error(const cxxopts::Options& opts, const st
 
 // Options whose value is free text, which may look like an option (`-p -n` is the prompt "-n").
 inline bool text_option(const cxxopts::Options& opts, const std::string& a) {
-    for (const std::string& g : opts.groups())
-        for (const cxxopts::HelpOptionDetails& d : opts.group_help(g).options)
-            if ((a.size() == 2 && a[0] == '-' && a[1] != '-' && d.s == a.substr(1)) ||
-                (a.rfind("--", 0) == 0 && std::find(d.l.begin(), d.l.end(), a.substr(2)) != d.l.end()))
-                for (const char* t : {"prompt", "system", "text"})
-                    if (std::find(d.l.begin(), d.l.end(), t) != d.l.end()) return true;
+    const cxxopts::HelpOptionDetails* d = find_option(opts, a);
+    if (d)
+        for (const char* t : {"prompt", "system", "text"})
+            if (std::find(d->l.begin(), d->l.end(), t) != d->l.end()) return true;
     return false;
 }
 

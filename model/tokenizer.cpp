@@ -741,8 +741,6 @@ private:
 
 std::string read_file(const std::string& path) { return read_regular_file(path, kMaxJsonFileBytes); }
 
-bool file_exists(const std::string& path) { return path_present(path); }
-
 // Typed field access with one-line errors naming the file and the field.
 const json* field(const json& obj, const char* name) {
     if (!obj.is_object()) return nullptr;
@@ -1532,7 +1530,7 @@ Tokenizer Tokenizer::from_folder(const std::string& dir) {
     Impl& t = *tok.impl_;
 
     std::string cfg_path = base + "tokenizer_config.json";
-    if (file_exists(cfg_path)) {
+    if (path_present(cfg_path)) {
         json cfg = read_json_file(cfg_path);
         auto resolve = [&](const char* name) -> int32_t {
             std::string s = config_token(cfg, name, cfg_path);
@@ -1550,7 +1548,7 @@ Tokenizer Tokenizer::from_folder(const std::string& dir) {
     }
 
     std::string gen_path = base + "generation_config.json";
-    if (file_exists(gen_path)) {
+    if (path_present(gen_path)) {
         json gen = read_json_file(gen_path);
         if (const json* e = field(gen, "eos_token_id")) {
             std::vector<int32_t> ids;
