@@ -291,6 +291,8 @@ struct Reader {
 // Checks magic and version (the first 12 bytes); throws hy::Error.
 void check_snapshot_header(const uint8_t* data, size_t n) {
     Reader r{data, n};
+    if (n >= 8 && std::memcmp(data, "HYCHAT01", 8) == 0)  // (hybrid -i's /save: a chat file around a snapshot)
+        throw Error(Status::format, "a conversation file of hybrid -i (/save), not a context snapshot: /load it there");
     if (n < 8 || std::memcmp(data, kMagic, 8) != 0) throw Error(Status::format, "not a hybrid snapshot (bad magic)");
     r.pos = 8;
     const uint32_t version = r.get<uint32_t>();
@@ -903,11 +905,15 @@ int hy_state_load_file(hy_context* c, const char* path) {
         HY_CHECK_ARG(c && path, "hy_state_load_file: ctx and path must not be NULL");
         HY_CHECK_ARG(*path, "hy_state_load_file: the path is empty");
         std::vector<uint8_t> data;
+        bool restoring = false;
         try {
             data = read_snapshot_file(c, path);
+            restoring = true;
             deserialize(c, data.data(), data.size());
         } catch (const Error& e) {
-            if (e.status() != Status::io) context_clear(c);  // unreadable: the context is left as it was
+            // a file refused before it is read whole (unreadable, its fixed header or its size): the context is left
+            // as it was; after that, as hy_state_load
+            if (restoring) context_clear(c);
             const std::string msg = e.what();
             throw Error(e.status(), msg.rfind(std::string(path) + ": ", 0) == 0 ? msg : std::string(path) + ": " + msg);
         }

@@ -232,8 +232,9 @@ int hy_state_save_file(const hy_context* ctx, const char* path, int overwrite);
 int hy_file_write(const char* path, const void* data, size_t n, int overwrite);
 
 /* hy_state_load from a file. HY_ERR_INVALID_ARGUMENT for a NULL or empty path, HY_ERR_IO when it cannot be read or
- * is not a regular file (the context is then left unchanged); the fixed header is checked before the rest is read,
- * and a file larger than hy_state_size_max() is refused (HY_ERR_FORMAT); else as hy_state_load. */
+ * is not a regular file; the fixed header is checked before the rest is read, and a file larger than
+ * hy_state_size_max() is refused (HY_ERR_FORMAT, or HY_ERR_MODEL_MISMATCH for another model's). In those cases the
+ * context is left unchanged; else as hy_state_load. */
 int hy_state_load_file(hy_context* ctx, const char* path);
 
 /* An upper bound of the size of any snapshot of a context of this model (a full context); 0 for NULL. */

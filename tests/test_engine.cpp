@@ -578,6 +578,12 @@ TEST_CASE("engine: snapshot files: no PATH.tmp, no symlink/device/folder replace
     std::ofstream(dir / "junk", std::ios::binary) << "JUNKJUNKJUNKJUNK";
     fs::resize_file(dir / "junk", size_t(1) << 30);  // sparse: never read
     CHECK(hy_state_load_file(t.c, (dir / "junk").string().c_str()) == HY_ERR_FORMAT);
+    CHECK(hy_context_n_tokens(t.c) == n_before);  // (refused from its header: the sequence stays, it was reset)
+    // hybrid -i's conversation file is named as one (it was "bad magic")
+    std::ofstream(dir / "chat", std::ios::binary) << "HYCHAT01" << std::string(64, '\0');
+    CHECK(hy_state_load_file(t.c, (dir / "chat").string().c_str()) == HY_ERR_FORMAT);
+    CHECK(std::string(hy_last_error()).find("a conversation file of hybrid -i") != std::string::npos);
+    CHECK(hy_context_n_tokens(t.c) == n_before);
     CHECK(hy_state_load_file(t.c, path.c_str()) == HY_OK);
     CHECK(hy_context_n_tokens(t.c) == int(prompt.size()));
     CHECK(hy_state_size_max(nullptr) == 0);
