@@ -571,6 +571,7 @@ hy_model_params hy_model_default_params(void) {
     p.n_ctx = 4096;
     p.n_slots = 1;
     p.max_batch_tokens = 512;
+    p.cuda_graphs = 1;
     return p;
 }
 
@@ -596,6 +597,7 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
         mp.n_ctx = p.n_ctx;
         mp.n_slots = p.n_slots;
         mp.max_batch_tokens = p.max_batch_tokens;
+        mp.cuda.graphs = p.cuda_graphs != 0;
         auto m = std::make_unique<hy_model>();
         m->tok = std::make_unique<hy::Tokenizer>(hy::Tokenizer::from_folder(dir));
         m->generation = hy::load_generation_defaults(dir);

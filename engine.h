@@ -82,6 +82,8 @@ typedef struct hy_model_params {
     int n_ctx;            /* positions per sequence, prompt plus generated tokens (default 4096) */
     int n_slots;          /* sequences that can exist at once = the most live hy_contexts (default 1) */
     int max_batch_tokens; /* tokens per forward step during prefill (default 512) */
+    int cuda_graphs;      /* CUDA: 1 (default) replays small and decode steps as CUDA graphs; 0 launches every kernel
+                             one by one (the same kernels and results, slower: for profilers and debugging) */
 } hy_model_params;
 
 hy_model_params hy_model_default_params(void);

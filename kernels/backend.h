@@ -17,7 +17,7 @@
 #include <memory>
 #include <string>
 
-#include "model/common.h"
+#include "base/common.h"
 
 namespace hy {
 
@@ -94,6 +94,24 @@ struct GatedDeltaNetArgs {
     float eps = 0.0f;             // of the gated RMSNorm
 };
 
+// One projection of a group over a shared input (Backend::matmul_group): y[rows, w.rows] = x[rows, w.cols] @ w^T.
+struct Projection {
+    Matrix w;
+    void* y = nullptr;  // act [rows, w.rows]
+};
+
+// How the CUDA backend runs, fixed when it is made (Model::load passes ModelParams::cuda).
+struct CudaOptions {
+    bool graphs = true;  // record steps of at most 16 rows and every decode step, replay them as CUDA graphs
+    // Comparisons and tests only (the defaults are the fast settings):
+    bool pdl = true;             // programmatic dependent launch (used only where the device runs 9.0 code)
+    bool l2_evict_first = true;  // decode GEMVs load weights with an L2 evict-first policy
+    bool gdn_fused_conv = true;  // decode steps do the Gated DeltaNet conv inside the recurrence kernel
+    // Builds with -DHY_CUDA_TRACE=ON only (timing studies; refused otherwise): every kernel's start and ready times
+    // are written to this file when the backend is destroyed (tools/gpu/trace_summary.py reads it). Empty: none.
+    std::string trace_file;
+};
+
 // The greedy pick of one logits row (Backend::argmax_rows).
 struct TokenPick {
     int32_t id = -1;       // arg max over ids [0, n_valid), lowest id on ties; -1 when no logit there is > -inf
@@ -104,6 +122,9 @@ class Backend {
 public:
     virtual ~Backend() = default;
     virtual const char* name() const = 0;
+    // The backend's launch settings in one line ("graphs on, pdl on, ..."; empty when it has none), for --verbose
+    // and tests.
+    virtual std::string settings() const { return {}; }
     // Element type of activations, KV cache and conv state.
     virtual DType act_dtype() const = 0;
     // Storage type for a weight matrix stored as `checkpoint` in the file.
@@ -146,8 +167,21 @@ public:
     // y[rows, dim] = x * rsqrt(mean(x^2) + eps) * (zero_centred ? 1 + w : w); fp32 math; y may alias x.
     virtual void rms_norm(const void* x, const float* w, int64_t rows, int dim, float eps, bool zero_centred,
                           void* y) = 0;
+    // The residual add and the next sub-layer's norm in one op: x[rows, dim] += d, then y = rms_norm(x) as above
+    // (same memory results as add() then rms_norm(); y may alias x, d must not alias x or y).
+    virtual void add_rms_norm(void* x, const void* d, const float* w, int64_t rows, int dim, float eps,
+                              bool zero_centred, void* y) = 0;
     // y[rows, w.rows] = x[rows, w.cols] @ w^T with fp32 accumulation.
     virtual void matmul(const void* x, int64_t rows, const Matrix& w, void* y) = 0;
+    // Projections of one input, e.g. attention's q/k/v or the Gated DeltaNet's input projections: for each i,
+    // p[i].y = x[rows, K] @ p[i].w^T (every p[i].w.cols == K; no y aliases x). Same results as n matmul() calls;
+    // the CUDA backend reads x once and runs the group as one GEMV launch for decode-sized rows.
+    virtual void matmul_group(const void* x, int64_t rows, const Projection* p, int n) = 0;
+    // The SwiGLU MLP's first half (QWEN35.md "MLP"): gate[rows, F] = x @ w_gate^T, up[rows, F] = x @ w_up^T, then
+    // act[rows, F] = silu(gate) * up (act may alias gate; gate and up are left holding the projections). Same results
+    // as matmul, matmul, silu_mul; the CUDA backend runs it as one GEMV kernel for 1-2 rows.
+    virtual void gate_up_silu(const void* x, int64_t rows, const Matrix& w_gate, const Matrix& w_up, void* gate,
+                              void* up, void* act) = 0;
     // y[n] += x[n].
     virtual void add(void* y, const void* x, int64_t n) = 0;
     // y[n] = silu(gate[n]) * up[n] (the MLP activation; n = rows * F).
@@ -166,8 +200,9 @@ public:
 
 // The CPU backend (always built). n_threads <= 0 uses all cores.
 std::unique_ptr<Backend> make_cpu_backend(int n_threads);
-// The CUDA backend; throws hy::Error(backend) when this build has no CUDA or no usable GPU is present.
-std::unique_ptr<Backend> make_cuda_backend(int device);
+// The CUDA backend on `device`; throws hy::Error(backend) when this build has no CUDA or no usable GPU is present,
+// hy::Error(invalid_argument) for a trace file in a build without HY_CUDA_TRACE.
+std::unique_ptr<Backend> make_cuda_backend(int device, const CudaOptions& options = {});
 // True when this build includes CUDA and a usable GPU is present.
 bool cuda_available();
 

@@ -1,46 +1,15 @@
-// Common types of the hybrid engine: status codes, the error type used inside the library, dtypes and the
-// bf16/f16 <-> f32 conversions.
-//
-// Inside the library, failures are thrown as hy::Error (a status code plus a one-line message naming the file,
-// tensor or field and what was expected); engine.cpp catches them at the C API boundary and turns them into
-// hy_status codes + hy_last_error(). Library code never prints and never exits.
+// Helpers of the model/ layer on top of base/common.h (status codes, hy::Error, dtypes, bf16): JSON parsing and
+// reading the files of a model folder.
 #pragma once
 
 #include <cstddef>
-#include <cstdint>
-#include <cstring>
-#include <stdexcept>
 #include <string>
 
 #include <nlohmann/json_fwd.hpp>
 
+#include "base/common.h"
+
 namespace hy {
-
-// Status codes; the numeric values are the public HY_* codes of engine.h.
-enum class Status : int {
-    ok = 0,
-    invalid_argument = 1,  // a bad parameter value (flag, id out of range, ...)
-    io = 2,                // a file or folder could not be read or written
-    format = 3,            // a file is malformed (safetensors header, JSON, tokenizer.json, ...)
-    unsupported = 4,       // valid input that this build does not support (model_type, dtype, chat template, ...)
-    model_mismatch = 5,    // a tensor is missing or has the wrong shape; a snapshot from another model
-    out_of_memory = 6,     // the arena could not be allocated
-    context_full = 7,      // a sequence would grow past the context length
-    backend = 8,           // the compute backend failed (no GPU, CUDA error, ...)
-    internal = 9,
-};
-
-const char* status_name(Status s);
-
-// The exception thrown by library internals. what() is a single line.
-class Error : public std::runtime_error {
-public:
-    Error(Status status, const std::string& message) : std::runtime_error(message), status_(status) {}
-    Status status() const { return status_; }
-
-private:
-    Status status_;
-};
 
 // A JSON library exception's text without its "[json.exception.parse_error.101] " tag: "parse error at line 1,
 // column 2: syntax error ...".
@@ -66,34 +35,5 @@ bool path_present(const std::string& path);
 // Limit for the JSON files of a model folder (config.json, tokenizer.json, tokenizer_config.json, the safetensors
 // index): the real ones are a few MB (Qwen3's tokenizer.json: 11 MB).
 constexpr size_t kMaxJsonFileBytes = size_t(256) << 20;
-
-// Element types of tensors in checkpoints and in the arena.
-enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, I32 = 3 };
-
-size_t dtype_size(DType t);
-const char* dtype_name(DType t);
-
-// bfloat16: the top 16 bits of an IEEE binary32. Conversion to f32 is exact.
-inline float bf16_to_f32(uint16_t h) {
-    uint32_t u = uint32_t(h) << 16;
-    float f;
-    std::memcpy(&f, &u, 4);
-    return f;
-}
-
-// Round to nearest even, as torch's float -> bfloat16 cast; NaN stays NaN.
-inline uint16_t f32_to_bf16(float f) {
-    uint32_t u;
-    std::memcpy(&u, &f, 4);
-    if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-    u += 0x7fffu + ((u >> 16) & 1u);
-    return uint16_t(u >> 16);
-}
-
-// IEEE binary16 -> binary32 (exact, handles subnormals, inf and NaN).
-float f16_to_f32(uint16_t h);
-
-// Converts n elements of type `src_type` at src to f32 at dst.
-void convert_to_f32(const void* src, DType src_type, float* dst, size_t n);
 
 }  // namespace hy

@@ -1,7 +1,10 @@
 // The Qwen3.5 hybrid forward, one explicit pass over the layers (QWEN35.md "Decoder layer"):
 //   h = h + Mixer(RMSNorm1p(h; input_layernorm));  h = h + MLP(RMSNorm1p(h; post_attention_layernorm))
 //   logits = RMSNorm1p(h; norm) @ W_out^T
-// where Mixer is a gated full-attention layer or a Gated DeltaNet layer. Every op goes through the Backend.
+// where Mixer is a gated full-attention layer or a Gated DeltaNet layer. Every op goes through the Backend, and
+// every op called here is a kernel launch (or a few) of the CUDA backend, named as what it fuses: add_rms_norm
+// (the residual add and the next norm), matmul_group (projections of one input), gate_up_silu (the MLP's gate and
+// up projections and SiLU). A layer's MLP residual is added by the next layer's add_rms_norm.
 #include <algorithm>
 
 #include "model/model.h"
@@ -21,12 +24,18 @@ void Model::forward(const BatchDesc& batch, std::span<const int32_t> out_rows) {
     for (int i = 0; i < c.n_layers; i++) {
         const LayerWeights& L = weights_.layers[size_t(i)];
         const LayerState& S = state_[size_t(i)];
-        be.rms_norm(a.x, L.input_norm, T, H, eps, true, a.xn);  // [T, H]
+        if (i == 0)
+            be.rms_norm(a.x, L.input_norm, T, H, eps, true, a.xn);  // [T, H]
+        else  // the previous layer's MLP residual, then this layer's input norm
+            be.add_rms_norm(a.x, a.y, L.input_norm, T, H, eps, true, a.xn);
         if (L.kind == LayerKind::full_attention) {
             const AttentionWeights& w = L.attn;
-            be.matmul(a.xn, T, w.q_proj, a.mix_in);  // [T, Hq, 2D]
-            be.matmul(a.xn, T, w.k_proj, a.k);       // [T, Hkv, D]
-            be.matmul(a.xn, T, w.v_proj, a.v);       // [T, Hkv, D]
+            const Projection qkv[] = {
+                {w.q_proj, a.mix_in},  // [T, Hq, 2D]
+                {w.k_proj, a.k},       // [T, Hkv, D]
+                {w.v_proj, a.v},       // [T, Hkv, D]
+            };
+            be.matmul_group(a.xn, T, qkv, 3);
             AttentionArgs args;
             args.qg = a.mix_in; args.k = a.k; args.v = a.v;
             args.q_norm = w.q_norm; args.k_norm = w.k_norm;
@@ -39,10 +48,13 @@ void Model::forward(const BatchDesc& batch, std::span<const int32_t> out_rows) {
             be.matmul(a.mix_out, T, w.o_proj, a.y);  // [T, H]
         } else {
             const GatedDeltaNetWeights& w = L.gdn;
-            be.matmul(a.xn, T, w.in_proj_qkv, a.mix_in);  // [T, C]
-            be.matmul(a.xn, T, w.in_proj_z, a.z);         // [T, Hv * Dv]
-            be.matmul(a.xn, T, w.in_proj_b, a.b);         // [T, Hv]
-            be.matmul(a.xn, T, w.in_proj_a, a.a);         // [T, Hv]
+            const Projection in_proj[] = {
+                {w.in_proj_qkv, a.mix_in},  // [T, C]
+                {w.in_proj_z, a.z},         // [T, Hv * Dv]
+                {w.in_proj_b, a.b},         // [T, Hv]
+                {w.in_proj_a, a.a},         // [T, Hv]
+            };
+            be.matmul_group(a.xn, T, in_proj, 4);
             GatedDeltaNetArgs args;
             args.qkv = a.mix_in; args.z = a.z; args.b = a.b; args.a = a.a;
             args.conv_w = w.conv1d; args.A_log = w.A_log; args.dt_bias = w.dt_bias; args.norm_w = w.norm;
@@ -54,14 +66,11 @@ void Model::forward(const BatchDesc& batch, std::span<const int32_t> out_rows) {
             be.gated_delta_net(args);
             be.matmul(a.mix_out, T, w.out_proj, a.y);  // [T, H]
         }
-        be.add(a.x, a.y, T * H);
-        be.rms_norm(a.x, L.post_norm, T, H, eps, true, a.xn);
-        be.matmul(a.xn, T, L.mlp.gate_proj, a.gate);  // [T, F]
-        be.matmul(a.xn, T, L.mlp.up_proj, a.up);      // [T, F]
-        be.silu_mul(a.gate, a.up, T * c.intermediate_size, a.gate);
-        be.matmul(a.gate, T, L.mlp.down_proj, a.y);   // [T, H]
-        be.add(a.x, a.y, T * H);
+        be.add_rms_norm(a.x, a.y, L.post_norm, T, H, eps, true, a.xn);         // x += mixer; [T, H]
+        be.gate_up_silu(a.xn, T, L.mlp.gate_proj, L.mlp.up_proj, a.gate, a.up, a.gate);  // [T, F]
+        be.matmul(a.gate, T, L.mlp.down_proj, a.y);                             // [T, H]
     }
+    if (c.n_layers > 0) be.add(a.x, a.y, T * H);  // the last layer's MLP residual
     const int n_out = int(out_rows.size());
     if (n_out == 0) return;
     be.gather_rows(a.x, H, out_rows.data(), n_out, a.last);  // [n_out, H]

@@ -227,8 +227,8 @@ struct ModelLoader {
 static std::unique_ptr<Backend> choose_backend(const ModelParams& p) {
     switch (p.device) {
         case Device::cpu: return make_cpu_backend(p.n_threads);
-        case Device::cuda: return make_cuda_backend(0);
-        case Device::auto_select: return cuda_available() ? make_cuda_backend(0) : make_cpu_backend(p.n_threads);
+        case Device::cuda: return make_cuda_backend(0, p.cuda);
+        case Device::auto_select: return cuda_available() ? make_cuda_backend(0, p.cuda) : make_cpu_backend(p.n_threads);
     }
     return make_cpu_backend(p.n_threads);
 }

@@ -101,6 +101,7 @@ struct ModelParams {
     int n_slots = 1;            // sequence slots
     int max_batch_tokens = 512; // rows per forward step (prefill chunk)
     int max_logits = 0;         // logits rows per step; <= 0: max(n_slots, 1)
+    CudaOptions cuda;           // how the CUDA backend runs (ignored on the CPU)
 };
 
 class Model {

@@ -7,78 +7,10 @@
 #include <limits>
 #include <string>
 
+#include "base/softmax.h"
 #include "model/common.h"
 
 namespace hy {
-
-namespace {
-
-float clean(float x) { return std::isnan(x) ? -std::numeric_limits<float>::infinity() : x; }
-
-// exp(x) for x <= 0 in float, vectorizable: 2^n * 2^f with n = round(x log2 e), |f| <= 1/2, 2^f by its Taylor
-// series to degree 7 (relative error < 2e-7). Arguments below -87 (and NaN) give exp(-87) ~ 1.6e-38, which is
-// negligible in every sum this file makes; -inf logits are never candidates.
-inline float fast_exp(float x) {
-    x = x > -87.0f ? x : -87.0f;
-    const float t = x * 1.44269504088896341f;
-    const float n = (t + 12582912.0f) - 12582912.0f;  // round to nearest (|t| < 2^22)
-    const float f = (t - n) * 0.693147180559945309f;  // f * ln 2, in [-0.347, 0.347]
-    float q = 1.0f / 5040.0f;
-    q = q * f + 1.0f / 720.0f;
-    q = q * f + 1.0f / 120.0f;
-    q = q * f + 1.0f / 24.0f;
-    q = q * f + 1.0f / 6.0f;
-    q = q * f + 0.5f;
-    q = q * f + 1.0f;
-    q = q * f + 1.0f;
-    const int32_t e = (int32_t(n) + 127) << 23;
-    float scale;
-    std::memcpy(&scale, &e, 4);
-    return q * scale;
-}
-
-// sum_i exp(x_i - mx) over x (NaN and -inf add ~0), accumulated in 16 float lanes per block of 1024 values and
-// in double across blocks.
-double exp_sum(std::span<const float> x, float mx) {
-    double total = 0.0;
-    const size_t n = x.size();
-    for (size_t b = 0; b < n; b += 1024) {
-        const size_t e = std::min(n, b + 1024);
-        float lanes[16] = {};
-        size_t i = b;
-        for (; i + 16 <= e; i += 16)
-            for (size_t l = 0; l < 16; l++) lanes[l] += fast_exp(x[i + l] - mx);
-        for (; i < e; i++) lanes[0] += fast_exp(x[i] - mx);
-        for (float v : lanes) total += double(v);
-    }
-    return total;
-}
-
-}  // namespace
-
-int32_t argmax(std::span<const float> logits, int n_valid) {
-    const size_t n = std::min(logits.size(), size_t(std::max(n_valid, 0)));
-    int32_t best = 0;
-    float best_v = -std::numeric_limits<float>::infinity();
-    for (size_t i = 0; i < n; i++) {
-        const float v = logits[i];
-        if (v > best_v) {  // false for NaN
-            best_v = v;
-            best = int32_t(i);
-        }
-    }
-    return best;
-}
-
-double log_softmax_at(std::span<const float> logits, int n_valid, int32_t id) {
-    const size_t n = std::min(logits.size(), size_t(std::max(n_valid, 0)));
-    if (id < 0 || size_t(id) >= n) return -std::numeric_limits<double>::infinity();
-    const float x = clean(logits[size_t(id)]);
-    if (std::isinf(x) && x < 0) return -std::numeric_limits<double>::infinity();
-    const float mx = logits[size_t(argmax(logits, int(n)))];
-    if (std::isinf(mx)) return x == mx ? 0.0 : -std::numeric_limits<double>::infinity();  // +inf present
-    return double(x) - double(mx) - std::log(exp_sum(logits.first(n), mx));
-}
 
 Sampler::Sampler(const SamplerParams& p, int n_logits, int n_valid, int history_capacity) : params_(p) {
     if (n_logits <= 0) throw Error(Status::invalid_argument, "sampler: n_logits must be > 0");

@@ -32,6 +32,8 @@
 #include <span>
 #include <vector>
 
+#include "base/softmax.h"
+
 namespace hy {
 
 struct SamplerParams {
@@ -112,14 +114,5 @@ private:
     std::vector<Candidate> cand_;   // [n_valid] candidates
     std::vector<int32_t> banned_;   // ids forced to -inf, sorted
 };
-
-// log p(id) = logits[id] - log(sum_{j < n_valid} exp(logits[j])): the log-softmax of the raw logits (before
-// penalties, filters and temperature) over the sampleable ids, natural log, max-subtracted (absolute error about
-// 1e-6). NaN logits count as -inf. Returns -inf for an id outside [0, n_valid) or a -inf/NaN logit; n_valid is
-// clamped to logits.size(). O(n_valid), no allocation.
-double log_softmax_at(std::span<const float> logits, int n_valid, int32_t id);
-
-// The arg max of logits[0, n_valid) (lowest id on ties, NaN ignored); 0 when every value is NaN or -inf.
-int32_t argmax(std::span<const float> logits, int n_valid);
 
 }  // namespace hy

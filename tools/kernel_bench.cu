@@ -72,6 +72,10 @@ int main(int argc, char** argv) {
         HY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
         cudaStream_t s;
         HY_CUDA_CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+        LaunchContext no_pdl;  // cuBLASLt is timed without PDL, the GEMVs with it where the device has it
+        no_pdl.stream = s;
+        LaunchContext pdl = no_pdl;
+        pdl.pdl = major >= 9;
         const std::vector<Shape> shapes = {
             {"gdn in_proj qkv|z|b|a", {8192, 4096, 32, 32}, 2560},
             {"attn q|k|v", {8192, 1024, 1024}, 2560},
@@ -114,12 +118,11 @@ int main(int argc, char** argv) {
             const double total = double(bytes) * kLaunches;
             std::string line = "| " + std::string(sh.name) + " | " + std::to_string(int(bytes / 1e6)) + " | ";
             // cuBLASLt, one call per matrix
-            set_pdl_enabled(false);
             double ms = time_graph(s, [&] {
                 for (int i = 0; i < kLaunches; i++) {
                     int64_t off = 0;
                     for (int64_t n : sh.n) {
-                        gemm.run(x, T, wcopy(i) + off * sh.K, n, sh.K, y, sh.out_f32, s);
+                        gemm.run(x, T, wcopy(i) + off * sh.K, n, sh.K, y, sh.out_f32, no_pdl);
                         off += n;
                     }
                 }
@@ -128,7 +131,6 @@ int main(int argc, char** argv) {
             std::snprintf(buf, sizeof buf, "%.0f | ", total / (ms * 1e-3) / 1e9);
             line += buf;
             // the GEMV launch shapes (PDL on); * = the one the backend chooses for this K
-            set_pdl_enabled(major >= 9);
             const GemvConfig chosen = sh.gate_up ? GemvConfig{2, 8} : gemv_config(sh.K);
             std::vector<GemvConfig> shapes_to_try;
             if (sh.gate_up || T > kGemvBlockMaxTokens)
@@ -142,9 +144,9 @@ int main(int argc, char** argv) {
                         if (sh.gate_up && T <= kGemvBlockMaxTokens) {
                             bf16* yb = static_cast<bf16*>(y);
                             gemv_gate_up(x, T, wcopy(i), wcopy(i) + sh.n[0] * sh.K, sh.n[0], sh.K, yb,
-                                         yb + 8 * sh.n[0], yb + 16 * sh.n[0], s);
+                                         yb + 8 * sh.n[0], yb + 16 * sh.n[0], pdl);
                         } else {
-                            gemv_group_with(x, T, group(i), sh.K, sh.out_f32, c, s);
+                            gemv_group_with(x, T, group(i), sh.K, sh.out_f32, c, pdl);
                         }
                     }
                 });

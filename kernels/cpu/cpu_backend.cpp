@@ -1,14 +1,15 @@
-// The CPU backend: host memory, F32 activations, OpenMP threads. The reference implementation.
+// The CPU backend: host memory, F32 activations, its own thread pool (thread_pool.h). The reference implementation:
+// the fused ops (add_rms_norm, matmul_group, gate_up_silu) are the plain ops in sequence.
+#include <algorithm>
 #include <chrono>
 #include <cmath>
-#include <algorithm>
 #include <cstdlib>
 #include <cstring>
 #include <sys/mman.h>
 #include <vector>
 
+#include "base/softmax.h"
 #include "kernels/cpu/cpu_ops.h"
-#include "model/sampler.h"
 
 namespace hy {
 
@@ -91,8 +92,22 @@ public:
     void rms_norm(const void* x, const float* w, int64_t rows, int dim, float eps, bool zero_centred, void* y) override {
         cpu::rms_norm(static_cast<const float*>(x), w, rows, dim, eps, zero_centred, static_cast<float*>(y), pool_);
     }
+    void add_rms_norm(void* x, const void* d, const float* w, int64_t rows, int dim, float eps, bool zero_centred,
+                      void* y) override {
+        add(x, d, rows * dim);
+        rms_norm(x, w, rows, dim, eps, zero_centred, y);
+    }
     void matmul(const void* x, int64_t rows, const Matrix& w, void* y) override {
         cpu::matmul(static_cast<const float*>(x), rows, w, static_cast<float*>(y), pool_);
+    }
+    void matmul_group(const void* x, int64_t rows, const Projection* p, int n) override {
+        for (int i = 0; i < n; i++) matmul(x, rows, p[i].w, p[i].y);
+    }
+    void gate_up_silu(const void* x, int64_t rows, const Matrix& w_gate, const Matrix& w_up, void* gate, void* up,
+                      void* act) override {
+        matmul(x, rows, w_gate, gate);
+        matmul(x, rows, w_up, up);
+        silu_mul(gate, up, rows * w_gate.rows, act);
     }
     void add(void* y, const void* x, int64_t n) override {
         float* yy = static_cast<float*>(y);
@@ -146,7 +161,7 @@ private:
 std::unique_ptr<Backend> make_cpu_backend(int n_threads) { return std::make_unique<CpuBackend>(n_threads); }
 
 #ifndef HY_HAVE_CUDA
-std::unique_ptr<Backend> make_cuda_backend(int) {
+std::unique_ptr<Backend> make_cuda_backend(int, const CudaOptions&) {
     throw Error(Status::backend, "this build of hybrid has no CUDA backend (rebuild with nvcc available)");
 }
 bool cuda_available() { return false; }

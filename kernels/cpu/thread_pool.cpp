@@ -5,7 +5,7 @@
 #include <string>
 #include <system_error>
 
-#include "model/common.h"
+#include "base/common.h"
 
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>

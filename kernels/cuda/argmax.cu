@@ -112,15 +112,15 @@ size_t argmax_scratch_floats(int max_rows) {
 }
 
 void argmax_rows(const float* logits, int n, int row_len, int n_valid, TokenPick* picks, float* scratch,
-                 cudaStream_t stream) {
+                 const LaunchContext& ctx) {
     if (n <= 0) return;
     if (n_valid <= 0 || n_valid > row_len)
         throw Error(Status::internal, "argmax_rows: n_valid " + std::to_string(n_valid) + " outside [1, " +
                                           std::to_string(row_len) + "]");
     Partial* part = reinterpret_cast<Partial*>(scratch);
-    launch(argmax_partial_kernel, dim3(kChunks, unsigned(n)), kArgmaxThreads, 0, stream, "argmax partial kernel", logits,
+    launch(argmax_partial_kernel, dim3(kChunks, unsigned(n)), kArgmaxThreads, 0, ctx, "argmax partial kernel", logits,
            row_len, n_valid, part);
-    launch(argmax_merge_kernel, ceil_div(n, 4), 128, 0, stream, "argmax merge kernel", static_cast<const Partial*>(part),
+    launch(argmax_merge_kernel, ceil_div(n, 4), 128, 0, ctx, "argmax merge kernel", static_cast<const Partial*>(part),
            n, picks);
 }
 

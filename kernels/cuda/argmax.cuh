@@ -10,6 +10,6 @@ namespace hy::cuda {
 size_t argmax_scratch_floats(int max_rows);
 // picks[i] = pick of row i of logits (F32 [n, row_len]) over ids [0, n_valid); scratch: argmax_scratch_floats(n).
 void argmax_rows(const float* logits, int n, int row_len, int n_valid, TokenPick* picks, float* scratch,
-                 cudaStream_t stream);
+                 const LaunchContext& ctx);
 
 }  // namespace hy::cuda

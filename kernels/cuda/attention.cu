@@ -737,19 +737,19 @@ void flash_smem_opt_in() {
 
 template <int D>
 void run_attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, float* split_scratch,
-                   cudaStream_t stream) {
+                   const LaunchContext& ctx) {
     const int T = rows.n_rows;
     const int S = T <= kAttnSplitMaxRows ? n_splits(a.n_ctx) : 1;
     if (S > 1 && rows.n_rows == rows.n_runs) {  // decode, split over positions: the core kernel does the prep
         cuda::launch(attn_core_kernel<D, true, true>, dim3(unsigned(a.n_heads), unsigned(T), unsigned(S)),
-                     dim3(kAttnWarps * 32), 0, stream, "attention core kernel (prep, split over positions)", a, rows,
+                     dim3(kAttnWarps * 32), 0, ctx, "attention core kernel (prep, split over positions)", a, rows,
                      static_cast<const bf16*>(nullptr), split_scratch);
-        cuda::launch(attn_merge_kernel<D>, dim3(unsigned(a.n_heads), unsigned(T)), dim3(D), 0, stream,
+        cuda::launch(attn_merge_kernel<D>, dim3(unsigned(a.n_heads), unsigned(T)), dim3(D), 0, ctx,
                      "attention split merge kernel", a, static_cast<const float*>(split_scratch), S);
         return;
     }
     dim3 prep_grid(unsigned(T), ceil_div(a.n_heads + a.n_kv_heads, kAttnWarps));
-    cuda::launch(attn_prep_kernel<D>, prep_grid, dim3(kAttnWarps * 32), 0, stream,
+    cuda::launch(attn_prep_kernel<D>, prep_grid, dim3(kAttnWarps * 32), 0, ctx,
                  "attention prep kernel (q/k norm, RoPE, KV cache write)", a, rows, q_scratch);
     // Prefill: tensor-core tiles. Tile slots: sum over runs of ceil(n / 64) <= ceil(T / 64) + n_runs - 1.
     const int64_t tile_slots = int64_t(ceil_div(T, kFlashRows)) + std::max(rows.n_runs, 1) - 1;
@@ -758,20 +758,20 @@ void run_attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, 
         aligned16(a.out) && aligned16(a.k_cache) && aligned16(a.v_cache)) {
         flash_smem_opt_in<D>();
         cuda::launch(attn_flash_kernel<D>, dim3(unsigned(a.n_heads), unsigned(tile_slots)), dim3(kFlashThreads),
-                     flash_smem_bytes<D>(), stream, "attention flash kernel (prefill)", a, rows,
+                     flash_smem_bytes<D>(), ctx, "attention flash kernel (prefill)", a, rows,
                      static_cast<const bf16*>(q_scratch));
         return;
     }
     if (S > 1) {
         dim3 core_grid(unsigned(a.n_heads), unsigned(T), unsigned(S));
-        cuda::launch(attn_core_kernel<D, true>, core_grid, dim3(kAttnWarps * 32), 0, stream,
+        cuda::launch(attn_core_kernel<D, true>, core_grid, dim3(kAttnWarps * 32), 0, ctx,
                      "attention core kernel (split over positions)", a, rows, static_cast<const bf16*>(q_scratch),
                      split_scratch);
-        cuda::launch(attn_merge_kernel<D>, dim3(unsigned(a.n_heads), unsigned(T)), dim3(D), 0, stream,
+        cuda::launch(attn_merge_kernel<D>, dim3(unsigned(a.n_heads), unsigned(T)), dim3(D), 0, ctx,
                      "attention split merge kernel", a, static_cast<const float*>(split_scratch), S);
     } else {
         dim3 core_grid(unsigned(a.n_heads), unsigned(T));
-        cuda::launch(attn_core_kernel<D, false>, core_grid, dim3(kAttnWarps * 32), 0, stream, "attention core kernel",
+        cuda::launch(attn_core_kernel<D, false>, core_grid, dim3(kAttnWarps * 32), 0, ctx, "attention core kernel",
                      a, rows, static_cast<const bf16*>(q_scratch), static_cast<float*>(nullptr));
     }
 }
@@ -782,7 +782,7 @@ size_t attention_split_floats(int max_heads, int max_head_dim) {
     return size_t(kAttnSplitMaxRows) * size_t(max_heads) * size_t(kAttnMaxSplits) * size_t(max_head_dim + 2);
 }
 
-void attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, float* split_scratch, cudaStream_t stream) {
+void attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, float* split_scratch, const LaunchContext& ctx) {
     if (rows.n_rows <= 0) return;
     if (a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0)
         throw Error(Status::unsupported, "CUDA attention: " + std::to_string(a.n_heads) + " q heads are not a multiple of " +
@@ -791,9 +791,9 @@ void attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, floa
         throw Error(Status::unsupported, "CUDA attention: rotary dims " + std::to_string(a.rotary_dim) +
                                              " must be even and at most the head dim");
     switch (a.head_dim) {
-        case 64: return run_attention<64>(a, rows, q_scratch, split_scratch, stream);
-        case 128: return run_attention<128>(a, rows, q_scratch, split_scratch, stream);
-        case 256: return run_attention<256>(a, rows, q_scratch, split_scratch, stream);
+        case 64: return run_attention<64>(a, rows, q_scratch, split_scratch, ctx);
+        case 128: return run_attention<128>(a, rows, q_scratch, split_scratch, ctx);
+        case 256: return run_attention<256>(a, rows, q_scratch, split_scratch, ctx);
         default: break;
     }
     static_assert(kMaxHeadDim == 256, "largest instantiated head dim");

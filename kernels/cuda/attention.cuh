@@ -16,6 +16,6 @@ size_t attention_split_floats(int max_heads, int max_head_dim);
 // 256 are built; others throw unsupported. Every kernel is launched with cuda::launch (PDL when enabled); no
 // synchronization. The prefill kernel's shared memory (up to 99 KB at D = 256) is opted into on first use.
 void attention(const AttentionArgs& args, const RowMap& rows, bf16* q_scratch, float* split_scratch,
-               cudaStream_t stream);
+               const LaunchContext& ctx);
 
 }  // namespace hy::cuda

@@ -2,19 +2,17 @@
 //
 // The backend owns its stream, its cuBLASLt handle and a small pinned host staging buffer for the per-batch row
 // map; all device memory is the one arena from alloc(), the backend's scratch being the workspace piece of it.
-// Ops are enqueued on the stream and return at once; download() and synchronize() wait.
+// Ops are enqueued on the stream and return at once; download() and synchronize() wait. Each op of the Backend
+// interface runs the kernels its comment names, chosen from the op's shape only (the fused ops add_rms_norm,
+// matmul_group and gate_up_silu are what model/forward.cpp calls; nothing is fused behind its back).
 //
 // Steps of at most kGraphMaxTokens rows, and decode steps of any batch size, are recorded rather than launched and
-// replayed as one CUDA graph (graph.cuh), with the peephole fusions of fuse(); the environment variable
-// HY_CUDA_GRAPHS=0, read when the backend is made, turns this off (every op launched eagerly, unfused), for
-// comparisons and debugging. Kernels use programmatic dependent launch (cuda_common.cuh) on compute capability
-// 9.0+; HY_CUDA_PDL=0 turns that off. HY_CUDA_GDN_FUSED_CONV=0 keeps the Gated DeltaNet conv of decode steps in
-// its own kernel (gated_delta_net.cuh). HY_CUDA_L2_EVICT_FIRST=0 makes the decode GEMVs load weights with the
-// normal L2 policy instead of evict-first (matmul.cuh). HY_CUDA_SKIP_OPS (timing studies only: the model's
-// output becomes meaningless) names op kinds that recorded steps leave out, e.g. "add_rms_norm,gated_delta_net", or
-// one of the Gated DeltaNet's kernels (gdn_conv, gdn_recurrence; any step); see skip_mask(). HY_CUDA_TRACE=FILE
-// (timing studies) writes every kernel's start and ready times to FILE when the backend is destroyed
-// (start_trace()).
+// replayed as one CUDA graph (graph.cuh): the same kernels, captured once per step shape and replayed.
+// CudaOptions (kernels/backend.h), given when the backend is made, turn graphs, programmatic dependent launch
+// (cuda_common.cuh; used on compute capability 9.0+ only), the decode GEMVs' L2 evict-first weight loads
+// (matmul.cuh) and the Gated DeltaNet's fused decode conv (gated_delta_net.cuh) off for comparisons; in builds with
+// -DHY_CUDA_TRACE=ON, CudaOptions::trace_file writes every kernel's start and ready times to a file when the backend
+// is destroyed (start_trace()).
 #include <algorithm>
 #include <cstdio>
 #include <cstdlib>
@@ -39,17 +37,8 @@
 
 namespace hy {
 
+#if defined(HY_CUDA_TRACE)
 namespace cuda {
-namespace {
-bool g_pdl = false;
-}
-void set_pdl_enabled(bool on) { g_pdl = on; }
-bool pdl_enabled() { return g_pdl; }
-namespace {
-bool g_clusters = false;
-}
-void set_clusters_supported(bool on) { g_clusters = on; }
-bool clusters_supported() { return g_clusters; }
 void trace_bind_argmax(const TraceBuf& t);
 void trace_bind_attention(const TraceBuf& t);
 void trace_bind_elementwise(const TraceBuf& t);
@@ -67,6 +56,7 @@ void trace_bind_all(const TraceBuf& t) {
     trace_bind_norm(t);
 }
 }  // namespace cuda
+#endif
 
 namespace {
 
@@ -105,12 +95,12 @@ void check_device(int device) {
     }
 }
 
-// One backend op with its arguments as given (pointers into the arena). Recorded ops are replayed through a CUDA
-// graph; fuse() turns op sequences of a recorded step into the fused kernels (same memory results).
+// One kernel call (or cuBLASLt call, or copy) of a backend op, with its arguments (pointers into the arena).
+// Recorded ops are captured into a CUDA graph as they are and replayed.
 struct Op {
     enum class Kind : uint8_t {
         copy_h2d, embed, rms_norm, matmul, logits, add, silu_mul, attention, gated_delta_net, gather_rows, argmax,
-        gemv_group, gate_up, add_rms_norm,  // made by fuse()
+        gemv_group, gate_up, add_rms_norm,
     };
     Kind kind = Kind::copy_h2d;
     const void* x = nullptr;   // main input (copy source, table, norm/matmul input, add addend, silu gate)
@@ -141,9 +131,16 @@ void sign(const Op& op, std::vector<uint64_t>& sig) {
         sig.push_back(b);
     };
     u(uint64_t(op.kind));
-    p(op.x); p(op.x2); p(op.y); p(op.w);
+    p(op.x); p(op.x2); p(op.y); p(op.y2); p(op.y3); p(op.w);
     p(op.m.data); u(uint64_t(op.m.rows)); u(uint64_t(op.m.cols));
+    p(op.m2.data); u(uint64_t(op.m2.rows)); u(uint64_t(op.m2.cols));
     u(uint64_t(op.n)); u(uint64_t(op.dim)); u(uint64_t(op.n2)); f(op.eps); u(op.flag);
+    if (op.kind == Op::Kind::gemv_group) {
+        u(uint64_t(op.group.count));
+        for (int k = 0; k < op.group.count; k++) {
+            p(op.group.w[k]); p(op.group.y[k]); u(uint64_t(op.group.n[k]));
+        }
+    }
     if (op.kind == Op::Kind::attention) {
         const AttentionArgs& a = op.attn;
         p(a.qg); p(a.k); p(a.v); p(a.q_norm); p(a.k_norm); p(a.k_cache); p(a.v_cache); p(a.out);
@@ -163,167 +160,39 @@ void sign(const Op& op, std::vector<uint64_t>& sig) {
     }
 }
 
-const char* kind_name(Op::Kind k) {
-    using K = Op::Kind;
-    switch (k) {
-        case K::copy_h2d: return "copy_h2d";
-        case K::embed: return "embed";
-        case K::rms_norm: return "rms_norm";
-        case K::matmul: return "matmul";
-        case K::logits: return "logits";
-        case K::add: return "add";
-        case K::silu_mul: return "silu_mul";
-        case K::attention: return "attention";
-        case K::gated_delta_net: return "gated_delta_net";
-        case K::gather_rows: return "gather_rows";
-        case K::argmax: return "argmax";
-        case K::gemv_group: return "gemv_group";
-        case K::gate_up: return "gate_up";
-        case K::add_rms_norm: return "add_rms_norm";
-    }
-    return "?";
-}
-
-// The op kinds named in HY_CUDA_SKIP_OPS (comma-separated kind_name()s) as a bit mask; throws on an unknown name.
-// A timing study: how long the decode step takes without, say, its norms tells what they cost inside the
-// pipelined graph (ncu times kernels one by one, which hides the overlap that PDL gives).
-// Whether the environment variable `name` is "0" (turns a default-on feature off).
-bool env_off(const char* name) {
-    const char* v = std::getenv(name);
-    return v && std::strcmp(v, "0") == 0;
-}
-
-uint32_t skip_mask() {
-    const char* env = std::getenv("HY_CUDA_SKIP_OPS");
-    if (!env || !*env) return 0;
-    uint32_t mask = 0;
-    std::string list(env);
-    for (size_t at = 0; at <= list.size();) {
-        const size_t end = std::min(list.find(',', at), list.size());
-        const std::string name = list.substr(at, end - at);
-        bool found = false;
-        if (name == "gdn_conv" || name == "gdn_recurrence") {  // one of the Gated DeltaNet's kernels
-            cuda::set_gdn_skip(cuda::gdn_skip() | (name == "gdn_conv" ? 1u : 2u));
-            found = true;
-        }
-        for (int k = 0; k <= int(Op::Kind::add_rms_norm); k++)
-            if (name == kind_name(Op::Kind(k))) {
-                mask |= 1u << k;
-                found = true;
-            }
-        if (!found)
-            throw Error(Status::invalid_argument, "HY_CUDA_SKIP_OPS: unknown op kind '" + name + "'");
-        // only ops whose absence leaves stale values, never a bad index: the row map copy, the gather, the embedding
-        // and the picks stay
-        for (Op::Kind k : {Op::Kind::copy_h2d, Op::Kind::gather_rows, Op::Kind::embed, Op::Kind::argmax})
-            if (mask >> unsigned(k) & 1u)
-                throw Error(Status::invalid_argument, std::string("HY_CUDA_SKIP_OPS: '") + kind_name(k) +
-                                                          "' cannot be left out");
-        at = end + 1;
-    }
-    std::fprintf(stderr, "hybrid: HY_CUDA_SKIP_OPS=%s: recorded steps leave these ops out (output is meaningless)\n",
-                 env);
-    return mask;
-}
-
-bool gemv_ok(const Op& op) {
-    return op.kind == Op::Kind::matmul &&
-           cuda::gemv_fits(static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data), op.m.cols);
-}
-
-// A matmul that may join a group of matmuls over the same x (gemv_group_fits decides for the whole group).
-bool groupable(const Op& op) {
-    return op.kind == Op::Kind::matmul && op.n >= 1 && op.n <= cuda::kGemvMaxTokens &&
-           cuda::gemv_group_fits(static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data),
-                                 op.m.cols, 1);
-}
-
-// Peephole fusion over a recorded step:
-//   matmul(x, Wg -> g), matmul(x, Wu -> u), silu_mul(g, u -> a)   ->  gate_up
-//   add(x += d), rms_norm(x -> y)                                  ->  add_rms_norm
-//   2 to 4 matmuls of the same x (GEMV-sized)                      ->  gemv_group
-//   (with 3 to 8 rows: 3 or 4 of them, as the attention q/k/v and Gated DeltaNet input projections: one tensor-core
-//   GEMV launch instead of 3-4 cuBLASLt calls, two of them tiny; single matmuls stay with cuBLASLt, which is faster
-//   there. With HY_CUDA_GRAPHS=0 such steps run unfused, so their bits differ from the graph's.)
-void fuse(const std::vector<Op>& in, std::vector<Op>& out) {
-    out.clear();
-    const size_t n = in.size();
-    for (size_t i = 0; i < n;) {
-        const Op& a = in[i];
-        if (i + 2 < n && gemv_ok(a) && gemv_ok(in[i + 1]) && in[i + 2].kind == Op::Kind::silu_mul &&
-            a.n <= cuda::kGemvBlockMaxTokens) {
-            const Op &b = in[i + 1], &s = in[i + 2];
-            if (b.x == a.x && b.n == a.n && b.m.rows == a.m.rows && b.m.cols == a.m.cols && a.y != b.y &&
-                a.y != a.x && b.y != a.x && s.x == a.y && s.x2 == b.y && s.n == a.n * a.m.rows) {
-                Op f;
-                f.kind = Op::Kind::gate_up;
-                f.x = a.x; f.m = a.m; f.m2 = b.m; f.y = a.y; f.y2 = b.y; f.y3 = s.y; f.n = a.n;
-                out.push_back(f);
-                i += 3;
-                continue;
-            }
-        }
-        if (i + 1 < n && a.kind == Op::Kind::add && in[i + 1].kind == Op::Kind::rms_norm) {
-            const Op& r = in[i + 1];
-            if (r.x == a.y && r.n * r.dim == a.n && r.y != a.x) {
-                Op f;
-                f.kind = Op::Kind::add_rms_norm;
-                f.y = a.y; f.x2 = a.x; f.w = r.w; f.n = r.n; f.dim = r.dim; f.eps = r.eps; f.flag = r.flag; f.y2 = r.y;
-                out.push_back(f);
-                i += 2;
-                continue;
-            }
-        }
-        if (groupable(a)) {
-            size_t j = i + 1;
-            while (j < n && j - i < size_t(cuda::GemvGroup::kMax) && groupable(in[j]) && in[j].x == a.x &&
-                   in[j].n == a.n && in[j].m.cols == a.m.cols && in[j].y != a.x && in[j - 1].y != a.x)
-                j++;
-            const bool fits = cuda::gemv_group_fits(static_cast<const bf16*>(a.x), a.n,
-                                                    static_cast<const bf16*>(a.m.data), a.m.cols, int(j - i));
-            if (j - i >= 2 && fits && in[j - 1].y != a.x) {
-                Op f;
-                f.kind = Op::Kind::gemv_group;
-                f.x = a.x; f.n = a.n; f.dim = a.m.cols;
-                for (size_t k = i; k < j; k++) f.group.add(static_cast<const bf16*>(in[k].m.data), in[k].y, in[k].m.rows);
-                out.push_back(f);
-                i = j;
-                continue;
-            }
-        }
-        out.push_back(a);
-        i++;
-    }
-}
-
 class CudaBackend final : public Backend {
 public:
-    explicit CudaBackend(int device) : device_(device) {
+    CudaBackend(int device, const CudaOptions& o) : device_(device), graphs_enabled_(o.graphs) {
+#if !defined(HY_CUDA_TRACE)
+        if (!o.trace_file.empty())
+            throw Error(Status::invalid_argument, "a CUDA trace file was asked for, but this build has no tracing "
+                                                  "(configure with -DHY_CUDA_TRACE=ON)");
+#endif
         check_device(device);
         HY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
         HY_CUDA_CHECK(cudaEventCreateWithFlags(&staging_done_, cudaEventDisableTiming));
         gemm_ = std::make_unique<cuda::Gemm>();
-        graphs_enabled_ = !env_off("HY_CUDA_GRAPHS");
         // Programmatic dependent launch and the cluster barrier are compiled in only for compute capability
         // 9.0+ (__CUDA_ARCH__ >= 900): they need a device of 9.0+ running code built for 9.0+. A newer GPU without
         // machine code of its own runs the driver's compilation of the newest portable PTX of the build (compute_89
         // by default: sm_90a code is not portable), which has none of them, so the backend uses none there (the
-        // PTX architecture of the code the device runs, as CUB finds it). HY_CUDA_PDL=0 turns PDL off.
+        // PTX architecture of the code the device runs, as CUB finds it).
         int major = 0;
         HY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
         cudaFuncAttributes probe{};
         HY_CUDA_CHECK(cudaFuncGetAttributes(&probe, probe_kernel));
         const bool sm90_code = major >= 9 && probe.ptxVersion >= 90;
-        cuda::set_pdl_enabled(sm90_code && !env_off("HY_CUDA_PDL"));
-        cuda::set_weights_evict_first(!env_off("HY_CUDA_L2_EVICT_FIRST"));
-        skip_ = skip_mask();
         int clusters = 0;
         HY_CUDA_CHECK(cudaDeviceGetAttribute(&clusters, cudaDevAttrClusterLaunch, device));
-        cuda::set_clusters_supported(sm90_code && clusters != 0);
-        cuda::set_gdn_fused_conv(!env_off("HY_CUDA_GDN_FUSED_CONV"));
-        if (const char* f = std::getenv("HY_CUDA_TRACE"); f && *f) start_trace(f);
+        ctx_.stream = stream_;
+        ctx_.pdl = sm90_code && o.pdl;
+        ctx_.clusters = sm90_code && clusters != 0;
+        ctx_.evict_first = o.l2_evict_first;
+        ctx_.gdn_fused_conv = o.gdn_fused_conv;
+#if defined(HY_CUDA_TRACE)
+        if (!o.trace_file.empty()) start_trace(o.trace_file);
+#endif
         ops_.reserve(kMaxRecordedOps);
-        fused_.reserve(kMaxRecordedOps);
         sig_.reserve(kMaxRecordedOps * 24);
     }
     ~CudaBackend() override {
@@ -332,7 +201,9 @@ public:
         } catch (const Error&) {
         }
         if (stream_) cudaStreamSynchronize(stream_);
+#if defined(HY_CUDA_TRACE)
         finish_trace();
+#endif
         graphs_.clear();
         gemm_.reset();
         if (staging_) cudaFreeHost(staging_);
@@ -342,6 +213,12 @@ public:
     }
 
     const char* name() const override { return "cuda"; }
+    std::string settings() const override {
+        auto on = [](bool b) { return b ? "on" : "off"; };
+        return std::string("graphs ") + on(graphs_enabled_) + ", pdl " + on(ctx_.pdl) + ", clusters " +
+               on(ctx_.clusters) + ", l2 evict-first " + on(ctx_.evict_first) + ", gdn fused conv " +
+               on(ctx_.gdn_fused_conv);
+    }
     DType act_dtype() const override { return DType::BF16; }
     DType matrix_dtype(DType) const override { return DType::BF16; }
 
@@ -525,6 +402,70 @@ public:
         op.x = x; op.n = rows; op.m = w; op.y = y;
         submit(op);
     }
+    // One add_rms_norm kernel.
+    void add_rms_norm(void* x, const void* d, const float* w, int64_t rows, int dim, float eps, bool zero_centred,
+                      void* y) override {
+        if (d == x || d == y) throw Error(Status::internal, "CUDA add_rms_norm: the addend aliases x or y");
+        Op op;
+        op.kind = Op::Kind::add_rms_norm;
+        op.y = x; op.x2 = d; op.w = w; op.n = rows; op.dim = dim; op.eps = eps; op.flag = zero_centred; op.y2 = y;
+        submit(op);
+    }
+    // With 1 to 8 rows (cuda::kGemvMaxTokens), consecutive projections that gemv_group_fits (up to GemvGroup::kMax
+    // of them; with 3 to 8 rows only groups of 3 or 4) run as one GEMV launch; the others as matmul(): the GEMV for
+    // 1-2 rows where it fits, else cuBLASLt (hybrid-kernel-bench: at 8 rows the 4B q/k/v group streams 2.6 TB/s and
+    // the Gated DeltaNet input group 2.8 TB/s against 2.1 and 2.0 for their cuBLASLt calls).
+    void matmul_group(const void* x, int64_t rows, const Projection* p, int n) override {
+        const bf16* xb = static_cast<const bf16*>(x);
+        for (int k = 0; k < n; k++) {
+            require_bf16(p[k].w, "weight matrix");
+            if (p[k].y == x) throw Error(Status::internal, "CUDA matmul_group: an output aliases the input");
+        }
+        auto groupable = [&](const Projection& q) {
+            return rows >= 1 && rows <= cuda::kGemvMaxTokens &&
+                   cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(q.w.data), q.w.cols, 1);
+        };
+        for (int i = 0; i < n;) {
+            int j = i;
+            if (groupable(p[i])) {
+                j = i + 1;
+                while (j < n && j - i < cuda::GemvGroup::kMax && groupable(p[j]) && p[j].w.cols == p[i].w.cols) j++;
+            }
+            if (j - i >= 2 &&
+                cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(p[i].w.data), p[i].w.cols, j - i)) {
+                Op op;
+                op.kind = Op::Kind::gemv_group;
+                op.x = x; op.n = rows; op.dim = p[i].w.cols;
+                for (int k = i; k < j; k++) op.group.add(static_cast<const bf16*>(p[k].w.data), p[k].y, p[k].w.rows);
+                submit(op);
+                i = j;
+            } else {
+                matmul(x, rows, p[i].w, p[i].y);
+                i++;
+            }
+        }
+    }
+    // 1-2 rows where the GEMV fits: one gate/up/SiLU GEMV kernel (cuda::gemv_gate_up); else matmul, matmul, silu_mul.
+    void gate_up_silu(const void* x, int64_t rows, const Matrix& w_gate, const Matrix& w_up, void* gate, void* up,
+                      void* act) override {
+        require_bf16(w_gate, "weight matrix");
+        require_bf16(w_up, "weight matrix");
+        if (gate == x || up == x || gate == up)
+            throw Error(Status::internal, "CUDA gate_up_silu: gate, up and x must be distinct buffers");
+        const bf16* xb = static_cast<const bf16*>(x);
+        if (w_gate.rows == w_up.rows && w_gate.cols == w_up.cols &&
+            cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols) &&
+            cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols)) {
+            Op op;
+            op.kind = Op::Kind::gate_up;
+            op.x = x; op.m = w_gate; op.m2 = w_up; op.y = gate; op.y2 = up; op.y3 = act; op.n = rows;
+            submit(op);
+            return;
+        }
+        matmul(x, rows, w_gate, gate);
+        matmul(x, rows, w_up, up);
+        silu_mul(gate, up, rows * w_gate.rows, act);
+    }
     void add(void* y, const void* x, int64_t n) override {
         Op op;
         op.kind = Op::Kind::add;
@@ -621,21 +562,25 @@ private:
         sign(op, sig_);
     }
 
-    // Ends a recorded step: launches its graph (capturing the fused ops on the first occurrence).
+    // Ends a recorded step: launches its graph (capturing the recorded ops on the first occurrence).
     void flush() {
         if (!recording_) return;
         recording_ = false;
         if (!ops_.empty()) {
             cudaGraphExec_t g = graphs_.find(sig_);
             if (!g) {
-                fuse(ops_, fused_);
+#if defined(HY_CUDA_TRACE)
                 std::vector<cuda::LaunchRecord> names;  // the captured launches, for the trace
                 g = graphs_.capture(sig_, stream_, [&] {
                     const cuda::LaunchLogTo to_names(&names);
-                    for (const Op& o : fused_)
-                        if (!(skip_ >> unsigned(o.kind) & 1u)) exec(o);
+                    for (const Op& o : ops_) exec(o);
                 });
                 if (trace_.start) graph_launches_[g] = std::move(names);
+#else
+                g = graphs_.capture(sig_, stream_, [&] {
+                    for (const Op& o : ops_) exec(o);
+                });
+#endif
             }
             const cudaError_t e = launch_graph(g);
             last_graph_ = e == cudaSuccess ? g : nullptr;
@@ -656,59 +601,61 @@ private:
                 return;
             case K::embed:
                 cuda::embed(static_cast<const bf16*>(op.m.data), op.m.cols, d_tokens_, int(op.n), static_cast<bf16*>(op.y),
-                            stream_);
+                            ctx_);
                 return;
             case K::rms_norm:
                 cuda::rms_norm(static_cast<const bf16*>(op.x), op.w, op.n, int(op.dim), op.eps, op.flag,
-                               static_cast<bf16*>(op.y), stream_);
+                               static_cast<bf16*>(op.y), ctx_);
                 return;
             case K::matmul:
             case K::logits:
                 cuda::matmul(*gemm_, static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data), op.m.rows,
-                             op.m.cols, op.y, op.kind == K::logits, stream_);
+                             op.m.cols, op.y, op.kind == K::logits, ctx_);
                 return;
             case K::add:
-                cuda::add(static_cast<bf16*>(op.y), static_cast<const bf16*>(op.x), op.n, stream_);
+                cuda::add(static_cast<bf16*>(op.y), static_cast<const bf16*>(op.x), op.n, ctx_);
                 return;
             case K::silu_mul:
                 cuda::silu_mul(static_cast<const bf16*>(op.x), static_cast<const bf16*>(op.x2), op.n,
-                               static_cast<bf16*>(op.y), stream_);
+                               static_cast<bf16*>(op.y), ctx_);
                 return;
             case K::attention:
-                cuda::attention(op.attn, op.rows, scratch_a_, split_scratch_, stream_);
+                cuda::attention(op.attn, op.rows, scratch_a_, split_scratch_, ctx_);
                 return;
             case K::gated_delta_net:
-                cuda::gated_delta_net(op.gdn, op.rows, scratch_a_, stream_);
+                cuda::gated_delta_net(op.gdn, op.rows, scratch_a_, ctx_);
                 return;
             case K::gather_rows:
                 cuda::gather_rows(static_cast<const bf16*>(op.x), op.dim, d_gather_, int(op.n), static_cast<bf16*>(op.y),
-                                  stream_);
+                                  ctx_);
                 return;
             case K::argmax:
                 cuda::argmax_rows(static_cast<const float*>(op.x), int(op.n), int(op.dim), int(op.n2),
-                                  static_cast<TokenPick*>(op.y), argmax_scratch_, stream_);
+                                  static_cast<TokenPick*>(op.y), argmax_scratch_, ctx_);
                 return;
             case K::gemv_group:
-                cuda::gemv_group(static_cast<const bf16*>(op.x), op.n, op.group, op.dim, false, stream_);
+                cuda::gemv_group(static_cast<const bf16*>(op.x), op.n, op.group, op.dim, false, ctx_);
                 return;
             case K::gate_up:
                 cuda::gemv_gate_up(static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data),
                                    static_cast<const bf16*>(op.m2.data), op.m.rows, op.m.cols, static_cast<bf16*>(op.y),
-                                   static_cast<bf16*>(op.y2), static_cast<bf16*>(op.y3), stream_);
+                                   static_cast<bf16*>(op.y2), static_cast<bf16*>(op.y3), ctx_);
                 return;
             case K::add_rms_norm:
                 cuda::add_rms_norm(static_cast<bf16*>(op.y), static_cast<const bf16*>(op.x2), op.w, op.n, int(op.dim),
-                                   op.eps, op.flag, static_cast<bf16*>(op.y2), stream_);
+                                   op.eps, op.flag, static_cast<bf16*>(op.y2), ctx_);
                 return;
         }
     }
 
-    // Launches graph g on the stream (with HY_CUDA_TRACE, its captured launches go to the trace log first).
+    // Launches graph g on the stream (when tracing, its captured launches go to the trace log first).
     cudaError_t launch_graph(cudaGraphExec_t g) {
+#if defined(HY_CUDA_TRACE)
         if (trace_.start) {
             const std::vector<cuda::LaunchRecord>& names = graph_launches_[g];
             trace_log_.insert(trace_log_.end(), names.begin(), names.end());
         }
+#endif
         return cudaGraphLaunch(g, stream_);
     }
 
@@ -731,11 +678,12 @@ private:
         std::memcpy(h + 5 * T, b.runs, size_t(b.n_runs) * sizeof(SeqRun));
     }
 
-    // HY_CUDA_TRACE=FILE (timing studies): every kernel's start and ready stamps (cuda_common.cuh) and the host's
+#if defined(HY_CUDA_TRACE)
+    // CudaOptions::trace_file (builds with HY_CUDA_TRACE; timing studies): every kernel's start and ready stamps (cuda_common.cuh) and the host's
     // list of launches in the order the GPU runs them (eager launches, and each graph's captured list per replay);
     // written to FILE when the backend is destroyed, one line per kernel: index, description, start and ready in
     // ns. tools/gpu/trace_summary.py turns it into per-kernel costs.
-    void start_trace(const char* file) {
+    void start_trace(const std::string& file) {
         constexpr unsigned kCap = 1u << 21;
         trace_file_ = file;
         HY_CUDA_CHECK(cudaMalloc(&trace_.start, size_t(kCap) * 8));
@@ -766,7 +714,7 @@ private:
             }
             std::fclose(f);
         } else {
-            std::fprintf(stderr, "hybrid: HY_CUDA_TRACE: cannot write %s\n", trace_file_.c_str());
+            std::fprintf(stderr, "hybrid: CUDA trace: cannot write %s\n", trace_file_.c_str());  // (a destructor)
         }
         const cuda::TraceBuf none{};
         cuda::trace_bind_all(none);
@@ -775,6 +723,7 @@ private:
         cudaFree(trace_.count);
         trace_ = none;
     }
+#endif
     static void require_bf16(const Matrix& m, const char* what) {
         if (m.dtype != DType::BF16)
             throw Error(Status::internal, std::string("CUDA backend: ") + what + " is " + dtype_name(m.dtype) +
@@ -797,22 +746,23 @@ private:
     float* argmax_scratch_ = nullptr;  // argmax_rows partials
     mutable size_t scratch_a_elems_ = 0, split_floats_ = 0;
     cuda::RowMap rows_{};
-    // CUDA graph replay of small steps (HY_CUDA_GRAPHS=0 turns it off).
+    cuda::LaunchContext ctx_;  // the stream and launch settings every kernel launcher gets
+    // CUDA graph replay of small steps (CudaOptions::graphs).
     bool graphs_enabled_ = true;
-    uint32_t skip_ = 0;  // HY_CUDA_SKIP_OPS
     bool recording_ = false;
-    std::vector<Op> ops_, fused_;  // the step being recorded; its fused form (capacity reserved once)
+    std::vector<Op> ops_;        // the step being recorded (capacity reserved once)
     std::vector<uint64_t> sig_;    // the recorded step's signature
     cuda::GraphCache graphs_;
     // repeat_step(): the graph launched last, if nothing ran on the stream after it, and its step's shape
     cudaGraphExec_t last_graph_ = nullptr;
     int last_rows_ = 0;
     std::vector<int32_t> last_runs_, recorded_runs_;  // rows per run (capacity reserved in set_workspace)
-    // HY_CUDA_TRACE
+#if defined(HY_CUDA_TRACE)
     cuda::TraceBuf trace_{};
     std::string trace_file_;
     std::vector<cuda::LaunchRecord> trace_log_;
     std::unordered_map<cudaGraphExec_t, std::vector<cuda::LaunchRecord>> graph_launches_;
+#endif
 };
 
 }  // namespace
@@ -826,6 +776,8 @@ bool cuda_available() {
     }
 }
 
-std::unique_ptr<Backend> make_cuda_backend(int device) { return std::make_unique<CudaBackend>(device); }
+std::unique_ptr<Backend> make_cuda_backend(int device, const CudaOptions& options) {
+    return std::make_unique<CudaBackend>(device, options);
+}
 
 }  // namespace hy

@@ -28,6 +28,16 @@ inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel)
 
 #define HY_CUDA_CHECK(call) ::hy::cuda::check((call), #call)
 
+// Where and how a backend launches its kernels: its stream and the launch features it uses, set once when the
+// backend is made (from CudaOptions and the device; kernels/backend.h). Every launcher of kernels/cuda takes one.
+struct LaunchContext {
+    cudaStream_t stream = nullptr;
+    bool pdl = false;             // launch with programmatic dependent launch (device and code of 9.0+)
+    bool clusters = false;        // thread-block clusters may be used (device and code of 9.0+)
+    bool evict_first = true;      // decode GEMVs load weights with an L2 evict-first policy (matmul.cuh)
+    bool gdn_fused_conv = true;   // decode steps do the Gated DeltaNet conv in the recurrence kernel (gated_delta_net.cuh)
+};
+
 // Per batch row, on the device (filled by the backend's begin_batch from the host runs).
 struct RowMap {
     const int32_t* slot = nullptr;    // [T] sequence slot of the row
@@ -96,12 +106,13 @@ __device__ __forceinline__ float siluf_(float x) { return x / (1.0f + expf(-x));
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }
 
-// ---- The decode-step trace (HY_CUDA_TRACE, see the backend) ----
+// ---- The decode-step trace (builds with -DHY_CUDA_TRACE=ON only; CudaOptions::trace_file) ----
 // When bound, block (0, 0, 0) of every kernel of this backend appends two %globaltimer stamps (ns): when it
 // started (in pdl_trigger) and when its wait for the predecessor returned (in pdl_wait). Kernels start and pass
 // their waits in stream order, so entry i of both lists belongs to the i-th launch; the time from one kernel's
 // wait to the next one's is what that kernel costs on the critical path of the pipelined step. Not bound (the
-// default), it costs a constant-cache load and a branch per thread.
+// default), it costs a constant-cache load and a branch per thread; builds without HY_CUDA_TRACE have none of it.
+#if defined(HY_CUDA_TRACE)
 struct TraceBuf {
     unsigned long long* start = nullptr;  // [cap]
     unsigned long long* ready = nullptr;  // [cap]
@@ -146,6 +157,10 @@ struct LaunchLogTo {
     LaunchLogTo(const LaunchLogTo&) = delete;
     LaunchLogTo& operator=(const LaunchLogTo&) = delete;
 };
+#else
+__device__ __forceinline__ void trace_stamp(int) {}
+#define HY_CUDA_TRACE_BINDER(name)
+#endif
 
 // ---- Programmatic dependent launch (PDL, compute capability 9.0+) ----
 // A kernel launched with launch() may start while the kernel before it on the stream is still running, so that
@@ -170,25 +185,19 @@ __device__ __forceinline__ void pdl_trigger() {
 #endif
 }
 
-// Whether launch() asks for programmatic dependent launch: set once by the backend (device >= 9.0 and
-// HY_CUDA_PDL not "0").
-void set_pdl_enabled(bool on);
-bool pdl_enabled();
-
-// Launches kernel<<<grid, block, smem, stream>>>(args...) in clusters of cluster_x blocks along x (1: no cluster
-// attribute; more needs compute capability 9.0, see clusters_supported()), with the PDL attribute when
-// enabled; checks the launch.
+// Launches kernel<<<grid, block, smem, ctx.stream>>>(args...) in clusters of cluster_x blocks along x (1: no cluster
+// attribute; more needs ctx.clusters), on ctx's stream with the PDL attribute when ctx.pdl; checks the launch.
 template <typename... KArgs, typename... Args>
 void launch_clusters(void (*kernel)(KArgs...), dim3 grid, dim3 block, unsigned cluster_x, size_t smem,
-                     cudaStream_t stream, const char* what, Args&&... args) {
+                     const LaunchContext& ctx, const char* what, Args&&... args) {
     cudaLaunchConfig_t cfg{};
     cfg.gridDim = grid;
     cfg.blockDim = block;
     cfg.dynamicSmemBytes = smem;
-    cfg.stream = stream;
+    cfg.stream = ctx.stream;
     cudaLaunchAttribute attr[2];
     unsigned n = 0;
-    if (pdl_enabled()) {
+    if (ctx.pdl) {
         attr[n].id = cudaLaunchAttributeProgrammaticStreamSerialization;
         attr[n++].val.programmaticStreamSerializationAllowed = 1;
     }
@@ -201,21 +210,19 @@ void launch_clusters(void (*kernel)(KArgs...), dim3 grid, dim3 block, unsigned c
     cfg.attrs = attr;
     cfg.numAttrs = n;
     check(cudaLaunchKernelEx(&cfg, kernel, std::forward<Args>(args)...), what);
+#if defined(HY_CUDA_TRACE)
     if (std::vector<LaunchRecord>* log = launch_log())
         log->push_back(LaunchRecord{what, grid.x * grid.y * grid.z, block.x * block.y * block.z});
+#endif
 }
 
-// Launches kernel<<<grid, block, smem, stream>>>(args...) with the PDL attribute when enabled; checks the launch.
+// Launches kernel<<<grid, block, smem, ctx.stream>>>(args...) with the PDL attribute when ctx.pdl; checks the
+// launch.
 template <typename... KArgs, typename... Args>
-void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream, const char* what,
+void launch(void (*kernel)(KArgs...), dim3 grid, dim3 block, size_t smem, const LaunchContext& ctx, const char* what,
             Args&&... args) {
-    launch_clusters(kernel, grid, block, 1, smem, stream, what, std::forward<Args>(args)...);
+    launch_clusters(kernel, grid, block, 1, smem, ctx, what, std::forward<Args>(args)...);
 }
-
-// Whether the device can launch thread block clusters (compute capability 9.0+): set once by the backend from
-// the device's attributes.
-void set_clusters_supported(bool on);
-bool clusters_supported();
 
 // The cluster barrier (barrier.cluster), in two halves: cluster_arrive() marks the calling thread as arrived
 // (release semantics) and returns; cluster_wait() waits until every thread of every block of the cluster has

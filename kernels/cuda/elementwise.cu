@@ -56,24 +56,24 @@ unsigned grid_for(int64_t n) {
 
 }  // namespace
 
-void add(bf16* y, const bf16* x, int64_t n, cudaStream_t stream) {
+void add(bf16* y, const bf16* x, int64_t n, const LaunchContext& ctx) {
     if (n <= 0) return;
     if (n % 8 == 0 && aligned16(y) && aligned16(x)) {
-        launch(add_vec_kernel, grid_for(n / 8), kElementwiseThreads, 0, stream, "add kernel", reinterpret_cast<uint4*>(y),
+        launch(add_vec_kernel, grid_for(n / 8), kElementwiseThreads, 0, ctx, "add kernel", reinterpret_cast<uint4*>(y),
                reinterpret_cast<const uint4*>(x), n / 8);
     } else {
-        launch(add_kernel, grid_for(n), kElementwiseThreads, 0, stream, "add kernel", y, x, n);
+        launch(add_kernel, grid_for(n), kElementwiseThreads, 0, ctx, "add kernel", y, x, n);
     }
 }
 
-void silu_mul(const bf16* gate, const bf16* up, int64_t n, bf16* y, cudaStream_t stream) {
+void silu_mul(const bf16* gate, const bf16* up, int64_t n, bf16* y, const LaunchContext& ctx) {
     if (n <= 0) return;
     if (n % 8 == 0 && aligned16(gate) && aligned16(up) && aligned16(y)) {
-        launch(silu_mul_vec_kernel, grid_for(n / 8), kElementwiseThreads, 0, stream, "silu_mul kernel",
+        launch(silu_mul_vec_kernel, grid_for(n / 8), kElementwiseThreads, 0, ctx, "silu_mul kernel",
                reinterpret_cast<const uint4*>(gate), reinterpret_cast<const uint4*>(up), n / 8,
                reinterpret_cast<uint4*>(y));
     } else {
-        launch(silu_mul_kernel, grid_for(n), kElementwiseThreads, 0, stream, "silu_mul kernel", gate, up, n, y);
+        launch(silu_mul_kernel, grid_for(n), kElementwiseThreads, 0, ctx, "silu_mul kernel", gate, up, n, y);
     }
 }
 

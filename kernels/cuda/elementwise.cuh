@@ -6,8 +6,8 @@
 namespace hy::cuda {
 
 // y[n] = bf16(y[n] + x[n]).
-void add(bf16* y, const bf16* x, int64_t n, cudaStream_t stream);
+void add(bf16* y, const bf16* x, int64_t n, const LaunchContext& ctx);
 // y[n] = bf16(bf16(silu(gate[n])) * up[n]) (as a bf16 PyTorch MLP rounds); y may alias gate or up.
-void silu_mul(const bf16* gate, const bf16* up, int64_t n, bf16* y, cudaStream_t stream);
+void silu_mul(const bf16* gate, const bf16* up, int64_t n, bf16* y, const LaunchContext& ctx);
 
 }  // namespace hy::cuda

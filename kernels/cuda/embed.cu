@@ -21,20 +21,20 @@ __global__ void gather_kernel(const bf16* __restrict__ src, int64_t dim, const i
     }
 }
 
-void gather(const bf16* src, int64_t dim, const int32_t* index, int n, bf16* dst, cudaStream_t stream,
+void gather(const bf16* src, int64_t dim, const int32_t* index, int n, bf16* dst, const LaunchContext& ctx,
             const char* what) {
     if (n <= 0) return;
-    launch(gather_kernel, unsigned(n), 128, 0, stream, what, src, dim, index, dst);
+    launch(gather_kernel, unsigned(n), 128, 0, ctx, what, src, dim, index, dst);
 }
 
 }  // namespace
 
-void embed(const bf16* table, int64_t dim, const int32_t* token_ids, int n, bf16* x, cudaStream_t stream) {
-    gather(table, dim, token_ids, n, x, stream, "embedding gather kernel");
+void embed(const bf16* table, int64_t dim, const int32_t* token_ids, int n, bf16* x, const LaunchContext& ctx) {
+    gather(table, dim, token_ids, n, x, ctx, "embedding gather kernel");
 }
 
-void gather_rows(const bf16* x, int64_t dim, const int32_t* rows, int n, bf16* y, cudaStream_t stream) {
-    gather(x, dim, rows, n, y, stream, "gather_rows kernel");
+void gather_rows(const bf16* x, int64_t dim, const int32_t* rows, int n, bf16* y, const LaunchContext& ctx) {
+    gather(x, dim, rows, n, y, ctx, "gather_rows kernel");
 }
 
 HY_CUDA_TRACE_BINDER(embed)

@@ -703,7 +703,7 @@ __global__ void __launch_bounds__(kNormWarps * 32)
 
 template <int DK>
 void launch_recurrence(const GatedDeltaNetArgs& a, const RowMap& rows, const bf16* mixed, bool decode,
-                       bool fused_conv, cudaStream_t s) {
+                       bool fused_conv, const LaunchContext& s) {
     if (decode) {
         const dim3 grid(unsigned(a.n_v_heads), unsigned(rows.n_runs)), block(unsigned(2 * a.v_dim));
         if (fused_conv)
@@ -723,16 +723,9 @@ void launch_recurrence(const GatedDeltaNetArgs& a, const RowMap& rows, const bf1
            static_cast<bf16*>(a.out));
 }
 
-unsigned g_gdn_skip = 0;
-bool g_gdn_fused_conv = true;
-
 }  // namespace
 
-void set_gdn_skip(unsigned bits) { g_gdn_skip = bits; }
-unsigned gdn_skip() { return g_gdn_skip; }
-void set_gdn_fused_conv(bool on) { g_gdn_fused_conv = on; }
-
-void gated_delta_net(const GatedDeltaNetArgs& a, const RowMap& rows, bf16* mixed, cudaStream_t stream) {
+void gated_delta_net(const GatedDeltaNetArgs& a, const RowMap& rows, bf16* mixed, const LaunchContext& ctx) {
     if (rows.n_rows <= 0) return;
     const int K = a.conv_kernel;
     if (K < 1 || K > kMaxConvKernel)
@@ -762,25 +755,24 @@ void gated_delta_net(const GatedDeltaNetArgs& a, const RowMap& rows, bf16* mixed
     const dim3 conv_grid(ceil_div(C / V, kConvThreads), unsigned(std::min(rows.n_rows, 65535)));
     // decode: the conv inside the recurrence kernel where it can be (see decode_kernel)
     const int ratio = a.n_v_heads / a.n_k_heads;
-    const bool fused_conv = one_token_runs && rows.n_runs <= kFusedConvMaxRuns && g_gdn_fused_conv &&
-                            g_gdn_skip == 0 && K == kFusedConvTaps &&
+    const bool fused_conv = one_token_runs && rows.n_runs <= kFusedConvMaxRuns && ctx.gdn_fused_conv &&
+                            K == kFusedConvTaps &&
                             ratio <= kMaxClusterHeads && 2 * a.k_dim + a.v_dim <= kFusedConvPer * 2 * a.v_dim &&
                             (reinterpret_cast<uintptr_t>(a.conv_w) & 15u) == 0 &&  // (4 taps as one float4)
-                            (ratio == 1 || clusters_supported());
-    if (!(g_gdn_skip & 1u) && !fused_conv) {
-        launch(vec ? conv_kernel<8> : conv_kernel<1>, conv_grid, dim3(kConvThreads), 0, stream,
+                            (ratio == 1 || ctx.clusters);
+    if (!fused_conv) {
+        launch(vec ? conv_kernel<8> : conv_kernel<1>, conv_grid, dim3(kConvThreads), 0, ctx,
                "Gated DeltaNet conv kernel", qkv, a.conv_w, conv_state, rows, C, K, one_token_runs, mixed);
         if (K > 1 && !one_token_runs) {
             const dim3 grid(ceil_div(C / V, kConvThreads), unsigned(std::min(rows.n_runs, 65535)));
-            launch(vec ? conv_state_kernel<8> : conv_state_kernel<1>, grid, dim3(kConvThreads), 0, stream,
+            launch(vec ? conv_state_kernel<8> : conv_state_kernel<1>, grid, dim3(kConvThreads), 0, ctx,
                    "Gated DeltaNet conv state kernel", qkv, conv_state, rows, C, K);
         }
     }
-    if (g_gdn_skip & 2u) return;
     switch (a.k_dim) {
-        case 32: launch_recurrence<32>(a, rows, mixed, one_token_runs, fused_conv, stream); break;
-        case 64: launch_recurrence<64>(a, rows, mixed, one_token_runs, fused_conv, stream); break;
-        default: launch_recurrence<128>(a, rows, mixed, one_token_runs, fused_conv, stream); break;
+        case 32: launch_recurrence<32>(a, rows, mixed, one_token_runs, fused_conv, ctx); break;
+        case 64: launch_recurrence<64>(a, rows, mixed, one_token_runs, fused_conv, ctx); break;
+        default: launch_recurrence<128>(a, rows, mixed, one_token_runs, fused_conv, ctx); break;
     }
 }
 

@@ -17,14 +17,9 @@ namespace hy::cuda {
 
 // mixed_scratch: bf16 [T, C] (workspace, 16-byte aligned). Key dims 32, 64 and 128 are built; value dims must be
 // multiples of 32 up to 256; others throw unsupported. args.out must not alias args.qkv, args.z or the scratch.
-void gated_delta_net(const GatedDeltaNetArgs& args, const RowMap& rows, bf16* mixed_scratch, cudaStream_t stream);
+// Decode steps do the conv inside the recurrence kernel where they can when ctx.gdn_fused_conv (clusters of value
+// heads need ctx.clusters).
+void gated_delta_net(const GatedDeltaNetArgs& args, const RowMap& rows, bf16* mixed_scratch, const LaunchContext& ctx);
 
-// Timing studies only (HY_CUDA_SKIP_OPS in the backend): bit 0 leaves the conv kernels out (conv and conv state),
-// bit 1 the recurrence kernels (recurrence and gated norm); the output is meaningless.
-void set_gdn_skip(unsigned bits);
-unsigned gdn_skip();
-// Decode steps do the conv inside the recurrence kernel where they can (on unless set off: comparisons; the
-// backend sets it from HY_CUDA_GDN_FUSED_CONV).
-void set_gdn_fused_conv(bool on);
 
 }  // namespace hy::cuda

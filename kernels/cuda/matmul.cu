@@ -20,7 +20,6 @@ __device__ __forceinline__ float store_as<float>(float v) { return v; }
 template <>
 __device__ __forceinline__ bf16 store_as<bf16>(float v) { return to_bf16(v); }
 
-bool g_evict_first = true;  // weights_evict_first(): on unless the backend is told otherwise
 
 // The L2 policy of weight loads: evict-first, or normal.
 __device__ __forceinline__ uint64_t weight_policy(bool evict_first) {
@@ -213,38 +212,38 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
 }
 
 template <int NT, typename OutT, int kSplit, int kPer>
-void gemv_launch(const bf16* x, GemvGroup g, int64_t K, cudaStream_t stream) {
+void gemv_launch(const bf16* x, GemvGroup g, int64_t K, const LaunchContext& ctx) {
     constexpr int kWarps = gemv_block_warps<kSplit>(), kRows = kWarps / kSplit;
     for (int i = 0; i < g.count; i++) g.block_end[i] = (i ? g.block_end[i - 1] : 0) + (g.n[i] + kRows - 1) / kRows;
-    g.evict_first = g_evict_first;
-    launch(gemv_kernel<NT, OutT, kSplit, kPer>, unsigned(g.block_end[g.count - 1]), kWarps * 32, 0, stream,
+    g.evict_first = ctx.evict_first;
+    launch(gemv_kernel<NT, OutT, kSplit, kPer>, unsigned(g.block_end[g.count - 1]), kWarps * 32, 0, ctx,
            "gemv kernel", x, g, int(K));
 }
 
 template <int NT, typename OutT>
-void gemv_shape(const bf16* x, const GemvGroup& g, int64_t K, GemvConfig c, cudaStream_t stream) {
-    if (c.split == 2 && c.per == 8) return gemv_launch<NT, OutT, 2, 8>(x, g, K, stream);
-    if (c.split == 4 && c.per == 8) return gemv_launch<NT, OutT, 4, 8>(x, g, K, stream);
-    if (c.split == 8 && c.per == 8) return gemv_launch<NT, OutT, 8, 8>(x, g, K, stream);
+void gemv_shape(const bf16* x, const GemvGroup& g, int64_t K, GemvConfig c, const LaunchContext& ctx) {
+    if (c.split == 2 && c.per == 8) return gemv_launch<NT, OutT, 2, 8>(x, g, K, ctx);
+    if (c.split == 4 && c.per == 8) return gemv_launch<NT, OutT, 4, 8>(x, g, K, ctx);
+    if (c.split == 8 && c.per == 8) return gemv_launch<NT, OutT, 8, 8>(x, g, K, ctx);
     throw Error(Status::internal, "gemv: no kernel for split " + std::to_string(c.split) + ", " + std::to_string(c.per) +
                                       " words per lane");
 }
 
 template <typename OutT>
-void gemv_rows(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, GemvConfig c, cudaStream_t stream) {
+void gemv_rows(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, GemvConfig c, const LaunchContext& ctx) {
     switch (T) {
-        case 1: return gemv_shape<1, OutT>(x, g, K, c, stream);
-        case 2: return gemv_shape<2, OutT>(x, g, K, c, stream);
+        case 1: return gemv_shape<1, OutT>(x, g, K, c, ctx);
+        case 2: return gemv_shape<2, OutT>(x, g, K, c, ctx);
         default: throw Error(Status::internal, "gemv: " + std::to_string(T) + " rows (at most 2)");
     }
 }
 
 template <int NT>
 void gate_up_launch(const bf16* x, const bf16* wg, const bf16* wu, int64_t N, int64_t K, bf16* gate_out, bf16* up_out,
-                    bf16* act_out, cudaStream_t stream) {
+                    bf16* act_out, const LaunchContext& ctx) {
     constexpr int kSplit = 2, kPer = 8, kRows = kGemvWarps / kSplit;
-    launch(gemv_gate_up_kernel<NT, kSplit, kPer>, ceil_div(N, kRows), kGemvWarps * 32, 0, stream,
-           "gemv gate/up/SiLU kernel", x, wg, wu, gate_out, up_out, act_out, int(N), int(K), g_evict_first);
+    launch(gemv_gate_up_kernel<NT, kSplit, kPer>, ceil_div(N, kRows), kGemvWarps * 32, 0, ctx,
+           "gemv gate/up/SiLU kernel", x, wg, wu, gate_out, up_out, act_out, int(N), int(K), ctx.evict_first);
 }
 
 // ---- the small-batch GEMV on tensor cores (3 to 8 rows of x) ----
@@ -337,10 +336,10 @@ __global__ void __launch_bounds__(kMmaParts * 32)
 }
 
 template <typename OutT>
-void gemv_mma(const bf16* x, int64_t T, GemvGroup g, int64_t K, cudaStream_t stream) {
+void gemv_mma(const bf16* x, int64_t T, GemvGroup g, int64_t K, const LaunchContext& ctx) {
     for (int i = 0; i < g.count; i++) g.block_end[i] = (i ? g.block_end[i - 1] : 0) + (g.n[i] + 15) / 16;
-    g.evict_first = g_evict_first;
-    launch(gemv_mma_kernel<OutT>, unsigned(g.block_end[g.count - 1]), kMmaParts * 32, 0, stream,
+    g.evict_first = ctx.evict_first;
+    launch(gemv_mma_kernel<OutT>, unsigned(g.block_end[g.count - 1]), kMmaParts * 32, 0, ctx,
            "tensor-core gemv kernel", x, int(T), g, int(K));
 }
 
@@ -366,13 +365,13 @@ __global__ void matmul_scalar_kernel(const bf16* __restrict__ x, int64_t T, cons
 }
 
 void matmul_scalar(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
-                   cudaStream_t stream) {
+                   const LaunchContext& ctx) {
     const unsigned grid = ceil_div(N, kGemvWarps);
     const char* what = "scalar matmul kernel";
     if (out_f32)
-        launch(matmul_scalar_kernel<float>, grid, kGemvWarps * 32, 0, stream, what, x, T, w, static_cast<float*>(y), N, K);
+        launch(matmul_scalar_kernel<float>, grid, kGemvWarps * 32, 0, ctx, what, x, T, w, static_cast<float*>(y), N, K);
     else
-        launch(matmul_scalar_kernel<bf16>, grid, kGemvWarps * 32, 0, stream, what, x, T, w, static_cast<bf16*>(y), N, K);
+        launch(matmul_scalar_kernel<bf16>, grid, kGemvWarps * 32, 0, ctx, what, x, T, w, static_cast<bf16*>(y), N, K);
 }
 
 }  // namespace
@@ -380,8 +379,6 @@ void matmul_scalar(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K
 static_assert(kGemvBlockMaxTokens == 2, "gemv_rows and gemv_gate_up instantiate 1 and 2 rows");
 static_assert(kGemvMaxTokens == 8, "the tensor-core GEMV takes up to 8 rows (mma n = 8)");
 
-void set_weights_evict_first(bool on) { g_evict_first = on; }
-bool weights_evict_first() { return g_evict_first; }
 
 bool gemv_fits(const bf16* x, int64_t T, const bf16* w, int64_t K) {
     return T >= 1 && T <= kGemvBlockMaxTokens && K % 8 == 0 && K <= (int64_t(1) << 30) && aligned16(x) &&
@@ -408,40 +405,40 @@ GemvConfig gemv_config(int64_t K) {
     return {8, 8};
 }
 
-void gemv(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32, cudaStream_t stream) {
+void gemv(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32, const LaunchContext& ctx) {
     GemvGroup g;
     g.add(w, y, N);
-    gemv_group(x, T, g, K, out_f32, stream);
+    gemv_group(x, T, g, K, out_f32, ctx);
 }
 
-void gemv_group(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, cudaStream_t stream) {
-    gemv_group_with(x, T, g, K, out_f32, gemv_config(K), stream);
+void gemv_group(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, const LaunchContext& ctx) {
+    gemv_group_with(x, T, g, K, out_f32, gemv_config(K), ctx);
 }
 
 void gemv_group_with(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, GemvConfig c,
-                     cudaStream_t stream) {
+                     const LaunchContext& ctx) {
     if (g.count < 1 || g.count > GemvGroup::kMax) throw Error(Status::internal, "gemv: bad group");
     if (T > kGemvBlockMaxTokens) {
         if (T > kGemvMaxTokens || K % 32 != 0)
             throw Error(Status::internal, "gemv: " + std::to_string(T) + " rows of " + std::to_string(K) + " values");
         if (out_f32)
-            gemv_mma<float>(x, T, g, K, stream);
+            gemv_mma<float>(x, T, g, K, ctx);
         else
-            gemv_mma<bf16>(x, T, g, K, stream);
+            gemv_mma<bf16>(x, T, g, K, ctx);
         return;
     }
     if (out_f32)
-        gemv_rows<float>(x, T, g, K, c, stream);
+        gemv_rows<float>(x, T, g, K, c, ctx);
     else
-        gemv_rows<bf16>(x, T, g, K, c, stream);
+        gemv_rows<bf16>(x, T, g, K, c, ctx);
 }
 
 // 2 warps per feature, 8 words per lane and matrix per round (K = 2560: 3.8 TB/s against 3.6 with one warp of 16).
 void gemv_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int64_t N, int64_t K, bf16* gate_out,
-                  bf16* up_out, bf16* act_out, cudaStream_t stream) {
+                  bf16* up_out, bf16* act_out, const LaunchContext& ctx) {
     switch (T) {
-        case 1: return gate_up_launch<1>(x, wg, wu, N, K, gate_out, up_out, act_out, stream);
-        case 2: return gate_up_launch<2>(x, wg, wu, N, K, gate_out, up_out, act_out, stream);
+        case 1: return gate_up_launch<1>(x, wg, wu, N, K, gate_out, up_out, act_out, ctx);
+        case 2: return gate_up_launch<2>(x, wg, wu, N, K, gate_out, up_out, act_out, ctx);
         default: throw Error(Status::internal, "gemv_gate_up: " + std::to_string(T) + " rows (at most 2)");
     }
 }
@@ -509,24 +506,24 @@ Gemm::Plan& Gemm::plan(int64_t T, int64_t N, int64_t K, bool out_f32) {
 }
 
 void Gemm::run(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
-               cudaStream_t stream) {
+               const LaunchContext& ctx) {
     if (!workspace_) throw Error(Status::internal, "cuBLASLt matmul before set_workspace");
     Plan& p = plan(T, N, K, out_f32);
     const float alpha = 1.0f, beta = 0.0f;
     check_lt(cublasLtMatmul(handle_, op_, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace_,
-                            kWorkspaceBytes, stream),
+                            kWorkspaceBytes, ctx.stream),
              "cublasLtMatmul");
 }
 
 void matmul(Gemm& gemm, const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
-            cudaStream_t stream) {
+            const LaunchContext& ctx) {
     if (T <= 0 || N <= 0) return;
     if (gemv_fits(x, T, w, K))
-        gemv(x, T, w, N, K, y, out_f32, stream);
+        gemv(x, T, w, N, K, y, out_f32, ctx);
     else if (K % 8 == 0 && N % 8 == 0 && aligned16(x) && aligned16(w) && aligned16(y))
-        gemm.run(x, T, w, N, K, y, out_f32, stream);
+        gemm.run(x, T, w, N, K, y, out_f32, ctx);
     else
-        matmul_scalar(x, T, w, N, K, y, out_f32, stream);
+        matmul_scalar(x, T, w, N, K, y, out_f32, ctx);
 }
 
 HY_CUDA_TRACE_BINDER(matmul)

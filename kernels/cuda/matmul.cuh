@@ -25,7 +25,7 @@ public:
 
     // y[T, N] = x[T, K] @ w[N, K]^T; out_f32 selects an F32 y (else bf16).
     void run(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
-             cudaStream_t stream);
+             const LaunchContext& ctx);
 
 private:
     struct Plan {
@@ -53,7 +53,7 @@ struct GemvGroup {
     int n[kMax] = {};
     int block_end[kMax] = {};  // cumulative GEMV blocks up to and including matrix s (set by gemv_group)
     int count = 0;
-    int evict_first = 0;  // weight loads marked L2 evict-first (set by gemv_group from weights_evict_first())
+    int evict_first = 0;  // weight loads marked L2 evict-first (set by gemv_group from ctx.evict_first)
     void add(const bf16* wm, void* ym, int64_t rows) {
         w[count] = wm;
         y[count] = ym;
@@ -61,12 +61,10 @@ struct GemvGroup {
         count++;
     }
 };
-void gemv_group(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, cudaStream_t stream);
-// Whether the decode GEMVs load weights with an L2 evict-first policy (each weight byte is read once per step, so
-// it should not push out what is read again: the recurrent state, the KV cache, activations). Set once by the
-// backend: on unless HY_CUDA_L2_EVICT_FIRST=0 (decode b=1 on 4B shapes: 354 against 349 tok/s, BENCHMARKS.md).
-void set_weights_evict_first(bool on);
-bool weights_evict_first();
+void gemv_group(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, const LaunchContext& ctx);
+// The decode GEMVs load weights with an L2 evict-first policy when ctx.evict_first (each weight byte is read once
+// per step, so it should not push out what is read again: the recurrent state, the KV cache, activations; decode
+// b=1 on 4B shapes: 354 against 349 tok/s, docs/perf-notes.md).
 // Launch shape of a decode GEMV: `split` warps share a row, each lane holds `per` 16-byte weight words per round.
 // gemv_config chooses it from K alone (so a matrix gives the same bits alone or in a group).
 struct GemvConfig {
@@ -77,15 +75,15 @@ GemvConfig gemv_config(int64_t K);
 // gemv_group with an explicit launch shape (benchmarks). Shapes built: (split, per) in {(2,8), (4,8), (8,8)};
 // others throw internal.
 void gemv_group_with(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, GemvConfig c,
-                     cudaStream_t stream);
+                     const LaunchContext& ctx);
 // gate_out = bf16(x Wg^T), up_out = bf16(x Wu^T), act_out = bf16(bf16(silu(gate)) * up) (act_out may be gate_out);
 // T <= kGemvBlockMaxTokens.
 void gemv_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int64_t N, int64_t K, bf16* gate_out,
-                  bf16* up_out, bf16* act_out, cudaStream_t stream);
+                  bf16* up_out, bf16* act_out, const LaunchContext& ctx);
 
 // The GEMV path alone (T <= kGemvBlockMaxTokens, K % 8 == 0, 16-byte aligned x and w rows); gemv_group also takes
 // 3 to 8 rows with K % 32 == 0 (tensor cores).
-void gemv(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32, cudaStream_t stream);
+void gemv(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32, const LaunchContext& ctx);
 // True when gemv() can take this shape and these pointers (T <= kGemvBlockMaxTokens).
 bool gemv_fits(const bf16* x, int64_t T, const bf16* w, int64_t K);
 // True when a group of `count` such matrices over x may go to gemv_group (count 1: a member that could join a
@@ -94,6 +92,6 @@ bool gemv_group_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, int cou
 
 // y = x @ w^T through the GEMV when it fits, else cuBLASLt.
 void matmul(Gemm& gemm, const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
-            cudaStream_t stream);
+            const LaunchContext& ctx);
 
 }  // namespace hy::cuda

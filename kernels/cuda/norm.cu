@@ -105,19 +105,19 @@ bool vectorizable(const void* x, const void* y, int dim) {
 }  // namespace
 
 void rms_norm(const bf16* x, const float* w, int64_t rows, int dim, float eps, bool zero_centred, bf16* y,
-              cudaStream_t stream) {
+              const LaunchContext& ctx) {
     if (rows <= 0) return;
     bf16* xm = const_cast<bf16*>(x);  // not written without kAdd
     const bf16* none = nullptr;
     launch(vectorizable(x, y, dim) ? rms_norm_kernel<true, false> : rms_norm_kernel<false, false>, unsigned(rows),
-           kNormThreads, 0, stream, "rms_norm kernel", xm, none, w, dim, eps, zero_centred, y);
+           kNormThreads, 0, ctx, "rms_norm kernel", xm, none, w, dim, eps, zero_centred, y);
 }
 
 void add_rms_norm(bf16* x, const bf16* d, const float* w, int64_t rows, int dim, float eps, bool zero_centred, bf16* y,
-                  cudaStream_t stream) {
+                  const LaunchContext& ctx) {
     if (rows <= 0) return;
     const bool vec = vectorizable(x, y, dim) && (reinterpret_cast<uintptr_t>(d) & 15u) == 0;
-    launch(vec ? rms_norm_kernel<true, true> : rms_norm_kernel<false, true>, unsigned(rows), kNormThreads, 0, stream,
+    launch(vec ? rms_norm_kernel<true, true> : rms_norm_kernel<false, true>, unsigned(rows), kNormThreads, 0, ctx,
            "add + rms_norm kernel", x, d, w, dim, eps, zero_centred, y);
 }
 

@@ -1,0 +1,54 @@
+#!/bin/bash
+# One device run that checks a change against a baseline commit in the same warm run: builds this checkout and the
+# baseline's sources (.carry/base-src, e.g. `git archive BASE | tar -x -C .carry/base-src`, without models/ and
+# tests/data) side by side on the GPU machine, runs the [gpu] tests and hybrid-compare on models/tiny with both, then
+# hybrid-bench on a Qwen3.5-4B-shaped random checkpoint: decode b=1, prefill 4096 and batched decode, new and base
+# in alternation (ROUNDS rounds, default 2), so that a difference of about 1% stands out of the run-to-run noise.
+# Usage (device tool, from the repository root): bash tools/gpu/ab_run.sh   with carry [".carry"]
+# (.carry from ../shared/tools/device_prep.sh). STAGES (default "all"): build tests bench. Logs: $OUT/all.log,
+# summary last.
+set -u
+. tools/gpu/run_lib.sh  # OUT, LOG, SUM, T0, say, step
+STAGES=${STAGES:-all}
+want() { [ "$STAGES" = all ] || [[ " $STAGES " == *" $1 "* ]]; }
+DEPS=$PWD/.carry/deps
+CFG=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DHY_NATIVE=OFF -DHY_DEPS_PREFIX=$DEPS
+    -DHY_PCRE2_LIB=$DEPS/lib/libpcre2-8.a -DHY_UTF8PROC_LIB=$DEPS/lib/libutf8proc.a)
+TARGETS=(--target hybrid-tests hybrid-bench hybrid-compare hybrid hybrid-kernel-bench)
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$SUM" 2>&1
+if want build; then
+    (cmake -S . -B /tmp/bn "${CFG[@]}" >/tmp/bn.log 2>&1 && cmake --build /tmp/bn -j10 "${TARGETS[@]}" >>/tmp/bn.log 2>&1
+     echo "rc=$?" >>/tmp/bn.log) &
+    step build_base 300 bash -c "cmake -S .carry/base-src -B /tmp/bb ${CFG[*]} -DHY_TESTS_ONLY=OFF >/tmp/bb.log 2>&1 &&
+        cmake --build /tmp/bb -j6 --target hybrid-bench hybrid-compare >>/tmp/bb.log 2>&1"
+    wait
+    step build_new 5 grep -q "rc=0" /tmp/bn.log || { tail -40 /tmp/bn.log; tail -20 /tmp/bb.log; exit 1; }
+fi
+N=/tmp/bn
+B=/tmp/bb
+if want tests; then
+    step tests_gpu 200 $N/hybrid-tests "[gpu]"
+    grep -E "test cases|FAILED|rel err" "$LOG" | tail -6 >>"$SUM"
+    for bin in $N $B; do
+        step "compare_tiny_$(basename $bin)" 60 $bin/hybrid-compare -m models/tiny --device cuda --near-tie 0.05
+        grep -E "SUMMARY" "$LOG" | tail -1 >>"$SUM"
+    done
+fi
+M=/tmp/q4b
+if want bench; then
+    [ -f $M/config.json ] || step fixture_4b 150 python3 tools/gpu/random_checkpoint.py --out $M
+    for i in $(seq 1 "${ROUNDS:-2}"); do
+        for bin in $N $B; do
+            tag=$(basename $bin)_$i
+            step "b1_$tag" 60 $bin/hybrid-bench -m $M --device cuda -p 512 -n 256 -r 3
+            say "  decode b=1 [$tag]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+            step "prefill4096_$tag" 90 $bin/hybrid-bench -m $M --device cuda -p 4096 -n 8 -r 2 --ubatch 4096
+            say "  prefill 4096 [$tag]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+            step "batch_$tag" 150 $bin/hybrid-bench -m $M --device cuda -p 128 -n 128 -b 8,64 -r 2
+            grep -E '^\| +[0-9]' "$LOG" | tail -2 | sed "s/^/  batch [$tag]: /" >>"$SUM"
+        done
+    done
+fi
+say "total $(($(date +%s) - T0)) s"
+echo "================ summary"
+cat "$SUM"
