@@ -1,8 +1,10 @@
 # hybrid: a thin wrapper over CMake.
 #   make deps   install missing Debian packages (apt-get; root or sudo), or say what to install
 #   make        build; the programs land at the repository root (./hybrid, ./hybrid-compare, ...)
-#   make test   deps + build + every test (ctest), plus the loader tests under ASan/UBSan
+#   make test   deps + format-check + build + every test (ctest), plus the loader tests under ASan/UBSan
 #   make demo   deps + build + run the bundled model on a prompt
+#   make format        clang-format -i over the C/C++/CUDA sources (.clang-format at the root)
+#   make format-check  fail, listing them, if any of those sources is not formatted (clang-format --dry-run -Werror)
 # Variables: BUILD (build dir), JOBS, CMAKE_ARGS (extra -D flags, e.g. -DHY_CUDA=OFF).
 
 BUILD ?= build
@@ -13,9 +15,12 @@ PROGRAMS := hybrid hybrid-compare hybrid-tokenize hybrid-bench
 
 # Debian packages the build needs (binary name -> package is checked by dpkg-query).
 DEB_PACKAGES := cmake g++ make pkg-config catch2 libcxxopts-dev nlohmann-json3-dev libpcre2-dev \
-                libutf8proc-dev libreadline-dev
+                libutf8proc-dev libreadline-dev clang-format
 
-.PHONY: all build deps test demo clean format asan-test
+# The sources `make format` and `make format-check` cover: every tracked C/C++/CUDA file (tests/data is test data).
+FORMAT_FILES = $(shell git ls-files '*.h' '*.cpp' '*.c' '*.cu' '*.cuh' ':!:tests/data/**' 2>/dev/null)
+
+.PHONY: all build deps test demo clean format format-check asan-test
 
 all: build
 
@@ -40,8 +45,8 @@ build: $(BUILD)/CMakeCache.txt
 	@for p in $(PROGRAMS); do [ -f $(BUILD)/$$p ] && ln -sf $(BUILD)/$$p $$p || true; done
 
 # Tests run one at a time: each one already uses every core (the CPU backend's thread pool), and two at once would
-# oversubscribe them.
-test: deps build asan-test
+# oversubscribe them. format-check runs after deps (which installs clang-format) and before the build.
+test: deps format-check build asan-test
 	cd $(BUILD) && ctest --output-on-failure --timeout 1800
 
 # The safetensors/config/weights loader under AddressSanitizer and UndefinedBehaviorSanitizer.
@@ -58,7 +63,24 @@ demo: deps build
 	./hybrid -m models/tiny -p 'def fibonacci(n):\n    ' -n 64 --temp 0 --verbose
 
 format:
-	clang-format -i $$(git ls-files '*.h' '*.cpp' '*.c' '*.cu' '*.cuh')
+	@[ -n "$(FORMAT_FILES)" ] || { echo "format: no sources listed (not a git checkout?)" >&2; exit 1; }
+	clang-format -i $(FORMAT_FILES)
+
+# One clang-format call per file, so that every unformatted file is named; the formatting itself depends on the
+# clang-format version (.clang-format was tuned with clang-format 14).
+format-check:
+	@[ -n "$(FORMAT_FILES)" ] || { echo "format-check: no sources listed (not a git checkout?)" >&2; exit 1; }
+	@command -v clang-format >/dev/null 2>&1 || { echo "format-check: clang-format not found (make deps)" >&2; exit 1; }
+	@bad=""; \
+	for f in $(FORMAT_FILES); do \
+	  clang-format --dry-run -Werror "$$f" >/dev/null 2>&1 || bad="$$bad $$f"; \
+	done; \
+	if [ -n "$$bad" ]; then \
+	  echo "format-check: not formatted ($$(clang-format --version)); run make format:" >&2; \
+	  for f in $$bad; do echo "  $$f" >&2; done; \
+	  exit 1; \
+	fi; \
+	echo "format-check: $(words $(FORMAT_FILES)) files formatted"
 
 clean:
 	rm -rf $(BUILD) $(ASAN_BUILD) $(PROGRAMS)
