@@ -11,6 +11,7 @@
 
 #include "cli/arg_error.h"
 #include "cli/cli.h"
+#include "cli/option_table.h"
 
 namespace hy::cli {
 
@@ -128,14 +129,15 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     opts.custom_help("-m DIR [-p TEXT | -f FILE | --prompt-ids 1,2,3 | --batch-file FILE | -i] [options]");
     opts.set_width(110);
     // clang-format off
+    // (-m, -t, --device and -h are declared in option_table.h, shared with the tools)
+    add_shared_option(opts, "Model", "model");
     opts.add_options("Model")
-        ("m,model", "model folder (config.json, *.safetensors, tokenizer.json)", cxxopts::value<std::string>())
         ("c,ctx-size", "context length in tokens, per sequence (each of the -np sequences of --batch-file has its "
                        "own; llama.cpp divides -c among them): the positions the model holds (prompt + output; the "
                        "last output token is never fed back, so it needs none; the prompt must be shorter than this)",
-         cxxopts::value<int>()->default_value("4096"))
-        ("t,threads", "CPU threads (0: all cores)", cxxopts::value<int>()->default_value("0"))
-        ("device", "auto, cpu or cuda", cxxopts::value<std::string>()->default_value("auto"));
+         cxxopts::value<int>()->default_value("4096"));
+    add_shared_option(opts, "Model", "threads");
+    add_shared_option(opts, "Model", "device");
     opts.add_options("Prompt")
         ("p,prompt", "prompt text (escapes \\n \\t \\r \\0 \\\\ \\\" \\' processed)", cxxopts::value<std::string>())
         ("f,file", "read the prompt from FILE (as is; at most 256 MiB; - or a pipe such as /dev/stdin is read to "
@@ -170,8 +172,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         ("frequency-penalty", "frequency penalty; 0: off", cxxopts::value<std::string>()->default_value("0"));
     opts.add_options("Other")
         ("verbose", "print settings and the timing summary to stderr")
-        ("version", "print the version")
-        ("h,help", "print this help");
+        ("version", "print the version");
+    add_shared_option(opts, "Other", "help");
     // clang-format on
 
     // -cnv (llama.cpp's spelling) and --stop (its values may hold commas, which cxxopts would split) are taken

@@ -86,17 +86,24 @@ int32_t argmax(const float* v, int n) {
 int main(int argc, char** argv) {
     const auto t_start = Clock::now();
     cxxopts::Options opts("hybrid-bench", "Prefill and decode speed, bytes moved per token, share of the bandwidth roofline");
-    opts.add_options()("m,model", "model folder", cxxopts::value<std::string>())(
-        "p,prompt", "prompt tokens (random ids)", cxxopts::value<int>()->default_value("512"))(
-        "n,gen", "decode steps per sequence (each feeds one token after the prompt; llama-bench's -n)",
-        cxxopts::value<int>()->default_value("128"))(
-        "b,batch", "batch sizes (sequences decoded together), comma-separated", cxxopts::value<std::string>()->default_value("1"))(
-        "r,reps", "repetitions (medians are reported)", cxxopts::value<int>()->default_value("3"))(
-        "device", "cpu, cuda or auto", cxxopts::value<std::string>()->default_value("auto"))(
-        "t,threads", "CPU threads (0: all cores)", cxxopts::value<int>()->default_value("0"))(
-        "ubatch", "prefill chunk (rows per forward step)", cxxopts::value<int>()->default_value("512"))(
-        "json", "also write the results to this JSON file (replaced if it exists; a symbolic link is refused)", cxxopts::value<std::string>())(
-        "h,help", "show this help");
+    // clang-format off
+    // (-m, --device, -t and -h are declared in cli/option_table.h, shared with hybrid and the other tools)
+    add_shared_option(opts, "", "model");
+    opts.add_options()
+        ("p,prompt", "prompt tokens (random ids)", cxxopts::value<int>()->default_value("512"))
+        ("n,gen", "decode steps per sequence (each feeds one token after the prompt; llama-bench's -n)",
+         cxxopts::value<int>()->default_value("128"))
+        ("b,batch", "batch sizes (sequences decoded together), comma-separated",
+         cxxopts::value<std::string>()->default_value("1"))
+        ("r,reps", "repetitions (medians are reported)", cxxopts::value<int>()->default_value("3"));
+    add_shared_option(opts, "", "device");
+    add_shared_option(opts, "", "threads");
+    opts.add_options()
+        ("ubatch", "prefill chunk (rows per forward step)", cxxopts::value<int>()->default_value("512"))
+        ("json", "also write the results to this JSON file (replaced if it exists; a symbolic link is refused)",
+         cxxopts::value<std::string>());
+    add_shared_option(opts, "", "help");
+    // clang-format on
     cxxopts::ParseResult args;
     int exit_code = 0;
     if (!tools::parse_args(opts, argc, argv, "hybrid-bench", args, &exit_code)) return exit_code;

@@ -70,17 +70,27 @@ std::string read_file(const std::string& path) { return read_regular_file(path, 
 
 int main(int argc, char** argv) {
     cxxopts::Options opts("hybrid-compare", "Compare hybrid's logits and greedy tokens with Hugging Face goldens");
-    opts.add_options()("m,model", "model folder", cxxopts::value<std::string>())(
-        "golden", "golden file (default MODEL/golden.json)", cxxopts::value<std::string>())(
-        "logits", "golden logits (default MODEL/golden_logits.safetensors when present)", cxxopts::value<std::string>())(
-        "device", "cpu, cuda or auto", cxxopts::value<std::string>()->default_value("cpu"))(
-        "key", "golden token list to compare with (default greedy_fp32_cpu on the CPU, greedy_bf16_cuda on CUDA)",
-        cxxopts::value<std::string>())(
-        "tol", "max absolute logit error allowed (default 1e-3 on the CPU, 5e-2 on CUDA)", cxxopts::value<std::string>())(
-        "near-tie", "accept a divergence where our top-2 logit margin is below this (a near-tie)", cxxopts::value<std::string>()->default_value("0"))(
-        "t,threads", "CPU threads (0: all cores)", cxxopts::value<int>()->default_value("0"))(
-        "case", "run only this case (batch: the batch entry and the cases it compares with)",
-        cxxopts::value<std::string>())("h,help", "show this help");
+    // clang-format off
+    // (-m, --device, -t and -h are declared in cli/option_table.h, shared with hybrid and the other tools)
+    add_shared_option(opts, "", "model");
+    opts.add_options()
+        ("golden", "golden file (default MODEL/golden.json)", cxxopts::value<std::string>())
+        ("logits", "golden logits (default MODEL/golden_logits.safetensors when present)",
+         cxxopts::value<std::string>());
+    add_shared_option(opts, "", "device", "cpu");
+    opts.add_options()
+        ("key", "golden token list to compare with (default greedy_fp32_cpu on the CPU, greedy_bf16_cuda on CUDA)",
+         cxxopts::value<std::string>())
+        ("tol", "max absolute logit error allowed (default 1e-3 on the CPU, 5e-2 on CUDA)",
+         cxxopts::value<std::string>())
+        ("near-tie", "accept a divergence where our top-2 logit margin is below this (a near-tie)",
+         cxxopts::value<std::string>()->default_value("0"));
+    add_shared_option(opts, "", "threads");
+    opts.add_options()
+        ("case", "run only this case (batch: the batch entry and the cases it compares with)",
+         cxxopts::value<std::string>());
+    add_shared_option(opts, "", "help");
+    // clang-format on
     cxxopts::ParseResult args;
     int exit_code = 0;
     if (!tools::parse_args(opts, argc, argv, "hybrid-compare", args, &exit_code)) return exit_code;

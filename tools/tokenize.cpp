@@ -167,7 +167,8 @@ int main(int argc, char** argv) {
         cxxopts::value<std::string>())(
         "bench", "text file to time encoding on", cxxopts::value<std::string>())(
         "repeat", "bench repetitions", cxxopts::value<int>()->default_value("5"))(
-        "no-special", "encode special tokens as plain text")("h,help", "show this help");
+        "no-special", "encode special tokens as plain text");
+    hy::add_shared_option(opts, "", "help");  // (declared in cli/option_table.h, shared with hybrid and the tools)
     try {
         if (const std::string e = hy::first_single_dash_word_error(opts, argc, argv); !e.empty())
             throw hy::Error(hy::Status::invalid_argument, e);

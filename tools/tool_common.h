@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cli/arg_error.h"
+#include "cli/option_table.h"
 #include "model/model.h"
 
 namespace hy::tools {

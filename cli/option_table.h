@@ -1,0 +1,50 @@
+// The command-line options that hybrid and the hybrid-* tools share, declared once: name, help text, value type and
+// default. Each program adds the ones it takes with add_shared_option, so a shared option reads the same in every
+// --help. The checks of the values stay with each program (their messages differ).
+#pragma once
+
+#include <cxxopts.hpp>
+#include <memory>
+#include <stdexcept>
+#include <string>
+
+namespace hy {
+
+struct SharedOption {
+    enum class Type { flag, text, integer };
+    const char* names;          // as cxxopts takes them: "m,model" (short and long name) or "device" (long only)
+    const char* help;
+    Type type;
+    const char* default_value;  // "" for none
+};
+
+inline constexpr SharedOption kSharedOptions[] = {
+    {"m,model", "model folder (config.json, *.safetensors, tokenizer.json)", SharedOption::Type::text, ""},
+    {"t,threads", "CPU threads (0: all cores)", SharedOption::Type::integer, "0"},
+    {"device", "auto, cpu or cuda", SharedOption::Type::text, "auto"},
+    {"h,help", "print this help", SharedOption::Type::flag, ""},
+};
+
+// Adds the shared option with the long name `name` to `group` of opts (the options of a group are listed in the
+// order they are added). default_value, when given, replaces the table's default (hybrid-compare runs on the CPU
+// unless told otherwise).
+inline void add_shared_option(cxxopts::Options& opts, const std::string& group, const std::string& name,
+                              const char* default_value = nullptr) {
+    for (const SharedOption& o : kSharedOptions) {
+        const std::string names = o.names;
+        if (names.substr(names.find(',') + 1) != name) continue;  // (no ',': npos + 1 is 0, the whole string)
+        std::shared_ptr<cxxopts::Value> value;
+        switch (o.type) {
+            case SharedOption::Type::flag: value = cxxopts::value<bool>(); break;
+            case SharedOption::Type::text: value = cxxopts::value<std::string>(); break;
+            case SharedOption::Type::integer: value = cxxopts::value<int>(); break;
+        }
+        const char* def = default_value ? default_value : o.default_value;
+        if (*def) value->default_value(def);
+        opts.add_options(group)(o.names, o.help, value);
+        return;
+    }
+    throw std::logic_error("add_shared_option: no shared option --" + name);
+}
+
+}  // namespace hy

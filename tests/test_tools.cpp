@@ -1,0 +1,311 @@
+// Tests of the real hybrid-compare, hybrid-bench and hybrid-tokenize programs and of tools/embed_example (the C
+// program) on models/tiny: results, argument checks, exit codes and messages.
+// The programs run on the CPU backend (the goldens are fp32 CPU outputs) with -t 1, so that a busy machine does not
+// slow the OpenMP threads down. The helpers are in cli_util.h.
+#include <fcntl.h>
+#include <poll.h>
+#include <sys/ioctl.h>
+#include <sys/stat.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <catch2/catch.hpp>
+
+#include <cerrno>
+#include <chrono>
+#include <csignal>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "cli/line_reader.h"
+#include "cli_util.h"
+#include "engine.h"
+#include "test_util.h"
+
+using namespace hy::test::cli_util;
+
+TEST_CASE("cli: the C example (engine.h from C) generates the golden text", "[cli]") {
+    if (!have_programs()) return;
+    const auto g = golden_case("short");
+    const Run r = run_prog(kBin + "/embed_example", {"models/tiny", g["prompt"].get<std::string>(), "48", "1"});
+    INFO(r.err);
+    CHECK(r.rc == 0);
+    CHECK(r.out == g["greedy_fp32_text"].get<std::string>() + "\n");
+    CHECK(r.err.find("48 generated (stop: max tokens)") != std::string::npos);
+    CHECK(run_prog(kBin + "/embed_example", {"models/nope"}).rc == 2);
+}
+
+// More from the sixth session's fresh-user test: the tools read id lists as hybrid does ("1, 2"), an empty tokenizer
+// golden file is not a pass, --repeat without --bench is refused; REPL commands take a tab before their argument and
+// refuse an argument they do not take (it was ignored: "/exit now" left).
+TEST_CASE("cli tools and REPL commands: id lists, empty goldens, stray arguments", "[cli]") {
+    if (!have_programs()) return;
+    TempDir tmp("strays");
+    if (fs::exists(kBin + "/hybrid-tokenize")) {
+        const std::string tok = kBin + "/hybrid-tokenize";
+        const Run spaced = run_prog(tok, {"--tokenizer", "models/tiny", "--decode", "1, 2"});
+        const Run plain = run_prog(tok, {"--tokenizer", "models/tiny", "--decode", "1,2"});
+        CHECK(spaced.rc == 0);
+        CHECK(spaced.out == plain.out);
+        const Run bad = run_prog(tok, {"--tokenizer", "models/tiny", "--decode", "1,-2"});
+        CHECK(bad.rc == 2);
+        CHECK(bad.err == "hybrid-tokenize: --decode: '-2' is not a token id (expected a list like 1,2,3)\n");
+        const std::string empty = (tmp.path / "empty.json").string();
+        std::ofstream(empty) << "{\"cases\": []}";
+        const Run none = run_prog(tok, {"--tokenizer", "models/tiny", "--golden", empty});
+        CHECK(none.rc == 1);
+        CHECK(none.err.find("the 'cases' array is empty") != std::string::npos);
+        const Run rep = run_prog(tok, {"--tokenizer", "models/tiny", "--text", "a", "--repeat", "3"});
+        CHECK(rep.rc == 2);
+        CHECK(rep.err.find("--repeat applies to --bench only") != std::string::npos);
+    }
+    const std::vector<std::string> chat = {"-m", "models/tiny", "-i", "--temp", "0", "-n", "4", "--no-think"};
+    for (const char* cmd : {"/exit now", "/quit 1", "/reset all", "/help me"}) {
+        INFO(cmd);
+        check_one_line_error(hybrid(chat, std::string(cmd) + "\n"), 1, "takes no argument");
+    }
+    const std::string file = (tmp.path / "conv").string();
+    CHECK(hybrid(chat, "Hi.\n/save\t" + file + "\n").rc == 0);
+    CHECK(fs::is_regular_file(file));
+}
+
+TEST_CASE("cli tools: an option given twice is a usage error (exit 2), not the last value winning", "[cli]") {
+    if (!have_programs()) return;
+    for (const char* p : {"hybrid-compare", "hybrid-bench", "hybrid-tokenize"})
+        if (!fs::exists(kBin + "/" + p)) return;
+    const std::vector<std::pair<std::string, std::vector<std::string>>> runs = {
+        {"hybrid-bench", {"-m", "models/tiny", "-p", "4", "--prompt", "8"}},
+        {"hybrid-compare", {"-m", "models/tiny", "--case", "short", "--case", "long"}},
+        {"hybrid-tokenize", {"--tokenizer", "models/tiny", "--text", "a", "--text", "b"}},
+        {"hybrid-tokenize", {"--tokenizer", "models/tiny", "--text", "a", "--no-special", "--no-special"}}};
+    for (const auto& [prog, args] : runs) {
+        const Run r = run_prog(kBin + "/" + prog, args);
+        INFO(prog << ": " << r.err);
+        CHECK(r.rc == 2);
+        CHECK(r.err.find(prog + ": --") == 0);
+        CHECK(r.err.find(" was given more than once (give it once)") != std::string::npos);
+        CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+        CHECK(r.out.empty());
+    }
+}
+
+TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate their arguments", "[cli]") {
+    if (!have_programs()) return;
+    for (const char* p : {"hybrid-compare", "hybrid-bench", "hybrid-tokenize"})
+        if (!fs::exists(kBin + "/" + p)) {
+            WARN(p << " is not built: skipped");
+            return;
+        }
+    const std::string compare = kBin + "/hybrid-compare", bench = kBin + "/hybrid-bench",
+                      tokenize = kBin + "/hybrid-tokenize";
+    auto check = [](const Run& r, int code, const std::string& needle) {
+        INFO(r.out << r.err);
+        CHECK(r.rc == code);
+        CHECK(r.err.find(needle) != std::string::npos);
+        CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    };
+    // compare: an unknown case is an error, not "SUMMARY: 0/0"
+    const Run nope = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "nope"});
+    check(nope, 2, "no case named 'nope'");
+    CHECK(nope.out.find("SUMMARY") == std::string::npos);
+    check(run_prog(compare, {"-m", "models/tiny", "--tol", "-1"}), 2, "--tol");  // bad values: 2, as documented
+    check(run_prog(compare, {"-m", "models/tiny", "--near-tie", "-0.5"}), 2, "--near-tie");
+    check(run_prog(compare, {"-m", "models/tiny", "--tol", "1x"}), 2, "invalid value '1x' for --tol");
+    check(run_prog(compare, {"-m", "models/tiny", "-t", "-3"}), 2, "-t");
+    check(run_prog(compare, {"-m", "models/tiny", "--device", "gpu"}), 2, "--device");
+    check(run_prog(compare, {"-m", "models/nope"}), 1, "models/nope: no such model folder");
+    check(run_prog(compare, {"-m", "models/tiny", "stray"}), 2, "'stray'");
+    // int options strictly in the tools too (cxxopts wrapped values past 2^32 and took hexadecimal)
+    check(run_prog(compare, {"-m", "models/tiny", "-t", "0x10"}), 2, "invalid value '0x10' for --threads");
+    check(run_prog(bench, {"-m", "models/tiny", "-p", "5000000000"}), 2, "invalid value '5000000000' for --prompt");
+    check(run_prog(tokenize, {"--tokenizer", "models/tiny", "--bench", "/dev/null", "--repeat", "9999999999"}), 2,
+          "invalid value '9999999999' for --repeat");
+    check(run_prog(compare, {"-m", "models/tiny", "-t", "1", "--key", "nokey"}), 2,
+          "--key 'nokey': case 'one_token' of models/tiny/golden.json has no such token list");
+    check(run_prog(compare, {"-m", "models/tiny", "-t", "1", "--key", "greedy_fp32_text"}), 2,
+          "--key 'greedy_fp32_text': case 'one_token' of models/tiny/golden.json has no such token list");
+    const Run one = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "short"});
+    CHECK(one.rc == 0);
+    CHECK(one.out.find("SUMMARY: 1/1") != std::string::npos);
+    // a divergence accepted at a near-tie passes but is not "exact" (the golden bf16 CUDA tokens of `long` leave
+    // the fp32 ones at step 8, where the top-2 margin is 0.04): it was counted in "8/8 cases exact"
+    const Run tie = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "long", "--key", "greedy_bf16_cuda",
+                                       "--near-tie", "0.1"});
+    CHECK(tie.rc == 0);
+    CHECK(tie.out.find("SUMMARY: 0/1 cases exact (1 more accepted at a near-tie)") != std::string::npos);
+    const Run no_tie = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "long", "--key",
+                                          "greedy_bf16_cuda"});
+    CHECK(no_tie.rc == 1);
+    CHECK(no_tie.out.find("SUMMARY: 0/1 cases exact, max logit err") != std::string::npos);
+    // a FAIL for the logits says so (with "near-tie: accepted" it named only why the tokens passed)
+    const Run tight = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "short", "--tol", "1e-12"});
+    CHECK(tight.rc == 1);
+    CHECK(tight.out.find("; logit err above the tolerance 1e-12") != std::string::npos);
+    // without golden logits: "n/a", never "nan"
+    TempDir tmp("tools");
+    const fs::path dir = tmp.path / "nologits";
+    fs::create_directories(dir);
+    for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "golden.json"})
+        fs::copy_file(fs::path(kSrc) / "models/tiny" / f, dir / f);
+    const Run na = run_prog(compare, {"-m", dir.string(), "-t", "1", "--case", "short"});
+    INFO(na.out << na.err);
+    CHECK(na.rc == 0);
+    CHECK(na.out.find("logit err last n/a all n/a") != std::string::npos);
+    CHECK(na.out.find("nan") == std::string::npos);
+
+    // bench
+    check(run_prog(bench, {"-m", "models/tiny", "-b", "1,,2"}), 2, "-b: ''");
+    check(run_prog(bench, {"-m", "models/tiny", "-b", "x"}), 2, "-b: 'x'");
+    check(run_prog(bench, {"-m", "models/tiny", "-b", "0"}), 2, "-b: '0'");
+    check(run_prog(bench, {"-m", "models/tiny", "--ubatch", "0"}), 2, "--ubatch");
+    check(run_prog(bench, {"-m", "models/tiny", "-t", "2000"}), 2, "-t");
+    check(run_prog(bench, {"-m", "models/tiny", "-r", "0"}), 2, "-r must be >= 1");
+    check(run_prog(bench, {"-m", "models/tiny", "stray"}), 2, "'stray'");
+    check(run_prog(bench, {"-m", "models/tiny", "-n", "abc"}), 2, "invalid value 'abc' for -n");
+    check(run_prog(bench, {"-p", "8"}), 2, "-m DIR");  // a missing model folder is named in one line
+    // single-dash words (llama.cpp's -ngl 99, or a long option with one dash): named, not read as -n "gl"
+    check(run_prog(bench, {"-m", "models/tiny", "-ngl", "99"}), 2, "hybrid-bench: unknown option -ngl (-h lists");
+    check(run_prog(bench, {"-m", "models/tiny", "-prompt", "8"}), 2,
+          "unknown option -prompt (did you mean --prompt? long options take two dashes)");
+    check(run_prog(compare, {"-m", "models/tiny", "-case", "short"}), 2, "(did you mean --case?");
+    check(run_prog(tokenize, {"-tokenizer", "models/tiny", "--text", "a"}), 2, "(did you mean --tokenizer?");
+    check(run_prog(bench, {"-m", "models/tiny", "-ngl=99"}), 2, "unknown option -ngl=99 (-h lists");
+    check(run_prog(tokenize, {"--tokenizer", "models/tiny", "-text2", "a"}), 2, "-text2 (did you mean --text?");
+    check(run_prog(bench, {"-m", "models/tiny", "-p"}), 2, "hybrid-bench: -p needs a value");
+    check(run_prog(tokenize, {"--tokenizer", "models/tiny", "-t", "x"}), 2, "hybrid-tokenize: unknown option -t");
+    // an option word where a value belongs, and -x=VALUE, as hybrid reports them (--json -h wrote a file named
+    // "-h"; -m --device cpu was "unexpected argument 'cpu'"; -h=1 was "unknown option -=")
+    check(run_prog(bench, {"-m", "models/tiny", "-p", "4", "--json", "-h"}), 2,
+          "hybrid-bench: --json needs a value (the next word, -h, is an option)");
+    check(run_prog(compare, {"-m", "--device", "cpu"}), 2,
+          "hybrid-compare: -m needs a value (the next word, --device, is an option)");
+    check(run_prog(bench, {"-m", "models/tiny", "-h=1"}), 2, "hybrid-bench: -h takes no value: write -h alone");
+    check(run_prog(bench, {"-m", "models/tiny", "-p=4"}), 2, "-p takes its value as the next word: -p 4");
+    CHECK(run_prog(tokenize, {"--tokenizer", "models/tiny", "--text", "--decode"}).rc == 0);  // text: as given
+    // golden logits that lack a case: refused before any case runs (it stopped midway without a SUMMARY line)
+    {
+        auto g = nlohmann::json::parse(slurp(kSrc + "/models/tiny/golden.json"));
+        g["cases"][6]["name"] = "renamed";
+        g["batch"]["names"] = nlohmann::json::array({g["cases"][0]["name"]});
+        g["batch"]["greedy_fp32_left_padded"] = nlohmann::json::array({g["batch"]["greedy_fp32_left_padded"][0]});
+        const std::string path = (tmp.path / "renamed.json").string();
+        std::ofstream(path) << g.dump();
+        const Run r = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--golden", path});
+        check(r, 1, "golden_logits.safetensors: no tensor 'renamed' (expected F32 [");
+        CHECK(r.out.empty());
+        // a tensor of another shape is named with what it is (it was "no F32 [2, 4096] tensor")
+        auto g2 = nlohmann::json::parse(slurp(kSrc + "/models/tiny/golden.json"));
+        g2["cases"][0]["input_ids"].push_back(5);
+        const std::string path2 = (tmp.path / "longer.json").string();
+        std::ofstream(path2) << g2.dump();
+        const std::string name0 = g2["cases"][0]["name"].get<std::string>();
+        const size_t t0 = g2["cases"][0]["input_ids"].size();
+        check(run_prog(compare, {"-m", "models/tiny", "-t", "1", "--golden", path2}), 1,
+              "tensor '" + name0 + "' is F32 [" + std::to_string(t0 - 1) + ", 4096], expected F32 [" +
+                  std::to_string(t0) + ", 4096]");
+    }
+    check(run_prog(compare, {"-m", "models/tiny", "--logits", (tmp.path / "none.safetensors").string()}), 1,
+          "none.safetensors");
+    check(run_prog(bench, {"-m", "models/tiny", "-p", "2147483647", "-n", "2147483647"}), 2,
+          "-p + -n must be at most 2^30 - 1 positions, got 4294967294");
+    // ... but the value of an option that takes one is that value
+    check(run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "-nope"}), 2, "no case named '-nope'");
+    // a golden file without cases, or with a malformed batch entry: named, not "SUMMARY: 0/0" or a JSON exception
+    const fs::path g_empty = tmp.path / "empty.json", g_batch = tmp.path / "batch.json";
+    std::ofstream(g_empty) << R"({"cases": []})";
+    check(run_prog(compare, {"-m", "models/tiny", "--golden", g_empty.string()}), 1, "field 'cases' is empty");
+    {
+        auto g = nlohmann::json::parse(slurp(kSrc + "/models/tiny/golden.json"));
+        g["batch"] = {{"names", {"short"}}, {"greedy_fp32_left_padded", {{1, "x"}}}};
+        std::ofstream(g_batch) << g.dump();
+    }
+    check(run_prog(compare, {"-m", "models/tiny", "-t", "1", "--golden", g_batch.string()}), 1,
+          "field 'batch' must hold 'names' (a list of case names) and 'greedy_fp32_left_padded'");
+    // a token list shorter than max_new_tokens (it was read past its end: a crash for an empty one), a batch row
+    // naming no case, an id past int32 (it wrapped) or the vocabulary, a name used twice: refused before the run
+    auto golden_variant = [&](const std::string& file, const std::function<void(nlohmann::json&)>& edit) {
+        auto g = nlohmann::json::parse(slurp(kSrc + "/models/tiny/golden.json"));
+        edit(g);
+        const std::string path = (tmp.path / file).string();
+        std::ofstream(path) << g.dump();
+        return run_prog(compare, {"-m", "models/tiny", "-t", "1", "--golden", path});
+    };
+    check(golden_variant("g1.json", [](nlohmann::json& g) { g["cases"][0]["greedy_fp32_cpu"] = nlohmann::json::array(); }),
+          1, "('one_token'): 'greedy_fp32_cpu' has 0 tokens, max_new_tokens is 48");
+    check(golden_variant("g2.json", [](nlohmann::json& g) { g["batch"]["names"][0] = "nope"; }), 1,
+          "field 'batch' names 'nope', which is not a case of the file");
+    check(golden_variant("g3.json", [](nlohmann::json& g) { g["cases"][0]["input_ids"][0] = 4294969814LL; }), 1,
+          "field 'input_ids' must be a non-empty list of token ids");
+    check(golden_variant("g4.json", [](nlohmann::json& g) { g["cases"][0]["input_ids"][0] = 99999; }), 1,
+          "'input_ids' holds 99999, outside the model's vocabulary [0, 4096)");
+    check(golden_variant("g5.json", [](nlohmann::json& g) { g["cases"][1]["name"] = g["cases"][0]["name"]; }), 1,
+          "the name 'one_token' is used by an earlier case too");
+    check(golden_variant("g6.json",
+                         [](nlohmann::json& g) {
+                             auto& row = g["batch"]["greedy_fp32_left_padded"][0];
+                             row = nlohmann::json::array({row[0]});
+                         }),
+          1, "batch row 0 ('");  // a truncated batch row passed
+    check(golden_variant("g7.json", [](nlohmann::json& g) { g["cases"] = nlohmann::json::object(); }), 1,
+          "field 'cases' must be a list");
+    check(golden_variant("g8.json", [](nlohmann::json& g) { g["cases"][2]["name"] = "batch"; }), 1,
+          "case 2: the name 'batch' is the batch entry's");  // (--case batch ran both)
+    // --name=VALUE with a value of several lines (cxxopts refused it)
+    const Run ml = run_prog(tokenize, {"--tokenizer", "models/tiny", "--text=a\nb"});
+    INFO(ml.err);
+    CHECK(ml.rc == 0);
+    check(run_prog(compare, {"--device", "cpu"}), 2, "-m DIR");
+    {  // a symbolic link is not written through (its target could be any file, as /save refuses)
+        const fs::path target = tmp.path / "keep.txt", link = tmp.path / "link.json";
+        std::ofstream(target) << "keep";
+        fs::create_symlink(target, link);
+        check(run_prog(bench, {"-m", "models/tiny", "-p", "4", "-n", "2", "-r", "1", "--json", link.string()}), 1,
+              "link.json: is a symbolic link; not replaced");
+        CHECK(slurp(target.string()) == "keep");
+    }
+    const Run j = run_prog(bench, {"-m", "models/tiny", "--json", (tmp.path / "no" / "b.json").string()});
+    check(j, 1, "cannot write: no folder");
+    CHECK(j.out.empty());  // refused before the run
+    {  // nothing is created before the end: a run that fails (or is interrupted) leaves no empty file
+        const fs::path never = tmp.path / "never.json";
+        check(run_prog(bench, {"-m", "models/nope", "--json", never.string()}), 1, "models/nope");
+        CHECK(!fs::exists(never));
+    }
+    const std::string json_path = (tmp.path / "b.json").string();
+    const Run ok = run_prog(bench, {"-m", "models/tiny", "-t", "1", "-p", "8", "-n", "4", "-r", "1", "--json", json_path});
+    INFO(ok.err);
+    CHECK(ok.rc == 0);
+    const auto bj = nlohmann::json::parse(slurp(json_path));
+    CHECK(bj["runs"].size() == 1);
+    CHECK(bj["settings"]["reps"] == 1);  // the settings travel with the figures
+    CHECK(bj["runs"][0]["bytes_per_step"].is_number_integer());
+    CHECK(bj["cpu_threads"] == 1);  // the threads in use (-t 1)
+    // the copy probe's 512 MiB of buffers are not in the peak (the tiny model's run itself needs about 200 MiB)
+    CHECK(bj["peak_rss_bytes"].get<int64_t>() < (int64_t(450) << 20));
+    if (fs::exists("/dev/full")) {  // a lost table is a failure, not exit 0
+        const std::string cmd = "cd " + quote(kSrc) + " && " + quote(bench) +
+                                " -m models/tiny -t 1 -p 8 -n 4 -r 1 >/dev/full 2>" + quote((tmp.path / "e").string());
+        const int st = std::system(cmd.c_str());
+        CHECK((WIFEXITED(st) ? WEXITSTATUS(st) : -1) == 1);
+        CHECK(slurp((tmp.path / "e").string()).find("cannot write to stdout") != std::string::npos);
+    }
+
+    // tokenize
+    check(run_prog(tokenize, {"--tokenizer", "models/tiny", "--text", "hi", "extra"}), 2, "'extra'");
+    CHECK(run_prog(tokenize, {"--tokenizer", "models/tiny", "--text", "hi"}).rc == 0);
+    check(run_prog(tokenize, {"--tokenizer", "models/tiny", "--bench", "README.md", "--repeat", "0"}), 2, "--repeat");
+    if (fs::exists("/dev/full"))  // a lost result is a failure
+        for (const std::string& cmd : {quote(compare) + " -m models/tiny -t 1 --case short", quote(tokenize) +
+                                           " --tokenizer models/tiny --text hi", quote(bench) + " --help"}) {
+            const int st = std::system(("cd " + quote(kSrc) + " && " + cmd + " >/dev/full 2>/dev/null").c_str());
+            INFO(cmd);
+            CHECK((WIFEXITED(st) ? WEXITSTATUS(st) : -1) == 1);
+        }
+}
