@@ -138,6 +138,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
          cxxopts::value<int>()->default_value("4096"));
     add_shared_option(opts, "Model", "threads");
     add_shared_option(opts, "Model", "device");
+    add_shared_option(opts, "Model", "no-cuda-graphs");
     opts.add_options("Prompt")
         ("p,prompt", "prompt text (escapes \\n \\t \\r \\0 \\\\ \\\" \\' processed)", cxxopts::value<std::string>())
         ("f,file", "read the prompt from FILE (as is; at most 256 MiB; - or a pipe such as /dev/stdin is read to "
@@ -278,6 +279,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     o.escape = !flag("no-escape");
     o.n_ctx = r["ctx-size"].as<int>();
     if (o.n_ctx < 1) usage("-c must be >= 1, got " + std::to_string(o.n_ctx));
+    o.cuda_graphs = !flag("no-cuda-graphs");
     o.n_threads = r["threads"].as<int>();
     if (o.n_threads < 0 || o.n_threads > 1024) usage("-t must be in [0, 1024], got " + std::to_string(o.n_threads));
     const std::string dev = r["device"].as<std::string>();

@@ -39,6 +39,7 @@ struct Options {
     int n_predict = -1;                 // -n: -1 until EOS or context full
     int n_ctx = 4096;                   // -c
     int n_threads = 0;                  // -t: 0 all cores
+    bool cuda_graphs = true;            // --no-cuda-graphs turns them off
     hy_device device = HY_DEVICE_AUTO;  // --device
     hy_sampler_params sampling{};       // --temp, --top-k, ... and -s
     int sampling_given = 0;             // hy_sampler_field mask of the sampling options given on the command line

@@ -228,6 +228,7 @@ int run(int argc, char** argv) {
     hy_model_params mp = hy_model_default_params();
     mp.device = o.device;
     mp.n_threads = o.n_threads;
+    mp.cuda_graphs = o.cuda_graphs ? 1 : 0;
     mp.n_ctx = o.n_ctx;
     if (o.has_batch) mp.n_slots = std::min<int>(o.parallel, int(o.batch_prompts.size()));
     if (stderr_tty()) std::fprintf(stderr, "hybrid: loading %s ...", o.model_dir.c_str());

@@ -22,6 +22,9 @@ inline constexpr SharedOption kSharedOptions[] = {
     {"m,model", "model folder (config.json, *.safetensors, tokenizer.json)", SharedOption::Type::text, ""},
     {"t,threads", "CPU threads (0: all cores)", SharedOption::Type::integer, "0"},
     {"device", "auto, cpu or cuda", SharedOption::Type::text, "auto"},
+    {"no-cuda-graphs", "CUDA: launch every kernel one by one instead of replaying CUDA graphs (same results, slower; "
+     "for profilers and debugging)", SharedOption::Type::flag, ""},
+    {"no-pdl", "CUDA: no programmatic dependent launch (comparisons)", SharedOption::Type::flag, ""},
     {"h,help", "print this help", SharedOption::Type::flag, ""},
 };
 

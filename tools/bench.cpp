@@ -98,10 +98,14 @@ int main(int argc, char** argv) {
         ("r,reps", "repetitions (medians are reported)", cxxopts::value<int>()->default_value("3"));
     add_shared_option(opts, "", "device");
     add_shared_option(opts, "", "threads");
+    add_shared_option(opts, "", "no-cuda-graphs");
+    add_shared_option(opts, "", "no-pdl");
     opts.add_options()
         ("ubatch", "prefill chunk (rows per forward step)", cxxopts::value<int>()->default_value("512"))
         ("json", "also write the results to this JSON file (replaced if it exists; a symbolic link is refused)",
-         cxxopts::value<std::string>());
+         cxxopts::value<std::string>())
+        ("cuda-trace", "CUDA builds with -DHY_CUDA_TRACE=ON: write every kernel's start and ready times to this file "
+         "(tools/gpu/trace_summary.py)", cxxopts::value<std::string>());
     add_shared_option(opts, "", "help");
     // clang-format on
     cxxopts::ParseResult args;
@@ -158,6 +162,9 @@ int main(int argc, char** argv) {
         ModelParams mp;
         mp.device = tools::parse_device(dev);
         mp.n_threads = threads;
+        mp.cuda.graphs = !args["no-cuda-graphs"].as<bool>();
+        mp.cuda.pdl = !args["no-pdl"].as<bool>();
+        if (args.count("cuda-trace")) mp.cuda.trace_file = args["cuda-trace"].as<std::string>();
         if (int64_t(n_prompt) + n_gen + 1 > (int64_t(1) << 30))  // (the sum overflowed int: "context length -1")
             throw tools::UsageError("-p + -n must be at most 2^30 - 1 positions, got " +
                                     std::to_string(int64_t(n_prompt) + n_gen));
@@ -193,12 +200,14 @@ int main(int argc, char** argv) {
         std::printf("model %s: %d layers (%d attention), hidden %d, vocab %d; backend %s; arena %.1f MiB (weights %.1f MiB)\n",
                     dir.c_str(), c.n_layers, c.n_attention_layers(), c.hidden_size, c.vocab_size, be.name(),
                     double(model->arena_bytes()) / 1048576.0, double(model->weight_bytes()) / 1048576.0);
+        if (!be.settings().empty()) std::printf("backend settings: %s\n", be.settings().c_str());
         std::printf("ready after %.2f s; copy bandwidth %s\n", t_ready,
                     copy_gbs > 0 ? (std::to_string(int(copy_gbs)) + " GB/s").c_str() : "not measured");
         std::printf("\n| batch | prompt | gen | prefill tok/s | decode tok/s | MB/step | GB/s | %% roofline |\n");
         std::printf("|------:|-------:|----:|--------------:|-------------:|--------:|-----:|-----------:|\n");
 
-        nlohmann::json out = {{"model", dir}, {"backend", be.name()}, {"ready_s", t_ready}, {"copy_gbs", copy_gbs},
+        nlohmann::json out = {{"model", dir}, {"backend", be.name()},
+                              {"backend_settings", be.settings()}, {"ready_s", t_ready}, {"copy_gbs", copy_gbs},
                               {"arena_bytes", model->arena_bytes()}, {"weight_bytes", model->weight_bytes()},
                               {"state_bytes", model->state_bytes()},
                               {"settings", {{"prompt", n_prompt}, {"gen", n_gen}, {"batch", batches}, {"reps", reps},

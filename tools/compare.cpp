@@ -86,6 +86,8 @@ int main(int argc, char** argv) {
         ("near-tie", "accept a divergence where our top-2 logit margin is below this (a near-tie)",
          cxxopts::value<std::string>()->default_value("0"));
     add_shared_option(opts, "", "threads");
+    add_shared_option(opts, "", "no-cuda-graphs");
+    add_shared_option(opts, "", "no-pdl");
     opts.add_options()
         ("case", "run only this case (batch: the batch entry and the cases it compares with)",
          cxxopts::value<std::string>());
@@ -106,6 +108,8 @@ int main(int argc, char** argv) {
         ModelParams mp;
         mp.device = tools::parse_device(dev);
         mp.n_threads = args["threads"].as<int>();
+        mp.cuda.graphs = !args["no-cuda-graphs"].as<bool>();
+        mp.cuda.pdl = !args["no-pdl"].as<bool>();
         if (mp.n_threads < 0 || mp.n_threads > 1024)
             throw tools::UsageError("-t must be in [0, 1024], got " + std::to_string(mp.n_threads));
         auto nonnegative = [&](const char* name) {  // a real option >= 0, parsed strictly (arg_error.h)

@@ -49,7 +49,7 @@ grep -E "^(ok|FAIL)|SUMMARY" "$LOG" | tail -9 >>"$SUM"
 [ "${CALIBRATE:-0}" = 1 ] && step compare_tiny_vs_hf_bf16 60 $BIN/hybrid-compare -m models/tiny --device cuda --golden $G/golden.json \
     --logits $G/hf_bf16_logits.safetensors --tol 1 --near-tie 0.05
 [ "${CALIBRATE:-0}" = 1 ] && grep -E "^(ok|FAIL)|SUMMARY" "$LOG" | tail -9 >>"$SUM"
-step compare_tiny_nograph 60 env HY_CUDA_GRAPHS=0 $BIN/hybrid-compare -m models/tiny --device cuda \
+step compare_tiny_nograph 60 $BIN/hybrid-compare -m models/tiny --device cuda --no-cuda-graphs \
     --golden $G/golden.json --logits $G/golden_logits.safetensors --near-tie 0.05
 grep -E "SUMMARY" "$LOG" | tail -1 >>"$SUM"
 step compare_tiny_committed 60 $BIN/hybrid-compare -m models/tiny --device cuda
@@ -86,7 +86,7 @@ if [ $(($(date +%s) - T0)) -lt 330 ]; then
     if [ $(($(date +%s) - T0)) -lt 480 ]; then
         step bench_4b 60 $BIN/hybrid-bench -m $M --device cuda -p 512 -n 128 -r 3 --json "$OUT/bench.json"
         grep -E "^\|" "$LOG" | tail -1 >>"$SUM"
-        step bench_4b_nograph 60 env HY_CUDA_GRAPHS=0 $BIN/hybrid-bench -m $M --device cuda -p 512 -n 64 -r 3
+        step bench_4b_nograph 60 $BIN/hybrid-bench -m $M --device cuda -p 512 -n 64 -r 3 --no-cuda-graphs
         grep -E "^\|" "$LOG" | tail -1 >>"$SUM"
         step bench_4b_prefill4096 90 $BIN/hybrid-bench -m $M --device cuda -p 4096 -n 8 -r 2 --ubatch 4096
         grep -E "^\|" "$LOG" | tail -1 >>"$SUM"

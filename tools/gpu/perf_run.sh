@@ -7,10 +7,11 @@
 #      PDL off, prefill 4096, batch sizes 1..128
 #   4. Hugging Face transformers on the same folder (tools/gpu/hf_decode_baseline.py)
 #   5. ncu per-kernel times of one decode step
-#   6. optional stages: trace (per-kernel critical-path costs of a b=1 step, HY_CUDA_TRACE), ab (alternating
-#      decode b=1 pairs, AB="ENV=VALUE ..."; TRACE_ENV="ENV=VALUE ..." for the trace, TRACE_BASE=1 also traces the
-#      baseline binaries of gpu-bin/base.txz), sweep (decode b=1 under each of SWEEP="A=1,B=2 A=3 - base"), ablate (decode b=1 without some op kinds, HY_CUDA_SKIP_OPS),
-#      sanitize (compute-sanitizer memcheck/racecheck/synccheck), ncu64, ncu8 (b=64 / b=8 profiles), cli
+#   6. optional stages: trace (per-kernel critical-path costs of a b=1 step, hybrid-bench --cuda-trace: binaries
+#      built with -DHY_CUDA_TRACE=ON; TRACE_FLAGS="--no-pdl ..." for the trace, TRACE_BASE=1 also traces the
+#      baseline binaries of gpu-bin/base.txz), ab (alternating decode b=1 pairs, AB="--no-pdl ..."), sweep (decode
+#      b=1 under each of SWEEP="--no-pdl,--no-cuda-graphs --no-pdl - base"), sanitize (compute-sanitizer
+#      memcheck/racecheck/synccheck), ncu64, ncu8 (b=64 / b=8 profiles), cli
 # STAGES (default "all") limits the run: e.g. STAGES="tests bench" . Logs: $OUT/all.log, $OUT/summary.txt.
 # Usage (device tool): bash tools/gpu/perf_run.sh   with carry [".carry", "gpu-bin"]; gpu-bin/bins.txz holds
 # hybrid-tests, hybrid-bench, hybrid-compare, hybrid-kernel-bench and hybrid built here (see tools/gpu/pack_bins.sh).
@@ -43,7 +44,7 @@ if want tests; then
     grep -E "test cases|FAILED|rel err" "$LOG" | tail -6 >>"$SUM"
     step compare_tiny 60 $BIN/hybrid-compare -m models/tiny --device cuda --near-tie 0.05
     grep -E "SUMMARY" "$LOG" | tail -1 >>"$SUM"
-    step compare_tiny_nopdl 60 env HY_CUDA_PDL=0 $BIN/hybrid-compare -m models/tiny --device cuda --near-tie 0.05
+    step compare_tiny_nopdl 60 $BIN/hybrid-compare -m models/tiny --device cuda --near-tie 0.05 --no-pdl
     grep -E "SUMMARY" "$LOG" | tail -1 >>"$SUM"
 fi
 if want sanitize; then  # memcheck over every [gpu] test; racecheck (shared memory) over the mixer kernels' tests
@@ -62,14 +63,14 @@ if want kernels; then
     step kernel_bench8 120 $BIN/hybrid-kernel-bench 8
     grep -E "^\| [a-z]" "$LOG" | tail -6 >>"$SUM"
 fi
-if want bench || want ablate || want ab || want sweep || want trace || want hf || want ncu || want ncu64 || want ncu8 || want cli; then
+if want bench || want ab || want sweep || want trace || want hf || want ncu || want ncu64 || want ncu8 || want cli; then
     [ -f $M/config.json ] || step fixture_4b 150 python3 tools/gpu/random_checkpoint.py --out $M  # kept while warm
 fi
 if want bench; then
     step bench_b1 90 $BIN/hybrid-bench -m $M --device cuda -p 512 -n 256 -r 3 --json "$OUT/bench_b1.json"
     grep -E "^ready|^device memory" "$LOG" | tail -2 >>"$SUM"
     last_table 1
-    step bench_b1_nopdl 60 env HY_CUDA_PDL=0 $BIN/hybrid-bench -m $M --device cuda -p 512 -n 128 -r 2
+    step bench_b1_nopdl 60 $BIN/hybrid-bench -m $M --device cuda -p 512 -n 128 -r 2 --no-pdl
     last_table 1
     step bench_prefill4096 90 $BIN/hybrid-bench -m $M --device cuda -p 4096 -n 8 -r 2 --ubatch 4096
     last_table 1
@@ -77,46 +78,36 @@ if want bench; then
         --json "$OUT/bench_batch.json"
     last_table 5
 fi
-if want ablate; then  # decode b=1 without some op kinds (HY_CUDA_SKIP_OPS): what each costs inside the graph
-    for skip in "" add_rms_norm,rms_norm gated_delta_net gdn_conv gdn_recurrence attention \
-        add_rms_norm,rms_norm,gated_delta_net,attention gemv_group,gate_up,matmul,logits; do
-        step "ablate_${skip:-none}" 60 env HY_CUDA_SKIP_OPS=$skip $BIN/hybrid-bench -m $M --device cuda -p 512 -n 128 -r 3
-        say "skip [${skip:-none}]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
-    done
-    step ablate_gemv_only_nopdl 60 env HY_CUDA_PDL=0 HY_CUDA_SKIP_OPS=add_rms_norm,rms_norm,gated_delta_net,attention \
-        $BIN/hybrid-bench -m $M --device cuda -p 512 -n 128 -r 3
-    say "skip [small, PDL off]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
-fi
-if want ab; then  # alternating pairs of decode b=1 with and without the environment settings in AB (default: the
-    # decode norm fusion off), each pair in one warm run: differences of a few percent beat the run-to-run noise
-    AB=${AB:-HY_CUDA_NORM_FUSION=0}
+if want ab; then  # alternating pairs of decode b=1 with and without the hybrid-bench flags in AB (default: PDL
+    # off), each pair in one warm run: differences of a few percent beat the run-to-run noise
+    AB=${AB:---no-pdl}
     for i in 1 2; do
         step "ab_default_$i" 60 $BIN/hybrid-bench -m $M --device cuda -p 512 -n 128 -r 3
         say "ab default: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
-        step "ab_with_$i" 60 env $AB $BIN/hybrid-bench -m $M --device cuda -p 512 -n 128 -r 3
+        step "ab_with_$i" 60 $BIN/hybrid-bench -m $M --device cuda -p 512 -n 128 -r 3 $AB
         say "ab [$AB]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
     done
 fi
 if want sweep; then  # decode b=1 under each setting of SWEEP (space-separated; a setting is comma-separated
-    # ENV=VALUE assignments, "-" for none, "base" for the baseline binaries), two rounds in turn in one warm run
+    # hybrid-bench flags, "-" for none, "base" for the baseline binaries), two rounds in turn in one warm run
     for i in 1 2; do
         for set in ${SWEEP:--}; do
-            env_args=()
+            flags=()
             bin=$BIN
-            if [ "$set" = base ]; then bin=$BIN/base; elif [ "$set" != - ]; then IFS=, read -r -a env_args <<<"$set"; fi
-            step "sweep_${i}_$set" 60 env "${env_args[@]}" $bin/hybrid-bench -m $M --device cuda -p 512 -n 128 -r 3
+            if [ "$set" = base ]; then bin=$BIN/base; elif [ "$set" != - ]; then IFS=, read -r -a flags <<<"$set"; fi
+            step "sweep_${i}_$set" 60 $bin/hybrid-bench -m $M --device cuda -p 512 -n 128 -r 3 "${flags[@]}"
             say "sweep [$set]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
         done
     done
 fi
-if want trace; then  # each kernel's cost on the critical path of the pipelined b=1 decode step (HY_CUDA_TRACE),
-    # under the space-separated ENV=VALUE settings of TRACE_ENV (default none)
-    step trace_b1 90 env ${TRACE_ENV:-} HY_CUDA_TRACE=/tmp/trace_b1.txt $BIN/hybrid-bench -m $M --device cuda -p 512 -n 64 -r 1
+if want trace; then  # each kernel's cost on the critical path of the pipelined b=1 decode step (--cuda-trace, in
+    # binaries built with -DHY_CUDA_TRACE=ON), with the hybrid-bench flags of TRACE_FLAGS (default none)
+    step trace_b1 90 $BIN/hybrid-bench -m $M --device cuda -p 512 -n 64 -r 1 --cuda-trace /tmp/trace_b1.txt ${TRACE_FLAGS:-}
     python3 tools/gpu/trace_summary.py /tmp/trace_b1.txt --steps 48 >"$OUT/trace_b1.txt" 2>&1
     head -24 "$OUT/trace_b1.txt" >>"$SUM"
     if [ "${TRACE_BASE:-0}" = 1 ]; then  # the same trace of the baseline binaries
-        step trace_b1_base 90 env HY_CUDA_TRACE=/tmp/trace_b1_base.txt $BIN/base/hybrid-bench -m $M --device cuda \
-            -p 512 -n 64 -r 1
+        step trace_b1_base 90 $BIN/base/hybrid-bench -m $M --device cuda -p 512 -n 64 -r 1 \
+            --cuda-trace /tmp/trace_b1_base.txt
         python3 tools/gpu/trace_summary.py /tmp/trace_b1_base.txt --steps 48 >"$OUT/trace_b1_base.txt" 2>&1
         head -24 "$OUT/trace_b1_base.txt" >>"$SUM"
     fi

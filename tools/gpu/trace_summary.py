@@ -1,5 +1,6 @@
 #!/usr/bin/env python3
-"""Per-kernel critical-path costs of the decode steps in a HY_CUDA_TRACE file (kernels/cuda/cuda_backend.cu).
+"""Per-kernel critical-path costs of the decode steps in a hybrid-bench --cuda-trace file (builds with
+-DHY_CUDA_TRACE=ON; kernels/cuda/cuda_backend.cu).
 
 Each kernel's cost is the time from its ready stamp (its wait for the predecessor returned) to the next kernel's
 ready stamp: what the kernel adds to the pipelined step. A step starts at every launch of the first kernel named
