@@ -450,15 +450,6 @@ int hy_state_load(hy_context* c, const void* buf, size_t n) {
     });
 }
 
-int hy_file_write(const char* path, const void* data, size_t n, int overwrite) {
-    return guard([&] {
-        HY_CHECK_ARG(path && (data || n == 0), "hy_file_write: path and data must not be NULL");
-        HY_CHECK_ARG(*path, "hy_file_write: the path is empty");
-        hy::write_file_atomic(path, data, n, overwrite != 0);
-        return int(Status::ok);
-    });
-}
-
 int hy_state_save_file(const hy_context* c, const char* path, int overwrite) {
     return guard([&] {
         HY_CHECK_ARG(c && path && *path, "hy_state_save_file: ctx and path must be given");

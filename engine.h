@@ -228,12 +228,6 @@ int hy_state_load(hy_context* ctx, const void* buf, size_t n);
  * synced, then linked or renamed onto PATH, so a failure never leaves a half-written PATH. */
 int hy_state_save_file(const hy_context* ctx, const char* path, int overwrite);
 
-/* Writes n bytes to path the way hy_state_save_file does: through a new, uniquely named file in the same folder
- * (synced), then linked (overwrite == 0: never replaces a file, even one that appears meanwhile) or renamed onto
- * path; an overwritten file keeps its permissions; an existing path that is not a regular file (symbolic link,
- * device, directory, FIFO) is never replaced. Errors: HY_ERR_IO (naming the path and the reason). */
-int hy_file_write(const char* path, const void* data, size_t n, int overwrite);
-
 /* hy_state_load from a file. HY_ERR_INVALID_ARGUMENT for a NULL or empty path, HY_ERR_IO when it cannot be read or
  * is not a regular file; the fixed header is checked before the rest is read, and a file larger than
  * hy_state_size_max() is refused (HY_ERR_FORMAT, or HY_ERR_MODEL_MISMATCH for another model's). In those cases the
