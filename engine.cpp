@@ -385,8 +385,7 @@ int hy_decode_batch(hy_context* const* ctxs, const int32_t* ids, int n) {
         HY_CHECK_ARG(n <= model.n_slots() && n <= std::max(model.max_logits(), 1),
                      "hy_decode_batch: " + std::to_string(n) + " contexts, at most " +
                          std::to_string(model.n_slots()) + " per step");
-        std::vector<hy::SeqRun> runs(static_cast<size_t>(n));
-        std::vector<int32_t> rows(static_cast<size_t>(n));
+        std::vector<hy::Sequence*> seqs(static_cast<size_t>(n));
         for (int i = 0; i < n; i++) {
             hy_context* c = ctxs[i];
             HY_CHECK_ARG(c && c->m == m, "hy_decode_batch: contexts must be non-NULL and of one model");
@@ -397,22 +396,9 @@ int hy_decode_batch(hy_context* const* ctxs, const int32_t* ids, int n) {
             const int len = model.seq_len(c->slot);
             if (len + 1 > model.n_ctx())
                 return fail(Status::context_full, "a sequence is full (" + std::to_string(len) + " tokens)");
-            runs[size_t(i)] = hy::SeqRun{int32_t(c->slot), int32_t(len), int32_t(i), 1};
-            rows[size_t(i)] = i;
+            seqs[size_t(i)] = c;
         }
-        hy::BatchDesc b;
-        b.n_tokens = n;
-        b.token_ids = ids;
-        b.runs = runs.data();
-        b.n_runs = n;
-        std::span<const float> out = model.step(b, rows);
-        for (int i = 0; i < n; i++) {
-            hy_context* c = ctxs[i];
-            c->history.push_back(ids[i]);
-            std::copy(out.begin() + ptrdiff_t(i) * m->n_logits, out.begin() + ptrdiff_t(i + 1) * m->n_logits,
-                      c->logits.begin());
-            c->has_logits = true;
-        }
+        hy::decode_batch(seqs, ids);
         return int(Status::ok);
     });
 }

@@ -75,4 +75,30 @@ void Sequence::clear() {
     has_logits = false;
 }
 
+void decode_batch(std::span<Sequence* const> seqs, const int32_t* ids) {
+    if (seqs.empty()) return;
+    Model& model = *seqs[0]->model;
+    const int n = int(seqs.size());
+    std::vector<SeqRun> runs(seqs.size());
+    std::vector<int32_t> rows(seqs.size());
+    for (int i = 0; i < n; i++) {
+        const int slot = seqs[size_t(i)]->slot;
+        runs[size_t(i)] = SeqRun{int32_t(slot), int32_t(model.seq_len(slot)), int32_t(i), 1};
+        rows[size_t(i)] = i;
+    }
+    BatchDesc b;
+    b.n_tokens = n;
+    b.token_ids = ids;
+    b.runs = runs.data();
+    b.n_runs = n;
+    std::span<const float> out = model.step(b, rows);
+    for (int i = 0; i < n; i++) {
+        Sequence& s = *seqs[size_t(i)];
+        s.history.push_back(ids[i]);
+        const auto row = out.begin() + ptrdiff_t(i) * s.n_logits;
+        std::copy(row, row + s.n_logits, s.logits.begin());
+        s.has_logits = true;
+    }
+}
+
 }  // namespace hy

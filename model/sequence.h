@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "model/model.h"
@@ -33,5 +34,11 @@ struct Sequence {
     // Empties the sequence (and resets its slot).
     void clear();
 };
+
+// One decode step for seqs.size() sequences of one model at once: ids[i] is appended to seqs[i] and run through the
+// model in a single batch (Model::step), and each sequence gets its logits row. The caller has checked them: each
+// sequence at most once, none with a pending id, each with room for one more id, every id in [0, n_logits), at most
+// the model's n_slots (and max_logits) of them. Throws what Model::step throws (the sequences are then unchanged).
+void decode_batch(std::span<Sequence* const> seqs, const int32_t* ids);
 
 }  // namespace hy
