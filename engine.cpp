@@ -1,5 +1,7 @@
-// engine.cpp: engine.h (the C API) over model/ (Model, Tokenizer, Sampler). Every entry point catches hy::Error
-// and std::exception and turns them into an hy_status plus the thread-local hy_last_error() message.
+// engine.cpp: engine.h (the C API) over model/: argument checks, the C structs converted to and from model/'s
+// types, and calls (the generation loop is model/generate, snapshots model/snapshot, files model/file_io). Every
+// entry point catches hy::Error and std::exception and turns them into an hy_status plus the thread-local
+// hy_last_error() message.
 #include "engine.h"
 
 #include <algorithm>
