@@ -111,8 +111,9 @@ int hy_model_n_ctx_train(const hy_model* model);
 const char* hy_model_backend(const hy_model* model);
 /* Bytes held by the model's arena (weights + state + activations). */
 size_t hy_model_arena_bytes(const hy_model* model);
-/* A 64-bit fingerprint of the checkpoint (config.json, tokenizer.json and samples of the weight files); snapshots
- * carry it and are refused by a model with another fingerprint. */
+/* A 64-bit fingerprint of the checkpoint (64-bit FNV-1a of config.json, tokenizer.json and samples of the weight
+ * files); snapshots carry it and are refused by a model with another fingerprint. Builds before snapshot version 3
+ * computed other values for the same folder. */
 uint64_t hy_model_fingerprint(const hy_model* model);
 
 /* The end-of-sequence set: the union of config.json eos_token_id, generation_config.json eos_token_id and the
@@ -211,14 +212,16 @@ const float* hy_context_logits(const hy_context* ctx, int* n_logits);
 
 /* ---- snapshots: the whole sequence (history, KV cache, conv and recurrent state, last logits) ----------------- */
 /* Serializes the context. With buf == NULL or cap too small, only *n_out (the size needed) is set and
- * HY_OK / HY_ERR_INVALID_ARGUMENT returned respectively. The format carries the model fingerprint and a checksum of
- * its contents. */
+ * HY_OK / HY_ERR_INVALID_ARGUMENT returned respectively. The format (model/snapshot.h) carries a version, the model
+ * fingerprint and a checksum of its contents. This build writes and reads version 3 only: snapshots of builds
+ * before it (versions 1 and 2, whose fingerprint was computed with a wrong FNV-1a offset basis) are refused with
+ * HY_ERR_FORMAT, "snapshot version 2, this build reads version 3 (...)". */
 int hy_state_save(const hy_context* ctx, void* buf, size_t cap, size_t* n_out);
 
 /* Restores a snapshot made by hy_state_save / hy_state_save_file into ctx (any slot). Errors: HY_ERR_INVALID_ARGUMENT
  * (NULL ctx or buf; the context is unchanged), HY_ERR_FORMAT (not a snapshot, truncated, damaged: the checksum does
- * not match, other version), HY_ERR_MODEL_MISMATCH (saved from another model: fingerprint or shapes differ),
- * HY_ERR_CONTEXT_FULL (more tokens than n_ctx). On those three the context is left empty (reset). */
+ * not match, another version: see hy_state_save), HY_ERR_MODEL_MISMATCH (saved from another model: fingerprint or
+ * shapes differ), HY_ERR_CONTEXT_FULL (more tokens than n_ctx). On those three the context is left empty (reset). */
 int hy_state_load(hy_context* ctx, const void* buf, size_t n);
 
 /* hy_state_save to a file. overwrite == 0 refuses an existing path (HY_ERR_IO, message "... exists"). An existing
@@ -226,12 +229,6 @@ int hy_state_load(hy_context* ctx, const void* buf, size_t n);
  * snapshot is written to a new, uniquely named file PATH.XXXXXX in the same folder (no other file is touched),
  * synced, then linked or renamed onto PATH, so a failure never leaves a half-written PATH. */
 int hy_state_save_file(const hy_context* ctx, const char* path, int overwrite);
-
-/* Writes n bytes to path the way hy_state_save_file does: through a new, uniquely named file in the same folder
- * (synced), then linked (overwrite == 0: never replaces a file, even one that appears meanwhile) or renamed onto
- * path; an overwritten file keeps its permissions; an existing path that is not a regular file (symbolic link,
- * device, directory, FIFO) is never replaced. Errors: HY_ERR_IO (naming the path and the reason). */
-int hy_file_write(const char* path, const void* data, size_t n, int overwrite);
 
 /* hy_state_load from a file. HY_ERR_INVALID_ARGUMENT for a NULL or empty path, HY_ERR_IO when it cannot be read or
  * is not a regular file; the fixed header is checked before the rest is read, and a file larger than

@@ -67,9 +67,6 @@ std::string process_escapes(const std::string& s);
 // ---- files (cli/files.cpp); every failure throws Failure(exit_io) with "PATH: reason" ----
 constexpr size_t kMaxInputFile = size_t(256) << 20;  // -f and --batch-file: 256 MiB
 
-// "a directory", "a symbolic link", "a device", "a FIFO", ... for an st_mode.
-const char* file_kind(unsigned mode);
-
 // Reads a whole input file of at most `cap` bytes: a regular file, or a pipe/terminal/device such as /dev/stdin
 // (read until end of file, at most cap bytes). Refuses a directory ("PATH: is a directory") and a larger file
 // ("PATH: larger than 256 MiB").
@@ -80,8 +77,9 @@ std::string read_input_file(const std::string& path, size_t cap = kMaxInputFile)
 std::string read_regular_file_head(const std::string& path, size_t n, uint64_t* size, int* fd);
 std::string read_rest(int fd, size_t n, const std::string& path);
 
-// Writes data to path through a uniquely named temporary file in the same folder (fsync, then link or rename), so
-// no other file is touched and a failure leaves no half-written path. Refuses an existing path that is not a
+// Writes data to path through a uniquely named temporary file in the same folder (fsync, then link or rename:
+// hy::write_file_atomic of model/file_io.h), so no other file is touched and a failure leaves no half-written path.
+// Refuses an existing path that is not a
 // regular file (symbolic link, device, directory, FIFO), even with overwrite; without overwrite an existing path
 // is refused with "PATH: " + exists_msg.
 void write_file_atomic(const std::string& path, const std::string& data, bool overwrite, const std::string& exists_msg);

@@ -1,29 +1,19 @@
 // File helpers of the `hybrid` program: bounded reads of the input files (-f, --batch-file, /load) and the atomic
-// write of /save (a uniquely named temporary file in the same folder, synced, then linked or renamed onto the
-// target; a target that is not a regular file is never replaced).
+// write of /save (the library's hy::write_file_atomic: a uniquely named temporary file in the same folder, synced,
+// then linked or renamed onto the target; a target that is not a regular file is never replaced).
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
-#include <chrono>
-#include <cstdio>
 #include <cstring>
 
 #include "cli/cli.h"
+#include "model/common.h"
+#include "model/file_io.h"
 
 namespace hy::cli {
-
-const char* file_kind(unsigned mode) {
-    const mode_t m = mode_t(mode);
-    if (S_ISLNK(m)) return "a symbolic link";
-    if (S_ISDIR(m)) return "a directory";
-    if (S_ISCHR(m) || S_ISBLK(m)) return "a device";
-    if (S_ISFIFO(m)) return "a FIFO";
-    if (S_ISSOCK(m)) return "a socket";
-    return "not a regular file";
-}
 
 namespace {
 
@@ -83,7 +73,7 @@ std::string read_regular_file_head(const std::string& path, size_t n, uint64_t* 
     struct stat st;
     if (::stat(path.c_str(), &st) != 0) throw Failure(exit_io, path + ": cannot read: " + std::strerror(errno));
     if (!S_ISREG(st.st_mode))
-        throw Failure(exit_io, path + ": is " + std::string(file_kind(st.st_mode)) + ", not a regular file");
+        throw Failure(exit_io, path + ": is " + std::string(hy::file_kind(st.st_mode)) + ", not a regular file");
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
     if (fd < 0) throw Failure(exit_io, path + ": cannot read: " + std::strerror(errno));
     Fd f;
@@ -108,9 +98,12 @@ std::string read_rest(int fd, size_t n, const std::string& path) {
 void write_file_atomic(const std::string& path, const std::string& data, bool overwrite, const std::string& exists_msg) {
     struct stat st;
     if (!overwrite && ::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode))
-        throw Failure(exit_io, path + ": " + exists_msg);  // the REPL's own wording (hy_file_write checks again)
-    if (hy_file_write(path.c_str(), data.data(), data.size(), overwrite ? 1 : 0) != HY_OK)
-        throw Failure(exit_io, hy_last_error());
+        throw Failure(exit_io, path + ": " + exists_msg);  // the REPL's own wording (the write checks again)
+    try {
+        hy::write_file_atomic(path, data.data(), data.size(), overwrite);
+    } catch (const hy::Error& e) {
+        throw Failure(exit_io, e.what());
+    }
 }
 
 }  // namespace hy::cli

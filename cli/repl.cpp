@@ -27,6 +27,7 @@
 
 #include "cli/cli.h"
 #include "cli/line_reader.h"
+#include "model/fnv.h"
 
 #ifdef HY_HAVE_READLINE
 #include <readline/history.h>
@@ -43,10 +44,8 @@ constexpr char kChatMagic[8] = {'H', 'Y', 'C', 'H', 'A', 'T', '0', '1'};
 std::string header_checksum(nlohmann::json j) {
     j.erase("checksum");
     const std::string text = j.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
-    uint64_t h = 14695981039346656037ull;
-    for (unsigned char ch : text) h = (h ^ ch) * 1099511628211ull;
     char hex[17];
-    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(h));
+    std::snprintf(hex, sizeof hex, "%016llx", static_cast<unsigned long long>(hy::fnv1a(text)));
     return hex;
 }
 

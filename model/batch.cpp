@@ -4,17 +4,6 @@
 
 namespace hy {
 
-const char* finish_reason_name(FinishReason r) {
-    switch (r) {
-        case FinishReason::none: return "none";
-        case FinishReason::eos: return "eos";
-        case FinishReason::max_tokens: return "max_tokens";
-        case FinishReason::context_full: return "context_full";
-        case FinishReason::cancelled: return "cancelled";
-    }
-    return "?";
-}
-
 BatchGenerator::BatchGenerator(Model& model, int n_valid, std::vector<int> slots, std::vector<int32_t> banned)
     : model_(model), usable_(std::move(slots)), banned_(std::move(banned)) {
     const int V = model.config().vocab_size;
@@ -169,20 +158,14 @@ bool BatchGenerator::step() {
         Sequence& s = slots_[size_t(slot)];
         const GenerationRequest& r = requests_[size_t(s.id)];
         GenerationResult& res = results_[size_t(s.id)];
-        int32_t tok;
-        float logprob;
-        if (any_greedy && s.sampler->pick_stands(picks[size_t(i)].id)) {
-            tok = picks[size_t(i)].id;
-            logprob = picks[size_t(i)].logprob;
-        } else {
+        const TokenPick next = pick_or_sample(*s.sampler, any_greedy ? &picks[size_t(i)] : nullptr, n_valid_, [&] {
             if (logits.empty()) logits = model_.last_logits();
-            std::span<const float> row = logits.subspan(size_t(i) * V, V);
-            tok = s.sampler->sample(row);
-            logprob = float(log_softmax_at(row, n_valid_, tok));
-        }
+            return logits.subspan(size_t(i) * V, V);
+        });
+        const int32_t tok = next.id;
         s.sampler->accept(tok);
         res.tokens.push_back(tok);
-        res.logprobs.push_back(logprob);
+        res.logprobs.push_back(next.logprob);
         if (std::find(r.stop_ids.begin(), r.stop_ids.end(), tok) != r.stop_ids.end())
             finish(slot, FinishReason::eos);
         else if (int(res.tokens.size()) >= r.max_new_tokens)

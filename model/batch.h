@@ -16,13 +16,11 @@
 #include <memory>
 #include <vector>
 
+#include "model/generate.h"
 #include "model/model.h"
 #include "model/sampler.h"
 
 namespace hy {
-
-enum class FinishReason : int { none = 0, eos, max_tokens, context_full, cancelled };
-const char* finish_reason_name(FinishReason r);
 
 struct GenerationRequest {
     std::vector<int32_t> prompt;     // token ids, at least one
@@ -35,7 +33,7 @@ struct GenerationRequest {
 struct GenerationResult {
     std::vector<int32_t> tokens;     // generated ids
     std::vector<float> logprobs;     // log-softmax of the raw logits at each generated id
-    FinishReason reason = FinishReason::none;
+    FinishReason reason = FinishReason::none;  // none, eos, max_tokens, context_full or cancelled
     bool done = false;
 };
 

@@ -12,6 +12,8 @@
 #include <vector>
 
 #include "engine.h"
+#include "model/fnv.h"
+#include "model/snapshot.h"
 #include "test_util.h"
 
 namespace fs = std::filesystem;
@@ -262,12 +264,23 @@ TEST_CASE("engine: snapshots restore the sequence exactly", "[engine]") {
         CHECK(std::string(hy_last_error()).find("truncated") != std::string::npos);
     }
     REQUIRE(hy_state_load(t.c, snap.data(), snap.size()) == HY_OK);  // the intact one still loads
-    {  // a version 1 snapshot (the same layout without the checksum) is still read
+    {  // snapshots of older builds (version 1: no checksum; version 2: a fingerprint of a wrong FNV-1a offset basis)
+        // are refused by their version, in one line that says which version this build reads
+        std::vector<uint8_t> v2 = snap;
+        const uint32_t two = 2, one = 1;
+        std::memcpy(v2.data() + 8, &two, 4);
+        CHECK(hy_state_load(t.c, v2.data(), v2.size()) == HY_ERR_FORMAT);
+        CHECK(std::string(hy_last_error()).rfind("snapshot version 2, this build reads version 3 (", 0) == 0);
+        CHECK(std::string(hy_last_error()).find('\n') == std::string::npos);
+        CHECK(hy_context_n_tokens(t.c) == 0);
         std::vector<uint8_t> v1(snap.begin(), snap.end() - 8);
-        const uint32_t one = 1;
         std::memcpy(v1.data() + 8, &one, 4);
-        CHECK(hy_state_load(t.c, v1.data(), v1.size()) == HY_OK);
-        CHECK(hy_context_n_tokens(t.c) > 0);
+        CHECK(hy_state_load(t.c, v1.data(), v1.size()) == HY_ERR_FORMAT);
+        CHECK(std::string(hy_last_error()).rfind("snapshot version 1, this build reads version 3 (", 0) == 0);
+        uint32_t version = 0;
+        std::memcpy(&version, snap.data() + 8, 4);
+        CHECK(version == 3);
+        REQUIRE(hy_state_load(t.c, snap.data(), snap.size()) == HY_OK);
     }
 
     // another model (same shapes, another config.json) refuses the snapshot
@@ -289,6 +302,23 @@ TEST_CASE("engine: snapshots restore the sequence exactly", "[engine]") {
         CHECK(hy_context_n_tokens(o.c) == 0);
     }
     fs::remove_all(dir);
+}
+
+TEST_CASE("engine: FNV-1a is the standard 64-bit one; the model fingerprint uses it", "[engine]") {
+    // the published FNV-1a 64 test vectors (offset basis 0xcbf29ce484222325, prime 0x100000001b3)
+    CHECK(hy::fnv1a("") == 0xcbf29ce484222325ull);
+    CHECK(hy::fnv1a("a") == 0xaf63dc4c8601ec8cull);
+    CHECK(hy::fnv1a("foobar") == 0x85944171f73967e8ull);
+    hy::Fnv1a f;  // byte-wise add() in pieces is the same hash
+    f.add("foo", 3);
+    f.add("bar", 3);
+    CHECK(f.h == hy::fnv1a("foobar"));
+    hy::Fnv1a w;  // add_words: the byte-wise hash for fewer than 8 bytes
+    w.add_words("abc", 3);
+    CHECK(w.h == hy::fnv1a("abc"));
+    // a folder without any of the fingerprinted files hashes only the names of config.json and tokenizer.json
+    hy::test::TempDir tmp;
+    CHECK(hy::fingerprint_folder(tmp.path) == hy::fnv1a("config.jsontokenizer.json"));
 }
 
 TEST_CASE("engine: batched decode equals one sequence at a time", "[engine]") {
@@ -373,7 +403,6 @@ TEST_CASE("engine: errors are status codes with a message", "[engine]") {
     gp.stop_ids = &one;
     gp.n_stop_ids = -5;
     CHECK(hy_generate(t.c, t.s, &one, 1, &gp, nullptr) == HY_ERR_INVALID_ARGUMENT);
-    CHECK(hy_file_write("", "x", 1, 1) == HY_ERR_INVALID_ARGUMENT);
     CHECK(hy_state_load_file(t.c, "") == HY_ERR_INVALID_ARGUMENT);  // (it was an IO error naming "")
     hy_context_params cp = hy_context_default_params();
     cp.slot = -2;  // (it was taken as -1)
@@ -579,10 +608,11 @@ TEST_CASE("engine: snapshot files: no PATH.tmp, no symlink/device/folder replace
     fs::resize_file(dir / "junk", size_t(1) << 30);  // sparse: never read
     CHECK(hy_state_load_file(t.c, (dir / "junk").string().c_str()) == HY_ERR_FORMAT);
     CHECK(hy_context_n_tokens(t.c) == n_before);  // (refused from its header: the sequence stays, it was reset)
-    // hybrid -i's conversation file is named as one (it was "bad magic")
+    // a file of another kind with a text magic (hybrid -i's conversation file) is named by its magic (the library
+    // does not know that format)
     std::ofstream(dir / "chat", std::ios::binary) << "HYCHAT01" << std::string(64, '\0');
     CHECK(hy_state_load_file(t.c, (dir / "chat").string().c_str()) == HY_ERR_FORMAT);
-    CHECK(std::string(hy_last_error()).find("a conversation file of hybrid -i") != std::string::npos);
+    CHECK(std::string(hy_last_error()).find("not a hybrid snapshot (bad magic \"HYCHAT01\")") != std::string::npos);
     CHECK(hy_context_n_tokens(t.c) == n_before);
     CHECK(hy_state_load_file(t.c, path.c_str()) == HY_OK);
     CHECK(hy_context_n_tokens(t.c) == int(prompt.size()));
