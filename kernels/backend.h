@@ -177,7 +177,7 @@ public:
     // p[i].y = x[rows, K] @ p[i].w^T (every p[i].w.cols == K; no y aliases x). Same results as n matmul() calls;
     // the CUDA backend reads x once and runs the group as one GEMV launch for decode-sized rows.
     virtual void matmul_group(const void* x, int64_t rows, const Projection* p, int n) = 0;
-    // The SwiGLU MLP's first half (QWEN35.md "MLP"): gate[rows, F] = x @ w_gate^T, up[rows, F] = x @ w_up^T, then
+    // The SwiGLU MLP's first half (QWEN35.md "Decoder layer", MLP): gate[rows, F] = x @ w_gate^T, up[rows, F] = x @ w_up^T, then
     // act[rows, F] = silu(gate) * up (act may alias gate; gate and up are left holding the projections). Same results
     // as matmul, matmul, silu_mul; the CUDA backend runs it as one GEMV kernel for 1-2 rows.
     virtual void gate_up_silu(const void* x, int64_t rows, const Matrix& w_gate, const Matrix& w_up, void* gate,

@@ -1,6 +1,6 @@
 // The Qwen3.5 hybrid model configuration, read from a Hugging Face config.json.
 //
-// Both layouts of ../docs (QWEN35.md, "Checkpoint") are accepted:
+// Both layouts of docs/QWEN35.md ("Checkpoint") are accepted:
 //   text-only:   flat fields, model_type "qwen3_5_text", architectures ["Qwen3_5ForCausalLM"], tensors under "model."
 //   multimodal:  model_type "qwen3_5", the text fields under "text_config" (tie_word_embeddings may sit at the top
 //                level), tensors under "model.language_model."

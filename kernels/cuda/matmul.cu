@@ -394,7 +394,7 @@ bool gemv_group_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, int cou
            aligned16(x) && aligned16(w);
 }
 
-// Measured on an H200 (BENCHMARKS.md, hybrid-kernel-bench, 4B shapes, PDL on): rows up to 3072 values take 2
+// Measured on an H200 (docs/perf-notes.md, hybrid-kernel-bench, 4B shapes, PDL on): rows up to 3072 values take 2
 // warps of 8 words per lane (K = 2560: 3.9-4.6 TB/s, against 3.6-4.2 with 4 warps), up to 8192 values 4 warps of
 // 8 words (o_proj, K = 4096: 3.2 TB/s against 2.4 with 2 and 3.0 with 8 warps), longer rows 8 warps of 8 words
 // (down_proj, K = 9216: 3.8 TB/s against 3.4 with 4 warps of 16 words); past 16384 values, several rounds.

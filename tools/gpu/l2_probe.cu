@@ -4,7 +4,7 @@
 // block-per-row GEMV timed cold, after a read of the matrix by every SM, after bulk prefetches from 132 or 32
 // one-warp blocks (64 or 16 KB each), after per-line prefetches from all SMs; then a 10 us spin kernel followed by
 // the GEMV with the prefetch on a second stream during the spin. Times are event-timed single launches (they
-// include a few microseconds of launch overhead), medians of 15. Results: BENCHMARKS.md, sixth session.
+// include a few microseconds of launch overhead), medians of 15. Results: docs/perf-notes.md, sixth session.
 // Build and run on the GPU machine (sm_90 or newer):
 //   nvcc -O2 -arch=sm_90a -o l2_probe tools/gpu/l2_probe.cu && ./l2_probe
 #include <cuda_bf16.h>
