@@ -37,7 +37,7 @@ struct hy_model {
     int n_vocab = 0;                 // sampleable ids
     int n_logits = 0;                // logits row length
     uint64_t fingerprint = 0;
-    hy::GenerationDefaults generation;  // generation_config.json's sampling fields
+    hy::GenerationDefaults generation;       // generation_config.json's sampling fields
     std::unique_ptr<hy::ChatTemplate> chat;  // made on first use (throws unsupported without ChatML tokens)
     const hy::ChatTemplate& chat_template() {
         if (!chat) chat = std::make_unique<hy::ChatTemplate>(hy::ChatTemplate::for_tokenizer(*tok));
@@ -80,8 +80,8 @@ int guard(F&& f) {
     }
 }
 
-#define HY_CHECK_ARG(cond, msg) \
-    do {                        \
+#define HY_CHECK_ARG(cond, msg)                                  \
+    do {                                                         \
         if (!(cond)) return fail(Status::invalid_argument, msg); \
     } while (0)
 
@@ -172,13 +172,13 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
         m->model = hy::Model::load(dir, mp);
         m->n_logits = m->model->config().vocab_size;
         // A token the model cannot embed would fail only when a prompt or an answer uses it: refuse the pair now.
-        const std::string vocab_range = "outside the model's vocabulary [0, " + std::to_string(m->n_logits) +
-                                        ") (config.json vocab_size)";
+        const std::string vocab_range =
+            "outside the model's vocabulary [0, " + std::to_string(m->n_logits) + ") (config.json vocab_size)";
         for (int32_t id = m->n_logits; id < m->tok->n_vocab(); id++)
             if (m->tok->is_valid(id))
                 return fail(Status::format, std::string(dir) + "/tokenizer.json: token '" +
-                                                std::string(m->tok->token_string(id)) + "' has id " + std::to_string(id) +
-                                                ", " + vocab_range);
+                                                std::string(m->tok->token_string(id)) + "' has id " +
+                                                std::to_string(id) + ", " + vocab_range);
         for (int32_t id : m->tok->eos_ids())
             if (id >= m->n_logits)
                 return fail(Status::format, std::string(dir) + ": end-of-sequence id " + std::to_string(id) +
@@ -226,9 +226,10 @@ int hy_tokenize(const hy_model* m, const char* text, ptrdiff_t len, int parse_sp
         std::vector<int32_t> ids = m->tok->encode(std::string_view(text ? text : "", n), parse_special != 0);
         *n_out = int(ids.size());
         if (int(ids.size()) > cap || (!out && !ids.empty()))
-            return fail(Status::invalid_argument, "hy_tokenize: the text has " + std::to_string(ids.size()) + " tokens, " +
-                                                      (out ? "the buffer holds " + std::to_string(std::max(cap, 0))
-                                                           : std::string("out is NULL")));
+            return fail(
+                Status::invalid_argument,
+                "hy_tokenize: the text has " + std::to_string(ids.size()) + " tokens, " +
+                    (out ? "the buffer holds " + std::to_string(std::max(cap, 0)) : std::string("out is NULL")));
         std::copy(ids.begin(), ids.end(), out);
         return int(Status::ok);
     });
@@ -243,9 +244,9 @@ int hy_detokenize(const hy_model* m, const int32_t* ids, int n_ids, int skip_spe
         const std::string s = m->tok->decode(std::span<const int32_t>(ids, size_t(n_ids)), skip_special != 0);
         *n_out = s.size();
         if (!buf || cap <= s.size())
-            return fail(Status::invalid_argument, "hy_detokenize: the text needs " + std::to_string(s.size() + 1) +
-                                                      " bytes, " +
-                                                      (buf ? "the buffer holds " + std::to_string(cap) : "buf is NULL"));
+            return fail(Status::invalid_argument,
+                        "hy_detokenize: the text needs " + std::to_string(s.size() + 1) + " bytes, " +
+                            (buf ? "the buffer holds " + std::to_string(cap) : "buf is NULL"));
         std::memcpy(buf, s.data(), s.size());
         buf[s.size()] = '\0';
         return int(Status::ok);
@@ -266,7 +267,8 @@ int chat_text(const hy_model* cm, const hy_chat_message* msgs, int n, int add_ge
         hy_model* m = const_cast<hy_model*>(cm);  // the template is built lazily
         std::vector<hy::ChatMessage> v(static_cast<size_t>(n));
         for (int i = 0; i < n; i++) {
-            HY_CHECK_ARG(msgs[i].role && msgs[i].content, "chat message " + std::to_string(i) + ": NULL role or content");
+            HY_CHECK_ARG(msgs[i].role && msgs[i].content,
+                         "chat message " + std::to_string(i) + ": NULL role or content");
             v[size_t(i)].role = msgs[i].role;
             v[size_t(i)].content = msgs[i].content;
         }
@@ -279,8 +281,9 @@ int chat_text(const hy_model* cm, const hy_chat_message* msgs, int n, int add_ge
         const std::string s = continuation ? t.render_continuation(v, false, o) : t.render(v, o);
         *n_out = s.size();
         if (!buf || cap <= s.size())
-            return fail(Status::invalid_argument, fn + ": the text needs " + std::to_string(s.size() + 1) + " bytes, " +
-                                                      (buf ? "the buffer holds " + std::to_string(cap) : "buf is NULL"));
+            return fail(Status::invalid_argument,
+                        fn + ": the text needs " + std::to_string(s.size() + 1) + " bytes, " +
+                            (buf ? "the buffer holds " + std::to_string(cap) : "buf is NULL"));
         std::memcpy(buf, s.data(), s.size() + 1);
         return int(Status::ok);
     });
@@ -387,16 +390,16 @@ int hy_decode_batch(hy_context* const* ctxs, const int32_t* ids, int n) {
         HY_CHECK_ARG(m, "hy_decode_batch: NULL context");
         hy::Model& model = *m->model;
         HY_CHECK_ARG(n <= model.n_slots() && n <= std::max(model.max_logits(), 1),
-                     "hy_decode_batch: " + std::to_string(n) + " contexts, at most " +
-                         std::to_string(model.n_slots()) + " per step");
+                     "hy_decode_batch: " + std::to_string(n) + " contexts, at most " + std::to_string(model.n_slots()) +
+                         " per step");
         std::vector<hy::Sequence*> seqs(static_cast<size_t>(n));
         for (int i = 0; i < n; i++) {
             hy_context* c = ctxs[i];
             HY_CHECK_ARG(c && c->m == m, "hy_decode_batch: contexts must be non-NULL and of one model");
             HY_CHECK_ARG(c->n_pending == 0, "hy_decode_batch: a context has a pending id (use hy_decode)");
-            HY_CHECK_ARG(ids[i] >= 0 && ids[i] < m->n_logits, "token id " + std::to_string(ids[i]) + " is out of range");
-            for (int j = 0; j < i; j++)
-                HY_CHECK_ARG(ctxs[j] != c, "hy_decode_batch: a context appears twice");
+            HY_CHECK_ARG(ids[i] >= 0 && ids[i] < m->n_logits,
+                         "token id " + std::to_string(ids[i]) + " is out of range");
+            for (int j = 0; j < i; j++) HY_CHECK_ARG(ctxs[j] != c, "hy_decode_batch: a context appears twice");
             const int len = model.seq_len(c->slot);
             if (len + 1 > model.n_ctx())
                 return fail(Status::context_full, "a sequence is full (" + std::to_string(len) + " tokens)");
@@ -664,8 +667,9 @@ int hy_batch_new(hy_model* m, int n_slots, hy_batch** out) {
         for (int i = 0; i < int(m->slot_used.size()); i++)
             if (!m->slot_used[size_t(i)]) free_slots.push_back(i);
         if (n_slots > 0 && int(free_slots.size()) < n_slots)
-            return fail(Status::context_full, "hy_batch_new: asked for " + std::to_string(n_slots) + " sequence slots, " +
-                                                  std::to_string(free_slots.size()) + " are free (load the model with more n_slots)");
+            return fail(Status::context_full, "hy_batch_new: asked for " + std::to_string(n_slots) +
+                                                  " sequence slots, " + std::to_string(free_slots.size()) +
+                                                  " are free (load the model with more n_slots)");
         if (free_slots.empty()) return fail(Status::context_full, "hy_batch_new: every sequence slot is in use");
         if (n_slots > 0) free_slots.resize(size_t(n_slots));
         auto b = std::make_unique<hy_batch>();
@@ -723,8 +727,8 @@ int hy_batch_cancel(hy_batch* b, int id) {
     });
 }
 
-int hy_batch_result(const hy_batch* b, int id, const int32_t** tokens, const float** logprobs, int* n,
-                    int* stop_reason, int* done) {
+int hy_batch_result(const hy_batch* b, int id, const int32_t** tokens, const float** logprobs, int* n, int* stop_reason,
+                    int* done) {
     return guard([&] {
         HY_CHECK_ARG(b, "hy_batch_result: batch must not be NULL");
         const hy::GenerationResult& r = b->gen->result(id);

@@ -314,11 +314,11 @@ const char* hy_stop_reason_name(int reason);
 
 /* One generated token as given to the callback. */
 typedef struct hy_token_info {
-    int32_t id;         /* the id; -1 for the final call that only delivers held-back text */
-    float logprob;      /* log p(id): log-softmax of the raw logits over [0, n_vocab), natural log; 0 when id < 0 */
-    const char* text;   /* the text that became final with this token (UTF-8, NUL-terminated, may be empty) */
-    size_t text_len;    /* its length in bytes */
-    int index;          /* 0 for the first generated token */
+    int32_t id;       /* the id; -1 for the final call that only delivers held-back text */
+    float logprob;    /* log p(id): log-softmax of the raw logits over [0, n_vocab), natural log; 0 when id < 0 */
+    const char* text; /* the text that became final with this token (UTF-8, NUL-terminated, may be empty) */
+    size_t text_len;  /* its length in bytes */
+    int index;        /* 0 for the first generated token */
 } hy_token_info;
 
 /* Called once per generated id (not for an end-of-sequence id and not for the id that completes a stop string)
@@ -329,15 +329,15 @@ typedef struct hy_token_info {
 typedef int (*hy_token_callback)(const hy_token_info* token, void* user_data);
 
 typedef struct hy_generate_params {
-    int max_tokens;                /* ids to generate at most; < 0: until EOS or the context is full (default -1) */
-    const char* const* stop;       /* n_stop stop strings (UTF-8, non-empty), matched on the decoded text */
+    int max_tokens;          /* ids to generate at most; < 0: until EOS or the context is full (default -1) */
+    const char* const* stop; /* n_stop stop strings (UTF-8, non-empty), matched on the decoded text */
     int n_stop;
-    int skip_special;              /* decode special tokens as empty text (default 1) */
-    int ignore_eos;                /* do not stop on the end-of-sequence set (default 0) */
-    const int32_t* stop_ids;       /* n_stop_ids more ids that end generation like the end-of-sequence set */
+    int skip_special;        /* decode special tokens as empty text (default 1) */
+    int ignore_eos;          /* do not stop on the end-of-sequence set (default 0) */
+    const int32_t* stop_ids; /* n_stop_ids more ids that end generation like the end-of-sequence set */
     int n_stop_ids;
-    hy_token_callback on_token;    /* may be NULL */
-    void* user_data;               /* passed to on_token and should_abort */
+    hy_token_callback on_token;           /* may be NULL */
+    void* user_data;                      /* passed to on_token and should_abort */
     int (*should_abort)(void* user_data); /* may be NULL; polled between the prompt's prefill steps (of
                                       max_batch_tokens ids): non-zero stops the prefill, resets the sequence (its
                                       history and state are cleared: they would hold part of the prompt) and ends
@@ -347,19 +347,19 @@ typedef struct hy_generate_params {
 hy_generate_params hy_generate_default_params(void);
 
 typedef struct hy_generate_result {
-    int stop_reason;     /* hy_stop_reason */
-    int n_prompt;        /* ids run through prefill by this call (the given ids plus any pending id) */
-    int n_generated;     /* ids sampled and given to the callback (EOS / stop-completing id not counted) */
-    double prompt_ms;    /* wall time of the prefill, milliseconds */
-    double generate_ms;  /* wall time of the sampling/decode loop, milliseconds */
-    int n_decoded;       /* decode steps in that loop (generated ids fed back; the first id comes from the prompt's
-                            logits): the decode rate is n_decoded / generate_ms, as llama.cpp counts "runs" */
+    int stop_reason;    /* hy_stop_reason */
+    int n_prompt;       /* ids run through prefill by this call (the given ids plus any pending id) */
+    int n_generated;    /* ids sampled and given to the callback (EOS / stop-completing id not counted) */
+    double prompt_ms;   /* wall time of the prefill, milliseconds */
+    double generate_ms; /* wall time of the sampling/decode loop, milliseconds */
+    int n_decoded;      /* decode steps in that loop (generated ids fed back; the first id comes from the prompt's
+                           logits): the decode rate is n_decoded / generate_ms, as llama.cpp counts "runs" */
 } hy_generate_result;
 
 /* Prefills `prompt` (n_prompt ids, may be 0 to continue from the current logits), then samples and decodes until
  * a stop condition. The sampler's penalty history receives every generated id that is kept (below; not the
- * prompt: call hy_sampler_accept yourself for that). History rules: a generated id given to the callback is kept (the last one
- * is pending: fed by the next call); an end-of-sequence id and the id completing a stop string are dropped, so
+ * prompt: call hy_sampler_accept yourself for that). History rules: a generated id given to the callback is kept (the
+ * last one is pending: fed by the next call); an end-of-sequence id and the id completing a stop string are dropped, so
  * a chat can append its own end-of-turn text. Reaching n_ctx is a stop (HY_STOP_CONTEXT_FULL), not an error; a
  * prompt that does not fit returns HY_ERR_CONTEXT_FULL before anything runs. result may be NULL.
  * Errors: as hy_prefill; HY_ERR_INVALID_ARGUMENT (n_prompt == 0 with no logits, empty stop string);
@@ -377,13 +377,13 @@ int hy_generate(hy_context* ctx, hy_sampler* sampler, const int32_t* prompt, int
 typedef struct hy_batch hy_batch;
 
 typedef struct hy_request_params {
-    int max_tokens;                /* ids to generate at most, >= 0 (0: prefill only; default 128); more than the
-                                      context can hold ends with HY_STOP_CONTEXT_FULL */
-    hy_sampler_params sampling;    /* this request's sampling, seed included (default: hy_sampler_default_params) */
-    int ignore_eos;                /* do not stop at the end-of-sequence set (default 0) */
-    int accept_prompt;             /* the prompt ids enter the penalty history, as the hybrid CLI does (default 1) */
-    const int32_t* stop_ids;       /* n_stop_ids more ids that end the request like the end-of-sequence set (copied
-                                      by hy_batch_submit; default none) */
+    int max_tokens;             /* ids to generate at most, >= 0 (0: prefill only; default 128); more than the
+                                   context can hold ends with HY_STOP_CONTEXT_FULL */
+    hy_sampler_params sampling; /* this request's sampling, seed included (default: hy_sampler_default_params) */
+    int ignore_eos;             /* do not stop at the end-of-sequence set (default 0) */
+    int accept_prompt;          /* the prompt ids enter the penalty history, as the hybrid CLI does (default 1) */
+    const int32_t* stop_ids;    /* n_stop_ids more ids that end the request like the end-of-sequence set (copied
+                                   by hy_batch_submit; default none) */
     int n_stop_ids;
 } hy_request_params;
 

@@ -31,7 +31,6 @@ double exp_sum(std::span<const float> x, float mx) {
     return total;
 }
 
-
 int32_t argmax(std::span<const float> logits, int n_valid) {
     const size_t n = std::min(logits.size(), size_t(std::max(n_valid, 0)));
     int32_t best = 0;

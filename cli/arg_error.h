@@ -5,8 +5,8 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
-#include <cstdint>
 #include <cmath>
+#include <cstdint>
 #include <cstdlib>
 #include <cstring>
 #include <cxxopts.hpp>
@@ -148,7 +148,7 @@ inline std::string single_dash_word_error(const cxxopts::Options& opts, const st
     auto letter = [](char ch) { return std::isalpha(static_cast<unsigned char>(ch)) != 0; };
     auto digit = [](char ch) { return std::isdigit(static_cast<unsigned char>(ch)) != 0; };
     if (a.size() < 3 || a[0] != '-' || !letter(a[1]) || !letter(a[2])) return "";  // (-n-1, -f-: -n "-1", -f "-")
-    size_t end = 2;  // the word: a[1 .. end)
+    size_t end = 2;                                                                // the word: a[1 .. end)
     while (end < a.size() && (letter(a[end]) || a[end] == '-')) end++;
     if (end < 3) return "";
     if (end < a.size() && a[end] != '=' && !std::all_of(a.begin() + long(end), a.end(), digit)) return "";
@@ -157,8 +157,8 @@ inline std::string single_dash_word_error(const cxxopts::Options& opts, const st
     for (const std::string& g : opts.groups())
         for (const cxxopts::HelpOptionDetails& d : opts.group_help(g).options)
             known = known || std::find(d.l.begin(), d.l.end(), word) != d.l.end();
-    return "unknown option " + a + (known ? " (did you mean --" + word + "? long options take two dashes)"
-                                          : " (-h lists the options)");
+    return "unknown option " + a +
+           (known ? " (did you mean --" + word + "? long options take two dashes)" : " (-h lists the options)");
 }
 
 // Options whose value is free text, which may look like an option (`-p -n` is the prompt "-n").

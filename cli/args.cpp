@@ -86,7 +86,10 @@ std::string process_escapes(const std::string& s) {
             case '"': out += '"'; break;
             case '\'': out += '\''; break;
             case '0': out += '\0'; break;
-            default: out += '\\'; out += c; break;
+            default:
+                out += '\\';
+                out += c;
+                break;
         }
         i++;
     }
@@ -98,17 +101,24 @@ namespace {
 // What to say about a llama.cpp option that hybrid does not have ("" for any other word).
 std::string llama_cpp_hint(const std::string& a) {
     static const char* const kHints[][2] = {
-        {"-ngl", "hybrid has no per-layer offload: --device cuda, or auto (the default) when a GPU is present, puts "
-                 "the whole model on the GPU"},
-        {"--n-gpu-layers", ""}, {"--gpu-layers", ""},
+        {"-ngl",
+         "hybrid has no per-layer offload: --device cuda, or auto (the default) when a GPU is present, puts "
+         "the whole model on the GPU"},
+        {"--n-gpu-layers", ""},
+        {"--gpu-layers", ""},
         {"-sys", "the system message is --system"},
         {"-no-cnv", "one-shot generation is the default; -i starts the chat"},
         {"--no-conversation", ""},
-        {"-fa", "attention always runs as fused kernels"}, {"--flash-attn", ""},
+        {"-fa", "attention always runs as fused kernels"},
+        {"--flash-attn", ""},
         {"-r", "--stop STR ends the output at a string; --chat and -i end at the end of the turn"},
         {"--reverse-prompt", ""},
-        {"--jinja", "the chat format is built in: --chat, or -i for a chat"}, {"--chat-template", ""},
-        {"-b", "hybrid sizes its prefill steps itself"}, {"--batch-size", ""}, {"-ub", ""}, {"--ubatch-size", ""},
+        {"--jinja", "the chat format is built in: --chat, or -i for a chat"},
+        {"--chat-template", ""},
+        {"-b", "hybrid sizes its prefill steps itself"},
+        {"--batch-size", ""},
+        {"-ub", ""},
+        {"--ubatch-size", ""},
         {"-v", "--verbose prints the settings and the timing summary"}};
     std::string key = a.substr(0, a.find('='));  // --flash-attn=on, -ngl=99, -ngl99: the option's name
     if (key.size() > 1 && key[1] != '-')
@@ -124,8 +134,9 @@ std::string llama_cpp_hint(const std::string& a) {
 }  // namespace
 
 bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
-    cxxopts::Options opts("hybrid", "hybrid: run Qwen3.5 hybrid models (Gated DeltaNet + attention) from a Hugging "
-                                    "Face folder.\nGenerates a continuation of a prompt, or chats (-i).");
+    cxxopts::Options opts("hybrid",
+                          "hybrid: run Qwen3.5 hybrid models (Gated DeltaNet + attention) from a Hugging "
+                          "Face folder.\nGenerates a continuation of a prompt, or chats (-i).");
     opts.custom_help("-m DIR [-p TEXT | -f FILE | --prompt-ids 1,2,3 | --batch-file FILE | -i] [options]");
     opts.set_width(110);
     // clang-format off
@@ -182,12 +193,27 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     // it starts with '-' (as getopt does: `-p --stop` is the prompt "--stop", `-n -1` is -1): it is passed on as
     // the word after --name, which cxxopts takes as the value whatever it starts with (a --name=VALUE form would
     // not take a value of several lines).
-    static const char* const kValued[][2] = {
-        {"-m", "--model"}, {"-c", "--ctx-size"}, {"-t", "--threads"}, {"-p", "--prompt"}, {"-f", "--file"},
-        {"-n", "--n-predict"}, {"-s", "--seed"}, {"", "--device"}, {"", "--prompt-ids"}, {"", "--system"},
-        {"", "--batch-file"}, {"", "--parallel"}, {"-np", "--parallel"}, {"", "--temp"}, {"", "--top-k"},
-        {"", "--top-p"}, {"", "--min-p"}, {"", "--repeat-penalty"}, {"", "--repeat-last-n"},
-        {"", "--presence-penalty"}, {"", "--frequency-penalty"}};
+    static const char* const kValued[][2] = {{"-m", "--model"},
+                                             {"-c", "--ctx-size"},
+                                             {"-t", "--threads"},
+                                             {"-p", "--prompt"},
+                                             {"-f", "--file"},
+                                             {"-n", "--n-predict"},
+                                             {"-s", "--seed"},
+                                             {"", "--device"},
+                                             {"", "--prompt-ids"},
+                                             {"", "--system"},
+                                             {"", "--batch-file"},
+                                             {"", "--parallel"},
+                                             {"-np", "--parallel"},
+                                             {"", "--temp"},
+                                             {"", "--top-k"},
+                                             {"", "--top-p"},
+                                             {"", "--min-p"},
+                                             {"", "--repeat-penalty"},
+                                             {"", "--repeat-last-n"},
+                                             {"", "--presence-penalty"},
+                                             {"", "--frequency-penalty"}};
     auto valued = [](const std::string& a) -> const char* {
         for (const auto& v : kValued)
             if ((v[0][0] && a == v[0]) || a == v[1]) return v[1];
@@ -244,7 +270,6 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     av.push_back(argv[0]);
     for (auto& a : args) av.push_back(a.data());
 
-
     cxxopts::ParseResult r;
     try {
         r = opts.parse(int(av.size()), av.data());
@@ -283,20 +308,47 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     o.n_threads = r["threads"].as<int>();
     if (o.n_threads < 0 || o.n_threads > 1024) usage("-t must be in [0, 1024], got " + std::to_string(o.n_threads));
     const std::string dev = r["device"].as<std::string>();
-    if (dev == "auto") o.device = HY_DEVICE_AUTO;
-    else if (dev == "cpu") o.device = HY_DEVICE_CPU;
-    else if (dev == "cuda") o.device = HY_DEVICE_CUDA;
-    else usage("--device must be auto, cpu or cuda, got '" + dev + "'");
+    if (dev == "auto")
+        o.device = HY_DEVICE_AUTO;
+    else if (dev == "cpu")
+        o.device = HY_DEVICE_CPU;
+    else if (dev == "cuda")
+        o.device = HY_DEVICE_CUDA;
+    else
+        usage("--device must be auto, cpu or cuda, got '" + dev + "'");
 
     // cxxopts keeps the last of repeated values: a repeated single-valued option is an error, not a silent choice
-    for (const char* name : {"model", "prompt", "file", "prompt-ids", "batch-file", "system", "ctx-size", "threads",
-                             "device", "parallel", "n-predict", "seed", "temp", "top-k", "top-p", "min-p",
-                             "repeat-penalty", "repeat-last-n", "presence-penalty", "frequency-penalty"})
+    for (const char* name : {"model",
+                             "prompt",
+                             "file",
+                             "prompt-ids",
+                             "batch-file",
+                             "system",
+                             "ctx-size",
+                             "threads",
+                             "device",
+                             "parallel",
+                             "n-predict",
+                             "seed",
+                             "temp",
+                             "top-k",
+                             "top-p",
+                             "min-p",
+                             "repeat-penalty",
+                             "repeat-last-n",
+                             "presence-penalty",
+                             "frequency-penalty"})
         if (r.count(name) > 1) {
             const std::string n = name;
-            const char* short_name = n == "model" ? "-m/" : n == "prompt" ? "-p/" : n == "file" ? "-f/" :
-                                     n == "ctx-size" ? "-c/" : n == "threads" ? "-t/" : n == "n-predict" ? "-n/" :
-                                     n == "seed" ? "-s/" : n == "parallel" ? "-np/" : "";
+            const char* short_name = n == "model"       ? "-m/"
+                                     : n == "prompt"    ? "-p/"
+                                     : n == "file"      ? "-f/"
+                                     : n == "ctx-size"  ? "-c/"
+                                     : n == "threads"   ? "-t/"
+                                     : n == "n-predict" ? "-n/"
+                                     : n == "seed"      ? "-s/"
+                                     : n == "parallel"  ? "-np/"
+                                                        : "";
             usage(std::string(short_name) + "--" + n + " was given more than once (give it once)");
         }
     const int n_sources = int(r.count("prompt") > 0) + int(r.count("file") > 0) + int(r.count("prompt-ids") > 0) +
@@ -335,7 +387,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     o.interactive = flag("interactive");
     o.no_think = flag("no-think");
     o.verbose = flag("verbose");
-    if (r.count("system")) o.system = o.escape ? process_escapes(r["system"].as<std::string>()) : r["system"].as<std::string>();
+    if (r.count("system"))
+        o.system = o.escape ? process_escapes(r["system"].as<std::string>()) : r["system"].as<std::string>();
     if (r.count("system") && !o.chat && !o.interactive) usage("--system needs --chat or -i");
     if (o.chat && o.has_prompt_ids) usage("--chat needs a text prompt (-p or -f), not --prompt-ids");
     if (o.interactive && o.has_prompt_ids) usage("-i does not take --prompt-ids");

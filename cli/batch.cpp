@@ -113,12 +113,12 @@ int run_batch(const Options& o, hy_model* m, double load_ms) {
             // tokens (<think>) shown, as the REPL and --chat -p show them
             const int n_text = reason == HY_STOP_EOS && n > 0 ? n - 1 : n;
             nlohmann::ordered_json j = {{"index", next_out},
-                                {"prompt", o.batch_prompts[next_out]},
-                                {"text", detokenize(m, toks, n_text, o.chat ? 0 : 1)},
-                                {"ids", std::vector<int32_t>(toks, toks + n)},
-                                {"logprobs", std::vector<float>(lps, lps + n)},
-                                {"n_prompt", prompts[next_out].size()},
-                                {"stop_reason", hy_stop_reason_name(reason)}};
+                                        {"prompt", o.batch_prompts[next_out]},
+                                        {"text", detokenize(m, toks, n_text, o.chat ? 0 : 1)},
+                                        {"ids", std::vector<int32_t>(toks, toks + n)},
+                                        {"logprobs", std::vector<float>(lps, lps + n)},
+                                        {"n_prompt", prompts[next_out].size()},
+                                        {"stop_reason", hy_stop_reason_name(reason)}};
             const std::string line = j.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace) + "\n";
             if (!write_stdout(line.data(), line.size())) check_stdout();  // stops the batch: the output is lost
         }

@@ -15,13 +15,13 @@ namespace hy::cli {
 // Exit codes (documented in --help).
 enum Exit : int {
     exit_ok = 0,
-    exit_usage = 1,        // bad flag or value, missing -m, no or empty prompt
-    exit_model = 2,        // the model could not be loaded (missing folder, malformed files, backend)
-    exit_context = 3,      // the prompt or the conversation does not fit the context (-c)
-    exit_snapshot = 4,     // a snapshot could not be loaded (not a snapshot, another model)
-    exit_io = 5,           // a file could not be read or written (-f FILE, /save FILE, stdout)
-    exit_runtime = 6,      // generation failed (backend error)
-    exit_interrupted = 130 // Ctrl-C stopped a one-shot generation
+    exit_usage = 1,         // bad flag or value, missing -m, no or empty prompt
+    exit_model = 2,         // the model could not be loaded (missing folder, malformed files, backend)
+    exit_context = 3,       // the prompt or the conversation does not fit the context (-c)
+    exit_snapshot = 4,      // a snapshot could not be loaded (not a snapshot, another model)
+    exit_io = 5,            // a file could not be read or written (-f FILE, /save FILE, stdout)
+    exit_runtime = 6,       // generation failed (backend error)
+    exit_interrupted = 130  // Ctrl-C stopped a one-shot generation
 };
 
 // A failure that ends the program: a one-line message and an exit code.
@@ -31,30 +31,30 @@ struct Failure : std::runtime_error {
 };
 
 struct Options {
-    std::string model_dir;              // -m
-    std::string prompt;                 // -p (escapes processed unless --no-escape) or the contents of -f
+    std::string model_dir;  // -m
+    std::string prompt;     // -p (escapes processed unless --no-escape) or the contents of -f
     bool has_prompt = false;
-    std::vector<int32_t> prompt_ids;    // --prompt-ids
+    std::vector<int32_t> prompt_ids;  // --prompt-ids
     bool has_prompt_ids = false;
-    int n_predict = -1;                 // -n: -1 until EOS or context full
-    int n_ctx = 4096;                   // -c
-    int n_threads = 0;                  // -t: 0 all cores
-    bool cuda_graphs = true;            // --no-cuda-graphs turns them off
-    hy_device device = HY_DEVICE_AUTO;  // --device
-    hy_sampler_params sampling{};       // --temp, --top-k, ... and -s
-    int sampling_given = 0;             // hy_sampler_field mask of the sampling options given on the command line
-    bool random_seed = true;            // -s -1 (the default): sampling.seed was drawn at random
-    std::vector<std::string> stop;      // --stop (repeatable)
-    bool no_think = false;              // --no-think
-    std::string system;                 // --system
-    bool chat = false;                  // --chat
-    bool interactive = false;           // -i / -cnv
-    bool verbose = false;               // --verbose
-    bool escape = true;                 // off with --no-escape
+    int n_predict = -1;                      // -n: -1 until EOS or context full
+    int n_ctx = 4096;                        // -c
+    int n_threads = 0;                       // -t: 0 all cores
+    bool cuda_graphs = true;                 // --no-cuda-graphs turns them off
+    hy_device device = HY_DEVICE_AUTO;       // --device
+    hy_sampler_params sampling{};            // --temp, --top-k, ... and -s
+    int sampling_given = 0;                  // hy_sampler_field mask of the sampling options given on the command line
+    bool random_seed = true;                 // -s -1 (the default): sampling.seed was drawn at random
+    std::vector<std::string> stop;           // --stop (repeatable)
+    bool no_think = false;                   // --no-think
+    std::string system;                      // --system
+    bool chat = false;                       // --chat
+    bool interactive = false;                // -i / -cnv
+    bool verbose = false;                    // --verbose
+    bool escape = true;                      // off with --no-escape
     std::vector<std::string> batch_prompts;  // --batch-file lines (escapes processed unless --no-escape)
     std::vector<int> batch_lines;            // the line number (from 1) in the file of each batch prompt
     bool has_batch = false;
-    int parallel = 8;                   // --parallel / -np: sequence slots for --batch-file
+    int parallel = 8;  // --parallel / -np: sequence slots for --batch-file
 };
 
 // Parses argv. Returns false when the program should exit now with *exit_code (help, version); throws Failure
@@ -110,8 +110,8 @@ int thinking_mode(const Options& o);
 [[noreturn]] void engine_fail(int code, const std::string& what);
 
 // Text of a chat rendering (hy_chat_render / hy_chat_continue); throws Failure(exit_usage).
-std::string chat_render(hy_model* m, const std::vector<hy_chat_message>& msgs, bool add_generation_prompt,
-                        int thinking, bool continuation);
+std::string chat_render(hy_model* m, const std::vector<hy_chat_message>& msgs, bool add_generation_prompt, int thinking,
+                        bool continuation);
 
 // Tokenizes text (special tokens parsed); warns on stderr, naming `what`, when the text is not valid UTF-8 (each
 // invalid sequence becomes U+FFFD). Throws Failure(exit_runtime) on error.

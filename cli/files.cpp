@@ -95,7 +95,8 @@ std::string read_rest(int fd, size_t n, const std::string& path) {
     return out;
 }
 
-void write_file_atomic(const std::string& path, const std::string& data, bool overwrite, const std::string& exists_msg) {
+void write_file_atomic(const std::string& path, const std::string& data, bool overwrite,
+                       const std::string& exists_msg) {
     struct stat st;
     if (!overwrite && ::lstat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode))
         throw Failure(exit_io, path + ": " + exists_msg);  // the REPL's own wording (the write checks again)

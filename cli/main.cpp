@@ -10,8 +10,8 @@
 #include <csignal>
 #include <cstdio>
 #include <cstring>
-#include <thread>
 #include <sys/stat.h>
+#include <thread>
 #include <unistd.h>
 
 #include "cli/cli.h"
@@ -99,9 +99,7 @@ void check_stdout() {
 
 int interrupted_abort(void*) { return g_interrupted.load() ? 1 : 0; }
 
-std::string count_of(size_t n, const char* noun) {
-    return std::to_string(n) + " " + noun + (n == 1 ? "" : "s");
-}
+std::string count_of(size_t n, const char* noun) { return std::to_string(n) + " " + noun + (n == 1 ? "" : "s"); }
 
 void install_sigint_handler() {
     struct sigaction sa;
@@ -152,13 +150,13 @@ std::vector<int32_t> chat_stop_ids(hy_model* m) {
     return ids;
 }
 
-std::string chat_render(hy_model* m, const std::vector<hy_chat_message>& msgs, bool add_generation_prompt,
-                        int thinking, bool continuation) {
+std::string chat_render(hy_model* m, const std::vector<hy_chat_message>& msgs, bool add_generation_prompt, int thinking,
+                        bool continuation) {
     size_t n = 0;
     auto call = [&](char* buf, size_t cap) {
         return continuation ? hy_chat_continue(m, msgs.data(), int(msgs.size()), thinking, buf, cap, &n)
-                            : hy_chat_render(m, msgs.data(), int(msgs.size()), add_generation_prompt ? 1 : 0,
-                                             thinking, buf, cap, &n);
+                            : hy_chat_render(m, msgs.data(), int(msgs.size()), add_generation_prompt ? 1 : 0, thinking,
+                                             buf, cap, &n);
     };
     int rc = call(nullptr, 0);
     // the model's own files (a tokenizer without the ChatML tokens) are exit 2, as any unsupported model file
@@ -261,32 +259,37 @@ int run(int argc, char** argv) {
     if (o.verbose) {
         std::string taken;
         for (const auto& [bit, name] : {std::pair<int, const char*>{HY_SAMPLER_TEMPERATURE, "temp"},
-                                        {HY_SAMPLER_TOP_K, "top-k"}, {HY_SAMPLER_TOP_P, "top-p"},
-                                        {HY_SAMPLER_MIN_P, "min-p"}, {HY_SAMPLER_REPEAT_PENALTY, "repeat-penalty"},
+                                        {HY_SAMPLER_TOP_K, "top-k"},
+                                        {HY_SAMPLER_TOP_P, "top-p"},
+                                        {HY_SAMPLER_MIN_P, "min-p"},
+                                        {HY_SAMPLER_REPEAT_PENALTY, "repeat-penalty"},
                                         {HY_SAMPLER_REPEAT_LAST_N, "repeat-last-n"}})
             if (from_file & bit) taken += std::string(taken.empty() ? "" : ", ") + name;
         const std::string window = o.sampling.repeat_last_n < 0 ? std::string("the whole context")
-                                                                  : "last " + std::to_string(o.sampling.repeat_last_n);
+                                                                : "last " + std::to_string(o.sampling.repeat_last_n);
         std::fprintf(stderr,
                      "hybrid: model %s, ctx %d, threads %s, seed %llu, temp %.3g, top-k %d, top-p %.3g, min-p %.3g, "
                      "repeat-penalty %.3g (%s), presence %.3g, frequency %.3g%s%s%s\n",
-                     o.model_dir.c_str(), o.n_ctx, threads_text(o.n_threads).c_str(), (unsigned long long)o.sampling.seed,
-                     o.sampling.temperature, o.sampling.top_k, o.sampling.top_p, o.sampling.min_p,
-                     o.sampling.repeat_penalty, window.c_str(), o.sampling.presence_penalty,
+                     o.model_dir.c_str(), o.n_ctx, threads_text(o.n_threads).c_str(),
+                     (unsigned long long)o.sampling.seed, o.sampling.temperature, o.sampling.top_k, o.sampling.top_p,
+                     o.sampling.min_p, o.sampling.repeat_penalty, window.c_str(), o.sampling.presence_penalty,
                      o.sampling.frequency_penalty, taken.empty() ? "" : " (", taken.c_str(),
                      taken.empty() ? "" : " from generation_config.json)");
     }
     if (const int trained = hy_model_n_ctx_train(h.m); trained > 0 && o.n_ctx > trained)
-        std::fprintf(stderr, "hybrid: warning: -c %d is larger than the %d positions the model was trained for "
-                             "(max_position_embeddings): output past them may degrade\n", o.n_ctx, trained);
+        std::fprintf(stderr,
+                     "hybrid: warning: -c %d is larger than the %d positions the model was trained for "
+                     "(max_position_embeddings): output past them may degrade\n",
+                     o.n_ctx, trained);
     if (o.no_think) {  // a tokenizer without <think>/</think> renders both modes alike: the option does nothing
         char on[256], off[256];
         size_t n_on = 0, n_off = 0;
         if (hy_chat_render(h.m, nullptr, 0, 1, HY_THINK_ENABLED, on, sizeof on, &n_on) == HY_OK &&
-            hy_chat_render(h.m, nullptr, 0, 1, HY_THINK_DISABLED, off, sizeof off, &n_off) == HY_OK &&
-            n_on == n_off && std::memcmp(on, off, n_on) == 0)
-            std::fprintf(stderr, "hybrid: warning: --no-think has no effect: the tokenizer has no <think> and "
-                                 "</think> tokens\n");
+            hy_chat_render(h.m, nullptr, 0, 1, HY_THINK_DISABLED, off, sizeof off, &n_off) == HY_OK && n_on == n_off &&
+            std::memcmp(on, off, n_on) == 0)
+            std::fprintf(stderr,
+                         "hybrid: warning: --no-think has no effect: the tokenizer has no <think> and "
+                         "</think> tokens\n");
     }
     if (o.has_batch) return run_batch(o, h.m, load_ms);
     if (hy_context_new(h.m, nullptr, &h.c) != HY_OK) engine_fail(exit_runtime, "");
@@ -323,7 +326,7 @@ int run(int argc, char** argv) {
     gp.on_token = on_token;
     gp.user_data = &st;
     gp.should_abort = interrupted_abort;  // Ctrl-C during a long prompt's prefill
-    gp.skip_special = o.chat ? 0 : 1;  // a chat answer shows <think>/</think>, as the REPL does
+    gp.skip_special = o.chat ? 0 : 1;     // a chat answer shows <think>/</think>, as the REPL does
     const std::vector<int32_t> chat_stops = o.chat ? chat_stop_ids(h.m) : std::vector<int32_t>{};
     gp.stop_ids = chat_stops.empty() ? nullptr : chat_stops.data();
     gp.n_stop_ids = int(chat_stops.size());

@@ -12,7 +12,7 @@ namespace hy {
 
 struct SharedOption {
     enum class Type { flag, text, integer };
-    const char* names;          // as cxxopts takes them: "m,model" (short and long name) or "device" (long only)
+    const char* names;  // as cxxopts takes them: "m,model" (short and long name) or "device" (long only)
     const char* help;
     Type type;
     const char* default_value;  // "" for none
@@ -22,8 +22,10 @@ inline constexpr SharedOption kSharedOptions[] = {
     {"m,model", "model folder (config.json, *.safetensors, tokenizer.json)", SharedOption::Type::text, ""},
     {"t,threads", "CPU threads (0: all cores)", SharedOption::Type::integer, "0"},
     {"device", "auto, cpu or cuda", SharedOption::Type::text, "auto"},
-    {"no-cuda-graphs", "CUDA: launch every kernel one by one instead of replaying CUDA graphs (same results, slower; "
-     "for profilers and debugging)", SharedOption::Type::flag, ""},
+    {"no-cuda-graphs",
+     "CUDA: launch every kernel one by one instead of replaying CUDA graphs (same results, slower; "
+     "for profilers and debugging)",
+     SharedOption::Type::flag, ""},
     {"no-pdl", "CUDA: no programmatic dependent launch (comparisons)", SharedOption::Type::flag, ""},
     {"h,help", "print this help", SharedOption::Type::flag, ""},
 };

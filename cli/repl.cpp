@@ -77,7 +77,7 @@ struct Repl {
     hy_sampler* s;
     const std::vector<int32_t> chat_stops;  // ids that end an answer (chat_stop_ids)
     bool tty_in = false;
-    FILE* prompt_out = stdout;  // where the "> " prompt (and readline's echo) goes
+    FILE* prompt_out = stdout;      // where the "> " prompt (and readline's echo) goes
     bool confirm = false;           // confirm /save, /load and /reset on stderr (stdin a terminal, or --verbose)
     bool last_interrupted = false;  // Ctrl-C stopped the last answer (or its message's prefill)
     // messages of at least this many ids can be stopped during their prefill (see turn())
@@ -86,7 +86,7 @@ struct Repl {
     // the system message of the conversation's first turn while the context is empty: --system, or the one of a
     // loaded conversation that had no turn yet (/reset goes back to --system)
     std::string system;
-    std::string answer;  // the answer being generated
+    std::string answer;          // the answer being generated
     hy_generate_result total{};  // summed over the turns (stop_reason: the last turn's)
 
     // ---- input ----
@@ -160,8 +160,8 @@ struct Repl {
         if (have + int(ids.size()) >= n_ctx)
             throw Failure(exit_context, "the conversation would hold " + std::to_string(have + int(ids.size())) +
                                             " tokens, leaving no room for an answer in a context of " +
-                                            std::to_string(n_ctx) + " (-c): " +
-                                            (have == 0 ? "give a larger -c" : "/reset or /save it"));
+                                            std::to_string(n_ctx) +
+                                            " (-c): " + (have == 0 ? "give a larger -c" : "/reset or /save it"));
         std::vector<const char*> stops;
         for (const auto& st : o.stop) stops.push_back(st.c_str());
         hy_generate_params gp = hy_generate_default_params();
@@ -190,14 +190,14 @@ struct Repl {
             refill_penalty_history();
             g_interrupted.store(false);
             last_interrupted = true;
-            if (tty_in) std::fprintf(stderr, "[stopped before the answer: the message was dropped]\n");
+            if (tty_in)
+                std::fprintf(stderr, "[stopped before the answer: the message was dropped]\n");
             else if (o.verbose)
                 std::fputs("hybrid: stop: interrupted (Ctrl-C) during the prefill; the message was dropped\n", stderr);
             return;
         }
         if (rc == HY_OK || !answer.empty()) write_stdout("\n", 1);  // (ends the answer; no empty line before an error)
-        if (rc != HY_OK)
-            engine_fail(rc == HY_ERR_CONTEXT_FULL ? exit_context : exit_runtime, "generation failed");
+        if (rc != HY_OK) engine_fail(rc == HY_ERR_CONTEXT_FULL ? exit_context : exit_runtime, "generation failed");
         check_stdout();
         messages.push_back({"user", user});
         messages.push_back({"assistant", answer});
@@ -275,8 +275,8 @@ struct Repl {
             // (exit 4: from the size alone, a conversation longer than this -c and a damaged file look alike)
             throw Failure(exit_snapshot, path + ": " + std::to_string(size) +
                                              " bytes, larger than any conversation file of this model with this "
-                                             "context (-c " + std::to_string(hy_model_n_ctx(m)) +
-                                             "): a larger -c may hold it");
+                                             "context (-c " +
+                                             std::to_string(hy_model_n_ctx(m)) + "): a larger -c may hold it");
         }
         const std::string rest = read_rest(fd, size_t(size - 12), path);
         if (rest.size() < hl) throw Failure(exit_snapshot, path + ": truncated conversation file");
@@ -301,8 +301,9 @@ struct Repl {
                           "' (system, user or assistant)");
         }
         if (j.contains("checksum") && (!j["checksum"].is_string() || j["checksum"] != header_checksum(j)))
-            throw Failure(exit_snapshot, path + ": conversation file is damaged (its header checksum does not match "
-                                                "its messages)");
+            throw Failure(exit_snapshot, path +
+                                             ": conversation file is damaged (its header checksum does not match "
+                                             "its messages)");
         // keep the current conversation if the snapshot is refused
         const std::vector<char> backup = snapshot();
         const int rc = hy_state_load(c, rest.data() + hl, rest.size() - hl);
@@ -387,8 +388,10 @@ int run_repl(const Options& o, hy_model* m, hy_context* c, hy_sampler* s, double
         chat_render(m, none, true, thinking_mode(o), false);  // throws with the engine's message
     }
     if (r.tty_in)
-        std::fprintf(stderr, "hybrid chat (%s, loaded in %.0f ms). /help for commands, Ctrl-C stops an answer, "
-                             "Ctrl-D exits.\n", hy_model_backend(m), load_ms);
+        std::fprintf(stderr,
+                     "hybrid chat (%s, loaded in %.0f ms). /help for commands, Ctrl-C stops an answer, "
+                     "Ctrl-D exits.\n",
+                     hy_model_backend(m), load_ms);
     auto guarded = [&](auto&& fn) -> int {
         try {
             fn();
@@ -411,8 +414,10 @@ int run_repl(const Options& o, hy_model* m, hy_context* c, hy_sampler* s, double
         if (line.find_first_not_of(" \t\n\v\f\r") == std::string::npos) continue;
         bool go_on = true;
         const int rc = guarded([&] {
-            if (line[0] == '/') go_on = r.command(line);
-            else r.turn(line);
+            if (line[0] == '/')
+                go_on = r.command(line);
+            else
+                r.turn(line);
         });
         if (rc >= 0) return rc;
         if (!go_on) break;

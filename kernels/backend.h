@@ -39,18 +39,18 @@ struct SeqRun {
 
 // Host-side description of one forward step. The pointed-to arrays stay valid until the next begin_batch().
 struct BatchDesc {
-    int32_t n_tokens = 0;              // T
+    int32_t n_tokens = 0;                // T
     const int32_t* token_ids = nullptr;  // [T]
-    const SeqRun* runs = nullptr;      // [n_runs], rows in increasing order, covering [0, T)
+    const SeqRun* runs = nullptr;        // [n_runs], rows in increasing order, covering [0, T)
     int32_t n_runs = 0;
 };
 
 // Sizes that bound every step; fixed at load.
 struct BatchLimits {
-    int32_t max_tokens = 0;   // rows per step (prefill chunk)
-    int32_t max_runs = 0;     // runs per step (= number of sequence slots)
-    int32_t n_ctx = 0;        // positions per sequence slot (KV cache length)
-    int32_t n_slots = 0;      // sequence slots
+    int32_t max_tokens = 0;  // rows per step (prefill chunk)
+    int32_t max_runs = 0;    // runs per step (= number of sequence slots)
+    int32_t n_ctx = 0;       // positions per sequence slot (KV cache length)
+    int32_t n_slots = 0;     // sequence slots
 };
 
 // One gated full-attention layer's core, after the q/k/v projections and before o_proj (QWEN35.md):
@@ -59,14 +59,14 @@ struct BatchLimits {
 //   RoPE) and v are written to the KV cache at their positions; o = softmax(q k^T / sqrt(D) + causal) v (GQA);
 //   out = o * sigmoid(gate).
 struct AttentionArgs {
-    const void* qg = nullptr;   // act [T, Hq, 2*D]: per head the query (first D) then the gate (next D)
-    const void* k = nullptr;    // act [T, Hkv, D] (before k_norm)
-    const void* v = nullptr;    // act [T, Hkv, D]
+    const void* qg = nullptr;       // act [T, Hq, 2*D]: per head the query (first D) then the gate (next D)
+    const void* k = nullptr;        // act [T, Hkv, D] (before k_norm)
+    const void* v = nullptr;        // act [T, Hkv, D]
     const float* q_norm = nullptr;  // F32 [D] (zero-centred: applied as 1 + w)
     const float* k_norm = nullptr;  // F32 [D]
-    void* k_cache = nullptr;    // act [n_slots, n_ctx, Hkv, D], this layer's
-    void* v_cache = nullptr;    // act [n_slots, n_ctx, Hkv, D]
-    void* out = nullptr;        // act [T, Hq * D]
+    void* k_cache = nullptr;        // act [n_slots, n_ctx, Hkv, D], this layer's
+    void* v_cache = nullptr;        // act [n_slots, n_ctx, Hkv, D]
+    void* out = nullptr;            // act [T, Hq * D]
     int n_heads = 0, n_kv_heads = 0, head_dim = 0, rotary_dim = 0, n_ctx = 0;
     float rope_theta = 0.0f, eps = 0.0f;
 };
@@ -79,19 +79,19 @@ struct AttentionArgs {
 //   y = (norm_w * RMSNorm(o) over Dv (no 1+)) * silu(z).
 // Updates conv_state and ssm_state of every slot in the batch.
 struct GatedDeltaNetArgs {
-    const void* qkv = nullptr;    // act [T, C], C = 2*Hk*Dk + Hv*Dv, channel order [q | k | v], before the conv
-    const void* z = nullptr;      // act [T, Hv * Dv]
-    const void* b = nullptr;      // act [T, Hv]
-    const void* a = nullptr;      // act [T, Hv]
+    const void* qkv = nullptr;       // act [T, C], C = 2*Hk*Dk + Hv*Dv, channel order [q | k | v], before the conv
+    const void* z = nullptr;         // act [T, Hv * Dv]
+    const void* b = nullptr;         // act [T, Hv]
+    const void* a = nullptr;         // act [T, Hv]
     const float* conv_w = nullptr;   // F32 [C, K]; tap K-1 multiplies the current token
     const float* A_log = nullptr;    // F32 [Hv]
     const float* dt_bias = nullptr;  // F32 [Hv]
     const float* norm_w = nullptr;   // F32 [Dv]
-    void* conv_state = nullptr;   // act [n_slots, K-1, C]: the last K-1 pre-conv inputs, oldest first
-    float* ssm_state = nullptr;   // F32 [n_slots, Hv, Dk, Dv]
-    void* out = nullptr;          // act [T, Hv * Dv]
+    void* conv_state = nullptr;      // act [n_slots, K-1, C]: the last K-1 pre-conv inputs, oldest first
+    float* ssm_state = nullptr;      // F32 [n_slots, Hv, Dk, Dv]
+    void* out = nullptr;             // act [T, Hv * Dv]
     int n_k_heads = 0, n_v_heads = 0, k_dim = 0, v_dim = 0, conv_kernel = 0;
-    float eps = 0.0f;             // of the gated RMSNorm
+    float eps = 0.0f;  // of the gated RMSNorm
 };
 
 // One projection of a group over a shared input (Backend::matmul_group): y[rows, w.rows] = x[rows, w.cols] @ w^T.
@@ -177,9 +177,9 @@ public:
     // p[i].y = x[rows, K] @ p[i].w^T (every p[i].w.cols == K; no y aliases x). Same results as n matmul() calls;
     // the CUDA backend reads x once and runs the group as one GEMV launch for decode-sized rows.
     virtual void matmul_group(const void* x, int64_t rows, const Projection* p, int n) = 0;
-    // The SwiGLU MLP's first half (QWEN35.md "Decoder layer", MLP): gate[rows, F] = x @ w_gate^T, up[rows, F] = x @ w_up^T, then
-    // act[rows, F] = silu(gate) * up (act may alias gate; gate and up are left holding the projections). Same results
-    // as matmul, matmul, silu_mul; the CUDA backend runs it as one GEMV kernel for 1-2 rows.
+    // The SwiGLU MLP's first half (QWEN35.md "Decoder layer", MLP): gate[rows, F] = x @ w_gate^T, up[rows, F] = x @
+    // w_up^T, then act[rows, F] = silu(gate) * up (act may alias gate; gate and up are left holding the projections).
+    // Same results as matmul, matmul, silu_mul; the CUDA backend runs it as one GEMV kernel for 1-2 rows.
     virtual void gate_up_silu(const void* x, int64_t rows, const Matrix& w_gate, const Matrix& w_up, void* gate,
                               void* up, void* act) = 0;
     // y[n] += x[n].

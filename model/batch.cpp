@@ -13,7 +13,8 @@ BatchGenerator::BatchGenerator(Model& model, int n_valid, std::vector<int> slots
         for (int s = 0; s < model.n_slots(); s++) usable_.push_back(s);
     for (int s : usable_)
         if (s < 0 || s >= model.n_slots() || std::count(usable_.begin(), usable_.end(), s) != 1)
-            throw Error(Status::invalid_argument, "batch generator: slot " + std::to_string(s) + " is invalid or listed twice");
+            throw Error(Status::invalid_argument,
+                        "batch generator: slot " + std::to_string(s) + " is invalid or listed twice");
     tokens_.resize(size_t(model.max_batch_tokens()));
     out_rows_.resize(size_t(model.n_slots()));
     out_slot_.resize(size_t(model.n_slots()));
@@ -30,8 +31,8 @@ int BatchGenerator::submit(GenerationRequest r) {
             throw Error(Status::invalid_argument, "token id " + std::to_string(t) + " out of range [0, " +
                                                       std::to_string(model_.config().vocab_size) + ")");
     if (int64_t(r.prompt.size()) >= model_.n_ctx())
-        throw Error(Status::context_full, "prompt of " + std::to_string(r.prompt.size()) + " tokens does not fit a context of " +
-                                              std::to_string(model_.n_ctx()));
+        throw Error(Status::context_full, "prompt of " + std::to_string(r.prompt.size()) +
+                                              " tokens does not fit a context of " + std::to_string(model_.n_ctx()));
     // Validate the sampling parameters now rather than at admission.
     Sampler probe(r.sampling, model_.config().vocab_size, n_valid_, 1);
     requests_.push_back(std::move(r));
@@ -42,7 +43,8 @@ int BatchGenerator::submit(GenerationRequest r) {
 }
 
 void BatchGenerator::cancel(int id) {
-    if (id < 0 || id >= int(requests_.size())) throw Error(Status::invalid_argument, "no request " + std::to_string(id));
+    if (id < 0 || id >= int(requests_.size()))
+        throw Error(Status::invalid_argument, "no request " + std::to_string(id));
     if (results_[size_t(id)].done) return;
     auto it = std::find(queue_.begin(), queue_.end(), id);
     if (it != queue_.end()) {
@@ -180,8 +182,7 @@ bool BatchGenerator::step() {
 }
 
 void BatchGenerator::run() {
-    while (step()) {
-    }
+    while (step()) {}
 }
 
 }  // namespace hy

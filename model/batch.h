@@ -23,16 +23,16 @@
 namespace hy {
 
 struct GenerationRequest {
-    std::vector<int32_t> prompt;     // token ids, at least one
-    int max_new_tokens = 128;        // >= 0 (0: the prompt is prefilled, nothing is generated)
-    SamplerParams sampling;          // temperature <= 0 is greedy
-    std::vector<int32_t> stop_ids;   // generation stops after producing one of these (it is kept in `tokens`)
-    bool accept_prompt = true;       // the prompt ids enter the sampler's penalty history
+    std::vector<int32_t> prompt;    // token ids, at least one
+    int max_new_tokens = 128;       // >= 0 (0: the prompt is prefilled, nothing is generated)
+    SamplerParams sampling;         // temperature <= 0 is greedy
+    std::vector<int32_t> stop_ids;  // generation stops after producing one of these (it is kept in `tokens`)
+    bool accept_prompt = true;      // the prompt ids enter the sampler's penalty history
 };
 
 struct GenerationResult {
-    std::vector<int32_t> tokens;     // generated ids
-    std::vector<float> logprobs;     // log-softmax of the raw logits at each generated id
+    std::vector<int32_t> tokens;               // generated ids
+    std::vector<float> logprobs;               // log-softmax of the raw logits at each generated id
     FinishReason reason = FinishReason::none;  // none, eos, max_tokens, context_full or cancelled
     bool done = false;
 };
@@ -61,7 +61,7 @@ public:
 
 private:
     struct Sequence {
-        int id = -1;          // request id; -1 when the slot is free
+        int id = -1;  // request id; -1 when the slot is free
         size_t prompt_done = 0;
         bool cancel = false;
         std::unique_ptr<Sampler> sampler;

@@ -64,8 +64,8 @@ std::string ChatTemplate::render(std::span<const ChatMessage> messages, const Ch
     return out;
 }
 
-std::string ChatTemplate::render_continuation(std::span<const ChatMessage> new_messages,
-                                              bool context_has_end_of_turn, const ChatOptions& opts) const {
+std::string ChatTemplate::render_continuation(std::span<const ChatMessage> new_messages, bool context_has_end_of_turn,
+                                              const ChatOptions& opts) const {
     std::string out = context_has_end_of_turn ? std::string() : end_;
     out += '\n';
     out += render(new_messages, opts);

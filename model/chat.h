@@ -28,7 +28,7 @@ struct ChatMessage {
 enum class Thinking { disabled, enabled, model_decides };
 
 struct ChatOptions {
-    bool add_generation_prompt = true;      // end with the assistant header and the think prefix
+    bool add_generation_prompt = true;  // end with the assistant header and the think prefix
     Thinking thinking = Thinking::disabled;
 };
 

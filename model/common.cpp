@@ -42,8 +42,11 @@ std::string read_regular_file(const std::string& path, size_t max_bytes) {
     }
     auto refuse_kind = [&](mode_t m) {
         if (S_ISREG(m)) return;
-        const char* kind = S_ISDIR(m) ? "a directory" : S_ISFIFO(m) ? "a FIFO" : S_ISCHR(m) || S_ISBLK(m) ? "a device" :
-                           S_ISSOCK(m) ? "a socket" : "not a regular file";
+        const char* kind = S_ISDIR(m)                 ? "a directory"
+                           : S_ISFIFO(m)              ? "a FIFO"
+                           : S_ISCHR(m) || S_ISBLK(m) ? "a device"
+                           : S_ISSOCK(m)              ? "a socket"
+                                                      : "not a regular file";
         throw Error(Status::io, "cannot read '" + path + "': " + kind + ", expected a regular file");
     };
     refuse_kind(st.st_mode);

@@ -44,10 +44,11 @@ struct Reader {
     }
     float get_float(const json& obj, const char* field, const std::string& scope_name) const {
         const json& v = obj.at(field);
-        if (!v.is_number()) throw Error(Status::format, source + ": field '" + scope_name + field + "' must be a number");
+        if (!v.is_number())
+            throw Error(Status::format, source + ": field '" + scope_name + field + "' must be a number");
         if (!std::isfinite(v.get<float>()))  // (1e300 becomes inf as a float)
-            throw Error(Status::format, source + ": field '" + scope_name + field + "' must be a finite number, found " +
-                                            v.dump());
+            throw Error(Status::format,
+                        source + ": field '" + scope_name + field + "' must be a finite number, found " + v.dump());
         return v.get<float>();
     }
 };
@@ -77,8 +78,7 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
     if (!root.is_object()) throw Error(Status::format, source + ": expected a JSON object");
 
     ModelConfig c;
-    if (!root.contains("model_type"))
-        throw Error(Status::format, source + ": field 'model_type' is missing");
+    if (!root.contains("model_type")) throw Error(Status::format, source + ": field 'model_type' is missing");
     if (!root["model_type"].is_string()) throw Error(Status::format, source + ": field 'model_type' must be a string");
     c.model_type = root["model_type"].get<std::string>();
     const json* tj = &root;
@@ -92,8 +92,8 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
     } else if (c.model_type == "qwen3_5_text") {
         c.tensor_prefix = "model.";
     } else {
-        throw Error(Status::unsupported, source + ": unsupported model_type '" + c.model_type +
-                                             "' (supported: qwen3_5_text, qwen3_5)");
+        throw Error(Status::unsupported,
+                    source + ": unsupported model_type '" + c.model_type + "' (supported: qwen3_5_text, qwen3_5)");
     }
     Reader r{*tj, source, scope};
 
@@ -159,8 +159,8 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
         const json& lt = tj->at("layer_types");
         if (!lt.is_array()) r.fail("layer_types", "must be a list");
         if (int(lt.size()) != c.n_layers)
-            r.fail("layer_types", "has " + std::to_string(lt.size()) + " entries, expected num_hidden_layers = " +
-                                      std::to_string(c.n_layers));
+            r.fail("layer_types", "has " + std::to_string(lt.size()) +
+                                      " entries, expected num_hidden_layers = " + std::to_string(c.n_layers));
         for (size_t i = 0; i < lt.size(); i++) {
             std::string s = lt[i].is_string() ? lt[i].get<std::string>() : lt[i].dump();
             if (s == "linear_attention")
@@ -185,15 +185,17 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
                                         " is not a multiple of linear_num_key_heads " + std::to_string(c.gdn_k_heads));
     if (c.conv_kernel < 2 || c.conv_kernel > 16)
         r.fail("linear_conv_kernel_dim", "must lie in [2, 16], found " + std::to_string(c.conv_kernel));
-    if (r.has("attention_bias") && !tj->at("attention_bias").is_boolean()) r.fail("attention_bias", "must be true or false");
+    if (r.has("attention_bias") && !tj->at("attention_bias").is_boolean())
+        r.fail("attention_bias", "must be true or false");
     if (r.has("attention_bias") && tj->at("attention_bias").get<bool>())
         throw Error(Status::unsupported, source + ": attention_bias = true is not supported");
     // the gate on the attention output (QWEN35.md) is always applied: a config that turns it off is another model
     if (r.has("attn_output_gate") && !tj->at("attn_output_gate").is_boolean())
         r.fail("attn_output_gate", "must be true or false");
     if (r.has("attn_output_gate") && !tj->at("attn_output_gate").get<bool>())
-        throw Error(Status::unsupported, source + ": attn_output_gate = false is not supported (Qwen3.5's attention "
-                                                  "output is always gated)");
+        throw Error(Status::unsupported, source +
+                                             ": attn_output_gate = false is not supported (Qwen3.5's attention "
+                                             "output is always gated)");
     if (r.has("hidden_act") && tj->at("hidden_act") != "silu")
         throw Error(Status::unsupported, source + ": hidden_act " + tj->at("hidden_act").dump() + " (supported: silu)");
 
@@ -206,8 +208,8 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
         c.eos_token_ids = read_id_list(root["eos_token_id"], source, "eos_token_id");
     for (int id : c.eos_token_ids)
         if (id < 0 || id >= c.vocab_size)
-            throw Error(Status::format, source + ": eos_token_id " + std::to_string(id) + " is outside the vocabulary [0, " +
-                                            std::to_string(c.vocab_size) + ")");
+            throw Error(Status::format, source + ": eos_token_id " + std::to_string(id) +
+                                            " is outside the vocabulary [0, " + std::to_string(c.vocab_size) + ")");
     return c;
 }
 

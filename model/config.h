@@ -19,13 +19,13 @@ namespace hy {
 enum class LayerKind : uint8_t { gated_delta_net, full_attention };
 
 struct ModelConfig {
-    std::string model_type;    // "qwen3_5_text" or "qwen3_5"
-    std::string tensor_prefix; // "model." or "model.language_model."
+    std::string model_type;     // "qwen3_5_text" or "qwen3_5"
+    std::string tensor_prefix;  // "model." or "model.language_model."
 
-    int vocab_size = 0;        // rows of embed_tokens (may exceed the tokenizer's ids)
-    int hidden_size = 0;       // H
-    int intermediate_size = 0; // MLP width F
-    int n_layers = 0;          // L
+    int vocab_size = 0;         // rows of embed_tokens (may exceed the tokenizer's ids)
+    int hidden_size = 0;        // H
+    int intermediate_size = 0;  // MLP width F
+    int n_layers = 0;           // L
     float rms_norm_eps = 1e-6f;
     bool tie_word_embeddings = false;
     std::vector<LayerKind> layer_kinds;  // [L]
@@ -39,14 +39,14 @@ struct ModelConfig {
     float partial_rotary_factor = 1.0f;
 
     // Gated DeltaNet (linear attention)
-    int gdn_k_heads = 0;   // Hk
-    int gdn_v_heads = 0;   // Hv (a multiple of Hk)
-    int gdn_k_dim = 0;     // Dk
-    int gdn_v_dim = 0;     // Dv
-    int conv_kernel = 0;   // K
+    int gdn_k_heads = 0;  // Hk
+    int gdn_v_heads = 0;  // Hv (a multiple of Hk)
+    int gdn_k_dim = 0;    // Dk
+    int gdn_v_dim = 0;    // Dv
+    int conv_kernel = 0;  // K
 
-    std::vector<int> eos_token_ids;  // from config.json (int or list); may be empty
-    int max_position_embeddings = 0; // positions the model was trained for (0 when the config does not say)
+    std::vector<int> eos_token_ids;   // from config.json (int or list); may be empty
+    int max_position_embeddings = 0;  // positions the model was trained for (0 when the config does not say)
 
     int gdn_conv_channels() const { return 2 * gdn_k_heads * gdn_k_dim + gdn_v_heads * gdn_v_dim; }  // C
     int n_attention_layers() const;

@@ -31,7 +31,8 @@ void write_file_atomic(const std::string& path, const void* data, size_t n, bool
     mode_t keep_mode = 0;  // an overwritten file keeps its permissions
     if (lstat(path.c_str(), &st) == 0) {
         if (!S_ISREG(st.st_mode))
-            throw Error(Status::io, path + ": is " + std::string(file_kind(st.st_mode)) + ", not a regular file (not replaced)");
+            throw Error(Status::io,
+                        path + ": is " + std::string(file_kind(st.st_mode)) + ", not a regular file (not replaced)");
         if (!overwrite) throw Error(Status::io, path + ": exists (not overwritten)");
         keep_mode = st.st_mode & 07777;
     }
@@ -39,7 +40,8 @@ void write_file_atomic(const std::string& path, const void* data, size_t n, bool
     int fd = -1;
     static thread_local uint64_t counter = 0;
     for (int attempt = 0; attempt < 100 && fd < 0; attempt++) {
-        const uint64_t r = (uint64_t(::getpid()) << 32) ^ uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) ^
+        const uint64_t r = (uint64_t(::getpid()) << 32) ^
+                           uint64_t(std::chrono::steady_clock::now().time_since_epoch().count()) ^
                            (++counter * 0x9E3779B97F4A7C15ull);
         char suffix[16];
         std::snprintf(suffix, sizeof suffix, ".%06llx", (unsigned long long)(r & 0xFFFFFFull));
@@ -88,7 +90,8 @@ void write_file_atomic(const std::string& path, const void* data, size_t n, bool
     } else {
         if (lstat(path.c_str(), &st) == 0 && !S_ISREG(st.st_mode)) {
             ::unlink(tmp.c_str());
-            throw Error(Status::io, path + ": is " + std::string(file_kind(st.st_mode)) + ", not a regular file (not replaced)");
+            throw Error(Status::io,
+                        path + ": is " + std::string(file_kind(st.st_mode)) + ", not a regular file (not replaced)");
         }
         if (::rename(tmp.c_str(), path.c_str()) != 0) fail_io("cannot rename the temporary file", errno);
     }

@@ -37,13 +37,21 @@ void Model::forward(const BatchDesc& batch, std::span<const int32_t> out_rows) {
             };
             be.matmul_group(a.xn, T, qkv, 3);
             AttentionArgs args;
-            args.qg = a.mix_in; args.k = a.k; args.v = a.v;
-            args.q_norm = w.q_norm; args.k_norm = w.k_norm;
-            args.k_cache = S.k_cache; args.v_cache = S.v_cache;
+            args.qg = a.mix_in;
+            args.k = a.k;
+            args.v = a.v;
+            args.q_norm = w.q_norm;
+            args.k_norm = w.k_norm;
+            args.k_cache = S.k_cache;
+            args.v_cache = S.v_cache;
             args.out = a.mix_out;  // [T, Hq * D]
-            args.n_heads = c.n_heads; args.n_kv_heads = c.n_kv_heads; args.head_dim = c.head_dim;
-            args.rotary_dim = c.rotary_dim; args.n_ctx = params_.n_ctx;
-            args.rope_theta = c.rope_theta; args.eps = eps;
+            args.n_heads = c.n_heads;
+            args.n_kv_heads = c.n_kv_heads;
+            args.head_dim = c.head_dim;
+            args.rotary_dim = c.rotary_dim;
+            args.n_ctx = params_.n_ctx;
+            args.rope_theta = c.rope_theta;
+            args.eps = eps;
             be.attention(args);
             be.matmul(a.mix_out, T, w.o_proj, a.y);  // [T, H]
         } else {
@@ -56,26 +64,36 @@ void Model::forward(const BatchDesc& batch, std::span<const int32_t> out_rows) {
             };
             be.matmul_group(a.xn, T, in_proj, 4);
             GatedDeltaNetArgs args;
-            args.qkv = a.mix_in; args.z = a.z; args.b = a.b; args.a = a.a;
-            args.conv_w = w.conv1d; args.A_log = w.A_log; args.dt_bias = w.dt_bias; args.norm_w = w.norm;
-            args.conv_state = S.conv_state; args.ssm_state = S.ssm_state;
+            args.qkv = a.mix_in;
+            args.z = a.z;
+            args.b = a.b;
+            args.a = a.a;
+            args.conv_w = w.conv1d;
+            args.A_log = w.A_log;
+            args.dt_bias = w.dt_bias;
+            args.norm_w = w.norm;
+            args.conv_state = S.conv_state;
+            args.ssm_state = S.ssm_state;
             args.out = a.mix_out;  // [T, Hv * Dv]
-            args.n_k_heads = c.gdn_k_heads; args.n_v_heads = c.gdn_v_heads;
-            args.k_dim = c.gdn_k_dim; args.v_dim = c.gdn_v_dim; args.conv_kernel = c.conv_kernel;
+            args.n_k_heads = c.gdn_k_heads;
+            args.n_v_heads = c.gdn_v_heads;
+            args.k_dim = c.gdn_k_dim;
+            args.v_dim = c.gdn_v_dim;
+            args.conv_kernel = c.conv_kernel;
             args.eps = eps;
             be.gated_delta_net(args);
             be.matmul(a.mix_out, T, w.out_proj, a.y);  // [T, H]
         }
-        be.add_rms_norm(a.x, a.y, L.post_norm, T, H, eps, true, a.xn);         // x += mixer; [T, H]
+        be.add_rms_norm(a.x, a.y, L.post_norm, T, H, eps, true, a.xn);                   // x += mixer; [T, H]
         be.gate_up_silu(a.xn, T, L.mlp.gate_proj, L.mlp.up_proj, a.gate, a.up, a.gate);  // [T, F]
-        be.matmul(a.gate, T, L.mlp.down_proj, a.y);                             // [T, H]
+        be.matmul(a.gate, T, L.mlp.down_proj, a.y);                                      // [T, H]
     }
     if (c.n_layers > 0) be.add(a.x, a.y, T * H);  // the last layer's MLP residual
     const int n_out = int(out_rows.size());
     if (n_out == 0) return;
     be.gather_rows(a.x, H, out_rows.data(), n_out, a.last);  // [n_out, H]
     be.rms_norm(a.last, weights_.final_norm, n_out, H, eps, true, a.last);
-    be.logits(a.last, n_out, weights_.output, a.logits);     // [n_out, vocab]
+    be.logits(a.last, n_out, weights_.output, a.logits);  // [n_out, vocab]
 }
 
 void Model::check_batch(const BatchDesc& batch, std::span<const int32_t> out_rows) const {
@@ -87,12 +105,13 @@ void Model::check_batch(const BatchDesc& batch, std::span<const int32_t> out_row
         throw Error(Status::invalid_argument, "asked for " + std::to_string(out_rows.size()) + " logits rows (limit " +
                                                   std::to_string(params_.max_logits) + ")");
     for (int32_t r : out_rows)
-        if (r < 0 || r >= batch.n_tokens) throw Error(Status::invalid_argument, "logits row " + std::to_string(r) + " outside the batch");
+        if (r < 0 || r >= batch.n_tokens)
+            throw Error(Status::invalid_argument, "logits row " + std::to_string(r) + " outside the batch");
     for (int i = 0; i < batch.n_tokens; i++) {
         int32_t t = batch.token_ids[i];
         if (t < 0 || t >= c.vocab_size)
-            throw Error(Status::invalid_argument, "token id " + std::to_string(t) + " out of range [0, " +
-                                                      std::to_string(c.vocab_size) + ")");
+            throw Error(Status::invalid_argument,
+                        "token id " + std::to_string(t) + " out of range [0, " + std::to_string(c.vocab_size) + ")");
     }
     int32_t expect_row = 0;
     for (int r = 0; r < batch.n_runs; r++) {
@@ -137,7 +156,8 @@ void Model::advance(const BatchDesc& batch, std::span<const int32_t> out_rows, i
     if (!(key == last_step_key_ && backend_->repeat_step(batch))) {
         last_step_key_.clear();  // (stays empty if the step throws)
         forward(batch, out_rows);
-        if (n_valid > 0 && n_out > 0) backend_->argmax_rows(act_.logits, n_out, config_.vocab_size, n_valid, act_.picks);
+        if (n_valid > 0 && n_out > 0)
+            backend_->argmax_rows(act_.logits, n_out, config_.vocab_size, n_valid, act_.picks);
         last_step_key_.assign(key.begin(), key.end());
     }
     for (int r = 0; r < batch.n_runs; r++) seq_len_[size_t(batch.runs[r].slot)] += batch.runs[r].n_tokens;
@@ -168,8 +188,9 @@ std::span<const float> Model::prefill(int slot, std::span<const int32_t> tokens,
     const int len0 = seq_len(slot);
     if (tokens.empty()) throw Error(Status::invalid_argument, "empty prompt");
     if (len0 + int64_t(tokens.size()) > params_.n_ctx)
-        throw Error(Status::context_full, "prompt of " + std::to_string(tokens.size()) + " tokens does not fit: sequence holds " +
-                                              std::to_string(len0) + " of " + std::to_string(params_.n_ctx) + " positions");
+        throw Error(Status::context_full, "prompt of " + std::to_string(tokens.size()) +
+                                              " tokens does not fit: sequence holds " + std::to_string(len0) + " of " +
+                                              std::to_string(params_.n_ctx) + " positions");
     for (int32_t t : tokens)
         if (t < 0 || t >= config_.vocab_size)
             throw Error(Status::invalid_argument, "token id " + std::to_string(t) + " out of range [0, " +

@@ -36,13 +36,13 @@ TokenPick pick_or_sample(Sampler& sampler, const TokenPick* pick, int n_valid, R
 }
 
 struct GenerateOptions {
-    int max_tokens = -1;                  // ids to generate at most; < 0: no limit
-    std::vector<std::string> stop;        // stop strings, each non-empty
-    std::span<const int32_t> eos;         // the end-of-sequence set, sorted (ignored with ignore_eos)
-    std::span<const int32_t> stop_ids;    // more ids that end generation like an end-of-sequence id
+    int max_tokens = -1;                // ids to generate at most; < 0: no limit
+    std::vector<std::string> stop;      // stop strings, each non-empty
+    std::span<const int32_t> eos;       // the end-of-sequence set, sorted (ignored with ignore_eos)
+    std::span<const int32_t> stop_ids;  // more ids that end generation like an end-of-sequence id
     bool ignore_eos = false;
-    bool skip_special = true;             // the streamed text leaves out special tokens
-    int n_valid = 0;                      // ids [0, n_valid) may be sampled (log-probabilities are over them)
+    bool skip_special = true;  // the streamed text leaves out special tokens
+    int n_valid = 0;           // ids [0, n_valid) may be sampled (log-probabilities are over them)
     // Called for each kept id with its log-probability, the text that became final (decoded; text that could be
     // the start of a stop string is held back) and its index (0, 1, ...); a last call with id -1 delivers text
     // still held at the end. Returning true stops generation (FinishReason::callback; the id is kept).
@@ -52,9 +52,9 @@ struct GenerateOptions {
 };
 
 struct GenerateResult {
-    int n_prompt = 0;      // ids prefilled (the prompt plus a pending id); 0 when the prefill was stopped
-    int n_generated = 0;   // ids generated (kept in the sequence)
-    int n_decoded = 0;     // ids run through the model after the prompt
+    int n_prompt = 0;     // ids prefilled (the prompt plus a pending id); 0 when the prefill was stopped
+    int n_generated = 0;  // ids generated (kept in the sequence)
+    int n_decoded = 0;    // ids run through the model after the prompt
     double prompt_ms = 0, generate_ms = 0;
     FinishReason reason = FinishReason::none;
 };

@@ -56,12 +56,15 @@ struct Checkpoint {
         auto f = std::make_unique<hyst_file>();
         int rc = hyst_open(f.get(), path.c_str());
         if (rc != HYST_OK)
-            throw Error(rc == HYST_ERR_IO ? Status::io : rc == HYST_ERR_DTYPE ? Status::unsupported : Status::format,
+            throw Error(rc == HYST_ERR_IO      ? Status::io
+                        : rc == HYST_ERR_DTYPE ? Status::unsupported
+                                               : Status::format,
                         f->error);
         for (int i = 0; i < f->n_tensors; i++) {
             const hyst_tensor* t = &f->tensors[i];
             if (!tensors.emplace(t->name, t).second)
-                throw Error(Status::format, path + ": tensor '" + t->name + "' also appears in " + file_of[tensors[t->name]]);
+                throw Error(Status::format,
+                            path + ": tensor '" + t->name + "' also appears in " + file_of[tensors[t->name]]);
             file_of[t] = path;
         }
         files.push_back(std::move(f));
@@ -99,11 +102,14 @@ struct Checkpoint {
 
     const hyst_tensor& get(const std::string& name, const std::vector<int64_t>& shape) const {
         auto it = tensors.find(name);
-        if (it == tensors.end()) throw Error(Status::model_mismatch, "missing tensor '" + name + "' (expected shape " + shape_str(shape) + ")");
+        if (it == tensors.end())
+            throw Error(Status::model_mismatch,
+                        "missing tensor '" + name + "' (expected shape " + shape_str(shape) + ")");
         const hyst_tensor* t = it->second;
         std::vector<int64_t> found(t->shape, t->shape + t->n_dims);
         if (found != shape)
-            throw Error(Status::model_mismatch, "tensor '" + name + "' has shape " + shape_str(found) + ", expected " + shape_str(shape));
+            throw Error(Status::model_mismatch,
+                        "tensor '" + name + "' has shape " + shape_str(found) + ", expected " + shape_str(shape));
         return *t;
     }
 };
@@ -117,8 +123,17 @@ struct ModelLoader {
     Backend& be;
     size_t offset = 0;
 
-    struct MatrixJob { Matrix* dst; const hyst_tensor* src; size_t off; };
-    struct VectorJob { const float** dst; const hyst_tensor* src; size_t off; int64_t n; };
+    struct MatrixJob {
+        Matrix* dst;
+        const hyst_tensor* src;
+        size_t off;
+    };
+    struct VectorJob {
+        const float** dst;
+        const hyst_tensor* src;
+        size_t off;
+        int64_t n;
+    };
     std::vector<MatrixJob> matrices;
     std::vector<VectorJob> vectors;
 
@@ -228,7 +243,8 @@ static std::unique_ptr<Backend> choose_backend(const ModelParams& p) {
     switch (p.device) {
         case Device::cpu: return make_cpu_backend(p.n_threads);
         case Device::cuda: return make_cuda_backend(0, p.cuda);
-        case Device::auto_select: return cuda_available() ? make_cuda_backend(0, p.cuda) : make_cpu_backend(p.n_threads);
+        case Device::auto_select:
+            return cuda_available() ? make_cuda_backend(0, p.cuda) : make_cpu_backend(p.n_threads);
     }
     return make_cpu_backend(p.n_threads);
 }
@@ -244,12 +260,14 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     const ModelConfig& c = m->config_;
 
     ModelParams p = params_in;
-    if (p.n_ctx <= 0) throw Error(Status::invalid_argument, "context length must be positive, got " + std::to_string(p.n_ctx));
+    if (p.n_ctx <= 0)
+        throw Error(Status::invalid_argument, "context length must be positive, got " + std::to_string(p.n_ctx));
     if (p.n_threads > 1024)  // (as the tools' -t; 50,000 started 32,000 threads before the OS refused one)
-        throw Error(Status::invalid_argument, "CPU threads must be at most 1024 (0: all cores), got " +
-                                                  std::to_string(p.n_threads));
+        throw Error(Status::invalid_argument,
+                    "CPU threads must be at most 1024 (0: all cores), got " + std::to_string(p.n_threads));
     if (p.n_slots <= 0 || p.n_slots > 4096)
-        throw Error(Status::invalid_argument, "number of sequence slots must lie in [1, 4096], got " + std::to_string(p.n_slots));
+        throw Error(Status::invalid_argument,
+                    "number of sequence slots must lie in [1, 4096], got " + std::to_string(p.n_slots));
     if (p.max_batch_tokens <= 0)
         throw Error(Status::invalid_argument, "batch size must be positive, got " + std::to_string(p.max_batch_tokens));
     p.max_batch_tokens = std::max(p.max_batch_tokens, p.n_slots);  // a decode step of every slot fits
@@ -272,7 +290,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     const size_t S = size_t(p.n_slots), T = size_t(p.max_batch_tokens);
     const size_t H = size_t(c.hidden_size), C = size_t(c.gdn_conv_channels());
     const size_t kv_row = size_t(c.n_kv_heads) * size_t(c.head_dim);
-    struct StateOffsets { size_t k = 0, v = 0, conv = 0, ssm = 0; };
+    struct StateOffsets {
+        size_t k = 0, v = 0, conv = 0, ssm = 0;
+    };
     std::vector<StateOffsets> so(size_t(c.n_layers));
     for (int i = 0; i < c.n_layers; i++) {
         if (c.layer_kinds[size_t(i)] == LayerKind::full_attention) {
@@ -322,9 +342,19 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     }
     be.fill_zero(base + m->weight_bytes_, m->state_bytes_);
     Activations& a = m->act_;
-    a.x = base + o_x; a.xn = base + o_xn; a.y = base + o_y; a.mix_in = base + o_mix_in;
-    a.k = base + o_k; a.v = base + o_v; a.z = base + o_z; a.b = base + o_b; a.a = base + o_a;
-    a.mix_out = base + o_mix_out; a.gate = base + o_gate; a.up = base + o_up; a.last = base + o_last;
+    a.x = base + o_x;
+    a.xn = base + o_xn;
+    a.y = base + o_y;
+    a.mix_in = base + o_mix_in;
+    a.k = base + o_k;
+    a.v = base + o_v;
+    a.z = base + o_z;
+    a.b = base + o_b;
+    a.a = base + o_a;
+    a.mix_out = base + o_mix_out;
+    a.gate = base + o_gate;
+    a.up = base + o_up;
+    a.last = base + o_last;
     a.logits = reinterpret_cast<float*>(base + o_logits);
     a.picks = reinterpret_cast<TokenPick*>(base + o_picks);
     be.set_workspace(base + o_ws, limits);
@@ -383,11 +413,18 @@ std::vector<uint8_t> Model::save_state(int slot) const {
     const size_t as = dtype_size(backend_->act_dtype());
     SnapshotHeader h{};
     std::memcpy(h.magic, "HYSNAP1", 8);
-    h.n_layers = uint32_t(c.n_layers); h.hidden = uint32_t(c.hidden_size); h.vocab = uint32_t(c.vocab_size);
-    h.n_kv_heads = uint32_t(c.n_kv_heads); h.head_dim = uint32_t(c.head_dim); h.gdn_v_heads = uint32_t(c.gdn_v_heads);
-    h.gdn_k_dim = uint32_t(c.gdn_k_dim); h.gdn_v_dim = uint32_t(c.gdn_v_dim);
-    h.conv_channels = uint32_t(c.gdn_conv_channels()); h.conv_kernel = uint32_t(c.conv_kernel);
-    h.act_dtype = uint32_t(backend_->act_dtype()); h.seq_len = uint32_t(len);
+    h.n_layers = uint32_t(c.n_layers);
+    h.hidden = uint32_t(c.hidden_size);
+    h.vocab = uint32_t(c.vocab_size);
+    h.n_kv_heads = uint32_t(c.n_kv_heads);
+    h.head_dim = uint32_t(c.head_dim);
+    h.gdn_v_heads = uint32_t(c.gdn_v_heads);
+    h.gdn_k_dim = uint32_t(c.gdn_k_dim);
+    h.gdn_v_dim = uint32_t(c.gdn_v_dim);
+    h.conv_channels = uint32_t(c.gdn_conv_channels());
+    h.conv_kernel = uint32_t(c.conv_kernel);
+    h.act_dtype = uint32_t(backend_->act_dtype());
+    h.seq_len = uint32_t(len);
     const size_t kv_row = size_t(c.n_kv_heads) * size_t(c.head_dim) * as;
     const size_t conv = size_t(c.conv_kernel - 1) * size_t(c.gdn_conv_channels()) * as;
     const size_t ssm = size_t(c.gdn_v_heads) * size_t(c.gdn_k_dim) * size_t(c.gdn_v_dim) * 4;
@@ -402,9 +439,11 @@ std::vector<uint8_t> Model::save_state(int slot) const {
         const LayerState& st = state_[size_t(i)];
         if (c.layer_kinds[size_t(i)] == LayerKind::full_attention) {
             size_t slot_bytes = size_t(params_.n_ctx) * kv_row;
-            be.download(out.data() + pos, static_cast<const char*>(st.k_cache) + size_t(slot) * slot_bytes, size_t(len) * kv_row);
+            be.download(out.data() + pos, static_cast<const char*>(st.k_cache) + size_t(slot) * slot_bytes,
+                        size_t(len) * kv_row);
             pos += size_t(len) * kv_row;
-            be.download(out.data() + pos, static_cast<const char*>(st.v_cache) + size_t(slot) * slot_bytes, size_t(len) * kv_row);
+            be.download(out.data() + pos, static_cast<const char*>(st.v_cache) + size_t(slot) * slot_bytes,
+                        size_t(len) * kv_row);
             pos += size_t(len) * kv_row;
         } else {
             be.download(out.data() + pos, static_cast<const char*>(st.conv_state) + size_t(slot) * conv, conv);
@@ -420,7 +459,8 @@ void Model::load_state(int slot, std::span<const uint8_t> snap) {
     seq_len(slot);
     const ModelConfig& c = config_;
     SnapshotHeader h{};
-    if (snap.size() < sizeof h) throw Error(Status::format, "snapshot is truncated (" + std::to_string(snap.size()) + " bytes)");
+    if (snap.size() < sizeof h)
+        throw Error(Status::format, "snapshot is truncated (" + std::to_string(snap.size()) + " bytes)");
     std::memcpy(&h, snap.data(), sizeof h);
     if (std::memcmp(h.magic, "HYSNAP1", 8) != 0) throw Error(Status::format, "not a hybrid state snapshot (bad magic)");
     const bool same = h.n_layers == uint32_t(c.n_layers) && h.hidden == uint32_t(c.hidden_size) &&
@@ -444,7 +484,8 @@ void Model::load_state(int slot, std::span<const uint8_t> snap) {
     for (int i = 0; i < c.n_layers; i++)
         total += c.layer_kinds[size_t(i)] == LayerKind::full_attention ? 2 * len * kv_row : conv + ssm;
     if (snap.size() != total)
-        throw Error(Status::format, "snapshot has " + std::to_string(snap.size()) + " bytes, expected " + std::to_string(total));
+        throw Error(Status::format,
+                    "snapshot has " + std::to_string(snap.size()) + " bytes, expected " + std::to_string(total));
     size_t pos = sizeof h;
     Backend& be = *backend_;
     for (int i = 0; i < c.n_layers; i++) {

@@ -22,20 +22,20 @@
 namespace hy {
 
 struct AttentionWeights {
-    Matrix q_proj;  // [Hq * 2D, H]: per head the query then the output gate
-    Matrix k_proj;  // [Hkv * D, H]
-    Matrix v_proj;  // [Hkv * D, H]
-    Matrix o_proj;  // [H, Hq * D]
+    Matrix q_proj;                  // [Hq * 2D, H]: per head the query then the output gate
+    Matrix k_proj;                  // [Hkv * D, H]
+    Matrix v_proj;                  // [Hkv * D, H]
+    Matrix o_proj;                  // [H, Hq * D]
     const float* q_norm = nullptr;  // [D]
     const float* k_norm = nullptr;  // [D]
 };
 
 struct GatedDeltaNetWeights {
-    Matrix in_proj_qkv;  // [C, H]
-    Matrix in_proj_z;    // [Hv * Dv, H]
-    Matrix in_proj_b;    // [Hv, H]
-    Matrix in_proj_a;    // [Hv, H]
-    Matrix out_proj;     // [H, Hv * Dv]
+    Matrix in_proj_qkv;              // [C, H]
+    Matrix in_proj_z;                // [Hv * Dv, H]
+    Matrix in_proj_b;                // [Hv, H]
+    Matrix in_proj_a;                // [Hv, H]
+    Matrix out_proj;                 // [H, Hv * Dv]
     const float* conv1d = nullptr;   // [C, K]
     const float* A_log = nullptr;    // [Hv]
     const float* dt_bias = nullptr;  // [Hv]
@@ -50,7 +50,7 @@ struct MlpWeights {
 
 struct LayerWeights {
     LayerKind kind = LayerKind::gated_delta_net;
-    int state_index = 0;  // index among the layers of its kind (KV cache or GDN state)
+    int state_index = 0;                // index among the layers of its kind (KV cache or GDN state)
     const float* input_norm = nullptr;  // [H]
     const float* post_norm = nullptr;   // [H]
     AttentionWeights attn;              // when kind == full_attention
@@ -59,8 +59,8 @@ struct LayerWeights {
 };
 
 struct Weights {
-    Matrix embed;   // [vocab, H]
-    Matrix output;  // [vocab, H]: lm_head, or embed when tied
+    Matrix embed;                       // [vocab, H]
+    Matrix output;                      // [vocab, H]: lm_head, or embed when tied
     const float* final_norm = nullptr;  // [H]
     std::vector<LayerWeights> layers;   // [L]
 };
@@ -75,20 +75,20 @@ struct LayerState {
 
 // Activation buffers for up to max_batch_tokens rows (T).
 struct Activations {
-    void* x = nullptr;        // [T, H] residual stream
-    void* xn = nullptr;       // [T, H] normed input of a sub-layer
-    void* y = nullptr;        // [T, H] sub-layer output
-    void* mix_in = nullptr;   // [T, max(Hq*2D, C)] q_proj output or GDN qkv
-    void* k = nullptr;        // [T, Hkv*D]
-    void* v = nullptr;        // [T, Hkv*D]
-    void* z = nullptr;        // [T, Hv*Dv]
-    void* b = nullptr;        // [T, Hv]
-    void* a = nullptr;        // [T, Hv]
-    void* mix_out = nullptr;  // [T, max(Hq*D, Hv*Dv)]
-    void* gate = nullptr;     // [T, F]
-    void* up = nullptr;       // [T, F]
-    void* last = nullptr;     // [max_logits, H] rows whose logits are wanted
-    float* logits = nullptr;  // [max_logits, vocab] F32
+    void* x = nullptr;           // [T, H] residual stream
+    void* xn = nullptr;          // [T, H] normed input of a sub-layer
+    void* y = nullptr;           // [T, H] sub-layer output
+    void* mix_in = nullptr;      // [T, max(Hq*2D, C)] q_proj output or GDN qkv
+    void* k = nullptr;           // [T, Hkv*D]
+    void* v = nullptr;           // [T, Hkv*D]
+    void* z = nullptr;           // [T, Hv*Dv]
+    void* b = nullptr;           // [T, Hv]
+    void* a = nullptr;           // [T, Hv]
+    void* mix_out = nullptr;     // [T, max(Hq*D, Hv*Dv)]
+    void* gate = nullptr;        // [T, F]
+    void* up = nullptr;          // [T, F]
+    void* last = nullptr;        // [max_logits, H] rows whose logits are wanted
+    float* logits = nullptr;     // [max_logits, vocab] F32
     TokenPick* picks = nullptr;  // [max_logits] greedy picks of the logits rows
 };
 
@@ -96,12 +96,12 @@ enum class Device { auto_select, cpu, cuda };
 
 struct ModelParams {
     Device device = Device::auto_select;
-    int n_threads = 0;          // CPU threads; <= 0: all cores; at most 1024
-    int n_ctx = 4096;           // positions per sequence slot
-    int n_slots = 1;            // sequence slots
-    int max_batch_tokens = 512; // rows per forward step (prefill chunk)
-    int max_logits = 0;         // logits rows per step; <= 0: max(n_slots, 1)
-    CudaOptions cuda;           // how the CUDA backend runs (ignored on the CPU)
+    int n_threads = 0;           // CPU threads; <= 0: all cores; at most 1024
+    int n_ctx = 4096;            // positions per sequence slot
+    int n_slots = 1;             // sequence slots
+    int max_batch_tokens = 512;  // rows per forward step (prefill chunk)
+    int max_logits = 0;          // logits rows per step; <= 0: max(n_slots, 1)
+    CudaOptions cuda;            // how the CUDA backend runs (ignored on the CPU)
 };
 
 class Model {
@@ -183,11 +183,11 @@ private:
     Weights weights_;
     std::vector<LayerState> state_;  // [L]
     Activations act_;
-    std::vector<int32_t> seq_len_;   // [n_slots]
-    std::vector<float> logits_host_;  // [max_logits, vocab]
+    std::vector<int32_t> seq_len_;       // [n_slots]
+    std::vector<float> logits_host_;     // [max_logits, vocab]
     std::vector<TokenPick> picks_host_;  // [max_logits]
-    int last_n_out_ = 0;              // logits rows of the last step, still in act_.logits
-    std::vector<float> all_logits_;   // prefill(all_logits = true) output [n, vocab]
+    int last_n_out_ = 0;                 // logits rows of the last step, still in act_.logits
+    std::vector<float> all_logits_;      // prefill(all_logits = true) output [n, vocab]
     // host-side batch scratch (sized at load; the decode loop allocates nothing)
     std::vector<SeqRun> runs_scratch_;
     std::vector<int32_t> rows_scratch_;

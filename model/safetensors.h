@@ -230,7 +230,8 @@ static int hyst__string(hyst__json* j, char* out, size_t cap) {
             len = 4;
         }
         if (out) {
-            if (n + len >= cap) return hyst__fail(j->f, HYST_ERR_CAPACITY, "header: a name is longer than %d bytes", (int)cap - 1);
+            if (n + len >= cap)
+                return hyst__fail(j->f, HYST_ERR_CAPACITY, "header: a name is longer than %d bytes", (int)cap - 1);
             memcpy(out + n, buf, len);
         }
         n += len;
@@ -335,7 +336,8 @@ static int hyst__tensor(hyst__json* j, hyst_tensor* t) {
                     uint64_t d;
                     if ((rc = hyst__uint(j, &d))) return rc;
                     if (t->n_dims == HYST_MAX_DIMS)
-                        return hyst__fail(j->f, HYST_ERR_CAPACITY, "tensor '%s': more than %d dims", t->name, HYST_MAX_DIMS);
+                        return hyst__fail(j->f, HYST_ERR_CAPACITY, "tensor '%s': more than %d dims", t->name,
+                                          HYST_MAX_DIMS);
                     t->shape[t->n_dims++] = (int64_t)d;
                     hyst__ws(j);
                     if (j->p < j->end && *j->p == ',') {
@@ -367,7 +369,9 @@ static int hyst__tensor(hyst__json* j, hyst_tensor* t) {
     }
     if (!have_dtype || !have_shape || !have_offsets)
         return hyst__fail(j->f, HYST_ERR_FORMAT, "tensor '%s': entry lacks %s", t->name,
-                          !have_dtype ? "dtype" : !have_shape ? "shape" : "data_offsets");
+                          !have_dtype   ? "dtype"
+                          : !have_shape ? "shape"
+                                        : "data_offsets");
     return HYST_OK;
 }
 
@@ -381,7 +385,9 @@ int hyst_parse(hyst_file* f, const void* bytes, uint64_t n_bytes) {
     f->n_tensors = 0;
     f->error[0] = 0;
     const unsigned char* b = (const unsigned char*)bytes;
-    if (n_bytes < 8) return hyst__fail(f, HYST_ERR_FORMAT, "file of %llu bytes is too short for a safetensors header", (unsigned long long)n_bytes);
+    if (n_bytes < 8)
+        return hyst__fail(f, HYST_ERR_FORMAT, "file of %llu bytes is too short for a safetensors header",
+                          (unsigned long long)n_bytes);
     uint64_t n = 0;
     for (int i = 7; i >= 0; i--) n = n << 8 | b[i];
     if (n > n_bytes - 8)
@@ -436,8 +442,9 @@ int hyst_parse(hyst_file* f, const void* bytes, uint64_t n_bytes) {
             return hyst__fail(f, HYST_ERR_FORMAT, "tensor '%s': data_offsets [%llu, %llu] are reversed", t->name,
                               (unsigned long long)t->begin, (unsigned long long)t->end);
         if (t->end > f->data_bytes)
-            return hyst__fail(f, HYST_ERR_FORMAT, "tensor '%s': data_offsets end %llu lies past the data area (%llu bytes)",
-                              t->name, (unsigned long long)t->end, (unsigned long long)f->data_bytes);
+            return hyst__fail(f, HYST_ERR_FORMAT,
+                              "tensor '%s': data_offsets end %llu lies past the data area (%llu bytes)", t->name,
+                              (unsigned long long)t->end, (unsigned long long)f->data_bytes);
         uint64_t count = 1;
         for (int d = 0; d < t->n_dims; d++) {
             uint64_t s = (uint64_t)t->shape[d];
@@ -447,9 +454,9 @@ int hyst_parse(hyst_file* f, const void* bytes, uint64_t n_bytes) {
         }
         uint64_t want = count * hyst_dtype_size(t->dtype);
         if (want != t->end - t->begin)
-            return hyst__fail(f, HYST_ERR_FORMAT, "tensor '%s': shape needs %llu bytes of %s but data_offsets span %llu",
-                              t->name, (unsigned long long)want, hyst_dtype_name(t->dtype),
-                              (unsigned long long)(t->end - t->begin));
+            return hyst__fail(
+                f, HYST_ERR_FORMAT, "tensor '%s': shape needs %llu bytes of %s but data_offsets span %llu", t->name,
+                (unsigned long long)want, hyst_dtype_name(t->dtype), (unsigned long long)(t->end - t->begin));
         t->data = data + t->begin;
         for (int k = 0; k < i; k++)
             if (!strcmp(f->tensors[k].name, t->name))

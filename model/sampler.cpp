@@ -47,9 +47,7 @@ void Sampler::set_banned(std::span<const int32_t> ids) {
 
 bool Sampler::is_banned(int32_t id) const { return std::binary_search(banned_.begin(), banned_.end(), id); }
 
-bool Sampler::pick_stands(int32_t id) const {
-    return plain_greedy() && id >= 0 && id < n_valid_ && !is_banned(id);
-}
+bool Sampler::pick_stands(int32_t id) const { return plain_greedy() && id >= 0 && id < n_valid_ && !is_banned(id); }
 
 bool Sampler::plain_greedy() const {
     const SamplerParams& p = params_;

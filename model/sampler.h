@@ -37,24 +37,24 @@
 namespace hy {
 
 struct SamplerParams {
-    float temperature = 0.8f;       // <= 0: greedy
-    int top_k = 40;                 // <= 0: off
-    float top_p = 0.95f;            // >= 1: off
-    float min_p = 0.05f;            // <= 0: off
-    float repeat_penalty = 1.0f;    // 1: off; must be > 0
-    int repeat_last_n = 64;         // penalty window in accepted ids; -1: all of them (up to history_capacity)
-    float presence_penalty = 0.0f;  // 0: off
-    float frequency_penalty = 0.0f; // 0: off
-    uint64_t seed = 0;              // the RNG seed
+    float temperature = 0.8f;        // <= 0: greedy
+    int top_k = 40;                  // <= 0: off
+    float top_p = 0.95f;             // >= 1: off
+    float min_p = 0.05f;             // <= 0: off
+    float repeat_penalty = 1.0f;     // 1: off; must be > 0
+    int repeat_last_n = 64;          // penalty window in accepted ids; -1: all of them (up to history_capacity)
+    float presence_penalty = 0.0f;   // 0: off
+    float frequency_penalty = 0.0f;  // 0: off
+    uint64_t seed = 0;               // the RNG seed
 };
 
 class Sampler {
 public:
     // n_logits: the length of a logits row (the model's vocab_size); n_valid: ids [0, n_valid) may be sampled
     // (the tokenizer's n_vocab, clamped to n_logits); history_capacity: the most ids the penalty window holds (for
-    // repeat_last_n -1 or larger than it; typically the context length). Throws hy::Error(invalid_argument) for n_logits <= 0,
-    // n_valid <= 0, a negative or NaN top_p, a min_p above 1 or NaN, a temperature or penalty that is not finite,
-    // repeat_penalty <= 0, or repeat_last_n < -1.
+    // repeat_last_n -1 or larger than it; typically the context length). Throws hy::Error(invalid_argument) for
+    // n_logits <= 0, n_valid <= 0, a negative or NaN top_p, a min_p above 1 or NaN, a temperature or penalty that is
+    // not finite, repeat_penalty <= 0, or repeat_last_n < -1.
     Sampler(const SamplerParams& params, int n_logits, int n_valid, int history_capacity = 4096);
 
     const SamplerParams& params() const { return params_; }
@@ -106,13 +106,13 @@ private:
     SamplerParams params_;
     int n_logits_ = 0, n_valid_ = 0;
     std::mt19937_64 rng_;
-    std::vector<int32_t> ring_;     // [window capacity] accepted ids, a ring buffer
+    std::vector<int32_t> ring_;  // [window capacity] accepted ids, a ring buffer
     size_t ring_head_ = 0, ring_count_ = 0;
-    std::vector<int32_t> counts_;   // [n_logits] occurrences of each id in the window
+    std::vector<int32_t> counts_;        // [n_logits] occurrences of each id in the window
     mutable std::vector<uint8_t> seen_;  // [n_logits] scratch for "each distinct id once"
-    std::vector<float> work_;       // [n_logits] penalized logits
-    std::vector<Candidate> cand_;   // [n_valid] candidates
-    std::vector<int32_t> banned_;   // ids forced to -inf, sorted
+    std::vector<float> work_;            // [n_logits] penalized logits
+    std::vector<Candidate> cand_;        // [n_valid] candidates
+    std::vector<int32_t> banned_;        // ids forced to -inf, sorted
 };
 
 }  // namespace hy

@@ -9,8 +9,8 @@ namespace hy {
 void Sequence::feed(const int32_t* ids, int n) {
     for (int i = 0; i < n; i++)
         if (ids[i] < 0 || ids[i] >= n_logits)
-            throw Error(Status::invalid_argument, "token id " + std::to_string(ids[i]) + " is outside [0, " +
-                                                      std::to_string(n_logits) + ")");
+            throw Error(Status::invalid_argument,
+                        "token id " + std::to_string(ids[i]) + " is outside [0, " + std::to_string(n_logits) + ")");
     const int len = model->seq_len(slot);
     const int total = n_pending + n;
     if (total == 0) return;

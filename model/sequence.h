@@ -13,11 +13,11 @@ namespace hy {
 
 struct Sequence {
     Model* model = nullptr;
-    int slot = 0;                   // the model's sequence slot
-    int n_logits = 0;               // logits row length (the model's vocab_size)
-    std::vector<int32_t> history;   // every id of the sequence; the last n_pending are not yet fed
+    int slot = 0;                  // the model's sequence slot
+    int n_logits = 0;              // logits row length (the model's vocab_size)
+    std::vector<int32_t> history;  // every id of the sequence; the last n_pending are not yet fed
     int n_pending = 0;
-    std::vector<float> logits;      // [n_logits] the last fed token's row
+    std::vector<float> logits;  // [n_logits] the last fed token's row
     bool has_logits = false;
     std::vector<int32_t> feed_ids;  // scratch for pending + new ids
 

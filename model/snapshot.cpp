@@ -140,12 +140,12 @@ void check_snapshot_header(const uint8_t* data, size_t n) {
     r.pos = 8;
     const uint32_t version = r.get<uint32_t>();
     if (version != kSnapshotVersion)
-        throw Error(Status::format, "snapshot version " + std::to_string(version) + ", this build reads version " +
-                                        std::to_string(kSnapshotVersion) +
-                                        (version < kSnapshotVersion
-                                             ? " (older snapshots carry another model fingerprint: prefill the "
-                                               "sequence again and save a new one)"
-                                             : " (saved by a newer build)"));
+        throw Error(Status::format,
+                    "snapshot version " + std::to_string(version) + ", this build reads version " +
+                        std::to_string(kSnapshotVersion) +
+                        (version < kSnapshotVersion ? " (older snapshots carry another model fingerprint: prefill the "
+                                                      "sequence again and save a new one)"
+                                                    : " (saved by a newer build)"));
 }
 
 void check_snapshot_fingerprint(uint64_t fingerprint, const uint8_t* data, size_t n) {
@@ -154,7 +154,8 @@ void check_snapshot_fingerprint(uint64_t fingerprint, const uint8_t* data, size_
     const uint64_t fp = r.get<uint64_t>();
     if (fp != fingerprint) {
         char msg[160];
-        std::snprintf(msg, sizeof msg, "snapshot was saved from another model (fingerprint %016llx, this model %016llx)",
+        std::snprintf(msg, sizeof msg,
+                      "snapshot was saved from another model (fingerprint %016llx, this model %016llx)",
                       (unsigned long long)fp, (unsigned long long)fingerprint);
         throw Error(Status::model_mismatch, msg);
     }
@@ -186,8 +187,8 @@ void deserialize_snapshot(Sequence& seq, uint64_t fingerprint, const uint8_t* da
         if (id < 0 || id >= seq.n_logits) throw Error(Status::format, "snapshot: token id out of range");
     }
     if (int64_t(n_hist) - int64_t(n_pending) > model.n_ctx())
-        throw Error(Status::context_full, "snapshot holds " + std::to_string(n_hist) + " tokens; the context length is " +
-                                              std::to_string(model.n_ctx()));
+        throw Error(Status::context_full, "snapshot holds " + std::to_string(n_hist) +
+                                              " tokens; the context length is " + std::to_string(model.n_ctx()));
     const bool has_logits = flags & 1u;
     if (has_logits) {
         const uint32_t nl = r.get<uint32_t>();

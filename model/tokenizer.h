@@ -46,12 +46,12 @@ namespace hy {
 // One entry of tokenizer.json's `added_tokens`.
 struct AddedToken {
     int32_t id = -1;
-    std::string content;      // exact text matched in the input
-    bool special = false;     // skipped by decode(skip_special=true); not matched by encode(parse_special=false)
-    bool normalized = false;  // matched after normalization (true) or in the raw text (false)
-    bool lstrip = false;      // the match swallows the white space on its left
-    bool rstrip = false;      // the match swallows the white space on its right
-    bool single_word = false; // matched only when not touching a word character on either side
+    std::string content;       // exact text matched in the input
+    bool special = false;      // skipped by decode(skip_special=true); not matched by encode(parse_special=false)
+    bool normalized = false;   // matched after normalization (true) or in the raw text (false)
+    bool lstrip = false;       // the match swallows the white space on its left
+    bool rstrip = false;       // the match swallows the white space on its right
+    bool single_word = false;  // matched only when not touching a word character on either side
 };
 
 class Tokenizer {

@@ -313,18 +313,18 @@ struct Tokenizer::Impl {
     std::string origin;  // file name for messages
 
     // model
-    std::string vocab_arena;               // vocab strings back to back (byte-level alphabet, as in the file)
-    std::vector<uint32_t> vocab_off;       // [n_vocab] offset of the vocab string of each id
-    std::vector<uint32_t> vocab_len;       // [n_vocab] its length; kNone when the id has no vocab string
+    std::string vocab_arena;          // vocab strings back to back (byte-level alphabet, as in the file)
+    std::vector<uint32_t> vocab_off;  // [n_vocab] offset of the vocab string of each id
+    std::vector<uint32_t> vocab_len;  // [n_vocab] its length; kNone when the id has no vocab string
     struct VocabSlot {
-        uint32_t tag = 0;  // high 32 bits of the key's hash
-        int32_t id = -1;   // -1: empty
+        uint32_t tag = 0;           // high 32 bits of the key's hash
+        int32_t id = -1;            // -1: empty
         uint32_t off = 0, len = 0;  // the key in vocab_arena
     };
-    std::vector<VocabSlot> vocab_slots;    // open-addressing table vocab string -> id
+    std::vector<VocabSlot> vocab_slots;  // open-addressing table vocab string -> id
     size_t vocab_mask = 0;
-    MergeTable merges;                     // (left id, right id) -> (rank, merged id)
-    std::array<int32_t, 256> byte_id{};    // byte -> id of its one-character token, -1 when absent
+    MergeTable merges;                   // (left id, right id) -> (rank, merged id)
+    std::array<int32_t, 256> byte_id{};  // byte -> id of its one-character token, -1 when absent
     int32_t unk_id = -1;
     bool fuse_unk = false;
     bool ignore_merges = false;
@@ -332,9 +332,9 @@ struct Tokenizer::Impl {
     // ids -> tokens
     static constexpr uint32_t kNone = UINT32_MAX;
     int32_t n_vocab = 0;
-    std::string bytes_arena;               // token bytes after the ByteLevel decoder, back to back
-    std::vector<uint32_t> bytes_off;       // [n_vocab + 1] token id's bytes are [bytes_off[id], bytes_off[id+1])
-    std::vector<uint8_t> id_flags;         // [n_vocab] bit 0: assigned, bit 1: special, bit 2: added token
+    std::string bytes_arena;          // token bytes after the ByteLevel decoder, back to back
+    std::vector<uint32_t> bytes_off;  // [n_vocab + 1] token id's bytes are [bytes_off[id], bytes_off[id+1])
+    std::vector<uint8_t> id_flags;    // [n_vocab] bit 0: assigned, bit 1: special, bit 2: added token
     std::unordered_map<int32_t, size_t> added_by_id;  // id -> index in `added`
 
     // added tokens
@@ -356,9 +356,9 @@ struct Tokenizer::Impl {
 
     void check_id(int32_t id) const {
         if (id < 0 || id >= n_vocab || !(id_flags[size_t(id)] & 1))
-            throw Error(Status::invalid_argument,
-                        "token id " + std::to_string(id) + " is not in the vocabulary (n_vocab " +
-                            std::to_string(n_vocab) + ")");
+            throw Error(Status::invalid_argument, "token id " + std::to_string(id) +
+                                                      " is not in the vocabulary (n_vocab " + std::to_string(n_vocab) +
+                                                      ")");
     }
 
     std::string_view vocab_string(int32_t id) const {

@@ -132,7 +132,8 @@ public:
         return pop();
     }
     bool parse_error(std::size_t pos, const std::string&, const nlohmann::detail::exception& ex) override {
-        if (error.empty()) error = "malformed JSON near byte " + std::to_string(pos) + ": " + json_error_text(ex.what());
+        if (error.empty())
+            error = "malformed JSON near byte " + std::to_string(pos) + ": " + json_error_text(ex.what());
         return false;
     }
 
@@ -153,8 +154,7 @@ private:
         return sp;
     }
     bool at_model_field(const char* name) const {
-        return stack_.size() == 2 && stack_[0].key == "model" && stack_[1].value.is_object() &&
-               stack_[1].key == name;
+        return stack_.size() == 2 && stack_[0].key == "model" && stack_[1].value.is_object() && stack_[1].key == name;
     }
     std::string where() const {
         switch (mode_) {
@@ -309,7 +309,7 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
     if (!r.have_vocab) throw Error(Status::format, origin + ": missing object model.vocab");
     if (!r.have_merges)  // (a BPE model without its merges would split every word into bytes)
         throw Error(Status::format, origin + (field(*model, "merges") ? ": model.merges must be a list of merges"
-                                                                       : ": missing list model.merges"));
+                                                                      : ": missing list model.merges"));
     if (const json* d = field(*model, "dropout")) {
         if (!d->is_number() || d->get<double>() != 0.0)
             throw Error(Status::unsupported, origin + ": model.dropout (BPE dropout) is not supported");
@@ -330,9 +330,8 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
     int64_t max_id = -1;
     for (const auto& e : r.vocab) {
         if (e.id < 0 || e.id >= kMaxTokenId)
-            throw Error(Status::format, origin + ": model.vocab['" +
-                                            r.vocab_arena.substr(e.key.off, e.key.len) + "']: id " +
-                                            std::to_string(e.id) + " is out of range [0, 2^24)");
+            throw Error(Status::format, origin + ": model.vocab['" + r.vocab_arena.substr(e.key.off, e.key.len) +
+                                            "']: id " + std::to_string(e.id) + " is out of range [0, 2^24)");
         max_id = std::max(max_id, e.id);
     }
     size_t nv = size_t(max_id + 1);
@@ -427,8 +426,8 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
         if (!unk->is_string()) throw Error(Status::format, origin + ": model.unk_token must be a string");
         t.unk_id = t.vocab_find(unk->get<std::string>());
         if (t.unk_id < 0)
-            throw Error(Status::format, origin + ": model.unk_token '" + unk->get<std::string>() +
-                                            "' is not in model.vocab");
+            throw Error(Status::format,
+                        origin + ": model.unk_token '" + unk->get<std::string>() + "' is not in model.vocab");
     }
 
     // -- merges --
@@ -461,7 +460,9 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
             if (ia < 0 || ib < 0 || im < 0)
                 throw Error(Status::format, origin + ": model.merges[" + std::to_string(rank) + "] ('" +
                                                 std::string(a) + "', '" + std::string(b) + "'): token '" +
-                                                std::string(ia < 0 ? a : ib < 0 ? b : std::string_view(joined)) +
+                                                std::string(ia < 0   ? a
+                                                            : ib < 0 ? b
+                                                                     : std::string_view(joined)) +
                                                 "' is not in model.vocab");
             resolved[rank] = {ia, ib, im};
         }

@@ -40,8 +40,10 @@ struct Run {
 inline std::string quote(const std::string& s) {
     std::string q = "'";
     for (char ch : s) {
-        if (ch == '\'') q += "'\\''";
-        else q += ch;
+        if (ch == '\'')
+            q += "'\\''";
+        else
+            q += ch;
     }
     return q + "'";
 }
@@ -111,7 +113,7 @@ inline std::string join_ids(const std::vector<int32_t>& ids) {
 // Runs `hybrid -t 1 --device cpu args... <stdin_redirect >stdout_redirect 2>ERR` through the shell; returns the
 // exit code and stderr (stdout goes where the redirection says, e.g. "/dev/full" or "&-").
 inline Run hybrid_redirected(const std::vector<std::string>& args, const std::string& out_redirect,
-                      const std::string& input = "") {
+                             const std::string& input = "") {
     static TempDir tmp("redir");
     static int counter = 0;
     const std::string base = (tmp.path / ("run" + std::to_string(counter++))).string();
@@ -154,7 +156,8 @@ inline int run_on_pty(const std::vector<std::string>& args,
         if (slave < 0) ::_exit(127);
         ::ioctl(slave, TIOCSCTTY, 0);
         ::dup2(slave, 0);
-        const int out_fd = stdout_file.empty() ? slave : ::open(stdout_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
+        const int out_fd =
+            stdout_file.empty() ? slave : ::open(stdout_file.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0600);
         if (out_fd < 0) ::_exit(127);
         ::dup2(out_fd, 1);
         ::dup2(slave, 2);

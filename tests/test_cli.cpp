@@ -138,7 +138,8 @@ TEST_CASE("cli: errors have one-line messages and documented exit codes", "[cli]
     check_error(hybrid({"-m", "models/nope", "-p", "x"}), 2, "models/nope");
     check_error(hybrid({"-p", "x"}), 1, "-m");
     check_error(hybrid({"-m", "models/tiny"}), 1, "no prompt");
-    check_error(hybrid({"-m", "models/tiny", "-p", "x", "--bogus"}), 1, "unknown option --bogus (-h lists the options)");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "--bogus"}), 1,
+                "unknown option --bogus (-h lists the options)");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "-v"}), 1, "unknown option -v (--verbose prints");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "-q"}), 1, "unknown option -q (-h lists the options)");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "-r", "User:"}), 1, "unknown option -r (--stop STR ends");
@@ -280,7 +281,8 @@ TEST_CASE("cli: flags without effect and repeated flags are usage errors", "[cli
     {  // a chat input that cannot be read is an error (exit 5), not a silent end of the conversation
         const std::string err = (tmp.path / "err.txt").string();
         const std::string cmd = "cd " + quote(kSrc) + " && " + quote(kBin + "/hybrid") +
-                                " -t 1 --device cpu -m models/tiny -i < " + quote(tmp.path.string()) + " 2>" + quote(err);
+                                " -t 1 --device cpu -m models/tiny -i < " + quote(tmp.path.string()) + " 2>" +
+                                quote(err);
         const int st = std::system(cmd.c_str());
         CHECK(WIFEXITED(st));
         CHECK(WEXITSTATUS(st) == 5);
@@ -330,7 +332,8 @@ TEST_CASE("cli: a write error on stdout is exit code 5", "[cli]") {
     const std::string msg = "cannot write to stdout: ";
     check_one_line_error(hybrid_redirected({"-m", "models/tiny", "-p", "def f", "-n", "4"}, "/dev/full"), 5, msg);
     check_one_line_error(hybrid_redirected({"-m", "models/tiny", "--prompt-ids", "5", "-n", "4"}, "/dev/full"), 5, msg);
-    check_one_line_error(hybrid_redirected({"-m", "models/tiny", "--batch-file", file, "-n", "2"}, "/dev/full"), 5, msg);
+    check_one_line_error(hybrid_redirected({"-m", "models/tiny", "--batch-file", file, "-n", "2"}, "/dev/full"), 5,
+                         msg);
     check_one_line_error(hybrid_redirected({"-m", "models/tiny", "-i", "-n", "2"}, "/dev/full", "Hi.\n"), 5, msg);
     check_one_line_error(hybrid_redirected({"--help"}, "/dev/full"), 5, msg);
     // a closed stdout
@@ -445,8 +448,8 @@ TEST_CASE("cli: endless or blocking inputs are one-line errors: stdin of /dev/ze
     // the tools' input files: a directory or a device is named as such (it was "invalid JSON", or read as empty)
     for (const char* p : {"hybrid-compare", "hybrid-tokenize"})
         if (!fs::exists(kBin + "/" + p)) return;
-    for (const auto& [file, kind] : std::vector<std::pair<std::string, std::string>>{{tmp.path, "a directory"},
-                                                                                     {"/dev/zero", "a device"}}) {
+    for (const auto& [file, kind] :
+         std::vector<std::pair<std::string, std::string>>{{tmp.path, "a directory"}, {"/dev/zero", "a device"}}) {
         const Run c = run_prog(kBin + "/hybrid-compare", {"-m", "models/tiny", "--golden", file});
         INFO(c.err);
         CHECK(c.rc == 1);
@@ -491,7 +494,7 @@ TEST_CASE("cli: single-dash words are unknown options, not -n or -s with a value
     CHECK(hybrid({"-m", "models/tiny", "-p", "-ngl", "-n", "1"}).rc == 0);    // a value that looks like one is fine
     // ... also over several lines (a Markdown list as the prompt: cxxopts refused it as --prompt=VALUE)
     CHECK(hybrid({"-m", "models/tiny", "-p", "- a\n- b", "-n", "1"}).rc == 0);
-    CHECK(hybrid({"-m", "models/tiny", "--prompt=a\nb", "-n", "1"}).rc == 0);  // (cxxopts refused it as one word)
+    CHECK(hybrid({"-m", "models/tiny", "--prompt=a\nb", "-n", "1"}).rc == 0);    // (cxxopts refused it as one word)
     CHECK(hybrid({"-m", "models/tiny", "-p", "x", "-n-1", "-c", "8"}).rc == 0);  // -n "-1", not a word -n-1
     // unknown options are named once (the eighth session's last fresh-user test: "unknown option --unknown option")
     check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "--bogus"}), 1,
@@ -672,7 +675,8 @@ TEST_CASE("cli: Ctrl-C during --batch-file cancels the unfinished prompts and sa
 TEST_CASE("cli: small messages: thread count, plurals, batch prompt numbering, embed_example arguments", "[cli]") {
     if (!have_programs()) return;
     // --verbose prints the thread count in use, never "threads 0"
-    const Run all = run_prog(kBin + "/hybrid", {"-m", "models/tiny", "--device", "cpu", "-p", "x", "-n", "1", "--verbose"});
+    const Run all =
+        run_prog(kBin + "/hybrid", {"-m", "models/tiny", "--device", "cpu", "-p", "x", "-n", "1", "--verbose"});
     CHECK(all.rc == 0);
     CHECK(all.err.find("threads 0") == std::string::npos);
     CHECK(all.err.find("(all cores)") != std::string::npos);
@@ -688,10 +692,14 @@ TEST_CASE("cli: small messages: thread count, plurals, batch prompt numbering, e
     CHECK(hybrid({"--help"}).out.find("\\0") != std::string::npos);
     // embed_example: counts must be whole numbers in range
     const std::string ex = kBin + "/embed_example";
-    for (const std::vector<std::string>& a : std::vector<std::vector<std::string>>{
-             {"models/tiny", "x", "-5"}, {"models/tiny", "x", "abc"}, {"models/tiny", "x", "4x"},
-             {"models/tiny", "x", "99999999999999999999"}, {"models/tiny", "x", "4", "-1"},
-             {"models/tiny", "x", "4", "two"}, {"models/tiny", ""}}) {
+    for (const std::vector<std::string>& a :
+         std::vector<std::vector<std::string>>{{"models/tiny", "x", "-5"},
+                                               {"models/tiny", "x", "abc"},
+                                               {"models/tiny", "x", "4x"},
+                                               {"models/tiny", "x", "99999999999999999999"},
+                                               {"models/tiny", "x", "4", "-1"},
+                                               {"models/tiny", "x", "4", "two"},
+                                               {"models/tiny", ""}}) {
         const Run r = run_prog(ex, a);
         INFO(r.err);
         CHECK(r.rc == 1);

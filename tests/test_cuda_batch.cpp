@@ -84,8 +84,9 @@ TEST_CASE("gpu: continuous batching agrees with solo runs up to near-ties", "[gp
             exact++;
             continue;
         }
-        std::printf("gpu batch: sequence %zu (prompt %d) diverges from its solo run at step %zu, solo top-2 margin %.4g\n",
-                    i, lens[i], k, margins[i][k]);
+        std::printf(
+            "gpu batch: sequence %zu (prompt %d) diverges from its solo run at step %zu, solo top-2 margin %.4g\n", i,
+            lens[i], k, margins[i][k]);
         INFO("sequence " << i << " step " << k << " margin " << margins[i][k]);
         CHECK(margins[i][k] < 0.05f);  // a near-tie in bf16; a clear winner must not change
     }

@@ -26,12 +26,12 @@ using namespace hy;
 
 namespace {
 
-#define HY_REQUIRE_GPU()                                                       \
-    do {                                                                       \
-        if (!hy::cuda_available()) {                                           \
-            WARN("no usable CUDA GPU (or no CUDA in this build): skipped");    \
-            return;                                                            \
-        }                                                                      \
+#define HY_REQUIRE_GPU()                                                    \
+    do {                                                                    \
+        if (!hy::cuda_available()) {                                        \
+            WARN("no usable CUDA GPU (or no CUDA in this build): skipped"); \
+            return;                                                         \
+        }                                                                   \
     } while (0)
 
 constexpr double kTol = 1e-2;
@@ -106,9 +106,7 @@ struct Side {
         return p;
     }
     // An activation tensor of n elements filled with NaN.
-    void* poisoned(size_t n) {
-        return act(std::vector<float>(n, NAN));
-    }
+    void* poisoned(size_t n) { return act(std::vector<float>(n, NAN)); }
     void poison(void* p, size_t n) {
         std::vector<float> nan(n, NAN);
         if (bf16()) {
@@ -201,10 +199,10 @@ TEST_CASE("CUDA matmul and logits match the CPU reference", "[gpu]") {
     Pair p(limits(64, 1, 16), 4, 64, size_t(64) << 20);
     // (T, N, K): GEMV (T <= 2; 3-8 with K % 32 == 0 on tensor cores), cuBLASLt (more rows), the scalar fallback
     // (K % 8 != 0). Long rows split over 2, 4 or 8 warps; K = 20480 takes two rounds of loads per lane.
-    const int shapes[][3] = {{1, 96, 256}, {2, 40, 768}, {3, 256, 264}, {4, 1000, 512}, {5, 96, 256},
-                             {37, 776, 1024}, {64, 8, 256}, {1, 33, 100}, {7, 33, 100}, {1, 61, 4096},
-                             {3, 40, 9216}, {4, 17, 4104}, {1, 24, 20480}, {4, 9, 20480}, {8, 40, 2560},
-                             {6, 100, 4096}, {5, 33, 9216}, {8, 17, 20480}};
+    const int shapes[][3] = {{1, 96, 256},    {2, 40, 768},  {3, 256, 264},  {4, 1000, 512}, {5, 96, 256},
+                             {37, 776, 1024}, {64, 8, 256},  {1, 33, 100},   {7, 33, 100},   {1, 61, 4096},
+                             {3, 40, 9216},   {4, 17, 4104}, {1, 24, 20480}, {4, 9, 20480},  {8, 40, 2560},
+                             {6, 100, 4096},  {5, 33, 9216}, {8, 17, 20480}};
     for (auto& s : shapes) {
         const int T = s[0], N = s[1], K = s[2];
         auto x = randn(size_t(T) * K), w = randn(size_t(N) * K, 0.05f);
@@ -307,10 +305,10 @@ TEST_CASE("CUDA fused decode GEMVs (gate/up/SiLU, groups) match the CPU referenc
                 const bool g = side == &p.gpu;
                 void* xs = g ? xg : xc;
                 void** y = g ? yg : yc;
-                side->be->matmul(xs, T, g ? gg : gc, y[0]);   // gate
-                side->be->matmul(xs, T, g ? ug : uc, y[1]);   // up
+                side->be->matmul(xs, T, g ? gg : gc, y[0]);  // gate
+                side->be->matmul(xs, T, g ? ug : uc, y[1]);  // up
                 side->be->silu_mul(y[0], y[1], int64_t(T) * F, y[2]);
-                side->be->matmul(xs, T, g ? g2 : c2, y[3]);   // with the next one: a group
+                side->be->matmul(xs, T, g ? g2 : c2, y[3]);  // with the next one: a group
                 side->be->matmul(xs, T, g ? ug : uc, y[0]);
             }
             const size_t n = size_t(T) * F;
@@ -359,7 +357,8 @@ TEST_CASE("CUDA argmax_rows matches the CPU reference", "[gpu]") {
         INFO("row " << r << ": cpu " << c[r].id << " " << c[r].logprob << ", gpu " << g[r].id << " " << g[r].logprob);
         CHECK(g[r].id == c[r].id);
         CHECK(c[r].id < n_valid);
-        if (c[r].id >= 0) CHECK(std::abs(g[r].logprob - c[r].logprob) <= 1e-4f * std::max(1.0f, std::abs(c[r].logprob)));
+        if (c[r].id >= 0)
+            CHECK(std::abs(g[r].logprob - c[r].logprob) <= 1e-4f * std::max(1.0f, std::abs(c[r].logprob)));
     }
 }
 
@@ -464,13 +463,28 @@ void attention_case(const AttnShape& s, int long_ctx = 0) {
         auto qg = randn(size_t(T) * s.Hq * 2 * s.D), k = randn(size_t(T) * s.Hkv * s.D, 2.0f),
              v = randn(size_t(T) * s.Hkv * s.D);
         AttentionArgs a;
-        a.n_heads = s.Hq; a.n_kv_heads = s.Hkv; a.head_dim = s.D; a.rotary_dim = s.R; a.n_ctx = n_ctx;
-        a.rope_theta = 1e7f; a.eps = 1e-6f;
+        a.n_heads = s.Hq;
+        a.n_kv_heads = s.Hkv;
+        a.head_dim = s.D;
+        a.rotary_dim = s.R;
+        a.n_ctx = n_ctx;
+        a.rope_theta = 1e7f;
+        a.eps = 1e-6f;
         AttentionArgs ac = a, ag = a;
-        ac.qg = p.cpu.act(qg); ac.k = p.cpu.act(k); ac.v = p.cpu.act(v);
-        ag.qg = p.gpu.act(qg); ag.k = p.gpu.act(k); ag.v = p.gpu.act(v);
-        ac.q_norm = qn_c; ac.k_norm = kn_c; ag.q_norm = qn_g; ag.k_norm = kn_g;
-        ac.k_cache = kc_c; ac.v_cache = vc_c; ag.k_cache = kc_g; ag.v_cache = vc_g;
+        ac.qg = p.cpu.act(qg);
+        ac.k = p.cpu.act(k);
+        ac.v = p.cpu.act(v);
+        ag.qg = p.gpu.act(qg);
+        ag.k = p.gpu.act(k);
+        ag.v = p.gpu.act(v);
+        ac.q_norm = qn_c;
+        ac.k_norm = kn_c;
+        ag.q_norm = qn_g;
+        ag.k_norm = kn_g;
+        ac.k_cache = kc_c;
+        ac.v_cache = vc_c;
+        ag.k_cache = kc_g;
+        ag.v_cache = vc_g;
         const size_t n_out = size_t(T) * s.Hq * s.D;
         ac.out = p.cpu.take(n_out * 4);
         ag.out = p.gpu.poisoned(n_out);
@@ -478,7 +492,7 @@ void attention_case(const AttnShape& s, int long_ctx = 0) {
         p.gpu.be->attention(ag);
         const double e = rel_err(p.gpu.read_act(ag.out, n_out), p.cpu.read_f32(ac.out, n_out));
         INFO("Hq " << s.Hq << " Hkv " << s.Hkv << " D " << s.D << " R " << s.R << " n_ctx " << n_ctx << " step " << si
-                    << " rel err " << e);
+                   << " rel err " << e);
         CHECK(e <= kTol);
     }
     // The written cache rows agree (unwritten rows stay NaN on the GPU: compare only the written positions).
@@ -499,9 +513,9 @@ TEST_CASE("CUDA attention (prefill, several runs, decode) matches the CPU refere
     attention_case({4, 1, 64, 16});    // the tiny model
     attention_case({16, 4, 256, 64});  // Qwen3.5-4B
     attention_case({6, 3, 128, 32});
-    attention_case({4, 1, 64, 16}, 1024);     // decode split over 32 position ranges
+    attention_case({4, 1, 64, 16}, 1024);  // decode split over 32 position ranges
     attention_case({16, 4, 256, 64}, 1024);
-    attention_case({4, 1, 64, 16}, 2048);     // 64 ranges (the merge's second split per lane)
+    attention_case({4, 1, 64, 16}, 2048);  // 64 ranges (the merge's second split per lane)
     attention_case({16, 4, 256, 64}, 2048);
 }
 
@@ -561,16 +575,43 @@ void gdn_case(const GdnShape& s) {
         auto qkv = randn(size_t(T) * C), z = randn(size_t(T) * s.Hv * s.Dv), bb = randn(size_t(T) * s.Hv),
              aa = randn(size_t(T) * s.Hv);
         GatedDeltaNetArgs a;
-        a.n_k_heads = s.Hk; a.n_v_heads = s.Hv; a.k_dim = s.Dk; a.v_dim = s.Dv; a.conv_kernel = K; a.eps = 1e-6f;
+        a.n_k_heads = s.Hk;
+        a.n_v_heads = s.Hv;
+        a.k_dim = s.Dk;
+        a.v_dim = s.Dv;
+        a.conv_kernel = K;
+        a.eps = 1e-6f;
         GatedDeltaNetArgs ac = a, ag = a, an = a;
-        ac.qkv = p.cpu.act(qkv); ac.z = p.cpu.act(z); ac.b = p.cpu.act(bb); ac.a = p.cpu.act(aa);
-        ag.qkv = p.gpu.act(qkv); ag.z = p.gpu.act(z); ag.b = p.gpu.act(bb); ag.a = p.gpu.act(aa);
-        an.qkv = noisy.act(perturb(qkv)); an.z = noisy.act(z); an.b = noisy.act(perturb(bb)); an.a = noisy.act(aa);
-        ac.conv_w = cw_c; ac.A_log = al_c; ac.dt_bias = dt_c; ac.norm_w = nw_c;
-        ag.conv_w = cw_g; ag.A_log = al_g; ag.dt_bias = dt_g; ag.norm_w = nw_g;
-        an.conv_w = cw_n; an.A_log = al_n; an.dt_bias = dt_n; an.norm_w = nw_n;
-        ac.conv_state = conv_c; ac.ssm_state = ssm_c; ag.conv_state = conv_g; ag.ssm_state = ssm_g;
-        an.conv_state = conv_n_c; an.ssm_state = ssm_n_c;
+        ac.qkv = p.cpu.act(qkv);
+        ac.z = p.cpu.act(z);
+        ac.b = p.cpu.act(bb);
+        ac.a = p.cpu.act(aa);
+        ag.qkv = p.gpu.act(qkv);
+        ag.z = p.gpu.act(z);
+        ag.b = p.gpu.act(bb);
+        ag.a = p.gpu.act(aa);
+        an.qkv = noisy.act(perturb(qkv));
+        an.z = noisy.act(z);
+        an.b = noisy.act(perturb(bb));
+        an.a = noisy.act(aa);
+        ac.conv_w = cw_c;
+        ac.A_log = al_c;
+        ac.dt_bias = dt_c;
+        ac.norm_w = nw_c;
+        ag.conv_w = cw_g;
+        ag.A_log = al_g;
+        ag.dt_bias = dt_g;
+        ag.norm_w = nw_g;
+        an.conv_w = cw_n;
+        an.A_log = al_n;
+        an.dt_bias = dt_n;
+        an.norm_w = nw_n;
+        ac.conv_state = conv_c;
+        ac.ssm_state = ssm_c;
+        ag.conv_state = conv_g;
+        ag.ssm_state = ssm_g;
+        an.conv_state = conv_n_c;
+        an.ssm_state = ssm_n_c;
         const size_t n_out = size_t(T) * s.Hv * s.Dv;
         ac.out = p.cpu.take(n_out * 4);
         an.out = noisy.take(n_out * 4);
@@ -584,9 +625,9 @@ void gdn_case(const GdnShape& s) {
         const double noise = rel_err(noisy.read_f32(an.out, n_out), ref);
         const double noise_s = rel_err(noisy.read_f32(ssm_n_c, ssm_n), ref_state);
         const double ec = rel_err(p.gpu.read_act(conv_g, conv_n), p.cpu.read_f32(conv_c, conv_n));
-        INFO("Hk " << s.Hk << " Hv " << s.Hv << " Dk " << s.Dk << " Dv " << s.Dv << " step " << si << ": out "
-                   << e << " (reference under bf16-sized input noise: " << noise << "), recurrent state " << es
-                   << " (" << noise_s << "), conv state " << ec);
+        INFO("Hk " << s.Hk << " Hv " << s.Hv << " Dk " << s.Dk << " Dv " << s.Dv << " step " << si << ": out " << e
+                   << " (reference under bf16-sized input noise: " << noise << "), recurrent state " << es << " ("
+                   << noise_s << "), conv state " << ec);
         CHECK(e <= std::max(kTol, 6 * noise));
         CHECK(es <= std::max(kTol, 6 * noise_s));
         CHECK(ec == 0.0);  // the conv state is a copy of bf16 inputs
@@ -597,8 +638,8 @@ void gdn_case(const GdnShape& s) {
 
 TEST_CASE("CUDA Gated DeltaNet (prefill, several runs, decode) matches the CPU reference", "[gpu]") {
     HY_REQUIRE_GPU();
-    gdn_case({4, 8, 32, 32});     // the tiny model
-    gdn_case({2, 4, 128, 128});   // Qwen3.5-4B head dims (fewer heads)
+    gdn_case({4, 8, 32, 32});    // the tiny model
+    gdn_case({2, 4, 128, 128});  // Qwen3.5-4B head dims (fewer heads)
     gdn_case({3, 3, 64, 64});
 }
 
@@ -618,9 +659,15 @@ TEST_CASE("CUDA Gated DeltaNet is bitwise independent of run boundaries and batc
         auto conv_w = randn(size_t(C) * K, 0.5f), norm_w = randn(size_t(sh.Dv), 0.2f, 1.0f),
              dt_bias = randn(size_t(sh.Hv), 0.5f), A_log = randn(size_t(sh.Hv), 0.3f, 1.0f);
         GatedDeltaNetArgs base;
-        base.n_k_heads = sh.Hk; base.n_v_heads = sh.Hv; base.k_dim = sh.Dk; base.v_dim = sh.Dv; base.conv_kernel = K;
+        base.n_k_heads = sh.Hk;
+        base.n_v_heads = sh.Hv;
+        base.k_dim = sh.Dk;
+        base.v_dim = sh.Dv;
+        base.conv_kernel = K;
         base.eps = 1e-6f;
-        base.conv_w = g.f32(conv_w); base.A_log = g.f32(A_log); base.dt_bias = g.f32(dt_bias);
+        base.conv_w = g.f32(conv_w);
+        base.A_log = g.f32(A_log);
+        base.dt_bias = g.f32(dt_bias);
         base.norm_w = g.f32(norm_w);
         base.conv_state = g.take(conv_n * 2);
         base.ssm_state = static_cast<float*>(g.take(ssm_n * 4));
@@ -628,7 +675,8 @@ TEST_CASE("CUDA Gated DeltaNet is bitwise independent of run boundaries and batc
         auto rows = [&](const std::vector<float>& v, int width, int r0, int n, const std::vector<float>* pre) {
             std::vector<float> out;
             if (pre) out.insert(out.end(), pre->begin(), pre->end());
-            out.insert(out.end(), v.begin() + std::ptrdiff_t(size_t(r0) * width), v.begin() + std::ptrdiff_t(size_t(r0 + n) * width));
+            out.insert(out.end(), v.begin() + std::ptrdiff_t(size_t(r0) * width),
+                       v.begin() + std::ptrdiff_t(size_t(r0 + n) * width));
             return out;
         };
         auto run = [&](std::initializer_list<std::array<int, 2>> parts) {  // {pos, n}: a step per part
@@ -638,7 +686,8 @@ TEST_CASE("CUDA Gated DeltaNet is bitwise independent of run boundaries and batc
             for (auto pn : parts) {
                 const int pos = pn[0], n = pn[1];
                 const bool company = n == 1;  // the single-token step shares the batch with 5 rows of slot 1
-                std::vector<float> zo = randn(size_t(5) * V), bo = randn(size_t(5) * sh.Hv), ao = randn(size_t(5) * sh.Hv);
+                std::vector<float> zo = randn(size_t(5) * V), bo = randn(size_t(5) * sh.Hv),
+                                   ao = randn(size_t(5) * sh.Hv);
                 Batch b = company ? Batch({{1, 0, 5}, {0, pos, 1}}, 10) : Batch({{0, pos, n}}, 10);
                 g.be->begin_batch(b.desc);
                 GatedDeltaNetArgs a = base;
@@ -702,9 +751,16 @@ TEST_CASE("CUDA Gated DeltaNet decode with the conv inside equals the separate c
             o.gdn_fused_conv = fused;
             Side g(make_cuda_backend(0, o), limits(32, 2, 64), sh.Hv, std::max(sh.Dk, sh.Dv), size_t(64) << 20);
             GatedDeltaNetArgs a;
-            a.n_k_heads = sh.Hk; a.n_v_heads = sh.Hv; a.k_dim = sh.Dk; a.v_dim = sh.Dv; a.conv_kernel = K;
+            a.n_k_heads = sh.Hk;
+            a.n_v_heads = sh.Hv;
+            a.k_dim = sh.Dk;
+            a.v_dim = sh.Dv;
+            a.conv_kernel = K;
             a.eps = 1e-6f;
-            a.conv_w = g.f32(conv_w); a.A_log = g.f32(A_log); a.dt_bias = g.f32(dt_bias); a.norm_w = g.f32(norm_w);
+            a.conv_w = g.f32(conv_w);
+            a.A_log = g.f32(A_log);
+            a.dt_bias = g.f32(dt_bias);
+            a.norm_w = g.f32(norm_w);
             a.conv_state = g.take(conv_n * 2);
             a.ssm_state = static_cast<float*>(g.take(ssm_n * 4));
             g.be->fill_zero(a.conv_state, conv_n * 2);
@@ -713,7 +769,10 @@ TEST_CASE("CUDA Gated DeltaNet decode with the conv inside equals the separate c
             for (size_t si = 0; si < steps.size(); si++) {
                 const int T = steps[si].desc.n_tokens;
                 g.be->begin_batch(steps[si].desc);
-                a.qkv = g.act(qkv[si]); a.z = g.act(z[si]); a.b = g.act(bb[si]); a.a = g.act(aa[si]);
+                a.qkv = g.act(qkv[si]);
+                a.z = g.act(z[si]);
+                a.b = g.act(bb[si]);
+                a.a = g.act(aa[si]);
                 a.out = g.poisoned(size_t(T) * V);
                 g.be->gated_delta_net(a);
                 auto o = g.read_act(a.out, size_t(T) * V);
@@ -858,17 +917,28 @@ TEST_CASE("CUDA fused ops (graph replay and eager) equal the CPU reference's pla
         for (int s = 0; s < 3; s++) {
             Side& d = *sides[s];
             Bufs& b = bufs[s];
-            b.table = d.matrix(table, vocab, H); b.wg = d.matrix(wg, F, H); b.wu = d.matrix(wu, F, H);
-            b.wd = d.matrix(wd, H, F); b.wa = d.matrix(wa, N3, H); b.wb = d.matrix(wb, N3, H); b.nw = d.f32(nw);
-            b.x = d.poisoned(8 * H); b.xn = d.poisoned(8 * H); b.gate = d.poisoned(8 * F); b.up = d.poisoned(8 * F);
-            b.y = d.poisoned(8 * H); b.a = d.poisoned(8 * N3); b.b = d.poisoned(8 * N3);
+            b.table = d.matrix(table, vocab, H);
+            b.wg = d.matrix(wg, F, H);
+            b.wu = d.matrix(wu, F, H);
+            b.wd = d.matrix(wd, H, F);
+            b.wa = d.matrix(wa, N3, H);
+            b.wb = d.matrix(wb, N3, H);
+            b.nw = d.f32(nw);
+            b.x = d.poisoned(8 * H);
+            b.xn = d.poisoned(8 * H);
+            b.gate = d.poisoned(8 * F);
+            b.up = d.poisoned(8 * F);
+            b.y = d.poisoned(8 * H);
+            b.a = d.poisoned(8 * N3);
+            b.b = d.poisoned(8 * N3);
         }
         // Three steps of one shape (the graph side captures on the first and replays after), then one of another, then
         // one of 6 rows (the tensor-core GEMV group; gate/up/SiLU and down_proj through cuBLASLt).
         for (int step = 0; step < 5; step++) {
             const int T = step < 3 ? 2 : step == 3 ? 1 : 6;
-            Batch batch = T == 2 ? Batch({{0, step, 1}, {1, step, 1}}, vocab)
-                                 : T == 1 ? Batch({{1, 3, 1}}, vocab) : Batch({{0, 4, 6}}, vocab);
+            Batch batch = T == 2   ? Batch({{0, step, 1}, {1, step, 1}}, vocab)
+                          : T == 1 ? Batch({{1, 3, 1}}, vocab)
+                                   : Batch({{0, 4, 6}}, vocab);
             std::vector<std::vector<float>> out[3];
             for (int s = 0; s < 3; s++) {
                 Side& d = *sides[s];
@@ -881,13 +951,13 @@ TEST_CASE("CUDA fused ops (graph replay and eager) equal the CPU reference's pla
                 be.matmul_group(b.xn, T, group, 4);  // four projections of one input: a GEMV group
                 be.silu_mul(b.gate, b.up, int64_t(T) * F, b.gate);
                 be.matmul(b.gate, T, b.wd, b.y);
-                be.add_rms_norm(b.x, b.y, b.nw, T, H, 1e-6f, false, b.xn);  // residual add + the next norm
+                be.add_rms_norm(b.x, b.y, b.nw, T, H, 1e-6f, false, b.xn);   // residual add + the next norm
                 be.gate_up_silu(b.xn, T, b.wg, b.wu, b.gate, b.up, b.gate);  // the MLP's gate/up/SiLU GEMV
                 be.matmul(b.gate, T, b.wd, b.y);
                 be.add(b.x, b.y, int64_t(T) * H);
                 be.rms_norm(b.x, b.nw, T, H, 1e-6f, true, b.xn);
                 const size_t th = size_t(T) * H, tn = size_t(T) * N3, tf = size_t(T) * F;
-                out[s] = {d.read_act(b.x, th),  d.read_act(b.xn, th),   d.read_act(b.a, tn), d.read_act(b.y, th),
+                out[s] = {d.read_act(b.x, th), d.read_act(b.xn, th),   d.read_act(b.a, tn), d.read_act(b.y, th),
                           d.read_act(b.b, tn), d.read_act(b.gate, tf), d.read_act(b.up, tf)};
             }
             for (size_t k = 0; k < out[0].size(); k++) {

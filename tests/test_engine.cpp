@@ -486,7 +486,8 @@ TEST_CASE("engine: hy_batch reproduces the golden left-padded batch and each sol
         INFO("row " << i << " " << names[i]);
         REQUIRE(done == 1);
         REQUIRE(reason == HY_STOP_MAX_TOKENS);
-        REQUIRE(std::vector<int32_t>(toks, toks + n) == g["batch"]["greedy_fp32_left_padded"][i].get<std::vector<int32_t>>());
+        REQUIRE(std::vector<int32_t>(toks, toks + n) ==
+                g["batch"]["greedy_fp32_left_padded"][i].get<std::vector<int32_t>>());
         for (int k = 0; k < n; k++) REQUIRE(lps[k] <= 0.0f);
     }
     REQUIRE(hy_batch_result(b, 99, nullptr, nullptr, nullptr, nullptr, nullptr) == HY_ERR_INVALID_ARGUMENT);
@@ -576,8 +577,8 @@ TEST_CASE("engine: snapshot files: no PATH.tmp, no symlink/device/folder replace
     fs::create_symlink(dir / "target", dir / "link");
     fs::create_directories(dir / "folder");
     REQUIRE(::mkfifo((dir / "fifo").c_str(), 0600) == 0);
-    for (const std::string& p : {(dir / "link").string(), std::string("/dev/null"), (dir / "folder").string(),
-                                (dir / "fifo").string()}) {
+    for (const std::string& p :
+         {(dir / "link").string(), std::string("/dev/null"), (dir / "folder").string(), (dir / "fifo").string()}) {
         for (int overwrite : {0, 1}) {
             INFO(p << " overwrite " << overwrite);
             CHECK(hy_state_save_file(t.c, p.c_str(), overwrite) == HY_ERR_IO);

@@ -79,12 +79,15 @@ TEST_CASE("safetensors: malformed headers are rejected with a reason", "[loader]
     REQUIRE(parse_image(image_with_header("{\"a\": {", 0)) == HYST_ERR_FORMAT);
     REQUIRE(parse_image(image_with_header("[1,2]", 0)) == HYST_ERR_FORMAT);
     // Offsets out of range.
-    REQUIRE(parse_image(image_with_header(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8)) == HYST_ERR_FORMAT);
-    REQUIRE(hyst_parse(f.get(), image_with_header(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8).data(),
+    REQUIRE(parse_image(image_with_header(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8)) ==
+            HYST_ERR_FORMAT);
+    REQUIRE(hyst_parse(f.get(),
+                       image_with_header(R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,16]}})", 8).data(),
                        8 + 56 + 8) != HYST_OK);
     // Overlapping ranges.
     {
-        std::string h = R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})";
+        std::string h =
+            R"({"a":{"dtype":"F32","shape":[4],"data_offsets":[0,16]},"b":{"dtype":"F32","shape":[4],"data_offsets":[8,24]}})";
         std::string im = image_with_header(h, 32);
         REQUIRE(hyst_parse(f.get(), im.data(), im.size()) == HYST_ERR_FORMAT);
         REQUIRE(std::string(f->error).find("overlapping") != std::string::npos);
@@ -102,11 +105,17 @@ TEST_CASE("safetensors: malformed headers are rejected with a reason", "[loader]
         REQUIRE(std::string(f->error).find("shape needs 8 bytes") != std::string::npos);
     }
     // Reversed offsets, fractional numbers, duplicate names.
-    REQUIRE(parse_image(image_with_header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", 4)) == HYST_ERR_FORMAT);
-    REQUIRE(parse_image(image_with_header(R"({"a":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", 4)) == HYST_ERR_FORMAT);
-    REQUIRE(parse_image(image_with_header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8)) == HYST_ERR_FORMAT);
+    REQUIRE(parse_image(image_with_header(R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[4,0]}})", 4)) ==
+            HYST_ERR_FORMAT);
+    REQUIRE(parse_image(image_with_header(R"({"a":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})", 4)) ==
+            HYST_ERR_FORMAT);
+    REQUIRE(
+        parse_image(image_with_header(
+            R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
+            8)) == HYST_ERR_FORMAT);
     // A valid minimal file with metadata and an empty tensor.
-    REQUIRE(parse_image(image_with_header(R"({"__metadata__":{"k":"v"},"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})", 0)) == HYST_OK);
+    REQUIRE(parse_image(image_with_header(
+                R"({"__metadata__":{"k":"v"},"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})", 0)) == HYST_OK);
 }
 
 TEST_CASE("safetensors: random corruption never crashes the parser", "[loader]") {
@@ -189,7 +198,8 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
         nlohmann::json j = nlohmann::json::parse(config);
         j["attn_output_gate"] = false;
         write_model_dir(d.path, tensors, j.dump());
-        require_error([&] { Model::load(d.path, p); }, Status::unsupported, "attn_output_gate = false is not supported");
+        require_error([&] { Model::load(d.path, p); }, Status::unsupported,
+                      "attn_output_gate = false is not supported");
     }
     SECTION("inconsistent config") {
         TempDir d;
@@ -203,7 +213,8 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
         nlohmann::json j = nlohmann::json::parse(config);
         j["eos_token_id"] = 99999;
         write_model_dir(d.path, tensors, j.dump());
-        require_error([&] { Model::load(d.path, p); }, Status::format, "eos_token_id 99999 is outside the vocabulary [0, 4096)");
+        require_error([&] { Model::load(d.path, p); }, Status::format,
+                      "eos_token_id 99999 is outside the vocabulary [0, 4096)");
     }
     SECTION("config with a field of the wrong type") {
         TempDir d;
@@ -390,8 +401,11 @@ TEST_CASE("config: both layouts and the layer pattern rules", "[loader]") {
     text["rope_theta"] = 1e6;
     text["partial_rotary_factor"] = 0.5;
     text["full_attention_interval"] = 2;
-    nlohmann::json mm = {{"model_type", "qwen3_5"}, {"architectures", {"Qwen3_5ForConditionalGeneration"}},
-                         {"tie_word_embeddings", false}, {"text_config", text}, {"eos_token_id", {1, 2}}};
+    nlohmann::json mm = {{"model_type", "qwen3_5"},
+                         {"architectures", {"Qwen3_5ForConditionalGeneration"}},
+                         {"tie_word_embeddings", false},
+                         {"text_config", text},
+                         {"eos_token_id", {1, 2}}};
     mm["text_config"].erase("eos_token_id");
     ModelConfig b = parse_model_config(mm.dump(), "mm");
     REQUIRE(b.tensor_prefix == "model.language_model.");

@@ -50,7 +50,8 @@ TEST_CASE("multimodal checkpoint layout gives identical output", "[model]") {
     for (auto& [name, tensor] : t) mm["model.language_model." + name.substr(6)] = tensor;
     mm["mtp.fc.weight"] = {"BF16", {256, 512}, std::vector<uint8_t>(256 * 512 * 2, 0)};
     mm["mtp.norm.weight"] = {"BF16", {256}, std::vector<uint8_t>(512, 0)};
-    mm["model.visual.patch_embed.proj.weight"] = {"BF16", {16, 3, 2, 4, 4}, std::vector<uint8_t>(16 * 3 * 2 * 4 * 4 * 2, 0)};
+    mm["model.visual.patch_embed.proj.weight"] = {
+        "BF16", {16, 3, 2, 4, 4}, std::vector<uint8_t>(16 * 3 * 2 * 4 * 4 * 2, 0)};
     REQUIRE(mm.at("model.language_model.layers.0.linear_attn.A_log").dtype == "F32");
     nlohmann::json text = nlohmann::json::parse(read_text(tiny_dir() + "/config.json"));
     text.erase("tie_word_embeddings");
@@ -108,7 +109,8 @@ TEST_CASE("prefilling A then B equals prefilling A+B", "[model]") {
             auto whole = copy(m->prefill(0, ids, true));
             m->reset(0);
             auto a = copy(m->prefill(0, std::span<const int32_t>(ids.data(), size_t(split)), true));
-            auto b = copy(m->prefill(0, std::span<const int32_t>(ids.data() + split, ids.size() - size_t(split)), true));
+            auto b =
+                copy(m->prefill(0, std::span<const int32_t>(ids.data() + split, ids.size() - size_t(split)), true));
             a.insert(a.end(), b.begin(), b.end());
             INFO("split " << split << ", chunk " << chunk);
             REQUIRE(max_abs_diff(a, whole) <= 1e-4);
@@ -250,7 +252,7 @@ TEST_CASE("CPU thread pool: threads the OS refuses are an error, not an abort", 
     for (std::string line; std::getline(status, line);)
         if (line.rfind("VmSize:", 0) == 0) vm_kib = std::stoull(line.substr(7));
     REQUIRE(vm_kib > 0);
-    struct rlimit old{};
+    struct rlimit old {};
     REQUIRE(getrlimit(RLIMIT_AS, &old) == 0);
     struct rlimit lim = old;
     lim.rlim_cur = rlim_t(vm_kib) * 1024 + (rlim_t(16) << 20);

@@ -169,8 +169,8 @@ TEST_CASE("cli: a chat answer ends at <|endoftext|> or <|im_start|>, which are n
 // --chat -p and --batch-file --chat dropped them while the REPL showed them).
 TEST_CASE("cli: the REPL and --chat -p and --batch-file --chat print the same answer with </think>", "[cli]") {
     if (!have_programs()) return;
-    const std::vector<std::string> flags = {"-m",      "models/tiny", "--temp", "1.5", "--top-k", "0", "--top-p",
-                                            "1",       "--min-p",     "0",      "-n",  "300",     "-s", "19"};
+    const std::vector<std::string> flags = {"-m", "models/tiny", "--temp", "1.5", "--top-k", "0",  "--top-p",
+                                            "1",  "--min-p",     "0",      "-n",  "300",     "-s", "19"};
     auto with = [&](std::vector<std::string> extra) {
         extra.insert(extra.begin(), flags.begin(), flags.end());
         return extra;
@@ -213,8 +213,8 @@ TEST_CASE("cli: /save then /load continues identically; another model's snapshot
     {  // a conversation saved before its first turn keeps --system for that turn (the seventh session's fresh-user
        // test: the system message was lost); another --system in the loading session gets a warning
         const std::string file0 = (tmp.path / "conv0.hychat").string();
-        const std::vector<std::string> sys = {"-m", "models/tiny", "-i", "--temp", "0", "-n", "8", "--no-think",
-                                              "--system", "You are a pirate."};
+        const std::vector<std::string> sys = {"-m", "models/tiny", "-i",         "--temp",   "0",
+                                              "-n", "8",           "--no-think", "--system", "You are a pirate."};
         const std::vector<std::string> none = {"-m", "models/tiny", "-i", "--temp", "0", "-n", "8", "--no-think"};
         REQUIRE(hybrid(sys, "/save " + file0 + "\n").rc == 0);
         const Run direct = hybrid(sys, "Say hi.\n");
@@ -248,12 +248,13 @@ TEST_CASE("cli: /save then /load continues identically; another model's snapshot
         CHECK(saved.out == plain.out);
     }
     {  // an answer cut by a stop string: the id completing it is in neither the context nor the penalty history
-        const std::vector<std::string> chat_s = {"-m",      "models/tiny",      "-i",  "--temp", "0",    "-n", "60",
-                                                 "--stop",  " the",             "--repeat-penalty", "1.5",
-                                                 "--repeat-last-n", "-1"};
+        const std::vector<std::string> chat_s = {
+            "-m",   "models/tiny",      "-i",  "--temp",          "0", "-n", "60", "--stop",
+            " the", "--repeat-penalty", "1.5", "--repeat-last-n", "-1"};
         const std::string file_s = (tmp.path / "conv_s.hychat").string();
         const Run plain = hybrid(chat_s, "hello\ndef foo\nbar baz\nimport os\n");
-        const Run saved = hybrid(chat_s, "hello\n/save " + file_s + "\n/load " + file_s + "\ndef foo\nbar baz\nimport os\n");
+        const Run saved =
+            hybrid(chat_s, "hello\n/save " + file_s + "\n/load " + file_s + "\ndef foo\nbar baz\nimport os\n");
         REQUIRE(plain.rc == 0);
         CHECK(saved.out == plain.out);
     }
@@ -331,11 +332,11 @@ TEST_CASE("cli: /save never touches PATH.tmp nor replaces a symlink, a device or
     fs::create_symlink(target, tmp.path / "link");
     fs::create_directories(tmp.path / "dir");
     REQUIRE(::mkfifo((tmp.path / "fifo").c_str(), 0600) == 0);
-    for (const auto& [path, kind] : std::vector<std::pair<std::string, std::string>>{
-             {(tmp.path / "link").string(), "symbolic link"},
-             {"/dev/null", "device"},
-             {(tmp.path / "dir").string(), "directory"},
-             {(tmp.path / "fifo").string(), "FIFO"}}) {
+    for (const auto& [path, kind] :
+         std::vector<std::pair<std::string, std::string>>{{(tmp.path / "link").string(), "symbolic link"},
+                                                          {"/dev/null", "device"},
+                                                          {(tmp.path / "dir").string(), "directory"},
+                                                          {(tmp.path / "fifo").string(), "FIFO"}}) {
         for (const char* cmd : {"/save ", "/save! "}) {
             INFO(cmd << path);
             const Run r = hybrid(chat, std::string(cmd) + path + "\n");
@@ -407,8 +408,8 @@ TEST_CASE("cli: getline_bounded reads lines of any length across its buffer and 
 // was a bare "cannot allocate the model arena".
 TEST_CASE("cli: /reset keeps the RNG going; --case batch; an arena too large names -c", "[cli]") {
     if (!have_programs()) return;
-    const std::vector<std::string> chat = {"-m", "models/tiny", "-i", "-n", "12", "--temp", "1.5", "--top-k", "0",
-                                           "--top-p", "1", "--min-p", "0", "-s", "5", "--no-think"};
+    const std::vector<std::string> chat = {"-m", "models/tiny", "-i", "-n",      "12", "--temp", "1.5", "--top-k",
+                                           "0",  "--top-p",     "1",  "--min-p", "0",  "-s",     "5",   "--no-think"};
     const Run a = hybrid(chat, "hi\n/reset\nhi\n");
     INFO(a.err);
     REQUIRE(a.rc == 0);
@@ -489,7 +490,7 @@ TEST_CASE("cli: Ctrl-C at the input line of a piped REPL discards the partial li
     REQUIRE(plain.rc == 0);
     Spawned h = spawn_hybrid(chat);
     wait_loaded(h);
-    ::usleep(500000);  // the REPL waits for its first line
+    ::usleep(500000);    // the REPL waits for its first line
     struct IgnorePipe {  // a program that quit early must fail the checks below, not kill the test binary
         void (*saved)(int) = std::signal(SIGPIPE, SIG_IGN);
         ~IgnorePipe() { std::signal(SIGPIPE, saved); }
@@ -582,9 +583,9 @@ TEST_CASE("cli: Ctrl-C at the chat input line discards the partial line", "[cli]
     const std::string file = (tmp.path / "conv").string();
     std::string out;
     // "abc", Ctrl-C, then a command: the command must run alone (not "abc/save ..." as a chat turn)
-    const int rc = run_on_pty({"-m", "models/tiny", "-i", "-n", "4", "--temp", "0"},
-                              {{"> ", "abc"}, {"abc", "\x03"}, {"> ", "/save " + file + "\r"}, {"saved", "/exit\r"}},
-                              &out);
+    const int rc =
+        run_on_pty({"-m", "models/tiny", "-i", "-n", "4", "--temp", "0"},
+                   {{"> ", "abc"}, {"abc", "\x03"}, {"> ", "/save " + file + "\r"}, {"saved", "/exit\r"}}, &out);
     INFO(out);
     CHECK(rc == 0);
     REQUIRE(fs::exists(file));

@@ -224,8 +224,9 @@ TEST_CASE("sampler: a row without a finite logit is an error, not id 0", "[sampl
     for (const SamplerParams& p : {plain(), greedy, topk}) {
         Sampler s(p, 8, 6);
         // all NaN; NaN and -inf; finite values only among the ids that may not be sampled
-        const std::vector<std::vector<float>> rows = {
-            std::vector<float>(8, nan), {nan, -inf, nan, -inf, nan, nan, nan, nan}, {nan, nan, nan, nan, nan, nan, 1.0f, 2.0f}};
+        const std::vector<std::vector<float>> rows = {std::vector<float>(8, nan),
+                                                      {nan, -inf, nan, -inf, nan, nan, nan, nan},
+                                                      {nan, nan, nan, nan, nan, nan, 1.0f, 2.0f}};
         for (const auto& row : rows) {
             try {
                 s.sample(row);

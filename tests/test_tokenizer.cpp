@@ -271,7 +271,9 @@ TEST_CASE("StreamDecoder emits complete UTF-8 and agrees with decode", "[tokeniz
     CHECK(sd2.push(byte_ids[0]).empty());
     CHECK(sd2.flush() == "\xEF\xBF\xBD");
     CHECK(sd2.push(byte_ids[0]).empty());
-    CHECK(sd2.push(tok.encode("a")[0]) == "\xEF\xBF\xBD" "a");
+    CHECK(sd2.push(tok.encode("a")[0]) ==
+          "\xEF\xBF\xBD"
+          "a");
 
     // Random id streams: the concatenation equals decode (with and without skipping special tokens).
     std::mt19937 rng(7);
@@ -456,11 +458,14 @@ TEST_CASE("loading errors are reported with a status and a clear message", "[tok
 
 TEST_CASE("invalid UTF-8 input is replaced by U+FFFD, never a crash", "[tokenizer]") {
     // Maximal-subpart replacement, as Python's decode(errors="replace").
-    CHECK(hy::utf8_sanitize("a\xFF" "b") == "a\xEF\xBF\xBD" "b");
-    CHECK(hy::utf8_sanitize("\xE0\x80") == "\xEF\xBF\xBD\xEF\xBF\xBD");               // E0 needs A0..BF next
-    CHECK(hy::utf8_sanitize("\xF0\x9F\x98") == "\xEF\xBF\xBD");                        // truncated 4-byte
+    CHECK(hy::utf8_sanitize("a\xFF"
+                            "b") ==
+          "a\xEF\xBF\xBD"
+          "b");
+    CHECK(hy::utf8_sanitize("\xE0\x80") == "\xEF\xBF\xBD\xEF\xBF\xBD");                  // E0 needs A0..BF next
+    CHECK(hy::utf8_sanitize("\xF0\x9F\x98") == "\xEF\xBF\xBD");                          // truncated 4-byte
     CHECK(hy::utf8_sanitize("\xED\xA0\x80") == "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // a surrogate
-    CHECK(hy::utf8_sanitize("\xC0\xAF") == "\xEF\xBF\xBD\xEF\xBF\xBD");               // overlong
+    CHECK(hy::utf8_sanitize("\xC0\xAF") == "\xEF\xBF\xBD\xEF\xBF\xBD");                  // overlong
     CHECK(hy::utf8_sanitize("\xF4\x90\x80\x80") ==
           "\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD\xEF\xBF\xBD");  // above U+10FFFF
     CHECK_FALSE(hy::utf8_is_valid("\xC3"));
@@ -546,8 +551,11 @@ TEST_CASE("ChatML rendering on the tiny and Qwen3 tokenizers", "[tokenizer]") {
         CHECK(tok->decode(ids) == first);
 
         std::string msg;
-        CHECK(error_of([&] { chat.render(std::vector<hy::ChatMessage>{{"user", "a"}, {"tool", "b"}}); }, &msg) ==
-              Status::invalid_argument);
+        CHECK(error_of(
+                  [&] {
+                      chat.render(std::vector<hy::ChatMessage>{{"user", "a"}, {"tool", "b"}});
+                  },
+                  &msg) == Status::invalid_argument);
         CHECK(msg.find("tool") != std::string::npos);
     }
 }

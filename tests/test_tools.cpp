@@ -136,12 +136,12 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     CHECK(one.out.find("SUMMARY: 1/1") != std::string::npos);
     // a divergence accepted at a near-tie passes but is not "exact" (the golden bf16 CUDA tokens of `long` leave
     // the fp32 ones at step 8, where the top-2 margin is 0.04): it was counted in "8/8 cases exact"
-    const Run tie = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "long", "--key", "greedy_bf16_cuda",
-                                       "--near-tie", "0.1"});
+    const Run tie = run_prog(
+        compare, {"-m", "models/tiny", "-t", "1", "--case", "long", "--key", "greedy_bf16_cuda", "--near-tie", "0.1"});
     CHECK(tie.rc == 0);
     CHECK(tie.out.find("SUMMARY: 0/1 cases exact (1 more accepted at a near-tie)") != std::string::npos);
-    const Run no_tie = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "long", "--key",
-                                          "greedy_bf16_cuda"});
+    const Run no_tie =
+        run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "long", "--key", "greedy_bf16_cuda"});
     CHECK(no_tie.rc == 1);
     CHECK(no_tie.out.find("SUMMARY: 0/1 cases exact, max logit err") != std::string::npos);
     // a FAIL for the logits says so (with "near-tie: accepted" it named only why the tokens passed)
@@ -237,7 +237,8 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
         std::ofstream(path) << g.dump();
         return run_prog(compare, {"-m", "models/tiny", "-t", "1", "--golden", path});
     };
-    check(golden_variant("g1.json", [](nlohmann::json& g) { g["cases"][0]["greedy_fp32_cpu"] = nlohmann::json::array(); }),
+    check(golden_variant("g1.json",
+                         [](nlohmann::json& g) { g["cases"][0]["greedy_fp32_cpu"] = nlohmann::json::array(); }),
           1, "('one_token'): 'greedy_fp32_cpu' has 0 tokens, max_new_tokens is 48");
     check(golden_variant("g2.json", [](nlohmann::json& g) { g["batch"]["names"][0] = "nope"; }), 1,
           "field 'batch' names 'nope', which is not a case of the file");
@@ -279,7 +280,8 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
         CHECK(!fs::exists(never));
     }
     const std::string json_path = (tmp.path / "b.json").string();
-    const Run ok = run_prog(bench, {"-m", "models/tiny", "-t", "1", "-p", "8", "-n", "4", "-r", "1", "--json", json_path});
+    const Run ok =
+        run_prog(bench, {"-m", "models/tiny", "-t", "1", "-p", "8", "-n", "4", "-r", "1", "--json", json_path});
     INFO(ok.err);
     CHECK(ok.rc == 0);
     const auto bj = nlohmann::json::parse(slurp(json_path));
@@ -302,8 +304,9 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     CHECK(run_prog(tokenize, {"--tokenizer", "models/tiny", "--text", "hi"}).rc == 0);
     check(run_prog(tokenize, {"--tokenizer", "models/tiny", "--bench", "README.md", "--repeat", "0"}), 2, "--repeat");
     if (fs::exists("/dev/full"))  // a lost result is a failure
-        for (const std::string& cmd : {quote(compare) + " -m models/tiny -t 1 --case short", quote(tokenize) +
-                                           " --tokenizer models/tiny --text hi", quote(bench) + " --help"}) {
+        for (const std::string& cmd :
+             {quote(compare) + " -m models/tiny -t 1 --case short",
+              quote(tokenize) + " --tokenizer models/tiny --text hi", quote(bench) + " --help"}) {
             const int st = std::system(("cd " + quote(kSrc) + " && " + cmd + " >/dev/full 2>/dev/null").c_str());
             INFO(cmd);
             CHECK((WIFEXITED(st) ? WEXITSTATUS(st) : -1) == 1);

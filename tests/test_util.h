@@ -37,7 +37,7 @@ struct TempDir {
 };
 
 struct RawTensor {
-    std::string dtype;           // "BF16", "F32", ...
+    std::string dtype;  // "BF16", "F32", ...
     std::vector<int64_t> shape;
     std::vector<uint8_t> bytes;
 };

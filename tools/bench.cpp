@@ -42,8 +42,10 @@ std::vector<int> parse_list(const std::string& s) {
     std::vector<int32_t> v;
     std::string bad;
     if (!parse_int_list(s, 1, 4096, v, &bad))
-        throw tools::UsageError("-b: '" + bad + "' is not a batch size in [1, 4096] (expected a list like 1,2,8), "
-                                "in '" + s + "'");
+        throw tools::UsageError("-b: '" + bad +
+                                "' is not a batch size in [1, 4096] (expected a list like 1,2,8), "
+                                "in '" +
+                                s + "'");
     return std::vector<int>(v.begin(), v.end());
 }
 
@@ -85,7 +87,8 @@ int32_t argmax(const float* v, int n) {
 
 int main(int argc, char** argv) {
     const auto t_start = Clock::now();
-    cxxopts::Options opts("hybrid-bench", "Prefill and decode speed, bytes moved per token, share of the bandwidth roofline");
+    cxxopts::Options opts("hybrid-bench",
+                          "Prefill and decode speed, bytes moved per token, share of the bandwidth roofline");
     // clang-format off
     // (-m, --device, -t and -h are declared in cli/option_table.h, shared with hybrid and the other tools)
     add_shared_option(opts, "", "model");
@@ -176,8 +179,10 @@ int main(int argc, char** argv) {
         const double t_ready = seconds_since(t_start);
         const ModelConfig& c = model->config();
         if (c.max_position_embeddings > 0 && mp.n_ctx > c.max_position_embeddings)
-            std::fprintf(stderr, "hybrid-bench: warning: -p + -n = %d positions pass the %d the model was trained "
-                                 "for (max_position_embeddings)\n", mp.n_ctx - 1, c.max_position_embeddings);
+            std::fprintf(stderr,
+                         "hybrid-bench: warning: -p + -n = %d positions pass the %d the model was trained "
+                         "for (max_position_embeddings)\n",
+                         mp.n_ctx - 1, c.max_position_embeddings);
         Backend& be = model->backend();
         // The copy probe allocates temporary buffers (512 MiB of host memory on the CPU): the reported peak RSS
         // is the peak before it or after it, not during it.
@@ -197,23 +202,35 @@ int main(int argc, char** argv) {
 
         std::mt19937 rng(1234);
         std::uniform_int_distribution<int32_t> pick(0, std::min(c.vocab_size, 4096) - 1);
-        std::printf("model %s: %d layers (%d attention), hidden %d, vocab %d; backend %s; arena %.1f MiB (weights %.1f MiB)\n",
-                    dir.c_str(), c.n_layers, c.n_attention_layers(), c.hidden_size, c.vocab_size, be.name(),
-                    double(model->arena_bytes()) / 1048576.0, double(model->weight_bytes()) / 1048576.0);
+        std::printf(
+            "model %s: %d layers (%d attention), hidden %d, vocab %d; backend %s; arena %.1f MiB (weights %.1f MiB)\n",
+            dir.c_str(), c.n_layers, c.n_attention_layers(), c.hidden_size, c.vocab_size, be.name(),
+            double(model->arena_bytes()) / 1048576.0, double(model->weight_bytes()) / 1048576.0);
         if (!be.settings().empty()) std::printf("backend settings: %s\n", be.settings().c_str());
         std::printf("ready after %.2f s; copy bandwidth %s\n", t_ready,
                     copy_gbs > 0 ? (std::to_string(int(copy_gbs)) + " GB/s").c_str() : "not measured");
         std::printf("\n| batch | prompt | gen | prefill tok/s | decode tok/s | MB/step | GB/s | %% roofline |\n");
         std::printf("|------:|-------:|----:|--------------:|-------------:|--------:|-----:|-----------:|\n");
 
-        nlohmann::json out = {{"model", dir}, {"backend", be.name()},
-                              {"backend_settings", be.settings()}, {"ready_s", t_ready}, {"copy_gbs", copy_gbs},
-                              {"arena_bytes", model->arena_bytes()}, {"weight_bytes", model->weight_bytes()},
+        nlohmann::json out = {{"model", dir},
+                              {"backend", be.name()},
+                              {"backend_settings", be.settings()},
+                              {"ready_s", t_ready},
+                              {"copy_gbs", copy_gbs},
+                              {"arena_bytes", model->arena_bytes()},
+                              {"weight_bytes", model->weight_bytes()},
                               {"state_bytes", model->state_bytes()},
-                              {"settings", {{"prompt", n_prompt}, {"gen", n_gen}, {"batch", batches}, {"reps", reps},
-                                            {"threads", threads}, {"ubatch", ubatch}, {"device", dev}}},
+                              {"settings",
+                               {{"prompt", n_prompt},
+                                {"gen", n_gen},
+                                {"batch", batches},
+                                {"reps", reps},
+                                {"threads", threads},
+                                {"ubatch", ubatch},
+                                {"device", dev}}},
                               {"runs", nlohmann::json::array()}};
-        std::vector<int32_t> prompt(static_cast<size_t>(n_prompt)), toks(static_cast<size_t>(max_b)), rows(static_cast<size_t>(max_b));
+        std::vector<int32_t> prompt(static_cast<size_t>(n_prompt)), toks(static_cast<size_t>(max_b)),
+            rows(static_cast<size_t>(max_b));
         std::vector<SeqRun> runs(static_cast<size_t>(max_b));
         for (int b : batches) {
             std::vector<double> pre_tps, dec_tps;
@@ -252,28 +269,36 @@ int main(int argc, char** argv) {
             const double steps_per_s = dec / b;
             const double gbs = step_bytes * steps_per_s / 1e9;
             const double roof = copy_gbs > 0 ? 100.0 * gbs / copy_gbs : NAN;
-            std::printf("| %5d | %6d | %3d | %13.1f | %12.1f | %7.1f | %4.1f | %10.1f |\n", b, n_prompt, n_gen, pre, dec,
-                        step_bytes / 1e6, gbs, roof);
-            out["runs"].push_back({{"batch", b}, {"prompt", n_prompt}, {"gen", n_gen}, {"prefill_tok_s", pre},
-                                   {"decode_tok_s", dec}, {"bytes_per_step", int64_t(step_bytes)}, {"gbs", gbs},
+            std::printf("| %5d | %6d | %3d | %13.1f | %12.1f | %7.1f | %4.1f | %10.1f |\n", b, n_prompt, n_gen, pre,
+                        dec, step_bytes / 1e6, gbs, roof);
+            out["runs"].push_back({{"batch", b},
+                                   {"prompt", n_prompt},
+                                   {"gen", n_gen},
+                                   {"prefill_tok_s", pre},
+                                   {"decode_tok_s", dec},
+                                   {"bytes_per_step", int64_t(step_bytes)},
+                                   {"gbs", gbs},
                                    {"roofline_pct", roof}});
         }
         if (std::string(be.name()) == "cpu")
-            std::printf("\n(CPU: the copy-bandwidth ceiling is DRAM's; weights that fit in the caches can pass it, "
-                        "so %% roofline over 100 means the model is cache-resident)\n");
+            std::printf(
+                "\n(CPU: the copy-bandwidth ceiling is DRAM's; weights that fit in the caches can pass it, "
+                "so %% roofline over 100 means the model is cache-resident)\n");
         const size_t peak_rss = std::max(rss_before_probe, peak_rss_bytes());
-        std::printf("\npeak host memory (RSS, the copy probe's buffers excluded) %.1f MiB\n", double(peak_rss) / 1048576.0);
+        std::printf("\npeak host memory (RSS, the copy probe's buffers excluded) %.1f MiB\n",
+                    double(peak_rss) / 1048576.0);
         // Device memory: the arena (weights, KV cache and recurrent state for the configured context and slots,
         // activations, backend workspace) against what the device reports in use (adds the CUDA context).
         const size_t dev_used = be.device_memory_used();
         if (dev_used) {
             const double mib = 1048576.0;
             const size_t rest = model->arena_bytes() - model->weight_bytes() - model->state_bytes();
-            std::printf("device memory in use %.1f MiB: arena %.1f MiB (weights %.1f, KV cache + states %.1f, "
-                        "activations + workspace %.1f), %.1f%% above the arena\n",
-                        double(dev_used) / mib, double(model->arena_bytes()) / mib, double(model->weight_bytes()) / mib,
-                        double(model->state_bytes()) / mib, double(rest) / mib,
-                        100.0 * (double(dev_used) / double(model->arena_bytes()) - 1.0));
+            std::printf(
+                "device memory in use %.1f MiB: arena %.1f MiB (weights %.1f, KV cache + states %.1f, "
+                "activations + workspace %.1f), %.1f%% above the arena\n",
+                double(dev_used) / mib, double(model->arena_bytes()) / mib, double(model->weight_bytes()) / mib,
+                double(model->state_bytes()) / mib, double(rest) / mib,
+                100.0 * (double(dev_used) / double(model->arena_bytes()) - 1.0));
             out["device_memory_used_bytes"] = dev_used;
         }
         out["peak_rss_bytes"] = int64_t(peak_rss);

@@ -9,16 +9,16 @@
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
-#include <filesystem>
 #include <cxxopts.hpp>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
 #include <sstream>
 
 #include "model/model.h"
-#include "tools/tool_common.h"
 #include "model/safetensors.h"
+#include "tools/tool_common.h"
 
 using namespace hy;
 using json = nlohmann::json;
@@ -153,7 +153,8 @@ int main(int argc, char** argv) {
                 // the goldens are generated without an end-of-sequence stop: max_new_tokens tokens each
                 if (v.size() != c["max_new_tokens"].get<size_t>())
                     throw Error(Status::format, where + " ('" + c["name"].get<std::string>() + "'): '" + field +
-                                                    "' has " + std::to_string(v.size()) + " tokens, max_new_tokens is " +
+                                                    "' has " + std::to_string(v.size()) +
+                                                    " tokens, max_new_tokens is " +
                                                     std::to_string(c["max_new_tokens"].get<int64_t>()));
             }
             for (size_t k = 0; k + 1 < case_no; k++)  // (the logits file holds one tensor per case name)
@@ -171,8 +172,9 @@ int main(int argc, char** argv) {
                 ok = token_list(row) && !row.empty();
             }
             if (!ok || b["names"].empty() || b["names"].size() != b["greedy_fp32_left_padded"].size())
-                throw Error(Status::format, golden_path + ": field 'batch' must hold 'names' (a list of case names) and "
-                                                          "'greedy_fp32_left_padded' (as many non-empty token lists)");
+                throw Error(Status::format, golden_path +
+                                                ": field 'batch' must hold 'names' (a list of case names) and "
+                                                "'greedy_fp32_left_padded' (as many non-empty token lists)");
             for (size_t i = 0; i < b["names"].size(); i++) {
                 const json& nm = b["names"][i];
                 const json* cs = nullptr;
@@ -183,8 +185,8 @@ int main(int argc, char** argv) {
                                                     "', which is not a case of the file");
                 for (size_t k = 0; k < i; k++)
                     if (b["names"][k] == nm)
-                        throw Error(Status::format, golden_path + ": field 'batch' names '" +
-                                                        nm.get<std::string>() + "' twice");
+                        throw Error(Status::format,
+                                    golden_path + ": field 'batch' names '" + nm.get<std::string>() + "' twice");
                 if (b["greedy_fp32_left_padded"][i].size() != (*cs)["max_new_tokens"].get<size_t>())
                     throw Error(Status::format, golden_path + ": batch row " + std::to_string(i) + " ('" +
                                                     nm.get<std::string>() + "') has " +
@@ -207,7 +209,8 @@ int main(int argc, char** argv) {
         mp.max_batch_tokens = 128;
         mp.max_logits = 128;
         // Golden logits, when present (opened before the model is loaded: a bad --logits fails at once).
-        std::string logits_path = args.count("logits") ? args["logits"].as<std::string>() : dir + "/golden_logits.safetensors";
+        std::string logits_path =
+            args.count("logits") ? args["logits"].as<std::string>() : dir + "/golden_logits.safetensors";
         auto lf = std::make_unique<hyst_file>();
         bool have_logits = false;
         {
@@ -219,8 +222,8 @@ int main(int argc, char** argv) {
         }
         auto model = Model::load(dir, mp);
         const bool on_gpu = std::string(model->backend().name()) != "cpu";
-        const std::string key = args.count("key") ? args["key"].as<std::string>()
-                                                  : (on_gpu ? "greedy_bf16_cuda" : "greedy_fp32_cpu");
+        const std::string key =
+            args.count("key") ? args["key"].as<std::string>() : (on_gpu ? "greedy_bf16_cuda" : "greedy_fp32_cpu");
         // every case must have the token list: a given --key that one lacks is a bad argument (exit 2, as an unknown
         // --case is); the default list missing is a defect of the golden file
         const int V = model->config().vocab_size;
@@ -304,13 +307,16 @@ int main(int argc, char** argv) {
             Greedy got = greedy(*model, last, n_new);
             solo[name] = got.tokens;
             int matched = 0;
-            while (matched < n_new && matched < int(want.size()) && got.tokens[size_t(matched)] == want[size_t(matched)]) matched++;
+            while (matched < n_new && matched < int(want.size()) &&
+                   got.tokens[size_t(matched)] == want[size_t(matched)])
+                matched++;
             bool tokens_ok = matched == n_new;
             std::string note;
             if (!tokens_ok) {
                 char buf[256];
-                std::snprintf(buf, sizeof buf, "; first divergence at step %d: golden %d, got %d, our top-2 margin %.4g",
-                              matched, want[size_t(matched)], got.tokens[size_t(matched)], got.margins[size_t(matched)]);
+                std::snprintf(buf, sizeof buf,
+                              "; first divergence at step %d: golden %d, got %d, our top-2 margin %.4g", matched,
+                              want[size_t(matched)], got.tokens[size_t(matched)], got.margins[size_t(matched)]);
                 note = buf;
                 if (got.margins[size_t(matched)] < near_tie) {
                     note += " (near-tie: accepted)";
@@ -342,8 +348,7 @@ int main(int argc, char** argv) {
             std::vector<std::string> names = b["names"].get<std::vector<std::string>>();
             const json& rows = b["greedy_fp32_left_padded"];
             bool ok = rows.size() == names.size();
-            if (!ok)
-                std::printf("     the batch entry has %zu rows for %zu names\n", rows.size(), names.size());
+            if (!ok) std::printf("     the batch entry has %zu rows for %zu names\n", rows.size(), names.size());
             for (size_t i = 0; ok && i < names.size(); i++) {
                 std::vector<int32_t> row = rows[i].get<std::vector<int32_t>>();
                 auto it = solo.find(names[i]);
@@ -369,8 +374,7 @@ int main(int argc, char** argv) {
         }
         if (have_logits) hyst_close(lf.get());
         char accepted[96] = "";
-        if (n_near_tie > 0)
-            std::snprintf(accepted, sizeof accepted, " (%d more accepted at a near-tie)", n_near_tie);
+        if (n_near_tie > 0) std::snprintf(accepted, sizeof accepted, " (%d more accepted at a near-tie)", n_near_tie);
         if (have_logits)
             std::printf("SUMMARY: %d/%d cases exact%s, max logit err %.3g\n", n_exact, n_cases, accepted, worst);
         else

@@ -118,7 +118,8 @@ int main(int argc, char** argv) {
         goto done;
     }
     fprintf(stderr, "embed_example: %d prompt token%s, %d generated (stop: %s), sum of log-probabilities %.3f\n",
-            result.n_prompt, result.n_prompt == 1 ? "" : "s", result.n_generated, hy_stop_reason_name(result.stop_reason), logprob_sum);
+            result.n_prompt, result.n_prompt == 1 ? "" : "s", result.n_generated,
+            hy_stop_reason_name(result.stop_reason), logprob_sum);
 
 done:
     free(ids);

@@ -143,19 +143,20 @@ int main(int argc, char** argv) {
                     for (int i = 0; i < kLaunches; i++) {
                         if (sh.gate_up && T <= kGemvBlockMaxTokens) {
                             bf16* yb = static_cast<bf16*>(y);
-                            gemv_gate_up(x, T, wcopy(i), wcopy(i) + sh.n[0] * sh.K, sh.n[0], sh.K, yb,
-                                         yb + 8 * sh.n[0], yb + 16 * sh.n[0], pdl);
+                            gemv_gate_up(x, T, wcopy(i), wcopy(i) + sh.n[0] * sh.K, sh.n[0], sh.K, yb, yb + 8 * sh.n[0],
+                                         yb + 16 * sh.n[0], pdl);
                         } else {
                             gemv_group_with(x, T, group(i), sh.K, sh.out_f32, c, pdl);
                         }
                     }
                 });
                 if (T > kGemvBlockMaxTokens)
-                    std::snprintf(buf, sizeof buf, "tensor-core GEMV%s: %.0f", sh.gate_up ? " (gate, up as a group)" : "",
-                                  total / (ms * 1e-3) / 1e9);
+                    std::snprintf(buf, sizeof buf, "tensor-core GEMV%s: %.0f",
+                                  sh.gate_up ? " (gate, up as a group)" : "", total / (ms * 1e-3) / 1e9);
                 else
                     std::snprintf(buf, sizeof buf, "%s%d,%d%s: %.0f", first ? "" : "; ", c.split, c.per,
-                                  (c.split == chosen.split && c.per == chosen.per) ? "*" : "", total / (ms * 1e-3) / 1e9);
+                                  (c.split == chosen.split && c.per == chosen.per) ? "*" : "",
+                                  total / (ms * 1e-3) / 1e9);
                 line += buf;
                 first = false;
             }

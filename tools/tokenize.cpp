@@ -7,11 +7,11 @@
 //   hybrid-tokenize --tokenizer FILE|DIR --bench TEXTFILE  load time and encode throughput (MB/s)
 // Exit status: 0 on success (all golden cases match), 1 on a mismatch, 2 on bad input.
 #include <charconv>
+#include <chrono>
 #include <climits>
 #include <cstdint>
-#include <chrono>
-#include <ctime>
 #include <cstdio>
+#include <ctime>
 #include <cxxopts.hpp>
 #include <filesystem>
 #include <fstream>
@@ -22,18 +22,16 @@
 #include <vector>
 
 #include "cli/arg_error.h"
-#include "tools/tool_common.h"
 #include "model/common.h"
 #include "model/tokenizer.h"
+#include "tools/tool_common.h"
 
 namespace {
 
 using json = nlohmann::json;
 using Clock = std::chrono::steady_clock;
 
-double ms_since(Clock::time_point t0) {
-    return std::chrono::duration<double, std::milli>(Clock::now() - t0).count();
-}
+double ms_since(Clock::time_point t0) { return std::chrono::duration<double, std::milli>(Clock::now() - t0).count(); }
 
 // CPU time of this thread in ms (robust to other load on the machine, unlike wall time).
 double cpu_ms() {
@@ -147,8 +145,8 @@ int run_bench(const std::string& tok_path, const std::string& text_path, int rep
     std::printf("load: %.1f ms wall, %.1f ms cpu (best of %d)\n", load_wall, load_cpu, loads);
     std::printf("encode, first pass: %zu bytes, %zu tokens, %.1f MB/s wall, %.1f MB/s cpu\n", text.size(), n_tokens,
                 mb / (cold_wall / 1e3), mb / (cold_cpu / 1e3));
-    std::printf("encode, warm cache: %.1f MB/s wall, %.1f MB/s cpu (best of %d)\n", mb / (wall / 1e3),
-                mb / (cpu / 1e3), repeat);
+    std::printf("encode, warm cache: %.1f MB/s wall, %.1f MB/s cpu (best of %d)\n", mb / (wall / 1e3), mb / (cpu / 1e3),
+                repeat);
     std::printf("decode: %.1f MB/s wall, %.1f MB/s cpu (best of %d)\n", mb / (dec_wall / 1e3), mb / (dec_cpu / 1e3),
                 repeat);
     return 0;
@@ -160,12 +158,11 @@ int main(int argc, char** argv) {
     cxxopts::Options opts("hybrid-tokenize", "Encode/decode text with a Hugging Face tokenizer.json");
     opts.add_options()("tokenizer", "tokenizer.json file or checkpoint folder", cxxopts::value<std::string>())(
         "text", "text to encode", cxxopts::value<std::string>())("decode", "comma-separated ids to decode",
-                                                                   cxxopts::value<std::string>())(
+                                                                 cxxopts::value<std::string>())(
         "golden",
         "tokenizer golden file to check: {\"cases\": [{\"text\", \"ids\", \"decoded\" (optional)}]}, e.g. "
         "tests/data/tokenizers/qwen3/golden.json (a model folder's golden.json is hybrid-compare's)",
-        cxxopts::value<std::string>())(
-        "bench", "text file to time encoding on", cxxopts::value<std::string>())(
+        cxxopts::value<std::string>())("bench", "text file to time encoding on", cxxopts::value<std::string>())(
         "repeat", "bench repetitions", cxxopts::value<int>()->default_value("5"))(
         "no-special", "encode special tokens as plain text");
     hy::add_shared_option(opts, "", "help");  // (declared in cli/option_table.h, shared with hybrid and the tools)
@@ -174,12 +171,14 @@ int main(int argc, char** argv) {
             throw hy::Error(hy::Status::invalid_argument, e);
         auto a = hy::parse_split(opts, argc, argv);
         if (a.count("help")) {
-            std::cout << opts.help() << "\nExit status: 0 success (--golden: every case matches); 1 failure; "
-                                       "2 bad arguments.\n";
+            std::cout << opts.help()
+                      << "\nExit status: 0 success (--golden: every case matches); 1 failure; "
+                         "2 bad arguments.\n";
             return hy::tools::finish("hybrid-tokenize", 0);
         }
         if (!a.unmatched().empty())
-            throw hy::Error(hy::Status::invalid_argument, "unexpected argument '" + a.unmatched()[0] + "' (see --help)");
+            throw hy::Error(hy::Status::invalid_argument,
+                            "unexpected argument '" + a.unmatched()[0] + "' (see --help)");
         hy::tools::check_int_args(a, {"repeat"});
         hy::tools::check_given_once(a);
         if (!a.count("tokenizer")) throw hy::Error(hy::Status::invalid_argument, "--tokenizer is required");
@@ -204,22 +203,24 @@ int main(int argc, char** argv) {
             std::string bad;
             const std::string list = a["decode"].as<std::string>();
             if (!list.empty() && !hy::parse_id_list(list, ids, &bad))  // (an empty list decodes to nothing)
-                throw hy::Error(hy::Status::invalid_argument, "--decode: '" + bad +
-                                                                  "' is not a token id (expected a list like 1,2,3)");
+                throw hy::Error(hy::Status::invalid_argument,
+                                "--decode: '" + bad + "' is not a token id (expected a list like 1,2,3)");
             std::cout << tok.decode(ids) << "\n";
             return hy::tools::finish("hybrid-tokenize", 0);
         }
         const std::string text = a["text"].as<std::string>();
         if (!hy::utf8_is_valid(text))  // as hybrid warns: each invalid sequence is encoded as U+FFFD
-            std::fprintf(stderr, "hybrid-tokenize: warning: --text is not valid UTF-8; its invalid bytes are read as "
-                                 "U+FFFD\n");
+            std::fprintf(stderr,
+                         "hybrid-tokenize: warning: --text is not valid UTF-8; its invalid bytes are read as "
+                         "U+FFFD\n");
         std::cout << join_ids(tok.encode(text, parse_special)) << "\n";
         return hy::tools::finish("hybrid-tokenize", 0);
     } catch (const hy::Error& e) {
         std::fprintf(stderr, "hybrid-tokenize: %s\n", e.what());
         return e.status() == hy::Status::invalid_argument ? 2 : 1;
     } catch (const cxxopts::exceptions::exception& e) {
-        std::fprintf(stderr, "hybrid-tokenize: %s (see --help)\n", hy::parse_error_message(e.what(), argc, argv).c_str());
+        std::fprintf(stderr, "hybrid-tokenize: %s (see --help)\n",
+                     hy::parse_error_message(e.what(), argc, argv).c_str());
         return 2;
     } catch (const hy::tools::UsageError& e) {
         std::fprintf(stderr, "hybrid-tokenize: %s\n", e.what());

@@ -76,27 +76,27 @@ void attention(const AttentionArgs& p, const RowMap& rows, float* q_all, float* 
 
     // 1. q: norm + RoPE into q_all [T, Hq, D]; k: norm + RoPE, k and v into the cache.
     pool.parallel_for(T, 1, [&](int64_t t0, int64_t t1, int) {
-    for (int64_t t = t0; t < t1; t++) {
-        const int pos = row_pos[t];
-        float cs[kMaxRotaryHalf], sn[kMaxRotaryHalf];
-        rope_table(R, pos, p.rope_theta, cs, sn);
-        for (int h = 0; h < Hq; h++) {
-            float* q = q_all + (t * Hq + h) * D;
-            const float* src = qg + (t * Hq + h) * 2 * D;
-            for (int i = 0; i < D; i++) q[i] = src[i];
-            norm1p(q, p.q_norm, D, p.eps);
-            rope(q, R, cs, sn);
+        for (int64_t t = t0; t < t1; t++) {
+            const int pos = row_pos[t];
+            float cs[kMaxRotaryHalf], sn[kMaxRotaryHalf];
+            rope_table(R, pos, p.rope_theta, cs, sn);
+            for (int h = 0; h < Hq; h++) {
+                float* q = q_all + (t * Hq + h) * D;
+                const float* src = qg + (t * Hq + h) * 2 * D;
+                for (int i = 0; i < D; i++) q[i] = src[i];
+                norm1p(q, p.q_norm, D, p.eps);
+                rope(q, R, cs, sn);
+            }
+            float* kc = k_cache + row_slot[t] * slot_stride + int64_t(pos) * kv_row;
+            float* vc = v_cache + row_slot[t] * slot_stride + int64_t(pos) * kv_row;
+            for (int h = 0; h < Hkv; h++) {
+                float* k = kc + h * D;
+                for (int i = 0; i < D; i++) k[i] = k_in[t * kv_row + h * D + i];
+                norm1p(k, p.k_norm, D, p.eps);
+                rope(k, R, cs, sn);
+                for (int i = 0; i < D; i++) vc[h * D + i] = v_in[t * kv_row + h * D + i];
+            }
         }
-        float* kc = k_cache + row_slot[t] * slot_stride + int64_t(pos) * kv_row;
-        float* vc = v_cache + row_slot[t] * slot_stride + int64_t(pos) * kv_row;
-        for (int h = 0; h < Hkv; h++) {
-            float* k = kc + h * D;
-            for (int i = 0; i < D; i++) k[i] = k_in[t * kv_row + h * D + i];
-            norm1p(k, p.k_norm, D, p.eps);
-            rope(k, R, cs, sn);
-            for (int i = 0; i < D; i++) vc[h * D + i] = v_in[t * kv_row + h * D + i];
-        }
-    }
     });
 
     // 2. softmax(q k^T / sqrt(D)) v over positions [0, pos], then the sigmoid gate.
@@ -106,38 +106,38 @@ void attention(const AttentionArgs& p, const RowMap& rows, float* q_all, float* 
     const int64_t n_items = T * Hq;
     const int n_workers = pool.size();
     pool.parallel_for(n_workers, 1, [&](int64_t w0, int64_t w1, int) {
-    for (int64_t w = w0; w < w1; w++) {
-        for (int64_t item = w; item < n_items; item += n_workers) {
-            const int64_t t = item / Hq;
-            const int h = int(item % Hq);
-            float* s = scores + w * p.n_ctx;
-            const int pos = row_pos[t];
-            const int kvh = h / group;
-            const float* q = q_all + (t * Hq + h) * D;
-            const float* kc = k_cache + row_slot[t] * slot_stride + kvh * D;
-            const float* vc = v_cache + row_slot[t] * slot_stride + kvh * D;
-            float mx = -INFINITY;
-            for (int j = 0; j <= pos; j++) {
-                s[j] = dot(q, kc + int64_t(j) * kv_row, D) * scale;
-                mx = std::max(mx, s[j]);
+        for (int64_t w = w0; w < w1; w++) {
+            for (int64_t item = w; item < n_items; item += n_workers) {
+                const int64_t t = item / Hq;
+                const int h = int(item % Hq);
+                float* s = scores + w * p.n_ctx;
+                const int pos = row_pos[t];
+                const int kvh = h / group;
+                const float* q = q_all + (t * Hq + h) * D;
+                const float* kc = k_cache + row_slot[t] * slot_stride + kvh * D;
+                const float* vc = v_cache + row_slot[t] * slot_stride + kvh * D;
+                float mx = -INFINITY;
+                for (int j = 0; j <= pos; j++) {
+                    s[j] = dot(q, kc + int64_t(j) * kv_row, D) * scale;
+                    mx = std::max(mx, s[j]);
+                }
+                float sum = 0.0f;
+                for (int j = 0; j <= pos; j++) {
+                    s[j] = std::exp(s[j] - mx);
+                    sum += s[j];
+                }
+                const float inv = 1.0f / sum;
+                float* o = out + (t * Hq + h) * D;
+                for (int i = 0; i < D; i++) o[i] = 0.0f;
+                for (int j = 0; j <= pos; j++) {
+                    const float pj = s[j] * inv;
+                    const float* v = vc + int64_t(j) * kv_row;
+                    for (int i = 0; i < D; i++) o[i] += pj * v[i];
+                }
+                const float* gate = qg + (t * Hq + h) * 2 * D + D;
+                for (int i = 0; i < D; i++) o[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
             }
-            float sum = 0.0f;
-            for (int j = 0; j <= pos; j++) {
-                s[j] = std::exp(s[j] - mx);
-                sum += s[j];
-            }
-            const float inv = 1.0f / sum;
-            float* o = out + (t * Hq + h) * D;
-            for (int i = 0; i < D; i++) o[i] = 0.0f;
-            for (int j = 0; j <= pos; j++) {
-                const float pj = s[j] * inv;
-                const float* v = vc + int64_t(j) * kv_row;
-                for (int i = 0; i < D; i++) o[i] += pj * v[i];
-            }
-            const float* gate = qg + (t * Hq + h) * 2 * D + D;
-            for (int i = 0; i < D; i++) o[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
         }
-    }
     });
 }
 

@@ -31,8 +31,8 @@ public:
         const size_t n = std::max(kHuge, (bytes + kHuge - 1) / kHuge * kHuge);
         void* p = std::aligned_alloc(kHuge, n);
         if (!p)
-            throw Error(Status::out_of_memory, "cannot allocate the model arena of " + std::to_string(bytes >> 20) +
-                                                   " MiB in host memory");
+            throw Error(Status::out_of_memory,
+                        "cannot allocate the model arena of " + std::to_string(bytes >> 20) + " MiB in host memory");
         madvise(p, n, MADV_HUGEPAGE);  // advisory: ignored where unsupported
         return p;
     }
@@ -89,7 +89,8 @@ public:
             convert_to_f32(static_cast<const char*>(table.data) + size_t(batch_.token_ids[t]) * row_bytes, table.dtype,
                            out + int64_t(t) * table.cols, size_t(table.cols));
     }
-    void rms_norm(const void* x, const float* w, int64_t rows, int dim, float eps, bool zero_centred, void* y) override {
+    void rms_norm(const void* x, const float* w, int64_t rows, int dim, float eps, bool zero_centred,
+                  void* y) override {
         cpu::rms_norm(static_cast<const float*>(x), w, rows, dim, eps, zero_centred, static_cast<float*>(y), pool_);
     }
     void add_rms_norm(void* x, const void* d, const float* w, int64_t rows, int dim, float eps, bool zero_centred,
@@ -127,8 +128,8 @@ public:
     }
     void gather_rows(const void* x, int64_t dim, const int32_t* rows, int n, void* y) override {
         for (int i = 0; i < n; i++)
-            std::memmove(static_cast<float*>(y) + int64_t(i) * dim, static_cast<const float*>(x) + int64_t(rows[i]) * dim,
-                         size_t(dim) * 4);
+            std::memmove(static_cast<float*>(y) + int64_t(i) * dim,
+                         static_cast<const float*>(x) + int64_t(rows[i]) * dim, size_t(dim) * 4);
     }
     void logits(const void* x, int n, const Matrix& w, float* out) override {
         cpu::matmul(static_cast<const float*>(x), n, w, out, pool_);

@@ -42,26 +42,26 @@ void gated_delta_net(const GatedDeltaNetArgs& p, const BatchDesc& batch, float* 
         const SeqRun& run = batch.runs[r];
         float* st = conv_state + run.slot * conv_slot;  // [K-1, C], oldest first
         pool.parallel_for(C, std::max<int64_t>(1, 8192 / run.n_tokens), [&](int64_t c0, int64_t c1, int) {
-        for (int64_t c = c0; c < c1; c++) {
-            const float* w = p.conv_w + c * K;
-            for (int i = 0; i < run.n_tokens; i++) {
-                const int64_t row = run.row + i;
-                float acc = 0.0f;
-                for (int j = 0; j < K; j++) {
-                    const int src = i - (K - 1) + j;  // index into the run; < 0 reads the state
-                    const float in = src >= 0 ? qkv[(run.row + src) * C + c] : st[int64_t(K - 1 + src) * C + c];
-                    acc += w[j] * in;
+            for (int64_t c = c0; c < c1; c++) {
+                const float* w = p.conv_w + c * K;
+                for (int i = 0; i < run.n_tokens; i++) {
+                    const int64_t row = run.row + i;
+                    float acc = 0.0f;
+                    for (int j = 0; j < K; j++) {
+                        const int src = i - (K - 1) + j;  // index into the run; < 0 reads the state
+                        const float in = src >= 0 ? qkv[(run.row + src) * C + c] : st[int64_t(K - 1 + src) * C + c];
+                        acc += w[j] * in;
+                    }
+                    mixed[row * C + c] = silu(acc);
                 }
-                mixed[row * C + c] = silu(acc);
+                // New state: the last K-1 inputs of [state, run].
+                float last[16];
+                for (int j = 0; j < K - 1; j++) {
+                    const int src = run.n_tokens - (K - 1) + j;
+                    last[j] = src >= 0 ? qkv[(run.row + src) * C + c] : st[int64_t(K - 1 + src) * C + c];
+                }
+                for (int j = 0; j < K - 1; j++) st[int64_t(j) * C + c] = last[j];
             }
-            // New state: the last K-1 inputs of [state, run].
-            float last[16];
-            for (int j = 0; j < K - 1; j++) {
-                const int src = run.n_tokens - (K - 1) + j;
-                last[j] = src >= 0 ? qkv[(run.row + src) * C + c] : st[int64_t(K - 1 + src) * C + c];
-            }
-            for (int j = 0; j < K - 1; j++) st[int64_t(j) * C + c] = last[j];
-        }
         });
     }
 
@@ -73,59 +73,59 @@ void gated_delta_net(const GatedDeltaNetArgs& p, const BatchDesc& batch, float* 
     const int64_t n_items = int64_t(batch.n_runs) * Hv;
     const int n_workers = pool.size();
     pool.parallel_for(n_workers, 1, [&](int64_t w0, int64_t w1, int) {
-    for (int64_t w = w0; w < w1; w++) {
-        for (int64_t item = w; item < n_items; item += n_workers) {
-            const SeqRun& run = batch.runs[item / Hv];
-            const int h = int(item % Hv);
-            float* S = p.ssm_state + run.slot * ssm_slot + int64_t(h) * Dk * Dv;  // [Dk, Dv]
-            const int kh = h / ratio;
-            const float A = std::exp(p.A_log[h]);
-            float q[kMaxDim], k[kMaxDim], u[kMaxDim], o[kMaxDim];
-            for (int i = 0; i < run.n_tokens; i++) {
-                const int64_t row = run.row + i;
-                const float* m = mixed + row * C;
-                for (int d = 0; d < Dk; d++) {
-                    q[d] = m[kh * Dk + d];
-                    k[d] = m[int64_t(Hk) * Dk + kh * Dk + d];
-                }
-                l2norm(q, Dk);
-                l2norm(k, Dk);
-                for (int d = 0; d < Dk; d++) q[d] = q[d] / sqrt_dk;
-                const float* v = m + 2 * int64_t(Hk) * Dk + int64_t(h) * Dv;
-                const float beta = sigmoid(b[row * Hv + h]);
-                const float g = -A * softplus(a[row * Hv + h] + p.dt_bias[h]);
-                const float decay = std::exp(g);
-                // S = decay * S; kv_mem = S^T k
-                for (int e = 0; e < Dv; e++) u[e] = 0.0f;
-                for (int d = 0; d < Dk; d++) {
-                    float* Sd = S + int64_t(d) * Dv;
-                    const float kd = k[d];
-                    for (int e = 0; e < Dv; e++) {
-                        Sd[e] *= decay;
-                        u[e] += Sd[e] * kd;
+        for (int64_t w = w0; w < w1; w++) {
+            for (int64_t item = w; item < n_items; item += n_workers) {
+                const SeqRun& run = batch.runs[item / Hv];
+                const int h = int(item % Hv);
+                float* S = p.ssm_state + run.slot * ssm_slot + int64_t(h) * Dk * Dv;  // [Dk, Dv]
+                const int kh = h / ratio;
+                const float A = std::exp(p.A_log[h]);
+                float q[kMaxDim], k[kMaxDim], u[kMaxDim], o[kMaxDim];
+                for (int i = 0; i < run.n_tokens; i++) {
+                    const int64_t row = run.row + i;
+                    const float* m = mixed + row * C;
+                    for (int d = 0; d < Dk; d++) {
+                        q[d] = m[kh * Dk + d];
+                        k[d] = m[int64_t(Hk) * Dk + kh * Dk + d];
                     }
-                }
-                for (int e = 0; e < Dv; e++) u[e] = (v[e] - u[e]) * beta;
-                // S += k u^T; o = S^T q
-                for (int e = 0; e < Dv; e++) o[e] = 0.0f;
-                for (int d = 0; d < Dk; d++) {
-                    float* Sd = S + int64_t(d) * Dv;
-                    const float kd = k[d], qd = q[d];
-                    for (int e = 0; e < Dv; e++) {
-                        Sd[e] += kd * u[e];
-                        o[e] += Sd[e] * qd;
+                    l2norm(q, Dk);
+                    l2norm(k, Dk);
+                    for (int d = 0; d < Dk; d++) q[d] = q[d] / sqrt_dk;
+                    const float* v = m + 2 * int64_t(Hk) * Dk + int64_t(h) * Dv;
+                    const float beta = sigmoid(b[row * Hv + h]);
+                    const float g = -A * softplus(a[row * Hv + h] + p.dt_bias[h]);
+                    const float decay = std::exp(g);
+                    // S = decay * S; kv_mem = S^T k
+                    for (int e = 0; e < Dv; e++) u[e] = 0.0f;
+                    for (int d = 0; d < Dk; d++) {
+                        float* Sd = S + int64_t(d) * Dv;
+                        const float kd = k[d];
+                        for (int e = 0; e < Dv; e++) {
+                            Sd[e] *= decay;
+                            u[e] += Sd[e] * kd;
+                        }
                     }
+                    for (int e = 0; e < Dv; e++) u[e] = (v[e] - u[e]) * beta;
+                    // S += k u^T; o = S^T q
+                    for (int e = 0; e < Dv; e++) o[e] = 0.0f;
+                    for (int d = 0; d < Dk; d++) {
+                        float* Sd = S + int64_t(d) * Dv;
+                        const float kd = k[d], qd = q[d];
+                        for (int e = 0; e < Dv; e++) {
+                            Sd[e] += kd * u[e];
+                            o[e] += Sd[e] * qd;
+                        }
+                    }
+                    // y = norm_w * RMSNorm(o) * silu(z)
+                    float ss = 0.0f;
+                    for (int e = 0; e < Dv; e++) ss += o[e] * o[e];
+                    const float inv = 1.0f / std::sqrt(ss / float(Dv) + p.eps);
+                    const float* zr = z + row * int64_t(Hv) * Dv + int64_t(h) * Dv;
+                    float* y = out + row * int64_t(Hv) * Dv + int64_t(h) * Dv;
+                    for (int e = 0; e < Dv; e++) y[e] = p.norm_w[e] * (o[e] * inv) * silu(zr[e]);
                 }
-                // y = norm_w * RMSNorm(o) * silu(z)
-                float ss = 0.0f;
-                for (int e = 0; e < Dv; e++) ss += o[e] * o[e];
-                const float inv = 1.0f / std::sqrt(ss / float(Dv) + p.eps);
-                const float* zr = z + row * int64_t(Hv) * Dv + int64_t(h) * Dv;
-                float* y = out + row * int64_t(Hv) * Dv + int64_t(h) * Dv;
-                for (int e = 0; e < Dv; e++) y[e] = p.norm_w[e] * (o[e] * inv) * silu(zr[e]);
             }
         }
-    }
     });
 }
 

@@ -19,8 +19,8 @@ typedef uint32_t v16u __attribute__((vector_size(64)));
 typedef uint16_t v16h __attribute__((vector_size(32)));
 
 constexpr int kLanes = 16;
-constexpr int kRows = 4;    // weight rows per micro-kernel
-constexpr int kTokens = 6;  // activation rows per micro-kernel (4 x 6 accumulators + 4 weights + 1 input)
+constexpr int kRows = 4;         // weight rows per micro-kernel
+constexpr int kTokens = 6;       // activation rows per micro-kernel (4 x 6 accumulators + 4 weights + 1 input)
 constexpr int kTokenChunk = 64;  // activation rows kept hot in cache while a weight panel is swept
 
 inline v16f load_f32(const float* p) {
@@ -50,9 +50,12 @@ inline v16f load_w(const void* base, int64_t idx) {
 
 template <DType W>
 inline float load_w1(const void* base, int64_t idx) {
-    if constexpr (W == DType::F32) return static_cast<const float*>(base)[idx];
-    else if constexpr (W == DType::BF16) return bf16_to_f32(static_cast<const uint16_t*>(base)[idx]);
-    else return f16_to_f32(static_cast<const uint16_t*>(base)[idx]);
+    if constexpr (W == DType::F32)
+        return static_cast<const float*>(base)[idx];
+    else if constexpr (W == DType::BF16)
+        return bf16_to_f32(static_cast<const uint16_t*>(base)[idx]);
+    else
+        return f16_to_f32(static_cast<const uint16_t*>(base)[idx]);
 }
 
 // Sum of the 16 lanes in a fixed pairwise order.
@@ -69,7 +72,7 @@ inline void micro_kernel(const float* x, int64_t ldx, const void* w, int64_t K, 
                          int64_t n0) {
     v16f acc[NR][NT];
     for (int r = 0; r < NR; r++)
-        for (int j = 0; j < NT; j++) acc[r][j] = v16f{} ;
+        for (int j = 0; j < NT; j++) acc[r][j] = v16f{};
     const int64_t K16 = K / kLanes * kLanes;
     for (int64_t k = 0; k < K16; k += kLanes) {
         v16f wv[NR];
@@ -112,19 +115,19 @@ void matmul_typed(const float* x, int64_t T, const Matrix& m, float* y, ThreadPo
     // Parallel over weight-row blocks: each weight row is read by one thread, once per token chunk.
     const int64_t min_blocks = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, T * K));
     pool.parallel_for(n_blocks, min_blocks, [&](int64_t nb0, int64_t nb1, int) {
-    for (int64_t nb = nb0; nb < nb1; nb++) {
-        const int64_t n0 = nb * kRows;
-        const int nr = int(std::min<int64_t>(kRows, N - n0));
-        for (int64_t t0 = 0; t0 < T; t0 += kTokenChunk) {
-            const int64_t t1 = std::min(T, t0 + kTokenChunk);
-            switch (nr) {
-                case 4: row_block<W, 4>(x, t0, t1, m.data, K, y, N, n0); break;
-                case 3: row_block<W, 3>(x, t0, t1, m.data, K, y, N, n0); break;
-                case 2: row_block<W, 2>(x, t0, t1, m.data, K, y, N, n0); break;
-                default: row_block<W, 1>(x, t0, t1, m.data, K, y, N, n0); break;
+        for (int64_t nb = nb0; nb < nb1; nb++) {
+            const int64_t n0 = nb * kRows;
+            const int nr = int(std::min<int64_t>(kRows, N - n0));
+            for (int64_t t0 = 0; t0 < T; t0 += kTokenChunk) {
+                const int64_t t1 = std::min(T, t0 + kTokenChunk);
+                switch (nr) {
+                    case 4: row_block<W, 4>(x, t0, t1, m.data, K, y, N, n0); break;
+                    case 3: row_block<W, 3>(x, t0, t1, m.data, K, y, N, n0); break;
+                    case 2: row_block<W, 2>(x, t0, t1, m.data, K, y, N, n0); break;
+                    default: row_block<W, 1>(x, t0, t1, m.data, K, y, N, n0); break;
+                }
             }
         }
-    }
     });
 }
 

@@ -17,8 +17,8 @@
 namespace hy::cpu {
 
 namespace {
-constexpr int kSpins = 2000;   // busy polls before yielding (a few microseconds)
-constexpr int kYields = 200;   // yields before an idle worker sleeps on the atomic
+constexpr int kSpins = 2000;  // busy polls before yielding (a few microseconds)
+constexpr int kYields = 200;  // yields before an idle worker sleeps on the atomic
 }  // namespace
 
 int ThreadPool::default_threads() {

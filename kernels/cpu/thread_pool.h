@@ -60,12 +60,12 @@ private:
     void* fn_ = nullptr;
     Thunk thunk_ = nullptr;
     int64_t n_ = 0, chunks_ = 0;
-    uint32_t generation_ = 0;            // the caller's count of tasks
+    uint32_t generation_ = 0;  // the caller's count of tasks
     // generation (24 bits) << 40 | chunk count (20 bits) << 20 | next chunk to claim (20 bits): a claim is one
     // compare-exchange, and it can only succeed while its task still has unclaimed chunks.
     std::atomic<uint64_t> claim_{0};
-    std::atomic<int64_t> done_{0};       // chunks finished in the current task
-    std::atomic<uint32_t> wake_{0};      // bumped per task; idle workers sleep on it
+    std::atomic<int64_t> done_{0};   // chunks finished in the current task
+    std::atomic<uint32_t> wake_{0};  // bumped per task; idle workers sleep on it
     std::atomic<bool> stop_{false};
 };
 

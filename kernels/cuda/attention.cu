@@ -142,11 +142,15 @@ __device__ __forceinline__ void unpack_vec(const typename RawVec<kPer>::T& r, fl
     } else if constexpr (kPer == 4) {
         const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&r);
         float2 a = __bfloat1622float2(h[0]), b = __bfloat1622float2(h[1]);
-        f[0] = a.x; f[1] = a.y; f[2] = b.x; f[3] = b.y;
+        f[0] = a.x;
+        f[1] = a.y;
+        f[2] = b.x;
+        f[3] = b.y;
     } else {
         static_assert(kPer == 2, "2, 4 or 8 values per lane");
         float2 a = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(&r));
-        f[0] = a.x; f[1] = a.y;
+        f[0] = a.x;
+        f[1] = a.y;
     }
 }
 // Loads kPer consecutive bf16 values as floats.
@@ -462,8 +466,7 @@ __device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                  : "r"(addr));
 }
-__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2,
-                                              uint32_t& r3) {
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
     asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
                  : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
                  : "r"(addr));
@@ -540,10 +543,10 @@ __global__ void __launch_bounds__(kFlashThreads, flash_min_blocks<D>())
     const int h = blockIdx.x;
     const int Hq = p.n_heads, Hkv = p.n_kv_heads;
     const int kvh = h / (Hq / Hkv);
-    const int row0 = run.row + tile * kFlashRows;                 // batch row of the tile's first query
+    const int row0 = run.row + tile * kFlashRows;                       // batch row of the tile's first query
     const int n_q = min(kFlashRows, run.n_tokens - tile * kFlashRows);  // valid query rows, >= 1
-    const int pos0 = run.pos + tile * kFlashRows;                 // its position
-    const int kv_end = pos0 + n_q;                                // keys [0, kv_end) can be attended
+    const int pos0 = run.pos + tile * kFlashRows;                       // its position
+    const int kv_end = pos0 + n_q;                                      // keys [0, kv_end) can be attended
     const int n_kt = (kv_end + kFlashKeys - 1) / kFlashKeys;
 
     const int64_t kv_row = int64_t(Hkv) * D;  // elements between consecutive positions in the cache
@@ -568,8 +571,7 @@ __global__ void __launch_bounds__(kFlashThreads, flash_min_blocks<D>())
 
     // Prologue: Q and the last key tile.
     flash_load_tile<D>(q_base, q_in + (int64_t(row0) * Hq + h) * D, int64_t(Hq) * D, n_q);
-    flash_load_tile<D>(k_base, kc + int64_t(n_kt - 1) * kFlashKeys * kv_row, kv_row,
-                       kv_end - (n_kt - 1) * kFlashKeys);
+    flash_load_tile<D>(k_base, kc + int64_t(n_kt - 1) * kFlashKeys * kv_row, kv_row, kv_end - (n_kt - 1) * kFlashKeys);
     cp_async_commit();
 
     constexpr float kLog2e = 1.4426950408889634f;
@@ -705,8 +707,8 @@ __global__ void __launch_bounds__(kFlashThreads, flash_min_blocks<D>())
     for (int c = lane; c < n_rows * kChunks; c += 32) {
         const int r = c / kChunks, col = (c % kChunks) * 8;
         const int64_t trow = row0 + wrow0 + r;
-        const uint4 gate = *reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.qg) +
-                                                           (trow * Hq + h) * 2 * D + D + col);
+        const uint4 gate =
+            *reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.qg) + (trow * Hq + h) * 2 * D + D + col);
         float gf[8], of[8];
         unpack8(gate, gf);
         unpack8(*reinterpret_cast<const uint4*>(wq + r * kStride + col), of);
@@ -754,8 +756,8 @@ void run_attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, 
     // Prefill: tensor-core tiles. Tile slots: sum over runs of ceil(n / 64) <= ceil(T / 64) + n_runs - 1.
     const int64_t tile_slots = int64_t(ceil_div(T, kFlashRows)) + std::max(rows.n_runs, 1) - 1;
     // (decode steps of many one-token runs take the per-row kernel below: a 64-row tile would hold one live row)
-    if (T > kAttnSplitMaxRows && rows.n_rows > rows.n_runs && tile_slots <= 65535 && aligned16(q_scratch) && aligned16(a.qg) &&
-        aligned16(a.out) && aligned16(a.k_cache) && aligned16(a.v_cache)) {
+    if (T > kAttnSplitMaxRows && rows.n_rows > rows.n_runs && tile_slots <= 65535 && aligned16(q_scratch) &&
+        aligned16(a.qg) && aligned16(a.out) && aligned16(a.k_cache) && aligned16(a.v_cache)) {
         flash_smem_opt_in<D>();
         cuda::launch(attn_flash_kernel<D>, dim3(unsigned(a.n_heads), unsigned(tile_slots)), dim3(kFlashThreads),
                      flash_smem_bytes<D>(), ctx, "attention flash kernel (prefill)", a, rows,
@@ -771,8 +773,8 @@ void run_attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, 
                      "attention split merge kernel", a, static_cast<const float*>(split_scratch), S);
     } else {
         dim3 core_grid(unsigned(a.n_heads), unsigned(T));
-        cuda::launch(attn_core_kernel<D, false>, core_grid, dim3(kAttnWarps * 32), 0, ctx, "attention core kernel",
-                     a, rows, static_cast<const bf16*>(q_scratch), static_cast<float*>(nullptr));
+        cuda::launch(attn_core_kernel<D, false>, core_grid, dim3(kAttnWarps * 32), 0, ctx, "attention core kernel", a,
+                     rows, static_cast<const bf16*>(q_scratch), static_cast<float*>(nullptr));
     }
 }
 
@@ -782,11 +784,13 @@ size_t attention_split_floats(int max_heads, int max_head_dim) {
     return size_t(kAttnSplitMaxRows) * size_t(max_heads) * size_t(kAttnMaxSplits) * size_t(max_head_dim + 2);
 }
 
-void attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, float* split_scratch, const LaunchContext& ctx) {
+void attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, float* split_scratch,
+               const LaunchContext& ctx) {
     if (rows.n_rows <= 0) return;
     if (a.n_kv_heads <= 0 || a.n_heads % a.n_kv_heads != 0)
-        throw Error(Status::unsupported, "CUDA attention: " + std::to_string(a.n_heads) + " q heads are not a multiple of " +
-                                             std::to_string(a.n_kv_heads) + " kv heads");
+        throw Error(Status::unsupported, "CUDA attention: " + std::to_string(a.n_heads) +
+                                             " q heads are not a multiple of " + std::to_string(a.n_kv_heads) +
+                                             " kv heads");
     if (a.rotary_dim < 0 || a.rotary_dim > a.head_dim || a.rotary_dim % 2 != 0)
         throw Error(Status::unsupported, "CUDA attention: rotary dims " + std::to_string(a.rotary_dim) +
                                              " must be even and at most the head dim");
@@ -797,8 +801,8 @@ void attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, floa
         default: break;
     }
     static_assert(kMaxHeadDim == 256, "largest instantiated head dim");
-    throw Error(Status::unsupported, "CUDA attention: head dim " + std::to_string(a.head_dim) +
-                                         " is not built (64, 128 and 256 are)");
+    throw Error(Status::unsupported,
+                "CUDA attention: head dim " + std::to_string(a.head_dim) + " is not built (64, 128 and 256 are)");
 }
 
 HY_CUDA_TRACE_BINDER(attention)

@@ -74,8 +74,8 @@ void check_device(int device) {
         throw Error(Status::backend, std::string("no usable CUDA GPU (cudaGetDeviceCount: ") +
                                          (e != cudaSuccess ? cudaGetErrorString(e) : "no device found") + ")");
     if (device < 0 || device >= n)
-        throw Error(Status::backend, "CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(n) +
-                                         " present)");
+        throw Error(Status::backend,
+                    "CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(n) + " present)");
     cudaDeviceProp prop{};
     HY_CUDA_CHECK(cudaGetDeviceProperties(&prop, device));
     HY_CUDA_CHECK(cudaSetDevice(device));
@@ -89,9 +89,10 @@ void check_device(int device) {
         cudaGetLastError();  // clear the (non-sticky) error state
         throw Error(Status::backend, std::string("this build of hybrid has no CUDA kernels for ") + prop.name +
                                          " (compute capability " + std::to_string(prop.major) + "." +
-                                         std::to_string(prop.minor) + "); it was built for CMAKE_CUDA_ARCHITECTURES=" +
-                                         HY_CUDA_ARCHITECTURES + ": rebuild with -DCMAKE_CUDA_ARCHITECTURES=" +
-                                         std::to_string(prop.major) + std::to_string(prop.minor));
+                                         std::to_string(prop.minor) +
+                                         "); it was built for CMAKE_CUDA_ARCHITECTURES=" + HY_CUDA_ARCHITECTURES +
+                                         ": rebuild with -DCMAKE_CUDA_ARCHITECTURES=" + std::to_string(prop.major) +
+                                         std::to_string(prop.minor));
     }
 }
 
@@ -99,8 +100,20 @@ void check_device(int device) {
 // Recorded ops are captured into a CUDA graph as they are and replayed.
 struct Op {
     enum class Kind : uint8_t {
-        copy_h2d, embed, rms_norm, matmul, logits, add, silu_mul, attention, gated_delta_net, gather_rows, argmax,
-        gemv_group, gate_up, add_rms_norm,
+        copy_h2d,
+        embed,
+        rms_norm,
+        matmul,
+        logits,
+        add,
+        silu_mul,
+        attention,
+        gated_delta_net,
+        gather_rows,
+        argmax,
+        gemv_group,
+        gate_up,
+        add_rms_norm,
     };
     Kind kind = Kind::copy_h2d;
     const void* x = nullptr;   // main input (copy source, table, norm/matmul input, add addend, silu gate)
@@ -112,9 +125,9 @@ struct Op {
     Matrix m, m2;              // matmul weights (gate_up: gate, up)
     int64_t n = 0;             // rows, or elements (add, silu_mul), or bytes (copy)
     int64_t dim = 0;
-    int64_t n2 = 0;            // argmax: n_valid
+    int64_t n2 = 0;  // argmax: n_valid
     float eps = 0.0f;
-    bool flag = false;         // rms_norm zero_centred
+    bool flag = false;  // rms_norm zero_centred
     cuda::GemvGroup group;
     AttentionArgs attn;
     GatedDeltaNetArgs gdn;
@@ -131,32 +144,77 @@ void sign(const Op& op, std::vector<uint64_t>& sig) {
         sig.push_back(b);
     };
     u(uint64_t(op.kind));
-    p(op.x); p(op.x2); p(op.y); p(op.y2); p(op.y3); p(op.w);
-    p(op.m.data); u(uint64_t(op.m.rows)); u(uint64_t(op.m.cols));
-    p(op.m2.data); u(uint64_t(op.m2.rows)); u(uint64_t(op.m2.cols));
-    u(uint64_t(op.n)); u(uint64_t(op.dim)); u(uint64_t(op.n2)); f(op.eps); u(op.flag);
+    p(op.x);
+    p(op.x2);
+    p(op.y);
+    p(op.y2);
+    p(op.y3);
+    p(op.w);
+    p(op.m.data);
+    u(uint64_t(op.m.rows));
+    u(uint64_t(op.m.cols));
+    p(op.m2.data);
+    u(uint64_t(op.m2.rows));
+    u(uint64_t(op.m2.cols));
+    u(uint64_t(op.n));
+    u(uint64_t(op.dim));
+    u(uint64_t(op.n2));
+    f(op.eps);
+    u(op.flag);
     if (op.kind == Op::Kind::gemv_group) {
         u(uint64_t(op.group.count));
         for (int k = 0; k < op.group.count; k++) {
-            p(op.group.w[k]); p(op.group.y[k]); u(uint64_t(op.group.n[k]));
+            p(op.group.w[k]);
+            p(op.group.y[k]);
+            u(uint64_t(op.group.n[k]));
         }
     }
     if (op.kind == Op::Kind::attention) {
         const AttentionArgs& a = op.attn;
-        p(a.qg); p(a.k); p(a.v); p(a.q_norm); p(a.k_norm); p(a.k_cache); p(a.v_cache); p(a.out);
-        u(uint64_t(a.n_heads)); u(uint64_t(a.n_kv_heads)); u(uint64_t(a.head_dim)); u(uint64_t(a.rotary_dim));
-        u(uint64_t(a.n_ctx)); f(a.rope_theta); f(a.eps);
+        p(a.qg);
+        p(a.k);
+        p(a.v);
+        p(a.q_norm);
+        p(a.k_norm);
+        p(a.k_cache);
+        p(a.v_cache);
+        p(a.out);
+        u(uint64_t(a.n_heads));
+        u(uint64_t(a.n_kv_heads));
+        u(uint64_t(a.head_dim));
+        u(uint64_t(a.rotary_dim));
+        u(uint64_t(a.n_ctx));
+        f(a.rope_theta);
+        f(a.eps);
     }
     if (op.kind == Op::Kind::gated_delta_net) {
         const GatedDeltaNetArgs& g = op.gdn;
-        p(g.qkv); p(g.z); p(g.b); p(g.a); p(g.conv_w); p(g.A_log); p(g.dt_bias); p(g.norm_w); p(g.conv_state);
-        p(g.ssm_state); p(g.out);
-        u(uint64_t(g.n_k_heads)); u(uint64_t(g.n_v_heads)); u(uint64_t(g.k_dim)); u(uint64_t(g.v_dim));
-        u(uint64_t(g.conv_kernel)); f(g.eps);
+        p(g.qkv);
+        p(g.z);
+        p(g.b);
+        p(g.a);
+        p(g.conv_w);
+        p(g.A_log);
+        p(g.dt_bias);
+        p(g.norm_w);
+        p(g.conv_state);
+        p(g.ssm_state);
+        p(g.out);
+        u(uint64_t(g.n_k_heads));
+        u(uint64_t(g.n_v_heads));
+        u(uint64_t(g.k_dim));
+        u(uint64_t(g.v_dim));
+        u(uint64_t(g.conv_kernel));
+        f(g.eps);
     }
     if (op.kind == Op::Kind::attention || op.kind == Op::Kind::gated_delta_net) {
         const cuda::RowMap& r = op.rows;
-        p(r.slot); p(r.pos); p(r.in_run); p(r.runs); u(uint64_t(r.n_rows)); u(uint64_t(r.n_runs));
+        p(r.slot);
+        p(r.pos);
+        p(r.in_run);
+        p(r.runs);
+        u(uint64_t(r.n_rows));
+        u(uint64_t(r.n_runs));
     }
 }
 
@@ -165,8 +223,9 @@ public:
     CudaBackend(int device, const CudaOptions& o) : device_(device), graphs_enabled_(o.graphs) {
 #if !defined(HY_CUDA_TRACE)
         if (!o.trace_file.empty())
-            throw Error(Status::invalid_argument, "a CUDA trace file was asked for, but this build has no tracing "
-                                                  "(configure with -DHY_CUDA_TRACE=ON)");
+            throw Error(Status::invalid_argument,
+                        "a CUDA trace file was asked for, but this build has no tracing "
+                        "(configure with -DHY_CUDA_TRACE=ON)");
 #endif
         check_device(device);
         HY_CUDA_CHECK(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking));
@@ -198,8 +257,7 @@ public:
     ~CudaBackend() override {
         try {
             flush();
-        } catch (const Error&) {
-        }
+        } catch (const Error&) {}
         if (stream_) cudaStreamSynchronize(stream_);
 #if defined(HY_CUDA_TRACE)
         finish_trace();
@@ -231,8 +289,9 @@ public:
             size_t free_b = 0, total_b = 0;
             cudaMemGetInfo(&free_b, &total_b);
             throw Error(Status::out_of_memory, "cannot allocate the model arena of " + std::to_string(bytes >> 20) +
-                                                   " MiB on the GPU (" + std::to_string(free_b >> 20) + " MiB free of " +
-                                                   std::to_string(total_b >> 20) + "): " + cudaGetErrorString(e));
+                                                   " MiB on the GPU (" + std::to_string(free_b >> 20) +
+                                                   " MiB free of " + std::to_string(total_b >> 20) +
+                                                   "): " + cudaGetErrorString(e));
         }
         return p;
     }
@@ -293,7 +352,8 @@ public:
                 cudaMemcpyAsync(b, a, n, cudaMemcpyDeviceToDevice, stream_);
                 cudaEventRecord(e1, stream_);
                 float ms = 0.0f;
-                if (cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess && ms > 0)
+                if (cudaEventSynchronize(e1) == cudaSuccess && cudaEventElapsedTime(&ms, e0, e1) == cudaSuccess &&
+                    ms > 0)
                     best = std::max(best, 2.0 * double(n) / (double(ms) * 1e-3) / 1e9);
             }
         }
@@ -313,8 +373,8 @@ public:
         const size_t hd = size_t(std::max(max_heads, 1)) * size_t(std::max(max_head_dim, 1));
         scratch_a_elems_ = align256(T * 4 * hd * 2) / 2;  // >= Hq * D and >= C = 2 Hk Dk + Hv Dv <= 3 Hv Dv
         split_floats_ = cuda::attention_split_floats(std::max(max_heads, 1), std::max(max_head_dim, 1));
-        return align256(cuda::Gemm::kWorkspaceBytes) + align256(5 * T * 4 + R * sizeof(SeqRun)) +
-               scratch_a_elems_ * 2 + align256(split_floats_ * 4) + align256(cuda::argmax_scratch_floats(int(T)) * 4);
+        return align256(cuda::Gemm::kWorkspaceBytes) + align256(5 * T * 4 + R * sizeof(SeqRun)) + scratch_a_elems_ * 2 +
+               align256(split_floats_ * 4) + align256(cuda::argmax_scratch_floats(int(T)) * 4);
     }
     void set_workspace(void* ws, const BatchLimits& l) override {
         if (scratch_a_elems_ == 0) throw Error(Status::internal, "CUDA backend: set_workspace before workspace_bytes");
@@ -340,14 +400,16 @@ public:
         d_runs_ = reinterpret_cast<SeqRun*>(d_gather_ + T);
         scratch_a_ = reinterpret_cast<bf16*>(d + align256(5 * T * 4 + R * sizeof(SeqRun)));
         split_scratch_ = reinterpret_cast<float*>(scratch_a_ + scratch_a_elems_);
-        argmax_scratch_ = reinterpret_cast<float*>(reinterpret_cast<char*>(split_scratch_) + align256(split_floats_ * 4));
+        argmax_scratch_ =
+            reinterpret_cast<float*>(reinterpret_cast<char*>(split_scratch_) + align256(split_floats_ * 4));
     }
 
     void begin_batch(const BatchDesc& b) override {
         if (!staging_) throw Error(Status::internal, "CUDA backend: begin_batch before set_workspace");
         if (b.n_tokens > limits_.max_tokens || b.n_runs > std::max(limits_.max_runs, 1))
-            throw Error(Status::invalid_argument, "CUDA backend: batch of " + std::to_string(b.n_tokens) + " rows and " +
-                                                      std::to_string(b.n_runs) + " runs exceeds the load-time limits");
+            throw Error(Status::invalid_argument, "CUDA backend: batch of " + std::to_string(b.n_tokens) +
+                                                      " rows and " + std::to_string(b.n_runs) +
+                                                      " runs exceeds the load-time limits");
         flush();
         wait_staging();
         fill_staging(b);
@@ -363,7 +425,8 @@ public:
         // the graph has a single copy node, ahead of every kernel.
         Op c;
         c.kind = Op::Kind::copy_h2d;
-        c.x = staging_; c.y = d_tokens_;
+        c.x = staging_;
+        c.y = d_tokens_;
         c.n = int64_t(5 * size_t(limits_.max_tokens) * 4 + size_t(b.n_runs) * sizeof(SeqRun));
         submit(c);
         if (!recording_) HY_CUDA_CHECK(cudaEventRecord(staging_done_, stream_));
@@ -386,20 +449,32 @@ public:
         require_bf16(table, "embedding table");
         Op op;
         op.kind = Op::Kind::embed;
-        op.m = table; op.y = x; op.n = rows_.n_rows;
+        op.m = table;
+        op.y = x;
+        op.n = rows_.n_rows;
         submit(op);
     }
-    void rms_norm(const void* x, const float* w, int64_t rows, int dim, float eps, bool zero_centred, void* y) override {
+    void rms_norm(const void* x, const float* w, int64_t rows, int dim, float eps, bool zero_centred,
+                  void* y) override {
         Op op;
         op.kind = Op::Kind::rms_norm;
-        op.x = x; op.w = w; op.n = rows; op.dim = dim; op.eps = eps; op.flag = zero_centred; op.y = y;
+        op.x = x;
+        op.w = w;
+        op.n = rows;
+        op.dim = dim;
+        op.eps = eps;
+        op.flag = zero_centred;
+        op.y = y;
         submit(op);
     }
     void matmul(const void* x, int64_t rows, const Matrix& w, void* y) override {
         require_bf16(w, "weight matrix");
         Op op;
         op.kind = Op::Kind::matmul;
-        op.x = x; op.n = rows; op.m = w; op.y = y;
+        op.x = x;
+        op.n = rows;
+        op.m = w;
+        op.y = y;
         submit(op);
     }
     // One add_rms_norm kernel.
@@ -408,7 +483,14 @@ public:
         if (d == x || d == y) throw Error(Status::internal, "CUDA add_rms_norm: the addend aliases x or y");
         Op op;
         op.kind = Op::Kind::add_rms_norm;
-        op.y = x; op.x2 = d; op.w = w; op.n = rows; op.dim = dim; op.eps = eps; op.flag = zero_centred; op.y2 = y;
+        op.y = x;
+        op.x2 = d;
+        op.w = w;
+        op.n = rows;
+        op.dim = dim;
+        op.eps = eps;
+        op.flag = zero_centred;
+        op.y2 = y;
         submit(op);
     }
     // With 1 to 8 rows (cuda::kGemvMaxTokens), consecutive projections that gemv_group_fits (up to GemvGroup::kMax
@@ -435,7 +517,9 @@ public:
                 cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(p[i].w.data), p[i].w.cols, j - i)) {
                 Op op;
                 op.kind = Op::Kind::gemv_group;
-                op.x = x; op.n = rows; op.dim = p[i].w.cols;
+                op.x = x;
+                op.n = rows;
+                op.dim = p[i].w.cols;
                 for (int k = i; k < j; k++) op.group.add(static_cast<const bf16*>(p[k].w.data), p[k].y, p[k].w.rows);
                 submit(op);
                 i = j;
@@ -458,7 +542,13 @@ public:
             cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols)) {
             Op op;
             op.kind = Op::Kind::gate_up;
-            op.x = x; op.m = w_gate; op.m2 = w_up; op.y = gate; op.y2 = up; op.y3 = act; op.n = rows;
+            op.x = x;
+            op.m = w_gate;
+            op.m2 = w_up;
+            op.y = gate;
+            op.y2 = up;
+            op.y3 = act;
+            op.n = rows;
             submit(op);
             return;
         }
@@ -469,33 +559,38 @@ public:
     void add(void* y, const void* x, int64_t n) override {
         Op op;
         op.kind = Op::Kind::add;
-        op.y = y; op.x = x; op.n = n;
+        op.y = y;
+        op.x = x;
+        op.n = n;
         submit(op);
     }
     void silu_mul(const void* gate, const void* up, int64_t n, void* y) override {
         Op op;
         op.kind = Op::Kind::silu_mul;
-        op.x = gate; op.x2 = up; op.n = n; op.y = y;
+        op.x = gate;
+        op.x2 = up;
+        op.n = n;
+        op.y = y;
         submit(op);
     }
     void attention(const AttentionArgs& args) override {
         const size_t need = size_t(rows_.n_rows) * size_t(args.n_heads) * size_t(args.head_dim);
-        if (need > scratch_a_elems_ ||
-            cuda::attention_split_floats(args.n_heads, args.head_dim) > split_floats_)
+        if (need > scratch_a_elems_ || cuda::attention_split_floats(args.n_heads, args.head_dim) > split_floats_)
             throw Error(Status::internal, "CUDA attention: workspace too small");
         Op op;
         op.kind = Op::Kind::attention;
-        op.attn = args; op.rows = rows_;
+        op.attn = args;
+        op.rows = rows_;
         submit(op);
     }
     void gated_delta_net(const GatedDeltaNetArgs& args) override {
         const size_t C = 2 * size_t(args.n_k_heads) * size_t(args.k_dim) + size_t(args.n_v_heads) * size_t(args.v_dim);
         const size_t T = size_t(rows_.n_rows);
-        if (T * C > scratch_a_elems_)
-            throw Error(Status::internal, "CUDA Gated DeltaNet: workspace too small");
+        if (T * C > scratch_a_elems_) throw Error(Status::internal, "CUDA Gated DeltaNet: workspace too small");
         Op op;
         op.kind = Op::Kind::gated_delta_net;
-        op.gdn = args; op.rows = rows_;
+        op.gdn = args;
+        op.rows = rows_;
         submit(op);
     }
     void gather_rows(const void* x, int64_t dim, const int32_t* rows, int n, void* y) override {
@@ -503,7 +598,8 @@ public:
         if (n > limits_.max_tokens) throw Error(Status::invalid_argument, "CUDA gather_rows: too many rows");
         if (x == y) {  // in place: only valid when the rows are already in place
             for (int i = 0; i < n; i++)
-                if (rows[i] != i) throw Error(Status::invalid_argument, "CUDA gather_rows: overlapping in-place gather");
+                if (rows[i] != i)
+                    throw Error(Status::invalid_argument, "CUDA gather_rows: overlapping in-place gather");
             return;
         }
         wait_staging();
@@ -512,20 +608,28 @@ public:
         if (!recording_) {  // (a recorded step's begin_batch copy, run when the graph runs, carries them)
             Op c;
             c.kind = Op::Kind::copy_h2d;
-            c.x = h; c.y = d_gather_; c.n = int64_t(n) * 4;
+            c.x = h;
+            c.y = d_gather_;
+            c.n = int64_t(n) * 4;
             submit(c);
             HY_CUDA_CHECK(cudaEventRecord(staging_done_, stream_));
         }
         Op op;
         op.kind = Op::Kind::gather_rows;
-        op.x = x; op.dim = dim; op.n = n; op.y = y;
+        op.x = x;
+        op.dim = dim;
+        op.n = n;
+        op.y = y;
         submit(op);
     }
     void logits(const void* x, int n, const Matrix& w, float* out) override {
         require_bf16(w, "output matrix");
         Op op;
         op.kind = Op::Kind::logits;
-        op.x = x; op.n = n; op.m = w; op.y = out;
+        op.x = x;
+        op.n = n;
+        op.m = w;
+        op.y = out;
         submit(op);
     }
 
@@ -533,12 +637,16 @@ public:
         if (n > limits_.max_tokens) throw Error(Status::invalid_argument, "CUDA argmax_rows: too many rows");
         Op op;
         op.kind = Op::Kind::argmax;
-        op.x = logits; op.n = n; op.dim = row_len; op.n2 = n_valid; op.y = picks;
+        op.x = logits;
+        op.n = n;
+        op.dim = row_len;
+        op.n2 = n_valid;
+        op.y = picks;
         submit(op);
     }
 
 private:
-    static constexpr int kGraphMaxTokens = 16;     // steps of at most this many rows (or all decode) are graphs
+    static constexpr int kGraphMaxTokens = 16;  // steps of at most this many rows (or all decode) are graphs
     static constexpr size_t kMaxRecordedOps = 4096;
 
     // Runs the op now, or appends it to the recorded step.
@@ -600,8 +708,8 @@ private:
                 HY_CUDA_CHECK(cudaMemcpyAsync(op.y, op.x, size_t(op.n), cudaMemcpyHostToDevice, stream_));
                 return;
             case K::embed:
-                cuda::embed(static_cast<const bf16*>(op.m.data), op.m.cols, d_tokens_, int(op.n), static_cast<bf16*>(op.y),
-                            ctx_);
+                cuda::embed(static_cast<const bf16*>(op.m.data), op.m.cols, d_tokens_, int(op.n),
+                            static_cast<bf16*>(op.y), ctx_);
                 return;
             case K::rms_norm:
                 cuda::rms_norm(static_cast<const bf16*>(op.x), op.w, op.n, int(op.dim), op.eps, op.flag,
@@ -609,25 +717,19 @@ private:
                 return;
             case K::matmul:
             case K::logits:
-                cuda::matmul(*gemm_, static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data), op.m.rows,
-                             op.m.cols, op.y, op.kind == K::logits, ctx_);
+                cuda::matmul(*gemm_, static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data),
+                             op.m.rows, op.m.cols, op.y, op.kind == K::logits, ctx_);
                 return;
-            case K::add:
-                cuda::add(static_cast<bf16*>(op.y), static_cast<const bf16*>(op.x), op.n, ctx_);
-                return;
+            case K::add: cuda::add(static_cast<bf16*>(op.y), static_cast<const bf16*>(op.x), op.n, ctx_); return;
             case K::silu_mul:
                 cuda::silu_mul(static_cast<const bf16*>(op.x), static_cast<const bf16*>(op.x2), op.n,
                                static_cast<bf16*>(op.y), ctx_);
                 return;
-            case K::attention:
-                cuda::attention(op.attn, op.rows, scratch_a_, split_scratch_, ctx_);
-                return;
-            case K::gated_delta_net:
-                cuda::gated_delta_net(op.gdn, op.rows, scratch_a_, ctx_);
-                return;
+            case K::attention: cuda::attention(op.attn, op.rows, scratch_a_, split_scratch_, ctx_); return;
+            case K::gated_delta_net: cuda::gated_delta_net(op.gdn, op.rows, scratch_a_, ctx_); return;
             case K::gather_rows:
-                cuda::gather_rows(static_cast<const bf16*>(op.x), op.dim, d_gather_, int(op.n), static_cast<bf16*>(op.y),
-                                  ctx_);
+                cuda::gather_rows(static_cast<const bf16*>(op.x), op.dim, d_gather_, int(op.n),
+                                  static_cast<bf16*>(op.y), ctx_);
                 return;
             case K::argmax:
                 cuda::argmax_rows(static_cast<const float*>(op.x), int(op.n), int(op.dim), int(op.n2),
@@ -679,10 +781,10 @@ private:
     }
 
 #if defined(HY_CUDA_TRACE)
-    // CudaOptions::trace_file (builds with HY_CUDA_TRACE; timing studies): every kernel's start and ready stamps (cuda_common.cuh) and the host's
-    // list of launches in the order the GPU runs them (eager launches, and each graph's captured list per replay);
-    // written to FILE when the backend is destroyed, one line per kernel: index, description, start and ready in
-    // ns. tools/gpu/trace_summary.py turns it into per-kernel costs.
+    // CudaOptions::trace_file (builds with HY_CUDA_TRACE; timing studies): every kernel's start and ready stamps
+    // (cuda_common.cuh) and the host's list of launches in the order the GPU runs them (eager launches, and each
+    // graph's captured list per replay); written to FILE when the backend is destroyed, one line per kernel: index,
+    // description, start and ready in ns. tools/gpu/trace_summary.py turns it into per-kernel costs.
     void start_trace(const std::string& file) {
         constexpr unsigned kCap = 1u << 21;
         trace_file_ = file;
@@ -705,8 +807,9 @@ private:
         cudaMemcpy(start.data(), trace_.start, n * 8, cudaMemcpyDeviceToHost);
         cudaMemcpy(ready.data(), trace_.ready, n * 8, cudaMemcpyDeviceToHost);
         if (FILE* f = std::fopen(trace_file_.c_str(), "w")) {
-            std::fprintf(f, "# hybrid CUDA trace: %u kernels started, %u passed their wait, %zu launches logged\n"
-                            "# index\tkernel\tblocks\tthreads\tstart_ns\tready_ns\n",
+            std::fprintf(f,
+                         "# hybrid CUDA trace: %u kernels started, %u passed their wait, %zu launches logged\n"
+                         "# index\tkernel\tblocks\tthreads\tstart_ns\tready_ns\n",
                          count[0], count[1], trace_log_.size());
             for (size_t i = 0; i < n; i++) {
                 const cuda::LaunchRecord r = i < trace_log_.size() ? trace_log_[i] : cuda::LaunchRecord{"?", 0, 0};
@@ -726,8 +829,8 @@ private:
 #endif
     static void require_bf16(const Matrix& m, const char* what) {
         if (m.dtype != DType::BF16)
-            throw Error(Status::internal, std::string("CUDA backend: ") + what + " is " + dtype_name(m.dtype) +
-                                              ", expected BF16");
+            throw Error(Status::internal,
+                        std::string("CUDA backend: ") + what + " is " + dtype_name(m.dtype) + ", expected BF16");
     }
 
     int device_ = 0;
@@ -742,7 +845,7 @@ private:
     int32_t *d_tokens_ = nullptr, *d_slot_ = nullptr, *d_pos_ = nullptr, *d_in_run_ = nullptr, *d_gather_ = nullptr;
     SeqRun* d_runs_ = nullptr;
     bf16* scratch_a_ = nullptr;
-    float* split_scratch_ = nullptr;  // attention partials of decode steps split over positions
+    float* split_scratch_ = nullptr;   // attention partials of decode steps split over positions
     float* argmax_scratch_ = nullptr;  // argmax_rows partials
     mutable size_t scratch_a_elems_ = 0, split_floats_ = 0;
     cuda::RowMap rows_{};
@@ -751,7 +854,7 @@ private:
     bool graphs_enabled_ = true;
     bool recording_ = false;
     std::vector<Op> ops_;        // the step being recorded (capacity reserved once)
-    std::vector<uint64_t> sig_;    // the recorded step's signature
+    std::vector<uint64_t> sig_;  // the recorded step's signature
     cuda::GraphCache graphs_;
     // repeat_step(): the graph launched last, if nothing ran on the stream after it, and its step's shape
     cudaGraphExec_t last_graph_ = nullptr;

@@ -32,10 +32,11 @@ inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel)
 // backend is made (from CudaOptions and the device; kernels/backend.h). Every launcher of kernels/cuda takes one.
 struct LaunchContext {
     cudaStream_t stream = nullptr;
-    bool pdl = false;             // launch with programmatic dependent launch (device and code of 9.0+)
-    bool clusters = false;        // thread-block clusters may be used (device and code of 9.0+)
-    bool evict_first = true;      // decode GEMVs load weights with an L2 evict-first policy (matmul.cuh)
-    bool gdn_fused_conv = true;   // decode steps do the Gated DeltaNet conv in the recurrence kernel (gated_delta_net.cuh)
+    bool pdl = false;         // launch with programmatic dependent launch (device and code of 9.0+)
+    bool clusters = false;    // thread-block clusters may be used (device and code of 9.0+)
+    bool evict_first = true;  // decode GEMVs load weights with an L2 evict-first policy (matmul.cuh)
+    bool gdn_fused_conv =
+        true;  // decode steps do the Gated DeltaNet conv in the recurrence kernel (gated_delta_net.cuh)
 };
 
 // Per batch row, on the device (filled by the backend's begin_batch from the host runs).
@@ -122,8 +123,8 @@ struct TraceBuf {
 // One copy per translation unit (CUDA without relocatable device code); each kernel file binds its own with
 // HY_CUDA_TRACE_BINDER, and the backend binds them all (trace_bind_all).
 static __constant__ TraceBuf g_trace;
-#define HY_CUDA_TRACE_BINDER(name)                                                         \
-    void trace_bind_##name(const TraceBuf& t) {                                            \
+#define HY_CUDA_TRACE_BINDER(name)                                                                \
+    void trace_bind_##name(const TraceBuf& t) {                                                   \
         check(cudaMemcpyToSymbol(g_trace, &t, sizeof t), "cudaMemcpyToSymbol(trace, " #name ")"); \
     }
 void trace_bind_all(const TraceBuf& t);

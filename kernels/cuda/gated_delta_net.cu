@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(kConvThreads)
 #pragma unroll
         for (int v = 0; v < VEC; v++) acc[v] = 0.0f;
         const bool use_pre = pre_state && t == int64_t(blockIdx.y);
-        auto input = [&](int j, float (&in)[VEC]) {  // tap j's input
+        auto input = [&](int j, float(&in)[VEC]) {  // tap j's input
             const int src = i - (K - 1) + j;
             load_channels<VEC>(src >= 0 ? qkv + (t - i + src) * C + c : st + int64_t(K - 1 + src) * C, in);
         };
@@ -518,9 +518,9 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
 // Registers: ~205 per thread at Dk = 128 (state 32, k/q of two tokens 64, the next chunk's raw values 37).
 template <int DK>
 struct PrefillStage {
-    static constexpr int VL = DK / 8;                                  // lanes per q/k vector
-    static constexpr int kVecPerPass = kPrefillThreads / VL;           // vectors normalized per pass
-    static constexpr int kPasses = 2 * kChunk / kVecPerPass;           // q and k of kChunk tokens
+    static constexpr int VL = DK / 8;                         // lanes per q/k vector
+    static constexpr int kVecPerPass = kPrefillThreads / VL;  // vectors normalized per pass
+    static constexpr int kPasses = 2 * kChunk / kVecPerPass;  // q and k of kChunk tokens
     static_assert(kPasses * kVecPerPass == 2 * kChunk, "chunk must fill whole passes");
     static_assert(kChunk * kPrefillCols / 8 == kPrefillThreads, "one 16-byte v load per thread");
     uint2 qk[kPasses][2];  // raw q/k of the chunk (see load_qk_raw)
@@ -566,8 +566,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
             const int vi = r * Stage::kVecPerPass + tid / VL, t = vi >> 1, which = vi & 1;
             st.qk[r][0] = st.qk[r][1] = make_uint2(0u, 0u);
             if (t < n)
-                load_qk_raw<DK>(mixed + (int64_t(run.row) + i0 + t) * C + int64_t(which) * Hk * DK +
-                                    int64_t(kh) * DK,
+                load_qk_raw<DK>(mixed + (int64_t(run.row) + i0 + t) * C + int64_t(which) * Hk * DK + int64_t(kh) * DK,
                                 li, st.qk[r]);
         }
         const int tv = tid >> 2;
@@ -644,7 +643,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
         // Column b finishes token t, column a does token t + 1 (needs t + 2 < n). On entry kc, qc = k_t, q_t,
         // kn = k_{t+1}, km_b of t, km_a of t + 1, oa of t; on exit kn, qn = k_{t+1}, q_{t+1}, kc = k_{t+2}, so
         // the next call swaps the roles (the loop is unrolled by two to avoid register copies).
-        auto step = [&](int t, float4 (&kc)[J], float4 (&qc)[J], float4 (&kn)[J], float4 (&qn)[J]) {
+        auto step = [&](int t, float4(&kc)[J], float4(&qc)[J], float4(&kn)[J], float4(&qn)[J]) {
             const float ob = update_and_o<J>(sb, kc, qc, u_of(t, 1, km_b));
             km_b = decay_and_km<J>(sb, kn, sgate[t + 1].y);
             write_o(oa, ob);
@@ -654,7 +653,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
             km_a = decay_and_km<J>(sa, kc, sgate[t + 2].y);
         };
         // The chunk's last two tokens t = n - 2, n - 1 (same entry state as step).
-        auto finish = [&](int t, float4 (&kc)[J], float4 (&qc)[J], float4 (&kn)[J], float4 (&qn)[J]) {
+        auto finish = [&](int t, float4(&kc)[J], float4(&qc)[J], float4(&kn)[J], float4(&qn)[J]) {
             const float ob = update_and_o<J>(sb, kc, qc, u_of(t, 1, km_b));
             km_b = decay_and_km<J>(sb, kn, sgate[t + 1].y);
             write_o(oa, ob);
@@ -680,8 +679,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
 // Gated RMSNorm in place over o [T, Hv, Dv] (bf16, from prefill_kernel): one warp per (row, head), lane l handles
 // columns l + 32 i (the order of head_inv_rms). y = norm_w * RMSNorm(o) * silu(z).
 __global__ void __launch_bounds__(kNormWarps * 32)
-    gated_norm_kernel(const bf16* __restrict__ z, const float* __restrict__ norm_w, int64_t n_items, int Dv,
-                      float eps, bf16* out) {
+    gated_norm_kernel(const bf16* __restrict__ z, const float* __restrict__ norm_w, int64_t n_items, int Dv, float eps,
+                      bf16* out) {
     pdl_trigger();
     const int lane = threadIdx.x & 31;
     float w[kMaxValueDim / 32];
@@ -702,8 +701,8 @@ __global__ void __launch_bounds__(kNormWarps * 32)
 }
 
 template <int DK>
-void launch_recurrence(const GatedDeltaNetArgs& a, const RowMap& rows, const bf16* mixed, bool decode,
-                       bool fused_conv, const LaunchContext& s) {
+void launch_recurrence(const GatedDeltaNetArgs& a, const RowMap& rows, const bf16* mixed, bool decode, bool fused_conv,
+                       const LaunchContext& s) {
     if (decode) {
         const dim3 grid(unsigned(a.n_v_heads), unsigned(rows.n_runs)), block(unsigned(2 * a.v_dim));
         if (fused_conv)
@@ -714,8 +713,7 @@ void launch_recurrence(const GatedDeltaNetArgs& a, const RowMap& rows, const bf1
                    "Gated DeltaNet decode kernel (recurrence + gated RMSNorm)", a, rows, mixed);
         return;
     }
-    launch(prefill_kernel<DK>,
-           dim3(unsigned(a.v_dim / kPrefillCols), unsigned(a.n_v_heads), unsigned(rows.n_runs)),
+    launch(prefill_kernel<DK>, dim3(unsigned(a.v_dim / kPrefillCols), unsigned(a.n_v_heads), unsigned(rows.n_runs)),
            dim3(kPrefillThreads), 0, s, "Gated DeltaNet prefill recurrence kernel", a, rows, mixed);
     const int64_t n_items = int64_t(rows.n_rows) * a.n_v_heads;
     launch(gated_norm_kernel, dim3(ceil_div(n_items, kNormWarps)), dim3(kNormWarps * 32), 0, s,
@@ -729,7 +727,8 @@ void gated_delta_net(const GatedDeltaNetArgs& a, const RowMap& rows, bf16* mixed
     if (rows.n_rows <= 0) return;
     const int K = a.conv_kernel;
     if (K < 1 || K > kMaxConvKernel)
-        throw Error(Status::unsupported, "CUDA Gated DeltaNet: conv kernel " + std::to_string(K) + " (1 to 16 supported)");
+        throw Error(Status::unsupported,
+                    "CUDA Gated DeltaNet: conv kernel " + std::to_string(K) + " (1 to 16 supported)");
     if (a.n_k_heads <= 0 || a.n_v_heads % a.n_k_heads != 0)
         throw Error(Status::unsupported, "CUDA Gated DeltaNet: value heads must be a multiple of key heads");
     if (a.v_dim <= 0 || a.v_dim % 32 != 0 || a.v_dim > kMaxValueDim)
@@ -756,8 +755,8 @@ void gated_delta_net(const GatedDeltaNetArgs& a, const RowMap& rows, bf16* mixed
     // decode: the conv inside the recurrence kernel where it can be (see decode_kernel)
     const int ratio = a.n_v_heads / a.n_k_heads;
     const bool fused_conv = one_token_runs && rows.n_runs <= kFusedConvMaxRuns && ctx.gdn_fused_conv &&
-                            K == kFusedConvTaps &&
-                            ratio <= kMaxClusterHeads && 2 * a.k_dim + a.v_dim <= kFusedConvPer * 2 * a.v_dim &&
+                            K == kFusedConvTaps && ratio <= kMaxClusterHeads &&
+                            2 * a.k_dim + a.v_dim <= kFusedConvPer * 2 * a.v_dim &&
                             (reinterpret_cast<uintptr_t>(a.conv_w) & 15u) == 0 &&  // (4 taps as one float4)
                             (ratio == 1 || ctx.clusters);
     if (!fused_conv) {

@@ -21,5 +21,4 @@ namespace hy::cuda {
 // heads need ctx.clusters).
 void gated_delta_net(const GatedDeltaNetArgs& args, const RowMap& rows, bf16* mixed_scratch, const LaunchContext& ctx);
 
-
 }  // namespace hy::cuda

@@ -16,10 +16,13 @@ void check_lt(cublasStatus_t s, const char* what) {
 template <typename OutT>
 __device__ __forceinline__ OutT store_as(float v);
 template <>
-__device__ __forceinline__ float store_as<float>(float v) { return v; }
+__device__ __forceinline__ float store_as<float>(float v) {
+    return v;
+}
 template <>
-__device__ __forceinline__ bf16 store_as<bf16>(float v) { return to_bf16(v); }
-
+__device__ __forceinline__ bf16 store_as<bf16>(float v) {
+    return to_bf16(v);
+}
 
 // The L2 policy of weight loads: evict-first, or normal.
 __device__ __forceinline__ uint64_t weight_policy(bool evict_first) {
@@ -122,7 +125,8 @@ __device__ __forceinline__ GroupMember group_member(const GemvGroup& g) {
     GroupMember m{g.w[0], g.y[0], g.n[0], 0};
 #pragma unroll
     for (int j = 1; j < GemvGroup::kMax; j++)
-        if (j < g.count && int(blockIdx.x) >= g.block_end[j - 1]) m = GroupMember{g.w[j], g.y[j], g.n[j], g.block_end[j - 1]};
+        if (j < g.count && int(blockIdx.x) >= g.block_end[j - 1])
+            m = GroupMember{g.w[j], g.y[j], g.n[j], g.block_end[j - 1]};
     return m;
 }
 
@@ -197,7 +201,8 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     const bool valid[2] = {v, v};
     const bf16* const w_row[2] = {wg + int64_t(v ? n : 0) * K, wu + int64_t(v ? n : 0) * K};
     float acc[2][NT];  // gate, up
-    rows_dot<NT, kPer, 2>(w_row, valid, x, K, lane + 32 * (warp % kSplit), 32 * kSplit, acc, weight_policy(evict_first));
+    rows_dot<NT, kPer, 2>(w_row, valid, x, K, lane + 32 * (warp % kSplit), 32 * kSplit, acc,
+                          weight_policy(evict_first));
     if (!reduce_parts<2 * NT, kSplit>(&acc[0][0], part) || !v || lane != 0) return;
     const float* ag = acc[0];
     const float* au = acc[1];
@@ -216,8 +221,8 @@ void gemv_launch(const bf16* x, GemvGroup g, int64_t K, const LaunchContext& ctx
     constexpr int kWarps = gemv_block_warps<kSplit>(), kRows = kWarps / kSplit;
     for (int i = 0; i < g.count; i++) g.block_end[i] = (i ? g.block_end[i - 1] : 0) + (g.n[i] + kRows - 1) / kRows;
     g.evict_first = ctx.evict_first;
-    launch(gemv_kernel<NT, OutT, kSplit, kPer>, unsigned(g.block_end[g.count - 1]), kWarps * 32, 0, ctx,
-           "gemv kernel", x, g, int(K));
+    launch(gemv_kernel<NT, OutT, kSplit, kPer>, unsigned(g.block_end[g.count - 1]), kWarps * 32, 0, ctx, "gemv kernel",
+           x, g, int(K));
 }
 
 template <int NT, typename OutT>
@@ -225,8 +230,8 @@ void gemv_shape(const bf16* x, const GemvGroup& g, int64_t K, GemvConfig c, cons
     if (c.split == 2 && c.per == 8) return gemv_launch<NT, OutT, 2, 8>(x, g, K, ctx);
     if (c.split == 4 && c.per == 8) return gemv_launch<NT, OutT, 4, 8>(x, g, K, ctx);
     if (c.split == 8 && c.per == 8) return gemv_launch<NT, OutT, 8, 8>(x, g, K, ctx);
-    throw Error(Status::internal, "gemv: no kernel for split " + std::to_string(c.split) + ", " + std::to_string(c.per) +
-                                      " words per lane");
+    throw Error(Status::internal, "gemv: no kernel for split " + std::to_string(c.split) + ", " +
+                                      std::to_string(c.per) + " words per lane");
 }
 
 template <typename OutT>
@@ -339,8 +344,8 @@ template <typename OutT>
 void gemv_mma(const bf16* x, int64_t T, GemvGroup g, int64_t K, const LaunchContext& ctx) {
     for (int i = 0; i < g.count; i++) g.block_end[i] = (i ? g.block_end[i - 1] : 0) + (g.n[i] + 15) / 16;
     g.evict_first = ctx.evict_first;
-    launch(gemv_mma_kernel<OutT>, unsigned(g.block_end[g.count - 1]), kMmaParts * 32, 0, ctx,
-           "tensor-core gemv kernel", x, int(T), g, int(K));
+    launch(gemv_mma_kernel<OutT>, unsigned(g.block_end[g.count - 1]), kMmaParts * 32, 0, ctx, "tensor-core gemv kernel",
+           x, int(T), g, int(K));
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -379,10 +384,8 @@ void matmul_scalar(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K
 static_assert(kGemvBlockMaxTokens == 2, "gemv_rows and gemv_gate_up instantiate 1 and 2 rows");
 static_assert(kGemvMaxTokens == 8, "the tensor-core GEMV takes up to 8 rows (mma n = 8)");
 
-
 bool gemv_fits(const bf16* x, int64_t T, const bf16* w, int64_t K) {
-    return T >= 1 && T <= kGemvBlockMaxTokens && K % 8 == 0 && K <= (int64_t(1) << 30) && aligned16(x) &&
-           aligned16(w);
+    return T >= 1 && T <= kGemvBlockMaxTokens && K % 8 == 0 && K <= (int64_t(1) << 30) && aligned16(x) && aligned16(w);
 }
 
 // 3 to 8 rows: only groups of 3 or 4 matrices (hybrid-kernel-bench, 8 rows: the 4B q/k/v group 2.6 TB/s and the
@@ -405,7 +408,8 @@ GemvConfig gemv_config(int64_t K) {
     return {8, 8};
 }
 
-void gemv(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32, const LaunchContext& ctx) {
+void gemv(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
+          const LaunchContext& ctx) {
     GemvGroup g;
     g.add(w, y, N);
     gemv_group(x, T, g, K, out_f32, ctx);
@@ -471,7 +475,10 @@ Gemm::Plan& Gemm::plan(int64_t T, int64_t N, int64_t K, bool out_f32) {
     for (Plan& p : plans_)
         if (p.T == T && p.N == N && p.K == K && p.out_f32 == out_f32) return p;
     Plan p;
-    p.T = T; p.N = N; p.K = K; p.out_f32 = out_f32;
+    p.T = T;
+    p.N = N;
+    p.K = K;
+    p.out_f32 = out_f32;
     try {
         check_lt(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, uint64_t(K), uint64_t(N), K), "layout A");
         check_lt(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, uint64_t(K), uint64_t(T), K), "layout B");

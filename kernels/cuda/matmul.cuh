@@ -83,7 +83,8 @@ void gemv_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int6
 
 // The GEMV path alone (T <= kGemvBlockMaxTokens, K % 8 == 0, 16-byte aligned x and w rows); gemv_group also takes
 // 3 to 8 rows with K % 32 == 0 (tensor cores).
-void gemv(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32, const LaunchContext& ctx);
+void gemv(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
+          const LaunchContext& ctx);
 // True when gemv() can take this shape and these pointers (T <= kGemvBlockMaxTokens).
 bool gemv_fits(const bf16* x, int64_t T, const bf16* w, int64_t K);
 // True when a group of `count` such matrices over x may go to gemv_group (count 1: a member that could join a

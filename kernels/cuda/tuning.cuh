@@ -20,14 +20,14 @@ constexpr int kArchMin = kArchAmpere;
 #endif
 
 // Launch shapes shared by host and device code.
-constexpr int kGemvWarps = 4;           // warps per CUDA-core GEMV block (more when a row takes more warps)
-constexpr int kGemvMaxTokens = 8;       // rows up to which a GEMV may be used; more always go to cuBLASLt
+constexpr int kGemvWarps = 4;      // warps per CUDA-core GEMV block (more when a row takes more warps)
+constexpr int kGemvMaxTokens = 8;  // rows up to which a GEMV may be used; more always go to cuBLASLt
 // Rows up to which a GEMV is the CUDA-core kernel (then the tensor-core group GEMV or cuBLASLt): with 3 or 4 rows
 // the CUDA-core kernel is bound by reading x from L1 (H200, 4B shapes: decode b=4 924 tok/s against 1,169 on the
 // tensor-core/cuBLASLt path, b=3 836 against 893; b=2 650 with it, 605 without; docs/perf-notes.md, fourth session).
 constexpr int kGemvBlockMaxTokens = 2;
-constexpr int kNormThreads = 256;       // threads per row of RMSNorm
-constexpr int kAttnWarps = 4;           // warps per (row, q head) in the attention core
+constexpr int kNormThreads = 256;  // threads per row of RMSNorm
+constexpr int kAttnWarps = 4;      // warps per (row, q head) in the attention core
 constexpr int kElementwiseThreads = 256;
 // Attention over the KV cache for steps of at most kAttnSplitMaxRows rows (decode) is split over the positions
 // (flash-decoding): min(ceil(n_ctx / kAttnSplitKeys), kAttnMaxSplits) blocks per (row, head), fixed when a step's
