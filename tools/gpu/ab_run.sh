@@ -33,6 +33,12 @@ if want tests; then
         step "compare_tiny_$(basename $bin)" 60 $bin/hybrid-compare -m models/tiny --device cuda --near-tie 0.05
         grep -E "SUMMARY" "$LOG" | tail -1 >>"$SUM"
     done
+    for flag in --no-cuda-graphs --no-pdl; do  # (the new binaries' flags; the same kernels, so the same results)
+        step "compare_tiny_bn_$flag" 60 $N/hybrid-compare -m models/tiny --device cuda --near-tie 0.05 $flag
+        grep -E "SUMMARY" "$LOG" | tail -1 >>"$SUM"
+    done
+    step cli_tiny 60 $N/hybrid -m models/tiny --device cuda -p 'def fibonacci(n):\n    ' -n 32 --temp 0 --verbose
+    tail -6 "$LOG" >>"$SUM"
 fi
 M=/tmp/q4b
 if want bench; then
