@@ -94,6 +94,25 @@ struct GatedDeltaNetArgs {
     float eps = 0.0f;  // of the gated RMSNorm
 };
 
+// The model shapes a backend's scratch depends on (Backend::workspace_bytes).
+struct WorkspaceShape {
+    int max_heads = 0;         // the most heads of a mixer (attention query heads, Gated DeltaNet value heads)
+    int max_head_dim = 0;      // the largest head dim
+    int hidden = 0;            // H
+    int n_experts = 0;         // E (0: no MoE layer)
+    int moe_intermediate = 0;  // I of a routed expert
+};
+
+// The routed experts of one MoE layer, stacked in the arena whatever the checkpoint's layout (fused 3-D tensors or
+// one tensor per expert): expert e's SwiGLU is gate = rows [e*2I, e*2I + I) of gate_up, up = rows [e*2I + I,
+// (e+1)*2I), down = rows [e*H, (e+1)*H) of down.
+struct MoeExperts {
+    Matrix gate_up;  // [E * 2I, H]
+    Matrix down;     // [E * H, I]
+    int n_experts = 0;     // E
+    int intermediate = 0;  // I
+};
+
 // One projection of a group over a shared input (Backend::matmul_group): y[rows, w.rows] = x[rows, w.cols] @ w^T.
 struct Projection {
     Matrix w;
@@ -138,7 +157,7 @@ public:
     virtual void download(void* dst, const void* src, size_t bytes) = 0;  // arena -> host (synchronizes)
     virtual void fill_zero(void* dst, size_t bytes) = 0;
     // Bytes of private scratch the backend needs for these limits; handed over once with set_workspace().
-    virtual size_t workspace_bytes(const BatchLimits& limits, int max_heads, int max_head_dim) const = 0;
+    virtual size_t workspace_bytes(const BatchLimits& limits, const WorkspaceShape& shape) const = 0;
     virtual void set_workspace(void* ws, const BatchLimits& limits) = 0;
     virtual void synchronize() = 0;
     // Measured copy bandwidth of this device in GB/s (bytes read + bytes written per second, large buffers),
@@ -182,6 +201,19 @@ public:
     // Same results as matmul, matmul, silu_mul; the CUDA backend runs it as one GEMV kernel for 1-2 rows.
     virtual void gate_up_silu(const void* x, int64_t rows, const Matrix& w_gate, const Matrix& w_up, void* gate,
                               void* up, void* act) = 0;
+    // The MoE router (docs/QWEN35.md "Mixture-of-experts members"): p = softmax(x @ router^T) in fp32 over the E
+    // experts (router [E, H]); ids[t, 0..k) = the k most probable experts of row t, most probable first, ties to the
+    // lower id (as torch.topk); weights[t, j] = p[t, ids[t, j]], divided by their sum when `normalize`. weights F32
+    // [rows, k] and ids I32 [rows, k] are arena buffers; 1 <= k <= E.
+    virtual void moe_route(const void* x, int64_t rows, const Matrix& router, int k, bool normalize, float* weights,
+                           int32_t* ids) = 0;
+    // The routed experts' output: y[t] = sum over j of weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)),
+    // e = ids[t, j], added in increasing e (the order transformers accumulates them in). x, y act [rows, H].
+    virtual void moe_experts(const void* x, int64_t rows, const MoeExperts& experts, const float* weights,
+                             const int32_t* ids, int k, void* y) = 0;
+    // The shared expert's gated contribution: y[t] += sigmoid(x_t . gate) * s[t] (gate [1, H]; y, s, x act
+    // [rows, H]; y must not alias s or x).
+    virtual void add_sigmoid_gated(void* y, const void* s, const void* x, const Matrix& gate, int64_t rows) = 0;
     // y[n] += x[n].
     virtual void add(void* y, const void* x, int64_t n) = 0;
     // y[n] = silu(gate[n]) * up[n] (the MLP activation; n = rows * F).

@@ -20,6 +20,12 @@ int ModelConfig::n_attention_layers() const {
 
 int ModelConfig::n_gdn_layers() const { return n_layers - n_attention_layers(); }
 
+bool ModelConfig::has_dense_mlp() const {
+    for (uint8_t m : layer_is_moe)
+        if (!m) return true;
+    return false;
+}
+
 namespace {
 
 struct Reader {
@@ -83,24 +89,60 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
     c.model_type = root["model_type"].get<std::string>();
     const json* tj = &root;
     const char* scope = "";
-    if (c.model_type == "qwen3_5") {
+    const std::string& mt = c.model_type;
+    const bool moe = mt == "qwen3_5_moe" || mt == "qwen3_5_moe_text" || mt == "qwen3_next";
+    if (mt == "qwen3_5" || mt == "qwen3_5_moe") {
         if (!root.contains("text_config") || !root["text_config"].is_object())
-            throw Error(Status::format, source + ": model_type qwen3_5 needs an object field 'text_config'");
+            throw Error(Status::format, source + ": model_type " + mt + " needs an object field 'text_config'");
         tj = &root["text_config"];
         scope = "text_config.";
         c.tensor_prefix = "model.language_model.";
-    } else if (c.model_type == "qwen3_5_text") {
+    } else if (mt == "qwen3_5_text" || mt == "qwen3_5_moe_text" || mt == "qwen3_next") {
         c.tensor_prefix = "model.";
     } else {
-        throw Error(Status::unsupported,
-                    source + ": unsupported model_type '" + c.model_type + "' (supported: qwen3_5_text, qwen3_5)");
+        throw Error(Status::unsupported, source + ": unsupported model_type '" + mt +
+                                             "' (supported: qwen3_5_text, qwen3_5, qwen3_5_moe_text, qwen3_5_moe, "
+                                             "qwen3_next)");
     }
     Reader r{*tj, source, scope};
 
     c.vocab_size = r.get_int("vocab_size", 1);
     c.hidden_size = r.get_int("hidden_size", 1);
-    c.intermediate_size = r.get_int("intermediate_size", 1);
     c.n_layers = r.get_int("num_hidden_layers", 1);
+    c.layer_is_moe.assign(size_t(c.n_layers), 0);
+    if (moe) {
+        c.n_experts = r.get_int("num_experts", 1);
+        c.n_experts_per_tok = r.get_int("num_experts_per_tok", 1);
+        if (c.n_experts_per_tok > c.n_experts)
+            r.fail("num_experts_per_tok", "is " + std::to_string(c.n_experts_per_tok) + ", more than num_experts " +
+                                              std::to_string(c.n_experts));
+        c.moe_intermediate_size = r.get_int("moe_intermediate_size", 1);
+        c.shared_expert_intermediate_size = r.get_int_or("shared_expert_intermediate_size", 0, 0);
+        c.layer_is_moe.assign(size_t(c.n_layers), 1);
+        if (mt == "qwen3_next") {  // (Qwen3-Next's own fields, with its defaults)
+            c.gdn_fused_in_proj = true;
+            if (r.has("norm_topk_prob")) {
+                if (!tj->at("norm_topk_prob").is_boolean()) r.fail("norm_topk_prob", "must be true or false");
+                c.norm_topk_prob = tj->at("norm_topk_prob").get<bool>();
+            }
+            const int step = r.get_int_or("decoder_sparse_step", 1, 1);
+            std::vector<uint8_t> dense_only(size_t(c.n_layers), 0);
+            if (r.has("mlp_only_layers")) {
+                const json& ml = tj->at("mlp_only_layers");
+                if (!ml.is_array()) r.fail("mlp_only_layers", "must be a list of layer indices");
+                for (const json& v : ml) {
+                    if (!v.is_number_integer() || v.get<long long>() < 0 || v.get<long long>() >= c.n_layers)
+                        r.fail("mlp_only_layers", "holds " + v.dump() + ", not a layer index in [0, " +
+                                                      std::to_string(c.n_layers) + ")");
+                    dense_only[size_t(v.get<long long>())] = 1;
+                }
+            }
+            for (int i = 0; i < c.n_layers; i++) c.layer_is_moe[size_t(i)] = !dense_only[size_t(i)] && (i + 1) % step == 0;
+        }
+    }
+    // the dense MLP's width: needed by dense models and by the dense layers of a Qwen3-Next model
+    if (!moe || c.has_dense_mlp())
+        c.intermediate_size = r.get_int("intermediate_size", 1);
     c.n_heads = r.get_int("num_attention_heads", 1);
     c.n_kv_heads = r.get_int_or("num_key_value_heads", c.n_heads, 1);
     c.head_dim = r.get_int_or("head_dim", c.hidden_size / c.n_heads, 1);
@@ -123,7 +165,7 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
     }
 
     // RoPE: rope_parameters (or legacy rope_scaling-free top-level fields).
-    float theta = 10000.0f, partial = 1.0f;
+    float theta = 10000.0f, partial = mt == "qwen3_next" ? 0.25f : 1.0f;  // (Qwen3-Next's default)
     const json* rp = nullptr;
     if (r.has("rope_parameters")) {
         if (!tj->at("rope_parameters").is_object()) r.fail("rope_parameters", "must be an object");

@@ -4,6 +4,12 @@
 //   text-only:   flat fields, model_type "qwen3_5_text", architectures ["Qwen3_5ForCausalLM"], tensors under "model."
 //   multimodal:  model_type "qwen3_5", the text fields under "text_config" (tie_word_embeddings may sit at the top
 //                level), tensors under "model.language_model."
+// and the mixture-of-experts members (docs/QWEN35.md "Mixture-of-experts members"):
+//   Qwen3.5-MoE: model_type "qwen3_5_moe_text" (tensors under "model.") or "qwen3_5_moe" (text_config,
+//                "model.language_model."): a sparse MoE block in every layer
+//   Qwen3-Next:  model_type "qwen3_next" ("model."): sparse layers chosen by decoder_sparse_step and mlp_only_layers,
+//                top-k weights renormalised only with norm_topk_prob, Gated DeltaNet input projections stored fused
+//                (in_proj_qkvz, in_proj_ba; the loader reorders them into the separate matrices)
 // Layer kinds come from layer_types, or, when absent, layer i is full attention iff (i+1) % full_attention_interval
 // == 0 (default 4). RoPE fields come from rope_parameters or, in older files, the top level.
 #pragma once
@@ -19,12 +25,12 @@ namespace hy {
 enum class LayerKind : uint8_t { gated_delta_net, full_attention };
 
 struct ModelConfig {
-    std::string model_type;     // "qwen3_5_text" or "qwen3_5"
+    std::string model_type;     // "qwen3_5_text", "qwen3_5", "qwen3_5_moe_text", "qwen3_5_moe" or "qwen3_next"
     std::string tensor_prefix;  // "model." or "model.language_model."
 
     int vocab_size = 0;         // rows of embed_tokens (may exceed the tokenizer's ids)
     int hidden_size = 0;        // H
-    int intermediate_size = 0;  // MLP width F
+    int intermediate_size = 0;  // dense MLP width F (0 when every layer is sparse)
     int n_layers = 0;           // L
     float rms_norm_eps = 1e-6f;
     bool tie_word_embeddings = false;
@@ -44,11 +50,22 @@ struct ModelConfig {
     int gdn_k_dim = 0;    // Dk
     int gdn_v_dim = 0;    // Dv
     int conv_kernel = 0;  // K
+    bool gdn_fused_in_proj = false;  // Qwen3-Next: in_proj_qkvz and in_proj_ba, interleaved per key-head group
+
+    // Mixture of experts (n_experts == 0: a dense model)
+    int n_experts = 0;                        // E
+    int n_experts_per_tok = 0;                // k (1 <= k <= E)
+    int moe_intermediate_size = 0;            // I, each routed expert's SwiGLU width
+    int shared_expert_intermediate_size = 0;  // the shared expert's width (0: none)
+    bool norm_topk_prob = true;               // renormalise the k routing weights to sum 1
+    std::vector<uint8_t> layer_is_moe;        // [L] 1: sparse MoE block, 0: dense MLP
 
     std::vector<int> eos_token_ids;   // from config.json (int or list); may be empty
     int max_position_embeddings = 0;  // positions the model was trained for (0 when the config does not say)
 
     int gdn_conv_channels() const { return 2 * gdn_k_heads * gdn_k_dim + gdn_v_heads * gdn_v_dim; }  // C
+    bool has_moe() const { return n_experts > 0; }
+    bool has_dense_mlp() const;  // some layer has a dense MLP
     int n_attention_layers() const;
     int n_gdn_layers() const;
 };

@@ -100,6 +100,8 @@ struct Checkpoint {
         }
     }
 
+    bool has(const std::string& name) const { return tensors.count(name) > 0; }
+
     const hyst_tensor& get(const std::string& name, const std::vector<int64_t>& shape) const {
         auto it = tensors.find(name);
         if (it == tensors.end())
@@ -123,9 +125,15 @@ struct ModelLoader {
     Backend& be;
     size_t offset = 0;
 
-    struct MatrixJob {
-        Matrix* dst;
+    // A tensor (all of it, or the listed rows in that order) converted to `dtype` and copied to arena offset `off`.
+    struct Piece {
         const hyst_tensor* src;
+        size_t off;
+        DType dtype;
+        std::vector<int64_t> rows;  // empty: the whole tensor
+    };
+    struct MatrixJob {  // after the upload, dst->data = base + off
+        Matrix* dst;
         size_t off;
     };
     struct VectorJob {
@@ -134,6 +142,7 @@ struct ModelLoader {
         size_t off;
         int64_t n;
     };
+    std::vector<Piece> pieces;
     std::vector<MatrixJob> matrices;
     std::vector<VectorJob> vectors;
 
@@ -148,7 +157,42 @@ struct ModelLoader {
         dst.rows = rows;
         dst.cols = cols;
         dst.dtype = be.matrix_dtype(to_dtype(t.dtype));
-        matrices.push_back({&dst, &t, reserve(size_t(rows * cols) * dtype_size(dst.dtype))});
+        const size_t off = reserve(size_t(rows * cols) * dtype_size(dst.dtype));
+        pieces.push_back({&t, off, dst.dtype, {}});
+        matrices.push_back({&dst, off});
+    }
+
+    // dst [sum of the lists' lengths, cols] = the listed rows of each (tensor, rows) part, in order (a fused tensor
+    // split, reordered or several tensors stacked); every part must convert to the same matrix dtype.
+    struct Part {
+        const hyst_tensor* t;
+        std::vector<int64_t> rows;  // empty: every row
+    };
+    static int64_t part_rows(const Part& p, int64_t cols) {  // (a whole 3-D tensor [E, R, cols] gives E * R rows)
+        if (!p.rows.empty()) return int64_t(p.rows.size());
+        int64_t n = 1;
+        for (int d = 0; d < p.t->n_dims; d++) n *= p.t->shape[d];
+        return n / cols;
+    }
+    void stacked_matrix(Matrix& dst, const std::string& what, const std::vector<Part>& parts, int64_t cols) {
+        int64_t rows = 0;
+        dst.dtype = be.matrix_dtype(to_dtype(parts[0].t->dtype));
+        for (const Part& p : parts) {
+            if (be.matrix_dtype(to_dtype(p.t->dtype)) != dst.dtype)
+                throw Error(Status::unsupported, std::string("tensor '") + p.t->name + "' is " +
+                                                     dtype_name(to_dtype(p.t->dtype)) + ", unlike the other parts of " +
+                                                     what + " (" + dtype_name(to_dtype(parts[0].t->dtype)) + ")");
+            rows += part_rows(p, cols);
+        }
+        dst.rows = rows;
+        dst.cols = cols;
+        const size_t es = dtype_size(dst.dtype);
+        size_t off = reserve(size_t(rows * cols) * es);
+        matrices.push_back({&dst, off});
+        for (const Part& p : parts) {
+            pieces.push_back({p.t, off, dst.dtype, p.rows});
+            off += size_t(part_rows(p, cols) * cols) * es;
+        }
     }
 
     void vector(const float*& dst, const std::string& name, const std::vector<int64_t>& shape) {
@@ -156,6 +200,83 @@ struct ModelLoader {
         int64_t n = 1;
         for (int64_t d : shape) n *= d;
         vectors.push_back({&dst, &t, reserve(size_t(n) * 4), n});
+    }
+
+    // Qwen3-Next's fused Gated DeltaNet input projections (docs/QWEN35.md; transformers'
+    // fix_query_key_value_ordering): in_proj_qkvz holds per key head g the rows [q_g | k_g | v of its Hv/Hk value
+    // heads | z of them], in_proj_ba per key head [b of its value heads | a of them]. Reordered at load into the
+    // separate [q | k | v], z, b and a matrices of the Qwen3.5 layout.
+    void fused_gdn_in_proj(GatedDeltaNetWeights& g, const std::string& gp) {
+        const ModelConfig& c = m.config_;
+        const int64_t H = c.hidden_size, Hk = c.gdn_k_heads, Hv = c.gdn_v_heads, Dk = c.gdn_k_dim, Dv = c.gdn_v_dim;
+        const int64_t r = Hv / Hk, G = 2 * Dk + 2 * r * Dv;
+        const hyst_tensor& qkvz = ck.get(gp + "in_proj_qkvz.weight", {Hk * G, H});
+        const hyst_tensor& ba = ck.get(gp + "in_proj_ba.weight", {2 * Hv, H});
+        std::vector<int64_t> q, k, v, z, b, a;
+        for (int64_t grp = 0; grp < Hk; grp++) {
+            const int64_t base = grp * G;
+            for (int64_t i = 0; i < Dk; i++) q.push_back(base + i);
+            for (int64_t i = 0; i < Dk; i++) k.push_back(base + Dk + i);
+            for (int64_t i = 0; i < r * Dv; i++) v.push_back(base + 2 * Dk + i);
+            for (int64_t i = 0; i < r * Dv; i++) z.push_back(base + 2 * Dk + r * Dv + i);
+            for (int64_t i = 0; i < r; i++) b.push_back(grp * 2 * r + i);
+            for (int64_t i = 0; i < r; i++) a.push_back(grp * 2 * r + r + i);
+        }
+        stacked_matrix(g.in_proj_qkv, gp + "in_proj_qkvz", {{&qkvz, q}, {&qkvz, k}, {&qkvz, v}}, H);
+        stacked_matrix(g.in_proj_z, gp + "in_proj_qkvz", {{&qkvz, z}}, H);
+        stacked_matrix(g.in_proj_b, gp + "in_proj_ba", {{&ba, b}}, H);
+        stacked_matrix(g.in_proj_a, gp + "in_proj_ba", {{&ba, a}}, H);
+    }
+
+    // A sparse MoE block: the router, the routed experts (fused 3-D tensors as transformers 5 saves them, or one
+    // tensor per expert as the official FP8 releases store them), the shared expert and its gate.
+    void moe_block(MoeWeights& w, const std::string& mp, int layer) {
+        const ModelConfig& c = m.config_;
+        const int64_t H = c.hidden_size, E = c.n_experts, I = c.moe_intermediate_size;
+        const std::string where = "layer " + std::to_string(layer) + ": ";
+        if (!ck.has(mp + "gate.weight") && ck.has(mp + "gate_proj.weight"))
+            throw Error(Status::model_mismatch,
+                        where + "config.json describes a mixture-of-experts block (model_type " + c.model_type +
+                            ", num_experts " + std::to_string(E) + ") but the checkpoint holds a dense MLP ('" + mp +
+                            "gate_proj.weight')");
+        matrix(w.router, mp + "gate.weight", E, H);
+        w.experts.n_experts = int(E);
+        w.experts.intermediate = int(I);
+        const std::string xp = mp + "experts.";
+        if (ck.has(xp + "gate_up_proj")) {
+            stacked_matrix(w.experts.gate_up, xp + "gate_up_proj", {{&ck.get(xp + "gate_up_proj", {E, 2 * I, H}), {}}},
+                           H);
+            stacked_matrix(w.experts.down, xp + "down_proj", {{&ck.get(xp + "down_proj", {E, H, I}), {}}}, I);
+        } else if (ck.has(xp + "0.gate_proj.weight")) {
+            std::vector<Part> gate_up, down;
+            for (int64_t e = 0; e < E; e++) {
+                const std::string ep = xp + std::to_string(e) + ".";
+                for (const char* part : {"gate_proj", "up_proj", "down_proj"})
+                    if (!ck.has(ep + part + ".weight"))
+                        throw Error(Status::model_mismatch, where + "expert " + std::to_string(e) + " of " +
+                                                                std::to_string(E) + " is missing: no tensor '" + ep +
+                                                                part + ".weight'");
+                gate_up.push_back({&ck.get(ep + "gate_proj.weight", {I, H}), {}});
+                gate_up.push_back({&ck.get(ep + "up_proj.weight", {I, H}), {}});
+                down.push_back({&ck.get(ep + "down_proj.weight", {H, I}), {}});
+            }
+            if (ck.has(xp + std::to_string(E) + ".gate_proj.weight"))
+                throw Error(Status::model_mismatch, where + "the checkpoint holds more experts than num_experts " +
+                                                        std::to_string(E) + " ('" + xp + std::to_string(E) +
+                                                        ".gate_proj.weight')");
+            stacked_matrix(w.experts.gate_up, xp + "*.gate_proj/up_proj", gate_up, H);
+            stacked_matrix(w.experts.down, xp + "*.down_proj", down, I);
+        } else {
+            throw Error(Status::model_mismatch, where + "no experts: expected '" + xp + "gate_up_proj' or '" + xp +
+                                                    "0.gate_proj.weight'");
+        }
+        const int64_t S = c.shared_expert_intermediate_size;
+        if (S > 0) {
+            matrix(w.shared.gate_proj, mp + "shared_expert.gate_proj.weight", S, H);
+            matrix(w.shared.up_proj, mp + "shared_expert.up_proj.weight", S, H);
+            matrix(w.shared.down_proj, mp + "shared_expert.down_proj.weight", H, S);
+            matrix(w.shared_gate, mp + "shared_expert_gate.weight", 1, H);
+        }
     }
 
     void plan_weights() {
@@ -190,10 +311,14 @@ struct ModelLoader {
             } else {
                 L.state_index = n_gdn++;
                 std::string gp = lp + "linear_attn.";
-                matrix(L.gdn.in_proj_qkv, gp + "in_proj_qkv.weight", C, H);
-                matrix(L.gdn.in_proj_z, gp + "in_proj_z.weight", Hv * Dv, H);
-                matrix(L.gdn.in_proj_b, gp + "in_proj_b.weight", Hv, H);
-                matrix(L.gdn.in_proj_a, gp + "in_proj_a.weight", Hv, H);
+                if (c.gdn_fused_in_proj) {
+                    fused_gdn_in_proj(L.gdn, gp);
+                } else {
+                    matrix(L.gdn.in_proj_qkv, gp + "in_proj_qkv.weight", C, H);
+                    matrix(L.gdn.in_proj_z, gp + "in_proj_z.weight", Hv * Dv, H);
+                    matrix(L.gdn.in_proj_b, gp + "in_proj_b.weight", Hv, H);
+                    matrix(L.gdn.in_proj_a, gp + "in_proj_a.weight", Hv, H);
+                }
                 matrix(L.gdn.out_proj, gp + "out_proj.weight", H, Hv * Dv);
                 vector(L.gdn.conv1d, gp + "conv1d.weight", {C, 1, K});
                 vector(L.gdn.A_log, gp + "A_log", {Hv});
@@ -201,6 +326,16 @@ struct ModelLoader {
                 vector(L.gdn.norm, gp + "norm.weight", {Dv});
             }
             std::string mp = lp + "mlp.";
+            L.moe = c.layer_is_moe[size_t(i)] != 0;
+            if (L.moe) {
+                moe_block(L.moe_block, mp, i);
+                continue;
+            }
+            if (!ck.has(mp + "gate_proj.weight") && (ck.has(mp + "gate.weight") || ck.has(mp + "experts.gate_up_proj")))
+                throw Error(Status::model_mismatch,
+                            "layer " + std::to_string(i) + ": the checkpoint holds a mixture-of-experts block ('" +
+                                mp + "gate.weight') but config.json describes a dense MLP (model_type " +
+                                c.model_type + (c.has_moe() ? ", layer listed in mlp_only_layers" : "") + ")");
             matrix(L.mlp.gate_proj, mp + "gate_proj.weight", F, H);
             matrix(L.mlp.up_proj, mp + "up_proj.weight", F, H);
             matrix(L.mlp.down_proj, mp + "down_proj.weight", H, F);
@@ -209,27 +344,43 @@ struct ModelLoader {
 
     void upload_weights(char* base) {
         std::vector<float> tmp;
-        for (const MatrixJob& j : matrices) {
-            void* dst = base + j.off;
-            DType src_type = to_dtype(j.src->dtype);
-            size_t n = size_t(j.dst->rows * j.dst->cols);
-            if (src_type == j.dst->dtype) {
-                be.upload(dst, j.src->data, n * dtype_size(src_type));
-            } else {
-                tmp.resize(n);
-                convert_to_f32(j.src->data, src_type, tmp.data(), n);
-                if (j.dst->dtype == DType::F32) {
-                    be.upload(dst, tmp.data(), n * 4);
-                } else if (j.dst->dtype == DType::BF16) {
-                    std::vector<uint16_t> h(n);
-                    for (size_t i = 0; i < n; i++) h[i] = f32_to_bf16(tmp[i]);
-                    be.upload(dst, h.data(), n * 2);
-                } else {
-                    throw Error(Status::internal, "no conversion to the backend's matrix dtype");
-                }
+        std::vector<uint16_t> half;
+        for (const Piece& p : pieces) {
+            const DType src_type = to_dtype(p.src->dtype);
+            int64_t total = 1;
+            for (int d = 0; d < p.src->n_dims; d++) total *= p.src->shape[d];
+            const int64_t cols = total / p.src->shape[0];
+            const size_t ss = dtype_size(src_type);
+            // the source bytes in destination order
+            const char* src = static_cast<const char*>(p.src->data);
+            std::vector<char> gathered;
+            size_t n = size_t(total);
+            if (!p.rows.empty()) {
+                n = p.rows.size() * size_t(cols);
+                gathered.resize(n * ss);
+                for (size_t r = 0; r < p.rows.size(); r++)
+                    std::memcpy(gathered.data() + r * size_t(cols) * ss, src + size_t(p.rows[r] * cols) * ss,
+                                size_t(cols) * ss);
+                src = gathered.data();
             }
-            j.dst->data = dst;
+            void* dst = base + p.off;
+            if (src_type == p.dtype) {
+                be.upload(dst, src, n * ss);
+                continue;
+            }
+            tmp.resize(n);
+            convert_to_f32(src, src_type, tmp.data(), n);
+            if (p.dtype == DType::F32) {
+                be.upload(dst, tmp.data(), n * 4);
+            } else if (p.dtype == DType::BF16) {
+                half.resize(n);
+                for (size_t i = 0; i < n; i++) half[i] = f32_to_bf16(tmp[i]);
+                be.upload(dst, half.data(), n * 2);
+            } else {
+                throw Error(Status::internal, "no conversion to the backend's matrix dtype");
+            }
         }
+        for (const MatrixJob& j : matrices) j.dst->data = base + j.off;
         for (const VectorJob& j : vectors) {
             tmp.resize(size_t(j.n));
             convert_to_f32(j.src->data, to_dtype(j.src->dtype), tmp.data(), size_t(j.n));
@@ -239,12 +390,18 @@ struct ModelLoader {
     }
 };
 
-static std::unique_ptr<Backend> choose_backend(const ModelParams& p) {
+// The CUDA backend has no mixture-of-experts kernels yet: --device auto runs MoE models on the CPU, and
+// --device cuda refuses them.
+static std::unique_ptr<Backend> choose_backend(const ModelParams& p, const ModelConfig& c) {
+    if (c.has_moe() && p.device == Device::cuda)
+        throw Error(Status::unsupported, "model_type " + c.model_type +
+                                             ": mixture-of-experts layers are not implemented on CUDA yet (use "
+                                             "--device cpu)");
     switch (p.device) {
         case Device::cpu: return make_cpu_backend(p.n_threads);
         case Device::cuda: return make_cuda_backend(0, p.cuda);
         case Device::auto_select:
-            return cuda_available() ? make_cuda_backend(0, p.cuda) : make_cpu_backend(p.n_threads);
+            return cuda_available() && !c.has_moe() ? make_cuda_backend(0, p.cuda) : make_cpu_backend(p.n_threads);
     }
     return make_cpu_backend(p.n_threads);
 }
@@ -277,10 +434,10 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
 
     Checkpoint ck;
     ck.open(dir);
-    m->backend_ = choose_backend(p);
+    m->backend_ = choose_backend(p, c);
     Backend& be = *m->backend_;
 
-    ModelLoader ld{*m, ck, be, 0, {}, {}};
+    ModelLoader ld{*m, ck, be, 0, {}, {}, {}};
     ld.plan_weights();
     m->weight_bytes_ = ld.offset;
 
@@ -307,21 +464,28 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
 
     // Activations.
     const size_t Hq = size_t(c.n_heads), D = size_t(c.head_dim), Hv = size_t(c.gdn_v_heads), Dv = size_t(c.gdn_v_dim);
-    const size_t F = size_t(c.intermediate_size);
+    const size_t F = std::max(size_t(c.intermediate_size), size_t(c.shared_expert_intermediate_size));
+    const size_t K = size_t(std::max(c.n_experts_per_tok, 1));
     size_t o_x = ld.reserve(T * H * as), o_xn = ld.reserve(T * H * as), o_y = ld.reserve(T * H * as);
     size_t o_mix_in = ld.reserve(T * std::max(Hq * 2 * D, C) * as);
     size_t o_k = ld.reserve(T * kv_row * as), o_v = ld.reserve(T * kv_row * as);
     size_t o_z = ld.reserve(T * Hv * Dv * as), o_b = ld.reserve(T * Hv * as), o_a = ld.reserve(T * Hv * as);
     size_t o_mix_out = ld.reserve(T * std::max(Hq * D, Hv * Dv) * as);
     size_t o_gate = ld.reserve(T * F * as), o_up = ld.reserve(T * F * as);
+    size_t o_shared = c.has_moe() ? ld.reserve(T * H * as) : 0;
+    size_t o_route_w = c.has_moe() ? ld.reserve(T * K * 4) : 0, o_route_ids = c.has_moe() ? ld.reserve(T * K * 4) : 0;
     size_t o_last = ld.reserve(size_t(p.max_logits) * H * as);
     size_t o_logits = ld.reserve(size_t(p.max_logits) * size_t(c.vocab_size) * 4);
     size_t o_picks = ld.reserve(size_t(p.max_logits) * sizeof(TokenPick));
 
     BatchLimits limits{p.max_batch_tokens, p.n_slots, p.n_ctx, p.n_slots};
-    int max_heads = std::max(c.n_heads, c.gdn_v_heads);
-    int max_head_dim = std::max(c.head_dim, std::max(c.gdn_k_dim, c.gdn_v_dim));
-    size_t o_ws = ld.reserve(be.workspace_bytes(limits, max_heads, max_head_dim));
+    WorkspaceShape ws;
+    ws.max_heads = std::max(c.n_heads, c.gdn_v_heads);
+    ws.max_head_dim = std::max(c.head_dim, std::max(c.gdn_k_dim, c.gdn_v_dim));
+    ws.hidden = c.hidden_size;
+    ws.n_experts = c.n_experts;
+    ws.moe_intermediate = c.moe_intermediate_size;
+    size_t o_ws = ld.reserve(be.workspace_bytes(limits, ws));
     m->arena_bytes_ = ld.offset;
 
     m->arena_ = be.alloc(m->arena_bytes_);
@@ -354,6 +518,11 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     a.mix_out = base + o_mix_out;
     a.gate = base + o_gate;
     a.up = base + o_up;
+    if (c.has_moe()) {
+        a.shared = base + o_shared;
+        a.route_weights = reinterpret_cast<float*>(base + o_route_w);
+        a.route_ids = reinterpret_cast<int32_t*>(base + o_route_ids);
+    }
     a.last = base + o_last;
     a.logits = reinterpret_cast<float*>(base + o_logits);
     a.picks = reinterpret_cast<TokenPick*>(base + o_picks);

@@ -48,14 +48,24 @@ struct MlpWeights {
     Matrix down_proj;  // [H, F]
 };
 
+// A sparse MoE block (docs/QWEN35.md "Mixture-of-experts members").
+struct MoeWeights {
+    Matrix router;       // [E, H] (mlp.gate)
+    MoeExperts experts;  // stacked [E * 2I, H] and [E * H, I]
+    MlpWeights shared;   // the shared expert (gate/up [Is, H], down [H, Is]); rows == 0: none
+    Matrix shared_gate;  // [1, H]
+};
+
 struct LayerWeights {
     LayerKind kind = LayerKind::gated_delta_net;
+    bool moe = false;     // a sparse MoE block instead of the dense MLP
     int state_index = 0;                // index among the layers of its kind (KV cache or GDN state)
     const float* input_norm = nullptr;  // [H]
     const float* post_norm = nullptr;   // [H]
     AttentionWeights attn;              // when kind == full_attention
     GatedDeltaNetWeights gdn;           // when kind == gated_delta_net
-    MlpWeights mlp;
+    MlpWeights mlp;                     // when !moe
+    MoeWeights moe_block;               // when moe
 };
 
 struct Weights {
@@ -85,8 +95,11 @@ struct Activations {
     void* b = nullptr;           // [T, Hv]
     void* a = nullptr;           // [T, Hv]
     void* mix_out = nullptr;     // [T, max(Hq*D, Hv*Dv)]
-    void* gate = nullptr;        // [T, F]
-    void* up = nullptr;          // [T, F]
+    void* gate = nullptr;        // [T, max(F, Is)] (Is: the shared expert's width)
+    void* up = nullptr;          // [T, max(F, Is)]
+    void* shared = nullptr;      // [T, H] the shared expert's output (MoE models)
+    float* route_weights = nullptr;  // [T, k] F32 routing weights (MoE models)
+    int32_t* route_ids = nullptr;    // [T, k] I32 chosen experts (MoE models)
     void* last = nullptr;        // [max_logits, H] rows whose logits are wanted
     float* logits = nullptr;     // [max_logits, vocab] F32
     TokenPick* picks = nullptr;  // [max_logits] greedy picks of the logits rows

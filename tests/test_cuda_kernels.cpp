@@ -78,7 +78,10 @@ struct Side {
 
     Side(std::unique_ptr<Backend> b, const BatchLimits& l, int max_heads, int max_dim, size_t tensor_bytes)
         : be(std::move(b)) {
-        const size_t ws = (be->workspace_bytes(l, max_heads, max_dim) + 255) / 256 * 256;
+        WorkspaceShape shape;
+        shape.max_heads = max_heads;
+        shape.max_head_dim = max_dim;
+        const size_t ws = (be->workspace_bytes(l, shape) + 255) / 256 * 256;
         cap = ws + tensor_bytes;
         base = static_cast<char*>(be->alloc(cap));
         be->set_workspace(base, l);

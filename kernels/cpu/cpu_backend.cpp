@@ -58,11 +58,17 @@ public:
         return best;
     }
 
-    size_t workspace_bytes(const BatchLimits& l, int max_heads, int max_head_dim) const override {
-        // q scratch [T, Hq, D] (or GDN mixed [T, C], which is no larger than T * 4 * heads * dim), scores
-        // [threads, n_ctx]
+    size_t workspace_bytes(const BatchLimits& l, const WorkspaceShape& s) const override {
+        // The mixers: q scratch [T, Hq, D] (or GDN mixed [T, C], which is no larger than T * 4 * heads * dim),
+        // scores [threads, n_ctx]. MoE layers (used at other times than the mixers' scratch): router logits [T, E],
+        // then the gathered rows of one expert [T, H], its gate|up [T, 2I], activation [T, I], output [T, H] and
+        // row list [T] (cpu::moe_experts).
         const size_t T = size_t(l.max_tokens);
-        return T * size_t(max_heads) * size_t(max_head_dim) * 4 * 4 + size_t(pool_.size()) * size_t(l.n_ctx) * 4;
+        const size_t mixers =
+            T * size_t(s.max_heads) * size_t(s.max_head_dim) * 4 * 4 + size_t(pool_.size()) * size_t(l.n_ctx) * 4;
+        const size_t H = size_t(s.hidden), E = size_t(s.n_experts), I = size_t(s.moe_intermediate);
+        const size_t moe = E > 0 ? T * std::max(E, 2 * H + 3 * I + 1) * 4 : 0;
+        return std::max(mixers, moe);
     }
     void set_workspace(void* ws, const BatchLimits& l) override {
         limits_ = l;
@@ -109,6 +115,30 @@ public:
         matmul(x, rows, w_gate, gate);
         matmul(x, rows, w_up, up);
         silu_mul(gate, up, rows * w_gate.rows, act);
+    }
+    void moe_route(const void* x, int64_t rows, const Matrix& router, int k, bool normalize, float* weights,
+                   int32_t* ids) override {
+        const int E = int(router.rows);
+        if (k < 1 || k > E) throw Error(Status::invalid_argument, "moe_route: k must lie in [1, E]");
+        float* logits = scratch_;  // [rows, E]
+        cpu::matmul(static_cast<const float*>(x), rows, router, logits, pool_);
+        for (int64_t t = 0; t < rows; t++) cpu::softmax_top_k(logits + t * E, E, k, normalize, weights + t * k, ids + t * k);
+    }
+    void moe_experts(const void* x, int64_t rows, const MoeExperts& ex, const float* weights, const int32_t* ids,
+                     int k, void* y) override {
+        cpu::moe_experts(static_cast<const float*>(x), rows, ex, weights, ids, k, static_cast<float*>(y), scratch_,
+                         pool_);
+    }
+    void add_sigmoid_gated(void* y, const void* s, const void* x, const Matrix& gate, int64_t rows) override {
+        float* g = scratch_;  // [rows]
+        cpu::matmul(static_cast<const float*>(x), rows, gate, g, pool_);
+        const int64_t H = gate.cols;
+        float* yy = static_cast<float*>(y);
+        const float* ss = static_cast<const float*>(s);
+        for (int64_t t = 0; t < rows; t++) {
+            const float sg = 1.0f / (1.0f + std::exp(-g[t]));
+            for (int64_t i = 0; i < H; i++) yy[t * H + i] += sg * ss[t * H + i];
+        }
     }
     void add(void* y, const void* x, int64_t n) override {
         float* yy = static_cast<float*>(y);

@@ -27,6 +27,15 @@ void rms_norm(const float* x, const float* w, int64_t rows, int dim, float eps, 
 // y[n] = silu(gate[n]) * up[n], silu(v) = v / (1 + exp(-v)).
 void silu_mul(const float* gate, const float* up, int64_t n, float* y, ThreadPool& pool);
 
+// The MoE router's last step for one row (Backend::moe_route): p = softmax(logits[0, E)) in fp32; ids[0, k) the k
+// largest p, largest first, ties to the lower id; weights[j] = p[ids[j]], divided by their sum when normalize.
+void softmax_top_k(const float* logits, int E, int k, bool normalize, float* weights, int32_t* ids);
+
+// Backend::moe_experts: y[rows, H] = the routed experts' weighted sum, expert by expert in increasing id (each
+// expert's rows gathered and run as one matmul). scratch: [rows * (2H + 3I + 1)] floats.
+void moe_experts(const float* x, int64_t rows, const MoeExperts& experts, const float* weights, const int32_t* ids,
+                 int k, float* y, float* scratch, ThreadPool& pool);
+
 // Gated attention core (see AttentionArgs), F32 act. q_scratch: [T, Hq, D]; scores: [pool.size(), n_ctx].
 void attention(const AttentionArgs& args, const RowMap& rows, float* q_scratch, float* scores, ThreadPool& pool);
 

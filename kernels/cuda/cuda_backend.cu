@@ -368,7 +368,8 @@ public:
     // Workspace: cuBLASLt scratch | row map (token ids, slot, pos, index in run, gather rows) [T] each | runs |
     // bf16 scratch A [T, 4 * heads * head_dim] (attention q [T, Hq, D] or GDN mixed [T, C]) | attention split
     // partials | argmax partials [T]. workspace_bytes() records the scratch sizes that set_workspace() lays out.
-    size_t workspace_bytes(const BatchLimits& l, int max_heads, int max_head_dim) const override {
+    size_t workspace_bytes(const BatchLimits& l, const WorkspaceShape& s) const override {
+        const int max_heads = s.max_heads, max_head_dim = s.max_head_dim;
         const size_t T = size_t(std::max(l.max_tokens, 1)), R = size_t(std::max(l.max_runs, 1));
         const size_t hd = size_t(std::max(max_heads, 1)) * size_t(std::max(max_head_dim, 1));
         scratch_a_elems_ = align256(T * 4 * hd * 2) / 2;  // >= Hq * D and >= C = 2 Hk Dk + Hv Dv <= 3 Hv Dv
@@ -555,6 +556,15 @@ public:
         matmul(x, rows, w_gate, gate);
         matmul(x, rows, w_up, up);
         silu_mul(gate, up, rows * w_gate.rows, act);
+    }
+    // No mixture-of-experts kernels yet: Model::load refuses MoE models on CUDA before any of these is reached.
+    void moe_route(const void*, int64_t, const Matrix&, int, bool, float*, int32_t*) override { no_moe(); }
+    void moe_experts(const void*, int64_t, const MoeExperts&, const float*, const int32_t*, int, void*) override {
+        no_moe();
+    }
+    void add_sigmoid_gated(void*, const void*, const void*, const Matrix&, int64_t) override { no_moe(); }
+    [[noreturn]] static void no_moe() {
+        throw Error(Status::unsupported, "CUDA backend: mixture-of-experts layers are not implemented yet");
     }
     void add(void* y, const void* x, int64_t n) override {
         Op op;
