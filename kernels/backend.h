@@ -100,6 +100,7 @@ struct WorkspaceShape {
     int max_head_dim = 0;      // the largest head dim
     int hidden = 0;            // H
     int n_experts = 0;         // E (0: no MoE layer)
+    int experts_per_tok = 0;   // k
     int moe_intermediate = 0;  // I of a routed expert
 };
 
@@ -107,8 +108,8 @@ struct WorkspaceShape {
 // one tensor per expert): expert e's SwiGLU is gate = rows [e*2I, e*2I + I) of gate_up, up = rows [e*2I + I,
 // (e+1)*2I), down = rows [e*H, (e+1)*H) of down.
 struct MoeExperts {
-    Matrix gate_up;  // [E * 2I, H]
-    Matrix down;     // [E * H, I]
+    Matrix gate_up;        // [E * 2I, H]
+    Matrix down;           // [E * H, I]
     int n_experts = 0;     // E
     int intermediate = 0;  // I
 };

@@ -132,17 +132,17 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
                 if (!ml.is_array()) r.fail("mlp_only_layers", "must be a list of layer indices");
                 for (const json& v : ml) {
                     if (!v.is_number_integer() || v.get<long long>() < 0 || v.get<long long>() >= c.n_layers)
-                        r.fail("mlp_only_layers", "holds " + v.dump() + ", not a layer index in [0, " +
-                                                      std::to_string(c.n_layers) + ")");
+                        r.fail("mlp_only_layers",
+                               "holds " + v.dump() + ", not a layer index in [0, " + std::to_string(c.n_layers) + ")");
                     dense_only[size_t(v.get<long long>())] = 1;
                 }
             }
-            for (int i = 0; i < c.n_layers; i++) c.layer_is_moe[size_t(i)] = !dense_only[size_t(i)] && (i + 1) % step == 0;
+            for (int i = 0; i < c.n_layers; i++)
+                c.layer_is_moe[size_t(i)] = !dense_only[size_t(i)] && (i + 1) % step == 0;
         }
     }
     // the dense MLP's width: needed by dense models and by the dense layers of a Qwen3-Next model
-    if (!moe || c.has_dense_mlp())
-        c.intermediate_size = r.get_int("intermediate_size", 1);
+    if (!moe || c.has_dense_mlp()) c.intermediate_size = r.get_int("intermediate_size", 1);
     c.n_heads = r.get_int("num_attention_heads", 1);
     c.n_kv_heads = r.get_int_or("num_key_value_heads", c.n_heads, 1);
     c.head_dim = r.get_int_or("head_dim", c.hidden_size / c.n_heads, 1);

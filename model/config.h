@@ -45,11 +45,11 @@ struct ModelConfig {
     float partial_rotary_factor = 1.0f;
 
     // Gated DeltaNet (linear attention)
-    int gdn_k_heads = 0;  // Hk
-    int gdn_v_heads = 0;  // Hv (a multiple of Hk)
-    int gdn_k_dim = 0;    // Dk
-    int gdn_v_dim = 0;    // Dv
-    int conv_kernel = 0;  // K
+    int gdn_k_heads = 0;             // Hk
+    int gdn_v_heads = 0;             // Hv (a multiple of Hk)
+    int gdn_k_dim = 0;               // Dk
+    int gdn_v_dim = 0;               // Dv
+    int conv_kernel = 0;             // K
     bool gdn_fused_in_proj = false;  // Qwen3-Next: in_proj_qkvz and in_proj_ba, interleaved per key-head group
 
     // Mixture of experts (n_experts == 0: a dense model)

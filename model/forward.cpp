@@ -85,14 +85,14 @@ void Model::forward(const BatchDesc& batch, std::span<const int32_t> out_rows) {
             be.matmul(a.mix_out, T, w.out_proj, a.y);  // [T, H]
         }
         be.add_rms_norm(a.x, a.y, L.post_norm, T, H, eps, true, a.xn);  // x += mixer; [T, H]
-        if (L.moe) {  // docs/QWEN35.md "Mixture-of-experts members"
+        if (L.moe) {                                                    // docs/QWEN35.md "Mixture-of-experts members"
             const MoeWeights& m = L.moe_block;
             const int k = c.n_experts_per_tok;
             be.moe_route(a.xn, T, m.router, k, c.norm_topk_prob, a.route_weights, a.route_ids);  // [T, k]
-            be.moe_experts(a.xn, T, m.experts, a.route_weights, a.route_ids, k, a.y);           // [T, H]
+            be.moe_experts(a.xn, T, m.experts, a.route_weights, a.route_ids, k, a.y);            // [T, H]
             if (m.shared.gate_proj.rows > 0) {
                 be.gate_up_silu(a.xn, T, m.shared.gate_proj, m.shared.up_proj, a.gate, a.up, a.gate);  // [T, Is]
-                be.matmul(a.gate, T, m.shared.down_proj, a.shared);                                   // [T, H]
+                be.matmul(a.gate, T, m.shared.down_proj, a.shared);                                    // [T, H]
                 be.add_sigmoid_gated(a.y, a.shared, a.xn, m.shared_gate, T);  // y += sigmoid(xn . g) shared
             }
         } else {

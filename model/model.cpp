@@ -267,8 +267,8 @@ struct ModelLoader {
             stacked_matrix(w.experts.gate_up, xp + "*.gate_proj/up_proj", gate_up, H);
             stacked_matrix(w.experts.down, xp + "*.down_proj", down, I);
         } else {
-            throw Error(Status::model_mismatch, where + "no experts: expected '" + xp + "gate_up_proj' or '" + xp +
-                                                    "0.gate_proj.weight'");
+            throw Error(Status::model_mismatch,
+                        where + "no experts: expected '" + xp + "gate_up_proj' or '" + xp + "0.gate_proj.weight'");
         }
         const int64_t S = c.shared_expert_intermediate_size;
         if (S > 0) {
@@ -333,9 +333,9 @@ struct ModelLoader {
             }
             if (!ck.has(mp + "gate_proj.weight") && (ck.has(mp + "gate.weight") || ck.has(mp + "experts.gate_up_proj")))
                 throw Error(Status::model_mismatch,
-                            "layer " + std::to_string(i) + ": the checkpoint holds a mixture-of-experts block ('" +
-                                mp + "gate.weight') but config.json describes a dense MLP (model_type " +
-                                c.model_type + (c.has_moe() ? ", layer listed in mlp_only_layers" : "") + ")");
+                            "layer " + std::to_string(i) + ": the checkpoint holds a mixture-of-experts block ('" + mp +
+                                "gate.weight') but config.json describes a dense MLP (model_type " + c.model_type +
+                                (c.has_moe() ? ", layer listed in mlp_only_layers" : "") + ")");
             matrix(L.mlp.gate_proj, mp + "gate_proj.weight", F, H);
             matrix(L.mlp.up_proj, mp + "up_proj.weight", F, H);
             matrix(L.mlp.down_proj, mp + "down_proj.weight", H, F);
@@ -390,18 +390,12 @@ struct ModelLoader {
     }
 };
 
-// The CUDA backend has no mixture-of-experts kernels yet: --device auto runs MoE models on the CPU, and
-// --device cuda refuses them.
-static std::unique_ptr<Backend> choose_backend(const ModelParams& p, const ModelConfig& c) {
-    if (c.has_moe() && p.device == Device::cuda)
-        throw Error(Status::unsupported, "model_type " + c.model_type +
-                                             ": mixture-of-experts layers are not implemented on CUDA yet (use "
-                                             "--device cpu)");
+static std::unique_ptr<Backend> choose_backend(const ModelParams& p) {
     switch (p.device) {
         case Device::cpu: return make_cpu_backend(p.n_threads);
         case Device::cuda: return make_cuda_backend(0, p.cuda);
         case Device::auto_select:
-            return cuda_available() && !c.has_moe() ? make_cuda_backend(0, p.cuda) : make_cpu_backend(p.n_threads);
+            return cuda_available() ? make_cuda_backend(0, p.cuda) : make_cpu_backend(p.n_threads);
     }
     return make_cpu_backend(p.n_threads);
 }
@@ -434,7 +428,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
 
     Checkpoint ck;
     ck.open(dir);
-    m->backend_ = choose_backend(p, c);
+    m->backend_ = choose_backend(p);
     Backend& be = *m->backend_;
 
     ModelLoader ld{*m, ck, be, 0, {}, {}, {}};
@@ -484,6 +478,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     ws.max_head_dim = std::max(c.head_dim, std::max(c.gdn_k_dim, c.gdn_v_dim));
     ws.hidden = c.hidden_size;
     ws.n_experts = c.n_experts;
+    ws.experts_per_tok = c.n_experts_per_tok;
     ws.moe_intermediate = c.moe_intermediate_size;
     size_t o_ws = ld.reserve(be.workspace_bytes(limits, ws));
     m->arena_bytes_ = ld.offset;

@@ -58,7 +58,7 @@ struct MoeWeights {
 
 struct LayerWeights {
     LayerKind kind = LayerKind::gated_delta_net;
-    bool moe = false;     // a sparse MoE block instead of the dense MLP
+    bool moe = false;                   // a sparse MoE block instead of the dense MLP
     int state_index = 0;                // index among the layers of its kind (KV cache or GDN state)
     const float* input_norm = nullptr;  // [H]
     const float* post_norm = nullptr;   // [H]
@@ -85,24 +85,24 @@ struct LayerState {
 
 // Activation buffers for up to max_batch_tokens rows (T).
 struct Activations {
-    void* x = nullptr;           // [T, H] residual stream
-    void* xn = nullptr;          // [T, H] normed input of a sub-layer
-    void* y = nullptr;           // [T, H] sub-layer output
-    void* mix_in = nullptr;      // [T, max(Hq*2D, C)] q_proj output or GDN qkv
-    void* k = nullptr;           // [T, Hkv*D]
-    void* v = nullptr;           // [T, Hkv*D]
-    void* z = nullptr;           // [T, Hv*Dv]
-    void* b = nullptr;           // [T, Hv]
-    void* a = nullptr;           // [T, Hv]
-    void* mix_out = nullptr;     // [T, max(Hq*D, Hv*Dv)]
-    void* gate = nullptr;        // [T, max(F, Is)] (Is: the shared expert's width)
-    void* up = nullptr;          // [T, max(F, Is)]
-    void* shared = nullptr;      // [T, H] the shared expert's output (MoE models)
+    void* x = nullptr;               // [T, H] residual stream
+    void* xn = nullptr;              // [T, H] normed input of a sub-layer
+    void* y = nullptr;               // [T, H] sub-layer output
+    void* mix_in = nullptr;          // [T, max(Hq*2D, C)] q_proj output or GDN qkv
+    void* k = nullptr;               // [T, Hkv*D]
+    void* v = nullptr;               // [T, Hkv*D]
+    void* z = nullptr;               // [T, Hv*Dv]
+    void* b = nullptr;               // [T, Hv]
+    void* a = nullptr;               // [T, Hv]
+    void* mix_out = nullptr;         // [T, max(Hq*D, Hv*Dv)]
+    void* gate = nullptr;            // [T, max(F, Is)] (Is: the shared expert's width)
+    void* up = nullptr;              // [T, max(F, Is)]
+    void* shared = nullptr;          // [T, H] the shared expert's output (MoE models)
     float* route_weights = nullptr;  // [T, k] F32 routing weights (MoE models)
     int32_t* route_ids = nullptr;    // [T, k] I32 chosen experts (MoE models)
-    void* last = nullptr;        // [max_logits, H] rows whose logits are wanted
-    float* logits = nullptr;     // [max_logits, vocab] F32
-    TokenPick* picks = nullptr;  // [max_logits] greedy picks of the logits rows
+    void* last = nullptr;            // [max_logits, H] rows whose logits are wanted
+    float* logits = nullptr;         // [max_logits, vocab] F32
+    TokenPick* picks = nullptr;      // [max_logits] greedy picks of the logits rows
 };
 
 enum class Device { auto_select, cpu, cuda };

@@ -4,10 +4,12 @@
 // passes with a note when no GPU is present.
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <array>
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <string>
 #include <vector>
@@ -77,10 +79,9 @@ struct Side {
     size_t used = 0, cap = 0;
 
     Side(std::unique_ptr<Backend> b, const BatchLimits& l, int max_heads, int max_dim, size_t tensor_bytes)
+        : Side(std::move(b), l, WorkspaceShape{max_heads, max_dim, 0, 0, 0, 0}, tensor_bytes) {}
+    Side(std::unique_ptr<Backend> b, const BatchLimits& l, const WorkspaceShape& shape, size_t tensor_bytes)
         : be(std::move(b)) {
-        WorkspaceShape shape;
-        shape.max_heads = max_heads;
-        shape.max_head_dim = max_dim;
         const size_t ws = (be->workspace_bytes(l, shape) + 255) / 256 * 256;
         cap = ws + tensor_bytes;
         base = static_cast<char*>(be->alloc(cap));
@@ -972,6 +973,154 @@ TEST_CASE("CUDA fused ops (graph replay and eager) equal the CPU reference's pla
                 // graph replay: bitwise the same as eager execution (the same kernels)
                 CHECK(out[2][k] == out[1][k]);
             }
+        }
+    }
+}
+
+// The MoE ops on random inputs (bf16-exact inputs on both sides): the router's choices and weights, the experts'
+// weighted sum given the same routing, and the shared expert's gate, at the sizes of the tests' models and of the
+// real routers (256 experts top-8 as Qwen3.5-35B-A3B, 512 top-10 as Qwen3.5-397B and Qwen3-Next-80B).
+TEST_CASE("CUDA MoE router, experts and shared-expert gate against the CPU reference", "[gpu]") {
+    HY_REQUIRE_GPU();
+    struct Shape {
+        int E, k, H, I, T;
+    };
+    for (const Shape s : {Shape{8, 2, 256, 64, 5}, Shape{256, 8, 512, 64, 3}, Shape{512, 10, 256, 32, 2}}) {
+        INFO("E " << s.E << " k " << s.k << " H " << s.H << " I " << s.I << " rows " << s.T);
+        const WorkspaceShape ws{4, 64, s.H, s.E, s.k, s.I};
+        const BatchLimits l = limits(8, 1, 16);
+        const size_t bytes = size_t(s.E) * 3 * s.I * s.H * 4 + (size_t(16) << 20);
+        Side cpu(make_cpu_backend(2), l, ws, bytes);
+        Side gpu(make_cuda_backend(0), l, ws, bytes);
+        auto bf = [](std::vector<float> v) {  // values exactly representable in bf16, the same on both sides
+            for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+            return v;
+        };
+        const auto x = bf(randn(size_t(s.T) * s.H)), router = randn(size_t(s.E) * s.H, 0.2f),
+                   gate_up = randn(size_t(s.E) * 2 * s.I * s.H, 0.06f), down = randn(size_t(s.E) * s.H * s.I, 0.08f),
+                   sgate = randn(size_t(s.H), 0.1f), shared = bf(randn(size_t(s.T) * s.H)),
+                   y0 = bf(randn(size_t(s.T) * s.H));
+        Batch batch({{0, 0, s.T}}, 64);
+        std::vector<float> w[2], y[2], g[2];
+        std::vector<int32_t> ids[2];
+        Side* sides[2] = {&cpu, &gpu};
+        void* gpu_w = nullptr;
+        void* gpu_ids = nullptr;
+        for (int i = 0; i < 2; i++) {
+            Side& d = *sides[i];
+            d.be->begin_batch(batch.desc);
+            void* xa = d.act(x);
+            const Matrix r = d.matrix(router, s.E, s.H);
+            float* wt = static_cast<float*>(d.take(size_t(s.T) * s.k * 4));
+            int32_t* id = static_cast<int32_t*>(d.take(size_t(s.T) * s.k * 4));
+            d.be->moe_route(xa, s.T, r, s.k, true, wt, id);
+            w[i] = d.read_f32(wt, size_t(s.T) * s.k);
+            ids[i].resize(size_t(s.T) * s.k);
+            d.be->download(ids[i].data(), id, ids[i].size() * 4);
+            if (i == 1) {
+                gpu_w = wt;
+                gpu_ids = id;
+            }
+        }
+        // the router: the same experts in the same order wherever the reference's k-th and (k+1)-th logits are
+        // further apart than bf16's rounding of the logits can move them
+        for (int t = 0; t < s.T; t++) {
+            std::vector<double> lg(size_t(s.E));
+            for (int e = 0; e < s.E; e++) {
+                double acc = 0.0;
+                for (int h = 0; h < s.H; h++)
+                    acc += double(x[size_t(t) * s.H + h]) * bf16_to_f32(f32_to_bf16(router[size_t(e) * s.H + h]));
+                lg[size_t(e)] = acc;
+            }
+            std::vector<double> sorted = lg;
+            std::sort(sorted.begin(), sorted.end(), std::greater<>());
+            const double margin = *std::min_element(sorted.begin(), sorted.begin() + s.k) - sorted[size_t(s.k)];
+            double min_gap = INFINITY;  // between the chosen ones too (their order)
+            for (int j = 0; j + 1 < s.k; j++) min_gap = std::min(min_gap, sorted[size_t(j)] - sorted[size_t(j) + 1]);
+            INFO("row " << t << " margin " << margin << " min gap " << min_gap);
+            // always: k distinct experts, each among the top k up to bf16 rounding, weights summing to 1
+            double wsum = 0.0;
+            for (int j = 0; j < s.k; j++) {
+                const int32_t e = ids[1][size_t(t) * s.k + j];
+                REQUIRE(e >= 0);
+                REQUIRE(e < s.E);
+                CHECK(lg[size_t(e)] >= sorted[size_t(s.k) - 1] - 0.1);
+                for (int j2 = 0; j2 < j; j2++) CHECK(ids[1][size_t(t) * s.k + j2] != e);
+                wsum += w[1][size_t(t) * s.k + j];
+            }
+            CHECK(wsum == Approx(1.0).epsilon(2e-2));
+            if (std::min(margin, min_gap) > 0.05) {
+                for (int j = 0; j < s.k; j++) {
+                    CHECK(ids[1][size_t(t) * s.k + j] == ids[0][size_t(t) * s.k + j]);
+                    CHECK(w[1][size_t(t) * s.k + j] == Approx(w[0][size_t(t) * s.k + j]).epsilon(2e-2));
+                }
+            }
+        }
+        // the experts, given the CPU's routing on both sides
+        gpu.be->upload(gpu_w, w[0].data(), w[0].size() * 4);
+        gpu.be->upload(gpu_ids, ids[0].data(), ids[0].size() * 4);
+        for (int i = 0; i < 2; i++) {
+            Side& d = *sides[i];
+            d.be->begin_batch(batch.desc);
+            void* xa = d.act(x);
+            MoeExperts ex;
+            ex.gate_up = d.matrix(gate_up, int64_t(s.E) * 2 * s.I, s.H);
+            ex.down = d.matrix(down, int64_t(s.E) * s.H, s.I);
+            ex.n_experts = s.E;
+            ex.intermediate = s.I;
+            float* wt = static_cast<float*>(d.take(w[0].size() * 4));
+            int32_t* id = static_cast<int32_t*>(d.take(ids[0].size() * 4));
+            d.be->upload(wt, w[0].data(), w[0].size() * 4);
+            d.be->upload(id, ids[0].data(), ids[0].size() * 4);
+            void* out = d.poisoned(size_t(s.T) * s.H);
+            d.be->moe_experts(xa, s.T, ex, wt, id, s.k, out);
+            y[i] = d.read_act(out, size_t(s.T) * s.H);
+            void* acc = d.act(y0);
+            d.be->add_sigmoid_gated(acc, d.act(shared), xa, d.matrix(sgate, 1, s.H), s.T);
+            g[i] = d.read_act(acc, size_t(s.T) * s.H);
+        }
+        const double ey = rel_err(y[1], y[0]), eg = rel_err(g[1], g[0]);
+        INFO("experts rel err " << ey << ", shared gate rel err " << eg);
+        CHECK(ey <= 2e-2);
+        CHECK(eg <= 1e-2);
+    }
+}
+
+// The MoE test models through the whole forward: prompt logits and a few decode steps (graphs) near the CPU's.
+TEST_CASE("CUDA MoE models: logits match the CPU backend, decode graphs equal eager execution", "[gpu]") {
+    HY_REQUIRE_GPU();
+    for (const char* name : {"moe", "next"}) {
+        INFO(name);
+        const std::string dir = std::string(HY_SOURCE_DIR) + "/tests/data/models/" + name;
+        ModelParams mp;
+        mp.n_ctx = 128;
+        mp.max_batch_tokens = 64;
+        mp.max_logits = 64;
+        mp.device = Device::cpu;
+        auto cpu = Model::load(dir, mp);
+        mp.device = Device::cuda;
+        auto gpu = Model::load(dir, mp);
+        mp.cuda.graphs = false;
+        auto eager = Model::load(dir, mp);
+        std::vector<int32_t> ids(40);
+        std::uniform_int_distribution<int> d(2, 4000);
+        for (int32_t& t : ids) t = d(rng());
+        auto lc = cpu->prefill(0, std::span<const int32_t>(ids.data(), 36), true);
+        const std::vector<float> want(lc.begin(), lc.end());
+        auto lg = gpu->prefill(0, std::span<const int32_t>(ids.data(), 36), true);
+        const double e = rel_err(std::vector<float>(lg.begin(), lg.end()), want);
+        INFO("prompt logits rel err " << e);
+        CHECK(e <= 3e-2);
+        eager->prefill(0, std::span<const int32_t>(ids.data(), 36));
+        for (int i = 36; i < 40; i++) {  // one token per step: graphs on one side, eager on the other
+            auto c = cpu->prefill(0, std::span<const int32_t>(ids.data() + i, 1));
+            const std::vector<float> lc1(c.begin(), c.end());
+            auto x = gpu->prefill(0, std::span<const int32_t>(ids.data() + i, 1));
+            const std::vector<float> lx(x.begin(), x.end());
+            auto y = eager->prefill(0, std::span<const int32_t>(ids.data() + i, 1));
+            INFO("decode step " << i - 36);
+            CHECK(std::vector<float>(y.begin(), y.end()) == lx);
+            CHECK(rel_err(lx, lc1) <= 3e-2);
         }
     }
 }

@@ -62,12 +62,14 @@ TensorMap per_expert(const TensorMap& t, int E, int I, int H) {
                 const uint8_t* base = tensor.bytes.data() + size_t(e) * 2 * I * H * es;
                 const size_t half = size_t(I) * H * es;
                 out[pre + std::to_string(e) + ".gate_proj.weight"] = {tensor.dtype, {I, H}, {base, base + half}};
-                out[pre + std::to_string(e) + ".up_proj.weight"] = {tensor.dtype, {I, H}, {base + half, base + 2 * half}};
+                out[pre + std::to_string(e) + ".up_proj.weight"] = {
+                    tensor.dtype, {I, H}, {base + half, base + 2 * half}};
             }
         } else if (name.ends_with("down_proj")) {
             for (int e = 0; e < E; e++) {
                 const uint8_t* base = tensor.bytes.data() + size_t(e) * H * I * es;
-                out[pre + std::to_string(e) + ".down_proj.weight"] = {tensor.dtype, {H, I}, {base, base + size_t(H) * I * es}};
+                out[pre + std::to_string(e) + ".down_proj.weight"] = {
+                    tensor.dtype, {H, I}, {base, base + size_t(H) * I * es}};
             }
         }
     }
@@ -180,11 +182,5 @@ TEST_CASE("MoE: mismatched checkpoints and configs are refused with one clear li
         c["intermediate_size"] = 32;
         write_variant(tmp.path, moe_dir(), c, fused);
         require_error(Status::model_mismatch, "layer 0: the checkpoint holds a mixture-of-experts block", p);
-    }
-    SECTION("MoE models are refused on CUDA for now") {
-        write_variant(tmp.path, moe_dir(), cfg, fused);
-        ModelParams q = p;
-        q.device = Device::cuda;
-        require_error(Status::unsupported, "not implemented on CUDA yet", q);
     }
 }

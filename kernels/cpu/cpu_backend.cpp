@@ -122,10 +122,11 @@ public:
         if (k < 1 || k > E) throw Error(Status::invalid_argument, "moe_route: k must lie in [1, E]");
         float* logits = scratch_;  // [rows, E]
         cpu::matmul(static_cast<const float*>(x), rows, router, logits, pool_);
-        for (int64_t t = 0; t < rows; t++) cpu::softmax_top_k(logits + t * E, E, k, normalize, weights + t * k, ids + t * k);
+        for (int64_t t = 0; t < rows; t++)
+            cpu::softmax_top_k(logits + t * E, E, k, normalize, weights + t * k, ids + t * k);
     }
-    void moe_experts(const void* x, int64_t rows, const MoeExperts& ex, const float* weights, const int32_t* ids,
-                     int k, void* y) override {
+    void moe_experts(const void* x, int64_t rows, const MoeExperts& ex, const float* weights, const int32_t* ids, int k,
+                     void* y) override {
         cpu::moe_experts(static_cast<const float*>(x), rows, ex, weights, ids, k, static_cast<float*>(y), scratch_,
                          pool_);
     }

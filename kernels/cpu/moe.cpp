@@ -38,10 +38,10 @@ void moe_experts(const float* x, int64_t rows, const MoeExperts& ex, const float
                  float* y, float* scratch, ThreadPool& pool) {
     const int64_t H = ex.down.rows / std::max(ex.n_experts, 1), I = ex.intermediate, E = ex.n_experts;
     const size_t es = dtype_size(ex.gate_up.dtype);
-    float* xs = scratch;             // [rows, H] the expert's rows of x
-    float* gu = xs + rows * H;       // [rows, 2I] gate | up
-    float* act = gu + rows * 2 * I;  // [rows, I]
-    float* out = act + rows * I;     // [rows, H]
+    float* xs = scratch;                                           // [rows, H] the expert's rows of x
+    float* gu = xs + rows * H;                                     // [rows, 2I] gate | up
+    float* act = gu + rows * 2 * I;                                // [rows, I]
+    float* out = act + rows * I;                                   // [rows, H]
     int32_t* picked = reinterpret_cast<int32_t*>(out + rows * H);  // [rows] t * k + j of the expert's rows
     std::memset(y, 0, size_t(rows * H) * 4);
     for (int64_t e = 0; e < E; e++) {
@@ -51,8 +51,8 @@ void moe_experts(const float* x, int64_t rows, const MoeExperts& ex, const float
                 if (ids[t * k + j] == e) picked[n++] = int32_t(t * k + j);  // (the ids of a row are distinct)
         if (n == 0) continue;
         for (int64_t r = 0; r < n; r++) std::memcpy(xs + r * H, x + (picked[r] / k) * H, size_t(H) * 4);
-        const Matrix gate_up{static_cast<const char*>(ex.gate_up.data) + size_t(e * 2 * I * H) * es,
-                             ex.gate_up.dtype, 2 * I, H};
+        const Matrix gate_up{static_cast<const char*>(ex.gate_up.data) + size_t(e * 2 * I * H) * es, ex.gate_up.dtype,
+                             2 * I, H};
         const Matrix down{static_cast<const char*>(ex.down.data) + size_t(e * H * I) * dtype_size(ex.down.dtype),
                           ex.down.dtype, H, I};
         matmul(xs, n, gate_up, gu, pool);

@@ -29,6 +29,7 @@
 #include "kernels/cuda/gated_delta_net.cuh"
 #include "kernels/cuda/graph.cuh"
 #include "kernels/cuda/matmul.cuh"
+#include "kernels/cuda/moe.cuh"
 #include "kernels/cuda/norm.cuh"
 
 #ifndef HY_CUDA_ARCHITECTURES
@@ -45,6 +46,7 @@ void trace_bind_elementwise(const TraceBuf& t);
 void trace_bind_embed(const TraceBuf& t);
 void trace_bind_gated_delta_net(const TraceBuf& t);
 void trace_bind_matmul(const TraceBuf& t);
+void trace_bind_moe(const TraceBuf& t);
 void trace_bind_norm(const TraceBuf& t);
 void trace_bind_all(const TraceBuf& t) {
     trace_bind_argmax(t);
@@ -53,6 +55,7 @@ void trace_bind_all(const TraceBuf& t) {
     trace_bind_embed(t);
     trace_bind_gated_delta_net(t);
     trace_bind_matmul(t);
+    trace_bind_moe(t);
     trace_bind_norm(t);
 }
 }  // namespace cuda
@@ -114,6 +117,9 @@ struct Op {
         gemv_group,
         gate_up,
         add_rms_norm,
+        moe_route,
+        moe_experts,
+        add_sigmoid_gated,
     };
     Kind kind = Kind::copy_h2d;
     const void* x = nullptr;   // main input (copy source, table, norm/matmul input, add addend, silu gate)
@@ -126,6 +132,7 @@ struct Op {
     int64_t n = 0;             // rows, or elements (add, silu_mul), or bytes (copy)
     int64_t dim = 0;
     int64_t n2 = 0;  // argmax: n_valid
+    int64_t n3 = 0;  // moe_experts: I
     float eps = 0.0f;
     bool flag = false;  // rms_norm zero_centred
     cuda::GemvGroup group;
@@ -159,6 +166,7 @@ void sign(const Op& op, std::vector<uint64_t>& sig) {
     u(uint64_t(op.n));
     u(uint64_t(op.dim));
     u(uint64_t(op.n2));
+    u(uint64_t(op.n3));
     f(op.eps);
     u(op.flag);
     if (op.kind == Op::Kind::gemv_group) {
@@ -372,7 +380,9 @@ public:
         const int max_heads = s.max_heads, max_head_dim = s.max_head_dim;
         const size_t T = size_t(std::max(l.max_tokens, 1)), R = size_t(std::max(l.max_runs, 1));
         const size_t hd = size_t(std::max(max_heads, 1)) * size_t(std::max(max_head_dim, 1));
-        scratch_a_elems_ = align256(T * 4 * hd * 2) / 2;  // >= Hq * D and >= C = 2 Hk Dk + Hv Dv <= 3 Hv Dv
+        // >= Hq * D and >= C = 2 Hk Dk + Hv Dv <= 3 Hv Dv; MoE layers use it for the experts' activations [T * k, I]
+        scratch_a_elems_ =
+            align256(std::max(T * 4 * hd, T * size_t(s.experts_per_tok) * size_t(s.moe_intermediate)) * 2) / 2;
         split_floats_ = cuda::attention_split_floats(std::max(max_heads, 1), std::max(max_head_dim, 1));
         return align256(cuda::Gemm::kWorkspaceBytes) + align256(5 * T * 4 + R * sizeof(SeqRun)) + scratch_a_elems_ * 2 +
                align256(split_floats_ * 4) + align256(cuda::argmax_scratch_floats(int(T)) * 4);
@@ -557,14 +567,53 @@ public:
         matmul(x, rows, w_up, up);
         silu_mul(gate, up, rows * w_gate.rows, act);
     }
-    // No mixture-of-experts kernels yet: Model::load refuses MoE models on CUDA before any of these is reached.
-    void moe_route(const void*, int64_t, const Matrix&, int, bool, float*, int32_t*) override { no_moe(); }
-    void moe_experts(const void*, int64_t, const MoeExperts&, const float*, const int32_t*, int, void*) override {
-        no_moe();
+    // One router kernel (cuda::moe_route: logits, softmax and top-k on the device).
+    void moe_route(const void* x, int64_t rows, const Matrix& router, int k, bool normalize, float* weights,
+                   int32_t* ids) override {
+        require_bf16(router, "MoE router");
+        Op op;
+        op.kind = Op::Kind::moe_route;
+        op.x = x;
+        op.n = rows;
+        op.m = router;
+        op.dim = k;
+        op.flag = normalize;
+        op.y = weights;
+        op.y2 = ids;
+        submit(op);
     }
-    void add_sigmoid_gated(void*, const void*, const void*, const Matrix&, int64_t) override { no_moe(); }
-    [[noreturn]] static void no_moe() {
-        throw Error(Status::unsupported, "CUDA backend: mixture-of-experts layers are not implemented yet");
+    // Two kernels (cuda::moe_experts: the chosen experts' gate/up/SiLU, then down_proj and the weighted sum).
+    void moe_experts(const void* x, int64_t rows, const MoeExperts& ex, const float* weights, const int32_t* ids, int k,
+                     void* y) override {
+        require_bf16(ex.gate_up, "MoE experts");
+        require_bf16(ex.down, "MoE experts");
+        if (size_t(rows) * size_t(k) * size_t(ex.intermediate) > scratch_a_elems_)
+            throw Error(Status::internal, "CUDA MoE experts: workspace too small");
+        Op op;
+        op.kind = Op::Kind::moe_experts;
+        op.x = x;
+        op.n = rows;
+        op.m = ex.gate_up;
+        op.m2 = ex.down;
+        op.dim = k;
+        op.n2 = ex.n_experts;
+        op.w = weights;
+        op.x2 = ids;
+        op.y = y;
+        op.n3 = ex.intermediate;
+        submit(op);
+    }
+    // One kernel (cuda::add_sigmoid_gated).
+    void add_sigmoid_gated(void* y, const void* s, const void* x, const Matrix& gate, int64_t rows) override {
+        require_bf16(gate, "shared expert gate");
+        Op op;
+        op.kind = Op::Kind::add_sigmoid_gated;
+        op.y = y;
+        op.x2 = s;
+        op.x = x;
+        op.m = gate;
+        op.n = rows;
+        submit(op);
     }
     void add(void* y, const void* x, int64_t n) override {
         Op op;
@@ -752,6 +801,27 @@ private:
                 cuda::gemv_gate_up(static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data),
                                    static_cast<const bf16*>(op.m2.data), op.m.rows, op.m.cols, static_cast<bf16*>(op.y),
                                    static_cast<bf16*>(op.y2), static_cast<bf16*>(op.y3), ctx_);
+                return;
+            case K::moe_route:
+                cuda::moe_route(static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data),
+                                int(op.m.rows), int(op.m.cols), int(op.dim), op.flag, static_cast<float*>(op.y),
+                                static_cast<int32_t*>(op.y2), ctx_);
+                return;
+            case K::moe_experts: {
+                MoeExperts ex;
+                ex.gate_up = op.m;
+                ex.down = op.m2;
+                ex.n_experts = int(op.n2);
+                ex.intermediate = int(op.n3);
+                cuda::moe_experts(static_cast<const bf16*>(op.x), op.n, ex, int(op.m.cols), op.w,
+                                  static_cast<const int32_t*>(op.x2), int(op.dim), scratch_a_, static_cast<bf16*>(op.y),
+                                  ctx_);
+                return;
+            }
+            case K::add_sigmoid_gated:
+                cuda::add_sigmoid_gated(static_cast<bf16*>(op.y), static_cast<const bf16*>(op.x2),
+                                        static_cast<const bf16*>(op.x), static_cast<const bf16*>(op.m.data), op.n,
+                                        int(op.m.cols), ctx_);
                 return;
             case K::add_rms_norm:
                 cuda::add_rms_norm(static_cast<bf16*>(op.y), static_cast<const bf16*>(op.x2), op.w, op.n, int(op.dim),
