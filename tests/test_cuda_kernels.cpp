@@ -1050,9 +1050,14 @@ TEST_CASE("CUDA MoE router, experts and shared-expert gate against the CPU refer
             }
             CHECK(wsum == Approx(1.0).epsilon(2e-2));
             if (std::min(margin, min_gap) > 0.05) {
+                // the GPU rounds the logits to bf16 (as transformers' bf16 forward does): an error of up to half an
+                // ulp, |l| 2^-9, in each logit moves a weight by up to about twice that, relatively
+                double max_abs = 0.0;
+                for (double v : lg) max_abs = std::max(max_abs, std::fabs(v));
+                const double tol = std::max(2e-2, 4.0 * max_abs / 512.0);
                 for (int j = 0; j < s.k; j++) {
                     CHECK(ids[1][size_t(t) * s.k + j] == ids[0][size_t(t) * s.k + j]);
-                    CHECK(w[1][size_t(t) * s.k + j] == Approx(w[0][size_t(t) * s.k + j]).epsilon(2e-2));
+                    CHECK(w[1][size_t(t) * s.k + j] == Approx(w[0][size_t(t) * s.k + j]).epsilon(tol));
                 }
             }
         }

@@ -3,7 +3,8 @@
 Hugging Face goldens.
 
 The trained fixtures (tiny-moe, tiny-next: hidden 256, 16 MB each) do not fit the repository's size budget, so the
-tests use models of the same architectures with hidden 64 and 4 layers (3 Gated DeltaNet + 1 gated attention),
+tests use models of the same architectures with hidden 64 and 4 layers (3 Gated DeltaNet + 1 gated attention with
+head dim 64, the smallest the CUDA attention kernels are built for),
 random weights (seeded; initializer_range 0.1 so that logits and router scores are well separated), stored as
 released checkpoints store them (BF16, A_log and dt_bias F32; experts as transformers 5 saves them, fused 3-D
 tensors). models/tiny's tokenizer is copied in. The goldens come from tools/make_golden.py (fp32 on the CPU, a
@@ -23,7 +24,7 @@ import torch
 from safetensors.torch import save_file
 
 COMMON = dict(vocab_size=4096, hidden_size=64, num_hidden_layers=4, num_attention_heads=2, num_key_value_heads=1,
-              head_dim=32, linear_conv_kernel_dim=4, linear_key_head_dim=32, linear_value_head_dim=32,
+              head_dim=64, linear_conv_kernel_dim=4, linear_key_head_dim=64, linear_value_head_dim=64,
               linear_num_key_heads=2, linear_num_value_heads=4, max_position_embeddings=4096, rms_norm_eps=1e-6,
               tie_word_embeddings=False, eos_token_id=1, pad_token_id=0, bos_token_id=None,
               initializer_range=0.1, num_experts=8, moe_intermediate_size=32, shared_expert_intermediate_size=64,
@@ -34,7 +35,7 @@ MODELS = {
     "moe": ("Qwen3_5MoeForCausalLM", "Qwen3_5MoeTextConfig",
             dict(num_experts_per_tok=4,
                  rope_parameters=dict(rope_type="default", rope_theta=1e7, partial_rotary_factor=0.25,
-                                      mrope_section=[1, 1, 2], mrope_interleaved=True))),
+                                      mrope_section=[3, 3, 2], mrope_interleaved=True))),
     # Qwen3-Next: top-2 with norm_topk_prob, layer 2 a dense MLP, fused in_proj_qkvz / in_proj_ba
     "next": ("Qwen3NextForCausalLM", "Qwen3NextConfig",
              dict(num_experts_per_tok=2, norm_topk_prob=True, decoder_sparse_step=1, mlp_only_layers=[2],
