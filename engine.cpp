@@ -140,6 +140,7 @@ hy_model_params hy_model_default_params(void) {
     p.n_slots = 1;
     p.max_batch_tokens = 512;
     p.cuda_graphs = 1;
+    p.dummy_weights = 0;
     return p;
 }
 
@@ -166,6 +167,7 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
         mp.n_slots = p.n_slots;
         mp.max_batch_tokens = p.max_batch_tokens;
         mp.cuda.graphs = p.cuda_graphs != 0;
+        mp.dummy_weights = p.dummy_weights != 0;
         auto m = std::make_unique<hy_model>();
         m->tok = std::make_unique<hy::Tokenizer>(hy::Tokenizer::from_folder(dir));
         m->generation = hy::load_generation_defaults(dir);

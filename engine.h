@@ -84,6 +84,9 @@ typedef struct hy_model_params {
     int max_batch_tokens; /* tokens per forward step during prefill (default 512) */
     int cuda_graphs;      /* CUDA: 1 (default) replays small and decode steps as CUDA graphs; 0 launches every kernel
                              one by one (the same kernels and results, slower: for profilers and debugging) */
+    int dummy_weights;    /* 1: read config.json (and the tokenizer) alone and fill the weights with deterministic
+                             random values, for benchmarks of a shape without its checkpoint; output is meaningless
+                             (default 0) */
 } hy_model_params;
 
 hy_model_params hy_model_default_params(void);

@@ -132,6 +132,21 @@ struct CudaOptions {
     std::string trace_file;
 };
 
+#if defined(__CUDACC__)
+#define HY_HOST_DEVICE __host__ __device__
+#else
+#define HY_HOST_DEVICE
+#endif
+
+// The value fill_random gives element i for `seed`: the top 24 bits of splitmix64(seed + i), as a float in [0, 1).
+HY_HOST_DEVICE inline float random_unit(uint64_t seed, uint64_t i) {
+    uint64_t z = seed + i * 0x9e3779b97f4a7c15ull + 0x9e3779b97f4a7c15ull;
+    z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+    z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+    z ^= z >> 31;
+    return float(z >> 40) * (1.0f / 16777216.0f);
+}
+
 // The greedy pick of one logits row (Backend::argmax_rows).
 struct TokenPick {
     int32_t id = -1;       // arg max over ids [0, n_valid), lowest id on ties; -1 when no logit there is > -inf
@@ -157,6 +172,9 @@ public:
     virtual void upload(void* dst, const void* src, size_t bytes) = 0;    // host -> arena
     virtual void download(void* dst, const void* src, size_t bytes) = 0;  // arena -> host (synchronizes)
     virtual void fill_zero(void* dst, size_t bytes) = 0;
+    // dst[n] (F32 or BF16, arena) = values uniform in [lo, hi) from a counter-based hash of (seed, index):
+    // deterministic, the same on every backend up to the dtype's rounding. For dummy weights (ModelParams).
+    virtual void fill_random(void* dst, size_t n, DType dtype, float lo, float hi, uint64_t seed) = 0;
     // Bytes of private scratch the backend needs for these limits; handed over once with set_workspace().
     virtual size_t workspace_bytes(const BatchLimits& limits, const WorkspaceShape& shape) const = 0;
     virtual void set_workspace(void* ws, const BatchLimits& limits) = 0;

@@ -5,6 +5,7 @@
 #include <sys/stat.h>
 
 #include <algorithm>
+#include <deque>
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
@@ -41,8 +42,13 @@ DType to_dtype(hyst_dtype t) {
     throw Error(Status::unsupported, "unsupported tensor dtype");
 }
 
-// The checkpoint's safetensors files, opened for the duration of the load.
+// The checkpoint's safetensors files, opened for the duration of the load. A dummy checkpoint (ModelParams::
+// dummy_weights) has no files: get() makes a BF16 tensor of the asked shape with no data (F32 for A_log and
+// dt_bias), which the loader fills with random values; has() finds only the fused experts' names, so the layout
+// the config implies is taken.
 struct Checkpoint {
+    bool dummy = false;
+    std::deque<hyst_tensor> made;  // the dummy tensors (stable addresses)
     std::vector<std::unique_ptr<hyst_file>> files;
     std::map<std::string, const hyst_tensor*> tensors;
     std::map<const hyst_tensor*, std::string> file_of;
@@ -100,9 +106,20 @@ struct Checkpoint {
         }
     }
 
-    bool has(const std::string& name) const { return tensors.count(name) > 0; }
+    bool has(const std::string& name) const {
+        if (dummy) return name.ends_with("mlp.experts.gate_up_proj") || name.ends_with("mlp.experts.down_proj");
+        return tensors.count(name) > 0;
+    }
 
     const hyst_tensor& get(const std::string& name, const std::vector<int64_t>& shape) const {
+        if (dummy) {
+            hyst_tensor t{};
+            std::snprintf(t.name, sizeof t.name, "%s", name.c_str());
+            t.dtype = name.ends_with("A_log") || name.ends_with("dt_bias") ? HYST_F32 : HYST_BF16;
+            t.n_dims = int(shape.size());
+            for (size_t d = 0; d < shape.size(); d++) t.shape[d] = shape[d];
+            return const_cast<std::deque<hyst_tensor>&>(made).emplace_back(t);
+        }
         auto it = tensors.find(name);
         if (it == tensors.end())
             throw Error(Status::model_mismatch,
@@ -331,7 +348,8 @@ struct ModelLoader {
                 moe_block(L.moe_block, mp, i);
                 continue;
             }
-            if (!ck.has(mp + "gate_proj.weight") && (ck.has(mp + "gate.weight") || ck.has(mp + "experts.gate_up_proj")))
+            if (!ck.dummy && !ck.has(mp + "gate_proj.weight") &&
+                (ck.has(mp + "gate.weight") || ck.has(mp + "experts.gate_up_proj")))
                 throw Error(Status::model_mismatch,
                             "layer " + std::to_string(i) + ": the checkpoint holds a mixture-of-experts block ('" + mp +
                                 "gate.weight') but config.json describes a dense MLP (model_type " + c.model_type +
@@ -342,10 +360,32 @@ struct ModelLoader {
         }
     }
 
+    // A dummy checkpoint's small vectors: what a trained model's are near (zero-centred norms 0, the gated norm 1,
+    // A = e^0.5, dt_bias 1), the conv taps uniform in +-0.25.
+    static void dummy_vector(const std::string& name, std::vector<float>& v) {
+        float value = 0.0f;
+        if (name.ends_with("A_log")) value = 0.5f;
+        if (name.ends_with("dt_bias") || name.ends_with("linear_attn.norm.weight")) value = 1.0f;
+        for (size_t i = 0; i < v.size(); i++)
+            v[i] = name.ends_with("conv1d.weight") ? -0.25f + 0.5f * random_unit(7, i) : value;
+    }
+
     void upload_weights(char* base) {
         std::vector<float> tmp;
         std::vector<uint16_t> half;
+        uint64_t seed = 1;
         for (const Piece& p : pieces) {
+            if (!p.src->data) {  // dummy weights: uniform in +-0.035 (standard deviation 0.02, as HF's initializer)
+                size_t n = p.rows.size();
+                if (p.rows.empty()) {
+                    n = 1;
+                    for (int d = 0; d < p.src->n_dims; d++) n *= size_t(p.src->shape[d]);
+                } else {
+                    n *= size_t(p.src->shape[p.src->n_dims - 1]);
+                }
+                be.fill_random(base + p.off, n, p.dtype, -0.035f, 0.035f, seed++);
+                continue;
+            }
             const DType src_type = to_dtype(p.src->dtype);
             int64_t total = 1;
             for (int d = 0; d < p.src->n_dims; d++) total *= p.src->shape[d];
@@ -383,7 +423,10 @@ struct ModelLoader {
         for (const MatrixJob& j : matrices) j.dst->data = base + j.off;
         for (const VectorJob& j : vectors) {
             tmp.resize(size_t(j.n));
-            convert_to_f32(j.src->data, to_dtype(j.src->dtype), tmp.data(), size_t(j.n));
+            if (!j.src->data)
+                dummy_vector(j.src->name, tmp);
+            else
+                convert_to_f32(j.src->data, to_dtype(j.src->dtype), tmp.data(), size_t(j.n));
             be.upload(base + j.off, tmp.data(), size_t(j.n) * 4);
             *j.dst = reinterpret_cast<const float*>(base + j.off);
         }
@@ -427,7 +470,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     m->params_ = p;
 
     Checkpoint ck;
-    ck.open(dir);
+    ck.dummy = p.dummy_weights;
+    if (!ck.dummy) ck.open(dir);
     m->backend_ = choose_backend(p);
     Backend& be = *m->backend_;
 

@@ -115,6 +115,10 @@ struct ModelParams {
     int max_batch_tokens = 512;  // rows per forward step (prefill chunk)
     int max_logits = 0;          // logits rows per step; <= 0: max(n_slots, 1)
     CudaOptions cuda;            // how the CUDA backend runs (ignored on the CPU)
+    // Read config.json alone and fill the weights with deterministic random values made by the backend (uniform,
+    // about the scale of a trained model's), for benchmarks of any shape without a checkpoint (vLLM's
+    // --load-format dummy). The output is meaningless.
+    bool dummy_weights = false;
 };
 
 class Model {

@@ -1129,3 +1129,28 @@ TEST_CASE("CUDA MoE models: logits match the CPU backend, decode graphs equal ea
         }
     }
 }
+
+// Dummy weights are the same values on both backends (fill_random's hash, rounded to bf16 on both): the same
+// model, so the same logits up to bf16 activations.
+TEST_CASE("CUDA dummy weights equal the CPU's", "[gpu]") {
+    HY_REQUIRE_GPU();
+    ModelParams mp;
+    mp.n_ctx = 64;
+    mp.max_batch_tokens = 32;
+    mp.max_logits = 32;
+    mp.dummy_weights = true;
+    mp.device = Device::cpu;
+    const std::string dir = std::string(HY_SOURCE_DIR) + "/tests/data/models/next";
+    auto cpu = Model::load(dir, mp);
+    mp.device = Device::cuda;
+    auto gpu = Model::load(dir, mp);
+    std::vector<int32_t> ids(20);
+    std::uniform_int_distribution<int> d(2, 4000);
+    for (int32_t& t : ids) t = d(rng());
+    auto lc = cpu->prefill(0, ids, true);
+    const std::vector<float> want(lc.begin(), lc.end());
+    auto lg = gpu->prefill(0, ids, true);
+    const double e = rel_err(std::vector<float>(lg.begin(), lg.end()), want);
+    INFO("rel err " << e);
+    CHECK(e <= 3e-2);
+}

@@ -2,9 +2,10 @@
 // share of the memory-bandwidth roofline that the achieved rate represents.
 //
 // Roofline: a decode step of b sequences reads every weight once (the embedding table only through the logits
-// when tied), reads and writes each sequence's recurrent and conv state, and reads each sequence's KV cache up to
-// its length. bytes_per_step / copy_bandwidth is the fastest possible step; the copy bandwidth is measured here,
-// on the same device, by a large copy (bytes read + bytes written).
+// when tied; of a mixture-of-experts layer's routed experts only those its rows chose, see weights_read_at), reads and
+// writes each sequence's recurrent and conv state, and reads each sequence's KV cache up to its length. bytes_per_step
+// / copy_bandwidth is the fastest possible step; the copy bandwidth is measured here, on the same device, by a large
+// copy (bytes read + bytes written).
 #include <fcntl.h>
 #include <sys/resource.h>
 #include <sys/stat.h>
@@ -107,6 +108,8 @@ int main(int argc, char** argv) {
         ("ubatch", "prefill chunk (rows per forward step)", cxxopts::value<int>()->default_value("512"))
         ("json", "also write the results to this JSON file (replaced if it exists; a symbolic link is refused)",
          cxxopts::value<std::string>())
+        ("dummy-weights", "read config.json alone and fill the weights with random values on the device (any shape "
+         "without a checkpoint; vLLM's --load-format dummy)")
         ("cuda-trace", "CUDA builds with -DHY_CUDA_TRACE=ON: write every kernel's start and ready times to this file "
          "(tools/gpu/trace_summary.py)", cxxopts::value<std::string>());
     add_shared_option(opts, "", "help");
@@ -167,6 +170,7 @@ int main(int argc, char** argv) {
         mp.n_threads = threads;
         mp.cuda.graphs = !args["no-cuda-graphs"].as<bool>();
         mp.cuda.pdl = !args["no-pdl"].as<bool>();
+        mp.dummy_weights = args["dummy-weights"].as<bool>();
         if (args.count("cuda-trace")) mp.cuda.trace_file = args["cuda-trace"].as<std::string>();
         if (int64_t(n_prompt) + n_gen + 1 > (int64_t(1) << 30))  // (the sum overflowed int: "context length -1")
             throw tools::UsageError("-p + -n must be at most 2^30 - 1 positions, got " +
@@ -198,6 +202,26 @@ int main(int argc, char** argv) {
         const size_t ssm = size_t(c.gdn_v_heads) * size_t(c.gdn_k_dim) * size_t(c.gdn_v_dim) * 4;
         const size_t conv = size_t(c.conv_kernel - 1) * size_t(c.gdn_conv_channels()) * as;
         const size_t state_rw = size_t(c.n_gdn_layers()) * 2 * (ssm + conv);  // read + write
+        // MoE layers: a step reads every router and shared expert but only the routed experts its rows chose: k of
+        // the E at batch 1, and at batch b the expected number of distinct experts under uniform routing,
+        // E (1 - (1 - k/E)^b) (an estimate: real routers are not uniform).
+        double expert_bytes = 0.0, one_expert = 0.0;  // all routed experts' bytes; one expert's, in one layer
+        int n_moe_layers = 0;
+        for (const LayerWeights& L : w.layers) {
+            if (!L.moe) continue;
+            const MoeExperts& ex = L.moe_block.experts;
+            const double bytes = double(ex.gate_up.rows * ex.gate_up.cols) * dtype_size(ex.gate_up.dtype) +
+                                 double(ex.down.rows * ex.down.cols) * dtype_size(ex.down.dtype);
+            expert_bytes += bytes;
+            one_expert = bytes / ex.n_experts;
+            n_moe_layers++;
+        }
+        auto weights_read_at = [&](int b) {
+            if (n_moe_layers == 0) return double(weights_read);
+            const double E = c.n_experts, k = c.n_experts_per_tok;
+            const double distinct = b == 1 ? k : E * (1.0 - std::pow(1.0 - k / E, double(b)));
+            return double(weights_read) - expert_bytes + n_moe_layers * distinct * one_expert;
+        };
         const size_t kv_per_pos = size_t(c.n_attention_layers()) * 2 * size_t(c.n_kv_heads) * size_t(c.head_dim) * as;
 
         std::mt19937 rng(1234);
@@ -265,7 +289,7 @@ int main(int argc, char** argv) {
             const double pre = median(pre_tps), dec = median(dec_tps);
             // Average KV length over the decode steps: n_prompt + (n_gen - 1) / 2.
             const double kv_bytes = double(kv_per_pos) * (n_prompt + (n_gen - 1) / 2.0) * b;
-            const double step_bytes = double(weights_read) + double(state_rw) * b + kv_bytes;
+            const double step_bytes = weights_read_at(b) + double(state_rw) * b + kv_bytes;
             const double steps_per_s = dec / b;
             const double gbs = step_bytes * steps_per_s / 1e9;
             const double roof = copy_gbs > 0 ? 100.0 * gbs / copy_gbs : NAN;

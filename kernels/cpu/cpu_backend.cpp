@@ -40,6 +40,19 @@ public:
     void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
     void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
     void fill_zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
+    void fill_random(void* dst, size_t n, DType dtype, float lo, float hi, uint64_t seed) override {
+        if (dtype != DType::F32 && dtype != DType::BF16)
+            throw Error(Status::internal, std::string("fill_random: ") + dtype_name(dtype) + " is not filled");
+        pool_.parallel_for(int64_t(n), 1 << 16, [&](int64_t b, int64_t e, int) {
+            for (int64_t i = b; i < e; i++) {
+                const float v = lo + (hi - lo) * random_unit(seed, uint64_t(i));
+                if (dtype == DType::F32)
+                    static_cast<float*>(dst)[i] = v;
+                else
+                    static_cast<uint16_t*>(dst)[i] = f32_to_bf16(v);
+            }
+        });
+    }
     void synchronize() override {}
     double copy_bandwidth_gbs() override {
         const size_t n = size_t(256) << 20;  // 256 MiB each way, far beyond the caches

@@ -331,6 +331,12 @@ public:
         flush();
         HY_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_));
     }
+    void fill_random(void* dst, size_t n, DType dtype, float lo, float hi, uint64_t seed) override {
+        if (dtype != DType::F32 && dtype != DType::BF16)
+            throw Error(Status::internal, std::string("fill_random: ") + dtype_name(dtype) + " is not filled");
+        flush();
+        cuda::fill_random(dst, int64_t(n), dtype == DType::F32, lo, hi, seed, ctx_);
+    }
     void synchronize() override {
         flush();
         HY_CUDA_CHECK(cudaStreamSynchronize(stream_));

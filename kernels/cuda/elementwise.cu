@@ -1,6 +1,8 @@
 // Element-wise ops: 16-byte vectors when n is a multiple of 8 and the pointers are aligned, else scalars.
 #include "kernels/cuda/elementwise.cuh"
 
+#include <algorithm>
+
 namespace hy::cuda {
 
 namespace {
@@ -55,6 +57,24 @@ unsigned grid_for(int64_t n) {
 }
 
 }  // namespace
+
+__global__ void fill_random_kernel(void* dst, int64_t n, bool f32, float lo, float hi, uint64_t seed) {
+    pdl_trigger();
+    pdl_wait();
+    for (int64_t i = blockIdx.x * int64_t(blockDim.x) + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+        const float v = lo + (hi - lo) * random_unit(seed, uint64_t(i));
+        if (f32)
+            static_cast<float*>(dst)[i] = v;
+        else
+            static_cast<bf16*>(dst)[i] = to_bf16(v);
+    }
+}
+
+void fill_random(void* dst, int64_t n, bool f32, float lo, float hi, uint64_t seed, const LaunchContext& ctx) {
+    if (n <= 0) return;
+    launch(fill_random_kernel, unsigned(std::min<int64_t>(ceil_div(n, kElementwiseThreads), 65536)),
+           kElementwiseThreads, 0, ctx, "fill_random kernel", dst, n, f32, lo, hi, seed);
+}
 
 void add(bf16* y, const bf16* x, int64_t n, const LaunchContext& ctx) {
     if (n <= 0) return;

@@ -161,8 +161,8 @@ void moe_route(const bf16* x, int64_t rows, const bf16* router, int E, int H, in
     if (k < 1 || k > kMaxTopK || k > E || E > kMaxExperts)
         throw Error(Status::unsupported, "CUDA MoE router: " + std::to_string(E) + " experts, top-" +
                                              std::to_string(k) + " (supported: up to 4096 experts, top-32)");
-    launch(moe_route_kernel, unsigned(rows), kRouteThreads, size_t(E) * 4, ctx, "MoE router kernel", x, router, E, H,
-           k, normalize, weights, ids);
+    launch(moe_route_kernel, unsigned(rows), kRouteThreads, size_t(E) * 4, ctx, "MoE router kernel", x, router, E, H, k,
+           normalize, weights, ids);
 }
 
 void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const float* weights, const int32_t* ids,

@@ -5,7 +5,8 @@
 # hybrid-bench on a Qwen3.5-4B-shaped random checkpoint: decode b=1, prefill 4096 and batched decode, new and base
 # in alternation (ROUNDS rounds, default 2), so that a difference of about 1% stands out of the run-to-run noise.
 # Usage (device tool, from the repository root): bash tools/gpu/ab_run.sh   with carry [".carry"]
-# (.carry from ../shared/tools/device_prep.sh). STAGES (default "all"): build tests bench. Logs: $OUT/all.log,
+# (.carry from ../shared/tools/device_prep.sh). STAGES (default "all"): build tests bench moe (NOBASE=1: no
+# baseline build). Logs: $OUT/all.log,
 # summary last.
 set -u
 . tools/gpu/run_lib.sh  # OUT, LOG, SUM, T0, say, step
@@ -61,6 +62,14 @@ if want bench; then
             grep -E '^\| +[0-9]' "$LOG" | tail -2 | sed "s/^/  batch [$tag]: /" >>"$SUM"
         done
     done
+fi
+if want moe; then  # Qwen3.5-35B-A3B shapes (tools/gpu/config_35b_a3b.json) with dummy weights made on the device
+    mkdir -p /tmp/q35 && cp tools/gpu/config_35b_a3b.json /tmp/q35/config.json
+    step bench_35b_b1 300 $N/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 128 -r 2
+    grep -E "^ready|^device memory|^model" "$LOG" | tail -3 >>"$SUM"
+    grep -E '^\| +[0-9]' "$LOG" | tail -1 >>"$SUM"
+    step bench_35b_b8 300 $N/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 32 -b 8,32 -r 1
+    grep -E '^\| +[0-9]' "$LOG" | tail -2 >>"$SUM"
 fi
 say "total $(($(date +%s) - T0)) s"
 echo "================ summary"
