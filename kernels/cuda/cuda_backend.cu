@@ -387,8 +387,10 @@ public:
         const size_t T = size_t(std::max(l.max_tokens, 1)), R = size_t(std::max(l.max_runs, 1));
         const size_t hd = size_t(std::max(max_heads, 1)) * size_t(std::max(max_head_dim, 1));
         // >= Hq * D and >= C = 2 Hk Dk + Hv Dv <= 3 Hv Dv; MoE layers use it for the experts' activations [T * k, I]
-        scratch_a_elems_ =
-            align256(std::max(T * 4 * hd, T * size_t(s.experts_per_tok) * size_t(s.moe_intermediate)) * 2) / 2;
+        scratch_a_elems_ = align256(std::max({T * 4 * hd, T * size_t(s.experts_per_tok) * size_t(s.moe_intermediate),
+                                              T * size_t(s.n_experts)}) *
+                                    2) /
+                           2;
         split_floats_ = cuda::attention_split_floats(std::max(max_heads, 1), std::max(max_head_dim, 1));
         return align256(cuda::Gemm::kWorkspaceBytes) + align256(5 * T * 4 + R * sizeof(SeqRun)) + scratch_a_elems_ * 2 +
                align256(split_floats_ * 4) + align256(cuda::argmax_scratch_floats(int(T)) * 4);
@@ -573,16 +575,21 @@ public:
         matmul(x, rows, w_up, up);
         silu_mul(gate, up, rows * w_gate.rows, act);
     }
-    // One router kernel (cuda::moe_route: logits, softmax and top-k on the device).
+    // The router's logits through matmul() (the GEMV for 1-2 rows, else cuBLASLt; bf16 as transformers' linear),
+    // then one top-k kernel (cuda::moe_top_k: softmax and the choice on the device).
     void moe_route(const void* x, int64_t rows, const Matrix& router, int k, bool normalize, float* weights,
                    int32_t* ids) override {
         require_bf16(router, "MoE router");
+        cuda::check_moe_route(int(router.rows), k);
+        if (size_t(rows) * size_t(router.rows) > scratch_a_elems_)
+            throw Error(Status::internal, "CUDA MoE router: workspace too small");
+        matmul(x, rows, router, scratch_a_);  // [rows, E]
         Op op;
         op.kind = Op::Kind::moe_route;
-        op.x = x;
+        op.x = scratch_a_;
         op.n = rows;
-        op.m = router;
         op.dim = k;
+        op.n2 = router.rows;
         op.flag = normalize;
         op.y = weights;
         op.y2 = ids;
@@ -809,9 +816,8 @@ private:
                                    static_cast<bf16*>(op.y2), static_cast<bf16*>(op.y3), ctx_);
                 return;
             case K::moe_route:
-                cuda::moe_route(static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data),
-                                int(op.m.rows), int(op.m.cols), int(op.dim), op.flag, static_cast<float*>(op.y),
-                                static_cast<int32_t*>(op.y2), ctx_);
+                cuda::moe_top_k(static_cast<const bf16*>(op.x), op.n, int(op.n2), int(op.dim), op.flag,
+                                static_cast<float*>(op.y), static_cast<int32_t*>(op.y2), ctx_);
                 return;
             case K::moe_experts: {
                 MoeExperts ex;

@@ -29,10 +29,10 @@ __device__ __forceinline__ float warp_dot(const bf16* a, const bf16* b, int K) {
     return warp_sum(s);
 }
 
-// One block per row: logits (bf16-rounded) in shared memory, softmax in fp32, then warp 0 picks the top k one at a
-// time (the largest logit not taken, the lower id on ties).
-__global__ void moe_route_kernel(const bf16* __restrict__ x, const bf16* __restrict__ router, int E, int H, int k,
-                                 bool normalize, float* weights, int32_t* ids) {
+// One block per row: the row's logits (bf16, from the router GEMV) in shared memory, softmax in fp32, then warp 0
+// picks the top k one at a time (the largest logit not taken, the lower id on ties).
+__global__ void moe_route_kernel(const bf16* __restrict__ router_logits, int E, int k, bool normalize, float* weights,
+                                 int32_t* ids) {
     extern __shared__ float logit[];  // [E]
     __shared__ float scratch[32];
     __shared__ unsigned char taken[kMaxExperts];
@@ -40,11 +40,7 @@ __global__ void moe_route_kernel(const bf16* __restrict__ x, const bf16* __restr
     pdl_wait();
     const int64_t row = blockIdx.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
-    const bf16* xr = x + row * H;
-    for (int e = warp; e < E; e += n_warps) {
-        const float v = warp_dot(xr, router + int64_t(e) * H, H);
-        if (lane == 0) logit[e] = round_bf16(v);
-    }
+    for (int e = threadIdx.x; e < E; e += blockDim.x) logit[e] = to_f32(router_logits[row * E + e]);
     for (int e = threadIdx.x; e < E; e += blockDim.x) taken[e] = 0;
     __syncthreads();
     float mx = -INFINITY;
@@ -155,14 +151,18 @@ __global__ void add_sigmoid_gated_kernel(bf16* y, const bf16* __restrict__ s, co
 
 }  // namespace
 
-void moe_route(const bf16* x, int64_t rows, const bf16* router, int E, int H, int k, bool normalize, float* weights,
-               int32_t* ids, const LaunchContext& ctx) {
-    if (rows <= 0) return;
+void check_moe_route(int E, int k) {
     if (k < 1 || k > kMaxTopK || k > E || E > kMaxExperts)
         throw Error(Status::unsupported, "CUDA MoE router: " + std::to_string(E) + " experts, top-" +
                                              std::to_string(k) + " (supported: up to 4096 experts, top-32)");
-    launch(moe_route_kernel, unsigned(rows), kRouteThreads, size_t(E) * 4, ctx, "MoE router kernel", x, router, E, H, k,
-           normalize, weights, ids);
+}
+
+void moe_top_k(const bf16* router_logits, int64_t rows, int E, int k, bool normalize, float* weights, int32_t* ids,
+               const LaunchContext& ctx) {
+    if (rows <= 0) return;
+    check_moe_route(E, k);
+    launch(moe_route_kernel, unsigned(rows), kRouteThreads, size_t(E) * 4, ctx, "MoE top-k kernel", router_logits, E,
+           k, normalize, weights, ids);
 }
 
 void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const float* weights, const int32_t* ids,

@@ -13,9 +13,13 @@
 
 namespace hy::cuda {
 
-// weights F32 [rows, k] (bf16-rounded values), ids I32 [rows, k]; router bf16 [E, H]; 1 <= k <= 32, E <= 4096.
-void moe_route(const bf16* x, int64_t rows, const bf16* router, int E, int H, int k, bool normalize, float* weights,
-               int32_t* ids, const LaunchContext& ctx);
+// The router's second half (the logits come from the projection x @ router^T, bf16 [rows, E], as transformers'
+// bf16 linear): softmax in fp32, top-k (ties to the lower id), renormalised when `normalize`; weights F32
+// [rows, k] (bf16-rounded values), ids I32 [rows, k].
+void moe_top_k(const bf16* router_logits, int64_t rows, int E, int k, bool normalize, float* weights, int32_t* ids,
+               const LaunchContext& ctx);
+// Throws unsupported unless 1 <= k <= 32, k <= E and E <= 4096.
+void check_moe_route(int E, int k);
 
 // y bf16 [rows, H] = the routed experts' weighted sum; act_scratch bf16 [rows * k, I] (workspace).
 void moe_experts(const bf16* x, int64_t rows, const MoeExperts& experts, int H, const float* weights,

@@ -42,6 +42,14 @@ if want tests; then
         step "compare_${m}_cuda" 60 $N/hybrid-compare -m tests/data/models/$m --device cuda --key greedy_fp32_cpu \
             --tol 0.1 --near-tie 0.05
         grep -E "^(ok|FAIL)|SUMMARY" "$LOG" | tail -6 >>"$SUM"
+        # calibration: HF's own bf16 forward's distance to its fp32 logits, and ours to HF bf16's
+        G=tests/data/models/$m
+        step "hf_bf16_$m" 120 python3 tools/gpu/hf_bf16_logits.py --model $G --golden $G/golden.json \
+            --fp32 $G/golden_logits.safetensors --out /tmp/${m}_bf16.safetensors
+        grep -E "^HF bf16" "$LOG" | tail -5 >>"$SUM"
+        step "compare_${m}_vs_hf_bf16" 60 $N/hybrid-compare -m $G --device cuda --key greedy_fp32_cpu \
+            --logits /tmp/${m}_bf16.safetensors --tol 1 --near-tie 0.05
+        grep -E "^(ok|FAIL)|SUMMARY" "$LOG" | tail -6 >>"$SUM"
     done
     step memcheck_moe 200 compute-sanitizer --tool memcheck --error-exitcode 99 $N/hybrid-tests "CUDA MoE*"
     grep -E "ERROR SUMMARY" "$LOG" | tail -1 >>"$SUM"
