@@ -108,41 +108,31 @@ __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __res
     if ((threadIdx.x & 31) == 0) act[tj * I + i] = to_bf16(a);
 }
 
-// y[t, h] = the bf16 running sum over the row's experts in increasing id of bf16(bf16(down_e[h] . act) * w). One
-// block of k warps per (t, h): warp j computes choice j's term (the k dot products in parallel, not one after
-// another), thread 0 adds the terms in increasing expert id.
+// y[t, h] = the bf16 running sum over the row's experts in increasing id of bf16(bf16(down_e[h] . act) * w).
 __global__ void moe_down_kernel(const bf16* __restrict__ act, const bf16* __restrict__ down,
                                 const float* __restrict__ weights, const int32_t* __restrict__ ids, int E, int H, int I,
                                 int k, bf16* y) {
-    __shared__ float term[kMaxTopK];
-    __shared__ int expert[kMaxTopK];
     pdl_trigger();
     pdl_wait();
     const int64_t t = blockIdx.x;
-    const int h = blockIdx.y, j = threadIdx.x >> 5;
-    const int e = ids[t * k + j];
-    float c = 0.0f;
-    if (e >= 0 && e < E) {
-        const float d = round_bf16(warp_dot(act + (t * k + j) * I, down + (int64_t(e) * H + h) * I, I));
-        c = round_bf16(d * weights[t * k + j]);
-    }
-    if ((threadIdx.x & 31) == 0) {
-        term[j] = c;
-        expert[j] = e;
-    }
-    __syncthreads();
-    if (threadIdx.x != 0) return;
+    const int h = blockIdx.y * kMoeWarps + (threadIdx.x >> 5);
+    if (h >= H) return;
     float acc = 0.0f;
     int prev = -1;
-    for (int n = 0; n < k; n++) {  // the terms in increasing expert id
-        int next = -1;
-        for (int c2 = 0; c2 < k; c2++)
-            if (expert[c2] > prev && (next < 0 || expert[c2] < expert[next])) next = c2;
-        if (next < 0) break;
-        prev = expert[next];
-        acc = round_bf16(acc + term[next]);
+    for (int n = 0; n < k; n++) {  // the row's choices in increasing expert id
+        int j = -1;
+        for (int c = 0; c < k; c++) {
+            const int e = ids[t * k + c];
+            if (e > prev && (j < 0 || e < ids[t * k + j])) j = c;
+        }
+        if (j < 0) break;
+        const int e = ids[t * k + j];
+        prev = e;
+        if (e >= E) break;
+        const float d = round_bf16(warp_dot(act + (t * k + j) * I, down + (int64_t(e) * H + h) * I, I));
+        acc = round_bf16(acc + round_bf16(d * weights[t * k + j]));
     }
-    y[t * H + h] = to_bf16(acc);
+    if ((threadIdx.x & 31) == 0) y[t * H + h] = to_bf16(acc);
 }
 
 __global__ void add_sigmoid_gated_kernel(bf16* y, const bf16* __restrict__ s, const bf16* __restrict__ x,
@@ -171,8 +161,8 @@ void moe_top_k(const bf16* router_logits, int64_t rows, int E, int k, bool norma
                const LaunchContext& ctx) {
     if (rows <= 0) return;
     check_moe_route(E, k);
-    launch(moe_route_kernel, unsigned(rows), kRouteThreads, size_t(E) * 4, ctx, "MoE top-k kernel", router_logits, E, k,
-           normalize, weights, ids);
+    launch(moe_route_kernel, unsigned(rows), kRouteThreads, size_t(E) * 4, ctx, "MoE top-k kernel", router_logits, E,
+           k, normalize, weights, ids);
 }
 
 void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const float* weights, const int32_t* ids,
@@ -181,8 +171,7 @@ void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const
     const int E = ex.n_experts, I = ex.intermediate;
     launch(moe_gate_up_kernel, dim3(unsigned(rows * k), ceil_div(I, kMoeWarps)), kMoeWarps * 32, 0, ctx,
            "MoE gate/up kernel", x, static_cast<const bf16*>(ex.gate_up.data), ids, E, H, I, k, act);
-    if (H > 65535) throw Error(Status::unsupported, "CUDA MoE experts: hidden size " + std::to_string(H) + " > 65535");
-    launch(moe_down_kernel, dim3(unsigned(rows), unsigned(H)), unsigned(k) * 32, 0, ctx, "MoE down kernel",
+    launch(moe_down_kernel, dim3(unsigned(rows), ceil_div(H, kMoeWarps)), kMoeWarps * 32, 0, ctx, "MoE down kernel",
            static_cast<const bf16*>(act), static_cast<const bf16*>(ex.down.data), weights, ids, E, H, I, k, y);
 }
 
