@@ -149,23 +149,22 @@ TEST_CASE("MoE: mismatched checkpoints and configs are refused with one clear li
         write_variant(tmp.path, moe_dir(), cfg, t);
         require_error(Status::model_mismatch, "layer 2: expert 5 of 8 is missing", p);
     }
-    SECTION("a router of the wrong number of experts") {
-        nlohmann::json c = cfg;
-        c["num_experts"] = 6;
-        write_variant(tmp.path, moe_dir(), c, fused);
-        require_error(Status::model_mismatch, "mlp.gate.weight' has shape [8, 64], expected [6, 64]", p);
-    }
-    SECTION("more experts per token than experts") {
-        nlohmann::json c = cfg;
-        c["num_experts_per_tok"] = 9;
-        write_variant(tmp.path, moe_dir(), c, fused);
-        require_error(Status::format, "num_experts_per_tok' is 9, more than num_experts 8", p);
-    }
-    SECTION("no experts") {
-        nlohmann::json c = cfg;
-        c["num_experts"] = 0;
-        write_variant(tmp.path, moe_dir(), c, fused);
-        require_error(Status::format, "num_experts' has invalid value 0", p);
+    SECTION("a router of the wrong number of experts, k > E, E = 0") {
+        struct Case {
+            const char* field;
+            int value;
+            Status status;
+            const char* needle;
+        };
+        for (const Case& k :
+             {Case{"num_experts", 6, Status::model_mismatch, "mlp.gate.weight' has shape [8, 64], expected [6, 64]"},
+              Case{"num_experts_per_tok", 9, Status::format, "num_experts_per_tok' is 9, more than num_experts 8"},
+              Case{"num_experts", 0, Status::format, "num_experts' has invalid value 0"}}) {
+            nlohmann::json c = cfg;
+            c[k.field] = k.value;
+            write_variant(tmp.path, moe_dir(), c, fused);
+            require_error(k.status, k.needle, p);
+        }
     }
     SECTION("a MoE config over a dense checkpoint") {
         nlohmann::json c = nlohmann::json::parse(read_text(tiny_dir() + "/config.json"));

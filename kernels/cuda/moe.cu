@@ -161,8 +161,8 @@ void moe_top_k(const bf16* router_logits, int64_t rows, int E, int k, bool norma
                const LaunchContext& ctx) {
     if (rows <= 0) return;
     check_moe_route(E, k);
-    launch(moe_route_kernel, unsigned(rows), kRouteThreads, size_t(E) * 4, ctx, "MoE top-k kernel", router_logits, E,
-           k, normalize, weights, ids);
+    launch(moe_route_kernel, unsigned(rows), kRouteThreads, size_t(E) * 4, ctx, "MoE top-k kernel", router_logits, E, k,
+           normalize, weights, ids);
 }
 
 void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const float* weights, const int32_t* ids,
