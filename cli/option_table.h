@@ -26,7 +26,10 @@ inline constexpr SharedOption kSharedOptions[] = {
      "CUDA: launch every kernel one by one instead of replaying CUDA graphs (same results, slower; "
      "for profilers and debugging)",
      SharedOption::Type::flag, ""},
-    {"no-pdl", "CUDA: no programmatic dependent launch (comparisons)", SharedOption::Type::flag, ""},
+    {"no-pdl",
+     "CUDA: launch kernels without programmatic dependent launch (each waits for the previous one to end; "
+     "for speed comparisons)",
+     SharedOption::Type::flag, ""},
     {"h,help", "print this help", SharedOption::Type::flag, ""},
 };
 

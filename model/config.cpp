@@ -117,7 +117,8 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
             r.fail("num_experts_per_tok", "is " + std::to_string(c.n_experts_per_tok) + ", more than num_experts " +
                                               std::to_string(c.n_experts));
         c.moe_intermediate_size = r.get_int("moe_intermediate_size", 1);
-        c.shared_expert_intermediate_size = r.get_int_or("shared_expert_intermediate_size", 0, 0);
+        // (transformers' default for both families is 512; 0 means no shared expert)
+        c.shared_expert_intermediate_size = r.get_int_or("shared_expert_intermediate_size", 512, 0);
         c.layer_is_moe.assign(size_t(c.n_layers), 1);
         if (mt == "qwen3_next") {  // (Qwen3-Next's own fields, with its defaults)
             c.gdn_fused_in_proj = true;

@@ -260,6 +260,10 @@ struct ModelLoader {
         w.experts.n_experts = int(E);
         w.experts.intermediate = int(I);
         const std::string xp = mp + "experts.";
+        if (ck.has(xp + "gate_up_proj") && ck.has(xp + "0.gate_proj.weight"))
+            throw Error(Status::model_mismatch, where + "the checkpoint holds the experts twice, fused ('" + xp +
+                                                    "gate_up_proj') and one tensor per expert ('" + xp +
+                                                    "0.gate_proj.weight')");
         if (ck.has(xp + "gate_up_proj")) {
             stacked_matrix(w.experts.gate_up, xp + "gate_up_proj", {{&ck.get(xp + "gate_up_proj", {E, 2 * I, H}), {}}},
                            H);
@@ -288,6 +292,10 @@ struct ModelLoader {
                         where + "no experts: expected '" + xp + "gate_up_proj' or '" + xp + "0.gate_proj.weight'");
         }
         const int64_t S = c.shared_expert_intermediate_size;
+        if (S == 0 && ck.has(mp + "shared_expert.gate_proj.weight"))
+            throw Error(Status::model_mismatch, where + "the checkpoint holds a shared expert ('" + mp +
+                                                    "shared_expert.gate_proj.weight') but config.json's "
+                                                    "shared_expert_intermediate_size is 0");
         if (S > 0) {
             matrix(w.shared.gate_proj, mp + "shared_expert.gate_proj.weight", S, H);
             matrix(w.shared.up_proj, mp + "shared_expert.up_proj.weight", S, H);
@@ -352,8 +360,10 @@ struct ModelLoader {
                 (ck.has(mp + "gate.weight") || ck.has(mp + "experts.gate_up_proj")))
                 throw Error(Status::model_mismatch,
                             "layer " + std::to_string(i) + ": the checkpoint holds a mixture-of-experts block ('" + mp +
-                                "gate.weight') but config.json describes a dense MLP (model_type " + c.model_type +
-                                (c.has_moe() ? ", layer listed in mlp_only_layers" : "") + ")");
+                                (ck.has(mp + "gate.weight") ? "gate.weight" : "experts.gate_up_proj") +
+                                "') but config.json describes a dense MLP (model_type " + c.model_type +
+                                (c.has_moe() ? ": mlp_only_layers and decoder_sparse_step make this layer dense" : "") +
+                                ")");
             matrix(L.mlp.gate_proj, mp + "gate_proj.weight", F, H);
             matrix(L.mlp.up_proj, mp + "up_proj.weight", F, H);
             matrix(L.mlp.down_proj, mp + "down_proj.weight", H, F);

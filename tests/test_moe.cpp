@@ -166,6 +166,18 @@ TEST_CASE("MoE: mismatched checkpoints and configs are refused with one clear li
             require_error(k.status, k.needle, p);
         }
     }
+    SECTION("the experts in both layouts at once") {
+        TensorMap t = per_expert(fused, 8, 32, 64);
+        t["model.layers.1.mlp.experts.gate_up_proj"] = fused.at("model.layers.1.mlp.experts.gate_up_proj");
+        write_variant(tmp.path, moe_dir(), cfg, t);
+        require_error(Status::model_mismatch, "layer 1: the checkpoint holds the experts twice", p);
+    }
+    SECTION("a shared expert the config says is absent") {
+        nlohmann::json c = cfg;
+        c["shared_expert_intermediate_size"] = 0;
+        write_variant(tmp.path, moe_dir(), c, fused);
+        require_error(Status::model_mismatch, "layer 0: the checkpoint holds a shared expert", p);
+    }
     SECTION("a MoE config over a dense checkpoint") {
         nlohmann::json c = nlohmann::json::parse(read_text(tiny_dir() + "/config.json"));
         c["model_type"] = "qwen3_5_moe_text";

@@ -171,7 +171,10 @@ int main(int argc, char** argv) {
         mp.cuda.graphs = !args["no-cuda-graphs"].as<bool>();
         mp.cuda.pdl = !args["no-pdl"].as<bool>();
         mp.dummy_weights = args["dummy-weights"].as<bool>();
-        if (args.count("cuda-trace")) mp.cuda.trace_file = args["cuda-trace"].as<std::string>();
+        if (args.count("cuda-trace")) {
+            mp.cuda.trace_file = args["cuda-trace"].as<std::string>();
+            if (mp.cuda.trace_file.empty()) throw tools::UsageError("--cuda-trace needs a file name");
+        }
         if (int64_t(n_prompt) + n_gen + 1 > (int64_t(1) << 30))  // (the sum overflowed int: "context length -1")
             throw tools::UsageError("-p + -n must be at most 2^30 - 1 positions, got " +
                                     std::to_string(int64_t(n_prompt) + n_gen));
@@ -188,6 +191,9 @@ int main(int argc, char** argv) {
                          "for (max_position_embeddings)\n",
                          mp.n_ctx - 1, c.max_position_embeddings);
         Backend& be = model->backend();
+        if (!mp.cuda.trace_file.empty() && std::string(be.name()) != "cuda")
+            throw tools::UsageError("--cuda-trace needs the CUDA backend; the model runs on " + std::string(be.name()));
+        if (mp.dummy_weights) std::printf("dummy weights: random values from config.json's shapes (no checkpoint)\n");
         // The copy probe allocates temporary buffers (512 MiB of host memory on the CPU): the reported peak RSS
         // is the peak before it or after it, not during it.
         const size_t rss_before_probe = peak_rss_bytes();
@@ -239,6 +245,7 @@ int main(int argc, char** argv) {
         nlohmann::json out = {{"model", dir},
                               {"backend", be.name()},
                               {"backend_settings", be.settings()},
+                              {"dummy_weights", mp.dummy_weights},
                               {"ready_s", t_ready},
                               {"copy_gbs", copy_gbs},
                               {"arena_bytes", model->arena_bytes()},
