@@ -208,6 +208,7 @@ int hy_model_n_ctx_train(const hy_model* m) { return m ? m->model->config().max_
 const char* hy_model_backend(const hy_model* m) { return m ? m->model->backend().name() : ""; }
 size_t hy_model_arena_bytes(const hy_model* m) { return m ? m->model->arena_bytes() : 0; }
 uint64_t hy_model_fingerprint(const hy_model* m) { return m ? m->fingerprint : 0; }
+const char* hy_model_load_warning(const hy_model* m) { return m ? m->model->load_warning().c_str() : ""; }
 
 int hy_model_eos_ids(const hy_model* m, int32_t* out, int cap) {
     if (!m) return 0;

@@ -118,6 +118,10 @@ size_t hy_model_arena_bytes(const hy_model* model);
  * files); snapshots carry it and are refused by a model with another fingerprint. Builds before snapshot version 3
  * computed other values for the same folder. */
 uint64_t hy_model_fingerprint(const hy_model* model);
+/* "" or one line naming the checkpoint's tensors that config.json does not use, as transformers reports unexpected
+ * keys (a multi-token-prediction head mtp.* and a vision tower model.visual.* are not counted; a layer past
+ * num_hidden_layers fails hy_model_load instead). Valid while the model lives; "" for NULL. */
+const char* hy_model_load_warning(const hy_model* model);
 
 /* The end-of-sequence set: the union of config.json eos_token_id, generation_config.json eos_token_id and the
  * tokenizer's eos_token. Writes up to cap ids to out (out may be NULL when cap is 0) and returns the set's size. */

@@ -241,6 +241,7 @@ int run(int argc, char** argv) {
                                       ": a smaller -c may fit)");
     }
     if (rc != HY_OK) engine_fail(exit_model, "cannot load the model");
+    if (*hy_model_load_warning(h.m)) std::fprintf(stderr, "hybrid: warning: %s\n", hy_model_load_warning(h.m));
     if (o.verbose)
         std::fprintf(stderr, "hybrid: loaded on %s, %.1f MiB arena, vocab %d\n", hy_model_backend(h.m),
                      double(hy_model_arena_bytes(h.m)) / (1024.0 * 1024.0), hy_model_n_vocab(h.m));

@@ -9,6 +9,7 @@
 #include <fstream>
 #include <map>
 #include <nlohmann/json.hpp>
+#include <set>
 #include <sstream>
 
 #include "model/model.h"
@@ -48,7 +49,8 @@ DType to_dtype(hyst_dtype t) {
 // the config implies is taken.
 struct Checkpoint {
     bool dummy = false;
-    std::deque<hyst_tensor> made;  // the dummy tensors (stable addresses)
+    std::deque<hyst_tensor> made;        // the dummy tensors (stable addresses)
+    mutable std::set<std::string> used;  // the names get() handed out
     std::vector<std::unique_ptr<hyst_file>> files;
     std::map<std::string, const hyst_tensor*> tensors;
     std::map<const hyst_tensor*, std::string> file_of;
@@ -124,6 +126,7 @@ struct Checkpoint {
         if (it == tensors.end())
             throw Error(Status::model_mismatch,
                         "missing tensor '" + name + "' (expected shape " + shape_str(shape) + ")");
+        used.insert(name);
         const hyst_tensor* t = it->second;
         std::vector<int64_t> found(t->shape, t->shape + t->n_dims);
         if (found != shape)
@@ -443,6 +446,32 @@ struct ModelLoader {
     }
 };
 
+// The checkpoint's tensors the config does not use: a layer past num_hidden_layers is an error (the config would
+// silently run a shorter model); others are listed in the returned warning, as transformers reports unexpected
+// keys. The multi-token-prediction head (mtp.*) and the vision tower (model.visual.*) are skipped without a word.
+static std::string check_unused_tensors(const Checkpoint& ck, const ModelConfig& c) {
+    std::vector<std::string> unused;
+    const std::string layers = c.tensor_prefix + "layers.";
+    for (const auto& [name, t] : ck.tensors) {
+        if (ck.used.count(name) || name.starts_with("mtp.") || name.starts_with("model.visual.")) continue;
+        if (name.starts_with(layers)) {
+            const long long layer = std::atoll(name.c_str() + layers.size());
+            if (layer >= c.n_layers)
+                throw Error(Status::model_mismatch, "tensor '" + name + "' belongs to layer " + std::to_string(layer) +
+                                                        ", but config.json's num_hidden_layers is " +
+                                                        std::to_string(c.n_layers) +
+                                                        ": the checkpoint has more layers than the config uses");
+        }
+        unused.push_back(name);
+    }
+    if (unused.empty()) return {};
+    std::string w = std::to_string(unused.size()) + " checkpoint tensor" + (unused.size() > 1 ? "s are" : " is") +
+                    " not used by this config: ";
+    for (size_t i = 0; i < unused.size() && i < 5; i++) w += (i ? ", " : "") + unused[i];
+    if (unused.size() > 5) w += " (and " + std::to_string(unused.size() - 5) + " more)";
+    return w;
+}
+
 static std::unique_ptr<Backend> choose_backend(const ModelParams& p) {
     switch (p.device) {
         case Device::cpu: return make_cpu_backend(p.n_threads);
@@ -488,6 +517,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     ModelLoader ld{*m, ck, be, 0, {}, {}, {}};
     ld.plan_weights();
     m->weight_bytes_ = ld.offset;
+    m->load_warning_ = check_unused_tensors(ck, c);
 
     // Sequence state.
     const DType act = be.act_dtype();

@@ -138,6 +138,8 @@ public:
     size_t arena_bytes() const { return arena_bytes_; }
     size_t weight_bytes() const { return weight_bytes_; }
     size_t state_bytes() const { return state_bytes_; }
+    // Empty, or one line naming the checkpoint tensors this config does not use (for the caller to show).
+    const std::string& load_warning() const { return load_warning_; }
     int n_slots() const { return params_.n_slots; }
     int n_ctx() const { return params_.n_ctx; }
     int max_batch_tokens() const { return params_.max_batch_tokens; }
@@ -192,6 +194,7 @@ private:
     void advance(const BatchDesc& batch, std::span<const int32_t> out_rows, int n_valid = 0);
 
     std::string dir_;
+    std::string load_warning_;
     ModelConfig config_;
     ModelParams params_;
     std::unique_ptr<Backend> backend_;

@@ -166,6 +166,13 @@ TEST_CASE("MoE: mismatched checkpoints and configs are refused with one clear li
             require_error(k.status, k.needle, p);
         }
     }
+    SECTION("a config with fewer layers than the checkpoint") {
+        nlohmann::json c = cfg;
+        c["num_hidden_layers"] = 3;
+        c["layer_types"] = {"linear_attention", "linear_attention", "linear_attention"};
+        write_variant(tmp.path, moe_dir(), c, fused);
+        require_error(Status::model_mismatch, "belongs to layer 3, but config.json's num_hidden_layers is 3", p);
+    }
     SECTION("the experts in both layouts at once") {
         TensorMap t = per_expert(fused, 8, 32, 64);
         t["model.layers.1.mlp.experts.gate_up_proj"] = fused.at("model.layers.1.mlp.experts.gate_up_proj");
@@ -221,4 +228,17 @@ TEST_CASE("dummy weights: config.json alone gives a deterministic model of that 
         p.dummy_weights = false;
         REQUIRE_THROWS_AS(Model::load(tmp.path, p), Error);  // without the option the weights are needed
     }
+}
+
+TEST_CASE("checkpoint tensors the config does not use are named in a warning", "[moe]") {
+    const nlohmann::json cfg = nlohmann::json::parse(read_text(moe_dir() + "/config.json"));
+    TensorMap t = read_safetensors(moe_dir() + "/model.safetensors");
+    CHECK(Model::load(moe_dir(), cpu_params())->load_warning().empty());
+    t["model.layers.0.mlp.extra_bias"] = {"F32", {64}, std::vector<uint8_t>(256, 0)};
+    t["mtp.fc.weight"] = {"BF16", {4}, std::vector<uint8_t>(8, 0)};      // skipped without a word
+    t["model.visual.proj"] = {"BF16", {4}, std::vector<uint8_t>(8, 0)};  // skipped without a word
+    TempDir tmp;
+    write_variant(tmp.path, moe_dir(), cfg, t);
+    const std::string w = Model::load(tmp.path, cpu_params())->load_warning();
+    CHECK(w == "1 checkpoint tensor is not used by this config: model.layers.0.mlp.extra_bias");
 }

@@ -183,6 +183,8 @@ int main(int argc, char** argv) {
         mp.max_batch_tokens = std::max(std::min(ubatch, n_prompt), max_b);  // (a chunk past the prompt is never used)
         mp.max_logits = max_b;
         auto model = Model::load(dir, mp);
+        if (!model->load_warning().empty())
+            std::fprintf(stderr, "%s: warning: %s\n", "hybrid-bench", model->load_warning().c_str());
         const double t_ready = seconds_since(t_start);
         const ModelConfig& c = model->config();
         if (c.max_position_embeddings > 0 && mp.n_ctx > c.max_position_embeddings)

@@ -221,6 +221,8 @@ int main(int argc, char** argv) {
             }
         }
         auto model = Model::load(dir, mp);
+        if (!model->load_warning().empty())
+            std::fprintf(stderr, "%s: warning: %s\n", "hybrid-compare", model->load_warning().c_str());
         const bool on_gpu = std::string(model->backend().name()) != "cpu";
         const std::string key =
             args.count("key") ? args["key"].as<std::string>() : (on_gpu ? "greedy_bf16_cuda" : "greedy_fp32_cpu");
