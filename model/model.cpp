@@ -388,28 +388,20 @@ struct ModelLoader {
         std::vector<uint16_t> half;
         uint64_t seed = 1;
         for (const Piece& p : pieces) {
+            int64_t total = 1;
+            for (int d = 0; d < p.src->n_dims; d++) total *= p.src->shape[d];
+            const int64_t cols = total / p.src->shape[0];
+            const size_t n = p.rows.empty() ? size_t(total) : p.rows.size() * size_t(cols);  // elements written
             if (!p.src->data) {  // dummy weights: uniform in +-0.035 (standard deviation 0.02, as HF's initializer)
-                size_t n = p.rows.size();
-                if (p.rows.empty()) {
-                    n = 1;
-                    for (int d = 0; d < p.src->n_dims; d++) n *= size_t(p.src->shape[d]);
-                } else {
-                    n *= size_t(p.src->shape[p.src->n_dims - 1]);
-                }
                 be.fill_random(base + p.off, n, p.dtype, -0.035f, 0.035f, seed++);
                 continue;
             }
             const DType src_type = to_dtype(p.src->dtype);
-            int64_t total = 1;
-            for (int d = 0; d < p.src->n_dims; d++) total *= p.src->shape[d];
-            const int64_t cols = total / p.src->shape[0];
             const size_t ss = dtype_size(src_type);
             // the source bytes in destination order
             const char* src = static_cast<const char*>(p.src->data);
             std::vector<char> gathered;
-            size_t n = size_t(total);
             if (!p.rows.empty()) {
-                n = p.rows.size() * size_t(cols);
                 gathered.resize(n * ss);
                 for (size_t r = 0; r < p.rows.size(); r++)
                     std::memcpy(gathered.data() + r * size_t(cols) * ss, src + size_t(p.rows[r] * cols) * ss,
