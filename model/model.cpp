@@ -300,6 +300,16 @@ struct ModelLoader {
                                                     "shared_expert.gate_proj.weight') but config.json's "
                                                     "shared_expert_intermediate_size is 0");
         if (S > 0) {
+            if (ck.has(mp + "shared_expert.gate_proj.weight")) {  // (name where S comes from: it may be a default)
+                const hyst_tensor& g = *ck.tensors.at(mp + "shared_expert.gate_proj.weight");
+                if (g.n_dims != 2 || g.shape[0] != S || g.shape[1] != H)
+                    throw Error(Status::model_mismatch,
+                                "tensor '" + mp + "shared_expert.gate_proj.weight' has shape " +
+                                    shape_str(std::vector<int64_t>(g.shape, g.shape + g.n_dims)) + ", expected [" +
+                                    std::to_string(S) + ", " + std::to_string(H) +
+                                    "] from config.json's shared_expert_intermediate_size (transformers' default 512 "
+                                    "when the field is absent)");
+            }
             matrix(w.shared.gate_proj, mp + "shared_expert.gate_proj.weight", S, H);
             matrix(w.shared.up_proj, mp + "shared_expert.up_proj.weight", S, H);
             matrix(w.shared.down_proj, mp + "shared_expert.down_proj.weight", H, S);
