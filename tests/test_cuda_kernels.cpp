@@ -985,13 +985,21 @@ TEST_CASE("CUDA MoE router, experts and shared-expert gate against the CPU refer
     struct Shape {
         int E, k, H, I, T;
     };
-    for (const Shape s : {Shape{8, 2, 256, 64, 5}, Shape{256, 8, 512, 64, 3}, Shape{512, 10, 256, 32, 2}}) {
+    // rows >= 16 take the grouped path (sorted by expert, tile GEMMs) by default; the backends `gemv` and `grouped`
+    // force one path for every size: both must match the reference
+    for (const Shape s : {Shape{8, 2, 256, 64, 5}, Shape{256, 8, 512, 64, 3}, Shape{512, 10, 256, 32, 2},
+                          Shape{8, 4, 256, 64, 300}, Shape{256, 8, 256, 96, 64}, Shape{512, 10, 128, 32, 20}}) {
         INFO("E " << s.E << " k " << s.k << " H " << s.H << " I " << s.I << " rows " << s.T);
         const WorkspaceShape ws{4, 64, s.H, s.E, s.k, s.I};
-        const BatchLimits l = limits(8, 1, 16);
-        const size_t bytes = size_t(s.E) * 3 * s.I * s.H * 4 + (size_t(16) << 20);
+        const BatchLimits l = limits(std::max(s.T, 8), 1, 16);
+        const size_t bytes = size_t(s.E) * 3 * s.I * s.H * 8 + (size_t(16) << 20);  // (the experts twice)
         Side cpu(make_cpu_backend(2), l, ws, bytes);
         Side gpu(make_cuda_backend(0), l, ws, bytes);
+        CudaOptions o;
+        o.moe_grouped_min_rows = 1;
+        Side grouped(make_cuda_backend(0, o), l, ws, bytes);
+        o.moe_grouped_min_rows = 1 << 30;
+        Side gemv(make_cuda_backend(0, o), l, ws, bytes);
         auto bf = [](std::vector<float> v) {  // values exactly representable in bf16, the same on both sides
             for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
             return v;
@@ -1001,7 +1009,7 @@ TEST_CASE("CUDA MoE router, experts and shared-expert gate against the CPU refer
                    sgate = randn(size_t(s.H), 0.1f), shared = bf(randn(size_t(s.T) * s.H)),
                    y0 = bf(randn(size_t(s.T) * s.H));
         Batch batch({{0, 0, s.T}}, 64);
-        std::vector<float> w[2], y[2], g[2];
+        std::vector<float> w[2], g[2];
         std::vector<int32_t> ids[2];
         Side* sides[2] = {&cpu, &gpu};
         void* gpu_w = nullptr;
@@ -1061,11 +1069,13 @@ TEST_CASE("CUDA MoE router, experts and shared-expert gate against the CPU refer
                 }
             }
         }
-        // the experts, given the CPU's routing on both sides
+        // the experts, given the CPU's routing on every side
         gpu.be->upload(gpu_w, w[0].data(), w[0].size() * 4);
         gpu.be->upload(gpu_ids, ids[0].data(), ids[0].size() * 4);
-        for (int i = 0; i < 2; i++) {
-            Side& d = *sides[i];
+        Side* expert_sides[4] = {&cpu, &gpu, &grouped, &gemv};
+        std::vector<float> ye[4];
+        for (int i = 0; i < 4; i++) {
+            Side& d = *expert_sides[i];
             d.be->begin_batch(batch.desc);
             void* xa = d.act(x);
             MoeExperts ex;
@@ -1079,22 +1089,54 @@ TEST_CASE("CUDA MoE router, experts and shared-expert gate against the CPU refer
             d.be->upload(id, ids[0].data(), ids[0].size() * 4);
             void* out = d.poisoned(size_t(s.T) * s.H);
             d.be->moe_experts(xa, s.T, ex, wt, id, s.k, out);
-            y[i] = d.read_act(out, size_t(s.T) * s.H);
+            ye[i] = d.read_act(out, size_t(s.T) * s.H);
+            if (i > 1) continue;
             void* acc = d.act(y0);
             d.be->add_sigmoid_gated(acc, d.act(shared), xa, d.matrix(sgate, 1, s.H), s.T);
             g[i] = d.read_act(acc, size_t(s.T) * s.H);
         }
-        const double ey = rel_err(y[1], y[0]), eg = rel_err(g[1], g[0]);
-        INFO("experts rel err " << ey << ", shared gate rel err " << eg);
-        CHECK(ey <= 2e-2);
+        for (int i = 1; i < 4; i++) {
+            const double ey = rel_err(ye[i], ye[0]);
+            const char* path = i == 1 ? "default" : i == 2 ? "grouped" : "gemv";
+            std::printf("CUDA MoE experts E %d k %d H %d I %d rows %d, %s path: rel err %.3g\n", s.E, s.k, s.H, s.I,
+                        s.T, path, ey);
+            INFO(path << " experts rel err " << ey);
+            CHECK(ey <= 2e-2);
+        }
+        // rows >= 16 ran grouped by default, fewer the GEMV: the same kernels as the forced backend's, bit for bit
+        CHECK(ye[1] == ye[s.T >= 16 ? 2 : 3]);
+        // batch invariance of the grouped path: the first half of the rows alone gives their values bit for bit
+        if (s.T >= 4) {
+            const int half = s.T / 2;
+            Batch hb({{0, 0, half}}, 64);
+            grouped.be->begin_batch(hb.desc);
+            void* xa = grouped.act(std::vector<float>(x.begin(), x.begin() + size_t(half) * s.H));
+            MoeExperts ex;
+            ex.gate_up = grouped.matrix(gate_up, int64_t(s.E) * 2 * s.I, s.H);
+            ex.down = grouped.matrix(down, int64_t(s.E) * s.H, s.I);
+            ex.n_experts = s.E;
+            ex.intermediate = s.I;
+            float* wt = static_cast<float*>(grouped.take(w[0].size() * 4));
+            int32_t* id = static_cast<int32_t*>(grouped.take(ids[0].size() * 4));
+            grouped.be->upload(wt, w[0].data(), size_t(half) * s.k * 4);
+            grouped.be->upload(id, ids[0].data(), size_t(half) * s.k * 4);
+            void* out = grouped.poisoned(size_t(half) * s.H);
+            grouped.be->moe_experts(xa, half, ex, wt, id, s.k, out);
+            CHECK(grouped.read_act(out, size_t(half) * s.H) ==
+                  std::vector<float>(ye[2].begin(), ye[2].begin() + size_t(half) * s.H));
+        }
+        const double eg = rel_err(g[1], g[0]);
+        INFO("shared gate rel err " << eg);
         CHECK(eg <= 1e-2);
     }
 }
 
 // The MoE test models through the whole forward: prompt logits and a few decode steps (graphs) near the CPU's.
-// bf16 moves router scores enough to change an expert choice at near-ties (as in transformers' own bf16 forward),
-// which moves that row's logits by far more than rounding: the bound is 10% over all rows (a broken expert path is
-// off by about 100%); the ops themselves are checked tightly above.
+// bf16 moves router scores enough to change an expert choice at near-ties (as in transformers' own bf16 forward:
+// on these random-weight models its logits are up to 2.4 from its fp32 run), which moves that row's logits, and
+// through the recurrent state the later rows', by far more than rounding. So the check is on the median of the
+// rows' relative errors (a broken expert path or wiring is off by about 100% on every row); the ops themselves
+// are checked tightly above.
 TEST_CASE("CUDA MoE models: logits match the CPU backend, decode graphs equal eager execution", "[gpu]") {
     HY_REQUIRE_GPU();
     for (const char* name : {"moe", "next"}) {
@@ -1110,16 +1152,28 @@ TEST_CASE("CUDA MoE models: logits match the CPU backend, decode graphs equal ea
         auto gpu = Model::load(dir, mp);
         mp.cuda.graphs = false;
         auto eager = Model::load(dir, mp);
+        mp.cuda.moe_grouped_min_rows = 1 << 30;  // the prompt's rows through the per-row path instead of grouped
+        auto per_row = Model::load(dir, mp);
         std::vector<int32_t> ids(40);
         std::uniform_int_distribution<int> d(2, 4000);
         for (int32_t& t : ids) t = d(rng());
-        auto lc = cpu->prefill(0, std::span<const int32_t>(ids.data(), 36), true);
+        const int V = cpu->config().vocab_size;
+        auto row_errors = [&](std::span<const float> got, const std::vector<float>& want, std::vector<double>& out) {
+            for (size_t r = 0; r * size_t(V) < want.size(); r++)
+                out.push_back(rel_err(std::vector<float>(got.begin() + r * V, got.begin() + (r + 1) * V),
+                                      std::vector<float>(want.begin() + r * V, want.begin() + (r + 1) * V)));
+        };
+        auto median = [](std::vector<double> v) {
+            std::sort(v.begin(), v.end());
+            return v[v.size() / 2];
+        };
+        const std::span<const int32_t> prompt(ids.data(), 36);
+        auto lc = cpu->prefill(0, prompt, true);
         const std::vector<float> want(lc.begin(), lc.end());
-        auto lg = gpu->prefill(0, std::span<const int32_t>(ids.data(), 36), true);
-        const double e = rel_err(std::vector<float>(lg.begin(), lg.end()), want);
-        INFO("prompt logits rel err " << e);
-        CHECK(e <= 0.1);
-        eager->prefill(0, std::span<const int32_t>(ids.data(), 36));
+        std::vector<double> err, err_per_row;
+        row_errors(gpu->prefill(0, prompt, true), want, err);
+        row_errors(per_row->prefill(0, prompt, true), want, err_per_row);
+        eager->prefill(0, prompt);
         for (int i = 36; i < 40; i++) {  // one token per step: graphs on one side, eager on the other
             auto c = cpu->prefill(0, std::span<const int32_t>(ids.data() + i, 1));
             const std::vector<float> lc1(c.begin(), c.end());
@@ -1128,8 +1182,14 @@ TEST_CASE("CUDA MoE models: logits match the CPU backend, decode graphs equal ea
             auto y = eager->prefill(0, std::span<const int32_t>(ids.data() + i, 1));
             INFO("decode step " << i - 36);
             CHECK(std::vector<float>(y.begin(), y.end()) == lx);
-            CHECK(rel_err(lx, lc1) <= 0.1);
+            row_errors(lx, lc1, err);
         }
+        const double med = median(err), worst = *std::max_element(err.begin(), err.end());
+        std::printf("CUDA MoE model %s: rows' logits rel err median %.4f max %.4f (prompt per-row path: median %.4f)\n",
+                    name, med, worst, median(err_per_row));
+        INFO("rows' rel err median " << med << " max " << worst);
+        CHECK(med <= 0.05);
+        CHECK(median(err_per_row) <= 0.05);
     }
 }
 

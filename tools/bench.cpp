@@ -111,7 +111,9 @@ int main(int argc, char** argv) {
         ("dummy-weights", "read config.json alone and fill the weights with random values on the device (any shape "
          "without a checkpoint; vLLM's --load-format dummy)")
         ("cuda-trace", "CUDA builds with -DHY_CUDA_TRACE=ON: write every kernel's start and ready times to this file "
-         "(tools/gpu/trace_summary.py)", cxxopts::value<std::string>());
+         "(tools/gpu/trace_summary.py)", cxxopts::value<std::string>())
+        ("moe-grouped-rows", "CUDA, MoE models: run the experts grouped by expert from this many rows of a step on "
+         "(0: the built-in default)", cxxopts::value<int>()->default_value("0"));
     add_shared_option(opts, "", "help");
     // clang-format on
     cxxopts::ParseResult args;
@@ -171,6 +173,10 @@ int main(int argc, char** argv) {
         mp.cuda.graphs = !args["no-cuda-graphs"].as<bool>();
         mp.cuda.pdl = !args["no-pdl"].as<bool>();
         mp.dummy_weights = args["dummy-weights"].as<bool>();
+        mp.cuda.moe_grouped_min_rows = args["moe-grouped-rows"].as<int>();
+        if (mp.cuda.moe_grouped_min_rows < 0)
+            throw tools::UsageError("--moe-grouped-rows must be 0 or more, got " +
+                                    std::to_string(mp.cuda.moe_grouped_min_rows));
         if (args.count("cuda-trace")) {
             mp.cuda.trace_file = args["cuda-trace"].as<std::string>();
             if (mp.cuda.trace_file.empty()) throw tools::UsageError("--cuda-trace needs a file name");

@@ -256,6 +256,7 @@ public:
         ctx_.clusters = sm90_code && clusters != 0;
         ctx_.evict_first = o.l2_evict_first;
         ctx_.gdn_fused_conv = o.gdn_fused_conv;
+        if (o.moe_grouped_min_rows > 0) ctx_.moe_grouped_min_rows = o.moe_grouped_min_rows;
 #if defined(HY_CUDA_TRACE)
         if (!o.trace_file.empty()) start_trace(o.trace_file);
 #endif
@@ -283,7 +284,8 @@ public:
         auto on = [](bool b) { return b ? "on" : "off"; };
         return std::string("graphs ") + on(graphs_enabled_) + ", pdl " + on(ctx_.pdl) + ", clusters " +
                on(ctx_.clusters) + ", l2 evict-first " + on(ctx_.evict_first) + ", gdn fused conv " +
-               on(ctx_.gdn_fused_conv);
+               on(ctx_.gdn_fused_conv) + ", moe grouped from " + std::to_string(ctx_.moe_grouped_min_rows) +
+               " rows";
     }
     DType act_dtype() const override { return DType::BF16; }
     DType matrix_dtype(DType) const override { return DType::BF16; }
@@ -381,7 +383,8 @@ public:
 
     // Workspace: cuBLASLt scratch | row map (token ids, slot, pos, index in run, gather rows) [T] each | runs |
     // bf16 scratch A [T, 4 * heads * head_dim] (attention q [T, Hq, D] or GDN mixed [T, C]) | attention split
-    // partials | argmax partials [T]. workspace_bytes() records the scratch sizes that set_workspace() lays out.
+    // partials | argmax partials [T] | MoE models: the grouped experts' outputs [T * k, H] bf16 and index
+    // (cuda::MoeScratch). workspace_bytes() records the scratch sizes that set_workspace() lays out.
     size_t workspace_bytes(const BatchLimits& l, const WorkspaceShape& s) const override {
         const int max_heads = s.max_heads, max_head_dim = s.max_head_dim;
         const size_t T = size_t(std::max(l.max_tokens, 1)), R = size_t(std::max(l.max_runs, 1));
@@ -392,8 +395,14 @@ public:
                                     2) /
                            2;
         split_floats_ = cuda::attention_split_floats(std::max(max_heads, 1), std::max(max_head_dim, 1));
+        moe_slot_elems_ = moe_index_ints_ = 0;
+        if (s.n_experts > 0) {
+            moe_slot_elems_ = align256(T * size_t(s.experts_per_tok) * size_t(s.hidden) * 2) / 2;
+            moe_index_ints_ = align256(cuda::moe_index_ints(int64_t(T), s.n_experts, s.experts_per_tok) * 4) / 4;
+        }
         return align256(cuda::Gemm::kWorkspaceBytes) + align256(5 * T * 4 + R * sizeof(SeqRun)) + scratch_a_elems_ * 2 +
-               align256(split_floats_ * 4) + align256(cuda::argmax_scratch_floats(int(T)) * 4);
+               align256(split_floats_ * 4) + align256(cuda::argmax_scratch_floats(int(T)) * 4) + moe_slot_elems_ * 2 +
+               moe_index_ints_ * 4;
     }
     void set_workspace(void* ws, const BatchLimits& l) override {
         if (scratch_a_elems_ == 0) throw Error(Status::internal, "CUDA backend: set_workspace before workspace_bytes");
@@ -421,6 +430,9 @@ public:
         split_scratch_ = reinterpret_cast<float*>(scratch_a_ + scratch_a_elems_);
         argmax_scratch_ =
             reinterpret_cast<float*>(reinterpret_cast<char*>(split_scratch_) + align256(split_floats_ * 4));
+        moe_slot_ = reinterpret_cast<bf16*>(reinterpret_cast<char*>(argmax_scratch_) +
+                                            align256(cuda::argmax_scratch_floats(int(T)) * 4));
+        moe_index_ = reinterpret_cast<int32_t*>(moe_slot_ + moe_slot_elems_);
     }
 
     void begin_batch(const BatchDesc& b) override {
@@ -600,7 +612,10 @@ public:
                      void* y) override {
         require_bf16(ex.gate_up, "MoE experts");
         require_bf16(ex.down, "MoE experts");
-        if (size_t(rows) * size_t(k) * size_t(ex.intermediate) > scratch_a_elems_)
+        if (size_t(rows) * size_t(k) * size_t(ex.intermediate) > scratch_a_elems_ ||
+            (cuda::moe_grouped(rows, int(ex.gate_up.cols), ex.intermediate, ctx_) &&
+             (size_t(rows) * size_t(k) * size_t(ex.gate_up.cols) > moe_slot_elems_ ||
+              cuda::moe_index_ints(rows, ex.n_experts, k) > moe_index_ints_)))
             throw Error(Status::internal, "CUDA MoE experts: workspace too small");
         Op op;
         op.kind = Op::Kind::moe_experts;
@@ -825,8 +840,12 @@ private:
                 ex.down = op.m2;
                 ex.n_experts = int(op.n2);
                 ex.intermediate = int(op.n3);
+                cuda::MoeScratch scratch;
+                scratch.act = scratch_a_;
+                scratch.y_slot = moe_slot_;
+                scratch.index = moe_index_;
                 cuda::moe_experts(static_cast<const bf16*>(op.x), op.n, ex, int(op.m.cols), op.w,
-                                  static_cast<const int32_t*>(op.x2), int(op.dim), scratch_a_, static_cast<bf16*>(op.y),
+                                  static_cast<const int32_t*>(op.x2), int(op.dim), scratch, static_cast<bf16*>(op.y),
                                   ctx_);
                 return;
             }
@@ -939,7 +958,10 @@ private:
     bf16* scratch_a_ = nullptr;
     float* split_scratch_ = nullptr;   // attention partials of decode steps split over positions
     float* argmax_scratch_ = nullptr;  // argmax_rows partials
+    bf16* moe_slot_ = nullptr;         // MoE grouped outputs [T * k, H]
+    int32_t* moe_index_ = nullptr;     // MoE grouping index
     mutable size_t scratch_a_elems_ = 0, split_floats_ = 0;
+    mutable size_t moe_slot_elems_ = 0, moe_index_ints_ = 0;  // MoE models (workspace_bytes)
     cuda::RowMap rows_{};
     cuda::LaunchContext ctx_;  // the stream and launch settings every kernel launcher gets
     // CUDA graph replay of small steps (CudaOptions::graphs).

@@ -37,6 +37,7 @@ struct LaunchContext {
     bool evict_first = true;  // decode GEMVs load weights with an L2 evict-first policy (matmul.cuh)
     bool gdn_fused_conv =
         true;  // decode steps do the Gated DeltaNet conv in the recurrence kernel (gated_delta_net.cuh)
+    int moe_grouped_min_rows = kMoeGroupedMinRows;  // moe.cuh: rows from which the experts run grouped by expert
 };
 
 // Per batch row, on the device (filled by the backend's begin_batch from the host runs).
@@ -106,6 +107,71 @@ __device__ __forceinline__ float sigmoidf_(float x) { return 1.0f / (1.0f + expf
 __device__ __forceinline__ float siluf_(float x) { return x / (1.0f + expf(-x)); }
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }
+
+// ---- Weight loads and tensor-core products (the GEMVs of matmul.cu and the experts of moe.cu) ----
+// The L2 policy of weight loads: evict-first, or normal.
+__device__ __forceinline__ uint64_t weight_policy(bool evict_first) {
+    uint64_t pol;
+    if (evict_first)
+        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
+    else
+        asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
+    return pol;
+}
+
+// A weight word: read once per step, so it bypasses L1 (x, reused by every warp, stays there); pol from
+// weight_policy.
+__device__ __forceinline__ uint4 ld_weight(const uint4* p, uint64_t pol) {
+    uint4 r;
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
+        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+        : "l"(p), "l"(pol));
+    return r;
+}
+
+// D += A B on tensor cores, one warp: A 16x16 bf16 (row-major fragment a0..a3), B 16x8 bf16 (column-major fragment
+// b0, b1), C/D 16x8 fp32 (c[0..3]); PTX ISA "mma.sync.aligned.m16n8k16", the fragment layouts of its figures.
+__device__ __forceinline__ void mma_bf16_16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
+                                               uint32_t b0, uint32_t b1) {
+#if defined(__CUDA_ARCH__)
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+        "{%0, %1, %2, %3};"
+        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
+#endif
+}
+
+// ---- Shared-memory tiles: cp.async copies and ldmatrix loads (attention.cu, moe.cu) ----
+__device__ __forceinline__ uint32_t smem_addr(const void* p) {
+    return static_cast<uint32_t>(__cvta_generic_to_shared(p));
+}
+
+// 16-byte global -> shared copy; when !valid nothing is read and the 16 bytes are zero-filled.
+__device__ __forceinline__ void cp_async16(uint32_t dst, const void* src, bool valid) {
+    const int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_group 0;\n" ::: "memory"); }
+// Waits until at most N of this thread's committed cp.async groups are still in flight.
+template <int N>
+__device__ __forceinline__ void cp_async_wait() {
+    asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// volatile: the shared memory behind a fixed address changes between loop iterations (cp.async), so these loads
+// must not be merged or hoisted by the compiler.
+__device__ __forceinline__ void ldsm_x4(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
+__device__ __forceinline__ void ldsm_x4_trans(uint32_t addr, uint32_t& r0, uint32_t& r1, uint32_t& r2, uint32_t& r3) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0, %1, %2, %3}, [%4];\n"
+                 : "=r"(r0), "=r"(r1), "=r"(r2), "=r"(r3)
+                 : "r"(addr));
+}
 
 // ---- The decode-step trace (builds with -DHY_CUDA_TRACE=ON only; CudaOptions::trace_file) ----
 // When bound, block (0, 0, 0) of every kernel of this backend appends two %globaltimer stamps (ns): when it

@@ -24,26 +24,6 @@ __device__ __forceinline__ bf16 store_as<bf16>(float v) {
     return to_bf16(v);
 }
 
-// The L2 policy of weight loads: evict-first, or normal.
-__device__ __forceinline__ uint64_t weight_policy(bool evict_first) {
-    uint64_t pol;
-    if (evict_first)
-        asm("createpolicy.fractional.L2::evict_first.b64 %0, 1.0;" : "=l"(pol));
-    else
-        asm("createpolicy.fractional.L2::evict_normal.b64 %0, 1.0;" : "=l"(pol));
-    return pol;
-}
-
-// A weight word: read once per step, so it bypasses L1 (x, reused by every warp, stays there); pol from
-// weight_policy.
-__device__ __forceinline__ uint4 ld_weight(const uint4* p, uint64_t pol) {
-    uint4 r;
-    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v4.u32 {%0, %1, %2, %3}, [%4], %5;"
-        : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
-        : "l"(p), "l"(pol));
-    return r;
-}
-
 // ---- the decode GEMV ----
 // A row of W is read by kSplit warps (each takes every kSplit-th 512-byte piece: lane l of part q reads the
 // 16-byte words l + 32 q, l + 32 q + 32 kSplit, ...); a lane holds kPer words per round. The launch shape
@@ -263,17 +243,6 @@ void gate_up_launch(const bf16* x, const bf16* wg, const bf16* wu, int64_t N, in
 // result in any batch of 3 to 8 rows. Weights of the first round are loaded before the PDL wait.
 constexpr int kMmaParts = 8;   // warps per block (K split)
 constexpr int kMmaUnroll = 4;  // chunks of 32 k per warp in flight
-
-__device__ __forceinline__ void mma_bf16_16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,
-                                               uint32_t b0, uint32_t b1) {
-#if defined(__CUDA_ARCH__)
-    asm volatile(
-        "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-        "{%0, %1, %2, %3};"
-        : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-        : "r"(a0), "r"(a1), "r"(a2), "r"(a3), "r"(b0), "r"(b1));
-#endif
-}
 
 template <typename OutT>
 __global__ void __launch_bounds__(kMmaParts * 32)

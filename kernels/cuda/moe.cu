@@ -1,5 +1,8 @@
 #include "kernels/cuda/moe.cuh"
 
+#include <algorithm>
+#include <climits>
+
 namespace hy::cuda {
 
 namespace {
@@ -88,51 +91,385 @@ __global__ void moe_route_kernel(const bf16* __restrict__ router_logits, int E, 
         }
 }
 
+// ---- Decode (few rows): one warp per output, reading only the chosen experts' rows ----
+// The expert weights to read depend on the router's choice, which the predecessor kernel writes: unlike the dense
+// GEMVs, no weight load can be issued before the PDL wait, so each warp issues all of its loads of a round at
+// once (kDecodeWords 16-byte words per lane per row) to keep enough bytes in flight.
+constexpr int kDecodeWords = 8;      // gate/up: words per lane per row and round (K = 2048: one round)
+constexpr int kDownWords = 2;        // down: words per lane per expert and round (I = 512: one round)
+constexpr int kDownChunk = 8;        // down: experts whose rows are in flight together
+
 // act[(t k + j), i] = bf16(bf16(silu(bf16(gate_e . x_t))) * bf16(up_e . x_t)), e = ids[t k + j]; one warp per i.
 __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up,
-                                   const int32_t* __restrict__ ids, int E, int H, int I, int k, bf16* act) {
+                                   const int32_t* __restrict__ ids, int E, int H, int I, int k, bool evict_first,
+                                   bf16* act) {
     pdl_trigger();
     pdl_wait();
     const int64_t tj = blockIdx.x;  // t * k + j
-    const int i = blockIdx.y * kMoeWarps + (threadIdx.x >> 5);
+    const int i = blockIdx.y * kMoeWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (i >= I) return;
     const int e = ids[tj];
     const bf16* xr = x + (tj / k) * H;
     float a = 0.0f;
     if (e >= 0 && e < E) {
         const bf16* w = gate_up + int64_t(e) * 2 * I * H;
-        const float g = round_bf16(warp_dot(xr, w + int64_t(i) * H, H));
-        const float u = round_bf16(warp_dot(xr, w + int64_t(I + i) * H, H));
-        a = round_bf16(siluf_(g)) * u;
+        const bf16* wg = w + int64_t(i) * H;
+        const bf16* wu = w + int64_t(I + i) * H;
+        float g = 0.0f, u = 0.0f;
+        if (H % 8 == 0) {  // rows of H bf16 are 16-byte aligned when H is a multiple of 8
+            const uint4* g4 = reinterpret_cast<const uint4*>(wg);
+            const uint4* u4 = reinterpret_cast<const uint4*>(wu);
+            const uint4* x4 = reinterpret_cast<const uint4*>(xr);
+            const int K8 = H / 8;
+            const uint64_t pol = weight_policy(evict_first);
+            for (int base = lane; base < K8; base += 32 * kDecodeWords) {
+                uint4 gv[kDecodeWords], uv[kDecodeWords];
+#pragma unroll
+                for (int q = 0; q < kDecodeWords; q++)
+                    if (base + 32 * q < K8) {
+                        gv[q] = ld_weight(g4 + base + 32 * q, pol);
+                        uv[q] = ld_weight(u4 + base + 32 * q, pol);
+                    }
+#pragma unroll
+                for (int q = 0; q < kDecodeWords; q++)
+                    if (base + 32 * q < K8) {
+                        float xf[8], gf[8], uf[8];
+                        unpack8(__ldg(x4 + base + 32 * q), xf);
+                        unpack8(gv[q], gf);
+                        unpack8(uv[q], uf);
+#pragma unroll
+                        for (int c = 0; c < 8; c++) {
+                            g = fmaf(gf[c], xf[c], g);
+                            u = fmaf(uf[c], xf[c], u);
+                        }
+                    }
+            }
+            g = warp_sum(g);
+            u = warp_sum(u);
+        } else {
+            g = warp_dot(xr, wg, H);
+            u = warp_dot(xr, wu, H);
+        }
+        a = round_bf16(siluf_(round_bf16(g))) * round_bf16(u);
     }
-    if ((threadIdx.x & 31) == 0) act[tj * I + i] = to_bf16(a);
+    if (lane == 0) act[tj * I + i] = to_bf16(a);
 }
 
-// y[t, h] = the bf16 running sum over the row's experts in increasing id of bf16(bf16(down_e[h] . act) * w).
+// The position, in increasing expert id (ties: the lower choice index), of choice `lane` of the k in `my_id`
+// (lanes >= k pass anything and get a position no choice has); every lane of the warp calls it.
+__device__ __forceinline__ int choice_rank(int my_id, int lane, int k) {
+    int rank = 0;
+    for (int c = 0; c < k; c++) {
+        const int other = __shfl_sync(0xffffffffu, my_id, c);
+        rank += (other < my_id || (other == my_id && c < lane)) ? 1 : 0;
+    }
+    return lane < k ? rank : INT_MAX;
+}
+
+// y[t, h] = the bf16 running sum over the row's experts in increasing id of bf16(bf16(down_e[h] . act) * w); one
+// warp per h: the dot products of kDownChunk experts are in flight together, then summed in id order.
 __global__ void moe_down_kernel(const bf16* __restrict__ act, const bf16* __restrict__ down,
                                 const float* __restrict__ weights, const int32_t* __restrict__ ids, int E, int H, int I,
-                                int k, bf16* y) {
+                                int k, bool evict_first, bf16* y) {
     pdl_trigger();
     pdl_wait();
     const int64_t t = blockIdx.x;
-    const int h = blockIdx.y * kMoeWarps + (threadIdx.x >> 5);
+    const int h = blockIdx.y * kMoeWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
     if (h >= H) return;
+    const int my_id = lane < k ? ids[t * k + lane] : 0;
+    const int rank = choice_rank(my_id, lane, k);
+    const uint64_t pol = weight_policy(evict_first);
+    const bool words = I % 8 == 0;
+    const int K8 = I / 8;
     float acc = 0.0f;
-    int prev = -1;
-    for (int n = 0; n < k; n++) {  // the row's choices in increasing expert id
-        int j = -1;
-        for (int c = 0; c < k; c++) {
-            const int e = ids[t * k + c];
-            if (e > prev && (j < 0 || e < ids[t * k + j])) j = c;
+    for (int c0 = 0; c0 < k; c0 += kDownChunk) {
+        int j[kDownChunk], e[kDownChunk];
+#pragma unroll
+        for (int u = 0; u < kDownChunk; u++) {
+            const unsigned m = __ballot_sync(0xffffffffu, rank == c0 + u);
+            j[u] = m ? __ffs(m) - 1 : -1;
+            e[u] = j[u] >= 0 ? __shfl_sync(0xffffffffu, my_id, j[u]) : -1;
+            if (e[u] < 0 || e[u] >= E) j[u] = -1;
         }
-        if (j < 0) break;
-        const int e = ids[t * k + j];
-        prev = e;
-        if (e >= E) break;
-        const float d = round_bf16(warp_dot(act + (t * k + j) * I, down + (int64_t(e) * H + h) * I, I));
-        acc = round_bf16(acc + round_bf16(d * weights[t * k + j]));
+        float part[kDownChunk];
+#pragma unroll
+        for (int u = 0; u < kDownChunk; u++) part[u] = 0.0f;
+        if (words) {
+            for (int base = lane; base < K8; base += 32 * kDownWords) {
+                uint4 wv[kDownChunk][kDownWords];
+#pragma unroll
+                for (int u = 0; u < kDownChunk; u++)
+#pragma unroll
+                    for (int q = 0; q < kDownWords; q++)
+                        if (j[u] >= 0 && base + 32 * q < K8)
+                            wv[u][q] = ld_weight(
+                                reinterpret_cast<const uint4*>(down + (int64_t(e[u]) * H + h) * I) + base + 32 * q,
+                                pol);
+#pragma unroll
+                for (int u = 0; u < kDownChunk; u++)
+#pragma unroll
+                    for (int q = 0; q < kDownWords; q++)
+                        if (j[u] >= 0 && base + 32 * q < K8) {
+                            float wf[8], af[8];
+                            unpack8(wv[u][q], wf);
+                            unpack8(__ldg(reinterpret_cast<const uint4*>(act + (t * k + j[u]) * I) + base + 32 * q),
+                                    af);
+#pragma unroll
+                            for (int c = 0; c < 8; c++) part[u] = fmaf(wf[c], af[c], part[u]);
+                        }
+            }
+        } else {
+#pragma unroll
+            for (int u = 0; u < kDownChunk; u++)
+                if (j[u] >= 0)
+                    for (int i = lane; i < I; i += 32)
+                        part[u] = fmaf(to_f32(down[(int64_t(e[u]) * H + h) * I + i]),
+                                       to_f32(act[(t * k + j[u]) * I + i]), part[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < kDownChunk; u++) {
+            const float d = round_bf16(warp_sum(part[u]));
+            if (j[u] >= 0) acc = round_bf16(acc + round_bf16(d * weights[t * k + j[u]]));
+        }
     }
-    if ((threadIdx.x & 31) == 0) y[t * H + h] = to_bf16(acc);
+    if (lane == 0) y[t * H + h] = to_bf16(acc);
+}
+
+// ---- Prefill and large batches: the rows grouped by expert, a grouped GEMM on tensor cores ----
+// moe_group_kernel sorts the n = rows * k choices by expert (stable: within an expert, in increasing t k + j) and
+// cuts each expert's run of positions into tiles of kGroupRows; each tile is one block row of the two grouped
+// GEMMs (gate/up with the SiLU product, then down with the routing weight), which read the expert's weights once
+// per tile instead of once per row. moe_combine_kernel then adds each row's k weighted outputs in increasing expert
+// id. A row's values depend only on the row and its experts (each output is one thread's fixed-order sum over K),
+// never on the other rows of the batch.
+constexpr int kGroupRows = 64;     // BM: positions (rows of A) per tile
+constexpr int kGroupCols = 128;    // BN: weight rows per block (gate/up: 64 activation columns, gate and up)
+constexpr int kGroupK = 32;        // BK: the k extent of a shared-memory stage (two stages)
+constexpr int kGroupPad = 8;       // row padding: ldmatrix rows 80 bytes apart, conflict-free
+constexpr int kGroupThreads = 256; // 8 warps: 2 (rows) x 4 (columns), 32 x 32 outputs each
+constexpr int kGroupScanThreads = 256;
+
+// Block e (one per expert): counts every expert's choices (shared-memory histogram), then writes its own
+// positions and tiles. Outputs: src_row[p] = t and choice[p] = t k + j of sorted position p; pos[t k + j] = p;
+// tiles[3 s .. 3 s + 2] = (expert, first position, end position) of tile s, expert -1 past the last tile (written by
+// the last block up to max_tiles).
+__global__ void __launch_bounds__(kGroupScanThreads)
+    moe_group_kernel(const int32_t* __restrict__ ids, int n, int k, int E, int max_tiles, int32_t* src_row,
+                     int32_t* choice, int32_t* pos, int32_t* tiles) {
+    extern __shared__ int count[];  // [E]
+    __shared__ int warp_total[kGroupScanThreads / 32];
+    __shared__ int sums[2][kGroupScanThreads / 32];
+    pdl_trigger();
+    pdl_wait();
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, n_warps = kGroupScanThreads / 32;
+    const int e = blockIdx.x;
+    for (int i = tid; i < E; i += kGroupScanThreads) count[i] = 0;
+    __syncthreads();
+    for (int i = tid; i < n; i += kGroupScanThreads) {
+        const int id = ids[i];
+        if (id >= 0 && id < E) atomicAdd(&count[id], 1);
+    }
+    __syncthreads();
+    // first position and first tile of expert e: sums over the experts below it
+    int before = 0, tiles_before = 0;
+    for (int i = tid; i < e; i += kGroupScanThreads) {
+        before += count[i];
+        tiles_before += (count[i] + kGroupRows - 1) / kGroupRows;
+    }
+    before = __reduce_add_sync(0xffffffffu, before);
+    tiles_before = __reduce_add_sync(0xffffffffu, tiles_before);
+    if (lane == 0) {
+        sums[0][warp] = before;
+        sums[1][warp] = tiles_before;
+    }
+    __syncthreads();
+    before = tiles_before = 0;
+    for (int w = 0; w < n_warps; w++) {
+        before += sums[0][w];
+        tiles_before += sums[1][w];
+    }
+    const int mine = count[e], my_tiles = (mine + kGroupRows - 1) / kGroupRows;
+    for (int m = tid; m < my_tiles; m += kGroupScanThreads) {
+        int32_t* tile = tiles + 3 * int64_t(tiles_before + m);
+        tile[0] = e;
+        tile[1] = before + m * kGroupRows;
+        tile[2] = before + mine;
+    }
+    if (e == E - 1)
+        for (int s = tiles_before + my_tiles + tid; s < max_tiles; s += kGroupScanThreads) tiles[3 * int64_t(s)] = -1;
+    // stable scatter of this expert's choices
+    int running = before;
+    for (int base = 0; base < n; base += kGroupScanThreads) {
+        const int i = base + tid;
+        const bool match = i < n && ids[i] == e;
+        const unsigned ballot = __ballot_sync(0xffffffffu, match);
+        if (lane == 0) warp_total[warp] = __popc(ballot);
+        __syncthreads();
+        int offset = running;
+        for (int w = 0; w < warp; w++) offset += warp_total[w];
+        if (match) {
+            const int p = offset + __popc(ballot & ((1u << lane) - 1u));
+            src_row[p] = i / k;
+            choice[p] = i;
+            pos[i] = p;
+        }
+        for (int w = 0; w < n_warps; w++) running += warp_total[w];
+        __syncthreads();
+    }
+}
+
+// One tile (blockIdx.x, from moe_group_kernel) times one column block (blockIdx.y) of its expert's matrix, on
+// tensor cores (mma m16n8k16, fp32 accumulation, A and W through shared memory by cp.async in two stages).
+// kGateUp: A = x rows gathered by src_row, W = gate_up[e] [2I, H], K = H; the block's 128 weight rows are, per
+// warp column wn, 16 gate rows and the 16 up rows of the same activation columns, so each thread holds a column's
+// gate and up values: out = act [n, I] at the sorted positions, bf16(bf16(silu(bf16(g))) * bf16(u)).
+// Else: A = act [n, I] (sorted positions), W = down[e] [H, I], K = I; out = y_slot [n, H],
+// bf16(bf16(d) * weight of the position's choice).
+template <bool kGateUp>
+__global__ void __launch_bounds__(kGroupThreads)
+    moe_grouped_gemm_kernel(const bf16* __restrict__ a, const int32_t* __restrict__ src_row,
+                            const bf16* __restrict__ w, int N, int K, int I, const int32_t* __restrict__ tiles,
+                            const int32_t* __restrict__ choice, const float* __restrict__ weights, bf16* out) {
+    __shared__ alignas(16) bf16 as[2][kGroupRows][kGroupK + kGroupPad];
+    __shared__ alignas(16) bf16 bs[2][kGroupCols][kGroupK + kGroupPad];
+    pdl_trigger();
+    pdl_wait();
+    const int expert = tiles[3 * int64_t(blockIdx.x)];
+    if (expert < 0) return;
+    const int p0 = tiles[3 * int64_t(blockIdx.x) + 1], p_end = tiles[3 * int64_t(blockIdx.x) + 2];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
+    const int chunk = tid & 3;  // the 16-byte word of a row's kGroupK values this thread copies
+    // this thread's A row (one) and W rows (two) of every stage
+    const int ar = tid >> 2;
+    const bool a_valid = p0 + ar < p_end;
+    const int64_t a_row = a_valid ? (kGateUp ? src_row[p0 + ar] : p0 + ar) : 0;
+    const bf16* a_src = a + a_row * K + chunk * 8;
+    const bf16* w_src[2];
+    bool w_valid[2];
+    const bf16* we = w + int64_t(expert) * N * K;
+#pragma unroll
+    for (int q = 0; q < 2; q++) {
+        const int r = (tid >> 2) + 64 * q;
+        int row;
+        if (kGateUp) {
+            const int col = blockIdx.y * (kGroupCols / 2) + (r / 32) * 16 + (r % 16);
+            w_valid[q] = col < I;
+            row = (r % 32 >= 16 ? I : 0) + col;
+        } else {
+            row = blockIdx.y * kGroupCols + r;
+            w_valid[q] = row < N;
+        }
+        w_src[q] = we + int64_t(w_valid[q] ? row : 0) * K + chunk * 8;
+    }
+    auto load_stage = [&](int s, int k0) {
+        cp_async16(smem_addr(&as[s][ar][chunk * 8]), a_src + k0, a_valid);
+#pragma unroll
+        for (int q = 0; q < 2; q++)
+            cp_async16(smem_addr(&bs[s][(tid >> 2) + 64 * q][chunk * 8]), w_src[q] + k0, w_valid[q]);
+        cp_async_commit();
+    };
+    float acc[2][4][4];
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int nj = 0; nj < 4; nj++)
+#pragma unroll
+            for (int c = 0; c < 4; c++) acc[mi][nj][c] = 0.0f;
+    const int n_k = K / kGroupK;
+    load_stage(0, 0);
+    for (int kt = 0; kt < n_k; kt++) {
+        const int s = kt & 1;
+        if (kt + 1 < n_k) {
+            load_stage(s ^ 1, (kt + 1) * kGroupK);
+            cp_async_wait<1>();
+        } else {
+            cp_async_wait<0>();
+        }
+        __syncthreads();
+#pragma unroll
+        for (int ks = 0; ks < kGroupK / 16; ks++) {
+            uint32_t af[2][4], bfr[4][2];
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+                ldsm_x4(smem_addr(&as[s][wm * 32 + mi * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]), af[mi][0],
+                        af[mi][1], af[mi][2], af[mi][3]);
+#pragma unroll
+            for (int pr = 0; pr < 2; pr++) {
+                const int q = lane >> 3;
+                ldsm_x4(smem_addr(&bs[s][wn * 32 + pr * 16 + (lane & 7) + (q >> 1) * 8][ks * 16 + (q & 1) * 8]),
+                        bfr[2 * pr][0], bfr[2 * pr][1], bfr[2 * pr + 1][0], bfr[2 * pr + 1][1]);
+            }
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int nj = 0; nj < 4; nj++)
+                    mma_bf16_16816(acc[mi][nj], af[mi][0], af[mi][1], af[mi][2], af[mi][3], bfr[nj][0], bfr[nj][1]);
+        }
+        __syncthreads();
+    }
+    const int g = lane >> 2, c2 = (lane & 3) * 2;
+#pragma unroll
+    for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+        for (int half = 0; half < 2; half++) {
+            const int p = p0 + wm * 32 + mi * 16 + g + 8 * half;
+            if (p >= p_end) continue;
+            if (kGateUp) {
+#pragma unroll
+                for (int nj = 0; nj < 2; nj++) {
+                    const int col = blockIdx.y * (kGroupCols / 2) + wn * 16 + nj * 8 + c2;
+                    if (col >= I) continue;
+                    float v[2];
+#pragma unroll
+                    for (int c = 0; c < 2; c++)
+                        v[c] = round_bf16(siluf_(round_bf16(acc[mi][nj][2 * half + c]))) *
+                               round_bf16(acc[mi][nj + 2][2 * half + c]);
+                    *reinterpret_cast<__nv_bfloat162*>(out + int64_t(p) * I + col) = __floats2bfloat162_rn(v[0], v[1]);
+                }
+            } else {
+                const float wt = weights[choice[p]];
+#pragma unroll
+                for (int nj = 0; nj < 4; nj++) {
+                    const int col = blockIdx.y * kGroupCols + wn * 32 + nj * 8 + c2;
+                    if (col >= N) continue;
+                    float v[2];
+#pragma unroll
+                    for (int c = 0; c < 2; c++) v[c] = round_bf16(round_bf16(acc[mi][nj][2 * half + c]) * wt);
+                    *reinterpret_cast<__nv_bfloat162*>(out + int64_t(p) * N + col) = __floats2bfloat162_rn(v[0], v[1]);
+                }
+            }
+        }
+}
+
+// y[t, :] = the bf16 running sum of the row's k weighted expert outputs (y_slot at their sorted positions) in
+// increasing expert id; one block per row, two columns per thread.
+__global__ void moe_combine_kernel(const bf16* __restrict__ y_slot, const int32_t* __restrict__ pos,
+                                   const int32_t* __restrict__ ids, int E, int H, int k, bf16* y) {
+    __shared__ int order[kMaxTopK];
+    __shared__ int n_valid;
+    pdl_trigger();
+    pdl_wait();
+    const int64_t t = blockIdx.x;
+    if (threadIdx.x < 32) {
+        const int lane = threadIdx.x;
+        const int id = lane < k ? ids[t * k + lane] : 0;
+        const bool valid = lane < k && id >= 0 && id < E;
+        // out-of-range ids (the router makes none) sort last and are skipped
+        const int rank = choice_rank(valid ? id : INT_MAX, lane, k);
+        const unsigned vm = __ballot_sync(0xffffffffu, valid);
+        if (valid) order[rank] = pos[t * k + lane];
+        if (lane == 0) n_valid = __popc(vm);
+    }
+    __syncthreads();
+    for (int h = 2 * threadIdx.x; h < H; h += 2 * blockDim.x) {
+        float a0 = 0.0f, a1 = 0.0f;
+        for (int j = 0; j < n_valid; j++) {
+            const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(y_slot + int64_t(order[j]) * H + h));
+            a0 = round_bf16(a0 + v.x);
+            a1 = round_bf16(a1 + v.y);
+        }
+        *reinterpret_cast<__nv_bfloat162*>(y + t * H + h) = __floats2bfloat162_rn(a0, a1);
+    }
 }
 
 __global__ void add_sigmoid_gated_kernel(bf16* y, const bf16* __restrict__ s, const bf16* __restrict__ x,
@@ -165,14 +502,51 @@ void moe_top_k(const bf16* router_logits, int64_t rows, int E, int k, bool norma
            normalize, weights, ids);
 }
 
+size_t moe_index_ints(int64_t rows, int E, int k) {
+    const int64_t n = rows * k;
+    return size_t(3 * n + 3 * moe_max_tiles(rows, E, k));
+}
+
+int64_t moe_max_tiles(int64_t rows, int E, int k) {
+    const int64_t n = rows * k;
+    return (n + kGroupRows - 1) / kGroupRows + std::min<int64_t>(E, n);
+}
+
+bool moe_grouped(int64_t rows, int H, int I, const LaunchContext& ctx) {
+    return rows >= ctx.moe_grouped_min_rows && H % kGroupK == 0 && I % kGroupK == 0;
+}
+
 void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const float* weights, const int32_t* ids,
-                 int k, bf16* act, bf16* y, const LaunchContext& ctx) {
+                 int k, const MoeScratch& scratch, bf16* y, const LaunchContext& ctx) {
     if (rows <= 0) return;
     const int E = ex.n_experts, I = ex.intermediate;
-    launch(moe_gate_up_kernel, dim3(unsigned(rows * k), ceil_div(I, kMoeWarps)), kMoeWarps * 32, 0, ctx,
-           "MoE gate/up kernel", x, static_cast<const bf16*>(ex.gate_up.data), ids, E, H, I, k, act);
-    launch(moe_down_kernel, dim3(unsigned(rows), ceil_div(H, kMoeWarps)), kMoeWarps * 32, 0, ctx, "MoE down kernel",
-           static_cast<const bf16*>(act), static_cast<const bf16*>(ex.down.data), weights, ids, E, H, I, k, y);
+    const bf16* gate_up = static_cast<const bf16*>(ex.gate_up.data);
+    const bf16* down = static_cast<const bf16*>(ex.down.data);
+    if (!moe_grouped(rows, H, I, ctx)) {
+        launch(moe_gate_up_kernel, dim3(unsigned(rows * k), ceil_div(I, kMoeWarps)), kMoeWarps * 32, 0, ctx,
+               "MoE gate/up kernel", x, gate_up, ids, E, H, I, k, ctx.evict_first, scratch.act);
+        launch(moe_down_kernel, dim3(unsigned(rows), ceil_div(H, kMoeWarps)), kMoeWarps * 32, 0, ctx,
+               "MoE down kernel", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H, I, k,
+               ctx.evict_first, y);
+        return;
+    }
+    const int n = int(rows * k);
+    const int max_tiles = int(moe_max_tiles(rows, E, k));
+    int32_t* src_row = scratch.index;
+    int32_t* choice = src_row + n;
+    int32_t* pos = choice + n;
+    int32_t* tiles = pos + n;
+    launch(moe_group_kernel, unsigned(E), kGroupScanThreads, size_t(E) * 4, ctx, "MoE grouping kernel", ids, n, k, E,
+           max_tiles, src_row, choice, pos, tiles);
+    launch(moe_grouped_gemm_kernel<true>, dim3(unsigned(max_tiles), ceil_div(I, kGroupCols / 2)), kGroupThreads, 0,
+           ctx, "MoE grouped gate/up kernel", x, static_cast<const int32_t*>(src_row), gate_up, 2 * I, H, I,
+           static_cast<const int32_t*>(tiles), static_cast<const int32_t*>(choice), weights, scratch.act);
+    launch(moe_grouped_gemm_kernel<false>, dim3(unsigned(max_tiles), ceil_div(H, kGroupCols)), kGroupThreads, 0, ctx,
+           "MoE grouped down kernel", static_cast<const bf16*>(scratch.act), static_cast<const int32_t*>(src_row),
+           down, H, I, I, static_cast<const int32_t*>(tiles), static_cast<const int32_t*>(choice), weights,
+           scratch.y_slot);
+    launch(moe_combine_kernel, unsigned(rows), 256, 0, ctx, "MoE combine kernel",
+           static_cast<const bf16*>(scratch.y_slot), static_cast<const int32_t*>(pos), ids, E, H, k, y);
 }
 
 void add_sigmoid_gated(bf16* y, const bf16* s, const bf16* x, const bf16* gate, int64_t rows, int H,

@@ -35,5 +35,8 @@ constexpr int kElementwiseThreads = 256;
 constexpr int kAttnSplitMaxRows = 16;
 constexpr int kAttnSplitKeys = 32;
 constexpr int kAttnMaxSplits = 64;
+// Rows from which the MoE experts run grouped by expert (a tile GEMM per expert) instead of one GEMV pass per
+// (row, choice) (moe.cuh; CudaOptions::moe_grouped_min_rows overrides it).
+constexpr int kMoeGroupedMinRows = 16;
 
 }  // namespace hy::cuda

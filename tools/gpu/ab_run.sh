@@ -5,9 +5,9 @@
 # hybrid-bench on a Qwen3.5-4B-shaped random checkpoint: decode b=1, prefill 4096 and batched decode, new and base
 # in alternation (ROUNDS rounds, default 2), so that a difference of about 1% stands out of the run-to-run noise.
 # Usage (device tool, from the repository root): bash tools/gpu/ab_run.sh   with carry [".carry"]
-# (.carry from ../shared/tools/device_prep.sh). STAGES (default "all"): build tests bench moe (NOBASE=1: no
-# baseline build). Logs: $OUT/all.log,
-# summary last.
+# (.carry from ../shared/tools/device_prep.sh). STAGES (default "all"): build tests bench moe moe_trace
+# (NOBASE=1: no baseline build; TRACE=1: also builds hybrid-bench with -DHY_CUDA_TRACE=ON for moe_trace).
+# Logs: $OUT/all.log, summary last.
 set -u
 . tools/gpu/run_lib.sh  # OUT, LOG, SUM, T0, say, step
 STAGES=${STAGES:-all}
@@ -20,6 +20,8 @@ nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$SUM" 2>&1
 if want build; then
     (cmake -S . -B /tmp/bn "${CFG[@]}" >/tmp/bn.log 2>&1 && cmake --build /tmp/bn -j10 "${TARGETS[@]}" >>/tmp/bn.log 2>&1
      echo "rc=$?" >>/tmp/bn.log) &
+    [ "${TRACE:-0}" = 1 ] && (cmake -S . -B /tmp/bt "${CFG[@]}" -DHY_CUDA_TRACE=ON >/tmp/bt.log 2>&1 &&
+        cmake --build /tmp/bt -j4 --target hybrid-bench >>/tmp/bt.log 2>&1; echo "rc=$?" >>/tmp/bt.log) &
     [ "${NOBASE:-0}" = 1 ] || step build_base 300 bash -c "cmake -S .carry/base-src -B /tmp/bb ${CFG[*]} \
         -DHY_TESTS_ONLY=OFF >/tmp/bb.log 2>&1 && cmake --build /tmp/bb -j6 --target hybrid-bench hybrid-compare >>/tmp/bb.log 2>&1"
     wait
@@ -73,11 +75,36 @@ if want bench; then
 fi
 if want moe; then  # Qwen3.5-35B-A3B shapes (tools/gpu/config_35b_a3b.json) with dummy weights made on the device
     mkdir -p /tmp/q35 && cp tools/gpu/config_35b_a3b.json /tmp/q35/config.json
-    step bench_35b_b1 300 $N/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 128 -r 2
-    grep -E "^ready|^device memory|^model" "$LOG" | tail -3 >>"$SUM"
-    grep -E '^\| +[0-9]' "$LOG" | tail -1 >>"$SUM"
-    step bench_35b_b8 300 $N/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 32 -b 8,32 -r 1
-    grep -E '^\| +[0-9]' "$LOG" | tail -2 >>"$SUM"
+    for bin in $N $([ "${NOBASE:-0}" = 1 ] || echo $B); do
+        tag=$(basename $bin)
+        step "bench_35b_b1_$tag" 300 $bin/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 128 -r 2
+        grep -E "^ready|^device memory|^model" "$LOG" | tail -3 >>"$SUM"
+        grep -E '^\| +[0-9]' "$LOG" | tail -1 | sed "s/^/  [$tag] /" >>"$SUM"
+        step "bench_35b_batch_$tag" 300 $bin/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 32 \
+            -b 8,16,32,64 -r 1
+        grep -E '^\| +[0-9]' "$LOG" | tail -4 | sed "s/^/  [$tag] /" >>"$SUM"
+    done
+    # the batched decode with the grouped path from 8 rows and never (the threshold's A/B)
+    for g in 8 100000; do
+        step "bench_35b_grouped_$g" 300 $N/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 32 \
+            -b 8,16,32 -r 1 --moe-grouped-rows $g
+        grep -E '^\| +[0-9]' "$LOG" | tail -3 | sed "s/^/  [grouped from $g] /" >>"$SUM"
+    done
+    step bench_35b_prefill 300 $N/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 4096 -n 8 -r 2 \
+        --ubatch 4096
+    grep -E '^\| +[0-9]' "$LOG" | tail -1 | sed "s/^/  [prefill 4096] /" >>"$SUM"
+    step bench_35b_32k 300 $N/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 32768 -n 16 -r 1 \
+        --ubatch 4096
+    grep -E "^device memory" "$LOG" | tail -1 >>"$SUM"
+    grep -E '^\| +[0-9]' "$LOG" | tail -1 | sed "s/^/  [prefill 32768] /" >>"$SUM"
+fi
+if want moe_trace; then  # each kernel's cost on the critical path of a 35B-A3B b=1 decode step
+    step build_trace 5 grep -q "rc=0" /tmp/bt.log || tail -20 /tmp/bt.log
+    mkdir -p /tmp/q35 && cp tools/gpu/config_35b_a3b.json /tmp/q35/config.json
+    step trace_35b 300 /tmp/bt/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 64 -r 1 \
+        --cuda-trace /tmp/trace_35b.txt
+    python3 tools/gpu/trace_summary.py /tmp/trace_35b.txt --steps 48 >"$OUT/trace_35b.txt" 2>&1
+    head -40 "$OUT/trace_35b.txt" >>"$SUM"
 fi
 say "total $(($(date +%s) - T0)) s"
 echo "================ summary"
