@@ -32,22 +32,24 @@ __device__ __forceinline__ float warp_dot(const bf16* a, const bf16* b, int K) {
     return warp_sum(s);
 }
 
-// One block per row: the row's logits (bf16, from the router GEMV) in shared memory, softmax in fp32, then warp 0
-// picks the top k one at a time (the largest logit not taken, the lower id on ties).
+// One block per row: the row's logits (bf16, from the router GEMV) in shared memory, softmax in fp32; every thread
+// ranks its experts by counting the logits above them (equal ones: the lower id first, as torch.topk on the CPU),
+// and the experts of rank < k write their probability at their rank; the k are then summed in rank order.
 __global__ void moe_route_kernel(const bf16* __restrict__ router_logits, int E, int k, bool normalize, float* weights,
                                  int32_t* ids) {
     extern __shared__ float logit[];  // [E]
     __shared__ float scratch[32];
-    __shared__ unsigned char taken[kMaxExperts];
+    __shared__ float chosen_p[kMaxTopK];
+    __shared__ int chosen_id[kMaxTopK];
     pdl_trigger();
     pdl_wait();
     const int64_t row = blockIdx.x;
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, n_warps = blockDim.x >> 5;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) logit[e] = to_f32(router_logits[row * E + e]);
-    for (int e = threadIdx.x; e < E; e += blockDim.x) taken[e] = 0;
-    __syncthreads();
     float mx = -INFINITY;
-    for (int e = threadIdx.x; e < E; e += blockDim.x) mx = fmaxf(mx, logit[e]);
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        logit[e] = to_f32(router_logits[row * E + e]);
+        mx = fmaxf(mx, logit[e]);
+    }
     mx = warp_max(mx);
     if (lane == 0) scratch[warp] = mx;
     __syncthreads();
@@ -55,104 +57,55 @@ __global__ void moe_route_kernel(const bf16* __restrict__ router_logits, int E, 
     mx = warp_max(mx);
     float sum = 0.0f;
     for (int e = threadIdx.x; e < E; e += blockDim.x) sum += expf(logit[e] - mx);
-    sum = block_sum(sum, scratch);
-    if (warp != 0) return;
-    float w[kMaxTopK];
-    int id[kMaxTopK];
-    float total = 0.0f;
-    for (int j = 0; j < k; j++) {
-        float best = -INFINITY;
-        int best_id = E;
-        for (int e = lane; e < E; e += 32)
-            if (!taken[e] && (logit[e] > best || (logit[e] == best && e < best_id) || best_id == E)) {
-                best = logit[e];
-                best_id = e;
-            }
-#pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, best_id, o);
-            if (oi < E && (best_id == E || ob > best || (ob == best && oi < best_id))) {
-                best = ob;
-                best_id = oi;
-            }
+    sum = block_sum(sum, scratch);  // (synchronizes: every logit is in shared memory)
+    for (int e = threadIdx.x; e < E; e += blockDim.x) {
+        const float v = logit[e];
+        int rank = 0;
+        for (int o = 0; o < E && rank < k; o++) {
+            const float u = logit[o];
+            rank += (u > v || (u == v && o < e)) ? 1 : 0;
         }
-        __syncwarp();
-        if (lane == 0) taken[best_id] = 1;
-        __syncwarp();
-        id[j] = best_id;
-        w[j] = expf(best - mx) / sum;
-        total += w[j];
+        if (rank < k) {
+            chosen_p[rank] = expf(v - mx) / sum;
+            chosen_id[rank] = e;
+        }
     }
-    if (lane == 0)
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        float total = 0.0f;
+        for (int j = 0; j < k; j++) total += chosen_p[j];
         for (int j = 0; j < k; j++) {
-            weights[row * k + j] = round_bf16(normalize ? w[j] / total : w[j]);
-            ids[row * k + j] = id[j];
+            weights[row * k + j] = round_bf16(normalize ? chosen_p[j] / total : chosen_p[j]);
+            ids[row * k + j] = chosen_id[j];
         }
+    }
 }
 
 // ---- Decode (few rows): one warp per output, reading only the chosen experts' rows ----
-// The expert weights to read depend on the router's choice, which the predecessor kernel writes: unlike the dense
-// GEMVs, no weight load can be issued before the PDL wait, so each warp issues all of its loads of a round at
-// once (kDecodeWords 16-byte words per lane per row) to keep enough bytes in flight.
-constexpr int kDecodeWords = 8;      // gate/up: words per lane per row and round (K = 2048: one round)
-constexpr int kDownWords = 2;        // down: words per lane per expert and round (I = 512: one round)
-constexpr int kDownChunk = 8;        // down: experts whose rows are in flight together
+// The expert weights depend on the router's choice, so gate/up cannot load any before its PDL wait. It lets the
+// next kernel (down) start only after that wait: the choice is then complete, and down loads its first weights
+// before its own wait (for one or two rows, where the whole grid is resident at once).
+constexpr int kDownWords = 2;  // prefetching down: words per lane per expert and round (I = 512: one round)
+constexpr int kDownChunk = 8;  // prefetching down: experts whose rows are in flight together
 
 // act[(t k + j), i] = bf16(bf16(silu(bf16(gate_e . x_t))) * bf16(up_e . x_t)), e = ids[t k + j]; one warp per i.
 __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up,
-                                   const int32_t* __restrict__ ids, int E, int H, int I, int k, bool evict_first,
-                                   bf16* act) {
-    pdl_trigger();
+                                   const int32_t* __restrict__ ids, int E, int H, int I, int k, bf16* act) {
     pdl_wait();
+    pdl_trigger();  // (after the wait: the down kernel reads the routing before its own wait)
     const int64_t tj = blockIdx.x;  // t * k + j
-    const int i = blockIdx.y * kMoeWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const int i = blockIdx.y * kMoeWarps + (threadIdx.x >> 5);
     if (i >= I) return;
     const int e = ids[tj];
     const bf16* xr = x + (tj / k) * H;
     float a = 0.0f;
     if (e >= 0 && e < E) {
         const bf16* w = gate_up + int64_t(e) * 2 * I * H;
-        const bf16* wg = w + int64_t(i) * H;
-        const bf16* wu = w + int64_t(I + i) * H;
-        float g = 0.0f, u = 0.0f;
-        if (H % 8 == 0) {  // rows of H bf16 are 16-byte aligned when H is a multiple of 8
-            const uint4* g4 = reinterpret_cast<const uint4*>(wg);
-            const uint4* u4 = reinterpret_cast<const uint4*>(wu);
-            const uint4* x4 = reinterpret_cast<const uint4*>(xr);
-            const int K8 = H / 8;
-            const uint64_t pol = weight_policy(evict_first);
-            for (int base = lane; base < K8; base += 32 * kDecodeWords) {
-                uint4 gv[kDecodeWords], uv[kDecodeWords];
-#pragma unroll
-                for (int q = 0; q < kDecodeWords; q++)
-                    if (base + 32 * q < K8) {
-                        gv[q] = ld_weight(g4 + base + 32 * q, pol);
-                        uv[q] = ld_weight(u4 + base + 32 * q, pol);
-                    }
-#pragma unroll
-                for (int q = 0; q < kDecodeWords; q++)
-                    if (base + 32 * q < K8) {
-                        float xf[8], gf[8], uf[8];
-                        unpack8(__ldg(x4 + base + 32 * q), xf);
-                        unpack8(gv[q], gf);
-                        unpack8(uv[q], uf);
-#pragma unroll
-                        for (int c = 0; c < 8; c++) {
-                            g = fmaf(gf[c], xf[c], g);
-                            u = fmaf(uf[c], xf[c], u);
-                        }
-                    }
-            }
-            g = warp_sum(g);
-            u = warp_sum(u);
-        } else {
-            g = warp_dot(xr, wg, H);
-            u = warp_dot(xr, wu, H);
-        }
-        a = round_bf16(siluf_(round_bf16(g))) * round_bf16(u);
+        const float g = round_bf16(warp_dot(xr, w + int64_t(i) * H, H));
+        const float u = round_bf16(warp_dot(xr, w + int64_t(I + i) * H, H));
+        a = round_bf16(siluf_(g)) * u;
     }
-    if (lane == 0) act[tj * I + i] = to_bf16(a);
+    if ((threadIdx.x & 31) == 0) act[tj * I + i] = to_bf16(a);
 }
 
 // The position, in increasing expert id (ties: the lower choice index), of choice `lane` of the k in `my_id`
@@ -167,23 +120,54 @@ __device__ __forceinline__ int choice_rank(int my_id, int lane, int k) {
 }
 
 // y[t, h] = the bf16 running sum over the row's experts in increasing id of bf16(bf16(down_e[h] . act) * w); one
-// warp per h: the dot products of kDownChunk experts are in flight together, then summed in id order.
+// warp per h, the experts one after another.
 __global__ void moe_down_kernel(const bf16* __restrict__ act, const bf16* __restrict__ down,
                                 const float* __restrict__ weights, const int32_t* __restrict__ ids, int E, int H, int I,
-                                int k, bool evict_first, bf16* y) {
+                                int k, bf16* y) {
     pdl_trigger();
     pdl_wait();
     const int64_t t = blockIdx.x;
-    const int h = blockIdx.y * kMoeWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    const int h = blockIdx.y * kMoeWarps + (threadIdx.x >> 5);
     if (h >= H) return;
-    const int my_id = lane < k ? ids[t * k + lane] : 0;
+    float acc = 0.0f;
+    int prev = -1;
+    for (int n = 0; n < k; n++) {  // the row's choices in increasing expert id
+        int j = -1;
+        for (int c = 0; c < k; c++) {
+            const int e = ids[t * k + c];
+            if (e > prev && (j < 0 || e < ids[t * k + j])) j = c;
+        }
+        if (j < 0) break;
+        const int e = ids[t * k + j];
+        prev = e;
+        if (e >= E) break;
+        const float d = round_bf16(warp_dot(act + (t * k + j) * I, down + (int64_t(e) * H + h) * I, I));
+        acc = round_bf16(acc + round_bf16(d * weights[t * k + j]));
+    }
+    if ((threadIdx.x & 31) == 0) y[t * H + h] = to_bf16(acc);
+}
+
+// moe_down_kernel's values for one or two rows (I a multiple of 8): the routing is read before the PDL wait (the
+// kernel starts only once gate/up has passed its wait, so the top-k kernel is complete; read through L2), the
+// first kDownChunk experts' first round of words is loaded before it too, the dot products of a chunk are in
+// flight together and then summed in increasing expert id.
+__global__ void moe_down_prefetch_kernel(const bf16* __restrict__ act, const bf16* __restrict__ down,
+                                         const float* __restrict__ weights, const int32_t* __restrict__ ids, int E,
+                                         int H, int I, int k, bool evict_first, bf16* y) {
+    pdl_trigger();
+    const int64_t t = blockIdx.x;
+    const int h = blockIdx.y * kMoeWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
+    if (h >= H) {
+        pdl_wait();
+        return;
+    }
+    const int my_id = lane < k ? __ldcg(ids + t * k + lane) : 0;
     const int rank = choice_rank(my_id, lane, k);
     const uint64_t pol = weight_policy(evict_first);
-    const bool words = I % 8 == 0;
     const int K8 = I / 8;
-    float acc = 0.0f;
-    for (int c0 = 0; c0 < k; c0 += kDownChunk) {
-        int j[kDownChunk], e[kDownChunk];
+    int j[kDownChunk], e[kDownChunk];
+    uint4 wv[kDownChunk][kDownWords];
+    auto choose = [&](int c0) {
 #pragma unroll
         for (int u = 0; u < kDownChunk; u++) {
             const unsigned m = __ballot_sync(0xffffffffu, rank == c0 + u);
@@ -191,40 +175,43 @@ __global__ void moe_down_kernel(const bf16* __restrict__ act, const bf16* __rest
             e[u] = j[u] >= 0 ? __shfl_sync(0xffffffffu, my_id, j[u]) : -1;
             if (e[u] < 0 || e[u] >= E) j[u] = -1;
         }
+    };
+    auto load = [&](int base) {
+#pragma unroll
+        for (int u = 0; u < kDownChunk; u++)
+#pragma unroll
+            for (int q = 0; q < kDownWords; q++)
+                if (j[u] >= 0 && base + 32 * q < K8)
+                    wv[u][q] = ld_weight(
+                        reinterpret_cast<const uint4*>(down + (int64_t(e[u]) * H + h) * I) + base + 32 * q, pol);
+    };
+    choose(0);
+    load(lane);
+    pdl_wait();
+    float acc = 0.0f;
+    for (int c0 = 0; c0 < k; c0 += kDownChunk) {
+        if (c0 > 0) {
+            choose(c0);
+            load(lane);
+        }
         float part[kDownChunk];
 #pragma unroll
         for (int u = 0; u < kDownChunk; u++) part[u] = 0.0f;
-        if (words) {
-            for (int base = lane; base < K8; base += 32 * kDownWords) {
-                uint4 wv[kDownChunk][kDownWords];
-#pragma unroll
-                for (int u = 0; u < kDownChunk; u++)
-#pragma unroll
-                    for (int q = 0; q < kDownWords; q++)
-                        if (j[u] >= 0 && base + 32 * q < K8)
-                            wv[u][q] = ld_weight(
-                                reinterpret_cast<const uint4*>(down + (int64_t(e[u]) * H + h) * I) + base + 32 * q,
-                                pol);
-#pragma unroll
-                for (int u = 0; u < kDownChunk; u++)
-#pragma unroll
-                    for (int q = 0; q < kDownWords; q++)
-                        if (j[u] >= 0 && base + 32 * q < K8) {
-                            float wf[8], af[8];
-                            unpack8(wv[u][q], wf);
-                            unpack8(__ldg(reinterpret_cast<const uint4*>(act + (t * k + j[u]) * I) + base + 32 * q),
-                                    af);
-#pragma unroll
-                            for (int c = 0; c < 8; c++) part[u] = fmaf(wf[c], af[c], part[u]);
-                        }
-            }
-        } else {
+        for (int base = lane;;) {
 #pragma unroll
             for (int u = 0; u < kDownChunk; u++)
-                if (j[u] >= 0)
-                    for (int i = lane; i < I; i += 32)
-                        part[u] = fmaf(to_f32(down[(int64_t(e[u]) * H + h) * I + i]),
-                                       to_f32(act[(t * k + j[u]) * I + i]), part[u]);
+#pragma unroll
+                for (int q = 0; q < kDownWords; q++)
+                    if (j[u] >= 0 && base + 32 * q < K8) {
+                        float wf[8], af[8];
+                        unpack8(wv[u][q], wf);
+                        unpack8(__ldg(reinterpret_cast<const uint4*>(act + (t * k + j[u]) * I) + base + 32 * q), af);
+#pragma unroll
+                        for (int c = 0; c < 8; c++) part[u] = fmaf(wf[c], af[c], part[u]);
+                    }
+            base += 32 * kDownWords;
+            if (base >= K8) break;
+            load(base);
         }
 #pragma unroll
         for (int u = 0; u < kDownChunk; u++) {
@@ -472,13 +459,41 @@ __global__ void moe_combine_kernel(const bf16* __restrict__ y_slot, const int32_
     }
 }
 
+// One block per row. H a multiple of 8: 16-byte words, the gate's loaded before the PDL wait (a weight).
 __global__ void add_sigmoid_gated_kernel(bf16* y, const bf16* __restrict__ s, const bf16* __restrict__ x,
                                          const bf16* __restrict__ gate, int H) {
     __shared__ float scratch[32];
     pdl_trigger();
-    pdl_wait();
     const int64_t t = blockIdx.x;
     float g = 0.0f;
+    if (H % 8 == 0) {
+        const int H8 = H / 8;
+        const uint4* g4 = reinterpret_cast<const uint4*>(gate);
+        const uint4 g0 = int(threadIdx.x) < H8 ? __ldg(g4 + threadIdx.x) : make_uint4(0u, 0u, 0u, 0u);
+        pdl_wait();
+        const uint4* x4 = reinterpret_cast<const uint4*>(x + t * H);
+        for (int w = threadIdx.x; w < H8; w += blockDim.x) {
+            float xf[8], gf[8];
+            unpack8(x4[w], xf);
+            unpack8(w == int(threadIdx.x) ? g0 : __ldg(g4 + w), gf);
+#pragma unroll
+            for (int c = 0; c < 8; c++) g = fmaf(xf[c], gf[c], g);
+        }
+        g = round_bf16(block_sum(g, scratch));
+        const float sg = round_bf16(1.0f / (1.0f + expf(-g)));
+        uint4* y4 = reinterpret_cast<uint4*>(y + t * H);
+        const uint4* s4 = reinterpret_cast<const uint4*>(s + t * H);
+        for (int w = threadIdx.x; w < H8; w += blockDim.x) {
+            float yf[8], sf[8];
+            unpack8(y4[w], yf);
+            unpack8(s4[w], sf);
+#pragma unroll
+            for (int c = 0; c < 8; c++) yf[c] += round_bf16(sg * sf[c]);
+            y4[w] = pack8(yf);
+        }
+        return;
+    }
+    pdl_wait();
     for (int i = threadIdx.x; i < H; i += blockDim.x) g = fmaf(to_f32(x[t * H + i]), to_f32(gate[i]), g);
     g = round_bf16(block_sum(g, scratch));
     const float sg = round_bf16(1.0f / (1.0f + expf(-g)));
@@ -524,10 +539,14 @@ void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const
     const bf16* down = static_cast<const bf16*>(ex.down.data);
     if (!moe_grouped(rows, H, I, ctx)) {
         launch(moe_gate_up_kernel, dim3(unsigned(rows * k), ceil_div(I, kMoeWarps)), kMoeWarps * 32, 0, ctx,
-               "MoE gate/up kernel", x, gate_up, ids, E, H, I, k, ctx.evict_first, scratch.act);
-        launch(moe_down_kernel, dim3(unsigned(rows), ceil_div(H, kMoeWarps)), kMoeWarps * 32, 0, ctx,
-               "MoE down kernel", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H, I, k,
-               ctx.evict_first, y);
+               "MoE gate/up kernel", x, gate_up, ids, E, H, I, k, scratch.act);
+        if (rows <= 2 && I % 8 == 0)
+            launch(moe_down_prefetch_kernel, dim3(unsigned(rows), ceil_div(H, kMoeWarps)), kMoeWarps * 32, 0, ctx,
+                   "MoE down kernel (prefetching)", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H,
+                   I, k, ctx.evict_first, y);
+        else
+            launch(moe_down_kernel, dim3(unsigned(rows), ceil_div(H, kMoeWarps)), kMoeWarps * 32, 0, ctx,
+                   "MoE down kernel", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H, I, k, y);
         return;
     }
     const int n = int(rows * k);

@@ -84,11 +84,11 @@ if want moe; then  # Qwen3.5-35B-A3B shapes (tools/gpu/config_35b_a3b.json) with
             -b 8,16,32,64 -r 1
         grep -E '^\| +[0-9]' "$LOG" | tail -4 | sed "s/^/  [$tag] /" >>"$SUM"
     done
-    # the batched decode with the grouped path from 8 rows and never (the threshold's A/B)
-    for g in 8 100000; do
+    # the batched decode with the grouped path from 32 rows and never (the threshold's A/B)
+    for g in 32 100000; do
         step "bench_35b_grouped_$g" 300 $N/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 32 \
-            -b 8,16,32 -r 1 --moe-grouped-rows $g
-        grep -E '^\| +[0-9]' "$LOG" | tail -3 | sed "s/^/  [grouped from $g] /" >>"$SUM"
+            -b 32,48,64,128 -r 1 --moe-grouped-rows $g
+        grep -E '^\| +[0-9]' "$LOG" | tail -4 | sed "s/^/  [grouped from $g] /" >>"$SUM"
     done
     step bench_35b_prefill 300 $N/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 4096 -n 8 -r 2 \
         --ubatch 4096
