@@ -295,10 +295,12 @@ int main(int argc, char** argv) {
             double err_all = NAN, err_last = NAN;
             if (have_logits) {
                 const hyst_tensor* t = hyst_find(lf.get(), name.c_str());  // (its dtype and shape checked above)
-                const float* g = static_cast<const float*>(t->data);
+                const char* g = static_cast<const char*>(t->data);         // (any alignment: read with memcpy)
                 err_all = err_last = 0.0;
                 for (size_t i = 0; i < T * size_t(V); i++) {
-                    double e = std::fabs(double(all[i]) - double(g[i]));
+                    float gi;
+                    std::memcpy(&gi, g + 4 * i, 4);
+                    double e = std::fabs(double(all[i]) - double(gi));
                     if (!(e == e)) e = INFINITY;  // NaN never passes
                     err_all = std::max(err_all, e);
                     if (i >= (T - 1) * size_t(V)) err_last = std::max(err_last, e);
