@@ -229,6 +229,27 @@ TEST_CASE("cli: --batch-file writes one JSON line per prompt, each equal to its 
     CHECK(mobjs[1]["error"].get<std::string>().find("but the context holds 64 (-c)") != std::string::npos);
     CHECK(!mobjs[1].contains("text"));
     CHECK(mobjs[2]["text"] == objs[2]["text"]);
+    // With --chat a blank line or one with a NUL byte is a bad prompt too: it fails alone, with its error in its
+    // line (it failed the whole batch, with no output); exit 1, or the first failed prompt's code.
+    const std::string chat_rows = (dir.path / "chat_rows.txt").string();
+    std::ofstream(chat_rows, std::ios::binary) << "Say hi.\n   \n" << std::string("a\0b\n", 4) << "a\\0b\nBye.\n";
+    const Run c = hybrid({"-m", "models/tiny", "--batch-file", chat_rows, "--chat", "-n", "4", "--temp", "0"});
+    INFO(c.err);
+    CHECK(c.rc == 1);
+    std::istringstream clines(c.out);
+    std::vector<nlohmann::json> cobjs;
+    while (std::getline(clines, line)) cobjs.push_back(nlohmann::json::parse(line));
+    REQUIRE(cobjs.size() == 5);
+    CHECK(cobjs[0].contains("text"));
+    CHECK(cobjs[1]["error"].get<std::string>().find("the message is empty") != std::string::npos);
+    CHECK(cobjs[2]["error"].get<std::string>().find("holds a NUL byte") != std::string::npos);
+    CHECK(cobjs[3]["error"].get<std::string>().find("holds a NUL byte") != std::string::npos);
+    CHECK(cobjs[4].contains("text"));
+    CHECK(c.err.find("hybrid: error: batch prompt 1 (line 2): the message is empty") != std::string::npos);
+    CHECK(c.err.find("batch prompt 3 (line 4)") != std::string::npos);
+    // a prompt too long first: exit 3
+    std::ofstream(chat_rows, std::ios::binary) << long_line << "\n \n";
+    CHECK(hybrid({"-m", "models/tiny", "--batch-file", chat_rows, "--chat", "-n", "1", "-c", "64"}).rc == 3);
 }
 
 TEST_CASE("cli: flags without effect and repeated flags are usage errors", "[cli]") {
@@ -264,7 +285,9 @@ TEST_CASE("cli: flags without effect and repeated flags are usage errors", "[cli
     check_one_line_error(hybrid({"-m", "models/tiny", "--chat", "-p", "hi", "--system", "a\\0b"}), 1, "--system");
     check_one_line_error(hybrid({"-m", "models/tiny", "-i"}, std::string("a\0b\n", 4)), 1, "the message holds a NUL");
     std::ofstream(file, std::ios::binary) << std::string("a\0b\n", 4);
-    check_one_line_error(hybrid({"-m", "models/tiny", "--batch-file", file, "--chat"}), 1, "batch prompt 0 (line 1)");
+    const Run nul_row = hybrid({"-m", "models/tiny", "--batch-file", file, "--chat", "-n", "1"});
+    check_one_line_error(nul_row, 1, "batch prompt 0 (line 1): the message holds a NUL");
+    CHECK(nlohmann::json::parse(nul_row.out)["error"].get<std::string>().find("NUL") != std::string::npos);
     check_one_line_error(hybrid({"-m", "models/tiny", "-i"}, "/save!\n"), 1, "/save! needs a file name");
     check_one_line_error(hybrid({"-m", "models/tiny", "-i", "-p", " "}), 1, "the first turn (-p or -f) is empty");
     // (from the second fresh-user test) a blank chat message, a NUL in --stop or in a REPL file name
