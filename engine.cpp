@@ -38,6 +38,8 @@ struct hy_model {
     int n_logits = 0;                // logits row length
     uint64_t fingerprint = 0;
     hy::GenerationDefaults generation;       // generation_config.json's sampling fields
+    std::string load_warning;                // hy_model_load_warning
+    std::string device;                      // hy_model_device
     std::unique_ptr<hy::ChatTemplate> chat;  // made on first use (throws unsupported without ChatML tokens)
     const hy::ChatTemplate& chat_template() {
         if (!chat) chat = std::make_unique<hy::ChatTemplate>(hy::ChatTemplate::for_tokenizer(*tok));
@@ -156,8 +158,12 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
         std::error_code ec;
         if (!*dir) return fail(Status::io, "the model folder path is empty");
         // (before the tokenizer is read; Model::load words the same checks for its other callers)
-        if (!fs::exists(dir, ec)) return fail(Status::io, std::string(dir) + ": no such model folder");
+        // (a symbolic link loop or a broken link is named by path_present, with its target)
+        if (!hy::path_present(dir)) return fail(Status::io, std::string(dir) + ": no such model folder");
         if (!fs::is_directory(dir, ec)) return fail(Status::io, std::string(dir) + ": not a folder");
+        // a folder without config.json (e.g. the parent models/): say so before tokenizer.json is looked for
+        if (!hy::path_present(std::string(dir) + "/config.json"))
+            return fail(Status::io, std::string(dir) + ": not a model folder (no config.json)");
         hy::ModelParams mp;
         mp.device = p.device == HY_DEVICE_CPU    ? hy::Device::cpu
                     : p.device == HY_DEVICE_CUDA ? hy::Device::cuda
@@ -194,6 +200,10 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
         m->eos.erase(std::unique(m->eos.begin(), m->eos.end()), m->eos.end());
         m->slot_used.assign(size_t(p.n_slots), 0);
         m->fingerprint = hy::fingerprint_folder(dir);
+        m->device = m->model->backend().device_name();
+        m->load_warning = m->model->load_warning();
+        if (!m->generation.warning.empty())
+            m->load_warning += (m->load_warning.empty() ? "" : "; ") + m->generation.warning;
         *out = m.release();
         return int(Status::ok);
     });
@@ -206,9 +216,10 @@ int hy_model_n_logits(const hy_model* m) { return m ? m->n_logits : 0; }
 int hy_model_n_ctx(const hy_model* m) { return m ? m->model->n_ctx() : 0; }
 int hy_model_n_ctx_train(const hy_model* m) { return m ? m->model->config().max_position_embeddings : 0; }
 const char* hy_model_backend(const hy_model* m) { return m ? m->model->backend().name() : ""; }
+const char* hy_model_device(const hy_model* m) { return m ? m->device.c_str() : ""; }
 size_t hy_model_arena_bytes(const hy_model* m) { return m ? m->model->arena_bytes() : 0; }
 uint64_t hy_model_fingerprint(const hy_model* m) { return m ? m->fingerprint : 0; }
-const char* hy_model_load_warning(const hy_model* m) { return m ? m->model->load_warning().c_str() : ""; }
+const char* hy_model_load_warning(const hy_model* m) { return m ? m->load_warning.c_str() : ""; }
 
 int hy_model_eos_ids(const hy_model* m, int32_t* out, int cap) {
     if (!m) return 0;

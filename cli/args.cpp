@@ -121,7 +121,12 @@ std::string llama_cpp_hint(const std::string& a) {
         {"--batch-size", ""},
         {"-ub", ""},
         {"--ubatch-size", ""},
-        {"-v", "--verbose prints the settings and the timing summary"}};
+        {"-v", "--verbose prints the settings and the timing summary"},
+        {"-e", "escapes in -p are processed by default (--no-escape turns that off)"},
+        {"--escape", ""},
+        {"--color", "hybrid writes plain text: only the generated continuation goes to stdout"},
+        {"--mlock", "the weights are copied into the model's arena at load, not mapped from the files"},
+        {"--no-mmap", ""}};
     std::string key = a.substr(0, a.find('='));  // --flash-attn=on, -ngl=99, -ngl99: the option's name
     if (key.size() > 1 && key[1] != '-')
         while (key.size() > 2 && std::isdigit(static_cast<unsigned char>(key.back()))) key.pop_back();
@@ -308,7 +313,9 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     if (o.n_ctx < 1) usage("-c must be >= 1, got " + std::to_string(o.n_ctx));
     o.cuda_graphs = !flag("no-cuda-graphs");
     o.n_threads = r["threads"].as<int>();
-    if (o.n_threads < 0 || o.n_threads > 1024) usage("-t must be in [0, 1024], got " + std::to_string(o.n_threads));
+    if (o.n_threads == -1) o.n_threads = 0;  // llama.cpp's spelling of "all cores"
+    if (o.n_threads < 0 || o.n_threads > 1024)
+        usage("-t must be in [0, 1024] (0 or -1: all cores), got " + std::to_string(o.n_threads));
     const std::string dev = r["device"].as<std::string>();
     if (dev == "auto")
         o.device = HY_DEVICE_AUTO;

@@ -52,14 +52,30 @@ int on_token(const hy_token_info* t, void* ud) {
     return g_interrupted.load() ? 1 : 0;
 }
 
-// -t as the CPU backend applies it: 0 means one thread per core available to the process (its affinity mask).
-std::string threads_text(int n_threads) {
-    if (n_threads > 0) return std::to_string(n_threads);
+// The cores available to the process (its affinity mask): what -t 0 uses.
+int available_cores() {
     int n = 0;
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
     if (n <= 0) n = int(std::max(1u, std::thread::hardware_concurrency()));
-    return std::to_string(n) + " (all cores)";
+    return n;
+}
+
+// -t as the CPU backend applies it: 0 means one thread per core available to the process.
+std::string threads_text(int n_threads) {
+    if (n_threads > 0) return std::to_string(n_threads);
+    return std::to_string(available_cores()) + " (all cores)";
+}
+
+// "31.2 MiB", "9.87 GiB"
+std::string mib(size_t bytes) {
+    char buf[32];
+    const double m = double(bytes) / (1024.0 * 1024.0);
+    if (m >= 1024.0)
+        std::snprintf(buf, sizeof buf, "%.2f GiB", m / 1024.0);
+    else
+        std::snprintf(buf, sizeof buf, "%.1f MiB", m);
+    return buf;
 }
 
 int status_exit_code(int status) {
@@ -242,9 +258,18 @@ int run(int argc, char** argv) {
     }
     if (rc != HY_OK) engine_fail(exit_model, "cannot load the model");
     if (*hy_model_load_warning(h.m)) std::fprintf(stderr, "hybrid: warning: %s\n", hy_model_load_warning(h.m));
-    if (o.verbose)
-        std::fprintf(stderr, "hybrid: loaded on %s, %.1f MiB arena, vocab %d\n", hy_model_backend(h.m),
-                     double(hy_model_arena_bytes(h.m)) / (1024.0 * 1024.0), hy_model_n_vocab(h.m));
+    // the backend, the device and the memory the model holds: on a terminal (with the summary) or with --verbose
+    if (show_summary) {
+        const bool cpu = std::strcmp(hy_model_backend(h.m), "cpu") == 0;
+        std::fprintf(stderr, "hybrid: loaded on %s (%s): %s of %s memory (weights and state for -c %d), vocab %d\n",
+                     hy_model_backend(h.m), hy_model_device(h.m), mib(hy_model_arena_bytes(h.m)).c_str(),
+                     cpu ? "host" : "GPU", o.n_ctx, hy_model_n_vocab(h.m));
+    }
+    if (std::strcmp(hy_model_backend(h.m), "cpu") == 0 && o.n_threads > available_cores())
+        std::fprintf(stderr,
+                     "hybrid: warning: -t %d is more than the %d cores available: every step waits for threads "
+                     "that take turns on a core (slower; -t 0 uses all cores)\n",
+                     o.n_threads, available_cores());
     // sampling options not given on the command line take the model folder's generation_config.json values, as
     // vLLM takes them
     hy_sampler_params recommended;

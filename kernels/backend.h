@@ -160,6 +160,9 @@ public:
     // The backend's launch settings in one line ("graphs on, pdl on, ..."; empty when it has none), for --verbose
     // and tests.
     virtual std::string settings() const { return {}; }
+    // The device in a few words, for the line a program prints after the load: "CPU, 8 threads", "NVIDIA H200
+    // (compute capability 9.0)".
+    virtual std::string device_name() const = 0;
     // Element type of activations, KV cache and conv state.
     virtual DType act_dtype() const = 0;
     // Storage type for a weight matrix stored as `checkpoint` in the file.

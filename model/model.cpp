@@ -486,6 +486,7 @@ static std::unique_ptr<Backend> choose_backend(const ModelParams& p) {
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& params_in) {
     if (!is_dir(dir)) {
+        path_present(dir);  // (a symbolic link loop or a broken link: named with its target)
         struct stat st;
         throw Error(Status::io, dir + (::stat(dir.c_str(), &st) == 0 ? ": not a folder" : ": no such model folder"));
     }

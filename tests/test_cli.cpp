@@ -459,13 +459,13 @@ TEST_CASE("cli: endless or blocking inputs are one-line errors: stdin of /dev/ze
     if (fs::exists(kBin + "/hybrid-compare")) {
         const Run c =
             run_prog(kBin + "/hybrid-compare", {"-m", "models/tiny", "-t", "1", "--logits", fifo, "--case", "short"});
-        CHECK(c.rc == 1);
+        CHECK(c.rc == 5);
         CHECK(c.err.find(fifo + ": not a regular file") != std::string::npos);
     }
     if (fs::exists(kBin + "/hybrid-bench")) {
         const Run b = run_prog(kBin + "/hybrid-bench", {"-m", "models/tiny", "-t", "1", "-p", "4", "-n", "2", "-r", "1",
                                                         "--device", "cpu", "--json", fifo});
-        CHECK(b.rc == 1);
+        CHECK(b.rc == 5);
         CHECK(b.err.find("a FIFO with no reader") != std::string::npos);
     }
     // the tools' input files: a directory or a device is named as such (it was "invalid JSON", or read as empty)
@@ -475,11 +475,11 @@ TEST_CASE("cli: endless or blocking inputs are one-line errors: stdin of /dev/ze
          std::vector<std::pair<std::string, std::string>>{{tmp.path, "a directory"}, {"/dev/zero", "a device"}}) {
         const Run c = run_prog(kBin + "/hybrid-compare", {"-m", "models/tiny", "--golden", file});
         INFO(c.err);
-        CHECK(c.rc == 1);
+        CHECK(c.rc == 5);  // (a file that cannot be read: 5, as in hybrid)
         CHECK(c.err == "hybrid-compare: cannot read '" + file + "': " + kind + ", expected a regular file\n");
         const Run t = run_prog(kBin + "/hybrid-tokenize", {"--tokenizer", "models/tiny", "--bench", file});
         INFO(t.err);
-        CHECK(t.rc == 1);
+        CHECK(t.rc == 5);
         CHECK(t.err == "hybrid-tokenize: cannot read '" + file + "': " + kind + ", expected a regular file\n");
     }
 }
@@ -568,7 +568,7 @@ TEST_CASE("cli: --no-think without think tokens is a warning", "[cli]") {
 }
 
 // Sampling options not given take the model folder's generation_config.json values (as transformers and vLLM);
-// given ones win; a bad value is a load error naming the file and field.
+// given ones win; a bad value is a warning naming the file and field, and the field is ignored.
 TEST_CASE("cli: generation_config.json gives the sampling defaults", "[cli]") {
     if (!have_programs()) return;
     TempDir tmp("genconfig");
@@ -607,12 +607,22 @@ TEST_CASE("cli: generation_config.json gives the sampling defaults", "[cli]") {
     CHECK(rec.err.find("(temp, top-k, top-p from generation_config.json)") != std::string::npos);
     CHECK(run_with(dir.string(), {"--temp", "0.6", "--top-k", "40", "--top-p", "0.9"}).out ==
           run_with("models/tiny", {"--temp", "0.6", "--top-p", "0.9"}).out);  // a given option wins
-    // a bad value: the model does not load (exit 2), one line naming the file and field
-    std::ofstream(dir / "generation_config.json", std::ios::trunc) << R"({"temperature": "hot"})";
-    check_one_line_error(run_with(dir.string(), {}), 2,
-                         "generation_config.json: field 'temperature' must be a number, found \"hot\"");
-    std::ofstream(dir / "generation_config.json", std::ios::trunc) << R"({"top_p": 1.5})";
-    check_one_line_error(run_with(dir.string(), {}), 2, "field 'top_p' must be in [0, 1], found 1.5");
+    // a bad value: a one-line warning naming the file and field, which is ignored (the file is optional; it made
+    // the model unloadable even when the option was given)
+    std::ofstream(dir / "generation_config.json", std::ios::trunc) << R"({"temperature": "hot", "top_k": 20})";
+    const Run hot = run_with(dir.string(), {"--temp", "0"});
+    INFO(hot.err);
+    CHECK(hot.rc == 0);
+    CHECK(hot.out == greedy.out);
+    CHECK(hot.err == "hybrid: warning: " + (dir / "generation_config.json").string() +
+                         ": field 'temperature' must be a number, found \"hot\": ignored\n");
+    CHECK(run_with(dir.string(), {"--temp", "0.8"}).out == run_with("models/tiny", {"--top-k", "20"}).out);
+    std::ofstream(dir / "generation_config.json", std::ios::trunc) << R"({"top_p": 1.5, "top_k": 2.5})";
+    const Run two = run_with(dir.string(), {});
+    CHECK(two.rc == 0);
+    CHECK(two.err.find("field 'top_p' must be in [0, 1], found 1.5: ignored; field 'top_k' must be an integer, "
+                       "found 2.5: ignored\n") != std::string::npos);
+    CHECK(std::count(two.err.begin(), two.err.end(), '\n') == 1);
     // a repetition_penalty applies to the whole context, as transformers and vLLM apply it
     std::ofstream(dir / "generation_config.json", std::ios::trunc) << R"({"repetition_penalty": 1.3})";
     const Run pen = run_with(dir.string(), {"--verbose"});
@@ -728,6 +738,39 @@ TEST_CASE("cli: small messages: thread count, plurals, batch prompt numbering, e
         CHECK(r.rc == 1);
         CHECK(r.err.find("embed_example: error: ") == 0);
     }
+}
+
+// From the new-user pass of issue 24: -m on a link loop or on a folder that is not a model, -t, llama.cpp's flags.
+TEST_CASE("cli: model folder messages, -t -1 and -t past the cores, llama.cpp flag hints", "[cli]") {
+    if (!have_programs()) return;
+    TempDir tmp("folders");
+    fs::create_symlink(tmp.path / "loop", tmp.path / "loop");
+    check_one_line_error(hybrid({"-m", (tmp.path / "loop").string(), "-p", "x"}), 2, "loop: symbolic link loop");
+    // the parent of a model folder: named as not a model, not a complaint about tokenizer.json
+    check_one_line_error(hybrid({"-m", "models", "-p", "x"}), 2, "models: not a model folder (no config.json)");
+    check_one_line_error(hybrid({"-m", tmp.path.string(), "-p", "x"}), 2, "not a model folder (no config.json)");
+    // -t -1: all cores (llama.cpp's spelling); more threads than cores: a warning
+    auto with_t = [](const std::string& t, const std::vector<std::string>& more = {}) {
+        std::vector<std::string> a = {"--device", "cpu", "-m", "models/tiny", "-p", "x", "-n", "1", "-t", t};
+        a.insert(a.end(), more.begin(), more.end());
+        return run_prog(kBin + "/hybrid", a);
+    };
+    const Run all = with_t("-1", {"--verbose"});
+    CHECK(all.rc == 0);
+    CHECK(all.err.find("(all cores)") != std::string::npos);
+    const Run many = with_t("1000");
+    CHECK(many.rc == 0);
+    CHECK(many.err.find("hybrid: warning: -t 1000 is more than the ") != std::string::npos);
+    CHECK(with_t("1").err.find("warning") == std::string::npos);
+    check_one_line_error(with_t("-2"), 1, "-t must be in [0, 1024]");
+    // llama.cpp's flags that hybrid does without get a hint, as -ngl does
+    for (const auto& [flag, hint] : std::vector<std::pair<std::string, std::string>>{
+             {"-e", "escapes in -p are processed by default"},
+             {"--escape", "escapes in -p are processed by default"},
+             {"--color", "hybrid writes plain text"},
+             {"--mlock", "the weights are copied into the model's arena"},
+             {"--no-mmap", "the weights are copied into the model's arena"}})
+        check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", flag}), 1, "unknown option " + flag + " (" + hint);
 }
 
 TEST_CASE("cli: a context beyond the trained positions is allowed with a warning", "[cli]") {

@@ -21,6 +21,9 @@ public:
 
     const char* name() const override { return "cpu"; }
     int host_threads() const override { return pool_.size(); }
+    std::string device_name() const override {
+        return "CPU, " + std::to_string(pool_.size()) + (pool_.size() == 1 ? " thread" : " threads");
+    }
     DType act_dtype() const override { return DType::F32; }
     DType matrix_dtype(DType checkpoint) const override { return checkpoint; }
 
