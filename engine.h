@@ -79,7 +79,8 @@ typedef enum hy_device {
 typedef struct hy_model_params {
     hy_device device;     /* default HY_DEVICE_AUTO */
     int n_threads;        /* CPU threads; <= 0: all cores (default 0); at most 1024 */
-    int n_ctx;            /* positions per sequence, prompt plus generated tokens (default 4096) */
+    int n_ctx;            /* positions per sequence, prompt plus generated tokens (default 4096; 0: the context
+                             the model was trained for, config.json max_position_embeddings) */
     int n_slots;          /* sequences that can exist at once = the most live hy_contexts (default 1) */
     int max_batch_tokens; /* tokens per forward step during prefill (default 512) */
     int cuda_graphs;      /* CUDA: 1 (default) replays small and decode steps as CUDA graphs; 0 launches every kernel
@@ -93,10 +94,12 @@ hy_model_params hy_model_default_params(void);
 
 /* Loads a Hugging Face folder: config.json, model.safetensors (or shards with model.safetensors.index.json),
  * tokenizer.json, optionally tokenizer_config.json and generation_config.json. On success *out owns the model.
- * Errors: HY_ERR_INVALID_ARGUMENT (NULL argument, n_ctx/max_batch_tokens <= 0, n_slots outside [1, 4096],
- * n_threads > 1024), HY_ERR_IO (missing folder or file, a folder without config.json), HY_ERR_FORMAT,
- * HY_ERR_UNSUPPORTED, HY_ERR_MODEL_MISMATCH (tensor missing or of the wrong shape), HY_ERR_OUT_OF_MEMORY,
- * HY_ERR_BACKEND. */
+ * Errors: HY_ERR_INVALID_ARGUMENT (NULL argument, n_ctx < 0 or 0 without max_position_embeddings,
+ * max_batch_tokens <= 0, n_slots outside [1, 4096], n_threads > 1024), HY_ERR_IO (missing folder or file, a folder
+ * without config.json), HY_ERR_FORMAT, HY_ERR_UNSUPPORTED, HY_ERR_MODEL_MISMATCH (tensor missing or of the wrong
+ * shape), HY_ERR_OUT_OF_MEMORY (also before anything is allocated when the arena is larger than the machine's
+ * memory: the message gives the sizes and the largest context that fits), HY_ERR_BACKEND. On the CPU the state's
+ * pages become resident only as the sequences grow. */
 int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out);
 
 /* Frees the model. Every context and sampler made from it must be freed first. NULL is allowed. */
@@ -107,7 +110,7 @@ void hy_model_free(hy_model* model);
 int hy_model_n_vocab(const hy_model* model);
 /* Length of a logits row (the embedding's rows; may exceed n_vocab). */
 int hy_model_n_logits(const hy_model* model);
-/* Positions per sequence (the n_ctx it was loaded with). */
+/* Positions per sequence (the n_ctx it was loaded with; the trained context for n_ctx 0). */
 int hy_model_n_ctx(const hy_model* model);
 /* Positions the model was trained for (config.json max_position_embeddings); 0 when the config does not say. */
 int hy_model_n_ctx_train(const hy_model* model);
@@ -116,6 +119,10 @@ const char* hy_model_backend(const hy_model* model);
 /* The device in a few words: "CPU, 8 threads" or "NVIDIA H200 (compute capability 9.0)"; "" for NULL. Valid while
  * the model lives. */
 const char* hy_model_device(const hy_model* model);
+/* The most bytes of text one token stands for (its string in tokenizer.json, at least 1): a text of n bytes has at
+ * least n / (3 * this) tokens (3: Unicode normalization may shrink the text, at most threefold), so a program can
+ * refuse a prompt far too long for the context without tokenizing it. 0 for NULL. */
+int hy_model_max_token_bytes(const hy_model* model);
 /* Bytes held by the model's arena (weights + state + activations). */
 size_t hy_model_arena_bytes(const hy_model* model);
 /* A 64-bit fingerprint of the checkpoint (64-bit FNV-1a of config.json, tokenizer.json and samples of the weight

@@ -152,7 +152,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     opts.add_options("Model")
         ("c,ctx-size", "context length in tokens, per sequence (each of the -np sequences of --batch-file has its "
                        "own; llama.cpp divides -c among them): the positions the model holds (prompt + output; the "
-                       "last output token is never fed back, so it needs none; the prompt must be shorter than this)",
+                       "last output token is never fed back, so it needs none; the prompt must be shorter than this); "
+                       "0: the context the model was trained for (config.json max_position_embeddings)",
          cxxopts::value<int>()->default_value("4096"));
     add_shared_option(opts, "Model", "threads");
     add_shared_option(opts, "Model", "device");
@@ -310,7 +311,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     o.model_dir = r["model"].as<std::string>();
     o.escape = !flag("no-escape");
     o.n_ctx = r["ctx-size"].as<int>();
-    if (o.n_ctx < 1) usage("-c must be >= 1, got " + std::to_string(o.n_ctx));
+    if (o.n_ctx < 0) usage("-c must be >= 0 (0: the model's trained context), got " + std::to_string(o.n_ctx));
     o.cuda_graphs = !flag("no-cuda-graphs");
     o.n_threads = r["threads"].as<int>();
     if (o.n_threads == -1) o.n_threads = 0;  // llama.cpp's spelling of "all cores"

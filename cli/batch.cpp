@@ -58,6 +58,11 @@ int run_batch(const Options& o, hy_model* m, double load_ms) {
     for (size_t i = 0; i < o.batch_prompts.size(); i++) {
         const std::string& line = o.batch_prompts[i];
         std::vector<int32_t> ids;
+        if (const std::string e = prompt_bytes_error(m, line.size(), o.n_ctx); !e.empty()) {
+            fail_row(i, exit_context, "the prompt " + e);  // (not tokenized: far too long)
+            prompts.emplace_back();
+            continue;
+        }
         try {
             ids = tokenize(m, o.chat ? chat_first_turn(m, o, line, "the message") : line, prompt_name(o, i));
         } catch (const Failure& f) {

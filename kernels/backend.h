@@ -171,6 +171,13 @@ public:
     // ---- memory ----
     // Allocates the arena (once, at load). Throws hy::Error(out_of_memory) on failure.
     virtual void* alloc(size_t bytes) = 0;
+    // True when alloc() returns zeroed memory whose pages are only made resident when first written (the CPU
+    // backend's anonymous mappings): the load then does not zero the state, and a KV cache no sequence reaches
+    // costs no memory.
+    virtual bool alloc_zeroed() const { return false; }
+    // The most arena bytes that can ever be resident (the CPU backend: the machine's physical memory); 0 when the
+    // backend does not say (alloc() reports what does not fit). The load refuses a larger arena with the numbers.
+    virtual size_t memory_capacity() const { return 0; }
     virtual void free(void* p) = 0;
     virtual void upload(void* dst, const void* src, size_t bytes) = 0;    // host -> arena
     virtual void download(void* dst, const void* src, size_t bytes) = 0;  // arena -> host (synchronizes)

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -152,7 +153,7 @@ TEST_CASE("cli: errors have one-line messages and documented exit codes", "[cli]
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--device", "tpu"}), 1, "--device");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--top-p", "2"}), 1, "--top-p");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--repeat-penalty", "0"}), 1, "--repeat-penalty");
-    check_error(hybrid({"-m", "models/tiny", "-p", "x", "-c", "0"}), 1, "-c");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "-c", "-5"}), 1, "-c must be >= 0");
     check_error(run_prog(kBin + "/hybrid", {"-m", "models/tiny", "-p", "x", "-t", "100000"}), 1, "-t");
     check_error(hybrid({"-m", "models/tiny", "-p", ""}), 1, "empty");
     check_error(hybrid({"-m", "models/tiny", "--prompt-ids", "1,x"}), 1, "prompt-ids");
@@ -771,6 +772,55 @@ TEST_CASE("cli: model folder messages, -t -1 and -t past the cores, llama.cpp fl
              {"--mlock", "the weights are copied into the model's arena"},
              {"--no-mmap", "the weights are copied into the model's arena"}})
         check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", flag}), 1, "unknown option " + flag + " (" + hint);
+}
+
+// -c 0 is the trained context (llama.cpp's meaning); a context whose state cannot fit the machine's memory is refused
+// before anything is allocated, with the sizes; state pages no sequence reaches are not touched (-c 10000000 on
+// models/tiny zeroed a 9.9 GB arena for 27 s); a prompt far too long is refused before it is tokenized.
+TEST_CASE("cli: -c 0, a context too large for the memory, a prompt far too long", "[cli]") {
+    if (!have_programs()) return;
+    const Run trained = hybrid({"-m", "models/tiny", "-p", "x", "-n", "1", "-c", "0", "--verbose"});
+    INFO(trained.err);
+    CHECK(trained.rc == 0);
+    CHECK(trained.err.find("ctx 32768,") != std::string::npos);
+    CHECK(trained.err.find("warning") == std::string::npos);
+    // 1 KiB of KV cache per position: 2e9 positions are 1.9 TiB
+    const Run huge = hybrid({"-m", "models/tiny", "-p", "x", "-n", "1", "-c", "2000000000"});
+    check_one_line_error(huge, 2, "GiB of host memory; a context of up to ");
+    CHECK(huge.err.find("KV cache and states 1907.35 GiB for a context of 2000000000 positions") != std::string::npos);
+    // 4 GB of context for a 30 MB model: loads without making the state resident
+    struct rusage before {};
+    ::getrusage(RUSAGE_CHILDREN, &before);
+    const Run big = hybrid({"-m", "models/tiny", "-p", "x", "-n", "2", "-c", "4000000", "--temp", "0"});
+    struct rusage after {};
+    ::getrusage(RUSAGE_CHILDREN, &after);
+    INFO(big.err);
+    if (big.rc == 2 && big.err.find("of host memory") != std::string::npos) {
+        WARN("a machine with less than 4 GB of memory: the large context was refused");
+    } else {
+        CHECK(big.rc == 0);
+        CHECK(after.ru_maxrss < 1024 * 1024);  // KiB: well below the 3.8 GiB arena
+    }
+    // a prompt whose bytes alone cannot fit: refused before it is tokenized
+    const std::string many(4 << 20, 'x');
+    TempDir tmp("bigprompt");
+    const std::string file = (tmp.path / "p.txt").string();
+    std::ofstream(file) << many;
+    const auto t0 = std::chrono::steady_clock::now();
+    check_one_line_error(hybrid({"-m", "models/tiny", "-f", file, "-c", "64"}), 3,
+                         "the prompt has 4194304 bytes, so at least ");
+    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 20.0);
+    // a long prompt's prefill shows its progress on a terminal (erased before the output)
+    std::string code;
+    for (int i = 0; i < 700; i++) code += "x = x + " + std::to_string(i) + "\n";
+    std::ofstream(file, std::ios::trunc) << code;
+    std::string out;
+    CHECK(run_on_pty({"-m", "models/tiny", "-f", file, "-n", "2", "--temp", "0", "-c", "8192"}, {}, &out) == 0);
+    INFO(out);
+    CHECK(out.find("hybrid: prefill 512/") != std::string::npos);
+    CHECK(out.find("tokens (") != std::string::npos);
+    CHECK(hybrid({"-m", "models/tiny", "-f", file, "-n", "2", "--temp", "0", "-c", "8192"}).err.find("prefill") ==
+          std::string::npos);  // (not a terminal: nothing)
 }
 
 TEST_CASE("cli: a context beyond the trained positions is allowed with a warning", "[cli]") {
