@@ -2,13 +2,14 @@
 #   make deps   install missing Debian packages (apt-get; root or sudo), or say what to install
 #   make        build; the programs land at the repository root (./hybrid, ./hybrid-compare, ...)
 #   make test   deps + format-check + build + every test (ctest), plus the loader tests under ASan/UBSan
-#   make demo   deps + build + run the bundled model on a prompt
+#   make demo   deps + build the hybrid program alone (for this machine) + run the bundled model on a prompt
 #   make format        clang-format -i over the C/C++/CUDA sources (.clang-format at the root)
 #   make format-check  fail, listing them, if any of those sources is not formatted (clang-format --dry-run -Werror)
 # Variables: BUILD (build dir), JOBS, CMAKE_ARGS (extra -D flags, e.g. -DHY_CUDA=OFF).
 
 BUILD ?= build
 ASAN_BUILD ?= build-asan
+DEMO_BUILD ?= build-demo
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
 PROGRAMS := hybrid hybrid-compare hybrid-tokenize hybrid-bench
@@ -58,8 +59,25 @@ asan-test:
 	    ./hybrid-tests "[loader]"
 
 # The bundled tiny model continues a Python prompt (greedy); --verbose prints the timing summary on stderr even
-# when it is not a terminal.
-demo: deps build
+# when it is not a terminal. Only the hybrid program is built (not the tests and tools): in $(BUILD) when it is
+# configured already, else in $(DEMO_BUILD), configured for this machine: CUDA code for the local GPU's architecture
+# alone when nvidia-smi lists a GPU, no CUDA without one (make test and CI configure $(BUILD) with every
+# architecture).
+demo: deps
+	@d=$(BUILD); \
+	if [ ! -f $$d/CMakeCache.txt ]; then \
+	  d=$(DEMO_BUILD); \
+	  if [ ! -f $$d/CMakeCache.txt ]; then \
+	    if command -v nvcc >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU'; then \
+	      cuda="-DCMAKE_CUDA_ARCHITECTURES=native"; \
+	    else cuda="-DHY_CUDA=OFF"; fi; \
+	    echo "cmake -S . -B $$d -DCMAKE_BUILD_TYPE=Release $$cuda $(CMAKE_ARGS)"; \
+	    cmake -S . -B $$d -DCMAKE_BUILD_TYPE=Release $$cuda $(CMAKE_ARGS) || exit 1; \
+	  fi; \
+	fi; \
+	cmake --build $$d -j $(JOBS) --target hybrid || exit 1; \
+	ln -sf $$d/hybrid hybrid; \
+	printf '%s\n' "./hybrid -m models/tiny -p 'def fibonacci(n):\n    ' -n 64 --temp 0 --verbose"; \
 	./hybrid -m models/tiny -p 'def fibonacci(n):\n    ' -n 64 --temp 0 --verbose
 
 format:
@@ -89,4 +107,4 @@ format-check:
 	echo "format-check: $(words $(FORMAT_FILES)) files formatted"
 
 clean:
-	rm -rf $(BUILD) $(ASAN_BUILD) $(PROGRAMS)
+	rm -rf $(BUILD) $(ASAN_BUILD) $(DEMO_BUILD) $(PROGRAMS)
