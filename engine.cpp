@@ -38,6 +38,9 @@ struct hy_model {
     int n_logits = 0;                // logits row length
     uint64_t fingerprint = 0;
     hy::GenerationDefaults generation;       // generation_config.json's sampling fields
+    std::string load_warning;                // hy_model_load_warning
+    std::string device;                      // hy_model_device
+    int max_token_bytes = 1;                 // hy_model_max_token_bytes
     std::unique_ptr<hy::ChatTemplate> chat;  // made on first use (throws unsupported without ChatML tokens)
     const hy::ChatTemplate& chat_template() {
         if (!chat) chat = std::make_unique<hy::ChatTemplate>(hy::ChatTemplate::for_tokenizer(*tok));
@@ -148,7 +151,7 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
     return guard([&] {
         HY_CHECK_ARG(dir && out, "hy_model_load: dir and out must not be NULL");
         const hy_model_params p = params ? *params : hy_model_default_params();
-        HY_CHECK_ARG(p.n_ctx > 0, "n_ctx must be > 0, got " + std::to_string(p.n_ctx));
+        HY_CHECK_ARG(p.n_ctx >= 0, "n_ctx must be >= 0 (0: the trained context), got " + std::to_string(p.n_ctx));
         HY_CHECK_ARG(p.n_slots > 0, "n_slots must be > 0, got " + std::to_string(p.n_slots));
         HY_CHECK_ARG(p.max_batch_tokens > 0, "max_batch_tokens must be > 0, got " + std::to_string(p.max_batch_tokens));
         HY_CHECK_ARG(p.device == HY_DEVICE_AUTO || p.device == HY_DEVICE_CPU || p.device == HY_DEVICE_CUDA,
@@ -156,8 +159,12 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
         std::error_code ec;
         if (!*dir) return fail(Status::io, "the model folder path is empty");
         // (before the tokenizer is read; Model::load words the same checks for its other callers)
-        if (!fs::exists(dir, ec)) return fail(Status::io, std::string(dir) + ": no such model folder");
+        // (a symbolic link loop or a broken link is named by path_present, with its target)
+        if (!hy::path_present(dir)) return fail(Status::io, std::string(dir) + ": no such model folder");
         if (!fs::is_directory(dir, ec)) return fail(Status::io, std::string(dir) + ": not a folder");
+        // a folder without config.json (e.g. the parent models/): say so before tokenizer.json is looked for
+        if (!hy::path_present(std::string(dir) + "/config.json"))
+            return fail(Status::io, std::string(dir) + ": not a model folder (no config.json)");
         hy::ModelParams mp;
         mp.device = p.device == HY_DEVICE_CPU    ? hy::Device::cpu
                     : p.device == HY_DEVICE_CUDA ? hy::Device::cuda
@@ -186,14 +193,25 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
                 return fail(Status::format, std::string(dir) + ": end-of-sequence id " + std::to_string(id) +
                                                 " (tokenizer_config.json / generation_config.json) is " + vocab_range);
         m->n_vocab = std::min(m->tok->n_vocab(), m->n_logits);
-        for (int32_t id = 0; id < m->n_vocab; id++)
-            if (!m->tok->is_valid(id)) m->holes.push_back(id);
+        for (int32_t id = 0; id < m->n_vocab; id++) {
+            if (!m->tok->is_valid(id)) {
+                m->holes.push_back(id);
+                continue;
+            }
+            // the token string (byte-level alphabet: one or two UTF-8 bytes per byte) is at least as long as the
+            // bytes the token stands for
+            m->max_token_bytes = std::max(m->max_token_bytes, int(m->tok->token_string(id).size()));
+        }
         for (int id : m->model->config().eos_token_ids) m->eos.push_back(id);
         for (int32_t id : m->tok->eos_ids()) m->eos.push_back(id);
         std::sort(m->eos.begin(), m->eos.end());
         m->eos.erase(std::unique(m->eos.begin(), m->eos.end()), m->eos.end());
         m->slot_used.assign(size_t(p.n_slots), 0);
         m->fingerprint = hy::fingerprint_folder(dir);
+        m->device = m->model->backend().device_name();
+        m->load_warning = m->model->load_warning();
+        if (!m->generation.warning.empty())
+            m->load_warning += (m->load_warning.empty() ? "" : "; ") + m->generation.warning;
         *out = m.release();
         return int(Status::ok);
     });
@@ -206,9 +224,11 @@ int hy_model_n_logits(const hy_model* m) { return m ? m->n_logits : 0; }
 int hy_model_n_ctx(const hy_model* m) { return m ? m->model->n_ctx() : 0; }
 int hy_model_n_ctx_train(const hy_model* m) { return m ? m->model->config().max_position_embeddings : 0; }
 const char* hy_model_backend(const hy_model* m) { return m ? m->model->backend().name() : ""; }
+const char* hy_model_device(const hy_model* m) { return m ? m->device.c_str() : ""; }
+int hy_model_max_token_bytes(const hy_model* m) { return m ? m->max_token_bytes : 0; }
 size_t hy_model_arena_bytes(const hy_model* m) { return m ? m->model->arena_bytes() : 0; }
 uint64_t hy_model_fingerprint(const hy_model* m) { return m ? m->fingerprint : 0; }
-const char* hy_model_load_warning(const hy_model* m) { return m ? m->model->load_warning().c_str() : ""; }
+const char* hy_model_load_warning(const hy_model* m) { return m ? m->load_warning.c_str() : ""; }
 
 int hy_model_eos_ids(const hy_model* m, int32_t* out, int cap) {
     if (!m) return 0;

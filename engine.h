@@ -79,7 +79,8 @@ typedef enum hy_device {
 typedef struct hy_model_params {
     hy_device device;     /* default HY_DEVICE_AUTO */
     int n_threads;        /* CPU threads; <= 0: all cores (default 0); at most 1024 */
-    int n_ctx;            /* positions per sequence, prompt plus generated tokens (default 4096) */
+    int n_ctx;            /* positions per sequence, prompt plus generated tokens (default 4096; 0: the context
+                             the model was trained for, config.json max_position_embeddings) */
     int n_slots;          /* sequences that can exist at once = the most live hy_contexts (default 1) */
     int max_batch_tokens; /* tokens per forward step during prefill (default 512) */
     int cuda_graphs;      /* CUDA: 1 (default) replays small and decode steps as CUDA graphs; 0 launches every kernel
@@ -93,9 +94,12 @@ hy_model_params hy_model_default_params(void);
 
 /* Loads a Hugging Face folder: config.json, model.safetensors (or shards with model.safetensors.index.json),
  * tokenizer.json, optionally tokenizer_config.json and generation_config.json. On success *out owns the model.
- * Errors: HY_ERR_INVALID_ARGUMENT (NULL argument, n_ctx/max_batch_tokens <= 0, n_slots outside [1, 4096],
- * n_threads > 1024), HY_ERR_IO (missing folder or file), HY_ERR_FORMAT, HY_ERR_UNSUPPORTED, HY_ERR_MODEL_MISMATCH
- * (tensor missing or of the wrong shape), HY_ERR_OUT_OF_MEMORY, HY_ERR_BACKEND. */
+ * Errors: HY_ERR_INVALID_ARGUMENT (NULL argument, n_ctx < 0 or 0 without max_position_embeddings,
+ * max_batch_tokens <= 0, n_slots outside [1, 4096], n_threads > 1024), HY_ERR_IO (missing folder or file, a folder
+ * without config.json), HY_ERR_FORMAT, HY_ERR_UNSUPPORTED, HY_ERR_MODEL_MISMATCH (tensor missing or of the wrong
+ * shape), HY_ERR_OUT_OF_MEMORY (also before anything is allocated when the arena is larger than the machine's
+ * memory: the message gives the sizes and the largest context that fits), HY_ERR_BACKEND. On the CPU the state's
+ * pages become resident only as the sequences grow. */
 int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out);
 
 /* Frees the model. Every context and sampler made from it must be freed first. NULL is allowed. */
@@ -106,21 +110,30 @@ void hy_model_free(hy_model* model);
 int hy_model_n_vocab(const hy_model* model);
 /* Length of a logits row (the embedding's rows; may exceed n_vocab). */
 int hy_model_n_logits(const hy_model* model);
-/* Positions per sequence (the n_ctx it was loaded with). */
+/* Positions per sequence (the n_ctx it was loaded with; the trained context for n_ctx 0). */
 int hy_model_n_ctx(const hy_model* model);
 /* Positions the model was trained for (config.json max_position_embeddings); 0 when the config does not say. */
 int hy_model_n_ctx_train(const hy_model* model);
 /* "cpu" or "cuda": the backend in use. */
 const char* hy_model_backend(const hy_model* model);
+/* The device in a few words: "CPU, 8 threads" or "NVIDIA H200 (compute capability 9.0)"; "" for NULL. Valid while
+ * the model lives. */
+const char* hy_model_device(const hy_model* model);
+/* The most bytes of text one token stands for (its string in tokenizer.json, at least 1): a text of n bytes has at
+ * least n / (3 * this) tokens (3: Unicode normalization may shrink the text, at most threefold), so a program can
+ * refuse a prompt far too long for the context without tokenizing it. 0 for NULL. */
+int hy_model_max_token_bytes(const hy_model* model);
 /* Bytes held by the model's arena (weights + state + activations). */
 size_t hy_model_arena_bytes(const hy_model* model);
 /* A 64-bit fingerprint of the checkpoint (64-bit FNV-1a of config.json, tokenizer.json and samples of the weight
  * files); snapshots carry it and are refused by a model with another fingerprint. Builds before snapshot version 3
  * computed other values for the same folder. */
 uint64_t hy_model_fingerprint(const hy_model* model);
-/* "" or one line naming the checkpoint's tensors that config.json does not use, as transformers reports unexpected
- * keys (a multi-token-prediction head mtp.* and a vision tower model.visual.* are not counted; a layer past
- * num_hidden_layers fails hy_model_load instead). Valid while the model lives; "" for NULL. */
+/* "" or one line of what the load skipped: the checkpoint's tensors that config.json does not use, as transformers
+ * reports unexpected keys (a multi-token-prediction head mtp.* and a vision tower model.visual.* are not counted; a
+ * layer past num_hidden_layers fails hy_model_load instead), and the fields of generation_config.json whose value
+ * was ignored (the wrong type or out of range: hy_model_sampler_defaults leaves them out), separated by "; ".
+ * Valid while the model lives; "" for NULL. */
 const char* hy_model_load_warning(const hy_model* model);
 
 /* The end-of-sequence set: the union of config.json eos_token_id, generation_config.json eos_token_id and the
@@ -278,7 +291,7 @@ typedef enum hy_sampler_field {
  * the file leaves out keep hy_sampler_default_params()'s values (transformers would sample only with "do_sample":
  * true, and has its own defaults for the rest). Returns a mask of the hy_sampler_field values taken (0 without a
  * generation_config.json or sampling fields in it), or -1 when model or out is NULL. The file is read (and checked)
- * by hy_model_load. */
+ * by hy_model_load; a field with a bad value is left out and named by hy_model_load_warning. */
 int hy_model_sampler_defaults(const hy_model* model, hy_sampler_params* out);
 
 /* Creates a sampler for the model's vocabulary (params may be NULL: defaults). Errors: HY_ERR_INVALID_ARGUMENT for

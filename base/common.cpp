@@ -67,14 +67,16 @@ float f16_to_f32(uint16_t h) {
 void convert_to_f32(const void* src, DType src_type, float* dst, size_t n) {
     switch (src_type) {
         case DType::F32: std::memcpy(dst, src, n * 4); return;
+        // src may be odd-aligned (a safetensors data area may start at any offset): each 16-bit value is read
+        // with memcpy, not through a uint16_t pointer.
         case DType::BF16: {
-            const uint16_t* s = static_cast<const uint16_t*>(src);
-            for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(s[i]);
+            const char* s = static_cast<const char*>(src);
+            for (size_t i = 0; i < n; i++) dst[i] = bf16_to_f32(load_u16(s + 2 * i));
             return;
         }
         case DType::F16: {
-            const uint16_t* s = static_cast<const uint16_t*>(src);
-            for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(s[i]);
+            const char* s = static_cast<const char*>(src);
+            for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(load_u16(s + 2 * i));
             return;
         }
         case DType::I32: break;

@@ -64,10 +64,18 @@ inline uint16_t f32_to_bf16(float f) {
     return uint16_t(u >> 16);
 }
 
+// The 16-bit value at p, which need not be aligned.
+inline uint16_t load_u16(const void* p) {
+    uint16_t h;
+    std::memcpy(&h, p, sizeof h);
+    return h;
+}
+
 // IEEE binary16 -> binary32 (exact, handles subnormals, inf and NaN).
 float f16_to_f32(uint16_t h);
 
-// Converts n elements of type `src_type` at src to f32 at dst.
+// Converts n elements of type `src_type` at src to f32 at dst; src needs no alignment (a checkpoint's data area may
+// start at an odd offset).
 void convert_to_f32(const void* src, DType src_type, float* dst, size_t n);
 
 }  // namespace hy

@@ -44,8 +44,10 @@ const char* kExitCodes =
     "  with --chat each is a user message). Up to --parallel of them are generated together (continuous\n"
     "  batching); prompt i samples with seed -s + i. stdout gets one JSON object per prompt, in input order:\n"
     "  {\"index\", \"prompt\", \"text\", \"ids\", \"logprobs\", \"n_prompt\", \"stop_reason\"}; -n applies to each.\n"
-    "  A prompt that does not fit -c (as long as -c or longer) gets {\"index\", \"prompt\", \"n_prompt\", \"error\"}\n"
-    "  instead; the others still run, and the exit code is then 3.\n"
+    "  A bad prompt fails alone: one that does not fit -c (as long as -c or longer), or with --chat a blank one or\n"
+    "  one with a NUL byte, gets {\"index\", \"prompt\", \"n_prompt\", \"error\"} instead (the error is also\n"
+    "  printed on stderr); the others still run, and the exit code is then the first failed prompt's: 3 for a\n"
+    "  prompt too long, 1 for the others.\n"
     "\n"
     "Exit codes:\n"
     "  0    success\n"
@@ -119,7 +121,12 @@ std::string llama_cpp_hint(const std::string& a) {
         {"--batch-size", ""},
         {"-ub", ""},
         {"--ubatch-size", ""},
-        {"-v", "--verbose prints the settings and the timing summary"}};
+        {"-v", "--verbose prints the settings and the timing summary"},
+        {"-e", "escapes in -p are processed by default (--no-escape turns that off)"},
+        {"--escape", ""},
+        {"--color", "hybrid writes plain text: only the generated continuation goes to stdout"},
+        {"--mlock", "the weights are copied into the model's arena at load, not mapped from the files"},
+        {"--no-mmap", ""}};
     std::string key = a.substr(0, a.find('='));  // --flash-attn=on, -ngl=99, -ngl99: the option's name
     if (key.size() > 1 && key[1] != '-')
         while (key.size() > 2 && std::isdigit(static_cast<unsigned char>(key.back()))) key.pop_back();
@@ -145,7 +152,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     opts.add_options("Model")
         ("c,ctx-size", "context length in tokens, per sequence (each of the -np sequences of --batch-file has its "
                        "own; llama.cpp divides -c among them): the positions the model holds (prompt + output; the "
-                       "last output token is never fed back, so it needs none; the prompt must be shorter than this)",
+                       "last output token is never fed back, so it needs none; the prompt must be shorter than this); "
+                       "0: the context the model was trained for (config.json max_position_embeddings)",
          cxxopts::value<int>()->default_value("4096"));
     add_shared_option(opts, "Model", "threads");
     add_shared_option(opts, "Model", "device");
@@ -303,10 +311,12 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     o.model_dir = r["model"].as<std::string>();
     o.escape = !flag("no-escape");
     o.n_ctx = r["ctx-size"].as<int>();
-    if (o.n_ctx < 1) usage("-c must be >= 1, got " + std::to_string(o.n_ctx));
+    if (o.n_ctx < 0) usage("-c must be >= 0 (0: the model's trained context), got " + std::to_string(o.n_ctx));
     o.cuda_graphs = !flag("no-cuda-graphs");
     o.n_threads = r["threads"].as<int>();
-    if (o.n_threads < 0 || o.n_threads > 1024) usage("-t must be in [0, 1024], got " + std::to_string(o.n_threads));
+    if (o.n_threads == -1) o.n_threads = 0;  // llama.cpp's spelling of "all cores"
+    if (o.n_threads < 0 || o.n_threads > 1024)
+        usage("-t must be in [0, 1024] (0 or -1: all cores), got " + std::to_string(o.n_threads));
     const std::string dev = r["device"].as<std::string>();
     if (dev == "auto")
         o.device = HY_DEVICE_AUTO;

@@ -42,23 +42,41 @@ int run_batch(const Options& o, hy_model* m, double load_ms) {
         ~Free() { hy_batch_free(b); }
     } guard{b};
 
-    // Tokenize every prompt first: a malformed one stops the program before any work. A prompt longer than the
-    // context fails alone (as a request does in vLLM): its line carries "error" instead of a result, the others
-    // run, and the exit code is then exit_context.
+    // Tokenize every prompt first. A bad prompt fails alone (as a request does in vLLM): one longer than the
+    // context, a --chat message that is blank or holds a NUL byte, one without tokens. Its line carries "error"
+    // instead of a result, the error is also printed on stderr, the others run, and the exit code is then the first
+    // failed prompt's (exit_context for a prompt too long, exit_usage for the others).
     std::vector<std::vector<int32_t>> prompts;
     std::vector<std::string> errors(o.batch_prompts.size());
-    int n_failed = 0;
+    int n_failed = 0, failed_code = exit_ok;
+    auto fail_row = [&](size_t i, int code, const std::string& msg) {
+        errors[i] = msg;
+        std::fprintf(stderr, "hybrid: error: %s: %s\n", prompt_name(o, i).c_str(), msg.c_str());
+        if (n_failed++ == 0) failed_code = code;
+    };
+    if (o.chat) check_chat_text(o.system, "--system", true);  // (a bad --system fails every prompt: the whole batch)
     for (size_t i = 0; i < o.batch_prompts.size(); i++) {
         const std::string& line = o.batch_prompts[i];
-        std::vector<int32_t> ids =
-            tokenize(m, o.chat ? chat_first_turn(m, o, line, prompt_name(o, i)) : line, prompt_name(o, i));
-        if (ids.empty()) throw Failure(exit_usage, prompt_name(o, i) + " is empty (no tokens)");
-        if (int(ids.size()) >= o.n_ctx) {
-            errors[i] = "the prompt has " + count_of(ids.size(), "token") + " but the context holds " +
-                        std::to_string(o.n_ctx) + " (-c): no room to generate";
-            std::fprintf(stderr, "hybrid: error: %s: %s\n", prompt_name(o, i).c_str(), errors[i].c_str());
-            n_failed++;
+        std::vector<int32_t> ids;
+        if (const std::string e = prompt_bytes_error(m, line.size(), o.n_ctx); !e.empty()) {
+            fail_row(i, exit_context, "the prompt " + e);  // (not tokenized: far too long)
+            prompts.emplace_back();
+            continue;
         }
+        try {
+            ids = tokenize(m, o.chat ? chat_first_turn(m, o, line, "the message") : line, prompt_name(o, i));
+        } catch (const Failure& f) {
+            if (f.code != exit_usage) throw;  // (an engine failure stops the batch)
+            fail_row(i, f.code, f.what());
+            prompts.emplace_back();
+            continue;
+        }
+        if (ids.empty())
+            fail_row(i, exit_usage, "the prompt is empty (no tokens)");
+        else if (int(ids.size()) >= o.n_ctx)
+            fail_row(i, exit_context,
+                     "the prompt has " + count_of(ids.size(), "token") + " but the context holds " +
+                         std::to_string(o.n_ctx) + " (-c): no room to generate");
         prompts.push_back(std::move(ids));
     }
     std::vector<int> ids(prompts.size(), -1);
@@ -140,7 +158,7 @@ int run_batch(const Options& o, hy_model* m, double load_ms) {
         std::fputs("hybrid: interrupted (Ctrl-C): the unfinished prompts end with stop_reason \"cancelled\"\n", stderr);
         return exit_interrupted;
     }
-    return n_failed > 0 ? exit_context : exit_ok;
+    return failed_code;
 }
 
 }  // namespace hy::cli

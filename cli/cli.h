@@ -97,6 +97,11 @@ void check_stdout();
 // "1 token", "2 tokens": n and the noun, plural unless n == 1.
 std::string count_of(size_t n, const char* noun);
 
+// "" when a prompt of `bytes` bytes may fit a context of n_ctx; else the reason it cannot, found without tokenizing
+// it (hy_model_max_token_bytes): "has B bytes, so at least N tokens, but the context holds C (-c): no room to
+// generate".
+std::string prompt_bytes_error(hy_model* m, size_t bytes, int n_ctx);
+
 // Set by the SIGINT handler; token callbacks read it to stop the current answer.
 extern std::atomic<bool> g_interrupted;
 // hy_generate_params.should_abort for the CLI: 1 once Ctrl-C was pressed (g_interrupted), so a long prefill stops.

@@ -35,15 +35,40 @@ bool same_target() {
     return a.st_dev == b.st_dev && a.st_ino == b.st_ino;
 }
 
+// The progress of a long prompt's prefill on a terminal ("hybrid: prefill 2048/42000 tokens (4%)", rewritten in
+// place, erased at the first token), as llama.cpp shows it. hy_generate polls should_abort between prefill steps
+// of max_batch_tokens ids: each poll is one step done.
+struct PrefillProgress {
+    int n_prompt = 0, step = 512;
+    int polls = 0;
+    bool shown = false;
+    static int poll(void* ud);
+    void clear() {
+        if (shown) std::fputs("\r\033[K", stderr);
+        shown = false;
+    }
+};
+
 // Per-token output of the one-shot run.
 struct OneShot {
     bool print_text = true;
     std::vector<int32_t> ids;
     bool ends_with_newline = false;
+    PrefillProgress* progress = nullptr;  // a long prompt's prefill progress (erased at the first token)
 };
+
+int PrefillProgress::poll(void* ud) {
+    PrefillProgress* p = static_cast<OneShot*>(ud)->progress;
+    const int done = std::min(++p->polls * p->step, p->n_prompt);
+    std::fprintf(stderr, "\rhybrid: prefill %d/%d tokens (%d%%)", done, p->n_prompt,
+                 int(100.0 * done / std::max(p->n_prompt, 1)));
+    p->shown = true;
+    return interrupted_abort(nullptr);
+}
 
 int on_token(const hy_token_info* t, void* ud) {
     auto* s = static_cast<OneShot*>(ud);
+    if (s->progress) s->progress->clear();
     if (t->id >= 0) s->ids.push_back(t->id);
     if (s->print_text && t->text_len > 0) {
         if (!write_stdout(t->text, t->text_len)) return 1;  // stop early: the output is lost
@@ -52,14 +77,30 @@ int on_token(const hy_token_info* t, void* ud) {
     return g_interrupted.load() ? 1 : 0;
 }
 
-// -t as the CPU backend applies it: 0 means one thread per core available to the process (its affinity mask).
-std::string threads_text(int n_threads) {
-    if (n_threads > 0) return std::to_string(n_threads);
+// The cores available to the process (its affinity mask): what -t 0 uses.
+int available_cores() {
     int n = 0;
     cpu_set_t set;
     if (sched_getaffinity(0, sizeof set, &set) == 0) n = CPU_COUNT(&set);
     if (n <= 0) n = int(std::max(1u, std::thread::hardware_concurrency()));
-    return std::to_string(n) + " (all cores)";
+    return n;
+}
+
+// -t as the CPU backend applies it: 0 means one thread per core available to the process.
+std::string threads_text(int n_threads) {
+    if (n_threads > 0) return std::to_string(n_threads);
+    return std::to_string(available_cores()) + " (all cores)";
+}
+
+// "31.2 MiB", "9.87 GiB"
+std::string mib(size_t bytes) {
+    char buf[32];
+    const double m = double(bytes) / (1024.0 * 1024.0);
+    if (m >= 1024.0)
+        std::snprintf(buf, sizeof buf, "%.2f GiB", m / 1024.0);
+    else
+        std::snprintf(buf, sizeof buf, "%.1f MiB", m);
+    return buf;
 }
 
 int status_exit_code(int status) {
@@ -100,6 +141,13 @@ void check_stdout() {
 int interrupted_abort(void*) { return g_interrupted.load() ? 1 : 0; }
 
 std::string count_of(size_t n, const char* noun) { return std::to_string(n) + " " + noun + (n == 1 ? "" : "s"); }
+
+std::string prompt_bytes_error(hy_model* m, size_t bytes, int n_ctx) {
+    const size_t at_least = bytes / (3 * size_t(std::max(hy_model_max_token_bytes(m), 1)));
+    if (at_least < size_t(n_ctx)) return "";
+    return "has " + std::to_string(bytes) + " bytes, so at least " + count_of(at_least, "token") +
+           ", but the context holds " + std::to_string(n_ctx) + " (-c): no room to generate";
+}
 
 void install_sigint_handler() {
     struct sigaction sa;
@@ -236,15 +284,29 @@ int run(int argc, char** argv) {
     if (stderr_tty()) std::fprintf(stderr, "\r\033[K");
     if (rc == HY_ERR_OUT_OF_MEMORY) {  // most often the KV cache of a large -c (times the sequences of -np)
         const std::string np = mp.n_slots > 1 ? " and the " + std::to_string(mp.n_slots) + " sequences of -np" : "";
+        // (the load's own check before the allocation gives the sizes and the context that would fit)
+        if (std::strstr(hy_last_error(), "would fit"))
+            throw Failure(exit_model, std::string("cannot load the model: ") + hy_last_error() + " (-c " +
+                                          std::to_string(o.n_ctx) + np + ")");
         throw Failure(exit_model, std::string("cannot load the model: ") + hy_last_error() +
                                       " (the KV cache and states grow with -c " + std::to_string(o.n_ctx) + np +
                                       ": a smaller -c may fit)");
     }
     if (rc != HY_OK) engine_fail(exit_model, "cannot load the model");
+    o.n_ctx = hy_model_n_ctx(h.m);  // (-c 0: the trained context)
     if (*hy_model_load_warning(h.m)) std::fprintf(stderr, "hybrid: warning: %s\n", hy_model_load_warning(h.m));
-    if (o.verbose)
-        std::fprintf(stderr, "hybrid: loaded on %s, %.1f MiB arena, vocab %d\n", hy_model_backend(h.m),
-                     double(hy_model_arena_bytes(h.m)) / (1024.0 * 1024.0), hy_model_n_vocab(h.m));
+    // the backend, the device and the memory the model holds: on a terminal (with the summary) or with --verbose
+    if (show_summary) {
+        const bool cpu = std::strcmp(hy_model_backend(h.m), "cpu") == 0;
+        std::fprintf(stderr, "hybrid: loaded on %s (%s): %s of %s memory (weights and state for -c %d), vocab %d\n",
+                     hy_model_backend(h.m), hy_model_device(h.m), mib(hy_model_arena_bytes(h.m)).c_str(),
+                     cpu ? "host" : "GPU", o.n_ctx, hy_model_n_vocab(h.m));
+    }
+    if (std::strcmp(hy_model_backend(h.m), "cpu") == 0 && o.n_threads > available_cores())
+        std::fprintf(stderr,
+                     "hybrid: warning: -t %d is more than the %d cores available: every step waits for threads "
+                     "that take turns on a core (slower; -t 0 uses all cores)\n",
+                     o.n_threads, available_cores());
     // sampling options not given on the command line take the model folder's generation_config.json values, as
     // vLLM takes them
     hy_sampler_params recommended;
@@ -308,6 +370,8 @@ int run(int argc, char** argv) {
                 throw Failure(exit_usage, "--prompt-ids: id " + std::to_string(id) + " is not in the vocabulary (" +
                                               std::to_string(hy_model_n_vocab(h.m)) + " ids)");
     } else {
+        if (const std::string e = prompt_bytes_error(h.m, o.prompt.size(), o.n_ctx); !e.empty())
+            throw Failure(exit_context, "the prompt " + e);  // (before tokenizing 20 MB for nothing)
         ids = tokenize(h.m, o.chat ? chat_first_turn(h.m, o, o.prompt, "the prompt") : o.prompt, "the prompt");
     }
     if (ids.empty()) throw Failure(exit_usage, "the prompt is empty (no tokens)");
@@ -327,13 +391,19 @@ int run(int argc, char** argv) {
     gp.on_token = on_token;
     gp.user_data = &st;
     gp.should_abort = interrupted_abort;  // Ctrl-C during a long prompt's prefill
-    gp.skip_special = o.chat ? 0 : 1;     // a chat answer shows <think>/</think>, as the REPL does
+    PrefillProgress progress{int(ids.size()), mp.max_batch_tokens};
+    if (stderr_tty() && int(ids.size()) >= 4 * mp.max_batch_tokens) {  // a long prompt: its progress on stderr
+        st.progress = &progress;
+        gp.should_abort = PrefillProgress::poll;
+    }
+    gp.skip_special = o.chat ? 0 : 1;  // a chat answer shows <think>/</think>, as the REPL does
     const std::vector<int32_t> chat_stops = o.chat ? chat_stop_ids(h.m) : std::vector<int32_t>{};
     gp.stop_ids = chat_stops.empty() ? nullptr : chat_stops.data();
     gp.n_stop_ids = int(chat_stops.size());
     hy_generate_result res{};
     for (int32_t id : ids) hy_sampler_accept(h.s, id);  // penalties look at the prompt too (as llama.cpp)
     const int g = hy_generate(h.c, h.s, ids.data(), int(ids.size()), &gp, &res);
+    progress.clear();  // (a stopped prefill or an error: no token came)
     if (g != HY_OK) engine_fail(status_exit_code(g), "generation failed");
     check_stdout();
     if (o.has_prompt_ids) {

@@ -20,7 +20,7 @@ struct SharedOption {
 
 inline constexpr SharedOption kSharedOptions[] = {
     {"m,model", "model folder (config.json, *.safetensors, tokenizer.json)", SharedOption::Type::text, ""},
-    {"t,threads", "CPU threads (0: all cores)", SharedOption::Type::integer, "0"},
+    {"t,threads", "CPU threads (0 or -1: all cores)", SharedOption::Type::integer, "0"},
     {"device", "auto, cpu or cuda", SharedOption::Type::text, "auto"},
     {"no-cuda-graphs",
      "CUDA: launch every kernel one by one instead of replaying CUDA graphs (same results, slower; "

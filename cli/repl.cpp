@@ -20,6 +20,7 @@
 // whose prefill was stopped).
 #include <cerrno>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <iostream>
 #include <nlohmann/json.hpp>
@@ -210,6 +211,19 @@ struct Repl {
         last_interrupted = g_interrupted.exchange(false);  // Ctrl-C stopped this answer
         if (o.verbose) print_summary(-1.0, res, last_interrupted);
         if (last_interrupted && tty_in) std::fprintf(stderr, "[stopped]\n");
+        if (res.stop_reason == HY_STOP_CONTEXT_FULL)  // (the answer above is not complete: say so)
+            std::fprintf(stderr,
+                         "hybrid: the answer was cut off: the context (-c %d) is full; /reset starts a new "
+                         "conversation (/save FILE keeps this one)\n",
+                         hy_model_n_ctx(m));
+    }
+
+    // "~" and "~/..." as the shell reads them (the user's home folder, $HOME); other names as typed.
+    static std::string expand_home(const std::string& path) {
+        if (path != "~" && path.rfind("~/", 0) != 0) return path;
+        const char* home = std::getenv("HOME");
+        if (!home || !*home) throw Failure(exit_usage, path + ": cannot expand '~' ($HOME is not set)");
+        return std::string(home) + path.substr(1);
     }
 
     // The context as an engine snapshot (hy_state_save); empty when it cannot be made (hy_last_error says why).
@@ -231,8 +245,9 @@ struct Repl {
     }
 
     // ---- commands ----
-    void save(const std::string& path, bool overwrite) {
-        if (path.empty()) throw Failure(exit_usage, std::string(overwrite ? "/save!" : "/save") + " needs a file name");
+    void save(const std::string& arg, bool overwrite) {
+        if (arg.empty()) throw Failure(exit_usage, std::string(overwrite ? "/save!" : "/save") + " needs a file name");
+        const std::string path = expand_home(arg);
         const std::vector<char> snap = snapshot();
         if (snap.empty()) engine_fail(exit_runtime, "save");
         nlohmann::json j;
@@ -255,8 +270,9 @@ struct Repl {
         if (confirm) std::fprintf(stderr, "hybrid: saved %d tokens to %s\n", hy_context_n_tokens(c), path.c_str());
     }
 
-    void load(const std::string& path) {
-        if (path.empty()) throw Failure(exit_usage, "/load needs a file name");
+    void load(const std::string& arg) {
+        if (arg.empty()) throw Failure(exit_usage, "/load needs a file name");
+        const std::string path = expand_home(arg);
         // A regular file only (a FIFO would block, /dev/zero never ends); the fixed header is checked before
         // anything else is read, and the size is bounded by the JSON header's length plus the largest snapshot.
         uint64_t size = 0;

@@ -161,6 +161,9 @@ public:
     // The backend's launch settings in one line ("graphs on, pdl on, ..."; empty when it has none), for --verbose
     // and tests.
     virtual std::string settings() const { return {}; }
+    // The device in a few words, for the line a program prints after the load: "CPU, 8 threads", "NVIDIA H200
+    // (compute capability 9.0)".
+    virtual std::string device_name() const = 0;
     // Element type of activations, KV cache and conv state.
     virtual DType act_dtype() const = 0;
     // Storage type for a weight matrix stored as `checkpoint` in the file.
@@ -169,6 +172,13 @@ public:
     // ---- memory ----
     // Allocates the arena (once, at load). Throws hy::Error(out_of_memory) on failure.
     virtual void* alloc(size_t bytes) = 0;
+    // True when alloc() returns zeroed memory whose pages are only made resident when first written (the CPU
+    // backend's anonymous mappings): the load then does not zero the state, and a KV cache no sequence reaches
+    // costs no memory.
+    virtual bool alloc_zeroed() const { return false; }
+    // The most arena bytes that can ever be resident (the CPU backend: the machine's physical memory); 0 when the
+    // backend does not say (alloc() reports what does not fit). The load refuses a larger arena with the numbers.
+    virtual size_t memory_capacity() const { return 0; }
     virtual void free(void* p) = 0;
     virtual void upload(void* dst, const void* src, size_t bytes) = 0;    // host -> arena
     virtual void download(void* dst, const void* src, size_t bytes) = 0;  // arena -> host (synchronizes)

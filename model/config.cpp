@@ -267,36 +267,46 @@ ModelConfig parse_model_config(const std::string& text, const std::string& sourc
 GenerationDefaults parse_generation_defaults(const std::string& text, const std::string& source) {
     const json j = parse_json(text, source);
     if (!j.is_object()) throw Error(Status::format, source + ": the top level must be a JSON object");
+    GenerationDefaults g;
     auto given = [&](const char* f) { return j.contains(f) && !j.at(f).is_null(); };
+    // A field with a bad value is left unset and named in g.warning (the file is optional, and an option given on
+    // the command line may replace the value anyway): the model still loads.
     auto bad = [&](const char* f, const std::string& what) {
-        return Error(Status::format, source + ": field '" + f + "' " + what + ", found " + j.at(f).dump());
+        g.warning += std::string(g.warning.empty() ? source + ": " : "; ") + "field '" + f + "' " + what + ", found " +
+                     j.at(f).dump() + ": ignored";
     };
     // the ranges hybrid's options accept (--temp <= 0 is greedy, --top-k <= 0 and --top-p 1 are off)
     auto real = [&](const char* f, bool unit, bool positive) -> std::optional<float> {
         if (!given(f)) return std::nullopt;
-        if (!j.at(f).is_number()) throw bad(f, "must be a number");
-        const double v = j.at(f).get<double>();
-        if (!std::isfinite(float(v))) throw bad(f, "must be a finite number");
-        if (unit && (v < 0.0 || v > 1.0)) throw bad(f, "must be in [0, 1]");
-        if (positive && !(v > 0.0)) throw bad(f, "must be > 0");
-        return float(v);
+        const double v = j.at(f).is_number() ? j.at(f).get<double>() : 0.0;
+        const char* err = !j.at(f).is_number()           ? "must be a number"
+                          : !std::isfinite(float(v))     ? "must be a finite number"
+                          : unit && (v < 0.0 || v > 1.0) ? "must be in [0, 1]"
+                          : positive && !(v > 0.0)       ? "must be > 0"
+                                                         : nullptr;
+        if (!err) return float(v);
+        bad(f, err);
+        return std::nullopt;
     };
-    GenerationDefaults g;
     if (given("do_sample")) {
-        if (!j.at("do_sample").is_boolean()) throw bad("do_sample", "must be true or false");
-        g.do_sample = j.at("do_sample").get<bool>();
+        if (!j.at("do_sample").is_boolean())
+            bad("do_sample", "must be true or false");
+        else
+            g.do_sample = j.at("do_sample").get<bool>();
     }
     g.temperature = real("temperature", false, false);
     g.top_p = real("top_p", true, false);
     g.min_p = real("min_p", true, false);
     g.repetition_penalty = real("repetition_penalty", false, true);
     if (given("top_k")) {
-        if (!j.at("top_k").is_number_integer()) throw bad("top_k", "must be an integer");
-        const long long k = j.at("top_k").get<long long>();  // (a value past 2^63 would wrap: refused below)
-        if (k < -(1ll << 30) || k > (1ll << 30) ||
-            (j.at("top_k").is_number_unsigned() && j.at("top_k").get<uint64_t>() > (1ull << 30)))
-            throw bad("top_k", "must be in [-2^30, 2^30]");
-        g.top_k = int(k);
+        const json& k = j.at("top_k");
+        if (!k.is_number_integer())
+            bad("top_k", "must be an integer");
+        else if (k.get<long long>() < -(1ll << 30) || k.get<long long>() > (1ll << 30) ||
+                 (k.is_number_unsigned() && k.get<uint64_t>() > (1ull << 30)))  // (past 2^63 it would wrap)
+            bad("top_k", "must be in [-2^30, 2^30]");
+        else
+            g.top_k = int(k.get<long long>());
     }
     return g;
 }

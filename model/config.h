@@ -79,17 +79,21 @@ ModelConfig parse_model_config(const std::string& json_text, const std::string& 
 
 // The sampling fields of a model folder's generation_config.json (Hugging Face GenerationConfig: the settings the
 // model's authors recommend, which transformers' generate and vLLM use by default). A field that is absent or null
-// stays unset.
+// stays unset; so does a field with a bad value, which `warning` names.
 struct GenerationDefaults {
     std::optional<bool> do_sample;
     std::optional<float> temperature, top_p, min_p, repetition_penalty;
     std::optional<int> top_k;
+    // "" or one line naming the file and each field whose value was ignored: the wrong type, or out of the range
+    // hybrid's options accept (a number that is not finite as a float, top_p or min_p outside [0, 1],
+    // repetition_penalty <= 0, top_k beyond 2^30), e.g. "DIR/generation_config.json: field 'temperature' must be a
+    // number, found \"hot\": ignored".
+    std::string warning;
 };
 
 // Reads `dir`/generation_config.json when it exists (otherwise every field is unset). Throws Error(format) naming
-// the file and field for malformed JSON, a value of the wrong type, or one out of the range hybrid's options accept
-// (a number that is not finite as a float, top_p or min_p outside [0, 1], repetition_penalty <= 0, top_k beyond
-// 2^30); Error(io) when it cannot be read.
+// the file for malformed JSON or a top level that is not an object; Error(io) when it cannot be read. A bad field
+// value is not an error: see GenerationDefaults::warning.
 GenerationDefaults load_generation_defaults(const std::string& dir);
 
 // Parses generation_config.json text (`source` names it in messages). Same checks as load_generation_defaults.

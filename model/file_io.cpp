@@ -36,6 +36,14 @@ void write_file_atomic(const std::string& path, const void* data, size_t n, bool
         if (!overwrite) throw Error(Status::io, path + ": exists (not overwritten)");
         keep_mode = st.st_mode & 07777;
     }
+    // The temporary file: PATH + ".xxxxxx" in the same folder, its name cut so that it fits the folder's longest
+    // file name (a 250-byte PATH failed with "File name too long").
+    const size_t slash_at = path.find_last_of('/');
+    const size_t base_at = slash_at == std::string::npos ? 0 : slash_at + 1;
+    const std::string folder = base_at == 0 ? "." : path.substr(0, base_at);
+    const long name_max_l = ::pathconf(folder.c_str(), _PC_NAME_MAX);
+    const size_t name_max = name_max_l > 16 ? size_t(name_max_l) : 255;
+    const std::string tmp_stem = path.substr(0, base_at + std::min(path.size() - base_at, name_max - 7));
     std::string tmp;
     int fd = -1;
     static thread_local uint64_t counter = 0;
@@ -45,7 +53,7 @@ void write_file_atomic(const std::string& path, const void* data, size_t n, bool
                            (++counter * 0x9E3779B97F4A7C15ull);
         char suffix[16];
         std::snprintf(suffix, sizeof suffix, ".%06llx", (unsigned long long)(r & 0xFFFFFFull));
-        tmp = path + suffix;
+        tmp = tmp_stem + suffix;
         fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
         if (fd < 0 && errno != EEXIST) throw Error(Status::io, path + ": cannot write: " + errno_text(errno));
     }

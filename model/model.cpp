@@ -484,8 +484,20 @@ static std::unique_ptr<Backend> choose_backend(const ModelParams& p) {
     return make_cpu_backend(p.n_threads);
 }
 
+// "31.2 MiB", "9.87 GiB"
+static std::string gib(size_t bytes) {
+    char buf[32];
+    const double m = double(bytes) / double(1 << 20);
+    if (m >= 1024.0)
+        std::snprintf(buf, sizeof buf, "%.2f GiB", m / 1024.0);
+    else
+        std::snprintf(buf, sizeof buf, "%.1f MiB", m);
+    return buf;
+}
+
 std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& params_in) {
     if (!is_dir(dir)) {
+        path_present(dir);  // (a symbolic link loop or a broken link: named with its target)
         struct stat st;
         throw Error(Status::io, dir + (::stat(dir.c_str(), &st) == 0 ? ": not a folder" : ": no such model folder"));
     }
@@ -495,8 +507,16 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     const ModelConfig& c = m->config_;
 
     ModelParams p = params_in;
-    if (p.n_ctx <= 0)
-        throw Error(Status::invalid_argument, "context length must be positive, got " + std::to_string(p.n_ctx));
+    if (p.n_ctx == 0) {  // the context the model was trained for (llama.cpp's -c 0)
+        if (c.max_position_embeddings <= 0)
+            throw Error(Status::invalid_argument,
+                        "context length 0 asks for the model's trained context, but " + dir +
+                            "/config.json does not give max_position_embeddings: give a context length");
+        p.n_ctx = c.max_position_embeddings;
+    }
+    if (p.n_ctx < 0)
+        throw Error(Status::invalid_argument,
+                    "context length must be positive (0: the trained context), got " + std::to_string(p.n_ctx));
     if (p.n_threads > 1024)  // (as the tools' -t; 50,000 started 32,000 threads before the OS refused one)
         throw Error(Status::invalid_argument,
                     "CPU threads must be at most 1024 (0: all cores), got " + std::to_string(p.n_threads));
@@ -568,6 +588,26 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     ws.moe_intermediate = c.moe_intermediate_size;
     size_t o_ws = ld.reserve(be.workspace_bytes(limits, ws));
     m->arena_bytes_ = ld.offset;
+    // An arena larger than the memory it can ever have is refused now, with the numbers, before anything is
+    // allocated (on the CPU the state pages become resident as the sequences grow: the failure would come late).
+    if (const size_t cap = be.memory_capacity(); cap > 0 && m->arena_bytes_ > cap) {
+        const size_t kv = [&] {
+            size_t b = 0;
+            for (int i = 0; i < c.n_layers; i++)
+                if (c.layer_kinds[size_t(i)] == LayerKind::full_attention) b += 2 * S * kv_row * as;
+            return b;  // per position, every slot
+        }();
+        const size_t rest = m->arena_bytes_ - size_t(p.n_ctx) * kv;
+        const std::string fits =
+            kv > 0 && cap > rest ? "; a context of up to " + std::to_string((cap - rest) / kv) + " positions would fit"
+                                 : "";
+        throw Error(Status::out_of_memory,
+                    "the model needs " + gib(m->arena_bytes_) + " (weights " + gib(m->weight_bytes_) +
+                        ", KV cache and states " + gib(m->state_bytes_) + " for a context of " +
+                        std::to_string(p.n_ctx) + " positions x " + std::to_string(p.n_slots) +
+                        (p.n_slots == 1 ? " sequence" : " sequences") + "), more than the " + gib(cap) + " of " +
+                        (std::string(be.name()) == "cpu" ? "host" : "device") + " memory" + fits);
+    }
 
     m->arena_ = be.alloc(m->arena_bytes_);
     char* base = static_cast<char*>(m->arena_);
@@ -585,7 +625,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
             st.ssm_state = reinterpret_cast<float*>(base + so[size_t(i)].ssm);
         }
     }
-    be.fill_zero(base + m->weight_bytes_, m->state_bytes_);
+    if (!be.alloc_zeroed()) be.fill_zero(base + m->weight_bytes_, m->state_bytes_);
     Activations& a = m->act_;
     a.x = base + o_x;
     a.xn = base + o_xn;

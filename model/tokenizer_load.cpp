@@ -307,6 +307,8 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
                         origin + ": model type '" + type->get<std::string>() + "' is not supported (supported: BPE)");
     }
     if (!r.have_vocab) throw Error(Status::format, origin + ": missing object model.vocab");
+    if (r.vocab.empty())  // (it loaded, and then every prompt was "empty": no text has a token)
+        throw Error(Status::format, origin + ": model.vocab is empty (no token to encode text with)");
     if (!r.have_merges)  // (a BPE model without its merges would split every word into bytes)
         throw Error(Status::format, origin + (field(*model, "merges") ? ": model.merges must be a list of merges"
                                                                       : ": missing list model.merges"));

@@ -6,6 +6,7 @@
 #include <fcntl.h>
 #include <poll.h>
 #include <sys/ioctl.h>
+#include <sys/resource.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -152,7 +153,7 @@ TEST_CASE("cli: errors have one-line messages and documented exit codes", "[cli]
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--device", "tpu"}), 1, "--device");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--top-p", "2"}), 1, "--top-p");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--repeat-penalty", "0"}), 1, "--repeat-penalty");
-    check_error(hybrid({"-m", "models/tiny", "-p", "x", "-c", "0"}), 1, "-c");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "-c", "-5"}), 1, "-c must be >= 0");
     check_error(run_prog(kBin + "/hybrid", {"-m", "models/tiny", "-p", "x", "-t", "100000"}), 1, "-t");
     check_error(hybrid({"-m", "models/tiny", "-p", ""}), 1, "empty");
     check_error(hybrid({"-m", "models/tiny", "--prompt-ids", "1,x"}), 1, "prompt-ids");
@@ -229,6 +230,27 @@ TEST_CASE("cli: --batch-file writes one JSON line per prompt, each equal to its 
     CHECK(mobjs[1]["error"].get<std::string>().find("but the context holds 64 (-c)") != std::string::npos);
     CHECK(!mobjs[1].contains("text"));
     CHECK(mobjs[2]["text"] == objs[2]["text"]);
+    // With --chat a blank line or one with a NUL byte is a bad prompt too: it fails alone, with its error in its
+    // line (it failed the whole batch, with no output); exit 1, or the first failed prompt's code.
+    const std::string chat_rows = (dir.path / "chat_rows.txt").string();
+    std::ofstream(chat_rows, std::ios::binary) << "Say hi.\n   \n" << std::string("a\0b\n", 4) << "a\\0b\nBye.\n";
+    const Run c = hybrid({"-m", "models/tiny", "--batch-file", chat_rows, "--chat", "-n", "4", "--temp", "0"});
+    INFO(c.err);
+    CHECK(c.rc == 1);
+    std::istringstream clines(c.out);
+    std::vector<nlohmann::json> cobjs;
+    while (std::getline(clines, line)) cobjs.push_back(nlohmann::json::parse(line));
+    REQUIRE(cobjs.size() == 5);
+    CHECK(cobjs[0].contains("text"));
+    CHECK(cobjs[1]["error"].get<std::string>().find("the message is empty") != std::string::npos);
+    CHECK(cobjs[2]["error"].get<std::string>().find("holds a NUL byte") != std::string::npos);
+    CHECK(cobjs[3]["error"].get<std::string>().find("holds a NUL byte") != std::string::npos);
+    CHECK(cobjs[4].contains("text"));
+    CHECK(c.err.find("hybrid: error: batch prompt 1 (line 2): the message is empty") != std::string::npos);
+    CHECK(c.err.find("batch prompt 3 (line 4)") != std::string::npos);
+    // a prompt too long first: exit 3
+    std::ofstream(chat_rows, std::ios::binary) << long_line << "\n \n";
+    CHECK(hybrid({"-m", "models/tiny", "--batch-file", chat_rows, "--chat", "-n", "1", "-c", "64"}).rc == 3);
 }
 
 TEST_CASE("cli: flags without effect and repeated flags are usage errors", "[cli]") {
@@ -264,7 +286,9 @@ TEST_CASE("cli: flags without effect and repeated flags are usage errors", "[cli
     check_one_line_error(hybrid({"-m", "models/tiny", "--chat", "-p", "hi", "--system", "a\\0b"}), 1, "--system");
     check_one_line_error(hybrid({"-m", "models/tiny", "-i"}, std::string("a\0b\n", 4)), 1, "the message holds a NUL");
     std::ofstream(file, std::ios::binary) << std::string("a\0b\n", 4);
-    check_one_line_error(hybrid({"-m", "models/tiny", "--batch-file", file, "--chat"}), 1, "batch prompt 0 (line 1)");
+    const Run nul_row = hybrid({"-m", "models/tiny", "--batch-file", file, "--chat", "-n", "1"});
+    check_one_line_error(nul_row, 1, "batch prompt 0 (line 1): the message holds a NUL");
+    CHECK(nlohmann::json::parse(nul_row.out)["error"].get<std::string>().find("NUL") != std::string::npos);
     check_one_line_error(hybrid({"-m", "models/tiny", "-i"}, "/save!\n"), 1, "/save! needs a file name");
     check_one_line_error(hybrid({"-m", "models/tiny", "-i", "-p", " "}), 1, "the first turn (-p or -f) is empty");
     // (from the second fresh-user test) a blank chat message, a NUL in --stop or in a REPL file name
@@ -436,13 +460,13 @@ TEST_CASE("cli: endless or blocking inputs are one-line errors: stdin of /dev/ze
     if (fs::exists(kBin + "/hybrid-compare")) {
         const Run c =
             run_prog(kBin + "/hybrid-compare", {"-m", "models/tiny", "-t", "1", "--logits", fifo, "--case", "short"});
-        CHECK(c.rc == 1);
+        CHECK(c.rc == 5);
         CHECK(c.err.find(fifo + ": not a regular file") != std::string::npos);
     }
     if (fs::exists(kBin + "/hybrid-bench")) {
         const Run b = run_prog(kBin + "/hybrid-bench", {"-m", "models/tiny", "-t", "1", "-p", "4", "-n", "2", "-r", "1",
                                                         "--device", "cpu", "--json", fifo});
-        CHECK(b.rc == 1);
+        CHECK(b.rc == 5);
         CHECK(b.err.find("a FIFO with no reader") != std::string::npos);
     }
     // the tools' input files: a directory or a device is named as such (it was "invalid JSON", or read as empty)
@@ -452,11 +476,11 @@ TEST_CASE("cli: endless or blocking inputs are one-line errors: stdin of /dev/ze
          std::vector<std::pair<std::string, std::string>>{{tmp.path, "a directory"}, {"/dev/zero", "a device"}}) {
         const Run c = run_prog(kBin + "/hybrid-compare", {"-m", "models/tiny", "--golden", file});
         INFO(c.err);
-        CHECK(c.rc == 1);
+        CHECK(c.rc == 5);  // (a file that cannot be read: 5, as in hybrid)
         CHECK(c.err == "hybrid-compare: cannot read '" + file + "': " + kind + ", expected a regular file\n");
         const Run t = run_prog(kBin + "/hybrid-tokenize", {"--tokenizer", "models/tiny", "--bench", file});
         INFO(t.err);
-        CHECK(t.rc == 1);
+        CHECK(t.rc == 5);
         CHECK(t.err == "hybrid-tokenize: cannot read '" + file + "': " + kind + ", expected a regular file\n");
     }
 }
@@ -545,7 +569,7 @@ TEST_CASE("cli: --no-think without think tokens is a warning", "[cli]") {
 }
 
 // Sampling options not given take the model folder's generation_config.json values (as transformers and vLLM);
-// given ones win; a bad value is a load error naming the file and field.
+// given ones win; a bad value is a warning naming the file and field, and the field is ignored.
 TEST_CASE("cli: generation_config.json gives the sampling defaults", "[cli]") {
     if (!have_programs()) return;
     TempDir tmp("genconfig");
@@ -584,12 +608,22 @@ TEST_CASE("cli: generation_config.json gives the sampling defaults", "[cli]") {
     CHECK(rec.err.find("(temp, top-k, top-p from generation_config.json)") != std::string::npos);
     CHECK(run_with(dir.string(), {"--temp", "0.6", "--top-k", "40", "--top-p", "0.9"}).out ==
           run_with("models/tiny", {"--temp", "0.6", "--top-p", "0.9"}).out);  // a given option wins
-    // a bad value: the model does not load (exit 2), one line naming the file and field
-    std::ofstream(dir / "generation_config.json", std::ios::trunc) << R"({"temperature": "hot"})";
-    check_one_line_error(run_with(dir.string(), {}), 2,
-                         "generation_config.json: field 'temperature' must be a number, found \"hot\"");
-    std::ofstream(dir / "generation_config.json", std::ios::trunc) << R"({"top_p": 1.5})";
-    check_one_line_error(run_with(dir.string(), {}), 2, "field 'top_p' must be in [0, 1], found 1.5");
+    // a bad value: a one-line warning naming the file and field, which is ignored (the file is optional; it made
+    // the model unloadable even when the option was given)
+    std::ofstream(dir / "generation_config.json", std::ios::trunc) << R"({"temperature": "hot", "top_k": 20})";
+    const Run hot = run_with(dir.string(), {"--temp", "0"});
+    INFO(hot.err);
+    CHECK(hot.rc == 0);
+    CHECK(hot.out == greedy.out);
+    CHECK(hot.err == "hybrid: warning: " + (dir / "generation_config.json").string() +
+                         ": field 'temperature' must be a number, found \"hot\": ignored\n");
+    CHECK(run_with(dir.string(), {"--temp", "0.8"}).out == run_with("models/tiny", {"--top-k", "20"}).out);
+    std::ofstream(dir / "generation_config.json", std::ios::trunc) << R"({"top_p": 1.5, "top_k": 2.5})";
+    const Run two = run_with(dir.string(), {});
+    CHECK(two.rc == 0);
+    CHECK(two.err.find("field 'top_p' must be in [0, 1], found 1.5: ignored; field 'top_k' must be an integer, "
+                       "found 2.5: ignored\n") != std::string::npos);
+    CHECK(std::count(two.err.begin(), two.err.end(), '\n') == 1);
     // a repetition_penalty applies to the whole context, as transformers and vLLM apply it
     std::ofstream(dir / "generation_config.json", std::ios::trunc) << R"({"repetition_penalty": 1.3})";
     const Run pen = run_with(dir.string(), {"--verbose"});
@@ -705,6 +739,88 @@ TEST_CASE("cli: small messages: thread count, plurals, batch prompt numbering, e
         CHECK(r.rc == 1);
         CHECK(r.err.find("embed_example: error: ") == 0);
     }
+}
+
+// From the new-user pass of issue 24: -m on a link loop or on a folder that is not a model, -t, llama.cpp's flags.
+TEST_CASE("cli: model folder messages, -t -1 and -t past the cores, llama.cpp flag hints", "[cli]") {
+    if (!have_programs()) return;
+    TempDir tmp("folders");
+    fs::create_symlink(tmp.path / "loop", tmp.path / "loop");
+    check_one_line_error(hybrid({"-m", (tmp.path / "loop").string(), "-p", "x"}), 2, "loop: symbolic link loop");
+    // the parent of a model folder: named as not a model, not a complaint about tokenizer.json
+    check_one_line_error(hybrid({"-m", "models", "-p", "x"}), 2, "models: not a model folder (no config.json)");
+    check_one_line_error(hybrid({"-m", tmp.path.string(), "-p", "x"}), 2, "not a model folder (no config.json)");
+    // -t -1: all cores (llama.cpp's spelling); more threads than cores: a warning
+    auto with_t = [](const std::string& t, const std::vector<std::string>& more = {}) {
+        std::vector<std::string> a = {"--device", "cpu", "-m", "models/tiny", "-p", "x", "-n", "1", "-t", t};
+        a.insert(a.end(), more.begin(), more.end());
+        return run_prog(kBin + "/hybrid", a);
+    };
+    const Run all = with_t("-1", {"--verbose"});
+    CHECK(all.rc == 0);
+    CHECK(all.err.find("(all cores)") != std::string::npos);
+    const Run many = with_t("1000");
+    CHECK(many.rc == 0);
+    CHECK(many.err.find("hybrid: warning: -t 1000 is more than the ") != std::string::npos);
+    CHECK(with_t("1").err.find("warning") == std::string::npos);
+    check_one_line_error(with_t("-2"), 1, "-t must be in [0, 1024]");
+    // llama.cpp's flags that hybrid does without get a hint, as -ngl does
+    for (const auto& [flag, hint] : std::vector<std::pair<std::string, std::string>>{
+             {"-e", "escapes in -p are processed by default"},
+             {"--escape", "escapes in -p are processed by default"},
+             {"--color", "hybrid writes plain text"},
+             {"--mlock", "the weights are copied into the model's arena"},
+             {"--no-mmap", "the weights are copied into the model's arena"}})
+        check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", flag}), 1, "unknown option " + flag + " (" + hint);
+}
+
+// -c 0 is the trained context (llama.cpp's meaning); a context whose state cannot fit the machine's memory is refused
+// before anything is allocated, with the sizes; state pages no sequence reaches are not touched (-c 10000000 on
+// models/tiny zeroed a 9.9 GB arena for 27 s); a prompt far too long is refused before it is tokenized.
+TEST_CASE("cli: -c 0, a context too large for the memory, a prompt far too long", "[cli]") {
+    if (!have_programs()) return;
+    const Run trained = hybrid({"-m", "models/tiny", "-p", "x", "-n", "1", "-c", "0", "--verbose"});
+    INFO(trained.err);
+    CHECK(trained.rc == 0);
+    CHECK(trained.err.find("ctx 32768,") != std::string::npos);
+    CHECK(trained.err.find("warning") == std::string::npos);
+    // 1 KiB of KV cache per position: 2e9 positions are 1.9 TiB
+    const Run huge = hybrid({"-m", "models/tiny", "-p", "x", "-n", "1", "-c", "2000000000"});
+    check_one_line_error(huge, 2, "GiB of host memory; a context of up to ");
+    CHECK(huge.err.find("KV cache and states 1907.35 GiB for a context of 2000000000 positions") != std::string::npos);
+    // 4 GB of context for a 30 MB model: loads without making the state resident
+    struct rusage before {};
+    ::getrusage(RUSAGE_CHILDREN, &before);
+    const Run big = hybrid({"-m", "models/tiny", "-p", "x", "-n", "2", "-c", "4000000", "--temp", "0"});
+    struct rusage after {};
+    ::getrusage(RUSAGE_CHILDREN, &after);
+    INFO(big.err);
+    if (big.rc == 2 && big.err.find("of host memory") != std::string::npos) {
+        WARN("a machine with less than 4 GB of memory: the large context was refused");
+    } else {
+        CHECK(big.rc == 0);
+        CHECK(after.ru_maxrss < 1024 * 1024);  // KiB: well below the 3.8 GiB arena
+    }
+    // a prompt whose bytes alone cannot fit: refused before it is tokenized
+    const std::string many(4 << 20, 'x');
+    TempDir tmp("bigprompt");
+    const std::string file = (tmp.path / "p.txt").string();
+    std::ofstream(file) << many;
+    const auto t0 = std::chrono::steady_clock::now();
+    check_one_line_error(hybrid({"-m", "models/tiny", "-f", file, "-c", "64"}), 3,
+                         "the prompt has 4194304 bytes, so at least ");
+    CHECK(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count() < 20.0);
+    // a long prompt's prefill shows its progress on a terminal (erased before the output)
+    std::string code;
+    for (int i = 0; i < 700; i++) code += "x = x + " + std::to_string(i) + "\n";
+    std::ofstream(file, std::ios::trunc) << code;
+    std::string out;
+    CHECK(run_on_pty({"-m", "models/tiny", "-f", file, "-n", "2", "--temp", "0", "-c", "8192"}, {}, &out) == 0);
+    INFO(out);
+    CHECK(out.find("hybrid: prefill 512/") != std::string::npos);
+    CHECK(out.find("tokens (") != std::string::npos);
+    CHECK(hybrid({"-m", "models/tiny", "-f", file, "-n", "2", "--temp", "0", "-c", "8192"}).err.find("prefill") ==
+          std::string::npos);  // (not a terminal: nothing)
 }
 
 TEST_CASE("cli: a context beyond the trained positions is allowed with a warning", "[cli]") {

@@ -357,9 +357,15 @@ TEST_CASE("engine: errors are status codes with a message", "[engine]") {
     CHECK(hy_model_load("/nonexistent/model", &mp, &m) == HY_ERR_IO);
     CHECK(std::string(hy_last_error()).find("/nonexistent/model") != std::string::npos);
     CHECK(m == nullptr);
-    mp.n_ctx = 0;
+    mp.n_ctx = -1;
     CHECK(hy_model_load(kTiny.c_str(), &mp, &m) == HY_ERR_INVALID_ARGUMENT);
     CHECK(hy_model_load(nullptr, &mp, &m) == HY_ERR_INVALID_ARGUMENT);
+    mp.n_ctx = 0;  // the trained context (config.json max_position_embeddings), as llama.cpp's -c 0
+    REQUIRE(hy_model_load(kTiny.c_str(), &mp, &m) == HY_OK);
+    CHECK(hy_model_n_ctx(m) == 32768);
+    CHECK(std::string(hy_model_device(m)).rfind("CPU, ", 0) == 0);
+    hy_model_free(m);
+    m = nullptr;
     mp.n_ctx = 64;
     CHECK(hy_model_load("", &mp, &m) == HY_ERR_IO);
     CHECK(std::string(hy_last_error()).find("path is empty") != std::string::npos);

@@ -136,6 +136,31 @@ TEST_CASE("safetensors: random corruption never crashes the parser", "[loader]")
     CHECK(rejected > 0);
 }
 
+// A safetensors file may start its data area at any offset (the header length need not be a multiple of 8): the
+// BF16 and F16 weights then lie at odd addresses and must be read without misaligned loads (UBSan, make asan-test).
+TEST_CASE("loader: a data area at an odd offset loads the same weights", "[loader]") {
+    for (const std::string& src : {tiny_dir(), source_dir() + "/tests/data/models/tiny-b"}) {
+        INFO(src);
+        std::string img = read_text(src + "/model.safetensors");
+        uint64_t n = 0;
+        for (int i = 0; i < 8; i++) n |= uint64_t(uint8_t(img[size_t(i)])) << (8 * i);
+        const uint64_t odd = n + ((n & 1) ? 2 : 1);  // an odd header length: one or two more spaces
+        img.insert(8 + n, std::string(odd - n, ' '));
+        for (int i = 0; i < 8; i++) img[size_t(i)] = char((odd >> (8 * i)) & 0xff);
+        TempDir d;
+        std::filesystem::copy_file(src + "/config.json", d / "config.json");
+        write_text(d / "model.safetensors", img);
+        auto a = Model::load(src, small_params());
+        auto b = Model::load(d.path, small_params());
+        const std::vector<int32_t> ids = random_prompt(12, 5);
+        const auto sa = a->prefill(0, ids);
+        const std::vector<float> la(sa.begin(), sa.end());
+        const auto sb = b->prefill(0, ids);
+        const std::vector<float> lb(sb.begin(), sb.end());
+        REQUIRE(la == lb);
+    }
+}
+
 TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
     const ModelParams p = small_params();
     const std::string config = read_text(tiny_dir() + "/config.json");
@@ -363,18 +388,35 @@ TEST_CASE("generation_config.json: sampling fields, types and ranges", "[loader]
     CHECK(*edge.top_k == -1);
     CHECK(*edge.top_p == 0.0f);
     CHECK(*edge.min_p == 1.0f);
+    // a bad value: the field is ignored and named in the warning (the file is optional)
     for (const auto& [text, msg] : std::vector<std::pair<std::string, std::string>>{
-             {R"({"temperature": "hot"})", "g.json: field 'temperature' must be a number, found \"hot\""},
-             {R"({"temperature": 1e39})", "field 'temperature' must be a finite number, found 1e+39"},
-             {R"({"top_p": -0.5})", "field 'top_p' must be in [0, 1], found -0.5"},
-             {R"({"top_p": 1.5})", "field 'top_p' must be in [0, 1], found 1.5"},
-             {R"({"min_p": 2})", "field 'min_p' must be in [0, 1]"},
-             {R"({"repetition_penalty": 0})", "field 'repetition_penalty' must be > 0, found 0"},
+             {R"({"temperature": "hot"})", "g.json: field 'temperature' must be a number, found \"hot\": ignored"},
+             {R"({"temperature": 1e39})", "g.json: field 'temperature' must be a finite number, found 1e+39: ignored"},
+             {R"({"top_p": -0.5})", "g.json: field 'top_p' must be in [0, 1], found -0.5: ignored"},
+             {R"({"top_p": 1.5})", "g.json: field 'top_p' must be in [0, 1], found 1.5: ignored"},
+             {R"({"min_p": 2})", "g.json: field 'min_p' must be in [0, 1], found 2: ignored"},
+             {R"({"repetition_penalty": 0})", "g.json: field 'repetition_penalty' must be > 0, found 0: ignored"},
              {R"({"repetition_penalty": 1e39})", "field 'repetition_penalty' must be a finite number"},
-             {R"({"top_k": 2.5})", "field 'top_k' must be an integer, found 2.5"},
+             {R"({"top_k": 2.5})", "g.json: field 'top_k' must be an integer, found 2.5: ignored"},
              {R"({"top_k": 2000000000})", "field 'top_k' must be in [-2^30, 2^30]"},
              {R"({"top_k": 18446744073709551615})", "field 'top_k' must be in [-2^30, 2^30]"},  // (it wrapped to -1)
-             {R"({"do_sample": 1})", "field 'do_sample' must be true or false, found 1"},
+             {R"({"do_sample": 1})", "g.json: field 'do_sample' must be true or false, found 1: ignored"}}) {
+        INFO(text);
+        const GenerationDefaults bad = parse_generation_defaults(text, "g.json");
+        CHECK(bad.warning.find(msg) != std::string::npos);
+        CHECK(bad.warning.find('\n') == std::string::npos);
+        CHECK(
+            (!bad.temperature && !bad.top_p && !bad.min_p && !bad.repetition_penalty && !bad.top_k && !bad.do_sample));
+    }
+    const GenerationDefaults mixed =
+        parse_generation_defaults(R"({"temperature": "hot", "top_k": 20, "top_p": 7})", "g.json");
+    CHECK(mixed.warning ==
+          "g.json: field 'temperature' must be a number, found \"hot\": ignored; field 'top_p' "
+          "must be in [0, 1], found 7: ignored");
+    CHECK(*mixed.top_k == 20);
+    CHECK(g.warning.empty());
+    // what is not a generation config at all is still an error
+    for (const auto& [text, msg] : std::vector<std::pair<std::string, std::string>>{
              {"[1]", "g.json: the top level must be a JSON object"},
              {"{", "g.json: invalid JSON: parse error at line 1, column 2"},
              // (a number past double's range was "malformed JSON")

@@ -454,6 +454,9 @@ TEST_CASE("loading errors are reported with a status and a clear message", "[tok
     json no_model = tiny_json();
     no_model.erase("model");
     CHECK(status_of(no_model, &msg) == Status::format);
+    // an empty vocabulary is refused at load (it loaded, and every prompt was then "empty")
+    CHECK(status_of(variant("/model/vocab", json::object()), &msg) == Status::format);
+    CHECK(msg.find("model.vocab is empty") != std::string::npos);
 }
 
 TEST_CASE("invalid UTF-8 input is replaced by U+FFFD, never a crash", "[tokenizer]") {

@@ -121,7 +121,7 @@ int main(int argc, char** argv) {
     if (!tools::parse_args(opts, argc, argv, "hybrid-bench", args, &exit_code)) return exit_code;
     if (!args.unmatched().empty()) {
         std::fprintf(stderr, "hybrid-bench: unexpected argument '%s' (see --help)\n", args.unmatched()[0].c_str());
-        return 2;
+        return tools::exit_usage;
     }
     try {
         tools::check_int_args(args, {"prompt", "gen", "reps", "threads", "ubatch"});
@@ -132,10 +132,8 @@ int main(int argc, char** argv) {
         for (const auto& [flag, v] : {std::pair<const char*, int>{"-p", n_prompt}, {"-n", n_gen}, {"-r", reps}})
             if (v < 1) throw tools::UsageError(std::string(flag) + " must be >= 1, got " + std::to_string(v));
         const int max_b = *std::max_element(batches.begin(), batches.end());  // parse_list: not empty, all >= 1
-        const int ubatch = args["ubatch"].as<int>(), threads = args["threads"].as<int>();
+        const int ubatch = args["ubatch"].as<int>(), threads = tools::parse_threads(args["threads"].as<int>());
         if (ubatch < 1) throw tools::UsageError("--ubatch must be >= 1, got " + std::to_string(ubatch));
-        if (threads < 0 || threads > 1024)
-            throw tools::UsageError("-t must be in [0, 1024], got " + std::to_string(threads));
         // the --json file must be writable before the run (a bad path fails now, not after it): an existing file
         // is opened without truncation, a new one's folder is checked; nothing is created until the end (an
         // interrupted run left an empty file)
@@ -188,7 +186,18 @@ int main(int argc, char** argv) {
         mp.n_slots = max_b;
         mp.max_batch_tokens = std::max(std::min(ubatch, n_prompt), max_b);  // (a chunk past the prompt is never used)
         mp.max_logits = max_b;
-        auto model = Model::load(dir, mp);
+        auto model = tools::loading([&] {
+            try {
+                return Model::load(dir, mp);
+            } catch (const Error& e) {  // a folder with config.json alone: its shape can still be measured
+                if (mp.dummy_weights || std::strstr(e.what(), "safetensors") == nullptr ||
+                    !path_present(dir + "/config.json") || path_present(dir + "/model.safetensors") ||
+                    path_present(dir + "/model.safetensors.index.json"))
+                    throw;
+                throw Error(e.status(), std::string(e.what()) +
+                                            " (--dummy-weights measures the shape of config.json with random weights)");
+            }
+        });
         if (!model->load_warning().empty())
             std::fprintf(stderr, "%s: warning: %s\n", "hybrid-bench", model->load_warning().c_str());
         const double t_ready = seconds_since(t_start);
@@ -350,12 +359,18 @@ int main(int argc, char** argv) {
             f.close();
             if (!f) throw Error(Status::io, args["json"].as<std::string>() + ": write failed: " + std::strerror(errno));
         }
-        return 0;
+        return tools::exit_ok;
     } catch (const tools::UsageError& e) {
         std::fprintf(stderr, "hybrid-bench: %s (see --help)\n", e.what());
-        return 2;
+        return tools::exit_usage;
+    } catch (const tools::Failure& e) {
+        std::fprintf(stderr, "hybrid-bench: %s\n", e.what());
+        return e.code;
+    } catch (const Error& e) {
+        std::fprintf(stderr, "hybrid-bench: %s\n", e.what());
+        return tools::exit_code_of(e);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "hybrid-bench: %s\n", e.what());
-        return 1;
+        return tools::exit_runtime;
     }
 }

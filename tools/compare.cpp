@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
     if (!tools::parse_args(opts, argc, argv, "hybrid-compare", args, &exit_code)) return exit_code;
     if (!args.unmatched().empty()) {
         std::fprintf(stderr, "hybrid-compare: unexpected argument '%s' (see --help)\n", args.unmatched()[0].c_str());
-        return 2;
+        return tools::exit_usage;
     }
     try {
         tools::check_int_args(args, {"threads"});
@@ -107,11 +107,9 @@ int main(int argc, char** argv) {
         const std::string dev = args["device"].as<std::string>();
         ModelParams mp;
         mp.device = tools::parse_device(dev);
-        mp.n_threads = args["threads"].as<int>();
+        mp.n_threads = tools::parse_threads(args["threads"].as<int>());
         mp.cuda.graphs = !args["no-cuda-graphs"].as<bool>();
         mp.cuda.pdl = !args["no-pdl"].as<bool>();
-        if (mp.n_threads < 0 || mp.n_threads > 1024)
-            throw tools::UsageError("-t must be in [0, 1024], got " + std::to_string(mp.n_threads));
         auto nonnegative = [&](const char* name) {  // a real option >= 0, parsed strictly (arg_error.h)
             const std::string text = args[name].as<std::string>();
             double v = 0.0;
@@ -122,7 +120,8 @@ int main(int argc, char** argv) {
         const double tol_arg = args.count("tol") ? nonnegative("tol") : -1.0;  // -1: the device's default
         const double near_tie = nonnegative("near-tie");
         std::error_code ec;
-        if (!std::filesystem::is_directory(dir, ec)) throw Error(Status::io, dir + ": no such model folder");
+        if (!std::filesystem::is_directory(dir, ec))
+            throw tools::Failure(tools::exit_model, dir + ": no such model folder");
         const std::string golden_path = args.count("golden") ? args["golden"].as<std::string>() : dir + "/golden.json";
         const json golden = parse_json(read_file(golden_path), golden_path);
         if (!golden.is_object() || !golden.contains("cases"))
@@ -220,7 +219,7 @@ int main(int argc, char** argv) {
                 have_logits = true;
             }
         }
-        auto model = Model::load(dir, mp);
+        auto model = tools::loading([&] { return Model::load(dir, mp); });
         if (!model->load_warning().empty())
             std::fprintf(stderr, "%s: warning: %s\n", "hybrid-compare", model->load_warning().c_str());
         const bool on_gpu = std::string(model->backend().name()) != "cpu";
@@ -295,10 +294,12 @@ int main(int argc, char** argv) {
             double err_all = NAN, err_last = NAN;
             if (have_logits) {
                 const hyst_tensor* t = hyst_find(lf.get(), name.c_str());  // (its dtype and shape checked above)
-                const float* g = static_cast<const float*>(t->data);
+                const char* g = static_cast<const char*>(t->data);         // (any alignment: read with memcpy)
                 err_all = err_last = 0.0;
                 for (size_t i = 0; i < T * size_t(V); i++) {
-                    double e = std::fabs(double(all[i]) - double(g[i]));
+                    float gi;
+                    std::memcpy(&gi, g + 4 * i, 4);
+                    double e = std::fabs(double(all[i]) - double(gi));
                     if (!(e == e)) e = INFINITY;  // NaN never passes
                     err_all = std::max(err_all, e);
                     if (i >= (T - 1) * size_t(V)) err_last = std::max(err_last, e);
@@ -382,18 +383,21 @@ int main(int argc, char** argv) {
         else
             std::printf("SUMMARY: %d/%d cases exact%s, max logit err n/a (no golden logits)\n", n_exact, n_cases,
                         accepted);
-        return tools::finish("hybrid-compare", n_exact + n_near_tie == n_cases ? 0 : 1);
+        return tools::finish("hybrid-compare", n_exact + n_near_tie == n_cases ? tools::exit_ok : tools::exit_check);
     } catch (const tools::UsageError& e) {
         std::fprintf(stderr, "hybrid-compare: %s (see --help)\n", e.what());
-        return 2;
+        return tools::exit_usage;
+    } catch (const tools::Failure& e) {
+        std::fprintf(stderr, "hybrid-compare: %s\n", e.what());
+        return e.code;
     } catch (const Error& e) {
         std::fprintf(stderr, "hybrid-compare: %s\n", e.what());
-        return 1;
+        return tools::exit_code_of(e);
     } catch (const json::exception& e) {  // a field the checks above do not cover (the batch section)
         std::fprintf(stderr, "hybrid-compare: a golden file field has the wrong type or is missing: %s\n", e.what());
-        return 1;
+        return tools::exit_io;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "hybrid-compare: %s\n", e.what());
-        return 1;
+        return tools::exit_runtime;
     }
 }

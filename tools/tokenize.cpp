@@ -5,7 +5,9 @@
 //   hybrid-tokenize --tokenizer FILE|DIR --golden G.json   check {"cases":[{"text","ids","decoded"}]};
 //                                                          prints each mismatch, then SUMMARY: k/n cases match
 //   hybrid-tokenize --tokenizer FILE|DIR --bench TEXTFILE  load time and encode throughput (MB/s)
-// Exit status: 0 on success (all golden cases match), 1 on a mismatch, 2 on bad input.
+// Exit codes (hybrid's convention, tools/tool_common.h): 0 success (every golden case matches), 1 bad arguments,
+// 2 the tokenizer could not be loaded, 5 a file could not be read (--golden, --bench) or stdout written, 7 a golden
+// case does not match. Without arguments: the usage line.
 #include <charconv>
 #include <chrono>
 #include <climits>
@@ -55,8 +57,10 @@ std::string join_ids(const std::vector<int32_t>& ids) {
 std::string json_quote(const std::string& s) { return json(s).dump(-1, ' ', false, json::error_handler_t::replace); }
 
 hy::Tokenizer load(const std::string& path) {
-    if (std::filesystem::is_directory(path)) return hy::Tokenizer::from_folder(path);
-    return hy::Tokenizer::from_file(path);
+    return hy::tools::loading([&] {
+        if (std::filesystem::is_directory(path)) return hy::Tokenizer::from_folder(path);
+        return hy::Tokenizer::from_file(path);
+    });
 }
 
 int run_golden(const hy::Tokenizer& tok, const std::string& path, bool parse_special) {
@@ -103,7 +107,7 @@ int run_golden(const hy::Tokenizer& tok, const std::string& path, bool parse_spe
         ok += match;
     }
     std::printf("SUMMARY: %zu/%zu cases match\n", ok, n);
-    return ok == n ? 0 : 1;
+    return ok == n ? hy::tools::exit_ok : hy::tools::exit_check;
 }
 
 int run_bench(const std::string& tok_path, const std::string& text_path, int repeat) {
@@ -166,14 +170,18 @@ int main(int argc, char** argv) {
         "repeat", "bench repetitions", cxxopts::value<int>()->default_value("5"))(
         "no-special", "encode special tokens as plain text");
     hy::add_shared_option(opts, "", "help");  // (declared in cli/option_table.h, shared with hybrid and the tools)
+    if (argc < 2) {                           // (it said only "--tokenizer is required")
+        std::fprintf(stderr,
+                     "usage: hybrid-tokenize --tokenizer FILE|DIR (--text T | --decode 1,2,3 | --golden G.json | "
+                     "--bench FILE) [options] (--help lists them)\n");
+        return hy::tools::exit_usage;
+    }
     try {
         if (const std::string e = hy::first_single_dash_word_error(opts, argc, argv); !e.empty())
             throw hy::Error(hy::Status::invalid_argument, e);
         auto a = hy::parse_split(opts, argc, argv);
         if (a.count("help")) {
-            std::cout << opts.help()
-                      << "\nExit status: 0 success (--golden: every case matches); 1 failure; "
-                         "2 bad arguments.\n";
+            std::cout << opts.help() << hy::tools::exit_codes_help("a --golden case does not match");
             return hy::tools::finish("hybrid-tokenize", 0);
         }
         if (!a.unmatched().empty())
@@ -215,18 +223,21 @@ int main(int argc, char** argv) {
                          "U+FFFD\n");
         std::cout << join_ids(tok.encode(text, parse_special)) << "\n";
         return hy::tools::finish("hybrid-tokenize", 0);
+    } catch (const hy::tools::Failure& e) {
+        std::fprintf(stderr, "hybrid-tokenize: %s\n", e.what());
+        return e.code;
     } catch (const hy::Error& e) {
         std::fprintf(stderr, "hybrid-tokenize: %s\n", e.what());
-        return e.status() == hy::Status::invalid_argument ? 2 : 1;
+        return hy::tools::exit_code_of(e);
     } catch (const cxxopts::exceptions::exception& e) {
         std::fprintf(stderr, "hybrid-tokenize: %s (see --help)\n",
                      hy::parse_error_message(e.what(), argc, argv).c_str());
-        return 2;
+        return hy::tools::exit_usage;
     } catch (const hy::tools::UsageError& e) {
         std::fprintf(stderr, "hybrid-tokenize: %s\n", e.what());
-        return 2;
+        return hy::tools::exit_usage;
     } catch (const std::exception& e) {  // bad_alloc
         std::fprintf(stderr, "hybrid-tokenize: %s\n", e.what());
-        return 1;
+        return hy::tools::exit_runtime;
     }
 }

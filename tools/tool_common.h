@@ -16,11 +16,47 @@
 
 namespace hy::tools {
 
-// A bad command-line value, found after parsing: the tools exit 2 for it, as for a parse error (1 for every other
-// failure).
+// Exit codes: one convention for hybrid and the tools (hybrid's, cli/cli.h; README.md "Exit codes").
+enum Exit : int {
+    exit_ok = 0,
+    exit_usage = 1,    // bad flag or value, missing argument
+    exit_model = 2,    // the model or tokenizer could not be loaded
+    exit_io = 5,       // a file could not be read or written (a golden file, --json, --bench, stdout)
+    exit_runtime = 6,  // a failure while running (backend error)
+    exit_check = 7,    // a check failed: hybrid-compare, a case does not match; hybrid-tokenize --golden, likewise
+};
+
+// A bad command-line value, found after parsing: exit_usage, as for a parse error.
 struct UsageError : std::runtime_error {
     using std::runtime_error::runtime_error;
 };
+
+// A failure that ends the tool with its exit code.
+struct Failure : std::runtime_error {
+    Failure(int code_, const std::string& msg) : std::runtime_error(msg), code(code_) {}
+    int code;
+};
+
+// f() (a model or tokenizer load): a hy::Error it throws becomes Failure(exit_model) with the same message.
+template <class F>
+auto loading(F&& f) {
+    try {
+        return f();
+    } catch (const Error& e) {
+        throw Failure(exit_model, e.what());
+    }
+}
+
+// The exit code of a hy::Error thrown after the load: exit_usage for a bad argument, exit_io for a file that cannot
+// be read or is malformed (a golden file), exit_runtime otherwise.
+inline int exit_code_of(const Error& e) {
+    switch (e.status()) {
+        case Status::invalid_argument: return exit_usage;
+        case Status::io:
+        case Status::format: return exit_io;
+        default: return exit_runtime;
+    }
+}
 
 // False when something written to stdout (C stdio or std::cout) was lost (e.g. a full disk).
 inline bool stdout_ok() {
@@ -28,41 +64,49 @@ inline bool stdout_ok() {
     return std::fflush(stdout) == 0 && !std::ferror(stdout) && std::cout.good();
 }
 
-// rc, or 1 with "NAME: cannot write to stdout" on stderr when stdout_ok() is false and rc is 0.
+// rc, or exit_io with "NAME: cannot write to stdout" on stderr when stdout_ok() is false and rc is 0.
 inline int finish(const char* name, int rc) {
     if (!stdout_ok() && rc == 0) {
         std::fprintf(stderr, "%s: cannot write to stdout\n", name);
-        return 1;
+        return exit_io;
     }
     return rc;
 }
 
+// The "Exit codes" paragraph of a tool's --help; `check` says what exit_check means for it ("" for none).
+inline std::string exit_codes_help(const std::string& check) {
+    return "\nExit codes (as hybrid's): 0 success; 1 bad arguments; 2 the model or tokenizer could not be loaded; "
+           "5 a file could not be read or written; 6 a failure while running" +
+           (check.empty() ? std::string() : "; 7 " + check) + ".\n";
+}
+
 // Parses argv with `opts` (which must define -m/--model and -h/--help). Returns true when the tool should run;
-// otherwise *exit_code is 0 after --help, 2 after a parse error or a missing -m (message on stderr).
+// otherwise *exit_code is 0 after --help, exit_usage after a parse error or a missing -m (message on stderr).
 inline bool parse_args(cxxopts::Options& opts, int argc, char** argv, const char* name, cxxopts::ParseResult& out,
                        int* exit_code) {
     if (const std::string e = first_single_dash_word_error(opts, argc, argv); !e.empty()) {
         std::fprintf(stderr, "%s: %s\n", name, e.c_str());  // (-ngl 99 would be -n "gl")
-        *exit_code = 2;
+        *exit_code = exit_usage;
         return false;
     }
     try {
         out = parse_split(opts, argc, argv);
     } catch (const std::exception& e) {
         std::fprintf(stderr, "%s: %s (see --help)\n", name, parse_error_message(e.what(), argc, argv).c_str());
-        *exit_code = 2;
+        *exit_code = exit_usage;
         return false;
     }
     if (out.count("help")) {
         std::fputs(opts.help().c_str(), stdout);
-        std::fprintf(stdout, "\nExit status: 0 success; 1 failure (an error%s); 2 bad arguments.\n",
-                     std::strcmp(name, "hybrid-compare") == 0 ? ", or a case that does not match" : "");
+        std::fputs(exit_codes_help(std::strcmp(name, "hybrid-compare") == 0 ? "a case does not match its goldens" : "")
+                       .c_str(),
+                   stdout);
         *exit_code = finish(name, 0);
         return false;
     }
     if (!out.count("model")) {
         std::fprintf(stderr, "%s: -m DIR (the model folder) is required (see --help)\n", name);
-        *exit_code = 2;
+        *exit_code = exit_usage;
         return false;
     }
     return true;
@@ -82,6 +126,13 @@ inline void check_given_once(const cxxopts::ParseResult& r) {
             throw UsageError("--" + kv.key() + " was given more than once (give it once)");
         seen.push_back(kv.key());
     }
+}
+
+// -t as given: 0 or -1 (llama.cpp's spelling) is all cores, returned as 0; outside [-1, 1024] a UsageError.
+inline int parse_threads(int t) {
+    if (t == -1) return 0;
+    if (t < 0 || t > 1024) throw UsageError("-t must be in [0, 1024] (0 or -1: all cores), got " + std::to_string(t));
+    return t;
 }
 
 // "cpu", "cuda" or "auto"; anything else is a UsageError.

@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <sys/mman.h>
+#include <unistd.h>
 #include <vector>
 
 #include "base/softmax.h"
@@ -21,22 +22,43 @@ public:
 
     const char* name() const override { return "cpu"; }
     int host_threads() const override { return pool_.size(); }
+    std::string device_name() const override {
+        return "CPU, " + std::to_string(pool_.size()) + (pool_.size() == 1 ? " thread" : " threads");
+    }
     DType act_dtype() const override { return DType::F32; }
     DType matrix_dtype(DType checkpoint) const override { return checkpoint; }
 
+    // An anonymous mapping: zeroed, and its pages become resident only when written (a KV cache that no sequence
+    // reaches costs nothing). 2 MiB alignment and transparent huge pages: the decode loop streams every weight once
+    // per token, and huge pages spare it a TLB miss every 4 KiB.
     void* alloc(size_t bytes) override {
-        // 2 MiB alignment and transparent huge pages: the decode loop streams every weight once per token, and
-        // huge pages spare it a TLB miss every 4 KiB.
         constexpr size_t kHuge = size_t(2) << 20;
         const size_t n = std::max(kHuge, (bytes + kHuge - 1) / kHuge * kHuge);
-        void* p = std::aligned_alloc(kHuge, n);
-        if (!p)
+        void* raw = ::mmap(nullptr, n + kHuge, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (raw == MAP_FAILED)
             throw Error(Status::out_of_memory,
                         "cannot allocate the model arena of " + std::to_string(bytes >> 20) + " MiB in host memory");
+        char* const r = static_cast<char*>(raw);
+        char* const p = r + (kHuge - reinterpret_cast<uintptr_t>(r) % kHuge) % kHuge;
+        if (p > r) ::munmap(r, size_t(p - r));                                        // the unaligned head
+        if (r + n + kHuge > p + n) ::munmap(p + n, size_t(r + n + kHuge - (p + n)));  // and the rest of the tail
         madvise(p, n, MADV_HUGEPAGE);  // advisory: ignored where unsupported
+        mapped_.push_back({p, n});
         return p;
     }
-    void free(void* p) override { std::free(p); }
+    void free(void* p) override {
+        for (size_t i = 0; i < mapped_.size(); i++)
+            if (mapped_[i].first == p) {
+                ::munmap(p, mapped_[i].second);
+                mapped_.erase(mapped_.begin() + std::ptrdiff_t(i));
+                return;
+            }
+    }
+    bool alloc_zeroed() const override { return true; }
+    size_t memory_capacity() const override {
+        const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+        return pages > 0 && page > 0 ? size_t(pages) * size_t(page) : 0;
+    }
     void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
     void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
     void fill_zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }
@@ -195,6 +217,7 @@ public:
 
 private:
     cpu::ThreadPool pool_;
+    std::vector<std::pair<void*, size_t>> mapped_;  // alloc()'s mappings: start, length
     BatchLimits limits_;
     BatchDesc batch_;
     float* scratch_ = nullptr;  // the workspace: attention q [T, Hq, D] then scores [threads, n_ctx]; GDN mixed [T, C]

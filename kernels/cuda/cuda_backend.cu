@@ -73,9 +73,13 @@ size_t align256(size_t n) { return (n + 255) / 256 * 256; }
 void check_device(int device) {
     int n = 0;
     cudaError_t e = cudaGetDeviceCount(&n);
-    if (e != cudaSuccess || n == 0)
-        throw Error(Status::backend, std::string("no usable CUDA GPU (cudaGetDeviceCount: ") +
-                                         (e != cudaSuccess ? cudaGetErrorString(e) : "no device found") + ")");
+    // "no NVIDIA GPU found" first: without a GPU the driver's own words mislead ("CUDA driver version is
+    // insufficient for CUDA runtime version")
+    if (e != cudaSuccess || n == 0) {
+        cudaGetLastError();
+        throw Error(Status::backend, std::string("no NVIDIA GPU found (cudaGetDeviceCount: ") +
+                                         (e != cudaSuccess ? cudaGetErrorString(e) : "0 devices") + ")");
+    }
     if (device < 0 || device >= n)
         throw Error(Status::backend,
                     "CUDA device " + std::to_string(device) + " does not exist (" + std::to_string(n) + " present)");
@@ -280,6 +284,12 @@ public:
     }
 
     const char* name() const override { return "cuda"; }
+    std::string device_name() const override {
+        cudaDeviceProp prop{};
+        if (cudaGetDeviceProperties(&prop, device_) != cudaSuccess) return "CUDA device " + std::to_string(device_);
+        return std::string(prop.name) + " (compute capability " + std::to_string(prop.major) + "." +
+               std::to_string(prop.minor) + ")";
+    }
     std::string settings() const override {
         auto on = [](bool b) { return b ? "on" : "off"; };
         return std::string("graphs ") + on(graphs_enabled_) + ", pdl " + on(ctx_.pdl) + ", clusters " +
