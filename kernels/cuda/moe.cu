@@ -32,9 +32,82 @@ __device__ __forceinline__ float warp_dot(const bf16* a, const bf16* b, int K) {
     return warp_sum(s);
 }
 
-// One block per row: the row's logits (bf16, from the router GEMV) in shared memory, softmax in fp32; every thread
-// ranks its experts by counting the logits above them (equal ones: the lower id first, as torch.topk on the CPU),
-// and the experts of rank < k write their probability at their rank; the k are then summed in rank order.
+// The router's choice for one row by one warp (E <= 32 kPer): softmax over the row's bf16 logits in fp32, then k
+// rounds of a warp arg-max over the experts not yet taken (the larger logit, the lower id on ties, as torch.topk
+// on the CPU). Lane j < k gets choice j: its expert id and its weight, bf16-rounded, divided by the sum of the k
+// probabilities (added in choice order) when `normalize`. Logits are read through L2 (__ldcg): the decode kernels
+// call this before their PDL wait, on logits that a kernel two launches back wrote.
+struct Choice {
+    int id;
+    float weight;
+};
+template <int kPer>
+__device__ __forceinline__ Choice warp_top_k(const bf16* __restrict__ logits, int E, int k, bool normalize) {
+    const int lane = threadIdx.x & 31;
+    float v[kPer];
+    float mx = -INFINITY;
+#pragma unroll
+    for (int q = 0; q < kPer; q++) {
+        const int e = lane + 32 * q;
+        v[q] = e < E ? __bfloat162float(__ldcg(logits + e)) : -INFINITY;
+        mx = fmaxf(mx, v[q]);
+    }
+    mx = warp_max(mx);
+    float sum = 0.0f;
+#pragma unroll
+    for (int q = 0; q < kPer; q++)
+        if (lane + 32 * q < E) sum += expf(v[q] - mx);
+    sum = warp_sum(sum);
+    unsigned taken = 0;  // bit q: expert lane + 32 q is chosen
+    Choice mine{0, 0.0f};
+    float total = 0.0f;
+    for (int j = 0; j < k; j++) {
+        float best = -INFINITY;
+        int best_id = INT_MAX;
+#pragma unroll
+        for (int q = 0; q < kPer; q++) {
+            const int e = lane + 32 * q;
+            if (e < E && !((taken >> q) & 1u) && (best_id == INT_MAX || v[q] > best)) {
+                best = v[q];  // (in increasing e: an equal logit keeps the lower id)
+                best_id = e;
+            }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, best_id, o);
+            if (oi != INT_MAX && (best_id == INT_MAX || ob > best || (ob == best && oi < best_id))) {
+                best = ob;
+                best_id = oi;
+            }
+        }
+        if ((best_id & 31) == lane) taken |= 1u << (best_id >> 5);
+        const float p = expf(best - mx) / sum;
+        total += p;
+        if (lane == j) mine = Choice{best_id, p};
+    }
+    mine.weight = round_bf16(normalize ? mine.weight / total : mine.weight);
+    return mine;
+}
+
+// Up to 1024 experts: one warp per row (warp_top_k).
+template <int kPer>
+__global__ void moe_route_warp_kernel(const bf16* __restrict__ router_logits, int E, int k, bool normalize,
+                                      float* weights, int32_t* ids) {
+    pdl_trigger();
+    pdl_wait();
+    const int64_t row = blockIdx.x;
+    const int lane = threadIdx.x & 31;
+    const Choice c = warp_top_k<kPer>(router_logits + row * E, E, k, normalize);
+    if (lane < k) {
+        weights[row * k + lane] = c.weight;
+        ids[row * k + lane] = c.id;
+    }
+}
+
+// More than 1024 experts: one block per row, the row's logits in shared memory, softmax in fp32; every thread ranks
+// its experts by counting the logits above them (equal ones: the lower id first, as torch.topk on the CPU), and
+// the experts of rank < k write their probability at their rank; the k are then summed in rank order.
 __global__ void moe_route_kernel(const bf16* __restrict__ router_logits, int E, int k, bool normalize, float* weights,
                                  int32_t* ids) {
     extern __shared__ float logit[];  // [E]
@@ -108,6 +181,32 @@ __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __res
     if ((threadIdx.x & 31) == 0) act[tj * I + i] = to_bf16(a);
 }
 
+// moe_gate_up_kernel with the routing decided in the kernel (moe_route_experts, one or two rows): every warp runs
+// warp_top_k on its row's logits (the router GEMV's output) and takes choice j; warp 0 of block (t k, 0) writes
+// row t's weights and ids.
+template <int kPer>
+__global__ void moe_route_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ logits,
+                                         const bf16* __restrict__ gate_up, int E, int H, int I, int k, bool normalize,
+                                         float* weights, int32_t* ids, bf16* act) {
+    pdl_wait();
+    pdl_trigger();  // (after the wait: the down kernel routes again before its own wait)
+    const int64_t tj = blockIdx.x, t = tj / k;
+    const int j = int(tj % k), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const Choice c = warp_top_k<kPer>(logits + t * E, E, k, normalize);
+    if (j == 0 && blockIdx.y == 0 && warp == 0 && lane < k) {
+        weights[t * k + lane] = c.weight;
+        ids[t * k + lane] = c.id;
+    }
+    const int e = __shfl_sync(0xffffffffu, c.id, j);
+    const int i = blockIdx.y * kMoeWarps + warp;
+    if (i >= I) return;
+    const bf16* xr = x + t * H;
+    const bf16* w = gate_up + int64_t(e) * 2 * I * H;
+    const float g = round_bf16(warp_dot(xr, w + int64_t(i) * H, H));
+    const float u = round_bf16(warp_dot(xr, w + int64_t(I + i) * H, H));
+    if (lane == 0) act[tj * I + i] = to_bf16(round_bf16(siluf_(g)) * u);
+}
+
 // The position, in increasing expert id (ties: the lower choice index), of choice `lane` of the k in `my_id`
 // (lanes >= k pass anything and get a position no choice has); every lane of the warp calls it.
 __device__ __forceinline__ int choice_rank(int my_id, int lane, int k) {
@@ -147,13 +246,14 @@ __global__ void moe_down_kernel(const bf16* __restrict__ act, const bf16* __rest
     if ((threadIdx.x & 31) == 0) y[t * H + h] = to_bf16(acc);
 }
 
-// moe_down_kernel's values for one or two rows (I a multiple of 8): the routing is read before the PDL wait (the
-// kernel starts only once gate/up has passed its wait, so the top-k kernel is complete; read through L2), the
-// first kDownChunk experts' first round of words is loaded before it too, the dot products of a chunk are in
-// flight together and then summed in increasing expert id.
+// moe_down_kernel's values in moe_route_experts for one or two rows (I a multiple of 8): the routing is decided
+// again from the logits before the PDL wait (the kernel starts only once the gate/up kernel has passed its wait,
+// so the router GEMV is complete), the first kDownChunk experts' first round of words is loaded before it too, the
+// dot products of a chunk are in flight together and then summed in increasing expert id.
+template <int kPer>
 __global__ void moe_down_prefetch_kernel(const bf16* __restrict__ act, const bf16* __restrict__ down,
-                                         const float* __restrict__ weights, const int32_t* __restrict__ ids, int E,
-                                         int H, int I, int k, bool evict_first, bf16* y) {
+                                         const bf16* __restrict__ logits, int E, int H, int I, int k, bool normalize,
+                                         bool evict_first, bf16* y) {
     pdl_trigger();
     const int64_t t = blockIdx.x;
     const int h = blockIdx.y * kMoeWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
@@ -161,7 +261,8 @@ __global__ void moe_down_prefetch_kernel(const bf16* __restrict__ act, const bf1
         pdl_wait();
         return;
     }
-    const int my_id = lane < k ? __ldcg(ids + t * k + lane) : 0;
+    const Choice mine = warp_top_k<kPer>(logits + t * E, E, k, normalize);
+    const int my_id = lane < k ? mine.id : 0;
     const int rank = choice_rank(my_id, lane, k);
     const uint64_t pol = weight_policy(evict_first);
     const int K8 = I / 8;
@@ -216,7 +317,8 @@ __global__ void moe_down_prefetch_kernel(const bf16* __restrict__ act, const bf1
 #pragma unroll
         for (int u = 0; u < kDownChunk; u++) {
             const float d = round_bf16(warp_sum(part[u]));
-            if (j[u] >= 0) acc = round_bf16(acc + round_bf16(d * weights[t * k + j[u]]));
+            const float wt = __shfl_sync(0xffffffffu, mine.weight, j[u] >= 0 ? j[u] : 0);
+            if (j[u] >= 0) acc = round_bf16(acc + round_bf16(d * wt));
         }
     }
     if (lane == 0) y[t * H + h] = to_bf16(acc);
@@ -513,6 +615,15 @@ void moe_top_k(const bf16* router_logits, int64_t rows, int E, int k, bool norma
                const LaunchContext& ctx) {
     if (rows <= 0) return;
     check_moe_route(E, k);
+    if (E <= 256)
+        return launch(moe_route_warp_kernel<8>, unsigned(rows), 32, 0, ctx, "MoE top-k kernel", router_logits, E, k,
+                      normalize, weights, ids);
+    if (E <= 512)
+        return launch(moe_route_warp_kernel<16>, unsigned(rows), 32, 0, ctx, "MoE top-k kernel", router_logits, E, k,
+                      normalize, weights, ids);
+    if (E <= 1024)
+        return launch(moe_route_warp_kernel<32>, unsigned(rows), 32, 0, ctx, "MoE top-k kernel", router_logits, E, k,
+                      normalize, weights, ids);
     launch(moe_route_kernel, unsigned(rows), kRouteThreads, size_t(E) * 4, ctx, "MoE top-k kernel", router_logits, E, k,
            normalize, weights, ids);
 }
@@ -540,13 +651,8 @@ void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const
     if (!moe_grouped(rows, H, I, ctx)) {
         launch(moe_gate_up_kernel, dim3(unsigned(rows * k), ceil_div(I, kMoeWarps)), kMoeWarps * 32, 0, ctx,
                "MoE gate/up kernel", x, gate_up, ids, E, H, I, k, scratch.act);
-        if (rows <= 2 && I % 8 == 0)
-            launch(moe_down_prefetch_kernel, dim3(unsigned(rows), ceil_div(H, kMoeWarps)), kMoeWarps * 32, 0, ctx,
-                   "MoE down kernel (prefetching)", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H,
-                   I, k, ctx.evict_first, y);
-        else
-            launch(moe_down_kernel, dim3(unsigned(rows), ceil_div(H, kMoeWarps)), kMoeWarps * 32, 0, ctx,
-                   "MoE down kernel", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H, I, k, y);
+        launch(moe_down_kernel, dim3(unsigned(rows), ceil_div(H, kMoeWarps)), kMoeWarps * 32, 0, ctx,
+               "MoE down kernel", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H, I, k, y);
         return;
     }
     const int n = int(rows * k);
@@ -566,6 +672,39 @@ void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const
            scratch.y_slot);
     launch(moe_combine_kernel, unsigned(rows), 256, 0, ctx, "MoE combine kernel",
            static_cast<const bf16*>(scratch.y_slot), static_cast<const int32_t*>(pos), ids, E, H, k, y);
+}
+
+bool moe_route_fused(int64_t rows, int E, int I) { return rows <= 2 && E <= 1024 && I % 8 == 0; }
+
+namespace {
+template <int kPer>
+void route_experts_fused(const bf16* x, const bf16* logits, int64_t rows, const MoeExperts& ex, int H, int k,
+                         bool normalize, float* weights, int32_t* ids, const MoeScratch& scratch, bf16* y,
+                         const LaunchContext& ctx) {
+    const int E = ex.n_experts, I = ex.intermediate;
+    launch(moe_route_gate_up_kernel<kPer>, dim3(unsigned(rows * k), ceil_div(I, kMoeWarps)), kMoeWarps * 32, 0, ctx,
+           "MoE route + gate/up kernel", x, logits, static_cast<const bf16*>(ex.gate_up.data), E, H, I, k, normalize,
+           weights, ids, scratch.act);
+    launch(moe_down_prefetch_kernel<kPer>, dim3(unsigned(rows), ceil_div(H, kMoeWarps)), kMoeWarps * 32, 0, ctx,
+           "MoE down kernel (prefetching)", static_cast<const bf16*>(scratch.act),
+           static_cast<const bf16*>(ex.down.data), logits, E, H, I, k, normalize, ctx.evict_first, y);
+}
+}  // namespace
+
+void moe_route_experts(const bf16* x, const bf16* router_logits, int64_t rows, const MoeExperts& ex, int H, int k,
+                       bool normalize, float* weights, int32_t* ids, const MoeScratch& scratch, bf16* y,
+                       const LaunchContext& ctx) {
+    if (rows <= 0) return;
+    const int E = ex.n_experts;
+    check_moe_route(E, k);
+    if (!moe_route_fused(rows, E, ex.intermediate))
+        throw Error(Status::internal, "CUDA moe_route_experts: not a fused shape");
+    if (E <= 256)
+        route_experts_fused<8>(x, router_logits, rows, ex, H, k, normalize, weights, ids, scratch, y, ctx);
+    else if (E <= 512)
+        route_experts_fused<16>(x, router_logits, rows, ex, H, k, normalize, weights, ids, scratch, y, ctx);
+    else
+        route_experts_fused<32>(x, router_logits, rows, ex, H, k, normalize, weights, ids, scratch, y, ctx);
 }
 
 void add_sigmoid_gated(bf16* y, const bf16* s, const bf16* x, const bf16* gate, int64_t rows, int H,

@@ -37,6 +37,6 @@ constexpr int kAttnSplitKeys = 32;
 constexpr int kAttnMaxSplits = 64;
 // Rows from which the MoE experts run grouped by expert (a tile GEMM per expert) instead of one GEMV pass per
 // (row, choice) (moe.cuh; CudaOptions::moe_grouped_min_rows overrides it).
-constexpr int kMoeGroupedMinRows = 64;
+constexpr int kMoeGroupedMinRows = 48;
 
 }  // namespace hy::cuda
