@@ -241,15 +241,6 @@ public:
     // e = ids[t, j], added in increasing e (the order transformers accumulates them in). x, y act [rows, H].
     virtual void moe_experts(const void* x, int64_t rows, const MoeExperts& experts, const float* weights,
                              const int32_t* ids, int k, void* y) = 0;
-    // The router and the routed experts as one op: moe_route(x, rows, router, k, normalize, weights, ids) then
-    // moe_experts(x, rows, experts, weights, ids, k, y), with the same results (weights and ids are written too).
-    // The CUDA backend decides the routing inside the experts' kernels for one or two rows (no kernel boundary
-    // between the choice and the expert GEMVs).
-    virtual void moe_route_experts(const void* x, int64_t rows, const Matrix& router, const MoeExperts& experts, int k,
-                                   bool normalize, float* weights, int32_t* ids, void* y) {
-        moe_route(x, rows, router, k, normalize, weights, ids);
-        moe_experts(x, rows, experts, weights, ids, k, y);
-    }
     // The shared expert's gated contribution: y[t] += sigmoid(x_t . gate) * s[t] (gate [1, H]; y, s, x act
     // [rows, H]; y must not alias s or x).
     virtual void add_sigmoid_gated(void* y, const void* s, const void* x, const Matrix& gate, int64_t rows) = 0;

@@ -88,8 +88,8 @@ void Model::forward(const BatchDesc& batch, std::span<const int32_t> out_rows) {
         if (L.moe) {                                                    // docs/QWEN35.md "Mixture-of-experts members"
             const MoeWeights& m = L.moe_block;
             const int k = c.n_experts_per_tok;
-            be.moe_route_experts(a.xn, T, m.router, m.experts, k, c.norm_topk_prob, a.route_weights, a.route_ids,
-                                 a.y);  // route [T, k], experts' sum [T, H]
+            be.moe_route(a.xn, T, m.router, k, c.norm_topk_prob, a.route_weights, a.route_ids);  // [T, k]
+            be.moe_experts(a.xn, T, m.experts, a.route_weights, a.route_ids, k, a.y);            // [T, H]
             if (m.shared.gate_proj.rows > 0) {
                 be.gate_up_silu(a.xn, T, m.shared.gate_proj, m.shared.up_proj, a.gate, a.up, a.gate);  // [T, Is]
                 be.matmul(a.gate, T, m.shared.down_proj, a.shared);                                    // [T, H]

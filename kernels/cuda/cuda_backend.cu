@@ -123,7 +123,6 @@ struct Op {
         add_rms_norm,
         moe_route,
         moe_experts,
-        moe_route_experts,
         add_sigmoid_gated,
     };
     Kind kind = Kind::copy_h2d;
@@ -137,7 +136,7 @@ struct Op {
     int64_t n = 0;             // rows, or elements (add, silu_mul), or bytes (copy)
     int64_t dim = 0;
     int64_t n2 = 0;  // argmax: n_valid
-    int64_t n3 = 0;  // moe_experts, moe_route_experts: I
+    int64_t n3 = 0;  // moe_experts: I
     float eps = 0.0f;
     bool flag = false;  // rms_norm zero_centred
     cuda::GemvGroup group;
@@ -642,38 +641,6 @@ public:
         op.n3 = ex.intermediate;
         submit(op);
     }
-    // One or two rows (cuda::moe_route_fused): the router's logits through matmul() into the MoE scratch, then
-    // cuda::moe_route_experts (routing decided inside the gate/up and down kernels); else moe_route + moe_experts.
-    void moe_route_experts(const void* x, int64_t rows, const Matrix& router, const MoeExperts& ex, int k,
-                           bool normalize, float* weights, int32_t* ids, void* y) override {
-        if (!cuda::moe_route_fused(rows, ex.n_experts, ex.intermediate) || router.rows != ex.n_experts ||
-            size_t(rows) * size_t(router.rows) > moe_slot_elems_) {
-            Backend::moe_route_experts(x, rows, router, ex, k, normalize, weights, ids, y);
-            return;
-        }
-        require_bf16(router, "MoE router");
-        require_bf16(ex.gate_up, "MoE experts");
-        require_bf16(ex.down, "MoE experts");
-        cuda::check_moe_route(ex.n_experts, k);
-        if (size_t(rows) * size_t(k) * size_t(ex.intermediate) > scratch_a_elems_)
-            throw Error(Status::internal, "CUDA MoE experts: workspace too small");
-        matmul(x, rows, router, moe_slot_);  // [rows, E]
-        Op op;
-        op.kind = Op::Kind::moe_route_experts;
-        op.x = x;
-        op.x2 = moe_slot_;
-        op.n = rows;
-        op.m = ex.gate_up;
-        op.m2 = ex.down;
-        op.dim = k;
-        op.n2 = ex.n_experts;
-        op.n3 = ex.intermediate;
-        op.flag = normalize;
-        op.y = y;
-        op.y2 = ids;
-        op.y3 = weights;
-        submit(op);
-    }
     // One kernel (cuda::add_sigmoid_gated).
     void add_sigmoid_gated(void* y, const void* s, const void* x, const Matrix& gate, int64_t rows) override {
         require_bf16(gate, "shared expert gate");
@@ -890,19 +857,6 @@ private:
                 cuda::moe_experts(static_cast<const bf16*>(op.x), op.n, ex, int(op.m.cols), op.w,
                                   static_cast<const int32_t*>(op.x2), int(op.dim), scratch, static_cast<bf16*>(op.y),
                                   ctx_);
-                return;
-            }
-            case K::moe_route_experts: {
-                MoeExperts ex;
-                ex.gate_up = op.m;
-                ex.down = op.m2;
-                ex.n_experts = int(op.n2);
-                ex.intermediate = int(op.n3);
-                cuda::MoeScratch scratch;
-                scratch.act = scratch_a_;
-                cuda::moe_route_experts(static_cast<const bf16*>(op.x), static_cast<const bf16*>(op.x2), op.n, ex,
-                                        int(op.m.cols), int(op.dim), op.flag, static_cast<float*>(op.y3),
-                                        static_cast<int32_t*>(op.y2), scratch, static_cast<bf16*>(op.y), ctx_);
                 return;
             }
             case K::add_sigmoid_gated:

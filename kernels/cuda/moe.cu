@@ -33,10 +33,9 @@ __device__ __forceinline__ float warp_dot(const bf16* a, const bf16* b, int K) {
 }
 
 // The router's choice for one row by one warp (E <= 32 kPer): softmax over the row's bf16 logits in fp32, then k
-// rounds of a warp arg-max over the experts not yet taken (the larger logit, the lower id on ties, as torch.topk
-// on the CPU). Lane j < k gets choice j: its expert id and its weight, bf16-rounded, divided by the sum of the k
-// probabilities (added in choice order) when `normalize`. Logits are read through L2 (__ldcg): the decode kernels
-// call this before their PDL wait, on logits that a kernel two launches back wrote.
+// rounds of a warp arg-max over the experts not yet taken, the logits held in registers (the larger logit, the
+// lower id on ties, as torch.topk on the CPU). Lane j < k gets choice j: its expert id and its weight, bf16-rounded,
+// divided by the sum of the k probabilities (added in choice order) when `normalize`.
 struct Choice {
     int id;
     float weight;
@@ -49,7 +48,7 @@ __device__ __forceinline__ Choice warp_top_k(const bf16* __restrict__ logits, in
 #pragma unroll
     for (int q = 0; q < kPer; q++) {
         const int e = lane + 32 * q;
-        v[q] = e < E ? __bfloat162float(__ldcg(logits + e)) : -INFINITY;
+        v[q] = e < E ? __bfloat162float(logits[e]) : -INFINITY;
         mx = fmaxf(mx, v[q]);
     }
     mx = warp_max(mx);
@@ -181,32 +180,6 @@ __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __res
     if ((threadIdx.x & 31) == 0) act[tj * I + i] = to_bf16(a);
 }
 
-// moe_gate_up_kernel with the routing decided in the kernel (moe_route_experts, one or two rows): every warp runs
-// warp_top_k on its row's logits (the router GEMV's output) and takes choice j; warp 0 of block (t k, 0) writes
-// row t's weights and ids.
-template <int kPer>
-__global__ void moe_route_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ logits,
-                                         const bf16* __restrict__ gate_up, int E, int H, int I, int k, bool normalize,
-                                         float* weights, int32_t* ids, bf16* act) {
-    pdl_wait();
-    pdl_trigger();  // (after the wait: the down kernel routes again before its own wait)
-    const int64_t tj = blockIdx.x, t = tj / k;
-    const int j = int(tj % k), warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const Choice c = warp_top_k<kPer>(logits + t * E, E, k, normalize);
-    if (j == 0 && blockIdx.y == 0 && warp == 0 && lane < k) {
-        weights[t * k + lane] = c.weight;
-        ids[t * k + lane] = c.id;
-    }
-    const int e = __shfl_sync(0xffffffffu, c.id, j);
-    const int i = blockIdx.y * kMoeWarps + warp;
-    if (i >= I) return;
-    const bf16* xr = x + t * H;
-    const bf16* w = gate_up + int64_t(e) * 2 * I * H;
-    const float g = round_bf16(warp_dot(xr, w + int64_t(i) * H, H));
-    const float u = round_bf16(warp_dot(xr, w + int64_t(I + i) * H, H));
-    if (lane == 0) act[tj * I + i] = to_bf16(round_bf16(siluf_(g)) * u);
-}
-
 // The position, in increasing expert id (ties: the lower choice index), of choice `lane` of the k in `my_id`
 // (lanes >= k pass anything and get a position no choice has); every lane of the warp calls it.
 __device__ __forceinline__ int choice_rank(int my_id, int lane, int k) {
@@ -246,14 +219,13 @@ __global__ void moe_down_kernel(const bf16* __restrict__ act, const bf16* __rest
     if ((threadIdx.x & 31) == 0) y[t * H + h] = to_bf16(acc);
 }
 
-// moe_down_kernel's values in moe_route_experts for one or two rows (I a multiple of 8): the routing is decided
-// again from the logits before the PDL wait (the kernel starts only once the gate/up kernel has passed its wait,
-// so the router GEMV is complete), the first kDownChunk experts' first round of words is loaded before it too, the
-// dot products of a chunk are in flight together and then summed in increasing expert id.
-template <int kPer>
+// moe_down_kernel's values for one or two rows (I a multiple of 8): the routing is read before the PDL wait (the
+// kernel starts only once gate/up has passed its wait, so the top-k kernel is complete; read through L2), the
+// first kDownChunk experts' first round of words is loaded before it too, the dot products of a chunk are in
+// flight together and then summed in increasing expert id.
 __global__ void moe_down_prefetch_kernel(const bf16* __restrict__ act, const bf16* __restrict__ down,
-                                         const bf16* __restrict__ logits, int E, int H, int I, int k, bool normalize,
-                                         bool evict_first, bf16* y) {
+                                         const float* __restrict__ weights, const int32_t* __restrict__ ids, int E,
+                                         int H, int I, int k, bool evict_first, bf16* y) {
     pdl_trigger();
     const int64_t t = blockIdx.x;
     const int h = blockIdx.y * kMoeWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
@@ -261,8 +233,7 @@ __global__ void moe_down_prefetch_kernel(const bf16* __restrict__ act, const bf1
         pdl_wait();
         return;
     }
-    const Choice mine = warp_top_k<kPer>(logits + t * E, E, k, normalize);
-    const int my_id = lane < k ? mine.id : 0;
+    const int my_id = lane < k ? __ldcg(ids + t * k + lane) : 0;
     const int rank = choice_rank(my_id, lane, k);
     const uint64_t pol = weight_policy(evict_first);
     const int K8 = I / 8;
@@ -317,8 +288,7 @@ __global__ void moe_down_prefetch_kernel(const bf16* __restrict__ act, const bf1
 #pragma unroll
         for (int u = 0; u < kDownChunk; u++) {
             const float d = round_bf16(warp_sum(part[u]));
-            const float wt = __shfl_sync(0xffffffffu, mine.weight, j[u] >= 0 ? j[u] : 0);
-            if (j[u] >= 0) acc = round_bf16(acc + round_bf16(d * wt));
+            if (j[u] >= 0) acc = round_bf16(acc + round_bf16(d * weights[t * k + j[u]]));
         }
     }
     if (lane == 0) y[t * H + h] = to_bf16(acc);
@@ -651,8 +621,13 @@ void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const
     if (!moe_grouped(rows, H, I, ctx)) {
         launch(moe_gate_up_kernel, dim3(unsigned(rows * k), ceil_div(I, kMoeWarps)), kMoeWarps * 32, 0, ctx,
                "MoE gate/up kernel", x, gate_up, ids, E, H, I, k, scratch.act);
-        launch(moe_down_kernel, dim3(unsigned(rows), ceil_div(H, kMoeWarps)), kMoeWarps * 32, 0, ctx,
-               "MoE down kernel", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H, I, k, y);
+        if (rows <= 2 && I % 8 == 0)
+            launch(moe_down_prefetch_kernel, dim3(unsigned(rows), ceil_div(H, kMoeWarps)), kMoeWarps * 32, 0, ctx,
+                   "MoE down kernel (prefetching)", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H,
+                   I, k, ctx.evict_first, y);
+        else
+            launch(moe_down_kernel, dim3(unsigned(rows), ceil_div(H, kMoeWarps)), kMoeWarps * 32, 0, ctx,
+                   "MoE down kernel", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H, I, k, y);
         return;
     }
     const int n = int(rows * k);
@@ -672,39 +647,6 @@ void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const
            scratch.y_slot);
     launch(moe_combine_kernel, unsigned(rows), 256, 0, ctx, "MoE combine kernel",
            static_cast<const bf16*>(scratch.y_slot), static_cast<const int32_t*>(pos), ids, E, H, k, y);
-}
-
-bool moe_route_fused(int64_t rows, int E, int I) { return rows <= 2 && E <= 1024 && I % 8 == 0; }
-
-namespace {
-template <int kPer>
-void route_experts_fused(const bf16* x, const bf16* logits, int64_t rows, const MoeExperts& ex, int H, int k,
-                         bool normalize, float* weights, int32_t* ids, const MoeScratch& scratch, bf16* y,
-                         const LaunchContext& ctx) {
-    const int E = ex.n_experts, I = ex.intermediate;
-    launch(moe_route_gate_up_kernel<kPer>, dim3(unsigned(rows * k), ceil_div(I, kMoeWarps)), kMoeWarps * 32, 0, ctx,
-           "MoE route + gate/up kernel", x, logits, static_cast<const bf16*>(ex.gate_up.data), E, H, I, k, normalize,
-           weights, ids, scratch.act);
-    launch(moe_down_prefetch_kernel<kPer>, dim3(unsigned(rows), ceil_div(H, kMoeWarps)), kMoeWarps * 32, 0, ctx,
-           "MoE down kernel (prefetching)", static_cast<const bf16*>(scratch.act),
-           static_cast<const bf16*>(ex.down.data), logits, E, H, I, k, normalize, ctx.evict_first, y);
-}
-}  // namespace
-
-void moe_route_experts(const bf16* x, const bf16* router_logits, int64_t rows, const MoeExperts& ex, int H, int k,
-                       bool normalize, float* weights, int32_t* ids, const MoeScratch& scratch, bf16* y,
-                       const LaunchContext& ctx) {
-    if (rows <= 0) return;
-    const int E = ex.n_experts;
-    check_moe_route(E, k);
-    if (!moe_route_fused(rows, E, ex.intermediate))
-        throw Error(Status::internal, "CUDA moe_route_experts: not a fused shape");
-    if (E <= 256)
-        route_experts_fused<8>(x, router_logits, rows, ex, H, k, normalize, weights, ids, scratch, y, ctx);
-    else if (E <= 512)
-        route_experts_fused<16>(x, router_logits, rows, ex, H, k, normalize, weights, ids, scratch, y, ctx);
-    else
-        route_experts_fused<32>(x, router_logits, rows, ex, H, k, normalize, weights, ids, scratch, y, ctx);
 }
 
 void add_sigmoid_gated(bf16* y, const bf16* s, const bf16* x, const bf16* gate, int64_t rows, int H,

@@ -39,16 +39,6 @@ bool moe_grouped(int64_t rows, int H, int I, const LaunchContext& ctx);
 void moe_experts(const bf16* x, int64_t rows, const MoeExperts& experts, int H, const float* weights,
                  const int32_t* ids, int k, const MoeScratch& scratch, bf16* y, const LaunchContext& ctx);
 
-// Whether moe_route_experts runs fused for these rows (one or two rows, E <= 1024, I a multiple of 8).
-bool moe_route_fused(int64_t rows, int E, int I);
-// moe_top_k then moe_experts in two kernels (moe_route_fused shapes): a gate/up kernel whose warps each decide
-// their row's routing from router_logits (bf16 [rows, E], the router GEMV's output; weights and ids are written
-// as moe_top_k writes them) and a down kernel that decides it again before its PDL wait and loads its first
-// weights there. The same values as moe_top_k + moe_experts.
-void moe_route_experts(const bf16* x, const bf16* router_logits, int64_t rows, const MoeExperts& experts, int H,
-                       int k, bool normalize, float* weights, int32_t* ids, const MoeScratch& scratch, bf16* y,
-                       const LaunchContext& ctx);
-
 // y[t] = bf16(y[t] + bf16(bf16(sigmoid(bf16(x_t . gate))) * s[t])); gate bf16 [H].
 void add_sigmoid_gated(bf16* y, const bf16* s, const bf16* x, const bf16* gate, int64_t rows, int H,
                        const LaunchContext& ctx);
