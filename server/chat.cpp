@@ -165,12 +165,24 @@ std::string ChatFormat::render(const ojson& messages, const ojson& tools, bool a
     }
     if (!chatml_) throw Error(Status::unsupported, "the model has no chat template and no ChatML tokens");
     if (with_tools) throw Error(Status::invalid_argument, "tools need a chat template (the built-in ChatML has none)");
-    std::vector<ChatMessage> msgs;
-    for (const ojson& m : messages) msgs.push_back({m["role"].get<std::string>(), m["content"].get<std::string>()});
     ChatOptions opts;
     opts.add_generation_prompt = add_generation_prompt;
     if (kwargs.contains("enable_thinking") && kwargs["enable_thinking"].is_boolean())
         opts.thinking = kwargs["enable_thinking"].get<bool>() ? Thinking::enabled : Thinking::disabled;
+    // A past answer is rendered as the model produced it: its reasoning in a think block, or the empty block of
+    // the generation prompt, so that the next turn's prompt extends the previous sequence (and its cached state).
+    std::vector<ChatMessage> msgs;
+    for (const ojson& m : messages) {
+        ChatMessage cm{m["role"].get<std::string>(), m["content"].get<std::string>()};
+        if (cm.role == "assistant" && chatml_->has_think_tokens() && cm.content.find(kThinkOpen) == std::string::npos) {
+            if (m.contains("reasoning_content") && m["reasoning_content"].is_string())
+                cm.content = kThinkOpen + "\n" + m["reasoning_content"].get<std::string>() + "\n" + kThinkClose +
+                             "\n\n" + cm.content;
+            else if (opts.thinking == Thinking::disabled)
+                cm.content = chatml_->think_prefix(Thinking::disabled) + cm.content;
+        }
+        msgs.push_back(std::move(cm));
+    }
     return chatml_->render(msgs, opts);
 }
 
@@ -246,7 +258,7 @@ OutputParser::Delta OutputParser::feed(const std::string& text) {
             size_t end = open;
             while (end > 0 && std::isspace(static_cast<unsigned char>(buf_[end - 1]))) end--;
             d.content += buf_.substr(0, end);
-            tools_text_ = buf_.substr(open);
+            tools_text_ = buf_.substr(end);  // (the space before it comes back if no call parses)
             buf_.clear();
             state_ = State::tool;
             return d;

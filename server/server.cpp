@@ -321,6 +321,7 @@ struct Settings {
     int top_logprobs = 0;
     bool logprobs = false;
     bool ignore_eos = false;
+    bool cache_prompt = true;  // use and fill the conversation-state cache (llama-server's cache_prompt)
 };
 
 Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool chat, uint64_t random_seed) {
@@ -365,6 +366,7 @@ Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool c
         s.include_usage = bool_field(*so, "include_usage", false);
     }
     s.ignore_eos = bool_field(body, "ignore_eos", false);
+    s.cache_prompt = bool_field(body, "cache_prompt", true);
     if (chat) {
         s.logprobs = bool_field(body, "logprobs", false);
         s.top_logprobs = int(int_field(body, "top_logprobs", 0, 0, 20));
@@ -547,7 +549,8 @@ struct Server::Impl {
         if (r.sampling.top_k < 0) r.sampling.top_k = 0;
         if (!s.ignore_eos) r.stop_ids = eos;
         r.top_logprobs = s.top_logprobs;
-        if (cache->enabled()) {
+        const bool use_cache = cache->enabled() && s.cache_prompt;
+        if (use_cache) {
             const StateCache::Hit hit = cache->find(prompt);
             if (hit.state) {
                 r.state = hit.state;
@@ -862,7 +865,7 @@ struct Server::Impl {
         if (prompt.empty()) bad("messages", "the rendered prompt is empty");
         // The cache point: the prompt without its generation prompt, when its ids are a prefix of the prompt's.
         int save_at = 0;
-        if (cache->enabled() && add_gen) {
+        if (cache->enabled() && s.cache_prompt && add_gen) {
             const std::vector<int32_t> head = encode(chat.render(messages, tools, false, kwargs));
             if (head.size() < prompt.size() && std::equal(head.begin(), head.end(), prompt.begin()))
                 save_at = int(head.size());
