@@ -386,6 +386,15 @@ Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool c
     return s;
 }
 
+// Whether `j` nests deeper than `limit` arrays and objects (the chat template renders request JSON recursively).
+bool too_deep(const ojson& j, int limit) {
+    if (!j.is_structured()) return false;
+    if (limit == 0) return true;
+    for (const ojson& e : j)
+        if (too_deep(e, limit - 1)) return true;
+    return false;
+}
+
 // Chat messages as the template takes them: content parts joined into text, null content as "", tool call
 // arguments given as JSON text parsed into objects (templates iterate over them or print them with tojson).
 ojson normalize_messages(const ojson& body) {
@@ -724,6 +733,7 @@ struct Server::Impl {
                 bad("", "invalid JSON in the request body: " + why);
             }
             if (!body.is_object()) bad("", "the request body must be a JSON object");
+            if (too_deep(body, 64)) bad("", "the request body nests more than 64 levels of lists and objects");
             if (const ojson* m = field(body, "model"))
                 if (!m->is_string()) bad("model", "model must be a string");
             const Settings s = parse_settings(body, defaults, chat, random_seed());
