@@ -53,6 +53,8 @@ int main(int argc, char** argv) {
          cxxopts::value<int>()->default_value("1024"))
         ("threads-http", "HTTP worker threads (0: 4 per slot + 8, at least 32)",
          cxxopts::value<int>()->default_value("0"))
+        ("dummy-weights", "read config.json alone and fill the weights with random values (load benchmarks of a "
+         "shape without its checkpoint; the output is meaningless)")
         ("v,verbose", "log every request on stderr");
     // clang-format on
     hy::add_shared_option(opts, "", "threads");
@@ -83,6 +85,7 @@ int main(int argc, char** argv) {
         if (r.count("chat-template-file")) p.chat_template_file = r["chat-template-file"].as<std::string>();
         p.cuda_graphs = !r.count("no-cuda-graphs");
         p.verbose = r.count("verbose") > 0;
+        p.dummy_weights = r.count("dummy-weights") > 0;
         const std::string device = r["device"].as<std::string>();
         if (device == "cpu")
             p.device = hy::Device::cpu;

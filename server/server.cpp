@@ -1096,6 +1096,7 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
     mp.n_slots = params.n_slots;
     mp.max_batch_tokens = params.max_batch_tokens;
     mp.cuda.graphs = params.cuda_graphs;
+    mp.dummy_weights = params.dummy_weights;
     s.model = Model::load(params.model_dir, mp);
     const int V = s.model->config().vocab_size;
     s.n_valid = std::min(s.tok->n_vocab(), V);

@@ -38,9 +38,10 @@ struct ServerParams {
     int max_batch_tokens = 512;
     Device device = Device::auto_select;
     bool cuda_graphs = true;
-    size_t cache_mb = 1024;  // the conversation-state cache's host memory; 0: off
-    int http_threads = 0;    // 0: 4 per slot + 8, at least 32
-    bool verbose = false;    // log each request on stderr
+    size_t cache_mb = 1024;      // the conversation-state cache's host memory; 0: off
+    int http_threads = 0;        // 0: 4 per slot + 8, at least 32
+    bool verbose = false;        // log each request on stderr
+    bool dummy_weights = false;  // random weights from config.json's shapes (load benchmarks without a checkpoint)
 };
 
 class Server {
