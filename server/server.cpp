@@ -178,8 +178,15 @@ private:
                 incoming.assign(pending_.begin(), pending_.end());
                 pending_.clear();
             }
+            // A generator keeps a small record of every request it was given: start a new one now and then when
+            // nothing runs (every slot is reset before use, so nothing else changes).
+            if (active_.empty() && submitted_ > 100000) {
+                gen_ = std::make_unique<BatchGenerator>(model_, n_valid_, std::vector<int>{}, banned_);
+                submitted_ = 0;
+            }
             for (const auto& job : incoming) {
                 try {
+                    submitted_++;
                     active_[gen_->submit(job->req)] = job;
                 } catch (const std::exception& e) {
                     fail_job(job, e.what());
@@ -250,6 +257,7 @@ private:
     std::deque<std::shared_ptr<Job>> pending_;
     std::map<int, std::shared_ptr<Job>> active_;
     bool stop_ = false;
+    uint64_t submitted_ = 0;  // requests given to gen_
     std::atomic<int> n_queued_{0}, n_busy_{0};
     std::thread thread_;
 };
