@@ -14,6 +14,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <fstream>
 #include <httplib.h>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -21,6 +22,7 @@
 #include <vector>
 
 #include "cli_util.h"
+#include "model/tokenizer.h"
 #include "server/chat.h"
 
 namespace {
@@ -476,6 +478,43 @@ TEST_CASE("server: tool calls and reasoning are parsed from the output", "[serve
                 CHECK(p.tool_calls()[k].name == c.calls[k].first);
                 CHECK(p.tool_calls()[k].arguments == c.calls[k].second);
             }
+        }
+    }
+}
+
+TEST_CASE("server: a model folder's Jinja chat template renders the prompt; tools and enable_thinking", "[server]") {
+    if (!have_server_binary()) return;
+    // models/tiny with Qwen3's chat template in its tokenizer_config.json
+    hy::test::cli_util::TempDir dir("server_jinja");
+    for (const char* f : {"config.json", "model.safetensors", "tokenizer.json"})
+        std::filesystem::create_symlink(kSrc + "/models/tiny/" + f, dir.path / f);
+    ojson config = ojson::parse(hy::test::cli_util::slurp(kSrc + "/models/tiny/tokenizer_config.json"));
+    const ojson qwen3 =
+        ojson::parse(hy::test::cli_util::slurp(kSrc + "/tests/data/tokenizers/qwen3/tokenizer_config.json"));
+    config["chat_template"] = qwen3["chat_template"];
+    std::ofstream(dir.path / "tokenizer_config.json") << config.dump();
+    ServerProcess s({"-m", dir.path.string(), "-np", "2"});  // (a later -m wins)
+    const hy::Tokenizer tok = hy::Tokenizer::from_folder(dir.path.string());
+    const hy::server::ChatFormat chat = hy::server::ChatFormat::load(dir.path.string(), tok);
+    CHECK(chat.description() == "jinja (tokenizer_config.json)");
+    const ojson models = get(s.port(), "/v1/models").json();
+    CHECK(models["data"][0]["meta"]["chat_template"] == "jinja (tokenizer_config.json)");
+    const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {}}}])");
+    const ojson msgs =
+        ojson::array({ojson{{"role", "system"}, {"content", "Be brief."}}, ojson{{"role", "user"}, {"content", "Hi"}}});
+    for (const bool think : {true, false}) {
+        for (const bool with_tools : {false, true}) {
+            ojson req{{"messages", msgs}, {"max_tokens", 4}, {"temperature", 0}};
+            if (!think) req["chat_template_kwargs"] = ojson{{"enable_thinking", false}};
+            if (with_tools) req["tools"] = tools;
+            const Reply r = post(s.port(), "/v1/chat/completions", req);
+            REQUIRE(r.status == 200);
+            const std::string text = chat.render(msgs, with_tools ? tools : ojson(nullptr), true,
+                                                 think ? ojson::object() : req["chat_template_kwargs"]);
+            INFO("think " << think << " tools " << with_tools << ": " << text);
+            CHECK(text.find(with_tools ? "# Tools" : "<|im_start|>system\nBe brief.<|im_end|>") != std::string::npos);
+            CHECK((text.find("<think>\n\n</think>") != std::string::npos) == !think);
+            CHECK(r.json()["usage"]["prompt_tokens"].get<size_t>() == tok.encode(text).size());
         }
     }
 }
