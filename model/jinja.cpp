@@ -1253,11 +1253,14 @@ public:
             }
             case Node::macro: {
                 const Node* def = &n;
-                std::shared_ptr<Frame> root = frames_.front();
+                // (weak: the macro is stored in the frame it refers to, and a cycle would never be freed)
+                std::weak_ptr<Frame> root = frames_.front();
                 std::vector<Value> defaults;
                 for (const auto& d : n.defaults) defaults.push_back(d ? eval(*d) : Value());
                 assign(n.text, Value::function([def, root, defaults](Renderer& r, Args& args) {
-                           return r.call_macro(*def, root, defaults, args);
+                           const std::shared_ptr<Frame> frame = root.lock();
+                           if (!frame) r.fail("macro '" + def->text + "' called after its template ended");
+                           return r.call_macro(*def, frame, defaults, args);
                        }));
                 return Flow::normal;
             }
