@@ -23,15 +23,16 @@ for i in $(seq 1 300); do grep -q "listening on" "$OUT/server.log" && break; sle
 PORT=$(grep -o 'http://127.0.0.1:[0-9]*' "$OUT/server.log" | grep -o '[0-9]*$')
 cat "$OUT/server.log" >>"$SUM"
 if [ -n "$PORT" ]; then
-    step warmup 120 $BIN/hybrid-server-bench --port $PORT -c 1,8 -p 64 -n 16
-    step load 400 $BIN/hybrid-server-bench --port $PORT -c ${CLIENTS:-1,4,8,16,64} -p 512 -n 128
+    step warmup 120 $BIN/hybrid-server-bench --port $PORT -c 8 -p 64 -n 16
+    step load 240 $BIN/hybrid-server-bench --port $PORT -c ${CLIENTS:-1,4,8,16,64} -p 512 -n 128
     grep -E "^\|" "$LOG" | tail -7 >>"$SUM"
-    step turns 300 $BIN/hybrid-server-bench --port $PORT --turns 8 -n 64 --turn-text 150
+    step turns 240 $BIN/hybrid-server-bench --port $PORT --turns 8 -n 64 --turn-text 150
     grep -E "^\|" "$LOG" | tail -10 >>"$SUM"
     curl -s localhost:$PORT/metrics | grep -v "^#" >>"$SUM" 2>/dev/null || true
 fi
 kill $SRV
 wait $SRV
 say "total $(($(date +%s) - T0)) s"
+cp "$SUM" /tmp/server_summary.txt  # (a later command on the still-warm machine can read it)
 echo "================ summary"
 cat "$SUM"
