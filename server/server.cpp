@@ -48,7 +48,6 @@ struct Job {
     std::vector<std::vector<TokenPick>> top;
     FinishReason reason = FinishReason::none;
     bool done = false;
-    bool started = false;  // admitted (n_cached is known)
     int n_cached = 0;
     std::string error;
     std::vector<uint8_t> saved_state, final_state;
@@ -216,10 +215,6 @@ private:
                 bool notify = false;
                 {
                     std::lock_guard<std::mutex> lk(job.m);
-                    if (!job.started && (r.done || !r.tokens.empty() || r.n_cached > 0 || gen_->n_queued() == 0)) {
-                        job.started = true;
-                        job.n_cached = r.n_cached;
-                    }
                     for (size_t k = job.tokens.size(); k < r.tokens.size(); k++) {
                         job.tokens.push_back(r.tokens[k]);
                         job.logprobs.push_back(r.logprobs[k]);

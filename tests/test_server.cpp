@@ -215,6 +215,18 @@ TEST_CASE("server: greedy completions equal the hybrid CLI and the Hugging Face 
     CHECK(j["object"] == "text_completion");
     CHECK(j["usage"]["completion_tokens"].get<int>() <= 40);
 
+    // stop strings end the text where the CLI's --stop ends it
+    const ojson stopped =
+        post(port, "/v1/completions",
+             ojson{{"prompt", kCode}, {"max_tokens", 40}, {"temperature", 0}, {"stop", ojson::array({"fully", "xyz"})}})
+            .json();
+    const auto cli_stop =
+        run_prog(kBin + "/hybrid", {"-m", "models/tiny", "-p", "def fibonacci(n):\\n    ", "-n", "40", "--temp", "0",
+                                    "--device", "cpu", "--stop", "fully", "--stop", "xyz"});
+    REQUIRE(cli_stop.rc == 0);
+    CHECK(stopped["choices"][0]["text"].get<std::string>() == cli_stop.out);
+    CHECK(stopped["choices"][0]["finish_reason"] == "stop");
+
     // token-id prompts: the goldens' greedy ids (HF generate does not stop at EOS: ignore_eos)
     const ojson golden = ojson::parse(hy::test::cli_util::slurp(kSrc + "/models/tiny/golden.json"));
     for (const ojson& c : golden["cases"]) {
