@@ -541,7 +541,10 @@ std::vector<Tok> lex(const std::string& src, int line) {
                         const std::string hex = src.substr(q + 1, n);
                         if (hex.size() != n || hex.find_first_not_of("0123456789abcdefABCDEF") != std::string::npos)
                             parse_fail(line, "bad \\" + std::string(1, e) + " escape in string");
-                        append_utf8(t.s, uint32_t(std::strtoul(hex.c_str(), nullptr, 16)));
+                        const unsigned long cp = std::strtoul(hex.c_str(), nullptr, 16);
+                        if (cp > 0x10FFFF || (cp >= 0xD800 && cp <= 0xDFFF))
+                            parse_fail(line, "\\" + std::string(1, e) + hex + " is not a Unicode scalar value");
+                        append_utf8(t.s, uint32_t(cp));
                         q += n;
                         break;
                     }
@@ -680,6 +683,7 @@ public:
     }
 
     ExprP expression(bool with_cond = true) {
+        const Nesting guard(*this);
         ExprP e = or_expr();
         if (with_cond && at_name("if")) {
             next();
@@ -742,6 +746,7 @@ private:
         return e;
     }
     ExprP not_expr() {
+        const Nesting guard(*this);
         if (at_name("not")) {
             next();
             ExprP e = make(Expr::not_);
@@ -809,6 +814,7 @@ private:
         return e;
     }
     ExprP unary() {
+        const Nesting guard(*this);
         if (at_op("-")) {
             next();
             ExprP e = make(Expr::neg);
@@ -822,6 +828,7 @@ private:
         return filters(postfix(primary()));
     }
     ExprP unary_no_filter() {
+        const Nesting guard(*this);
         if (at_op("-")) {
             next();
             ExprP e = make(Expr::neg);
@@ -1022,9 +1029,20 @@ private:
         fail("unexpected " + describe(t) + " in an expression");
     }
 
+    // The parser recurses once per nesting level (parentheses, lists, unary operators): a template that nests
+    // deeper than kMaxDepth is refused rather than overflowing the stack.
+    static constexpr int kMaxDepth = 200;
+    struct Nesting {
+        Parser& p;
+        explicit Nesting(Parser& parser) : p(parser) {
+            if (++p.depth_ > kMaxDepth) p.fail("expression nests deeper than " + std::to_string(kMaxDepth) + " levels");
+        }
+        ~Nesting() { p.depth_--; }
+    };
     std::vector<Tok> t_;
     size_t p_ = 0;
     int line_;
+    int depth_ = 0;
 };
 
 // Builds the statement tree from the pieces.
@@ -1043,6 +1061,12 @@ private:
     // Parses pieces into `block` until a statement whose first word is in `stops`; returns that word ("" at the
     // end of the template), leaving the statement's parser in stop_parser_.
     std::string parse_block(Node& block, std::initializer_list<const char*> stops) {
+        struct Depth {
+            int& d;
+            explicit Depth(int& x) : d(x) { d++; }
+            ~Depth() { d--; }
+        } guard(depth_);
+        if (depth_ > 200) parse_fail(last_line_, "blocks nest deeper than 200 levels");
         while (k_ < pieces_.size()) {
             const Piece& pc = pieces_[k_++];
             last_line_ = pc.line;
@@ -1179,6 +1203,7 @@ private:
     std::vector<Piece> pieces_;
     size_t k_ = 0;
     int last_line_ = 1;
+    int depth_ = 0;
     std::unique_ptr<Parser> stop_parser_;
 };
 
@@ -1218,6 +1243,8 @@ public:
 
     Flow exec(const Node& n, std::string& out) {
         if (n.line) line_ = n.line;
+        tick();
+        if (out.size() > kMaxText) fail("the rendered text passes " + std::to_string(kMaxText >> 20) + " MiB");
         switch (n.kind) {
             case Node::block:
                 for (const auto& k : n.kids) {
@@ -1272,6 +1299,7 @@ public:
 
     Value call_macro(const Node& def, const std::shared_ptr<Frame>& root, const std::vector<Value>& defaults,
                      Args& args) {
+        if (macro_depth_ >= 64) fail("macro calls nest deeper than 64 levels (a recursive macro?)");
         auto frame = std::make_shared<Frame>();
         if (args.pos.size() > def.targets.size())
             fail("macro '" + def.text + "' takes " + std::to_string(def.targets.size()) + " arguments, " +
@@ -1285,12 +1313,15 @@ public:
         frames_ = {root, frame};
         const int line = line_;
         std::string out;
+        macro_depth_++;
         try {
             exec(*def.body, out);
         } catch (...) {
+            macro_depth_--;
             frames_ = std::move(saved);
             throw;
         }
+        macro_depth_--;
         frames_ = std::move(saved);
         line_ = line;
         return Value(out);
@@ -1449,8 +1480,20 @@ public:
     }
 
     int line_ = 0;
+    // Limits that keep a template from hanging or exhausting the process: steps (statements and expressions
+    // evaluated) per render, and the length of any string made and of the output.
+    static constexpr uint64_t kMaxSteps = 2'000'000;
+    static constexpr size_t kMaxText = size_t(64) << 20;
+    void tick() {
+        if (++steps_ > kMaxSteps) fail("the template takes more than " + std::to_string(kMaxSteps) + " steps");
+    }
+    void check_size(size_t n) {
+        if (n > kMaxText) fail("a string passes " + std::to_string(kMaxText >> 20) + " MiB");
+    }
 
 private:
+    uint64_t steps_ = 0;
+    int macro_depth_ = 0;
     const Value& context_;
     std::vector<std::shared_ptr<Frame>> frames_;
 };
@@ -1463,11 +1506,12 @@ std::vector<size_t> slice_indices(Renderer& r, int64_t n, const Value& start, co
         if (v.type == Value::Type::integer) return v.i;
         r.fail(std::string("slice ") + what + " must be an integer");
     };
-    const int64_t st = step.is_undefined() || step.is_none() ? 1 : as_int(step, "step");
+    int64_t st = step.is_undefined() || step.is_none() ? 1 : as_int(step, "step");
     if (st == 0) r.fail("slice step cannot be zero");
+    st = std::clamp<int64_t>(st, -n - 1, n + 1);  // (a larger step selects the same single item)
     auto clamp = [&](const Value& v, int64_t def, bool is_start) {
         if (v.is_undefined() || v.is_none()) return def;
-        int64_t x = as_int(v, is_start ? "start" : "stop");
+        int64_t x = std::clamp<int64_t>(as_int(v, is_start ? "start" : "stop"), -n - 1, n + 1);
         if (x < 0) x += n;
         if (st > 0) return std::clamp<int64_t>(x, 0, n);
         return std::clamp<int64_t>(x, -1, n - 1);
@@ -1605,7 +1649,7 @@ Value Renderer::builtin(const std::string& name) const {
             Array out;
             for (int64_t k = start; step > 0 ? k < stop : k > stop; k += step) {
                 out.emplace_back(k);
-                if (out.size() > 10'000'000) r.fail("range() too long");
+                if (out.size() > 100'000) r.fail("range() has more than 100000 items (as Jinja's sandbox)");
             }
             return Value::array(std::move(out));
         });
@@ -1634,18 +1678,29 @@ Value Renderer::binary(Op op, const Value& a, const Value& b) {
         case Op::ge: return Value(compare(a, b) >= 0);
         case Op::in: return Value(contains(b, a));
         case Op::not_in: return Value(!contains(b, a));
-        case Op::concat: return Value(to_str(a) + to_str(b));
+        case Op::concat: {
+            std::string x = to_str(a), y = to_str(b);
+            check_size(x.size() + y.size());
+            return Value(x + y);
+        }
         default: break;
     }
     if (op == Op::add) {
-        if (a.is_string() && b.is_string()) return Value(a.s + b.s);
+        if (a.is_string() && b.is_string()) {
+            check_size(a.s.size() + b.s.size());
+            return Value(a.s + b.s);
+        }
         if (a.is_array() && b.is_array()) {
+            check_size(a.a->size() + b.a->size());
             Array out = *a.a;
             out.insert(out.end(), b.a->begin(), b.a->end());
             return Value::array(std::move(out));
         }
     }
     if (op == Op::mul && (a.is_string() || a.is_array()) && b.type == T::integer) {
+        check_size(size_t(std::max<int64_t>(0, b.i)) > kMaxText
+                       ? kMaxText + 1
+                       : (a.is_string() ? a.s.size() : a.a->size()) * size_t(std::max<int64_t>(0, b.i)));
         if (a.is_string()) {
             std::string out;
             for (int64_t k = 0; k < b.i; k++) out += a.s;
@@ -1664,24 +1719,45 @@ Value Renderer::binary(Op op, const Value& a, const Value& b) {
     const int64_t x = num_i(a), y = num_i(b);
     const double fx = num_d(a), fy = num_d(b);
     switch (op) {
-        case Op::add: return ints ? Value(x + y) : Value(fx + fy);
-        case Op::sub: return ints ? Value(x - y) : Value(fx - fy);
-        case Op::mul: return ints ? Value(x * y) : Value(fx * fy);
+        case Op::add:
+        case Op::sub:
+        case Op::mul: {
+            if (!ints) return Value(op == Op::add ? fx + fy : op == Op::sub ? fx - fy : fx * fy);
+            int64_t r = 0;
+            const bool over = op == Op::add   ? __builtin_add_overflow(x, y, &r)
+                              : op == Op::sub ? __builtin_sub_overflow(x, y, &r)
+                                              : __builtin_mul_overflow(x, y, &r);
+            if (over) fail("integer overflow");
+            return Value(r);
+        }
         case Op::div:
             if (fy == 0) fail("division by zero");
             return Value(fx / fy);
         case Op::floordiv:
             if (fy == 0) fail("division by zero");
-            if (ints) return Value(int64_t(std::floor(double(x) / double(y))));
+            if (ints) {
+                if (x == INT64_MIN && y == -1) fail("integer overflow");
+                int64_t q = x / y;
+                if (x % y != 0 && ((x < 0) != (y < 0))) q--;
+                return Value(q);
+            }
             return Value(std::floor(fx / fy));
         case Op::mod:
             if (fy == 0) fail("modulo by zero");
-            if (ints) return Value(((x % y) + y) % y);
+            if (ints) {
+                if (y == -1) return Value(int64_t(0));
+                int64_t r = x % y;
+                if (r != 0 && ((r < 0) != (y < 0))) r += y;
+                return Value(r);
+            }
             return Value(fx - std::floor(fx / fy) * fy);
         case Op::pow:
             if (ints && y >= 0) {
-                int64_t p = 1;
-                for (int64_t k = 0; k < y; k++) p *= x;
+                if (x == 0 || x == 1) return Value(y == 0 ? int64_t(1) : x);
+                if (x == -1) return Value(y % 2 ? int64_t(-1) : int64_t(1));
+                int64_t p = 1;  // |x| >= 2: overflow comes within 63 factors
+                for (int64_t k = 0; k < y; k++)
+                    if (__builtin_mul_overflow(p, x, &p)) fail("integer overflow");
                 return Value(p);
             }
             return Value(std::pow(fx, fy));
@@ -1714,6 +1790,9 @@ Value Renderer::call_method(const Value& obj, const std::string& name, Args& arg
         if (name == "rstrip") return Value(py_strip(s, args.get(0, "chars"), false, true));
         if (name == "split") {
             const Value m = args.get(1, "maxsplit", Value(int64_t(-1)));
+            const Value sep = args.get(0, "sep");
+            if (!sep.is_undefined() && !sep.is_none() && (!sep.is_string() || sep.s.empty()))
+                fail("split() needs a non-empty string separator");
             return py_split(s, args.get(0, "sep"), m.type == Value::Type::integer ? m.i : -1);
         }
         if (name == "upper") return Value(ascii_upper(s));
@@ -1778,6 +1857,7 @@ Value Renderer::call_method(const Value& obj, const std::string& name, Args& arg
 }
 
 Value Renderer::eval(const Expr& e) {
+    tick();
     switch (e.kind) {
         case Expr::literal: return e.value;
         case Expr::var: return lookup(e.name);
@@ -1876,7 +1956,10 @@ Value Renderer::eval(const Expr& e) {
         case Expr::neg: {
             const Value v = eval(*e.kids[0]);
             if (v.type == Value::Type::number) return Value(-v.d);
-            if (v.is_number()) return Value(-num_i(v));
+            if (v.is_number()) {
+                if (num_i(v) == INT64_MIN) fail("integer overflow");
+                return Value(-num_i(v));
+            }
             fail("bad operand for unary -: " + type_name(v));
         }
         case Expr::binary: return binary(e.op, eval(*e.kids[0]), eval(*e.kids[1]));
@@ -1919,8 +2002,8 @@ Value attribute_of(const Value& v, const std::string& path) {
             const Value* n = cur.o->find(part);
             cur = n ? *n : Value();
         } else if (cur.is_array() && !part.empty() && std::isdigit(static_cast<unsigned char>(part[0]))) {
-            const size_t k = std::stoul(part);
-            cur = k < cur.a->size() ? (*cur.a)[k] : Value();
+            const unsigned long long k = std::strtoull(part.c_str(), nullptr, 10);
+            cur = k < cur.a->size() ? (*cur.a)[size_t(k)] : Value();
         } else {
             return Value();
         }
@@ -1994,15 +2077,22 @@ Value f_replace(Renderer&, const Value& v, const Args& a) {
     return Value(py_replace(to_str(v), to_str(a.get(0, "old")), to_str(a.get(1, "new")),
                             c.type == Value::Type::integer ? c.i : -1));
 }
+// A double's integer part, when an int64 holds it.
+bool to_int64(double d, int64_t& out) {
+    if (!(d > -9.2e18 && d < 9.2e18)) return false;
+    out = int64_t(d);
+    return true;
+}
 Value f_int(Renderer&, const Value& v, const Args& a) {
-    if (v.type == Value::Type::number) return Value(int64_t(v.d));
+    int64_t i = 0;
+    if (v.type == Value::Type::number && to_int64(v.d, i)) return Value(i);
     if (v.is_number()) return Value(Renderer::num_i(v));
     if (v.is_string()) {
         char* end = nullptr;
         const long long x = std::strtoll(v.s.c_str(), &end, 10);
         if (end && *end == 0 && !v.s.empty()) return Value(int64_t(x));
         const double d = std::strtod(v.s.c_str(), &end);
-        if (end && *end == 0 && !v.s.empty()) return Value(int64_t(d));
+        if (end && *end == 0 && !v.s.empty() && to_int64(d, i)) return Value(i);
     }
     return a.get(0, "default", Value(int64_t(0)));
 }
@@ -2017,7 +2107,10 @@ Value f_float(Renderer&, const Value& v, const Args& a) {
 }
 Value f_abs(Renderer& r, const Value& v, const Args&) {
     if (v.type == Value::Type::number) return Value(std::fabs(v.d));
-    if (v.is_number()) return Value(std::abs(Renderer::num_i(v)));
+    if (v.is_number()) {
+        if (Renderer::num_i(v) == INT64_MIN) r.fail("integer overflow");
+        return Value(std::abs(Renderer::num_i(v)));
+    }
     r.fail("abs of " + Renderer::type_name(v));
 }
 Value f_round(Renderer& r, const Value& v, const Args& a) {

@@ -130,4 +130,26 @@ TEST_CASE("chat template: errors name the line and what is wrong", "[tokenizer]"
     CHECK(e == "chat template line 1: cannot read attribute 'content' of an undefined value ('nothing')");
     e = error_of([] { render("{{ 1 + 'a' }}"); }, Status::invalid_argument);
     CHECK(e == "chat template line 1: unsupported operand types for +: an integer and a string");
+
+    // limits: nesting, recursion, sizes and steps are errors, not crashes or hangs
+    e = error_of([] { jinja::Template("{{ " + std::string(5000, '(') + "1" + std::string(5000, ')') + " }}"); },
+                 Status::format);
+    CHECK(e == "chat template line 1: expression nests deeper than 200 levels");
+    e = error_of([] { jinja::Template(std::string(3000, '-').insert(0, "{{ ") + "1 }}"); }, Status::format);
+    CHECK(e == "chat template line 1: expression nests deeper than 200 levels");
+    e = error_of([] { render("{% macro f(n) %}{{ f(n + 1) }}{% endmacro %}{{ f(0) }}"); }, Status::invalid_argument);
+    CHECK(e.find("macro calls nest deeper than 64 levels") != std::string::npos);
+    e = error_of([] { render("{{ range(200000)|length }}"); }, Status::invalid_argument);
+    CHECK(e.find("range() has more than 100000 items") != std::string::npos);
+    e = error_of([] { render("{{ 'ab' * 100000000 }}"); }, Status::invalid_argument);
+    CHECK(e == "chat template line 1: a string passes 64 MiB");
+    e = error_of([] { render("{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"); },
+                 Status::invalid_argument);
+    CHECK(e == "chat template line 1: the template takes more than 2000000 steps");
+    e = error_of([] { render("{{ 9223372036854775807 + 1 }}"); }, Status::invalid_argument);
+    CHECK(e == "chat template line 1: integer overflow");
+    e = error_of([] { render("{{ 'a b'.split('') }}"); }, Status::invalid_argument);
+    CHECK(e == "chat template line 1: split() needs a non-empty string separator");
+    CHECK(render("{{ -7 // 2 }} {{ -7 % 3 }} {{ 7 % -3 }} {{ (-1) ** 1000000000000 }} {{ 2 ** 62 }}") ==
+          "-4 2 -2 1 4611686018427387904");
 }
