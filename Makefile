@@ -13,11 +13,11 @@ ASAN_BUILD ?= build-asan
 DEMO_BUILD ?= build-demo
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
-PROGRAMS := hybrid hybrid-compare hybrid-tokenize hybrid-bench
+PROGRAMS := hybrid hybrid-compare hybrid-tokenize hybrid-bench hybrid-server
 
 # Debian packages the build needs (binary name -> package is checked by dpkg-query).
 DEB_PACKAGES := cmake g++ make pkg-config catch2 libcxxopts-dev nlohmann-json3-dev libpcre2-dev \
-                libutf8proc-dev libreadline-dev clang-format
+                libutf8proc-dev libreadline-dev clang-format libcpp-httplib-dev
 
 # The sources `make format` and `make format-check` cover: every tracked C/C++/CUDA file (tests/data is test data).
 FORMAT_FILES = $(shell git ls-files '*.h' '*.cpp' '*.c' '*.cu' '*.cuh' ':!:tests/data/**' 2>/dev/null)

@@ -1,6 +1,7 @@
 #include "model/batch.h"
 
 #include <algorithm>
+#include <cmath>
 
 namespace hy {
 
@@ -33,6 +34,12 @@ int BatchGenerator::submit(GenerationRequest r) {
     if (int64_t(r.prompt.size()) >= model_.n_ctx())
         throw Error(Status::context_full, "prompt of " + std::to_string(r.prompt.size()) +
                                               " tokens does not fit a context of " + std::to_string(model_.n_ctx()));
+    if (r.top_logprobs < 0 || r.top_logprobs > 20)
+        throw Error(Status::invalid_argument, "top_logprobs must be in [0, 20]");
+    if (r.state && (r.n_cached <= 0 || size_t(r.n_cached) >= r.prompt.size()))
+        throw Error(Status::invalid_argument, "n_cached must be in [1, prompt size) with a state");
+    if (r.save_at < 0 || size_t(r.save_at) > r.prompt.size())
+        throw Error(Status::invalid_argument, "save_at must be in [0, prompt size]");
     // Validate the sampling parameters now rather than at admission.
     Sampler probe(r.sampling, model_.config().vocab_size, n_valid_, 1);
     requests_.push_back(std::move(r));
@@ -57,6 +64,14 @@ void BatchGenerator::cancel(int id) {
         if (s.id == id) s.cancel = true;
 }
 
+void BatchGenerator::forget(int id) {
+    if (id < 0 || id >= int(requests_.size()) || !results_[size_t(id)].done)
+        throw Error(Status::invalid_argument, "no finished request " + std::to_string(id));
+    requests_[size_t(id)] = GenerationRequest{};
+    results_[size_t(id)] = GenerationResult{};
+    results_[size_t(id)].done = true;
+}
+
 const GenerationResult& BatchGenerator::result(int id) const {
     if (id < 0 || id >= int(results_.size())) throw Error(Status::invalid_argument, "no request " + std::to_string(id));
     return results_[size_t(id)];
@@ -68,8 +83,16 @@ int BatchGenerator::n_active() const {
     return n;
 }
 
+std::vector<uint8_t> BatchGenerator::take_state(int id, bool final) {
+    if (id < 0 || id >= int(results_.size())) throw Error(Status::invalid_argument, "no request " + std::to_string(id));
+    GenerationResult& r = results_[size_t(id)];
+    return std::move(final ? r.final_state : r.saved_state);
+}
+
 void BatchGenerator::finish(int slot, FinishReason reason) {
     Sequence& s = slots_[size_t(slot)];
+    if (requests_[size_t(s.id)].save_final && reason != FinishReason::cancelled)
+        results_[size_t(s.id)].final_state = model_.save_state(slot);
     results_[size_t(s.id)].reason = reason;
     results_[size_t(s.id)].done = true;
     s.id = -1;
@@ -85,9 +108,18 @@ bool BatchGenerator::step() {
         const int id = queue_.front();
         queue_.pop_front();
         const GenerationRequest& r = requests_[size_t(id)];
-        model_.reset(slot);
-        s.id = id;
         s.prompt_done = 0;
+        model_.reset(slot);
+        if (r.state) {  // a state that does not load (or holds another length) only costs the full prefill
+            try {
+                model_.load_state(slot, *r.state);
+                if (model_.seq_len(slot) == r.n_cached) s.prompt_done = size_t(r.n_cached);
+            } catch (const Error&) {}
+            if (s.prompt_done == 0) model_.reset(slot);
+            results_[size_t(id)].n_cached = int(s.prompt_done);
+        }
+        s.id = id;
+        s.save_at = r.save_at > r.n_cached ? r.save_at : 0;
         s.cancel = false;
         s.sampler = std::make_unique<Sampler>(r.sampling, model_.config().vocab_size, n_valid_, model_.n_ctx());
         if (!banned_.empty()) s.sampler->set_banned(banned_);
@@ -123,6 +155,8 @@ bool BatchGenerator::step() {
                 tokens_[size_t(n_rows)] = results_[size_t(s.id)].tokens.back();
             } else {
                 n = int(std::min(r.prompt.size() - s.prompt_done, size_t(budget - n_rows)));
+                if (s.save_at > 0 && s.prompt_done + size_t(n) > size_t(s.save_at))
+                    n = int(size_t(s.save_at) - s.prompt_done);  // the state is saved after exactly save_at ids
                 if (n <= 0) continue;
                 std::copy_n(r.prompt.begin() + std::ptrdiff_t(s.prompt_done), n, tokens_.begin() + n_rows);
                 s.prompt_done += size_t(n);
@@ -145,9 +179,13 @@ bool BatchGenerator::step() {
     // sequence samples greedily, the step brings the logits and picks nothing.)
     BatchDesc batch{n_rows, tokens_.data(), runs_.data(), n_runs};
     const std::span<const int32_t> out_rows(out_rows_.data(), size_t(n_out));
-    bool any_greedy = false;
-    for (int i = 0; i < n_out && !any_greedy; i++)
-        any_greedy = slots_[size_t(out_slot_[size_t(i)])].sampler->plain_greedy();
+    bool any_greedy = false, any_top = false;
+    for (int i = 0; i < n_out; i++) {
+        const Sequence& s = slots_[size_t(out_slot_[size_t(i)])];
+        any_greedy = any_greedy || s.sampler->plain_greedy();
+        any_top = any_top || requests_[size_t(s.id)].top_logprobs > 0;
+    }
+    if (any_top) any_greedy = false;  // the rows are needed on the host anyway
     std::span<const float> logits;
     std::span<const TokenPick> picks;
     if (any_greedy)
@@ -168,6 +206,10 @@ bool BatchGenerator::step() {
         s.sampler->accept(tok);
         res.tokens.push_back(tok);
         res.logprobs.push_back(next.logprob);
+        if (r.top_logprobs > 0) {
+            if (logits.empty()) logits = model_.last_logits();
+            res.top.push_back(top_logprobs(logits.subspan(size_t(i) * V, V), n_valid_, r.top_logprobs));
+        }
         if (std::find(r.stop_ids.begin(), r.stop_ids.end(), tok) != r.stop_ids.end())
             finish(slot, FinishReason::eos);
         else if (int(res.tokens.size()) >= r.max_new_tokens)
@@ -175,10 +217,41 @@ bool BatchGenerator::step() {
         else if (model_.seq_len(slot) >= model_.n_ctx())
             finish(slot, FinishReason::context_full);
     }
+    // States to save: the slots whose prefill just reached save_at (before any finish below reuses a slot).
+    for (int k = 0; k < n_order; k++) {
+        Sequence& s = slots_[size_t(order_[size_t(k)])];
+        if (s.id < 0 || s.save_at <= 0 || s.prompt_done != size_t(s.save_at)) continue;
+        results_[size_t(s.id)].saved_state = model_.save_state(order_[size_t(k)]);
+        s.save_at = 0;
+    }
     for (int i = 0; i < n_prefilled; i++) finish(prefilled_[size_t(i)], FinishReason::max_tokens);
     for (int slot = 0; slot < int(slots_.size()); slot++)
         if (slots_[size_t(slot)].id >= 0 && slots_[size_t(slot)].cancel) finish(slot, FinishReason::cancelled);
     return true;
+}
+
+std::vector<TokenPick> top_logprobs(std::span<const float> row, int n_valid, int k) {
+    n_valid = std::clamp(n_valid, 1, int(row.size()));
+    k = std::clamp(k, 0, n_valid);
+    float mx = -INFINITY;
+    for (int i = 0; i < n_valid; i++)
+        if (row[size_t(i)] > mx) mx = row[size_t(i)];
+    double sum = 0;
+    for (int i = 0; i < n_valid; i++)
+        if (std::isfinite(row[size_t(i)])) sum += std::exp(double(row[size_t(i)]) - double(mx));
+    const double lse = double(mx) + std::log(sum);
+    std::vector<TokenPick> best;
+    best.reserve(size_t(k) + 1);
+    for (int i = 0; i < n_valid; i++) {
+        const float x = row[size_t(i)];
+        if (!std::isfinite(x)) continue;
+        if (int(best.size()) == k && x <= best.back().logprob) continue;
+        auto at = std::find_if(best.begin(), best.end(), [&](const TokenPick& p) { return x > p.logprob; });
+        best.insert(at, TokenPick{i, x});
+        if (int(best.size()) > k) best.pop_back();
+    }
+    for (TokenPick& p : best) p.logprob = float(double(p.logprob) - lse);
+    return best;
 }
 
 void BatchGenerator::run() {

@@ -14,6 +14,7 @@
 #include <cstdint>
 #include <deque>
 #include <memory>
+#include <span>
 #include <vector>
 
 #include "model/generate.h"
@@ -28,6 +29,16 @@ struct GenerationRequest {
     SamplerParams sampling;         // temperature <= 0 is greedy
     std::vector<int32_t> stop_ids;  // generation stops after producing one of these (it is kept in `tokens`)
     bool accept_prompt = true;      // the prompt ids enter the sampler's penalty history
+    int top_logprobs = 0;           // also report the this many most likely ids of each step (0..20; the logits
+                                    // rows then reach the host)
+    // Conversation-state reuse: `state` (Model::save_state of a slot) holds the first n_cached prompt ids, so the
+    // request starts from it and prefills only prompt[n_cached:] (0 < n_cached < prompt size; null: start empty).
+    std::shared_ptr<const std::vector<uint8_t>> state;
+    int n_cached = 0;
+    // Save the slot's state once save_at prompt ids are in it (into GenerationResult::saved_state; 0: never; at most
+    // the prompt's size; at or below n_cached: never). The prefill stops a chunk there so the state holds exactly them.
+    int save_at = 0;
+    bool save_final = false;  // save the slot's state when the request finishes (not when cancelled)
 };
 
 struct GenerationResult {
@@ -35,6 +46,11 @@ struct GenerationResult {
     std::vector<float> logprobs;               // log-softmax of the raw logits at each generated id
     FinishReason reason = FinishReason::none;  // none, eos, max_tokens, context_full or cancelled
     bool done = false;
+    std::vector<std::vector<TokenPick>> top;  // [tokens][top_logprobs] the most likely ids of each step, best first
+    std::vector<uint8_t> saved_state;         // the slot's state after save_at prompt ids (see GenerationRequest)
+    std::vector<uint8_t> final_state;  // the slot's state at the end (save_final): the prompt and every generated id
+                                       // but the last (which is never fed)
+    int n_cached = 0;  // prompt ids taken from the request's state (0 when it had none or it could not be loaded)
 };
 
 class BatchGenerator {
@@ -50,12 +66,17 @@ public:
     int submit(GenerationRequest request);
     // Stops a request: a queued one never runs; an active one finishes at the end of the next step.
     void cancel(int id);
+    // Frees the prompt and the result of a finished request (a long-running server forgets what it has answered);
+    // result(id) is then empty. Throws invalid_argument for an unknown or unfinished request.
+    void forget(int id);
     // One forward step (see above). Returns false, doing nothing, when no request is queued or active.
     bool step();
     // Steps until every submitted request is done.
     void run();
 
     const GenerationResult& result(int id) const;
+    // Moves the saved state (final: final_state, else saved_state) out of request id's result.
+    std::vector<uint8_t> take_state(int id, bool final);
     int n_active() const;
     int n_queued() const { return int(queue_.size()); }
 
@@ -63,6 +84,7 @@ private:
     struct Sequence {
         int id = -1;  // request id; -1 when the slot is free
         size_t prompt_done = 0;
+        int save_at = 0;  // the request's save_at, 0 once saved
         bool cancel = false;
         std::unique_ptr<Sampler> sampler;
     };
@@ -82,5 +104,9 @@ private:
     std::vector<int32_t> tokens_, out_rows_, out_slot_;
     std::vector<SeqRun> runs_;
 };
+
+// The k most likely ids of a logits row (F32 [vocab]) over ids [0, n_valid), best first (lowest id on ties), with
+// their log-softmax over those ids (natural log); non-finite logits are skipped.
+std::vector<TokenPick> top_logprobs(std::span<const float> row, int n_valid, int k);
 
 }  // namespace hy

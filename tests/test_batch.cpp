@@ -227,3 +227,66 @@ TEST_CASE("batch: prompt chunks go to the oldest request first", "[model]") {
     CHECK(finished == ids);
     for (size_t i = 0; i < reqs.size(); i++) CHECK(g.result(ids[i]).tokens == solo(reqs[i]).tokens);
 }
+
+TEST_CASE("continuous batching: saved states continue a sequence; top log-probabilities; forget", "[model]") {
+    auto m = Model::load(tiny_dir(), params(2, 16));
+    BatchGenerator g(*m);
+    // A request saves its state after 20 of its 40 prompt ids and at its end.
+    GenerationRequest r;
+    r.prompt = prompt(40, 7);
+    r.max_new_tokens = 6;
+    r.sampling.temperature = 0.0f;
+    r.save_at = 20;
+    r.save_final = true;
+    r.top_logprobs = 3;
+    const int a = g.submit(r);
+    g.run();
+    const GenerationResult full = g.result(a);
+    REQUIRE(full.tokens.size() == 6);
+    REQUIRE(full.top.size() == 6);
+    for (size_t k = 0; k < full.top.size(); k++) {  // the greedy pick is the best of the top ids, same log-prob
+        REQUIRE(full.top[k].size() == 3);
+        CHECK(full.top[k][0].id == full.tokens[k]);
+        CHECK(std::abs(full.top[k][0].logprob - full.logprobs[k]) < 1e-5f);
+        CHECK(full.top[k][0].logprob >= full.top[k][1].logprob);
+        CHECK(full.top[k][1].logprob >= full.top[k][2].logprob);
+    }
+    auto head = std::make_shared<const std::vector<uint8_t>>(g.take_state(a, false));
+    auto tail = std::make_shared<const std::vector<uint8_t>>(g.take_state(a, true));
+    REQUIRE(!head->empty());
+    REQUIRE(!tail->empty());
+    g.forget(a);
+    CHECK(g.result(a).tokens.empty());
+    CHECK_THROWS_AS(g.forget(99), Error);
+
+    // From the state after 20 ids: the same continuation, with 20 ids taken from the state.
+    GenerationRequest from_head = r;
+    from_head.save_at = 0;
+    from_head.save_final = false;
+    from_head.top_logprobs = 0;
+    from_head.state = head;
+    from_head.n_cached = 20;
+    const int b = g.submit(from_head);
+    // From the final state (prompt + 5 generated ids): the prompt is extended by the answer, 1 more id generated.
+    GenerationRequest from_tail = from_head;
+    from_tail.prompt.insert(from_tail.prompt.end(), full.tokens.begin(), full.tokens.end());
+    from_tail.state = tail;
+    from_tail.n_cached = 45;
+    from_tail.max_new_tokens = 3;
+    const int c = g.submit(from_tail);
+    // A state that does not hold n_cached ids is not used: the whole prompt is prefilled.
+    GenerationRequest wrong = from_head;
+    wrong.n_cached = 21;
+    const int d = g.submit(wrong);
+    g.run();
+    CHECK(g.result(b).n_cached == 20);
+    CHECK(g.result(b).tokens == full.tokens);
+    CHECK(g.result(c).n_cached == 45);
+    CHECK(g.result(d).n_cached == 0);
+    CHECK(g.result(d).tokens == full.tokens);
+    // the continuation of the answer equals a run of the whole sequence alone
+    GenerationRequest whole = from_tail;
+    whole.state.reset();
+    whole.n_cached = 0;
+    CHECK(g.result(c).tokens == solo(whole).tokens);
+}

@@ -1,0 +1,144 @@
+// hybrid-server: the OpenAI-compatible HTTP server (server/server.h), with llama-server's flag names.
+//
+// Exit status: 0 after SIGINT/SIGTERM, 1 when the model cannot be loaded or the port cannot be taken, 2 on a usage
+// error.
+#include <pthread.h>
+
+#include <csignal>
+#include <cstdio>
+#include <cxxopts.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli/arg_error.h"
+#include "cli/option_table.h"
+#include "server/server.h"
+
+namespace {
+
+int usage_error(const std::string& msg) {
+    std::fprintf(stderr, "hybrid-server: %s (see hybrid-server -h)\n", msg.c_str());
+    return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+    // llama.cpp's -np is not a cxxopts option: spell it --parallel.
+    std::vector<std::string> words(argv, argv + argc);
+    for (std::string& w : words)
+        if (w == "-np") w = "--parallel";
+    std::vector<char*> args;
+    for (std::string& w : words) args.push_back(w.data());
+    int n_args = int(args.size());
+
+    cxxopts::Options opts("hybrid-server", "An OpenAI-compatible HTTP server for Qwen3.5 hybrid models.");
+    opts.custom_help("-m DIR [options]");
+    hy::add_shared_option(opts, "", "model");
+    // clang-format off
+    opts.add_options()
+        ("host", "address to listen on", cxxopts::value<std::string>()->default_value("127.0.0.1"))
+        ("port", "port to listen on (0: any free port, printed at start)", cxxopts::value<int>()->default_value("8080"))
+        ("parallel", "sequence slots: requests generated at once (continuous batching); also -np",
+         cxxopts::value<int>()->default_value("4"))
+        ("c,ctx-size", "context length in tokens, per request (prompt plus answer)",
+         cxxopts::value<int>()->default_value("4096"))
+        ("b,batch-size", "tokens per forward step while prefilling", cxxopts::value<int>()->default_value("512"))
+        ("a,alias", "the model's id in the API (default: the folder's name)", cxxopts::value<std::string>())
+        ("api-key", "require \"Authorization: Bearer KEY\" on /v1/*", cxxopts::value<std::string>())
+        ("chat-template-file", "a Jinja chat template to use instead of the model folder's",
+         cxxopts::value<std::string>())
+        ("cache-mb", "host memory for the conversation-state cache in MiB (0: off)",
+         cxxopts::value<int>()->default_value("1024"))
+        ("threads-http", "HTTP worker threads (0: 4 per slot + 8, at least 32)",
+         cxxopts::value<int>()->default_value("0"))
+        ("dummy-weights", "read config.json alone and fill the weights with random values (load benchmarks of a "
+         "shape without its checkpoint; the output is meaningless)")
+        ("v,verbose", "log every request on stderr");
+    // clang-format on
+    hy::add_shared_option(opts, "", "threads");
+    hy::add_shared_option(opts, "", "device");
+    hy::add_shared_option(opts, "", "no-cuda-graphs");
+    hy::add_shared_option(opts, "", "help");
+
+    hy::server::ServerParams p;
+    try {
+        auto r = opts.parse(n_args, args.data());
+        if (r.count("help")) {
+            std::printf("%s\n", opts.help().c_str());
+            return 0;
+        }
+        if (!r.unmatched().empty()) return usage_error("unexpected argument '" + r.unmatched()[0] + "'");
+        if (!r.count("model")) return usage_error("-m DIR is required");
+        p.model_dir = r["model"].as<std::string>();
+        p.host = r["host"].as<std::string>();
+        p.port = r["port"].as<int>();
+        p.n_slots = r["parallel"].as<int>();
+        p.n_ctx = r["ctx-size"].as<int>();
+        p.max_batch_tokens = r["batch-size"].as<int>();
+        p.n_threads = r["threads"].as<int>();
+        const int cache_mb = r["cache-mb"].as<int>();
+        p.http_threads = r["threads-http"].as<int>();
+        if (r.count("alias")) p.alias = r["alias"].as<std::string>();
+        if (r.count("api-key")) p.api_key = r["api-key"].as<std::string>();
+        if (r.count("chat-template-file")) p.chat_template_file = r["chat-template-file"].as<std::string>();
+        p.cuda_graphs = !r.count("no-cuda-graphs");
+        p.verbose = r.count("verbose") > 0;
+        p.dummy_weights = r.count("dummy-weights") > 0;
+        const std::string device = r["device"].as<std::string>();
+        if (device == "cpu")
+            p.device = hy::Device::cpu;
+        else if (device == "cuda")
+            p.device = hy::Device::cuda;
+        else if (device == "auto")
+            p.device = hy::Device::auto_select;
+        else
+            return usage_error("--device must be auto, cpu or cuda, got '" + device + "'");
+        if (p.port < 0 || p.port > 65535) return usage_error("--port must be in [0, 65535]");
+        if (p.n_slots < 1 || p.n_slots > 4096) return usage_error("-np must be in [1, 4096]");
+        if (p.n_ctx < 2) return usage_error("-c must be at least 2");
+        if (p.max_batch_tokens < 1) return usage_error("-b must be at least 1");
+        if (p.n_threads < 0 || p.n_threads > 1024) return usage_error("-t must be in [0, 1024]");
+        if (cache_mb < 0) return usage_error("--cache-mb must be >= 0");
+        if (p.http_threads < 0) return usage_error("--threads-http must be >= 0");
+        p.cache_mb = size_t(cache_mb);
+    } catch (const cxxopts::exceptions::exception& e) {
+        return usage_error(hy::parse_error_message(e.what(), argc, argv));
+    }
+
+    // SIGINT/SIGTERM stop the server from a thread that waits for them (blocked in every other thread); a closed
+    // client socket must not kill the process.
+    std::signal(SIGPIPE, SIG_IGN);
+    sigset_t stop_signals;
+    sigemptyset(&stop_signals);
+    sigaddset(&stop_signals, SIGINT);
+    sigaddset(&stop_signals, SIGTERM);
+    pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
+
+    try {
+        hy::server::Server server(p);
+        const int port = server.bind();
+        std::fprintf(stderr, "hybrid-server: %s\n", server.summary().c_str());
+        std::fprintf(stderr, "hybrid-server: listening on http://%s:%d\n", p.host.c_str(), port);
+        std::fflush(stderr);
+        std::thread waiter([&] {
+            int sig = 0;
+            sigwait(&stop_signals, &sig);
+            server.stop();
+        });
+        const bool ok = server.serve();
+        if (!ok) {
+            std::fprintf(stderr, "hybrid-server: listening failed\n");
+            pthread_kill(waiter.native_handle(), SIGTERM);
+            waiter.join();
+            return 1;
+        }
+        waiter.join();
+        std::fprintf(stderr, "hybrid-server: stopped\n");
+        return 0;
+    } catch (const hy::Error& e) {
+        std::fprintf(stderr, "hybrid-server: %s\n", e.what());
+        return 1;
+    }
+}

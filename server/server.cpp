@@ -1,0 +1,1168 @@
+// hybrid-server (see server.h): the engine thread, the conversation-state cache, request parsing and the endpoints.
+#include "server/server.h"
+
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <poll.h>
+#include <sys/socket.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <condition_variable>
+#include <cstdio>
+#include <ctime>
+#include <deque>
+#include <filesystem>
+#include <httplib.h>
+#include <list>
+#include <map>
+#include <mutex>
+#include <random>
+#include <thread>
+
+#include "model/batch.h"
+#include "model/common.h"
+#include "model/config.h"
+#include "model/tokenizer.h"
+#include "server/chat.h"
+
+namespace hy::server {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
+
+// ---- one request between its HTTP thread and the engine thread -----------------------------------------------------
+
+struct Job {
+    GenerationRequest req;
+    std::mutex m;
+    std::condition_variable cv;
+    // written by the engine thread under m
+    std::vector<int32_t> tokens;
+    std::vector<float> logprobs;
+    std::vector<std::vector<TokenPick>> top;
+    FinishReason reason = FinishReason::none;
+    bool done = false;
+    int n_cached = 0;
+    std::string error;
+    std::vector<uint8_t> saved_state, final_state;
+    // set by the HTTP thread
+    std::atomic<bool> cancel{false};
+    // the engine thread's own
+    bool cancel_sent = false;
+};
+
+// ---- the conversation-state cache -----------------------------------------------------------------------------------
+
+class StateCache {
+public:
+    explicit StateCache(size_t max_bytes) : max_bytes_(max_bytes) {}
+    bool enabled() const { return max_bytes_ > 0; }
+
+    struct Hit {
+        std::shared_ptr<const std::vector<uint8_t>> state;
+        int n_tokens = 0;
+    };
+    // The longest cached sequence whose ids are a proper prefix of `prompt` (one id at least is left to prefill).
+    Hit find(const std::vector<int32_t>& prompt) {
+        std::lock_guard<std::mutex> lk(m_);
+        Hit best;
+        Entry* found = nullptr;
+        for (Entry& e : entries_) {
+            if (e.tokens.size() >= prompt.size() || int(e.tokens.size()) <= best.n_tokens) continue;
+            if (!std::equal(e.tokens.begin(), e.tokens.end(), prompt.begin())) continue;
+            best = {e.state, int(e.tokens.size())};
+            found = &e;
+        }
+        if (found) {
+            found->last_use = ++clock_;
+            hits_++;
+        } else {
+            misses_++;
+        }
+        return best;
+    }
+    void put(std::vector<int32_t> tokens, std::vector<uint8_t> state) {
+        if (!enabled() || tokens.empty() || state.empty()) return;
+        const size_t bytes = state.size() + tokens.size() * sizeof(int32_t);
+        if (bytes > max_bytes_) return;
+        std::lock_guard<std::mutex> lk(m_);
+        for (auto it = entries_.begin(); it != entries_.end(); ++it)
+            if (it->tokens == tokens) {  // the same sequence again: keep the newer state
+                bytes_ -= it->bytes;
+                entries_.erase(it);
+                break;
+            }
+        while (bytes_ + bytes > max_bytes_ && !entries_.empty()) {
+            auto lru = std::min_element(entries_.begin(), entries_.end(),
+                                        [](const Entry& a, const Entry& b) { return a.last_use < b.last_use; });
+            bytes_ -= lru->bytes;
+            entries_.erase(lru);
+            evictions_++;
+        }
+        entries_.push_back(
+            {std::move(tokens), std::make_shared<const std::vector<uint8_t>>(std::move(state)), bytes, ++clock_});
+        bytes_ += bytes;
+    }
+    struct Stats {
+        size_t entries, bytes, max_bytes;
+        uint64_t hits, misses, evictions;
+    };
+    Stats stats() {
+        std::lock_guard<std::mutex> lk(m_);
+        return {entries_.size(), bytes_, max_bytes_, hits_, misses_, evictions_};
+    }
+
+private:
+    struct Entry {
+        std::vector<int32_t> tokens;
+        std::shared_ptr<const std::vector<uint8_t>> state;
+        size_t bytes;
+        uint64_t last_use;
+    };
+    std::mutex m_;
+    std::list<Entry> entries_;
+    size_t max_bytes_, bytes_ = 0;
+    uint64_t clock_ = 0, hits_ = 0, misses_ = 0, evictions_ = 0;
+};
+
+// ---- the engine thread ----------------------------------------------------------------------------------------------
+
+class Engine {
+public:
+    Engine(Model& model, int n_valid, std::vector<int32_t> banned)
+        : model_(model), n_valid_(n_valid), banned_(std::move(banned)) {
+        gen_ = std::make_unique<BatchGenerator>(model_, n_valid_, std::vector<int>{}, banned_);
+        thread_ = std::thread([this] { loop(); });
+    }
+    ~Engine() {
+        {
+            std::lock_guard<std::mutex> lk(m_);
+            stop_ = true;
+        }
+        cv_.notify_all();
+        thread_.join();
+    }
+    void submit(const std::shared_ptr<Job>& job) {
+        {
+            std::lock_guard<std::mutex> lk(m_);
+            pending_.push_back(job);
+        }
+        cv_.notify_all();
+    }
+    void wake() { cv_.notify_all(); }
+    int queued() const { return n_queued_.load(); }
+    int busy() const { return n_busy_.load(); }
+
+private:
+    void fail_job(const std::shared_ptr<Job>& job, const std::string& msg) {
+        std::lock_guard<std::mutex> lk(job->m);
+        job->error = msg;
+        job->done = true;
+        job->cv.notify_all();
+    }
+    void loop() {
+        while (true) {
+            std::vector<std::shared_ptr<Job>> incoming;
+            {
+                std::unique_lock<std::mutex> lk(m_);
+                cv_.wait_for(lk, std::chrono::milliseconds(200),
+                             [&] { return stop_ || !pending_.empty() || !active_.empty(); });
+                if (stop_) break;
+                incoming.assign(pending_.begin(), pending_.end());
+                pending_.clear();
+            }
+            // A generator keeps a small record of every request it was given: start a new one now and then when
+            // nothing runs (every slot is reset before use, so nothing else changes).
+            if (active_.empty() && submitted_ > 100000) {
+                gen_ = std::make_unique<BatchGenerator>(model_, n_valid_, std::vector<int>{}, banned_);
+                submitted_ = 0;
+            }
+            for (const auto& job : incoming) {
+                try {
+                    submitted_++;
+                    active_[gen_->submit(job->req)] = job;
+                } catch (const std::exception& e) {
+                    fail_job(job, e.what());
+                }
+                job->req.state.reset();
+                job->req.prompt.shrink_to_fit();
+            }
+            for (auto& [id, job] : active_)
+                if (job->cancel.load() && !job->cancel_sent) {
+                    gen_->cancel(id);
+                    job->cancel_sent = true;
+                }
+            try {
+                gen_->step();
+            } catch (const std::exception& e) {  // a backend failure: every running request fails with it
+                for (auto& [id, job] : active_) fail_job(job, std::string("generation failed: ") + e.what());
+                active_.clear();
+                gen_ = std::make_unique<BatchGenerator>(model_, n_valid_, std::vector<int>{}, banned_);
+                continue;
+            }
+            n_queued_ = gen_->n_queued();
+            n_busy_ = gen_->n_active();
+            for (auto it = active_.begin(); it != active_.end();) {
+                const int id = it->first;
+                Job& job = *it->second;
+                const GenerationResult& r = gen_->result(id);
+                bool notify = false;
+                {
+                    std::lock_guard<std::mutex> lk(job.m);
+                    for (size_t k = job.tokens.size(); k < r.tokens.size(); k++) {
+                        job.tokens.push_back(r.tokens[k]);
+                        job.logprobs.push_back(r.logprobs[k]);
+                        if (k < r.top.size()) job.top.push_back(r.top[k]);
+                        notify = true;
+                    }
+                    if (!r.saved_state.empty()) job.saved_state = gen_->take_state(id, false);
+                    if (r.done) {
+                        job.n_cached = r.n_cached;
+                        job.final_state = gen_->take_state(id, true);
+                        job.reason = r.reason;
+                        job.done = true;
+                        notify = true;
+                    }
+                }
+                if (notify) job.cv.notify_all();
+                if (r.done) {
+                    gen_->forget(id);
+                    it = active_.erase(it);
+                } else {
+                    ++it;
+                }
+            }
+        }
+        for (auto& [id, job] : active_) fail_job(job, "the server is shutting down");
+        for (auto& job : pending_) fail_job(job, "the server is shutting down");
+    }
+
+    Model& model_;
+    int n_valid_;
+    std::vector<int32_t> banned_;
+    std::unique_ptr<BatchGenerator> gen_;
+    std::mutex m_;
+    std::condition_variable cv_;
+    std::deque<std::shared_ptr<Job>> pending_;
+    std::map<int, std::shared_ptr<Job>> active_;
+    bool stop_ = false;
+    uint64_t submitted_ = 0;  // requests given to gen_
+    std::atomic<int> n_queued_{0}, n_busy_{0};
+    std::thread thread_;
+};
+
+// ---- errors ---------------------------------------------------------------------------------------------------------
+
+// A request error: HTTP status, OpenAI error type, the parameter at fault and a one-line message.
+struct ApiError {
+    int status = 400;
+    std::string message, param, type = "invalid_request_error", code;
+};
+
+[[noreturn]] void bad(const std::string& param, const std::string& message, const std::string& code = "") {
+    throw ApiError{400, message, param, "invalid_request_error", code};
+}
+
+ojson error_json(const ApiError& e) {
+    ojson err = ojson::object();
+    err["message"] = e.message;
+    err["type"] = e.type;
+    err["param"] = e.param.empty() ? ojson(nullptr) : ojson(e.param);
+    err["code"] = e.code.empty() ? ojson(nullptr) : ojson(e.code);
+    return ojson{{"error", err}};
+}
+
+// ---- request fields -------------------------------------------------------------------------------------------------
+
+const ojson* field(const ojson& body, const char* name) {
+    auto it = body.find(name);
+    return it == body.end() || it->is_null() ? nullptr : &*it;
+}
+
+double number_field(const ojson& body, const char* name, double def, double lo, double hi, bool lo_open = false) {
+    const ojson* v = field(body, name);
+    if (!v) return def;
+    if (!v->is_number()) bad(name, std::string(name) + " must be a number");
+    const double x = v->get<double>();
+    if (!std::isfinite(x) || x < lo || x > hi || (lo_open && x == lo))
+        bad(name, std::string(name) + " must be in " + (lo_open ? "(" : "[") + ojson(lo).dump() + ", " +
+                      ojson(hi).dump() + "], got " + v->dump());
+    return x;
+}
+
+int64_t int_field(const ojson& body, const char* name, int64_t def, int64_t lo, int64_t hi) {
+    const ojson* v = field(body, name);
+    if (!v) return def;
+    if (!v->is_number_integer()) bad(name, std::string(name) + " must be an integer");
+    const int64_t x =
+        v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX) ? INT64_MAX : v->get<int64_t>();
+    if (x < lo || x > hi)
+        bad(name, std::string(name) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
+                      v->dump());
+    return x;
+}
+
+bool bool_field(const ojson& body, const char* name, bool def) {
+    const ojson* v = field(body, name);
+    if (!v) return def;
+    if (!v->is_boolean()) bad(name, std::string(name) + " must be a boolean");
+    return v->get<bool>();
+}
+
+// The sampling and stopping settings common to both endpoints.
+struct Settings {
+    SamplerParams sampling;
+    int max_tokens = -1;  // -1: until the context is full
+    std::vector<std::string> stop;
+    bool stream = false, include_usage = false;
+    int top_logprobs = 0;
+    bool logprobs = false;
+    bool ignore_eos = false;
+    bool cache_prompt = true;  // use and fill the conversation-state cache (llama-server's cache_prompt)
+};
+
+Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool chat, uint64_t random_seed) {
+    Settings s;
+    s.sampling = defaults;
+    s.sampling.seed = random_seed;
+    const char* max_name = chat && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
+    s.max_tokens = int(int_field(body, max_name, -1, 0, INT32_MAX));
+    s.sampling.temperature = float(number_field(body, "temperature", defaults.temperature, 0, 2));
+    s.sampling.top_p = float(number_field(body, "top_p", defaults.top_p, 0, 1, true));
+    s.sampling.top_k = int(int_field(body, "top_k", defaults.top_k, -1, 1 << 30));
+    s.sampling.min_p = float(number_field(body, "min_p", defaults.min_p, 0, 1));
+    s.sampling.presence_penalty = float(number_field(body, "presence_penalty", 0, -2, 2));
+    s.sampling.frequency_penalty = float(number_field(body, "frequency_penalty", 0, -2, 2));
+    const char* rp = field(body, "repetition_penalty") ? "repetition_penalty" : "repeat_penalty";
+    s.sampling.repeat_penalty = float(number_field(body, rp, defaults.repeat_penalty, 0, 100, true));
+    s.sampling.repeat_last_n = int(int_field(body, "repeat_last_n", defaults.repeat_last_n, -1, 1 << 30));
+    if (const ojson* seed = field(body, "seed")) {
+        if (!seed->is_number_integer()) bad("seed", "seed must be an integer");
+        s.sampling.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : uint64_t(seed->get<int64_t>());
+    }
+    if (const ojson* n = field(body, "n"))
+        if (!n->is_number_integer() || n->get<int64_t>() != 1) bad("n", "only n = 1 is supported");
+    if (const ojson* stop = field(body, "stop")) {
+        if (stop->is_string()) {
+            s.stop.push_back(stop->get<std::string>());
+        } else if (stop->is_array()) {
+            for (const ojson& e : *stop) {
+                if (!e.is_string()) bad("stop", "stop must be a string or a list of strings");
+                s.stop.push_back(e.get<std::string>());
+            }
+        } else {
+            bad("stop", "stop must be a string or a list of strings");
+        }
+        if (s.stop.size() > 16) bad("stop", "at most 16 stop strings");
+        for (const std::string& x : s.stop)
+            if (x.empty()) bad("stop", "stop strings must not be empty");
+    }
+    s.stream = bool_field(body, "stream", false);
+    if (const ojson* so = field(body, "stream_options")) {
+        if (!so->is_object()) bad("stream_options", "stream_options must be an object");
+        s.include_usage = bool_field(*so, "include_usage", false);
+    }
+    s.ignore_eos = bool_field(body, "ignore_eos", false);
+    s.cache_prompt = bool_field(body, "cache_prompt", true);
+    if (chat) {
+        s.logprobs = bool_field(body, "logprobs", false);
+        s.top_logprobs = int(int_field(body, "top_logprobs", 0, 0, 20));
+        if (s.top_logprobs > 0 && !s.logprobs) bad("top_logprobs", "top_logprobs needs logprobs: true");
+    } else if (const ojson* lp = field(body, "logprobs")) {
+        if (lp->is_boolean()) {
+            s.logprobs = lp->get<bool>();
+        } else {
+            s.top_logprobs = int(int_field(body, "logprobs", 0, 0, 5));
+            s.logprobs = true;
+        }
+    }
+    if (const ojson* rf = field(body, "response_format")) {
+        if (!rf->is_object() || rf->value("type", "") != "text")
+            bad("response_format", "only response_format {\"type\": \"text\"} is supported");
+    }
+    return s;
+}
+
+// Whether `j` nests deeper than `limit` arrays and objects (the chat template renders request JSON recursively).
+bool too_deep(const ojson& j, int limit) {
+    if (!j.is_structured()) return false;
+    if (limit == 0) return true;
+    for (const ojson& e : j)
+        if (too_deep(e, limit - 1)) return true;
+    return false;
+}
+
+// Chat messages as the template takes them: content parts joined into text, null content as "", tool call
+// arguments given as JSON text parsed into objects (templates iterate over them or print them with tojson).
+ojson normalize_messages(const ojson& body) {
+    const ojson* msgs = field(body, "messages");
+    if (!msgs) bad("messages", "messages is required");
+    if (!msgs->is_array()) bad("messages", "messages must be a list");
+    if (msgs->empty()) bad("messages", "messages must not be empty");
+    ojson out = ojson::array();
+    for (size_t i = 0; i < msgs->size(); i++) {
+        const ojson& m = (*msgs)[i];
+        const std::string where = "messages[" + std::to_string(i) + "]";
+        if (!m.is_object()) bad(where, where + " must be an object");
+        if (!m.contains("role") || !m["role"].is_string()) bad(where + ".role", where + ".role must be a string");
+        const std::string role = m["role"].get<std::string>();
+        if (role != "system" && role != "user" && role != "assistant" && role != "tool" && role != "developer")
+            bad(where + ".role", where + ".role '" + role + "' is not system, user, assistant, tool or developer");
+        ojson n = m;
+        if (role == "developer") n["role"] = "system";
+        const ojson* content = field(m, "content");
+        if (!content) {
+            n["content"] = "";
+        } else if (content->is_array()) {
+            std::string text;
+            for (const ojson& part : *content) {
+                if (!part.is_object() || part.value("type", "") != "text" || !part.contains("text") ||
+                    !part["text"].is_string())
+                    bad(where + ".content", where +
+                                                ".content: only text parts ({\"type\": \"text\", \"text\": ...}) "
+                                                "are supported");
+                text += part["text"].get<std::string>();
+            }
+            n["content"] = text;
+        } else if (!content->is_string()) {
+            bad(where + ".content", where + ".content must be a string or a list of text parts");
+        }
+        if (const ojson* calls = field(m, "tool_calls")) {
+            if (!calls->is_array()) bad(where + ".tool_calls", where + ".tool_calls must be a list");
+            for (ojson& c : n["tool_calls"]) {
+                if (!c.is_object() || !c.contains("function") || !c["function"].is_object())
+                    bad(where + ".tool_calls", where + ".tool_calls entries need a function object");
+                ojson& f = c["function"];
+                if (!f.contains("name") || !f["name"].is_string())
+                    bad(where + ".tool_calls", where + ".tool_calls: a function needs a name");
+                if (f.contains("arguments") && f["arguments"].is_string()) {
+                    ojson args = ojson::parse(f["arguments"].get<std::string>(), nullptr, false);
+                    if (!args.is_discarded() && args.is_object()) f["arguments"] = args;
+                }
+            }
+        }
+        out.push_back(std::move(n));
+    }
+    return out;
+}
+
+std::string base_name(const std::string& dir) {
+    std::filesystem::path p(dir);
+    if (p.filename().empty()) p = p.parent_path();
+    return p.filename().string();
+}
+
+// Whether the peer of this request closed its connection: the request's socket is found by its address pair (the
+// HTTP library does not hand it to handlers), then polled for a hang-up.
+class PeerWatch {
+public:
+    explicit PeerWatch(const httplib::Request& req) {
+        for (int fd = 3; fd < 65536 && fd_ < 0; fd++) {
+            sockaddr_storage peer{}, self{};
+            socklen_t pl = sizeof peer, sl = sizeof self;
+            if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) {
+                if (errno == EBADF && fd > 1024) break;
+                continue;
+            }
+            if (getsockname(fd, reinterpret_cast<sockaddr*>(&self), &sl) != 0) continue;
+            if (describe(peer) == std::make_pair(req.remote_addr, req.remote_port) &&
+                describe(self).second == req.local_port)
+                fd_ = fd;
+        }
+    }
+    bool closed() const {
+        if (fd_ < 0) return false;
+        pollfd p{fd_, POLLIN | POLLRDHUP, 0};
+        if (poll(&p, 1, 0) <= 0) return false;
+        return (p.revents & (POLLRDHUP | POLLHUP | POLLERR)) != 0;
+    }
+
+private:
+    static std::pair<std::string, int> describe(const sockaddr_storage& a) {
+        char buf[INET6_ADDRSTRLEN] = {0};
+        if (a.ss_family == AF_INET) {
+            const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
+            inet_ntop(AF_INET, &v4->sin_addr, buf, sizeof buf);
+            return {buf, ntohs(v4->sin_port)};
+        }
+        if (a.ss_family == AF_INET6) {
+            const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
+            inet_ntop(AF_INET6, &v6->sin6_addr, buf, sizeof buf);
+            return {buf, ntohs(v6->sin6_port)};
+        }
+        return {"", -1};
+    }
+    int fd_ = -1;
+};
+
+}  // namespace
+
+// ---- the server -----------------------------------------------------------------------------------------------------
+
+struct Server::Impl {
+    ServerParams p;
+    std::unique_ptr<Model> model;
+    std::unique_ptr<Tokenizer> tok;
+    ChatFormat chat;
+    std::vector<int32_t> eos;  // sorted
+    int n_valid = 0;
+    SamplerParams defaults;
+    std::unique_ptr<StateCache> cache;
+    std::unique_ptr<Engine> engine;
+    httplib::Server http;
+    std::string model_id;
+    std::time_t created = std::time(nullptr);
+    std::atomic<uint64_t> next_id{1};
+    std::mt19937_64 seed_rng{std::random_device{}()};
+    std::mutex seed_m;
+    // metrics
+    std::atomic<uint64_t> n_chat{0}, n_completions{0}, n_errors{0}, n_prompt{0}, n_cached{0}, n_generated{0},
+        n_cancelled{0};
+    std::atomic<int> n_waiting{0};  // submitted and not finished
+
+    uint64_t random_seed() {
+        std::lock_guard<std::mutex> lk(seed_m);
+        return seed_rng();
+    }
+
+    // ---- one generation, shared by both endpoints ----
+
+    struct Output {
+        std::string text;  // after stop strings
+        std::vector<int32_t> ids;
+        std::vector<float> logprobs;
+        std::vector<std::vector<TokenPick>> top;
+        std::string finish = "stop";
+        int n_prompt = 0, n_cached = 0;
+    };
+
+    // Runs the prompt; on_text(text, sofar, a, b) receives each piece of final text (stop strings held back), the
+    // output so far and the range [a, b) of its ids that the piece came from; it returns false when the client went
+    // away (the request is then cancelled, and the output's finish is "cancelled").
+    Output generate(const std::vector<int32_t>& prompt, const Settings& s, int save_at, const PeerWatch& peer,
+                    const std::function<bool(const std::string&, const Output&, size_t, size_t)>& on_text) {
+        if (int64_t(prompt.size()) >= model->n_ctx())
+            throw ApiError{400,
+                           "the prompt has " + std::to_string(prompt.size()) + " tokens; the context holds " +
+                               std::to_string(model->n_ctx()) + " per request (-c)",
+                           "messages", "invalid_request_error", "context_length_exceeded"};
+        auto job = std::make_shared<Job>();
+        GenerationRequest& r = job->req;
+        r.prompt = prompt;
+        const int room = model->n_ctx() - int(prompt.size());
+        r.max_new_tokens = s.max_tokens < 0 ? room : std::min(s.max_tokens, room);
+        r.sampling = s.sampling;
+        if (r.sampling.top_k < 0) r.sampling.top_k = 0;
+        if (!s.ignore_eos) r.stop_ids = eos;
+        r.top_logprobs = s.top_logprobs;
+        const bool use_cache = cache->enabled() && s.cache_prompt;
+        if (use_cache) {
+            const StateCache::Hit hit = cache->find(prompt);
+            if (hit.state) {
+                r.state = hit.state;
+                r.n_cached = hit.n_tokens;
+            }
+            r.save_at = save_at > r.n_cached && save_at < int(prompt.size()) ? save_at : 0;
+            r.save_final = true;
+        }
+        Output out;
+        out.n_prompt = int(prompt.size());
+        if (r.max_new_tokens == 0) {
+            out.finish = "length";
+            return out;
+        }
+        n_waiting++;
+        engine->submit(job);
+        StreamDecoder dec(*tok, true);
+        std::string held;
+        size_t held_from = 0;  // the first id whose text is in `held`
+        size_t seen = 0;
+        bool stopped = false, gone = false;
+        while (true) {
+            std::vector<int32_t> fresh;
+            bool done;
+            {
+                std::unique_lock<std::mutex> lk(job->m);
+                job->cv.wait_for(lk, std::chrono::milliseconds(100),
+                                 [&] { return job->done || job->tokens.size() > seen; });
+                fresh.assign(job->tokens.begin() + std::ptrdiff_t(seen), job->tokens.end());
+                for (size_t k = seen; k < job->tokens.size(); k++) {
+                    out.logprobs.push_back(job->logprobs[k]);
+                    if (k < job->top.size()) out.top.push_back(job->top[k]);
+                }
+                done = job->done;
+                if (done && !job->error.empty()) {
+                    n_waiting--;
+                    throw ApiError{500, job->error, "", "server_error", ""};
+                }
+            }
+            for (int32_t id : fresh) {
+                const size_t k = seen++;
+                out.ids.push_back(id);
+                if (stopped) continue;
+                if (std::binary_search(eos.begin(), eos.end(), id) && !s.ignore_eos) continue;
+                held += dec.push(id);
+                // stop strings: the earliest match ends the text
+                size_t cut = std::string::npos;
+                for (const std::string& st : s.stop) cut = std::min(cut, held.find(st));
+                if (cut != std::string::npos) {
+                    held.resize(cut);
+                    stopped = true;
+                    job->cancel = true;
+                    engine->wake();
+                }
+                size_t keep = 0;
+                if (!stopped)
+                    for (const std::string& st : s.stop)
+                        for (size_t n = std::min(st.size() - 1, held.size()); n > keep; n--)
+                            if (held.compare(held.size() - n, n, st, 0, n) == 0) keep = n;
+                if (held.size() > keep) {
+                    const std::string piece = held.substr(0, held.size() - keep);
+                    held.erase(0, held.size() - keep);
+                    out.text += piece;
+                    if (!on_text(piece, out, held_from, k + 1)) gone = true;
+                    held_from = k + 1;
+                }
+            }
+            if (!gone && !done && peer.closed()) gone = true;
+            if (gone) {
+                job->cancel = true;
+                engine->wake();
+                n_cancelled++;
+                std::unique_lock<std::mutex> lk(job->m);
+                job->cv.wait(lk, [&] { return job->done; });
+                n_waiting--;
+                out.finish = "cancelled";
+                return out;
+            }
+            if (done) break;
+        }
+        n_waiting--;
+        if (!stopped) {
+            held += dec.flush();
+            if (!held.empty()) {
+                out.text += held;
+                on_text(held, out, held_from, out.ids.size());
+            }
+        }
+        out.n_cached = job->n_cached;
+        out.finish = stopped || job->reason == FinishReason::eos ? "stop" : "length";
+        // Keep the states for the next turn: after the messages, and after the answer (every id but the last).
+        if (!job->saved_state.empty() && save_at > 0)
+            cache->put(std::vector<int32_t>(prompt.begin(), prompt.begin() + save_at), std::move(job->saved_state));
+        if (!job->final_state.empty() && !stopped) {
+            std::vector<int32_t> seq = prompt;
+            if (!out.ids.empty()) seq.insert(seq.end(), out.ids.begin(), out.ids.end() - 1);
+            cache->put(std::move(seq), std::move(job->final_state));
+        }
+        n_prompt += uint64_t(out.n_prompt);
+        n_cached += uint64_t(out.n_cached);
+        n_generated += uint64_t(out.ids.size());
+        return out;
+    }
+
+    // ---- responses ----
+
+    ojson usage(const Output& o) const {
+        ojson u = ojson::object();
+        u["prompt_tokens"] = o.n_prompt;
+        u["completion_tokens"] = int(o.ids.size());
+        u["total_tokens"] = o.n_prompt + int(o.ids.size());
+        u["prompt_tokens_details"] = ojson{{"cached_tokens", o.n_cached}};
+        return u;
+    }
+
+    ojson token_logprob(int32_t id, float lp) const {
+        const std::string piece = tok->token_piece(id);
+        ojson bytes = ojson::array();
+        for (unsigned char c : piece) bytes.push_back(int(c));
+        return ojson{{"token", utf8_sanitize(piece)}, {"logprob", lp}, {"bytes", bytes}};
+    }
+
+    // The chat logprobs of ids [a, b) of o.
+    ojson chat_logprobs(const Output& o, size_t a, size_t b) const {
+        ojson content = ojson::array();
+        for (size_t k = a; k < b && k < o.ids.size(); k++) {
+            if (std::binary_search(eos.begin(), eos.end(), o.ids[k])) continue;
+            ojson e = token_logprob(o.ids[k], o.logprobs[k]);
+            ojson top = ojson::array();
+            if (k < o.top.size())
+                for (const TokenPick& t : o.top[k]) top.push_back(token_logprob(t.id, t.logprob));
+            e["top_logprobs"] = top;
+            content.push_back(e);
+        }
+        return ojson{{"content", content}};
+    }
+
+    ojson completion_logprobs(const Output& o, size_t a, size_t b, size_t offset) const {
+        ojson tokens = ojson::array(), lps = ojson::array(), tops = ojson::array(), offs = ojson::array();
+        for (size_t k = a; k < b && k < o.ids.size(); k++) {
+            const std::string piece = utf8_sanitize(tok->token_piece(o.ids[k]));
+            tokens.push_back(piece);
+            lps.push_back(o.logprobs[k]);
+            ojson top = ojson::object();
+            if (k < o.top.size())
+                for (const TokenPick& t : o.top[k]) top[utf8_sanitize(tok->token_piece(t.id))] = t.logprob;
+            tops.push_back(top);
+            offs.push_back(offset);
+            offset += piece.size();
+        }
+        return ojson{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
+    }
+
+    std::vector<int32_t> encode(const std::string& text) const { return tok->encode(text, true); }
+
+    // ---- endpoints ----
+
+    void handle(const httplib::Request& req, httplib::Response& res, bool chat) {
+        (chat ? n_chat : n_completions)++;
+        try {
+            if (!authorized(req)) throw ApiError{401, "invalid API key", "", "authentication_error", "invalid_api_key"};
+            ojson body = ojson::parse(req.body, nullptr, false);
+            if (body.is_discarded()) {
+                std::string why;
+                try {
+                    const ojson again = ojson::parse(req.body);
+                    why = again.type_name();
+                } catch (const std::exception& e) {
+                    why = json_error_text(e.what());
+                }
+                bad("", "invalid JSON in the request body: " + why);
+            }
+            if (!body.is_object()) bad("", "the request body must be a JSON object");
+            if (too_deep(body, 64)) bad("", "the request body nests more than 64 levels of lists and objects");
+            if (const ojson* m = field(body, "model"))
+                if (!m->is_string()) bad("model", "model must be a string");
+            const Settings s = parse_settings(body, defaults, chat, random_seed());
+            if (chat)
+                chat_completion(req, res, body, s);
+            else
+                completion(req, res, body, s);
+        } catch (const ApiError& e) {
+            n_errors++;
+            res.status = e.status;
+            res.set_content(dump(error_json(e)), "application/json");
+        } catch (const Error& e) {
+            n_errors++;
+            const bool client = e.status() == Status::invalid_argument || e.status() == Status::unsupported ||
+                                e.status() == Status::context_full;
+            const ApiError a{client ? 400 : 500, e.what(), "", client ? "invalid_request_error" : "server_error", ""};
+            res.status = a.status;
+            res.set_content(dump(error_json(a)), "application/json");
+        }
+        if (p.verbose)
+            std::fprintf(stderr, "hybrid-server: %s %s %d\n", req.method.c_str(), req.path.c_str(), res.status);
+    }
+
+    bool authorized(const httplib::Request& req) const {
+        if (p.api_key.empty()) return true;
+        return req.get_header_value("Authorization") == "Bearer " + p.api_key;
+    }
+
+    // Sends `chunks` as server-sent events from the worker thread: the provider runs the generation itself.
+    template <class Run>
+    void stream(httplib::Response& res, Run run) {
+        res.set_header("Cache-Control", "no-cache");
+        res.set_chunked_content_provider("text/event-stream", [run](size_t, httplib::DataSink& sink) {
+            auto send = [&](const ojson& j) {
+                const std::string line = "data: " + dump(j) + "\n\n";
+                return sink.write(line.data(), line.size());
+            };
+            run(send);
+            const std::string done = "data: [DONE]\n\n";
+            sink.write(done.data(), done.size());
+            sink.done();
+            return true;
+        });
+    }
+
+    void completion(const httplib::Request& req, httplib::Response& res, const ojson& body, const Settings& s) {
+        const ojson* prompt_j = field(body, "prompt");
+        if (!prompt_j) bad("prompt", "prompt is required");
+        std::vector<int32_t> prompt;
+        const ojson* pj = prompt_j;
+        if (pj->is_array() && pj->size() == 1 && (*pj)[0].is_string()) pj = &(*pj)[0];
+        if (pj->is_string()) {
+            prompt = encode(pj->get<std::string>());
+        } else if (pj->is_array() && !pj->empty()) {
+            for (const ojson& e : *pj) {
+                if (!e.is_number_integer()) bad("prompt", "prompt must be a string, a list of one string or token ids");
+                const int64_t id = e.get<int64_t>();
+                if (id < 0 || id >= n_valid || !tok->is_valid(int32_t(id)))
+                    bad("prompt", "token id " + std::to_string(id) + " is not in the vocabulary");
+                prompt.push_back(int32_t(id));
+            }
+        } else {
+            bad("prompt", "prompt must be a string, a list of one string or token ids");
+        }
+        if (prompt.empty()) bad("prompt", "the prompt is empty");
+        bool echo = bool_field(body, "echo", false);
+        if (echo) bad("echo", "echo is not supported");
+        if (const ojson* sfx = field(body, "suffix"))
+            if (!sfx->is_string() || !sfx->get<std::string>().empty()) bad("suffix", "suffix is not supported");
+        const std::string id = "cmpl-" + std::to_string(next_id++);
+        const std::time_t now = std::time(nullptr);
+        auto base = [&, id, now]() {
+            return ojson{{"id", id}, {"object", "text_completion"}, {"created", now}, {"model", model_id}};
+        };
+        if (s.stream) {
+            // (the request is checked and its prompt encoded: what can still fail is reported in the stream)
+            auto peer = std::make_shared<PeerWatch>(req);
+            stream(res, [this, prompt, s, base, peer](const std::function<bool(const ojson&)>& send) {
+                try {
+                    size_t offset = 0;
+                    const Output o = generate(
+                        prompt, s, 0, *peer, [&](const std::string& text, const Output& sofar, size_t a, size_t b) {
+                            ojson c = base();
+                            ojson choice{
+                                {"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+                            if (s.logprobs) choice["logprobs"] = completion_logprobs(sofar, a, b, offset);
+                            c["choices"] = ojson::array({choice});
+                            offset += text.size();
+                            return send(c);
+                        });
+                    if (o.finish == "cancelled") return;
+                    ojson c = base();
+                    c["choices"] = ojson::array(
+                        {ojson{{"text", ""}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", o.finish}}});
+                    if (s.include_usage) c["usage"] = usage(o);
+                    send(c);
+                } catch (const ApiError& e) {
+                    send(error_json(e));
+                } catch (const std::exception& e) {
+                    send(error_json(ApiError{500, e.what(), "", "server_error", ""}));
+                }
+            });
+            return;
+        }
+        PeerWatch peer(req);
+        Output o = generate(prompt, s, 0, peer, [](const std::string&, const Output&, size_t, size_t) { return true; });
+        if (o.finish == "cancelled") return;
+        ojson c = base();
+        ojson choice{{"text", o.text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", o.finish}};
+        if (s.logprobs) choice["logprobs"] = completion_logprobs(o, 0, o.ids.size(), 0);
+        c["choices"] = ojson::array({choice});
+        c["usage"] = usage(o);
+        res.set_content(dump(c), "application/json");
+    }
+
+    void chat_completion(const httplib::Request& req, httplib::Response& res, const ojson& body, const Settings& s) {
+        const ojson messages = normalize_messages(body);
+        ojson tools = nullptr;
+        if (const ojson* t = field(body, "tools")) {
+            if (!t->is_array()) bad("tools", "tools must be a list");
+            for (const ojson& e : *t)
+                if (!e.is_object()) bad("tools", "tools entries must be objects");
+            tools = *t;
+        }
+        if (const ojson* tc = field(body, "tool_choice")) {
+            if (tc->is_string() && tc->get<std::string>() == "none")
+                tools = nullptr;
+            else if (!tc->is_string() && !tc->is_object())
+                bad("tool_choice", "tool_choice must be a string or an object");
+        }
+        ojson kwargs = ojson::object();
+        if (const ojson* k = field(body, "chat_template_kwargs")) {
+            if (!k->is_object()) bad("chat_template_kwargs", "chat_template_kwargs must be an object");
+            kwargs = *k;
+        }
+        const bool add_gen = bool_field(body, "add_generation_prompt", true);
+        const std::string text = chat.render(messages, tools, add_gen, kwargs);
+        const std::vector<int32_t> prompt = encode(text);
+        if (prompt.empty()) bad("messages", "the rendered prompt is empty");
+        // The cache point: the prompt without its generation prompt, when its ids are a prefix of the prompt's.
+        int save_at = 0;
+        if (cache->enabled() && s.cache_prompt && add_gen) {
+            const std::vector<int32_t> head = encode(chat.render(messages, tools, false, kwargs));
+            if (head.size() < prompt.size() && std::equal(head.begin(), head.end(), prompt.begin()))
+                save_at = int(head.size());
+        }
+        // Generation starts inside a <think> block when the prompt opened one.
+        const std::string think_open = "<think>";
+        std::string tail = text;
+        while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.pop_back();
+        const bool in_think = chat.has_think() && tail.size() >= think_open.size() &&
+                              tail.compare(tail.size() - think_open.size(), think_open.size(), think_open) == 0;
+        const std::string id = "chatcmpl-" + std::to_string(next_id++);
+        const std::time_t now = std::time(nullptr);
+        auto base = [&, id, now]() {
+            return ojson{{"id", id},
+                         {"object", s.stream ? "chat.completion.chunk" : "chat.completion"},
+                         {"created", now},
+                         {"model", model_id}};
+        };
+        const bool think = chat.has_think();
+        auto calls_json = [id](const std::vector<OutputParser::ToolCall>& calls, bool with_index) {
+            ojson arr = ojson::array();
+            for (size_t k = 0; k < calls.size(); k++) {
+                ojson c{{"id", "call_" + id.substr(9) + "_" + std::to_string(k)},
+                        {"type", "function"},
+                        {"function", ojson{{"name", calls[k].name}, {"arguments", calls[k].arguments}}}};
+                if (with_index) c["index"] = int(k);
+                arr.push_back(c);
+            }
+            return arr;
+        };
+        if (s.stream) {
+            auto peer = std::make_shared<PeerWatch>(req);
+            stream(res, [this, prompt, s, save_at, base, peer, in_think, think, tools,
+                         calls_json](const std::function<bool(const ojson&)>& send) {
+                try {
+                    OutputParser parser(in_think, think, tools);
+                    auto delta_chunk = [&](const ojson& delta, const ojson& logprobs, const ojson& finish) {
+                        ojson c = base();
+                        c["choices"] = ojson::array(
+                            {ojson{{"index", 0}, {"delta", delta}, {"logprobs", logprobs}, {"finish_reason", finish}}});
+                        return send(c);
+                    };
+                    auto send_delta = [&](const OutputParser::Delta& d, const ojson& logprobs) {
+                        bool ok = true;
+                        if (!d.reasoning.empty())
+                            ok = delta_chunk(ojson{{"reasoning_content", d.reasoning}}, nullptr, nullptr);
+                        if (ok && (!d.content.empty() || !logprobs.is_null()))
+                            ok = delta_chunk(ojson{{"content", d.content}}, logprobs, nullptr);
+                        return ok;
+                    };
+                    if (!delta_chunk(ojson{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr)) return;
+                    const Output o = generate(prompt, s, save_at, *peer,
+                                              [&](const std::string& text, const Output& sofar, size_t a, size_t b) {
+                                                  const ojson lp =
+                                                      s.logprobs ? chat_logprobs(sofar, a, b) : ojson(nullptr);
+                                                  return send_delta(parser.feed(text), lp);
+                                              });
+                    if (o.finish == "cancelled") return;
+                    send_delta(parser.finish(), nullptr);
+                    std::string finish = o.finish;
+                    if (!parser.tool_calls().empty()) {
+                        delta_chunk(ojson{{"tool_calls", calls_json(parser.tool_calls(), true)}}, nullptr, nullptr);
+                        finish = "tool_calls";
+                    }
+                    ojson last = base();
+                    last["choices"] = ojson::array({ojson{
+                        {"index", 0}, {"delta", ojson::object()}, {"logprobs", nullptr}, {"finish_reason", finish}}});
+                    send(last);
+                    if (s.include_usage) {
+                        ojson u = base();
+                        u["choices"] = ojson::array();
+                        u["usage"] = usage(o);
+                        send(u);
+                    }
+                } catch (const ApiError& e) {
+                    send(error_json(e));
+                } catch (const std::exception& e) {
+                    send(error_json(ApiError{500, e.what(), "", "server_error", ""}));
+                }
+            });
+            return;
+        }
+        PeerWatch peer(req);
+        OutputParser parser(in_think, think, tools);
+        std::string reasoning, content;
+        Output o = generate(prompt, s, save_at, peer, [&](const std::string& piece, const Output&, size_t, size_t) {
+            const OutputParser::Delta d = parser.feed(piece);
+            reasoning += d.reasoning;
+            content += d.content;
+            return true;
+        });
+        if (o.finish == "cancelled") return;
+        const OutputParser::Delta d = parser.finish();
+        reasoning += d.reasoning;
+        content += d.content;
+        ojson msg{{"role", "assistant"}, {"content", content}};
+        if (!reasoning.empty()) msg["reasoning_content"] = reasoning;
+        std::string finish = o.finish;
+        if (!parser.tool_calls().empty()) {
+            msg["tool_calls"] = calls_json(parser.tool_calls(), false);
+            if (content.empty()) msg["content"] = nullptr;
+            finish = "tool_calls";
+        }
+        ojson c = base();
+        c["choices"] =
+            ojson::array({ojson{{"index", 0},
+                                {"message", msg},
+                                {"logprobs", s.logprobs ? chat_logprobs(o, 0, o.ids.size()) : ojson(nullptr)},
+                                {"finish_reason", finish}}});
+        c["usage"] = usage(o);
+        res.set_content(dump(c), "application/json");
+    }
+
+    std::string metrics() {
+        const StateCache::Stats cs = cache->stats();
+        std::string out;
+        auto metric = [&](const char* name, const char* type, const char* help, const std::string& value,
+                          const std::string& labels = "") {
+            out += std::string("# HELP ") + name + " " + help + "\n# TYPE " + name + " " + type + "\n" + name + labels +
+                   " " + value + "\n";
+        };
+        out += "# HELP hybrid_requests_total Requests received, by endpoint.\n# TYPE hybrid_requests_total counter\n";
+        out += "hybrid_requests_total{endpoint=\"chat\"} " + std::to_string(n_chat.load()) + "\n";
+        out += "hybrid_requests_total{endpoint=\"completions\"} " + std::to_string(n_completions.load()) + "\n";
+        metric("hybrid_request_errors_total", "counter", "Requests answered with an error.",
+               std::to_string(n_errors.load()));
+        metric("hybrid_requests_cancelled_total", "counter", "Requests cancelled because the client went away.",
+               std::to_string(n_cancelled.load()));
+        metric("hybrid_prompt_tokens_total", "counter", "Prompt tokens of finished requests.",
+               std::to_string(n_prompt.load()));
+        metric("hybrid_prompt_tokens_cached_total", "counter",
+               "Prompt tokens taken from the conversation-state cache instead of prefilled.",
+               std::to_string(n_cached.load()));
+        metric("hybrid_completion_tokens_total", "counter", "Generated tokens of finished requests.",
+               std::to_string(n_generated.load()));
+        metric("hybrid_requests_waiting", "gauge", "Requests submitted and not finished.",
+               std::to_string(n_waiting.load()));
+        metric("hybrid_queue_depth", "gauge", "Requests waiting for a free sequence slot.",
+               std::to_string(engine->queued()));
+        metric("hybrid_slots_busy", "gauge", "Sequence slots in use.", std::to_string(engine->busy()));
+        metric("hybrid_slots_total", "gauge", "Sequence slots (-np).", std::to_string(model->n_slots()));
+        metric("hybrid_state_cache_entries", "gauge", "Sequence states in the conversation-state cache.",
+               std::to_string(cs.entries));
+        metric("hybrid_state_cache_bytes", "gauge", "Host memory held by the conversation-state cache.",
+               std::to_string(cs.bytes));
+        metric("hybrid_state_cache_capacity_bytes", "gauge", "The cache's limit (--cache-mb).",
+               std::to_string(cs.max_bytes));
+        metric("hybrid_state_cache_hits_total", "counter", "Requests that continued from a cached state.",
+               std::to_string(cs.hits));
+        metric("hybrid_state_cache_misses_total", "counter", "Requests that found no cached state.",
+               std::to_string(cs.misses));
+        metric("hybrid_state_cache_evictions_total", "counter", "States dropped to stay within --cache-mb.",
+               std::to_string(cs.evictions));
+        return out;
+    }
+
+    void routes() {
+        http.Post("/v1/chat/completions",
+                  [this](const httplib::Request& req, httplib::Response& res) { handle(req, res, true); });
+        http.Post("/v1/completions",
+                  [this](const httplib::Request& req, httplib::Response& res) { handle(req, res, false); });
+        http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+            if (!authorized(req)) {
+                res.status = 401;
+                res.set_content(
+                    dump(error_json({401, "invalid API key", "", "authentication_error", "invalid_api_key"})),
+                    "application/json");
+                return;
+            }
+            ojson m{{"id", model_id},
+                    {"object", "model"},
+                    {"created", created},
+                    {"owned_by", "hybrid"},
+                    {"meta", ojson{{"n_ctx", model->n_ctx()},
+                                   {"n_slots", model->n_slots()},
+                                   {"n_vocab", n_valid},
+                                   {"backend", model->backend().name()},
+                                   {"chat_template", chat.description()}}}};
+            res.set_content(dump(ojson{{"object", "list"}, {"data", ojson::array({m})}}), "application/json");
+        });
+        http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+            res.set_content("{\"status\":\"ok\"}", "application/json");
+        });
+        http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+            res.set_content(metrics(), "text/plain; version=0.0.4");
+        });
+        http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+            if (!res.body.empty()) return;
+            ApiError e{res.status, "", "", "invalid_request_error", ""};
+            e.message = res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
+                                          : "HTTP error " + std::to_string(res.status);
+            res.set_content(dump(error_json(e)), "application/json");
+        });
+        http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+            std::string what = "internal error";
+            try {
+                std::rethrow_exception(ep);
+            } catch (const std::exception& e) {
+                what = e.what();
+            } catch (...) {}
+            res.status = 500;
+            res.set_content(dump(error_json({500, what, "", "server_error", ""})), "application/json");
+        });
+    }
+};
+
+Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
+    Impl& s = *impl_;
+    s.p = params;
+    if (params.n_slots < 1 || params.n_slots > 4096) throw Error(Status::invalid_argument, "-np must be in [1, 4096]");
+    if (params.n_ctx < 2) throw Error(Status::invalid_argument, "-c must be at least 2");
+    s.tok = std::make_unique<Tokenizer>(Tokenizer::from_folder(params.model_dir));
+    const GenerationDefaults g = load_generation_defaults(params.model_dir);
+    ModelParams mp;
+    mp.device = params.device;
+    mp.n_threads = params.n_threads;
+    mp.n_ctx = params.n_ctx;
+    mp.n_slots = params.n_slots;
+    mp.max_batch_tokens = params.max_batch_tokens;
+    mp.cuda.graphs = params.cuda_graphs;
+    mp.dummy_weights = params.dummy_weights;
+    s.model = Model::load(params.model_dir, mp);
+    const int V = s.model->config().vocab_size;
+    s.n_valid = std::min(s.tok->n_vocab(), V);
+    std::vector<int32_t> banned;
+    for (int32_t id = 0; id < s.n_valid; id++)
+        if (!s.tok->is_valid(id)) banned.push_back(id);
+    for (int id : s.model->config().eos_token_ids) s.eos.push_back(id);
+    for (int32_t id : s.tok->eos_ids()) s.eos.push_back(id);
+    s.chat = ChatFormat::load(params.model_dir, *s.tok, params.chat_template_file);
+    // A chat answer ends at the end-of-turn token too.
+    const int32_t im_end = s.tok->token_id("<|im_end|>");
+    if (im_end >= 0) s.eos.push_back(im_end);
+    std::sort(s.eos.begin(), s.eos.end());
+    s.eos.erase(std::unique(s.eos.begin(), s.eos.end()), s.eos.end());
+    // Sampling defaults: generation_config.json, else llama.cpp's (as the hybrid CLI).
+    SamplerParams d;
+    if (g.do_sample && !*g.do_sample) d.temperature = 0;
+    if (g.temperature) d.temperature = *g.temperature;
+    if (g.top_k) d.top_k = *g.top_k;
+    if (g.top_p) d.top_p = *g.top_p;
+    if (g.min_p) d.min_p = *g.min_p;
+    if (g.repetition_penalty) {
+        d.repeat_penalty = *g.repetition_penalty;
+        d.repeat_last_n = -1;
+    }
+    s.defaults = d;
+    s.cache = std::make_unique<StateCache>(params.cache_mb << 20);
+    s.model_id = params.alias.empty() ? base_name(params.model_dir) : params.alias;
+    s.engine = std::make_unique<Engine>(*s.model, s.n_valid, banned);
+    const int threads = params.http_threads > 0 ? params.http_threads : std::max(32, 4 * params.n_slots + 8);
+    s.http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
+    s.http.set_payload_max_length(size_t(64) << 20);
+    s.routes();
+}
+
+Server::~Server() {
+    impl_->http.stop();
+    impl_->engine.reset();
+}
+
+int Server::bind() {
+    Impl& s = *impl_;
+    int port = s.p.port;
+    if (port == 0) {
+        port = s.http.bind_to_any_port(s.p.host);
+    } else if (!s.http.bind_to_port(s.p.host, port)) {
+        port = -1;
+    }
+    if (port < 0)
+        throw Error(Status::io, "cannot listen on " + s.p.host + ":" + std::to_string(s.p.port) +
+                                    " (in use, or not an address of this machine)");
+    return port;
+}
+
+bool Server::serve() { return impl_->http.listen_after_bind(); }
+
+void Server::stop() { impl_->http.stop(); }
+
+std::string Server::summary() const {
+    const Impl& s = *impl_;
+    return "model " + s.model_id + " (" + s.p.model_dir + "), backend " + s.model->backend().name() + ", " +
+           std::to_string(s.model->n_slots()) + " slots of " + std::to_string(s.model->n_ctx()) +
+           " tokens, chat template: " + s.chat.description() + ", state cache " + std::to_string(s.p.cache_mb) + " MB";
+}
+
+}  // namespace hy::server

@@ -1,0 +1,70 @@
+// hybrid-server: an OpenAI-compatible HTTP server over the engine (cpp-httplib).
+//
+//   POST /v1/chat/completions   chat (the model folder's chat template), tools, reasoning, streaming (SSE)
+//   POST /v1/completions        plain text or token-id prompts, streaming (SSE)
+//   GET  /v1/models             the one model
+//   GET  /health                {"status": "ok"}
+//   GET  /metrics               Prometheus text: requests, tokens in/out, queue depth, slot use, state cache
+//
+// Requests share the model through continuous batching (model/batch.h): one engine thread steps a BatchGenerator
+// over the -np sequence slots; each HTTP worker thread submits its request and waits for its tokens. A client that
+// disconnects (its socket is closed) cancels its request at the next step. Bad requests get OpenAI's error JSON
+// ({"error": {"message", "type", "param", "code"}}) with a 4xx status.
+//
+// Conversation-state cache (--cache-mb): after a request, the sequence state (KV cache, conv and recurrent state) is
+// kept, keyed by its token ids, at two points: after the prompt's messages (before the generation prompt) and after
+// the generated answer. A later request whose prompt extends a cached sequence starts from it and prefills only the
+// new ids (usage.prompt_tokens_details.cached_tokens). Host memory, least recently used first out.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <string>
+
+#include "model/model.h"
+
+namespace hy::server {
+
+struct ServerParams {
+    std::string model_dir;
+    std::string host = "127.0.0.1";
+    int port = 8080;                 // 0: any free port (the one taken is printed and returned by bind())
+    std::string alias;               // model id in the API (default: the folder's name)
+    std::string api_key;             // non-empty: /v1/* need "Authorization: Bearer KEY"
+    std::string chat_template_file;  // overrides the folder's template
+    int n_slots = 4;
+    int n_ctx = 4096;  // positions per slot
+    int n_threads = 0;
+    int max_batch_tokens = 512;
+    Device device = Device::auto_select;
+    bool cuda_graphs = true;
+    size_t cache_mb = 1024;      // the conversation-state cache's host memory; 0: off
+    int http_threads = 0;        // 0: 4 per slot + 8, at least 32
+    bool verbose = false;        // log each request on stderr
+    bool dummy_weights = false;  // random weights from config.json's shapes (load benchmarks without a checkpoint)
+};
+
+class Server {
+public:
+    // Loads the model, tokenizer and chat template; throws hy::Error.
+    explicit Server(const ServerParams& params);
+    ~Server();
+    Server(const Server&) = delete;
+    Server& operator=(const Server&) = delete;
+
+    // Binds the listening socket; returns the port (throws Error(io) when it cannot bind).
+    int bind();
+    // Serves until stop(); returns false when listening failed.
+    bool serve();
+    // Stops serving (thread-safe, callable from a signal-watching thread).
+    void stop();
+
+    // One line on the loaded model: backend, slots, context, chat template.
+    std::string summary() const;
+
+private:
+    struct Impl;
+    std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace hy::server

@@ -1,0 +1,532 @@
+// hybrid-server end to end: the server runs models/tiny on a free loopback port and is talked to over HTTP
+// (cpp-httplib's client, and raw sockets for disconnects). Greedy output equals the hybrid CLI's, streamed chunks
+// concatenate to the non-streamed answer, concurrent requests equal their solo runs, a second chat turn continues
+// from the first turn's state, a disconnect frees the slot, bad requests get 4xx JSON errors without disturbing
+// the others. Plus the output parser's tool calls and reasoning (server/chat.h).
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <signal.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <catch2/catch.hpp>
+
+#include <chrono>
+#include <filesystem>
+#include <fstream>
+#include <httplib.h>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cli_util.h"
+#include "model/tokenizer.h"
+#include "server/chat.h"
+
+namespace {
+
+using ojson = nlohmann::ordered_json;
+using hy::test::cli_util::kBin;
+using hy::test::cli_util::kSrc;
+using hy::test::cli_util::run_prog;
+
+// A hybrid-server process on a free port (--port 0: it prints the one it took), stopped with SIGTERM.
+class ServerProcess {
+public:
+    explicit ServerProcess(std::vector<std::string> extra) {
+        std::vector<std::string> args = {
+            kBin + "/hybrid-server", "-m", "models/tiny", "--port", "0", "--device", "cpu", "-c", "512"};
+        args.insert(args.end(), extra.begin(), extra.end());
+        int fds[2];
+        REQUIRE(pipe(fds) == 0);
+        pid_ = fork();
+        REQUIRE(pid_ >= 0);
+        if (pid_ == 0) {
+            dup2(fds[1], 2);
+            close(fds[0]);
+            close(fds[1]);
+            if (chdir(kSrc.c_str()) != 0) _exit(127);
+            std::vector<char*> argv;
+            for (std::string& a : args) argv.push_back(a.data());
+            argv.push_back(nullptr);
+            execv(argv[0], argv.data());
+            _exit(127);
+        }
+        close(fds[1]);
+        err_fd_ = fds[0];
+        std::string log;
+        char buf[512];
+        const std::string mark = "listening on http://127.0.0.1:";
+        while (log.find(mark) == std::string::npos || log.find('\n', log.find(mark)) == std::string::npos) {
+            const ssize_t n = read(err_fd_, buf, sizeof buf);
+            if (n <= 0) break;
+            log.append(buf, size_t(n));
+        }
+        INFO(log);
+        const size_t at = log.find(mark);
+        REQUIRE(at != std::string::npos);
+        port_ = std::stoi(log.substr(at + mark.size()));
+        // keep reading stderr so the server never blocks on a full pipe
+        reader_ = std::thread([fd = err_fd_] {
+            char b[4096];
+            while (read(fd, b, sizeof b) > 0) {}
+        });
+    }
+    ~ServerProcess() {
+        kill(pid_, SIGTERM);
+        int st = 0;
+        waitpid(pid_, &st, 0);
+        reader_.join();
+        close(err_fd_);
+    }
+    int port() const { return port_; }
+
+private:
+    pid_t pid_ = -1;
+    int err_fd_ = -1;
+    int port_ = 0;
+    std::thread reader_;
+};
+
+bool have_server_binary() { return std::filesystem::exists(kBin + "/hybrid-server"); }
+
+// The server most tests share: 4 slots, so 16 concurrent requests queue.
+ServerProcess& shared_server() {
+    static ServerProcess s({"-np", "4", "--cache-mb", "64"});
+    return s;
+}
+
+struct Reply {
+    int status = 0;
+    std::string body;
+    ojson json() const { return ojson::parse(body); }
+};
+
+Reply post(int port, const std::string& path, const std::string& body,
+           const httplib::Headers& headers = httplib::Headers{}) {
+    httplib::Client cli("127.0.0.1", port);
+    cli.set_read_timeout(300, 0);
+    auto r = cli.Post(path.c_str(), headers, body, "application/json");
+    REQUIRE(r);
+    return {r->status, r->body};
+}
+
+Reply post(int port, const std::string& path, const ojson& body) { return post(port, path, body.dump()); }
+
+Reply get(int port, const std::string& path) {
+    httplib::Client cli("127.0.0.1", port);
+    auto r = cli.Get(path.c_str());
+    REQUIRE(r);
+    return {r->status, r->body};
+}
+
+// The data: events of a server-sent-event stream, as JSON ("[DONE]" must come last).
+std::vector<ojson> events(const std::string& body) {
+    std::vector<ojson> out;
+    size_t p = 0;
+    bool done = false;
+    while (p < body.size()) {
+        size_t e = body.find("\n\n", p);
+        if (e == std::string::npos) e = body.size();
+        const std::string ev = body.substr(p, e - p);
+        p = e + 2;
+        if (ev.empty()) continue;
+        REQUIRE(ev.rfind("data: ", 0) == 0);
+        REQUIRE_FALSE(done);
+        if (ev == "data: [DONE]") {
+            done = true;
+            continue;
+        }
+        out.push_back(ojson::parse(ev.substr(6)));
+    }
+    CHECK(done);
+    return out;
+}
+
+// A value of the Prometheus text at `name` (with its labels), -1 when absent.
+double metric(int port, const std::string& name) {
+    const std::string text = get(port, "/metrics").body;
+    size_t p = 0;
+    while ((p = text.find(name + " ", p)) != std::string::npos) {
+        if (p == 0 || text[p - 1] == '\n') return std::stod(text.substr(p + name.size() + 1));
+        p++;
+    }
+    return -1;
+}
+
+// Connects, sends `request` and reads until `until` appears in what comes back (or the server closes).
+int raw_request(int port, const std::string& request, const std::string& until) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(uint16_t(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(write(fd, request.data(), request.size()) == ssize_t(request.size()));
+    std::string got;
+    char buf[1024];
+    while (!until.empty() && got.find(until) == std::string::npos) {
+        const ssize_t n = read(fd, buf, sizeof buf);
+        if (n <= 0) break;
+        got.append(buf, size_t(n));
+    }
+    return fd;
+}
+
+std::string http_post_text(const std::string& path, const std::string& body) {
+    return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
+           std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+template <class Pred>
+bool wait_for(Pred pred, double seconds) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (std::chrono::steady_clock::now() < end) {
+        if (pred()) return true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    }
+    return pred();
+}
+
+const char* kCode = "def fibonacci(n):\n    ";
+
+}  // namespace
+
+TEST_CASE("server: greedy completions equal the hybrid CLI and the Hugging Face goldens", "[server]") {
+    if (!have_server_binary()) {
+        WARN("hybrid-server not built (HY_TESTS_ONLY): skipped");
+        return;
+    }
+    const int port = shared_server().port();
+    CHECK(get(port, "/health").json()["status"] == "ok");
+    const ojson models = get(port, "/v1/models").json();
+    CHECK(models["data"][0]["id"] == "tiny");
+
+    const Reply r = post(port, "/v1/completions", ojson{{"prompt", kCode}, {"max_tokens", 40}, {"temperature", 0}});
+    REQUIRE(r.status == 200);
+    const ojson j = r.json();
+    const auto cli = run_prog(kBin + "/hybrid", {"-m", "models/tiny", "-p", "def fibonacci(n):\\n    ", "-n", "40",
+                                                 "--temp", "0", "--device", "cpu"});
+    REQUIRE(cli.rc == 0);
+    CHECK(j["choices"][0]["text"].get<std::string>() == cli.out);
+    CHECK(j["object"] == "text_completion");
+    CHECK(j["usage"]["completion_tokens"].get<int>() <= 40);
+
+    // stop strings end the text where the CLI's --stop ends it
+    const ojson stopped =
+        post(port, "/v1/completions",
+             ojson{{"prompt", kCode}, {"max_tokens", 40}, {"temperature", 0}, {"stop", ojson::array({"fully", "xyz"})}})
+            .json();
+    const auto cli_stop =
+        run_prog(kBin + "/hybrid", {"-m", "models/tiny", "-p", "def fibonacci(n):\\n    ", "-n", "40", "--temp", "0",
+                                    "--device", "cpu", "--stop", "fully", "--stop", "xyz"});
+    REQUIRE(cli_stop.rc == 0);
+    CHECK(stopped["choices"][0]["text"].get<std::string>() == cli_stop.out);
+    CHECK(stopped["choices"][0]["finish_reason"] == "stop");
+
+    // token-id prompts: the goldens' greedy ids (HF generate does not stop at EOS: ignore_eos)
+    const ojson golden = ojson::parse(hy::test::cli_util::slurp(kSrc + "/models/tiny/golden.json"));
+    for (const ojson& c : golden["cases"]) {
+        if (c["name"] != "short" && c["name"] != "unicode") continue;
+        const ojson req{{"prompt", c["input_ids"]},
+                        {"max_tokens", c["max_new_tokens"]},
+                        {"temperature", 0},
+                        {"ignore_eos", true},
+                        {"logprobs", 2}};
+        const ojson out = post(port, "/v1/completions", req).json();
+        const auto ids = c["greedy_fp32_cpu"].get<std::vector<int32_t>>();
+        const std::string cmd_ids = [&] {
+            std::string s;
+            for (int32_t id : ids) s += (s.empty() ? "" : ",") + std::to_string(id);
+            return s;
+        }();
+        const auto decoded = run_prog(kBin + "/hybrid-tokenize", {"--tokenizer", "models/tiny", "--decode", cmd_ids});
+        INFO("case " << c["name"]);
+        CHECK(out["choices"][0]["text"].get<std::string>() + "\n" == decoded.out);
+        CHECK(out["choices"][0]["logprobs"]["tokens"].size() == ids.size());
+        CHECK(out["choices"][0]["logprobs"]["top_logprobs"][0].size() == 2);
+    }
+}
+
+TEST_CASE("server: streamed chunks concatenate to the non-streamed answer", "[server]") {
+    if (!have_server_binary()) return;
+    const int port = shared_server().port();
+    for (const bool chat : {false, true}) {
+        ojson req{{"max_tokens", 48}, {"temperature", 0.7}, {"seed", 11}, {"cache_prompt", false}};
+        if (chat)
+            req["messages"] = ojson::array({ojson{{"role", "system"}, {"content", "You write Python."}},
+                                            ojson{{"role", "user"}, {"content", "Sort a list."}}});
+        else
+            req["prompt"] = kCode;
+        const std::string path = chat ? "/v1/chat/completions" : "/v1/completions";
+        const ojson whole = post(port, path, req).json();
+        req["stream"] = true;
+        req["stream_options"] = ojson{{"include_usage", true}};
+        const Reply r = post(port, path, req);
+        REQUIRE(r.status == 200);
+        std::string text, finish;
+        ojson usage;
+        for (const ojson& ev : events(r.body)) {
+            if (ev.contains("usage") && !ev["usage"].is_null()) usage = ev["usage"];
+            if (ev["choices"].empty()) continue;
+            const ojson& c = ev["choices"][0];
+            if (chat && c["delta"].contains("content")) text += c["delta"]["content"].get<std::string>();
+            if (!chat) text += c["text"].get<std::string>();
+            if (!c["finish_reason"].is_null()) finish = c["finish_reason"].get<std::string>();
+            CHECK(ev["object"] == (chat ? "chat.completion.chunk" : "text_completion"));
+        }
+        INFO("chat " << chat);
+        const ojson& choice = whole["choices"][0];
+        CHECK(text == (chat ? choice["message"]["content"] : choice["text"]).get<std::string>());
+        CHECK(finish == choice["finish_reason"].get<std::string>());
+        CHECK(usage == whole["usage"]);
+    }
+}
+
+TEST_CASE("server: 16 concurrent requests each equal their solo run", "[server]") {
+    if (!have_server_binary()) return;
+    const int port = shared_server().port();
+    std::vector<ojson> reqs;
+    for (int i = 0; i < 16; i++) {
+        ojson r{{"max_tokens", 12 + i % 5}, {"cache_prompt", false}};
+        if (i % 2)
+            r["prompt"] = std::string(kCode) + "return " + std::to_string(i);
+        else
+            r["messages"] = ojson::array({ojson{{"role", "user"}, {"content", "Task " + std::to_string(i)}}});
+        if (i % 3 == 0) {
+            r["temperature"] = 0;
+        } else {
+            r["temperature"] = 0.9;
+            r["seed"] = 100 + i;
+            r["top_k"] = 20;
+        }
+        reqs.push_back(r);
+    }
+    auto path = [](const ojson& r) { return r.contains("prompt") ? "/v1/completions" : "/v1/chat/completions"; };
+    auto text = [](const ojson& j) {
+        const ojson& c = j["choices"][0];
+        return (c.contains("text") ? c["text"] : c["message"]["content"]).get<std::string>();
+    };
+    std::vector<std::string> solo, together(16);
+    for (const ojson& r : reqs) solo.push_back(text(post(port, path(r), r).json()));
+    std::vector<std::thread> threads;
+    for (int i = 0; i < 16; i++)
+        threads.emplace_back(
+            [&, i] { together[size_t(i)] = text(post(port, path(reqs[size_t(i)]), reqs[size_t(i)]).json()); });
+    for (auto& t : threads) t.join();
+    for (int i = 0; i < 16; i++) {
+        INFO("request " << i);
+        CHECK(together[size_t(i)] == solo[size_t(i)]);
+    }
+}
+
+TEST_CASE("server: a second chat turn continues from the first turn's state", "[server]") {
+    if (!have_server_binary()) return;
+    const int port = shared_server().port();
+    ojson msgs = ojson::array({ojson{{"role", "user"}, {"content", "Write a class for a stack."}}});
+    const ojson t1 =
+        post(port, "/v1/chat/completions", ojson{{"messages", msgs}, {"max_tokens", 24}, {"temperature", 0}}).json();
+    const int p1 = t1["usage"]["prompt_tokens"].get<int>(), c1 = t1["usage"]["completion_tokens"].get<int>();
+    msgs.push_back(ojson{{"role", "assistant"}, {"content", t1["choices"][0]["message"]["content"]}});
+    msgs.push_back(ojson{{"role", "user"}, {"content", "Now a queue."}});
+    ojson req{{"messages", msgs}, {"max_tokens", 16}, {"temperature", 0}};
+    const ojson t2 = post(port, "/v1/chat/completions", req).json();
+    // the first turn's prompt and answer (all but its last id, which was never fed) come from the cache
+    CHECK(t2["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>() == p1 + c1 - 1);
+    CHECK(t2["usage"]["prompt_tokens"].get<int>() > p1 + c1);
+    // and the answer is the one computed from scratch
+    req["cache_prompt"] = false;
+    const ojson fresh = post(port, "/v1/chat/completions", req).json();
+    CHECK(fresh["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);
+    CHECK(fresh["choices"][0]["message"]["content"] == t2["choices"][0]["message"]["content"]);
+    CHECK(metric(port, "hybrid_state_cache_hits_total") >= 1);
+}
+
+TEST_CASE("server: a client that disconnects frees its slot", "[server]") {
+    if (!have_server_binary()) return;
+    const int port = shared_server().port();
+    const double cancelled = metric(port, "hybrid_requests_cancelled_total");
+    const ojson long_req{{"prompt", kCode},  {"max_tokens", 480}, {"ignore_eos", true},
+                         {"temperature", 0}, {"stream", true},    {"cache_prompt", false}};
+    // streaming: close after the first event
+    int fd = raw_request(port, http_post_text("/v1/completions", long_req.dump()), "data: ");
+    close(fd);
+    CHECK(wait_for([&] { return metric(port, "hybrid_requests_cancelled_total") >= cancelled + 1; }, 20));
+    // not streaming: close while it generates
+    ojson plain = long_req;
+    plain["stream"] = false;
+    fd = raw_request(port, http_post_text("/v1/completions", plain.dump()), "");
+    CHECK(wait_for([&] { return metric(port, "hybrid_slots_busy") == 1; }, 20));
+    close(fd);
+    CHECK(wait_for([&] { return metric(port, "hybrid_requests_cancelled_total") >= cancelled + 2; }, 20));
+    CHECK(wait_for([&] { return metric(port, "hybrid_slots_busy") == 0; }, 20));
+    CHECK(metric(port, "hybrid_requests_waiting") == 0);
+}
+
+TEST_CASE("server: bad requests get 4xx OpenAI errors without disturbing the others", "[server]") {
+    if (!have_server_binary()) return;
+    const int port = shared_server().port();
+    const ojson good{{"prompt", kCode}, {"max_tokens", 64}, {"temperature", 0}, {"cache_prompt", false}};
+    const std::string expected = post(port, "/v1/completions", good).json()["choices"][0]["text"];
+    std::string during;
+    std::thread t([&] { during = post(port, "/v1/completions", good).json()["choices"][0]["text"]; });
+    struct Bad {
+        const char* path;
+        std::string body;
+        int status;
+        const char* param;
+    };
+    const std::string long_prompt(3000, 'x');
+    const std::vector<Bad> bad = {
+        {"/v1/chat/completions", "{\"messages\": [", 400, nullptr},
+        {"/v1/chat/completions", "[1, 2]", 400, nullptr},
+        {"/v1/chat/completions", "{}", 400, "messages"},
+        {"/v1/chat/completions", "{\"messages\": []}", 400, "messages"},
+        {"/v1/chat/completions", "{\"messages\": \"hi\"}", 400, "messages"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"king\", \"content\": \"x\"}]}", 400, "messages[0].role"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": 5}]}", 400, "messages[0].content"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"temperature\": -1}", 400,
+         "temperature"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_p\": 2}", 400,
+         "top_p"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": \"9\"}",
+         400, "max_tokens"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"n\": 2}", 400, "n"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"stop\": 3}", 400,
+         "stop"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"top_logprobs\": 3}", 400,
+         "top_logprobs"},
+        {"/v1/completions", "{\"prompt\": 7}", 400, "prompt"},
+        {"/v1/completions", "{\"prompt\": [1, 99999]}", 400, "prompt"},
+        {"/v1/completions", "{\"prompt\": \"" + long_prompt + "\"}", 400, "messages"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"min_p\": 1.5}", 400, "min_p"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"seed\": \"abc\"}", 400, "seed"},
+        {"/v1/nothing", "{}", 404, nullptr},
+    };
+    for (const Bad& b : bad) {
+        INFO(b.path << " " << b.body.substr(0, 120));
+        const Reply r = post(port, b.path, b.body);
+        CHECK(r.status == b.status);
+        const ojson j = ojson::parse(r.body, nullptr, false);
+        REQUIRE(j.is_object());
+        REQUIRE(j.contains("error"));
+        CHECK(!j["error"]["message"].get<std::string>().empty());
+        CHECK(j["error"]["message"].get<std::string>().find('\n') == std::string::npos);
+        if (b.param) CHECK(j["error"]["param"] == b.param);
+    }
+    const Reply too_long = post(port, "/v1/completions", "{\"prompt\": \"" + long_prompt + "\"}");
+    CHECK(too_long.json()["error"]["code"] == "context_length_exceeded");
+    t.join();
+    CHECK(during == expected);
+    CHECK(get(port, "/health").status == 200);
+}
+
+TEST_CASE("server: --api-key guards /v1", "[server]") {
+    if (!have_server_binary()) return;
+    ServerProcess s({"-np", "1", "--api-key", "sekret", "--cache-mb", "0"});
+    const std::string body = ojson{{"prompt", "x"}, {"max_tokens", 2}}.dump();
+    const Reply no = post(s.port(), "/v1/completions", body);
+    CHECK(no.status == 401);
+    CHECK(no.json()["error"]["type"] == "authentication_error");
+    CHECK(post(s.port(), "/v1/completions", body, {{"Authorization", "Bearer sekret"}}).status == 200);
+    CHECK(get(s.port(), "/health").status == 200);
+}
+
+TEST_CASE("server: tool calls and reasoning are parsed from the output", "[server]") {
+    using hy::server::OutputParser;
+    const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "get_weather", "parameters":
+        {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
+                                          "opts": {"type": "object"}}}}}])");
+    struct Case {
+        std::string text;
+        bool in_think;
+        std::string reasoning, content;
+        std::vector<std::pair<std::string, std::string>> calls;
+    };
+    const std::vector<Case> cases = {
+        {"Let me check.\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {\"city\": "
+         "\"Paris\"}}\n</tool_call>",
+         false,
+         "",
+         "Let me check.",
+         {{"get_weather", "{\"city\":\"Paris\"}"}}},
+        {"<tool_call>\n<function=get_weather>\n<parameter=city>\nNew York\n</parameter>\n<parameter=days>\n3\n"
+         "</parameter>\n<parameter=opts>\n{\"metric\": true}\n</parameter>\n</function>\n</tool_call>\n<tool_call>\n"
+         "<function=get_weather>\n<parameter=city>\n42\n</parameter>\n</function>\n</tool_call>",
+         false,
+         "",
+         "",
+         {{"get_weather", "{\"city\":\"New York\",\"days\":3,\"opts\":{\"metric\":true}}"},
+          {"get_weather", "{\"city\":\"42\"}"}}},
+        {"I should look.\n</think>\n\nThe answer.", true, "I should look.", "The answer.", {}},
+        {"<think>\nHmm.\n</think>\n\n<tool_call>\n{\"name\": \"get_weather\", \"arguments\": {}}\n</tool_call>",
+         false,
+         "Hmm.",
+         "",
+         {{"get_weather", "{}"}}},
+        {"No tools here, <tool_call> unclosed", false, "", "No tools here, <tool_call> unclosed", {}},
+        {"Thinking that never ends", true, "Thinking that never ends", "", {}},
+    };
+    for (const Case& c : cases) {
+        INFO(c.text);
+        for (size_t step : {size_t(1), size_t(3), c.text.size()}) {  // fed in pieces of `step` bytes
+            OutputParser p(c.in_think, true, tools);
+            std::string reasoning, content;
+            for (size_t k = 0; k < c.text.size(); k += step) {
+                const OutputParser::Delta d = p.feed(c.text.substr(k, step));
+                reasoning += d.reasoning;
+                content += d.content;
+            }
+            const OutputParser::Delta d = p.finish();
+            reasoning += d.reasoning;
+            content += d.content;
+            CHECK(reasoning == c.reasoning);
+            CHECK(content == c.content);
+            REQUIRE(p.tool_calls().size() == c.calls.size());
+            for (size_t k = 0; k < c.calls.size(); k++) {
+                CHECK(p.tool_calls()[k].name == c.calls[k].first);
+                CHECK(p.tool_calls()[k].arguments == c.calls[k].second);
+            }
+        }
+    }
+}
+
+TEST_CASE("server: a model folder's Jinja chat template renders the prompt; tools and enable_thinking", "[server]") {
+    if (!have_server_binary()) return;
+    // models/tiny with Qwen3's chat template in its tokenizer_config.json
+    hy::test::cli_util::TempDir dir("server_jinja");
+    for (const char* f : {"config.json", "model.safetensors", "tokenizer.json"})
+        std::filesystem::create_symlink(kSrc + "/models/tiny/" + f, dir.path / f);
+    ojson config = ojson::parse(hy::test::cli_util::slurp(kSrc + "/models/tiny/tokenizer_config.json"));
+    const ojson qwen3 =
+        ojson::parse(hy::test::cli_util::slurp(kSrc + "/tests/data/tokenizers/qwen3/tokenizer_config.json"));
+    config["chat_template"] = qwen3["chat_template"];
+    std::ofstream(dir.path / "tokenizer_config.json") << config.dump();
+    ServerProcess s({"-m", dir.path.string(), "-np", "2"});  // (a later -m wins)
+    const hy::Tokenizer tok = hy::Tokenizer::from_folder(dir.path.string());
+    const hy::server::ChatFormat chat = hy::server::ChatFormat::load(dir.path.string(), tok);
+    CHECK(chat.description() == "jinja (tokenizer_config.json)");
+    const ojson models = get(s.port(), "/v1/models").json();
+    CHECK(models["data"][0]["meta"]["chat_template"] == "jinja (tokenizer_config.json)");
+    const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {}}}])");
+    const ojson msgs =
+        ojson::array({ojson{{"role", "system"}, {"content", "Be brief."}}, ojson{{"role", "user"}, {"content", "Hi"}}});
+    for (const bool think : {true, false}) {
+        for (const bool with_tools : {false, true}) {
+            ojson req{{"messages", msgs}, {"max_tokens", 4}, {"temperature", 0}};
+            if (!think) req["chat_template_kwargs"] = ojson{{"enable_thinking", false}};
+            if (with_tools) req["tools"] = tools;
+            const Reply r = post(s.port(), "/v1/chat/completions", req);
+            REQUIRE(r.status == 200);
+            const std::string text = chat.render(msgs, with_tools ? tools : ojson(nullptr), true,
+                                                 think ? ojson::object() : req["chat_template_kwargs"]);
+            INFO("think " << think << " tools " << with_tools << ": " << text);
+            CHECK(text.find(with_tools ? "# Tools" : "<|im_start|>system\nBe brief.<|im_end|>") != std::string::npos);
+            CHECK((text.find("<think>\n\n</think>") != std::string::npos) == !think);
+            CHECK(r.json()["usage"]["prompt_tokens"].get<size_t>() == tok.encode(text).size());
+        }
+    }
+}
