@@ -124,9 +124,9 @@ struct Projection {
 struct CudaOptions {
     bool graphs = true;  // record steps of at most 16 rows and every decode step, replay them as CUDA graphs
     // Comparisons and tests only (the defaults are the fast settings):
-    bool pdl = true;             // programmatic dependent launch (used only where the device runs 9.0 code)
-    bool l2_evict_first = true;  // decode GEMVs load weights with an L2 evict-first policy
-    bool gdn_fused_conv = true;  // decode steps do the Gated DeltaNet conv inside the recurrence kernel
+    bool pdl = true;               // programmatic dependent launch (used only where the device runs 9.0 code)
+    bool l2_evict_first = true;    // decode GEMVs load weights with an L2 evict-first policy
+    bool gdn_fused_conv = true;    // decode steps do the Gated DeltaNet conv inside the recurrence kernel
     int moe_grouped_min_rows = 0;  // MoE experts grouped by expert from this many rows on; 0: the tuned default
     // Builds with -DHY_CUDA_TRACE=ON only (timing studies; refused otherwise): every kernel's start and ready times
     // are written to this file when the backend is destroyed (tools/gpu/trace_summary.py reads it). Empty: none.

@@ -294,8 +294,7 @@ public:
         auto on = [](bool b) { return b ? "on" : "off"; };
         return std::string("graphs ") + on(graphs_enabled_) + ", pdl " + on(ctx_.pdl) + ", clusters " +
                on(ctx_.clusters) + ", l2 evict-first " + on(ctx_.evict_first) + ", gdn fused conv " +
-               on(ctx_.gdn_fused_conv) + ", moe grouped from " + std::to_string(ctx_.moe_grouped_min_rows) +
-               " rows";
+               on(ctx_.gdn_fused_conv) + ", moe grouped from " + std::to_string(ctx_.moe_grouped_min_rows) + " rows";
     }
     DType act_dtype() const override { return DType::BF16; }
     DType matrix_dtype(DType) const override { return DType::BF16; }

@@ -164,7 +164,7 @@ constexpr int kDownChunk = 8;  // prefetching down: experts whose rows are in fl
 __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up,
                                    const int32_t* __restrict__ ids, int E, int H, int I, int k, bf16* act) {
     pdl_wait();
-    pdl_trigger();  // (after the wait: the down kernel reads the routing before its own wait)
+    pdl_trigger();                  // (after the wait: the down kernel reads the routing before its own wait)
     const int64_t tj = blockIdx.x;  // t * k + j
     const int i = blockIdx.y * kMoeWarps + (threadIdx.x >> 5);
     if (i >= I) return;
@@ -301,11 +301,11 @@ __global__ void moe_down_prefetch_kernel(const bf16* __restrict__ act, const bf1
 // per tile instead of once per row. moe_combine_kernel then adds each row's k weighted outputs in increasing expert
 // id. A row's values depend only on the row and its experts (each output is one thread's fixed-order sum over K),
 // never on the other rows of the batch.
-constexpr int kGroupRows = 64;     // BM: positions (rows of A) per tile
-constexpr int kGroupCols = 128;    // BN: weight rows per block (gate/up: 64 activation columns, gate and up)
-constexpr int kGroupK = 32;        // BK: the k extent of a shared-memory stage (two stages)
-constexpr int kGroupPad = 8;       // row padding: ldmatrix rows 80 bytes apart, conflict-free
-constexpr int kGroupThreads = 256; // 8 warps: 2 (rows) x 4 (columns), 32 x 32 outputs each
+constexpr int kGroupRows = 64;      // BM: positions (rows of A) per tile
+constexpr int kGroupCols = 128;     // BN: weight rows per block (gate/up: 64 activation columns, gate and up)
+constexpr int kGroupK = 32;         // BK: the k extent of a shared-memory stage (two stages)
+constexpr int kGroupPad = 8;        // row padding: ldmatrix rows 80 bytes apart, conflict-free
+constexpr int kGroupThreads = 256;  // 8 warps: 2 (rows) x 4 (columns), 32 x 32 outputs each
 constexpr int kGroupScanThreads = 256;
 
 // Block e (one per expert): counts every expert's choices (shared-memory histogram), then writes its own
@@ -386,9 +386,9 @@ __global__ void __launch_bounds__(kGroupScanThreads)
 // bf16(bf16(d) * weight of the position's choice).
 template <bool kGateUp>
 __global__ void __launch_bounds__(kGroupThreads)
-    moe_grouped_gemm_kernel(const bf16* __restrict__ a, const int32_t* __restrict__ src_row,
-                            const bf16* __restrict__ w, int N, int K, int I, const int32_t* __restrict__ tiles,
-                            const int32_t* __restrict__ choice, const float* __restrict__ weights, bf16* out) {
+    moe_grouped_gemm_kernel(const bf16* __restrict__ a, const int32_t* __restrict__ src_row, const bf16* __restrict__ w,
+                            int N, int K, int I, const int32_t* __restrict__ tiles, const int32_t* __restrict__ choice,
+                            const float* __restrict__ weights, bf16* out) {
     __shared__ alignas(16) bf16 as[2][kGroupRows][kGroupK + kGroupPad];
     __shared__ alignas(16) bf16 bs[2][kGroupCols][kGroupK + kGroupPad];
     pdl_trigger();
@@ -523,7 +523,8 @@ __global__ void moe_combine_kernel(const bf16* __restrict__ y_slot, const int32_
     for (int h = 2 * threadIdx.x; h < H; h += 2 * blockDim.x) {
         float a0 = 0.0f, a1 = 0.0f;
         for (int j = 0; j < n_valid; j++) {
-            const float2 v = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(y_slot + int64_t(order[j]) * H + h));
+            const float2 v =
+                __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(y_slot + int64_t(order[j]) * H + h));
             a0 = round_bf16(a0 + v.x);
             a1 = round_bf16(a1 + v.y);
         }
@@ -623,8 +624,8 @@ void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const
                "MoE gate/up kernel", x, gate_up, ids, E, H, I, k, scratch.act);
         if (rows <= 2 && I % 8 == 0)
             launch(moe_down_prefetch_kernel, dim3(unsigned(rows), ceil_div(H, kMoeWarps)), kMoeWarps * 32, 0, ctx,
-                   "MoE down kernel (prefetching)", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H,
-                   I, k, ctx.evict_first, y);
+                   "MoE down kernel (prefetching)", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H, I,
+                   k, ctx.evict_first, y);
         else
             launch(moe_down_kernel, dim3(unsigned(rows), ceil_div(H, kMoeWarps)), kMoeWarps * 32, 0, ctx,
                    "MoE down kernel", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H, I, k, y);
@@ -638,13 +639,12 @@ void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const
     int32_t* tiles = pos + n;
     launch(moe_group_kernel, unsigned(E), kGroupScanThreads, size_t(E) * 4, ctx, "MoE grouping kernel", ids, n, k, E,
            max_tiles, src_row, choice, pos, tiles);
-    launch(moe_grouped_gemm_kernel<true>, dim3(unsigned(max_tiles), ceil_div(I, kGroupCols / 2)), kGroupThreads, 0,
-           ctx, "MoE grouped gate/up kernel", x, static_cast<const int32_t*>(src_row), gate_up, 2 * I, H, I,
+    launch(moe_grouped_gemm_kernel<true>, dim3(unsigned(max_tiles), ceil_div(I, kGroupCols / 2)), kGroupThreads, 0, ctx,
+           "MoE grouped gate/up kernel", x, static_cast<const int32_t*>(src_row), gate_up, 2 * I, H, I,
            static_cast<const int32_t*>(tiles), static_cast<const int32_t*>(choice), weights, scratch.act);
     launch(moe_grouped_gemm_kernel<false>, dim3(unsigned(max_tiles), ceil_div(H, kGroupCols)), kGroupThreads, 0, ctx,
-           "MoE grouped down kernel", static_cast<const bf16*>(scratch.act), static_cast<const int32_t*>(src_row),
-           down, H, I, I, static_cast<const int32_t*>(tiles), static_cast<const int32_t*>(choice), weights,
-           scratch.y_slot);
+           "MoE grouped down kernel", static_cast<const bf16*>(scratch.act), static_cast<const int32_t*>(src_row), down,
+           H, I, I, static_cast<const int32_t*>(tiles), static_cast<const int32_t*>(choice), weights, scratch.y_slot);
     launch(moe_combine_kernel, unsigned(rows), 256, 0, ctx, "MoE combine kernel",
            static_cast<const bf16*>(scratch.y_slot), static_cast<const int32_t*>(pos), ids, E, H, k, y);
 }

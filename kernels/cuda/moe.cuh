@@ -22,9 +22,9 @@ void check_moe_route(int E, int k);
 
 // Workspace of moe_experts (device memory of the backend's workspace).
 struct MoeScratch {
-    bf16* act = nullptr;        // [rows * k, I]: the experts' SiLU products
-    bf16* y_slot = nullptr;     // [rows * k, H]: grouped path: each choice's weighted output (sorted positions)
-    int32_t* index = nullptr;   // [moe_index_ints(rows, E, k)]: grouped path: the sort by expert and its tiles
+    bf16* act = nullptr;       // [rows * k, I]: the experts' SiLU products
+    bf16* y_slot = nullptr;    // [rows * k, H]: grouped path: each choice's weighted output (sorted positions)
+    int32_t* index = nullptr;  // [moe_index_ints(rows, E, k)]: grouped path: the sort by expert and its tiles
 };
 // Sizes of the grouped path's index and of its tile list.
 size_t moe_index_ints(int64_t rows, int E, int k);
