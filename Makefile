@@ -1,12 +1,12 @@
 # hybrid: a thin wrapper over CMake.
 #   make deps   install missing Debian packages (apt-get; root or sudo), or say what to install
 #   make        build; the programs land at the repository root (./hybrid, ./hybrid-compare, ...)
-#   make test   deps + format-check + build + every test (ctest), plus the loader tests under ASan/UBSan
+#   make test   deps + format-check + build + every test (ctest), plus the CPU tests under ASan/UBSan
 #   make demo   deps + build the hybrid program alone (for this machine) + run the bundled model on a prompt
 #   make format        clang-format -i over the C/C++/CUDA sources (.clang-format at the root)
 #   make format-check  fail, listing them, if any of those sources is not formatted (clang-format --dry-run -Werror)
 # Variables: BUILD (build dir), JOBS, CMAKE_ARGS (extra -D flags, e.g. -DHY_CUDA=OFF), ASAN_TESTS (the Catch2 test
-# spec make test runs under the sanitizers: [loader] by default, '~[gpu]' for the whole CPU suite).
+# spec make test runs under the sanitizers: '~[gpu]', the whole CPU suite, by default; e.g. [loader] for a quick run).
 
 BUILD ?= build
 ASAN_BUILD ?= build-asan
@@ -51,10 +51,10 @@ build: $(BUILD)/CMakeCache.txt
 test: deps format-check build asan-test
 	cd $(BUILD) && ctest --output-on-failure --timeout 1800
 
-# The safetensors/config/weights loader under AddressSanitizer and UndefinedBehaviorSanitizer (12 s on 2 cores).
-# ASAN_TESTS='~[gpu]' runs the whole CPU suite so (2 min 31 s on 2 cores; its [cli] tests need the programs, which
-# this build leaves out, and skip).
-ASAN_TESTS ?= [loader]
+# The CPU test suite under AddressSanitizer (leaks included) and UndefinedBehaviorSanitizer: 2 min 31 s to 2 min 47
+# s of running on 2 cores (the [cli] tests need the programs, which this build leaves out, and skip);
+# ASAN_TESTS=[loader] runs only the loader's tests (12 s).
+ASAN_TESTS ?= ~[gpu]
 asan-test:
 	@[ -f $(ASAN_BUILD)/CMakeCache.txt ] || cmake -S . -B $(ASAN_BUILD) -DCMAKE_BUILD_TYPE=Debug \
 	    -DHY_SANITIZE=ON -DHY_CUDA=OFF -DHY_TESTS_ONLY=ON $(CMAKE_ARGS)
