@@ -299,6 +299,16 @@ public:
     DType act_dtype() const override { return DType::BF16; }
     DType matrix_dtype(DType) const override { return DType::BF16; }
 
+    // The device memory free now (cudaMemGetInfo): the load refuses a larger arena before allocating, naming the
+    // context that would fit.
+    size_t memory_capacity() const override {
+        size_t free_b = 0, total_b = 0;
+        if (cudaSetDevice(device_) != cudaSuccess || cudaMemGetInfo(&free_b, &total_b) != cudaSuccess) {
+            cudaGetLastError();
+            return 0;
+        }
+        return free_b;
+    }
     void* alloc(size_t bytes) override {
         HY_CUDA_CHECK(cudaSetDevice(device_));
         void* p = nullptr;
