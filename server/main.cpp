@@ -1,12 +1,13 @@
 // hybrid-server: the OpenAI-compatible HTTP server (server/server.h), with llama-server's flag names.
 //
-// Exit status: 0 after SIGINT/SIGTERM, 1 when the model cannot be loaded or the port cannot be taken, 2 on a usage
-// error.
+// Exit status (hybrid's convention, README): 0 after SIGTERM, 130 after SIGINT (Ctrl-C), 1 on a usage error, 2 when
+// the model, its tokenizer or the chat template cannot be loaded, 6 when the address cannot be listened on.
 #include <pthread.h>
 
 #include <csignal>
 #include <cstdio>
 #include <cxxopts.hpp>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -19,7 +20,7 @@ namespace {
 
 int usage_error(const std::string& msg) {
     std::fprintf(stderr, "hybrid-server: %s (see hybrid-server -h)\n", msg.c_str());
-    return 2;
+    return 1;
 }
 
 }  // namespace
@@ -114,31 +115,41 @@ int main(int argc, char** argv) {
     sigemptyset(&stop_signals);
     sigaddset(&stop_signals, SIGINT);
     sigaddset(&stop_signals, SIGTERM);
+    sigaddset(&stop_signals, SIGUSR1);  // (wakes the waiter when listening fails)
     pthread_sigmask(SIG_BLOCK, &stop_signals, nullptr);
 
+    std::unique_ptr<hy::server::Server> server;
     try {
-        hy::server::Server server(p);
-        const int port = server.bind();
-        std::fprintf(stderr, "hybrid-server: %s\n", server.summary().c_str());
+        server = std::make_unique<hy::server::Server>(p);
+    } catch (const hy::Error& e) {
+        std::fprintf(stderr, "hybrid-server: %s\n", e.what());
+        return 2;
+    }
+    try {
+        const int port = server->bind();
+        std::fprintf(stderr, "hybrid-server: %s\n", server->summary().c_str());
         std::fprintf(stderr, "hybrid-server: listening on http://%s:%d\n", p.host.c_str(), port);
         std::fflush(stderr);
+        int sig = 0;
         std::thread waiter([&] {
-            int sig = 0;
             sigwait(&stop_signals, &sig);
-            server.stop();
+            if (sig == SIGINT || sig == SIGTERM) {
+                std::fprintf(stderr, "hybrid-server: stopping (requests in flight are cancelled)\n");
+                server->stop();
+            }
         });
-        const bool ok = server.serve();
+        const bool ok = server->serve();
         if (!ok) {
             std::fprintf(stderr, "hybrid-server: listening failed\n");
-            pthread_kill(waiter.native_handle(), SIGTERM);
+            pthread_kill(waiter.native_handle(), SIGUSR1);
             waiter.join();
-            return 1;
+            return 6;
         }
         waiter.join();
         std::fprintf(stderr, "hybrid-server: stopped\n");
-        return 0;
+        return sig == SIGINT ? 130 : 0;
     } catch (const hy::Error& e) {
         std::fprintf(stderr, "hybrid-server: %s\n", e.what());
-        return 1;
+        return 6;
     }
 }

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <atomic>
+#include <cctype>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
@@ -524,7 +525,17 @@ struct Server::Impl {
     // metrics
     std::atomic<uint64_t> n_chat{0}, n_completions{0}, n_errors{0}, n_prompt{0}, n_cached{0}, n_generated{0},
         n_cancelled{0};
-    std::atomic<int> n_waiting{0};  // submitted and not finished
+    std::atomic<int> n_waiting{0};      // submitted and not finished
+    std::atomic<bool> stopping{false};  // Server::stop(): requests in flight end as cancelled
+
+    // A prompt that leaves no room in the context is refused before a stream starts (400, not an error event).
+    void check_fits(const std::vector<int32_t>& prompt, const char* param) const {
+        if (int64_t(prompt.size()) >= model->n_ctx())
+            throw ApiError{400,
+                           "the prompt has " + std::to_string(prompt.size()) + " tokens; the context holds " +
+                               std::to_string(model->n_ctx()) + " per request (-c)",
+                           param, "invalid_request_error", "context_length_exceeded"};
+    }
 
     uint64_t random_seed() {
         std::lock_guard<std::mutex> lk(seed_m);
@@ -547,11 +558,7 @@ struct Server::Impl {
     // away (the request is then cancelled, and the output's finish is "cancelled").
     Output generate(const std::vector<int32_t>& prompt, const Settings& s, int save_at, const PeerWatch& peer,
                     const std::function<bool(const std::string&, const Output&, size_t, size_t)>& on_text) {
-        if (int64_t(prompt.size()) >= model->n_ctx())
-            throw ApiError{400,
-                           "the prompt has " + std::to_string(prompt.size()) + " tokens; the context holds " +
-                               std::to_string(model->n_ctx()) + " per request (-c)",
-                           "messages", "invalid_request_error", "context_length_exceeded"};
+        check_fits(prompt, "messages");
         auto job = std::make_shared<Job>();
         GenerationRequest& r = job->req;
         r.prompt = prompt;
@@ -630,7 +637,7 @@ struct Server::Impl {
                     held_from = k + 1;
                 }
             }
-            if (!gone && !done && peer.closed()) gone = true;
+            if (!gone && !done && (peer.closed() || stopping.load())) gone = true;
             if (gone) {
                 job->cancel = true;
                 engine->wake();
@@ -756,13 +763,19 @@ struct Server::Impl {
             res.status = a.status;
             res.set_content(dump(error_json(a)), "application/json");
         }
-        if (p.verbose)
-            std::fprintf(stderr, "hybrid-server: %s %s %d\n", req.method.c_str(), req.path.c_str(), res.status);
+        if (p.verbose)  // (a response that is not an error has no status yet: httplib sends 200)
+            std::fprintf(stderr, "hybrid-server: %s %s %d\n", req.method.c_str(), req.path.c_str(),
+                         res.status < 0 ? 200 : res.status);
     }
 
     bool authorized(const httplib::Request& req) const {
         if (p.api_key.empty()) return true;
-        return req.get_header_value("Authorization") == "Bearer " + p.api_key;
+        // the scheme is case-insensitive (RFC 9110 11.1), the key is not
+        const std::string h = req.get_header_value("Authorization");
+        if (h.size() != 7 + p.api_key.size() || h[6] != ' ') return false;
+        for (size_t i = 0; i < 6; i++)
+            if (std::tolower(static_cast<unsigned char>(h[i])) != "bearer"[i]) return false;
+        return h.compare(7, std::string::npos, p.api_key) == 0;
     }
 
     // Sends `chunks` as server-sent events from the worker thread: the provider runs the generation itself.
@@ -806,6 +819,7 @@ struct Server::Impl {
         if (echo) bad("echo", "echo is not supported");
         if (const ojson* sfx = field(body, "suffix"))
             if (!sfx->is_string() || !sfx->get<std::string>().empty()) bad("suffix", "suffix is not supported");
+        check_fits(prompt, "prompt");
         const std::string id = "cmpl-" + std::to_string(next_id++);
         const std::time_t now = std::time(nullptr);
         auto base = [&, id, now]() {
@@ -876,6 +890,7 @@ struct Server::Impl {
         const std::string text = chat.render(messages, tools, add_gen, kwargs);
         const std::vector<int32_t> prompt = encode(text);
         if (prompt.empty()) bad("messages", "the rendered prompt is empty");
+        check_fits(prompt, "messages");
         // The cache point: the prompt without its generation prompt, when its ids are a prefix of the prompt's.
         int save_at = 0;
         if (cache->enabled() && s.cache_prompt && add_gen) {
@@ -1156,7 +1171,11 @@ int Server::bind() {
 
 bool Server::serve() { return impl_->http.listen_after_bind(); }
 
-void Server::stop() { impl_->http.stop(); }
+void Server::stop() {
+    impl_->stopping = true;  // the requests in flight end (as cancelled), so the HTTP workers can finish
+    impl_->engine->wake();
+    impl_->http.stop();
+}
 
 std::string Server::summary() const {
     const Impl& s = *impl_;

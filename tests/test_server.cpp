@@ -401,7 +401,12 @@ TEST_CASE("server: bad requests get 4xx OpenAI errors without disturbing the oth
          "top_logprobs"},
         {"/v1/completions", "{\"prompt\": 7}", 400, "prompt"},
         {"/v1/completions", "{\"prompt\": [1, 99999]}", 400, "prompt"},
-        {"/v1/completions", "{\"prompt\": \"" + long_prompt + "\"}", 400, "messages"},
+        {"/v1/completions", "{\"prompt\": \"" + long_prompt + "\"}", 400, "prompt"},
+        // streamed, the prompt that does not fit is refused before the stream starts (400, not an error event)
+        {"/v1/completions", "{\"stream\": true, \"prompt\": \"" + long_prompt + "\"}", 400, "prompt"},
+        {"/v1/chat/completions",
+         "{\"stream\": true, \"messages\": [{\"role\": \"user\", \"content\": \"" + long_prompt + "\"}]}", 400,
+         "messages"},
         {"/v1/completions", "{\"prompt\": \"x\", \"min_p\": 1.5}", 400, "min_p"},
         {"/v1/completions", "{\"prompt\": \"x\", \"seed\": \"abc\"}", 400, "seed"},
         {"/v1/nothing", "{}", 404, nullptr},
