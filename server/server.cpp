@@ -787,7 +787,14 @@ struct Server::Impl {
                 const std::string line = "data: " + dump(j) + "\n\n";
                 return sink.write(line.data(), line.size());
             };
-            run(send);
+            // what fails once the stream has started is reported in it, as an error event
+            try {
+                run(send);
+            } catch (const ApiError& e) {
+                send(error_json(e));
+            } catch (const std::exception& e) {
+                send(error_json(ApiError{500, e.what(), "", "server_error", ""}));
+            }
             const std::string done = "data: [DONE]\n\n";
             sink.write(done.data(), done.size());
             sink.done();
@@ -826,32 +833,26 @@ struct Server::Impl {
             return ojson{{"id", id}, {"object", "text_completion"}, {"created", now}, {"model", model_id}};
         };
         if (s.stream) {
-            // (the request is checked and its prompt encoded: what can still fail is reported in the stream)
+            // (the request is checked and its prompt encoded: what can still fail is reported in the stream, by
+            // stream())
             auto peer = std::make_shared<PeerWatch>(req);
             stream(res, [this, prompt, s, base, peer](const std::function<bool(const ojson&)>& send) {
-                try {
-                    size_t offset = 0;
-                    const Output o = generate(
-                        prompt, s, 0, *peer, [&](const std::string& text, const Output& sofar, size_t a, size_t b) {
-                            ojson c = base();
-                            ojson choice{
-                                {"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
-                            if (s.logprobs) choice["logprobs"] = completion_logprobs(sofar, a, b, offset);
-                            c["choices"] = ojson::array({choice});
-                            offset += text.size();
-                            return send(c);
-                        });
-                    if (o.finish == "cancelled") return;
-                    ojson c = base();
-                    c["choices"] = ojson::array(
-                        {ojson{{"text", ""}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", o.finish}}});
-                    if (s.include_usage) c["usage"] = usage(o);
-                    send(c);
-                } catch (const ApiError& e) {
-                    send(error_json(e));
-                } catch (const std::exception& e) {
-                    send(error_json(ApiError{500, e.what(), "", "server_error", ""}));
-                }
+                size_t offset = 0;
+                const Output o = generate(
+                    prompt, s, 0, *peer, [&](const std::string& text, const Output& sofar, size_t a, size_t b) {
+                        ojson c = base();
+                        ojson choice{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
+                        if (s.logprobs) choice["logprobs"] = completion_logprobs(sofar, a, b, offset);
+                        c["choices"] = ojson::array({choice});
+                        offset += text.size();
+                        return send(c);
+                    });
+                if (o.finish == "cancelled") return;
+                ojson c = base();
+                c["choices"] = ojson::array(
+                    {ojson{{"text", ""}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", o.finish}}});
+                if (s.include_usage) c["usage"] = usage(o);
+                send(c);
             });
             return;
         }
@@ -928,50 +929,43 @@ struct Server::Impl {
             auto peer = std::make_shared<PeerWatch>(req);
             stream(res, [this, prompt, s, save_at, base, peer, in_think, think, tools,
                          calls_json](const std::function<bool(const ojson&)>& send) {
-                try {
-                    OutputParser parser(in_think, think, tools);
-                    auto delta_chunk = [&](const ojson& delta, const ojson& logprobs, const ojson& finish) {
-                        ojson c = base();
-                        c["choices"] = ojson::array(
-                            {ojson{{"index", 0}, {"delta", delta}, {"logprobs", logprobs}, {"finish_reason", finish}}});
-                        return send(c);
-                    };
-                    auto send_delta = [&](const OutputParser::Delta& d, const ojson& logprobs) {
-                        bool ok = true;
-                        if (!d.reasoning.empty())
-                            ok = delta_chunk(ojson{{"reasoning_content", d.reasoning}}, nullptr, nullptr);
-                        if (ok && (!d.content.empty() || !logprobs.is_null()))
-                            ok = delta_chunk(ojson{{"content", d.content}}, logprobs, nullptr);
-                        return ok;
-                    };
-                    if (!delta_chunk(ojson{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr)) return;
-                    const Output o = generate(prompt, s, save_at, *peer,
-                                              [&](const std::string& text, const Output& sofar, size_t a, size_t b) {
-                                                  const ojson lp =
-                                                      s.logprobs ? chat_logprobs(sofar, a, b) : ojson(nullptr);
-                                                  return send_delta(parser.feed(text), lp);
-                                              });
-                    if (o.finish == "cancelled") return;
-                    send_delta(parser.finish(), nullptr);
-                    std::string finish = o.finish;
-                    if (!parser.tool_calls().empty()) {
-                        delta_chunk(ojson{{"tool_calls", calls_json(parser.tool_calls(), true)}}, nullptr, nullptr);
-                        finish = "tool_calls";
-                    }
-                    ojson last = base();
-                    last["choices"] = ojson::array({ojson{
-                        {"index", 0}, {"delta", ojson::object()}, {"logprobs", nullptr}, {"finish_reason", finish}}});
-                    send(last);
-                    if (s.include_usage) {
-                        ojson u = base();
-                        u["choices"] = ojson::array();
-                        u["usage"] = usage(o);
-                        send(u);
-                    }
-                } catch (const ApiError& e) {
-                    send(error_json(e));
-                } catch (const std::exception& e) {
-                    send(error_json(ApiError{500, e.what(), "", "server_error", ""}));
+                OutputParser parser(in_think, think, tools);
+                auto delta_chunk = [&](const ojson& delta, const ojson& logprobs, const ojson& finish) {
+                    ojson c = base();
+                    c["choices"] = ojson::array(
+                        {ojson{{"index", 0}, {"delta", delta}, {"logprobs", logprobs}, {"finish_reason", finish}}});
+                    return send(c);
+                };
+                auto send_delta = [&](const OutputParser::Delta& d, const ojson& logprobs) {
+                    bool ok = true;
+                    if (!d.reasoning.empty())
+                        ok = delta_chunk(ojson{{"reasoning_content", d.reasoning}}, nullptr, nullptr);
+                    if (ok && (!d.content.empty() || !logprobs.is_null()))
+                        ok = delta_chunk(ojson{{"content", d.content}}, logprobs, nullptr);
+                    return ok;
+                };
+                if (!delta_chunk(ojson{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr)) return;
+                const Output o = generate(prompt, s, save_at, *peer,
+                                          [&](const std::string& text, const Output& sofar, size_t a, size_t b) {
+                                              const ojson lp = s.logprobs ? chat_logprobs(sofar, a, b) : ojson(nullptr);
+                                              return send_delta(parser.feed(text), lp);
+                                          });
+                if (o.finish == "cancelled") return;
+                send_delta(parser.finish(), nullptr);
+                std::string finish = o.finish;
+                if (!parser.tool_calls().empty()) {
+                    delta_chunk(ojson{{"tool_calls", calls_json(parser.tool_calls(), true)}}, nullptr, nullptr);
+                    finish = "tool_calls";
+                }
+                ojson last = base();
+                last["choices"] = ojson::array({ojson{
+                    {"index", 0}, {"delta", ojson::object()}, {"logprobs", nullptr}, {"finish_reason", finish}}});
+                send(last);
+                if (s.include_usage) {
+                    ojson u = base();
+                    u["choices"] = ojson::array();
+                    u["usage"] = usage(o);
+                    send(u);
                 }
             });
             return;
