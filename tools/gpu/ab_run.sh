@@ -5,7 +5,7 @@
 # hybrid-bench on a Qwen3.5-4B-shaped random checkpoint: decode b=1, prefill 4096 and batched decode, new and base
 # in alternation (ROUNDS rounds, default 2), so that a difference of about 1% stands out of the run-to-run noise.
 # Usage (device tool, from the repository root): bash tools/gpu/ab_run.sh   with carry [".carry"]
-# (.carry from ../shared/tools/device_prep.sh). STAGES (default "all"): build tests bench moe moe_trace
+# (.carry from ../shared/tools/device_prep.sh). STAGES (default "all"): build tests bench moe moe_trace moe_trained
 # (NOBASE=1: no baseline build; TRACE=1: also builds hybrid-bench with -DHY_CUDA_TRACE=ON for moe_trace).
 # Logs: $OUT/all.log, summary last.
 set -u
@@ -105,6 +105,19 @@ if want moe_trace; then  # each kernel's cost on the critical path of a 35B-A3B 
         --cuda-trace /tmp/trace_35b.txt
     python3 tools/gpu/trace_summary.py /tmp/trace_35b.txt --steps 48 >"$OUT/trace_35b.txt" 2>&1
     head -40 "$OUT/trace_35b.txt" >>"$SUM"
+fi
+if want moe_trained; then  # trained MoE models made here as the fixtures were (tiny-moe, tiny-next; 24 MB each, too big
+    # to travel): CUDA against HF's fp32 and bf16 greedy and logits, routing near-ties counted by hybrid-compare
+    for p in tiny-moe tiny-next; do
+        step "fixture_$p" 300 python3 .carry/tools/make_fixture.py --preset $p --out /tmp/$p --train-steps 900 \
+            --tokenizer models/tiny/tokenizer.json
+        for key in greedy_fp32_cuda greedy_bf16_cuda; do
+            step "compare_${p}_$key" 60 $N/hybrid-compare -m /tmp/$p --device cuda --key $key --tol 0.1 --near-tie 0.05
+            grep -E "^(ok|FAIL)|SUMMARY" "$LOG" | tail -9 >>"$SUM"
+        done
+        step "compare_${p}_cpu" 120 $N/hybrid-compare -m /tmp/$p --device cpu --key greedy_fp32_cuda --tol 1e-3
+        grep -E "SUMMARY" "$LOG" | tail -1 >>"$SUM"
+    done
 fi
 say "total $(($(date +%s) - T0)) s"
 echo "================ summary"
