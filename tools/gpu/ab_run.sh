@@ -13,7 +13,7 @@ set -u
 STAGES=${STAGES:-all}
 want() { [ "$STAGES" = all ] || [[ " $STAGES " == *" $1 "* ]]; }
 DEPS=$PWD/.carry/deps
-CFG=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DHY_NATIVE=OFF -DHY_DEPS_PREFIX=$DEPS
+CFG=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DHY_NATIVE=OFF -DHY_SERVER=OFF -DHY_DEPS_PREFIX=$DEPS
     -DHY_PCRE2_LIB=$DEPS/lib/libpcre2-8.a -DHY_UTF8PROC_LIB=$DEPS/lib/libutf8proc.a)
 TARGETS=(--target hybrid-tests hybrid-bench hybrid-compare hybrid hybrid-kernel-bench)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$SUM" 2>&1
