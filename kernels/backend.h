@@ -96,12 +96,13 @@ struct GatedDeltaNetArgs {
 
 // The model shapes a backend's scratch depends on (Backend::workspace_bytes).
 struct WorkspaceShape {
-    int max_heads = 0;         // the most heads of a mixer (attention query heads, Gated DeltaNet value heads)
-    int max_head_dim = 0;      // the largest head dim
-    int hidden = 0;            // H
-    int n_experts = 0;         // E (0: no MoE layer)
-    int experts_per_tok = 0;   // k
-    int moe_intermediate = 0;  // I of a routed expert
+    int max_heads = 0;            // the most heads of a mixer (attention query heads, Gated DeltaNet value heads)
+    int max_head_dim = 0;         // the largest head dim
+    int hidden = 0;               // H
+    int n_experts = 0;            // E (0: no MoE layer)
+    int experts_per_tok = 0;      // k
+    int moe_intermediate = 0;     // I of a routed expert
+    int shared_intermediate = 0;  // Is of the shared expert (0: none)
 };
 
 // The routed experts of one MoE layer, stacked in the arena whatever the checkpoint's layout (fused 3-D tensors or
@@ -112,6 +113,15 @@ struct MoeExperts {
     Matrix down;           // [E * H, I]
     int n_experts = 0;     // E
     int intermediate = 0;  // I
+};
+
+// The shared expert of a MoE layer (Qwen3.5-MoE, Qwen3-Next; docs/QWEN35.md "Mixture-of-experts members"): a SwiGLU
+// every row goes through, scaled by sigmoid(x . gate). gate_proj.rows == 0: the layer has none.
+struct SharedExpert {
+    Matrix gate_proj;  // [Is, H]
+    Matrix up_proj;    // [Is, H]
+    Matrix down_proj;  // [H, Is]
+    Matrix gate;       // [1, H] (shared_expert_gate)
 };
 
 // One projection of a group over a shared input (Backend::matmul_group): y[rows, w.rows] = x[rows, w.cols] @ w^T.
@@ -237,13 +247,14 @@ public:
     // [rows, k] and ids I32 [rows, k] are arena buffers; 1 <= k <= E.
     virtual void moe_route(const void* x, int64_t rows, const Matrix& router, int k, bool normalize, float* weights,
                            int32_t* ids) = 0;
-    // The routed experts' output: y[t] = sum over j of weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)),
-    // e = ids[t, j], added in increasing e (the order transformers accumulates them in). x, y act [rows, H].
-    virtual void moe_experts(const void* x, int64_t rows, const MoeExperts& experts, const float* weights,
-                             const int32_t* ids, int k, void* y) = 0;
-    // The shared expert's gated contribution: y[t] += sigmoid(x_t . gate) * s[t] (gate [1, H]; y, s, x act
-    // [rows, H]; y must not alias s or x).
-    virtual void add_sigmoid_gated(void* y, const void* s, const void* x, const Matrix& gate, int64_t rows) = 0;
+    // The MoE block's experts (fused: routed and shared): y[t] = r[t] + sigmoid(x_t . shared.gate) * s[t], where
+    // r[t] = sum over j of weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = ids[t, j], added in increasing e
+    // (the order transformers accumulates them in), and s[t] = shared.down_proj(silu(shared.gate_proj(x_t)) *
+    // shared.up_proj(x_t)) (s = 0 when shared.gate_proj.rows == 0). x, y act [rows, H]; y must not alias x. The
+    // values are those of the routed sum, gate_up_silu, matmul and the gated add in sequence; the CUDA backend runs
+    // the shared expert inside the routed experts' two kernels for decode-sized rows.
+    virtual void moe_experts(const void* x, int64_t rows, const MoeExperts& experts, const SharedExpert& shared,
+                             const float* weights, const int32_t* ids, int k, void* y) = 0;
     // y[n] += x[n].
     virtual void add(void* y, const void* x, int64_t n) = 0;
     // y[n] = silu(gate[n]) * up[n] (the MLP activation; n = rows * F).

@@ -89,12 +89,8 @@ void Model::forward(const BatchDesc& batch, std::span<const int32_t> out_rows) {
             const MoeWeights& m = L.moe_block;
             const int k = c.n_experts_per_tok;
             be.moe_route(a.xn, T, m.router, k, c.norm_topk_prob, a.route_weights, a.route_ids);  // [T, k]
-            be.moe_experts(a.xn, T, m.experts, a.route_weights, a.route_ids, k, a.y);            // [T, H]
-            if (m.shared.gate_proj.rows > 0) {
-                be.gate_up_silu(a.xn, T, m.shared.gate_proj, m.shared.up_proj, a.gate, a.up, a.gate);  // [T, Is]
-                be.matmul(a.gate, T, m.shared.down_proj, a.shared);                                    // [T, H]
-                be.add_sigmoid_gated(a.y, a.shared, a.xn, m.shared_gate, T);  // y += sigmoid(xn . g) shared
-            }
+            // routed experts + sigmoid(xn . g) * shared expert, one fused op
+            be.moe_experts(a.xn, T, m.experts, m.shared, a.route_weights, a.route_ids, k, a.y);  // [T, H]
         } else {
             be.gate_up_silu(a.xn, T, L.mlp.gate_proj, L.mlp.up_proj, a.gate, a.up, a.gate);  // [T, F]
             be.matmul(a.gate, T, L.mlp.down_proj, a.y);                                      // [T, H]

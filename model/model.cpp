@@ -313,7 +313,7 @@ struct ModelLoader {
             matrix(w.shared.gate_proj, mp + "shared_expert.gate_proj.weight", S, H);
             matrix(w.shared.up_proj, mp + "shared_expert.up_proj.weight", S, H);
             matrix(w.shared.down_proj, mp + "shared_expert.down_proj.weight", H, S);
-            matrix(w.shared_gate, mp + "shared_expert_gate.weight", 1, H);
+            matrix(w.shared.gate, mp + "shared_expert_gate.weight", 1, H);
         }
     }
 
@@ -572,7 +572,6 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     size_t o_z = ld.reserve(T * Hv * Dv * as), o_b = ld.reserve(T * Hv * as), o_a = ld.reserve(T * Hv * as);
     size_t o_mix_out = ld.reserve(T * std::max(Hq * D, Hv * Dv) * as);
     size_t o_gate = ld.reserve(T * F * as), o_up = ld.reserve(T * F * as);
-    size_t o_shared = c.has_moe() ? ld.reserve(T * H * as) : 0;
     size_t o_route_w = c.has_moe() ? ld.reserve(T * K * 4) : 0, o_route_ids = c.has_moe() ? ld.reserve(T * K * 4) : 0;
     size_t o_last = ld.reserve(size_t(p.max_logits) * H * as);
     size_t o_logits = ld.reserve(size_t(p.max_logits) * size_t(c.vocab_size) * 4);
@@ -586,6 +585,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     ws.n_experts = c.n_experts;
     ws.experts_per_tok = c.n_experts_per_tok;
     ws.moe_intermediate = c.moe_intermediate_size;
+    ws.shared_intermediate = c.shared_expert_intermediate_size;
     size_t o_ws = ld.reserve(be.workspace_bytes(limits, ws));
     m->arena_bytes_ = ld.offset;
     // An arena larger than the memory it can ever have is refused now, with the numbers, before anything is
@@ -640,7 +640,6 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     a.gate = base + o_gate;
     a.up = base + o_up;
     if (c.has_moe()) {
-        a.shared = base + o_shared;
         a.route_weights = reinterpret_cast<float*>(base + o_route_w);
         a.route_ids = reinterpret_cast<int32_t*>(base + o_route_ids);
     }

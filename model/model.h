@@ -50,10 +50,9 @@ struct MlpWeights {
 
 // A sparse MoE block (docs/QWEN35.md "Mixture-of-experts members").
 struct MoeWeights {
-    Matrix router;       // [E, H] (mlp.gate)
-    MoeExperts experts;  // stacked [E * 2I, H] and [E * H, I]
-    MlpWeights shared;   // the shared expert (gate/up [Is, H], down [H, Is]); rows == 0: none
-    Matrix shared_gate;  // [1, H]
+    Matrix router;        // [E, H] (mlp.gate)
+    MoeExperts experts;   // stacked [E * 2I, H] and [E * H, I]
+    SharedExpert shared;  // gate/up [Is, H], down [H, Is], gate [1, H]; gate_proj.rows == 0: none
 };
 
 struct LayerWeights {
@@ -95,9 +94,8 @@ struct Activations {
     void* b = nullptr;               // [T, Hv]
     void* a = nullptr;               // [T, Hv]
     void* mix_out = nullptr;         // [T, max(Hq*D, Hv*Dv)]
-    void* gate = nullptr;            // [T, max(F, Is)] (Is: the shared expert's width)
-    void* up = nullptr;              // [T, max(F, Is)]
-    void* shared = nullptr;          // [T, H] the shared expert's output (MoE models)
+    void* gate = nullptr;            // [T, F] (dense MLP layers)
+    void* up = nullptr;              // [T, F]
     float* route_weights = nullptr;  // [T, k] F32 routing weights (MoE models)
     int32_t* route_ids = nullptr;    // [T, k] I32 chosen experts (MoE models)
     void* last = nullptr;            // [max_logits, H] rows whose logits are wanted

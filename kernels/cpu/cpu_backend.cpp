@@ -97,12 +97,13 @@ public:
         // The mixers: q scratch [T, Hq, D] (or GDN mixed [T, C], which is no larger than T * 4 * heads * dim),
         // scores [threads, n_ctx]. MoE layers (used at other times than the mixers' scratch): router logits [T, E],
         // then the gathered rows of one expert [T, H], its gate|up [T, 2I], activation [T, I], output [T, H] and
-        // row list [T] (cpu::moe_experts).
+        // row list [T] (cpu::moe_experts); then the shared expert's gate|up [T, 2 Is], output [T, H] and gate [T].
         const size_t T = size_t(l.max_tokens);
         const size_t mixers =
             T * size_t(s.max_heads) * size_t(s.max_head_dim) * 4 * 4 + size_t(pool_.size()) * size_t(l.n_ctx) * 4;
         const size_t H = size_t(s.hidden), E = size_t(s.n_experts), I = size_t(s.moe_intermediate);
-        const size_t moe = E > 0 ? T * std::max(E, 2 * H + 3 * I + 1) * 4 : 0;
+        const size_t Is = size_t(s.shared_intermediate);
+        const size_t moe = E > 0 ? T * std::max({E, 2 * H + 3 * I + 1, 2 * Is + H + 1}) * 4 : 0;
         return std::max(mixers, moe);
     }
     void set_workspace(void* ws, const BatchLimits& l) override {
@@ -160,20 +161,25 @@ public:
         for (int64_t t = 0; t < rows; t++)
             cpu::softmax_top_k(logits + t * E, E, k, normalize, weights + t * k, ids + t * k);
     }
-    void moe_experts(const void* x, int64_t rows, const MoeExperts& ex, const float* weights, const int32_t* ids, int k,
-                     void* y) override {
-        cpu::moe_experts(static_cast<const float*>(x), rows, ex, weights, ids, k, static_cast<float*>(y), scratch_,
-                         pool_);
-    }
-    void add_sigmoid_gated(void* y, const void* s, const void* x, const Matrix& gate, int64_t rows) override {
-        float* g = scratch_;  // [rows]
-        cpu::matmul(static_cast<const float*>(x), rows, gate, g, pool_);
-        const int64_t H = gate.cols;
+    // The routed experts (cpu::moe_experts), then the shared expert in the scratch the routed pass is done with:
+    // gate|up [rows, Is] each, its output [rows, H] and the gate's logits [rows].
+    void moe_experts(const void* x, int64_t rows, const MoeExperts& ex, const SharedExpert& shared,
+                     const float* weights, const int32_t* ids, int k, void* y) override {
+        const float* xx = static_cast<const float*>(x);
         float* yy = static_cast<float*>(y);
-        const float* ss = static_cast<const float*>(s);
+        cpu::moe_experts(xx, rows, ex, weights, ids, k, yy, scratch_, pool_);
+        if (shared.gate_proj.rows == 0) return;
+        const int64_t Is = shared.gate_proj.rows, H = shared.gate.cols;
+        float* gate = scratch_;
+        float* up = gate + rows * Is;
+        float* s = up + rows * Is;
+        float* g = s + rows * H;
+        gate_up_silu(x, rows, shared.gate_proj, shared.up_proj, gate, up, gate);
+        cpu::matmul(gate, rows, shared.down_proj, s, pool_);
+        cpu::matmul(xx, rows, shared.gate, g, pool_);
         for (int64_t t = 0; t < rows; t++) {
             const float sg = 1.0f / (1.0f + std::exp(-g[t]));
-            for (int64_t i = 0; i < H; i++) yy[t * H + i] += sg * ss[t * H + i];
+            for (int64_t i = 0; i < H; i++) yy[t * H + i] += sg * s[t * H + i];
         }
     }
     void add(void* y, const void* x, int64_t n) override {

@@ -140,6 +140,7 @@ struct Op {
     float eps = 0.0f;
     bool flag = false;  // rms_norm zero_centred
     cuda::GemvGroup group;
+    cuda::MoeShared shared;  // moe_experts: the fused shared expert (gate_proj null: none)
     AttentionArgs attn;
     GatedDeltaNetArgs gdn;
     cuda::RowMap rows;
@@ -180,6 +181,13 @@ void sign(const Op& op, std::vector<uint64_t>& sig) {
             p(op.group.y[k]);
             u(uint64_t(op.group.n[k]));
         }
+    }
+    if (op.kind == Op::Kind::moe_experts) {
+        p(op.shared.gate_proj);
+        p(op.shared.up_proj);
+        p(op.shared.down_proj);
+        p(op.shared.gate);
+        u(uint64_t(op.shared.Is));
     }
     if (op.kind == Op::Kind::attention) {
         const AttentionArgs& a = op.attn;
@@ -416,7 +424,10 @@ public:
         split_floats_ = cuda::attention_split_floats(std::max(max_heads, 1), std::max(max_head_dim, 1));
         moe_slot_elems_ = moe_index_ints_ = 0;
         if (s.n_experts > 0) {
-            moe_slot_elems_ = align256(T * size_t(s.experts_per_tok) * size_t(s.hidden) * 2) / 2;
+            // (also the shared expert's buffers: gate|up [T, 2 Is] and output [T, H], or fused: act [T, Is] and
+            // gates [T] fp32)
+            const size_t Is = size_t(s.shared_intermediate), H = size_t(s.hidden);
+            moe_slot_elems_ = align256(T * std::max(size_t(s.experts_per_tok) * H, 2 * Is + H + 2) * 2) / 2;
             moe_index_ints_ = align256(cuda::moe_index_ints(int64_t(T), s.n_experts, s.experts_per_tok) * 4) / 4;
         }
         return align256(cuda::Gemm::kWorkspaceBytes) + align256(5 * T * 4 + R * sizeof(SeqRun)) + scratch_a_elems_ * 2 +
@@ -627,14 +638,27 @@ public:
         submit(op);
     }
     // Two kernels (cuda::moe_experts: the chosen experts' gate/up/SiLU, then down_proj and the weighted sum).
-    void moe_experts(const void* x, int64_t rows, const MoeExperts& ex, const float* weights, const int32_t* ids, int k,
-                     void* y) override {
+    // Decode-sized rows: two kernels, the shared expert inside them (cuda::moe_experts' fused path). Else the
+    // routed experts' kernels, then the shared expert as gate_up_silu, matmul and add_sigmoid_gated in the MoE
+    // slot buffer (free again once the routed experts' combine has run): gate|up [rows, 2 Is], output [rows, H].
+    void moe_experts(const void* x, int64_t rows, const MoeExperts& ex, const SharedExpert& shared,
+                     const float* weights, const int32_t* ids, int k, void* y) override {
         require_bf16(ex.gate_up, "MoE experts");
         require_bf16(ex.down, "MoE experts");
+        const int H = int(ex.gate_up.cols);
+        const int64_t Is = shared.gate_proj.rows;
+        if (Is > 0) {
+            require_bf16(shared.gate_proj, "shared expert");
+            require_bf16(shared.up_proj, "shared expert");
+            require_bf16(shared.down_proj, "shared expert");
+            require_bf16(shared.gate, "shared expert gate");
+        }
+        const bool fused = Is > 0 && cuda::moe_fuses_shared(rows, H, ex.intermediate, int(Is), ctx_);
         if (size_t(rows) * size_t(k) * size_t(ex.intermediate) > scratch_a_elems_ ||
-            (cuda::moe_grouped(rows, int(ex.gate_up.cols), ex.intermediate, ctx_) &&
-             (size_t(rows) * size_t(k) * size_t(ex.gate_up.cols) > moe_slot_elems_ ||
-              cuda::moe_index_ints(rows, ex.n_experts, k) > moe_index_ints_)))
+            (cuda::moe_grouped(rows, H, ex.intermediate, ctx_) &&
+             (size_t(rows) * size_t(k) * size_t(H) > moe_slot_elems_ ||
+              cuda::moe_index_ints(rows, ex.n_experts, k) > moe_index_ints_)) ||
+            (Is > 0 && size_t(rows) * size_t(2 * Is + H) > moe_slot_elems_))
             throw Error(Status::internal, "CUDA MoE experts: workspace too small");
         Op op;
         op.kind = Op::Kind::moe_experts;
@@ -648,10 +672,21 @@ public:
         op.x2 = ids;
         op.y = y;
         op.n3 = ex.intermediate;
+        if (fused)
+            op.shared = cuda::MoeShared{
+                static_cast<const bf16*>(shared.gate_proj.data), static_cast<const bf16*>(shared.up_proj.data),
+                static_cast<const bf16*>(shared.down_proj.data), static_cast<const bf16*>(shared.gate.data), int(Is)};
         submit(op);
+        if (Is == 0 || fused) return;
+        bf16* gate = moe_slot_;
+        bf16* up = gate + rows * Is;
+        bf16* s = up + rows * Is;
+        gate_up_silu(x, rows, shared.gate_proj, shared.up_proj, gate, up, gate);
+        matmul(gate, rows, shared.down_proj, s);
+        add_sigmoid_gated(y, s, x, shared.gate, rows);
     }
-    // One kernel (cuda::add_sigmoid_gated).
-    void add_sigmoid_gated(void* y, const void* s, const void* x, const Matrix& gate, int64_t rows) override {
+    // y[t] += sigmoid(x_t . gate) * s[t] (the shared expert's gated add): one kernel (cuda::add_sigmoid_gated).
+    void add_sigmoid_gated(void* y, const void* s, const void* x, const Matrix& gate, int64_t rows) {
         require_bf16(gate, "shared expert gate");
         Op op;
         op.kind = Op::Kind::add_sigmoid_gated;
@@ -863,9 +898,12 @@ private:
                 scratch.act = scratch_a_;
                 scratch.y_slot = moe_slot_;
                 scratch.index = moe_index_;
+                // the fused shared expert's activation [rows, Is] and gates [rows] (fp32 aligned) in the slot buffer
+                scratch.shared_act = moe_slot_;
+                scratch.shared_gate = reinterpret_cast<float*>(moe_slot_ + (op.n * op.shared.Is + 1) / 2 * 2);
                 cuda::moe_experts(static_cast<const bf16*>(op.x), op.n, ex, int(op.m.cols), op.w,
-                                  static_cast<const int32_t*>(op.x2), int(op.dim), scratch, static_cast<bf16*>(op.y),
-                                  ctx_);
+                                  static_cast<const int32_t*>(op.x2), int(op.dim),
+                                  op.shared.gate_proj ? &op.shared : nullptr, scratch, static_cast<bf16*>(op.y), ctx_);
                 return;
             }
             case K::add_sigmoid_gated:

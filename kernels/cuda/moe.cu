@@ -161,12 +161,30 @@ constexpr int kDownWords = 2;  // prefetching down: words per lane per expert an
 constexpr int kDownChunk = 8;  // prefetching down: experts whose rows are in flight together
 
 // act[(t k + j), i] = bf16(bf16(silu(bf16(gate_e . x_t))) * bf16(up_e . x_t)), e = ids[t k + j]; one warp per i.
+// Blocks x >= rows k (with a shared expert): shared_act[t, i] likewise with the shared expert's gate and up, t =
+// x - rows k; and one warp of the row's first block: shared_gate[t] = bf16(sigmoid(bf16(x_t . gate))).
 __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up,
-                                   const int32_t* __restrict__ ids, int E, int H, int I, int k, bf16* act) {
+                                   const int32_t* __restrict__ ids, int E, int H, int I, int k, int64_t rows, bf16* act,
+                                   MoeShared sh, bf16* shared_act, float* shared_gate) {
     pdl_wait();
     pdl_trigger();                  // (after the wait: the down kernel reads the routing before its own wait)
-    const int64_t tj = blockIdx.x;  // t * k + j
-    const int i = blockIdx.y * kMoeWarps + (threadIdx.x >> 5);
+    const int64_t tj = blockIdx.x;  // t * k + j, or rows * k + t
+    const int warp = threadIdx.x >> 5;
+    const int i = blockIdx.y * kMoeWarps + warp;
+    if (tj >= rows * k) {  // the shared expert
+        const int64_t t = tj - rows * k;
+        const bf16* xr = x + t * H;
+        if (i < sh.Is) {
+            const float g = round_bf16(warp_dot(xr, sh.gate_proj + int64_t(i) * H, H));
+            const float u = round_bf16(warp_dot(xr, sh.up_proj + int64_t(i) * H, H));
+            if ((threadIdx.x & 31) == 0) shared_act[t * sh.Is + i] = to_bf16(round_bf16(siluf_(g)) * u);
+        }
+        if (blockIdx.y == 0 && warp == kMoeWarps - 1) {
+            const float g = round_bf16(warp_dot(xr, sh.gate, H));
+            if ((threadIdx.x & 31) == 0) shared_gate[t] = round_bf16(1.0f / (1.0f + expf(-g)));
+        }
+        return;
+    }
     if (i >= I) return;
     const int e = ids[tj];
     const bf16* xr = x + (tj / k) * H;
@@ -193,9 +211,11 @@ __device__ __forceinline__ int choice_rank(int my_id, int lane, int k) {
 
 // y[t, h] = the bf16 running sum over the row's experts in increasing id of bf16(bf16(down_e[h] . act) * w); one
 // warp per h, the experts one after another.
+// With a shared expert (sh.down_proj): then acc = bf16(acc + bf16(shared_gate[t] * bf16(down_s[h] . shared_act[t]))).
 __global__ void moe_down_kernel(const bf16* __restrict__ act, const bf16* __restrict__ down,
                                 const float* __restrict__ weights, const int32_t* __restrict__ ids, int E, int H, int I,
-                                int k, bf16* y) {
+                                int k, MoeShared sh, const bf16* __restrict__ shared_act,
+                                const float* __restrict__ shared_gate, bf16* y) {
     pdl_trigger();
     pdl_wait();
     const int64_t t = blockIdx.x;
@@ -216,6 +236,10 @@ __global__ void moe_down_kernel(const bf16* __restrict__ act, const bf16* __rest
         const float d = round_bf16(warp_dot(act + (t * k + j) * I, down + (int64_t(e) * H + h) * I, I));
         acc = round_bf16(acc + round_bf16(d * weights[t * k + j]));
     }
+    if (sh.down_proj) {
+        const float d = round_bf16(warp_dot(shared_act + t * sh.Is, sh.down_proj + int64_t(h) * sh.Is, sh.Is));
+        acc = round_bf16(acc + round_bf16(shared_gate[t] * d));
+    }
     if ((threadIdx.x & 31) == 0) y[t * H + h] = to_bf16(acc);
 }
 
@@ -223,9 +247,13 @@ __global__ void moe_down_kernel(const bf16* __restrict__ act, const bf16* __rest
 // kernel starts only once gate/up has passed its wait, so the top-k kernel is complete; read through L2), the
 // first kDownChunk experts' first round of words is loaded before it too, the dot products of a chunk are in
 // flight together and then summed in increasing expert id.
+// The shared expert's down row (sh.down_proj; Is a multiple of 8) does not depend on the routing: its first round
+// of words is loaded before the wait too, and it is added last as in moe_down_kernel.
 __global__ void moe_down_prefetch_kernel(const bf16* __restrict__ act, const bf16* __restrict__ down,
                                          const float* __restrict__ weights, const int32_t* __restrict__ ids, int E,
-                                         int H, int I, int k, bool evict_first, bf16* y) {
+                                         int H, int I, int k, bool evict_first, MoeShared sh,
+                                         const bf16* __restrict__ shared_act, const float* __restrict__ shared_gate,
+                                         bf16* y) {
     pdl_trigger();
     const int64_t t = blockIdx.x;
     const int h = blockIdx.y * kMoeWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
@@ -257,8 +285,17 @@ __global__ void moe_down_prefetch_kernel(const bf16* __restrict__ act, const bf1
                     wv[u][q] = ld_weight(
                         reinterpret_cast<const uint4*>(down + (int64_t(e[u]) * H + h) * I) + base + 32 * q, pol);
     };
+    const uint4* srow = sh.down_proj ? reinterpret_cast<const uint4*>(sh.down_proj + int64_t(h) * sh.Is) : nullptr;
+    const int S8 = sh.Is / 8;
+    uint4 sv[kDownWords];
+    auto load_shared = [&](int base) {
+#pragma unroll
+        for (int q = 0; q < kDownWords; q++)
+            if (base + 32 * q < S8) sv[q] = ld_weight(srow + base + 32 * q, pol);
+    };
     choose(0);
     load(lane);
+    if (srow) load_shared(lane);
     pdl_wait();
     float acc = 0.0f;
     for (int c0 = 0; c0 < k; c0 += kDownChunk) {
@@ -290,6 +327,26 @@ __global__ void moe_down_prefetch_kernel(const bf16* __restrict__ act, const bf1
             const float d = round_bf16(warp_sum(part[u]));
             if (j[u] >= 0) acc = round_bf16(acc + round_bf16(d * weights[t * k + j[u]]));
         }
+    }
+    if (srow) {
+        float part = 0.0f;
+        const uint4* a4 = reinterpret_cast<const uint4*>(shared_act + t * sh.Is);
+        for (int base = lane;;) {
+#pragma unroll
+            for (int q = 0; q < kDownWords; q++)
+                if (base + 32 * q < S8) {
+                    float wf[8], af[8];
+                    unpack8(sv[q], wf);
+                    unpack8(a4[base + 32 * q], af);
+#pragma unroll
+                    for (int c = 0; c < 8; c++) part = fmaf(wf[c], af[c], part);
+                }
+            base += 32 * kDownWords;
+            if (base >= S8) break;
+            load_shared(base);
+        }
+        const float d = round_bf16(warp_sum(part));
+        acc = round_bf16(acc + round_bf16(shared_gate[t] * d));
     }
     if (lane == 0) y[t * H + h] = to_bf16(acc);
 }
@@ -613,22 +670,33 @@ bool moe_grouped(int64_t rows, int H, int I, const LaunchContext& ctx) {
     return rows >= ctx.moe_grouped_min_rows && H % kGroupK == 0 && I % kGroupK == 0;
 }
 
+bool moe_fuses_shared(int64_t rows, int H, int I, int Is, const LaunchContext& ctx) {
+    return !moe_grouped(rows, H, I, ctx) && H % 8 == 0 && Is % 8 == 0 && Is > 0;
+}
+
 void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const float* weights, const int32_t* ids,
-                 int k, const MoeScratch& scratch, bf16* y, const LaunchContext& ctx) {
+                 int k, const MoeShared* shared, const MoeScratch& scratch, bf16* y, const LaunchContext& ctx) {
     if (rows <= 0) return;
     const int E = ex.n_experts, I = ex.intermediate;
     const bf16* gate_up = static_cast<const bf16*>(ex.gate_up.data);
     const bf16* down = static_cast<const bf16*>(ex.down.data);
+    if (shared && !moe_fuses_shared(rows, H, I, shared->Is, ctx))
+        throw Error(Status::internal, "CUDA MoE experts: a shared expert cannot be fused for these rows");
     if (!moe_grouped(rows, H, I, ctx)) {
-        launch(moe_gate_up_kernel, dim3(unsigned(rows * k), ceil_div(I, kMoeWarps)), kMoeWarps * 32, 0, ctx,
-               "MoE gate/up kernel", x, gate_up, ids, E, H, I, k, scratch.act);
+        const MoeShared sh = shared ? *shared : MoeShared{};
+        const int cols = std::max(I, sh.Is);
+        launch(moe_gate_up_kernel, dim3(unsigned(rows * k + (shared ? rows : 0)), ceil_div(cols, kMoeWarps)),
+               kMoeWarps * 32, 0, ctx, "MoE gate/up kernel", x, gate_up, ids, E, H, I, k, rows, scratch.act, sh,
+               scratch.shared_act, scratch.shared_gate);
         if (rows <= 2 && I % 8 == 0)
             launch(moe_down_prefetch_kernel, dim3(unsigned(rows), ceil_div(H, kMoeWarps)), kMoeWarps * 32, 0, ctx,
                    "MoE down kernel (prefetching)", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H, I,
-                   k, ctx.evict_first, y);
+                   k, ctx.evict_first, sh, static_cast<const bf16*>(scratch.shared_act),
+                   static_cast<const float*>(scratch.shared_gate), y);
         else
             launch(moe_down_kernel, dim3(unsigned(rows), ceil_div(H, kMoeWarps)), kMoeWarps * 32, 0, ctx,
-                   "MoE down kernel", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H, I, k, y);
+                   "MoE down kernel", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H, I, k, sh,
+                   static_cast<const bf16*>(scratch.shared_act), static_cast<const float*>(scratch.shared_gate), y);
         return;
     }
     const int n = int(rows * k);

@@ -22,9 +22,20 @@ void check_moe_route(int E, int k);
 
 // Workspace of moe_experts (device memory of the backend's workspace).
 struct MoeScratch {
-    bf16* act = nullptr;       // [rows * k, I]: the experts' SiLU products
-    bf16* y_slot = nullptr;    // [rows * k, H]: grouped path: each choice's weighted output (sorted positions)
-    int32_t* index = nullptr;  // [moe_index_ints(rows, E, k)]: grouped path: the sort by expert and its tiles
+    bf16* act = nullptr;           // [rows * k, I]: the experts' SiLU products
+    bf16* y_slot = nullptr;        // [rows * k, H]: grouped path: each choice's weighted output (sorted positions)
+    int32_t* index = nullptr;      // [moe_index_ints(rows, E, k)]: grouped path: the sort by expert and its tiles
+    bf16* shared_act = nullptr;    // [rows, Is]: fused shared expert: its SiLU product
+    float* shared_gate = nullptr;  // [rows]: fused shared expert: bf16(sigmoid(bf16(x . gate)))
+};
+
+// The shared expert's weights for moe_experts' fused path (bf16; Is and H multiples of 8).
+struct MoeShared {
+    const bf16* gate_proj = nullptr;  // [Is, H]
+    const bf16* up_proj = nullptr;    // [Is, H]
+    const bf16* down_proj = nullptr;  // [H, Is]
+    const bf16* gate = nullptr;       // [H]
+    int Is = 0;
 };
 // Sizes of the grouped path's index and of its tile list.
 size_t moe_index_ints(int64_t rows, int E, int k);
@@ -32,12 +43,19 @@ int64_t moe_max_tiles(int64_t rows, int E, int k);
 // Whether moe_experts takes the grouped path for these rows (at least ctx.moe_grouped_min_rows rows and H and I
 // multiples of 32); else one warp per output reads the chosen experts' rows for every row.
 bool moe_grouped(int64_t rows, int H, int I, const LaunchContext& ctx);
+// Whether moe_experts can run a shared expert of width Is inside its kernels for these rows: the per-row path
+// (not moe_grouped) with H and Is multiples of 8.
+bool moe_fuses_shared(int64_t rows, int H, int I, int Is, const LaunchContext& ctx);
 
 // y bf16 [rows, H] = the routed experts' weighted sum, experts added in increasing id. Few rows: a gate/up kernel
 // and a down kernel, one warp per output. Many rows (moe_grouped): the choices sorted by expert on the device, two
 // grouped tensor-core GEMMs over the tiles of each expert's rows, and a combine kernel.
+// shared (only where moe_fuses_shared; else nullptr): the gate/up kernel also computes the shared expert's
+// activation and gate, the down kernel adds bf16(gate * bf16(down_s . act_s)) after the routed sum: the values of
+// add_sigmoid_gated over the shared expert's gate_up_silu and matmul.
 void moe_experts(const bf16* x, int64_t rows, const MoeExperts& experts, int H, const float* weights,
-                 const int32_t* ids, int k, const MoeScratch& scratch, bf16* y, const LaunchContext& ctx);
+                 const int32_t* ids, int k, const MoeShared* shared, const MoeScratch& scratch, bf16* y,
+                 const LaunchContext& ctx);
 
 // y[t] = bf16(y[t] + bf16(bf16(sigmoid(bf16(x_t . gate))) * s[t])); gate bf16 [H].
 void add_sigmoid_gated(bf16* y, const bf16* s, const bf16* x, const bf16* gate, int64_t rows, int H,

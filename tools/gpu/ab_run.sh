@@ -5,8 +5,8 @@
 # hybrid-bench on a Qwen3.5-4B-shaped random checkpoint: decode b=1, prefill 4096 and batched decode, new and base
 # in alternation (ROUNDS rounds, default 2), so that a difference of about 1% stands out of the run-to-run noise.
 # Usage (device tool, from the repository root): bash tools/gpu/ab_run.sh   with carry [".carry"]
-# (.carry from ../shared/tools/device_prep.sh). STAGES (default "all"): build tests bench moe moe_trace moe_trained
-# (NOBASE=1: no baseline build; TRACE=1: also builds hybrid-bench with -DHY_CUDA_TRACE=ON for moe_trace).
+# (.carry from ../shared/tools/device_prep.sh). STAGES (default "all"): build tests bench moe moe_trace moe_ncu moe_trained
+# (NOBASE=1: no baseline build; MOE_AB=0, MOE_LONG=0: shorter moe stage; TRACE=1: also builds hybrid-bench with -DHY_CUDA_TRACE=ON for moe_trace).
 # Logs: $OUT/all.log, summary last.
 set -u
 . tools/gpu/run_lib.sh  # OUT, LOG, SUM, T0, say, step
@@ -84,8 +84,8 @@ if want moe; then  # Qwen3.5-35B-A3B shapes (tools/gpu/config_35b_a3b.json) with
             -b 8,16,32,64 -r 1
         grep -E '^\| +[0-9]' "$LOG" | tail -4 | sed "s/^/  [$tag] /" >>"$SUM"
     done
-    # the batched decode with the grouped path from 32 rows and never (the threshold's A/B)
-    for g in 32 100000; do
+    # the batched decode with the grouped path from 32 rows and never (the threshold's A/B; MOE_AB=0 skips it)
+    for g in $([ "${MOE_AB:-1}" = 1 ] && echo 32 100000); do
         step "bench_35b_grouped_$g" 300 $N/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 32 \
             -b 32,48,64,128 -r 1 --moe-grouped-rows $g
         grep -E '^\| +[0-9]' "$LOG" | tail -4 | sed "s/^/  [grouped from $g] /" >>"$SUM"
@@ -93,7 +93,7 @@ if want moe; then  # Qwen3.5-35B-A3B shapes (tools/gpu/config_35b_a3b.json) with
     step bench_35b_prefill 300 $N/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 4096 -n 8 -r 2 \
         --ubatch 4096
     grep -E '^\| +[0-9]' "$LOG" | tail -1 | sed "s/^/  [prefill 4096] /" >>"$SUM"
-    step bench_35b_32k 300 $N/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 32768 -n 16 -r 1 \
+    [ "${MOE_LONG:-1}" = 1 ] && step bench_35b_32k 300 $N/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 32768 -n 16 -r 1 \
         --ubatch 4096
     grep -E "^device memory" "$LOG" | tail -1 >>"$SUM"
     grep -E '^\| +[0-9]' "$LOG" | tail -1 | sed "s/^/  [prefill 32768] /" >>"$SUM"
@@ -105,6 +105,15 @@ if want moe_trace; then  # each kernel's cost on the critical path of a 35B-A3B 
         --cuda-trace /tmp/trace_35b.txt
     python3 tools/gpu/trace_summary.py /tmp/trace_35b.txt --steps 48 >"$OUT/trace_35b.txt" 2>&1
     head -40 "$OUT/trace_35b.txt" >>"$SUM"
+fi
+if want moe_ncu; then  # Nsight Compute on the MoE decode kernels of a 35B-A3B b=1 step (after the prefill's)
+    mkdir -p /tmp/q35 && cp tools/gpu/config_35b_a3b.json /tmp/q35/config.json
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    step ncu_moe 300 $NCU --kernel-name regex:"moe_(gate_up|down|route)" --launch-skip 400 --launch-count 6 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
+        --section WarpStateStats $N/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 8 -r 1 \
+        --no-cuda-graphs
+    grep -E "moe_|Duration|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occ|Block Limit|Stall|Local" "$LOG" | tail -90 >"$OUT/ncu_moe.txt"
 fi
 if want moe_trained; then  # trained MoE models made here as the fixtures were (tiny-moe, tiny-next; 24 MB each, too big
     # to travel): CUDA against HF's fp32 and bf16 greedy and logits, routing near-ties counted by hybrid-compare
