@@ -158,7 +158,8 @@ __global__ void moe_route_kernel(const bf16* __restrict__ router_logits, int E, 
 // next kernel (down) start only after that wait: the choice is then complete, and down loads its first weights
 // before its own wait (for one or two rows, where the whole grid is resident at once).
 constexpr int kDownWords = 2;  // prefetching down: words per lane per expert and round (I = 512: one round)
-constexpr int kDownChunk = 8;  // prefetching down: experts whose rows are in flight together
+constexpr int kDownChunk =
+    4;  // prefetching down: experts whose rows are in flight together (168 registers with 8: one block per SM)
 
 // act[(t k + j), i] = bf16(bf16(silu(bf16(gate_e . x_t))) * bf16(up_e . x_t)), e = ids[t k + j]; one warp per i.
 // Blocks x >= rows k (with a shared expert): shared_act[t, i] likewise with the shared expert's gate and up, t =
@@ -249,11 +250,11 @@ __global__ void moe_down_kernel(const bf16* __restrict__ act, const bf16* __rest
 // flight together and then summed in increasing expert id.
 // The shared expert's down row (sh.down_proj; Is a multiple of 8) does not depend on the routing: its first round
 // of words is loaded before the wait too, and it is added last as in moe_down_kernel.
-__global__ void moe_down_prefetch_kernel(const bf16* __restrict__ act, const bf16* __restrict__ down,
-                                         const float* __restrict__ weights, const int32_t* __restrict__ ids, int E,
-                                         int H, int I, int k, bool evict_first, MoeShared sh,
-                                         const bf16* __restrict__ shared_act, const float* __restrict__ shared_gate,
-                                         bf16* y) {
+__global__ void __launch_bounds__(kMoeWarps * 32, 2)
+    moe_down_prefetch_kernel(const bf16* __restrict__ act, const bf16* __restrict__ down,
+                             const float* __restrict__ weights, const int32_t* __restrict__ ids, int E, int H, int I,
+                             int k, bool evict_first, MoeShared sh, const bf16* __restrict__ shared_act,
+                             const float* __restrict__ shared_gate, bf16* y) {
     pdl_trigger();
     const int64_t t = blockIdx.x;
     const int h = blockIdx.y * kMoeWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
