@@ -114,6 +114,12 @@ if want moe_ncu; then  # Nsight Compute on the MoE decode kernels of a 35B-A3B b
         --section WarpStateStats $N/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 8 -r 1 \
         --no-cuda-graphs
     grep -E "moe_|Duration|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occ|Block Limit|Stall|Local" "$LOG" | tail -90 >"$OUT/ncu_moe.txt"
+    # the grouped GEMMs of a batch-64 decode step (the prefill's 2 x 40 x 2 launches skipped)
+    step ncu_moe_b64 300 $NCU --kernel-name regex:"moe_(grouped|group_|combine)" --launch-skip 300 --launch-count 8 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
+        --section WarpStateStats $N/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 8 -b 64 -r 1 \
+        --no-cuda-graphs
+    grep -E "moe_|Duration|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occ|Block Limit|Stall|Local" "$LOG" | tail -120 >"$OUT/ncu_moe_b64.txt"
 fi
 if want moe_trained; then  # trained MoE models made here as the fixtures were (tiny-moe, tiny-next; 24 MB each, too big
     # to travel): CUDA against HF's fp32 and bf16 greedy and logits, routing near-ties counted by hybrid-compare
