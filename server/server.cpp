@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <deque>
 #include <filesystem>
@@ -34,6 +36,9 @@ namespace hy::server {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The largest request body read (a 413 past it). Any content type is read as JSON.
+constexpr size_t kMaxBodyBytes = size_t(64) << 20;
 
 std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
@@ -1140,7 +1145,13 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
     s.engine = std::make_unique<Engine>(*s.model, s.n_valid, banned);
     const int threads = params.http_threads > 0 ? params.http_threads : std::max(32, 4 * params.n_slots + 8);
     s.http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
-    s.http.set_payload_max_length(size_t(64) << 20);
+    s.http.set_payload_max_length(kMaxBodyBytes);
+    // SO_REUSEADDR alone: cpp-httplib's default also sets SO_REUSEPORT, which lets a second server bind a port that
+    // one already listens on (the kernel would then share the connections between them)
+    s.http.set_socket_options([](socket_t fd) {
+        const int yes = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    });
     s.routes();
 }
 
@@ -1152,14 +1163,19 @@ Server::~Server() {
 int Server::bind() {
     Impl& s = *impl_;
     int port = s.p.port;
+    errno = 0;
     if (port == 0) {
         port = s.http.bind_to_any_port(s.p.host);
     } else if (!s.http.bind_to_port(s.p.host, port)) {
         port = -1;
     }
-    if (port < 0)
-        throw Error(Status::io, "cannot listen on " + s.p.host + ":" + std::to_string(s.p.port) +
-                                    " (in use, or not an address of this machine)");
+    if (port < 0) {
+        // (the library keeps the failed bind's errno; it does not say otherwise)
+        const std::string why = errno == EADDRINUSE ? "the address is already in use (another server?)"
+                                : errno != 0        ? std::string(std::strerror(errno))
+                                                    : "in use, or not an address of this machine";
+        throw Error(Status::io, "cannot listen on " + s.p.host + ":" + std::to_string(s.p.port) + ": " + why);
+    }
     return port;
 }
 

@@ -5,6 +5,7 @@
 // the others. Plus the output parser's tool calls and reasoning (server/chat.h).
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -12,6 +13,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -74,19 +76,27 @@ public:
             while (read(fd, b, sizeof b) > 0) {}
         });
     }
-    ~ServerProcess() {
-        kill(pid_, SIGTERM);
-        int st = 0;
-        waitpid(pid_, &st, 0);
-        reader_.join();
-        close(err_fd_);
-    }
+    ~ServerProcess() { stop(SIGTERM); }
     int port() const { return port_; }
+    // Sends `sig` and waits for the exit; returns the exit status (-1: killed by a signal), the first one again later.
+    int stop(int sig) {
+        if (pid_ > 0) {
+            kill(pid_, sig);
+            int st = 0;
+            waitpid(pid_, &st, 0);
+            status_ = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+            pid_ = -1;
+            reader_.join();
+            close(err_fd_);
+        }
+        return status_;
+    }
 
 private:
     pid_t pid_ = -1;
     int err_fd_ = -1;
     int port_ = 0;
+    int status_ = -1;
     std::thread reader_;
 };
 
@@ -109,6 +119,7 @@ Reply post(int port, const std::string& path, const std::string& body,
     httplib::Client cli("127.0.0.1", port);
     cli.set_read_timeout(300, 0);
     auto r = cli.Post(path.c_str(), headers, body, "application/json");
+    INFO(path << ": " << httplib::to_string(r.error()));
     REQUIRE(r);
     return {r->status, r->body};
 }
@@ -534,4 +545,18 @@ TEST_CASE("server: a model folder's Jinja chat template renders the prompt; tool
             CHECK(r.json()["usage"]["prompt_tokens"].get<size_t>() == tok.encode(text).size());
         }
     }
+}
+
+TEST_CASE("server: a second server on a port in use fails with exit code 6", "[server]") {
+    if (!have_server_binary()) return;
+    const int port = shared_server().port();
+    // (timeout: a server that did bind would serve until killed)
+    const auto r = run_prog("/usr/bin/timeout", {"60", kBin + "/hybrid-server", "-m", "models/tiny", "--device", "cpu",
+                                                 "-c", "64", "-np", "1", "--port", std::to_string(port)});
+    INFO(r.err);
+    CHECK(r.rc == 6);
+    CHECK(r.err.rfind("hybrid-server: cannot listen on 127.0.0.1:" + std::to_string(port) + ": ", 0) == 0);
+    CHECK(r.err.find("already in use") != std::string::npos);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    CHECK(get(port, "/health").status == 200);
 }
