@@ -732,15 +732,15 @@ struct Server::Impl {
 
     // ---- endpoints ----
 
-    void handle(const httplib::Request& req, httplib::Response& res, bool chat) {
+    void handle(const httplib::Request& req, httplib::Response& res, bool chat, const std::string& text) {
         (chat ? n_chat : n_completions)++;
         try {
             if (!authorized(req)) throw ApiError{401, "invalid API key", "", "authentication_error", "invalid_api_key"};
-            ojson body = ojson::parse(req.body, nullptr, false);
+            ojson body = ojson::parse(text, nullptr, false);
             if (body.is_discarded()) {
                 std::string why;
                 try {
-                    const ojson again = ojson::parse(req.body);
+                    const ojson again = ojson::parse(text);
                     why = again.type_name();
                 } catch (const std::exception& e) {
                     why = json_error_text(e.what());
@@ -1049,11 +1049,69 @@ struct Server::Impl {
         return out;
     }
 
+    // POST `path`: the body is read here, whatever its Content-Type says, and parsed as JSON (llama-server and vLLM
+    // do the same for clients that leave out "Content-Type: application/json": the library would parse a form body
+    // as a form and refuse one over 8 KB), up to kMaxBodyBytes (413 past it).
+    void post_json(const char* path, bool chat) {
+        http.Post(path, [this, chat](const httplib::Request& req, httplib::Response& res,
+                                     const httplib::ContentReader& reader) {
+            std::string body;
+            bool too_big = false, ok;
+            if (req.is_multipart_form_data()) {  // (read and dropped: the library has no plain reader for it)
+                ok = reader([](const httplib::MultipartFormData&) { return true; },
+                            [](const char*, size_t) { return true; });
+                if (ok) {
+                    reply_error(req, res,
+                                {415, "multipart/form-data bodies are not supported: send the request as JSON", "",
+                                 "invalid_request_error", ""});
+                    return;
+                }
+            } else {
+                ok = reader([&](const char* data, size_t n) {
+                    if (body.size() + n > kMaxBodyBytes) {
+                        too_big = true;
+                        return false;
+                    }
+                    body.append(data, n);
+                    return true;
+                });
+            }
+            if (!ok) {
+                res.set_header("Connection", "close");  // (what is left of the body is not read)
+                if (too_big || res.status == 413)
+                    reply_error(req, res,
+                                {413, "the request body is larger than " + std::to_string(kMaxBodyBytes >> 20) + " MiB",
+                                 "", "invalid_request_error", "request_too_large"});
+                else
+                    reply_error(req, res, {400, "the request body could not be read", "", "invalid_request_error", ""});
+                return;
+            }
+            handle(req, res, chat, body);
+        });
+    }
+
+    void reply_error(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
+        n_errors++;
+        res.status = e.status;
+        res.set_content(dump(error_json(e)), "application/json");
+        if (p.verbose)
+            std::fprintf(stderr, "hybrid-server: %s %s %d\n", req.method.c_str(), req.path.c_str(), e.status);
+    }
+
     void routes() {
-        http.Post("/v1/chat/completions",
-                  [this](const httplib::Request& req, httplib::Response& res) { handle(req, res, true); });
-        http.Post("/v1/completions",
-                  [this](const httplib::Request& req, httplib::Response& res) { handle(req, res, false); });
+        post_json("/v1/chat/completions", true);
+        post_json("/v1/completions", false);
+        // CORS, as llama-server: any origin may call the API from a browser (the API key, when set, still guards
+        // it); a preflight (OPTIONS) gets the methods and the request headers it asks for (Authorization and
+        // Content-Type when it names none)
+        http.set_default_headers({{"Access-Control-Allow-Origin", "*"}});
+        http.Options(R"(/.*)", [](const httplib::Request& req, httplib::Response& res) {
+            const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+            res.status = 204;
+            res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+            res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type" : asked);
+            res.set_header("Access-Control-Max-Age", "86400");
+        });
         http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
             if (!authorized(req)) {
                 res.status = 401;

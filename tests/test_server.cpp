@@ -192,6 +192,62 @@ std::string http_post_text(const std::string& path, const std::string& body) {
            std::to_string(body.size()) + "\r\n\r\n" + body;
 }
 
+// Connects and sends `request`; the socket (the caller closes it).
+int raw_send(int port, const std::string& request) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(uint16_t(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(write(fd, request.data(), request.size()) == ssize_t(request.size()));
+    return fd;
+}
+
+// Reads from `fd` into *got until `until` appears (empty: until the peer closes) or `seconds` pass.
+bool raw_read(int fd, std::string* got, const std::string& until, double seconds) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    char buf[4096];
+    while (until.empty() || got->find(until) == std::string::npos) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+        if (left.count() <= 0) return false;
+        pollfd pf{fd, POLLIN, 0};
+        if (poll(&pf, 1, int(left.count())) <= 0) continue;
+        const ssize_t n = read(fd, buf, sizeof buf);
+        if (n <= 0) return until.empty();
+        got->append(buf, size_t(n));
+    }
+    return true;
+}
+
+// The status and body of a raw HTTP/1.1 response (a chunked body is joined).
+Reply parse_raw_response(const std::string& raw) {
+    Reply r;
+    const size_t head_end = raw.find("\r\n\r\n");
+    REQUIRE(head_end != std::string::npos);
+    REQUIRE(raw.rfind("HTTP/1.1 ", 0) == 0);
+    r.status = std::stoi(raw.substr(9, 3));
+    const std::string head = raw.substr(0, head_end);
+    std::string body = raw.substr(head_end + 4);
+    std::string lower = head;
+    for (char& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
+    if (lower.find("transfer-encoding: chunked") == std::string::npos) {
+        r.body = body;
+        return r;
+    }
+    size_t p = 0;
+    while (p < body.size()) {
+        const size_t eol = body.find("\r\n", p);
+        REQUIRE(eol != std::string::npos);
+        const size_t n = std::stoul(body.substr(p, eol - p), nullptr, 16);
+        if (n == 0) break;
+        r.body += body.substr(eol + 2, n);
+        p = eol + 2 + n + 2;
+    }
+    return r;
+}
+
 template <class Pred>
 bool wait_for(Pred pred, double seconds) {
     const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
@@ -545,6 +601,73 @@ TEST_CASE("server: a model folder's Jinja chat template renders the prompt; tool
             CHECK(r.json()["usage"]["prompt_tokens"].get<size_t>() == tok.encode(text).size());
         }
     }
+}
+
+TEST_CASE("server: a POST body is JSON whatever its content type, up to 64 MiB", "[server]") {
+    if (!have_server_binary()) return;
+    const int port = shared_server().port();
+    // 100 KB of JSON (a long "user" field) as a form, as plain text and without a content type
+    const ojson req{{"prompt", kCode}, {"max_tokens", 6}, {"temperature", 0}, {"user", std::string(100000, 'u')}};
+    const std::string body = req.dump();
+    const Reply as_json = post(port, "/v1/completions", body);
+    REQUIRE(as_json.status == 200);
+    const std::string want = as_json.json()["choices"][0]["text"];
+    for (const char* type : {"application/x-www-form-urlencoded", "text/plain"}) {
+        httplib::Client cli("127.0.0.1", port);
+        cli.set_read_timeout(300, 0);
+        auto r = cli.Post("/v1/completions", body, type);
+        REQUIRE(r);
+        INFO(type << ": " << r->body.substr(0, 200));
+        CHECK(r->status == 200);
+        CHECK(ojson::parse(r->body)["choices"][0]["text"] == want);
+    }
+    const std::string no_type =
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        "Content-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
+    const int fd = raw_send(port, no_type);
+    std::string raw;
+    CHECK(raw_read(fd, &raw, "", 120));
+    close(fd);
+    const Reply untyped = parse_raw_response(raw);
+    CHECK(untyped.status == 200);
+    CHECK(untyped.json()["choices"][0]["text"] == want);
+    // past 64 MiB: 413 with OpenAI's error JSON
+    httplib::Client cli("127.0.0.1", port);
+    cli.set_read_timeout(300, 0);
+    auto big = cli.Post("/v1/completions", std::string((size_t(64) << 20) + 1, ' '), "application/json");
+    REQUIRE(big);
+    CHECK(big->status == 413);
+    const ojson e = ojson::parse(big->body, nullptr, false);
+    REQUIRE(e.is_object());
+    CHECK(e["error"]["code"] == "request_too_large");
+    CHECK(get(port, "/health").status == 200);
+}
+
+TEST_CASE("server: CORS preflight and headers", "[server]") {
+    if (!have_server_binary()) return;
+    const int port = shared_server().port();
+    httplib::Client cli("127.0.0.1", port);
+    auto pre = cli.Options("/v1/chat/completions", {{"Origin", "http://localhost:3000"},
+                                                    {"Access-Control-Request-Method", "POST"},
+                                                    {"Access-Control-Request-Headers", "authorization, content-type"}});
+    REQUIRE(pre);
+    CHECK(pre->status == 204);
+    CHECK(pre->get_header_value("Access-Control-Allow-Origin") == "*");
+    CHECK(pre->get_header_value("Access-Control-Allow-Methods").find("POST") != std::string::npos);
+    CHECK(pre->get_header_value("Access-Control-Allow-Headers") == "authorization, content-type");
+    auto plain = cli.Options("/v1/models", {{"Origin", "http://localhost:3000"}});
+    REQUIRE(plain);
+    CHECK(plain->status == 204);
+    CHECK(plain->get_header_value("Access-Control-Allow-Headers") == "Authorization, Content-Type");
+    // the answers themselves allow any origin too, errors included
+    auto models = cli.Get("/v1/models", {{"Origin", "http://localhost:3000"}});
+    REQUIRE(models);
+    CHECK(models->get_header_value("Access-Control-Allow-Origin") == "*");
+    auto bad = cli.Post("/v1/completions", {{"Origin", "http://localhost:3000"}}, "{}", "application/json");
+    REQUIRE(bad);
+    CHECK(bad->status == 400);
+    CHECK(bad->get_header_value("Access-Control-Allow-Origin") == "*");
 }
 
 TEST_CASE("server: a second server on a port in use fails with exit code 6", "[server]") {
