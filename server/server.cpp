@@ -333,7 +333,34 @@ struct Settings {
     bool cache_prompt = true;  // use and fill the conversation-state cache (llama-server's cache_prompt)
 };
 
-Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool chat, uint64_t random_seed) {
+// OpenAI's logit_bias: {"token id": bias in [-100, 100], ...}; each id in [0, n_valid) and assigned by the
+// tokenizer.
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const ojson& body, const Tokenizer& tok, int n_valid) {
+    std::vector<std::pair<int32_t, float>> out;
+    const ojson* lb = field(body, "logit_bias");
+    if (!lb) return out;
+    if (!lb->is_object()) bad("logit_bias", "logit_bias must be an object of token ids (as strings) to biases");
+    if (lb->size() > 1024) bad("logit_bias", "logit_bias has " + std::to_string(lb->size()) + " ids; at most 1024");
+    for (auto it = lb->begin(); it != lb->end(); ++it) {
+        const std::string& key = it.key();
+        int64_t id = -1;
+        if (!key.empty() && key.size() <= 9 &&
+            std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; }))
+            id = std::stoll(key);
+        if (id < 0) bad("logit_bias", "logit_bias keys must be token ids (decimal strings), got '" + key + "'");
+        if (id >= n_valid || !tok.is_valid(int32_t(id)))
+            bad("logit_bias", "logit_bias: token id " + key + " is not in the vocabulary");
+        const ojson& v = it.value();
+        if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < -100 || v.get<double>() > 100)
+            bad("logit_bias",
+                "logit_bias: the bias of token id " + key + " must be a number in [-100, 100], got " + v.dump());
+        out.push_back({int32_t(id), v.get<float>()});
+    }
+    return out;
+}
+
+Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool chat, uint64_t random_seed,
+                        const Tokenizer& tok, int n_valid) {
     Settings s;
     s.sampling = defaults;
     s.sampling.seed = random_seed;
@@ -352,8 +379,16 @@ Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool c
         if (!seed->is_number_integer()) bad("seed", "seed must be an integer");
         s.sampling.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : uint64_t(seed->get<int64_t>());
     }
-    if (const ojson* n = field(body, "n"))
-        if (!n->is_number_integer() || n->get<int64_t>() != 1) bad("n", "only n = 1 is supported");
+    // several choices per request are not supported (n, and best_of of /v1/completions): refused, not ignored
+    for (const char* name : {"n", "best_of"})
+        if (const ojson* n = field(body, name)) {
+            if (!n->is_number_integer()) bad(name, std::string(name) + " must be an integer");
+            if (n->is_number_unsigned() ? n->get<uint64_t>() > 1 : n->get<int64_t>() > 1)
+                bad(name, std::string(name) + " = " + n->dump() + " is not supported: one choice per request (" + name +
+                              " = 1)");
+            if (n->get<int64_t>() < 1) bad(name, std::string(name) + " must be 1, got " + n->dump());
+        }
+    s.sampling.logit_bias = parse_logit_bias(body, tok, n_valid);
     if (const ojson* stop = field(body, "stop")) {
         if (stop->is_string()) {
             s.stop.push_back(stop->get<std::string>());
@@ -751,7 +786,7 @@ struct Server::Impl {
             if (too_deep(body, 64)) bad("", "the request body nests more than 64 levels of lists and objects");
             if (const ojson* m = field(body, "model"))
                 if (!m->is_string()) bad("model", "model must be a string");
-            const Settings s = parse_settings(body, defaults, chat, random_seed());
+            const Settings s = parse_settings(body, defaults, chat, random_seed(), *tok, n_valid);
             if (chat)
                 chat_completion(req, res, body, s);
             else

@@ -476,6 +476,14 @@ TEST_CASE("server: bad requests get 4xx OpenAI errors without disturbing the oth
          "messages"},
         {"/v1/completions", "{\"prompt\": \"x\", \"min_p\": 1.5}", 400, "min_p"},
         {"/v1/completions", "{\"prompt\": \"x\", \"seed\": \"abc\"}", 400, "seed"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"best_of\": 3}", 400, "best_of"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"n\": 0}", 400, "n"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": [1]}", 400, "logit_bias"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"abc\": 1}}", 400, "logit_bias"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"-1\": 1}}", 400, "logit_bias"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"99999\": 1}}", 400, "logit_bias"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 101}}", 400, "logit_bias"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"5\": \"1\"}}", 400, "logit_bias"},
         {"/v1/nothing", "{}", 404, nullptr},
     };
     for (const Bad& b : bad) {
@@ -601,6 +609,50 @@ TEST_CASE("server: a model folder's Jinja chat template renders the prompt; tool
             CHECK(r.json()["usage"]["prompt_tokens"].get<size_t>() == tok.encode(text).size());
         }
     }
+}
+
+TEST_CASE("server: logit_bias moves greedy and sampled picks", "[server]") {
+    if (!have_server_binary()) return;
+    const int port = shared_server().port();
+    const hy::Tokenizer tok = hy::Tokenizer::from_folder(kSrc + "/models/tiny");
+    const std::vector<int32_t> ret = tok.encode("return");
+    REQUIRE(ret.size() == 1);
+    const std::string piece = tok.token_piece(ret[0]);
+    const ojson golden = ojson::parse(hy::test::cli_util::slurp(kSrc + "/models/tiny/golden.json"));
+    ojson c;
+    for (const ojson& g : golden["cases"])
+        if (g["name"] == "short") c = g;
+    REQUIRE(c.is_object());
+    const auto greedy = c["greedy_fp32_cpu"].get<std::vector<int32_t>>();
+    auto tokens = [&](const ojson& extra) {
+        ojson req{{"prompt", c["input_ids"]}, {"max_tokens", 4}, {"ignore_eos", true}, {"logprobs", 0}};
+        req.update(extra);
+        const Reply r = post(port, "/v1/completions", req);
+        REQUIRE(r.status == 200);
+        return r.json()["choices"][0]["logprobs"]["tokens"].get<std::vector<std::string>>();
+    };
+    const std::string first = tok.token_piece(greedy[0]);
+    REQUIRE(first != piece);
+    CHECK(tokens(ojson{{"temperature", 0}})[0] == first);
+    // -100 on the greedy id: another comes first; +100 on "return": it comes every time, greedy or sampled
+    CHECK(tokens(ojson{{"temperature", 0}, {"logit_bias", {{std::to_string(greedy[0]), -100}}}})[0] != first);
+    for (const ojson& sampling : {ojson{{"temperature", 0}}, ojson{{"temperature", 1.0}, {"seed", 3}, {"top_k", 0}}}) {
+        ojson extra = sampling;
+        extra["logit_bias"] = {{std::to_string(ret[0]), 100}};
+        INFO(extra.dump());
+        CHECK(tokens(extra) == std::vector<std::string>(4, piece));
+    }
+    // and through the chat endpoint, streamed
+    const ojson chat{{"messages", ojson::array({ojson{{"role", "user"}, {"content", "Hi"}}})},
+                     {"max_tokens", 3},
+                     {"temperature", 0},
+                     {"stream", true},
+                     {"logit_bias", {{std::to_string(ret[0]), 100}}}};
+    std::string text;
+    for (const ojson& ev : events(post(port, "/v1/chat/completions", chat).body))
+        if (!ev["choices"].empty() && ev["choices"][0]["delta"].contains("content"))
+            text += ev["choices"][0]["delta"]["content"].get<std::string>();
+    CHECK(text == piece + piece + piece);
 }
 
 TEST_CASE("server: a POST body is JSON whatever its content type, up to 64 MiB", "[server]") {
