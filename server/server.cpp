@@ -439,8 +439,10 @@ bool too_deep(const ojson& j, int limit) {
     return false;
 }
 
-// Chat messages as the template takes them: content parts joined into text, null content as "", tool call
-// arguments given as JSON text parsed into objects (templates iterate over them or print them with tojson).
+// Chat messages as the template takes them: content parts joined into text, tool call arguments given as JSON text
+// parsed into objects (templates iterate over them or print them with tojson). Content is required (a string or
+// text parts, without NUL bytes), except in an assistant message that carries tool_calls, whose missing or null
+// content becomes "".
 ojson normalize_messages(const ojson& body) {
     const ojson* msgs = field(body, "messages");
     if (!msgs) bad("messages", "messages is required");
@@ -458,7 +460,11 @@ ojson normalize_messages(const ojson& body) {
         ojson n = m;
         if (role == "developer") n["role"] = "system";
         const ojson* content = field(m, "content");
+        const ojson* calls = field(m, "tool_calls");
         if (!content) {
+            if (role != "assistant" || !calls || !calls->is_array() || calls->empty())
+                bad(where + ".content", where + ".content is " + (m.contains("content") ? "null" : "missing") +
+                                            " (only an assistant message with tool_calls may leave it out)");
             n["content"] = "";
         } else if (content->is_array()) {
             std::string text;
@@ -474,7 +480,9 @@ ojson normalize_messages(const ojson& body) {
         } else if (!content->is_string()) {
             bad(where + ".content", where + ".content must be a string or a list of text parts");
         }
-        if (const ojson* calls = field(m, "tool_calls")) {
+        if (n["content"].get_ref<const std::string&>().find('\0') != std::string::npos)
+            bad(where + ".content", where + ".content contains a NUL byte");
+        if (calls) {
             if (!calls->is_array()) bad(where + ".tool_calls", where + ".tool_calls must be a list");
             for (ojson& c : n["tool_calls"]) {
                 if (!c.is_object() || !c.contains("function") || !c["function"].is_object())

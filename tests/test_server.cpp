@@ -484,6 +484,22 @@ TEST_CASE("server: bad requests get 4xx OpenAI errors without disturbing the oth
         {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"99999\": 1}}", 400, "logit_bias"},
         {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 101}}", 400, "logit_bias"},
         {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"5\": \"1\"}}", 400, "logit_bias"},
+        // a message needs content (a NUL byte is refused), but an assistant message with tool_calls
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\"}]}", 400, "messages[0].content"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": null}]}", 400,
+         "messages[0].content"},
+        {"/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"assistant\", \"content\": null}]}",
+         400, "messages[1].content"},
+        {"/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"tool\", \"content\": null}]}", 400,
+         "messages[1].content"},
+        {"/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"user\", \"content\": \"a\\u0000b\"}]}",
+         400, "messages[1].content"},
+        {"/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"\\u0000\"}]}]}", 400,
+         "messages[0].content"},
         {"/v1/nothing", "{}", 404, nullptr},
     };
     for (const Bad& b : bad) {
@@ -609,6 +625,37 @@ TEST_CASE("server: a model folder's Jinja chat template renders the prompt; tool
             CHECK(r.json()["usage"]["prompt_tokens"].get<size_t>() == tok.encode(text).size());
         }
     }
+}
+
+TEST_CASE("server: message content: required but with tool calls, no NUL bytes; n and best_of of 1", "[server]") {
+    if (!have_server_binary()) return;
+    const int port = shared_server().port();
+    auto error = [&](const std::string& body) {
+        const Reply r = post(port, "/v1/chat/completions", body);
+        CHECK(r.status == 400);
+        return r.json()["error"]["message"].get<std::string>();
+    };
+    CHECK(error(R"({"messages": [{"role": "system", "content": "x"}, {"role": "user"}]})") ==
+          "messages[1].content is missing (only an assistant message with tool_calls may leave it out)");
+    CHECK(error(R"({"messages": [{"role": "user", "content": null}]})").find("messages[0].content is null") == 0);
+    CHECK(error(R"({"messages": [{"role": "user", "content": "a\u0000b"}]})") ==
+          "messages[0].content contains a NUL byte");
+    // an assistant message that carries tool calls may leave its content out or null
+    for (const char* content : {"", R"("content": null, )"}) {
+        const std::string body = std::string(R"({"max_tokens": 2, "messages": [{"role": "user", "content": "x"},
+            {"role": "assistant", )") +
+                                 content + R"("tool_calls": [{"id": "c0", "type": "function",
+             "function": {"name": "f", "arguments": "{}"}}]}, {"role": "user", "content": "y"}]})";
+        INFO(body);
+        CHECK(post(port, "/v1/chat/completions", body).status == 200);
+    }
+    // n = 1 and best_of = 1 are accepted; more choices are refused as unsupported
+    CHECK(post(port, "/v1/completions", ojson{{"prompt", "x"}, {"max_tokens", 2}, {"n", 1}, {"best_of", 1}}).status ==
+          200);
+    const Reply two = post(port, "/v1/chat/completions",
+                           ojson{{"messages", ojson::array({ojson{{"role", "user"}, {"content", "x"}}})}, {"n", 2}});
+    CHECK(two.status == 400);
+    CHECK(two.json()["error"]["message"].get<std::string>().find("not supported") != std::string::npos);
 }
 
 TEST_CASE("server: logit_bias moves greedy and sampled picks", "[server]") {
