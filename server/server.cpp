@@ -585,6 +585,11 @@ struct Server::Impl {
                            param, "invalid_request_error", "context_length_exceeded"};
     }
 
+    // A request that was not streamed and was cut by a shutdown (its client still waits): 503.
+    static ApiError shutting_down() {
+        return ApiError{503, "the server is shutting down: the request was cancelled", "", "server_error", ""};
+    }
+
     uint64_t random_seed() {
         std::lock_guard<std::mutex> lk(seed_m);
         return seed_rng();
@@ -597,9 +602,15 @@ struct Server::Impl {
         std::vector<int32_t> ids;
         std::vector<float> logprobs;
         std::vector<std::vector<TokenPick>> top;
-        std::string finish = "stop";
+        std::string finish = "stop";  // "stop", "length", or "cancelled" (the client went away, or a shutdown)
+        bool shutdown = false;        // cancelled by Server::stop(), the client still connected
         int n_prompt = 0, n_cached = 0;
     };
+
+    // What a stream cut by a shutdown ends with: OpenAI's "length", the one finish_reason that every client knows
+    // and that says the answer was cut short (not "stop": it did not end; vLLM's "abort" is unknown to typed
+    // clients).
+    static constexpr const char* kShutdownFinish = "length";
 
     // Runs the prompt; on_text(text, sofar, a, b) receives each piece of final text (stop strings held back), the
     // output so far and the range [a, b) of its ids that the piece came from; it returns false when the client went
@@ -694,6 +705,7 @@ struct Server::Impl {
                 job->cv.wait(lk, [&] { return job->done; });
                 n_waiting--;
                 out.finish = "cancelled";
+                out.shutdown = stopping.load() && !peer.closed();
                 return out;
             }
             if (done) break;
@@ -895,10 +907,12 @@ struct Server::Impl {
                         offset += text.size();
                         return send(c);
                     });
-                if (o.finish == "cancelled") return;
+                if (o.finish == "cancelled" && !o.shutdown) return;
                 ojson c = base();
-                c["choices"] = ojson::array(
-                    {ojson{{"text", ""}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", o.finish}}});
+                c["choices"] = ojson::array({ojson{{"text", ""},
+                                                   {"index", 0},
+                                                   {"logprobs", nullptr},
+                                                   {"finish_reason", o.shutdown ? kShutdownFinish : o.finish}}});
                 if (s.include_usage) c["usage"] = usage(o);
                 send(c);
             });
@@ -906,6 +920,7 @@ struct Server::Impl {
         }
         PeerWatch peer(req);
         Output o = generate(prompt, s, 0, peer, [](const std::string&, const Output&, size_t, size_t) { return true; });
+        if (o.shutdown) throw shutting_down();
         if (o.finish == "cancelled") return;
         ojson c = base();
         ojson choice{{"text", o.text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", o.finish}};
@@ -998,13 +1013,14 @@ struct Server::Impl {
                                               const ojson lp = s.logprobs ? chat_logprobs(sofar, a, b) : ojson(nullptr);
                                               return send_delta(parser.feed(text), lp);
                                           });
-                if (o.finish == "cancelled") return;
+                if (o.finish == "cancelled" && !o.shutdown) return;
                 send_delta(parser.finish(), nullptr);
                 std::string finish = o.finish;
                 if (!parser.tool_calls().empty()) {
                     delta_chunk(ojson{{"tool_calls", calls_json(parser.tool_calls(), true)}}, nullptr, nullptr);
                     finish = "tool_calls";
                 }
+                if (o.shutdown) finish = kShutdownFinish;
                 ojson last = base();
                 last["choices"] = ojson::array({ojson{
                     {"index", 0}, {"delta", ojson::object()}, {"logprobs", nullptr}, {"finish_reason", finish}}});
@@ -1027,6 +1043,7 @@ struct Server::Impl {
             content += d.content;
             return true;
         });
+        if (o.shutdown) throw shutting_down();
         if (o.finish == "cancelled") return;
         const OutputParser::Delta d = parser.finish();
         reasoning += d.reasoning;

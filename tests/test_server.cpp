@@ -782,3 +782,56 @@ TEST_CASE("server: a second server on a port in use fails with exit code 6", "[s
     CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
     CHECK(get(port, "/health").status == 200);
 }
+
+TEST_CASE("server: a stream cut by a shutdown ends with a finish_reason and [DONE]", "[server]") {
+    if (!have_server_binary()) return;
+    // (models/tiny makes thousands of ids a second on a CPU: the context is its longest)
+    ServerProcess s({"-np", "2", "-c", "32768", "--cache-mb", "0"});
+    // two long streams (completion and chat) and a request that is not streamed
+    const int max_tokens = 32000;
+    const ojson comp{{"prompt", kCode},  {"max_tokens", max_tokens}, {"ignore_eos", true},
+                     {"temperature", 0}, {"stream", true},           {"stream_options", {{"include_usage", true}}}};
+    ojson chat = comp;
+    chat.erase("prompt");
+    chat["messages"] = ojson::array({ojson{{"role", "user"}, {"content", "Write a long program."}}});
+    auto request = [](const std::string& path, const ojson& body) {
+        return "POST " + path +
+               " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n" +
+               "Content-Length: " + std::to_string(body.dump().size()) + "\r\n\r\n" + body.dump();
+    };
+    const int fd_comp = raw_send(s.port(), request("/v1/completions", comp));
+    const int fd_chat = raw_send(s.port(), request("/v1/chat/completions", chat));
+    std::string raw_comp, raw_chat;
+    REQUIRE(raw_read(fd_comp, &raw_comp, "\"text\"", 60));  // (a generated piece has come)
+    REQUIRE(raw_read(fd_chat, &raw_chat, "data: ", 60));
+    ojson plain = comp;
+    plain["stream"] = false;
+    const int fd_plain = raw_send(s.port(), request("/v1/completions", plain));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    CHECK(s.stop(SIGTERM) == 0);
+    std::string raw_plain;
+    const std::vector<std::pair<int, std::string*>> reads = {
+        {fd_comp, &raw_comp}, {fd_chat, &raw_chat}, {fd_plain, &raw_plain}};
+    for (const auto& [fd, raw] : reads) {
+        CHECK(raw_read(fd, raw, "", 30));
+        close(fd);
+    }
+    for (const std::string* raw : {&raw_comp, &raw_chat}) {
+        const Reply r = parse_raw_response(*raw);
+        CHECK(r.status == 200);
+        const std::vector<ojson> evs = events(r.body);  // (checks that [DONE] comes last)
+        INFO(r.body.substr(r.body.size() > 400 ? r.body.size() - 400 : 0));
+        ojson last, usage;
+        for (const ojson& ev : evs) {
+            if (!ev["choices"].empty()) last = ev;
+            if (ev.contains("usage")) usage = ev["usage"];
+        }
+        REQUIRE(last.is_object());
+        CHECK(last["choices"][0]["finish_reason"] == "length");
+        REQUIRE(usage.is_object());  // (and the generation was cut, not finished)
+        CHECK(usage["completion_tokens"].get<int>() < max_tokens);
+    }
+    const Reply r = parse_raw_response(raw_plain);
+    CHECK(r.status == 503);
+    CHECK(r.json()["error"]["message"].get<std::string>().find("shutting down") != std::string::npos);
+}
