@@ -1221,8 +1221,29 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
     Impl& s = *impl_;
     s.p = params;
     if (params.n_slots < 1 || params.n_slots > 4096) throw Error(Status::invalid_argument, "-np must be in [1, 4096]");
-    if (params.n_ctx < 2) throw Error(Status::invalid_argument, "-c must be at least 2");
+    if (params.n_ctx < 0 || params.n_ctx == 1)
+        throw Error(Status::invalid_argument, "-c must be 0 (the model's trained context) or at least 2");
     s.tok = std::make_unique<Tokenizer>(Tokenizer::from_folder(params.model_dir));
+    // The chat template before the model (a bad one fails at once). A --chat-template-file must also render a
+    // conversation of one user message: a template that only fails when used is reported now, not at the first
+    // request.
+    if (params.chat_template_file.empty()) {
+        s.chat = ChatFormat::load(params.model_dir, *s.tok);
+    } else {
+        const std::string flag = "--chat-template-file: ";
+        try {
+            s.chat = ChatFormat::load(params.model_dir, *s.tok, params.chat_template_file);
+        } catch (const Error& e) {
+            throw Error(e.status(), flag + e.what());
+        }
+        try {
+            s.chat.render(ojson::array({ojson{{"role", "user"}, {"content", "Hello"}}}), nullptr, true,
+                          ojson::object());
+        } catch (const Error& e) {
+            throw Error(Status::format, flag + params.chat_template_file +
+                                            ": the template fails on a one-message conversation: " + e.what());
+        }
+    }
     const GenerationDefaults g = load_generation_defaults(params.model_dir);
     ModelParams mp;
     mp.device = params.device;
@@ -1240,7 +1261,6 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
         if (!s.tok->is_valid(id)) banned.push_back(id);
     for (int id : s.model->config().eos_token_ids) s.eos.push_back(id);
     for (int32_t id : s.tok->eos_ids()) s.eos.push_back(id);
-    s.chat = ChatFormat::load(params.model_dir, *s.tok, params.chat_template_file);
     // A chat answer ends at the end-of-turn token too.
     const int32_t im_end = s.tok->token_id("<|im_end|>");
     if (im_end >= 0) s.eos.push_back(im_end);

@@ -783,6 +783,34 @@ TEST_CASE("server: a second server on a port in use fails with exit code 6", "[s
     CHECK(get(port, "/health").status == 200);
 }
 
+TEST_CASE("server: a bad --chat-template-file fails at start; -c 0 is the trained context", "[server]") {
+    if (!have_server_binary()) return;
+    hy::test::cli_util::TempDir dir("server_template");
+    const std::string unparsable = (dir.path / "bad.jinja").string(), failing = (dir.path / "raise.jinja").string();
+    std::ofstream(unparsable) << "{% for m in messages %}{{ m.content }}";
+    std::ofstream(failing) << "{{ raise_exception('this template refuses every conversation') }}";
+    struct Case {
+        std::string file, needle;
+    };
+    for (const Case& c : {Case{(dir.path / "missing.jinja").string(), "missing.jinja"}, Case{unparsable, "bad.jinja"},
+                          Case{failing, "refuses every conversation"}}) {
+        const auto r = run_prog("/usr/bin/timeout", {"60", kBin + "/hybrid-server", "-m", "models/tiny", "--device",
+                                                     "cpu", "--port", "0", "--chat-template-file", c.file});
+        INFO(r.err);
+        CHECK(r.rc == 2);
+        CHECK(r.err.rfind("hybrid-server: ", 0) == 0);
+        CHECK(r.err.find(c.needle) != std::string::npos);
+        CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    }
+    const auto one = run_prog(kBin + "/hybrid-server", {"-m", "models/tiny", "-c", "1"});
+    CHECK(one.rc == 1);
+    CHECK(one.err.find("-c must be 0") != std::string::npos);
+    // -c 0: config.json's max_position_embeddings
+    ServerProcess s({"-c", "0", "-np", "1", "--cache-mb", "0"});
+    const ojson models = get(s.port(), "/v1/models").json();
+    CHECK(models["data"][0]["meta"]["n_ctx"] == 32768);
+}
+
 TEST_CASE("server: a stream cut by a shutdown ends with a finish_reason and [DONE]", "[server]") {
     if (!have_server_binary()) return;
     // (models/tiny makes thousands of ids a second on a CPU: the context is its longest)
