@@ -24,6 +24,10 @@ Sampler::Sampler(const SamplerParams& p, int n_logits, int n_valid, int history_
     if (!std::isfinite(p.temperature) || !std::isfinite(p.presence_penalty) || !std::isfinite(p.frequency_penalty) ||
         !std::isfinite(p.repeat_penalty))
         throw Error(Status::invalid_argument, "sampler: temperature and penalties must be finite numbers");
+    for (const auto& [id, bias] : p.logit_bias)
+        if (!std::isfinite(bias))
+            throw Error(Status::invalid_argument,
+                        "sampler: the logit bias of id " + std::to_string(id) + " must be a finite number");
     n_logits_ = n_logits;
     n_valid_ = std::min(n_valid, n_logits);
     // the window holds at most history_capacity ids (a sequence never holds more: a larger window would only
@@ -52,7 +56,7 @@ bool Sampler::pick_stands(int32_t id) const { return plain_greedy() && id >= 0 &
 bool Sampler::plain_greedy() const {
     const SamplerParams& p = params_;
     return (p.temperature <= 0.0f || p.top_k == 1) && p.repeat_penalty == 1.0f && p.presence_penalty == 0.0f &&
-           p.frequency_penalty == 0.0f;
+           p.frequency_penalty == 0.0f && p.logit_bias.empty();
 }
 
 void Sampler::set_seed(uint64_t seed) {
@@ -111,6 +115,8 @@ int32_t Sampler::sample(std::span<const float> logits) {
     const size_t nv = size_t(n_valid_);
     std::copy(logits.begin(), logits.begin() + std::ptrdiff_t(nv), work_.begin());
     for (int32_t id : banned_) work_[size_t(id)] = -std::numeric_limits<float>::infinity();
+    for (const auto& [id, bias] : params_.logit_bias)
+        if (id >= 0 && size_t(id) < nv) work_[size_t(id)] += bias;
     // a row without any finite value (NaN or inf weights or activations) has no distribution to sample from:
     // an error, not a silent id 0
     size_t first_finite = 0;

@@ -43,8 +43,8 @@ int main(int argc, char** argv) {
         ("port", "port to listen on (0: any free port, printed at start)", cxxopts::value<int>()->default_value("8080"))
         ("parallel", "sequence slots: requests generated at once (continuous batching); also -np",
          cxxopts::value<int>()->default_value("4"))
-        ("c,ctx-size", "context length in tokens, per request (prompt plus answer)",
-         cxxopts::value<int>()->default_value("4096"))
+        ("c,ctx-size", "context length in tokens, per request (prompt plus answer); 0: the context the model was "
+         "trained for (config.json max_position_embeddings)", cxxopts::value<int>()->default_value("4096"))
         ("b,batch-size", "tokens per forward step while prefilling", cxxopts::value<int>()->default_value("512"))
         ("a,alias", "the model's id in the API (default: the folder's name)", cxxopts::value<std::string>())
         ("api-key", "require \"Authorization: Bearer KEY\" on /v1/*", cxxopts::value<std::string>())
@@ -98,7 +98,7 @@ int main(int argc, char** argv) {
             return usage_error("--device must be auto, cpu or cuda, got '" + device + "'");
         if (p.port < 0 || p.port > 65535) return usage_error("--port must be in [0, 65535]");
         if (p.n_slots < 1 || p.n_slots > 4096) return usage_error("-np must be in [1, 4096]");
-        if (p.n_ctx < 2) return usage_error("-c must be at least 2");
+        if (p.n_ctx < 0 || p.n_ctx == 1) return usage_error("-c must be 0 (the model's trained context) or at least 2");
         if (p.max_batch_tokens < 1) return usage_error("-b must be at least 1");
         if (p.n_threads < 0 || p.n_threads > 1024) return usage_error("-t must be in [0, 1024]");
         if (cache_mb < 0) return usage_error("--cache-mb must be >= 0");

@@ -9,10 +9,12 @@
 #include <algorithm>
 #include <atomic>
 #include <cctype>
+#include <cerrno>
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
 #include <cstdio>
+#include <cstring>
 #include <ctime>
 #include <deque>
 #include <filesystem>
@@ -34,6 +36,9 @@ namespace hy::server {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The largest request body read (a 413 past it). Any content type is read as JSON.
+constexpr size_t kMaxBodyBytes = size_t(64) << 20;
 
 std::string dump(const ojson& j) { return j.dump(-1, ' ', false, ojson::error_handler_t::replace); }
 
@@ -328,7 +333,34 @@ struct Settings {
     bool cache_prompt = true;  // use and fill the conversation-state cache (llama-server's cache_prompt)
 };
 
-Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool chat, uint64_t random_seed) {
+// OpenAI's logit_bias: {"token id": bias in [-100, 100], ...}; each id in [0, n_valid) and assigned by the
+// tokenizer.
+std::vector<std::pair<int32_t, float>> parse_logit_bias(const ojson& body, const Tokenizer& tok, int n_valid) {
+    std::vector<std::pair<int32_t, float>> out;
+    const ojson* lb = field(body, "logit_bias");
+    if (!lb) return out;
+    if (!lb->is_object()) bad("logit_bias", "logit_bias must be an object of token ids (as strings) to biases");
+    if (lb->size() > 1024) bad("logit_bias", "logit_bias has " + std::to_string(lb->size()) + " ids; at most 1024");
+    for (auto it = lb->begin(); it != lb->end(); ++it) {
+        const std::string& key = it.key();
+        int64_t id = -1;
+        if (!key.empty() && key.size() <= 9 &&
+            std::all_of(key.begin(), key.end(), [](char c) { return c >= '0' && c <= '9'; }))
+            id = std::stoll(key);
+        if (id < 0) bad("logit_bias", "logit_bias keys must be token ids (decimal strings), got '" + key + "'");
+        if (id >= n_valid || !tok.is_valid(int32_t(id)))
+            bad("logit_bias", "logit_bias: token id " + key + " is not in the vocabulary");
+        const ojson& v = it.value();
+        if (!v.is_number() || !std::isfinite(v.get<double>()) || v.get<double>() < -100 || v.get<double>() > 100)
+            bad("logit_bias",
+                "logit_bias: the bias of token id " + key + " must be a number in [-100, 100], got " + v.dump());
+        out.push_back({int32_t(id), v.get<float>()});
+    }
+    return out;
+}
+
+Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool chat, uint64_t random_seed,
+                        const Tokenizer& tok, int n_valid) {
     Settings s;
     s.sampling = defaults;
     s.sampling.seed = random_seed;
@@ -347,8 +379,16 @@ Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool c
         if (!seed->is_number_integer()) bad("seed", "seed must be an integer");
         s.sampling.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : uint64_t(seed->get<int64_t>());
     }
-    if (const ojson* n = field(body, "n"))
-        if (!n->is_number_integer() || n->get<int64_t>() != 1) bad("n", "only n = 1 is supported");
+    // several choices per request are not supported (n, and best_of of /v1/completions): refused, not ignored
+    for (const char* name : {"n", "best_of"})
+        if (const ojson* n = field(body, name)) {
+            if (!n->is_number_integer()) bad(name, std::string(name) + " must be an integer");
+            if (n->is_number_unsigned() ? n->get<uint64_t>() > 1 : n->get<int64_t>() > 1)
+                bad(name, std::string(name) + " = " + n->dump() + " is not supported: one choice per request (" + name +
+                              " = 1)");
+            if (n->get<int64_t>() < 1) bad(name, std::string(name) + " must be 1, got " + n->dump());
+        }
+    s.sampling.logit_bias = parse_logit_bias(body, tok, n_valid);
     if (const ojson* stop = field(body, "stop")) {
         if (stop->is_string()) {
             s.stop.push_back(stop->get<std::string>());
@@ -399,8 +439,10 @@ bool too_deep(const ojson& j, int limit) {
     return false;
 }
 
-// Chat messages as the template takes them: content parts joined into text, null content as "", tool call
-// arguments given as JSON text parsed into objects (templates iterate over them or print them with tojson).
+// Chat messages as the template takes them: content parts joined into text, tool call arguments given as JSON text
+// parsed into objects (templates iterate over them or print them with tojson). Content is required (a string or
+// text parts, without NUL bytes), except in an assistant message that carries tool_calls, whose missing or null
+// content becomes "".
 ojson normalize_messages(const ojson& body) {
     const ojson* msgs = field(body, "messages");
     if (!msgs) bad("messages", "messages is required");
@@ -418,7 +460,11 @@ ojson normalize_messages(const ojson& body) {
         ojson n = m;
         if (role == "developer") n["role"] = "system";
         const ojson* content = field(m, "content");
+        const ojson* calls = field(m, "tool_calls");
         if (!content) {
+            if (role != "assistant" || !calls || !calls->is_array() || calls->empty())
+                bad(where + ".content", where + ".content is " + (m.contains("content") ? "null" : "missing") +
+                                            " (only an assistant message with tool_calls may leave it out)");
             n["content"] = "";
         } else if (content->is_array()) {
             std::string text;
@@ -434,7 +480,9 @@ ojson normalize_messages(const ojson& body) {
         } else if (!content->is_string()) {
             bad(where + ".content", where + ".content must be a string or a list of text parts");
         }
-        if (const ojson* calls = field(m, "tool_calls")) {
+        if (n["content"].get_ref<const std::string&>().find('\0') != std::string::npos)
+            bad(where + ".content", where + ".content contains a NUL byte");
+        if (calls) {
             if (!calls->is_array()) bad(where + ".tool_calls", where + ".tool_calls must be a list");
             for (ojson& c : n["tool_calls"]) {
                 if (!c.is_object() || !c.contains("function") || !c["function"].is_object())
@@ -537,6 +585,11 @@ struct Server::Impl {
                            param, "invalid_request_error", "context_length_exceeded"};
     }
 
+    // A request that was not streamed and was cut by a shutdown (its client still waits): 503.
+    static ApiError shutting_down() {
+        return ApiError{503, "the server is shutting down: the request was cancelled", "", "server_error", ""};
+    }
+
     uint64_t random_seed() {
         std::lock_guard<std::mutex> lk(seed_m);
         return seed_rng();
@@ -549,9 +602,15 @@ struct Server::Impl {
         std::vector<int32_t> ids;
         std::vector<float> logprobs;
         std::vector<std::vector<TokenPick>> top;
-        std::string finish = "stop";
+        std::string finish = "stop";  // "stop", "length", or "cancelled" (the client went away, or a shutdown)
+        bool shutdown = false;        // cancelled by Server::stop(), the client still connected
         int n_prompt = 0, n_cached = 0;
     };
+
+    // What a stream cut by a shutdown ends with: OpenAI's "length", the one finish_reason that every client knows
+    // and that says the answer was cut short (not "stop": it did not end; vLLM's "abort" is unknown to typed
+    // clients).
+    static constexpr const char* kShutdownFinish = "length";
 
     // Runs the prompt; on_text(text, sofar, a, b) receives each piece of final text (stop strings held back), the
     // output so far and the range [a, b) of its ids that the piece came from; it returns false when the client went
@@ -646,6 +705,7 @@ struct Server::Impl {
                 job->cv.wait(lk, [&] { return job->done; });
                 n_waiting--;
                 out.finish = "cancelled";
+                out.shutdown = stopping.load() && !peer.closed();
                 return out;
             }
             if (done) break;
@@ -727,15 +787,15 @@ struct Server::Impl {
 
     // ---- endpoints ----
 
-    void handle(const httplib::Request& req, httplib::Response& res, bool chat) {
+    void handle(const httplib::Request& req, httplib::Response& res, bool chat, const std::string& text) {
         (chat ? n_chat : n_completions)++;
         try {
             if (!authorized(req)) throw ApiError{401, "invalid API key", "", "authentication_error", "invalid_api_key"};
-            ojson body = ojson::parse(req.body, nullptr, false);
+            ojson body = ojson::parse(text, nullptr, false);
             if (body.is_discarded()) {
                 std::string why;
                 try {
-                    const ojson again = ojson::parse(req.body);
+                    const ojson again = ojson::parse(text);
                     why = again.type_name();
                 } catch (const std::exception& e) {
                     why = json_error_text(e.what());
@@ -746,7 +806,7 @@ struct Server::Impl {
             if (too_deep(body, 64)) bad("", "the request body nests more than 64 levels of lists and objects");
             if (const ojson* m = field(body, "model"))
                 if (!m->is_string()) bad("model", "model must be a string");
-            const Settings s = parse_settings(body, defaults, chat, random_seed());
+            const Settings s = parse_settings(body, defaults, chat, random_seed(), *tok, n_valid);
             if (chat)
                 chat_completion(req, res, body, s);
             else
@@ -847,10 +907,12 @@ struct Server::Impl {
                         offset += text.size();
                         return send(c);
                     });
-                if (o.finish == "cancelled") return;
+                if (o.finish == "cancelled" && !o.shutdown) return;
                 ojson c = base();
-                c["choices"] = ojson::array(
-                    {ojson{{"text", ""}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", o.finish}}});
+                c["choices"] = ojson::array({ojson{{"text", ""},
+                                                   {"index", 0},
+                                                   {"logprobs", nullptr},
+                                                   {"finish_reason", o.shutdown ? kShutdownFinish : o.finish}}});
                 if (s.include_usage) c["usage"] = usage(o);
                 send(c);
             });
@@ -858,6 +920,7 @@ struct Server::Impl {
         }
         PeerWatch peer(req);
         Output o = generate(prompt, s, 0, peer, [](const std::string&, const Output&, size_t, size_t) { return true; });
+        if (o.shutdown) throw shutting_down();
         if (o.finish == "cancelled") return;
         ojson c = base();
         ojson choice{{"text", o.text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", o.finish}};
@@ -950,13 +1013,14 @@ struct Server::Impl {
                                               const ojson lp = s.logprobs ? chat_logprobs(sofar, a, b) : ojson(nullptr);
                                               return send_delta(parser.feed(text), lp);
                                           });
-                if (o.finish == "cancelled") return;
+                if (o.finish == "cancelled" && !o.shutdown) return;
                 send_delta(parser.finish(), nullptr);
                 std::string finish = o.finish;
                 if (!parser.tool_calls().empty()) {
                     delta_chunk(ojson{{"tool_calls", calls_json(parser.tool_calls(), true)}}, nullptr, nullptr);
                     finish = "tool_calls";
                 }
+                if (o.shutdown) finish = kShutdownFinish;
                 ojson last = base();
                 last["choices"] = ojson::array({ojson{
                     {"index", 0}, {"delta", ojson::object()}, {"logprobs", nullptr}, {"finish_reason", finish}}});
@@ -979,6 +1043,7 @@ struct Server::Impl {
             content += d.content;
             return true;
         });
+        if (o.shutdown) throw shutting_down();
         if (o.finish == "cancelled") return;
         const OutputParser::Delta d = parser.finish();
         reasoning += d.reasoning;
@@ -1044,11 +1109,69 @@ struct Server::Impl {
         return out;
     }
 
+    // POST `path`: the body is read here, whatever its Content-Type says, and parsed as JSON (llama-server and vLLM
+    // do the same for clients that leave out "Content-Type: application/json": the library would parse a form body
+    // as a form and refuse one over 8 KB), up to kMaxBodyBytes (413 past it).
+    void post_json(const char* path, bool chat) {
+        http.Post(path, [this, chat](const httplib::Request& req, httplib::Response& res,
+                                     const httplib::ContentReader& reader) {
+            std::string body;
+            bool too_big = false, ok;
+            if (req.is_multipart_form_data()) {  // (read and dropped: the library has no plain reader for it)
+                ok = reader([](const httplib::MultipartFormData&) { return true; },
+                            [](const char*, size_t) { return true; });
+                if (ok) {
+                    reply_error(req, res,
+                                {415, "multipart/form-data bodies are not supported: send the request as JSON", "",
+                                 "invalid_request_error", ""});
+                    return;
+                }
+            } else {
+                ok = reader([&](const char* data, size_t n) {
+                    if (body.size() + n > kMaxBodyBytes) {
+                        too_big = true;
+                        return false;
+                    }
+                    body.append(data, n);
+                    return true;
+                });
+            }
+            if (!ok) {
+                res.set_header("Connection", "close");  // (what is left of the body is not read)
+                if (too_big || res.status == 413)
+                    reply_error(req, res,
+                                {413, "the request body is larger than " + std::to_string(kMaxBodyBytes >> 20) + " MiB",
+                                 "", "invalid_request_error", "request_too_large"});
+                else
+                    reply_error(req, res, {400, "the request body could not be read", "", "invalid_request_error", ""});
+                return;
+            }
+            handle(req, res, chat, body);
+        });
+    }
+
+    void reply_error(const httplib::Request& req, httplib::Response& res, const ApiError& e) {
+        n_errors++;
+        res.status = e.status;
+        res.set_content(dump(error_json(e)), "application/json");
+        if (p.verbose)
+            std::fprintf(stderr, "hybrid-server: %s %s %d\n", req.method.c_str(), req.path.c_str(), e.status);
+    }
+
     void routes() {
-        http.Post("/v1/chat/completions",
-                  [this](const httplib::Request& req, httplib::Response& res) { handle(req, res, true); });
-        http.Post("/v1/completions",
-                  [this](const httplib::Request& req, httplib::Response& res) { handle(req, res, false); });
+        post_json("/v1/chat/completions", true);
+        post_json("/v1/completions", false);
+        // CORS, as llama-server: any origin may call the API from a browser (the API key, when set, still guards
+        // it); a preflight (OPTIONS) gets the methods and the request headers it asks for (Authorization and
+        // Content-Type when it names none)
+        http.set_default_headers({{"Access-Control-Allow-Origin", "*"}});
+        http.Options(R"(/.*)", [](const httplib::Request& req, httplib::Response& res) {
+            const std::string asked = req.get_header_value("Access-Control-Request-Headers");
+            res.status = 204;
+            res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+            res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type" : asked);
+            res.set_header("Access-Control-Max-Age", "86400");
+        });
         http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
             if (!authorized(req)) {
                 res.status = 401;
@@ -1098,8 +1221,29 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
     Impl& s = *impl_;
     s.p = params;
     if (params.n_slots < 1 || params.n_slots > 4096) throw Error(Status::invalid_argument, "-np must be in [1, 4096]");
-    if (params.n_ctx < 2) throw Error(Status::invalid_argument, "-c must be at least 2");
+    if (params.n_ctx < 0 || params.n_ctx == 1)
+        throw Error(Status::invalid_argument, "-c must be 0 (the model's trained context) or at least 2");
     s.tok = std::make_unique<Tokenizer>(Tokenizer::from_folder(params.model_dir));
+    // The chat template before the model (a bad one fails at once). A --chat-template-file must also render a
+    // conversation of one user message: a template that only fails when used is reported now, not at the first
+    // request.
+    if (params.chat_template_file.empty()) {
+        s.chat = ChatFormat::load(params.model_dir, *s.tok);
+    } else {
+        const std::string flag = "--chat-template-file: ";
+        try {
+            s.chat = ChatFormat::load(params.model_dir, *s.tok, params.chat_template_file);
+        } catch (const Error& e) {
+            throw Error(e.status(), flag + e.what());
+        }
+        try {
+            s.chat.render(ojson::array({ojson{{"role", "user"}, {"content", "Hello"}}}), nullptr, true,
+                          ojson::object());
+        } catch (const Error& e) {
+            throw Error(Status::format, flag + params.chat_template_file +
+                                            ": the template fails on a one-message conversation: " + e.what());
+        }
+    }
     const GenerationDefaults g = load_generation_defaults(params.model_dir);
     ModelParams mp;
     mp.device = params.device;
@@ -1117,7 +1261,6 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
         if (!s.tok->is_valid(id)) banned.push_back(id);
     for (int id : s.model->config().eos_token_ids) s.eos.push_back(id);
     for (int32_t id : s.tok->eos_ids()) s.eos.push_back(id);
-    s.chat = ChatFormat::load(params.model_dir, *s.tok, params.chat_template_file);
     // A chat answer ends at the end-of-turn token too.
     const int32_t im_end = s.tok->token_id("<|im_end|>");
     if (im_end >= 0) s.eos.push_back(im_end);
@@ -1140,7 +1283,13 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
     s.engine = std::make_unique<Engine>(*s.model, s.n_valid, banned);
     const int threads = params.http_threads > 0 ? params.http_threads : std::max(32, 4 * params.n_slots + 8);
     s.http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
-    s.http.set_payload_max_length(size_t(64) << 20);
+    s.http.set_payload_max_length(kMaxBodyBytes);
+    // SO_REUSEADDR alone: cpp-httplib's default also sets SO_REUSEPORT, which lets a second server bind a port that
+    // one already listens on (the kernel would then share the connections between them)
+    s.http.set_socket_options([](socket_t fd) {
+        const int yes = 1;
+        setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
+    });
     s.routes();
 }
 
@@ -1152,14 +1301,19 @@ Server::~Server() {
 int Server::bind() {
     Impl& s = *impl_;
     int port = s.p.port;
+    errno = 0;
     if (port == 0) {
         port = s.http.bind_to_any_port(s.p.host);
     } else if (!s.http.bind_to_port(s.p.host, port)) {
         port = -1;
     }
-    if (port < 0)
-        throw Error(Status::io, "cannot listen on " + s.p.host + ":" + std::to_string(s.p.port) +
-                                    " (in use, or not an address of this machine)");
+    if (port < 0) {
+        // (the library keeps the failed bind's errno; it does not say otherwise)
+        const std::string why = errno == EADDRINUSE ? "the address is already in use (another server?)"
+                                : errno != 0        ? std::string(std::strerror(errno))
+                                                    : "in use, or not an address of this machine";
+        throw Error(Status::io, "cannot listen on " + s.p.host + ":" + std::to_string(s.p.port) + ": " + why);
+    }
     return port;
 }
 

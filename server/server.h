@@ -9,7 +9,10 @@
 // Requests share the model through continuous batching (model/batch.h): one engine thread steps a BatchGenerator
 // over the -np sequence slots; each HTTP worker thread submits its request and waits for its tokens. A client that
 // disconnects (its socket is closed) cancels its request at the next step. Bad requests get OpenAI's error JSON
-// ({"error": {"message", "type", "param", "code"}}) with a 4xx status.
+// ({"error": {"message", "type", "param", "code"}}) with a 4xx status. A POST body is JSON whatever its Content-Type
+// says (up to 64 MiB: 413 past it). CORS as llama-server: Access-Control-Allow-Origin: * on every answer, OPTIONS
+// preflights answered. Server::stop() ends the streams in flight with finish_reason "length" and data: [DONE], the
+// other requests in flight with a 503.
 //
 // Conversation-state cache (--cache-mb): after a request, the sequence state (KV cache, conv and recurrent state) is
 // kept, keyed by its token ids, at two points: after the prompt's messages (before the generation prompt) and after
@@ -33,7 +36,7 @@ struct ServerParams {
     std::string api_key;             // non-empty: /v1/* need "Authorization: Bearer KEY"
     std::string chat_template_file;  // overrides the folder's template
     int n_slots = 4;
-    int n_ctx = 4096;  // positions per slot
+    int n_ctx = 4096;  // positions per slot; 0: the model's trained context (config.json max_position_embeddings)
     int n_threads = 0;
     int max_batch_tokens = 512;
     Device device = Device::auto_select;
@@ -46,13 +49,15 @@ struct ServerParams {
 
 class Server {
 public:
-    // Loads the model, tokenizer and chat template; throws hy::Error.
+    // Loads the tokenizer, the chat template (a chat_template_file must render a one-message conversation) and the
+    // model; throws hy::Error.
     explicit Server(const ServerParams& params);
     ~Server();
     Server(const Server&) = delete;
     Server& operator=(const Server&) = delete;
 
-    // Binds the listening socket; returns the port (throws Error(io) when it cannot bind).
+    // Binds the listening socket (SO_REUSEADDR, not SO_REUSEPORT: a port another server listens on is refused);
+    // returns the port (throws Error(io) when it cannot bind).
     int bind();
     // Serves until stop(); returns false when listening failed.
     bool serve();

@@ -1,4 +1,5 @@
-// Sampler tests: distribution at temperature 1, greedy equivalences, penalty formulas, reproducibility, masking.
+// Sampler tests: distribution at temperature 1, greedy equivalences, penalty formulas, reproducibility, masking,
+// logit bias.
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
@@ -188,6 +189,46 @@ TEST_CASE("sampler: masked ids are never sampled", "[sampler]") {
     // log-softmax over the valid ids only
     CHECK(std::isinf(log_softmax_at(logits, 48, 50)));
     CHECK(log_softmax_at(logits, 48, 0) == Approx(-std::log(47.0)));  // 47 finite zeros (id 3 is NaN)
+}
+
+TEST_CASE("sampler: logit bias shifts the logits before greedy and sampled picks", "[sampler]") {
+    const std::vector<float> logits = {1.0f, 3.0f, 2.0f, 0.5f, 2.9f, 0.0f, 0.0f, 9.0f};
+    SamplerParams g = plain();
+    g.temperature = 0.0f;
+    Sampler none(g, 8, 7);  // id 7 is not valid
+    CHECK(none.plain_greedy());
+    CHECK(none.sample(logits) == 1);
+    // greedy: +5 lifts id 0 over the rest; -100 drops the arg max; the backend's pick no longer stands
+    g.logit_bias = {{0, 5.0f}};
+    Sampler up(g, 8, 7);
+    CHECK_FALSE(up.plain_greedy());
+    CHECK_FALSE(up.pick_stands(1));
+    CHECK(up.sample(logits) == 0);
+    g.logit_bias = {{1, -100.0f}};
+    Sampler down(g, 8, 7);
+    CHECK(down.sample(logits) == 4);
+    // ids outside [0, n_valid) are ignored (no lift for id 7), a banned id stays banned
+    g.logit_bias = {{7, 50.0f}, {-3, 50.0f}, {100, 50.0f}, {2, 50.0f}};
+    Sampler ignored(g, 8, 7);
+    CHECK(ignored.sample(logits) == 2);
+    const std::vector<int32_t> banned = {2};
+    ignored.set_banned(banned);
+    CHECK(ignored.sample(logits) == 1);
+    // sampled: -100 on every id but 5 leaves it almost surely alone; +100 on id 3 takes every draw
+    SamplerParams t = plain(9);
+    for (int32_t id = 0; id < 7; id++)
+        if (id != 5) t.logit_bias.push_back({id, -100.0f});
+    Sampler only5(t, 8, 7);
+    for (int i = 0; i < 1000; i++) REQUIRE(only5.sample(logits) == 5);
+    SamplerParams k = plain(9);
+    k.top_k = 2;
+    k.logit_bias = {{3, 100.0f}};
+    Sampler only3(k, 8, 7);
+    for (int i = 0; i < 1000; i++) REQUIRE(only3.sample(logits) == 3);
+    // a bias that is not a finite number is refused
+    SamplerParams bad = plain();
+    bad.logit_bias = {{1, std::numeric_limits<float>::infinity()}};
+    CHECK_THROWS_AS(Sampler(bad, 8, 7), Error);
 }
 
 TEST_CASE("sampler: top-p and min-p keep the expected sets", "[sampler]") {

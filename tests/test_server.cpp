@@ -5,6 +5,7 @@
 // the others. Plus the output parser's tool calls and reasoning (server/chat.h).
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <signal.h>
 #include <sys/socket.h>
 #include <sys/wait.h>
@@ -12,6 +13,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <cctype>
 #include <chrono>
 #include <filesystem>
 #include <fstream>
@@ -74,19 +76,27 @@ public:
             while (read(fd, b, sizeof b) > 0) {}
         });
     }
-    ~ServerProcess() {
-        kill(pid_, SIGTERM);
-        int st = 0;
-        waitpid(pid_, &st, 0);
-        reader_.join();
-        close(err_fd_);
-    }
+    ~ServerProcess() { stop(SIGTERM); }
     int port() const { return port_; }
+    // Sends `sig` and waits for the exit; returns the exit status (-1: killed by a signal), the first one again later.
+    int stop(int sig) {
+        if (pid_ > 0) {
+            kill(pid_, sig);
+            int st = 0;
+            waitpid(pid_, &st, 0);
+            status_ = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+            pid_ = -1;
+            reader_.join();
+            close(err_fd_);
+        }
+        return status_;
+    }
 
 private:
     pid_t pid_ = -1;
     int err_fd_ = -1;
     int port_ = 0;
+    int status_ = -1;
     std::thread reader_;
 };
 
@@ -109,6 +119,7 @@ Reply post(int port, const std::string& path, const std::string& body,
     httplib::Client cli("127.0.0.1", port);
     cli.set_read_timeout(300, 0);
     auto r = cli.Post(path.c_str(), headers, body, "application/json");
+    INFO(path << ": " << httplib::to_string(r.error()));
     REQUIRE(r);
     return {r->status, r->body};
 }
@@ -179,6 +190,62 @@ int raw_request(int port, const std::string& request, const std::string& until) 
 std::string http_post_text(const std::string& path, const std::string& body) {
     return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
            std::to_string(body.size()) + "\r\n\r\n" + body;
+}
+
+// Connects and sends `request`; the socket (the caller closes it).
+int raw_send(int port, const std::string& request) {
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_port = htons(uint16_t(port));
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    REQUIRE(write(fd, request.data(), request.size()) == ssize_t(request.size()));
+    return fd;
+}
+
+// Reads from `fd` into *got until `until` appears (empty: until the peer closes) or `seconds` pass.
+bool raw_read(int fd, std::string* got, const std::string& until, double seconds) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    char buf[4096];
+    while (until.empty() || got->find(until) == std::string::npos) {
+        const auto left = std::chrono::duration_cast<std::chrono::milliseconds>(end - std::chrono::steady_clock::now());
+        if (left.count() <= 0) return false;
+        pollfd pf{fd, POLLIN, 0};
+        if (poll(&pf, 1, int(left.count())) <= 0) continue;
+        const ssize_t n = read(fd, buf, sizeof buf);
+        if (n <= 0) return until.empty();
+        got->append(buf, size_t(n));
+    }
+    return true;
+}
+
+// The status and body of a raw HTTP/1.1 response (a chunked body is joined).
+Reply parse_raw_response(const std::string& raw) {
+    Reply r;
+    const size_t head_end = raw.find("\r\n\r\n");
+    REQUIRE(head_end != std::string::npos);
+    REQUIRE(raw.rfind("HTTP/1.1 ", 0) == 0);
+    r.status = std::stoi(raw.substr(9, 3));
+    const std::string head = raw.substr(0, head_end);
+    std::string body = raw.substr(head_end + 4);
+    std::string lower = head;
+    for (char& c : lower) c = char(std::tolower(static_cast<unsigned char>(c)));
+    if (lower.find("transfer-encoding: chunked") == std::string::npos) {
+        r.body = body;
+        return r;
+    }
+    size_t p = 0;
+    while (p < body.size()) {
+        const size_t eol = body.find("\r\n", p);
+        REQUIRE(eol != std::string::npos);
+        const size_t n = std::stoul(body.substr(p, eol - p), nullptr, 16);
+        if (n == 0) break;
+        r.body += body.substr(eol + 2, n);
+        p = eol + 2 + n + 2;
+    }
+    return r;
 }
 
 template <class Pred>
@@ -409,6 +476,30 @@ TEST_CASE("server: bad requests get 4xx OpenAI errors without disturbing the oth
          "messages"},
         {"/v1/completions", "{\"prompt\": \"x\", \"min_p\": 1.5}", 400, "min_p"},
         {"/v1/completions", "{\"prompt\": \"x\", \"seed\": \"abc\"}", 400, "seed"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"best_of\": 3}", 400, "best_of"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"n\": 0}", 400, "n"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": [1]}", 400, "logit_bias"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"abc\": 1}}", 400, "logit_bias"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"-1\": 1}}", 400, "logit_bias"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"99999\": 1}}", 400, "logit_bias"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"5\": 101}}", 400, "logit_bias"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"5\": \"1\"}}", 400, "logit_bias"},
+        // a message needs content (a NUL byte is refused), but an assistant message with tool_calls
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\"}]}", 400, "messages[0].content"},
+        {"/v1/chat/completions", "{\"messages\": [{\"role\": \"user\", \"content\": null}]}", 400,
+         "messages[0].content"},
+        {"/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"assistant\", \"content\": null}]}",
+         400, "messages[1].content"},
+        {"/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"tool\", \"content\": null}]}", 400,
+         "messages[1].content"},
+        {"/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"user\", \"content\": \"a\\u0000b\"}]}",
+         400, "messages[1].content"},
+        {"/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"\\u0000\"}]}]}", 400,
+         "messages[0].content"},
         {"/v1/nothing", "{}", 404, nullptr},
     };
     for (const Bad& b : bad) {
@@ -534,4 +625,241 @@ TEST_CASE("server: a model folder's Jinja chat template renders the prompt; tool
             CHECK(r.json()["usage"]["prompt_tokens"].get<size_t>() == tok.encode(text).size());
         }
     }
+}
+
+TEST_CASE("server: message content: required but with tool calls, no NUL bytes; n and best_of of 1", "[server]") {
+    if (!have_server_binary()) return;
+    const int port = shared_server().port();
+    auto error = [&](const std::string& body) {
+        const Reply r = post(port, "/v1/chat/completions", body);
+        CHECK(r.status == 400);
+        return r.json()["error"]["message"].get<std::string>();
+    };
+    CHECK(error(R"({"messages": [{"role": "system", "content": "x"}, {"role": "user"}]})") ==
+          "messages[1].content is missing (only an assistant message with tool_calls may leave it out)");
+    CHECK(error(R"({"messages": [{"role": "user", "content": null}]})").find("messages[0].content is null") == 0);
+    CHECK(error(R"({"messages": [{"role": "user", "content": "a\u0000b"}]})") ==
+          "messages[0].content contains a NUL byte");
+    // an assistant message that carries tool calls may leave its content out or null
+    for (const char* content : {"", R"("content": null, )"}) {
+        const std::string body = std::string(R"({"max_tokens": 2, "messages": [{"role": "user", "content": "x"},
+            {"role": "assistant", )") +
+                                 content + R"("tool_calls": [{"id": "c0", "type": "function",
+             "function": {"name": "f", "arguments": "{}"}}]}, {"role": "user", "content": "y"}]})";
+        INFO(body);
+        CHECK(post(port, "/v1/chat/completions", body).status == 200);
+    }
+    // n = 1 and best_of = 1 are accepted; more choices are refused as unsupported
+    CHECK(post(port, "/v1/completions", ojson{{"prompt", "x"}, {"max_tokens", 2}, {"n", 1}, {"best_of", 1}}).status ==
+          200);
+    const Reply two = post(port, "/v1/chat/completions",
+                           ojson{{"messages", ojson::array({ojson{{"role", "user"}, {"content", "x"}}})}, {"n", 2}});
+    CHECK(two.status == 400);
+    CHECK(two.json()["error"]["message"].get<std::string>().find("not supported") != std::string::npos);
+}
+
+TEST_CASE("server: logit_bias moves greedy and sampled picks", "[server]") {
+    if (!have_server_binary()) return;
+    const int port = shared_server().port();
+    const hy::Tokenizer tok = hy::Tokenizer::from_folder(kSrc + "/models/tiny");
+    const std::vector<int32_t> ret = tok.encode("return");
+    REQUIRE(ret.size() == 1);
+    const std::string piece = tok.token_piece(ret[0]);
+    const ojson golden = ojson::parse(hy::test::cli_util::slurp(kSrc + "/models/tiny/golden.json"));
+    ojson c;
+    for (const ojson& g : golden["cases"])
+        if (g["name"] == "short") c = g;
+    REQUIRE(c.is_object());
+    const auto greedy = c["greedy_fp32_cpu"].get<std::vector<int32_t>>();
+    auto tokens = [&](const ojson& extra) {
+        ojson req{{"prompt", c["input_ids"]}, {"max_tokens", 4}, {"ignore_eos", true}, {"logprobs", 0}};
+        req.update(extra);
+        const Reply r = post(port, "/v1/completions", req);
+        REQUIRE(r.status == 200);
+        return r.json()["choices"][0]["logprobs"]["tokens"].get<std::vector<std::string>>();
+    };
+    const std::string first = tok.token_piece(greedy[0]);
+    REQUIRE(first != piece);
+    CHECK(tokens(ojson{{"temperature", 0}})[0] == first);
+    // -100 on the greedy id: another comes first; +100 on "return": it comes every time, greedy or sampled
+    CHECK(tokens(ojson{{"temperature", 0}, {"logit_bias", {{std::to_string(greedy[0]), -100}}}})[0] != first);
+    for (const ojson& sampling : {ojson{{"temperature", 0}}, ojson{{"temperature", 1.0}, {"seed", 3}, {"top_k", 0}}}) {
+        ojson extra = sampling;
+        extra["logit_bias"] = {{std::to_string(ret[0]), 100}};
+        INFO(extra.dump());
+        CHECK(tokens(extra) == std::vector<std::string>(4, piece));
+    }
+    // and through the chat endpoint, streamed
+    const ojson chat{{"messages", ojson::array({ojson{{"role", "user"}, {"content", "Hi"}}})},
+                     {"max_tokens", 3},
+                     {"temperature", 0},
+                     {"stream", true},
+                     {"logit_bias", {{std::to_string(ret[0]), 100}}}};
+    std::string text;
+    for (const ojson& ev : events(post(port, "/v1/chat/completions", chat).body))
+        if (!ev["choices"].empty() && ev["choices"][0]["delta"].contains("content"))
+            text += ev["choices"][0]["delta"]["content"].get<std::string>();
+    CHECK(text == piece + piece + piece);
+}
+
+TEST_CASE("server: a POST body is JSON whatever its content type, up to 64 MiB", "[server]") {
+    if (!have_server_binary()) return;
+    const int port = shared_server().port();
+    // 100 KB of JSON (a long "user" field) as a form, as plain text and without a content type
+    const ojson req{{"prompt", kCode}, {"max_tokens", 6}, {"temperature", 0}, {"user", std::string(100000, 'u')}};
+    const std::string body = req.dump();
+    const Reply as_json = post(port, "/v1/completions", body);
+    REQUIRE(as_json.status == 200);
+    const std::string want = as_json.json()["choices"][0]["text"];
+    for (const char* type : {"application/x-www-form-urlencoded", "text/plain"}) {
+        httplib::Client cli("127.0.0.1", port);
+        cli.set_read_timeout(300, 0);
+        auto r = cli.Post("/v1/completions", body, type);
+        REQUIRE(r);
+        INFO(type << ": " << r->body.substr(0, 200));
+        CHECK(r->status == 200);
+        CHECK(ojson::parse(r->body)["choices"][0]["text"] == want);
+    }
+    const std::string no_type =
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n"
+        "Content-Length: " +
+        std::to_string(body.size()) + "\r\n\r\n" + body;
+    const int fd = raw_send(port, no_type);
+    std::string raw;
+    CHECK(raw_read(fd, &raw, "", 120));
+    close(fd);
+    const Reply untyped = parse_raw_response(raw);
+    CHECK(untyped.status == 200);
+    CHECK(untyped.json()["choices"][0]["text"] == want);
+    // past 64 MiB: 413 with OpenAI's error JSON
+    httplib::Client cli("127.0.0.1", port);
+    cli.set_read_timeout(300, 0);
+    auto big = cli.Post("/v1/completions", std::string((size_t(64) << 20) + 1, ' '), "application/json");
+    REQUIRE(big);
+    CHECK(big->status == 413);
+    const ojson e = ojson::parse(big->body, nullptr, false);
+    REQUIRE(e.is_object());
+    CHECK(e["error"]["code"] == "request_too_large");
+    CHECK(get(port, "/health").status == 200);
+}
+
+TEST_CASE("server: CORS preflight and headers", "[server]") {
+    if (!have_server_binary()) return;
+    const int port = shared_server().port();
+    httplib::Client cli("127.0.0.1", port);
+    auto pre = cli.Options("/v1/chat/completions", {{"Origin", "http://localhost:3000"},
+                                                    {"Access-Control-Request-Method", "POST"},
+                                                    {"Access-Control-Request-Headers", "authorization, content-type"}});
+    REQUIRE(pre);
+    CHECK(pre->status == 204);
+    CHECK(pre->get_header_value("Access-Control-Allow-Origin") == "*");
+    CHECK(pre->get_header_value("Access-Control-Allow-Methods").find("POST") != std::string::npos);
+    CHECK(pre->get_header_value("Access-Control-Allow-Headers") == "authorization, content-type");
+    auto plain = cli.Options("/v1/models", {{"Origin", "http://localhost:3000"}});
+    REQUIRE(plain);
+    CHECK(plain->status == 204);
+    CHECK(plain->get_header_value("Access-Control-Allow-Headers") == "Authorization, Content-Type");
+    // the answers themselves allow any origin too, errors included
+    auto models = cli.Get("/v1/models", {{"Origin", "http://localhost:3000"}});
+    REQUIRE(models);
+    CHECK(models->get_header_value("Access-Control-Allow-Origin") == "*");
+    auto bad = cli.Post("/v1/completions", {{"Origin", "http://localhost:3000"}}, "{}", "application/json");
+    REQUIRE(bad);
+    CHECK(bad->status == 400);
+    CHECK(bad->get_header_value("Access-Control-Allow-Origin") == "*");
+}
+
+TEST_CASE("server: a second server on a port in use fails with exit code 6", "[server]") {
+    if (!have_server_binary()) return;
+    const int port = shared_server().port();
+    // (timeout: a server that did bind would serve until killed)
+    const auto r = run_prog("/usr/bin/timeout", {"60", kBin + "/hybrid-server", "-m", "models/tiny", "--device", "cpu",
+                                                 "-c", "64", "-np", "1", "--port", std::to_string(port)});
+    INFO(r.err);
+    CHECK(r.rc == 6);
+    CHECK(r.err.rfind("hybrid-server: cannot listen on 127.0.0.1:" + std::to_string(port) + ": ", 0) == 0);
+    CHECK(r.err.find("already in use") != std::string::npos);
+    CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    CHECK(get(port, "/health").status == 200);
+}
+
+TEST_CASE("server: a bad --chat-template-file fails at start; -c 0 is the trained context", "[server]") {
+    if (!have_server_binary()) return;
+    hy::test::cli_util::TempDir dir("server_template");
+    const std::string unparsable = (dir.path / "bad.jinja").string(), failing = (dir.path / "raise.jinja").string();
+    std::ofstream(unparsable) << "{% for m in messages %}{{ m.content }}";
+    std::ofstream(failing) << "{{ raise_exception('this template refuses every conversation') }}";
+    struct Case {
+        std::string file, needle;
+    };
+    for (const Case& c : {Case{(dir.path / "missing.jinja").string(), "missing.jinja"}, Case{unparsable, "bad.jinja"},
+                          Case{failing, "refuses every conversation"}}) {
+        const auto r = run_prog("/usr/bin/timeout", {"60", kBin + "/hybrid-server", "-m", "models/tiny", "--device",
+                                                     "cpu", "--port", "0", "--chat-template-file", c.file});
+        INFO(r.err);
+        CHECK(r.rc == 2);
+        CHECK(r.err.rfind("hybrid-server: ", 0) == 0);
+        CHECK(r.err.find(c.needle) != std::string::npos);
+        CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    }
+    const auto one = run_prog(kBin + "/hybrid-server", {"-m", "models/tiny", "-c", "1"});
+    CHECK(one.rc == 1);
+    CHECK(one.err.find("-c must be 0") != std::string::npos);
+    // -c 0: config.json's max_position_embeddings
+    ServerProcess s({"-c", "0", "-np", "1", "--cache-mb", "0"});
+    const ojson models = get(s.port(), "/v1/models").json();
+    CHECK(models["data"][0]["meta"]["n_ctx"] == 32768);
+}
+
+TEST_CASE("server: a stream cut by a shutdown ends with a finish_reason and [DONE]", "[server]") {
+    if (!have_server_binary()) return;
+    // (models/tiny makes thousands of ids a second on a CPU: the context is its longest)
+    ServerProcess s({"-np", "2", "-c", "32768", "--cache-mb", "0"});
+    // two long streams (completion and chat) and a request that is not streamed
+    const int max_tokens = 32000;
+    const ojson comp{{"prompt", kCode},  {"max_tokens", max_tokens}, {"ignore_eos", true},
+                     {"temperature", 0}, {"stream", true},           {"stream_options", {{"include_usage", true}}}};
+    ojson chat = comp;
+    chat.erase("prompt");
+    chat["messages"] = ojson::array({ojson{{"role", "user"}, {"content", "Write a long program."}}});
+    auto request = [](const std::string& path, const ojson& body) {
+        return "POST " + path +
+               " HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nContent-Type: application/json\r\n" +
+               "Content-Length: " + std::to_string(body.dump().size()) + "\r\n\r\n" + body.dump();
+    };
+    const int fd_comp = raw_send(s.port(), request("/v1/completions", comp));
+    const int fd_chat = raw_send(s.port(), request("/v1/chat/completions", chat));
+    std::string raw_comp, raw_chat;
+    REQUIRE(raw_read(fd_comp, &raw_comp, "\"text\"", 60));  // (a generated piece has come)
+    REQUIRE(raw_read(fd_chat, &raw_chat, "data: ", 60));
+    ojson plain = comp;
+    plain["stream"] = false;
+    const int fd_plain = raw_send(s.port(), request("/v1/completions", plain));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    CHECK(s.stop(SIGTERM) == 0);
+    std::string raw_plain;
+    const std::vector<std::pair<int, std::string*>> reads = {
+        {fd_comp, &raw_comp}, {fd_chat, &raw_chat}, {fd_plain, &raw_plain}};
+    for (const auto& [fd, raw] : reads) {
+        CHECK(raw_read(fd, raw, "", 30));
+        close(fd);
+    }
+    for (const std::string* raw : {&raw_comp, &raw_chat}) {
+        const Reply r = parse_raw_response(*raw);
+        CHECK(r.status == 200);
+        const std::vector<ojson> evs = events(r.body);  // (checks that [DONE] comes last)
+        INFO(r.body.substr(r.body.size() > 400 ? r.body.size() - 400 : 0));
+        ojson last, usage;
+        for (const ojson& ev : evs) {
+            if (!ev["choices"].empty()) last = ev;
+            if (ev.contains("usage")) usage = ev["usage"];
+        }
+        REQUIRE(last.is_object());
+        CHECK(last["choices"][0]["finish_reason"] == "length");
+        REQUIRE(usage.is_object());  // (and the generation was cut, not finished)
+        CHECK(usage["completion_tokens"].get<int>() < max_tokens);
+    }
+    const Reply r = parse_raw_response(raw_plain);
+    CHECK(r.status == 503);
+    CHECK(r.json()["error"]["message"].get<std::string>().find("shutting down") != std::string::npos);
 }
