@@ -57,30 +57,34 @@ __device__ __forceinline__ Choice warp_top_k(const bf16* __restrict__ logits, in
     for (int q = 0; q < kPer; q++)
         if (lane + 32 * q < E) sum += expf(v[q] - mx);
     sum = warp_sum(sum);
-    unsigned taken = 0;  // bit q: expert lane + 32 q is chosen
+    // Each expert's key: the bf16 logit's bits made to order as unsigned integers (NaN lowest), then 0xFFFF - e,
+    // so the largest key is the larger logit and, between equal ones, the lower id; a round's arg-max is then
+    // one warp max-reduction (redux.sync) over the lanes' largest keys. (E <= 1024 < 0xFFFF.)
+    uint32_t key[kPer];
+#pragma unroll
+    for (int q = 0; q < kPer; q++) {
+        const int e = lane + 32 * q;
+        uint32_t b = __bfloat16_as_ushort(__float2bfloat16(v[q]));  // (exact: v is a bf16 value)
+        if (b == 0x8000u) b = 0u;                                   // -0 == +0 (then the lower id wins)
+        const uint32_t ord = (b & 0x7fffu) > 0x7f80u ? 0u : (b & 0x8000u) ? (~b & 0xffffu) : (b | 0x8000u);
+        key[q] = e < E ? (ord << 16) | (0xffffu - uint32_t(e)) : 0u;
+    }
     Choice mine{0, 0.0f};
     float total = 0.0f;
     for (int j = 0; j < k; j++) {
-        float best = -INFINITY;
-        int best_id = INT_MAX;
+        uint32_t top = 0;
 #pragma unroll
-        for (int q = 0; q < kPer; q++) {
-            const int e = lane + 32 * q;
-            if (e < E && !((taken >> q) & 1u) && (best_id == INT_MAX || v[q] > best)) {
-                best = v[q];  // (in increasing e: an equal logit keeps the lower id)
-                best_id = e;
-            }
-        }
+        for (int q = 0; q < kPer; q++) top = max(top, key[q]);
+        top = __reduce_max_sync(0xffffffffu, top);
+        const int best_id = int(0xffffu - (top & 0xffffu));
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ob = __shfl_xor_sync(0xffffffffu, best, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, best_id, o);
-            if (oi != INT_MAX && (best_id == INT_MAX || ob > best || (ob == best && oi < best_id))) {
-                best = ob;
-                best_id = oi;
-            }
-        }
-        if ((best_id & 31) == lane) taken |= 1u << (best_id >> 5);
+        for (int q = 0; q < kPer; q++)
+            if (key[q] == top) key[q] = 0u;  // taken (keys are distinct: each holds its id)
+        float held = 0.0f;                   // (a select, not an index: v stays in registers)
+#pragma unroll
+        for (int q = 0; q < kPer; q++)
+            if (q == (best_id >> 5)) held = v[q];
+        const float best = __shfl_sync(0xffffffffu, held, best_id & 31);
         const float p = expf(best - mx) / sum;
         total += p;
         if (lane == j) mine = Choice{best_id, p};
@@ -157,46 +161,90 @@ __global__ void moe_route_kernel(const bf16* __restrict__ router_logits, int E, 
 // The expert weights depend on the router's choice, so gate/up cannot load any before its PDL wait. It lets the
 // next kernel (down) start only after that wait: the choice is then complete, and down loads its first weights
 // before its own wait (for one or two rows, where the whole grid is resident at once).
-constexpr int kDownWords = 2;  // prefetching down: words per lane per expert and round (I = 512: one round)
-constexpr int kDownChunk =
-    4;  // prefetching down: experts whose rows are in flight together (168 registers with 8: one block per SM)
+constexpr int kDownWords = 2;  // prefetching down: words per lane per row and round (I = 512: one round)
 
 // act[(t k + j), i] = bf16(bf16(silu(bf16(gate_e . x_t))) * bf16(up_e . x_t)), e = ids[t k + j]; one warp per i.
 // Blocks x >= rows k (with a shared expert): shared_act[t, i] likewise with the shared expert's gate and up, t =
 // x - rows k; and one warp of the row's first block: shared_gate[t] = bf16(sigmoid(bf16(x_t . gate))).
-__global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up,
-                                   const int32_t* __restrict__ ids, int E, int H, int I, int k, int64_t rows, bf16* act,
-                                   MoeShared sh, bf16* shared_act, float* shared_gate) {
-    pdl_wait();
-    pdl_trigger();                  // (after the wait: the down kernel reads the routing before its own wait)
+// H a multiple of 8: each lane loads its kGateUpWords words of the gate row and of the up row at once (H = 2048:
+// the whole rows, 8 KB per warp in flight); the shared expert's blocks load theirs before the PDL wait (they do
+// not depend on the routing).
+constexpr int kGateUpWords = 8;
+__global__ void __launch_bounds__(kMoeWarps * 32, 2)
+    moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up, const int32_t* __restrict__ ids,
+                       int E, int H, int I, int k, int64_t rows, bf16* act, MoeShared sh, bf16* shared_act,
+                       float* shared_gate, bool evict_first) {
     const int64_t tj = blockIdx.x;  // t * k + j, or rows * k + t
-    const int warp = threadIdx.x >> 5;
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int i = blockIdx.y * kMoeWarps + warp;
-    if (tj >= rows * k) {  // the shared expert
-        const int64_t t = tj - rows * k;
-        const bf16* xr = x + t * H;
-        if (i < sh.Is) {
-            const float g = round_bf16(warp_dot(xr, sh.gate_proj + int64_t(i) * H, H));
-            const float u = round_bf16(warp_dot(xr, sh.up_proj + int64_t(i) * H, H));
-            if ((threadIdx.x & 31) == 0) shared_act[t * sh.Is + i] = to_bf16(round_bf16(siluf_(g)) * u);
-        }
-        if (blockIdx.y == 0 && warp == kMoeWarps - 1) {
-            const float g = round_bf16(warp_dot(xr, sh.gate, H));
-            if ((threadIdx.x & 31) == 0) shared_gate[t] = round_bf16(1.0f / (1.0f + expf(-g)));
-        }
-        return;
+    const bool is_shared = tj >= rows * k;
+    const int64_t t = is_shared ? tj - rows * k : tj / k;
+    const int H8 = H / 8;
+    const uint64_t pol = weight_policy(evict_first);
+    uint4 g[kGateUpWords], u[kGateUpWords];
+    const uint4 *wg = nullptr, *wu = nullptr;
+    // lane's words of a round: base + 32 q, q < n
+    auto load_w = [&](int base) {
+#pragma unroll
+        for (int q = 0; q < kGateUpWords; q++)
+            if (base + 32 * q < H8) {
+                g[q] = ld_weight(wg + base + 32 * q, pol);
+                u[q] = ld_weight(wu + base + 32 * q, pol);
+            }
+    };
+    const bool has_row = is_shared ? i < sh.Is : i < I;
+    if (is_shared && has_row) {
+        wg = reinterpret_cast<const uint4*>(sh.gate_proj + int64_t(i) * H);
+        wu = reinterpret_cast<const uint4*>(sh.up_proj + int64_t(i) * H);
+        load_w(lane);
     }
-    if (i >= I) return;
-    const int e = ids[tj];
-    const bf16* xr = x + (tj / k) * H;
-    float a = 0.0f;
-    if (e >= 0 && e < E) {
+    pdl_wait();
+    pdl_trigger();  // (after the wait: the down kernel reads the routing before its own wait)
+    const uint4* x4 = reinterpret_cast<const uint4*>(x + t * H);
+    if (is_shared && blockIdx.y == 0 && warp == kMoeWarps - 1) {
+        const float gs = round_bf16(warp_dot(x + t * H, sh.gate, H));
+        if (lane == 0) shared_gate[t] = round_bf16(1.0f / (1.0f + expf(-gs)));
+    }
+    if (!has_row) return;
+    int e = 0;
+    if (!is_shared) {
+        e = ids[tj];
+        if (e < 0 || e >= E) {
+            if (lane == 0) act[tj * I + i] = to_bf16(0.0f);
+            return;
+        }
         const bf16* w = gate_up + int64_t(e) * 2 * I * H;
-        const float g = round_bf16(warp_dot(xr, w + int64_t(i) * H, H));
-        const float u = round_bf16(warp_dot(xr, w + int64_t(I + i) * H, H));
-        a = round_bf16(siluf_(g)) * u;
+        wg = reinterpret_cast<const uint4*>(w + int64_t(i) * H);
+        wu = reinterpret_cast<const uint4*>(w + int64_t(I + i) * H);
+        load_w(lane);
     }
-    if ((threadIdx.x & 31) == 0) act[tj * I + i] = to_bf16(a);
+    float sg = 0.0f, su = 0.0f;
+    for (int base = lane;;) {
+#pragma unroll
+        for (int q = 0; q < kGateUpWords; q++)
+            if (base + 32 * q < H8) {
+                float xf[8], gf[8], uf[8];
+                unpack8(x4[base + 32 * q], xf);
+                unpack8(g[q], gf);
+                unpack8(u[q], uf);
+#pragma unroll
+                for (int c = 0; c < 8; c++) {
+                    sg = fmaf(gf[c], xf[c], sg);
+                    su = fmaf(uf[c], xf[c], su);
+                }
+            }
+        base += 32 * kGateUpWords;
+        if (base >= H8) break;
+        load_w(base);
+    }
+    const float gv = round_bf16(warp_sum(sg)), uv = round_bf16(warp_sum(su));
+    const bf16 a = to_bf16(round_bf16(siluf_(gv)) * uv);
+    if (lane == 0) {
+        if (is_shared)
+            shared_act[t * sh.Is + i] = a;
+        else
+            act[tj * I + i] = a;
+    }
 }
 
 // The position, in increasing expert id (ties: the lower choice index), of choice `lane` of the k in `my_id`
@@ -244,112 +292,108 @@ __global__ void moe_down_kernel(const bf16* __restrict__ act, const bf16* __rest
     if ((threadIdx.x & 31) == 0) y[t * H + h] = to_bf16(acc);
 }
 
-// moe_down_kernel's values for one or two rows (I a multiple of 8): the routing is read before the PDL wait (the
-// kernel starts only once gate/up has passed its wait, so the top-k kernel is complete; read through L2), the
-// first kDownChunk experts' first round of words is loaded before it too, the dot products of a chunk are in
-// flight together and then summed in increasing expert id.
-// The shared expert's down row (sh.down_proj; Is a multiple of 8) does not depend on the routing: its first round
-// of words is loaded before the wait too, and it is added last as in moe_down_kernel.
-__global__ void __launch_bounds__(kMoeWarps * 32, 2)
-    moe_down_prefetch_kernel(const bf16* __restrict__ act, const bf16* __restrict__ down,
-                             const float* __restrict__ weights, const int32_t* __restrict__ ids, int E, int H, int I,
-                             int k, bool evict_first, MoeShared sh, const bf16* __restrict__ shared_act,
-                             const float* __restrict__ shared_gate, bf16* y) {
+// moe_down_kernel's values for one or two rows, I a multiple of 8, by blocks of kDownRows outputs: warp w < kDownWarps
+// takes the row's choices w, w + kDownWarps, ... and computes their dot products for the block's kDownRows outputs,
+// a last warp the shared expert's (sh.down_proj); the sums are then formed in shared memory, experts in increasing
+// id. Every warp loads its first round of weights (kDownRows rows x kDownWords words per lane) before the PDL
+// wait: the routing is complete by then (this kernel starts only once gate/up has passed its own wait; read
+// through L2) and the shared expert's rows do not depend on it. Then one wave of blocks keeps about 8 KB per warp
+// in flight.
+constexpr int kDownRows = 8;   // outputs per block
+constexpr int kDownWarps = 8;  // warps over the routed choices (then one for the shared expert)
+__global__ void __launch_bounds__((kDownWarps + 1) * 32, 2)
+    moe_down_rows_kernel(const bf16* __restrict__ act, const bf16* __restrict__ down, const float* __restrict__ weights,
+                         const int32_t* __restrict__ ids, int E, int H, int I, int k, bool evict_first, MoeShared sh,
+                         const bf16* __restrict__ shared_act, const float* __restrict__ shared_gate, bf16* y) {
+    __shared__ float dots[kMaxTopK + 1][kDownRows];  // bf16-rounded dot products; row k: the shared expert's
+    __shared__ int order[kMaxTopK];                  // the choices in increasing expert id
+    __shared__ int n_valid;
     pdl_trigger();
     const int64_t t = blockIdx.x;
-    const int h = blockIdx.y * kMoeWarps + (threadIdx.x >> 5), lane = threadIdx.x & 31;
-    if (h >= H) {
-        pdl_wait();
-        return;
-    }
-    const int my_id = lane < k ? __ldcg(ids + t * k + lane) : 0;
-    const int rank = choice_rank(my_id, lane, k);
+    const int h0 = blockIdx.y * kDownRows, warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const uint64_t pol = weight_policy(evict_first);
-    const int K8 = I / 8;
-    int j[kDownChunk], e[kDownChunk];
-    uint4 wv[kDownChunk][kDownWords];
-    auto choose = [&](int c0) {
-#pragma unroll
-        for (int u = 0; u < kDownChunk; u++) {
-            const unsigned m = __ballot_sync(0xffffffffu, rank == c0 + u);
-            j[u] = m ? __ffs(m) - 1 : -1;
-            e[u] = j[u] >= 0 ? __shfl_sync(0xffffffffu, my_id, j[u]) : -1;
-            if (e[u] < 0 || e[u] >= E) j[u] = -1;
-        }
+    const bool is_shared = warp == kDownWarps;
+    const int n_rows = min(kDownRows, H - h0);
+    const int K = is_shared ? sh.Is : I, K8 = K / 8;
+    // this warp's first choice (routed warps) and its weight rows
+    int j = warp, e = -1;
+    auto expert_of = [&](int jj) {
+        const int ee = jj < k ? __ldcg(ids + t * k + jj) : -1;
+        return ee >= 0 && ee < E ? ee : -1;
     };
-    auto load = [&](int base) {
+    auto rows_of = [&](int ee) -> const uint4* {
+        return is_shared ? reinterpret_cast<const uint4*>(sh.down_proj + int64_t(h0) * K)
+                         : reinterpret_cast<const uint4*>(down + (int64_t(ee) * H + h0) * K);
+    };
+    uint4 wv[kDownRows][kDownWords];
+    auto load = [&](const uint4* w, int base) {
 #pragma unroll
-        for (int u = 0; u < kDownChunk; u++)
+        for (int r = 0; r < kDownRows; r++)
 #pragma unroll
             for (int q = 0; q < kDownWords; q++)
-                if (j[u] >= 0 && base + 32 * q < K8)
-                    wv[u][q] = ld_weight(
-                        reinterpret_cast<const uint4*>(down + (int64_t(e[u]) * H + h) * I) + base + 32 * q, pol);
+                if (r < n_rows && base + 32 * q < K8) wv[r][q] = ld_weight(w + int64_t(r) * K8 + base + 32 * q, pol);
     };
-    const uint4* srow = sh.down_proj ? reinterpret_cast<const uint4*>(sh.down_proj + int64_t(h) * sh.Is) : nullptr;
-    const int S8 = sh.Is / 8;
-    uint4 sv[kDownWords];
-    auto load_shared = [&](int base) {
-#pragma unroll
-        for (int q = 0; q < kDownWords; q++)
-            if (base + 32 * q < S8) sv[q] = ld_weight(srow + base + 32 * q, pol);
-    };
-    choose(0);
-    load(lane);
-    if (srow) load_shared(lane);
-    pdl_wait();
-    float acc = 0.0f;
-    for (int c0 = 0; c0 < k; c0 += kDownChunk) {
-        if (c0 > 0) {
-            choose(c0);
-            load(lane);
-        }
-        float part[kDownChunk];
-#pragma unroll
-        for (int u = 0; u < kDownChunk; u++) part[u] = 0.0f;
-        for (int base = lane;;) {
-#pragma unroll
-            for (int u = 0; u < kDownChunk; u++)
-#pragma unroll
-                for (int q = 0; q < kDownWords; q++)
-                    if (j[u] >= 0 && base + 32 * q < K8) {
-                        float wf[8], af[8];
-                        unpack8(wv[u][q], wf);
-                        unpack8(__ldg(reinterpret_cast<const uint4*>(act + (t * k + j[u]) * I) + base + 32 * q), af);
-#pragma unroll
-                        for (int c = 0; c < 8; c++) part[u] = fmaf(wf[c], af[c], part[u]);
-                    }
-            base += 32 * kDownWords;
-            if (base >= K8) break;
-            load(base);
-        }
-#pragma unroll
-        for (int u = 0; u < kDownChunk; u++) {
-            const float d = round_bf16(warp_sum(part[u]));
-            if (j[u] >= 0) acc = round_bf16(acc + round_bf16(d * weights[t * k + j[u]]));
-        }
+    const bool active = is_shared ? sh.down_proj != nullptr : j < k;
+    if (!is_shared && active) e = expert_of(j);
+    if (active && (is_shared || e >= 0)) load(rows_of(e), lane);
+    if (warp == 0) {  // the order of the choices (out-of-range ids, which the router makes none of, are skipped)
+        const int id = lane < k ? __ldcg(ids + t * k + lane) : 0;
+        const bool valid = lane < k && id >= 0 && id < E;
+        const int rank = choice_rank(valid ? id : INT_MAX, lane, k);
+        const unsigned vm = __ballot_sync(0xffffffffu, valid);
+        if (valid) order[rank] = lane;
+        if (lane == 0) n_valid = __popc(vm);
     }
-    if (srow) {
-        float part = 0.0f;
-        const uint4* a4 = reinterpret_cast<const uint4*>(shared_act + t * sh.Is);
+    pdl_wait();
+    for (bool first = true; active; first = false) {
+        if (!first) {  // the next choice of this warp
+            j += kDownWarps;
+            if (is_shared || j >= k) break;
+            e = expert_of(j);
+            if (e >= 0) load(rows_of(e), lane);
+        }
+        if (!is_shared && e < 0) continue;
+        const uint4* w = rows_of(e);
+        const uint4* a4 = reinterpret_cast<const uint4*>(is_shared ? shared_act + t * K : act + (t * k + j) * I);
+        float part[kDownRows];
+#pragma unroll
+        for (int r = 0; r < kDownRows; r++) part[r] = 0.0f;
         for (int base = lane;;) {
 #pragma unroll
             for (int q = 0; q < kDownWords; q++)
-                if (base + 32 * q < S8) {
-                    float wf[8], af[8];
-                    unpack8(sv[q], wf);
+                if (base + 32 * q < K8) {
+                    float af[8];
                     unpack8(a4[base + 32 * q], af);
 #pragma unroll
-                    for (int c = 0; c < 8; c++) part = fmaf(wf[c], af[c], part);
+                    for (int r = 0; r < kDownRows; r++) {
+                        float wf[8];
+                        unpack8(wv[r][q], wf);
+#pragma unroll
+                        for (int c = 0; c < 8; c++) part[r] = fmaf(wf[c], af[c], part[r]);
+                    }
                 }
             base += 32 * kDownWords;
-            if (base >= S8) break;
-            load_shared(base);
+            if (base >= K8) break;
+            load(w, base);
         }
-        const float d = round_bf16(warp_sum(part));
-        acc = round_bf16(acc + round_bf16(shared_gate[t] * d));
+#pragma unroll
+        for (int r = 0; r < kDownRows; r++) {
+            const float d = round_bf16(warp_sum(part[r]));
+            if (lane == 0) dots[is_shared ? k : j][r] = d;
+        }
+        if (is_shared) break;
     }
-    if (lane == 0) y[t * H + h] = to_bf16(acc);
+    __syncthreads();
+    if (threadIdx.x < n_rows) {
+        const int r = threadIdx.x;
+        float acc = 0.0f;
+        for (int n = 0; n < n_valid; n++) {
+            const int jj = order[n];
+            acc = round_bf16(acc + round_bf16(dots[jj][r] * weights[t * k + jj]));
+        }
+        if (sh.down_proj) acc = round_bf16(acc + round_bf16(shared_gate[t] * dots[k][r]));
+        y[t * H + h0 + r] = to_bf16(acc);
+    }
 }
 
 // ---- Prefill and large batches: the rows grouped by expert, a grouped GEMM on tensor cores ----
@@ -672,7 +716,8 @@ bool moe_grouped(int64_t rows, int H, int I, const LaunchContext& ctx) {
 }
 
 bool moe_fuses_shared(int64_t rows, int H, int I, int Is, const LaunchContext& ctx) {
-    return !moe_grouped(rows, H, I, ctx) && H % 8 == 0 && Is % 8 == 0 && Is > 0;
+    // (from 32 rows the shared expert's own GEMV/GEMM, which reads its weights once for all rows, is faster: run 98)
+    return rows <= kMoeFusedSharedMaxRows && !moe_grouped(rows, H, I, ctx) && H % 8 == 0 && Is % 8 == 0 && Is > 0;
 }
 
 void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const float* weights, const int32_t* ids,
@@ -688,9 +733,9 @@ void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const
         const int cols = std::max(I, sh.Is);
         launch(moe_gate_up_kernel, dim3(unsigned(rows * k + (shared ? rows : 0)), ceil_div(cols, kMoeWarps)),
                kMoeWarps * 32, 0, ctx, "MoE gate/up kernel", x, gate_up, ids, E, H, I, k, rows, scratch.act, sh,
-               scratch.shared_act, scratch.shared_gate);
+               scratch.shared_act, scratch.shared_gate, ctx.evict_first);
         if (rows <= 2 && I % 8 == 0)
-            launch(moe_down_prefetch_kernel, dim3(unsigned(rows), ceil_div(H, kMoeWarps)), kMoeWarps * 32, 0, ctx,
+            launch(moe_down_rows_kernel, dim3(unsigned(rows), ceil_div(H, kDownRows)), (kDownWarps + 1) * 32, 0, ctx,
                    "MoE down kernel (prefetching)", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H, I,
                    k, ctx.evict_first, sh, static_cast<const bf16*>(scratch.shared_act),
                    static_cast<const float*>(scratch.shared_gate), y);
