@@ -101,6 +101,7 @@ int main(int argc, char** argv) {
          cxxopts::value<std::string>()->default_value("1"))
         ("r,reps", "repetitions (medians are reported)", cxxopts::value<int>()->default_value("3"));
     add_shared_option(opts, "", "device");
+    add_shared_option(opts, "", "quant");
     add_shared_option(opts, "", "threads");
     add_shared_option(opts, "", "no-cuda-graphs");
     add_shared_option(opts, "", "no-pdl");
@@ -167,6 +168,7 @@ int main(int argc, char** argv) {
         const std::string dev = args["device"].as<std::string>();
         ModelParams mp;
         mp.device = tools::parse_device(dev);
+        mp.quant = tools::parse_quant(args["quant"].as<std::string>());
         mp.n_threads = threads;
         mp.cuda.graphs = !args["no-cuda-graphs"].as<bool>();
         mp.cuda.pdl = !args["no-pdl"].as<bool>();

@@ -143,4 +143,11 @@ inline Device parse_device(const std::string& s) {
     throw UsageError("--device must be cpu, cuda or auto, got '" + s + "'");
 }
 
+// --quant: "fp8" or "none"; anything else is a UsageError.
+inline WeightQuant parse_quant(const std::string& s) {
+    if (s == "fp8") return WeightQuant::fp8;
+    if (s == "none") return WeightQuant::none;
+    throw UsageError("--quant must be fp8 or none, got '" + s + "'");
+}
+
 }  // namespace hy::tools

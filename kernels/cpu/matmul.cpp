@@ -1,12 +1,20 @@
-// CPU matmul y = x W^T with W in F32/F16/BF16 and fp32 accumulation.
+// CPU matmul y = x W^T with W in F32/F16/BF16/FP8 and fp32 accumulation.
 //
 // A register-blocked micro-kernel computes kRows x kTokens outputs at once with 16-lane accumulators (GCC vector
 // extensions: AVX-512, AVX2 or SSE, whatever -march allows). Every output (t, n) is accumulated in its own
 // 16-lane vector over k in steps of 16, the K % 16 tail is added lane-wise into the same vector, and the lanes are
 // summed in one fixed order. So the result of (t, n) does not depend on the block it fell into, the number of
 // rows in the batch or the thread count: batched and single-token forwards agree bitwise.
+//
+// FP8 weights (Matrix::scales): each block of kRows weight rows is dequantized once into a per-thread f32 panel
+// (table lookup * block scale, exact products in f32), then swept by the same F32 micro-kernels over every token.
+// So an FP8 matrix gives bitwise the result of the F32 matrix holding its dequantized values, and the lookups cost
+// once per weight per call, not per token.
 #include <algorithm>
 #include <cstring>
+#include <vector>
+
+#include "base/fp8.h"
 
 #include "kernels/cpu/cpu_ops.h"
 
@@ -131,6 +139,49 @@ void matmul_typed(const float* x, int64_t T, const Matrix& m, float* y, ThreadPo
     });
 }
 
+// rows [n0, n0 + nr) of the FP8 matrix m, dequantized into panel [nr, K] f32.
+void dequantize_rows(const Matrix& m, const float* table, int64_t n0, int nr, float* panel) {
+    const int64_t K = m.cols, scale_cols = fp8_scale_cols(K);
+    for (int r = 0; r < nr; r++) {
+        const uint8_t* q = static_cast<const uint8_t*>(m.data) + (n0 + r) * K;
+        const float* s = m.scales + fp8_scale_row(n0 + r, m.scale_segment_rows) * scale_cols;
+        float* out = panel + int64_t(r) * K;
+        for (int64_t kb = 0; kb < scale_cols; kb++) {
+            const float scale = s[kb];
+            const int64_t k1 = std::min(K, (kb + 1) * kFp8Block);
+            for (int64_t k = kb * kFp8Block; k < k1; k++) out[k] = table[q[k]] * scale;
+        }
+    }
+}
+
+void matmul_fp8(const float* x, int64_t T, const Matrix& m, float* y, ThreadPool& pool) {
+    if (!m.scales)
+        throw Error(Status::internal, std::string("CPU matmul: ") + dtype_name(m.dtype) + " weights without scales");
+    const float* table = fp8_table(m.dtype);
+    const int64_t N = m.rows, K = m.cols;
+    const int64_t n_blocks = (N + kRows - 1) / kRows;
+    const int64_t min_blocks = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, T * K));
+    pool.parallel_for(n_blocks, min_blocks, [&](int64_t nb0, int64_t nb1, int) {
+        // The per-thread panel [kRows, K] grows to the widest matrix once, on the first calls.
+        thread_local std::vector<float> panel;
+        if (panel.size() < size_t(kRows * K)) panel.resize(size_t(kRows * K));
+        for (int64_t nb = nb0; nb < nb1; nb++) {
+            const int64_t n0 = nb * kRows;
+            const int nr = int(std::min<int64_t>(kRows, N - n0));
+            dequantize_rows(m, table, n0, nr, panel.data());
+            for (int64_t t0 = 0; t0 < T; t0 += kTokenChunk) {
+                const int64_t t1 = std::min(T, t0 + kTokenChunk);
+                switch (nr) {  // (the panel's rows are rows 0..nr of a matrix whose output columns start at n0)
+                    case 4: row_block<DType::F32, 4>(x, t0, t1, panel.data(), K, y + n0, N, 0); break;
+                    case 3: row_block<DType::F32, 3>(x, t0, t1, panel.data(), K, y + n0, N, 0); break;
+                    case 2: row_block<DType::F32, 2>(x, t0, t1, panel.data(), K, y + n0, N, 0); break;
+                    default: row_block<DType::F32, 1>(x, t0, t1, panel.data(), K, y + n0, N, 0); break;
+                }
+            }
+        }
+    });
+}
+
 }  // namespace
 
 void matmul(const float* x, int64_t rows, const Matrix& w, float* y, ThreadPool& pool) {
@@ -138,6 +189,8 @@ void matmul(const float* x, int64_t rows, const Matrix& w, float* y, ThreadPool&
         case DType::F32: return matmul_typed<DType::F32>(x, rows, w, y, pool);
         case DType::BF16: return matmul_typed<DType::BF16>(x, rows, w, y, pool);
         case DType::F16: return matmul_typed<DType::F16>(x, rows, w, y, pool);
+        case DType::F8_E4M3:
+        case DType::F8_E5M2: return matmul_fp8(x, rows, w, y, pool);
         default: break;
     }
     throw Error(Status::unsupported, std::string("CPU matmul: unsupported weight dtype ") + dtype_name(w.dtype));
