@@ -63,6 +63,13 @@ HY_HOST_DEVICE inline int64_t fp8_scale_cols(int64_t cols) { return (cols + kFp8
 
 inline bool is_fp8(DType t) { return t == DType::F8_E4M3 || t == DType::F8_E5M2; }
 
+// The bytes a pass over m reads: its elements, and for FP8 its F32 block scales.
+inline size_t matrix_bytes(const Matrix& m) {
+    size_t n = size_t(m.rows * m.cols) * dtype_size(m.dtype);
+    if (m.scales) n += size_t(fp8_scale_rows(m.rows, m.scale_segment_rows) * fp8_scale_cols(m.cols)) * 4;
+    return n;
+}
+
 // Rows [r0, r0 + n) of m as a matrix of their own (data and, for FP8, scales offset). For FP8, r0 must start a scale
 // block row (a multiple of the segment rows, or of 128 when the matrix is one segment), and n must cover whole
 // segments (the view keeps m's segment rows); e.g. expert e's gate_up is matrix_rows(gate_up, e * 2I, 2I).

@@ -415,3 +415,40 @@ TEST_CASE("fp8: bad FP8 checkpoints and quantization requests are refused with o
                       "tensor 'model.norm.weight' is F8_E4M3: only linear weights may be FP8");
     }
 }
+
+TEST_CASE("fp8: the CPU matmul dequantizes every code exactly, with its block's scale", "[loader][fp8]") {
+    // W [2 segments of 3 rows, 160 columns]: every finite code in some row and column (in the vector part and the
+    // scalar tail of a block), scales per block; x one-hot rows pick single weights, so y is exactly the dequantized
+    // weight. (A NaN code would make its whole row NaN: checked apart below.)
+    const int64_t seg = 3, rows = 6, cols = 160;
+    std::vector<uint8_t> q(size_t(rows * cols));
+    for (size_t i = 0; i < q.size(); i++) q[i] = (i * 37 % 256) % 128 == 0x7f ? 0 : uint8_t(i * 37 % 256);
+    std::vector<float> scales = {0.5f, 3.0f, 0.125f, 1e-3f};  // [2 segments x 1 block row, 2 block columns]
+    Matrix m;
+    m.data = q.data();
+    m.dtype = DType::F8_E4M3;
+    m.rows = rows;
+    m.cols = cols;
+    m.scales = scales.data();
+    m.scale_segment_rows = seg;
+    auto backend = make_cpu_backend(2);
+    std::vector<float> x(size_t(cols * cols), 0.0f), y(size_t(cols * rows));
+    for (int64_t c = 0; c < cols; c++) x[size_t(c * cols + c)] = 1.0f;
+    backend->matmul(x.data(), cols, m, y.data());
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            const float want = f8_e4m3_to_f32(q[size_t(r * cols + c)]) * scales[size_t(r / seg * 2 + c / 128)];
+            const float got = y[size_t(c * rows + r)];
+            INFO("row " << r << " col " << c << " code " << int(q[size_t(r * cols + c)]));
+            CHECK(got == want);  // (exact; -0 weights sum to +0)
+        }
+    for (uint8_t nan : {uint8_t(0x7f), uint8_t(0xff)}) {
+        std::vector<uint8_t> one(16, 0x38);
+        one[5] = nan;
+        const float scale = 1.0f;
+        const Matrix n{one.data(), DType::F8_E4M3, 1, 16, &scale, 0};
+        float out = 0.0f;
+        backend->matmul(x.data(), 1, n, &out);  // (x row 0 is one-hot at column 0: 0 * NaN is NaN)
+        CHECK(std::isnan(out));
+    }
+}
