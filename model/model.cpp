@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "model/model.h"
 
@@ -530,9 +531,31 @@ struct ModelLoader {
         const int64_t seg = d.scale_segment_rows > 0 ? d.scale_segment_rows : d.rows, sc = fp8_scale_cols(d.cols);
         std::vector<float> w(size_t(seg * d.cols)), scales(size_t(fp8_scale_rows(seg, 0) * sc));
         std::vector<uint8_t> q(size_t(seg * d.cols));
+        // A segment's block rows are independent: host threads take runs of them (a 4B model has about 4e9
+        // weights to convert and round).
+        const int64_t block_rows = fp8_scale_rows(seg, 0);
+        const int n_threads = int(std::min<int64_t>(
+            block_rows,
+            std::max(1, m.params_.n_threads > 0 ? m.params_.n_threads : int(std::thread::hardware_concurrency()))));
+        std::vector<std::exception_ptr> errors(static_cast<size_t>(n_threads));
         for (int64_t r0 = 0; r0 < d.rows; r0 += seg) {
-            read_rows(job, d.cols, r0, seg, w.data());
-            quantize_fp8_blocks(w.data(), seg, d.cols, 0, q.data(), scales.data());
+            auto part = [&](int i) {
+                try {
+                    const int64_t b0 = block_rows * i / n_threads, b1 = block_rows * (i + 1) / n_threads;
+                    const int64_t a = b0 * kFp8Block, n = std::min(seg, b1 * kFp8Block) - a;
+                    read_rows(job, d.cols, r0 + a, n, w.data() + a * d.cols);
+                    quantize_fp8_blocks(w.data() + a * d.cols, n, d.cols, 0, q.data() + a * d.cols,
+                                        scales.data() + b0 * sc);
+                } catch (...) {
+                    errors[size_t(i)] = std::current_exception();
+                }
+            };
+            std::vector<std::thread> threads;
+            for (int i = 1; i < n_threads; i++) threads.emplace_back(part, i);
+            part(0);
+            for (std::thread& t : threads) t.join();
+            for (const std::exception_ptr& e : errors)
+                if (e) std::rethrow_exception(e);
             be.upload(base + job.off + size_t(r0 * d.cols), q.data(), q.size());
             be.upload(base + job.scale_off + size_t(fp8_scale_row(r0, d.scale_segment_rows) * sc) * 4, scales.data(),
                       scales.size() * 4);
