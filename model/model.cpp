@@ -219,9 +219,20 @@ struct ModelLoader {
                                                     std::to_string(fp8_scale_cols(cols)) + "])");
         const hyst_tensor& s = ck.get(name, {fp8_scale_rows(rows, 0), fp8_scale_cols(cols)});
         if (is_fp8(to_dtype(s.dtype)))
-            throw Error(Status::model_mismatch, "tensor '" + name + "' holds block scales and must be F32, not " +
+            throw Error(Status::model_mismatch, "tensor '" + name +
+                                                    "' holds block scales and must be F32 (or 16-bit), not " +
                                                     dtype_name(to_dtype(s.dtype)));
         return s;
+    }
+
+    // The backend's storage for an FP8 matrix: FP8 as it is (Backend::matrix_dtype throws where the backend has no
+    // FP8 kernels, as CUDA for now; one that would convert it to another dtype is refused here).
+    DType fp8_dtype(DType type) const {
+        const DType d = be.matrix_dtype(type);
+        if (d != type)
+            throw Error(Status::unsupported, std::string("FP8 weights are not supported by the ") + be.name() +
+                                                 " backend (it would store them as " + dtype_name(d) + ")");
+        return d;
     }
 
     // An FP8 checkpoint's matrix: the parts are whole 2-D FP8 tensors of the same dtype and, when more than one,
@@ -259,7 +270,7 @@ struct ModelLoader {
         const int64_t rows = part_rows0 * int64_t(parts.size());
         dst.rows = rows;
         dst.cols = cols;
-        dst.dtype = be.matrix_dtype(type);  // (the CUDA backend refuses FP8 until it has the kernels)
+        dst.dtype = fp8_dtype(type);
         dst.scale_segment_rows = parts.size() > 1 ? part_rows0 : 0;
         size_t off = reserve(size_t(rows * cols));
         const int64_t part_scales = fp8_scale_rows(part_rows0, 0) * fp8_scale_cols(cols);
@@ -289,7 +300,7 @@ struct ModelLoader {
             for (const Part& p : parts) rows += part_rows(p, cols);
             dst.rows = rows;
             dst.cols = cols;
-            dst.dtype = be.matrix_dtype(DType::F8_E4M3);  // (the CUDA backend refuses FP8 until it has the kernels)
+            dst.dtype = fp8_dtype(DType::F8_E4M3);
             dst.scale_segment_rows = segment_rows;
             const size_t off = reserve(size_t(rows * cols));
             const size_t scale_off = reserve(size_t(fp8_scale_rows(rows, segment_rows) * fp8_scale_cols(cols)) * 4);
