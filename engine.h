@@ -97,7 +97,7 @@ typedef struct hy_model_params {
     int dummy_weights;    /* 1: read config.json (and the tokenizer) alone and fill the weights with deterministic
                              random values, for benchmarks of a shape without its checkpoint; output is meaningless
                              (default 0) */
-    hy_quant quant;       /* default HY_QUANT_NONE */
+    int quant;            /* a hy_quant: HY_QUANT_NONE (default) or HY_QUANT_FP8 */
 } hy_model_params;
 
 hy_model_params hy_model_default_params(void);

@@ -114,7 +114,7 @@ TEST_CASE("engine: hy_model_params.quant = HY_QUANT_FP8 quantizes at load; an un
     CHECK(hy_model_arena_bytes(m8) < hy_model_arena_bytes(m16));  // (weights 8.6 MiB instead of 15.0 MiB)
     hy_model_free(m8);
     hy_model_free(m16);
-    p.quant = hy_quant(7);
+    p.quant = 7;
     hy_model* bad = nullptr;
     CHECK(hy_model_load(kTiny.c_str(), &p, &bad) == HY_ERR_INVALID_ARGUMENT);
     CHECK(std::string(hy_last_error()).find("unknown weight quantization 7") != std::string::npos);
