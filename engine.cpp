@@ -144,6 +144,7 @@ hy_model_params hy_model_default_params(void) {
     p.max_batch_tokens = 512;
     p.cuda_graphs = 1;
     p.dummy_weights = 0;
+    p.quant = HY_QUANT_NONE;
     return p;
 }
 
@@ -156,6 +157,9 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
         HY_CHECK_ARG(p.max_batch_tokens > 0, "max_batch_tokens must be > 0, got " + std::to_string(p.max_batch_tokens));
         HY_CHECK_ARG(p.device == HY_DEVICE_AUTO || p.device == HY_DEVICE_CPU || p.device == HY_DEVICE_CUDA,
                      "unknown device " + std::to_string(int(p.device)));
+        HY_CHECK_ARG(
+            p.quant == HY_QUANT_NONE || p.quant == HY_QUANT_FP8,
+            "unknown weight quantization " + std::to_string(int(p.quant)) + " (HY_QUANT_NONE 0, HY_QUANT_FP8 1)");
         std::error_code ec;
         if (!*dir) return fail(Status::io, "the model folder path is empty");
         // (before the tokenizer is read; Model::load words the same checks for its other callers)
@@ -175,6 +179,7 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
         mp.max_batch_tokens = p.max_batch_tokens;
         mp.cuda.graphs = p.cuda_graphs != 0;
         mp.dummy_weights = p.dummy_weights != 0;
+        mp.quant = p.quant == HY_QUANT_FP8 ? hy::WeightQuant::fp8 : hy::WeightQuant::none;
         auto m = std::make_unique<hy_model>();
         m->tok = std::make_unique<hy::Tokenizer>(hy::Tokenizer::from_folder(dir));
         m->generation = hy::load_generation_defaults(dir);

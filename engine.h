@@ -76,6 +76,15 @@ typedef enum hy_device {
     HY_DEVICE_CUDA = 2  /* fails with HY_ERR_BACKEND / HY_ERR_UNSUPPORTED when not available */
 } hy_device;
 
+/* How the weights are stored (hy_model_params.quant). */
+typedef enum hy_quant {
+    HY_QUANT_NONE = 0, /* as the checkpoint holds them (16-bit, or FP8 for an FP8 checkpoint) */
+    HY_QUANT_FP8 = 1   /* quantize a 16-bit checkpoint at load: linear weights to FP8 e4m3 with 128 x 128 block
+                          scales (the format of Qwen's FP8 releases; embeddings, lm_head, norms, in_proj_a/b, the MoE
+                          router and shared_expert_gate stay 16-bit). An FP8 checkpoint with it:
+                          HY_ERR_INVALID_ARGUMENT. CUDA: HY_ERR_UNSUPPORTED until it has FP8 kernels */
+} hy_quant;
+
 typedef struct hy_model_params {
     hy_device device;     /* default HY_DEVICE_AUTO */
     int n_threads;        /* CPU threads; <= 0: all cores (default 0); at most 1024 */
@@ -88,6 +97,7 @@ typedef struct hy_model_params {
     int dummy_weights;    /* 1: read config.json (and the tokenizer) alone and fill the weights with deterministic
                              random values, for benchmarks of a shape without its checkpoint; output is meaningless
                              (default 0) */
+    int quant;            /* a hy_quant: HY_QUANT_NONE (default) or HY_QUANT_FP8 */
 } hy_model_params;
 
 hy_model_params hy_model_default_params(void);
@@ -95,11 +105,11 @@ hy_model_params hy_model_default_params(void);
 /* Loads a Hugging Face folder: config.json, model.safetensors (or shards with model.safetensors.index.json),
  * tokenizer.json, optionally tokenizer_config.json and generation_config.json. On success *out owns the model.
  * Errors: HY_ERR_INVALID_ARGUMENT (NULL argument, n_ctx < 0 or 0 without max_position_embeddings,
- * max_batch_tokens <= 0, n_slots outside [1, 4096], n_threads > 1024), HY_ERR_IO (missing folder or file, a folder
- * without config.json), HY_ERR_FORMAT, HY_ERR_UNSUPPORTED, HY_ERR_MODEL_MISMATCH (tensor missing or of the wrong
- * shape), HY_ERR_OUT_OF_MEMORY (also before anything is allocated when the arena is larger than the machine's
- * memory: the message gives the sizes and the largest context that fits), HY_ERR_BACKEND. On the CPU the state's
- * pages become resident only as the sequences grow. */
+ * max_batch_tokens <= 0, n_slots outside [1, 4096], n_threads > 1024, quant HY_QUANT_FP8 on an FP8 checkpoint),
+ * HY_ERR_IO (missing folder or file, a folder without config.json), HY_ERR_FORMAT, HY_ERR_UNSUPPORTED,
+ * HY_ERR_MODEL_MISMATCH (tensor missing or of the wrong shape), HY_ERR_OUT_OF_MEMORY (also before anything is allocated
+ * when the arena is larger than the machine's memory: the message gives the sizes and the largest context that fits),
+ * HY_ERR_BACKEND. On the CPU the state's pages become resident only as the sequences grow. */
 int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out);
 
 /* Frees the model. Every context and sampler made from it must be freed first. NULL is allowed. */

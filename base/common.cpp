@@ -1,5 +1,7 @@
 #include "base/common.h"
 
+#include "base/fp8.h"
+
 namespace hy {
 
 const char* status_name(Status s) {
@@ -24,6 +26,8 @@ size_t dtype_size(DType t) {
         case DType::F16: return 2;
         case DType::BF16: return 2;
         case DType::I32: return 4;
+        case DType::F8_E4M3:
+        case DType::F8_E5M2: return 1;
     }
     return 0;
 }
@@ -34,6 +38,8 @@ const char* dtype_name(DType t) {
         case DType::F16: return "F16";
         case DType::BF16: return "BF16";
         case DType::I32: return "I32";
+        case DType::F8_E4M3: return "F8_E4M3";
+        case DType::F8_E5M2: return "F8_E5M2";
     }
     return "?";
 }
@@ -77,6 +83,13 @@ void convert_to_f32(const void* src, DType src_type, float* dst, size_t n) {
         case DType::F16: {
             const char* s = static_cast<const char*>(src);
             for (size_t i = 0; i < n; i++) dst[i] = f16_to_f32(load_u16(s + 2 * i));
+            return;
+        }
+        case DType::F8_E4M3:
+        case DType::F8_E5M2: {
+            const float* table = fp8_table(src_type);
+            const uint8_t* s = static_cast<const uint8_t*>(src);
+            for (size_t i = 0; i < n; i++) dst[i] = table[s[i]];
             return;
         }
         case DType::I32: break;

@@ -41,8 +41,10 @@ private:
     Status status_;
 };
 
-// Element types of tensors in checkpoints and in the arena.
-enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, I32 = 3 };
+// Element types of tensors in checkpoints and in the arena. F8_E4M3 is the OCP "e4m3fn" format (bias 7, no
+// infinities, 0x7f/0xff NaN, largest finite 448), F8_E5M2 the IEEE-like one (bias 15, with inf and NaN); an FP8 weight
+// matrix always comes with F32 block scales (Matrix::scales, base/fp8.h).
+enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, I32 = 3, F8_E4M3 = 4, F8_E5M2 = 5 };
 
 size_t dtype_size(DType t);
 const char* dtype_name(DType t);
@@ -75,7 +77,7 @@ inline uint16_t load_u16(const void* p) {
 float f16_to_f32(uint16_t h);
 
 // Converts n elements of type `src_type` at src to f32 at dst; src needs no alignment (a checkpoint's data area may
-// start at an odd offset).
+// start at an odd offset). FP8 values are converted as stored, without any block scale.
 void convert_to_f32(const void* src, DType src_type, float* dst, size_t n);
 
 }  // namespace hy

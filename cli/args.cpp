@@ -157,6 +157,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
          cxxopts::value<int>()->default_value("4096"));
     add_shared_option(opts, "Model", "threads");
     add_shared_option(opts, "Model", "device");
+    add_shared_option(opts, "Model", "quant");
     add_shared_option(opts, "Model", "no-cuda-graphs");
     opts.add_options("Prompt")
         ("p,prompt", "prompt text (escapes \\n \\t \\r \\0 \\\\ \\\" \\' processed)", cxxopts::value<std::string>())
@@ -209,6 +210,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
                                              {"-n", "--n-predict"},
                                              {"-s", "--seed"},
                                              {"", "--device"},
+                                             {"", "--quant"},
                                              {"", "--prompt-ids"},
                                              {"", "--system"},
                                              {"", "--batch-file"},
@@ -326,6 +328,11 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         o.device = HY_DEVICE_CUDA;
     else
         usage("--device must be auto, cpu or cuda, got '" + dev + "'");
+    const std::string quant = r["quant"].as<std::string>();
+    if (quant == "fp8")
+        o.quant = HY_QUANT_FP8;
+    else if (quant != "none")
+        usage("--quant must be fp8 or none, got '" + quant + "'");
 
     // cxxopts keeps the last of repeated values: a repeated single-valued option is an error, not a silent choice
     for (const char* name : {"model",
@@ -337,6 +344,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
                              "ctx-size",
                              "threads",
                              "device",
+                             "quant",
                              "parallel",
                              "n-predict",
                              "seed",

@@ -22,6 +22,10 @@ inline constexpr SharedOption kSharedOptions[] = {
     {"m,model", "model folder (config.json, *.safetensors, tokenizer.json)", SharedOption::Type::text, ""},
     {"t,threads", "CPU threads (0 or -1: all cores)", SharedOption::Type::integer, "0"},
     {"device", "auto, cpu or cuda", SharedOption::Type::text, "auto"},
+    {"quant",
+     "quantize the weights at load: fp8 (a 16-bit checkpoint's linear weights to FP8 e4m3 with 128 x 128 block "
+     "scales, as Qwen's FP8 releases; CPU only for now) or none. FP8 checkpoints load as they are, without it",
+     SharedOption::Type::text, "none"},
     {"no-cuda-graphs",
      "CUDA: launch every kernel one by one instead of replaying CUDA graphs (same results, slower; "
      "for profilers and debugging)",

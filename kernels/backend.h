@@ -21,13 +21,65 @@
 
 namespace hy {
 
+#if defined(__CUDACC__)
+#define HY_HOST_DEVICE __host__ __device__
+#else
+#define HY_HOST_DEVICE
+#endif
+
 // A weight matrix in the arena: row-major [rows, cols]; a projection computes y = x W^T (rows = out features).
+//
+// FP8 matrices (dtype F8_E4M3 or F8_E5M2, as Qwen's official FP8 releases and `--quant fp8` store them): the real
+// weight of element (r, c) is fp8_value(data[r, c]) * scales[fp8_scale_row(r, rows of a segment), c / 128], the
+// scale of its 128 x 128 block. A stacked matrix (MoE experts: gate_up [E * 2I, H], down [E * H, I]) is made of
+// segments of scale_segment_rows rows (I for gate_up, whose gate and up halves are each a segment; H for down),
+// blocked independently: a segment whose rows are not a multiple of 128 ends in a short block row of its own.
 struct Matrix {
     const void* data = nullptr;
     DType dtype = DType::BF16;
     int64_t rows = 0;
     int64_t cols = 0;
+    // FP8 only (nullptr otherwise): F32 [fp8_scale_rows(rows, scale_segment_rows), fp8_scale_cols(cols)] row-major.
+    const float* scales = nullptr;
+    int64_t scale_segment_rows = 0;  // rows of one independently blocked segment; 0: the whole matrix is one segment
 };
+
+// The side of an FP8 scale block (weight_block_size [128, 128]).
+constexpr int64_t kFp8Block = 128;
+
+// The scale row of matrix row r (0 <= r < rows) of an FP8 matrix whose segments have `segment_rows` rows (0: one
+// segment): (r / seg) * ceil(seg / 128) + (r % seg) / 128. The one place this index is computed: kernels, the
+// loader and the quantizer all call it.
+HY_HOST_DEVICE inline int64_t fp8_scale_row(int64_t r, int64_t segment_rows) {
+    if (segment_rows <= 0) return r / kFp8Block;
+    return r / segment_rows * ((segment_rows + kFp8Block - 1) / kFp8Block) + r % segment_rows / kFp8Block;
+}
+// Rows of the scale matrix of an FP8 matrix of `rows` rows (a multiple of segment_rows when that is > 0).
+HY_HOST_DEVICE inline int64_t fp8_scale_rows(int64_t rows, int64_t segment_rows) {
+    return rows > 0 ? fp8_scale_row(rows - 1, segment_rows) + 1 : 0;
+}
+// Columns of the scale matrix: ceil(cols / 128).
+HY_HOST_DEVICE inline int64_t fp8_scale_cols(int64_t cols) { return (cols + kFp8Block - 1) / kFp8Block; }
+
+inline bool is_fp8(DType t) { return t == DType::F8_E4M3 || t == DType::F8_E5M2; }
+
+// The bytes a pass over m reads: its elements, and for FP8 its F32 block scales.
+inline size_t matrix_bytes(const Matrix& m) {
+    size_t n = size_t(m.rows * m.cols) * dtype_size(m.dtype);
+    if (m.scales) n += size_t(fp8_scale_rows(m.rows, m.scale_segment_rows) * fp8_scale_cols(m.cols)) * 4;
+    return n;
+}
+
+// Rows [r0, r0 + n) of m as a matrix of their own (data and, for FP8, scales offset). For FP8, r0 must start a scale
+// block row (a multiple of the segment rows, or of 128 when the matrix is one segment), and n must cover whole
+// segments (the view keeps m's segment rows); e.g. expert e's gate_up is matrix_rows(gate_up, e * 2I, 2I).
+inline Matrix matrix_rows(const Matrix& m, int64_t r0, int64_t n) {
+    Matrix v = m;
+    v.data = static_cast<const char*>(m.data) + size_t(r0 * m.cols) * dtype_size(m.dtype);
+    v.rows = n;
+    if (m.scales) v.scales = m.scales + fp8_scale_row(r0, m.scale_segment_rows) * fp8_scale_cols(m.cols);
+    return v;
+}
 
 // Batch rows [row, row + n_tokens) are positions [pos, pos + n_tokens) of sequence slot `slot`.
 struct SeqRun {
@@ -107,7 +159,9 @@ struct WorkspaceShape {
 
 // The routed experts of one MoE layer, stacked in the arena whatever the checkpoint's layout (fused 3-D tensors or
 // one tensor per expert): expert e's SwiGLU is gate = rows [e*2I, e*2I + I) of gate_up, up = rows [e*2I + I,
-// (e+1)*2I), down = rows [e*H, (e+1)*H) of down.
+// (e+1)*2I), down = rows [e*H, (e+1)*H) of down. FP8 experts: gate_up.scale_segment_rows = I, down's = H (each
+// expert's gate, up and down blocked on their own, as the per-expert tensors of the checkpoint); matrix_rows()
+// gives one expert's part.
 struct MoeExperts {
     Matrix gate_up;        // [E * 2I, H]
     Matrix down;           // [E * H, I]
@@ -142,12 +196,6 @@ struct CudaOptions {
     // are written to this file when the backend is destroyed (tools/gpu/trace_summary.py reads it). Empty: none.
     std::string trace_file;
 };
-
-#if defined(__CUDACC__)
-#define HY_HOST_DEVICE __host__ __device__
-#else
-#define HY_HOST_DEVICE
-#endif
 
 // The value fill_random gives element i for `seed`: the top 24 bits of splitmix64(seed + i), as a float in [0, 1).
 HY_HOST_DEVICE inline float random_unit(uint64_t seed, uint64_t i) {

@@ -77,6 +77,55 @@ std::vector<int> read_id_list(const json& v, const std::string& source, const st
     return out;
 }
 
+// config.json's quantization_config (top level; text_config's is read when the top level has none).
+void read_quantization_config(const json& root, const std::string& source, ModelConfig& c) {
+    const json* q = nullptr;
+    std::string scope = "quantization_config.";
+    if (root.contains("quantization_config") && !root["quantization_config"].is_null()) {
+        q = &root["quantization_config"];
+    } else if (root.contains("text_config") && root["text_config"].is_object() &&
+               root["text_config"].contains("quantization_config") &&
+               !root["text_config"]["quantization_config"].is_null()) {
+        q = &root["text_config"]["quantization_config"];
+        scope = "text_config." + scope;
+    }
+    if (!q) return;
+    auto fail = [&](Status st, const std::string& what) { throw Error(st, source + ": " + what); };
+    if (!q->is_object()) fail(Status::format, "field 'quantization_config' must be an object, found " + q->dump());
+    auto str = [&](const char* field) -> std::string {  // "" when absent or null
+        if (!q->contains(field) || q->at(field).is_null()) return "";
+        if (!q->at(field).is_string())
+            fail(Status::format, "field '" + scope + field + "' must be a string, found " + q->at(field).dump());
+        return q->at(field).get<std::string>();
+    };
+    const std::string method = str("quant_method");
+    if (method != "fp8")
+        fail(Status::unsupported, "quantization_config: unknown quant_method '" + method +
+                                      "' (supported: fp8, Qwen's block-wise FP8 releases)");
+    if (const std::string fmt = str("fmt"); !fmt.empty() && fmt != "e4m3")
+        fail(Status::unsupported, "quantization_config: unknown fmt '" + fmt + "' (supported: e4m3)");
+    if (const std::string a = str("activation_scheme"); !a.empty() && a != "dynamic")
+        fail(Status::unsupported,
+             "quantization_config: activation_scheme '" + a + "' is not supported (supported: dynamic)");
+    if (q->contains("weight_block_size") && !q->at("weight_block_size").is_null()) {
+        const json& b = q->at("weight_block_size");
+        if (b != json::array({128, 128}))
+            fail(Status::unsupported,
+                 "quantization_config: weight_block_size " + b.dump() + " is not supported (supported: [128, 128])");
+    }
+    if (q->contains("modules_to_not_convert") && !q->at("modules_to_not_convert").is_null()) {
+        const json& m = q->at("modules_to_not_convert");
+        if (!m.is_array()) fail(Status::format, "field '" + scope + "modules_to_not_convert' must be a list of names");
+        for (const json& x : m) {
+            if (!x.is_string())
+                fail(Status::format,
+                     "field '" + scope + "modules_to_not_convert' must be a list of names, found " + x.dump());
+            c.modules_not_converted.push_back(x.get<std::string>());
+        }
+    }
+    c.fp8_weights = true;
+}
+
 }  // namespace
 
 static ModelConfig parse_model_config_impl(const std::string& text, const std::string& source) {
@@ -243,6 +292,8 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
         throw Error(Status::unsupported, source + ": hidden_act " + tj->at("hidden_act").dump() + " (supported: silu)");
 
     c.max_position_embeddings = r.get_int_or("max_position_embeddings", 0, 1);  // 0: not given
+
+    read_quantization_config(root, source, c);
 
     // eos ids: text_config, then top level.
     if (r.has("eos_token_id"))

@@ -60,6 +60,13 @@ struct ModelConfig {
     bool norm_topk_prob = true;               // renormalise the k routing weights to sum 1
     std::vector<uint8_t> layer_is_moe;        // [L] 1: sparse MoE block, 0: dense MLP
 
+    // config.json quantization_config (transformers' FineGrainedFP8Config, as Qwen's FP8 releases write it):
+    // quant_method "fp8", fmt "e4m3" (absent: e4m3), activation_scheme "dynamic" (absent: dynamic), weight_block_size
+    // [128, 128] (absent: [128, 128]), modules_to_not_convert (optional). The loader goes by each tensor's dtype: an
+    // F8 tensor needs its F32 "<name>_scale_inv" [ceil(rows/128), ceil(cols/128)]; a 16-bit one is loaded as it is.
+    bool fp8_weights = false;                        // quantization_config with quant_method "fp8"
+    std::vector<std::string> modules_not_converted;  // modules_to_not_convert (informative)
+
     std::vector<int> eos_token_ids;   // from config.json (int or list); may be empty
     int max_position_embeddings = 0;  // positions the model was trained for (0 when the config does not say)
 
@@ -71,7 +78,9 @@ struct ModelConfig {
 };
 
 // Reads and validates `dir`/config.json. Throws hy::Error naming the file and field on a missing or invalid field,
-// an unsupported model_type, or inconsistent sizes (Hv % Hk, Hq % Hkv, rotary dims even and <= head_dim, ...).
+// an unsupported model_type, or inconsistent sizes (Hv % Hk, Hq % Hkv, rotary dims even and <= head_dim, ...);
+// Error(unsupported) for a quantization_config other than block-wise FP8 (an unknown quant_method or fmt, a static
+// activation scheme, a weight_block_size other than [128, 128]).
 ModelConfig load_model_config(const std::string& dir);
 
 // Parses config.json text (`source` names it in messages). Same checks as load_model_config.

@@ -11,6 +11,7 @@
 #include <nlohmann/json.hpp>
 #include <set>
 #include <sstream>
+#include <thread>
 
 #include "model/model.h"
 
@@ -38,6 +39,8 @@ DType to_dtype(hyst_dtype t) {
         case HYST_F32: return DType::F32;
         case HYST_F16: return DType::F16;
         case HYST_BF16: return DType::BF16;
+        case HYST_F8_E4M3: return DType::F8_E4M3;
+        case HYST_F8_E5M2: return DType::F8_E5M2;
         default: break;
     }
     throw Error(Status::unsupported, "unsupported tensor dtype");
@@ -145,26 +148,43 @@ struct ModelLoader {
     Backend& be;
     size_t offset = 0;
 
-    // A tensor (all of it, or the listed rows in that order) converted to `dtype` and copied to arena offset `off`.
+    // A tensor (all of it, or the listed rows in that order) converted to `dtype` and copied to arena offset `off`;
+    // a dummy one (no data) is filled with random values from `seed`.
     struct Piece {
         const hyst_tensor* src;
         size_t off;
         DType dtype;
         std::vector<int64_t> rows;  // empty: the whole tensor
+        uint64_t seed = 0;
     };
-    struct MatrixJob {  // after the upload, dst->data = base + off
+    struct MatrixJob {  // after the upload, dst->data = base + off (and dst->scales = base + scale_off for FP8)
         Matrix* dst;
         size_t off;
+        size_t scale_off = SIZE_MAX;
     };
-    struct VectorJob {
-        const float** dst;
+    struct VectorJob {      // F32 [n] at off = the tensor converted (an FP8 checkpoint's weight_scale_inv too)
+        const float** dst;  // nullptr: nothing to point at it (the block scales of an FP8 matrix)
         const hyst_tensor* src;
         size_t off;
         int64_t n;
     };
+    // ModelParams::quant: a 16-bit matrix made of `parts` (as stacked_matrix), quantized on the host segment by
+    // segment (quantize_fp8_blocks) into F8_E4M3 data at off and F32 scales at scale_off.
+    struct Part {  // (stacked_matrix)
+        const hyst_tensor* t;
+        std::vector<int64_t> rows;  // empty: every row
+    };
+    struct QuantJob {
+        const Matrix* dst;
+        size_t off, scale_off;
+        std::vector<Part> parts;
+        std::vector<uint64_t> seeds;  // per part (dummy weights)
+    };
     std::vector<Piece> pieces;
     std::vector<MatrixJob> matrices;
     std::vector<VectorJob> vectors;
+    std::vector<QuantJob> quant_jobs;
+    uint64_t next_seed = 1;  // dummy weights: the seed of the next part, in planning order
 
     size_t reserve(size_t bytes) {
         size_t o = offset;
@@ -172,30 +192,124 @@ struct ModelLoader {
         return o;
     }
 
-    void matrix(Matrix& dst, const std::string& name, int64_t rows, int64_t cols) {
-        const hyst_tensor& t = ck.get(name, {rows, cols});
-        dst.rows = rows;
-        dst.cols = cols;
-        dst.dtype = be.matrix_dtype(to_dtype(t.dtype));
-        const size_t off = reserve(size_t(rows * cols) * dtype_size(dst.dtype));
-        pieces.push_back({&t, off, dst.dtype, {}});
-        matrices.push_back({&dst, off});
+    // Which matrices may be FP8: every linear layer but those Qwen's FP8 releases keep in BF16 (the embeddings,
+    // lm_head, the Gated DeltaNet's in_proj_a/in_proj_b, the MoE router and shared_expert_gate). `--quant fp8`
+    // quantizes exactly the FP8 ones.
+    enum class Kind { fp8_ok, keep_16bit };
+
+    void matrix(Matrix& dst, const std::string& name, int64_t rows, int64_t cols, Kind kind = Kind::fp8_ok) {
+        stacked_matrix(dst, name, {{&ck.get(name, {rows, cols}), {}}}, cols, 0, kind);
     }
 
-    // dst [sum of the lists' lengths, cols] = the listed rows of each (tensor, rows) part, in order (a fused tensor
-    // split, reordered or several tensors stacked); every part must convert to the same matrix dtype.
-    struct Part {
-        const hyst_tensor* t;
-        std::vector<int64_t> rows;  // empty: every row
-    };
     static int64_t part_rows(const Part& p, int64_t cols) {  // (a whole 3-D tensor [E, R, cols] gives E * R rows)
         if (!p.rows.empty()) return int64_t(p.rows.size());
         int64_t n = 1;
         for (int d = 0; d < p.t->n_dims; d++) n *= p.t->shape[d];
         return n / cols;
     }
-    void stacked_matrix(Matrix& dst, const std::string& what, const std::vector<Part>& parts, int64_t cols) {
+    // The FP8 checkpoint's scale tensor of weight `t`: "<name>_scale_inv", F32 (or 16-bit) [ceil(rows/128),
+    // ceil(cols/128)] for t [rows, cols] (the real weight is fp8 value * scale, despite the name).
+    const hyst_tensor& fp8_scales(const hyst_tensor& t, int64_t rows, int64_t cols) const {
+        const std::string name = std::string(t.name) + "_scale_inv";
+        if (!ck.has(name))
+            throw Error(Status::model_mismatch, std::string("tensor '") + t.name + "' is " +
+                                                    dtype_name(to_dtype(t.dtype)) + " but its block scales '" + name +
+                                                    "' are missing (an FP8 weight needs F32 scales [" +
+                                                    std::to_string(fp8_scale_rows(rows, 0)) + ", " +
+                                                    std::to_string(fp8_scale_cols(cols)) + "])");
+        const hyst_tensor& s = ck.get(name, {fp8_scale_rows(rows, 0), fp8_scale_cols(cols)});
+        if (is_fp8(to_dtype(s.dtype)))
+            throw Error(Status::model_mismatch, "tensor '" + name +
+                                                    "' holds block scales and must be F32 (or 16-bit), not " +
+                                                    dtype_name(to_dtype(s.dtype)));
+        return s;
+    }
+
+    // The backend's storage for an FP8 matrix: FP8 as it is (Backend::matrix_dtype throws where the backend has no
+    // FP8 kernels, as CUDA for now; one that would convert it to another dtype is refused here).
+    DType fp8_dtype(DType type) const {
+        const DType d = be.matrix_dtype(type);
+        if (d != type)
+            throw Error(Status::unsupported, std::string("FP8 weights are not supported by the ") + be.name() +
+                                                 " backend (it would store them as " + dtype_name(d) + ")");
+        return d;
+    }
+
+    // An FP8 checkpoint's matrix: the parts are whole 2-D FP8 tensors of the same dtype and, when more than one,
+    // of the same rows (one scale segment each: a MoE layer's per-expert tensors), copied as they are with their
+    // block scales.
+    void fp8_matrix(Matrix& dst, const std::string& what, const std::vector<Part>& parts, int64_t cols, Kind kind) {
+        const DType type = to_dtype(parts[0].t->dtype);
+        if (m.params_.quant != WeightQuant::none)
+            throw Error(Status::invalid_argument,
+                        std::string("weight quantization ") + weight_quant_name(m.params_.quant) +
+                            " was asked for, but the checkpoint is already FP8 (tensor '" + parts[0].t->name + "' is " +
+                            dtype_name(type) + "): load it without --quant");
+        if (kind == Kind::keep_16bit && &dst == &m.weights_.embed)
+            throw Error(Status::unsupported, std::string("tensor '") + parts[0].t->name + "' is " + dtype_name(type) +
+                                                 ": FP8 embeddings are not supported (Qwen's FP8 releases keep them "
+                                                 "in BF16)");
+        const int64_t part_rows0 = parts[0].t->n_dims == 2 ? parts[0].t->shape[0] : 0;
+        for (const Part& p : parts) {
+            if (to_dtype(p.t->dtype) != type)
+                throw Error(Status::unsupported, std::string("tensor '") + p.t->name + "' is " +
+                                                     dtype_name(to_dtype(p.t->dtype)) + ", unlike the other parts of " +
+                                                     what + " (" + dtype_name(type) + ")");
+            if (!p.rows.empty() || p.t->n_dims != 2)
+                throw Error(Status::unsupported,
+                            std::string("tensor '") + p.t->name + "' is " + dtype_name(type) +
+                                (p.t->n_dims != 2 ? " with " + std::to_string(p.t->n_dims) + " dims"
+                                                  : " and its rows would be reordered at load (" + what + ")") +
+                                ": FP8 weights are supported as 2-D tensors loaded as they are (the layout of Qwen's "
+                                "FP8 releases, per-expert tensors for MoE layers)");
+            if (p.t->shape[0] != part_rows0)
+                throw Error(Status::model_mismatch,
+                            std::string("tensor '") + p.t->name + "' has " + std::to_string(p.t->shape[0]) +
+                                " rows, unlike the other parts of " + what + " (" + std::to_string(part_rows0) + ")");
+        }
+        const int64_t rows = part_rows0 * int64_t(parts.size());
+        dst.rows = rows;
+        dst.cols = cols;
+        dst.dtype = fp8_dtype(type);
+        dst.scale_segment_rows = parts.size() > 1 ? part_rows0 : 0;
+        size_t off = reserve(size_t(rows * cols));
+        const int64_t part_scales = fp8_scale_rows(part_rows0, 0) * fp8_scale_cols(cols);
+        size_t scale_off = reserve(size_t(fp8_scale_rows(rows, dst.scale_segment_rows) * fp8_scale_cols(cols)) * 4);
+        matrices.push_back({&dst, off, scale_off});
+        for (const Part& p : parts) {
+            pieces.push_back({p.t, off, type, {}, next_seed++});
+            off += size_t(part_rows0 * cols);
+            vectors.push_back({nullptr, &fp8_scales(*p.t, part_rows0, cols), scale_off, part_scales});
+            scale_off += size_t(part_scales) * 4;
+        }
+    }
+
+    // dst [sum of the lists' lengths, cols] = the listed rows of each (tensor, rows) part, in order (a fused tensor
+    // split, reordered or several tensors stacked); every part must convert to the same matrix dtype.
+    // `segment_rows`: the rows of one scale segment should the matrix be stored as FP8 (0: the whole matrix).
+    void stacked_matrix(Matrix& dst, const std::string& what, const std::vector<Part>& parts, int64_t cols,
+                        int64_t segment_rows = 0, Kind kind = Kind::fp8_ok) {
+        if (is_fp8(to_dtype(parts[0].t->dtype))) return fp8_matrix(dst, what, parts, cols, kind);
         int64_t rows = 0;
+        for (const Part& p : parts)
+            if (is_fp8(to_dtype(p.t->dtype)))
+                throw Error(Status::unsupported, std::string("tensor '") + p.t->name + "' is " +
+                                                     dtype_name(to_dtype(p.t->dtype)) + ", unlike the other parts of " +
+                                                     what + " (" + dtype_name(to_dtype(parts[0].t->dtype)) + ")");
+        if (m.params_.quant == WeightQuant::fp8 && kind == Kind::fp8_ok) {
+            for (const Part& p : parts) rows += part_rows(p, cols);
+            dst.rows = rows;
+            dst.cols = cols;
+            dst.dtype = fp8_dtype(DType::F8_E4M3);
+            dst.scale_segment_rows = segment_rows;
+            const size_t off = reserve(size_t(rows * cols));
+            const size_t scale_off = reserve(size_t(fp8_scale_rows(rows, segment_rows) * fp8_scale_cols(cols)) * 4);
+            matrices.push_back({&dst, off, scale_off});
+            QuantJob job{&dst, off, scale_off, parts, {}};
+            for (size_t i = 0; i < parts.size(); i++) job.seeds.push_back(next_seed++);
+            quant_jobs.push_back(std::move(job));
+            return;
+        }
         dst.dtype = be.matrix_dtype(to_dtype(parts[0].t->dtype));
         for (const Part& p : parts) {
             if (be.matrix_dtype(to_dtype(p.t->dtype)) != dst.dtype)
@@ -210,13 +324,17 @@ struct ModelLoader {
         size_t off = reserve(size_t(rows * cols) * es);
         matrices.push_back({&dst, off});
         for (const Part& p : parts) {
-            pieces.push_back({p.t, off, dst.dtype, p.rows});
+            pieces.push_back({p.t, off, dst.dtype, p.rows, next_seed++});
             off += size_t(part_rows(p, cols) * cols) * es;
         }
     }
 
     void vector(const float*& dst, const std::string& name, const std::vector<int64_t>& shape) {
         const hyst_tensor& t = ck.get(name, shape);
+        if (is_fp8(to_dtype(t.dtype)))
+            throw Error(Status::unsupported, "tensor '" + name + "' is " + dtype_name(to_dtype(t.dtype)) +
+                                                 ": only linear weights may be FP8 (norms, conv1d, A_log and dt_bias "
+                                                 "stay 16-bit or F32)");
         int64_t n = 1;
         for (int64_t d : shape) n *= d;
         vectors.push_back({&dst, &t, reserve(size_t(n) * 4), n});
@@ -244,8 +362,8 @@ struct ModelLoader {
         }
         stacked_matrix(g.in_proj_qkv, gp + "in_proj_qkvz", {{&qkvz, q}, {&qkvz, k}, {&qkvz, v}}, H);
         stacked_matrix(g.in_proj_z, gp + "in_proj_qkvz", {{&qkvz, z}}, H);
-        stacked_matrix(g.in_proj_b, gp + "in_proj_ba", {{&ba, b}}, H);
-        stacked_matrix(g.in_proj_a, gp + "in_proj_ba", {{&ba, a}}, H);
+        stacked_matrix(g.in_proj_b, gp + "in_proj_ba", {{&ba, b}}, H, 0, Kind::keep_16bit);
+        stacked_matrix(g.in_proj_a, gp + "in_proj_ba", {{&ba, a}}, H, 0, Kind::keep_16bit);
     }
 
     // A sparse MoE block: the router, the routed experts (fused 3-D tensors as transformers 5 saves them, or one
@@ -259,7 +377,7 @@ struct ModelLoader {
                         where + "config.json describes a mixture-of-experts block (model_type " + c.model_type +
                             ", num_experts " + std::to_string(E) + ") but the checkpoint holds a dense MLP ('" + mp +
                             "gate_proj.weight')");
-        matrix(w.router, mp + "gate.weight", E, H);
+        matrix(w.router, mp + "gate.weight", E, H, Kind::keep_16bit);
         w.experts.n_experts = int(E);
         w.experts.intermediate = int(I);
         const std::string xp = mp + "experts.";
@@ -269,8 +387,8 @@ struct ModelLoader {
                                                     "0.gate_proj.weight')");
         if (ck.has(xp + "gate_up_proj")) {
             stacked_matrix(w.experts.gate_up, xp + "gate_up_proj", {{&ck.get(xp + "gate_up_proj", {E, 2 * I, H}), {}}},
-                           H);
-            stacked_matrix(w.experts.down, xp + "down_proj", {{&ck.get(xp + "down_proj", {E, H, I}), {}}}, I);
+                           H, I);
+            stacked_matrix(w.experts.down, xp + "down_proj", {{&ck.get(xp + "down_proj", {E, H, I}), {}}}, I, H);
         } else if (ck.has(xp + "0.gate_proj.weight")) {
             std::vector<Part> gate_up, down;
             for (int64_t e = 0; e < E; e++) {
@@ -288,8 +406,8 @@ struct ModelLoader {
                 throw Error(Status::model_mismatch, where + "the checkpoint holds more experts than num_experts " +
                                                         std::to_string(E) + " ('" + xp + std::to_string(E) +
                                                         ".gate_proj.weight')");
-            stacked_matrix(w.experts.gate_up, xp + "*.gate_proj/up_proj", gate_up, H);
-            stacked_matrix(w.experts.down, xp + "*.down_proj", down, I);
+            stacked_matrix(w.experts.gate_up, xp + "*.gate_proj/up_proj", gate_up, H, I);
+            stacked_matrix(w.experts.down, xp + "*.down_proj", down, I, H);
         } else {
             throw Error(Status::model_mismatch,
                         where + "no experts: expected '" + xp + "gate_up_proj' or '" + xp + "0.gate_proj.weight'");
@@ -313,7 +431,7 @@ struct ModelLoader {
             matrix(w.shared.gate_proj, mp + "shared_expert.gate_proj.weight", S, H);
             matrix(w.shared.up_proj, mp + "shared_expert.up_proj.weight", S, H);
             matrix(w.shared.down_proj, mp + "shared_expert.down_proj.weight", H, S);
-            matrix(w.shared.gate, mp + "shared_expert_gate.weight", 1, H);
+            matrix(w.shared.gate, mp + "shared_expert_gate.weight", 1, H, Kind::keep_16bit);
         }
     }
 
@@ -324,10 +442,10 @@ struct ModelLoader {
         const int64_t Hq = c.n_heads, Hkv = c.n_kv_heads, Hv = c.gdn_v_heads, Dv = c.gdn_v_dim;
         const int64_t C = c.gdn_conv_channels(), K = c.conv_kernel;
         Weights& w = m.weights_;
-        matrix(w.embed, p + "embed_tokens.weight", c.vocab_size, H);
+        matrix(w.embed, p + "embed_tokens.weight", c.vocab_size, H, Kind::keep_16bit);
         vector(w.final_norm, p + "norm.weight", {H});
         if (!c.tie_word_embeddings) {  // tied: output = embed, set after the upload
-            matrix(w.output, "lm_head.weight", c.vocab_size, H);
+            matrix(w.output, "lm_head.weight", c.vocab_size, H, Kind::keep_16bit);
         }
         w.layers.resize(size_t(c.n_layers));
         int n_attn = 0, n_gdn = 0;
@@ -354,8 +472,8 @@ struct ModelLoader {
                 } else {
                     matrix(L.gdn.in_proj_qkv, gp + "in_proj_qkv.weight", C, H);
                     matrix(L.gdn.in_proj_z, gp + "in_proj_z.weight", Hv * Dv, H);
-                    matrix(L.gdn.in_proj_b, gp + "in_proj_b.weight", Hv, H);
-                    matrix(L.gdn.in_proj_a, gp + "in_proj_a.weight", Hv, H);
+                    matrix(L.gdn.in_proj_b, gp + "in_proj_b.weight", Hv, H, Kind::keep_16bit);
+                    matrix(L.gdn.in_proj_a, gp + "in_proj_a.weight", Hv, H, Kind::keep_16bit);
                 }
                 matrix(L.gdn.out_proj, gp + "out_proj.weight", H, Hv * Dv);
                 vector(L.gdn.conv1d, gp + "conv1d.weight", {C, 1, K});
@@ -393,17 +511,79 @@ struct ModelLoader {
             v[i] = name.ends_with("conv1d.weight") ? -0.25f + 0.5f * random_unit(7, i) : value;
     }
 
+    // Rows [r0, r0 + n) of the matrix made of `parts` (QuantJob) as f32 into out [n, cols]: converted from the
+    // checkpoint, or for dummy weights the values fill_random gives a BF16 matrix (so `--quant fp8` quantizes what a
+    // 16-bit dummy model holds).
+    static void read_rows(const QuantJob& job, int64_t cols, int64_t r0, int64_t n, float* out) {
+        int64_t first = 0;  // the matrix row of the part's first row
+        for (size_t i = 0; i < job.parts.size() && n > 0; i++) {
+            const Part& p = job.parts[i];
+            const int64_t pr = part_rows(p, cols);
+            for (int64_t r = std::max(r0, first); r < std::min(r0 + n, first + pr); r++) {
+                const int64_t src_row = p.rows.empty() ? r - first : p.rows[size_t(r - first)];
+                float* dst = out + (r - r0) * cols;
+                if (!p.t->data) {
+                    for (int64_t c = 0; c < cols; c++)
+                        dst[c] = bf16_to_f32(
+                            f32_to_bf16(-0.035f + 0.07f * random_unit(job.seeds[i], uint64_t((r - first) * cols + c))));
+                    continue;
+                }
+                const DType st = to_dtype(p.t->dtype);
+                convert_to_f32(static_cast<const char*>(p.t->data) + size_t(src_row * cols) * dtype_size(st), st, dst,
+                               size_t(cols));
+            }
+            first += pr;
+        }
+    }
+
+    // Quantizes a QuantJob's matrix segment by segment and uploads its FP8 data and scales.
+    void upload_quantized(char* base, const QuantJob& job) {
+        const Matrix& d = *job.dst;
+        const int64_t seg = d.scale_segment_rows > 0 ? d.scale_segment_rows : d.rows, sc = fp8_scale_cols(d.cols);
+        std::vector<float> w(size_t(seg * d.cols)), scales(size_t(fp8_scale_rows(seg, 0) * sc));
+        std::vector<uint8_t> q(size_t(seg * d.cols));
+        // A segment's block rows are independent: host threads take runs of them (a 4B model has about 4e9
+        // weights to convert and round).
+        const int64_t block_rows = fp8_scale_rows(seg, 0);
+        const int n_threads = int(std::min<int64_t>(
+            block_rows,
+            std::max(1, m.params_.n_threads > 0 ? m.params_.n_threads : int(std::thread::hardware_concurrency()))));
+        std::vector<std::exception_ptr> errors(static_cast<size_t>(n_threads));
+        for (int64_t r0 = 0; r0 < d.rows; r0 += seg) {
+            auto part = [&](int i) {
+                try {
+                    const int64_t b0 = block_rows * i / n_threads, b1 = block_rows * (i + 1) / n_threads;
+                    const int64_t a = b0 * kFp8Block, n = std::min(seg, b1 * kFp8Block) - a;
+                    read_rows(job, d.cols, r0 + a, n, w.data() + a * d.cols);
+                    quantize_fp8_blocks(w.data() + a * d.cols, n, d.cols, 0, q.data() + a * d.cols,
+                                        scales.data() + b0 * sc);
+                } catch (...) {
+                    errors[size_t(i)] = std::current_exception();
+                }
+            };
+            std::vector<std::thread> threads;
+            for (int i = 1; i < n_threads; i++) threads.emplace_back(part, i);
+            part(0);
+            for (std::thread& t : threads) t.join();
+            for (const std::exception_ptr& e : errors)
+                if (e) std::rethrow_exception(e);
+            be.upload(base + job.off + size_t(r0 * d.cols), q.data(), q.size());
+            be.upload(base + job.scale_off + size_t(fp8_scale_row(r0, d.scale_segment_rows) * sc) * 4, scales.data(),
+                      scales.size() * 4);
+        }
+    }
+
     void upload_weights(char* base) {
         std::vector<float> tmp;
         std::vector<uint16_t> half;
-        uint64_t seed = 1;
+        for (const QuantJob& j : quant_jobs) upload_quantized(base, j);
         for (const Piece& p : pieces) {
             int64_t total = 1;
             for (int d = 0; d < p.src->n_dims; d++) total *= p.src->shape[d];
             const int64_t cols = total / p.src->shape[0];
             const size_t n = p.rows.empty() ? size_t(total) : p.rows.size() * size_t(cols);  // elements written
             if (!p.src->data) {  // dummy weights: uniform in +-0.035 (standard deviation 0.02, as HF's initializer)
-                be.fill_random(base + p.off, n, p.dtype, -0.035f, 0.035f, seed++);
+                be.fill_random(base + p.off, n, p.dtype, -0.035f, 0.035f, p.seed);
                 continue;
             }
             const DType src_type = to_dtype(p.src->dtype);
@@ -435,7 +615,10 @@ struct ModelLoader {
                 throw Error(Status::internal, "no conversion to the backend's matrix dtype");
             }
         }
-        for (const MatrixJob& j : matrices) j.dst->data = base + j.off;
+        for (const MatrixJob& j : matrices) {
+            j.dst->data = base + j.off;
+            if (j.scale_off != SIZE_MAX) j.dst->scales = reinterpret_cast<const float*>(base + j.scale_off);
+        }
         for (const VectorJob& j : vectors) {
             tmp.resize(size_t(j.n));
             if (!j.src->data)
@@ -443,7 +626,7 @@ struct ModelLoader {
             else
                 convert_to_f32(j.src->data, to_dtype(j.src->dtype), tmp.data(), size_t(j.n));
             be.upload(base + j.off, tmp.data(), size_t(j.n) * 4);
-            *j.dst = reinterpret_cast<const float*>(base + j.off);
+            if (j.dst) *j.dst = reinterpret_cast<const float*>(base + j.off);
         }
     }
 };
@@ -536,7 +719,12 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     m->backend_ = choose_backend(p);
     Backend& be = *m->backend_;
 
-    ModelLoader ld{*m, ck, be, 0, {}, {}, {}};
+    if (p.quant != WeightQuant::none && c.fp8_weights)
+        throw Error(Status::invalid_argument, std::string("weight quantization ") + weight_quant_name(p.quant) +
+                                                  " was asked for, but " + dir +
+                                                  " is already an FP8 checkpoint (config.json quantization_config "
+                                                  "quant_method fp8): load it without --quant");
+    ModelLoader ld{*m, ck, be, 0, {}, {}, {}, {}, 1};
     ld.plan_weights();
     m->weight_bytes_ = ld.offset;
     m->load_warning_ = check_unused_tensors(ck, c);

@@ -3,7 +3,8 @@
 //
 // Arena layout (offsets fixed at load, nothing allocated afterwards):
 //   weights       matrices in the backend's matrix dtype (the checkpoint dtype on the CPU: bf16 stays bf16 and is
-//                 widened to fp32 inside the matmul), small vectors (norms, A_log, dt_bias, conv taps) in F32
+//                 widened to fp32 inside the matmul; FP8 stays FP8, followed by its F32 block scales, and is
+//                 dequantized inside the matmul), small vectors (norms, A_log, dt_bias, conv taps) in F32
 //   state         per attention layer: K and V cache [n_slots, n_ctx, Hkv, D] (act dtype)
 //                 per Gated DeltaNet layer: conv state [n_slots, K-1, C] (act dtype), recurrent state
 //                 [n_slots, Hv, Dk, Dv] (F32)
@@ -18,6 +19,7 @@
 
 #include "kernels/backend.h"
 #include "model/config.h"
+#include "model/quantize.h"
 
 namespace hy {
 
@@ -117,6 +119,10 @@ struct ModelParams {
     // about the scale of a trained model's), for benchmarks of any shape without a checkpoint (vLLM's
     // --load-format dummy). The output is meaningless.
     bool dummy_weights = false;
+    // WeightQuant::fp8 (`--quant fp8`): quantize a 16-bit checkpoint's linear weights at load to FP8 e4m3 with
+    // 128 x 128 block scales, in the arena (model/quantize.h), the tensors Qwen's FP8 releases keep in BF16 kept
+    // 16-bit. An FP8 checkpoint loads as it is with none; with fp8 it is refused (invalid_argument).
+    WeightQuant quant = WeightQuant::none;
 };
 
 class Model {

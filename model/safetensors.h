@@ -38,12 +38,14 @@ enum {
     HYST_ERR_CAPACITY = 4,  // more tensors / longer names / more dims than the fixed capacities
 };
 
-// Element types. Only F32, F16 and BF16 are loadable as weights; the others are recognised so that the error
-// message can name them.
+// Element types: F32, F16, BF16, and the 8-bit floats of FP8 checkpoints (F8_E4M3 = torch.float8_e4m3fn,
+// F8_E5M2 = torch.float8_e5m2). Any other dtype string is refused with HYST_ERR_DTYPE.
 typedef enum {
     HYST_F32 = 0,
     HYST_F16 = 1,
     HYST_BF16 = 2,
+    HYST_F8_E4M3 = 3,
+    HYST_F8_E5M2 = 4,
     HYST_UNKNOWN = 255,
 } hyst_dtype;
 
@@ -114,6 +116,8 @@ size_t hyst_dtype_size(hyst_dtype t) {
         case HYST_F32: return 4;
         case HYST_F16: return 2;
         case HYST_BF16: return 2;
+        case HYST_F8_E4M3: return 1;
+        case HYST_F8_E5M2: return 1;
         default: return 0;
     }
 }
@@ -123,6 +127,8 @@ const char* hyst_dtype_name(hyst_dtype t) {
         case HYST_F32: return "F32";
         case HYST_F16: return "F16";
         case HYST_BF16: return "BF16";
+        case HYST_F8_E4M3: return "F8_E4M3";
+        case HYST_F8_E5M2: return "F8_E5M2";
         default: return "unknown";
     }
 }
@@ -298,6 +304,8 @@ static hyst_dtype hyst__dtype(const char* s) {
     if (!strcmp(s, "F32")) return HYST_F32;
     if (!strcmp(s, "F16")) return HYST_F16;
     if (!strcmp(s, "BF16")) return HYST_BF16;
+    if (!strcmp(s, "F8_E4M3")) return HYST_F8_E4M3;
+    if (!strcmp(s, "F8_E5M2")) return HYST_F8_E5M2;
     return HYST_UNKNOWN;
 }
 
@@ -322,7 +330,8 @@ static int hyst__tensor(hyst__json* j, hyst_tensor* t) {
             if ((rc = hyst__string(j, dtype, sizeof dtype))) return rc;
             t->dtype = hyst__dtype(dtype);
             if (t->dtype == HYST_UNKNOWN)
-                return hyst__fail(j->f, HYST_ERR_DTYPE, "tensor '%s': unsupported dtype %s (supported: F32, F16, BF16)",
+                return hyst__fail(j->f, HYST_ERR_DTYPE,
+                                  "tensor '%s': unsupported dtype %s (supported: F32, F16, BF16, F8_E4M3, F8_E5M2)",
                                   t->name, dtype);
             have_dtype = 1;
         } else if (!strcmp(key, "shape")) {

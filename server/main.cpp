@@ -60,6 +60,7 @@ int main(int argc, char** argv) {
     // clang-format on
     hy::add_shared_option(opts, "", "threads");
     hy::add_shared_option(opts, "", "device");
+    hy::add_shared_option(opts, "", "quant");
     hy::add_shared_option(opts, "", "no-cuda-graphs");
     hy::add_shared_option(opts, "", "help");
 
@@ -87,6 +88,10 @@ int main(int argc, char** argv) {
         p.cuda_graphs = !r.count("no-cuda-graphs");
         p.verbose = r.count("verbose") > 0;
         p.dummy_weights = r.count("dummy-weights") > 0;
+        if (const std::string quant = r["quant"].as<std::string>(); quant == "fp8")
+            p.quant = hy::WeightQuant::fp8;
+        else if (quant != "none")
+            return usage_error("--quant must be fp8 or none, got '" + quant + "'");
         const std::string device = r["device"].as<std::string>();
         if (device == "cpu")
             p.device = hy::Device::cpu;

@@ -45,6 +45,7 @@ struct ServerParams {
     int http_threads = 0;        // 0: 4 per slot + 8, at least 32
     bool verbose = false;        // log each request on stderr
     bool dummy_weights = false;  // random weights from config.json's shapes (load benchmarks without a checkpoint)
+    WeightQuant quant = WeightQuant::none;  // --quant fp8: quantize 16-bit weights at load (ModelParams::quant)
 };
 
 class Server {

@@ -99,6 +99,26 @@ TEST_CASE("engine: status codes and defaults", "[engine]") {
     CHECK(sp.temperature == Approx(0.8f));
     CHECK(sp.top_k == 40);
     CHECK(hy_model_default_params().n_ctx == 4096);
+    CHECK(hy_model_default_params().quant == HY_QUANT_NONE);
+}
+
+TEST_CASE("engine: hy_model_params.quant = HY_QUANT_FP8 quantizes at load; an unknown value is refused", "[engine]") {
+    hy_model_params p = hy_model_default_params();
+    p.device = HY_DEVICE_CPU;
+    p.n_ctx = 64;
+    hy_model* m16 = nullptr;
+    hy_model* m8 = nullptr;
+    REQUIRE(hy_model_load(kTiny.c_str(), &p, &m16) == HY_OK);
+    p.quant = HY_QUANT_FP8;
+    REQUIRE(hy_model_load(kTiny.c_str(), &p, &m8) == HY_OK);
+    CHECK(hy_model_arena_bytes(m8) < hy_model_arena_bytes(m16));  // (weights 8.6 MiB instead of 15.0 MiB)
+    hy_model_free(m8);
+    hy_model_free(m16);
+    p.quant = 7;
+    hy_model* bad = nullptr;
+    CHECK(hy_model_load(kTiny.c_str(), &p, &bad) == HY_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(hy_last_error()).find("unknown weight quantization 7") != std::string::npos);
+    CHECK(bad == nullptr);
 }
 
 TEST_CASE("engine: without a generation_config.json the model's sampler defaults are the engine's", "[engine]") {

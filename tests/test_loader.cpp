@@ -94,9 +94,21 @@ TEST_CASE("safetensors: malformed headers are rejected with a reason", "[loader]
     }
     // Unknown dtype, named in the error.
     {
-        std::string im = image_with_header(R"({"a":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]}})", 4);
+        std::string im = image_with_header(R"({"a":{"dtype":"I8","shape":[4],"data_offsets":[0,4]}})", 4);
         REQUIRE(hyst_parse(f.get(), im.data(), im.size()) == HYST_ERR_DTYPE);
-        REQUIRE(std::string(f->error).find("F8_E4M3") != std::string::npos);
+        REQUIRE(std::string(f->error).find("I8") != std::string::npos);
+    }
+    // FP8 tensors: one byte per element, validated as the others.
+    {
+        std::string im = image_with_header(R"({"a":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,4]},)"
+                                           R"("b":{"dtype":"F8_E5M2","shape":[2,2],"data_offsets":[4,8]}})",
+                                           8);
+        REQUIRE(hyst_parse(f.get(), im.data(), im.size()) == HYST_OK);
+        REQUIRE(f->tensors[0].dtype == HYST_F8_E4M3);
+        REQUIRE(f->tensors[1].dtype == HYST_F8_E5M2);
+        im = image_with_header(R"({"a":{"dtype":"F8_E4M3","shape":[4],"data_offsets":[0,8]}})", 8);
+        REQUIRE(hyst_parse(f.get(), im.data(), im.size()) == HYST_ERR_FORMAT);
+        REQUIRE(std::string(f->error).find("shape needs 4 bytes of F8_E4M3") != std::string::npos);
     }
     // Shape x dtype size != byte range.
     {

@@ -101,6 +101,7 @@ int main(int argc, char** argv) {
          cxxopts::value<std::string>()->default_value("1"))
         ("r,reps", "repetitions (medians are reported)", cxxopts::value<int>()->default_value("3"));
     add_shared_option(opts, "", "device");
+    add_shared_option(opts, "", "quant");
     add_shared_option(opts, "", "threads");
     add_shared_option(opts, "", "no-cuda-graphs");
     add_shared_option(opts, "", "no-pdl");
@@ -167,6 +168,7 @@ int main(int argc, char** argv) {
         const std::string dev = args["device"].as<std::string>();
         ModelParams mp;
         mp.device = tools::parse_device(dev);
+        mp.quant = tools::parse_quant(args["quant"].as<std::string>());
         mp.n_threads = threads;
         mp.cuda.graphs = !args["no-cuda-graphs"].as<bool>();
         mp.cuda.pdl = !args["no-pdl"].as<bool>();
@@ -221,7 +223,7 @@ int main(int argc, char** argv) {
         const Weights& w = model->weights();
         const size_t as = dtype_size(be.act_dtype());
         size_t weights_read = model->weight_bytes();
-        if (!c.tie_word_embeddings) weights_read -= size_t(w.embed.rows * w.embed.cols) * dtype_size(w.embed.dtype);
+        if (!c.tie_word_embeddings) weights_read -= matrix_bytes(w.embed);
         const size_t ssm = size_t(c.gdn_v_heads) * size_t(c.gdn_k_dim) * size_t(c.gdn_v_dim) * 4;
         const size_t conv = size_t(c.conv_kernel - 1) * size_t(c.gdn_conv_channels()) * as;
         const size_t state_rw = size_t(c.n_gdn_layers()) * 2 * (ssm + conv);  // read + write
@@ -233,8 +235,7 @@ int main(int argc, char** argv) {
         for (const LayerWeights& L : w.layers) {
             if (!L.moe) continue;
             const MoeExperts& ex = L.moe_block.experts;
-            const double bytes = double(ex.gate_up.rows * ex.gate_up.cols) * dtype_size(ex.gate_up.dtype) +
-                                 double(ex.down.rows * ex.down.cols) * dtype_size(ex.down.dtype);
+            const double bytes = double(matrix_bytes(ex.gate_up) + matrix_bytes(ex.down));  // (FP8: with the scales)
             expert_bytes += bytes;
             one_expert = bytes / ex.n_experts;
             n_moe_layers++;

@@ -78,6 +78,7 @@ int main(int argc, char** argv) {
         ("logits", "golden logits (default MODEL/golden_logits.safetensors when present)",
          cxxopts::value<std::string>());
     add_shared_option(opts, "", "device", "cpu");
+    add_shared_option(opts, "", "quant");
     opts.add_options()
         ("key", "golden token list to compare with (default greedy_fp32_cpu on the CPU, greedy_bf16_cuda on CUDA)",
          cxxopts::value<std::string>())
@@ -107,6 +108,7 @@ int main(int argc, char** argv) {
         const std::string dev = args["device"].as<std::string>();
         ModelParams mp;
         mp.device = tools::parse_device(dev);
+        mp.quant = tools::parse_quant(args["quant"].as<std::string>());
         mp.n_threads = tools::parse_threads(args["threads"].as<int>());
         mp.cuda.graphs = !args["no-cuda-graphs"].as<bool>();
         mp.cuda.pdl = !args["no-pdl"].as<bool>();

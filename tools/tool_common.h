@@ -98,9 +98,11 @@ inline bool parse_args(cxxopts::Options& opts, int argc, char** argv, const char
     }
     if (out.count("help")) {
         std::fputs(opts.help().c_str(), stdout);
-        std::fputs(exit_codes_help(std::strcmp(name, "hybrid-compare") == 0 ? "a case does not match its goldens" : "")
-                       .c_str(),
-                   stdout);
+        const char* check = std::strcmp(name, "hybrid-compare") == 0 ? "a case does not match its goldens"
+                            : std::strcmp(name, "hybrid-perplexity") == 0
+                                ? "a --max-ppl-ratio or --min-top1 check failed"
+                                : "";
+        std::fputs(exit_codes_help(check).c_str(), stdout);
         *exit_code = finish(name, 0);
         return false;
     }
@@ -141,6 +143,13 @@ inline Device parse_device(const std::string& s) {
     if (s == "cuda") return Device::cuda;
     if (s == "auto") return Device::auto_select;
     throw UsageError("--device must be cpu, cuda or auto, got '" + s + "'");
+}
+
+// --quant: "fp8" or "none"; anything else is a UsageError.
+inline WeightQuant parse_quant(const std::string& s) {
+    if (s == "fp8") return WeightQuant::fp8;
+    if (s == "none") return WeightQuant::none;
+    throw UsageError("--quant must be fp8 or none, got '" + s + "'");
 }
 
 }  // namespace hy::tools

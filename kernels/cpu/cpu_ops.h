@@ -17,7 +17,8 @@ struct RowMap {
     const int32_t* pos = nullptr;   // [n_rows]
 };
 
-// y[rows, w.rows] = x[rows, w.cols] @ w^T; w is F32, F16 or BF16 (widened exactly to F32); fp32 accumulation.
+// y[rows, w.rows] = x[rows, w.cols] @ w^T; w is F32, F16 or BF16 (widened exactly to F32), or FP8 with block scales
+// (each weight fp8 value * its block's scale, exactly as an F32 matrix of those values gives); fp32 accumulation.
 void matmul(const float* x, int64_t rows, const Matrix& w, float* y, ThreadPool& pool);
 
 // y[rows, dim] = x * rsqrt(mean(x^2) + eps) * (zero_centred ? 1 + w : w). y may alias x.

@@ -1,12 +1,20 @@
-// CPU matmul y = x W^T with W in F32/F16/BF16 and fp32 accumulation.
+// CPU matmul y = x W^T with W in F32/F16/BF16/FP8 and fp32 accumulation.
 //
 // A register-blocked micro-kernel computes kRows x kTokens outputs at once with 16-lane accumulators (GCC vector
 // extensions: AVX-512, AVX2 or SSE, whatever -march allows). Every output (t, n) is accumulated in its own
 // 16-lane vector over k in steps of 16, the K % 16 tail is added lane-wise into the same vector, and the lanes are
 // summed in one fixed order. So the result of (t, n) does not depend on the block it fell into, the number of
 // rows in the batch or the thread count: batched and single-token forwards agree bitwise.
+//
+// FP8 weights (Matrix::scales): each block of kRows weight rows is dequantized once into a per-thread f32 panel
+// (fp8 value, exact as base/fp8.h's table, * block scale, one f32 product), then swept by the same F32 micro-kernels
+// over every token. So an FP8 matrix gives bitwise the result of the F32 matrix holding its dequantized values, and the
+// lookups cost once per weight per call, not per token.
 #include <algorithm>
 #include <cstring>
+#include <vector>
+
+#include "base/fp8.h"
 
 #include "kernels/cpu/cpu_ops.h"
 
@@ -131,6 +139,135 @@ void matmul_typed(const float* x, int64_t T, const Matrix& m, float* y, ThreadPo
     });
 }
 
+typedef uint8_t v16b __attribute__((vector_size(16)));
+
+// 16 e4m3fn codes -> f32, exactly the table's values: the 7 magnitude bits placed under an f32's exponent and
+// mantissa (bits << 20) read 2^(e - 127) (1 + m/8), or m 2^-129 for e == 0 (an f32 subnormal); times 2^120 (exact)
+// that is 2^(e - 7) (1 + m/8), or m 2^-9. The NaN codes (magnitude 0x7f) are set apart, the sign ORed in.
+inline v16f e4m3_to_f32(const uint8_t* q) {
+    v16b b;
+    std::memcpy(&b, q, sizeof b);
+    const v16u u = __builtin_convertvector(b, v16u), mag = u & 0x7fu;
+    const v16u magbits = mag << 20;
+    v16f f;
+    std::memcpy(&f, &magbits, sizeof f);
+    f *= 0x1p120f;
+    v16u bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    const v16u nan = mag == 0x7fu;  // (all ones where true)
+    bits = ((bits & ~nan) | (0x7fc00000u & nan)) | (u & 0x80u) << 24;
+    std::memcpy(&f, &bits, sizeof f);
+    return f;
+}
+
+// rows [n0, n0 + nr) of the FP8 matrix m, dequantized into panel [nr, K] f32: fp8 value * the block's scale.
+void dequantize_rows(const Matrix& m, const float* table, int64_t n0, int nr, float* panel) {
+    const int64_t K = m.cols, scale_cols = fp8_scale_cols(K);
+    for (int r = 0; r < nr; r++) {
+        const uint8_t* q = static_cast<const uint8_t*>(m.data) + (n0 + r) * K;
+        const float* s = m.scales + fp8_scale_row(n0 + r, m.scale_segment_rows) * scale_cols;
+        float* out = panel + int64_t(r) * K;
+        for (int64_t kb = 0; kb < scale_cols; kb++) {
+            const float scale = s[kb];
+            int64_t k = kb * kFp8Block;
+            const int64_t k1 = std::min(K, k + kFp8Block);
+            if (m.dtype == DType::F8_E4M3)
+                for (; k + kLanes <= k1; k += kLanes) {
+                    const v16f v = e4m3_to_f32(q + k) * scale;
+                    std::memcpy(out + k, &v, sizeof v);
+                }
+            for (; k < k1; k++) out[k] = table[q[k]] * scale;
+        }
+    }
+}
+
+// Decode-sized batches (T <= kTokens): micro_kernel with the E4M3 weights dequantized in registers instead of through
+// a panel (the same values and the same order of operations, so the same results bitwise).
+template <int NR, int T>
+void micro_kernel_e4m3(const float* x, const Matrix& m, const float* table, float* y, int64_t n0) {
+    const int64_t K = m.cols, N = m.rows, K16 = K / kLanes * kLanes, scale_cols = fp8_scale_cols(K);
+    const uint8_t* q[NR];
+    const float* s[NR];
+    for (int r = 0; r < NR; r++) {
+        q[r] = static_cast<const uint8_t*>(m.data) + (n0 + r) * K;
+        s[r] = m.scales + fp8_scale_row(n0 + r, m.scale_segment_rows) * scale_cols;
+    }
+    v16f acc[NR][T];
+    for (int r = 0; r < NR; r++)
+        for (int j = 0; j < T; j++) acc[r][j] = v16f{};
+    for (int64_t k = 0; k < K16; k += kLanes) {
+        v16f wv[NR];
+        for (int r = 0; r < NR; r++) wv[r] = e4m3_to_f32(q[r] + k) * s[r][k / kFp8Block];
+        for (int j = 0; j < T; j++) {
+            const v16f xv = load_f32(x + j * K + k);
+            for (int r = 0; r < NR; r++) acc[r][j] += wv[r] * xv;
+        }
+    }
+    for (int64_t k = K16; k < K; k++) {
+        const int lane = int(k - K16);
+        for (int r = 0; r < NR; r++) {
+            const float wk = table[q[r][k]] * s[r][k / kFp8Block];
+            for (int j = 0; j < T; j++) acc[r][j][lane] += wk * x[j * K + k];
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int j = 0; j < T; j++) y[j * N + n0 + r] = reduce(acc[r][j]);
+}
+
+template <int T>
+void e4m3_rows(const float* x, const Matrix& m, const float* table, float* y, int64_t n0) {
+    switch (std::min<int64_t>(kRows, m.rows - n0)) {
+        case 4: micro_kernel_e4m3<4, T>(x, m, table, y, n0); break;
+        case 3: micro_kernel_e4m3<3, T>(x, m, table, y, n0); break;
+        case 2: micro_kernel_e4m3<2, T>(x, m, table, y, n0); break;
+        default: micro_kernel_e4m3<1, T>(x, m, table, y, n0); break;
+    }
+}
+
+void matmul_fp8(const float* x, int64_t T, const Matrix& m, float* y, ThreadPool& pool) {
+    if (!m.scales)
+        throw Error(Status::internal, std::string("CPU matmul: ") + dtype_name(m.dtype) + " weights without scales");
+    const float* table = fp8_table(m.dtype);
+    const int64_t N = m.rows, K = m.cols;
+    const int64_t n_blocks = (N + kRows - 1) / kRows;
+    const int64_t min_blocks = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, T * K));
+    if (m.dtype == DType::F8_E4M3 && T <= kTokens) {
+        pool.parallel_for(n_blocks, min_blocks, [&](int64_t nb0, int64_t nb1, int) {
+            for (int64_t nb = nb0; nb < nb1; nb++) {
+                const int64_t n0 = nb * kRows;
+                switch (T) {
+                    case 1: e4m3_rows<1>(x, m, table, y, n0); break;
+                    case 2: e4m3_rows<2>(x, m, table, y, n0); break;
+                    case 3: e4m3_rows<3>(x, m, table, y, n0); break;
+                    case 4: e4m3_rows<4>(x, m, table, y, n0); break;
+                    case 5: e4m3_rows<5>(x, m, table, y, n0); break;
+                    default: e4m3_rows<6>(x, m, table, y, n0); break;
+                }
+            }
+        });
+        return;
+    }
+    pool.parallel_for(n_blocks, min_blocks, [&](int64_t nb0, int64_t nb1, int) {
+        // The per-thread panel [kRows, K] grows to the widest matrix once, on the first calls.
+        thread_local std::vector<float> panel;
+        if (panel.size() < size_t(kRows * K)) panel.resize(size_t(kRows * K));
+        for (int64_t nb = nb0; nb < nb1; nb++) {
+            const int64_t n0 = nb * kRows;
+            const int nr = int(std::min<int64_t>(kRows, N - n0));
+            dequantize_rows(m, table, n0, nr, panel.data());
+            for (int64_t t0 = 0; t0 < T; t0 += kTokenChunk) {
+                const int64_t t1 = std::min(T, t0 + kTokenChunk);
+                switch (nr) {  // (the panel's rows are rows 0..nr of a matrix whose output columns start at n0)
+                    case 4: row_block<DType::F32, 4>(x, t0, t1, panel.data(), K, y + n0, N, 0); break;
+                    case 3: row_block<DType::F32, 3>(x, t0, t1, panel.data(), K, y + n0, N, 0); break;
+                    case 2: row_block<DType::F32, 2>(x, t0, t1, panel.data(), K, y + n0, N, 0); break;
+                    default: row_block<DType::F32, 1>(x, t0, t1, panel.data(), K, y + n0, N, 0); break;
+                }
+            }
+        }
+    });
+}
+
 }  // namespace
 
 void matmul(const float* x, int64_t rows, const Matrix& w, float* y, ThreadPool& pool) {
@@ -138,6 +275,8 @@ void matmul(const float* x, int64_t rows, const Matrix& w, float* y, ThreadPool&
         case DType::F32: return matmul_typed<DType::F32>(x, rows, w, y, pool);
         case DType::BF16: return matmul_typed<DType::BF16>(x, rows, w, y, pool);
         case DType::F16: return matmul_typed<DType::F16>(x, rows, w, y, pool);
+        case DType::F8_E4M3:
+        case DType::F8_E5M2: return matmul_fp8(x, rows, w, y, pool);
         default: break;
     }
     throw Error(Status::unsupported, std::string("CPU matmul: unsupported weight dtype ") + dtype_name(w.dtype));

@@ -37,7 +37,6 @@ void softmax_top_k(const float* logits, int E, int k, bool normalize, float* wei
 void moe_experts(const float* x, int64_t rows, const MoeExperts& ex, const float* weights, const int32_t* ids, int k,
                  float* y, float* scratch, ThreadPool& pool) {
     const int64_t H = ex.down.rows / std::max(ex.n_experts, 1), I = ex.intermediate, E = ex.n_experts;
-    const size_t es = dtype_size(ex.gate_up.dtype);
     float* xs = scratch;                                           // [rows, H] the expert's rows of x
     float* gu = xs + rows * H;                                     // [rows, 2I] gate | up
     float* act = gu + rows * 2 * I;                                // [rows, I]
@@ -51,10 +50,8 @@ void moe_experts(const float* x, int64_t rows, const MoeExperts& ex, const float
                 if (ids[t * k + j] == e) picked[n++] = int32_t(t * k + j);  // (the ids of a row are distinct)
         if (n == 0) continue;
         for (int64_t r = 0; r < n; r++) std::memcpy(xs + r * H, x + (picked[r] / k) * H, size_t(H) * 4);
-        const Matrix gate_up{static_cast<const char*>(ex.gate_up.data) + size_t(e * 2 * I * H) * es, ex.gate_up.dtype,
-                             2 * I, H};
-        const Matrix down{static_cast<const char*>(ex.down.data) + size_t(e * H * I) * dtype_size(ex.down.dtype),
-                          ex.down.dtype, H, I};
+        const Matrix gate_up = matrix_rows(ex.gate_up, e * 2 * I, 2 * I);  // (FP8: with the expert's scales)
+        const Matrix down = matrix_rows(ex.down, e * H, H);
         matmul(xs, n, gate_up, gu, pool);
         for (int64_t r = 0; r < n; r++) {
             const float* g = gu + r * 2 * I;

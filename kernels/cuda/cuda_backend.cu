@@ -305,7 +305,11 @@ public:
                on(ctx_.gdn_fused_conv) + ", moe grouped from " + std::to_string(ctx_.moe_grouped_min_rows) + " rows";
     }
     DType act_dtype() const override { return DType::BF16; }
-    DType matrix_dtype(DType) const override { return DType::BF16; }
+    DType matrix_dtype(DType checkpoint) const override {
+        if (is_fp8(checkpoint))  // (FP8 checkpoints and --quant fp8 ask for FP8 matrices)
+            throw Error(Status::unsupported, "FP8 weights are not supported on CUDA yet; use --device cpu");
+        return DType::BF16;
+    }
 
     // The device memory free now (cudaMemGetInfo): the load refuses a larger arena before allocating, naming the
     // context that would fit.
