@@ -164,87 +164,43 @@ __global__ void moe_route_kernel(const bf16* __restrict__ router_logits, int E, 
 constexpr int kDownWords = 2;  // prefetching down: words per lane per row and round (I = 512: one round)
 
 // act[(t k + j), i] = bf16(bf16(silu(bf16(gate_e . x_t))) * bf16(up_e . x_t)), e = ids[t k + j]; one warp per i.
+// (Run 99: loading a lane's whole gate and up words at once, 124 registers and two blocks per SM, was slower: b=1
+// 14.98 us against 12.63 in the trace, batches of 8-32 1.5-5% slower.)
 // Blocks x >= rows k (with a shared expert): shared_act[t, i] likewise with the shared expert's gate and up, t =
 // x - rows k; and one warp of the row's first block: shared_gate[t] = bf16(sigmoid(bf16(x_t . gate))).
-// H a multiple of 8: each lane loads its kGateUpWords words of the gate row and of the up row at once (H = 2048:
-// the whole rows, 8 KB per warp in flight); the shared expert's blocks load theirs before the PDL wait (they do
-// not depend on the routing).
-constexpr int kGateUpWords = 8;
-__global__ void __launch_bounds__(kMoeWarps * 32, 2)
-    moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up, const int32_t* __restrict__ ids,
-                       int E, int H, int I, int k, int64_t rows, bf16* act, MoeShared sh, bf16* shared_act,
-                       float* shared_gate, bool evict_first) {
-    const int64_t tj = blockIdx.x;  // t * k + j, or rows * k + t
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int i = blockIdx.y * kMoeWarps + warp;
-    const bool is_shared = tj >= rows * k;
-    const int64_t t = is_shared ? tj - rows * k : tj / k;
-    const int H8 = H / 8;
-    const uint64_t pol = weight_policy(evict_first);
-    uint4 g[kGateUpWords], u[kGateUpWords];
-    const uint4 *wg = nullptr, *wu = nullptr;
-    // lane's words of a round: base + 32 q, q < n
-    auto load_w = [&](int base) {
-#pragma unroll
-        for (int q = 0; q < kGateUpWords; q++)
-            if (base + 32 * q < H8) {
-                g[q] = ld_weight(wg + base + 32 * q, pol);
-                u[q] = ld_weight(wu + base + 32 * q, pol);
-            }
-    };
-    const bool has_row = is_shared ? i < sh.Is : i < I;
-    if (is_shared && has_row) {
-        wg = reinterpret_cast<const uint4*>(sh.gate_proj + int64_t(i) * H);
-        wu = reinterpret_cast<const uint4*>(sh.up_proj + int64_t(i) * H);
-        load_w(lane);
-    }
+__global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up,
+                                   const int32_t* __restrict__ ids, int E, int H, int I, int k, int64_t rows, bf16* act,
+                                   MoeShared sh, bf16* shared_act, float* shared_gate) {
     pdl_wait();
-    pdl_trigger();  // (after the wait: the down kernel reads the routing before its own wait)
-    const uint4* x4 = reinterpret_cast<const uint4*>(x + t * H);
-    if (is_shared && blockIdx.y == 0 && warp == kMoeWarps - 1) {
-        const float gs = round_bf16(warp_dot(x + t * H, sh.gate, H));
-        if (lane == 0) shared_gate[t] = round_bf16(1.0f / (1.0f + expf(-gs)));
-    }
-    if (!has_row) return;
-    int e = 0;
-    if (!is_shared) {
-        e = ids[tj];
-        if (e < 0 || e >= E) {
-            if (lane == 0) act[tj * I + i] = to_bf16(0.0f);
-            return;
+    pdl_trigger();                  // (after the wait: the down kernel reads the routing before its own wait)
+    const int64_t tj = blockIdx.x;  // t * k + j, or rows * k + t
+    const int warp = threadIdx.x >> 5;
+    const int i = blockIdx.y * kMoeWarps + warp;
+    if (tj >= rows * k) {  // the shared expert
+        const int64_t t = tj - rows * k;
+        const bf16* xr = x + t * H;
+        if (i < sh.Is) {
+            const float g = round_bf16(warp_dot(xr, sh.gate_proj + int64_t(i) * H, H));
+            const float u = round_bf16(warp_dot(xr, sh.up_proj + int64_t(i) * H, H));
+            if ((threadIdx.x & 31) == 0) shared_act[t * sh.Is + i] = to_bf16(round_bf16(siluf_(g)) * u);
         }
+        if (blockIdx.y == 0 && warp == kMoeWarps - 1) {
+            const float g = round_bf16(warp_dot(xr, sh.gate, H));
+            if ((threadIdx.x & 31) == 0) shared_gate[t] = round_bf16(1.0f / (1.0f + expf(-g)));
+        }
+        return;
+    }
+    if (i >= I) return;
+    const int e = ids[tj];
+    const bf16* xr = x + (tj / k) * H;
+    float a = 0.0f;
+    if (e >= 0 && e < E) {
         const bf16* w = gate_up + int64_t(e) * 2 * I * H;
-        wg = reinterpret_cast<const uint4*>(w + int64_t(i) * H);
-        wu = reinterpret_cast<const uint4*>(w + int64_t(I + i) * H);
-        load_w(lane);
+        const float g = round_bf16(warp_dot(xr, w + int64_t(i) * H, H));
+        const float u = round_bf16(warp_dot(xr, w + int64_t(I + i) * H, H));
+        a = round_bf16(siluf_(g)) * u;
     }
-    float sg = 0.0f, su = 0.0f;
-    for (int base = lane;;) {
-#pragma unroll
-        for (int q = 0; q < kGateUpWords; q++)
-            if (base + 32 * q < H8) {
-                float xf[8], gf[8], uf[8];
-                unpack8(x4[base + 32 * q], xf);
-                unpack8(g[q], gf);
-                unpack8(u[q], uf);
-#pragma unroll
-                for (int c = 0; c < 8; c++) {
-                    sg = fmaf(gf[c], xf[c], sg);
-                    su = fmaf(uf[c], xf[c], su);
-                }
-            }
-        base += 32 * kGateUpWords;
-        if (base >= H8) break;
-        load_w(base);
-    }
-    const float gv = round_bf16(warp_sum(sg)), uv = round_bf16(warp_sum(su));
-    const bf16 a = to_bf16(round_bf16(siluf_(gv)) * uv);
-    if (lane == 0) {
-        if (is_shared)
-            shared_act[t * sh.Is + i] = a;
-        else
-            act[tj * I + i] = a;
-    }
+    if ((threadIdx.x & 31) == 0) act[tj * I + i] = to_bf16(a);
 }
 
 // The position, in increasing expert id (ties: the lower choice index), of choice `lane` of the k in `my_id`
@@ -733,7 +689,7 @@ void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const
         const int cols = std::max(I, sh.Is);
         launch(moe_gate_up_kernel, dim3(unsigned(rows * k + (shared ? rows : 0)), ceil_div(cols, kMoeWarps)),
                kMoeWarps * 32, 0, ctx, "MoE gate/up kernel", x, gate_up, ids, E, H, I, k, rows, scratch.act, sh,
-               scratch.shared_act, scratch.shared_gate, ctx.evict_first);
+               scratch.shared_act, scratch.shared_gate);
         if (rows <= 2 && I % 8 == 0)
             launch(moe_down_rows_kernel, dim3(unsigned(rows), ceil_div(H, kDownRows)), (kDownWarps + 1) * 32, 0, ctx,
                    "MoE down kernel (prefetching)", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H, I,
