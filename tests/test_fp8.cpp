@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <limits>
 #include <nlohmann/json.hpp>
 
 #include "base/fp8.h"
@@ -370,6 +371,17 @@ TEST_CASE("fp8: bad FP8 checkpoints and quantization requests are refused with o
         write_dir(d.path, tiny_dir(), config.dump(), t);
         require_error([&] { Model::load(d.path, cpu_params()); }, Status::model_mismatch,
                       "tensor '" + w + "_scale_inv' has shape [6, 2], expected [2, 6]");
+    }
+    SECTION("a block scale that is NaN, infinite, zero or negative") {
+        for (const float bad : {std::numeric_limits<float>::quiet_NaN(), INFINITY, 0.0f, -0.5f}) {
+            TensorMap t = fp8;
+            RawTensor& s = t[w + "_scale_inv"];
+            REQUIRE(s.dtype == "F32");
+            std::memcpy(s.bytes.data() + 4, &bad, 4);  // (block 1)
+            write_dir(d.path, tiny_dir(), config.dump(), t);
+            require_error([&] { Model::load(d.path, cpu_params()); }, Status::format,
+                          "tensor '" + w + "_scale_inv': block scale 1 is ");
+        }
     }
     SECTION("quantization_config: unknown quant_method, fmt, activation scheme, block size") {
         const std::vector<std::tuple<std::string, nlohmann::json, std::string>> cases = {

@@ -2,8 +2,10 @@
 // --quant fp8 against the 16-bit model of models/tiny on a held-out Python text (tests/data/text/heldout.py, written
 // for these tests; BENCHMARKS.md "FP8 weights: quality" records the numbers).
 #include "cli_util.h"
+#include "test_util.h"
 
 using namespace hy::test::cli_util;
+using hy::test::read_text;
 
 TEST_CASE("--quant: fp8 runs models/tiny, an unknown mode is a usage error", "[cli][fp8]") {
     if (!have_programs()) return;
@@ -47,6 +49,13 @@ TEST_CASE("hybrid-perplexity: --quant fp8 on models/tiny keeps the perplexity wi
     INFO(q.out << q.err);
     CHECK(q.rc == 0);
     CHECK(q.out.find("perplexity ratio: 1.00") != std::string::npos);
+    // --save-logits never replaces a file: the base run stays as it was
+    const std::string before = read_text(base);
+    const Run again = run_prog(
+        ppl, {"-m", "models/tiny", "-f", text, "--ctx", "256", "--device", "cpu", "-t", "2", "--save-logits", base});
+    CHECK(again.rc == 5);
+    CHECK(again.err.find(base + ": exists (--save-logits writes a new file; remove it first)") != std::string::npos);
+    CHECK(read_text(base) == before);
     // A base from another --ctx is refused.
     const Run other =
         run_prog(ppl, {"-m", "models/tiny", "-f", text, "--ctx", "128", "--device", "cpu", "--kl-base", base});

@@ -174,6 +174,9 @@ int main(int argc, char** argv) {
         std::vector<Entry> base;  // [positions, 1 + K]: the next token, then the top K
         uint32_t base_k = 0;
         const std::string base_path = args.count("kl-base") ? args["kl-base"].as<std::string>() : "";
+        if (args.count("kl-base") && base_path.empty()) throw tools::UsageError("--kl-base needs a file name");
+        if (args.count("save-logits") && args["save-logits"].as<std::string>().empty())
+            throw tools::UsageError("--save-logits needs a file name");
         if (!base_path.empty()) {
             std::FILE* f = std::fopen(base_path.c_str(), "rb");
             if (!f) throw Error(Status::io, base_path + ": cannot open: " + std::strerror(errno));
@@ -193,8 +196,12 @@ int main(int argc, char** argv) {
                 base_k = h.top_k;
                 base.resize(size_t(positions) * (1 + base_k));
                 read_all(f, base.data(), base.size() * sizeof(Entry), base_path);
-                for (const Entry& e : base)
+                for (const Entry& e : base) {
                     if (e.id < 0 || e.id >= V) throw Error(Status::format, base_path + ": a token id is out of range");
+                    if (!std::isfinite(e.logprob) || e.logprob > 0.0f)
+                        throw Error(Status::format, base_path + ": a saved log-probability is " +
+                                                        std::to_string(e.logprob) + " (not a finite value <= 0)");
+                }
             } catch (...) {
                 std::fclose(f);
                 throw;
@@ -207,7 +214,11 @@ int main(int argc, char** argv) {
             if (top_k < 1 || top_k > V)
                 throw tools::UsageError("--top-k must be in [1, vocabulary " + std::to_string(V) + "], got " +
                                         std::to_string(top_k));
-            out = std::fopen(save_path.c_str(), "wb");
+            // (nothing the user has is replaced: an existing file, e.g. the text, the base run or a model file, is
+            // refused; "x": exclusive creation)
+            out = std::fopen(save_path.c_str(), "wbx");
+            if (!out && errno == EEXIST)
+                throw Error(Status::io, save_path + ": exists (--save-logits writes a new file; remove it first)");
             if (!out) throw Error(Status::io, save_path + ": cannot write: " + std::strerror(errno));
             Header h{};
             std::memcpy(h.magic, kMagic, 8);
@@ -235,6 +246,10 @@ int main(int argc, char** argv) {
                 const RowStats s = row_stats(l);
                 const int32_t next = window[size_t(j + 1)];
                 const double lp = double(l[size_t(next)]) - s.lse;
+                if (!std::isfinite(s.lse) || !std::isfinite(lp))
+                    throw Error(Status::backend, "the model produced non-finite logits at window " +
+                                                     std::to_string(w + 1) + ", position " + std::to_string(j) +
+                                                     " (NaN or inf weights or scales?)");
                 nll -= lp;
                 if (out) {
                     std::iota(order.begin(), order.end(), 0);
@@ -248,7 +263,10 @@ int main(int argc, char** argv) {
                 }
                 if (!base.empty()) {
                     const Entry* b = base.data() + size_t(pos) * (1 + base_k);
-                    if (b[0].id != next) throw Error(Status::internal, "the base run's tokens differ");
+                    if (b[0].id != next)
+                        throw Error(Status::format, base_path +
+                                                        ": its tokens differ from this text's (saved from "
+                                                        "another text or tokenizer, or damaged)");
                     base_nll -= b[0].logprob;
                     const std::vector<Entry> top(b + 1, b + 1 + base_k);
                     kls.push_back(kl_top_k(top, l, s.lse));
@@ -284,17 +302,19 @@ int main(int argc, char** argv) {
             std::printf("perplexity ratio: %.5f (%+.3f%%)\n", ratio, (ratio - 1.0) * 100.0);
             std::printf("KL divergence: mean %.6f, 99th percentile %.6f, max %.6f (over the base's top %u + rest)\n",
                         mean, p99, sorted.back(), base_k);
+            const std::string clear_pct =
+                clear ? std::to_string(100.0 * double(clear_agree) / double(clear)) + "%" : "n/a";
             std::printf(
                 "top-1 agreement: %.3f%% (%llu of %llu); where the base's top-1 leads its second by more "
-                "than 0.05 in probability: %.3f%% (%llu of %llu)\n",
-                top1 * 100.0, (unsigned long long)agree, (unsigned long long)positions,
-                clear ? 100.0 * double(clear_agree) / double(clear) : 100.0, (unsigned long long)clear_agree,
-                (unsigned long long)clear);
-            if (max_ratio >= 0.0 && ratio > max_ratio) {
+                "than 0.05 in probability: %s (%llu of %llu)\n",
+                top1 * 100.0, (unsigned long long)agree, (unsigned long long)positions, clear_pct.c_str(),
+                (unsigned long long)clear_agree, (unsigned long long)clear);
+            // (NaN fails every check: a comparison with NaN is false, so each test is written as "not within")
+            if (max_ratio >= 0.0 && !(ratio <= max_ratio)) {
                 std::printf("CHECK FAILED: perplexity ratio %.5f > %.5f\n", ratio, max_ratio);
                 rc = tools::exit_check;
             }
-            if (min_top1 >= 0.0 && top1 < min_top1) {
+            if (min_top1 >= 0.0 && !(top1 >= min_top1)) {
                 std::printf("CHECK FAILED: top-1 agreement %.5f < %.5f\n", top1, min_top1);
                 rc = tools::exit_check;
             }
