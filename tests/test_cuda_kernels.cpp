@@ -1019,6 +1019,16 @@ TEST_CASE("CUDA MoE router and experts (routed and shared) against the CPU refer
                    gate_up = randn(size_t(s.E) * 2 * s.I * s.H, 0.06f), down = randn(size_t(s.E) * s.H * s.I, 0.08f),
                    sgate = randn(size_t(s.H), 0.1f), s_gate = randn(size_t(s.Is) * s.H, 0.06f),
                    s_up = randn(size_t(s.Is) * s.H, 0.06f), s_down = randn(size_t(s.H) * s.Is, 0.08f);
+        auto shared_expert = [&](Side& d) {  // (Is == 0: none)
+            SharedExpert sh;
+            if (s.Is > 0) {
+                sh.gate_proj = d.matrix(s_gate, s.Is, s.H);
+                sh.up_proj = d.matrix(s_up, s.Is, s.H);
+                sh.down_proj = d.matrix(s_down, s.H, s.Is);
+                sh.gate = d.matrix(sgate, 1, s.H);
+            }
+            return sh;
+        };
         Batch batch({{0, 0, s.T}}, 64);
         std::vector<float> w[2];
         std::vector<int32_t> ids[2];
@@ -1098,13 +1108,7 @@ TEST_CASE("CUDA MoE router and experts (routed and shared) against the CPU refer
             int32_t* id = static_cast<int32_t*>(d.take(ids[0].size() * 4));
             d.be->upload(wt, w[0].data(), w[0].size() * 4);
             d.be->upload(id, ids[0].data(), ids[0].size() * 4);
-            SharedExpert sh;
-            if (s.Is > 0) {
-                sh.gate_proj = d.matrix(s_gate, s.Is, s.H);
-                sh.up_proj = d.matrix(s_up, s.Is, s.H);
-                sh.down_proj = d.matrix(s_down, s.H, s.Is);
-                sh.gate = d.matrix(sgate, 1, s.H);
-            }
+            const SharedExpert sh = shared_expert(d);
             void* out = d.poisoned(size_t(s.T) * s.H);
             d.be->moe_experts(xa, s.T, ex, sh, wt, id, s.k, out);
             ye[i] = d.read_act(out, size_t(s.T) * s.H);
@@ -1134,13 +1138,7 @@ TEST_CASE("CUDA MoE router and experts (routed and shared) against the CPU refer
             int32_t* id = static_cast<int32_t*>(grouped.take(ids[0].size() * 4));
             grouped.be->upload(wt, w[0].data(), size_t(half) * s.k * 4);
             grouped.be->upload(id, ids[0].data(), size_t(half) * s.k * 4);
-            SharedExpert sh;
-            if (s.Is > 0) {
-                sh.gate_proj = grouped.matrix(s_gate, s.Is, s.H);
-                sh.up_proj = grouped.matrix(s_up, s.Is, s.H);
-                sh.down_proj = grouped.matrix(s_down, s.H, s.Is);
-                sh.gate = grouped.matrix(sgate, 1, s.H);
-            }
+            const SharedExpert sh = shared_expert(grouped);
             void* out = grouped.poisoned(size_t(half) * s.H);
             grouped.be->moe_experts(xa, half, ex, sh, wt, id, s.k, out);
             CHECK(grouped.read_act(out, size_t(half) * s.H) ==

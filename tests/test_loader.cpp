@@ -18,21 +18,6 @@ using namespace hy::test;
 
 namespace {
 
-// Runs f, which must throw hy::Error with `status` and a message containing `needle`.
-template <class F>
-void require_error(F&& f, Status status, const std::string& needle) {
-    try {
-        f();
-    } catch (const Error& e) {
-        INFO("message: " << e.what());
-        CHECK(e.status() == status);
-        CHECK(std::string(e.what()).find(needle) != std::string::npos);
-        CHECK(std::string(e.what()).find('\n') == std::string::npos);  // one line
-        return;
-    }
-    FAIL("no hy::Error thrown (expected: " << needle << ")");
-}
-
 ModelParams small_params() {
     ModelParams p;
     p.device = Device::cpu;

@@ -167,8 +167,8 @@ double metric(int port, const std::string& name) {
     return -1;
 }
 
-// Connects, sends `request` and reads until `until` appears in what comes back (or the server closes).
-int raw_request(int port, const std::string& request, const std::string& until) {
+// Connects and sends `request`; the socket (the caller closes it).
+int raw_send(int port, const std::string& request) {
     const int fd = socket(AF_INET, SOCK_STREAM, 0);
     REQUIRE(fd >= 0);
     sockaddr_in a{};
@@ -177,6 +177,12 @@ int raw_request(int port, const std::string& request, const std::string& until) 
     a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
     REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
     REQUIRE(write(fd, request.data(), request.size()) == ssize_t(request.size()));
+    return fd;
+}
+
+// Connects, sends `request` and reads until `until` appears in what comes back (or the server closes).
+int raw_request(int port, const std::string& request, const std::string& until) {
+    const int fd = raw_send(port, request);
     std::string got;
     char buf[1024];
     while (!until.empty() && got.find(until) == std::string::npos) {
@@ -190,19 +196,6 @@ int raw_request(int port, const std::string& request, const std::string& until) 
 std::string http_post_text(const std::string& path, const std::string& body) {
     return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nContent-Length: " +
            std::to_string(body.size()) + "\r\n\r\n" + body;
-}
-
-// Connects and sends `request`; the socket (the caller closes it).
-int raw_send(int port, const std::string& request) {
-    const int fd = socket(AF_INET, SOCK_STREAM, 0);
-    REQUIRE(fd >= 0);
-    sockaddr_in a{};
-    a.sin_family = AF_INET;
-    a.sin_port = htons(uint16_t(port));
-    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-    REQUIRE(connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
-    REQUIRE(write(fd, request.data(), request.size()) == ssize_t(request.size()));
-    return fd;
 }
 
 // Reads from `fd` into *got until `until` appears (empty: until the peer closes) or `seconds` pass.

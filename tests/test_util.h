@@ -14,9 +14,27 @@
 #include <string>
 #include <vector>
 
+#include <catch2/catch.hpp>
+
+#include "base/common.h"
 #include "model/safetensors.h"
 
 namespace hy::test {
+
+// Runs f, which must throw hy::Error with `status` and a one-line message containing `needle`.
+template <class F>
+void require_error(F&& f, Status status, const std::string& needle) {
+    try {
+        f();
+    } catch (const Error& e) {
+        INFO("message: " << e.what());
+        CHECK(e.status() == status);
+        CHECK(std::string(e.what()).find(needle) != std::string::npos);
+        CHECK(std::string(e.what()).find('\n') == std::string::npos);  // one line
+        return;
+    }
+    FAIL("no hy::Error thrown (expected: " << needle << ")");
+}
 
 inline std::string source_dir() { return HY_SOURCE_DIR; }
 inline std::string tiny_dir() { return source_dir() + "/models/tiny"; }
