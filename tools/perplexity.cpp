@@ -88,9 +88,6 @@ double kl_top_k(const std::vector<Entry>& base, std::span<const float> q_logits,
 void write_all(std::FILE* f, const void* p, size_t n, const std::string& path) {
     if (std::fwrite(p, 1, n, f) != n) throw Error(Status::io, path + ": cannot write");
 }
-void read_all(std::FILE* f, void* p, size_t n, const std::string& path) {
-    if (std::fread(p, 1, n, f) != n) throw Error(Status::format, path + ": truncated (not a --save-logits file?)");
-}
 
 }  // namespace
 
@@ -178,11 +175,18 @@ int main(int argc, char** argv) {
         if (args.count("save-logits") && args["save-logits"].as<std::string>().empty())
             throw tools::UsageError("--save-logits needs a file name");
         if (!base_path.empty()) {
-            std::FILE* f = std::fopen(base_path.c_str(), "rb");
-            if (!f) throw Error(Status::io, base_path + ": cannot open: " + std::strerror(errno));
-            try {
+            // (a regular file only: a FIFO or a directory is named and refused, not waited on)
+            const std::string bytes = read_regular_file(base_path, size_t(1) << 36);
+            size_t at = 0;
+            auto read_all = [&](void* p, size_t n, const std::string& name) {
+                if (bytes.size() - at < n)
+                    throw Error(Status::format, name + ": truncated (not a --save-logits file?)");
+                std::memcpy(p, bytes.data() + at, n);
+                at += n;
+            };
+            {
                 Header h;
-                read_all(f, &h, sizeof h, base_path);
+                read_all(&h, sizeof h, base_path);
                 if (std::memcmp(h.magic, kMagic, 8) != 0)
                     throw Error(Status::format, base_path + ": not a hybrid-perplexity --save-logits file");
                 if (h.vocab != uint32_t(V) || h.ctx != uint32_t(ctx) || h.windows != uint32_t(windows) ||
@@ -195,18 +199,14 @@ int main(int argc, char** argv) {
                                     ")");
                 base_k = h.top_k;
                 base.resize(size_t(positions) * (1 + base_k));
-                read_all(f, base.data(), base.size() * sizeof(Entry), base_path);
+                read_all(base.data(), base.size() * sizeof(Entry), base_path);
                 for (const Entry& e : base) {
                     if (e.id < 0 || e.id >= V) throw Error(Status::format, base_path + ": a token id is out of range");
                     if (!std::isfinite(e.logprob) || e.logprob > 0.0f)
                         throw Error(Status::format, base_path + ": a saved log-probability is " +
                                                         std::to_string(e.logprob) + " (not a finite value <= 0)");
                 }
-            } catch (...) {
-                std::fclose(f);
-                throw;
             }
-            std::fclose(f);
         }
         std::FILE* out = nullptr;
         const std::string save_path = args.count("save-logits") ? args["save-logits"].as<std::string>() : "";
