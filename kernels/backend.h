@@ -155,6 +155,8 @@ struct WorkspaceShape {
     int experts_per_tok = 0;      // k
     int moe_intermediate = 0;     // I of a routed expert
     int shared_intermediate = 0;  // Is of the shared expert (0: none)
+    int64_t fp8_max_cols = 0;     // the most columns (K) of an FP8 matrix (0: no FP8 matrix)
+    int64_t fp8_max_elems = 0;    // the most elements (rows x cols) of an FP8 matrix
 };
 
 // The routed experts of one MoE layer, stacked in the arena whatever the checkpoint's layout (fused 3-D tensors or
@@ -192,6 +194,10 @@ struct CudaOptions {
     bool l2_evict_first = true;    // decode GEMVs load weights with an L2 evict-first policy
     bool gdn_fused_conv = true;    // decode steps do the Gated DeltaNet conv inside the recurrence kernel
     int moe_grouped_min_rows = 0;  // MoE experts grouped by expert from this many rows on; 0: the tuned default
+    // FP8 matrices with more rows than the FP8 GEMVs take (prefill, batches over 8): true, FP8 tensor cores with
+    // the activations quantized per row and 128-value group (W8A8, cuBLASLt block scales); false, the weights
+    // dequantized to bf16 and the bf16 GEMM (W8A16; kernels/cuda/fp8_matmul.cuh).
+    bool fp8_block_scaled_gemm = true;
     // Builds with -DHY_CUDA_TRACE=ON only (timing studies; refused otherwise): every kernel's start and ready times
     // are written to this file when the backend is destroyed (tools/gpu/trace_summary.py reads it). Empty: none.
     std::string trace_file;
@@ -226,6 +232,8 @@ public:
     virtual DType act_dtype() const = 0;
     // Storage type for a weight matrix stored as `checkpoint` in the file.
     virtual DType matrix_dtype(DType checkpoint) const = 0;
+    // Whether moe_experts takes FP8 experts (the loader refuses FP8 experts otherwise, naming the backend).
+    virtual bool fp8_experts() const { return true; }
 
     // ---- memory ----
     // Allocates the arena (once, at load). Throws hy::Error(out_of_memory) on failure.

@@ -413,6 +413,10 @@ struct ModelLoader {
             throw Error(Status::model_mismatch,
                         where + "no experts: expected '" + xp + "gate_up_proj' or '" + xp + "0.gate_proj.weight'");
         }
+        if ((is_fp8(w.experts.gate_up.dtype) || is_fp8(w.experts.down.dtype)) && !be.fp8_experts())
+            throw Error(Status::unsupported, where + "FP8 MoE experts are not supported by the " +
+                                                 std::string(be.name()) +
+                                                 " backend yet (its dense FP8 matrices are); use --device cpu");
         const int64_t S = c.shared_expert_intermediate_size;
         if (S == 0 && ck.has(mp + "shared_expert.gate_proj.weight"))
             throw Error(Status::model_mismatch, where + "the checkpoint holds a shared expert ('" + mp +
@@ -781,6 +785,11 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     ws.experts_per_tok = c.n_experts_per_tok;
     ws.moe_intermediate = c.moe_intermediate_size;
     ws.shared_intermediate = c.shared_expert_intermediate_size;
+    for (const auto& job : ld.matrices)
+        if (is_fp8(job.dst->dtype)) {
+            ws.fp8_max_cols = std::max(ws.fp8_max_cols, job.dst->cols);
+            ws.fp8_max_elems = std::max(ws.fp8_max_elems, job.dst->rows * job.dst->cols);
+        }
     size_t o_ws = ld.reserve(be.workspace_bytes(limits, ws));
     m->arena_bytes_ = ld.offset;
     // An arena larger than the memory it can ever have is refused now, with the numbers, before anything is

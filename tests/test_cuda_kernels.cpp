@@ -14,8 +14,10 @@
 #include <string>
 #include <vector>
 
+#include "base/fp8.h"
 #include "kernels/backend.h"
 #include "model/model.h"
+#include "model/quantize.h"
 
 #if defined(HY_HAVE_CUDA)
 #include <cuda_runtime.h>
@@ -340,6 +342,153 @@ TEST_CASE("CUDA fused decode GEMVs (gate/up/SiLU, groups) match the CPU referenc
 
 // Greedy picks on the device: the arg max (lowest id on ties, NaN and -inf never picked) and its log-softmax
 // over the ids below n_valid, against the CPU backend's.
+// An FP8 matrix (e4m3 codes and 128 x 128 block scales of w, as quantize_fp8_blocks makes them) on each side.
+struct Fp8Twin {
+    Matrix cpu, gpu;
+};
+Fp8Twin fp8_twin(Side& cpu, Side& gpu, const std::vector<float>& w, int64_t rows, int64_t cols, int64_t seg) {
+    std::vector<uint8_t> q(size_t(rows * cols));
+    std::vector<float> sc(size_t(fp8_scale_rows(rows, seg) * fp8_scale_cols(cols)));
+    quantize_fp8_blocks(w.data(), rows, cols, seg, q.data(), sc.data());
+    Fp8Twin t;
+    for (Side* side : {&cpu, &gpu}) {
+        void* d = side->take(q.size());
+        side->be->upload(d, q.data(), q.size());
+        const float* s = side->f32(sc);
+        (side == &cpu ? t.cpu : t.gpu) = Matrix{d, DType::F8_E4M3, rows, cols, s, seg};
+    }
+    return t;
+}
+
+// x as the FP8 GEMM's block-scaled path sees it: per row and 128-value group, e4m3(x * (1 / s)) * s with
+// s = amax / 448 (fp8_matmul.cuh's quantize_rows_fp8).
+std::vector<float> fp8_activations(const std::vector<float>& x, int64_t K) {
+    std::vector<float> out(x.size());
+    for (size_t g = 0; g < x.size() / 128; g++) {
+        float amax = 0.0f;
+        for (size_t i = 0; i < 128; i++) amax = std::max(amax, std::fabs(x[g * 128 + i]));
+        const float s = amax > 0.0f ? amax / 448.0f : 1.0f, inv = 1.0f / s;
+        for (size_t i = 0; i < 128; i++) out[g * 128 + i] = f8_e4m3_to_f32(f32_to_f8_e4m3(x[g * 128 + i] * inv)) * s;
+    }
+    (void)K;
+    return out;
+}
+
+// FP8 weights (W8A16 GEMVs up to 8 rows; more rows through the FP8 tensor-core GEMM with quantized activations, or
+// through dequantization to bf16) against the CPU's exact dequantizing matmul; single matrices, groups and the
+// gate/up/SiLU GEMV, one segment or segments of 48 rows (the MoE layout; not a multiple of 128: the GEMM dequantizes).
+TEST_CASE("CUDA FP8 matmuls match the CPU reference", "[gpu][fp8]") {
+    HY_REQUIRE_GPU();
+    const BatchLimits l = limits(96, 8, 16);
+    WorkspaceShape ws{4, 64, 0, 0, 0, 0, 0};
+    ws.fp8_max_cols = 9216;
+    ws.fp8_max_elems = int64_t(480) * 9216;
+    const size_t bytes = size_t(160) << 20;
+    for (bool block_scaled : {true, false}) {
+        CudaOptions o;
+        o.fp8_block_scaled_gemm = block_scaled;
+        Side cpu(make_cpu_backend(2), l, ws, bytes);
+        Side gpu(make_cuda_backend(0, o), l, ws, bytes);
+        // (T, N, K, segment rows)
+        const int shapes[][4] = {{1, 96, 256, 0},   {2, 40, 768, 0},    {1, 300, 2560, 0}, {2, 64, 4096, 0},
+                                 {1, 33, 9216, 0},  {3, 256, 256, 0},   {5, 96, 2560, 48}, {8, 40, 4096, 0},
+                                 {4, 17, 9216, 0},  {1, 480, 512, 48},  {7, 33, 112, 0},   {37, 256, 1024, 0},
+                                 {64, 96, 2560, 0}, {96, 480, 512, 48}, {20, 40, 112, 0},  {9, 33, 768, 0}};
+        for (auto& sh : shapes) {
+            const int T = sh[0], N = sh[1], K = sh[2], seg = sh[3];
+            INFO((block_scaled ? "block-scaled" : "dequantize")
+                 << " T=" << T << " N=" << N << " K=" << K << " seg=" << seg);
+            auto x = randn(size_t(T) * K), w = randn(size_t(N) * K, 0.05f);
+            const Fp8Twin m = fp8_twin(cpu, gpu, w, N, K, seg);
+            // the GEMM path of the block-scaled mode multiplies the e4m3 activations: so does the reference
+            const bool w8a8 = block_scaled && T > 8 && K % 128 == 0 && N % 16 == 0 && seg % 128 == 0;
+            void* xc = cpu.act(w8a8 ? fp8_activations(x, K) : x);
+            void* xg = gpu.act(x);
+            void* yc = cpu.take(size_t(T) * N * 4);
+            void* yg = gpu.poisoned(size_t(T) * N);
+            cpu.be->matmul(xc, T, m.cpu, yc);
+            gpu.be->matmul(xg, T, m.gpu, yg);
+            const double e = rel_err(gpu.read_act(yg, size_t(T) * N), cpu.read_f32(yc, size_t(T) * N));
+            INFO("rel err " << e);
+            CHECK(e <= kTol);
+        }
+        // a decode step (recorded, replayed as a graph): gate/up/SiLU and a group of 3
+        for (int T : {1, 2, 3, 6}) {
+            const int K = 2560, F = 300, N2 = 64, seg = 0;
+            INFO((block_scaled ? "block-scaled" : "dequantize") << " gate/up and group, T=" << T);
+            auto x = randn(size_t(T) * K);
+            const Fp8Twin g = fp8_twin(cpu, gpu, randn(size_t(F) * K, 0.05f), F, K, seg);
+            const Fp8Twin u = fp8_twin(cpu, gpu, randn(size_t(F) * K, 0.05f), F, K, seg);
+            const Fp8Twin v = fp8_twin(cpu, gpu, randn(size_t(N2) * K, 0.05f), N2, K, seg);
+            void* xc = cpu.act(x);
+            void* xg = gpu.act(x);
+            void* yc[5];
+            void* yg[5];
+            for (int i = 0; i < 5; i++) {
+                yc[i] = cpu.take(size_t(T) * F * 4);
+                yg[i] = gpu.poisoned(size_t(T) * F);
+            }
+            Batch b({{0, 0, T}}, 16);
+            cpu.be->begin_batch(b.desc);
+            gpu.be->begin_batch(b.desc);
+            for (Side* side : {&cpu, &gpu}) {
+                const bool on_gpu = side == &gpu;
+                void* xs = on_gpu ? xg : xc;
+                void** y = on_gpu ? yg : yc;
+                auto pick = [&](const Fp8Twin& t) { return on_gpu ? t.gpu : t.cpu; };
+                side->be->gate_up_silu(xs, T, pick(g), pick(u), y[0], y[1], y[2]);
+                const Projection pr[3] = {{pick(v), y[3]}, {pick(g), y[4]}, {pick(u), y[0]}};
+                side->be->matmul_group(xs, T, pr, 3);
+            }
+            const size_t n = size_t(T) * F, n2 = size_t(T) * N2;
+            CHECK(rel_err(gpu.read_act(yg[2], n), cpu.read_f32(yc[2], n)) <= kTol);  // activation
+            CHECK(rel_err(gpu.read_act(yg[1], n), cpu.read_f32(yc[1], n)) <= kTol);  // up
+            CHECK(rel_err(gpu.read_act(yg[3], n2), cpu.read_f32(yc[3], n2)) <= kTol);
+            CHECK(rel_err(gpu.read_act(yg[4], n), cpu.read_f32(yc[4], n)) <= kTol);
+            CHECK(rel_err(gpu.read_act(yg[0], n), cpu.read_f32(yc[0], n)) <= kTol);
+        }
+        // every shape meant for the block-scaled GEMM found a cuBLASLt algorithm (else it dequantized quietly)
+        INFO(gpu.be->settings());
+        CHECK(gpu.be->settings().find("no block-scaled algorithm") == std::string::npos);
+    }
+}
+
+// A NaN weight code reaches the output (nothing hides it), and a row of x gets the same bits whatever the number of
+// rows (3 to 8) beside it.
+TEST_CASE("CUDA FP8 GEMV: NaN weights propagate; rows do not depend on the batch", "[gpu][fp8]") {
+    HY_REQUIRE_GPU();
+    const BatchLimits l = limits(16, 8, 16);
+    WorkspaceShape ws{4, 64, 0, 0, 0, 0, 0};
+    ws.fp8_max_cols = 2560;
+    ws.fp8_max_elems = int64_t(256) * 2560;
+    Side cpu(make_cpu_backend(2), l, ws, size_t(32) << 20);
+    Side gpu(make_cuda_backend(0), l, ws, size_t(32) << 20);
+    const int K = 2560, N = 256;
+    auto w = randn(size_t(N) * K, 0.05f);
+    w[size_t(5) * K + 7] = NAN;  // row 5
+    const Fp8Twin m = fp8_twin(cpu, gpu, w, N, K, 0);
+    auto x = randn(size_t(8) * K);
+    void* xg = gpu.act(x);
+    std::vector<std::vector<float>> first3;
+    for (int T : {1, 2, 3, 5, 8}) {
+        void* yg = gpu.poisoned(size_t(T) * N);
+        gpu.be->matmul(xg, T, m.gpu, yg);
+        auto y = gpu.read_act(yg, size_t(T) * N);
+        for (int t = 0; t < T; t++)
+            for (int n = 0; n < N; n++) {
+                INFO("T=" << T << " row " << t << " feature " << n);
+                CHECK(std::isnan(y[size_t(t) * N + n]) == (n == 5));
+            }
+        if (T >= 3) {
+            y.resize(size_t(3) * N);
+            first3.push_back(y);
+        }
+    }
+    for (size_t k = 1; k < first3.size(); k++)
+        for (size_t i = 0; i < first3[0].size(); i++)
+            if (!std::isnan(first3[0][i])) CHECK(first3[k][i] == first3[0][i]);
+}
+
 TEST_CASE("CUDA argmax_rows matches the CPU reference", "[gpu]") {
     HY_REQUIRE_GPU();
     const int V = 50021, n = 6;
@@ -1232,4 +1381,45 @@ TEST_CASE("CUDA dummy weights equal the CPU's", "[gpu]") {
     const double e = rel_err(std::vector<float>(lg.begin(), lg.end()), want);
     INFO("rel err " << e);
     CHECK(e <= 3e-2);
+}
+
+// The tiny model with --quant fp8 on CUDA against the CPU (the same FP8 weights): prompt logits with the FP8 GEMM
+// dequantizing (W8A16, as the CPU) within bf16 rounding, with quantized activations (W8A8) within their rounding;
+// decode steps (the FP8 GEMVs) near the CPU's.
+TEST_CASE("CUDA tiny model with --quant fp8: logits match the CPU backend", "[gpu][fp8]") {
+    HY_REQUIRE_GPU();
+    ModelParams mp;
+    mp.n_ctx = 128;
+    mp.max_batch_tokens = 64;
+    mp.max_logits = 64;
+    mp.quant = WeightQuant::fp8;
+    mp.device = Device::cpu;
+    auto cpu = Model::load(HY_SOURCE_DIR "/models/tiny", mp);
+    const int V = cpu->config().vocab_size;
+    std::vector<int32_t> ids(70);
+    std::uniform_int_distribution<int> d(2, V - 1);
+    for (int32_t& t : ids) t = d(rng());
+    auto lc = cpu->prefill(0, ids, true);
+    std::vector<float> want(lc.begin(), lc.end());
+    std::vector<float> next_want;
+    {
+        auto l2 = cpu->prefill(0, std::span<const int32_t>(ids.data(), 1));
+        next_want.assign(l2.begin(), l2.end());
+    }
+    for (bool block_scaled : {false, true}) {
+        mp.device = Device::cuda;
+        mp.cuda.fp8_block_scaled_gemm = block_scaled;
+        auto gpu = Model::load(HY_SOURCE_DIR "/models/tiny", mp);
+        auto lg = gpu->prefill(0, ids, true);
+        std::vector<float> got(lg.begin(), lg.end());
+        const double e = rel_err(got, want);
+        INFO((block_scaled ? "W8A8" : "W8A16") << " prompt logits rel err " << e);
+        CHECK(e <= (block_scaled ? 6e-2 : 2e-2));
+        // one decode step after the prompt (the FP8 GEMVs)
+        auto l2 = gpu->prefill(0, std::span<const int32_t>(ids.data(), 1));
+        std::vector<float> next(l2.begin(), l2.end());
+        const double e2 = rel_err(next, next_want);
+        INFO("decode step rel err " << e2);
+        CHECK(e2 <= (block_scaled ? 6e-2 : 2e-2));
+    }
 }

@@ -3,14 +3,20 @@
 //
 // Each measurement is a CUDA graph of kLaunches back-to-back launches of one shape that cycle through enough
 // copies of the weights (>= 256 MB) that L2 (50 MB on an H200) holds none of them, replayed several times; the
-// figure is weight bytes / median replay time. Usage: hybrid-kernel-bench [T] (rows of x, 1..8; default 1).
+// figure is weight bytes / median replay time. Usage: hybrid-kernel-bench [T] [fp8] (rows of x, 1..8; default 1;
+// fp8: the FP8 GEMVs of kernels/cuda/fp8_matmul.cuh, every launch shape, on the same shapes with FP8 weights).
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
+#include <random>
 #include <string>
 #include <vector>
 
+#include "base/fp8.h"
+#include "kernels/cuda/fp8_matmul.cuh"
 #include "kernels/cuda/matmul.cuh"
+#include "model/quantize.h"
 
 using namespace hy;
 using namespace hy::cuda;
@@ -60,6 +66,220 @@ double time_graph(cudaStream_t s, Body&& body) {
     cudaGraphExecDestroy(e);
     cudaGraphDestroy(g);
     return median(ms);
+}
+
+// The FP8 GEMV launch shapes on the FP8 versions of the shapes (weights 1 byte, scales 4 bytes per 128 x 128).
+void bench_fp8(int T, const std::vector<Shape>& shapes, cudaStream_t s, const LaunchContext& pdl, bf16* x, void* y) {
+    std::printf("\nFP8 weights (e4m3, 128 x 128 block scales); GB/s of weights and scales read\n\n");
+    std::printf("| shape | MB | FP8 GEMV launch shapes, PDL on: GB/s |\n|---|---:|---|\n");
+    std::vector<Fp8GemvConfig> configs;
+    if (T <= kGemvBlockMaxTokens)
+        configs = {{false, 1, 8}, {false, 2, 4}, {false, 2, 8}, {false, 4, 4},
+                   {false, 4, 8}, {false, 8, 4}, {false, 8, 8}};
+    configs.push_back({true, 0, 2});
+    configs.push_back({true, 0, 4});
+    for (const Shape& sh : shapes) {
+        if (sh.out_f32) continue;  // (lm_head stays bf16)
+        int64_t rows = 0;
+        for (int64_t n : sh.n) rows += n;
+        const size_t wbytes = size_t(rows) * size_t(sh.K);
+        const size_t sbytes = size_t(fp8_scale_rows(rows, 0) * fp8_scale_cols(sh.K)) * 4 + 4096;
+        const size_t bytes = wbytes + sbytes;
+        const int copies = int(std::max<size_t>(1, (size_t(256) << 20) / bytes + 1));
+        char* w = nullptr;
+        HY_CUDA_CHECK(cudaMalloc(&w, bytes * size_t(copies)));
+        HY_CUDA_CHECK(cudaMemset(w, 0, bytes * size_t(copies)));
+        auto group = [&](int i) {
+            Fp8Group g;
+            char* base = w + size_t(i % copies) * bytes;
+            const float* sc = reinterpret_cast<const float*>(base + wbytes);
+            int64_t off = 0;
+            char* yp = static_cast<char*>(y);
+            for (int64_t n : sh.n) {
+                Matrix m{
+                    base + off * sh.K, DType::F8_E4M3, n, sh.K, sc + fp8_scale_row(off, 0) * fp8_scale_cols(sh.K), 0};
+                g.add(m, yp);
+                off += n;
+                yp += size_t(n) * size_t(T) * 2;
+            }
+            return g;
+        };
+        const double total = double(bytes) * kLaunches;
+        const Fp8GemvConfig chosen = fp8_gemv_config(sh.K, T);
+        std::string line = "| " + std::string(sh.name) + " | " + std::to_string(int(bytes / 1e6)) + " | ";
+        char buf[160];
+        bool first = true;
+        for (Fp8GemvConfig c : configs) {
+            if (c.tensor_cores && sh.K % 64 != 0) continue;
+            const double ms = time_graph(s, [&] {
+                for (int i = 0; i < kLaunches; i++) gemv_fp8_group_with(x, T, group(i), sh.K, DType::F8_E4M3, c, pdl);
+            });
+            const bool is_chosen = c.tensor_cores == chosen.tensor_cores && c.per == chosen.per &&
+                                   (c.tensor_cores || c.split == chosen.split);
+            if (c.tensor_cores)
+                std::snprintf(buf, sizeof buf, "%smma/%d%s: %.0f", first ? "" : "; ", c.per, is_chosen ? "*" : "",
+                              total / (ms * 1e-3) / 1e9);
+            else
+                std::snprintf(buf, sizeof buf, "%s%d,%d%s: %.0f", first ? "" : "; ", c.split, c.per,
+                              is_chosen ? "*" : "", total / (ms * 1e-3) / 1e9);
+            line += buf;
+            first = false;
+        }
+        if (sh.gate_up && T <= kGemvBlockMaxTokens) {  // the fused gate/up/SiLU kernel
+            const double ms = time_graph(s, [&] {
+                for (int i = 0; i < kLaunches; i++) {
+                    Fp8Group g = group(i);
+                    Matrix a{g.w[0], DType::F8_E4M3, sh.n[0], sh.K, g.scales[0], 0};
+                    Matrix b{g.w[1], DType::F8_E4M3, sh.n[1], sh.K, g.scales[1], 0};
+                    bf16* yb = static_cast<bf16*>(y);
+                    gemv_fp8_gate_up(x, T, a, b, yb, yb + 8 * sh.n[0], yb + 16 * sh.n[0], pdl);
+                }
+            });
+            std::snprintf(buf, sizeof buf, "; fused gate/up/SiLU: %.0f", total / (ms * 1e-3) / 1e9);
+            line += buf;
+        }
+        std::printf("%s |\n", line.c_str());
+        std::fflush(stdout);
+        HY_CUDA_CHECK(cudaFree(w));
+    }
+    std::printf(
+        "\n(split,per: CUDA cores, warps per row, words of 16 weights per lane per round; mma/u: tensor cores, "
+        "u chunks of 64 weights in flight per warp; * = the backend's choice)\n");
+}
+
+// Which operand arrangements and activation-scale layouts cuBLASLt's block-scaled FP8 GEMM (VEC128 and BLK128x128
+// scales) takes on this GPU, and whether they compute the right thing: x [T, K] and W [N, K] with scales that vary
+// by 2^-6..2^6 between groups (so a scale read from the wrong place shows), against a host reference over the
+// dequantized values. Prints one line per arrangement.
+void probe_block_scaled(cudaStream_t s) {
+    const int T = 256, N = 512, K = 1024, KB = K / 128;
+    std::mt19937 rng(1);
+    std::normal_distribution<float> nd(0.0f, 1.0f);
+    std::uniform_int_distribution<int> ex(-6, 6);
+    std::vector<float> x(size_t(T) * K), w(size_t(N) * K);
+    for (int t = 0; t < T; t++)
+        for (int kb = 0; kb < KB; kb++) {
+            const float f = std::ldexp(1.0f, ex(rng));
+            for (int i = 0; i < 128; i++) x[size_t(t) * K + kb * 128 + i] = nd(rng) * f;
+        }
+    std::vector<float> bf(size_t(N / 128) * KB);
+    for (float& f : bf) f = std::ldexp(1.0f, ex(rng));
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++) w[size_t(n) * K + k] = nd(rng) * 0.05f * bf[size_t(n / 128) * KB + k / 128];
+    std::vector<uint8_t> wq(w.size()), xq(x.size());
+    std::vector<float> wsc(bf.size()), xs_t(size_t(T) * KB), xs_k(size_t(T) * KB);
+    quantize_fp8_blocks(w.data(), N, K, 0, wq.data(), wsc.data());
+    std::vector<double> xd(x.size()), wd(w.size());
+    for (int t = 0; t < T; t++)
+        for (int kb = 0; kb < KB; kb++) {
+            float amax = 0.0f;
+            for (int i = 0; i < 128; i++) amax = std::max(amax, std::fabs(x[size_t(t) * K + kb * 128 + i]));
+            const float sc = amax > 0 ? amax / 448.0f : 1.0f, inv = 1.0f / sc;
+            xs_t[size_t(kb) * T + t] = sc;
+            xs_k[size_t(t) * KB + kb] = sc;
+            for (int i = 0; i < 128; i++) {
+                const size_t j = size_t(t) * K + kb * 128 + i;
+                xq[j] = f32_to_f8_e4m3(x[j] * inv);
+                xd[j] = double(f8_e4m3_to_f32(xq[j])) * sc;
+            }
+        }
+    for (int n = 0; n < N; n++)
+        for (int k = 0; k < K; k++)
+            wd[size_t(n) * K + k] = double(f8_e4m3_to_f32(wq[size_t(n) * K + k])) * wsc[size_t(n / 128) * KB + k / 128];
+    std::vector<double> ref(size_t(T) * N);
+    for (int t = 0; t < T; t++)
+        for (int n = 0; n < N; n++) {
+            double a = 0;
+            for (int k = 0; k < K; k++) a += xd[size_t(t) * K + k] * wd[size_t(n) * K + k];
+            ref[size_t(t) * N + n] = a;
+        }
+    auto dev = [](const void* h, size_t bytes) {
+        void* d = nullptr;
+        HY_CUDA_CHECK(cudaMalloc(&d, bytes));
+        HY_CUDA_CHECK(cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice));
+        return d;
+    };
+    void* d_xq = dev(xq.data(), xq.size());
+    void* d_wq = dev(wq.data(), wq.size());
+    void* d_ws = dev(wsc.data(), wsc.size() * 4);
+    void* d_xs[2] = {dev(xs_t.data(), xs_t.size() * 4), dev(xs_k.data(), xs_k.size() * 4)};
+    void* d_y = nullptr;
+    HY_CUDA_CHECK(cudaMalloc(&d_y, size_t(T) * N * 2));
+    void* work = nullptr;
+    const size_t work_bytes = size_t(32) << 20;
+    HY_CUDA_CHECK(cudaMalloc(&work, work_bytes));
+    cublasLtHandle_t h;
+    cublasLtCreate(&h);
+    std::printf("\nblock-scaled FP8 GEMM probe (T %d, N %d, K %d; x scales t-contiguous or k-contiguous):\n", T, N, K);
+    // arrangement 0: A = W (BLK128x128), B = x (VEC128), D = N x T col-major (= y [T, N] row-major)
+    // arrangement 1: A = x (VEC128), B = W (BLK128x128), D = T x N col-major (= y^T)
+    // arrangement 2: as 1 with C and D in row order (= y)
+    for (int arr = 0; arr < 3; arr++)
+        for (int lay = 0; lay < 2; lay++) {
+            cublasLtMatmulDesc_t op;
+            cublasLtMatmulDescCreate(&op, CUBLAS_COMPUTE_32F, CUDA_R_32F);
+            const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta);
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb);
+            const int32_t vec = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F,
+                          blk = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F;
+            const int32_t am = arr == 0 ? blk : vec, bm = arr == 0 ? vec : blk;
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &am, sizeof am);
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &bm, sizeof bm);
+            const void* ap = arr == 0 ? d_ws : d_xs[lay];
+            const void* bp = arr == 0 ? d_xs[lay] : d_ws;
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &ap, sizeof ap);
+            cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &bp, sizeof bp);
+            const int64_t m = arr == 0 ? N : T, n = arr == 0 ? T : N;
+            cublasLtMatrixLayout_t la, lb, lc;
+            cublasLtMatrixLayoutCreate(&la, CUDA_R_8F_E4M3, K, m, K);
+            cublasLtMatrixLayoutCreate(&lb, CUDA_R_8F_E4M3, K, n, K);
+            cublasLtMatrixLayoutCreate(&lc, CUDA_R_16BF, m, n, arr == 2 ? n : m);
+            if (arr == 2) {
+                const cublasLtOrder_t row = CUBLASLT_ORDER_ROW;
+                cublasLtMatrixLayoutSetAttribute(lc, CUBLASLT_MATRIX_LAYOUT_ORDER, &row, sizeof row);
+            }
+            cublasLtMatmulPreference_t pref;
+            cublasLtMatmulPreferenceCreate(&pref);
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &work_bytes,
+                                                 sizeof work_bytes);
+            cublasLtMatmulHeuristicResult_t res{};
+            int found = 0;
+            const cublasStatus_t st = cublasLtMatmulAlgoGetHeuristic(h, op, la, lb, lc, lc, pref, 1, &res, &found);
+            std::string line = "  arrangement " + std::to_string(arr) +
+                               (lay == 0 ? ", x scales t-contiguous" : ", x scales k-contiguous") +
+                               ": heuristic status " + std::to_string(int(st)) + ", found " + std::to_string(found);
+            if (st == CUBLAS_STATUS_SUCCESS && found > 0) {
+                const float alpha = 1.0f, beta = 0.0f;
+                HY_CUDA_CHECK(cudaMemset(d_y, 0xff, size_t(T) * N * 2));
+                const cublasStatus_t rs =
+                    cublasLtMatmul(h, op, &alpha, arr == 0 ? d_wq : d_xq, la, arr == 0 ? d_xq : d_wq, lb, &beta, d_y,
+                                   lc, d_y, lc, &res.algo, work, work_bytes, s);
+                HY_CUDA_CHECK(cudaStreamSynchronize(s));
+                std::vector<uint16_t> yh(size_t(T) * N);
+                HY_CUDA_CHECK(cudaMemcpy(yh.data(), d_y, yh.size() * 2, cudaMemcpyDeviceToHost));
+                double num = 0, den = 0;
+                for (int t = 0; t < T; t++)
+                    for (int nn = 0; nn < N; nn++) {
+                        const size_t at = arr == 1 ? size_t(nn) * T + t : size_t(t) * N + nn;
+                        const double got = double(bf16_to_f32(yh[at])), want = ref[size_t(t) * N + nn];
+                        num += (got - want) * (got - want);
+                        den += want * want;
+                    }
+                char buf[96];
+                std::snprintf(buf, sizeof buf, "; run status %d, rel err %.3g", int(rs), std::sqrt(num / den));
+                line += buf;
+            }
+            std::printf("%s\n", line.c_str());
+            cublasLtMatmulPreferenceDestroy(pref);
+            cublasLtMatrixLayoutDestroy(la);
+            cublasLtMatrixLayoutDestroy(lb);
+            cublasLtMatrixLayoutDestroy(lc);
+            cublasLtMatmulDescDestroy(op);
+        }
+    std::fflush(stdout);
+    cublasLtDestroy(h);
+    for (void* p : {d_xq, d_wq, d_ws, d_xs[0], d_xs[1], d_y, work}) cudaFree(p);
 }
 
 }  // namespace
@@ -165,6 +385,10 @@ int main(int argc, char** argv) {
             HY_CUDA_CHECK(cudaFree(w));
         }
         std::printf("\n(split,per: warps per row, 16-byte words per lane per round; * = the backend's choice)\n");
+        if (argc > 2 && std::string(argv[2]) == "fp8") {
+            bench_fp8(T, shapes, s, pdl, x, y);
+            if (T == 1) probe_block_scaled(s);
+        }
         return 0;
     } catch (const std::exception& e) {
         std::fprintf(stderr, "hybrid-kernel-bench: %s\n", e.what());

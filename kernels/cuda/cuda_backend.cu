@@ -26,6 +26,7 @@
 #include "kernels/cuda/cuda_common.cuh"
 #include "kernels/cuda/elementwise.cuh"
 #include "kernels/cuda/embed.cuh"
+#include "kernels/cuda/fp8_matmul.cuh"
 #include "kernels/cuda/gated_delta_net.cuh"
 #include "kernels/cuda/graph.cuh"
 #include "kernels/cuda/matmul.cuh"
@@ -44,6 +45,7 @@ void trace_bind_argmax(const TraceBuf& t);
 void trace_bind_attention(const TraceBuf& t);
 void trace_bind_elementwise(const TraceBuf& t);
 void trace_bind_embed(const TraceBuf& t);
+void trace_bind_fp8_matmul(const TraceBuf& t);
 void trace_bind_gated_delta_net(const TraceBuf& t);
 void trace_bind_matmul(const TraceBuf& t);
 void trace_bind_moe(const TraceBuf& t);
@@ -53,6 +55,7 @@ void trace_bind_all(const TraceBuf& t) {
     trace_bind_attention(t);
     trace_bind_elementwise(t);
     trace_bind_embed(t);
+    trace_bind_fp8_matmul(t);
     trace_bind_gated_delta_net(t);
     trace_bind_matmul(t);
     trace_bind_moe(t);
@@ -120,6 +123,8 @@ struct Op {
         argmax,
         gemv_group,
         gate_up,
+        gemv_fp8_group,
+        gate_up_fp8,
         add_rms_norm,
         moe_route,
         moe_experts,
@@ -140,6 +145,7 @@ struct Op {
     float eps = 0.0f;
     bool flag = false;  // rms_norm zero_centred
     cuda::GemvGroup group;
+    cuda::Fp8Group fp8;      // gemv_fp8_group (its dtype in m.dtype)
     cuda::MoeShared shared;  // moe_experts: the fused shared expert (gate_proj null: none)
     AttentionArgs attn;
     GatedDeltaNetArgs gdn;
@@ -162,12 +168,14 @@ void sign(const Op& op, std::vector<uint64_t>& sig) {
     p(op.y2);
     p(op.y3);
     p(op.w);
-    p(op.m.data);
-    u(uint64_t(op.m.rows));
-    u(uint64_t(op.m.cols));
-    p(op.m2.data);
-    u(uint64_t(op.m2.rows));
-    u(uint64_t(op.m2.cols));
+    for (const Matrix* m : {&op.m, &op.m2}) {
+        p(m->data);
+        u(uint64_t(m->dtype));
+        u(uint64_t(m->rows));
+        u(uint64_t(m->cols));
+        p(m->scales);
+        u(uint64_t(m->scale_segment_rows));
+    }
     u(uint64_t(op.n));
     u(uint64_t(op.dim));
     u(uint64_t(op.n2));
@@ -180,6 +188,16 @@ void sign(const Op& op, std::vector<uint64_t>& sig) {
             p(op.group.w[k]);
             p(op.group.y[k]);
             u(uint64_t(op.group.n[k]));
+        }
+    }
+    if (op.kind == Op::Kind::gemv_fp8_group) {
+        u(uint64_t(op.fp8.count));
+        for (int k = 0; k < op.fp8.count; k++) {
+            p(op.fp8.w[k]);
+            p(op.fp8.scales[k]);
+            p(op.fp8.y[k]);
+            u(uint64_t(op.fp8.n[k]));
+            u(uint64_t(op.fp8.segment_rows[k]));
         }
     }
     if (op.kind == Op::Kind::moe_experts) {
@@ -269,6 +287,7 @@ public:
         ctx_.evict_first = o.l2_evict_first;
         ctx_.gdn_fused_conv = o.gdn_fused_conv;
         if (o.moe_grouped_min_rows > 0) ctx_.moe_grouped_min_rows = o.moe_grouped_min_rows;
+        fp8_mode_ = o.fp8_block_scaled_gemm ? cuda::Fp8GemmMode::block_scaled : cuda::Fp8GemmMode::dequantize;
 #if defined(HY_CUDA_TRACE)
         if (!o.trace_file.empty()) start_trace(o.trace_file);
 #endif
@@ -302,14 +321,17 @@ public:
         auto on = [](bool b) { return b ? "on" : "off"; };
         return std::string("graphs ") + on(graphs_enabled_) + ", pdl " + on(ctx_.pdl) + ", clusters " +
                on(ctx_.clusters) + ", l2 evict-first " + on(ctx_.evict_first) + ", gdn fused conv " +
-               on(ctx_.gdn_fused_conv) + ", moe grouped from " + std::to_string(ctx_.moe_grouped_min_rows) + " rows";
+               on(ctx_.gdn_fused_conv) + ", moe grouped from " + std::to_string(ctx_.moe_grouped_min_rows) + " rows" +
+               ", fp8 gemm " + (fp8_mode_ == cuda::Fp8GemmMode::block_scaled ? "block-scaled" : "dequantize") +
+               (gemm_->fp8_shapes_without_algorithm() > 0
+                    ? " (cuBLASLt had no block-scaled algorithm for " +
+                          std::to_string(gemm_->fp8_shapes_without_algorithm()) + " shapes: those dequantize)"
+                    : "");
     }
     DType act_dtype() const override { return DType::BF16; }
-    DType matrix_dtype(DType checkpoint) const override {
-        if (is_fp8(checkpoint))  // (FP8 checkpoints and --quant fp8 ask for FP8 matrices)
-            throw Error(Status::unsupported, "FP8 weights are not supported on CUDA yet; use --device cpu");
-        return DType::BF16;
-    }
+    // FP8 matrices stay FP8 (fp8_matmul.cuh); everything else is stored as bf16.
+    DType matrix_dtype(DType checkpoint) const override { return is_fp8(checkpoint) ? checkpoint : DType::BF16; }
+    bool fp8_experts() const override { return false; }
 
     // The device memory free now (cudaMemGetInfo): the load refuses a larger arena before allocating, naming the
     // context that would fit.
@@ -434,9 +456,13 @@ public:
             moe_slot_elems_ = align256(T * std::max(size_t(s.experts_per_tok) * H, 2 * Is + H + 2) * 2) / 2;
             moe_index_ints_ = align256(cuda::moe_index_ints(int64_t(T), s.n_experts, s.experts_per_tok) * 4) / 4;
         }
+        // FP8 matrices (cuda::Fp8Scratch): quantized activations [T, K] and their scales, a bf16 copy of the
+        // largest matrix
+        fp8_act_bytes_ = s.fp8_max_elems > 0 ? align256(T * size_t(s.fp8_max_cols)) : 0;
+        fp8_weight_elems_ = s.fp8_max_elems > 0 ? align256(size_t(s.fp8_max_elems) * 2) / 2 : 0;
         return align256(cuda::Gemm::kWorkspaceBytes) + align256(5 * T * 4 + R * sizeof(SeqRun)) + scratch_a_elems_ * 2 +
                align256(split_floats_ * 4) + align256(cuda::argmax_scratch_floats(int(T)) * 4) + moe_slot_elems_ * 2 +
-               moe_index_ints_ * 4;
+               moe_index_ints_ * 4 + fp8_act_bytes_ + align256(fp8_act_bytes_ / 128 * 4 + 4) + fp8_weight_elems_ * 2;
     }
     void set_workspace(void* ws, const BatchLimits& l) override {
         if (scratch_a_elems_ == 0) throw Error(Status::internal, "CUDA backend: set_workspace before workspace_bytes");
@@ -467,6 +493,12 @@ public:
         moe_slot_ = reinterpret_cast<bf16*>(reinterpret_cast<char*>(argmax_scratch_) +
                                             align256(cuda::argmax_scratch_floats(int(T)) * 4));
         moe_index_ = reinterpret_cast<int32_t*>(moe_slot_ + moe_slot_elems_);
+        char* f = reinterpret_cast<char*>(moe_index_ + moe_index_ints_);
+        fp8_scratch_.act = reinterpret_cast<uint8_t*>(f);
+        fp8_scratch_.act_bytes = fp8_act_bytes_;
+        fp8_scratch_.act_scales = reinterpret_cast<float*>(f + fp8_act_bytes_);
+        fp8_scratch_.weight = reinterpret_cast<bf16*>(f + fp8_act_bytes_ + align256(fp8_act_bytes_ / 128 * 4 + 4));
+        fp8_scratch_.weight_elems = fp8_weight_elems_;
     }
 
     void begin_batch(const BatchDesc& b) override {
@@ -532,8 +564,9 @@ public:
         op.y = y;
         submit(op);
     }
+    // FP8 w: cuda::matmul_fp8 (the FP8 GEMV for up to 8 rows, else CudaOptions::fp8_gemm).
     void matmul(const void* x, int64_t rows, const Matrix& w, void* y) override {
-        require_bf16(w, "weight matrix");
+        require_matrix(w, "weight matrix");
         Op op;
         op.kind = Op::Kind::matmul;
         op.x = x;
@@ -565,21 +598,36 @@ public:
     void matmul_group(const void* x, int64_t rows, const Projection* p, int n) override {
         const bf16* xb = static_cast<const bf16*>(x);
         for (int k = 0; k < n; k++) {
-            require_bf16(p[k].w, "weight matrix");
+            require_matrix(p[k].w, "weight matrix");
             if (p[k].y == x) throw Error(Status::internal, "CUDA matmul_group: an output aliases the input");
         }
         auto groupable = [&](const Projection& q) {
+            if (is_fp8(q.w.dtype)) return cuda::fp8_gemv_fits(xb, rows, q.w);
             return rows >= 1 && rows <= cuda::kGemvMaxTokens &&
                    cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(q.w.data), q.w.cols, 1);
+        };
+        auto same_kind = [&](const Projection& a, const Projection& b) {
+            return a.w.dtype == b.w.dtype && a.w.cols == b.w.cols;
         };
         for (int i = 0; i < n;) {
             int j = i;
             if (groupable(p[i])) {
                 j = i + 1;
-                while (j < n && j - i < cuda::GemvGroup::kMax && groupable(p[j]) && p[j].w.cols == p[i].w.cols) j++;
+                while (j < n && j - i < cuda::GemvGroup::kMax && groupable(p[j]) && same_kind(p[i], p[j])) j++;
             }
-            if (j - i >= 2 &&
-                cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(p[i].w.data), p[i].w.cols, j - i)) {
+            // FP8 members: any group of 2 to 4 (the FP8 tensor-core GEMV takes single matrices as well)
+            if (j - i >= 2 && is_fp8(p[i].w.dtype)) {
+                Op op;
+                op.kind = Op::Kind::gemv_fp8_group;
+                op.x = x;
+                op.n = rows;
+                op.dim = p[i].w.cols;
+                op.m.dtype = p[i].w.dtype;
+                for (int k = i; k < j; k++) op.fp8.add(p[k].w, p[k].y);
+                submit(op);
+                i = j;
+            } else if (j - i >= 2 &&
+                       cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(p[i].w.data), p[i].w.cols, j - i)) {
                 Op op;
                 op.kind = Op::Kind::gemv_group;
                 op.x = x;
@@ -597,16 +645,22 @@ public:
     // 1-2 rows where the GEMV fits: one gate/up/SiLU GEMV kernel (cuda::gemv_gate_up); else matmul, matmul, silu_mul.
     void gate_up_silu(const void* x, int64_t rows, const Matrix& w_gate, const Matrix& w_up, void* gate, void* up,
                       void* act) override {
-        require_bf16(w_gate, "weight matrix");
-        require_bf16(w_up, "weight matrix");
+        require_matrix(w_gate, "weight matrix");
+        require_matrix(w_up, "weight matrix");
         if (gate == x || up == x || gate == up)
             throw Error(Status::internal, "CUDA gate_up_silu: gate, up and x must be distinct buffers");
         const bf16* xb = static_cast<const bf16*>(x);
-        if (w_gate.rows == w_up.rows && w_gate.cols == w_up.cols &&
-            cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols) &&
-            cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols)) {
+        const bool same = w_gate.rows == w_up.rows && w_gate.cols == w_up.cols && w_gate.dtype == w_up.dtype &&
+                          w_gate.scale_segment_rows == w_up.scale_segment_rows;
+        const bool fp8 = is_fp8(w_gate.dtype);
+        // (FP8: the fused kernel is the CUDA-core GEMV's; where the tensor-core GEMV is chosen, a group of two)
+        const bool fits = fp8 ? !cuda::fp8_gemv_config(w_gate.cols, rows).tensor_cores &&
+                                    cuda::fp8_gemv_fits(xb, rows, w_gate) && cuda::fp8_gemv_fits(xb, rows, w_up)
+                              : cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols) &&
+                                    cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols);
+        if (same && fits) {
             Op op;
-            op.kind = Op::Kind::gate_up;
+            op.kind = fp8 ? Op::Kind::gate_up_fp8 : Op::Kind::gate_up;
             op.x = x;
             op.m = w_gate;
             op.m2 = w_up;
@@ -617,8 +671,13 @@ public:
             submit(op);
             return;
         }
-        matmul(x, rows, w_gate, gate);
-        matmul(x, rows, w_up, up);
+        if (fp8 && same && cuda::fp8_gemv_fits(xb, rows, w_gate) && cuda::fp8_gemv_fits(xb, rows, w_up)) {
+            const Projection pr[2] = {{w_gate, gate}, {w_up, up}};  // 3-8 rows: one FP8 tensor-core GEMV launch
+            matmul_group(x, rows, pr, 2);
+        } else {
+            matmul(x, rows, w_gate, gate);
+            matmul(x, rows, w_up, up);
+        }
         silu_mul(gate, up, rows * w_gate.rows, act);
     }
     // The router's logits through matmul() (the GEMV for 1-2 rows, else cuBLASLt; bf16 as transformers' linear),
@@ -652,12 +711,14 @@ public:
         const int H = int(ex.gate_up.cols);
         const int64_t Is = shared.gate_proj.rows;
         if (Is > 0) {
-            require_bf16(shared.gate_proj, "shared expert");
-            require_bf16(shared.up_proj, "shared expert");
-            require_bf16(shared.down_proj, "shared expert");
+            require_matrix(shared.gate_proj, "shared expert");
+            require_matrix(shared.up_proj, "shared expert");
+            require_matrix(shared.down_proj, "shared expert");
             require_bf16(shared.gate, "shared expert gate");
         }
-        const bool fused = Is > 0 && cuda::moe_fuses_shared(rows, H, ex.intermediate, int(Is), ctx_);
+        const bool shared_bf16 = Is > 0 && shared.gate_proj.dtype == DType::BF16 &&
+                                 shared.up_proj.dtype == DType::BF16 && shared.down_proj.dtype == DType::BF16;
+        const bool fused = shared_bf16 && cuda::moe_fuses_shared(rows, H, ex.intermediate, int(Is), ctx_);
         if (size_t(rows) * size_t(k) * size_t(ex.intermediate) > scratch_a_elems_ ||
             (cuda::moe_grouped(rows, H, ex.intermediate, ctx_) &&
              (size_t(rows) * size_t(k) * size_t(H) > moe_slot_elems_ ||
@@ -768,7 +829,7 @@ public:
         submit(op);
     }
     void logits(const void* x, int n, const Matrix& w, float* out) override {
-        require_bf16(w, "output matrix");
+        require_matrix(w, "output matrix");
         Op op;
         op.kind = Op::Kind::logits;
         op.x = x;
@@ -862,6 +923,11 @@ private:
                 return;
             case K::matmul:
             case K::logits:
+                if (is_fp8(op.m.dtype)) {
+                    cuda::matmul_fp8(*gemm_, static_cast<const bf16*>(op.x), op.n, op.m, op.y, op.kind == K::logits,
+                                     fp8_mode_, fp8_scratch_, ctx_);
+                    return;
+                }
                 cuda::matmul(*gemm_, static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data),
                              op.m.rows, op.m.cols, op.y, op.kind == K::logits, ctx_);
                 return;
@@ -882,6 +948,13 @@ private:
                 return;
             case K::gemv_group:
                 cuda::gemv_group(static_cast<const bf16*>(op.x), op.n, op.group, op.dim, false, ctx_);
+                return;
+            case K::gemv_fp8_group:
+                cuda::gemv_fp8_group(static_cast<const bf16*>(op.x), op.n, op.fp8, op.dim, op.m.dtype, ctx_);
+                return;
+            case K::gate_up_fp8:
+                cuda::gemv_fp8_gate_up(static_cast<const bf16*>(op.x), op.n, op.m, op.m2, static_cast<bf16*>(op.y),
+                                       static_cast<bf16*>(op.y2), static_cast<bf16*>(op.y3), ctx_);
                 return;
             case K::gate_up:
                 cuda::gemv_gate_up(static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data),
@@ -1004,6 +1077,11 @@ private:
             throw Error(Status::internal,
                         std::string("CUDA backend: ") + what + " is " + dtype_name(m.dtype) + ", expected BF16");
     }
+    // BF16, or FP8 with its block scales.
+    static void require_matrix(const Matrix& m, const char* what) {
+        if (is_fp8(m.dtype) && m.scales) return;
+        require_bf16(m, what);
+    }
 
     int device_ = 0;
     cudaStream_t stream_ = nullptr;
@@ -1022,7 +1100,10 @@ private:
     bf16* moe_slot_ = nullptr;         // MoE grouped outputs [T * k, H]
     int32_t* moe_index_ = nullptr;     // MoE grouping index
     mutable size_t scratch_a_elems_ = 0, split_floats_ = 0;
-    mutable size_t moe_slot_elems_ = 0, moe_index_ints_ = 0;  // MoE models (workspace_bytes)
+    mutable size_t moe_slot_elems_ = 0, moe_index_ints_ = 0;   // MoE models (workspace_bytes)
+    mutable size_t fp8_act_bytes_ = 0, fp8_weight_elems_ = 0;  // FP8 matrices (workspace_bytes)
+    cuda::Fp8Scratch fp8_scratch_;
+    cuda::Fp8GemmMode fp8_mode_ = cuda::Fp8GemmMode::block_scaled;
     cuda::RowMap rows_{};
     cuda::LaunchContext ctx_;  // the stream and launch settings every kernel launcher gets
     // CUDA graph replay of small steps (CudaOptions::graphs).

@@ -422,12 +422,30 @@ Gemm::Gemm() {
     const cublasOperation_t ta = CUBLAS_OP_T, tb = CUBLAS_OP_N;
     check_lt(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "set TRANSA");
     check_lt(cublasLtMatmulDescSetAttribute(op_, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "set TRANSB");
+    check_lt(cublasLtMatmulDescCreate(&op_fp8_, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate (FP8)");
+    check_lt(cublasLtMatmulDescSetAttribute(op_fp8_, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "set TRANSA");
+    check_lt(cublasLtMatmulDescSetAttribute(op_fp8_, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "set TRANSB");
+    const int32_t a_mode = CUBLASLT_MATMUL_MATRIX_SCALE_BLK128x128_32F,
+                  b_mode = CUBLASLT_MATMUL_MATRIX_SCALE_VEC128_32F;
+    check_lt(cublasLtMatmulDescSetAttribute(op_fp8_, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &a_mode, sizeof a_mode),
+             "set A_SCALE_MODE");
+    check_lt(cublasLtMatmulDescSetAttribute(op_fp8_, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &b_mode, sizeof b_mode),
+             "set B_SCALE_MODE");
+    check_lt(cublasLtMatmulDescCreate(&op_fp8_xa_, CUBLAS_COMPUTE_32F, CUDA_R_32F), "cublasLtMatmulDescCreate (FP8)");
+    check_lt(cublasLtMatmulDescSetAttribute(op_fp8_xa_, CUBLASLT_MATMUL_DESC_TRANSA, &ta, sizeof ta), "set TRANSA");
+    check_lt(cublasLtMatmulDescSetAttribute(op_fp8_xa_, CUBLASLT_MATMUL_DESC_TRANSB, &tb, sizeof tb), "set TRANSB");
+    check_lt(cublasLtMatmulDescSetAttribute(op_fp8_xa_, CUBLASLT_MATMUL_DESC_A_SCALE_MODE, &b_mode, sizeof b_mode),
+             "set A_SCALE_MODE");
+    check_lt(cublasLtMatmulDescSetAttribute(op_fp8_xa_, CUBLASLT_MATMUL_DESC_B_SCALE_MODE, &a_mode, sizeof a_mode),
+             "set B_SCALE_MODE");
     plans_.reserve(kMaxPlans);
 }
 
 Gemm::~Gemm() {
     for (Plan& p : plans_) destroy(p);
     if (op_) cublasLtMatmulDescDestroy(op_);
+    if (op_fp8_) cublasLtMatmulDescDestroy(op_fp8_);
+    if (op_fp8_xa_) cublasLtMatmulDescDestroy(op_fp8_xa_);
     if (handle_) cublasLtDestroy(handle_);
 }
 
@@ -440,35 +458,65 @@ void Gemm::destroy(Plan& p) {
 
 // Column-major view: W [N, K] row-major is a K x N column-major matrix A, used transposed; x [T, K] is K x T (B);
 // y [T, N] is N x T (C = D). So D = A^T B.
-Gemm::Plan& Gemm::plan(int64_t T, int64_t N, int64_t K, bool out_f32) {
+// FP8 (run_fp8): A and B e4m3 with the same column-major views; the A scales BLK128x128 are column-major
+// [K / 128, N / 128], the same memory as the checkpoint's row-major [N / 128, K / 128]; the B scales VEC128 are
+// stored with the T dimension contiguous (g * T + t; PyTorch's 1x128 blockwise scales have strides [1, T] for the
+// same cuBLASLt mode).
+Gemm::Plan& Gemm::plan(int64_t T, int64_t N, int64_t K, bool out_f32, bool fp8) {
     for (Plan& p : plans_)
-        if (p.T == T && p.N == N && p.K == K && p.out_f32 == out_f32) return p;
+        if (p.T == T && p.N == N && p.K == K && p.out_f32 == out_f32 && p.fp8 == fp8) return p;
     Plan p;
     p.T = T;
     p.N = N;
     p.K = K;
     p.out_f32 = out_f32;
-    try {
-        check_lt(cublasLtMatrixLayoutCreate(&p.a, CUDA_R_16BF, uint64_t(K), uint64_t(N), K), "layout A");
-        check_lt(cublasLtMatrixLayoutCreate(&p.b, CUDA_R_16BF, uint64_t(K), uint64_t(T), K), "layout B");
-        check_lt(cublasLtMatrixLayoutCreate(&p.c, out_f32 ? CUDA_R_32F : CUDA_R_16BF, uint64_t(N), uint64_t(T), N),
-                 "layout C");
-        cublasLtMatmulPreference_t pref = nullptr;
-        check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
-        size_t ws = kWorkspaceBytes;
-        cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-        cublasLtMatmulHeuristicResult_t result{};
-        int found = 0;
-        cublasStatus_t s = cublasLtMatmulAlgoGetHeuristic(handle_, op_, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
-        cublasLtMatmulPreferenceDestroy(pref);
-        if (s != CUBLAS_STATUS_SUCCESS || found == 0)
-            throw Error(Status::backend, "cuBLASLt has no algorithm for a bf16 matmul of " + std::to_string(T) + " x " +
-                                             std::to_string(K) + " by " + std::to_string(N) + " x " +
-                                             std::to_string(K) + "^T");
-        p.algo = result.algo;
-    } catch (...) {
+    p.fp8 = fp8;
+    // (scale pointers must be set for the heuristic to consider block-scaled algorithms: any device address will do)
+    const void* any = workspace_;
+    // FP8: the arrangement with x as A first (the one NVIDIA's block-scaled sample uses), then w as A
+    for (int attempt = 0; attempt < (fp8 ? 2 : 1); attempt++) {
         destroy(p);
-        throw;
+        p.x_as_a = fp8 && attempt == 0;
+        const cudaDataType_t in = fp8 ? CUDA_R_8F_E4M3 : CUDA_R_16BF;
+        const int64_t m = p.x_as_a ? T : N, n = p.x_as_a ? N : T;
+        cublasLtMatmulDesc_t op = !fp8 ? op_ : p.x_as_a ? op_fp8_xa_ : op_fp8_;
+        try {
+            if (fp8) {
+                check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &any, sizeof any),
+                         "set A_SCALE_POINTER");
+                check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &any, sizeof any),
+                         "set B_SCALE_POINTER");
+            }
+            check_lt(cublasLtMatrixLayoutCreate(&p.a, in, uint64_t(K), uint64_t(m), K), "layout A");
+            check_lt(cublasLtMatrixLayoutCreate(&p.b, in, uint64_t(K), uint64_t(n), K), "layout B");
+            check_lt(cublasLtMatrixLayoutCreate(&p.c, out_f32 ? CUDA_R_32F : CUDA_R_16BF, uint64_t(m), uint64_t(n),
+                                                p.x_as_a ? n : m),
+                     "layout C");
+            if (p.x_as_a) {  // D = x w^T [T, N] in row order: y as it is
+                const cublasLtOrder_t row = CUBLASLT_ORDER_ROW;
+                check_lt(cublasLtMatrixLayoutSetAttribute(p.c, CUBLASLT_MATRIX_LAYOUT_ORDER, &row, sizeof row),
+                         "layout C order");
+            }
+            cublasLtMatmulPreference_t pref = nullptr;
+            check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
+            size_t ws = kWorkspaceBytes;
+            cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
+            cublasLtMatmulHeuristicResult_t result{};
+            int found = 0;
+            cublasStatus_t s =
+                cublasLtMatmulAlgoGetHeuristic(handle_, op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+            cublasLtMatmulPreferenceDestroy(pref);
+            p.found = s == CUBLAS_STATUS_SUCCESS && found > 0;
+            if (!p.found && !fp8)
+                throw Error(Status::backend, "cuBLASLt has no algorithm for a bf16 matmul of " + std::to_string(T) +
+                                                 " x " + std::to_string(K) + " by " + std::to_string(N) + " x " +
+                                                 std::to_string(K) + "^T");
+            p.algo = result.algo;
+        } catch (...) {
+            destroy(p);
+            throw;
+        }
+        if (p.found) break;
     }
     if (plans_.size() < kMaxPlans) {
         plans_.push_back(p);
@@ -484,11 +532,32 @@ Gemm::Plan& Gemm::plan(int64_t T, int64_t N, int64_t K, bool out_f32) {
 void Gemm::run(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
                const LaunchContext& ctx) {
     if (!workspace_) throw Error(Status::internal, "cuBLASLt matmul before set_workspace");
-    Plan& p = plan(T, N, K, out_f32);
+    Plan& p = plan(T, N, K, out_f32, false);
     const float alpha = 1.0f, beta = 0.0f;
     check_lt(cublasLtMatmul(handle_, op_, &alpha, w, p.a, x, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace_,
                             kWorkspaceBytes, ctx.stream),
              "cublasLtMatmul");
+}
+
+bool Gemm::run_fp8(const uint8_t* xq, const float* xs, int64_t T, const uint8_t* w, const float* ws, int64_t N,
+                   int64_t K, bf16* y, const LaunchContext& ctx) {
+    if (!workspace_) throw Error(Status::internal, "cuBLASLt matmul before set_workspace");
+    Plan& p = plan(T, N, K, false, true);
+    if (!p.found) return false;
+    cublasLtMatmulDesc_t op = p.x_as_a ? op_fp8_xa_ : op_fp8_;
+    const void* a_scales = p.x_as_a ? static_cast<const void*>(xs) : ws;
+    const void* b_scales = p.x_as_a ? static_cast<const void*>(ws) : xs;
+    check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_A_SCALE_POINTER, &a_scales, sizeof a_scales),
+             "set A_SCALE_POINTER");
+    check_lt(cublasLtMatmulDescSetAttribute(op, CUBLASLT_MATMUL_DESC_B_SCALE_POINTER, &b_scales, sizeof b_scales),
+             "set B_SCALE_POINTER");
+    const float alpha = 1.0f, beta = 0.0f;
+    const void* a = p.x_as_a ? static_cast<const void*>(xq) : w;
+    const void* b = p.x_as_a ? static_cast<const void*>(w) : xq;
+    check_lt(cublasLtMatmul(handle_, op, &alpha, a, p.a, b, p.b, &beta, y, p.c, y, p.c, &p.algo, workspace_,
+                            kWorkspaceBytes, ctx.stream),
+             "cublasLtMatmul (FP8 block scales)");
+    return true;
 }
 
 void matmul(Gemm& gemm, const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,

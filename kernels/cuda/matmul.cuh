@@ -26,19 +26,36 @@ public:
     // y[T, N] = x[T, K] @ w[N, K]^T; out_f32 selects an F32 y (else bf16).
     void run(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
              const LaunchContext& ctx);
+    // y[T, N] (bf16) = X[T, K] @ W[N, K]^T on FP8 tensor cores with block scales (W8A8): X = e4m3 xq times F32
+    // scales xs, one per row t and 128-value group g at xs[g * T + t] (cuBLASLt's VEC128), W = e4m3 w times F32 scales
+    // ws [N / 128, K / 128] row-major (one per 128 x 128 block: BLK128x128). K % 128 == 0, N % 16 == 0. Returns false,
+    // running nothing, when cuBLASLt has no algorithm for the shape (the answer is cached).
+    bool run_fp8(const uint8_t* xq, const float* xs, int64_t T, const uint8_t* w, const float* ws, int64_t N, int64_t K,
+                 bf16* y, const LaunchContext& ctx);
+    // Shapes run_fp8 was asked for and cuBLASLt had no algorithm for (the caller dequantized instead).
+    int fp8_shapes_without_algorithm() const {
+        int n = 0;
+        for (const Plan& p : plans_) n += p.fp8 && !p.found;
+        return n;
+    }
 
 private:
     struct Plan {
         int64_t T = 0, N = 0, K = 0;
         bool out_f32 = false;
+        bool fp8 = false;     // run_fp8's block-scaled FP8 GEMM
+        bool found = false;   // cuBLASLt has an algorithm (always true for bf16: plan() throws otherwise)
+        bool x_as_a = false;  // FP8: x is cuBLASLt's A (VEC128 scales), w its B (BLK128x128), D in row order
         cublasLtMatrixLayout_t a = nullptr, b = nullptr, c = nullptr;
         cublasLtMatmulAlgo_t algo{};
     };
-    Plan& plan(int64_t T, int64_t N, int64_t K, bool out_f32);
+    Plan& plan(int64_t T, int64_t N, int64_t K, bool out_f32, bool fp8);
     void destroy(Plan& p);
 
     cublasLtHandle_t handle_ = nullptr;
     cublasLtMatmulDesc_t op_ = nullptr;
+    cublasLtMatmulDesc_t op_fp8_ = nullptr;     // TN, FP8: A = w (BLK128x128), B = x (VEC128); scale pointers per call
+    cublasLtMatmulDesc_t op_fp8_xa_ = nullptr;  // TN, FP8: A = x (VEC128), B = w (BLK128x128)
     void* workspace_ = nullptr;
     std::vector<Plan> plans_;  // at most kMaxPlans; the oldest is replaced when full
     size_t next_victim_ = 0;

@@ -5,7 +5,7 @@
 # hybrid-bench on a Qwen3.5-4B-shaped random checkpoint: decode b=1, prefill 4096 and batched decode, new and base
 # in alternation (ROUNDS rounds, default 2), so that a difference of about 1% stands out of the run-to-run noise.
 # Usage (device tool, from the repository root): bash tools/gpu/ab_run.sh   with carry [".carry"]
-# (.carry from ../shared/tools/device_prep.sh). STAGES (default "all"): build tests bench moe moe_trace moe_ncu moe_trained
+# (.carry from ../shared/tools/device_prep.sh). STAGES (default "all"): build gpu_tests tests bench fp8_kernels fp8 moe moe_trace moe_ncu moe_trained
 # (NOBASE=1: no baseline build; MOE_AB=0, MOE_LONG=0: shorter moe stage; TRACE=1: also builds hybrid-bench with -DHY_CUDA_TRACE=ON for moe_trace).
 # Logs: $OUT/all.log, summary last.
 set -u
@@ -29,6 +29,10 @@ if want build; then
 fi
 N=/tmp/bn
 B=/tmp/bb
+if want gpu_tests && ! want tests; then  # the [gpu] test cases alone
+    step tests_gpu 200 $N/hybrid-tests "[gpu]"
+    grep -E "test cases|FAILED|rel err" "$LOG" | tail -6 >>"$SUM"
+fi
 if want tests; then
     step tests_gpu 200 $N/hybrid-tests "[gpu]"
     grep -E "test cases|FAILED|rel err" "$LOG" | tail -6 >>"$SUM"
@@ -72,6 +76,36 @@ if want bench; then
             grep -E '^\| +[0-9]' "$LOG" | tail -2 | sed "s/^/  batch [$tag]: /" >>"$SUM"
         done
     done
+fi
+if want fp8_kernels; then  # every FP8 GEMV launch shape on the 4B projection shapes (1, 2, 6 rows); the cuBLASLt probe
+    for t in 1 2 6; do
+        step "kernel_bench_fp8_$t" 120 $N/hybrid-kernel-bench $t fp8
+        sed -n '/^FP8 weights/,$p' "$LOG" | grep -E "^\||arrangement" | sed "s/^/  [T=$t] /" >>"$SUM"
+    done
+fi
+if want fp8; then  # FP8 weights: the [fp8] tests, then 4B shapes with --quant fp8 against bf16 (the same checkpoint)
+    step fp8_tests 200 $N/hybrid-tests "[fp8]"
+    grep -E "test cases|FAILED|rel err" "$LOG" | tail -8 >>"$SUM"
+    [ -f $M/config.json ] || step fixture_4b 150 python3 tools/gpu/random_checkpoint.py --out $M
+    for q in fp8 none; do
+        step "fp8_b1_$q" 120 $N/hybrid-bench -m $M --device cuda --quant $q -p 512 -n 256 -r 3
+        say "  decode b=1 [quant $q]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+        for g in block-scaled dequantize; do
+            [ $q = none ] && [ $g = dequantize ] && continue
+            step "fp8_prefill_${q}_$g" 120 $N/hybrid-bench -m $M --device cuda --quant $q --fp8-gemm $g -p 4096 \
+                -n 8 -r 2 --ubatch 4096
+            say "  prefill 4096 [quant $q, $g]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+            step "fp8_batch_${q}_$g" 150 $N/hybrid-bench -m $M --device cuda --quant $q --fp8-gemm $g -p 128 \
+                -n 64 -b 2,4,8,64 -r 2
+            grep -E '^\| +[0-9]' "$LOG" | tail -4 | sed "s/^/  batch [quant $q, $g]: /" >>"$SUM"
+        done
+    done
+    [ "${TRACE:-0}" = 1 ] && grep -q "rc=0" /tmp/bt.log && {
+        step fp8_trace 120 /tmp/bt/hybrid-bench -m $M --device cuda --quant fp8 -p 16 -n 64 -r 1 \
+            --cuda-trace /tmp/fp8_trace.txt
+        python3 tools/gpu/trace_summary.py /tmp/fp8_trace.txt >"$OUT/fp8_trace.txt" 2>&1
+        head -40 "$OUT/fp8_trace.txt" >>"$SUM"
+    }
 fi
 if want moe; then  # Qwen3.5-35B-A3B shapes (tools/gpu/config_35b_a3b.json) with dummy weights made on the device
     mkdir -p /tmp/q35 && cp tools/gpu/config_35b_a3b.json /tmp/q35/config.json

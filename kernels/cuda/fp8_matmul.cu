@@ -1,0 +1,539 @@
+#include "kernels/cuda/fp8_matmul.cuh"
+
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <string>
+
+namespace hy::cuda {
+
+int fp8_gate_up_split(int64_t K);  // (below: the GEMV's warps per row for K)
+
+namespace {
+
+// Two fp8 codes (the low byte first) as two exact f32 values: fp8 -> f16 is exact for both formats (cvt.f16x2 on
+// 8.9+), f16 -> f32 too.
+template <bool kE5M2>
+__device__ __forceinline__ float2 fp8x2_to_f32(uint32_t two) {
+    const __half2_raw h =
+        __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xffffu), kE5M2 ? __NV_E5M2 : __NV_E4M3);
+    return __half22float2(__half2(h));
+}
+
+// 16 fp8 codes of a 16-byte word -> f[0..15] (byte i -> f[i]).
+template <bool kE5M2>
+__device__ __forceinline__ void unpack16(const uint4& u, float* f) {
+    const uint32_t w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const float2 lo = fp8x2_to_f32<kE5M2>(w[i]), hi = fp8x2_to_f32<kE5M2>(w[i] >> 16);
+        f[4 * i] = lo.x;
+        f[4 * i + 1] = lo.y;
+        f[4 * i + 2] = hi.x;
+        f[4 * i + 3] = hi.y;
+    }
+}
+
+// Two fp8 codes as a bf16x2 register (exact: every e4m3 and e5m2 value is a bf16 value).
+template <bool kE5M2>
+__device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t two) {
+    const float2 f = fp8x2_to_f32<kE5M2>(two);
+    const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
+    return *reinterpret_cast<const uint32_t*>(&b);
+}
+
+__device__ __forceinline__ int64_t scale_cols(int K) { return (K + kFp8Block - 1) / kFp8Block; }
+
+// ---- the CUDA-core GEMV (1-2 rows) ----
+// As matmul.cu's decode GEMV, with 16-byte words of 16 fp8 weights: kSplit warps share a row (lane l of part q reads
+// the words l + 32 q, l + 32 q + 32 kSplit, ...), a lane holds kPer words per row per round, the first round is
+// loaded before the PDL wait. A word lies in one 128-column block: its 16 products are summed, then multiplied by
+// the block's scale and added to the lane's sum; lanes and parts are summed in a fixed order (the launch shape
+// depends on K alone), so an output does not depend on the group or the batch.
+template <int NT, int kPer, int kR, bool kE5M2>
+__device__ __forceinline__ void fp8_rows_dot(const uint8_t* const (&w_row)[kR], const float* const (&s_row)[kR],
+                                             bool valid, const bf16* __restrict__ x, int K, int first, int step,
+                                             float (&acc)[kR][NT], uint64_t pol) {
+    const int K16 = K / 16;
+    uint4 wv[kR][kPer];
+    auto load = [&](int base) {
+#pragma unroll
+        for (int r = 0; r < kR; r++)
+#pragma unroll
+            for (int u = 0; u < kPer; u++)
+                if (base + step * u < K16)
+                    wv[r][u] = ld_weight(reinterpret_cast<const uint4*>(w_row[r]) + base + step * u, pol);
+    };
+    if (valid) load(first);
+    pdl_wait();
+#pragma unroll
+    for (int r = 0; r < kR; r++)
+#pragma unroll
+        for (int t = 0; t < NT; t++) acc[r][t] = 0.0f;
+    if (!valid) return;
+    for (int base = first;;) {
+#pragma unroll
+        for (int u = 0; u < kPer; u++) {
+            const int word = base + step * u;
+            if (word >= K16) break;
+            float wf[kR][16], sc[kR];
+#pragma unroll
+            for (int r = 0; r < kR; r++) {
+                unpack16<kE5M2>(wv[r][u], wf[r]);
+                sc[r] = __ldg(s_row[r] + word / 8);
+            }
+#pragma unroll
+            for (int t = 0; t < NT; t++) {
+                const uint4* xw = reinterpret_cast<const uint4*>(x + int64_t(t) * K) + 2 * word;
+                float xf[16];
+                unpack8(__ldg(xw), xf);
+                unpack8(__ldg(xw + 1), xf + 8);
+#pragma unroll
+                for (int r = 0; r < kR; r++) {
+                    float p = 0.0f;
+#pragma unroll
+                    for (int e = 0; e < 16; e++) p = fmaf(wf[r][e], xf[e], p);
+                    acc[r][t] = fmaf(p, sc[r], acc[r][t]);
+                }
+            }
+        }
+        base += step * kPer;
+        if (base >= K16) break;
+        load(base);
+    }
+}
+
+template <int kSplit>
+constexpr int fp8_block_warps() {
+    return kSplit > kGemvWarps ? kSplit : kGemvWarps;
+}
+
+// Sums the kSplit parts of each row of the block into part 0's acc (false in the other parts).
+template <int NT, int kSplit>
+__device__ __forceinline__ bool reduce_parts(float* acc, float (*part)[NT]) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
+    if constexpr (kSplit > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int t = 0; t < NT; t++) part[warp][t] = acc[t];
+        }
+        __syncthreads();
+        if (warp % kSplit != 0) return false;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = part[warp][t];
+#pragma unroll
+            for (int q = 1; q < kSplit; q++) v += part[warp + q][t];
+            acc[t] = v;
+        }
+    }
+    return true;
+}
+
+struct Fp8Member {
+    const uint8_t* w;
+    const float* scales;
+    void* y;
+    int n, segment_rows, first_block;
+};
+
+// The member of the group block blockIdx.x works on (constant indices: see matmul.cu's group_member).
+__device__ __forceinline__ Fp8Member fp8_member(const Fp8Group& g) {
+    Fp8Member m{g.w[0], g.scales[0], g.y[0], g.n[0], g.segment_rows[0], 0};
+#pragma unroll
+    for (int j = 1; j < Fp8Group::kMax; j++)
+        if (j < g.count && int(blockIdx.x) >= g.block_end[j - 1])
+            m = Fp8Member{g.w[j], g.scales[j], g.y[j], g.n[j], g.segment_rows[j], g.block_end[j - 1]};
+    return m;
+}
+
+template <int NT, int kSplit, int kPer, bool kE5M2>
+__global__ void __launch_bounds__(fp8_block_warps<kSplit>() * 32)
+    gemv_fp8_kernel(const bf16* __restrict__ x, const __grid_constant__ Fp8Group g, int K) {
+    constexpr int kRows = fp8_block_warps<kSplit>() / kSplit;
+    __shared__ float part[fp8_block_warps<kSplit>()][NT];
+    pdl_trigger();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const Fp8Member m = fp8_member(g);
+    const int n = (int(blockIdx.x) - m.first_block) * kRows + warp / kSplit;
+    const bool valid = n < m.n;
+    const int nr = valid ? n : 0;
+    const uint8_t* const w_row[1] = {m.w + int64_t(nr) * K};
+    const float* const s_row[1] = {m.scales + fp8_scale_row(nr, m.segment_rows) * scale_cols(K)};
+    float acc[1][NT];
+    fp8_rows_dot<NT, kPer, 1, kE5M2>(w_row, s_row, valid, x, K, lane + 32 * (warp % kSplit), 32 * kSplit, acc,
+                                     weight_policy(g.evict_first));
+    if (!reduce_parts<NT, kSplit>(acc[0], part) || !valid || lane != 0) return;
+    bf16* y = static_cast<bf16*>(m.y);
+#pragma unroll
+    for (int t = 0; t < NT; t++) y[int64_t(t) * m.n + n] = to_bf16(acc[0][t]);
+}
+
+// Gate and up rows of feature n by the same kSplit warps, then the activation (as matmul.cu's gate/up kernel).
+template <int NT, int kSplit, int kPer, bool kE5M2>
+__global__ void __launch_bounds__(fp8_block_warps<kSplit>() * 32)
+    gemv_fp8_gate_up_kernel(const bf16* __restrict__ x, const uint8_t* __restrict__ wg, const float* __restrict__ sg,
+                            const uint8_t* __restrict__ wu, const float* __restrict__ su, int segment_rows,
+                            bf16* gate_out, bf16* up_out, bf16* act_out, int N, int K, bool evict_first) {
+    constexpr int kRows = fp8_block_warps<kSplit>() / kSplit;
+    __shared__ float part[fp8_block_warps<kSplit>()][2 * NT];
+    pdl_trigger();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int n = blockIdx.x * kRows + warp / kSplit;
+    const bool valid = n < N;
+    const int nr = valid ? n : 0;
+    const int64_t srow = fp8_scale_row(nr, segment_rows) * scale_cols(K);
+    const uint8_t* const w_row[2] = {wg + int64_t(nr) * K, wu + int64_t(nr) * K};
+    const float* const s_row[2] = {sg + srow, su + srow};
+    float acc[2][NT];
+    fp8_rows_dot<NT, kPer, 2, kE5M2>(w_row, s_row, valid, x, K, lane + 32 * (warp % kSplit), 32 * kSplit, acc,
+                                     weight_policy(evict_first));
+    if (!reduce_parts<2 * NT, kSplit>(&acc[0][0], part) || !valid || lane != 0) return;
+#pragma unroll
+    for (int t = 0; t < NT; t++) {
+        const float gv = round_bf16(acc[0][t]), uv = round_bf16(acc[1][t]);
+        const int64_t o = int64_t(t) * N + n;
+        up_out[o] = to_bf16(uv);
+        if (act_out != gate_out) gate_out[o] = to_bf16(gv);
+        act_out[o] = to_bf16(round_bf16(siluf_(gv)) * uv);
+    }
+}
+
+template <int NT, int kSplit, int kPer, bool kE5M2>
+void gemv_fp8_launch(const bf16* x, Fp8Group g, int64_t K, const LaunchContext& ctx) {
+    constexpr int kWarps = fp8_block_warps<kSplit>(), kRows = kWarps / kSplit;
+    for (int i = 0; i < g.count; i++) g.block_end[i] = (i ? g.block_end[i - 1] : 0) + (g.n[i] + kRows - 1) / kRows;
+    g.evict_first = ctx.evict_first;
+    launch(gemv_fp8_kernel<NT, kSplit, kPer, kE5M2>, unsigned(g.block_end[g.count - 1]), kWarps * 32, 0, ctx,
+           "FP8 gemv kernel", x, g, int(K));
+}
+
+template <int NT, bool kE5M2>
+void gemv_fp8_shape(const bf16* x, const Fp8Group& g, int64_t K, Fp8GemvConfig c, const LaunchContext& ctx) {
+    switch (c.split * 100 + c.per) {
+        case 108: return gemv_fp8_launch<NT, 1, 8, kE5M2>(x, g, K, ctx);
+        case 204: return gemv_fp8_launch<NT, 2, 4, kE5M2>(x, g, K, ctx);
+        case 208: return gemv_fp8_launch<NT, 2, 8, kE5M2>(x, g, K, ctx);
+        case 404: return gemv_fp8_launch<NT, 4, 4, kE5M2>(x, g, K, ctx);
+        case 408: return gemv_fp8_launch<NT, 4, 8, kE5M2>(x, g, K, ctx);
+        case 804: return gemv_fp8_launch<NT, 8, 4, kE5M2>(x, g, K, ctx);
+        case 808: return gemv_fp8_launch<NT, 8, 8, kE5M2>(x, g, K, ctx);
+        default:
+            throw Error(Status::internal, "FP8 gemv: no kernel for split " + std::to_string(c.split) + ", " +
+                                              std::to_string(c.per) + " words per lane");
+    }
+}
+
+template <int NT, int kSplit, bool kE5M2>
+void gate_up_fp8_launch(const bf16* x, const Matrix& wg, const Matrix& wu, bf16* gate_out, bf16* up_out, bf16* act_out,
+                        const LaunchContext& ctx) {
+    constexpr int kWarps = fp8_block_warps<kSplit>(), kRows = kWarps / kSplit;
+    launch(gemv_fp8_gate_up_kernel<NT, kSplit, 4, kE5M2>, ceil_div(wg.rows, kRows), kWarps * 32, 0, ctx,
+           "FP8 gemv gate/up/SiLU kernel", x, static_cast<const uint8_t*>(wg.data), wg.scales,
+           static_cast<const uint8_t*>(wu.data), wu.scales, int(wg.scale_segment_rows), gate_out, up_out, act_out,
+           int(wg.rows), int(wg.cols), ctx.evict_first);
+}
+
+template <int NT, bool kE5M2>
+void gate_up_fp8_shape(const bf16* x, const Matrix& wg, const Matrix& wu, bf16* gate_out, bf16* up_out, bf16* act_out,
+                       const LaunchContext& ctx) {
+    const int split = fp8_gate_up_split(wg.cols);
+    if (split == 1) return gate_up_fp8_launch<NT, 1, kE5M2>(x, wg, wu, gate_out, up_out, act_out, ctx);
+    if (split == 2) return gate_up_fp8_launch<NT, 2, kE5M2>(x, wg, wu, gate_out, up_out, act_out, ctx);
+    if (split == 4) return gate_up_fp8_launch<NT, 4, kE5M2>(x, wg, wu, gate_out, up_out, act_out, ctx);
+    return gate_up_fp8_launch<NT, 8, kE5M2>(x, wg, wu, gate_out, up_out, act_out, ctx);
+}
+
+// ---- the tensor-core GEMV (3 to 8 rows) ----
+// As matmul.cu's tensor-core GEMV: a warp owns a tile of 16 output features and every kMmaParts-th chunk of K, here
+// chunks of 64 values. Lane (g = lane / 4, q = lane % 4) loads the 16 fp8 weights [16q, 16q + 16) of the chunk for
+// rows g and g + 8 (one 16-byte word each) and the same 16 values of x row g (two words); mma j (0..3) takes the
+// values 16q + 4j + {0, 1 | 2, 3} as k = {2q, 2q + 1 | 2q + 8, 2q + 9} of A and B alike (a consistent permutation of
+// k). A chunk lies in one 128-column block and the tile in one block row (segments are multiples of 16 rows): its
+// four products go to a zeroed fragment that is then scaled and added to the sums.
+constexpr int kMmaParts = 8;
+
+template <int kMmaUnroll, bool kE5M2>
+__global__ void __launch_bounds__(kMmaParts * 32)
+    gemv_fp8_mma_kernel(const bf16* __restrict__ x, int T, const __grid_constant__ Fp8Group g, int K) {
+    __shared__ float red[kMmaParts][32][4];
+    pdl_trigger();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, q = lane & 3;
+    const Fp8Member m = fp8_member(g);
+    const int N = m.n;
+    const int row0 = (int(blockIdx.x) - m.first_block) * 16;
+    const bool va = row0 + gi < N, vb = row0 + gi + 8 < N;
+    const uint4* wa = reinterpret_cast<const uint4*>(m.w + int64_t(va ? row0 + gi : 0) * K) + q;
+    const uint4* wb = reinterpret_cast<const uint4*>(m.w + int64_t(vb ? row0 + gi + 8 : 0) * K) + q;
+    const uint4* xr = reinterpret_cast<const uint4*>(x + int64_t(gi < T ? gi : 0) * K) + 2 * q;
+    const float* sc = m.scales + fp8_scale_row(row0 < N ? row0 : 0, m.segment_rows) * scale_cols(K);
+    const bool vx = gi < T;
+    const int n_chunks = K / 64;
+    const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
+    const uint64_t pol = weight_policy(g.evict_first);
+    uint4 ra[kMmaUnroll], rb[kMmaUnroll];
+    auto load_w = [&](int c0) {
+#pragma unroll
+        for (int u = 0; u < kMmaUnroll; u++) {
+            const int c = c0 + kMmaParts * u;
+            ra[u] = c < n_chunks && va ? ld_weight(wa + 4 * c, pol) : zero;
+            rb[u] = c < n_chunks && vb ? ld_weight(wb + 4 * c, pol) : zero;
+        }
+    };
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    load_w(warp);
+    pdl_wait();
+    for (int c0 = warp; c0 < n_chunks; c0 += kMmaParts * kMmaUnroll) {
+        uint4 rx[kMmaUnroll][2];
+#pragma unroll
+        for (int u = 0; u < kMmaUnroll; u++) {
+            const int c = c0 + kMmaParts * u;
+            rx[u][0] = c < n_chunks && vx ? __ldg(xr + 8 * c) : zero;
+            rx[u][1] = c < n_chunks && vx ? __ldg(xr + 8 * c + 1) : zero;
+        }
+        uint4 ca[kMmaUnroll], cb[kMmaUnroll];
+#pragma unroll
+        for (int u = 0; u < kMmaUnroll; u++) {
+            ca[u] = ra[u];
+            cb[u] = rb[u];
+        }
+        if (c0 + kMmaParts * kMmaUnroll < n_chunks) load_w(c0 + kMmaParts * kMmaUnroll);
+#pragma unroll
+        for (int u = 0; u < kMmaUnroll; u++) {
+            const int c = c0 + kMmaParts * u;
+            if (c >= n_chunks) break;
+            const uint32_t wa4[4] = {ca[u].x, ca[u].y, ca[u].z, ca[u].w}, wb4[4] = {cb[u].x, cb[u].y, cb[u].z, cb[u].w};
+            const uint32_t xw[8] = {rx[u][0].x, rx[u][0].y, rx[u][0].z, rx[u][0].w,
+                                    rx[u][1].x, rx[u][1].y, rx[u][1].z, rx[u][1].w};
+            float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+            for (int j = 0; j < 4; j++) {
+                // weights 4j .. 4j + 3 of the lane's 16: the low and high halves of word j
+                const uint32_t a0 = fp8x2_to_bf16x2<kE5M2>(wa4[j]), a2 = fp8x2_to_bf16x2<kE5M2>(wa4[j] >> 16);
+                const uint32_t a1 = fp8x2_to_bf16x2<kE5M2>(wb4[j]), a3 = fp8x2_to_bf16x2<kE5M2>(wb4[j] >> 16);
+                mma_bf16_16816(part, a0, a1, a2, a3, xw[2 * j], xw[2 * j + 1]);
+            }
+            const float s = __ldg(sc + c / 2);
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[i] = fmaf(part[i], s, acc[i]);
+        }
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) red[warp][lane][i] = acc[i];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        float v = red[0][lane][i];
+#pragma unroll
+        for (int p = 1; p < kMmaParts; p++) v += red[p][lane][i];
+        acc[i] = v;
+    }
+    bf16* y = static_cast<bf16*>(m.y);
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int t = 2 * q + (i & 1), n = row0 + gi + (i >= 2 ? 8 : 0);
+        if (t < T && n < N) y[int64_t(t) * N + n] = to_bf16(acc[i]);
+    }
+}
+
+template <int kMmaUnroll, bool kE5M2>
+void gemv_fp8_mma_launch(const bf16* x, int64_t T, Fp8Group g, int64_t K, const LaunchContext& ctx) {
+    for (int i = 0; i < g.count; i++) g.block_end[i] = (i ? g.block_end[i - 1] : 0) + (g.n[i] + 15) / 16;
+    g.evict_first = ctx.evict_first;
+    launch(gemv_fp8_mma_kernel<kMmaUnroll, kE5M2>, unsigned(g.block_end[g.count - 1]), kMmaParts * 32, 0, ctx,
+           "FP8 tensor-core gemv kernel", x, int(T), g, int(K));
+}
+
+template <bool kE5M2>
+void gemv_fp8_mma(const bf16* x, int64_t T, const Fp8Group& g, int64_t K, int unroll, const LaunchContext& ctx) {
+    if (unroll == 2) return gemv_fp8_mma_launch<2, kE5M2>(x, T, g, K, ctx);
+    if (unroll == 4) return gemv_fp8_mma_launch<4, kE5M2>(x, T, g, K, ctx);
+    throw Error(Status::internal,
+                "FP8 tensor-core gemv: no kernel for " + std::to_string(unroll) + " chunks in flight");
+}
+
+// ---- more rows: dequantize, or quantize the activations ----
+// One thread per 16-byte word of w: 16 weights times their block scale, as bf16.
+template <bool kE5M2>
+__global__ void dequantize_fp8_kernel(const uint8_t* __restrict__ w, const float* __restrict__ scales, int segment_rows,
+                                      int64_t rows, int K, bf16* __restrict__ out) {
+    pdl_trigger();
+    pdl_wait();
+    const int64_t K16 = K / 16;
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= rows * K16) return;
+    const int64_t r = i / K16, word = i % K16;
+    const float s = scales[fp8_scale_row(r, segment_rows) * scale_cols(K) + word / 8];
+    float f[16];
+    unpack16<kE5M2>(reinterpret_cast<const uint4*>(w)[i], f);
+#pragma unroll
+    for (int e = 0; e < 16; e++) f[e] *= s;
+    uint4* o = reinterpret_cast<uint4*>(out) + 2 * i;
+    o[0] = pack8(f);
+    o[1] = pack8(f + 8);
+}
+
+// Any K: one thread per weight.
+template <bool kE5M2>
+__global__ void dequantize_fp8_any_kernel(const uint8_t* __restrict__ w, const float* __restrict__ scales,
+                                          int segment_rows, int64_t rows, int K, bf16* __restrict__ out) {
+    pdl_trigger();
+    pdl_wait();
+    const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= rows * K) return;
+    const int64_t r = i / K, c = i % K;
+    const float s = scales[fp8_scale_row(r, segment_rows) * scale_cols(K) + c / kFp8Block];
+    out[i] = to_bf16(fp8x2_to_f32<kE5M2>(w[i]).x * s);
+}
+
+// One warp per (row, 128-value group): 4 values per lane.
+__global__ void quantize_rows_fp8_kernel(const bf16* __restrict__ x, int64_t T, int K, uint8_t* __restrict__ q,
+                                         float* __restrict__ s) {
+    pdl_trigger();
+    pdl_wait();
+    const int groups = K / 128;
+    const int64_t gi = (int64_t(blockIdx.x) * blockDim.x + threadIdx.x) >> 5;
+    const int lane = threadIdx.x & 31;
+    if (gi >= T * groups) return;
+    const int64_t t = gi / groups, grp = gi % groups;
+    const bf16* xp = x + t * K + grp * 128 + lane * 4;
+    const uint2 raw = *reinterpret_cast<const uint2*>(xp);
+    const __nv_bfloat162 b0 = *reinterpret_cast<const __nv_bfloat162*>(&raw.x);
+    const __nv_bfloat162 b1 = *reinterpret_cast<const __nv_bfloat162*>(&raw.y);
+    const float v[4] = {__low2float(b0), __high2float(b0), __low2float(b1), __high2float(b1)};
+    float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
+    amax = warp_max(amax);
+    const float scale = amax > 0.0f ? amax / 448.0f : 1.0f;
+    const float inv = 1.0f / scale;
+    const __nv_fp8x2_storage_t lo =
+        __nv_cvt_float2_to_fp8x2(make_float2(v[0] * inv, v[1] * inv), __NV_SATFINITE, __NV_E4M3);
+    const __nv_fp8x2_storage_t hi =
+        __nv_cvt_float2_to_fp8x2(make_float2(v[2] * inv, v[3] * inv), __NV_SATFINITE, __NV_E4M3);
+    reinterpret_cast<uint32_t*>(q + t * K + grp * 128)[lane] = uint32_t(lo) | (uint32_t(hi) << 16);
+    if (lane == 0) s[grp * T + t] = scale;  // (cuBLASLt's VEC128 scales: the rows contiguous)
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+bool fp8_gemv_fits(const bf16* x, int64_t T, const Matrix& w) {
+    if (!is_fp8(w.dtype) || !w.scales || T < 1 || T > kGemvMaxTokens) return false;
+    const int64_t K = w.cols;
+    if (K % (T > kGemvBlockMaxTokens ? 64 : 16) != 0 || K > (int64_t(1) << 30) || w.rows > (int64_t(1) << 30))
+        return false;
+    return w.scale_segment_rows % 16 == 0 && aligned16(x) && aligned16(w.data);
+}
+
+// Launch shapes (hybrid-kernel-bench --fp8 measures them): 1-2 rows on CUDA cores, 2 warps per row up to 4096
+// values, 4 up to 8192, 8 beyond, 4 words per lane and round; 3-8 rows on tensor cores, 2 chunks in flight per warp.
+Fp8GemvConfig fp8_gemv_config(int64_t K, int64_t T) {
+    if (T > kGemvBlockMaxTokens) return {true, 0, 2};
+    const int64_t K16 = K / 16;
+    if (K16 <= 32 * 2 * 4) return {false, 2, 4};
+    if (K16 <= 32 * 4 * 4) return {false, 4, 4};
+    return {false, 8, 4};
+}
+
+int fp8_gate_up_split(int64_t K) { return fp8_gemv_config(K, 1).split; }
+
+void gemv_fp8_group(const bf16* x, int64_t T, const Fp8Group& g, int64_t K, DType dtype, const LaunchContext& ctx) {
+    gemv_fp8_group_with(x, T, g, K, dtype, fp8_gemv_config(K, T), ctx);
+}
+
+void gemv_fp8_group_with(const bf16* x, int64_t T, const Fp8Group& g, int64_t K, DType dtype, Fp8GemvConfig c,
+                         const LaunchContext& ctx) {
+    if (g.count < 1 || g.count > Fp8Group::kMax) throw Error(Status::internal, "FP8 gemv: bad group");
+    const bool e5m2 = dtype == DType::F8_E5M2;
+    if (c.tensor_cores) {
+        if (T < 1 || T > kGemvMaxTokens || K % 64 != 0)
+            throw Error(Status::internal,
+                        "FP8 gemv: " + std::to_string(T) + " rows of " + std::to_string(K) + " values");
+        return e5m2 ? gemv_fp8_mma<true>(x, T, g, K, c.per, ctx) : gemv_fp8_mma<false>(x, T, g, K, c.per, ctx);
+    }
+    switch (T * 2 + (e5m2 ? 1 : 0)) {
+        case 2: return gemv_fp8_shape<1, false>(x, g, K, c, ctx);
+        case 3: return gemv_fp8_shape<1, true>(x, g, K, c, ctx);
+        case 4: return gemv_fp8_shape<2, false>(x, g, K, c, ctx);
+        case 5: return gemv_fp8_shape<2, true>(x, g, K, c, ctx);
+        default: throw Error(Status::internal, "FP8 gemv: " + std::to_string(T) + " rows on CUDA cores (at most 2)");
+    }
+}
+
+void gemv_fp8_gate_up(const bf16* x, int64_t T, const Matrix& wg, const Matrix& wu, bf16* gate_out, bf16* up_out,
+                      bf16* act_out, const LaunchContext& ctx) {
+    if (wg.rows != wu.rows || wg.cols != wu.cols || wg.dtype != wu.dtype ||
+        wg.scale_segment_rows != wu.scale_segment_rows)
+        throw Error(Status::internal, "FP8 gemv gate/up: the gate and up matrices differ in shape or format");
+    const bool e5m2 = wg.dtype == DType::F8_E5M2;
+    switch (T * 2 + (e5m2 ? 1 : 0)) {
+        case 2: return gate_up_fp8_shape<1, false>(x, wg, wu, gate_out, up_out, act_out, ctx);
+        case 3: return gate_up_fp8_shape<1, true>(x, wg, wu, gate_out, up_out, act_out, ctx);
+        case 4: return gate_up_fp8_shape<2, false>(x, wg, wu, gate_out, up_out, act_out, ctx);
+        case 5: return gate_up_fp8_shape<2, true>(x, wg, wu, gate_out, up_out, act_out, ctx);
+        default: throw Error(Status::internal, "FP8 gemv gate/up: " + std::to_string(T) + " rows (at most 2)");
+    }
+}
+
+void dequantize_fp8(const Matrix& w, bf16* out, const LaunchContext& ctx) {
+    const int threads = 256;
+    const auto* d = static_cast<const uint8_t*>(w.data);
+    const bool e5m2 = w.dtype == DType::F8_E5M2;
+    const char* what = "FP8 dequantize kernel";
+    const int seg = int(w.scale_segment_rows), K = int(w.cols);
+    if (w.cols % 16 == 0 && aligned16(w.data) && aligned16(out)) {
+        const int64_t words = w.rows * (w.cols / 16);
+        if (e5m2)
+            launch(dequantize_fp8_kernel<true>, ceil_div(words, threads), threads, 0, ctx, what, d, w.scales, seg,
+                   w.rows, K, out);
+        else
+            launch(dequantize_fp8_kernel<false>, ceil_div(words, threads), threads, 0, ctx, what, d, w.scales, seg,
+                   w.rows, K, out);
+        return;
+    }
+    const int64_t n = w.rows * w.cols;
+    if (e5m2)
+        launch(dequantize_fp8_any_kernel<true>, ceil_div(n, threads), threads, 0, ctx, what, d, w.scales, seg, w.rows,
+               K, out);
+    else
+        launch(dequantize_fp8_any_kernel<false>, ceil_div(n, threads), threads, 0, ctx, what, d, w.scales, seg, w.rows,
+               K, out);
+}
+
+void quantize_rows_fp8(const bf16* x, int64_t T, int64_t K, uint8_t* q, float* s, const LaunchContext& ctx) {
+    if (K % 128 != 0) throw Error(Status::internal, "FP8 activation quantization: K % 128 != 0");
+    const int64_t warps = T * (K / 128);
+    launch(quantize_rows_fp8_kernel, ceil_div(warps, 8), 256, 0, ctx, "FP8 activation quantize kernel", x, T, int(K), q,
+           s);
+}
+
+void matmul_fp8(Gemm& gemm, const bf16* x, int64_t T, const Matrix& w, void* y, bool out_f32, Fp8GemmMode mode,
+                const Fp8Scratch& scratch, const LaunchContext& ctx) {
+    if (T <= 0 || w.rows <= 0) return;
+    const int64_t N = w.rows, K = w.cols;
+    if (!out_f32 && fp8_gemv_fits(x, T, w)) {
+        Fp8Group g;
+        g.add(w, y);
+        return gemv_fp8_group(x, T, g, K, w.dtype, ctx);
+    }
+    if (mode == Fp8GemmMode::block_scaled && !out_f32 && w.dtype == DType::F8_E4M3 && K % 128 == 0 && N % 16 == 0 &&
+        w.scale_segment_rows % 128 == 0 && aligned16(x) && aligned16(y) && size_t(T * K) <= scratch.act_bytes) {
+        quantize_rows_fp8(x, T, K, scratch.act, scratch.act_scales, ctx);
+        if (gemm.run_fp8(scratch.act, scratch.act_scales, T, static_cast<const uint8_t*>(w.data), w.scales, N, K,
+                         static_cast<bf16*>(y), ctx))
+            return;
+    }
+    if (size_t(N * K) > scratch.weight_elems)
+        throw Error(Status::internal, "FP8 matmul: the dequantization scratch holds " +
+                                          std::to_string(scratch.weight_elems) + " values, " + std::to_string(N) +
+                                          " x " + std::to_string(K) + " needed");
+    dequantize_fp8(w, scratch.weight, ctx);
+    matmul(gemm, x, T, scratch.weight, N, K, y, out_f32, ctx);
+}
+
+HY_CUDA_TRACE_BINDER(fp8_matmul)
+
+}  // namespace hy::cuda

@@ -1,0 +1,91 @@
+// Projections with FP8 weights: y[T, N] = x[T, K] @ W[N, K]^T where W is F8_E4M3 (or F8_E5M2) with F32 scales per
+// 128 x 128 block (kernels/backend.h Matrix: the weight of element (r, c) is fp8(W[r, c]) * scales[fp8_scale_row(r,
+// segment rows), c / 128]), x bf16, y bf16.
+//
+// - Up to kGemvMaxTokens rows (decode): W8A16 GEMVs that read W once, convert fp8 -> f32 exactly in registers and
+//   accumulate in fp32, each 16-value word's dot product times its block scale. 1-2 rows on CUDA cores, 3-8 rows
+//   on tensor cores (mma m16n8k16 bf16: fp8 -> bf16 is exact; a block's products are summed in fp32, then scaled).
+// - More rows (prefill, large batches): Fp8GemmMode::block_scaled (default) quantizes x per row and 128-wide group
+//   to e4m3 (scale = amax / 448, as the checkpoints' "activation_scheme: dynamic") and runs cuBLASLt's FP8 GEMM with
+//   128 x 128 weight scales and 128-element activation scales (W8A8 on Hopper's FP8 tensor cores, fp32
+//   accumulation); Fp8GemmMode::dequantize writes W as bf16 into scratch and runs the bf16 GEMM (W8A16). Shapes
+//   block_scaled cannot take (K % 128 != 0, N % 16 != 0, segments not a multiple of 128 rows, or no cuBLASLt
+//   algorithm) use dequantize.
+#pragma once
+
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/matmul.cuh"
+
+namespace hy::cuda {
+
+// Up to kMax FP8 matrices of one dtype that share x and K, computed by one GEMV launch (as GemvGroup).
+struct Fp8Group {
+    static constexpr int kMax = 4;
+    const uint8_t* w[kMax] = {};
+    const float* scales[kMax] = {};
+    void* y[kMax] = {};
+    int n[kMax] = {};
+    int segment_rows[kMax] = {};  // Matrix::scale_segment_rows (0: one segment)
+    int block_end[kMax] = {};     // cumulative blocks up to and including matrix s (set by the launcher)
+    int count = 0;
+    int evict_first = 0;  // weight loads marked L2 evict-first (set by the launcher from ctx.evict_first)
+    void add(const Matrix& m, void* ym) {
+        w[count] = static_cast<const uint8_t*>(m.data);
+        scales[count] = m.scales;
+        y[count] = ym;
+        n[count] = int(m.rows);
+        segment_rows[count] = int(m.scale_segment_rows);
+        count++;
+    }
+};
+
+// True when the FP8 GEMV takes w with T rows of x: 1 <= T <= kGemvMaxTokens, K % 16 == 0 (K % 64 == 0 for 3 or more
+// rows), 16-byte aligned x and w, scale segments of a multiple of 16 rows.
+bool fp8_gemv_fits(const bf16* x, int64_t T, const Matrix& w);
+// y_s = x @ W_s^T for each member (T <= kGemvMaxTokens; every member fp8_gemv_fits, one dtype, K columns).
+void gemv_fp8_group(const bf16* x, int64_t T, const Fp8Group& g, int64_t K, DType dtype, const LaunchContext& ctx);
+// The launch shape of an FP8 GEMV: the tensor-core kernel (per: chunks of 64 values in flight per warp, 2 or 4; any
+// 1-8 rows, K % 64 == 0) or the CUDA-core kernel (1-2 rows; split warps per row, per 16-byte words per lane and
+// round; (split, per) in {(1,8), (2,4), (2,8), (4,4), (4,8), (8,4), (8,8)}). Chosen from K and T alone, so that a
+// matrix gives the same bits alone or in a group.
+struct Fp8GemvConfig {
+    bool tensor_cores = false;
+    int split = 2;
+    int per = 4;
+};
+Fp8GemvConfig fp8_gemv_config(int64_t K, int64_t T);
+// gemv_fp8_group with an explicit launch shape (benchmarks); a shape not built throws Error(internal).
+void gemv_fp8_group_with(const bf16* x, int64_t T, const Fp8Group& g, int64_t K, DType dtype, Fp8GemvConfig c,
+                         const LaunchContext& ctx);
+// gate_out = bf16(x Wg^T), up_out = bf16(x Wu^T), act_out = bf16(bf16(silu(gate)) * up) (act_out may be gate_out),
+// as gemv_gate_up; T <= kGemvBlockMaxTokens, wg and wu of the same shape, dtype and segments, both fp8_gemv_fits.
+void gemv_fp8_gate_up(const bf16* x, int64_t T, const Matrix& wg, const Matrix& wu, bf16* gate_out, bf16* up_out,
+                      bf16* act_out, const LaunchContext& ctx);
+
+// How FP8 matrices are multiplied when there are more rows than the GEMVs take (CudaOptions::fp8_gemm).
+enum class Fp8GemmMode { block_scaled, dequantize };
+
+// Workspace of matmul_fp8 (pieces of the arena): the quantized activations and their scales, and the bf16 copy of
+// a weight matrix for Fp8GemmMode::dequantize.
+struct Fp8Scratch {
+    uint8_t* act = nullptr;       // [act_bytes]: e4m3 x [T, K]
+    float* act_scales = nullptr;  // [act_bytes / 128]: [K / 128, T]
+    size_t act_bytes = 0;
+    bf16* weight = nullptr;  // [weight_elems]
+    size_t weight_elems = 0;
+};
+
+// y = x @ w^T for an FP8 w (bf16 y; f32 y when out_f32, through the dequantize path): the GEMV when it fits, else
+// `mode` (see above). Throws Error(internal) when the scratch is too small for the shape.
+void matmul_fp8(Gemm& gemm, const bf16* x, int64_t T, const Matrix& w, void* y, bool out_f32, Fp8GemmMode mode,
+                const Fp8Scratch& scratch, const LaunchContext& ctx);
+
+// out[N, K] = the bf16 value of every weight of w (fp8 value * block scale, rounded to bf16).
+void dequantize_fp8(const Matrix& w, bf16* out, const LaunchContext& ctx);
+// q[T, K] = e4m3(x * (1 / s)) for s = amax of the row's 128-value group / 448 (1 for a group of zeros), rounded
+// to nearest even and saturated; s stored group-major: s[g * T + t] for row t, group g (the layout cuBLASLt's
+// VEC128 scales have, as PyTorch's 1x128 blockwise scales: shape [T, K / 128], strides [1, T]). K % 128 == 0.
+void quantize_rows_fp8(const bf16* x, int64_t T, int64_t K, uint8_t* q, float* s, const LaunchContext& ctx);
+
+}  // namespace hy::cuda
