@@ -24,8 +24,13 @@ inline constexpr SharedOption kSharedOptions[] = {
     {"device", "auto, cpu or cuda", SharedOption::Type::text, "auto"},
     {"quant",
      "quantize the weights at load: fp8 (a 16-bit checkpoint's linear weights to FP8 e4m3 with 128 x 128 block "
-     "scales, as Qwen's FP8 releases; CPU only for now) or none. FP8 checkpoints load as they are, without it",
+     "scales, as Qwen's FP8 releases) or none. FP8 checkpoints load as they are, without it",
      SharedOption::Type::text, "none"},
+    {"fp8-gemm",
+     "CUDA, FP8 weights, steps of more than 8 rows (prefill, big batches): block-scaled (FP8 tensor cores, the "
+     "activations quantized to e4m3 per row and 128 values, as vLLM runs FP8 checkpoints) or dequantize (a bf16 copy "
+     "of each matrix and the bf16 GEMM: activations kept in bf16, as the decode GEMVs)",
+     SharedOption::Type::text, "block-scaled"},
     {"no-cuda-graphs",
      "CUDA: launch every kernel one by one instead of replaying CUDA graphs (same results, slower; "
      "for profilers and debugging)",

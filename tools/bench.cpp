@@ -114,10 +114,8 @@ int main(int argc, char** argv) {
         ("cuda-trace", "CUDA builds with -DHY_CUDA_TRACE=ON: write every kernel's start and ready times to this file "
          "(tools/gpu/trace_summary.py)", cxxopts::value<std::string>())
         ("moe-grouped-rows", "CUDA, MoE models: run the experts grouped by expert from this many rows of a step on "
-         "(0: the built-in default)", cxxopts::value<int>()->default_value("0"))
-        ("fp8-gemm", "CUDA, FP8 weights, steps of more than 8 rows: block-scaled (FP8 tensor cores, activations "
-         "quantized per 128 values) or dequantize (bf16 copy of each matrix, bf16 GEMM)",
-         cxxopts::value<std::string>()->default_value("block-scaled"));
+         "(0: the built-in default)", cxxopts::value<int>()->default_value("0"));
+    add_shared_option(opts, "", "fp8-gemm");
     add_shared_option(opts, "", "help");
     // clang-format on
     cxxopts::ParseResult args;
@@ -180,10 +178,7 @@ int main(int argc, char** argv) {
         if (mp.cuda.moe_grouped_min_rows < 0)
             throw tools::UsageError("--moe-grouped-rows must be 0 or more, got " +
                                     std::to_string(mp.cuda.moe_grouped_min_rows));
-        const std::string fp8_gemm = args["fp8-gemm"].as<std::string>();
-        if (fp8_gemm != "block-scaled" && fp8_gemm != "dequantize")
-            throw tools::UsageError("--fp8-gemm must be block-scaled or dequantize, got '" + fp8_gemm + "'");
-        mp.cuda.fp8_block_scaled_gemm = fp8_gemm == "block-scaled";
+        mp.cuda.fp8_block_scaled_gemm = tools::parse_fp8_gemm(args["fp8-gemm"].as<std::string>());
         if (args.count("cuda-trace")) {
             mp.cuda.trace_file = args["cuda-trace"].as<std::string>();
             if (mp.cuda.trace_file.empty()) throw tools::UsageError("--cuda-trace needs a file name");

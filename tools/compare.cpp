@@ -79,6 +79,7 @@ int main(int argc, char** argv) {
          cxxopts::value<std::string>());
     add_shared_option(opts, "", "device", "cpu");
     add_shared_option(opts, "", "quant");
+    add_shared_option(opts, "", "fp8-gemm");
     opts.add_options()
         ("key", "golden token list to compare with (default greedy_fp32_cpu on the CPU, greedy_bf16_cuda on CUDA)",
          cxxopts::value<std::string>())
@@ -109,6 +110,7 @@ int main(int argc, char** argv) {
         ModelParams mp;
         mp.device = tools::parse_device(dev);
         mp.quant = tools::parse_quant(args["quant"].as<std::string>());
+        mp.cuda.fp8_block_scaled_gemm = tools::parse_fp8_gemm(args["fp8-gemm"].as<std::string>());
         mp.n_threads = tools::parse_threads(args["threads"].as<int>());
         mp.cuda.graphs = !args["no-cuda-graphs"].as<bool>();
         mp.cuda.pdl = !args["no-pdl"].as<bool>();

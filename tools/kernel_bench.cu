@@ -76,8 +76,10 @@ void bench_fp8(int T, const std::vector<Shape>& shapes, cudaStream_t s, const La
     if (T <= kGemvBlockMaxTokens)
         configs = {{false, 1, 8}, {false, 2, 4}, {false, 2, 8}, {false, 4, 4},
                    {false, 4, 8}, {false, 8, 4}, {false, 8, 8}};
-    configs.push_back({true, 0, 2});
-    configs.push_back({true, 0, 4});
+    configs.push_back({true, 0, 2, false});
+    configs.push_back({true, 0, 4, false});
+    configs.push_back({true, 0, 2, true});
+    configs.push_back({true, 0, 4, true});
     for (const Shape& sh : shapes) {
         if (sh.out_f32) continue;  // (lm_head stays bf16)
         int64_t rows = 0;
@@ -115,10 +117,10 @@ void bench_fp8(int T, const std::vector<Shape>& shapes, cudaStream_t s, const La
                 for (int i = 0; i < kLaunches; i++) gemv_fp8_group_with(x, T, group(i), sh.K, DType::F8_E4M3, c, pdl);
             });
             const bool is_chosen = c.tensor_cores == chosen.tensor_cores && c.per == chosen.per &&
-                                   (c.tensor_cores || c.split == chosen.split);
+                                   (c.tensor_cores ? c.bits == chosen.bits : c.split == chosen.split);
             if (c.tensor_cores)
-                std::snprintf(buf, sizeof buf, "%smma/%d%s: %.0f", first ? "" : "; ", c.per, is_chosen ? "*" : "",
-                              total / (ms * 1e-3) / 1e9);
+                std::snprintf(buf, sizeof buf, "%s%s/%d%s: %.0f", first ? "" : "; ", c.bits ? "mma-bits" : "mma-cvt",
+                              c.per, is_chosen ? "*" : "", total / (ms * 1e-3) / 1e9);
             else
                 std::snprintf(buf, sizeof buf, "%s%d,%d%s: %.0f", first ? "" : "; ", c.split, c.per,
                               is_chosen ? "*" : "", total / (ms * 1e-3) / 1e9);

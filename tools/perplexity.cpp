@@ -113,6 +113,7 @@ int main(int argc, char** argv) {
          cxxopts::value<std::string>());
     add_shared_option(opts, "", "device");
     add_shared_option(opts, "", "quant");
+    add_shared_option(opts, "", "fp8-gemm");
     add_shared_option(opts, "", "threads");
     add_shared_option(opts, "", "help");
     // clang-format on
@@ -146,6 +147,7 @@ int main(int argc, char** argv) {
         ModelParams mp;
         mp.device = tools::parse_device(args["device"].as<std::string>());
         mp.quant = tools::parse_quant(args["quant"].as<std::string>());
+        mp.cuda.fp8_block_scaled_gemm = tools::parse_fp8_gemm(args["fp8-gemm"].as<std::string>());
         mp.n_threads = tools::parse_threads(args["threads"].as<int>());
         mp.n_ctx = ctx;
         mp.max_batch_tokens = std::min(ctx, 512);

@@ -146,6 +146,13 @@ inline Device parse_device(const std::string& s) {
 }
 
 // --quant: "fp8" or "none"; anything else is a UsageError.
+// --fp8-gemm: true for block-scaled, false for dequantize (CudaOptions::fp8_block_scaled_gemm).
+inline bool parse_fp8_gemm(const std::string& s) {
+    if (s == "block-scaled") return true;
+    if (s == "dequantize") return false;
+    throw UsageError("--fp8-gemm must be block-scaled or dequantize, got '" + s + "'");
+}
+
 inline WeightQuant parse_quant(const std::string& s) {
     if (s == "fp8") return WeightQuant::fp8;
     if (s == "none") return WeightQuant::none;

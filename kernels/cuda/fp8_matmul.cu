@@ -42,6 +42,21 @@ __device__ __forceinline__ uint32_t fp8x2_to_bf16x2(uint32_t two) {
     return *reinterpret_cast<const uint32_t*>(&b);
 }
 
+// Four e4m3 codes (bytes b0..b3 of w) as two bf16x2 registers {b0, b1} and {b2, b3} holding value * 2^-120, by
+// moving bits (no conversion instructions): the sign stays on top, the 7 exponent and mantissa bits go under bf16's
+// 8-bit exponent (bias 127 against e4m3's 7), so every code, subnormals included, maps exactly (e4m3 subnormals
+// become bf16 subnormals). The NaN codes (0x7f, 0xff) do not map to NaN: e4m3_nan_bits() tells them apart.
+__device__ __forceinline__ void e4m3x4_to_bf16x2_scaled(uint32_t w, uint32_t& lo, uint32_t& hi) {
+    const uint32_t x = __byte_perm(w, 0u, 0x1404), y = __byte_perm(w, 0u, 0x3424);  // each byte << 8 in its half
+    lo = (x & 0x80008000u) | ((x >> 4) & 0x07f007f0u);
+    hi = (y & 0x80008000u) | ((y >> 4) & 0x07f007f0u);
+}
+// Bits 0x80 of a byte are set where a code of w is an e4m3 NaN (0x7f or 0xff): (w & 0x7f..) + 0x01.. carries into
+// bit 7 exactly for 0x7f.
+__device__ __forceinline__ uint32_t e4m3_nan_bits(uint32_t w) {
+    return ((w & 0x7f7f7f7fu) + 0x01010101u) & 0x80808080u;
+}
+
 __device__ __forceinline__ int64_t scale_cols(int K) { return (K + kFp8Block - 1) / kFp8Block; }
 
 // ---- the CUDA-core GEMV (1-2 rows) ----
@@ -255,7 +270,7 @@ void gate_up_fp8_shape(const bf16* x, const Matrix& wg, const Matrix& wu, bf16* 
 // four products go to a zeroed fragment that is then scaled and added to the sums.
 constexpr int kMmaParts = 8;
 
-template <int kMmaUnroll, bool kE5M2>
+template <int kMmaUnroll, bool kE5M2, bool kBits>
 __global__ void __launch_bounds__(kMmaParts * 32)
     gemv_fp8_mma_kernel(const bf16* __restrict__ x, int T, const __grid_constant__ Fp8Group g, int K) {
     __shared__ float red[kMmaParts][32][4];
@@ -283,6 +298,7 @@ __global__ void __launch_bounds__(kMmaParts * 32)
         }
     };
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    uint32_t nan_a = 0, nan_b = 0;  // (kBits) NaN codes met in rows gi, gi + 8
     load_w(warp);
     pdl_wait();
     for (int c0 = warp; c0 < n_chunks; c0 += kMmaParts * kMmaUnroll) {
@@ -311,13 +327,36 @@ __global__ void __launch_bounds__(kMmaParts * 32)
 #pragma unroll
             for (int j = 0; j < 4; j++) {
                 // weights 4j .. 4j + 3 of the lane's 16: the low and high halves of word j
-                const uint32_t a0 = fp8x2_to_bf16x2<kE5M2>(wa4[j]), a2 = fp8x2_to_bf16x2<kE5M2>(wa4[j] >> 16);
-                const uint32_t a1 = fp8x2_to_bf16x2<kE5M2>(wb4[j]), a3 = fp8x2_to_bf16x2<kE5M2>(wb4[j] >> 16);
+                uint32_t a0, a1, a2, a3;
+                if constexpr (kBits) {
+                    e4m3x4_to_bf16x2_scaled(wa4[j], a0, a2);
+                    e4m3x4_to_bf16x2_scaled(wb4[j], a1, a3);
+                    nan_a |= e4m3_nan_bits(wa4[j]);
+                    nan_b |= e4m3_nan_bits(wb4[j]);
+                } else {
+                    a0 = fp8x2_to_bf16x2<kE5M2>(wa4[j]);
+                    a2 = fp8x2_to_bf16x2<kE5M2>(wa4[j] >> 16);
+                    a1 = fp8x2_to_bf16x2<kE5M2>(wb4[j]);
+                    a3 = fp8x2_to_bf16x2<kE5M2>(wb4[j] >> 16);
+                }
                 mma_bf16_16816(part, a0, a1, a2, a3, xw[2 * j], xw[2 * j + 1]);
             }
             const float s = __ldg(sc + c / 2);
 #pragma unroll
             for (int i = 0; i < 4; i++) acc[i] = fmaf(part[i], s, acc[i]);
+        }
+    }
+    if constexpr (kBits) {
+        // the quad of lanes gi holds all of rows gi and gi + 8: a NaN code in either makes its outputs NaN; the
+        // scaled bf16 values carry 2^-120
+        nan_a |= __shfl_xor_sync(0xffffffffu, nan_a, 1);
+        nan_a |= __shfl_xor_sync(0xffffffffu, nan_a, 2);
+        nan_b |= __shfl_xor_sync(0xffffffffu, nan_b, 1);
+        nan_b |= __shfl_xor_sync(0xffffffffu, nan_b, 2);
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            acc[i] *= 0x1p120f;
+            if ((i < 2 ? nan_a : nan_b) != 0) acc[i] = __int_as_float(0x7fffffff);
         }
     }
 #pragma unroll
@@ -339,20 +378,23 @@ __global__ void __launch_bounds__(kMmaParts * 32)
     }
 }
 
-template <int kMmaUnroll, bool kE5M2>
+template <int kMmaUnroll, bool kE5M2, bool kBits>
 void gemv_fp8_mma_launch(const bf16* x, int64_t T, Fp8Group g, int64_t K, const LaunchContext& ctx) {
     for (int i = 0; i < g.count; i++) g.block_end[i] = (i ? g.block_end[i - 1] : 0) + (g.n[i] + 15) / 16;
     g.evict_first = ctx.evict_first;
-    launch(gemv_fp8_mma_kernel<kMmaUnroll, kE5M2>, unsigned(g.block_end[g.count - 1]), kMmaParts * 32, 0, ctx,
+    launch(gemv_fp8_mma_kernel<kMmaUnroll, kE5M2, kBits>, unsigned(g.block_end[g.count - 1]), kMmaParts * 32, 0, ctx,
            "FP8 tensor-core gemv kernel", x, int(T), g, int(K));
 }
 
 template <bool kE5M2>
-void gemv_fp8_mma(const bf16* x, int64_t T, const Fp8Group& g, int64_t K, int unroll, const LaunchContext& ctx) {
-    if (unroll == 2) return gemv_fp8_mma_launch<2, kE5M2>(x, T, g, K, ctx);
-    if (unroll == 4) return gemv_fp8_mma_launch<4, kE5M2>(x, T, g, K, ctx);
-    throw Error(Status::internal,
-                "FP8 tensor-core gemv: no kernel for " + std::to_string(unroll) + " chunks in flight");
+void gemv_fp8_mma(const bf16* x, int64_t T, const Fp8Group& g, int64_t K, Fp8GemvConfig c, const LaunchContext& ctx) {
+    if constexpr (!kE5M2) {  // (the bit conversion is e4m3's)
+        if (c.bits && c.per == 2) return gemv_fp8_mma_launch<2, false, true>(x, T, g, K, ctx);
+        if (c.bits && c.per == 4) return gemv_fp8_mma_launch<4, false, true>(x, T, g, K, ctx);
+    }
+    if (c.per == 2) return gemv_fp8_mma_launch<2, kE5M2, false>(x, T, g, K, ctx);
+    if (c.per == 4) return gemv_fp8_mma_launch<4, kE5M2, false>(x, T, g, K, ctx);
+    throw Error(Status::internal, "FP8 tensor-core gemv: no kernel for " + std::to_string(c.per) + " chunks in flight");
 }
 
 // ---- more rows: dequantize, or quantize the activations ----
@@ -431,7 +473,7 @@ bool fp8_gemv_fits(const bf16* x, int64_t T, const Matrix& w) {
 // Launch shapes (hybrid-kernel-bench --fp8 measures them): 1-2 rows on CUDA cores, 2 warps per row up to 4096
 // values, 4 up to 8192, 8 beyond, 4 words per lane and round; 3-8 rows on tensor cores, 2 chunks in flight per warp.
 Fp8GemvConfig fp8_gemv_config(int64_t K, int64_t T) {
-    if (T > kGemvBlockMaxTokens) return {true, 0, 2};
+    if (T > kGemvBlockMaxTokens) return {true, 0, 2, true};
     const int64_t K16 = K / 16;
     if (K16 <= 32 * 2 * 4) return {false, 2, 4};
     if (K16 <= 32 * 4 * 4) return {false, 4, 4};
@@ -452,7 +494,7 @@ void gemv_fp8_group_with(const bf16* x, int64_t T, const Fp8Group& g, int64_t K,
         if (T < 1 || T > kGemvMaxTokens || K % 64 != 0)
             throw Error(Status::internal,
                         "FP8 gemv: " + std::to_string(T) + " rows of " + std::to_string(K) + " values");
-        return e5m2 ? gemv_fp8_mma<true>(x, T, g, K, c.per, ctx) : gemv_fp8_mma<false>(x, T, g, K, c.per, ctx);
+        return e5m2 ? gemv_fp8_mma<true>(x, T, g, K, c, ctx) : gemv_fp8_mma<false>(x, T, g, K, c, ctx);
     }
     switch (T * 2 + (e5m2 ? 1 : 0)) {
         case 2: return gemv_fp8_shape<1, false>(x, g, K, c, ctx);

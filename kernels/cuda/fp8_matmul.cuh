@@ -53,6 +53,9 @@ struct Fp8GemvConfig {
     bool tensor_cores = false;
     int split = 2;
     int per = 4;
+    // tensor cores, e4m3: convert by moving bits (scaled by 2^-120, undone in fp32; NaN codes still give NaN) rather
+    // than with conversion instructions (cvt e4m3x2 -> f16x2 -> f32 -> bf16x2)
+    bool bits = false;
 };
 Fp8GemvConfig fp8_gemv_config(int64_t K, int64_t T);
 // gemv_fp8_group with an explicit launch shape (benchmarks); a shape not built throws Error(internal).

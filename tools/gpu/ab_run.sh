@@ -86,6 +86,15 @@ fi
 if want fp8; then  # FP8 weights: the [fp8] tests, then 4B shapes with --quant fp8 against bf16 (the same checkpoint)
     step fp8_tests 200 $N/hybrid-tests "[fp8]"
     grep -E "test cases|FAILED|rel err" "$LOG" | tail -8 >>"$SUM"
+    # quality on the GPU: models/tiny's held-out perplexity, --quant fp8 (both GEMM modes) against 16-bit
+    TXT=tests/data/text/heldout.py
+    rm -f /tmp/ppl_base.bin
+    step ppl_base 60 $N/hybrid-perplexity -m models/tiny --device cuda -f $TXT --save-logits /tmp/ppl_base.bin
+    for g in block-scaled dequantize; do
+        step "ppl_fp8_$g" 60 $N/hybrid-perplexity -m models/tiny --device cuda --quant fp8 --fp8-gemm $g -f $TXT \
+            --kl-base /tmp/ppl_base.bin
+        grep -iE "perplexity|KL|top-1" "$LOG" | tail -5 | sed "s/^/  [$g] /" >>"$SUM"
+    done
     [ -f $M/config.json ] || step fixture_4b 150 python3 tools/gpu/random_checkpoint.py --out $M
     for q in fp8 none; do
         step "fp8_b1_$q" 120 $N/hybrid-bench -m $M --device cuda --quant $q -p 512 -n 256 -r 3
