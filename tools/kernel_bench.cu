@@ -127,17 +127,20 @@ void bench_fp8(int T, const std::vector<Shape>& shapes, cudaStream_t s, const La
             line += buf;
             first = false;
         }
-        if (sh.gate_up && T <= kGemvBlockMaxTokens) {  // the fused gate/up/SiLU kernel
+        for (Fp8GemvConfig c : configs) {  // the fused gate/up/SiLU kernels
+            if (!sh.gate_up || (!c.tensor_cores && (c.per != 4 || c.split != fp8_gemv_config(sh.K, 1).split))) continue;
             const double ms = time_graph(s, [&] {
                 for (int i = 0; i < kLaunches; i++) {
                     Fp8Group g = group(i);
                     Matrix a{g.w[0], DType::F8_E4M3, sh.n[0], sh.K, g.scales[0], 0};
                     Matrix b{g.w[1], DType::F8_E4M3, sh.n[1], sh.K, g.scales[1], 0};
                     bf16* yb = static_cast<bf16*>(y);
-                    gemv_fp8_gate_up(x, T, a, b, yb, yb + 8 * sh.n[0], yb + 16 * sh.n[0], pdl);
+                    gemv_fp8_gate_up_with(x, T, a, b, yb, yb + 8 * sh.n[0], yb + 16 * sh.n[0], c, pdl);
                 }
             });
-            std::snprintf(buf, sizeof buf, "; fused gate/up/SiLU: %.0f", total / (ms * 1e-3) / 1e9);
+            std::snprintf(buf, sizeof buf, "; fused gate/up/SiLU %s/%d: %.0f",
+                          c.tensor_cores ? (c.bits ? "mma-bits" : "mma-cvt") : "cores", c.per,
+                          total / (ms * 1e-3) / 1e9);
             line += buf;
         }
         std::printf("%s |\n", line.c_str());

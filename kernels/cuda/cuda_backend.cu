@@ -642,7 +642,8 @@ public:
             }
         }
     }
-    // 1-2 rows where the GEMV fits: one gate/up/SiLU GEMV kernel (cuda::gemv_gate_up); else matmul, matmul, silu_mul.
+    // 1-2 rows where the GEMV fits (FP8: 1-8 rows): one gate/up/SiLU GEMV kernel (cuda::gemv_gate_up,
+    // cuda::gemv_fp8_gate_up); else matmul, matmul, silu_mul.
     void gate_up_silu(const void* x, int64_t rows, const Matrix& w_gate, const Matrix& w_up, void* gate, void* up,
                       void* act) override {
         require_matrix(w_gate, "weight matrix");
@@ -653,9 +654,7 @@ public:
         const bool same = w_gate.rows == w_up.rows && w_gate.cols == w_up.cols && w_gate.dtype == w_up.dtype &&
                           w_gate.scale_segment_rows == w_up.scale_segment_rows;
         const bool fp8 = is_fp8(w_gate.dtype);
-        // (FP8: the fused kernel is the CUDA-core GEMV's; where the tensor-core GEMV is chosen, a group of two)
-        const bool fits = fp8 ? !cuda::fp8_gemv_config(w_gate.cols, rows).tensor_cores &&
-                                    cuda::fp8_gemv_fits(xb, rows, w_gate) && cuda::fp8_gemv_fits(xb, rows, w_up)
+        const bool fits = fp8 ? cuda::fp8_gemv_fits(xb, rows, w_gate) && cuda::fp8_gemv_fits(xb, rows, w_up)
                               : cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols) &&
                                     cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols);
         if (same && fits) {
@@ -671,13 +670,8 @@ public:
             submit(op);
             return;
         }
-        if (fp8 && same && cuda::fp8_gemv_fits(xb, rows, w_gate) && cuda::fp8_gemv_fits(xb, rows, w_up)) {
-            const Projection pr[2] = {{w_gate, gate}, {w_up, up}};  // 3-8 rows: one FP8 tensor-core GEMV launch
-            matmul_group(x, rows, pr, 2);
-        } else {
-            matmul(x, rows, w_gate, gate);
-            matmul(x, rows, w_up, up);
-        }
+        matmul(x, rows, w_gate, gate);
+        matmul(x, rows, w_up, up);
         silu_mul(gate, up, rows * w_gate.rows, act);
     }
     // The router's logits through matmul() (the GEMV for 1-2 rows, else cuBLASLt; bf16 as transformers' linear),

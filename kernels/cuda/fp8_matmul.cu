@@ -270,35 +270,43 @@ void gate_up_fp8_shape(const bf16* x, const Matrix& wg, const Matrix& wu, bf16* 
 // four products go to a zeroed fragment that is then scaled and added to the sums.
 constexpr int kMmaParts = 8;
 
-template <int kMmaUnroll, bool kE5M2, bool kBits>
-__global__ void __launch_bounds__(kMmaParts * 32)
-    gemv_fp8_mma_kernel(const bf16* __restrict__ x, int T, const __grid_constant__ Fp8Group g, int K) {
-    __shared__ float red[kMmaParts][32][4];
-    pdl_trigger();
+// The tile of 16 rows starting at row0 of kM matrices of N rows (same segments; w[i], sc[i] = the tile's scale row)
+// against x: acc[i][0..3] of lane (gi, q) = rows row0 + gi (0, 1) and row0 + gi + 8 (2, 3), x rows 2q, 2q + 1, over
+// this warp's chunks (warp, warp + kMmaParts, ...). Weights of the first round are loaded before the PDL wait.
+template <int kMmaUnroll, bool kE5M2, bool kBits, int kM>
+__device__ __forceinline__ void fp8_tile_dot(const bf16* __restrict__ x, int T, const uint8_t* const (&w)[kM],
+                                             const float* const (&sc)[kM], int N, int row0, int K, bool evict_first,
+                                             float (&acc)[kM][4]) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, q = lane & 3;
-    const Fp8Member m = fp8_member(g);
-    const int N = m.n;
-    const int row0 = (int(blockIdx.x) - m.first_block) * 16;
     const bool va = row0 + gi < N, vb = row0 + gi + 8 < N;
-    const uint4* wa = reinterpret_cast<const uint4*>(m.w + int64_t(va ? row0 + gi : 0) * K) + q;
-    const uint4* wb = reinterpret_cast<const uint4*>(m.w + int64_t(vb ? row0 + gi + 8 : 0) * K) + q;
+    const uint4* wa[kM];
+    const uint4* wb[kM];
+#pragma unroll
+    for (int i = 0; i < kM; i++) {
+        wa[i] = reinterpret_cast<const uint4*>(w[i] + int64_t(va ? row0 + gi : 0) * K) + q;
+        wb[i] = reinterpret_cast<const uint4*>(w[i] + int64_t(vb ? row0 + gi + 8 : 0) * K) + q;
+    }
     const uint4* xr = reinterpret_cast<const uint4*>(x + int64_t(gi < T ? gi : 0) * K) + 2 * q;
-    const float* sc = m.scales + fp8_scale_row(row0 < N ? row0 : 0, m.segment_rows) * scale_cols(K);
     const bool vx = gi < T;
     const int n_chunks = K / 64;
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    const uint64_t pol = weight_policy(g.evict_first);
-    uint4 ra[kMmaUnroll], rb[kMmaUnroll];
+    const uint64_t pol = weight_policy(evict_first);
+    uint4 ra[kM][kMmaUnroll], rb[kM][kMmaUnroll];
     auto load_w = [&](int c0) {
 #pragma unroll
-        for (int u = 0; u < kMmaUnroll; u++) {
-            const int c = c0 + kMmaParts * u;
-            ra[u] = c < n_chunks && va ? ld_weight(wa + 4 * c, pol) : zero;
-            rb[u] = c < n_chunks && vb ? ld_weight(wb + 4 * c, pol) : zero;
-        }
+        for (int i = 0; i < kM; i++)
+#pragma unroll
+            for (int u = 0; u < kMmaUnroll; u++) {
+                const int c = c0 + kMmaParts * u;
+                ra[i][u] = c < n_chunks && va ? ld_weight(wa[i] + 4 * c, pol) : zero;
+                rb[i][u] = c < n_chunks && vb ? ld_weight(wb[i] + 4 * c, pol) : zero;
+            }
     };
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    uint32_t nan_a = 0, nan_b = 0;  // (kBits) NaN codes met in rows gi, gi + 8
+#pragma unroll
+    for (int i = 0; i < kM; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) acc[i][e] = 0.0f;
+    uint32_t nan_a[kM] = {}, nan_b[kM] = {};  // (kBits) NaN codes met in rows gi, gi + 8
     load_w(warp);
     pdl_wait();
     for (int c0 = warp; c0 < n_chunks; c0 += kMmaParts * kMmaUnroll) {
@@ -309,72 +317,137 @@ __global__ void __launch_bounds__(kMmaParts * 32)
             rx[u][0] = c < n_chunks && vx ? __ldg(xr + 8 * c) : zero;
             rx[u][1] = c < n_chunks && vx ? __ldg(xr + 8 * c + 1) : zero;
         }
-        uint4 ca[kMmaUnroll], cb[kMmaUnroll];
+        uint4 ca[kM][kMmaUnroll], cb[kM][kMmaUnroll];
 #pragma unroll
-        for (int u = 0; u < kMmaUnroll; u++) {
-            ca[u] = ra[u];
-            cb[u] = rb[u];
-        }
+        for (int i = 0; i < kM; i++)
+#pragma unroll
+            for (int u = 0; u < kMmaUnroll; u++) {
+                ca[i][u] = ra[i][u];
+                cb[i][u] = rb[i][u];
+            }
         if (c0 + kMmaParts * kMmaUnroll < n_chunks) load_w(c0 + kMmaParts * kMmaUnroll);
 #pragma unroll
         for (int u = 0; u < kMmaUnroll; u++) {
             const int c = c0 + kMmaParts * u;
             if (c >= n_chunks) break;
-            const uint32_t wa4[4] = {ca[u].x, ca[u].y, ca[u].z, ca[u].w}, wb4[4] = {cb[u].x, cb[u].y, cb[u].z, cb[u].w};
             const uint32_t xw[8] = {rx[u][0].x, rx[u][0].y, rx[u][0].z, rx[u][0].w,
                                     rx[u][1].x, rx[u][1].y, rx[u][1].z, rx[u][1].w};
-            float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int j = 0; j < 4; j++) {
-                // weights 4j .. 4j + 3 of the lane's 16: the low and high halves of word j
-                uint32_t a0, a1, a2, a3;
-                if constexpr (kBits) {
-                    e4m3x4_to_bf16x2_scaled(wa4[j], a0, a2);
-                    e4m3x4_to_bf16x2_scaled(wb4[j], a1, a3);
-                    nan_a |= e4m3_nan_bits(wa4[j]);
-                    nan_b |= e4m3_nan_bits(wb4[j]);
-                } else {
-                    a0 = fp8x2_to_bf16x2<kE5M2>(wa4[j]);
-                    a2 = fp8x2_to_bf16x2<kE5M2>(wa4[j] >> 16);
-                    a1 = fp8x2_to_bf16x2<kE5M2>(wb4[j]);
-                    a3 = fp8x2_to_bf16x2<kE5M2>(wb4[j] >> 16);
+            for (int i = 0; i < kM; i++) {
+                const uint32_t wa4[4] = {ca[i][u].x, ca[i][u].y, ca[i][u].z, ca[i][u].w};
+                const uint32_t wb4[4] = {cb[i][u].x, cb[i][u].y, cb[i][u].z, cb[i][u].w};
+                float part[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+#pragma unroll
+                for (int j = 0; j < 4; j++) {
+                    // weights 4j .. 4j + 3 of the lane's 16: the low and high halves of word j
+                    uint32_t a0, a1, a2, a3;
+                    if constexpr (kBits) {
+                        e4m3x4_to_bf16x2_scaled(wa4[j], a0, a2);
+                        e4m3x4_to_bf16x2_scaled(wb4[j], a1, a3);
+                        nan_a[i] |= e4m3_nan_bits(wa4[j]);
+                        nan_b[i] |= e4m3_nan_bits(wb4[j]);
+                    } else {
+                        a0 = fp8x2_to_bf16x2<kE5M2>(wa4[j]);
+                        a2 = fp8x2_to_bf16x2<kE5M2>(wa4[j] >> 16);
+                        a1 = fp8x2_to_bf16x2<kE5M2>(wb4[j]);
+                        a3 = fp8x2_to_bf16x2<kE5M2>(wb4[j] >> 16);
+                    }
+                    mma_bf16_16816(part, a0, a1, a2, a3, xw[2 * j], xw[2 * j + 1]);
                 }
-                mma_bf16_16816(part, a0, a1, a2, a3, xw[2 * j], xw[2 * j + 1]);
-            }
-            const float s = __ldg(sc + c / 2);
+                const float s = __ldg(sc[i] + c / 2);
 #pragma unroll
-            for (int i = 0; i < 4; i++) acc[i] = fmaf(part[i], s, acc[i]);
+                for (int e = 0; e < 4; e++) acc[i][e] = fmaf(part[e], s, acc[i][e]);
+            }
         }
     }
     if constexpr (kBits) {
         // the quad of lanes gi holds all of rows gi and gi + 8: a NaN code in either makes its outputs NaN; the
         // scaled bf16 values carry 2^-120
-        nan_a |= __shfl_xor_sync(0xffffffffu, nan_a, 1);
-        nan_a |= __shfl_xor_sync(0xffffffffu, nan_a, 2);
-        nan_b |= __shfl_xor_sync(0xffffffffu, nan_b, 1);
-        nan_b |= __shfl_xor_sync(0xffffffffu, nan_b, 2);
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            acc[i] *= 0x1p120f;
-            if ((i < 2 ? nan_a : nan_b) != 0) acc[i] = __int_as_float(0x7fffffff);
+        for (int i = 0; i < kM; i++) {
+            nan_a[i] |= __shfl_xor_sync(0xffffffffu, nan_a[i], 1);
+            nan_a[i] |= __shfl_xor_sync(0xffffffffu, nan_a[i], 2);
+            nan_b[i] |= __shfl_xor_sync(0xffffffffu, nan_b[i], 1);
+            nan_b[i] |= __shfl_xor_sync(0xffffffffu, nan_b[i], 2);
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                acc[i][e] *= 0x1p120f;
+                if ((e < 2 ? nan_a[i] : nan_b[i]) != 0) acc[i][e] = __int_as_float(0x7fffffff);
+            }
         }
     }
+}
+
+// Sums the kMmaParts warps' fragments (in warp order) into warp 0's acc; false in the other warps.
+template <int kM>
+__device__ __forceinline__ bool fp8_tile_reduce(float (&acc)[kM][4], float (*red)[32][4 * kM]) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
 #pragma unroll
-    for (int i = 0; i < 4; i++) red[warp][lane][i] = acc[i];
+    for (int i = 0; i < kM; i++)
+#pragma unroll
+        for (int e = 0; e < 4; e++) red[warp][lane][4 * i + e] = acc[i][e];
     __syncthreads();
-    if (warp != 0) return;
+    if (warp != 0) return false;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float v = red[0][lane][i];
+    for (int i = 0; i < kM; i++)
 #pragma unroll
-        for (int p = 1; p < kMmaParts; p++) v += red[p][lane][i];
-        acc[i] = v;
-    }
+        for (int e = 0; e < 4; e++) {
+            float v = red[0][lane][4 * i + e];
+#pragma unroll
+            for (int p = 1; p < kMmaParts; p++) v += red[p][lane][4 * i + e];
+            acc[i][e] = v;
+        }
+    return true;
+}
+
+template <int kMmaUnroll, bool kE5M2, bool kBits>
+__global__ void __launch_bounds__(kMmaParts * 32)
+    gemv_fp8_mma_kernel(const bf16* __restrict__ x, int T, const __grid_constant__ Fp8Group g, int K) {
+    __shared__ float red[kMmaParts][32][4];
+    pdl_trigger();
+    const int lane = threadIdx.x & 31, gi = lane >> 2, q = lane & 3;
+    const Fp8Member m = fp8_member(g);
+    const int N = m.n;
+    const int row0 = (int(blockIdx.x) - m.first_block) * 16;
+    const uint8_t* const w[1] = {m.w};
+    const float* const sc[1] = {m.scales + fp8_scale_row(row0, m.segment_rows) * scale_cols(K)};
+    float acc[1][4];
+    fp8_tile_dot<kMmaUnroll, kE5M2, kBits, 1>(x, T, w, sc, N, row0, K, g.evict_first, acc);
+    if (!fp8_tile_reduce<1>(acc, red)) return;
     bf16* y = static_cast<bf16*>(m.y);
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int t = 2 * q + (i & 1), n = row0 + gi + (i >= 2 ? 8 : 0);
-        if (t < T && n < N) y[int64_t(t) * N + n] = to_bf16(acc[i]);
+    for (int e = 0; e < 4; e++) {
+        const int t = 2 * q + (e & 1), n = row0 + gi + (e >= 2 ? 8 : 0);
+        if (t < T && n < N) y[int64_t(t) * N + n] = to_bf16(acc[0][e]);
+    }
+}
+
+// Gate and up tiles of the same 16 features in one block, then the activation (as gemv_fp8_gate_up_kernel).
+template <int kMmaUnroll, bool kE5M2, bool kBits>
+__global__ void __launch_bounds__(kMmaParts * 32)
+    gemv_fp8_mma_gate_up_kernel(const bf16* __restrict__ x, int T, const uint8_t* __restrict__ wg,
+                                const float* __restrict__ sg, const uint8_t* __restrict__ wu,
+                                const float* __restrict__ su, int segment_rows, bf16* gate_out, bf16* up_out,
+                                bf16* act_out, int N, int K, bool evict_first) {
+    __shared__ float red[kMmaParts][32][8];
+    pdl_trigger();
+    const int lane = threadIdx.x & 31, gi = lane >> 2, q = lane & 3;
+    const int row0 = int(blockIdx.x) * 16;
+    const int64_t srow = fp8_scale_row(row0, segment_rows) * scale_cols(K);
+    const uint8_t* const w[2] = {wg, wu};
+    const float* const sc[2] = {sg + srow, su + srow};
+    float acc[2][4];
+    fp8_tile_dot<kMmaUnroll, kE5M2, kBits, 2>(x, T, w, sc, N, row0, K, evict_first, acc);
+    if (!fp8_tile_reduce<2>(acc, red)) return;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        const int t = 2 * q + (e & 1), n = row0 + gi + (e >= 2 ? 8 : 0);
+        if (t >= T || n >= N) continue;
+        const float gv = round_bf16(acc[0][e]), uv = round_bf16(acc[1][e]);
+        const int64_t o = int64_t(t) * N + n;
+        up_out[o] = to_bf16(uv);
+        if (act_out != gate_out) gate_out[o] = to_bf16(gv);
+        act_out[o] = to_bf16(round_bf16(siluf_(gv)) * uv);
     }
 }
 
@@ -395,6 +468,15 @@ void gemv_fp8_mma(const bf16* x, int64_t T, const Fp8Group& g, int64_t K, Fp8Gem
     if (c.per == 2) return gemv_fp8_mma_launch<2, kE5M2, false>(x, T, g, K, ctx);
     if (c.per == 4) return gemv_fp8_mma_launch<4, kE5M2, false>(x, T, g, K, ctx);
     throw Error(Status::internal, "FP8 tensor-core gemv: no kernel for " + std::to_string(c.per) + " chunks in flight");
+}
+
+template <int kMmaUnroll, bool kE5M2, bool kBits>
+void gate_up_fp8_mma_launch(const bf16* x, int64_t T, const Matrix& wg, const Matrix& wu, bf16* gate_out, bf16* up_out,
+                            bf16* act_out, const LaunchContext& ctx) {
+    launch(gemv_fp8_mma_gate_up_kernel<kMmaUnroll, kE5M2, kBits>, ceil_div(wg.rows, 16), kMmaParts * 32, 0, ctx,
+           "FP8 tensor-core gemv gate/up/SiLU kernel", x, int(T), static_cast<const uint8_t*>(wg.data), wg.scales,
+           static_cast<const uint8_t*>(wu.data), wu.scales, int(wg.scale_segment_rows), gate_out, up_out, act_out,
+           int(wg.rows), int(wg.cols), ctx.evict_first);
 }
 
 // ---- more rows: dequantize, or quantize the activations ----
@@ -465,7 +547,8 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 bool fp8_gemv_fits(const bf16* x, int64_t T, const Matrix& w) {
     if (!is_fp8(w.dtype) || !w.scales || T < 1 || T > kGemvMaxTokens) return false;
     const int64_t K = w.cols;
-    if (K % (T > kGemvBlockMaxTokens ? 64 : 16) != 0 || K > (int64_t(1) << 30) || w.rows > (int64_t(1) << 30))
+    if (K % (fp8_gemv_config(K, T).tensor_cores ? 64 : 16) != 0 || K > (int64_t(1) << 30) ||
+        w.rows > (int64_t(1) << 30))
         return false;
     return w.scale_segment_rows % 16 == 0 && aligned16(x) && aligned16(w.data);
 }
@@ -507,16 +590,37 @@ void gemv_fp8_group_with(const bf16* x, int64_t T, const Fp8Group& g, int64_t K,
 
 void gemv_fp8_gate_up(const bf16* x, int64_t T, const Matrix& wg, const Matrix& wu, bf16* gate_out, bf16* up_out,
                       bf16* act_out, const LaunchContext& ctx) {
+    gemv_fp8_gate_up_with(x, T, wg, wu, gate_out, up_out, act_out, fp8_gemv_config(wg.cols, T), ctx);
+}
+
+void gemv_fp8_gate_up_with(const bf16* x, int64_t T, const Matrix& wg, const Matrix& wu, bf16* gate_out, bf16* up_out,
+                           bf16* act_out, Fp8GemvConfig c, const LaunchContext& ctx) {
     if (wg.rows != wu.rows || wg.cols != wu.cols || wg.dtype != wu.dtype ||
         wg.scale_segment_rows != wu.scale_segment_rows)
         throw Error(Status::internal, "FP8 gemv gate/up: the gate and up matrices differ in shape or format");
     const bool e5m2 = wg.dtype == DType::F8_E5M2;
+    if (c.tensor_cores) {
+        if (T < 1 || T > kGemvMaxTokens || wg.cols % 64 != 0)
+            throw Error(Status::internal,
+                        "FP8 gemv gate/up: " + std::to_string(T) + " rows of " + std::to_string(wg.cols) + " values");
+        const int v = (e5m2 ? 100 : 0) + (c.bits && !e5m2 ? 10 : 0) + c.per;
+        switch (v) {
+            case 2: return gate_up_fp8_mma_launch<2, false, false>(x, T, wg, wu, gate_out, up_out, act_out, ctx);
+            case 4: return gate_up_fp8_mma_launch<4, false, false>(x, T, wg, wu, gate_out, up_out, act_out, ctx);
+            case 12: return gate_up_fp8_mma_launch<2, false, true>(x, T, wg, wu, gate_out, up_out, act_out, ctx);
+            case 14: return gate_up_fp8_mma_launch<4, false, true>(x, T, wg, wu, gate_out, up_out, act_out, ctx);
+            case 102: return gate_up_fp8_mma_launch<2, true, false>(x, T, wg, wu, gate_out, up_out, act_out, ctx);
+            case 104: return gate_up_fp8_mma_launch<4, true, false>(x, T, wg, wu, gate_out, up_out, act_out, ctx);
+            default: throw Error(Status::internal, "FP8 gemv gate/up: no tensor-core kernel for this shape");
+        }
+    }
     switch (T * 2 + (e5m2 ? 1 : 0)) {
         case 2: return gate_up_fp8_shape<1, false>(x, wg, wu, gate_out, up_out, act_out, ctx);
         case 3: return gate_up_fp8_shape<1, true>(x, wg, wu, gate_out, up_out, act_out, ctx);
         case 4: return gate_up_fp8_shape<2, false>(x, wg, wu, gate_out, up_out, act_out, ctx);
         case 5: return gate_up_fp8_shape<2, true>(x, wg, wu, gate_out, up_out, act_out, ctx);
-        default: throw Error(Status::internal, "FP8 gemv gate/up: " + std::to_string(T) + " rows (at most 2)");
+        default:
+            throw Error(Status::internal, "FP8 gemv gate/up: " + std::to_string(T) + " rows on CUDA cores (at most 2)");
     }
 }
 

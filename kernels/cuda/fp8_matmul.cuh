@@ -62,9 +62,12 @@ Fp8GemvConfig fp8_gemv_config(int64_t K, int64_t T);
 void gemv_fp8_group_with(const bf16* x, int64_t T, const Fp8Group& g, int64_t K, DType dtype, Fp8GemvConfig c,
                          const LaunchContext& ctx);
 // gate_out = bf16(x Wg^T), up_out = bf16(x Wu^T), act_out = bf16(bf16(silu(gate)) * up) (act_out may be gate_out),
-// as gemv_gate_up; T <= kGemvBlockMaxTokens, wg and wu of the same shape, dtype and segments, both fp8_gemv_fits.
+// as gemv_gate_up, in one kernel: T <= kGemvMaxTokens, wg and wu of the same shape, dtype and segments, both
+// fp8_gemv_fits. _with: an explicit launch shape (the CUDA-core one: split from K, 4 words per lane).
 void gemv_fp8_gate_up(const bf16* x, int64_t T, const Matrix& wg, const Matrix& wu, bf16* gate_out, bf16* up_out,
                       bf16* act_out, const LaunchContext& ctx);
+void gemv_fp8_gate_up_with(const bf16* x, int64_t T, const Matrix& wg, const Matrix& wu, bf16* gate_out, bf16* up_out,
+                           bf16* act_out, Fp8GemvConfig c, const LaunchContext& ctx);
 
 // How FP8 matrices are multiplied when there are more rows than the GEMVs take (CudaOptions::fp8_gemm).
 enum class Fp8GemmMode { block_scaled, dequantize };
