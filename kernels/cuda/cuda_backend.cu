@@ -1097,7 +1097,7 @@ private:
     mutable size_t moe_slot_elems_ = 0, moe_index_ints_ = 0;   // MoE models (workspace_bytes)
     mutable size_t fp8_act_bytes_ = 0, fp8_weight_elems_ = 0;  // FP8 matrices (workspace_bytes)
     cuda::Fp8Scratch fp8_scratch_;
-    cuda::Fp8GemmMode fp8_mode_ = cuda::Fp8GemmMode::block_scaled;
+    cuda::Fp8GemmMode fp8_mode_ = cuda::Fp8GemmMode::dequantize;
     cuda::RowMap rows_{};
     cuda::LaunchContext ctx_;  // the stream and launch settings every kernel launcher gets
     // CUDA graph replay of small steps (CudaOptions::graphs).

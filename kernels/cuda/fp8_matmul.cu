@@ -665,12 +665,22 @@ void matmul_fp8(Gemm& gemm, const bf16* x, int64_t T, const Matrix& w, void* y, 
         g.add(w, y);
         return gemv_fp8_group(x, T, g, K, w.dtype, ctx);
     }
+    // (cuBLASLt reads the activation scales [K / 128, T] with 16-byte aligned rows: the GEMM takes a multiple of 4
+    // rows, the GEMV the 1-3 rows left)
+    const int64_t T4 = T / 4 * 4;
     if (mode == Fp8GemmMode::block_scaled && !out_f32 && w.dtype == DType::F8_E4M3 && K % 128 == 0 && N % 16 == 0 &&
-        w.scale_segment_rows % 128 == 0 && aligned16(x) && aligned16(y) && size_t(T * K) <= scratch.act_bytes) {
-        quantize_rows_fp8(x, T, K, scratch.act, scratch.act_scales, ctx);
-        if (gemm.run_fp8(scratch.act, scratch.act_scales, T, static_cast<const uint8_t*>(w.data), w.scales, N, K,
-                         static_cast<bf16*>(y), ctx))
+        w.scale_segment_rows % 128 == 0 && aligned16(x) && aligned16(y) && size_t(T * K) <= scratch.act_bytes &&
+        (T4 == T || fp8_gemv_fits(x + T4 * K, T - T4, w))) {
+        quantize_rows_fp8(x, T4, K, scratch.act, scratch.act_scales, ctx);
+        if (gemm.run_fp8(scratch.act, scratch.act_scales, T4, static_cast<const uint8_t*>(w.data), w.scales, N, K,
+                         static_cast<bf16*>(y), ctx)) {
+            if (T4 < T) {
+                Fp8Group g;
+                g.add(w, static_cast<bf16*>(y) + T4 * N);
+                gemv_fp8_group(x + T4 * K, T - T4, g, K, w.dtype, ctx);
+            }
             return;
+        }
     }
     if (size_t(N * K) > scratch.weight_elems)
         throw Error(Status::internal, "FP8 matmul: the dequantization scratch holds " +
