@@ -15,7 +15,7 @@ want() { [ "$STAGES" = all ] || [[ " $STAGES " == *" $1 "* ]]; }
 DEPS=$PWD/.carry/deps
 CFG=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DHY_NATIVE=OFF -DHY_SERVER=OFF -DHY_DEPS_PREFIX=$DEPS
     -DHY_PCRE2_LIB=$DEPS/lib/libpcre2-8.a -DHY_UTF8PROC_LIB=$DEPS/lib/libutf8proc.a)
-TARGETS=(--target hybrid-tests hybrid-bench hybrid-compare hybrid hybrid-kernel-bench)
+TARGETS=(--target hybrid-tests hybrid-bench hybrid-compare hybrid hybrid-kernel-bench hybrid-perplexity)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$SUM" 2>&1
 if want build; then
     (cmake -S . -B /tmp/bn "${CFG[@]}" >/tmp/bn.log 2>&1 && cmake --build /tmp/bn -j10 "${TARGETS[@]}" >>/tmp/bn.log 2>&1
@@ -80,7 +80,8 @@ fi
 if want fp8_kernels; then  # every FP8 GEMV launch shape on the 4B projection shapes (1, 2, 6 rows); the cuBLASLt probe
     for t in 1 2 6; do
         step "kernel_bench_fp8_$t" 120 $N/hybrid-kernel-bench $t fp8
-        sed -n '/^FP8 weights/,$p' "$LOG" | grep -E "^\||arrangement" | sed "s/^/  [T=$t] /" >>"$SUM"
+        sed -n "/^==== kernel_bench_fp8_$t/,\$p" "$LOG" | sed -n '/^FP8 weights/,$p' | grep -E "^\||arrangement" |
+            sed "s/^/  [T=$t] /" >>"$SUM"
     done
 fi
 if want fp8; then  # FP8 weights: the [fp8] tests, then 4B shapes with --quant fp8 against bf16 (the same checkpoint)
