@@ -382,11 +382,18 @@ Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool c
     // several choices per request are not supported (n, and best_of of /v1/completions): refused, not ignored
     for (const char* name : {"n", "best_of"})
         if (const ojson* n = field(body, name)) {
-            if (!n->is_number_integer()) bad(name, std::string(name) + " must be an integer");
-            if (n->is_number_unsigned() ? n->get<uint64_t>() > 1 : n->get<int64_t>() > 1)
+            // (an integral float such as 1.0 counts as that integer, as in the OpenAI API's Python server)
+            const bool integral_float = n->is_number_float() && std::isfinite(n->get<double>()) &&
+                                        std::floor(n->get<double>()) == n->get<double>() &&
+                                        std::fabs(n->get<double>()) < 9.0e15;
+            if (!n->is_number_integer() && !integral_float) bad(name, std::string(name) + " must be an integer");
+            if (integral_float            ? n->get<double>() > 1
+                : n->is_number_unsigned() ? n->get<uint64_t>() > 1
+                                          : n->get<int64_t>() > 1)
                 bad(name, std::string(name) + " = " + n->dump() + " is not supported: one choice per request (" + name +
                               " = 1)");
-            if (n->get<int64_t>() < 1) bad(name, std::string(name) + " must be 1, got " + n->dump());
+            if ((integral_float ? n->get<double>() : double(n->get<int64_t>())) < 1)
+                bad(name, std::string(name) + " must be 1, got " + n->dump());
         }
     s.sampling.logit_bias = parse_logit_bias(body, tok, n_valid);
     if (const ojson* stop = field(body, "stop")) {
@@ -1118,14 +1125,14 @@ struct Server::Impl {
             std::string body;
             bool too_big = false, ok;
             if (req.is_multipart_form_data()) {  // (read and dropped: the library has no plain reader for it)
+                // (a malformed multipart body gets the same answer: the content type is what is refused)
                 ok = reader([](const httplib::MultipartFormData&) { return true; },
                             [](const char*, size_t) { return true; });
-                if (ok) {
-                    reply_error(req, res,
-                                {415, "multipart/form-data bodies are not supported: send the request as JSON", "",
-                                 "invalid_request_error", ""});
-                    return;
-                }
+                if (!ok) res.set_header("Connection", "close");
+                reply_error(req, res,
+                            {415, "multipart/form-data bodies are not supported: send the request as JSON", "",
+                             "invalid_request_error", ""});
+                return;
             } else {
                 ok = reader([&](const char* data, size_t n) {
                     if (body.size() + n > kMaxBodyBytes) {

@@ -471,6 +471,8 @@ TEST_CASE("server: bad requests get 4xx OpenAI errors without disturbing the oth
         {"/v1/completions", "{\"prompt\": \"x\", \"seed\": \"abc\"}", 400, "seed"},
         {"/v1/completions", "{\"prompt\": \"x\", \"best_of\": 3}", 400, "best_of"},
         {"/v1/completions", "{\"prompt\": \"x\", \"n\": 0}", 400, "n"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"n\": 2.0}", 400, "n"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"n\": 1.5}", 400, "n"},
         {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": [1]}", 400, "logit_bias"},
         {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"abc\": 1}}", 400, "logit_bias"},
         {"/v1/completions", "{\"prompt\": \"x\", \"logit_bias\": {\"-1\": 1}}", 400, "logit_bias"},
