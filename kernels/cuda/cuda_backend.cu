@@ -308,6 +308,8 @@ public:
     DType matrix_dtype(DType checkpoint) const override {
         if (is_fp8(checkpoint))  // (FP8 checkpoints and --quant fp8 ask for FP8 matrices)
             throw Error(Status::unsupported, "FP8 weights are not supported on CUDA yet; use --device cpu");
+        if (is_int_quant(checkpoint))  // (--quant int8 / int4 ask for Q8 / Q4 matrices)
+            throw Error(Status::unsupported, "int8/int4 weights are not supported on CUDA yet; use --device cpu");
         return DType::BF16;
     }
 
