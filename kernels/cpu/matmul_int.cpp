@@ -68,7 +68,43 @@ void quantize_group(const float* x, int64_t n, int8_t* q, float* scale, int32_t*
     *sum = s;
 }
 
-QuantizedActivations quantize_activations(const float* x, int64_t T, int64_t K, int64_t group, ThreadPool& pool) {
+#define HY_TARGET_AVX512 __attribute__((target("avx512f,avx512bw,avx512dq,avx512vl")))
+
+// quantize_group with AVX-512 (n a multiple of 16): the same operations lane by lane (max of |x|, x * inv rounded to
+// nearest even, clamped; the sum of the codes in int32), so the same codes, scale and sum.
+HY_TARGET_AVX512 void quantize_group_avx512(const float* x, int64_t n, int8_t* q, float* scale, int32_t* sum) {
+    __m512 amax_v = _mm512_setzero_ps();
+    __mmask16 bad = 0;
+    const __m512 abs_mask = _mm512_castsi512_ps(_mm512_set1_epi32(0x7fffffff));
+    for (int64_t i = 0; i < n; i += 16) {
+        const __m512 a = _mm512_and_ps(_mm512_loadu_ps(x + i), abs_mask);
+        bad |= _mm512_cmp_ps_mask(a, _mm512_set1_ps(INFINITY), _CMP_NLT_UQ);  // inf or NaN
+        amax_v = _mm512_max_ps(amax_v, a);
+    }
+    const float amax = _mm512_reduce_max_ps(amax_v);
+    if (bad || amax == 0.0f) {
+        std::memset(q, 0, size_t(n));
+        *scale = bad ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+        *sum = 0;
+        return;
+    }
+    const __m512 inv = _mm512_set1_ps(127.0f / amax), lo = _mm512_set1_ps(-127.0f), hi = _mm512_set1_ps(127.0f);
+    __m512i s = _mm512_setzero_si512();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __m512 v = _mm512_roundscale_ps(_mm512_mul_ps(_mm512_loadu_ps(x + i), inv),
+                                              _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m512i c = _mm512_cvtps_epi32(_mm512_min_ps(_mm512_max_ps(v, lo), hi));
+        s = _mm512_add_epi32(s, c);
+        _mm_storeu_si128(reinterpret_cast<__m128i*>(q + i), _mm512_cvtepi32_epi8(c));
+    }
+    *scale = amax / 127.0f;
+    *sum = _mm512_reduce_add_epi32(s);
+}
+
+// (the AVX-512 quantizer goes with the VNNI kernels, the scalar one with the others: the tests' comparison of the
+// instruction sets covers both)
+QuantizedActivations quantize_activations(const float* x, int64_t T, int64_t K, int64_t group, bool avx512,
+                                          ThreadPool& pool) {
     // Grows to the largest call once (the first steps); rows past T are zero codes with scale 0.
     thread_local std::vector<int8_t> q;
     thread_local std::vector<float> scale;
@@ -87,7 +123,8 @@ QuantizedActivations quantize_activations(const float* x, int64_t T, int64_t K, 
     pool.parallel_for(T, std::max<int64_t>(1, 16384 / K), [&](int64_t t0, int64_t t1, int) {
         for (int64_t t = t0; t < t1; t++)
             for (int64_t g = 0; g < G; g++)
-                quantize_group(x + t * K + g * group, group, qp + t * K + g * group, sp + g * ld + t, up + g * ld + t);
+                (avx512 ? quantize_group_avx512 : quantize_group)(x + t * K + g * group, group, qp + t * K + g * group,
+                                                                  sp + g * ld + t, up + g * ld + t);
     });
     return {qp, sp, up, ld};
 }
@@ -341,7 +378,7 @@ void matmul_int(const float* x, int64_t rows, const Matrix& w, float* y, ThreadP
     if (!int_isa_supported(isa))
         throw Error(Status::unsupported, std::string("CPU matmul: this CPU lacks ") + int_isa_name(isa));
     if (rows <= 0) return;
-    const QuantizedActivations a = quantize_activations(x, rows, w.cols, w.group, pool);
+    const QuantizedActivations a = quantize_activations(x, rows, w.cols, w.group, isa == IntIsa::avx512_vnni, pool);
     const bool q8 = w.dtype == DType::Q8;
     switch (isa) {
         case IntIsa::avx512_vnni:
