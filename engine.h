@@ -105,8 +105,8 @@ typedef struct hy_model_params {
                              random values, for benchmarks of a shape without its checkpoint; output is meaningless
                              (default 0) */
     int quant;            /* a hy_quant: HY_QUANT_NONE (default), HY_QUANT_FP8, HY_QUANT_INT8 or HY_QUANT_INT4 */
-    int quant_group;      /* HY_QUANT_INT8/INT4: weights per scale, 32 or a multiple of 64 up to 1024; 0 (default): the mode's
-                             default (README "Weight quantization") */
+    int quant_group;      /* HY_QUANT_INT8/INT4: weights per scale, 32 or a multiple of 64 up to 1024; 0 (default): the
+                             mode's      default (README "Weight quantization") */
 } hy_model_params;
 
 hy_model_params hy_model_default_params(void);

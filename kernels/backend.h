@@ -109,8 +109,8 @@ inline size_t matrix_bytes(const Matrix& m) {
     return n;
 }
 
-// Rows [r0, r0 + n) of m as a matrix of their own (data and, for FP8/Q8/Q4, scales offset). For FP8, r0 must start a scale
-// block row (a multiple of the segment rows, or of 128 when the matrix is one segment), and n must cover whole
+// Rows [r0, r0 + n) of m as a matrix of their own (data and, for FP8/Q8/Q4, scales offset). For FP8, r0 must start a
+// scale block row (a multiple of the segment rows, or of 128 when the matrix is one segment), and n must cover whole
 // segments (the view keeps m's segment rows); e.g. expert e's gate_up is matrix_rows(gate_up, e * 2I, 2I).
 // Q8/Q4: any r0 and n.
 inline Matrix matrix_rows(const Matrix& m, int64_t r0, int64_t n) {

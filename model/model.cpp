@@ -580,7 +580,8 @@ struct ModelLoader {
         // Runs of at most 2^24 weights (64 MiB of F32 at a time), rows split among host threads.
         const int64_t run = std::max<int64_t>(1, std::min<int64_t>(d.rows, (int64_t(1) << 24) / d.cols));
         const int n_threads = int(std::min<int64_t>(
-            run, std::max(1, m.params_.n_threads > 0 ? m.params_.n_threads : int(std::thread::hardware_concurrency()))));
+            run,
+            std::max(1, m.params_.n_threads > 0 ? m.params_.n_threads : int(std::thread::hardware_concurrency()))));
         std::vector<float> w(size_t(run * d.cols)), scales(size_t(run * n_groups));
         std::vector<uint8_t> q(size_t(run) * row_bytes(d.dtype, d.cols));
         std::vector<std::exception_ptr> errors(static_cast<size_t>(n_threads));
@@ -591,7 +592,8 @@ struct ModelLoader {
                     const int64_t a = n * i / n_threads, b = n * (i + 1) / n_threads;
                     read_rows(job, d.cols, r0 + a, b - a, w.data() + a * d.cols);
                     quantize_int_groups(w.data() + a * d.cols, b - a, d.cols, d.group, d.dtype,
-                                        q.data() + size_t(a) * row_bytes(d.dtype, d.cols), scales.data() + a * n_groups);
+                                        q.data() + size_t(a) * row_bytes(d.dtype, d.cols),
+                                        scales.data() + a * n_groups);
                 } catch (...) {
                     errors[size_t(i)] = std::current_exception();
                 }

@@ -74,8 +74,7 @@ namespace {
 
 // codes[i] = x[i] / scale rounded to nearest even, clamped to [lo, hi].
 void round_codes(const float* x, int64_t n, float scale, int lo, int hi, int8_t* codes) {
-    for (int64_t i = 0; i < n; i++)
-        codes[i] = int8_t(std::clamp(std::nearbyint(x[i] / scale), float(lo), float(hi)));
+    for (int64_t i = 0; i < n; i++) codes[i] = int8_t(std::clamp(std::nearbyint(x[i] / scale), float(lo), float(hi)));
 }
 
 // The Q4 scale of one group (amax > 0, every x finite) and its codes in [-8, 7]: from each of 21 starting scales

@@ -91,9 +91,10 @@ int main(int argc, char** argv) {
         try {
             p.quant = hy::parse_weight_quant(r["quant"].as<std::string>(), &p.quant_group);
         } catch (const hy::Error&) {
-            return usage_error("--quant must be none, fp8, int8, int4, int8:G or int4:G (G 32 or a multiple of 64 up "
-                               "to 1024), got '" +
-                               r["quant"].as<std::string>() + "'");
+            return usage_error(
+                "--quant must be none, fp8, int8, int4, int8:G or int4:G (G 32 or a multiple of 64 up "
+                "to 1024), got '" +
+                r["quant"].as<std::string>() + "'");
         }
         const std::string device = r["device"].as<std::string>();
         if (device == "cpu")

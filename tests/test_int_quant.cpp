@@ -102,7 +102,7 @@ std::vector<float> logits_of(const std::string& dir, const ModelParams& p) {
 TEST_CASE("int quant: Q8 codes are w / (amax / 127) rounded to nearest even, per row and group", "[loader][int]") {
     const int64_t rows = 5, cols = 192, group = 64;
     std::vector<float> w = random_values(size_t(rows * cols), 1, 0.05f);
-    for (int64_t c = 64; c < 128; c++) w[size_t(2 * cols + c)] = 0.0f;  // row 2, group 1: all zero
+    for (int64_t c = 64; c < 128; c++) w[size_t(2 * cols + c)] = 0.0f;   // row 2, group 1: all zero
     w[size_t(3 * cols + 10)] = std::numeric_limits<float>::quiet_NaN();  // row 3, group 0: a NaN
     w[size_t(4 * cols + 150)] = INFINITY;                                // row 4, group 2: an infinity
     const QMatrix q = quantize(w, rows, cols, group, DType::Q8);
@@ -357,8 +357,8 @@ TEST_CASE("int quant: bad requests are refused with one clear line", "[loader][i
         CHECK(group == 0);
         CHECK(parse_weight_quant("int4:128", &group) == WeightQuant::int4);
         CHECK(group == 128);
-        for (const char* bad : {"int3", "int4:48", "int4:96", "int4:0", "int8:2048", "fp8:64", "none:64", "int4:", "int4:64x",
-                                "INT8", "int8:+64"})
+        for (const char* bad : {"int3", "int4:48", "int4:96", "int4:0", "int8:2048", "fp8:64", "none:64",
+                                "int4:", "int4:64x", "INT8", "int8:+64"})
             require_error([&] { parse_weight_quant(bad, &group); }, Status::invalid_argument,
                           std::string("unknown weight quantization '") + bad +
                               "' (supported: none, fp8, int8, int4, int8:G, int4:G");
@@ -405,8 +405,8 @@ TEST_CASE("int quant: bad requests are refused with one clear line", "[loader][i
         const std::vector<int64_t> shape = src.shape;
         t[name] = {"F8_E4M3", shape, q};
         const uint8_t* sb = reinterpret_cast<const uint8_t*>(s.data());
-        t[name + "_scale_inv"] = {"F32", {fp8_scale_rows(shape[0], 0), fp8_scale_cols(shape[1])},
-                                  {sb, sb + s.size() * 4}};
+        t[name + "_scale_inv"] = {
+            "F32", {fp8_scale_rows(shape[0], 0), fp8_scale_cols(shape[1])}, {sb, sb + s.size() * 4}};
         nlohmann::json c = nlohmann::json::parse(read_text(tiny_dir() + "/config.json"));
         std::filesystem::create_directories(d.path);
         for (const char* f : {"tokenizer.json", "tokenizer_config.json"})

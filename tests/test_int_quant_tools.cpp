@@ -44,8 +44,9 @@ TEST_CASE("hybrid-perplexity: --quant int8 within 1% of 16-bit and top-1 >= 97%,
         {"int4", "1.06", "0.88", "weights: --quant int4, groups of 32, lm_head 16-bit"},
     };
     for (const auto& [quant, ratio, top1, line] : cases) {
-        const Run q = run_prog(ppl, {"-m", "models/tiny", "-f", text, "--ctx", "256", "--device", "cpu", "-t", "2",
-                                     "--quant", quant, "--kl-base", base, "--max-ppl-ratio", ratio, "--min-top1", top1});
+        const Run q =
+            run_prog(ppl, {"-m", "models/tiny", "-f", text, "--ctx", "256", "--device", "cpu", "-t", "2", "--quant",
+                           quant, "--kl-base", base, "--max-ppl-ratio", ratio, "--min-top1", top1});
         INFO(quant << ": " << q.out << q.err);
         CHECK(q.rc == 0);
         CHECK(q.out.find(line) != std::string::npos);

@@ -151,9 +151,10 @@ inline void parse_quant(const std::string& s, ModelParams& mp) {
     try {
         mp.quant = parse_weight_quant(s, &mp.quant_group);
     } catch (const Error&) {
-        throw UsageError("--quant must be none, fp8, int8, int4, int8:G or int4:G (G 32 or a multiple of 64 up to 1024), "
-                         "got '" +
-                         s + "'");
+        throw UsageError(
+            "--quant must be none, fp8, int8, int4, int8:G or int4:G (G 32 or a multiple of 64 up to 1024), "
+            "got '" +
+            s + "'");
     }
 }
 

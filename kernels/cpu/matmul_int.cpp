@@ -275,8 +275,8 @@ HY_TARGET_VNNI void tile_vnni(const QuantizedActivations& a, int64_t T, const Ma
                     wv[r] = _mm512_xor_si512(_mm512_loadu_si512(w[r] + k), flip);  // code + 128, unsigned
                 } else {
                     const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k / 2));
-                    wv[r] = _mm512_and_si512(
-                        _mm512_inserti64x4(_mm512_castsi256_si512(b), _mm256_srli_epi16(b, 4), 1), low4);
+                    wv[r] = _mm512_and_si512(_mm512_inserti64x4(_mm512_castsi256_si512(b), _mm256_srli_epi16(b, 4), 1),
+                                             low4);
                 }
             }
             for (int t = 0; t < NT; t++) {
@@ -365,8 +365,8 @@ bool int_isa_supported(IntIsa isa) {
 
 IntIsa int_isa_best() {
     static const IntIsa best = int_isa_supported(IntIsa::avx512_vnni) ? IntIsa::avx512_vnni
-                               : int_isa_supported(IntIsa::avx2)       ? IntIsa::avx2
-                                                                       : IntIsa::scalar;
+                               : int_isa_supported(IntIsa::avx2)      ? IntIsa::avx2
+                                                                      : IntIsa::scalar;
     return best;
 }
 
