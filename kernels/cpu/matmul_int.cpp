@@ -111,7 +111,10 @@ QuantizedActivations quantize_activations(const float* x, int64_t T, int64_t K, 
     thread_local std::vector<int32_t> sum;
     const int64_t t_pad = (T + 3) / 4 * 4, ld = t_pad + kTokenPad, G = K / group;
     if (q.size() < size_t(t_pad * K)) q.resize(size_t(t_pad * K));
-    if (scale.size() < size_t(G * ld)) scale.resize(size_t(G * ld)), sum.resize(size_t(G * ld));
+    if (scale.size() < size_t(G * ld)) {
+        scale.resize(size_t(G * ld));
+        sum.resize(size_t(G * ld));
+    }
     std::memset(q.data() + T * K, 0, size_t((t_pad - T) * K));
     for (int64_t g = 0; g < G; g++) {
         std::fill(scale.begin() + g * ld + T, scale.begin() + (g + 1) * ld, 0.0f);
