@@ -14,7 +14,7 @@
 // vector of the 16 group sums by a transpose-add tree: 512-bit products for groups of 32 (a 64-byte chunk's two
 // halves of lanes are its two groups), 256-bit products for larger groups (a cheaper tree on CPUs that split
 // 512-bit operations). AVX2: 32 columns at a time, vpmaddubsw with the sign trick (|w| times x carrying w's sign)
-// for Q8, the nibbles directly for Q4.
+// for Q8, the nibbles directly for Q4, tiles of 4 rows x 2 tokens reduced by the same kind of tree.
 #include <immintrin.h>
 
 // GCC 12's AVX-512 headers make casts from a wider "undefined" vector (_mm512_castsi256_si512 and the like), which
@@ -164,32 +164,36 @@ void rows_scalar(const QuantizedActivations& a, int64_t T, const Matrix& m, int6
 
 #define HY_TARGET_AVX2 __attribute__((target("avx2,fma")))
 
-HY_TARGET_AVX2 inline int32_t hsum_avx2(__m256i v) {
-    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
-    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
-    return _mm_cvtsi128_si32(s);
+// v[i] = the sum of the 8 lanes of a[i], for 8 vectors (a transpose-add tree: pairs of lanes, pairs of 64-bit
+// halves, then the two 128-bit blocks).
+HY_TARGET_AVX2 inline __m256i reduce8_avx2(const __m256i* a) {
+    __m256i b[4], c[2];
+    for (int i = 0; i < 4; i++)
+        b[i] = _mm256_add_epi32(_mm256_unpacklo_epi32(a[2 * i], a[2 * i + 1]),
+                                _mm256_unpackhi_epi32(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 2; i++)
+        c[i] = _mm256_add_epi32(_mm256_unpacklo_epi64(b[2 * i], b[2 * i + 1]),
+                                _mm256_unpackhi_epi64(b[2 * i], b[2 * i + 1]));
+    // c[m] block q lane p: block q's sum of a[4m + p]
+    return _mm256_add_epi32(_mm256_permute2x128_si256(c[0], c[1], 0x20), _mm256_permute2x128_si256(c[0], c[1], 0x31));
 }
 
-// Rows [n0, n0 + 4) (clamped to the last row) x tokens [t0, t0 + 2) (rows past T hold zero codes).
+// Rows [n0, n0 + 4) (clamped to the last row) x tokens [t0, t0 + 2) (rows past T hold zero codes); pair i = 2r + t.
+// ws8: the weight scales of the pairs, [G][8] (ws8[g * 8 + i] = scale of row n0 + i / 2, group g).
 template <DType W>
 HY_TARGET_AVX2 void tile_avx2(const QuantizedActivations& a, int64_t T, const Matrix& m, int64_t n0, int64_t t0,
-                              float* y) {
+                              const float* ws8, float* y) {
     constexpr int NR = 4, NT = 2;
     const int64_t K = m.cols, N = m.rows, group = m.group, G = K / group;
     const uint8_t* w[NR];
-    const float* ws[NR];
-    for (int r = 0; r < NR; r++) {
-        const int64_t n = std::min(n0 + r, N - 1);
-        w[r] = static_cast<const uint8_t*>(m.data) + size_t(n) * row_bytes(W, K);
-        ws[r] = m.scales + n * G;
-    }
+    for (int r = 0; r < NR; r++)
+        w[r] = static_cast<const uint8_t*>(m.data) + size_t(std::min(n0 + r, N - 1)) * row_bytes(W, K);
     const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0f);
-    float acc[NR][NT] = {};
+    const __m256i tsel = _mm256_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1);  // lane i: token i % 2
+    __m256 acc = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
-        __m256i iacc[NR][NT];
-        for (int r = 0; r < NR; r++)
-            for (int t = 0; t < NT; t++) iacc[r][t] = _mm256_setzero_si256();
+        __m256i iacc[NR * NT];
+        for (int i = 0; i < NR * NT; i++) iacc[i] = _mm256_setzero_si256();
         for (int64_t k = g * group; k < (g + 1) * group; k += 32) {  // (32 columns: half a chunk)
             __m256i wv[NR];
             for (int r = 0; r < NR; r++) {
@@ -207,20 +211,38 @@ HY_TARGET_AVX2 void tile_avx2(const QuantizedActivations& a, int64_t T, const Ma
                     const __m256i p = W == DType::Q8
                                           ? _mm256_maddubs_epi16(_mm256_abs_epi8(wv[r]), _mm256_sign_epi8(xv, wv[r]))
                                           : _mm256_maddubs_epi16(wv[r], xv);
-                    iacc[r][t] = _mm256_add_epi32(iacc[r][t], _mm256_madd_epi16(p, ones));
+                    iacc[r * NT + t] = _mm256_add_epi32(iacc[r * NT + t], _mm256_madd_epi16(p, ones));
                 }
             }
         }
-        for (int t = 0; t < NT; t++) {
-            const float xs = a.scale[g * a.ld + t0 + t];
-            const int32_t corr = W == DType::Q4 ? 8 * a.sum[g * a.ld + t0 + t] : 0;
-            for (int r = 0; r < NR; r++)
-                acc[r][t] = std::fma(float(hsum_avx2(iacc[r][t]) - corr), ws[r][g] * xs, acc[r][t]);
+        __m256i isum = reduce8_avx2(iacc);
+        if constexpr (W == DType::Q4) {  // - 8 * sum(x): the nibbles are code + 8
+            const __m256i xsum = _mm256_permutevar8x32_epi32(
+                _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.sum + g * a.ld + t0)), tsel);
+            isum = _mm256_sub_epi32(isum, _mm256_slli_epi32(xsum, 3));
         }
+        const __m256 xs = _mm256_permutevar8x32_ps(_mm256_loadu_ps(a.scale + g * a.ld + t0), tsel);
+        acc = _mm256_fmadd_ps(_mm256_cvtepi32_ps(isum), _mm256_mul_ps(_mm256_loadu_ps(ws8 + g * 8), xs), acc);
     }
+    alignas(32) float out[8];
+    _mm256_store_ps(out, acc);
     for (int r = 0; r < NR; r++)
         for (int t = 0; t < NT; t++)
-            if (n0 + r < N && t0 + t < T) y[(t0 + t) * N + n0 + r] = acc[r][t];
+            if (n0 + r < N && t0 + t < T) y[(t0 + t) * N + n0 + r] = out[r * NT + t];
+}
+
+template <DType W>
+HY_TARGET_AVX2 void rows_avx2(const QuantizedActivations& a, int64_t T, const Matrix& m, int64_t nb0, int64_t nb1,
+                              float* y) {
+    const int64_t N = m.rows, G = m.cols / m.group;
+    thread_local std::vector<float> ws8;
+    if (ws8.size() < size_t(G * 8)) ws8.resize(size_t(G * 8));
+    for (int64_t nb = nb0; nb < nb1; nb++) {
+        const int64_t n0 = nb * 4;
+        for (int64_t g = 0; g < G; g++)
+            for (int i = 0; i < 8; i++) ws8[size_t(g * 8 + i)] = m.scales[std::min(n0 + i / 2, N - 1) * G + g];
+        for (int64_t t0 = 0; t0 < T; t0 += 2) tile_avx2<W>(a, T, m, n0, t0, ws8.data(), y);
+    }
 }
 
 // ---- AVX-512 VNNI -----------------------------------------------------------------------------------------------
@@ -402,10 +424,7 @@ template <DType W>
 void matmul_avx2(const QuantizedActivations& a, int64_t T, const Matrix& m, float* y, ThreadPool& pool) {
     const int64_t N = m.rows, K = m.cols, n_blocks = (N + 3) / 4;
     pool.parallel_for(n_blocks, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, T * K / 4)),
-                      [&](int64_t nb0, int64_t nb1, int) {
-                          for (int64_t nb = nb0; nb < nb1; nb++)
-                              for (int64_t t0 = 0; t0 < T; t0 += 2) tile_avx2<W>(a, T, m, nb * 4, t0, y);
-                      });
+                      [&](int64_t nb0, int64_t nb1, int) { rows_avx2<W>(a, T, m, nb0, nb1, y); });
 }
 
 }  // namespace
