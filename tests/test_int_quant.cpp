@@ -184,7 +184,7 @@ TEST_CASE("int quant: Q4 packs codes in [-8, 7] by 64-column chunks and beats pl
 
 TEST_CASE("int quant: the integer matmul of every instruction set against the dequantized fp64 reference",
           "[loader][int]") {
-    cpu::ThreadPool pool(2);
+    cpu::ThreadPool pool(2), pool1(1);
     const std::vector<cpu::IntIsa> isas = supported_isas();
     INFO("best: " << cpu::int_isa_name(cpu::int_isa_best()) << ", " << isas.size() << " instruction sets");
     REQUIRE(isas.front() == cpu::IntIsa::scalar);
@@ -221,11 +221,13 @@ TEST_CASE("int quant: the integer matmul of every instruction set against the de
                     CHECK(std::isfinite(got));
                     CHECK(std::fabs(double(got) - ref) <= bound + 1e-5 * mag);
                 }
-            // Every instruction set gives the scalar path's bits; batch rows equal solo rows.
+            // Every instruction set gives the scalar path's bits, on 1 thread or 2; batch rows equal solo rows.
             for (const cpu::IntIsa isa : isas) {
                 INFO(cpu::int_isa_name(isa));
                 const std::vector<float> y = run_matmul(x, T, q.m, isa, pool);
                 for (size_t i = 0; i < y.size(); i++) CHECK(bits_of(y[i]) == bits_of(ref_y[i]));
+                const std::vector<float> y1 = run_matmul(x, T, q.m, isa, pool1);
+                for (size_t i = 0; i < y1.size(); i++) CHECK(bits_of(y1[i]) == bits_of(ref_y[i]));
                 for (const int64_t sub : {int64_t(1), int64_t(2), int64_t(3), int64_t(5)})
                     for (int64_t t0 = 0; t0 + sub <= T; t0 += 4) {
                         const std::vector<float> xs(x.begin() + t0 * s.K, x.begin() + (t0 + sub) * s.K);
