@@ -38,11 +38,11 @@ namespace hy {
 // Integer matrices (dtype Q8 or Q4, `--quant int8` / `--quant int4`, model/quantize.h): group-wise symmetric, a scale
 // per `group` consecutive weights of a row (int_quant_shape_ok: group 32 or a multiple of 64 dividing cols, cols a
 // multiple of 64). The real weight of (r, c) is q(r, c) * scales[r, c / group], scales F32 [rows, cols / group]
-// row-major. Q8: data int8 [rows, cols], codes in [-127, 127]. Q4: data [rows, cols / 2] bytes, codes in [-8, 7]
-// stored as q + 8 in a nibble; each row is cut into chunks of kQuantChunk (64) columns held in 32 bytes: byte i of a
-// chunk holds column i in its low nibble and column 32 + i in its high nibble (one 32-byte load, a mask and a shift
-// give the chunk's 64 codes in order; 16-byte loads give 16 bytes of each half). Rows are independent, so segments
-// (MoE experts) need nothing more: scale_segment_rows is 0.
+// row-major (a scale can be negative). Q8: data int8 [rows, cols], codes in [-127, 127]. Q4: data [rows, cols / 2]
+// bytes, codes in [-8, 7] stored as q + 8 in a nibble; each row is cut into chunks of kQuantChunk (64) columns held in
+// 32 bytes: byte i of a chunk holds column i in its low nibble and column 32 + i in its high nibble (one 32-byte load,
+// a mask and a shift give the chunk's 64 codes in order; 16-byte loads give 16 bytes of each half). Rows are
+// independent, so segments (MoE experts) need nothing more: scale_segment_rows is 0.
 struct Matrix {
     const void* data = nullptr;
     DType dtype = DType::BF16;

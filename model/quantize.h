@@ -48,8 +48,9 @@ int int_quant_max(DType type);
 // Quantizes w F32 [rows, cols] group-wise symmetrically to `type` (Q8 or Q4): per row and group of `group`
 // consecutive columns (int_quant_shape_ok(cols, group)), with amax = max |w| (scale 0, codes 0 when
 // amax is 0). Q8: scale = amax / 127, q = w / scale rounded to nearest even. Q4: codes in [-8, 7] and the scale of
-// least squared error found by a search (21 starting scales amax / d, d in [6, 9], each refined by two rounds of
-// rounding and least squares; see quantize.cpp). The real weight is q * scale.
+// least squared error found by a search in f32 (21 starting scales -+amax / d, d in [6, 9], signed to put the largest
+// magnitude on the code -8, so negative scales occur; each refined by two rounds of rounding and least squares; see
+// quantize.cpp). The real weight is q * scale.
 //   q       Q8: int8 [rows, cols]; Q4: [rows, cols / 2] bytes in the chunked nibble layout of Matrix
 //   scales  F32 [rows, cols / group] row-major
 // A group holding a NaN or infinite weight gets a NaN scale and zero codes (its products are NaN, never a number).

@@ -140,8 +140,10 @@ TEST_CASE("int quant: Q8 codes are w / (amax / 127) rounded to nearest even, per
     CHECK(std::string(dtype_name(DType::Q8)) == "Q8");
 }
 
-TEST_CASE("int quant: Q4 packs codes in [-8, 7] by 64-column chunks and beats plain amax / 7 rounding",
-          "[loader][int]") {
+TEST_CASE(
+    "int quant: Q4 packs codes in [-8, 7] by 64-column chunks and beats plain amax / 7 rounding; the largest "
+    "magnitude takes the code -8 side",
+    "[loader][int]") {
     const int64_t rows = 7, cols = 256;
     for (const int64_t group : {int64_t(32), int64_t(64), int64_t(128)}) {
         INFO("group " << group);
@@ -159,7 +161,8 @@ TEST_CASE("int quant: Q4 packs codes in [-8, 7] by 64-column chunks and beats pl
             }
             for (int64_t g = 0; g < G; g++) {
                 const float s = q.scales[size_t(r * G + g)];
-                REQUIRE(s > 0.0f);
+                REQUIRE(s != 0.0f);
+                REQUIRE(std::isfinite(s));
                 double err = 0.0, naive = 0.0;
                 float amax = 0.0f;
                 for (int64_t c = g * group; c < (g + 1) * group; c++) amax = std::max(amax, std::fabs(w[r * cols + c]));
@@ -170,6 +173,10 @@ TEST_CASE("int quant: Q4 packs codes in [-8, 7] by 64-column chunks and beats pl
                 }
                 INFO("row " << r << " group " << g);
                 CHECK(err <= naive);
+                int64_t top = g * group;  // (the first weight of largest magnitude: a negative code)
+                for (int64_t c = g * group; c < (g + 1) * group; c++)
+                    if (std::fabs(w[size_t(r * cols + c)]) > std::fabs(w[size_t(r * cols + top)])) top = c;
+                CHECK(q4_code(row, top) < 0);
             }
         }
     }
