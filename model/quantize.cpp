@@ -89,48 +89,59 @@ inline float sum8(const float* partial) {
 // the code -8 (the finer side of the asymmetric range; a scale can be negative), two rounds of:
 // codes = x * (1 / s) rounded to nearest even and clamped, s = their least-squares scale (sum x q / sum q^2). The
 // pair of least squared error sum (x - q s)^2 wins, the first on ties. Sets codes to the winner's. In f32 with the
-// sums of sum8 (about 10 ns a weight; the search is most of an int4 load's quantization time).
-float search_q4_scale(const float* x, int64_t n, float amax, int8_t* codes) {
+// sums of sum8.
+float search_q4_scale(const float* __restrict x, int64_t n, float amax, int8_t* codes) {
+    // The 21 starts are independent until the pick: they run in batches of 7 side by side (the rounds of one start
+    // are a chain of dependent sums and a division; the batch gives the CPU independent work), each start with the
+    // same operations in the same order as alone, then the pick goes through them in order.
+    constexpr int kStarts = 21, kBatch = 7;
     thread_local std::vector<float> trial, best;
-    trial.resize(size_t(n));
+    trial.resize(size_t(kBatch * n));
     best.resize(size_t(n));
-    float* q = trial.data();
     // The scale's sign puts the weight of largest magnitude (the first) on the side of the code -8.
     int64_t top = 0;
     for (int64_t i = 1; i < n; i++)
         if (std::fabs(x[i]) > std::fabs(x[top])) top = i;
     const float sign = x[top] > 0.0f ? -1.0f : 1.0f;
     float best_scale = 0.0f, best_err = INFINITY;
-    for (int step = 0; step <= 20; step++) {
-        float s = sign * amax / (6.0f + 0.15f * float(step));
-        for (int round = 0; round < 2 && s != 0.0f; round++) {
-            const float inv = 1.0f / s;
-            for (int64_t i = 0; i < n; i++) {  // (|x * inv| <= 9: adding and taking away 1.5 * 2^23 rounds to even)
-                const float v = (x[i] * inv + 12582912.0f) - 12582912.0f;
-                q[i] = std::min(std::max(v, -8.0f), 7.0f);
+    for (int step0 = 0; step0 < kStarts; step0 += kBatch) {
+        float s[kBatch], err[kBatch];
+        for (int b = 0; b < kBatch; b++) s[b] = sign * amax / (6.0f + 0.15f * float(step0 + b));
+        for (int round = 0; round < 2; round++)
+            for (int b = 0; b < kBatch; b++) {
+                if (s[b] == 0.0f) continue;
+                float* __restrict q = trial.data() + b * n;
+                const float inv = 1.0f / s[b];
+                for (int64_t i = 0; i < n; i++) {  // (|x * inv| <= 9: adding and taking away 1.5 * 2^23 rounds to even)
+                    const float v = (x[i] * inv + 12582912.0f) - 12582912.0f;
+                    q[i] = std::min(std::max(v, -8.0f), 7.0f);
+                }
+                float xq[8] = {}, qq[8] = {};
+                for (int64_t i = 0; i < n; i += 8)
+                    for (int j = 0; j < 8; j++) {
+                        xq[j] += x[i + j] * q[i + j];
+                        qq[j] += q[i + j] * q[i + j];
+                    }
+                const float sq = sum8(qq);
+                s[b] = sq > 0.0f ? sum8(xq) / sq : 0.0f;
             }
-            float xq[8] = {}, qq[8] = {};
+        for (int b = 0; b < kBatch; b++) {
+            if (s[b] == 0.0f) continue;
+            const float* __restrict q = trial.data() + b * n;
+            float e2[8] = {};
             for (int64_t i = 0; i < n; i += 8)
                 for (int j = 0; j < 8; j++) {
-                    xq[j] += x[i + j] * q[i + j];
-                    qq[j] += q[i + j] * q[i + j];
+                    const float e = x[i + j] - q[i + j] * s[b];
+                    e2[j] += e * e;
                 }
-            const float sq = sum8(qq);
-            s = sq > 0.0f ? sum8(xq) / sq : 0.0f;
+            err[b] = sum8(e2);
         }
-        if (s == 0.0f) continue;
-        float e2[8] = {};
-        for (int64_t i = 0; i < n; i += 8)
-            for (int j = 0; j < 8; j++) {
-                const float e = x[i + j] - q[i + j] * s;
-                e2[j] += e * e;
+        for (int b = 0; b < kBatch; b++)
+            if (s[b] != 0.0f && err[b] < best_err) {
+                best_err = err[b];
+                best_scale = s[b];
+                std::copy(trial.begin() + b * n, trial.begin() + (b + 1) * n, best.begin());
             }
-        const float err = sum8(e2);
-        if (err < best_err) {
-            best_err = err;
-            best_scale = s;
-            std::copy(trial.begin(), trial.end(), best.begin());
-        }
     }
     for (int64_t i = 0; i < n; i++) codes[i] = int8_t(best[size_t(i)]);
     return best_scale;
