@@ -145,7 +145,20 @@ hy_model_params hy_model_default_params(void) {
     p.cuda_graphs = 1;
     p.dummy_weights = 0;
     p.quant = HY_QUANT_NONE;
+    p.quant_group = 0;
     return p;
+}
+
+int hy_quant_parse(const char* value, int* quant, int* group) {
+    return guard([&] {
+        HY_CHECK_ARG(value && quant && group, "hy_quant_parse: value, quant and group must not be NULL");
+        const hy::WeightQuant q = hy::parse_weight_quant(value, group);
+        *quant = q == hy::WeightQuant::fp8    ? HY_QUANT_FP8
+                 : q == hy::WeightQuant::int8 ? HY_QUANT_INT8
+                 : q == hy::WeightQuant::int4 ? HY_QUANT_INT4
+                                              : HY_QUANT_NONE;
+        return int(HY_OK);
+    });
 }
 
 int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out) {
@@ -157,9 +170,13 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
         HY_CHECK_ARG(p.max_batch_tokens > 0, "max_batch_tokens must be > 0, got " + std::to_string(p.max_batch_tokens));
         HY_CHECK_ARG(p.device == HY_DEVICE_AUTO || p.device == HY_DEVICE_CPU || p.device == HY_DEVICE_CUDA,
                      "unknown device " + std::to_string(int(p.device)));
-        HY_CHECK_ARG(
-            p.quant == HY_QUANT_NONE || p.quant == HY_QUANT_FP8,
-            "unknown weight quantization " + std::to_string(int(p.quant)) + " (HY_QUANT_NONE 0, HY_QUANT_FP8 1)");
+        HY_CHECK_ARG(p.quant >= HY_QUANT_NONE && p.quant <= HY_QUANT_INT4,
+                     "unknown weight quantization " + std::to_string(int(p.quant)) +
+                         " (HY_QUANT_NONE 0, HY_QUANT_FP8 1, HY_QUANT_INT8 2, HY_QUANT_INT4 3)");
+        HY_CHECK_ARG(p.quant_group == 0 || ((p.quant == HY_QUANT_INT8 || p.quant == HY_QUANT_INT4) &&
+                                            hy::int_quant_group_ok(p.quant_group)),
+                     "quant_group must be 0 or, with HY_QUANT_INT8/INT4, 32 or a multiple of 64 up to 1024, got " +
+                         std::to_string(p.quant_group));
         std::error_code ec;
         if (!*dir) return fail(Status::io, "the model folder path is empty");
         // (before the tokenizer is read; Model::load words the same checks for its other callers)
@@ -179,7 +196,11 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
         mp.max_batch_tokens = p.max_batch_tokens;
         mp.cuda.graphs = p.cuda_graphs != 0;
         mp.dummy_weights = p.dummy_weights != 0;
-        mp.quant = p.quant == HY_QUANT_FP8 ? hy::WeightQuant::fp8 : hy::WeightQuant::none;
+        mp.quant = p.quant == HY_QUANT_FP8    ? hy::WeightQuant::fp8
+                   : p.quant == HY_QUANT_INT8 ? hy::WeightQuant::int8
+                   : p.quant == HY_QUANT_INT4 ? hy::WeightQuant::int4
+                                              : hy::WeightQuant::none;
+        mp.quant_group = p.quant_group;
         auto m = std::make_unique<hy_model>();
         m->tok = std::make_unique<hy::Tokenizer>(hy::Tokenizer::from_folder(dir));
         m->generation = hy::load_generation_defaults(dir);

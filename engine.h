@@ -79,10 +79,17 @@ typedef enum hy_device {
 /* How the weights are stored (hy_model_params.quant). */
 typedef enum hy_quant {
     HY_QUANT_NONE = 0, /* as the checkpoint holds them (16-bit, or FP8 for an FP8 checkpoint) */
-    HY_QUANT_FP8 = 1   /* quantize a 16-bit checkpoint at load: linear weights to FP8 e4m3 with 128 x 128 block
+    HY_QUANT_FP8 = 1,  /* quantize a 16-bit checkpoint at load: linear weights to FP8 e4m3 with 128 x 128 block
                           scales (the format of Qwen's FP8 releases; embeddings, lm_head, norms, in_proj_a/b, the MoE
                           router and shared_expert_gate stay 16-bit). An FP8 checkpoint with it:
                           HY_ERR_INVALID_ARGUMENT. CUDA: HY_ERR_UNSUPPORTED until it has FP8 kernels */
+    HY_QUANT_INT8 = 2, /* quantize a 16-bit checkpoint at load: the same linear weights to int8, group-wise symmetric
+                          (an F32 scale per quant_group weights of a row, default 64; codes in [-127, 127]); the CPU
+                          runs them with int8 activations (per row and group). About 0.53x the 16-bit bytes */
+    HY_QUANT_INT4 = 3  /* the same to int4 (default group 32; codes in [-8, 7], two per byte): about 0.31x the 16-bit
+                          bytes. Both:
+                          HY_ERR_INVALID_ARGUMENT on an FP8 checkpoint or for a group that does not divide a quantized
+                          matrix's input features; CUDA: HY_ERR_UNSUPPORTED until it has integer kernels */
 } hy_quant;
 
 typedef struct hy_model_params {
@@ -97,19 +104,28 @@ typedef struct hy_model_params {
     int dummy_weights;    /* 1: read config.json (and the tokenizer) alone and fill the weights with deterministic
                              random values, for benchmarks of a shape without its checkpoint; output is meaningless
                              (default 0) */
-    int quant;            /* a hy_quant: HY_QUANT_NONE (default) or HY_QUANT_FP8 */
+    int quant;            /* a hy_quant: HY_QUANT_NONE (default), HY_QUANT_FP8, HY_QUANT_INT8 or HY_QUANT_INT4 */
+    int quant_group;      /* HY_QUANT_INT8/INT4: weights per scale, 32 or a multiple of 64 up to 1024; 0 (default): the
+                             mode's      default (README "Weight quantization") */
 } hy_model_params;
 
 hy_model_params hy_model_default_params(void);
 
+/* Parses a --quant value: "none", "fp8", "int8", "int4", or "int8:G" / "int4:G" with a group size G (32 or a multiple
+ * of 64 up to 1024), into *quant (a hy_quant) and *group (0 when none is given: the default). HY_OK, or
+ * HY_ERR_INVALID_ARGUMENT (NULL argument or any other value; hy_last_error() names it and the choices). */
+int hy_quant_parse(const char* value, int* quant, int* group);
+
 /* Loads a Hugging Face folder: config.json, model.safetensors (or shards with model.safetensors.index.json),
  * tokenizer.json, optionally tokenizer_config.json and generation_config.json. On success *out owns the model.
  * Errors: HY_ERR_INVALID_ARGUMENT (NULL argument, n_ctx < 0 or 0 without max_position_embeddings,
- * max_batch_tokens <= 0, n_slots outside [1, 4096], n_threads > 1024, quant HY_QUANT_FP8 on an FP8 checkpoint),
- * HY_ERR_IO (missing folder or file, a folder without config.json), HY_ERR_FORMAT, HY_ERR_UNSUPPORTED,
- * HY_ERR_MODEL_MISMATCH (tensor missing or of the wrong shape), HY_ERR_OUT_OF_MEMORY (also before anything is allocated
- * when the arena is larger than the machine's memory: the message gives the sizes and the largest context that fits),
- * HY_ERR_BACKEND. On the CPU the state's pages become resident only as the sequences grow. */
+ * max_batch_tokens <= 0, n_slots outside [1, 4096], n_threads > 1024, an unknown quant, a quant other than NONE on an
+ * FP8 checkpoint, a quant_group that is not 0 or does not fit: not 32 or a multiple of 64 up to 1024, given without
+ * INT8/INT4, or not dividing a quantized matrix's input features), HY_ERR_IO (missing folder or file, a folder without
+ * config.json), HY_ERR_FORMAT, HY_ERR_UNSUPPORTED, HY_ERR_MODEL_MISMATCH (tensor missing or of the wrong shape),
+ * HY_ERR_OUT_OF_MEMORY (also before anything is allocated when the arena is larger than the machine's memory: the
+ * message gives the sizes and the largest context that fits), HY_ERR_BACKEND. On the CPU the state's pages become
+ * resident only as the sequences grow. */
 int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out);
 
 /* Frees the model. Every context and sampler made from it must be freed first. NULL is allowed. */

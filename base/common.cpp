@@ -27,7 +27,9 @@ size_t dtype_size(DType t) {
         case DType::BF16: return 2;
         case DType::I32: return 4;
         case DType::F8_E4M3:
-        case DType::F8_E5M2: return 1;
+        case DType::F8_E5M2:
+        case DType::Q8: return 1;
+        case DType::Q4: return 0;
     }
     return 0;
 }
@@ -40,6 +42,8 @@ const char* dtype_name(DType t) {
         case DType::I32: return "I32";
         case DType::F8_E4M3: return "F8_E4M3";
         case DType::F8_E5M2: return "F8_E5M2";
+        case DType::Q8: return "Q8";
+        case DType::Q4: return "Q4";
     }
     return "?";
 }
@@ -92,7 +96,9 @@ void convert_to_f32(const void* src, DType src_type, float* dst, size_t n) {
             for (size_t i = 0; i < n; i++) dst[i] = table[s[i]];
             return;
         }
-        case DType::I32: break;
+        case DType::I32:
+        case DType::Q8:
+        case DType::Q4: break;
     }
     throw Error(Status::internal, std::string("convert_to_f32: unsupported source dtype ") + dtype_name(src_type));
 }

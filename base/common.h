@@ -43,10 +43,15 @@ private:
 
 // Element types of tensors in checkpoints and in the arena. F8_E4M3 is the OCP "e4m3fn" format (bias 7, no
 // infinities, 0x7f/0xff NaN, largest finite 448), F8_E5M2 the IEEE-like one (bias 15, with inf and NaN); an FP8 weight
-// matrix always comes with F32 block scales (Matrix::scales, base/fp8.h).
-enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, I32 = 3, F8_E4M3 = 4, F8_E5M2 = 5 };
+// matrix always comes with F32 block scales (Matrix::scales, base/fp8.h). Q8 and Q4 are the group-wise symmetric
+// integer weights of `--quant int8` / `--quant int4` (model/quantize.h): int8 codes, or int4 codes packed two per
+// byte, always with F32 per-group scales (Matrix::scales, Matrix::group).
+enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, I32 = 3, F8_E4M3 = 4, F8_E5M2 = 5, Q8 = 6, Q4 = 7 };
 
+// Bytes of one element; 0 for Q4 (half a byte: use row_bytes).
 size_t dtype_size(DType t);
+// Bytes of n consecutive elements of one row: n * dtype_size(t), or n / 2 for Q4 (n even).
+inline size_t row_bytes(DType t, int64_t n) { return t == DType::Q4 ? size_t(n) / 2 : size_t(n) * dtype_size(t); }
 const char* dtype_name(DType t);
 
 // bfloat16: the top 16 bits of an IEEE binary32. Conversion to f32 is exact.

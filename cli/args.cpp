@@ -329,10 +329,11 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     else
         usage("--device must be auto, cpu or cuda, got '" + dev + "'");
     const std::string quant = r["quant"].as<std::string>();
-    if (quant == "fp8")
-        o.quant = HY_QUANT_FP8;
-    else if (quant != "none")
-        usage("--quant must be fp8 or none, got '" + quant + "'");
+    int quant_mode = HY_QUANT_NONE;
+    if (hy_quant_parse(quant.c_str(), &quant_mode, &o.quant_group) != HY_OK)
+        usage("--quant must be none, fp8, int8, int4, int8:G or int4:G (G 32 or a multiple of 64 up to 1024), got '" +
+              quant + "'");
+    o.quant = hy_quant(quant_mode);
 
     // cxxopts keeps the last of repeated values: a repeated single-valued option is an error, not a silent choice
     for (const char* name : {"model",

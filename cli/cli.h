@@ -42,6 +42,7 @@ struct Options {
     bool cuda_graphs = true;                 // --no-cuda-graphs turns them off
     hy_device device = HY_DEVICE_AUTO;       // --device
     hy_quant quant = HY_QUANT_NONE;          // --quant
+    int quant_group = 0;                     // --quant int8:G / int4:G (0: the default)
     hy_sampler_params sampling{};            // --temp, --top-k, ... and -s
     int sampling_given = 0;                  // hy_sampler_field mask of the sampling options given on the command line
     bool random_seed = true;                 // -s -1 (the default): sampling.seed was drawn at random

@@ -274,6 +274,7 @@ int run(int argc, char** argv) {
     hy_model_params mp = hy_model_default_params();
     mp.device = o.device;
     mp.quant = o.quant;
+    mp.quant_group = o.quant_group;
     mp.n_threads = o.n_threads;
     mp.cuda_graphs = o.cuda_graphs ? 1 : 0;
     mp.n_ctx = o.n_ctx;

@@ -23,8 +23,10 @@ inline constexpr SharedOption kSharedOptions[] = {
     {"t,threads", "CPU threads (0 or -1: all cores)", SharedOption::Type::integer, "0"},
     {"device", "auto, cpu or cuda", SharedOption::Type::text, "auto"},
     {"quant",
-     "quantize the weights at load: fp8 (a 16-bit checkpoint's linear weights to FP8 e4m3 with 128 x 128 block "
-     "scales, as Qwen's FP8 releases) or none. FP8 checkpoints load as they are, without it",
+     "quantize a 16-bit checkpoint's linear weights at load: fp8 (FP8 e4m3 with 128 x 128 block scales, as Qwen's "
+     "FP8 releases), int8 or int4 (group-wise symmetric, a scale per 64 (int8) or 32 (int4) weights of a row; "
+     "int8:G / int4:G for another group size G, 32 or a multiple of 64; CPU only for now), or none. FP8 checkpoints "
+     "load as they are, without it",
      SharedOption::Type::text, "none"},
     {"fp8-gemm",
      "CUDA, FP8 weights, steps of more than 8 rows (prefill, big batches): dequantize (a bf16 copy of each matrix "

@@ -34,15 +34,47 @@ namespace hy {
 // scale of its 128 x 128 block. A stacked matrix (MoE experts: gate_up [E * 2I, H], down [E * H, I]) is made of
 // segments of scale_segment_rows rows (I for gate_up, whose gate and up halves are each a segment; H for down),
 // blocked independently: a segment whose rows are not a multiple of 128 ends in a short block row of its own.
+//
+// Integer matrices (dtype Q8 or Q4, `--quant int8` / `--quant int4`, model/quantize.h): group-wise symmetric, a scale
+// per `group` consecutive weights of a row (int_quant_shape_ok: group 32 or a multiple of 64 dividing cols, cols a
+// multiple of 64). The real weight of (r, c) is q(r, c) * scales[r, c / group], scales F32 [rows, cols / group]
+// row-major (a scale can be negative). Q8: data int8 [rows, cols], codes in [-127, 127]. Q4: data [rows, cols / 2]
+// bytes, codes in [-8, 7] stored as q + 8 in a nibble; each row is cut into chunks of kQuantChunk (64) columns held in
+// 32 bytes: byte i of a chunk holds column i in its low nibble and column 32 + i in its high nibble (one 32-byte load,
+// a mask and a shift give the chunk's 64 codes in order; 16-byte loads give 16 bytes of each half). Rows are
+// independent, so segments (MoE experts) need nothing more: scale_segment_rows is 0.
 struct Matrix {
     const void* data = nullptr;
     DType dtype = DType::BF16;
     int64_t rows = 0;
     int64_t cols = 0;
-    // FP8 only (nullptr otherwise): F32 [fp8_scale_rows(rows, scale_segment_rows), fp8_scale_cols(cols)] row-major.
+    // FP8: F32 [fp8_scale_rows(rows, scale_segment_rows), fp8_scale_cols(cols)] row-major; Q8/Q4: F32 [rows,
+    // cols / group]; nullptr for 16- and 32-bit matrices.
     const float* scales = nullptr;
     int64_t scale_segment_rows = 0;  // rows of one independently blocked segment; 0: the whole matrix is one segment
+    int64_t group = 0;               // Q8/Q4 only: weights of a row per scale
 };
+
+// Columns of a Q4 packing chunk (and the unit the integer kernels step by).
+constexpr int64_t kQuantChunk = 64;
+
+// The group sizes of Q8/Q4 matrices: 32 (two groups per chunk) or a multiple of 64 up to 1024 (so that a group's
+// integer sum, at most 1024 * 127 * 127, is exact in f32).
+inline bool int_quant_group_ok(int64_t group) {
+    return group == kQuantChunk / 2 || (group >= kQuantChunk && group <= 1024 && group % kQuantChunk == 0);
+}
+// A Q8/Q4 matrix of `cols` columns can have groups of `group`: a valid group dividing cols, cols a multiple of 64.
+inline bool int_quant_shape_ok(int64_t cols, int64_t group) {
+    return int_quant_group_ok(group) && cols > 0 && cols % kQuantChunk == 0 && cols % group == 0;
+}
+
+inline bool is_int_quant(DType t) { return t == DType::Q8 || t == DType::Q4; }
+
+// The code of column c of one Q4 row (row: the row's cols / 2 bytes), in [-8, 7].
+HY_HOST_DEVICE inline int q4_code(const uint8_t* row, int64_t c) {
+    const uint8_t b = row[c / kQuantChunk * (kQuantChunk / 2) + c % (kQuantChunk / 2)];
+    return int(c % kQuantChunk < kQuantChunk / 2 ? b & 0x0f : b >> 4) - 8;
+}
 
 // The side of an FP8 scale block (weight_block_size [128, 128]).
 constexpr int64_t kFp8Block = 128;
@@ -63,21 +95,32 @@ HY_HOST_DEVICE inline int64_t fp8_scale_cols(int64_t cols) { return (cols + kFp8
 
 inline bool is_fp8(DType t) { return t == DType::F8_E4M3 || t == DType::F8_E5M2; }
 
-// The bytes a pass over m reads: its elements, and for FP8 its F32 block scales.
+// Bytes of the F32 scales of a matrix of this dtype and shape (FP8 block scales, Q8/Q4 group scales; 0 otherwise).
+inline size_t matrix_scale_bytes(const Matrix& m) {
+    if (is_int_quant(m.dtype)) return m.group > 0 ? size_t(m.rows * (m.cols / m.group)) * 4 : 0;
+    if (is_fp8(m.dtype)) return size_t(fp8_scale_rows(m.rows, m.scale_segment_rows) * fp8_scale_cols(m.cols)) * 4;
+    return 0;
+}
+
+// The bytes a pass over m reads: its elements, and for FP8/Q8/Q4 its F32 scales.
 inline size_t matrix_bytes(const Matrix& m) {
-    size_t n = size_t(m.rows * m.cols) * dtype_size(m.dtype);
-    if (m.scales) n += size_t(fp8_scale_rows(m.rows, m.scale_segment_rows) * fp8_scale_cols(m.cols)) * 4;
+    size_t n = size_t(m.rows) * row_bytes(m.dtype, m.cols);
+    if (m.scales) n += matrix_scale_bytes(m);
     return n;
 }
 
-// Rows [r0, r0 + n) of m as a matrix of their own (data and, for FP8, scales offset). For FP8, r0 must start a scale
-// block row (a multiple of the segment rows, or of 128 when the matrix is one segment), and n must cover whole
+// Rows [r0, r0 + n) of m as a matrix of their own (data and, for FP8/Q8/Q4, scales offset). For FP8, r0 must start a
+// scale block row (a multiple of the segment rows, or of 128 when the matrix is one segment), and n must cover whole
 // segments (the view keeps m's segment rows); e.g. expert e's gate_up is matrix_rows(gate_up, e * 2I, 2I).
+// Q8/Q4: any r0 and n.
 inline Matrix matrix_rows(const Matrix& m, int64_t r0, int64_t n) {
     Matrix v = m;
-    v.data = static_cast<const char*>(m.data) + size_t(r0 * m.cols) * dtype_size(m.dtype);
+    v.data = static_cast<const char*>(m.data) + size_t(r0) * row_bytes(m.dtype, m.cols);
     v.rows = n;
-    if (m.scales) v.scales = m.scales + fp8_scale_row(r0, m.scale_segment_rows) * fp8_scale_cols(m.cols);
+    if (m.scales && is_int_quant(m.dtype))
+        v.scales = m.scales + r0 * (m.cols / m.group);
+    else if (m.scales)
+        v.scales = m.scales + fp8_scale_row(r0, m.scale_segment_rows) * fp8_scale_cols(m.cols);
     return v;
 }
 

@@ -195,8 +195,9 @@ struct ModelLoader {
 
     // Which matrices may be FP8: every linear layer but those Qwen's FP8 releases keep in BF16 (the embeddings,
     // lm_head, the Gated DeltaNet's in_proj_a/in_proj_b, the MoE router and shared_expert_gate). `--quant fp8`
-    // quantizes exactly the FP8 ones.
-    enum class Kind { fp8_ok, keep_16bit };
+    // quantizes exactly the FP8 ones, `--quant int8/int4` the same ones (int_only: lm_head too when
+    // ModelParams::quant_lm_head).
+    enum class Kind { fp8_ok, int_only, keep_16bit };
 
     void matrix(Matrix& dst, const std::string& name, int64_t rows, int64_t cols, Kind kind = Kind::fp8_ok) {
         stacked_matrix(dst, name, {{&ck.get(name, {rows, cols}), {}}}, cols, 0, kind);
@@ -297,7 +298,38 @@ struct ModelLoader {
                 throw Error(Status::unsupported, std::string("tensor '") + p.t->name + "' is " +
                                                      dtype_name(to_dtype(p.t->dtype)) + ", unlike the other parts of " +
                                                      what + " (" + dtype_name(to_dtype(parts[0].t->dtype)) + ")");
-        if (m.params_.quant == WeightQuant::fp8 && kind == Kind::fp8_ok) {
+        const WeightQuant quant = m.params_.quant;
+        if ((quant == WeightQuant::int8 || quant == WeightQuant::int4) && kind != Kind::keep_16bit) {
+            for (const Part& p : parts) rows += part_rows(p, cols);
+            const int64_t group = weight_quant_group(quant, m.params_.quant_group);
+            if (!int_quant_shape_ok(cols, group))
+                throw Error(Status::invalid_argument,
+                            std::string("weight quantization ") + weight_quant_name(quant) + " with groups of " +
+                                std::to_string(group) + " weights does not fit " + what + ": its " +
+                                std::to_string(cols) + " input features are not a multiple of " +
+                                std::to_string(cols % kQuantChunk != 0 ? kQuantChunk : group) +
+                                (cols % kQuantChunk != 0 ? " (the integer layouts' chunk)"
+                                                         : " (choose a group size dividing them, e.g. " +
+                                                               std::string(weight_quant_name(quant)) + ":64)"));
+            const DType type = int_quant_dtype(quant);
+            const DType d = be.matrix_dtype(type);  // (throws where the backend has no integer kernels)
+            if (d != type)
+                throw Error(Status::unsupported, std::string(dtype_name(type)) + " weights are not supported by the " +
+                                                     be.name() + " backend");
+            dst.rows = rows;
+            dst.cols = cols;
+            dst.dtype = type;
+            dst.group = group;
+            dst.scale_segment_rows = 0;  // (rows are independent)
+            const size_t off = reserve(size_t(rows) * row_bytes(type, cols));
+            const size_t scale_off = reserve(size_t(rows * (cols / group)) * 4);
+            matrices.push_back({&dst, off, scale_off});
+            QuantJob job{&dst, off, scale_off, parts, {}};
+            for (size_t i = 0; i < parts.size(); i++) job.seeds.push_back(next_seed++);
+            quant_jobs.push_back(std::move(job));
+            return;
+        }
+        if (quant == WeightQuant::fp8 && kind == Kind::fp8_ok) {
             for (const Part& p : parts) rows += part_rows(p, cols);
             dst.rows = rows;
             dst.cols = cols;
@@ -449,9 +481,13 @@ struct ModelLoader {
         Weights& w = m.weights_;
         matrix(w.embed, p + "embed_tokens.weight", c.vocab_size, H, Kind::keep_16bit);
         vector(w.final_norm, p + "norm.weight", {H});
-        if (!c.tie_word_embeddings) {  // tied: output = embed, set after the upload
-            matrix(w.output, "lm_head.weight", c.vocab_size, H, Kind::keep_16bit);
-        }
+        const bool int_quant = m.params_.quant == WeightQuant::int8 || m.params_.quant == WeightQuant::int4;
+        const Kind lm_head = int_quant && m.params_.quant_lm_head ? Kind::int_only : Kind::keep_16bit;
+        if (!c.tie_word_embeddings)
+            matrix(w.output, "lm_head.weight", c.vocab_size, H, lm_head);
+        else if (lm_head == Kind::int_only)  // a quantized copy of the embeddings (which stay 16-bit)
+            matrix(w.output, p + "embed_tokens.weight", c.vocab_size, H, lm_head);
+        // (else tied: output = embed, set after the upload)
         w.layers.resize(size_t(c.n_layers));
         int n_attn = 0, n_gdn = 0;
         for (int i = 0; i < c.n_layers; i++) {
@@ -541,9 +577,47 @@ struct ModelLoader {
         }
     }
 
+    // Quantizes a QuantJob's Q8/Q4 matrix (quantize_int_groups) in runs of rows and uploads its codes and scales.
+    void upload_int_quantized(char* base, const QuantJob& job) {
+        const Matrix& d = *job.dst;
+        const int64_t n_groups = d.cols / d.group;
+        // Runs of at most 2^24 weights (64 MiB of F32 at a time), rows split among host threads.
+        const int64_t run = std::max<int64_t>(1, std::min<int64_t>(d.rows, (int64_t(1) << 24) / d.cols));
+        const int n_threads = int(std::min<int64_t>(
+            run,
+            std::max(1, m.params_.n_threads > 0 ? m.params_.n_threads : int(std::thread::hardware_concurrency()))));
+        std::vector<float> w(size_t(run * d.cols)), scales(size_t(run * n_groups));
+        std::vector<uint8_t> q(size_t(run) * row_bytes(d.dtype, d.cols));
+        std::vector<std::exception_ptr> errors(static_cast<size_t>(n_threads));
+        for (int64_t r0 = 0; r0 < d.rows; r0 += run) {
+            const int64_t n = std::min(run, d.rows - r0);
+            auto part = [&](int i) {
+                try {
+                    const int64_t a = n * i / n_threads, b = n * (i + 1) / n_threads;
+                    read_rows(job, d.cols, r0 + a, b - a, w.data() + a * d.cols);
+                    quantize_int_groups(w.data() + a * d.cols, b - a, d.cols, d.group, d.dtype,
+                                        q.data() + size_t(a) * row_bytes(d.dtype, d.cols),
+                                        scales.data() + a * n_groups);
+                } catch (...) {
+                    errors[size_t(i)] = std::current_exception();
+                }
+            };
+            std::vector<std::thread> threads;
+            for (int i = 1; i < n_threads; i++) threads.emplace_back(part, i);
+            part(0);
+            for (std::thread& t : threads) t.join();
+            for (const std::exception_ptr& e : errors)
+                if (e) std::rethrow_exception(e);
+            be.upload(base + job.off + size_t(r0) * row_bytes(d.dtype, d.cols), q.data(),
+                      size_t(n) * row_bytes(d.dtype, d.cols));
+            be.upload(base + job.scale_off + size_t(r0 * n_groups) * 4, scales.data(), size_t(n * n_groups) * 4);
+        }
+    }
+
     // Quantizes a QuantJob's matrix segment by segment and uploads its FP8 data and scales.
     void upload_quantized(char* base, const QuantJob& job) {
         const Matrix& d = *job.dst;
+        if (is_int_quant(d.dtype)) return upload_int_quantized(base, job);
         const int64_t seg = d.scale_segment_rows > 0 ? d.scale_segment_rows : d.rows, sc = fp8_scale_cols(d.cols);
         std::vector<float> w(size_t(seg * d.cols)), scales(size_t(fp8_scale_rows(seg, 0) * sc));
         std::vector<uint8_t> q(size_t(seg * d.cols));
@@ -816,7 +890,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     m->arena_ = be.alloc(m->arena_bytes_);
     char* base = static_cast<char*>(m->arena_);
     ld.upload_weights(base);
-    if (c.tie_word_embeddings) m->weights_.output = m->weights_.embed;
+    if (c.tie_word_embeddings && !m->weights_.output.data) m->weights_.output = m->weights_.embed;
 
     m->state_.resize(size_t(c.n_layers));
     for (int i = 0; i < c.n_layers; i++) {

@@ -122,7 +122,12 @@ struct ModelParams {
     // WeightQuant::fp8 (`--quant fp8`): quantize a 16-bit checkpoint's linear weights at load to FP8 e4m3 with
     // 128 x 128 block scales, in the arena (model/quantize.h), the tensors Qwen's FP8 releases keep in BF16 kept
     // 16-bit. An FP8 checkpoint loads as it is with none; with fp8 it is refused (invalid_argument).
+    // WeightQuant::int8 / int4 (`--quant int8`, `--quant int4`): quantize the same linear weights at load to Q8 / Q4
+    // (group-wise symmetric, an F32 scale per quant_group weights of a row; model/quantize.h). A group that does not
+    // divide a quantized matrix's input features, or an FP8 checkpoint: invalid_argument.
     WeightQuant quant = WeightQuant::none;
+    int quant_group = 0;         // int8/int4: weights per scale (int_quant_group_ok); 0: the mode's default
+    bool quant_lm_head = false;  // int8/int4: quantize lm_head too (a tied one gets a quantized copy)
 };
 
 class Model {

@@ -88,10 +88,14 @@ int main(int argc, char** argv) {
         p.cuda_graphs = !r.count("no-cuda-graphs");
         p.verbose = r.count("verbose") > 0;
         p.dummy_weights = r.count("dummy-weights") > 0;
-        if (const std::string quant = r["quant"].as<std::string>(); quant == "fp8")
-            p.quant = hy::WeightQuant::fp8;
-        else if (quant != "none")
-            return usage_error("--quant must be fp8 or none, got '" + quant + "'");
+        try {
+            p.quant = hy::parse_weight_quant(r["quant"].as<std::string>(), &p.quant_group);
+        } catch (const hy::Error&) {
+            return usage_error(
+                "--quant must be none, fp8, int8, int4, int8:G or int4:G (G 32 or a multiple of 64 up "
+                "to 1024), got '" +
+                r["quant"].as<std::string>() + "'");
+        }
         const std::string device = r["device"].as<std::string>();
         if (device == "cpu")
             p.device = hy::Device::cpu;

@@ -1261,6 +1261,7 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
     mp.cuda.graphs = params.cuda_graphs;
     mp.dummy_weights = params.dummy_weights;
     mp.quant = params.quant;
+    mp.quant_group = params.quant_group;
     s.model = Model::load(params.model_dir, mp);
     const int V = s.model->config().vocab_size;
     s.n_valid = std::min(s.tok->n_vocab(), V);

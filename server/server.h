@@ -45,7 +45,8 @@ struct ServerParams {
     int http_threads = 0;        // 0: 4 per slot + 8, at least 32
     bool verbose = false;        // log each request on stderr
     bool dummy_weights = false;  // random weights from config.json's shapes (load benchmarks without a checkpoint)
-    WeightQuant quant = WeightQuant::none;  // --quant fp8: quantize 16-bit weights at load (ModelParams::quant)
+    WeightQuant quant = WeightQuant::none;  // --quant: quantize 16-bit weights at load (ModelParams::quant)
+    int quant_group = 0;                    // --quant int8:G / int4:G (ModelParams::quant_group; 0: the default)
 };
 
 class Server {

@@ -403,8 +403,8 @@ TEST_CASE("fp8: bad FP8 checkpoints and quantization requests are refused with o
                       "the checkpoint is already FP8 (tensor '");
     }
     SECTION("an unknown --quant mode") {
-        require_error([] { parse_weight_quant("int4"); }, Status::invalid_argument,
-                      "unknown weight quantization 'int4' (supported: fp8, none)");
+        require_error([] { parse_weight_quant("int5"); }, Status::invalid_argument,
+                      "unknown weight quantization 'int5' (supported: none, fp8, int8, int4, int8:G, int4:G");
         CHECK(parse_weight_quant("fp8") == WeightQuant::fp8);
     }
     SECTION("an FP8 norm or embedding") {

@@ -13,15 +13,19 @@ TEST_CASE("--quant: fp8 runs models/tiny, an unknown mode is a usage error", "[c
     INFO(ok.err);
     CHECK(ok.rc == 0);
     CHECK(!ok.out.empty());
-    check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "--quant", "int4"}), 1,
-                         "--quant must be fp8 or none, got 'int4'");
+    check_one_line_error(
+        hybrid({"-m", "models/tiny", "-p", "x", "--quant", "int5"}), 1,
+        "--quant must be none, fp8, int8, int4, int8:G or int4:G (G 32 or a multiple of 64 up to 1024), "
+        "got 'int5'");
     for (const char* tool : {"hybrid-compare", "hybrid-bench", "hybrid-perplexity"}) {
         std::vector<std::string> args = {"-m", "models/tiny", "--quant", "q4"};
         if (std::string(tool) == "hybrid-perplexity") args.insert(args.end(), {"-f", "README.md"});
         const Run r = run_prog(kBin + "/" + tool, args);
         INFO(tool << ": " << r.err);
         CHECK(r.rc == 1);
-        CHECK(r.err.find("--quant must be fp8 or none, got 'q4'") != std::string::npos);
+        CHECK(
+            r.err.find("--quant must be none, fp8, int8, int4, int8:G or int4:G (G 32 or a multiple of 64 up to 1024), "
+                       "got 'q4'") != std::string::npos);
     }
 }
 

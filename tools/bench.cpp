@@ -169,7 +169,7 @@ int main(int argc, char** argv) {
         const std::string dev = args["device"].as<std::string>();
         ModelParams mp;
         mp.device = tools::parse_device(dev);
-        mp.quant = tools::parse_quant(args["quant"].as<std::string>());
+        tools::parse_quant(args["quant"].as<std::string>(), mp);
         mp.n_threads = threads;
         mp.cuda.graphs = !args["no-cuda-graphs"].as<bool>();
         mp.cuda.pdl = !args["no-pdl"].as<bool>();

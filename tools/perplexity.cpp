@@ -110,7 +110,9 @@ int main(int argc, char** argv) {
         ("max-ppl-ratio", "--kl-base: exit 7 when perplexity / base perplexity exceeds this",
          cxxopts::value<std::string>())
         ("min-top1", "--kl-base: exit 7 when the top-1 agreement (a fraction) is below this",
-         cxxopts::value<std::string>());
+         cxxopts::value<std::string>())
+        ("quant-lm-head", "--quant int8/int4: quantize lm_head too (a tied one gets a quantized copy; by default it "
+         "stays 16-bit)");
     add_shared_option(opts, "", "device");
     add_shared_option(opts, "", "quant");
     add_shared_option(opts, "", "fp8-gemm");
@@ -146,8 +148,11 @@ int main(int argc, char** argv) {
         const std::string dir = args["model"].as<std::string>(), path = args["file"].as<std::string>();
         ModelParams mp;
         mp.device = tools::parse_device(args["device"].as<std::string>());
-        mp.quant = tools::parse_quant(args["quant"].as<std::string>());
+        tools::parse_quant(args["quant"].as<std::string>(), mp);
         mp.cuda.fp8_block_scaled_gemm = tools::parse_fp8_gemm(args["fp8-gemm"].as<std::string>());
+        mp.quant_lm_head = args["quant-lm-head"].as<bool>();
+        if (mp.quant_lm_head && mp.quant != WeightQuant::int8 && mp.quant != WeightQuant::int4)
+            throw tools::UsageError("--quant-lm-head needs --quant int8 or int4");
         mp.n_threads = tools::parse_threads(args["threads"].as<int>());
         mp.n_ctx = ctx;
         mp.max_batch_tokens = std::min(ctx, 512);
@@ -288,8 +293,15 @@ int main(int argc, char** argv) {
         const double ppl = std::exp(nll / double(positions));
         std::printf("text: %s, %zu tokens; %d windows of %d, the last %d positions of each scored (%llu tokens)\n",
                     path.c_str(), ids.size(), windows, ctx, int(per_window), (unsigned long long)positions);
-        std::printf("weights: %s%s\n", mp.quant == WeightQuant::fp8 ? "--quant fp8" : "as stored",
-                    model->config().fp8_weights ? " (an FP8 checkpoint)" : "");
+        const std::string quant = mp.quant == WeightQuant::none ? "as stored"
+                                  : mp.quant == WeightQuant::fp8
+                                      ? "--quant fp8"
+                                      : std::string("--quant ") + weight_quant_name(mp.quant) + ", groups of " +
+                                            std::to_string(weight_quant_group(mp.quant, mp.quant_group)) +
+                                            (mp.quant_lm_head ? ", lm_head quantized" : ", lm_head 16-bit");
+        std::printf("weights: %s%s, %.2f MiB\n", quant.c_str(),
+                    model->config().fp8_weights ? " (an FP8 checkpoint)" : "",
+                    double(model->weight_bytes()) / 1048576.0);
         std::printf("perplexity: %.4f\n", ppl);
         if (!save_path.empty()) std::printf("saved: %s (top %d per position)\n", save_path.c_str(), top_k);
         int rc = tools::exit_ok;

@@ -145,7 +145,6 @@ inline Device parse_device(const std::string& s) {
     throw UsageError("--device must be cpu, cuda or auto, got '" + s + "'");
 }
 
-// --quant: "fp8" or "none"; anything else is a UsageError.
 // --fp8-gemm: true for block-scaled, false for dequantize (CudaOptions::fp8_block_scaled_gemm).
 inline bool parse_fp8_gemm(const std::string& s) {
     if (s == "block-scaled") return true;
@@ -153,10 +152,17 @@ inline bool parse_fp8_gemm(const std::string& s) {
     throw UsageError("--fp8-gemm must be block-scaled or dequantize, got '" + s + "'");
 }
 
-inline WeightQuant parse_quant(const std::string& s) {
-    if (s == "fp8") return WeightQuant::fp8;
-    if (s == "none") return WeightQuant::none;
-    throw UsageError("--quant must be fp8 or none, got '" + s + "'");
+// --quant into mp.quant and mp.quant_group: "none", "fp8", "int8", "int4", "int8:G" or "int4:G" (G 32 or a multiple of
+// 64 up to 1024); anything else is a UsageError.
+inline void parse_quant(const std::string& s, ModelParams& mp) {
+    try {
+        mp.quant = parse_weight_quant(s, &mp.quant_group);
+    } catch (const Error&) {
+        throw UsageError(
+            "--quant must be none, fp8, int8, int4, int8:G or int4:G (G 32 or a multiple of 64 up to 1024), "
+            "got '" +
+            s + "'");
+    }
 }
 
 }  // namespace hy::tools

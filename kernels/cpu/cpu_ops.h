@@ -19,7 +19,22 @@ struct RowMap {
 
 // y[rows, w.rows] = x[rows, w.cols] @ w^T; w is F32, F16 or BF16 (widened exactly to F32), or FP8 with block scales
 // (each weight fp8 value * its block's scale, exactly as an F32 matrix of those values gives); fp32 accumulation.
+// Q8/Q4 weights go to matmul_int with int_isa_best().
 void matmul(const float* x, int64_t rows, const Matrix& w, float* y, ThreadPool& pool);
+
+// The instruction sets of the integer matmul (kernels/cpu/matmul_int.cpp), all giving the same bits.
+enum class IntIsa : uint8_t { scalar, avx2, avx512_vnni };
+const char* int_isa_name(IntIsa isa);  // "scalar", "avx2", "avx512-vnni"
+bool int_isa_supported(IntIsa isa);    // this CPU runs it (scalar: always)
+IntIsa int_isa_best();                 // the fastest this CPU runs (checked once)
+
+// y[rows, w.rows] F32 = x[rows, w.cols] F32 @ w^T for Q8/Q4 w (kernels/backend.h) with int8 activations: per row t
+// and weight group g, xs[t, g] = amax / 127 over the group and xq = x * (127 / amax) rounded to nearest even (a group
+// with a NaN or infinity: xs NaN; all zeros: xs 0); then y[t, n] = the fma chain over g in increasing order of
+// float(sum of w codes * xq codes over the group) * (ws[n, g] * xs[t, g]), from 0. So |y - x @ dequantized(w)^T| <=
+// sum over g of (xs[t, g] / 2) * sum |dequantized w| over the group, plus fp32 rounding. The same bits for every isa,
+// thread count and batch. Throws Error(unsupported) for an isa this CPU lacks, Error(internal) for a bad matrix.
+void matmul_int(const float* x, int64_t rows, const Matrix& w, float* y, ThreadPool& pool, IntIsa isa);
 
 // y[rows, dim] = x * rsqrt(mean(x^2) + eps) * (zero_centred ? 1 + w : w). y may alias x.
 void rms_norm(const float* x, const float* w, int64_t rows, int dim, float eps, bool zero_centred, float* y,

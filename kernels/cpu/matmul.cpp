@@ -277,6 +277,8 @@ void matmul(const float* x, int64_t rows, const Matrix& w, float* y, ThreadPool&
         case DType::F16: return matmul_typed<DType::F16>(x, rows, w, y, pool);
         case DType::F8_E4M3:
         case DType::F8_E5M2: return matmul_fp8(x, rows, w, y, pool);
+        case DType::Q8:
+        case DType::Q4: return matmul_int(x, rows, w, y, pool, int_isa_best());
         default: break;
     }
     throw Error(Status::unsupported, std::string("CPU matmul: unsupported weight dtype ") + dtype_name(w.dtype));

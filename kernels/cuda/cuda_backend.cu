@@ -329,8 +329,12 @@ public:
                     : "");
     }
     DType act_dtype() const override { return DType::BF16; }
-    // FP8 matrices stay FP8 (fp8_matmul.cuh); everything else is stored as bf16.
-    DType matrix_dtype(DType checkpoint) const override { return is_fp8(checkpoint) ? checkpoint : DType::BF16; }
+    // FP8 matrices stay FP8 (fp8_matmul.cuh); int8/int4 have no CUDA kernels yet; everything else is bf16.
+    DType matrix_dtype(DType checkpoint) const override {
+        if (is_int_quant(checkpoint))  // (--quant int8 / int4 ask for Q8 / Q4 matrices)
+            throw Error(Status::unsupported, "int8/int4 weights are not supported on CUDA yet; use --device cpu");
+        return is_fp8(checkpoint) ? checkpoint : DType::BF16;
+    }
     bool fp8_experts() const override { return false; }
 
     // The device memory free now (cudaMemGetInfo): the load refuses a larger arena before allocating, naming the
