@@ -82,7 +82,8 @@ typedef enum hy_quant {
     HY_QUANT_FP8 = 1,  /* quantize a 16-bit checkpoint at load: linear weights to FP8 e4m3 with 128 x 128 block
                           scales (the format of Qwen's FP8 releases; embeddings, lm_head, norms, in_proj_a/b, the MoE
                           router and shared_expert_gate stay 16-bit). An FP8 checkpoint with it:
-                          HY_ERR_INVALID_ARGUMENT. CUDA: HY_ERR_UNSUPPORTED until it has FP8 kernels */
+                          HY_ERR_INVALID_ARGUMENT. CUDA runs dense FP8 matrices; FP8 MoE experts there:
+                          HY_ERR_UNSUPPORTED (CPU only so far) */
     HY_QUANT_INT8 = 2, /* quantize a 16-bit checkpoint at load: the same linear weights to int8, group-wise symmetric
                           (an F32 scale per quant_group weights of a row, default 64; codes in [-127, 127]); the CPU
                           runs them with int8 activations (per row and group). About 0.53x the 16-bit bytes */
