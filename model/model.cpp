@@ -227,8 +227,8 @@ struct ModelLoader {
         return s;
     }
 
-    // The backend's storage for an FP8 matrix: FP8 as it is (Backend::matrix_dtype throws where the backend has no
-    // FP8 kernels, as CUDA for now; one that would convert it to another dtype is refused here).
+    // The backend's storage for an FP8 matrix: FP8 as it is (Backend::matrix_dtype throws where a backend has no
+    // kernels for a type; one that would convert it to another dtype is refused here).
     DType fp8_dtype(DType type) const {
         const DType d = be.matrix_dtype(type);
         if (d != type)

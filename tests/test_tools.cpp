@@ -291,6 +291,14 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     CHECK(bj["cpu_threads"] == 1);  // the threads in use (-t 1)
     // the copy probe's 512 MiB of buffers are not in the peak (the tiny model's run itself needs about 200 MiB)
     CHECK(bj["peak_rss_bytes"].get<int64_t>() < (int64_t(450) << 20));
+    {  // an existing file is never replaced (it could be a model's config.json): refused before the run
+        const std::string before = slurp(json_path);
+        const Run again =
+            run_prog(bench, {"-m", "models/tiny", "-t", "1", "-p", "8", "-n", "4", "-r", "1", "--json", json_path});
+        check(again, 5, "b.json: exists (--json writes a new file; remove it first)");
+        CHECK(again.out.empty());
+        CHECK(slurp(json_path) == before);
+    }
     if (fs::exists("/dev/full")) {  // a lost table is a failure, not exit 0
         const std::string cmd = "cd " + quote(kSrc) + " && " + quote(bench) +
                                 " -m models/tiny -t 1 -p 8 -n 4 -r 1 >/dev/full 2>" + quote((tmp.path / "e").string());

@@ -107,7 +107,8 @@ int main(int argc, char** argv) {
     add_shared_option(opts, "", "no-pdl");
     opts.add_options()
         ("ubatch", "prefill chunk (rows per forward step)", cxxopts::value<int>()->default_value("512"))
-        ("json", "also write the results to this JSON file (replaced if it exists; a symbolic link is refused)",
+        ("json", "also write the results to this JSON file (a new file: an existing file or a symbolic link is refused, "
+         "a FIFO or device is written to)",
          cxxopts::value<std::string>())
         ("dummy-weights", "read config.json alone and fill the weights with random values on the device (any shape "
          "without a checkpoint; vLLM's --load-format dummy)")
@@ -148,6 +149,9 @@ int main(int argc, char** argv) {
             // (as hybrid's /save: a link is not written through, its target may be anything)
             if (struct stat lst; ::lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode))
                 throw Error(Status::io, path + ": is a symbolic link; not replaced (give the target's path)");
+            // (nothing the user has is replaced: a model's config.json, an earlier run)
+            if (existed && S_ISREG(st.st_mode))
+                throw Error(Status::io, path + ": exists (--json writes a new file; remove it first)");
             if (existed) {
                 // (non-blocking: a FIFO without a reader fails with ENXIO instead of blocking the open)
                 const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NONBLOCK);
@@ -212,6 +216,9 @@ int main(int argc, char** argv) {
                          "for (max_position_embeddings)\n",
                          mp.n_ctx - 1, c.max_position_embeddings);
         Backend& be = model->backend();
+        if (args.count("fp8-gemm") && std::string(be.name()) != "cuda")
+            std::fprintf(stderr, "hybrid-bench: note: --fp8-gemm only changes the CUDA backend; ignored on %s\n",
+                         be.name());
         if (!mp.cuda.trace_file.empty() && std::string(be.name()) != "cuda")
             throw tools::UsageError("--cuda-trace needs the CUDA backend; the model runs on " + std::string(be.name()));
         if (mp.dummy_weights) std::printf("dummy weights: random values from config.json's shapes (no checkpoint)\n");

@@ -29,6 +29,7 @@
 #include <cstring>
 #include <cxxopts.hpp>
 #include <numeric>
+#include <sys/stat.h>
 #include <unistd.h>
 #include <vector>
 
@@ -143,6 +144,9 @@ int main(int argc, char** argv) {
         };
         const double max_ratio = args.count("max-ppl-ratio") ? real("max-ppl-ratio") : -1.0;
         const double min_top1 = args.count("min-top1") ? real("min-top1") : -1.0;
+        if (min_top1 > 1.0)
+            throw tools::UsageError("--min-top1 is a fraction in [0, 1] (0.97 for 97%), got " +
+                                    args["min-top1"].as<std::string>());
         if ((max_ratio >= 0.0 || min_top1 >= 0.0) && !args.count("kl-base"))
             throw tools::UsageError("--max-ppl-ratio and --min-top1 need --kl-base");
         const std::string dir = args["model"].as<std::string>(), path = args["file"].as<std::string>();
@@ -167,6 +171,9 @@ int main(int argc, char** argv) {
                                                         " tokens, fewer than one window of --ctx " +
                                                         std::to_string(ctx));
         auto model = tools::loading([&] { return Model::load(dir, mp); });
+        if (args.count("fp8-gemm") && std::string(model->backend().name()) != "cuda")
+            std::fprintf(stderr, "hybrid-perplexity: note: --fp8-gemm only changes the CUDA backend; ignored on %s\n",
+                         model->backend().name());
         if (!model->load_warning().empty())
             std::fprintf(stderr, "hybrid-perplexity: warning: %s\n", model->load_warning().c_str());
         const int V = model->config().vocab_size, first = ctx / 2;
@@ -217,12 +224,29 @@ int main(int argc, char** argv) {
         }
         std::FILE* out = nullptr;
         const std::string save_path = args.count("save-logits") ? args["save-logits"].as<std::string>() : "";
+        // A run that fails after creating the --save-logits file removes it (the file is this run's: "wbx" made it),
+        // so that no truncated file is left to be taken for a base later.
+        struct PartialFile {
+            std::FILE*& f;
+            const std::string& path;
+            bool complete = false;
+            ~PartialFile() {
+                if (f && !complete) {
+                    std::fclose(f);
+                    std::remove(path.c_str());
+                }
+            }
+        } partial{out, save_path};
         if (!save_path.empty()) {
             if (top_k < 1 || top_k > V)
                 throw tools::UsageError("--top-k must be in [1, vocabulary " + std::to_string(V) + "], got " +
                                         std::to_string(top_k));
             // (nothing the user has is replaced: an existing file, e.g. the text, the base run or a model file, is
             // refused; "x": exclusive creation)
+            if (struct stat st; ::stat(save_path.c_str(), &st) == 0 && !S_ISREG(st.st_mode))
+                throw Error(Status::io, save_path +
+                                            (S_ISDIR(st.st_mode) ? ": is a directory" : ": not a regular file") +
+                                            " (--save-logits writes a new file)");
             out = std::fopen(save_path.c_str(), "wbx");
             if (!out && errno == EEXIST)
                 throw Error(Status::io, save_path + ": exists (--save-logits writes a new file; remove it first)");
@@ -289,7 +313,15 @@ int main(int argc, char** argv) {
                              std::exp(nll / double(pos)));
         }
         if (progress) std::fputc('\n', stderr);
-        if (out && std::fclose(out) != 0) throw Error(Status::io, save_path + ": cannot write");
+        if (out) {
+            const int closed = std::fclose(out);
+            out = nullptr;
+            if (closed != 0) {
+                std::remove(save_path.c_str());
+                throw Error(Status::io, save_path + ": cannot write");
+            }
+            partial.complete = true;
+        }
         const double ppl = std::exp(nll / double(positions));
         std::printf("text: %s, %zu tokens; %d windows of %d, the last %d positions of each scored (%llu tokens)\n",
                     path.c_str(), ids.size(), windows, ctx, int(per_window), (unsigned long long)positions);
