@@ -809,6 +809,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
                                                   " was asked for, but " + dir +
                                                   " is already an FP8 checkpoint (config.json quantization_config "
                                                   "quant_method fp8): load it without --quant");
+    // Dummy weights for an FP8 checkpoint's config.json: made as 16-bit values and quantized to FP8 at load (the
+    // matrices Qwen's FP8 releases hold in FP8, as --quant fp8), so that the shape is measured in its own format
+    if (p.dummy_weights && c.fp8_weights) m->params_.quant = WeightQuant::fp8;
     ModelLoader ld{*m, ck, be, 0, {}, {}, {}, {}, 1};
     ld.plan_weights();
     m->weight_bytes_ = ld.offset;

@@ -282,6 +282,29 @@ TEST_CASE("fp8: the block quantizer: scales amax / 448 per 128 x 128 block of ea
     }
 }
 
+// --dummy-weights reads config.json alone: for an FP8 checkpoint's config the linear weights are made FP8 (as the
+// release holds them), not 16-bit: the arena of --quant fp8 on the same shapes, and FP8 matrices.
+TEST_CASE("fp8: dummy weights from an FP8 config.json are FP8", "[model][fp8]") {
+    TempDir d;
+    const std::string dir = d / "cfg";
+    std::filesystem::create_directories(dir);
+    write_text(dir + "/config.json", fp8_config(tiny_dir()).dump());
+    ModelParams p = cpu_params();
+    p.dummy_weights = true;
+    auto fp8 = Model::load(dir, p);
+    p.quant = WeightQuant::fp8;
+    auto quantized = Model::load(tiny_dir(), [&] {
+        ModelParams q = p;
+        q.dummy_weights = true;
+        return q;
+    }());
+    p.quant = WeightQuant::none;
+    auto bf16 = Model::load(tiny_dir(), p);
+    CHECK(fp8->weight_bytes() == quantized->weight_bytes());
+    CHECK(fp8->weight_bytes() < bf16->weight_bytes() * 2 / 3);
+    CHECK(fp8->weights().layers[0].mlp.down_proj.dtype == DType::F8_E4M3);
+}
+
 TEST_CASE("fp8: an FP8 checkpoint gives on the CPU the logits of its dequantized F32 twin", "[model][fp8]") {
     TempDir d;
     const TensorMap fp8 = write_fp8_twins(tiny_dir(), d);
