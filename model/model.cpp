@@ -143,6 +143,25 @@ struct Checkpoint {
 }  // namespace
 
 // Builds the arena: a planning pass assigns offsets, then the backend allocates once and the weights are copied in.
+// Runs part(0), ..., part(n - 1) on n threads (part(0) on the caller's), then rethrows the first exception one threw.
+template <class Part>
+void run_parts(int n, Part&& part) {
+    std::vector<std::exception_ptr> errors(static_cast<size_t>(n));
+    auto guarded = [&](int i) {
+        try {
+            part(i);
+        } catch (...) {
+            errors[size_t(i)] = std::current_exception();
+        }
+    };
+    std::vector<std::thread> threads;
+    for (int i = 1; i < n; i++) threads.emplace_back(guarded, i);
+    guarded(0);
+    for (std::thread& t : threads) t.join();
+    for (const std::exception_ptr& e : errors)
+        if (e) std::rethrow_exception(e);
+}
+
 struct ModelLoader {
     Model& m;
     const Checkpoint& ck;
@@ -588,26 +607,15 @@ struct ModelLoader {
             std::max(1, m.params_.n_threads > 0 ? m.params_.n_threads : int(std::thread::hardware_concurrency()))));
         std::vector<float> w(size_t(run * d.cols)), scales(size_t(run * n_groups));
         std::vector<uint8_t> q(size_t(run) * row_bytes(d.dtype, d.cols));
-        std::vector<std::exception_ptr> errors(static_cast<size_t>(n_threads));
         for (int64_t r0 = 0; r0 < d.rows; r0 += run) {
             const int64_t n = std::min(run, d.rows - r0);
             auto part = [&](int i) {
-                try {
-                    const int64_t a = n * i / n_threads, b = n * (i + 1) / n_threads;
-                    read_rows(job, d.cols, r0 + a, b - a, w.data() + a * d.cols);
-                    quantize_int_groups(w.data() + a * d.cols, b - a, d.cols, d.group, d.dtype,
-                                        q.data() + size_t(a) * row_bytes(d.dtype, d.cols),
-                                        scales.data() + a * n_groups);
-                } catch (...) {
-                    errors[size_t(i)] = std::current_exception();
-                }
+                const int64_t a = n * i / n_threads, b = n * (i + 1) / n_threads;
+                read_rows(job, d.cols, r0 + a, b - a, w.data() + a * d.cols);
+                quantize_int_groups(w.data() + a * d.cols, b - a, d.cols, d.group, d.dtype,
+                                    q.data() + size_t(a) * row_bytes(d.dtype, d.cols), scales.data() + a * n_groups);
             };
-            std::vector<std::thread> threads;
-            for (int i = 1; i < n_threads; i++) threads.emplace_back(part, i);
-            part(0);
-            for (std::thread& t : threads) t.join();
-            for (const std::exception_ptr& e : errors)
-                if (e) std::rethrow_exception(e);
+            run_parts(n_threads, part);
             be.upload(base + job.off + size_t(r0) * row_bytes(d.dtype, d.cols), q.data(),
                       size_t(n) * row_bytes(d.dtype, d.cols));
             be.upload(base + job.scale_off + size_t(r0 * n_groups) * 4, scales.data(), size_t(n * n_groups) * 4);
@@ -627,25 +635,15 @@ struct ModelLoader {
         const int n_threads = int(std::min<int64_t>(
             block_rows,
             std::max(1, m.params_.n_threads > 0 ? m.params_.n_threads : int(std::thread::hardware_concurrency()))));
-        std::vector<std::exception_ptr> errors(static_cast<size_t>(n_threads));
         for (int64_t r0 = 0; r0 < d.rows; r0 += seg) {
             auto part = [&](int i) {
-                try {
-                    const int64_t b0 = block_rows * i / n_threads, b1 = block_rows * (i + 1) / n_threads;
-                    const int64_t a = b0 * kFp8Block, n = std::min(seg, b1 * kFp8Block) - a;
-                    read_rows(job, d.cols, r0 + a, n, w.data() + a * d.cols);
-                    quantize_fp8_blocks(w.data() + a * d.cols, n, d.cols, 0, q.data() + a * d.cols,
-                                        scales.data() + b0 * sc);
-                } catch (...) {
-                    errors[size_t(i)] = std::current_exception();
-                }
+                const int64_t b0 = block_rows * i / n_threads, b1 = block_rows * (i + 1) / n_threads;
+                const int64_t a = b0 * kFp8Block, n = std::min(seg, b1 * kFp8Block) - a;
+                read_rows(job, d.cols, r0 + a, n, w.data() + a * d.cols);
+                quantize_fp8_blocks(w.data() + a * d.cols, n, d.cols, 0, q.data() + a * d.cols,
+                                    scales.data() + b0 * sc);
             };
-            std::vector<std::thread> threads;
-            for (int i = 1; i < n_threads; i++) threads.emplace_back(part, i);
-            part(0);
-            for (std::thread& t : threads) t.join();
-            for (const std::exception_ptr& e : errors)
-                if (e) std::rethrow_exception(e);
+            run_parts(n_threads, part);
             be.upload(base + job.off + size_t(r0 * d.cols), q.data(), q.size());
             be.upload(base + job.scale_off + size_t(fp8_scale_row(r0, d.scale_segment_rows) * sc) * 4, scales.data(),
                       scales.size() * 4);

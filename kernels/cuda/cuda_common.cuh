@@ -129,6 +129,37 @@ __device__ __forceinline__ uint4 ld_weight(const uint4* p, uint64_t pol) {
     return r;
 }
 
+// ---- The decode GEMVs' block shape and split reduction (matmul.cu, fp8_matmul.cu) ----
+// Warps per block of a GEMV whose rows take kSplit warps: kGemvWarps, or kSplit when that is larger.
+template <int kSplit>
+constexpr int gemv_block_warps() {
+    return kSplit > kGemvWarps ? kSplit : kGemvWarps;
+}
+
+// Reduces the kSplit parts of each row of the block into acc of part 0 (returns false in the other parts).
+template <int NT, int kSplit>
+__device__ __forceinline__ bool reduce_parts(float* acc, float (*part)[NT]) {
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+#pragma unroll
+    for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
+    if constexpr (kSplit > 1) {
+        if (lane == 0) {
+#pragma unroll
+            for (int t = 0; t < NT; t++) part[warp][t] = acc[t];
+        }
+        __syncthreads();
+        if (warp % kSplit != 0) return false;
+#pragma unroll
+        for (int t = 0; t < NT; t++) {
+            float v = part[warp][t];
+#pragma unroll
+            for (int q = 1; q < kSplit; q++) v += part[warp + q][t];
+            acc[t] = v;
+        }
+    }
+    return true;
+}
+
 // D += A B on tensor cores, one warp: A 16x16 bf16 (row-major fragment a0..a3), B 16x8 bf16 (column-major fragment
 // b0, b1), C/D 16x8 fp32 (c[0..3]); PTX ISA "mma.sync.aligned.m16n8k16", the fragment layouts of its figures.
 __device__ __forceinline__ void mma_bf16_16816(float* c, uint32_t a0, uint32_t a1, uint32_t a2, uint32_t a3,

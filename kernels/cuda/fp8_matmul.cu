@@ -118,35 +118,6 @@ __device__ __forceinline__ void fp8_rows_dot(const uint8_t* const (&w_row)[kR], 
     }
 }
 
-template <int kSplit>
-constexpr int fp8_block_warps() {
-    return kSplit > kGemvWarps ? kSplit : kGemvWarps;
-}
-
-// Sums the kSplit parts of each row of the block into part 0's acc (false in the other parts).
-template <int NT, int kSplit>
-__device__ __forceinline__ bool reduce_parts(float* acc, float (*part)[NT]) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
-    if constexpr (kSplit > 1) {
-        if (lane == 0) {
-#pragma unroll
-            for (int t = 0; t < NT; t++) part[warp][t] = acc[t];
-        }
-        __syncthreads();
-        if (warp % kSplit != 0) return false;
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float v = part[warp][t];
-#pragma unroll
-            for (int q = 1; q < kSplit; q++) v += part[warp + q][t];
-            acc[t] = v;
-        }
-    }
-    return true;
-}
-
 struct Fp8Member {
     const uint8_t* w;
     const float* scales;
@@ -165,10 +136,10 @@ __device__ __forceinline__ Fp8Member fp8_member(const Fp8Group& g) {
 }
 
 template <int NT, int kSplit, int kPer, bool kE5M2>
-__global__ void __launch_bounds__(fp8_block_warps<kSplit>() * 32)
+__global__ void __launch_bounds__(gemv_block_warps<kSplit>() * 32)
     gemv_fp8_kernel(const bf16* __restrict__ x, const __grid_constant__ Fp8Group g, int K) {
-    constexpr int kRows = fp8_block_warps<kSplit>() / kSplit;
-    __shared__ float part[fp8_block_warps<kSplit>()][NT];
+    constexpr int kRows = gemv_block_warps<kSplit>() / kSplit;
+    __shared__ float part[gemv_block_warps<kSplit>()][NT];
     pdl_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const Fp8Member m = fp8_member(g);
@@ -188,12 +159,12 @@ __global__ void __launch_bounds__(fp8_block_warps<kSplit>() * 32)
 
 // Gate and up rows of feature n by the same kSplit warps, then the activation (as matmul.cu's gate/up kernel).
 template <int NT, int kSplit, int kPer, bool kE5M2>
-__global__ void __launch_bounds__(fp8_block_warps<kSplit>() * 32)
+__global__ void __launch_bounds__(gemv_block_warps<kSplit>() * 32)
     gemv_fp8_gate_up_kernel(const bf16* __restrict__ x, const uint8_t* __restrict__ wg, const float* __restrict__ sg,
                             const uint8_t* __restrict__ wu, const float* __restrict__ su, int segment_rows,
                             bf16* gate_out, bf16* up_out, bf16* act_out, int N, int K, bool evict_first) {
-    constexpr int kRows = fp8_block_warps<kSplit>() / kSplit;
-    __shared__ float part[fp8_block_warps<kSplit>()][2 * NT];
+    constexpr int kRows = gemv_block_warps<kSplit>() / kSplit;
+    __shared__ float part[gemv_block_warps<kSplit>()][2 * NT];
     pdl_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int n = blockIdx.x * kRows + warp / kSplit;
@@ -218,7 +189,7 @@ __global__ void __launch_bounds__(fp8_block_warps<kSplit>() * 32)
 
 template <int NT, int kSplit, int kPer, bool kE5M2>
 void gemv_fp8_launch(const bf16* x, Fp8Group g, int64_t K, const LaunchContext& ctx) {
-    constexpr int kWarps = fp8_block_warps<kSplit>(), kRows = kWarps / kSplit;
+    constexpr int kWarps = gemv_block_warps<kSplit>(), kRows = kWarps / kSplit;
     for (int i = 0; i < g.count; i++) g.block_end[i] = (i ? g.block_end[i - 1] : 0) + (g.n[i] + kRows - 1) / kRows;
     g.evict_first = ctx.evict_first;
     launch(gemv_fp8_kernel<NT, kSplit, kPer, kE5M2>, unsigned(g.block_end[g.count - 1]), kWarps * 32, 0, ctx,
@@ -244,7 +215,7 @@ void gemv_fp8_shape(const bf16* x, const Fp8Group& g, int64_t K, Fp8GemvConfig c
 template <int NT, int kSplit, bool kE5M2>
 void gate_up_fp8_launch(const bf16* x, const Matrix& wg, const Matrix& wu, bf16* gate_out, bf16* up_out, bf16* act_out,
                         const LaunchContext& ctx) {
-    constexpr int kWarps = fp8_block_warps<kSplit>(), kRows = kWarps / kSplit;
+    constexpr int kWarps = gemv_block_warps<kSplit>(), kRows = kWarps / kSplit;
     launch(gemv_fp8_gate_up_kernel<NT, kSplit, 4, kE5M2>, ceil_div(wg.rows, kRows), kWarps * 32, 0, ctx,
            "FP8 gemv gate/up/SiLU kernel", x, static_cast<const uint8_t*>(wg.data), wg.scales,
            static_cast<const uint8_t*>(wu.data), wu.scales, int(wg.scale_segment_rows), gate_out, up_out, act_out,

@@ -110,36 +110,6 @@ __device__ __forceinline__ GroupMember group_member(const GemvGroup& g) {
     return m;
 }
 
-// Warps per block of a GEMV whose rows take kSplit warps: kGemvWarps, or kSplit when that is larger.
-template <int kSplit>
-constexpr int gemv_block_warps() {
-    return kSplit > kGemvWarps ? kSplit : kGemvWarps;
-}
-
-// Reduces the kSplit parts of each row of the block into acc of part 0 (returns false in the other parts).
-template <int NT, int kSplit>
-__device__ __forceinline__ bool reduce_parts(float* acc, float (*part)[NT]) {
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-#pragma unroll
-    for (int t = 0; t < NT; t++) acc[t] = warp_sum(acc[t]);
-    if constexpr (kSplit > 1) {
-        if (lane == 0) {
-#pragma unroll
-            for (int t = 0; t < NT; t++) part[warp][t] = acc[t];
-        }
-        __syncthreads();
-        if (warp % kSplit != 0) return false;
-#pragma unroll
-        for (int t = 0; t < NT; t++) {
-            float v = part[warp][t];
-#pragma unroll
-            for (int q = 1; q < kSplit; q++) v += part[warp + q][t];
-            acc[t] = v;
-        }
-    }
-    return true;
-}
-
 // kSplit warps per output feature of one of up to GemvGroup::kMax matrices sharing x (blocks are assigned to the
 // matrices in order: matrix s owns blocks [block_end[s-1], block_end[s])).
 template <int NT, typename OutT, int kSplit, int kPer>
