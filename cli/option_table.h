@@ -29,11 +29,11 @@ inline constexpr SharedOption kSharedOptions[] = {
      "load as they are, without it",
      SharedOption::Type::text, "none"},
     {"fp8-gemm",
-     "CUDA, FP8 weights, steps of more than 8 rows (prefill, big batches): dequantize (a bf16 copy of each matrix "
-     "and the bf16 GEMM: activations kept in bf16, as the decode GEMVs) or block-scaled (experimental, known wrong "
-     "on models/tiny: FP8 tensor cores, the activations quantized to e4m3 per row and 128 values, as vLLM runs FP8 "
-     "checkpoints)",
-     SharedOption::Type::text, "dequantize"},
+     "CUDA, FP8 weights, steps of more than 8 rows (prefill, big batches): block-scaled (FP8 tensor cores, the "
+     "activations quantized to e4m3 per row and 128 values, as vLLM and transformers run FP8 checkpoints) or "
+     "dequantize (a bf16 copy of each matrix and the bf16 GEMM: activations kept in bf16, as the decode GEMVs and the "
+     "CPU backend; slower)",
+     SharedOption::Type::text, "block-scaled"},
     {"no-cuda-graphs",
      "CUDA: launch every kernel one by one instead of replaying CUDA graphs (same results, slower; "
      "for profilers and debugging)",

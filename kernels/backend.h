@@ -237,11 +237,12 @@ struct CudaOptions {
     bool l2_evict_first = true;    // decode GEMVs load weights with an L2 evict-first policy
     bool gdn_fused_conv = true;    // decode steps do the Gated DeltaNet conv inside the recurrence kernel
     int moe_grouped_min_rows = 0;  // MoE experts grouped by expert from this many rows on; 0: the tuned default
-    // FP8 matrices with more rows than the FP8 GEMVs take (prefill, batches over 8): false (default), the weights
-    // dequantized to bf16 and the bf16 GEMM (W8A16, as the GEMVs and the CPU); true, experimental: FP8 tensor cores
-    // with the activations quantized per row and 128-value group (W8A8, cuBLASLt block scales), faster but wrong on
-    // models/tiny for now (kernels/cuda/fp8_matmul.cuh, BENCHMARKS.md "FP8 weights on the GPU").
-    bool fp8_block_scaled_gemm = false;
+    // FP8 matrices with more rows than the FP8 GEMVs take (prefill, batches over 8): true (default), FP8 tensor cores
+    // with the activations quantized per row and 128-value group (W8A8 with cuBLASLt block scales, the checkpoints'
+    // "activation_scheme: dynamic", as vLLM and transformers run them); false: the weights dequantized to bf16 and
+    // the bf16 GEMM (W8A16, as the GEMVs and the CPU backend: closer to the CPU, slower; kernels/cuda/fp8_matmul.cuh,
+    // BENCHMARKS.md "FP8 weights on the GPU").
+    bool fp8_block_scaled_gemm = true;
     // Builds with -DHY_CUDA_TRACE=ON only (timing studies; refused otherwise): every kernel's start and ready times
     // are written to this file when the backend is destroyed (tools/gpu/trace_summary.py reads it). Empty: none.
     std::string trace_file;

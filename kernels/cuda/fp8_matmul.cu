@@ -641,9 +641,23 @@ void matmul_fp8(Gemm& gemm, const bf16* x, int64_t T, const Matrix& w, void* y, 
     const int64_t T4 = T / 4 * 4;
     if (mode == Fp8GemmMode::block_scaled && !out_f32 && w.dtype == DType::F8_E4M3 && K % 128 == 0 && N % 16 == 0 &&
         w.scale_segment_rows % 128 == 0 && aligned16(x) && aligned16(y) && size_t(T * K) <= scratch.act_bytes &&
-        (T4 == T || fp8_gemv_fits(x + T4 * K, T - T4, w))) {
+        size_t(N * K) <= scratch.weight_elems && (T4 == T || fp8_gemv_fits(x + T4 * K, T - T4, w))) {
         quantize_rows_fp8(x, T4, K, scratch.act, scratch.act_scales, ctx);
-        if (gemm.run_fp8(scratch.act, scratch.act_scales, T4, static_cast<const uint8_t*>(w.data), w.scales, N, K,
+        // cuBLASLt reads the 128 x 128 weight scales [N / 128, K / 128] with rows of a multiple of 4 values (16
+        // bytes; PyTorch pads them so for its BlockWise128x128): other widths (K 256, 768, ...) get a padded copy
+        // in the dequantization scratch, which this path leaves unused and which holds it (N * K bf16 values
+        // against ceil(N / 128) * pad4(K / 128) floats).
+        const float* ws = w.scales;
+        const int64_t kb = K / 128, kb4 = (kb + 3) / 4 * 4;
+        if (kb4 != kb) {
+            float* padded = reinterpret_cast<float*>(scratch.weight);
+            check(cudaMemcpy2DAsync(padded, size_t(kb4) * 4, w.scales, size_t(kb) * 4, size_t(kb) * 4,
+                                    size_t(fp8_scale_rows(N, w.scale_segment_rows)), cudaMemcpyDeviceToDevice,
+                                    ctx.stream),
+                  "FP8 weight scales (padded copy)");
+            ws = padded;
+        }
+        if (gemm.run_fp8(scratch.act, scratch.act_scales, T4, static_cast<const uint8_t*>(w.data), ws, N, K,
                          static_cast<bf16*>(y), ctx)) {
             if (T4 < T) {
                 Fp8Group g;

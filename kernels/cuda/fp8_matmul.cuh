@@ -5,13 +5,12 @@
 // - Up to kGemvMaxTokens rows (decode): W8A16 GEMVs that read W once, convert fp8 -> f32 exactly in registers and
 //   accumulate in fp32, each 16-value word's dot product times its block scale. 1-2 rows on CUDA cores, 3-8 rows
 //   on tensor cores (mma m16n8k16 bf16: fp8 -> bf16 is exact; a block's products are summed in fp32, then scaled).
-// - More rows (prefill, large batches): Fp8GemmMode::dequantize (default) writes W as bf16 into scratch and runs the
-//   bf16 GEMM (W8A16). Fp8GemmMode::block_scaled (experimental: single products match a W8A8 reference, the tiny
-//   model's prompt logits do not; BENCHMARKS.md "FP8 weights on the GPU") quantizes x per row and 128-wide group to
-//   e4m3 (scale = amax / 448, as the checkpoints' "activation_scheme: dynamic") and runs cuBLASLt's FP8 GEMM with
-//   128 x 128 weight scales and 128-element activation scales (W8A8 on Hopper's FP8 tensor cores, fp32
+// - More rows (prefill, large batches): Fp8GemmMode::block_scaled (the default) quantizes x per row and 128-wide
+//   group to e4m3 (scale = amax / 448, as the checkpoints' "activation_scheme: dynamic") and runs cuBLASLt's FP8 GEMM
+//   with 128 x 128 weight scales and 128-element activation scales (W8A8 on Hopper's FP8 tensor cores, fp32
 //   accumulation). Shapes it cannot take (K % 128 != 0, N % 16 != 0, segments not a multiple of 128 rows, or no
-//   cuBLASLt algorithm) dequantize.
+//   cuBLASLt algorithm) dequantize. Fp8GemmMode::dequantize writes W as bf16 into scratch and runs the bf16 GEMM
+//   (W8A16, as the GEMVs and the CPU backend).
 #pragma once
 
 #include "kernels/backend.h"

@@ -96,22 +96,24 @@ if want fp8; then  # FP8 weights: the [fp8] tests, then 4B shapes with --quant f
             --kl-base /tmp/ppl_base.bin
         grep -iE "perplexity|KL|top-1" "$LOG" | tail -5 | sed "s/^/  [$g] /" >>"$SUM"
     done
-    [ -f $M/config.json ] || step fixture_4b 150 python3 tools/gpu/random_checkpoint.py --out $M
+    # (4B shapes with dummy weights made at load: no checkpoint to write, the same speed as random ones)
+    M=/tmp/q4d DW=--dummy-weights
+    mkdir -p $M && cp tools/gpu/config_4b.json $M/config.json
     for q in fp8 none; do
-        step "fp8_b1_$q" 120 $N/hybrid-bench -m $M --device cuda --quant $q -p 512 -n 256 -r 3
+        step "fp8_b1_$q" 120 $N/hybrid-bench -m $M $DW --device cuda --quant $q -p 512 -n 256 -r 3
         say "  decode b=1 [quant $q]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
         for g in block-scaled dequantize; do
             [ $q = none ] && [ $g = dequantize ] && continue
-            step "fp8_prefill_${q}_$g" 120 $N/hybrid-bench -m $M --device cuda --quant $q --fp8-gemm $g -p 4096 \
+            step "fp8_prefill_${q}_$g" 120 $N/hybrid-bench -m $M $DW --device cuda --quant $q --fp8-gemm $g -p 4096 \
                 -n 8 -r 2 --ubatch 4096
             say "  prefill 4096 [quant $q, $g]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
-            step "fp8_batch_${q}_$g" 150 $N/hybrid-bench -m $M --device cuda --quant $q --fp8-gemm $g -p 128 \
+            step "fp8_batch_${q}_$g" 150 $N/hybrid-bench -m $M $DW --device cuda --quant $q --fp8-gemm $g -p 128 \
                 -n 64 -b 2,4,8,64 -r 2
             grep -E '^\| +[0-9]' "$LOG" | tail -4 | sed "s/^/  batch [quant $q, $g]: /" >>"$SUM"
         done
     done
     [ "${TRACE:-0}" = 1 ] && grep -q "rc=0" /tmp/bt.log && {
-        step fp8_trace 120 /tmp/bt/hybrid-bench -m $M --device cuda --quant fp8 -p 16 -n 64 -r 1 \
+        step fp8_trace 120 /tmp/bt/hybrid-bench -m $M $DW --device cuda --quant fp8 -p 16 -n 64 -r 1 \
             --cuda-trace /tmp/fp8_trace.txt
         python3 tools/gpu/trace_summary.py /tmp/fp8_trace.txt >"$OUT/fp8_trace.txt" 2>&1
         head -40 "$OUT/fp8_trace.txt" >>"$SUM"
