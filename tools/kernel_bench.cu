@@ -74,8 +74,13 @@ void bench_fp8(int T, const std::vector<Shape>& shapes, cudaStream_t s, const La
     std::printf("| shape | MB | FP8 GEMV launch shapes, PDL on: GB/s |\n|---|---:|---|\n");
     std::vector<Fp8GemvConfig> configs;
     if (T <= kGemvBlockMaxTokens)
-        configs = {{false, 1, 8}, {false, 2, 4}, {false, 2, 8}, {false, 4, 4},
-                   {false, 4, 8}, {false, 8, 4}, {false, 8, 8}};
+        configs = {{false, 1, 8},           {false, 2, 4},           {false, 2, 8},           {false, 4, 4},
+                   {false, 4, 8},           {false, 8, 4},           {false, 8, 8},           {false, 1, 4, false, 2},
+                   {false, 1, 8, false, 2}, {false, 2, 4, false, 2}, {false, 4, 4, false, 2}, {false, 1, 4, false, 4},
+                   {false, 2, 4, false, 4}};
+    if (T == 1)
+        for (int split : {1, 2, 4})
+            for (int rows : {2, 4}) configs.push_back({false, split, 0, false, rows, true});
     configs.push_back({true, 0, 2, false});
     configs.push_back({true, 0, 4, false});
     configs.push_back({true, 0, 2, true});
@@ -113,22 +118,34 @@ void bench_fp8(int T, const std::vector<Shape>& shapes, cudaStream_t s, const La
         bool first = true;
         for (Fp8GemvConfig c : configs) {
             if (c.tensor_cores && sh.K % 64 != 0) continue;
+            if (c.stream && (fp8_stream_words(sh.K, c.split) == 0 || sh.K * 4 > kFp8StreamMaxSmem)) continue;
             const double ms = time_graph(s, [&] {
                 for (int i = 0; i < kLaunches; i++) gemv_fp8_group_with(x, T, group(i), sh.K, DType::F8_E4M3, c, pdl);
             });
-            const bool is_chosen = c.tensor_cores == chosen.tensor_cores && c.per == chosen.per &&
-                                   (c.tensor_cores ? c.bits == chosen.bits : c.split == chosen.split);
-            if (c.tensor_cores)
+            const bool is_chosen =
+                c.tensor_cores == chosen.tensor_cores && c.stream == chosen.stream &&
+                (c.stream || c.per == chosen.per) &&
+                (c.tensor_cores ? c.bits == chosen.bits : c.split == chosen.split && c.rows == chosen.rows);
+            if (c.stream)
+                std::snprintf(buf, sizeof buf, "%sstream %dx%d%s: %.0f", first ? "" : "; ", c.split, c.rows,
+                              is_chosen ? "*" : "", total / (ms * 1e-3) / 1e9);
+            else if (c.tensor_cores)
                 std::snprintf(buf, sizeof buf, "%s%s/%d%s: %.0f", first ? "" : "; ", c.bits ? "mma-bits" : "mma-cvt",
                               c.per, is_chosen ? "*" : "", total / (ms * 1e-3) / 1e9);
             else
-                std::snprintf(buf, sizeof buf, "%s%d,%d%s: %.0f", first ? "" : "; ", c.split, c.per,
-                              is_chosen ? "*" : "", total / (ms * 1e-3) / 1e9);
+                std::snprintf(buf, sizeof buf, "%s%d,%d%s%s: %.0f", first ? "" : "; ", c.split, c.per,
+                              c.rows > 1 ? ("x" + std::to_string(c.rows)).c_str() : "", is_chosen ? "*" : "",
+                              total / (ms * 1e-3) / 1e9);
             line += buf;
             first = false;
         }
         for (Fp8GemvConfig c : configs) {  // the fused gate/up/SiLU kernels
-            if (!sh.gate_up || (!c.tensor_cores && (c.per != 4 || c.split != fp8_gemv_config(sh.K, 1).split))) continue;
+            if (!sh.gate_up || c.stream ||
+                (!c.tensor_cores && (c.rows != 1 || c.split > 2 || c.per != 4 + 4 * (c.split == 1))))
+                continue;
+            const Fp8GemvConfig fc = fp8_gate_up_config(sh.K, T);
+            const bool is_chosen = c.tensor_cores == fc.tensor_cores && c.per == fc.per &&
+                                   (c.tensor_cores ? c.bits == fc.bits : c.split == fc.split);
             const double ms = time_graph(s, [&] {
                 for (int i = 0; i < kLaunches; i++) {
                     Fp8Group g = group(i);
@@ -138,8 +155,9 @@ void bench_fp8(int T, const std::vector<Shape>& shapes, cudaStream_t s, const La
                     gemv_fp8_gate_up_with(x, T, a, b, yb, yb + 8 * sh.n[0], yb + 16 * sh.n[0], c, pdl);
                 }
             });
-            std::snprintf(buf, sizeof buf, "; fused gate/up/SiLU %s/%d: %.0f",
-                          c.tensor_cores ? (c.bits ? "mma-bits" : "mma-cvt") : "cores", c.per,
+            std::snprintf(buf, sizeof buf, "; fused gate/up/SiLU %s%s/%d%s: %.0f",
+                          c.tensor_cores ? (c.bits ? "mma-bits" : "mma-cvt") : "cores",
+                          c.tensor_cores ? "" : (" " + std::to_string(c.split)).c_str(), c.per, is_chosen ? "*" : "",
                           total / (ms * 1e-3) / 1e9);
             line += buf;
         }
@@ -148,7 +166,8 @@ void bench_fp8(int T, const std::vector<Shape>& shapes, cudaStream_t s, const La
         HY_CUDA_CHECK(cudaFree(w));
     }
     std::printf(
-        "\n(split,per: CUDA cores, warps per row, words of 16 weights per lane per round; mma/u: tensor cores, "
+        "\n(split,per[xR]: CUDA cores, warps per row, words of 16 weights per lane per round, R rows per warp; mma/u: "
+        "tensor cores, "
         "u chunks of 64 weights in flight per warp; * = the backend's choice)\n");
 }
 

@@ -7,8 +7,6 @@
 
 namespace hy::cuda {
 
-int fp8_gate_up_split(int64_t K);  // (below: the GEMV's warps per row for K)
-
 namespace {
 
 // Two fp8 codes (the low byte first) as two exact f32 values: fp8 -> f16 is exact for both formats (cvt.f16x2 on
@@ -135,26 +133,36 @@ __device__ __forceinline__ Fp8Member fp8_member(const Fp8Group& g) {
     return m;
 }
 
-template <int NT, int kSplit, int kPer, bool kE5M2>
+// kR consecutive rows per group of kSplit warps: each word of x is unpacked once for the kR rows (the rows past the
+// member's end read its last row again and store nothing).
+template <int NT, int kSplit, int kPer, int kR, bool kE5M2>
 __global__ void __launch_bounds__(gemv_block_warps<kSplit>() * 32)
     gemv_fp8_kernel(const bf16* __restrict__ x, const __grid_constant__ Fp8Group g, int K) {
-    constexpr int kRows = gemv_block_warps<kSplit>() / kSplit;
-    __shared__ float part[gemv_block_warps<kSplit>()][NT];
+    constexpr int kRows = gemv_block_warps<kSplit>() / kSplit * kR;
+    __shared__ float part[gemv_block_warps<kSplit>()][kR * NT];
     pdl_trigger();
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const Fp8Member m = fp8_member(g);
-    const int n = (int(blockIdx.x) - m.first_block) * kRows + warp / kSplit;
-    const bool valid = n < m.n;
-    const int nr = valid ? n : 0;
-    const uint8_t* const w_row[1] = {m.w + int64_t(nr) * K};
-    const float* const s_row[1] = {m.scales + fp8_scale_row(nr, m.segment_rows) * scale_cols(K)};
-    float acc[1][NT];
-    fp8_rows_dot<NT, kPer, 1, kE5M2>(w_row, s_row, valid, x, K, lane + 32 * (warp % kSplit), 32 * kSplit, acc,
-                                     weight_policy(g.evict_first));
-    if (!reduce_parts<NT, kSplit>(acc[0], part) || !valid || lane != 0) return;
+    const int n0 = (int(blockIdx.x) - m.first_block) * kRows + warp / kSplit * kR;
+    const bool valid = n0 < m.n;
+    const uint8_t* w_row[kR];
+    const float* s_row[kR];
+#pragma unroll
+    for (int r = 0; r < kR; r++) {
+        const int nr = !valid ? 0 : n0 + r < m.n ? n0 + r : m.n - 1;
+        w_row[r] = m.w + int64_t(nr) * K;
+        s_row[r] = m.scales + fp8_scale_row(nr, m.segment_rows) * scale_cols(K);
+    }
+    float acc[kR][NT];
+    fp8_rows_dot<NT, kPer, kR, kE5M2>(w_row, s_row, valid, x, K, lane + 32 * (warp % kSplit), 32 * kSplit, acc,
+                                      weight_policy(g.evict_first));
+    if (!reduce_parts<kR * NT, kSplit>(&acc[0][0], part) || !valid || lane != 0) return;
     bf16* y = static_cast<bf16*>(m.y);
 #pragma unroll
-    for (int t = 0; t < NT; t++) y[int64_t(t) * m.n + n] = to_bf16(acc[0][t]);
+    for (int r = 0; r < kR; r++)
+        if (n0 + r < m.n)
+#pragma unroll
+            for (int t = 0; t < NT; t++) y[int64_t(t) * m.n + n0 + r] = to_bf16(acc[r][t]);
 }
 
 // Gate and up rows of feature n by the same kSplit warps, then the activation (as matmul.cu's gate/up kernel).
@@ -187,36 +195,43 @@ __global__ void __launch_bounds__(gemv_block_warps<kSplit>() * 32)
     }
 }
 
-template <int NT, int kSplit, int kPer, bool kE5M2>
+template <int NT, int kSplit, int kPer, int kR, bool kE5M2>
 void gemv_fp8_launch(const bf16* x, Fp8Group g, int64_t K, const LaunchContext& ctx) {
-    constexpr int kWarps = gemv_block_warps<kSplit>(), kRows = kWarps / kSplit;
+    constexpr int kWarps = gemv_block_warps<kSplit>(), kRows = kWarps / kSplit * kR;
     for (int i = 0; i < g.count; i++) g.block_end[i] = (i ? g.block_end[i - 1] : 0) + (g.n[i] + kRows - 1) / kRows;
     g.evict_first = ctx.evict_first;
-    launch(gemv_fp8_kernel<NT, kSplit, kPer, kE5M2>, unsigned(g.block_end[g.count - 1]), kWarps * 32, 0, ctx,
+    launch(gemv_fp8_kernel<NT, kSplit, kPer, kR, kE5M2>, unsigned(g.block_end[g.count - 1]), kWarps * 32, 0, ctx,
            "FP8 gemv kernel", x, g, int(K));
 }
 
 template <int NT, bool kE5M2>
 void gemv_fp8_shape(const bf16* x, const Fp8Group& g, int64_t K, Fp8GemvConfig c, const LaunchContext& ctx) {
-    switch (c.split * 100 + c.per) {
-        case 108: return gemv_fp8_launch<NT, 1, 8, kE5M2>(x, g, K, ctx);
-        case 204: return gemv_fp8_launch<NT, 2, 4, kE5M2>(x, g, K, ctx);
-        case 208: return gemv_fp8_launch<NT, 2, 8, kE5M2>(x, g, K, ctx);
-        case 404: return gemv_fp8_launch<NT, 4, 4, kE5M2>(x, g, K, ctx);
-        case 408: return gemv_fp8_launch<NT, 4, 8, kE5M2>(x, g, K, ctx);
-        case 804: return gemv_fp8_launch<NT, 8, 4, kE5M2>(x, g, K, ctx);
-        case 808: return gemv_fp8_launch<NT, 8, 8, kE5M2>(x, g, K, ctx);
+    switch (c.rows * 1000 + c.split * 100 + c.per) {
+        case 1108: return gemv_fp8_launch<NT, 1, 8, 1, kE5M2>(x, g, K, ctx);
+        case 1204: return gemv_fp8_launch<NT, 2, 4, 1, kE5M2>(x, g, K, ctx);
+        case 1208: return gemv_fp8_launch<NT, 2, 8, 1, kE5M2>(x, g, K, ctx);
+        case 1404: return gemv_fp8_launch<NT, 4, 4, 1, kE5M2>(x, g, K, ctx);
+        case 1408: return gemv_fp8_launch<NT, 4, 8, 1, kE5M2>(x, g, K, ctx);
+        case 1804: return gemv_fp8_launch<NT, 8, 4, 1, kE5M2>(x, g, K, ctx);
+        case 1808: return gemv_fp8_launch<NT, 8, 8, 1, kE5M2>(x, g, K, ctx);
+        case 2104: return gemv_fp8_launch<NT, 1, 4, 2, kE5M2>(x, g, K, ctx);
+        case 2108: return gemv_fp8_launch<NT, 1, 8, 2, kE5M2>(x, g, K, ctx);
+        case 2204: return gemv_fp8_launch<NT, 2, 4, 2, kE5M2>(x, g, K, ctx);
+        case 2404: return gemv_fp8_launch<NT, 4, 4, 2, kE5M2>(x, g, K, ctx);
+        case 4104: return gemv_fp8_launch<NT, 1, 4, 4, kE5M2>(x, g, K, ctx);
+        case 4204: return gemv_fp8_launch<NT, 2, 4, 4, kE5M2>(x, g, K, ctx);
         default:
             throw Error(Status::internal, "FP8 gemv: no kernel for split " + std::to_string(c.split) + ", " +
-                                              std::to_string(c.per) + " words per lane");
+                                              std::to_string(c.per) + " words per lane, " + std::to_string(c.rows) +
+                                              " rows per warp");
     }
 }
 
-template <int NT, int kSplit, bool kE5M2>
+template <int NT, int kSplit, int kPer, bool kE5M2>
 void gate_up_fp8_launch(const bf16* x, const Matrix& wg, const Matrix& wu, bf16* gate_out, bf16* up_out, bf16* act_out,
                         const LaunchContext& ctx) {
     constexpr int kWarps = gemv_block_warps<kSplit>(), kRows = kWarps / kSplit;
-    launch(gemv_fp8_gate_up_kernel<NT, kSplit, 4, kE5M2>, ceil_div(wg.rows, kRows), kWarps * 32, 0, ctx,
+    launch(gemv_fp8_gate_up_kernel<NT, kSplit, kPer, kE5M2>, ceil_div(wg.rows, kRows), kWarps * 32, 0, ctx,
            "FP8 gemv gate/up/SiLU kernel", x, static_cast<const uint8_t*>(wg.data), wg.scales,
            static_cast<const uint8_t*>(wu.data), wu.scales, int(wg.scale_segment_rows), gate_out, up_out, act_out,
            int(wg.rows), int(wg.cols), ctx.evict_first);
@@ -224,12 +239,124 @@ void gate_up_fp8_launch(const bf16* x, const Matrix& wg, const Matrix& wu, bf16*
 
 template <int NT, bool kE5M2>
 void gate_up_fp8_shape(const bf16* x, const Matrix& wg, const Matrix& wu, bf16* gate_out, bf16* up_out, bf16* act_out,
-                       const LaunchContext& ctx) {
-    const int split = fp8_gate_up_split(wg.cols);
-    if (split == 1) return gate_up_fp8_launch<NT, 1, kE5M2>(x, wg, wu, gate_out, up_out, act_out, ctx);
-    if (split == 2) return gate_up_fp8_launch<NT, 2, kE5M2>(x, wg, wu, gate_out, up_out, act_out, ctx);
-    if (split == 4) return gate_up_fp8_launch<NT, 4, kE5M2>(x, wg, wu, gate_out, up_out, act_out, ctx);
-    return gate_up_fp8_launch<NT, 8, kE5M2>(x, wg, wu, gate_out, up_out, act_out, ctx);
+                       Fp8GemvConfig c, const LaunchContext& ctx) {
+    switch (c.split * 100 + c.per) {
+        case 104: return gate_up_fp8_launch<NT, 1, 4, kE5M2>(x, wg, wu, gate_out, up_out, act_out, ctx);
+        case 108: return gate_up_fp8_launch<NT, 1, 8, kE5M2>(x, wg, wu, gate_out, up_out, act_out, ctx);
+        case 204: return gate_up_fp8_launch<NT, 2, 4, kE5M2>(x, wg, wu, gate_out, up_out, act_out, ctx);
+        case 404: return gate_up_fp8_launch<NT, 4, 4, kE5M2>(x, wg, wu, gate_out, up_out, act_out, ctx);
+        case 804: return gate_up_fp8_launch<NT, 8, 4, kE5M2>(x, wg, wu, gate_out, up_out, act_out, ctx);
+        default:
+            throw Error(Status::internal, "FP8 gemv gate/up: no kernel for split " + std::to_string(c.split) + ", " +
+                                              std::to_string(c.per) + " words per lane");
+    }
+}
+
+// ---- the streaming GEMV (1 row of x) ----
+// The block converts x [K] once into shared memory as f32, permuted so that the 16 values of word j are 4 float4
+// at xs[v * K16 + j] (v = 0..3: a warp's lanes read consecutive float4, no bank conflicts). Its 8 warps form
+// kGroups = 8 / kSplit row groups; group r takes the rows first + r, first + r + kGroups, ... (kR of them) and its
+// kSplit warps share each row's words (lane l of warp q: words l + 32 q + 32 kSplit u, u < kW); the next row's words
+// are loaded while the current row is summed, the first row's before the PDL wait. A word's 16 products are summed,
+// then multiplied by the block's scale (as fp8_rows_dot); lanes and warps are summed in a fixed order.
+template <int kW, int kSplit, int kR, bool kE5M2>
+__global__ void __launch_bounds__(256)
+    gemv_fp8_stream_kernel(const bf16* __restrict__ x, const __grid_constant__ Fp8Group g, int K) {
+    constexpr int kGroups = 8 / kSplit;
+    extern __shared__ float4 xs[];  // [4][K / 16]
+    __shared__ float part[8][kR];
+    pdl_trigger();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, q = warp % kSplit;
+    const Fp8Member m = fp8_member(g);
+    const int K16 = K / 16;
+    const int first = (int(blockIdx.x) - m.first_block) * kGroups * kR + warp / kSplit;
+    const uint64_t pol = weight_policy(g.evict_first);
+    const int j0 = lane + 32 * q;
+    uint4 wv[2][kW];
+    auto load = [&](uint4(&buf)[kW], int n) {
+        const uint4* row = reinterpret_cast<const uint4*>(m.w + int64_t(n) * K);
+#pragma unroll
+        for (int u = 0; u < kW; u++)
+            if (j0 + 32 * kSplit * u < K16) buf[u] = ld_weight(row + j0 + 32 * kSplit * u, pol);
+    };
+    if (first < m.n) load(wv[0], first);
+    pdl_wait();
+    for (int j = threadIdx.x; j < K16; j += 256) {
+        const uint4* xw = reinterpret_cast<const uint4*>(x) + 2 * j;
+        float f[16];
+        unpack8(__ldg(xw), f);
+        unpack8(__ldg(xw + 1), f + 8);
+#pragma unroll
+        for (int v = 0; v < 4; v++) xs[v * K16 + j] = make_float4(f[4 * v], f[4 * v + 1], f[4 * v + 2], f[4 * v + 3]);
+    }
+    __syncthreads();
+    float acc[kR];
+#pragma unroll
+    for (int i = 0; i < kR; i++) {
+        const int n = first + i * kGroups;
+        acc[i] = 0.0f;
+        if (n >= m.n) continue;  // (the same for the whole group)
+        if (i + 1 < kR && n + kGroups < m.n) load(wv[(i + 1) & 1], n + kGroups);
+        const float* s_row = m.scales + fp8_scale_row(n, m.segment_rows) * scale_cols(K);
+#pragma unroll
+        for (int u = 0; u < kW; u++) {
+            const int j = j0 + 32 * kSplit * u;
+            if (j >= K16) break;
+            float wf[16];
+            unpack16<kE5M2>(wv[i & 1][u], wf);
+            float p = 0.0f;
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                const float4 xv = xs[v * K16 + j];
+                p = fmaf(wf[4 * v], xv.x, p);
+                p = fmaf(wf[4 * v + 1], xv.y, p);
+                p = fmaf(wf[4 * v + 2], xv.z, p);
+                p = fmaf(wf[4 * v + 3], xv.w, p);
+            }
+            acc[i] = fmaf(p, __ldg(s_row + j / 8), acc[i]);
+        }
+    }
+    if (!reduce_parts<kR, kSplit>(acc, part) || lane != 0) return;
+    bf16* y = static_cast<bf16*>(m.y);
+#pragma unroll
+    for (int i = 0; i < kR; i++)
+        if (first + i * kGroups < m.n) y[first + i * kGroups] = to_bf16(acc[i]);
+}
+
+template <int kW, int kSplit, int kR, bool kE5M2>
+void gemv_fp8_stream_launch(const bf16* x, Fp8Group g, int64_t K, const LaunchContext& ctx) {
+    constexpr int kRows = 8 / kSplit * kR;
+    for (int i = 0; i < g.count; i++) g.block_end[i] = (i ? g.block_end[i - 1] : 0) + (g.n[i] + kRows - 1) / kRows;
+    g.evict_first = ctx.evict_first;
+    launch(gemv_fp8_stream_kernel<kW, kSplit, kR, kE5M2>, unsigned(g.block_end[g.count - 1]), 256,
+           size_t(K) * sizeof(float), ctx, "FP8 gemv kernel (streaming)", x, g, int(K));
+}
+
+template <int kW, bool kE5M2>
+void gemv_fp8_stream_rows(const bf16* x, const Fp8Group& g, int64_t K, Fp8GemvConfig c, const LaunchContext& ctx) {
+    switch (c.split * 10 + c.rows) {
+        case 12: return gemv_fp8_stream_launch<kW, 1, 2, kE5M2>(x, g, K, ctx);
+        case 14: return gemv_fp8_stream_launch<kW, 1, 4, kE5M2>(x, g, K, ctx);
+        case 22: return gemv_fp8_stream_launch<kW, 2, 2, kE5M2>(x, g, K, ctx);
+        case 24: return gemv_fp8_stream_launch<kW, 2, 4, kE5M2>(x, g, K, ctx);
+        case 42: return gemv_fp8_stream_launch<kW, 4, 2, kE5M2>(x, g, K, ctx);
+        case 44: return gemv_fp8_stream_launch<kW, 4, 4, kE5M2>(x, g, K, ctx);
+        default:
+            throw Error(Status::internal, "FP8 streaming gemv: no kernel for split " + std::to_string(c.split) + ", " +
+                                              std::to_string(c.rows) + " rows per group");
+    }
+}
+
+template <bool kE5M2>
+void gemv_fp8_stream(const bf16* x, const Fp8Group& g, int64_t K, Fp8GemvConfig c, const LaunchContext& ctx) {
+    switch (fp8_stream_words(K, c.split)) {
+        case 4: return gemv_fp8_stream_rows<4, kE5M2>(x, g, K, c, ctx);
+        case 6: return gemv_fp8_stream_rows<6, kE5M2>(x, g, K, c, ctx);
+        case 8: return gemv_fp8_stream_rows<8, kE5M2>(x, g, K, c, ctx);
+        default:
+            throw Error(Status::internal, "FP8 streaming gemv: K " + std::to_string(K) + " needs more than 8 words " +
+                                              "per lane with " + std::to_string(c.split) + " warps per row");
+    }
 }
 
 // ---- the tensor-core GEMV (3 to 8 rows) ----
@@ -515,6 +642,12 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 }  // namespace
 
+// kW of the streaming kernel: the words per lane and row, rounded up to 4, 6 or 8.
+int fp8_stream_words(int64_t K, int split) {
+    const int64_t need = (K / 16 + 32 * split - 1) / (32 * split);
+    return need <= 4 ? 4 : need <= 6 ? 6 : need <= 8 ? 8 : 0;
+}
+
 bool fp8_gemv_fits(const bf16* x, int64_t T, const Matrix& w) {
     if (!is_fp8(w.dtype) || !w.scales || T < 1 || T > kGemvMaxTokens) return false;
     const int64_t K = w.cols;
@@ -524,17 +657,25 @@ bool fp8_gemv_fits(const bf16* x, int64_t T, const Matrix& w) {
     return w.scale_segment_rows % 16 == 0 && aligned16(x) && aligned16(w.data);
 }
 
-// Launch shapes (hybrid-kernel-bench --fp8 measures them): 1-2 rows on CUDA cores, 2 warps per row up to 4096
-// values, 4 up to 8192, 8 beyond, 4 words per lane and round; 3-8 rows on tensor cores, 2 chunks in flight per warp.
+// Launch shapes (hybrid-kernel-bench T fp8 measures them; run 104, BENCHMARKS.md "FP8 weights on the GPU"). One row:
+// the streaming kernel with the fewest warps per row that hold a row in 8 words per lane, 2 rows per group (K 12288
+// at most: x in shared memory); 2-8 rows on tensor cores with conversion instructions (they beat the bit moves on
+// every shape: in_proj 2,490 against 2,055 GB/s at 6 rows), 2 chunks in flight up to K 2560, 4 beyond. (2 rows of a
+// K that is not a multiple of 64: CUDA cores, 2 warps of 4 words.)
 Fp8GemvConfig fp8_gemv_config(int64_t K, int64_t T) {
-    if (T > kGemvBlockMaxTokens) return {true, 0, 2, true};
-    const int64_t K16 = K / 16;
-    if (K16 <= 32 * 2 * 4) return {false, 2, 4};
-    if (K16 <= 32 * 4 * 4) return {false, 4, 4};
-    return {false, 8, 4};
+    if (T > 2 || (T == 2 && K % 64 == 0)) return {true, 0, K > 2560 ? 4 : 2, false};
+    if (T == 2) return {false, 2, 4};
+    if (K * 4 <= kFp8StreamMaxSmem)
+        for (int split : {1, 2, 4})
+            if (fp8_stream_words(K, split) != 0) return {false, split, 0, false, 2, true};
+    return K <= 4096 ? Fp8GemvConfig{false, 1, 8} : Fp8GemvConfig{false, 4, 4};
 }
 
-int fp8_gate_up_split(int64_t K) { return fp8_gemv_config(K, 1).split; }
+// The fused gate/up/SiLU GEMV: one row on CUDA cores (gate and up rows by the same warp), 2-8 rows as the GEMVs.
+Fp8GemvConfig fp8_gate_up_config(int64_t K, int64_t T) {
+    if (T >= 2) return fp8_gemv_config(K, T);
+    return K <= 4096 ? Fp8GemvConfig{false, 1, 8} : Fp8GemvConfig{false, 4, 4};
+}
 
 void gemv_fp8_group(const bf16* x, int64_t T, const Fp8Group& g, int64_t K, DType dtype, const LaunchContext& ctx) {
     gemv_fp8_group_with(x, T, g, K, dtype, fp8_gemv_config(K, T), ctx);
@@ -550,6 +691,12 @@ void gemv_fp8_group_with(const bf16* x, int64_t T, const Fp8Group& g, int64_t K,
                         "FP8 gemv: " + std::to_string(T) + " rows of " + std::to_string(K) + " values");
         return e5m2 ? gemv_fp8_mma<true>(x, T, g, K, c, ctx) : gemv_fp8_mma<false>(x, T, g, K, c, ctx);
     }
+    if (c.stream) {
+        if (T != 1 || K % 16 != 0 || K * 4 > kFp8StreamMaxSmem)
+            throw Error(Status::internal,
+                        "FP8 streaming gemv: " + std::to_string(T) + " rows of " + std::to_string(K) + " values");
+        return e5m2 ? gemv_fp8_stream<true>(x, g, K, c, ctx) : gemv_fp8_stream<false>(x, g, K, c, ctx);
+    }
     switch (T * 2 + (e5m2 ? 1 : 0)) {
         case 2: return gemv_fp8_shape<1, false>(x, g, K, c, ctx);
         case 3: return gemv_fp8_shape<1, true>(x, g, K, c, ctx);
@@ -561,7 +708,7 @@ void gemv_fp8_group_with(const bf16* x, int64_t T, const Fp8Group& g, int64_t K,
 
 void gemv_fp8_gate_up(const bf16* x, int64_t T, const Matrix& wg, const Matrix& wu, bf16* gate_out, bf16* up_out,
                       bf16* act_out, const LaunchContext& ctx) {
-    gemv_fp8_gate_up_with(x, T, wg, wu, gate_out, up_out, act_out, fp8_gemv_config(wg.cols, T), ctx);
+    gemv_fp8_gate_up_with(x, T, wg, wu, gate_out, up_out, act_out, fp8_gate_up_config(wg.cols, T), ctx);
 }
 
 void gemv_fp8_gate_up_with(const bf16* x, int64_t T, const Matrix& wg, const Matrix& wu, bf16* gate_out, bf16* up_out,
@@ -586,10 +733,10 @@ void gemv_fp8_gate_up_with(const bf16* x, int64_t T, const Matrix& wg, const Mat
         }
     }
     switch (T * 2 + (e5m2 ? 1 : 0)) {
-        case 2: return gate_up_fp8_shape<1, false>(x, wg, wu, gate_out, up_out, act_out, ctx);
-        case 3: return gate_up_fp8_shape<1, true>(x, wg, wu, gate_out, up_out, act_out, ctx);
-        case 4: return gate_up_fp8_shape<2, false>(x, wg, wu, gate_out, up_out, act_out, ctx);
-        case 5: return gate_up_fp8_shape<2, true>(x, wg, wu, gate_out, up_out, act_out, ctx);
+        case 2: return gate_up_fp8_shape<1, false>(x, wg, wu, gate_out, up_out, act_out, c, ctx);
+        case 3: return gate_up_fp8_shape<1, true>(x, wg, wu, gate_out, up_out, act_out, c, ctx);
+        case 4: return gate_up_fp8_shape<2, false>(x, wg, wu, gate_out, up_out, act_out, c, ctx);
+        case 5: return gate_up_fp8_shape<2, true>(x, wg, wu, gate_out, up_out, act_out, c, ctx);
         default:
             throw Error(Status::internal, "FP8 gemv gate/up: " + std::to_string(T) + " rows on CUDA cores (at most 2)");
     }

@@ -56,8 +56,16 @@ struct Fp8GemvConfig {
     // tensor cores, e4m3: convert by moving bits (scaled by 2^-120, undone in fp32; NaN codes still give NaN) rather
     // than with conversion instructions (cvt e4m3x2 -> f16x2 -> f32 -> bf16x2)
     bool bits = false;
+    int rows = 1;  // CUDA cores: consecutive rows per group of `split` warps (x unpacked once for them)
+    // 1 row of x: the streaming kernel (x as f32 in shared memory, `rows` rows per group of `split` warps, the next
+    // row's weights loaded while the current one is summed; `per` is set by K); K * 4 <= kFp8StreamMaxSmem
+    bool stream = false;
 };
+constexpr int64_t kFp8StreamMaxSmem = 48 * 1024;
+// The streaming kernel's words per lane and row for K and `split` warps per row (4, 6 or 8; 0: more than 8).
+int fp8_stream_words(int64_t K, int split);
 Fp8GemvConfig fp8_gemv_config(int64_t K, int64_t T);
+Fp8GemvConfig fp8_gate_up_config(int64_t K, int64_t T);  // (gemv_fp8_gate_up's)
 // gemv_fp8_group with an explicit launch shape (benchmarks); a shape not built throws Error(internal).
 void gemv_fp8_group_with(const bf16* x, int64_t T, const Fp8Group& g, int64_t K, DType dtype, Fp8GemvConfig c,
                          const LaunchContext& ctx);
