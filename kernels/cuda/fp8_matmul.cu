@@ -658,17 +658,20 @@ bool fp8_gemv_fits(const bf16* x, int64_t T, const Matrix& w) {
 }
 
 // Launch shapes (hybrid-kernel-bench T fp8 measures them; run 104, BENCHMARKS.md "FP8 weights on the GPU"). One row:
-// the streaming kernel with the fewest warps per row that hold a row in 8 words per lane, 2 rows per group (K 12288
-// at most: x in shared memory); 2-8 rows on tensor cores with conversion instructions (they beat the bit moves on
-// every shape: in_proj 2,490 against 2,055 GB/s at 6 rows), 2 chunks in flight up to K 2560, 4 beyond. (2 rows of a
-// K that is not a multiple of 64: CUDA cores, 2 warps of 4 words.)
+// up to K 2560 the streaming kernel with 1 warp per row and 4 rows per warp (in_proj 3,037 GB/s against 2,495 for
+// the best one-row-per-warp shape), beyond it CUDA cores with 2 warps per row, 4 words per lane and 4 rows (o_proj
+// 2,401 against 1,999; down_proj 2,848 against 2,210). Two rows: tensor cores up to K 2560 (mma-cvt/2), CUDA cores
+// with 1 warp, 8 words and 2 rows beyond (o_proj 1,824 against 1,608). 3-8 rows: tensor cores with conversion
+// instructions (they beat the bit moves on every shape: in_proj 2,487 against 2,057 GB/s at 6 rows), 2 chunks in
+// flight up to K 2560, 4 beyond. (2 rows of a K that is not a multiple of 64: CUDA cores, 2 warps of 4 words.)
 Fp8GemvConfig fp8_gemv_config(int64_t K, int64_t T) {
-    if (T > 2 || (T == 2 && K % 64 == 0)) return {true, 0, K > 2560 ? 4 : 2, false};
-    if (T == 2) return {false, 2, 4};
-    if (K * 4 <= kFp8StreamMaxSmem)
-        for (int split : {1, 2, 4})
-            if (fp8_stream_words(K, split) != 0) return {false, split, 0, false, 2, true};
-    return K <= 4096 ? Fp8GemvConfig{false, 1, 8} : Fp8GemvConfig{false, 4, 4};
+    if (T > 2) return {true, 0, K > 2560 ? 4 : 2, false};
+    if (T == 2) {
+        if (K > 2560) return {false, 1, 8, false, 2};
+        return K % 64 == 0 ? Fp8GemvConfig{true, 0, 2, false} : Fp8GemvConfig{false, 2, 4};
+    }
+    if (K <= 2560 && fp8_stream_words(K, 1) != 0) return {false, 1, 0, false, 4, true};
+    return {false, 2, 4, false, 4};
 }
 
 // The fused gate/up/SiLU GEMV: one row on CUDA cores (gate and up rows by the same warp), 2-8 rows as the GEMVs.

@@ -6,7 +6,7 @@
 # in alternation (ROUNDS rounds, default 2), so that a difference of about 1% stands out of the run-to-run noise.
 # Usage (device tool, from the repository root): bash tools/gpu/ab_run.sh   with carry [".carry"]
 # (.carry from ../shared/tools/device_prep.sh). STAGES (default "all"): build gpu_tests tests bench fp8_kernels fp8 moe moe_trace moe_ncu moe_trained
-# (NOBASE=1: no baseline build; MOE_AB=0, MOE_LONG=0: shorter moe stage; TRACE=1: also builds hybrid-bench with -DHY_CUDA_TRACE=ON for moe_trace).
+# (NOBASE=1: no baseline build; FP8_QUICK=1: the fp8 stage's benches with FP8 weights and block-scaled alone; MOE_AB=0, MOE_LONG=0: shorter moe stage; TRACE=1: also builds hybrid-bench with -DHY_CUDA_TRACE=ON for moe_trace).
 # Logs: $OUT/all.log, summary last.
 set -u
 . tools/gpu/run_lib.sh  # OUT, LOG, SUM, T0, say, step
@@ -99,10 +99,10 @@ if want fp8; then  # FP8 weights: the [fp8] tests, then 4B shapes with --quant f
     # (4B shapes with dummy weights made at load: no checkpoint to write, the same speed as random ones)
     M=/tmp/q4d DW=--dummy-weights
     mkdir -p $M && cp tools/gpu/config_4b.json $M/config.json
-    for q in fp8 none; do
+    for q in fp8 $([ "${FP8_QUICK:-0}" = 1 ] || echo none); do
         step "fp8_b1_$q" 120 $N/hybrid-bench -m $M $DW --device cuda --quant $q -p 512 -n 256 -r 3
         say "  decode b=1 [quant $q]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
-        for g in block-scaled dequantize; do
+        for g in block-scaled $([ "${FP8_QUICK:-0}" = 1 ] || echo dequantize); do
             [ $q = none ] && [ $g = dequantize ] && continue
             step "fp8_prefill_${q}_$g" 120 $N/hybrid-bench -m $M $DW --device cuda --quant $q --fp8-gemm $g -p 4096 \
                 -n 8 -r 2 --ubatch 4096
