@@ -57,7 +57,7 @@ __device__ __forceinline__ uint32_t e4m3_nan_bits(uint32_t w) {
 
 __device__ __forceinline__ int64_t scale_cols(int K) { return (K + kFp8Block - 1) / kFp8Block; }
 
-// ---- the CUDA-core GEMV (1-2 rows) ----
+// ---- the CUDA-core GEMV (1-2 rows, 1-4 rows per warp) ----
 // As matmul.cu's decode GEMV, with 16-byte words of 16 fp8 weights: kSplit warps share a row (lane l of part q reads
 // the words l + 32 q, l + 32 q + 32 kSplit, ...), a lane holds kPer words per row per round, the first round is
 // loaded before the PDL wait. A word lies in one 128-column block: its 16 products are summed, then multiplied by

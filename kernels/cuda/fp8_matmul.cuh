@@ -3,8 +3,10 @@
 // segment rows), c / 128]), x bf16, y bf16.
 //
 // - Up to kGemvMaxTokens rows (decode): W8A16 GEMVs that read W once, convert fp8 -> f32 exactly in registers and
-//   accumulate in fp32, each 16-value word's dot product times its block scale. 1-2 rows on CUDA cores, 3-8 rows
-//   on tensor cores (mma m16n8k16 bf16: fp8 -> bf16 is exact; a block's products are summed in fp32, then scaled).
+//   accumulate in fp32, each 16-value word's dot product times its block scale: 1 row through the streaming kernel
+//   (x in shared memory as f32, the next row's weights prefetched) or the CUDA-core kernel with several rows per
+//   warp, 2 rows on CUDA cores or tensor cores by K, 3-8 rows on tensor cores (mma m16n8k16 bf16: fp8 -> bf16 is
+//   exact; a block's products are summed in fp32, then scaled). fp8_gemv_config says which.
 // - More rows (prefill, large batches): Fp8GemmMode::block_scaled (the default) quantizes x per row and 128-wide
 //   group to e4m3 (scale = amax / 448, as the checkpoints' "activation_scheme: dynamic") and runs cuBLASLt's FP8 GEMM
 //   with 128 x 128 weight scales and 128-element activation scales (W8A8 on Hopper's FP8 tensor cores, fp32
@@ -47,8 +49,9 @@ bool fp8_gemv_fits(const bf16* x, int64_t T, const Matrix& w);
 void gemv_fp8_group(const bf16* x, int64_t T, const Fp8Group& g, int64_t K, DType dtype, const LaunchContext& ctx);
 // The launch shape of an FP8 GEMV: the tensor-core kernel (per: chunks of 64 values in flight per warp, 2 or 4; any
 // 1-8 rows, K % 64 == 0) or the CUDA-core kernel (1-2 rows; split warps per row, per 16-byte words per lane and
-// round; (split, per) in {(1,8), (2,4), (2,8), (4,4), (4,8), (8,4), (8,8)}). Chosen from K and T alone, so that a
-// matrix gives the same bits alone or in a group.
+// round, rows per warp; (split, per, rows) in {(1,8,1), (2,4,1), (2,8,1), (4,4,1), (4,8,1), (8,4,1), (8,8,1),
+// (1,4,2), (1,8,2), (2,4,2), (4,4,2), (1,4,4), (2,4,4)}) or the streaming kernel (1 row; split in {1, 2, 4}, rows in
+// {2, 4}). Chosen from K and T alone, so that a matrix gives the same bits alone or in a group.
 struct Fp8GemvConfig {
     bool tensor_cores = false;
     int split = 2;
