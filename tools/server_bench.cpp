@@ -53,7 +53,9 @@ Outcome stream_request(const std::string& host, int port, const std::string& pat
     std::string buf;
     const auto t0 = Clock::now();
     bool first = true;
+    std::string head;  // (the first bytes as received: an error response is JSON, not events)
     req.content_receiver = [&](const char* data, size_t n, uint64_t, uint64_t) {
+        if (head.size() < 1024) head.append(data, std::min(n, 1024 - head.size()));
         buf.append(data, n);
         size_t e;
         while ((e = buf.find("\n\n")) != std::string::npos) {
@@ -93,7 +95,12 @@ Outcome stream_request(const std::string& host, int port, const std::string& pat
     if (!sent) {
         o.error = "request failed: " + httplib::to_string(err);
     } else if (res.status != 200) {
-        o.error = "HTTP " + std::to_string(res.status) + ": " + res.body;
+        const std::string& text = res.body.empty() ? head : res.body;
+        const ojson j = ojson::parse(text, nullptr, false);
+        o.error =
+            "HTTP " + std::to_string(res.status) + ": " +
+            (!j.is_discarded() && j.contains("error") && j["error"].is_object() ? j["error"].value("message", text)
+                                                                                : text);
     } else if (o.error.empty()) {
         o.ok = true;
     }
