@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/line_reader.h"
@@ -93,6 +94,57 @@ TEST_CASE("cli tools: an option given twice is a usage error (exit 1), not the l
         CHECK(r.err.find(" was given more than once (give it once)") != std::string::npos);
         CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
         CHECK(r.out.empty());
+    }
+}
+
+TEST_CASE("hybrid-bench --json: a FIFO is opened once (its reader gets the whole JSON), /dev/stdout works", "[cli]") {
+    if (!have_programs() || !fs::exists(kBin + "/hybrid-bench")) return;
+    const std::string bench = quote(kBin + "/hybrid-bench") + " -m models/tiny -t 1 -p 8 -n 2 -r 1 --json ";
+    TempDir tmp("bench_json");
+    {  // a reader that stops at its first end of file (as cat does) gets the JSON: the FIFO is not opened twice
+        const fs::path fifo = tmp.path / "fifo";
+        REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+        const int fd = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);  // (the reader is there before the program)
+        REQUIRE(fd >= 0);
+        int rc = -1;
+        std::thread run([&] {
+            const int st = std::system(("cd " + quote(kSrc) + " && timeout 300 " + bench + quote(fifo.string()) +
+                                        " >/dev/null 2>" + quote((tmp.path / "err").string()))
+                                           .c_str());
+            rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        });
+        std::string got;
+        for (;;) {  // until the first end of file: POLLHUP once the (first) writer has closed it
+            pollfd p{fd, POLLIN, 0};
+            if (::poll(&p, 1, 300000) <= 0) break;
+            char buf[4096];
+            const ssize_t n = ::read(fd, buf, sizeof buf);
+            if (n < 0 && errno == EAGAIN) continue;
+            if (n <= 0) break;
+            got.append(buf, size_t(n));
+        }
+        ::close(fd);
+        run.join();
+        INFO(slurp(tmp.path / "err") << got);
+        CHECK(rc == 0);
+        const auto j = nlohmann::json::parse(got, nullptr, false);
+        REQUIRE(!j.is_discarded());
+        CHECK(j["runs"].size() == 1);
+    }
+    {  // --json /dev/stdout (a symbolic link to the pipe): the JSON follows the table on stdout
+        const std::string cmd = "cd " + quote(kSrc) + " && (" + bench + "/dev/stdout 2>" +
+                                quote((tmp.path / "err2").string()) + "; echo $? >" +
+                                quote((tmp.path / "rc").string()) + ") | cat > " + quote((tmp.path / "out").string());
+        REQUIRE(std::system(cmd.c_str()) == 0);
+        const std::string out = slurp(tmp.path / "out");
+        INFO(slurp(tmp.path / "err2") << out);
+        CHECK(slurp(tmp.path / "rc") == "0\n");
+        CHECK(out.find("| batch |") != std::string::npos);
+        const size_t at = out.find("\n{\n");
+        REQUIRE(at != std::string::npos);
+        const auto j = nlohmann::json::parse(out.substr(at + 1), nullptr, false);
+        REQUIRE(!j.is_discarded());
+        CHECK(j["runs"].size() == 1);
     }
 }
 
@@ -263,13 +315,19 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     INFO(ml.err);
     CHECK(ml.rc == 0);
     check(run_prog(compare, {"--device", "cpu"}), 1, "-m DIR");
-    {  // a symbolic link is not written through (its target could be any file, as /save refuses)
+    {  // a symbolic link to a file is not written through (its target could be any file, as /save refuses), nor
+       // a broken one (the file would be created where it points)
         const fs::path target = tmp.path / "keep.txt", link = tmp.path / "link.json";
         std::ofstream(target) << "keep";
         fs::create_symlink(target, link);
         check(run_prog(bench, {"-m", "models/tiny", "-p", "4", "-n", "2", "-r", "1", "--json", link.string()}), 5,
-              "link.json: is a symbolic link; not replaced");
+              "link.json: is a symbolic link to an existing file (");
         CHECK(slurp(target.string()) == "keep");
+        const fs::path broken = tmp.path / "broken.json";
+        fs::create_symlink(tmp.path / "nowhere.json", broken);
+        check(run_prog(bench, {"-m", "models/tiny", "-p", "4", "-n", "2", "-r", "1", "--json", broken.string()}), 5,
+              "broken.json: broken symbolic link");
+        CHECK(!fs::exists(tmp.path / "nowhere.json"));
     }
     const Run j = run_prog(bench, {"-m", "models/tiny", "--json", (tmp.path / "no" / "b.json").string()});
     check(j, 5, "cannot write: no folder");
