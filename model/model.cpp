@@ -1075,4 +1075,59 @@ void Model::load_state(int slot, std::span<const uint8_t> snap) {
     seq_len_[size_t(slot)] = int32_t(len);
 }
 
+std::vector<std::pair<DType, int64_t>> weight_dtypes(const Weights& w) {
+    std::vector<std::pair<DType, int64_t>> out;
+    auto add = [&](const Matrix& m) {
+        if (m.rows <= 0 || m.cols <= 0) return;
+        for (auto& [t, n] : out)
+            if (t == m.dtype) {
+                n += m.rows * m.cols;
+                return;
+            }
+        out.emplace_back(m.dtype, m.rows * m.cols);
+    };
+    add(w.embed);
+    if (w.output.data != w.embed.data || w.output.dtype != w.embed.dtype) add(w.output);  // (tied: the same matrix)
+    for (const LayerWeights& L : w.layers) {
+        if (L.kind == LayerKind::full_attention) {
+            for (const Matrix* m : {&L.attn.q_proj, &L.attn.k_proj, &L.attn.v_proj, &L.attn.o_proj}) add(*m);
+        } else {
+            for (const Matrix* m :
+                 {&L.gdn.in_proj_qkv, &L.gdn.in_proj_z, &L.gdn.in_proj_b, &L.gdn.in_proj_a, &L.gdn.out_proj})
+                add(*m);
+        }
+        if (L.moe) {
+            const MoeWeights& e = L.moe_block;
+            for (const Matrix* m : {&e.router, &e.experts.gate_up, &e.experts.down, &e.shared.gate_proj,
+                                    &e.shared.up_proj, &e.shared.down_proj, &e.shared.gate})
+                add(*m);
+        } else {
+            for (const Matrix* m : {&L.mlp.gate_proj, &L.mlp.up_proj, &L.mlp.down_proj}) add(*m);
+        }
+    }
+    std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+    return out;
+}
+
+std::string weight_dtypes_text(const Weights& w) {
+    const auto types = weight_dtypes(w);
+    if (types.size() == 1) return dtype_name(types[0].first);
+    int64_t total = 0;
+    for (const auto& t : types) total += t.second;
+    std::string s;
+    for (const auto& [t, n] : types) {
+        char pct[32];
+        const double share = 100.0 * double(n) / double(total);
+        std::snprintf(pct, sizeof pct, share < 1.0 ? " %.1f%%" : " %.0f%%", share);
+        s += (s.empty() ? "" : ", ") + std::string(dtype_name(t)) + pct;
+    }
+    return s;
+}
+
+bool has_fp8_weights(const Weights& w) {
+    for (const auto& t : weight_dtypes(w))
+        if (is_fp8(t.first)) return true;
+    return false;
+}
+
 }  // namespace hy

@@ -315,6 +315,18 @@ TEST_CASE("fp8: an FP8 checkpoint gives on the CPU the logits of its dequantized
     const std::vector<float> a = logits_of(d / "fp8"), b = logits_of(d / "deq");
     CHECK(max_abs_diff(a, b) <= 1e-5);
     CHECK(a == b);  // (the CPU matmul dequantizes into f32 panels: bitwise the F32 matrix's result)
+    {  // the dtypes loaded, as the tools name them (FP8 matrices first: most of the weights; the BF16 ones kept)
+        auto m = Model::load(d / "fp8", cpu_params());
+        CHECK(has_fp8_weights(m->weights()));
+        const auto types = weight_dtypes(m->weights());
+        REQUIRE(types.size() == 2);
+        CHECK(types[0].first == DType::F8_E4M3);
+        CHECK(types[1].first == DType::BF16);
+        CHECK(weight_dtypes_text(m->weights()).rfind("F8_E4M3 ", 0) == 0);
+        auto deq = Model::load(d / "deq", cpu_params());
+        CHECK(!has_fp8_weights(deq->weights()));
+        CHECK(weight_dtypes_text(deq->weights()).rfind("F32 ", 0) == 0);  // (then the BF16 ones kept)
+    }
     // and it is a close approximation of the bf16 model
     const std::vector<float> ref = logits_of(tiny_dir());
     CHECK(max_abs_diff(a, ref) < 1.0);

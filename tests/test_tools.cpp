@@ -131,8 +131,9 @@ TEST_CASE("hybrid-bench --json: a FIFO is opened once (its reader gets the whole
         REQUIRE(!j.is_discarded());
         CHECK(j["runs"].size() == 1);
     }
-    {  // --json /dev/stdout (a symbolic link to the pipe): the JSON follows the table on stdout
-        const std::string cmd = "cd " + quote(kSrc) + " && (" + bench + "/dev/stdout 2>" +
+    {  // --json /dev/stdout (a symbolic link to the pipe): the JSON follows the table on stdout; with the weights'
+       // quantization in both (--quant int4 here)
+        const std::string cmd = "cd " + quote(kSrc) + " && (" + bench + "/dev/stdout --quant int4 2>" +
                                 quote((tmp.path / "err2").string()) + "; echo $? >" +
                                 quote((tmp.path / "rc").string()) + ") | cat > " + quote((tmp.path / "out").string());
         REQUIRE(std::system(cmd.c_str()) == 0);
@@ -145,6 +146,13 @@ TEST_CASE("hybrid-bench --json: a FIFO is opened once (its reader gets the whole
         const auto j = nlohmann::json::parse(out.substr(at + 1), nullptr, false);
         REQUIRE(!j.is_discarded());
         CHECK(j["runs"].size() == 1);
+        CHECK(j["settings"]["quant"] == "int4");
+        CHECK(j["settings"]["quant_group"] == 32);
+        CHECK(j["settings"]["fp8_gemm"] == "dequantize");
+        CHECK(j["weight_dtypes"]["Q4"].get<int64_t>() > 0);  // (and the 16-bit ones kept: embeddings, in_proj_a/b)
+        CHECK(j["weight_dtypes"].contains("BF16"));
+        CHECK(out.find("weights Q4 ") != std::string::npos);
+        CHECK(out.find("; --quant int4, groups of 32\n") != std::string::npos);
     }
 }
 
@@ -346,7 +354,12 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     CHECK(bj["runs"].size() == 1);
     CHECK(bj["settings"]["reps"] == 1);  // the settings travel with the figures
     CHECK(bj["runs"][0]["bytes_per_step"].is_number_integer());
-    CHECK(bj["cpu_threads"] == 1);  // the threads in use (-t 1)
+    CHECK(bj["cpu_threads"] == 1);             // the threads in use (-t 1)
+    CHECK(bj["settings"]["quant"] == "none");  // the weights as stored
+    CHECK(bj["settings"]["quant_group"] == 0);
+    CHECK(bj["weight_dtypes"].size() == 1);
+    CHECK(bj["weight_dtypes"]["BF16"].get<int64_t>() > 0);
+    CHECK(ok.out.find("weights BF16; --quant none\n") != std::string::npos);
     // the copy probe's 512 MiB of buffers are not in the peak (the tiny model's run itself needs about 200 MiB)
     CHECK(bj["peak_rss_bytes"].get<int64_t>() < (int64_t(450) << 20));
     {  // an existing file is never replaced (it could be a model's config.json): refused before the run

@@ -325,6 +325,16 @@ int main(int argc, char** argv) {
             "model %s: %d layers (%d attention), hidden %d, vocab %d; backend %s; arena %.1f MiB (weights %.1f MiB)\n",
             dir.c_str(), c.n_layers, c.n_attention_layers(), c.hidden_size, c.vocab_size, be.name(),
             double(model->arena_bytes()) / 1048576.0, double(model->weight_bytes()) / 1048576.0);
+        // the weights as loaded (an FP8 checkpoint's, or 16-bit ones quantized at load) and the settings that chose
+        // them: a speed means little without them
+        const WeightQuant quant = model->params().quant;  // (dummy weights of an FP8 config.json: fp8)
+        const int quant_group = weight_quant_group(quant, model->params().quant_group);
+        const std::string weight_types = weight_dtypes_text(w);
+        const bool fp8 = has_fp8_weights(w);
+        const char* fp8_gemm = mp.cuda.fp8_block_scaled_gemm ? "block-scaled" : "dequantize";
+        std::printf("weights %s; --quant %s%s%s\n", weight_types.c_str(), weight_quant_name(quant),
+                    quant_group > 0 ? (", groups of " + std::to_string(quant_group)).c_str() : "",
+                    fp8 ? (std::string("; --fp8-gemm ") + fp8_gemm).c_str() : "");
         if (!be.settings().empty()) std::printf("backend settings: %s\n", be.settings().c_str());
         std::printf("ready after %.2f s; copy bandwidth %s\n", t_ready,
                     copy_gbs > 0 ? (std::to_string(int(copy_gbs)) + " GB/s").c_str() : "not measured");
@@ -347,8 +357,13 @@ int main(int argc, char** argv) {
                                 {"reps", reps},
                                 {"threads", threads},
                                 {"ubatch", ubatch},
-                                {"device", dev}}},
+                                {"device", dev},
+                                {"quant", weight_quant_name(quant)},
+                                {"quant_group", quant_group},
+                                {"fp8_gemm", fp8_gemm}}},
+                              {"weight_dtypes", nlohmann::json::object()},
                               {"runs", nlohmann::json::array()}};
+        for (const auto& [type, n] : weight_dtypes(w)) out["weight_dtypes"][dtype_name(type)] = n;  // weights each
         std::vector<int32_t> prompt(static_cast<size_t>(n_prompt)), toks(static_cast<size_t>(max_b)),
             rows(static_cast<size_t>(max_b));
         std::vector<SeqRun> runs(static_cast<size_t>(max_b));
