@@ -413,3 +413,50 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
             CHECK((WIFEXITED(st) ? WEXITSTATUS(st) : -1) == 5);
         }
 }
+
+TEST_CASE("hybrid-perplexity: --top-k needs --save-logits, -f - and a FIFO are read", "[cli]") {
+    if (!have_programs() || !fs::exists(kBin + "/hybrid-perplexity")) return;
+    const std::string ppl = kBin + "/hybrid-perplexity", text = "tests/data/text/heldout.py";
+    const std::vector<std::string> common = {"-m", "models/tiny", "--ctx", "64", "--chunks", "2", "-t", "1"};
+    auto args = [&](std::vector<std::string> more) {
+        more.insert(more.begin(), common.begin(), common.end());
+        return more;
+    };
+    // --top-k alone did nothing, silently (as --min-top1 without --kl-base, a usage error)
+    const Run k = run_prog(ppl, args({"-f", text, "--top-k", "8"}));
+    INFO(k.out << k.err);
+    CHECK(k.rc == 1);
+    CHECK(k.err ==
+          "hybrid-perplexity: --top-k needs --save-logits (it sets the tokens saved per position) (see "
+          "--help)\n");
+    const Run file = run_prog(ppl, args({"-f", text}));
+    INFO(file.out << file.err);
+    REQUIRE(file.rc == 0);
+    const size_t at = file.out.find("perplexity: ");
+    REQUIRE(at != std::string::npos);
+    const std::string want = file.out.substr(at, file.out.find('\n', at) - at);
+    TempDir tmp("ppl_input");
+    auto shell = [&](const std::string& cmd) {  // stdout of `cmd` run from the source folder (stderr with it)
+        const std::string out = (tmp.path / "out").string();
+        const int st = std::system(("cd " + quote(kSrc) + " && (" + cmd + ") >" + quote(out) + " 2>&1").c_str());
+        return Run{WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(out), ""};
+    };
+    std::string line;
+    for (const std::string& a : common) line += " " + quote(a);
+    {  // - on a pipe: standard input read to its end
+        const Run r = shell("cat " + text + " | " + quote(ppl) + line + " -f -");
+        INFO(r.out);
+        CHECK(r.rc == 0);
+        CHECK(r.out.find(want + "\n") != std::string::npos);
+        CHECK(r.out.find("text: standard input, ") != std::string::npos);
+    }
+    {  // a FIFO (the writer gives up after 120 s should the program never open it)
+        const fs::path fifo = tmp.path / "fifo";
+        REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+        const Run r = shell("timeout 120 sh -c 'cat " + text + " > " + quote(fifo.string()) + "' & " + quote(ppl) +
+                            line + " -f " + quote(fifo.string()) + "; rc=$?; wait; exit $rc");
+        INFO(r.out);
+        CHECK(r.rc == 0);
+        CHECK(r.out.find(want + "\n") != std::string::npos);
+    }
+}
