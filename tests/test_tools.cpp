@@ -414,7 +414,8 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
         }
 }
 
-TEST_CASE("hybrid-perplexity: --top-k needs --save-logits, -f - and a FIFO are read", "[cli]") {
+TEST_CASE("hybrid-perplexity: --top-k needs --save-logits, -f - and a FIFO are read, the weights named as loaded",
+          "[cli]") {
     if (!have_programs() || !fs::exists(kBin + "/hybrid-perplexity")) return;
     const std::string ppl = kBin + "/hybrid-perplexity", text = "tests/data/text/heldout.py";
     const std::vector<std::string> common = {"-m", "models/tiny", "--ctx", "64", "--chunks", "2", "-t", "1"};
@@ -435,6 +436,8 @@ TEST_CASE("hybrid-perplexity: --top-k needs --save-logits, -f - and a FIFO are r
     const size_t at = file.out.find("perplexity: ");
     REQUIRE(at != std::string::npos);
     const std::string want = file.out.substr(at, file.out.find('\n', at) - at);
+    CHECK(file.out.find("weights: as stored (BF16), ") != std::string::npos);
+    CHECK(file.out.find("FP8") == std::string::npos);
     TempDir tmp("ppl_input");
     auto shell = [&](const std::string& cmd) {  // stdout of `cmd` run from the source folder (stderr with it)
         const std::string out = (tmp.path / "out").string();
@@ -459,4 +462,19 @@ TEST_CASE("hybrid-perplexity: --top-k needs --save-logits, -f - and a FIFO are r
         CHECK(r.rc == 0);
         CHECK(r.out.find(want + "\n") != std::string::npos);
     }
+    // 16-bit tensors under an FP8 quantization_config load 16-bit: labelled so, not "an FP8 checkpoint"
+    const fs::path dir = tmp.path / "bf16_fp8_config";
+    fs::create_directories(dir);
+    for (const char* f : {"model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+        fs::copy_file(fs::path(kSrc) / "models/tiny" / f, dir / f);
+    auto config = nlohmann::json::parse(slurp(fs::path(kSrc) / "models/tiny/config.json"));
+    config["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}};
+    std::ofstream(dir / "config.json") << config.dump();
+    std::vector<std::string> a = args({"-f", text});
+    a[1] = dir.string();
+    const Run r = run_prog(ppl, a);
+    INFO(r.out << r.err);
+    CHECK(r.rc == 0);
+    CHECK(r.out.find("weights: as stored (BF16), ") != std::string::npos);
+    CHECK(r.out.find("FP8") == std::string::npos);
 }

@@ -330,15 +330,17 @@ int main(int argc, char** argv) {
         const double ppl = std::exp(nll / double(positions));
         std::printf("text: %s, %zu tokens; %d windows of %d, the last %d positions of each scored (%llu tokens)\n",
                     text_name.c_str(), ids.size(), windows, ctx, int(per_window), (unsigned long long)positions);
-        const std::string quant = mp.quant == WeightQuant::none ? "as stored"
-                                  : mp.quant == WeightQuant::fp8
-                                      ? "--quant fp8"
-                                      : std::string("--quant ") + weight_quant_name(mp.quant) + ", groups of " +
-                                            std::to_string(weight_quant_group(mp.quant, mp.quant_group)) +
-                                            (mp.quant_lm_head ? ", lm_head quantized" : ", lm_head 16-bit");
-        std::printf("weights: %s%s, %.2f MiB\n", quant.c_str(),
-                    model->config().fp8_weights ? " (an FP8 checkpoint)" : "",
-                    double(model->weight_bytes()) / 1048576.0);
+        // (the label goes by the matrices loaded: a folder whose config.json says FP8 but holds 16-bit tensors loads
+        // 16-bit)
+        const std::string quant =
+            mp.quant == WeightQuant::none
+                ? std::string("as stored") + (has_fp8_weights(model->weights()) ? ", an FP8 checkpoint" : "") + " (" +
+                      weight_dtypes_text(model->weights()) + ")"
+            : mp.quant == WeightQuant::fp8 ? "--quant fp8"
+                                           : std::string("--quant ") + weight_quant_name(mp.quant) + ", groups of " +
+                                                 std::to_string(weight_quant_group(mp.quant, mp.quant_group)) +
+                                                 (mp.quant_lm_head ? ", lm_head quantized" : ", lm_head 16-bit");
+        std::printf("weights: %s, %.2f MiB\n", quant.c_str(), double(model->weight_bytes()) / 1048576.0);
         std::printf("perplexity: %.4f\n", ppl);
         if (!save_path.empty()) std::printf("saved: %s (top %d per position)\n", save_path.c_str(), top_k);
         int rc = tools::exit_ok;
