@@ -478,3 +478,19 @@ TEST_CASE("hybrid-perplexity: --top-k needs --save-logits, -f - and a FIFO are r
     CHECK(r.out.find("weights: as stored (BF16), ") != std::string::npos);
     CHECK(r.out.find("FP8") == std::string::npos);
 }
+
+TEST_CASE("hybrid-compare --quant: the batch check says quantization, not batching, moved the tokens", "[cli]") {
+    if (!have_programs() || !fs::exists(kBin + "/hybrid-compare")) return;
+    const Run r =
+        run_prog(kBin + "/hybrid-compare", {"-m", "models/tiny", "-t", "1", "--quant", "int4", "--case", "batch"});
+    INFO(r.out << r.err);
+    CHECK(r.rc == 7);
+    CHECK(r.out.find("solo run diverges from the left-padded row at step ") != std::string::npos);
+    CHECK(r.out.find(" (expected with --quant int4: quantized weights diverge from the fp32 golden, batching aside; "
+                     "--tol and --near-tie loosen the per-case checks, not this one)\n") != std::string::npos);
+    // without --quant no such note (the fp32 model reproduces the rows)
+    const Run plain = run_prog(kBin + "/hybrid-compare", {"-m", "models/tiny", "-t", "1", "--case", "batch"});
+    INFO(plain.out << plain.err);
+    CHECK(plain.rc == 0);
+    CHECK(plain.out.find("expected with") == std::string::npos);
+}
