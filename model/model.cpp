@@ -270,6 +270,14 @@ struct ModelLoader {
             throw Error(Status::unsupported, std::string("tensor '") + parts[0].t->name + "' is " + dtype_name(type) +
                                                  ": FP8 embeddings are not supported (Qwen's FP8 releases keep them "
                                                  "in BF16)");
+        // (config.json's fmt and the tensors' dtype agree: a mismatch is a mislabelled or damaged checkpoint)
+        if (const ModelConfig& c = m.config_; c.fp8_weights && type != c.fp8_fmt)
+            throw Error(Status::model_mismatch,
+                        std::string("tensor '") + parts[0].t->name + "': expected " + dtype_name(c.fp8_fmt) +
+                            " (config.json's quantization_config " +
+                            (c.fp8_fmt_given ? std::string("fmt ") + (c.fp8_fmt == DType::F8_E5M2 ? "e5m2" : "e4m3")
+                                             : std::string("gives no fmt: e4m3")) +
+                            "), found " + dtype_name(type));
         const int64_t part_rows0 = parts[0].t->n_dims == 2 ? parts[0].t->shape[0] : 0;
         for (const Part& p : parts) {
             if (to_dtype(p.t->dtype) != type)
