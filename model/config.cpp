@@ -116,6 +116,7 @@ void read_quantization_config(const json& root, const std::string& source, Model
         if (b != json::array({128, 128}))
             fail(Status::unsupported,
                  "quantization_config: weight_block_size " + b.dump() + " is not supported (supported: [128, 128])");
+        c.fp8_block_size_given = true;
     }
     if (q->contains("modules_to_not_convert") && !q->at("modules_to_not_convert").is_null()) {
         const json& m = q->at("modules_to_not_convert");

@@ -230,15 +230,36 @@ struct ModelLoader {
     }
     // The FP8 checkpoint's scale tensor of weight `t`: "<name>_scale_inv", F32 (or 16-bit) [ceil(rows/128),
     // ceil(cols/128)] for t [rows, cols] (the real weight is fp8 value * scale, despite the name).
+    // A per-tensor scale (one value: vLLM's FP8 layout when quantization_config has no weight_block_size, the scale
+    // named "<name>_scale") is refused naming the tensor and the field; when weight_block_size is absent the block
+    // scales' shape is what shows the 128 x 128 blocks (transformers' default).
     const hyst_tensor& fp8_scales(const hyst_tensor& t, int64_t rows, int64_t cols) const {
-        const std::string name = std::string(t.name) + "_scale_inv";
-        if (!ck.has(name))
+        const std::string name = std::string(t.name) + "_scale_inv", per_tensor = std::string(t.name) + "_scale";
+        const std::vector<int64_t> shape = {fp8_scale_rows(rows, 0), fp8_scale_cols(cols)};
+        auto refuse_per_tensor = [&](const std::string& scale) {
+            return Error(Status::unsupported,
+                         std::string("tensor '") + t.name + "' has a single per-tensor scale '" + scale + "'" +
+                             (m.config_.fp8_weights && !m.config_.fp8_block_size_given
+                                  ? " (config.json's quantization_config has no weight_block_size)"
+                                  : "") +
+                             ": only block-wise FP8 is supported (weight_block_size [128, 128], block scales '" + name +
+                             "' " + shape_str(shape) + ")");
+        };
+        auto elements = [](const hyst_tensor& x) {
+            int64_t n = 1;
+            for (int d = 0; d < x.n_dims; d++) n *= x.shape[d];
+            return n;
+        };
+        if (!ck.has(name)) {
+            if (ck.has(per_tensor) && elements(*ck.tensors.at(per_tensor)) == 1) throw refuse_per_tensor(per_tensor);
             throw Error(Status::model_mismatch, std::string("tensor '") + t.name + "' is " +
                                                     dtype_name(to_dtype(t.dtype)) + " but its block scales '" + name +
-                                                    "' are missing (an FP8 weight needs F32 scales [" +
-                                                    std::to_string(fp8_scale_rows(rows, 0)) + ", " +
-                                                    std::to_string(fp8_scale_cols(cols)) + "])");
-        const hyst_tensor& s = ck.get(name, {fp8_scale_rows(rows, 0), fp8_scale_cols(cols)});
+                                                    "' are missing (an FP8 weight needs F32 scales " +
+                                                    shape_str(shape) + ")");
+        }
+        if (const hyst_tensor* x = ck.tensors.at(name); elements(*x) == 1 && shape != std::vector<int64_t>{1, 1})
+            throw refuse_per_tensor(name);
+        const hyst_tensor& s = ck.get(name, shape);
         if (is_fp8(to_dtype(s.dtype)))
             throw Error(Status::model_mismatch, "tensor '" + name +
                                                     "' holds block scales and must be F32 (or 16-bit), not " +

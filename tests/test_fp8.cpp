@@ -497,6 +497,35 @@ TEST_CASE("fp8: bad FP8 checkpoints and quantization requests are refused with o
         require_error([&] { Model::load(d.path, cpu_params()); }, Status::model_mismatch,
                       "': expected F8_E4M3 (config.json's quantization_config gives no fmt: e4m3), found F8_E5M2");
     }
+    SECTION("per-tensor scales (no weight_block_size: vLLM's per-tensor FP8) are refused naming the field") {
+        nlohmann::json c = config;
+        c["quantization_config"].erase("weight_block_size");
+        TensorMap t = fp8;
+        const float one = 0.01f;
+        for (auto& [name, x] : fp8)
+            if (name.ends_with("_scale_inv")) {
+                t.erase(name);
+                t[name.substr(0, name.size() - 4)] = {"F32", {}, bytes_of(std::vector<float>{one})};
+            }
+        write_dir(d.path, tiny_dir(), c.dump(), t);
+        require_error([&] { Model::load(d.path, cpu_params()); }, Status::unsupported,
+                      "' has a single per-tensor scale '");
+        require_error([&] { Model::load(d.path, cpu_params()); }, Status::unsupported,
+                      "(config.json's quantization_config has no weight_block_size): only block-wise FP8 is supported "
+                      "(weight_block_size [128, 128], block scales '");
+        // a single value under the block scales' name is refused the same way
+        TensorMap u = fp8;
+        u[w + "_scale_inv"] = {"F32", {1}, bytes_of(std::vector<float>{one})};
+        write_dir(d.path, tiny_dir(), c.dump(), u);
+        require_error([&] { Model::load(d.path, cpu_params()); }, Status::unsupported,
+                      "tensor '" + w + "' has a single per-tensor scale '" + w + "_scale_inv'");
+    }
+    SECTION("weight_block_size absent: the block scales' shape shows 128 x 128 blocks (transformers' default)") {
+        nlohmann::json c = config;
+        c["quantization_config"].erase("weight_block_size");
+        write_dir(d.path, tiny_dir(), c.dump(), fp8);
+        CHECK(Model::load(d.path, cpu_params())->weights().layers[0].mlp.down_proj.dtype == DType::F8_E4M3);
+    }
     SECTION("--quant fp8 on a checkpoint that is already FP8") {
         write_dir(d.path, tiny_dir(), config.dump(), fp8);
         require_error([&] { Model::load(d.path, cpu_params(WeightQuant::fp8)); }, Status::invalid_argument,
