@@ -102,8 +102,12 @@ void read_quantization_config(const json& root, const std::string& source, Model
     if (method != "fp8")
         fail(Status::unsupported, "quantization_config: unknown quant_method '" + method +
                                       "' (supported: fp8, Qwen's block-wise FP8 releases)");
-    if (const std::string fmt = str("fmt"); !fmt.empty() && fmt != "e4m3")
-        fail(Status::unsupported, "quantization_config: unknown fmt '" + fmt + "' (supported: e4m3)");
+    if (const std::string fmt = str("fmt"); !fmt.empty()) {
+        if (fmt != "e4m3" && fmt != "e5m2")
+            fail(Status::unsupported, "quantization_config: unknown fmt '" + fmt + "' (supported: e4m3, e5m2)");
+        c.fp8_fmt = fmt == "e5m2" ? DType::F8_E5M2 : DType::F8_E4M3;
+        c.fp8_fmt_given = true;
+    }
     if (const std::string a = str("activation_scheme"); !a.empty() && a != "dynamic")
         fail(Status::unsupported,
              "quantization_config: activation_scheme '" + a + "' is not supported (supported: dynamic)");
@@ -112,6 +116,7 @@ void read_quantization_config(const json& root, const std::string& source, Model
         if (b != json::array({128, 128}))
             fail(Status::unsupported,
                  "quantization_config: weight_block_size " + b.dump() + " is not supported (supported: [128, 128])");
+        c.fp8_block_size_given = true;
     }
     if (q->contains("modules_to_not_convert") && !q->at("modules_to_not_convert").is_null()) {
         const json& m = q->at("modules_to_not_convert");

@@ -61,10 +61,16 @@ struct ModelConfig {
     std::vector<uint8_t> layer_is_moe;        // [L] 1: sparse MoE block, 0: dense MLP
 
     // config.json quantization_config (transformers' FineGrainedFP8Config, as Qwen's FP8 releases write it):
-    // quant_method "fp8", fmt "e4m3" (absent: e4m3), activation_scheme "dynamic" (absent: dynamic), weight_block_size
-    // [128, 128] (absent: [128, 128]), modules_to_not_convert (optional). The loader goes by each tensor's dtype: an
-    // F8 tensor needs its F32 "<name>_scale_inv" [ceil(rows/128), ceil(cols/128)]; a 16-bit one is loaded as it is.
+    // quant_method "fp8", fmt "e4m3" or "e5m2" (absent: e4m3), activation_scheme "dynamic" (absent: dynamic),
+    // weight_block_size [128, 128] (absent: [128, 128], transformers' default; vLLM reads its absence as per-tensor
+    // scales, "<name>_scale", which the loader refuses naming the field), modules_to_not_convert (optional). The
+    // loader goes by each tensor's dtype: an F8 tensor must be of fmt's type and needs its F32 "<name>_scale_inv"
+    // [ceil(rows/128), ceil(cols/128)] (the shape that proves the 128 x 128 blocks when weight_block_size is
+    // absent); a 16-bit one is loaded as it is.
     bool fp8_weights = false;                        // quantization_config with quant_method "fp8"
+    DType fp8_fmt = DType::F8_E4M3;                  // fmt: F8_E4M3 ("e4m3" or absent) or F8_E5M2 ("e5m2")
+    bool fp8_fmt_given = false;                      // fmt is given
+    bool fp8_block_size_given = false;               // weight_block_size is given ([128, 128])
     std::vector<std::string> modules_not_converted;  // modules_to_not_convert (informative)
 
     std::vector<int> eos_token_ids;   // from config.json (int or list); may be empty
@@ -79,8 +85,8 @@ struct ModelConfig {
 
 // Reads and validates `dir`/config.json. Throws hy::Error naming the file and field on a missing or invalid field,
 // an unsupported model_type, or inconsistent sizes (Hv % Hk, Hq % Hkv, rotary dims even and <= head_dim, ...);
-// Error(unsupported) for a quantization_config other than block-wise FP8 (an unknown quant_method or fmt, a static
-// activation scheme, a weight_block_size other than [128, 128]).
+// Error(unsupported) for a quantization_config other than block-wise FP8 (an unknown quant_method, a fmt other than
+// e4m3 or e5m2, a static activation scheme, a weight_block_size other than [128, 128]).
 ModelConfig load_model_config(const std::string& dir);
 
 // Parses config.json text (`source` names it in messages). Same checks as load_model_config.

@@ -230,15 +230,36 @@ struct ModelLoader {
     }
     // The FP8 checkpoint's scale tensor of weight `t`: "<name>_scale_inv", F32 (or 16-bit) [ceil(rows/128),
     // ceil(cols/128)] for t [rows, cols] (the real weight is fp8 value * scale, despite the name).
+    // A per-tensor scale (one value: vLLM's FP8 layout when quantization_config has no weight_block_size, the scale
+    // named "<name>_scale") is refused naming the tensor and the field; when weight_block_size is absent the block
+    // scales' shape is what shows the 128 x 128 blocks (transformers' default).
     const hyst_tensor& fp8_scales(const hyst_tensor& t, int64_t rows, int64_t cols) const {
-        const std::string name = std::string(t.name) + "_scale_inv";
-        if (!ck.has(name))
+        const std::string name = std::string(t.name) + "_scale_inv", per_tensor = std::string(t.name) + "_scale";
+        const std::vector<int64_t> shape = {fp8_scale_rows(rows, 0), fp8_scale_cols(cols)};
+        auto refuse_per_tensor = [&](const std::string& scale) {
+            return Error(Status::unsupported,
+                         std::string("tensor '") + t.name + "' has a single per-tensor scale '" + scale + "'" +
+                             (m.config_.fp8_weights && !m.config_.fp8_block_size_given
+                                  ? " (config.json's quantization_config has no weight_block_size)"
+                                  : "") +
+                             ": only block-wise FP8 is supported (weight_block_size [128, 128], block scales '" + name +
+                             "' " + shape_str(shape) + ")");
+        };
+        auto elements = [](const hyst_tensor& x) {
+            int64_t n = 1;
+            for (int d = 0; d < x.n_dims; d++) n *= x.shape[d];
+            return n;
+        };
+        if (!ck.has(name)) {
+            if (ck.has(per_tensor) && elements(*ck.tensors.at(per_tensor)) == 1) throw refuse_per_tensor(per_tensor);
             throw Error(Status::model_mismatch, std::string("tensor '") + t.name + "' is " +
                                                     dtype_name(to_dtype(t.dtype)) + " but its block scales '" + name +
-                                                    "' are missing (an FP8 weight needs F32 scales [" +
-                                                    std::to_string(fp8_scale_rows(rows, 0)) + ", " +
-                                                    std::to_string(fp8_scale_cols(cols)) + "])");
-        const hyst_tensor& s = ck.get(name, {fp8_scale_rows(rows, 0), fp8_scale_cols(cols)});
+                                                    "' are missing (an FP8 weight needs F32 scales " +
+                                                    shape_str(shape) + ")");
+        }
+        if (const hyst_tensor* x = ck.tensors.at(name); elements(*x) == 1 && shape != std::vector<int64_t>{1, 1})
+            throw refuse_per_tensor(name);
+        const hyst_tensor& s = ck.get(name, shape);
         if (is_fp8(to_dtype(s.dtype)))
             throw Error(Status::model_mismatch, "tensor '" + name +
                                                     "' holds block scales and must be F32 (or 16-bit), not " +
@@ -270,6 +291,14 @@ struct ModelLoader {
             throw Error(Status::unsupported, std::string("tensor '") + parts[0].t->name + "' is " + dtype_name(type) +
                                                  ": FP8 embeddings are not supported (Qwen's FP8 releases keep them "
                                                  "in BF16)");
+        // (config.json's fmt and the tensors' dtype agree: a mismatch is a mislabelled or damaged checkpoint)
+        if (const ModelConfig& c = m.config_; c.fp8_weights && type != c.fp8_fmt)
+            throw Error(Status::model_mismatch,
+                        std::string("tensor '") + parts[0].t->name + "': expected " + dtype_name(c.fp8_fmt) +
+                            " (config.json's quantization_config " +
+                            (c.fp8_fmt_given ? std::string("fmt ") + (c.fp8_fmt == DType::F8_E5M2 ? "e5m2" : "e4m3")
+                                             : std::string("gives no fmt: e4m3")) +
+                            "), found " + dtype_name(type));
         const int64_t part_rows0 = parts[0].t->n_dims == 2 ? parts[0].t->shape[0] : 0;
         for (const Part& p : parts) {
             if (to_dtype(p.t->dtype) != type)
@@ -1073,6 +1102,61 @@ void Model::load_state(int slot, std::span<const uint8_t> snap) {
     }
     be.synchronize();
     seq_len_[size_t(slot)] = int32_t(len);
+}
+
+std::vector<std::pair<DType, int64_t>> weight_dtypes(const Weights& w) {
+    std::vector<std::pair<DType, int64_t>> out;
+    auto add = [&](const Matrix& m) {
+        if (m.rows <= 0 || m.cols <= 0) return;
+        for (auto& [t, n] : out)
+            if (t == m.dtype) {
+                n += m.rows * m.cols;
+                return;
+            }
+        out.emplace_back(m.dtype, m.rows * m.cols);
+    };
+    add(w.embed);
+    if (w.output.data != w.embed.data || w.output.dtype != w.embed.dtype) add(w.output);  // (tied: the same matrix)
+    for (const LayerWeights& L : w.layers) {
+        if (L.kind == LayerKind::full_attention) {
+            for (const Matrix* m : {&L.attn.q_proj, &L.attn.k_proj, &L.attn.v_proj, &L.attn.o_proj}) add(*m);
+        } else {
+            for (const Matrix* m :
+                 {&L.gdn.in_proj_qkv, &L.gdn.in_proj_z, &L.gdn.in_proj_b, &L.gdn.in_proj_a, &L.gdn.out_proj})
+                add(*m);
+        }
+        if (L.moe) {
+            const MoeWeights& e = L.moe_block;
+            for (const Matrix* m : {&e.router, &e.experts.gate_up, &e.experts.down, &e.shared.gate_proj,
+                                    &e.shared.up_proj, &e.shared.down_proj, &e.shared.gate})
+                add(*m);
+        } else {
+            for (const Matrix* m : {&L.mlp.gate_proj, &L.mlp.up_proj, &L.mlp.down_proj}) add(*m);
+        }
+    }
+    std::stable_sort(out.begin(), out.end(), [](const auto& a, const auto& b) { return a.second > b.second; });
+    return out;
+}
+
+std::string weight_dtypes_text(const Weights& w) {
+    const auto types = weight_dtypes(w);
+    if (types.size() == 1) return dtype_name(types[0].first);
+    int64_t total = 0;
+    for (const auto& t : types) total += t.second;
+    std::string s;
+    for (const auto& [t, n] : types) {
+        char pct[32];
+        const double share = 100.0 * double(n) / double(total);
+        std::snprintf(pct, sizeof pct, share < 1.0 ? " %.1f%%" : " %.0f%%", share);
+        s += (s.empty() ? "" : ", ") + std::string(dtype_name(t)) + pct;
+    }
+    return s;
+}
+
+bool has_fp8_weights(const Weights& w) {
+    for (const auto& t : weight_dtypes(w))
+        if (is_fp8(t.first)) return true;
+    return false;
 }
 
 }  // namespace hy

@@ -15,6 +15,7 @@
 #include <memory>
 #include <span>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "kernels/backend.h"
@@ -75,6 +76,15 @@ struct Weights {
     const float* final_norm = nullptr;  // [H]
     std::vector<LayerWeights> layers;   // [L]
 };
+
+// The dtypes of the loaded weight matrices (the embeddings, lm_head and every layer's linear weights), each with its
+// number of weights, most first: what the load made of the checkpoint (FP8 for an FP8 checkpoint or `--quant fp8`,
+// Q8 / Q4 for `--quant int8` / `int4`, else the checkpoint's 16-bit type), whatever config.json says.
+std::vector<std::pair<DType, int64_t>> weight_dtypes(const Weights& w);
+// weight_dtypes as text: "BF16", or "F8_E4M3 96%, BF16 4%" (the shares of the weights, rounded).
+std::string weight_dtypes_text(const Weights& w);
+// Whether any loaded weight matrix is FP8 (F8_E4M3 or F8_E5M2).
+bool has_fp8_weights(const Weights& w);
 
 // Per-layer views of the sequence state.
 struct LayerState {

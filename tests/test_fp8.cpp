@@ -140,6 +140,47 @@ TensorMap fp8_checkpoint(const TensorMap& src, TensorMap* dequantized) {
     return out;
 }
 
+// The FP8 tensors of `fp8` (F8_E4M3, from fp8_checkpoint) as F8_E5M2: each code the E5M2 code nearest to its value
+// (exhaustive search over the finite codes), the scales kept; *dequantized (when given) gets the F32 twin of the
+// result (E5M2 value * scale) and the other tensors as they are.
+TensorMap to_e5m2(const TensorMap& fp8, TensorMap* dequantized) {
+    uint8_t nearest[256];
+    for (int b = 0; b < 256; b++) {
+        const float v = f8_e4m3_to_f32(uint8_t(b));
+        int best = 0;
+        for (int c = 0; c < 256; c++) {
+            const float e = f8_e5m2_to_f32(uint8_t(c));
+            if (!std::isfinite(e)) continue;
+            if (std::isnan(v) || std::fabs(e - v) < std::fabs(f8_e5m2_to_f32(uint8_t(best)) - v)) best = c;
+        }
+        nearest[b] = uint8_t(best);
+    }
+    TensorMap out;
+    for (const auto& [name, t] : fp8) {
+        if (dequantized && !name.ends_with("_scale_inv") && t.dtype != "F8_E4M3") (*dequantized)[name] = t;
+        if (t.dtype != "F8_E4M3") {
+            out[name] = t;
+            continue;
+        }
+        RawTensor e = t;
+        e.dtype = "F8_E5M2";
+        for (uint8_t& b : e.bytes) b = nearest[b];
+        out[name] = e;
+        if (dequantized) {
+            const int64_t rows = t.shape[0], cols = t.shape[1];
+            const RawTensor& st = fp8.at(name + "_scale_inv");
+            std::vector<float> sc(st.bytes.size() / 4), d(size_t(rows * cols));
+            std::memcpy(sc.data(), st.bytes.data(), st.bytes.size());
+            for (int64_t r = 0; r < rows; r++)
+                for (int64_t c = 0; c < cols; c++)
+                    d[size_t(r * cols + c)] = f8_e5m2_to_f32(e.bytes[size_t(r * cols + c)]) *
+                                              sc[size_t(fp8_scale_row(r, 0) * fp8_scale_cols(cols) + c / 128)];
+            (*dequantized)[name] = {"F32", t.shape, bytes_of(d)};
+        }
+    }
+    return out;
+}
+
 nlohmann::json fp8_config(const std::string& dir) {
     nlohmann::json j = nlohmann::json::parse(read_text(dir + "/config.json"));
     j["quantization_config"] = {{"activation_scheme", "dynamic"},
@@ -315,6 +356,18 @@ TEST_CASE("fp8: an FP8 checkpoint gives on the CPU the logits of its dequantized
     const std::vector<float> a = logits_of(d / "fp8"), b = logits_of(d / "deq");
     CHECK(max_abs_diff(a, b) <= 1e-5);
     CHECK(a == b);  // (the CPU matmul dequantizes into f32 panels: bitwise the F32 matrix's result)
+    {  // the dtypes loaded, as the tools name them (FP8 matrices first: most of the weights; the BF16 ones kept)
+        auto m = Model::load(d / "fp8", cpu_params());
+        CHECK(has_fp8_weights(m->weights()));
+        const auto types = weight_dtypes(m->weights());
+        REQUIRE(types.size() == 2);
+        CHECK(types[0].first == DType::F8_E4M3);
+        CHECK(types[1].first == DType::BF16);
+        CHECK(weight_dtypes_text(m->weights()).rfind("F8_E4M3 ", 0) == 0);
+        auto deq = Model::load(d / "deq", cpu_params());
+        CHECK(!has_fp8_weights(deq->weights()));
+        CHECK(weight_dtypes_text(deq->weights()).rfind("F32 ", 0) == 0);  // (then the BF16 ones kept)
+    }
     // and it is a close approximation of the bf16 model
     const std::vector<float> ref = logits_of(tiny_dir());
     CHECK(max_abs_diff(a, ref) < 1.0);
@@ -340,6 +393,20 @@ TEST_CASE("fp8: an FP8 checkpoint gives on the CPU the logits of its dequantized
         const size_t V = last.size();
         CHECK(std::vector<float>(a.end() - std::ptrdiff_t(V), a.end()) == last);
     }
+}
+
+TEST_CASE("fp8: an E5M2 checkpoint with fmt e5m2 gives the logits of its dequantized F32 twin", "[model][fp8]") {
+    TempDir d;
+    TensorMap deq;
+    const TensorMap e5 = to_e5m2(fp8_checkpoint(read_safetensors(tiny_dir() + "/model.safetensors"), nullptr), &deq);
+    REQUIRE(e5.at("model.layers.0.mlp.down_proj.weight").dtype == "F8_E5M2");
+    nlohmann::json c = fp8_config(tiny_dir());
+    c["quantization_config"]["fmt"] = "e5m2";
+    write_dir(d / "e5", tiny_dir(), c.dump(), e5);
+    write_dir(d / "deq", tiny_dir(), read_text(tiny_dir() + "/config.json"), deq);
+    CHECK(Model::load(d / "e5", cpu_params())->weights().layers[0].mlp.down_proj.dtype == DType::F8_E5M2);
+    const std::vector<float> a = logits_of(d / "e5"), b = logits_of(d / "deq");
+    CHECK(max_abs_diff(a, b) <= 1e-5);
 }
 
 TEST_CASE("fp8: MoE experts one FP8 tensor per expert equal their dequantized twin", "[moe][fp8]") {
@@ -397,7 +464,7 @@ TEST_CASE("fp8: bad FP8 checkpoints and quantization requests are refused with o
     SECTION("quantization_config: unknown quant_method, fmt, activation scheme, block size") {
         const std::vector<std::tuple<std::string, nlohmann::json, std::string>> cases = {
             {"quant_method", "gptq", "unknown quant_method 'gptq'"},
-            {"fmt", "e5m2", "unknown fmt 'e5m2'"},
+            {"fmt", "e5m3", "unknown fmt 'e5m3' (supported: e4m3, e5m2)"},
             {"activation_scheme", "static", "activation_scheme 'static' is not supported"},
             {"weight_block_size", {64, 64}, "weight_block_size [64,64] is not supported (supported: [128, 128])"},
             {"weight_block_size", {128, 64}, "weight_block_size [128,64] is not supported"},
@@ -414,6 +481,50 @@ TEST_CASE("fp8: bad FP8 checkpoints and quantization requests are refused with o
         c["quantization_config"].erase("fmt");
         write_dir(d.path, tiny_dir(), c.dump(), fp8);
         CHECK(Model::load(d.path, cpu_params())->config().fp8_weights);
+    }
+    SECTION("fmt and the tensors' FP8 type must agree, the tensor named") {
+        nlohmann::json c = config;
+        c["quantization_config"]["fmt"] = "e5m2";
+        write_dir(d.path, tiny_dir(), c.dump(), fp8);
+        require_error([&] { Model::load(d.path, cpu_params()); }, Status::model_mismatch,
+                      "': expected F8_E5M2 (config.json's quantization_config fmt e5m2), found F8_E4M3");
+        const TensorMap e5 = to_e5m2(fp8, nullptr);
+        write_dir(d.path, tiny_dir(), config.dump(), e5);
+        require_error([&] { Model::load(d.path, cpu_params()); }, Status::model_mismatch,
+                      "': expected F8_E4M3 (config.json's quantization_config fmt e4m3), found F8_E5M2");
+        c["quantization_config"].erase("fmt");
+        write_dir(d.path, tiny_dir(), c.dump(), e5);
+        require_error([&] { Model::load(d.path, cpu_params()); }, Status::model_mismatch,
+                      "': expected F8_E4M3 (config.json's quantization_config gives no fmt: e4m3), found F8_E5M2");
+    }
+    SECTION("per-tensor scales (no weight_block_size: vLLM's per-tensor FP8) are refused naming the field") {
+        nlohmann::json c = config;
+        c["quantization_config"].erase("weight_block_size");
+        TensorMap t = fp8;
+        const float one = 0.01f;
+        for (auto& [name, x] : fp8)
+            if (name.ends_with("_scale_inv")) {
+                t.erase(name);
+                t[name.substr(0, name.size() - 4)] = {"F32", {}, bytes_of(std::vector<float>{one})};
+            }
+        write_dir(d.path, tiny_dir(), c.dump(), t);
+        require_error([&] { Model::load(d.path, cpu_params()); }, Status::unsupported,
+                      "' has a single per-tensor scale '");
+        require_error([&] { Model::load(d.path, cpu_params()); }, Status::unsupported,
+                      "(config.json's quantization_config has no weight_block_size): only block-wise FP8 is supported "
+                      "(weight_block_size [128, 128], block scales '");
+        // a single value under the block scales' name is refused the same way
+        TensorMap u = fp8;
+        u[w + "_scale_inv"] = {"F32", {1}, bytes_of(std::vector<float>{one})};
+        write_dir(d.path, tiny_dir(), c.dump(), u);
+        require_error([&] { Model::load(d.path, cpu_params()); }, Status::unsupported,
+                      "tensor '" + w + "' has a single per-tensor scale '" + w + "_scale_inv'");
+    }
+    SECTION("weight_block_size absent: the block scales' shape shows 128 x 128 blocks (transformers' default)") {
+        nlohmann::json c = config;
+        c["quantization_config"].erase("weight_block_size");
+        write_dir(d.path, tiny_dir(), c.dump(), fp8);
+        CHECK(Model::load(d.path, cpu_params())->weights().layers[0].mlp.down_proj.dtype == DType::F8_E4M3);
     }
     SECTION("--quant fp8 on a checkpoint that is already FP8") {
         write_dir(d.path, tiny_dir(), config.dump(), fp8);

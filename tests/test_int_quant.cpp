@@ -9,6 +9,7 @@
 #include <limits>
 #include <nlohmann/json.hpp>
 
+#include "cli/option_table.h"
 #include "engine.h"
 #include "kernels/cpu/cpu_ops.h"
 #include "model/model.h"
@@ -377,6 +378,17 @@ TEST_CASE("int quant: bad requests are refused with one clear line", "[loader][i
         CHECK(group == 256);
         CHECK(hy_quant_parse("q4", &q, &group) == HY_ERR_INVALID_ARGUMENT);
         CHECK(std::string(hy_last_error()).find("unknown weight quantization 'q4'") != std::string::npos);
+        // --help says what the parser takes: groups up to 1024 (int_quant_group_ok)
+        CHECK(parse_weight_quant("int8:1024", &group) == WeightQuant::int8);
+        CHECK(!int_quant_group_ok(1024 + 64));
+        bool found = false;
+        for (const SharedOption& o : kSharedOptions)
+            if (std::string(o.names) == "quant") {
+                found = true;
+                CHECK(std::string(o.help).find("int8:G / int4:G for another group size G, 32 or a multiple of 64 "
+                                               "up to 1024;") != std::string::npos);
+            }
+        CHECK(found);
     }
     SECTION("a group that does not divide a matrix's input features") {
         // models/tiny: hidden 256, intermediate 768: groups of 512 divide neither

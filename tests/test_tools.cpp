@@ -22,6 +22,7 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cli/line_reader.h"
@@ -93,6 +94,65 @@ TEST_CASE("cli tools: an option given twice is a usage error (exit 1), not the l
         CHECK(r.err.find(" was given more than once (give it once)") != std::string::npos);
         CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
         CHECK(r.out.empty());
+    }
+}
+
+TEST_CASE("hybrid-bench --json: a FIFO is opened once (its reader gets the whole JSON), /dev/stdout works", "[cli]") {
+    if (!have_programs() || !fs::exists(kBin + "/hybrid-bench")) return;
+    const std::string bench = quote(kBin + "/hybrid-bench") + " -m models/tiny -t 1 -p 8 -n 2 -r 1 --json ";
+    TempDir tmp("bench_json");
+    {  // a reader that stops at its first end of file (as cat does) gets the JSON: the FIFO is not opened twice
+        const fs::path fifo = tmp.path / "fifo";
+        REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+        const int fd = ::open(fifo.c_str(), O_RDONLY | O_NONBLOCK);  // (the reader is there before the program)
+        REQUIRE(fd >= 0);
+        int rc = -1;
+        std::thread run([&] {
+            const int st = std::system(("cd " + quote(kSrc) + " && timeout 300 " + bench + quote(fifo.string()) +
+                                        " >/dev/null 2>" + quote((tmp.path / "err").string()))
+                                           .c_str());
+            rc = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+        });
+        std::string got;
+        for (;;) {  // until the first end of file: POLLHUP once the (first) writer has closed it
+            pollfd p{fd, POLLIN, 0};
+            if (::poll(&p, 1, 300000) <= 0) break;
+            char buf[4096];
+            const ssize_t n = ::read(fd, buf, sizeof buf);
+            if (n < 0 && errno == EAGAIN) continue;
+            if (n <= 0) break;
+            got.append(buf, size_t(n));
+        }
+        ::close(fd);
+        run.join();
+        INFO(slurp(tmp.path / "err") << got);
+        CHECK(rc == 0);
+        const auto j = nlohmann::json::parse(got, nullptr, false);
+        REQUIRE(!j.is_discarded());
+        CHECK(j["runs"].size() == 1);
+    }
+    {  // --json /dev/stdout (a symbolic link to the pipe): the JSON follows the table on stdout; with the weights'
+       // quantization in both (--quant int4 here)
+        const std::string cmd = "cd " + quote(kSrc) + " && (" + bench + "/dev/stdout --quant int4 2>" +
+                                quote((tmp.path / "err2").string()) + "; echo $? >" +
+                                quote((tmp.path / "rc").string()) + ") | cat > " + quote((tmp.path / "out").string());
+        REQUIRE(std::system(cmd.c_str()) == 0);
+        const std::string out = slurp(tmp.path / "out");
+        INFO(slurp(tmp.path / "err2") << out);
+        CHECK(slurp(tmp.path / "rc") == "0\n");
+        CHECK(out.find("| batch |") != std::string::npos);
+        const size_t at = out.find("\n{\n");
+        REQUIRE(at != std::string::npos);
+        const auto j = nlohmann::json::parse(out.substr(at + 1), nullptr, false);
+        REQUIRE(!j.is_discarded());
+        CHECK(j["runs"].size() == 1);
+        CHECK(j["settings"]["quant"] == "int4");
+        CHECK(j["settings"]["quant_group"] == 32);
+        CHECK(j["settings"]["fp8_gemm"] == "dequantize");
+        CHECK(j["weight_dtypes"]["Q4"].get<int64_t>() > 0);  // (and the 16-bit ones kept: embeddings, in_proj_a/b)
+        CHECK(j["weight_dtypes"].contains("BF16"));
+        CHECK(out.find("weights Q4 ") != std::string::npos);
+        CHECK(out.find("; --quant int4, groups of 32\n") != std::string::npos);
     }
 }
 
@@ -263,13 +323,19 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     INFO(ml.err);
     CHECK(ml.rc == 0);
     check(run_prog(compare, {"--device", "cpu"}), 1, "-m DIR");
-    {  // a symbolic link is not written through (its target could be any file, as /save refuses)
+    {  // a symbolic link to a file is not written through (its target could be any file, as /save refuses), nor
+       // a broken one (the file would be created where it points)
         const fs::path target = tmp.path / "keep.txt", link = tmp.path / "link.json";
         std::ofstream(target) << "keep";
         fs::create_symlink(target, link);
         check(run_prog(bench, {"-m", "models/tiny", "-p", "4", "-n", "2", "-r", "1", "--json", link.string()}), 5,
-              "link.json: is a symbolic link; not replaced");
+              "link.json: is a symbolic link to an existing file (");
         CHECK(slurp(target.string()) == "keep");
+        const fs::path broken = tmp.path / "broken.json";
+        fs::create_symlink(tmp.path / "nowhere.json", broken);
+        check(run_prog(bench, {"-m", "models/tiny", "-p", "4", "-n", "2", "-r", "1", "--json", broken.string()}), 5,
+              "broken.json: broken symbolic link");
+        CHECK(!fs::exists(tmp.path / "nowhere.json"));
     }
     const Run j = run_prog(bench, {"-m", "models/tiny", "--json", (tmp.path / "no" / "b.json").string()});
     check(j, 5, "cannot write: no folder");
@@ -288,7 +354,12 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     CHECK(bj["runs"].size() == 1);
     CHECK(bj["settings"]["reps"] == 1);  // the settings travel with the figures
     CHECK(bj["runs"][0]["bytes_per_step"].is_number_integer());
-    CHECK(bj["cpu_threads"] == 1);  // the threads in use (-t 1)
+    CHECK(bj["cpu_threads"] == 1);             // the threads in use (-t 1)
+    CHECK(bj["settings"]["quant"] == "none");  // the weights as stored
+    CHECK(bj["settings"]["quant_group"] == 0);
+    CHECK(bj["weight_dtypes"].size() == 1);
+    CHECK(bj["weight_dtypes"]["BF16"].get<int64_t>() > 0);
+    CHECK(ok.out.find("weights BF16; --quant none\n") != std::string::npos);
     // the copy probe's 512 MiB of buffers are not in the peak (the tiny model's run itself needs about 200 MiB)
     CHECK(bj["peak_rss_bytes"].get<int64_t>() < (int64_t(450) << 20));
     {  // an existing file is never replaced (it could be a model's config.json): refused before the run
@@ -341,4 +412,85 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
             INFO(cmd);
             CHECK((WIFEXITED(st) ? WEXITSTATUS(st) : -1) == 5);
         }
+}
+
+TEST_CASE("hybrid-perplexity: --top-k needs --save-logits, -f - and a FIFO are read, the weights named as loaded",
+          "[cli]") {
+    if (!have_programs() || !fs::exists(kBin + "/hybrid-perplexity")) return;
+    const std::string ppl = kBin + "/hybrid-perplexity", text = "tests/data/text/heldout.py";
+    const std::vector<std::string> common = {"-m", "models/tiny", "--ctx", "64", "--chunks", "2", "-t", "1"};
+    auto args = [&](std::vector<std::string> more) {
+        more.insert(more.begin(), common.begin(), common.end());
+        return more;
+    };
+    // --top-k alone did nothing, silently (as --min-top1 without --kl-base, a usage error)
+    const Run k = run_prog(ppl, args({"-f", text, "--top-k", "8"}));
+    INFO(k.out << k.err);
+    CHECK(k.rc == 1);
+    CHECK(k.err ==
+          "hybrid-perplexity: --top-k needs --save-logits (it sets the tokens saved per position) (see "
+          "--help)\n");
+    const Run file = run_prog(ppl, args({"-f", text}));
+    INFO(file.out << file.err);
+    REQUIRE(file.rc == 0);
+    const size_t at = file.out.find("perplexity: ");
+    REQUIRE(at != std::string::npos);
+    const std::string want = file.out.substr(at, file.out.find('\n', at) - at);
+    CHECK(file.out.find("weights: as stored (BF16), ") != std::string::npos);
+    CHECK(file.out.find("FP8") == std::string::npos);
+    TempDir tmp("ppl_input");
+    auto shell = [&](const std::string& cmd) {  // stdout of `cmd` run from the source folder (stderr with it)
+        const std::string out = (tmp.path / "out").string();
+        const int st = std::system(("cd " + quote(kSrc) + " && (" + cmd + ") >" + quote(out) + " 2>&1").c_str());
+        return Run{WIFEXITED(st) ? WEXITSTATUS(st) : -1, slurp(out), ""};
+    };
+    std::string line;
+    for (const std::string& a : common) line += " " + quote(a);
+    {  // - on a pipe: standard input read to its end
+        const Run r = shell("cat " + text + " | " + quote(ppl) + line + " -f -");
+        INFO(r.out);
+        CHECK(r.rc == 0);
+        CHECK(r.out.find(want + "\n") != std::string::npos);
+        CHECK(r.out.find("text: standard input, ") != std::string::npos);
+    }
+    {  // a FIFO (the writer gives up after 120 s should the program never open it)
+        const fs::path fifo = tmp.path / "fifo";
+        REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);
+        const Run r = shell("timeout 120 sh -c 'cat " + text + " > " + quote(fifo.string()) + "' & " + quote(ppl) +
+                            line + " -f " + quote(fifo.string()) + "; rc=$?; wait; exit $rc");
+        INFO(r.out);
+        CHECK(r.rc == 0);
+        CHECK(r.out.find(want + "\n") != std::string::npos);
+    }
+    // 16-bit tensors under an FP8 quantization_config load 16-bit: labelled so, not "an FP8 checkpoint"
+    const fs::path dir = tmp.path / "bf16_fp8_config";
+    fs::create_directories(dir);
+    for (const char* f : {"model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+        fs::copy_file(fs::path(kSrc) / "models/tiny" / f, dir / f);
+    auto config = nlohmann::json::parse(slurp(fs::path(kSrc) / "models/tiny/config.json"));
+    config["quantization_config"] = {{"quant_method", "fp8"}, {"fmt", "e4m3"}, {"weight_block_size", {128, 128}}};
+    std::ofstream(dir / "config.json") << config.dump();
+    std::vector<std::string> a = args({"-f", text});
+    a[1] = dir.string();
+    const Run r = run_prog(ppl, a);
+    INFO(r.out << r.err);
+    CHECK(r.rc == 0);
+    CHECK(r.out.find("weights: as stored (BF16), ") != std::string::npos);
+    CHECK(r.out.find("FP8") == std::string::npos);
+}
+
+TEST_CASE("hybrid-compare --quant: the batch check says quantization, not batching, moved the tokens", "[cli]") {
+    if (!have_programs() || !fs::exists(kBin + "/hybrid-compare")) return;
+    const Run r =
+        run_prog(kBin + "/hybrid-compare", {"-m", "models/tiny", "-t", "1", "--quant", "int4", "--case", "batch"});
+    INFO(r.out << r.err);
+    CHECK(r.rc == 7);
+    CHECK(r.out.find("solo run diverges from the left-padded row at step ") != std::string::npos);
+    CHECK(r.out.find(" (expected with --quant int4: quantized weights diverge from the fp32 golden, batching aside; "
+                     "--tol and --near-tie loosen the per-case checks, not this one)\n") != std::string::npos);
+    // without --quant no such note (the fp32 model reproduces the rows)
+    const Run plain = run_prog(kBin + "/hybrid-compare", {"-m", "models/tiny", "-t", "1", "--case", "batch"});
+    INFO(plain.out << plain.err);
+    CHECK(plain.rc == 0);
+    CHECK(plain.out.find("expected with") == std::string::npos);
 }

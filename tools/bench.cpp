@@ -15,11 +15,11 @@
 #include <cerrno>
 #include <chrono>
 #include <cmath>
+#include <csignal>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <cxxopts.hpp>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <random>
 
@@ -84,6 +84,95 @@ int32_t argmax(const float* v, int n) {
     return best;
 }
 
+// The --json output: prepare() checks the path before the run and opens a FIFO or a device there, write() writes
+// the text at the end (through that descriptor, or into a file it creates). Errors are Error(io) naming the path.
+class JsonOut {
+public:
+    JsonOut() = default;
+    JsonOut(const JsonOut&) = delete;
+    JsonOut& operator=(const JsonOut&) = delete;
+    ~JsonOut() {
+        if (fd_ >= 0) ::close(fd_);
+    }
+
+    void prepare(const std::string& path) {
+        path_ = path;
+        if (path.empty()) throw tools::UsageError("--json needs a file name");
+        path_present(path);  // (a broken symbolic link or a loop: named with its target, not created through)
+        struct stat st;
+        if (::stat(path.c_str(), &st) == 0) {
+            if (S_ISDIR(st.st_mode)) throw Error(Status::io, path + ": is a directory");
+            // (nothing the user has is replaced: a model's config.json, an earlier run; a link is followed to see
+            // what it names, so /dev/stdout works when stdout is a pipe or a terminal)
+            if (S_ISREG(st.st_mode)) {
+                struct stat lst;
+                if (::lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)) {
+                    char* target = ::realpath(path.c_str(), nullptr);
+                    const std::string to = target ? target : "?";
+                    std::free(target);
+                    throw Error(Status::io, path + ": is a symbolic link to an existing file (" + to +
+                                                "); not replaced (--json writes a new file)");
+                }
+                throw Error(Status::io, path + ": exists (--json writes a new file; remove it first)");
+            }
+            // a FIFO, a terminal or another device: opened now and kept (non-blocking: a FIFO without a reader
+            // fails with ENXIO instead of blocking the open; blocking again for the write)
+            fd_ = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NONBLOCK);
+            if (fd_ < 0) {
+                const std::string why =
+                    errno == ENXIO && S_ISFIFO(st.st_mode) ? "a FIFO with no reader" : std::strerror(errno);
+                throw Error(Status::io, path + ": cannot write: " + why);
+            }
+            const int flags = ::fcntl(fd_, F_GETFL);
+            if (flags < 0 || ::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK) != 0)
+                throw Error(Status::io, path + ": cannot write: " + std::strerror(errno));
+            return;
+        }
+        const size_t slash = path.rfind('/');
+        const std::string folder = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
+        struct stat fs;
+        if (::stat(folder.c_str(), &fs) != 0 || !S_ISDIR(fs.st_mode))
+            throw Error(Status::io, path + ": cannot write: no folder " + folder);
+        if (::access(folder.c_str(), W_OK | X_OK) != 0)
+            throw Error(Status::io, path + ": cannot write: " + std::strerror(errno));
+    }
+
+    void write(const std::string& text) {
+        bool created = false;
+        if (fd_ < 0) {
+            fd_ = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
+            if (fd_ < 0 && errno == EEXIST)
+                throw Error(Status::io, path_ + ": appeared during the run; not replaced (--json writes a new file)");
+            if (fd_ < 0) throw Error(Status::io, path_ + ": cannot write: " + std::strerror(errno));
+            created = true;
+        }
+        // (a reader that went away: EPIPE and a message, not a silent death by SIGPIPE)
+        void (*saved)(int) = std::signal(SIGPIPE, SIG_IGN);
+        size_t done = 0;
+        int err = 0;
+        while (done < text.size()) {
+            const ssize_t n = ::write(fd_, text.data() + done, text.size() - done);
+            if (n < 0 && errno == EINTR) continue;
+            if (n <= 0) {
+                err = n < 0 ? errno : EIO;
+                break;
+            }
+            done += size_t(n);
+        }
+        if (::close(fd_) != 0 && err == 0) err = errno;
+        fd_ = -1;
+        std::signal(SIGPIPE, saved);
+        if (err != 0) {
+            if (created) ::unlink(path_.c_str());  // (this run's file: no truncated JSON left)
+            throw Error(Status::io, path_ + ": write failed: " + std::strerror(err));
+        }
+    }
+
+private:
+    std::string path_;
+    int fd_ = -1;
+};
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -107,8 +196,8 @@ int main(int argc, char** argv) {
     add_shared_option(opts, "", "no-pdl");
     opts.add_options()
         ("ubatch", "prefill chunk (rows per forward step)", cxxopts::value<int>()->default_value("512"))
-        ("json", "also write the results to this JSON file (a new file: an existing file or a symbolic link is refused, "
-         "a FIFO or device is written to)",
+        ("json", "also write the results to this JSON file (a new file, created at the end: an existing file is "
+         "refused; a FIFO or a device, e.g. /dev/stdout on a pipe, is opened at the start and written at the end)",
          cxxopts::value<std::string>())
         ("dummy-weights", "read config.json alone and fill the weights with random values on the device (any shape "
          "without a checkpoint; vLLM's --load-format dummy)")
@@ -137,39 +226,12 @@ int main(int argc, char** argv) {
         const int max_b = *std::max_element(batches.begin(), batches.end());  // parse_list: not empty, all >= 1
         const int ubatch = args["ubatch"].as<int>(), threads = tools::parse_threads(args["threads"].as<int>());
         if (ubatch < 1) throw tools::UsageError("--ubatch must be >= 1, got " + std::to_string(ubatch));
-        // the --json file must be writable before the run (a bad path fails now, not after it): an existing file
-        // is opened without truncation, a new one's folder is checked; nothing is created until the end (an
-        // interrupted run left an empty file)
-        if (args.count("json")) {
-            const std::string path = args["json"].as<std::string>();
-            if (path.empty()) throw tools::UsageError("--json needs a file name");
-            struct stat st;
-            const bool existed = ::stat(path.c_str(), &st) == 0;
-            if (existed && S_ISDIR(st.st_mode)) throw Error(Status::io, path + ": is a directory");
-            // (as hybrid's /save: a link is not written through, its target may be anything)
-            if (struct stat lst; ::lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode))
-                throw Error(Status::io, path + ": is a symbolic link; not replaced (give the target's path)");
-            // (nothing the user has is replaced: a model's config.json, an earlier run)
-            if (existed && S_ISREG(st.st_mode))
-                throw Error(Status::io, path + ": exists (--json writes a new file; remove it first)");
-            if (existed) {
-                // (non-blocking: a FIFO without a reader fails with ENXIO instead of blocking the open)
-                const int fd = ::open(path.c_str(), O_WRONLY | O_APPEND | O_CLOEXEC | O_NONBLOCK);
-                if (fd < 0) {
-                    const std::string why = errno == ENXIO ? "a FIFO with no reader" : std::strerror(errno);
-                    throw Error(Status::io, path + ": cannot write: " + why);
-                }
-                ::close(fd);
-            } else {
-                const size_t slash = path.rfind('/');
-                const std::string folder = slash == std::string::npos ? "." : slash == 0 ? "/" : path.substr(0, slash);
-                struct stat fs;
-                if (::stat(folder.c_str(), &fs) != 0 || !S_ISDIR(fs.st_mode))
-                    throw Error(Status::io, path + ": cannot write: no folder " + folder);
-                if (::access(folder.c_str(), W_OK | X_OK) != 0)
-                    throw Error(Status::io, path + ": cannot write: " + std::strerror(errno));
-            }
-        }
+        // the --json target must be writable before the run (a bad path fails now, not after it). A FIFO or a
+        // device (a terminal, /dev/stdout on a pipe) is opened now, once, and the JSON goes through that descriptor
+        // at the end (opening it twice ended a reader such as cat at the first close). A new file is created at the
+        // end (an interrupted run leaves no empty file), exclusively: nothing the user has is replaced.
+        JsonOut json_out;
+        if (args.count("json")) json_out.prepare(args["json"].as<std::string>());
         const std::string dev = args["device"].as<std::string>();
         ModelParams mp;
         mp.device = tools::parse_device(dev);
@@ -263,6 +325,16 @@ int main(int argc, char** argv) {
             "model %s: %d layers (%d attention), hidden %d, vocab %d; backend %s; arena %.1f MiB (weights %.1f MiB)\n",
             dir.c_str(), c.n_layers, c.n_attention_layers(), c.hidden_size, c.vocab_size, be.name(),
             double(model->arena_bytes()) / 1048576.0, double(model->weight_bytes()) / 1048576.0);
+        // the weights as loaded (an FP8 checkpoint's, or 16-bit ones quantized at load) and the settings that chose
+        // them: a speed means little without them
+        const WeightQuant quant = model->params().quant;  // (dummy weights of an FP8 config.json: fp8)
+        const int quant_group = weight_quant_group(quant, model->params().quant_group);
+        const std::string weight_types = weight_dtypes_text(w);
+        const bool fp8 = has_fp8_weights(w);
+        const char* fp8_gemm = mp.cuda.fp8_block_scaled_gemm ? "block-scaled" : "dequantize";
+        std::printf("weights %s; --quant %s%s%s\n", weight_types.c_str(), weight_quant_name(quant),
+                    quant_group > 0 ? (", groups of " + std::to_string(quant_group)).c_str() : "",
+                    fp8 ? (std::string("; --fp8-gemm ") + fp8_gemm).c_str() : "");
         if (!be.settings().empty()) std::printf("backend settings: %s\n", be.settings().c_str());
         std::printf("ready after %.2f s; copy bandwidth %s\n", t_ready,
                     copy_gbs > 0 ? (std::to_string(int(copy_gbs)) + " GB/s").c_str() : "not measured");
@@ -285,8 +357,13 @@ int main(int argc, char** argv) {
                                 {"reps", reps},
                                 {"threads", threads},
                                 {"ubatch", ubatch},
-                                {"device", dev}}},
+                                {"device", dev},
+                                {"quant", weight_quant_name(quant)},
+                                {"quant_group", quant_group},
+                                {"fp8_gemm", fp8_gemm}}},
+                              {"weight_dtypes", nlohmann::json::object()},
                               {"runs", nlohmann::json::array()}};
+        for (const auto& [type, n] : weight_dtypes(w)) out["weight_dtypes"][dtype_name(type)] = n;  // weights each
         std::vector<int32_t> prompt(static_cast<size_t>(n_prompt)), toks(static_cast<size_t>(max_b)),
             rows(static_cast<size_t>(max_b));
         std::vector<SeqRun> runs(static_cast<size_t>(max_b));
@@ -363,12 +440,7 @@ int main(int argc, char** argv) {
         if (be.host_threads() > 0) out["cpu_threads"] = be.host_threads();  // what -t 0 ("all cores") became
         if (std::fflush(stdout) != 0 || std::ferror(stdout))
             throw Error(Status::io, std::string("cannot write to stdout: ") + std::strerror(errno));
-        if (args.count("json")) {
-            std::ofstream f(args["json"].as<std::string>(), std::ios::trunc);
-            f << out.dump(1) << "\n";
-            f.close();
-            if (!f) throw Error(Status::io, args["json"].as<std::string>() + ": write failed: " + std::strerror(errno));
-        }
+        if (args.count("json")) json_out.write(out.dump(1) + "\n");
         return tools::exit_ok;
     } catch (const tools::UsageError& e) {
         std::fprintf(stderr, "hybrid-bench: %s (see --help)\n", e.what());

@@ -99,7 +99,8 @@ int main(int argc, char** argv) {
     // clang-format off
     add_shared_option(opts, "", "model");
     opts.add_options()
-        ("f,file", "the text (UTF-8; at most 256 MiB)", cxxopts::value<std::string>())
+        ("f,file", "the text (UTF-8; at most 256 MiB; - or a pipe such as /dev/stdin is read to its end)",
+         cxxopts::value<std::string>())
         ("ctx", "tokens per window; the second half of each is scored", cxxopts::value<int>()->default_value("512"))
         ("chunks", "score at most this many windows (0: every whole window of the text)",
          cxxopts::value<int>()->default_value("0"))
@@ -149,6 +150,8 @@ int main(int argc, char** argv) {
                                     args["min-top1"].as<std::string>());
         if ((max_ratio >= 0.0 || min_top1 >= 0.0) && !args.count("kl-base"))
             throw tools::UsageError("--max-ppl-ratio and --min-top1 need --kl-base");
+        if (args.count("top-k") && !args.count("save-logits"))
+            throw tools::UsageError("--top-k needs --save-logits (it sets the tokens saved per position)");
         const std::string dir = args["model"].as<std::string>(), path = args["file"].as<std::string>();
         ModelParams mp;
         mp.device = tools::parse_device(args["device"].as<std::string>());
@@ -161,13 +164,15 @@ int main(int argc, char** argv) {
         mp.n_ctx = ctx;
         mp.max_batch_tokens = std::min(ctx, 512);
         mp.max_logits = mp.max_batch_tokens;
-        const std::string text = read_regular_file(path, size_t(256) << 20);
+        // (- is standard input; a pipe or FIFO is read to its end, as hybrid's -f)
+        const std::string text = tools::read_text_input(path, size_t(256) << 20);
+        const std::string text_name = path == "-" ? "standard input" : path;
         const Tokenizer tok = tools::loading([&] { return Tokenizer::from_folder(dir); });
         const std::vector<int32_t> ids = tok.encode(text, false);
         int windows = int(ids.size() / size_t(ctx));
         if (chunks > 0) windows = std::min(windows, chunks);
         if (windows == 0)
-            throw tools::Failure(tools::exit_usage, path + ": " + std::to_string(ids.size()) +
+            throw tools::Failure(tools::exit_usage, text_name + ": " + std::to_string(ids.size()) +
                                                         " tokens, fewer than one window of --ctx " +
                                                         std::to_string(ctx));
         auto model = tools::loading([&] { return Model::load(dir, mp); });
@@ -324,16 +329,18 @@ int main(int argc, char** argv) {
         }
         const double ppl = std::exp(nll / double(positions));
         std::printf("text: %s, %zu tokens; %d windows of %d, the last %d positions of each scored (%llu tokens)\n",
-                    path.c_str(), ids.size(), windows, ctx, int(per_window), (unsigned long long)positions);
-        const std::string quant = mp.quant == WeightQuant::none ? "as stored"
-                                  : mp.quant == WeightQuant::fp8
-                                      ? "--quant fp8"
-                                      : std::string("--quant ") + weight_quant_name(mp.quant) + ", groups of " +
-                                            std::to_string(weight_quant_group(mp.quant, mp.quant_group)) +
-                                            (mp.quant_lm_head ? ", lm_head quantized" : ", lm_head 16-bit");
-        std::printf("weights: %s%s, %.2f MiB\n", quant.c_str(),
-                    model->config().fp8_weights ? " (an FP8 checkpoint)" : "",
-                    double(model->weight_bytes()) / 1048576.0);
+                    text_name.c_str(), ids.size(), windows, ctx, int(per_window), (unsigned long long)positions);
+        // (the label goes by the matrices loaded: a folder whose config.json says FP8 but holds 16-bit tensors loads
+        // 16-bit)
+        const std::string quant =
+            mp.quant == WeightQuant::none
+                ? std::string("as stored") + (has_fp8_weights(model->weights()) ? ", an FP8 checkpoint" : "") + " (" +
+                      weight_dtypes_text(model->weights()) + ")"
+            : mp.quant == WeightQuant::fp8 ? "--quant fp8"
+                                           : std::string("--quant ") + weight_quant_name(mp.quant) + ", groups of " +
+                                                 std::to_string(weight_quant_group(mp.quant, mp.quant_group)) +
+                                                 (mp.quant_lm_head ? ", lm_head quantized" : ", lm_head 16-bit");
+        std::printf("weights: %s, %.2f MiB\n", quant.c_str(), double(model->weight_bytes()) / 1048576.0);
         std::printf("perplexity: %.4f\n", ppl);
         if (!save_path.empty()) std::printf("saved: %s (top %d per position)\n", save_path.c_str(), top_k);
         int rc = tools::exit_ok;

@@ -1,7 +1,12 @@
 // Shared by the hybrid-* tools: argument parsing boilerplate and the --device value.
 #pragma once
 
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
 #include <cstdio>
 #include <cstring>
 #include <cxxopts.hpp>
@@ -12,6 +17,7 @@
 
 #include "cli/arg_error.h"
 #include "cli/option_table.h"
+#include "model/common.h"
 #include "model/model.h"
 
 namespace hy::tools {
@@ -150,6 +156,47 @@ inline bool parse_fp8_gemm(const std::string& s) {
     if (s == "block-scaled") return true;
     if (s == "dequantize") return false;
     throw UsageError("--fp8-gemm must be block-scaled or dequantize, got '" + s + "'");
+}
+
+// The whole text at `path` of at most max_bytes, as hybrid's -f reads it: "-" is standard input, and a pipe, FIFO or
+// device (/dev/stdin) is read to its end; a regular file through read_regular_file. Throws Error(io) naming the path
+// (a directory, a read error, more than max_bytes).
+inline std::string read_text_input(const std::string& path, size_t max_bytes) {
+    const bool std_in = path == "-";
+    const std::string name = std_in ? "standard input" : path;
+    struct stat st;
+    if (!std_in && ::stat(path.c_str(), &st) == 0 && S_ISREG(st.st_mode)) return read_regular_file(path, max_bytes);
+    int fd = 0;
+    if (!std_in) {
+        if (::stat(path.c_str(), &st) != 0) {
+            const int e = errno;
+            path_present(path);  // (a broken link or a loop: named with its target)
+            throw Error(Status::io, "cannot open '" + path + "': " + std::strerror(e));
+        }
+        if (S_ISDIR(st.st_mode)) throw Error(Status::io, "cannot read '" + path + "': a directory");
+        fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+        if (fd < 0) throw Error(Status::io, "cannot open '" + path + "': " + std::strerror(errno));
+    } else if (::fstat(0, &st) == 0 && S_ISDIR(st.st_mode)) {
+        throw Error(Status::io, "cannot read standard input: a directory");
+    }
+    std::string out;
+    int err = 0;
+    for (;;) {
+        if (out.size() > max_bytes) break;
+        const size_t at = out.size(), want = std::min<size_t>(size_t(1) << 16, max_bytes + 1 - at);
+        out.resize(at + want);
+        const ssize_t r = ::read(fd, out.data() + at, want);
+        out.resize(at + (r > 0 ? size_t(r) : 0));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) err = errno;
+        if (r <= 0) break;
+    }
+    if (!std_in) ::close(fd);
+    if (err != 0) throw Error(Status::io, "cannot read '" + name + "': " + std::strerror(err));
+    if (out.size() > max_bytes)
+        throw Error(Status::io, "cannot read '" + name + "': larger than " + std::to_string(max_bytes >> 20) +
+                                    " MiB, the most this reader takes");
+    return out;
 }
 
 // --quant into mp.quant and mp.quant_group: "none", "fp8", "int8", "int4", "int8:G" or "int4:G" (G 32 or a multiple of

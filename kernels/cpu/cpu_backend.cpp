@@ -235,8 +235,12 @@ private:
 std::unique_ptr<Backend> make_cpu_backend(int n_threads) { return std::make_unique<CpuBackend>(n_threads); }
 
 #ifndef HY_HAVE_CUDA
+#ifndef HY_NO_CUDA_WHY  // (set by CMakeLists.txt: -DHY_CUDA=OFF, or no nvcc at configure time)
+#define HY_NO_CUDA_WHY "configured without CUDA"
+#endif
 std::unique_ptr<Backend> make_cuda_backend(int, const CudaOptions&) {
-    throw Error(Status::backend, "this build of hybrid has no CUDA backend (rebuild with nvcc available)");
+    throw Error(Status::backend,
+                "this build of hybrid has no CUDA backend: it was built without CUDA (" HY_NO_CUDA_WHY ")");
 }
 bool cuda_available() { return false; }
 #endif
