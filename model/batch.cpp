@@ -83,16 +83,23 @@ int BatchGenerator::n_active() const {
     return n;
 }
 
-std::vector<uint8_t> BatchGenerator::take_state(int id, bool final) {
+std::shared_ptr<StoredState> BatchGenerator::take_state(int id, bool final) {
     if (id < 0 || id >= int(results_.size())) throw Error(Status::invalid_argument, "no request " + std::to_string(id));
     GenerationResult& r = results_[size_t(id)];
     return std::move(final ? r.final_state : r.saved_state);
 }
 
+std::shared_ptr<StoredState> BatchGenerator::save(int slot) {
+    const size_t bytes = model_.state_bytes(slot);
+    std::shared_ptr<StoredState> st = allocate_state_ ? allocate_state_(bytes) : std::make_shared<StoredState>(bytes);
+    if (st) model_.save_state(slot, st->ranges());
+    return st;
+}
+
 void BatchGenerator::finish(int slot, FinishReason reason) {
     Sequence& s = slots_[size_t(slot)];
     if (requests_[size_t(s.id)].save_final && reason != FinishReason::cancelled)
-        results_[size_t(s.id)].final_state = model_.save_state(slot);
+        results_[size_t(s.id)].final_state = save(slot);
     results_[size_t(s.id)].reason = reason;
     results_[size_t(s.id)].done = true;
     s.id = -1;
@@ -112,7 +119,7 @@ bool BatchGenerator::step() {
         model_.reset(slot);
         if (r.state) {  // a state that does not load (or holds another length) only costs the full prefill
             try {
-                model_.load_state(slot, *r.state);
+                model_.load_state(slot, r.state->ranges());
                 if (model_.seq_len(slot) == r.n_cached) s.prompt_done = size_t(r.n_cached);
             } catch (const Error&) {}
             if (s.prompt_done == 0) model_.reset(slot);
@@ -221,7 +228,7 @@ bool BatchGenerator::step() {
     for (int k = 0; k < n_order; k++) {
         Sequence& s = slots_[size_t(order_[size_t(k)])];
         if (s.id < 0 || s.save_at <= 0 || s.prompt_done != size_t(s.save_at)) continue;
-        results_[size_t(s.id)].saved_state = model_.save_state(order_[size_t(k)]);
+        results_[size_t(s.id)].saved_state = save(order_[size_t(k)]);
         s.save_at = 0;
     }
     for (int i = 0; i < n_prefilled; i++) finish(prefilled_[size_t(i)], FinishReason::max_tokens);

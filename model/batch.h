@@ -13,6 +13,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <span>
 #include <vector>
@@ -20,6 +21,7 @@
 #include "model/generate.h"
 #include "model/model.h"
 #include "model/sampler.h"
+#include "model/state_store.h"
 
 namespace hy {
 
@@ -33,7 +35,7 @@ struct GenerationRequest {
                                     // rows then reach the host)
     // Conversation-state reuse: `state` (Model::save_state of a slot) holds the first n_cached prompt ids, so the
     // request starts from it and prefills only prompt[n_cached:] (0 < n_cached < prompt size; null: start empty).
-    std::shared_ptr<const std::vector<uint8_t>> state;
+    std::shared_ptr<const StoredState> state;
     int n_cached = 0;
     // Save the slot's state once save_at prompt ids are in it (into GenerationResult::saved_state; 0: never; at most
     // the prompt's size; at or below n_cached: never). The prefill stops a chunk there so the state holds exactly them.
@@ -47,9 +49,11 @@ struct GenerationResult {
     FinishReason reason = FinishReason::none;  // none, eos, max_tokens, context_full or cancelled
     bool done = false;
     std::vector<std::vector<TokenPick>> top;  // [tokens][top_logprobs] the most likely ids of each step, best first
-    std::vector<uint8_t> saved_state;         // the slot's state after save_at prompt ids (see GenerationRequest)
-    std::vector<uint8_t> final_state;  // the slot's state at the end (save_final): the prompt and every generated id
-                                       // but the last (which is never fed)
+    // The slot's state after save_at prompt ids (see GenerationRequest); null until then, or when the state
+    // allocator had no room.
+    std::shared_ptr<StoredState> saved_state;
+    // The slot's state at the end (save_final): the prompt and every generated id but the last (never fed).
+    std::shared_ptr<StoredState> final_state;
     int n_cached = 0;  // prompt ids taken from the request's state (0 when it had none or it could not be loaded)
 };
 
@@ -76,7 +80,11 @@ public:
 
     const GenerationResult& result(int id) const;
     // Moves the saved state (final: final_state, else saved_state) out of request id's result.
-    std::vector<uint8_t> take_state(int id, bool final);
+    std::shared_ptr<StoredState> take_state(int id, bool final);
+    // Where saved states go: allocate(bytes) returns a state of that size, or null to skip the save (a full
+    // cache). By default each state is a plain allocation of its own.
+    using StateAllocator = std::function<std::shared_ptr<StoredState>(size_t bytes)>;
+    void set_state_allocator(StateAllocator allocate) { allocate_state_ = std::move(allocate); }
     int n_active() const;
     int n_queued() const { return int(queue_.size()); }
 
@@ -89,6 +97,7 @@ private:
         std::unique_ptr<Sampler> sampler;
     };
     void finish(int slot, FinishReason reason);
+    std::shared_ptr<StoredState> save(int slot);
 
     Model& model_;
     int n_valid_;
@@ -98,6 +107,7 @@ private:
     std::vector<Sequence> slots_;  // [n_slots]; only those listed in usable_ are used
     std::vector<int> usable_;
     std::vector<int32_t> banned_;
+    StateAllocator allocate_state_;
     std::vector<int> prefilled_;  // [n_slots] slots whose prompt (max_new_tokens 0) completed in this step
     std::vector<int> order_;      // [n_slots] the slots of a step in the order they take rows (see step())
     // per-step scratch, sized once

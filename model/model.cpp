@@ -1004,10 +1004,8 @@ struct SnapshotHeader {
 };
 }  // namespace
 
-std::vector<uint8_t> Model::save_state(int slot) const {
-    const int len = seq_len(slot);
-    const ModelConfig& c = config_;
-    const size_t as = dtype_size(backend_->act_dtype());
+namespace {
+SnapshotHeader snapshot_header(const ModelConfig& c, DType act, int len) {
     SnapshotHeader h{};
     std::memcpy(h.magic, "HYSNAP1", 8);
     h.n_layers = uint32_t(c.n_layers);
@@ -1020,88 +1018,133 @@ std::vector<uint8_t> Model::save_state(int slot) const {
     h.gdn_v_dim = uint32_t(c.gdn_v_dim);
     h.conv_channels = uint32_t(c.gdn_conv_channels());
     h.conv_kernel = uint32_t(c.conv_kernel);
-    h.act_dtype = uint32_t(backend_->act_dtype());
+    h.act_dtype = uint32_t(act);
     h.seq_len = uint32_t(len);
+    return h;
+}
+
+// Walks a byte stream laid over host ranges: each call takes the next n bytes, as one or more pieces.
+class RangeCursor {
+public:
+    explicit RangeCursor(std::span<const std::span<uint8_t>> ranges) : r_(ranges) {}
+    // f(host pointer, offset within the n bytes, piece size) for each piece of the next n bytes; false when the
+    // ranges end first.
+    template <class F>
+    bool take(size_t n, F&& f) {
+        size_t done = 0;
+        while (done < n) {
+            while (i_ < r_.size() && at_ == r_[i_].size()) i_++, at_ = 0;
+            if (i_ == r_.size()) return false;
+            const size_t k = std::min(n - done, r_[i_].size() - at_);
+            f(r_[i_].data() + at_, done, k);
+            at_ += k;
+            done += k;
+        }
+        return true;
+    }
+
+private:
+    std::span<const std::span<uint8_t>> r_;
+    size_t i_ = 0, at_ = 0;
+};
+
+size_t total_size(std::span<const std::span<uint8_t>> ranges) {
+    size_t n = 0;
+    for (const std::span<uint8_t>& r : ranges) n += r.size();
+    return n;
+}
+}  // namespace
+
+// The slot's state after the header: (device address, bytes) pieces in snapshot order.
+std::vector<std::pair<char*, size_t>> Model::state_pieces(int slot, size_t len) const {
+    const ModelConfig& c = config_;
+    const size_t as = dtype_size(backend_->act_dtype());
     const size_t kv_row = size_t(c.n_kv_heads) * size_t(c.head_dim) * as;
     const size_t conv = size_t(c.conv_kernel - 1) * size_t(c.gdn_conv_channels()) * as;
     const size_t ssm = size_t(c.gdn_v_heads) * size_t(c.gdn_k_dim) * size_t(c.gdn_v_dim) * 4;
-    size_t total = sizeof h;
-    for (int i = 0; i < c.n_layers; i++)
-        total += c.layer_kinds[size_t(i)] == LayerKind::full_attention ? 2 * size_t(len) * kv_row : conv + ssm;
-    std::vector<uint8_t> out(total);
-    std::memcpy(out.data(), &h, sizeof h);
-    size_t pos = sizeof h;
-    Backend& be = *backend_;
+    std::vector<std::pair<char*, size_t>> out;
+    out.reserve(size_t(c.n_layers) * 2);
     for (int i = 0; i < c.n_layers; i++) {
         const LayerState& st = state_[size_t(i)];
         if (c.layer_kinds[size_t(i)] == LayerKind::full_attention) {
-            size_t slot_bytes = size_t(params_.n_ctx) * kv_row;
-            be.download(out.data() + pos, static_cast<const char*>(st.k_cache) + size_t(slot) * slot_bytes,
-                        size_t(len) * kv_row);
-            pos += size_t(len) * kv_row;
-            be.download(out.data() + pos, static_cast<const char*>(st.v_cache) + size_t(slot) * slot_bytes,
-                        size_t(len) * kv_row);
-            pos += size_t(len) * kv_row;
+            const size_t slot_bytes = size_t(params_.n_ctx) * kv_row;
+            out.push_back({static_cast<char*>(st.k_cache) + size_t(slot) * slot_bytes, len * kv_row});
+            out.push_back({static_cast<char*>(st.v_cache) + size_t(slot) * slot_bytes, len * kv_row});
         } else {
-            be.download(out.data() + pos, static_cast<const char*>(st.conv_state) + size_t(slot) * conv, conv);
-            pos += conv;
-            be.download(out.data() + pos, reinterpret_cast<const char*>(st.ssm_state) + size_t(slot) * ssm, ssm);
-            pos += ssm;
+            out.push_back({static_cast<char*>(st.conv_state) + size_t(slot) * conv, conv});
+            out.push_back({reinterpret_cast<char*>(st.ssm_state) + size_t(slot) * ssm, ssm});
         }
     }
     return out;
 }
 
+size_t Model::state_bytes(int slot) const {
+    size_t total = sizeof(SnapshotHeader);
+    for (const auto& [p, n] : state_pieces(slot, size_t(seq_len(slot)))) total += n;
+    return total;
+}
+
+std::vector<uint8_t> Model::save_state(int slot) const {
+    std::vector<uint8_t> out(state_bytes(slot));
+    const std::span<uint8_t> whole(out);
+    save_state(slot, std::span<const std::span<uint8_t>>(&whole, 1));
+    return out;
+}
+
+void Model::save_state(int slot, std::span<const std::span<uint8_t>> dst) const {
+    const int len = seq_len(slot);
+    const size_t total = state_bytes(slot);
+    if (total_size(dst) != total)
+        throw Error(Status::invalid_argument, "save_state: the ranges hold " + std::to_string(total_size(dst)) +
+                                                  " bytes, the state " + std::to_string(total));
+    const SnapshotHeader h = snapshot_header(config_, backend_->act_dtype(), len);
+    RangeCursor out(dst);
+    out.take(sizeof h,
+             [&](uint8_t* p, size_t at, size_t n) { std::memcpy(p, reinterpret_cast<const char*>(&h) + at, n); });
+    Backend& be = *backend_;
+    for (const auto& [src, bytes] : state_pieces(slot, size_t(len)))
+        out.take(bytes, [&, src = src](uint8_t* p, size_t at, size_t n) { be.download_async(p, src + at, n); });
+    be.synchronize();
+}
+
 void Model::load_state(int slot, std::span<const uint8_t> snap) {
+    const std::span<uint8_t> whole(const_cast<uint8_t*>(snap.data()), snap.size());  // only read
+    load_state(slot, std::span<const std::span<uint8_t>>(&whole, 1));
+}
+
+void Model::load_state(int slot, std::span<const std::span<uint8_t>> src) {
     seq_len(slot);
     const ModelConfig& c = config_;
+    const size_t size = total_size(src);
     SnapshotHeader h{};
-    if (snap.size() < sizeof h)
-        throw Error(Status::format, "snapshot is truncated (" + std::to_string(snap.size()) + " bytes)");
-    std::memcpy(&h, snap.data(), sizeof h);
+    if (size < sizeof h) throw Error(Status::format, "snapshot is truncated (" + std::to_string(size) + " bytes)");
+    RangeCursor in(src);
+    in.take(sizeof h, [&](uint8_t* p, size_t at, size_t n) { std::memcpy(reinterpret_cast<char*>(&h) + at, p, n); });
     if (std::memcmp(h.magic, "HYSNAP1", 8) != 0) throw Error(Status::format, "not a hybrid state snapshot (bad magic)");
-    const bool same = h.n_layers == uint32_t(c.n_layers) && h.hidden == uint32_t(c.hidden_size) &&
-                      h.vocab == uint32_t(c.vocab_size) && h.n_kv_heads == uint32_t(c.n_kv_heads) &&
-                      h.head_dim == uint32_t(c.head_dim) && h.gdn_v_heads == uint32_t(c.gdn_v_heads) &&
-                      h.gdn_k_dim == uint32_t(c.gdn_k_dim) && h.gdn_v_dim == uint32_t(c.gdn_v_dim) &&
-                      h.conv_channels == uint32_t(c.gdn_conv_channels()) && h.conv_kernel == uint32_t(c.conv_kernel);
+    const SnapshotHeader mine = snapshot_header(c, backend_->act_dtype(), 0);
+    const bool same = h.n_layers == mine.n_layers && h.hidden == mine.hidden && h.vocab == mine.vocab &&
+                      h.n_kv_heads == mine.n_kv_heads && h.head_dim == mine.head_dim &&
+                      h.gdn_v_heads == mine.gdn_v_heads && h.gdn_k_dim == mine.gdn_k_dim &&
+                      h.gdn_v_dim == mine.gdn_v_dim && h.conv_channels == mine.conv_channels &&
+                      h.conv_kernel == mine.conv_kernel;
     if (!same) throw Error(Status::model_mismatch, "snapshot was saved from a model of different shape");
-    if (h.act_dtype != uint32_t(backend_->act_dtype()))
+    if (h.act_dtype != mine.act_dtype)
         throw Error(Status::model_mismatch, std::string("snapshot holds ") + dtype_name(DType(h.act_dtype)) +
                                                 " state but this backend keeps " + dtype_name(backend_->act_dtype()));
     if (h.seq_len > uint32_t(params_.n_ctx))
         throw Error(Status::context_full, "snapshot holds " + std::to_string(h.seq_len) + " tokens, context is " +
                                               std::to_string(params_.n_ctx));
-    const size_t as = dtype_size(backend_->act_dtype());
-    const size_t len = h.seq_len;
-    const size_t kv_row = size_t(c.n_kv_heads) * size_t(c.head_dim) * as;
-    const size_t conv = size_t(c.conv_kernel - 1) * size_t(c.gdn_conv_channels()) * as;
-    const size_t ssm = size_t(c.gdn_v_heads) * size_t(c.gdn_k_dim) * size_t(c.gdn_v_dim) * 4;
+    const std::vector<std::pair<char*, size_t>> pieces = state_pieces(slot, h.seq_len);
     size_t total = sizeof h;
-    for (int i = 0; i < c.n_layers; i++)
-        total += c.layer_kinds[size_t(i)] == LayerKind::full_attention ? 2 * len * kv_row : conv + ssm;
-    if (snap.size() != total)
+    for (const auto& [p, n] : pieces) total += n;
+    if (size != total)
         throw Error(Status::format,
-                    "snapshot has " + std::to_string(snap.size()) + " bytes, expected " + std::to_string(total));
-    size_t pos = sizeof h;
+                    "snapshot has " + std::to_string(size) + " bytes, expected " + std::to_string(total));
     Backend& be = *backend_;
-    for (int i = 0; i < c.n_layers; i++) {
-        LayerState& st = state_[size_t(i)];
-        if (c.layer_kinds[size_t(i)] == LayerKind::full_attention) {
-            size_t slot_bytes = size_t(params_.n_ctx) * kv_row;
-            be.upload(static_cast<char*>(st.k_cache) + size_t(slot) * slot_bytes, snap.data() + pos, len * kv_row);
-            pos += len * kv_row;
-            be.upload(static_cast<char*>(st.v_cache) + size_t(slot) * slot_bytes, snap.data() + pos, len * kv_row);
-            pos += len * kv_row;
-        } else {
-            be.upload(static_cast<char*>(st.conv_state) + size_t(slot) * conv, snap.data() + pos, conv);
-            pos += conv;
-            be.upload(reinterpret_cast<char*>(st.ssm_state) + size_t(slot) * ssm, snap.data() + pos, ssm);
-            pos += ssm;
-        }
-    }
+    for (const auto& [dst, bytes] : pieces)
+        in.take(bytes, [&, dst = dst](uint8_t* p, size_t at, size_t n) { be.upload_async(dst + at, p, n); });
     be.synchronize();
-    seq_len_[size_t(slot)] = int32_t(len);
+    seq_len_[size_t(slot)] = int32_t(h.seq_len);
 }
 
 std::vector<std::pair<DType, int64_t>> weight_dtypes(const Weights& w) {

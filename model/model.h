@@ -195,13 +195,24 @@ public:
     std::span<const float> last_logits();
 
     // ---- snapshots: the full state of one slot (length, KV cache up to length, conv and recurrent state) ----
+    // The snapshot's size in bytes: a header, then per layer KV rows [0, length) (attention) or conv and recurrent
+    // state (Gated DeltaNet). Throws invalid_argument for a slot out of range.
+    size_t state_bytes(int slot) const;
     std::vector<uint8_t> save_state(int slot) const;
-    // Throws model_mismatch when the snapshot was made by a model of another shape or dtype.
+    // The same bytes written over host ranges in order (their sizes must sum to state_bytes(slot), else
+    // invalid_argument): one copy per piece of each range, waited for once; Backend::alloc_host memory (a
+    // StateStore) makes them run at the bus's speed.
+    void save_state(int slot, std::span<const std::span<uint8_t>> dst) const;
+    // Throws format for a truncated or foreign snapshot, model_mismatch when it was made by a model of another
+    // shape or dtype, context_full when it holds more tokens than the context; the slot is untouched then.
     void load_state(int slot, std::span<const uint8_t> snapshot);
+    // The same from host ranges holding the snapshot's bytes in order (only read).
+    void load_state(int slot, std::span<const std::span<uint8_t>> snapshot);
 
     const Weights& weights() const { return weights_; }
 
 private:
+    std::vector<std::pair<char*, size_t>> state_pieces(int slot, size_t len) const;
     int (*abort_fn_)(void*) = nullptr;  // set_prefill_abort
     void* abort_data_ = nullptr;
     Model() = default;

@@ -28,6 +28,7 @@
 #include "model/batch.h"
 #include "model/common.h"
 #include "model/config.h"
+#include "model/state_store.h"
 #include "model/tokenizer.h"
 #include "server/chat.h"
 
@@ -56,7 +57,7 @@ struct Job {
     bool done = false;
     int n_cached = 0;
     std::string error;
-    std::vector<uint8_t> saved_state, final_state;
+    std::shared_ptr<StoredState> saved_state, final_state;
     // set by the HTTP thread
     std::atomic<bool> cancel{false};
     // the engine thread's own
@@ -67,11 +68,20 @@ struct Job {
 
 class StateCache {
 public:
-    explicit StateCache(size_t max_bytes) : max_bytes_(max_bytes) {}
-    bool enabled() const { return max_bytes_ > 0; }
+    // max_bytes of host memory (Backend::alloc_host: page-locked on CUDA), allocated now; 0: off.
+    StateCache(Backend& backend, size_t max_bytes) {
+        if (max_bytes == 0) return;
+        try {
+            store_ = std::make_unique<StateStore>(backend, max_bytes);
+        } catch (const Error& e) {
+            throw Error(e.status(), "the conversation-state cache (--cache-mb " + std::to_string(max_bytes >> 20) +
+                                        "): " + e.what());
+        }
+    }
+    bool enabled() const { return store_ != nullptr; }
 
     struct Hit {
-        std::shared_ptr<const std::vector<uint8_t>> state;
+        std::shared_ptr<const StoredState> state;
         int n_tokens = 0;
     };
     // The longest cached sequence whose ids are a proper prefix of `prompt` (one id at least is left to prefill).
@@ -93,10 +103,24 @@ public:
         }
         return best;
     }
-    void put(std::vector<int32_t> tokens, std::vector<uint8_t> state) {
-        if (!enabled() || tokens.empty() || state.empty()) return;
-        const size_t bytes = state.size() + tokens.size() * sizeof(int32_t);
-        if (bytes > max_bytes_) return;
+    // Room for a state of `bytes` bytes (the engine thread saves into it): the least recently used entries go
+    // until it fits; null when it cannot (larger than the store, or the rest is held by requests in flight).
+    std::shared_ptr<StoredState> allocate(size_t bytes) {
+        if (!store_ || !store_->fits(bytes)) return nullptr;
+        while (true) {
+            if (std::shared_ptr<StoredState> st = store_->allocate(bytes)) return st;
+            std::lock_guard<std::mutex> lk(m_);
+            if (entries_.empty()) return nullptr;
+            auto lru = std::min_element(entries_.begin(), entries_.end(),
+                                        [](const Entry& a, const Entry& b) { return a.last_use < b.last_use; });
+            bytes_ -= lru->bytes;
+            entries_.erase(lru);
+            evictions_++;
+        }
+    }
+    void put(std::vector<int32_t> tokens, std::shared_ptr<const StoredState> state) {
+        if (!enabled() || tokens.empty() || !state) return;
+        const size_t bytes = state->footprint() + tokens.size() * sizeof(int32_t);
         std::lock_guard<std::mutex> lk(m_);
         for (auto it = entries_.begin(); it != entries_.end(); ++it)
             if (it->tokens == tokens) {  // the same sequence again: keep the newer state
@@ -104,15 +128,7 @@ public:
                 entries_.erase(it);
                 break;
             }
-        while (bytes_ + bytes > max_bytes_ && !entries_.empty()) {
-            auto lru = std::min_element(entries_.begin(), entries_.end(),
-                                        [](const Entry& a, const Entry& b) { return a.last_use < b.last_use; });
-            bytes_ -= lru->bytes;
-            entries_.erase(lru);
-            evictions_++;
-        }
-        entries_.push_back(
-            {std::move(tokens), std::make_shared<const std::vector<uint8_t>>(std::move(state)), bytes, ++clock_});
+        entries_.push_back({std::move(tokens), std::move(state), bytes, ++clock_});
         bytes_ += bytes;
     }
     struct Stats {
@@ -121,19 +137,20 @@ public:
     };
     Stats stats() {
         std::lock_guard<std::mutex> lk(m_);
-        return {entries_.size(), bytes_, max_bytes_, hits_, misses_, evictions_};
+        return {entries_.size(), bytes_, store_ ? store_->capacity() : 0, hits_, misses_, evictions_};
     }
 
 private:
     struct Entry {
         std::vector<int32_t> tokens;
-        std::shared_ptr<const std::vector<uint8_t>> state;
-        size_t bytes;
+        std::shared_ptr<const StoredState> state;
+        size_t bytes;  // its blocks and ids
         uint64_t last_use;
     };
+    std::unique_ptr<StateStore> store_;
     std::mutex m_;
     std::list<Entry> entries_;
-    size_t max_bytes_, bytes_ = 0;
+    size_t bytes_ = 0;
     uint64_t clock_ = 0, hits_ = 0, misses_ = 0, evictions_ = 0;
 };
 
@@ -141,9 +158,9 @@ private:
 
 class Engine {
 public:
-    Engine(Model& model, int n_valid, std::vector<int32_t> banned)
-        : model_(model), n_valid_(n_valid), banned_(std::move(banned)) {
-        gen_ = std::make_unique<BatchGenerator>(model_, n_valid_, std::vector<int>{}, banned_);
+    Engine(Model& model, int n_valid, std::vector<int32_t> banned, BatchGenerator::StateAllocator allocate_state)
+        : model_(model), n_valid_(n_valid), banned_(std::move(banned)), allocate_state_(std::move(allocate_state)) {
+        new_generator();
         thread_ = std::thread([this] { loop(); });
     }
     ~Engine() {
@@ -166,6 +183,10 @@ public:
     int busy() const { return n_busy_.load(); }
 
 private:
+    void new_generator() {
+        gen_ = std::make_unique<BatchGenerator>(model_, n_valid_, std::vector<int>{}, banned_);
+        gen_->set_state_allocator(allocate_state_);
+    }
     void fail_job(const std::shared_ptr<Job>& job, const std::string& msg) {
         std::lock_guard<std::mutex> lk(job->m);
         job->error = msg;
@@ -186,7 +207,7 @@ private:
             // A generator keeps a small record of every request it was given: start a new one now and then when
             // nothing runs (every slot is reset before use, so nothing else changes).
             if (active_.empty() && submitted_ > 100000) {
-                gen_ = std::make_unique<BatchGenerator>(model_, n_valid_, std::vector<int>{}, banned_);
+                new_generator();
                 submitted_ = 0;
             }
             for (const auto& job : incoming) {
@@ -209,7 +230,7 @@ private:
             } catch (const std::exception& e) {  // a backend failure: every running request fails with it
                 for (auto& [id, job] : active_) fail_job(job, std::string("generation failed: ") + e.what());
                 active_.clear();
-                gen_ = std::make_unique<BatchGenerator>(model_, n_valid_, std::vector<int>{}, banned_);
+                new_generator();
                 continue;
             }
             n_queued_ = gen_->n_queued();
@@ -227,7 +248,7 @@ private:
                         if (k < r.top.size()) job.top.push_back(r.top[k]);
                         notify = true;
                     }
-                    if (!r.saved_state.empty()) job.saved_state = gen_->take_state(id, false);
+                    if (r.saved_state) job.saved_state = gen_->take_state(id, false);
                     if (r.done) {
                         job.n_cached = r.n_cached;
                         job.final_state = gen_->take_state(id, true);
@@ -252,6 +273,7 @@ private:
     Model& model_;
     int n_valid_;
     std::vector<int32_t> banned_;
+    BatchGenerator::StateAllocator allocate_state_;
     std::unique_ptr<BatchGenerator> gen_;
     std::mutex m_;
     std::condition_variable cv_;
@@ -728,9 +750,9 @@ struct Server::Impl {
         out.n_cached = job->n_cached;
         out.finish = stopped || job->reason == FinishReason::eos ? "stop" : "length";
         // Keep the states for the next turn: after the messages, and after the answer (every id but the last).
-        if (!job->saved_state.empty() && save_at > 0)
+        if (job->saved_state && save_at > 0)
             cache->put(std::vector<int32_t>(prompt.begin(), prompt.begin() + save_at), std::move(job->saved_state));
-        if (!job->final_state.empty() && !stopped) {
+        if (job->final_state && !stopped) {
             std::vector<int32_t> seq = prompt;
             if (!out.ids.empty()) seq.insert(seq.end(), out.ids.begin(), out.ids.end() - 1);
             cache->put(std::move(seq), std::move(job->final_state));
@@ -1287,9 +1309,10 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
         d.repeat_last_n = -1;
     }
     s.defaults = d;
-    s.cache = std::make_unique<StateCache>(params.cache_mb << 20);
+    s.cache = std::make_unique<StateCache>(s.model->backend(), params.cache_mb << 20);
     s.model_id = params.alias.empty() ? base_name(params.model_dir) : params.alias;
-    s.engine = std::make_unique<Engine>(*s.model, s.n_valid, banned);
+    s.engine = std::make_unique<Engine>(*s.model, s.n_valid, banned,
+                                        [cache = s.cache.get()](size_t bytes) { return cache->allocate(bytes); });
     const int threads = params.http_threads > 0 ? params.http_threads : std::max(32, 4 * params.n_slots + 8);
     s.http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
     s.http.set_payload_max_length(kMaxBodyBytes);

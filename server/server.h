@@ -17,7 +17,8 @@
 // Conversation-state cache (--cache-mb): after a request, the sequence state (KV cache, conv and recurrent state) is
 // kept, keyed by its token ids, at two points: after the prompt's messages (before the generation prompt) and after
 // the generated answer. A later request whose prompt extends a cached sequence starts from it and prefills only the
-// new ids (usage.prompt_tokens_details.cached_tokens). Host memory, least recently used first out.
+// new ids (usage.prompt_tokens_details.cached_tokens). Host memory (a StateStore: allocated at the start,
+// page-locked with CUDA), least recently used first out.
 #pragma once
 
 #include <cstddef>

@@ -8,6 +8,7 @@
 
 #include "kernels/cpu/thread_pool.h"
 #include "model/model.h"
+#include "model/state_store.h"
 #include "test_util.h"
 
 using namespace hy;
@@ -202,6 +203,53 @@ TEST_CASE("slot reuse and snapshots", "[model]") {
     } catch (const Error& e) {
         REQUIRE(e.status() == Status::model_mismatch);
     }
+}
+
+TEST_CASE("state store: a state in blocks saves and loads like one vector", "[model]") {
+    auto m = Model::load(tiny_dir(), cpu_params(2));
+    const auto a = prompt(40, 5), b = prompt(20, 6);
+    m->prefill(0, a);
+    const std::vector<uint8_t> whole = m->save_state(0);
+    REQUIRE(whole.size() == m->state_bytes(0));
+    const size_t block = 4096, k = (whole.size() + block - 1) / block;
+    StateStore store(m->backend(), (k + 3) * block, block);
+    REQUIRE(store.capacity() == (k + 3) * block);
+    CHECK(store.fits(store.capacity()));
+    CHECK_FALSE(store.fits(store.capacity() + 1));
+    // Blocks 0 | 1..k | k+1 taken, then the middle and the first freed: a state of k blocks then takes block 0 and
+    // blocks 2..k plus one more, so it lies in two ranges split at a block boundary.
+    auto x1 = store.allocate(1), x2 = store.allocate(whole.size()), x3 = store.allocate(block);
+    REQUIRE((x1 && x2 && x3));
+    CHECK(store.used() == (k + 2) * block);
+    CHECK_FALSE(store.allocate(2 * block));  // one block is left
+    x2.reset();
+    x1.reset();
+    std::shared_ptr<StoredState> st = store.allocate(whole.size());
+    REQUIRE(st);
+    CHECK(st->size() == whole.size());
+    CHECK(st->footprint() == k * block);
+    REQUIRE(st->ranges().size() >= 2);
+    CHECK(st->ranges()[0].size() == block);
+    m->save_state(0, st->ranges());
+    CHECK(st->to_vector() == whole);
+    CHECK_THROWS_AS(m->save_state(1, st->ranges()), Error);  // slot 1 is empty: another size
+
+    auto cont = copy(m->prefill(0, b));
+    m->reset(1);
+    m->load_state(1, st->ranges());
+    REQUIRE(m->seq_len(1) == 40);
+    REQUIRE(copy(m->prefill(1, b)) == cont);
+    // A state outlives its store; its blocks go back when it goes.
+    st.reset();
+    x3.reset();
+    CHECK(store.used() == 0);
+    // A state made without a store: one range.
+    StoredState own(whole.size());
+    REQUIRE(own.ranges().size() == 1);
+    m->reset(1);
+    m->prefill(1, a);
+    m->save_state(1, own.ranges());
+    CHECK(own.to_vector() == whole);
 }
 
 TEST_CASE("sharded checkpoint through model.safetensors.index.json", "[model]") {

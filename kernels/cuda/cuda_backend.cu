@@ -386,6 +386,25 @@ public:
         HY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
         HY_CUDA_CHECK(cudaStreamSynchronize(stream_));
     }
+    std::shared_ptr<void> alloc_host(size_t bytes) override {
+        HY_CUDA_CHECK(cudaSetDevice(device_));
+        void* p = nullptr;
+        const cudaError_t e = cudaMallocHost(&p, std::max<size_t>(bytes, 1));
+        if (e != cudaSuccess) {
+            cudaGetLastError();
+            throw Error(Status::out_of_memory, "cannot allocate " + std::to_string(bytes >> 20) +
+                                                   " MiB of page-locked host memory: " + cudaGetErrorString(e));
+        }
+        return std::shared_ptr<void>(p, [](void* q) { cudaFreeHost(q); });
+    }
+    void download_async(void* dst, const void* src, size_t bytes) override {
+        flush();
+        HY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyDeviceToHost, stream_));
+    }
+    void upload_async(void* dst, const void* src, size_t bytes) override {
+        flush();
+        HY_CUDA_CHECK(cudaMemcpyAsync(dst, src, bytes, cudaMemcpyHostToDevice, stream_));
+    }
     void fill_zero(void* dst, size_t bytes) override {
         flush();
         HY_CUDA_CHECK(cudaMemsetAsync(dst, 0, bytes, stream_));

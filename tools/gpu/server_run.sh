@@ -16,7 +16,7 @@ mkdir -p $M
 cp tools/gpu/config_4b.json $M/config.json
 cp tests/data/tokenizers/qwen3/tokenizer.json tests/data/tokenizers/qwen3/tokenizer_config.json $M/
 NP=${NP:-64}
-$BIN/hybrid-server -m $M --dummy-weights --device cuda -np $NP -c 4096 -b 2048 --port 0 --cache-mb 16384 \
+$BIN/hybrid-server -m $M --dummy-weights --device cuda -np $NP -c 4096 -b 2048 --port 0 --cache-mb 4096 \
     >"$OUT/server.log" 2>&1 &
 SRV=$!
 for i in $(seq 1 300); do grep -q "listening on" "$OUT/server.log" && break; sleep 0.5; done
