@@ -4,8 +4,11 @@
 // the model, its tokenizer or the chat template cannot be loaded, 6 when the address cannot be listened on.
 #include <pthread.h>
 
+#include <atomic>
+#include <chrono>
 #include <csignal>
 #include <cstdio>
+#include <cstdlib>
 #include <cxxopts.hpp>
 #include <memory>
 #include <string>
@@ -73,6 +76,8 @@ int main(int argc, char** argv) {
         }
         if (!r.unmatched().empty()) return usage_error("unexpected argument '" + r.unmatched()[0] + "'");
         if (!r.count("model")) return usage_error("-m DIR is required");
+        if (r.count("api-key") && r["api-key"].as<std::string>().empty())
+            return usage_error("--api-key must not be empty (leave it out to serve without a key)");
         p.model_dir = r["model"].as<std::string>();
         p.host = r["host"].as<std::string>();
         p.port = r["port"].as<int>();
@@ -139,24 +144,33 @@ int main(int argc, char** argv) {
         std::fprintf(stderr, "hybrid-server: %s\n", server->summary().c_str());
         std::fprintf(stderr, "hybrid-server: listening on http://%s:%d\n", p.host.c_str(), port);
         std::fflush(stderr);
-        int sig = 0;
-        std::thread waiter([&] {
-            sigwait(&stop_signals, &sig);
-            if (sig == SIGINT || sig == SIGTERM) {
-                std::fprintf(stderr, "hybrid-server: stopping (requests in flight are cancelled)\n");
-                server->stop();
+        // Serving runs in its own thread and this one waits for the stop signals: after a stop the library's
+        // serve() returns only when every connection's worker is done, and a client that is slow to send its
+        // request (or idle on a kept-alive connection) would hold the shutdown for as long as it likes.
+        std::atomic<bool> listen_failed{false};
+        const pthread_t main_thread = pthread_self();
+        std::thread serving([&] {
+            if (!server->serve()) {
+                listen_failed = true;
+                pthread_kill(main_thread, SIGUSR1);
             }
         });
-        const bool ok = server->serve();
-        if (!ok) {
+        int sig = 0;
+        sigwait(&stop_signals, &sig);
+        if (listen_failed) {
+            serving.join();
             std::fprintf(stderr, "hybrid-server: listening failed\n");
-            pthread_kill(waiter.native_handle(), SIGUSR1);
-            waiter.join();
             return 6;
         }
-        waiter.join();
-        std::fprintf(stderr, "hybrid-server: stopped\n");
-        return sig == SIGINT ? 130 : 0;
+        std::fprintf(stderr, "hybrid-server: stopping (requests in flight are cancelled)\n");
+        server->stop();
+        // The answers cut by the stop are sent; then the process ends without waiting for the other connections.
+        const bool drained = server->drain(std::chrono::seconds(10));
+        std::fprintf(stderr, "hybrid-server: stopped%s\n",
+                     drained ? "" : " (streams still open after 10 s were dropped)");
+        std::fflush(stdout);
+        std::fflush(stderr);
+        std::_Exit(sig == SIGINT ? 130 : 0);
     } catch (const hy::Error& e) {
         std::fprintf(stderr, "hybrid-server: %s\n", e.what());
         return 6;

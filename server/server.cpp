@@ -603,6 +603,7 @@ struct Server::Impl {
     std::atomic<uint64_t> n_chat{0}, n_completions{0}, n_errors{0}, n_prompt{0}, n_cached{0}, n_generated{0},
         n_cancelled{0};
     std::atomic<int> n_waiting{0};      // submitted and not finished
+    std::atomic<int> n_streams{0};      // event streams not yet ended
     std::atomic<bool> stopping{false};  // Server::stop(): requests in flight end as cancelled
 
     // A prompt that leaves no room in the context is refused before a stream starts (400, not an error event).
@@ -871,24 +872,28 @@ struct Server::Impl {
     template <class Run>
     void stream(httplib::Response& res, Run run) {
         res.set_header("Cache-Control", "no-cache");
-        res.set_chunked_content_provider("text/event-stream", [run](size_t, httplib::DataSink& sink) {
-            auto send = [&](const ojson& j) {
-                const std::string line = "data: " + dump(j) + "\n\n";
-                return sink.write(line.data(), line.size());
-            };
-            // what fails once the stream has started is reported in it, as an error event
-            try {
-                run(send);
-            } catch (const ApiError& e) {
-                send(error_json(e));
-            } catch (const std::exception& e) {
-                send(error_json(ApiError{500, e.what(), "", "server_error", ""}));
-            }
-            const std::string done = "data: [DONE]\n\n";
-            sink.write(done.data(), done.size());
-            sink.done();
-            return true;
-        });
+        n_streams++;  // until the response is gone (the releaser runs when it is destroyed, sent or not)
+        res.set_chunked_content_provider(
+            "text/event-stream",
+            [run](size_t, httplib::DataSink& sink) {
+                auto send = [&](const ojson& j) {
+                    const std::string line = "data: " + dump(j) + "\n\n";
+                    return sink.write(line.data(), line.size());
+                };
+                // what fails once the stream has started is reported in it, as an error event
+                try {
+                    run(send);
+                } catch (const ApiError& e) {
+                    send(error_json(e));
+                } catch (const std::exception& e) {
+                    send(error_json(ApiError{500, e.what(), "", "server_error", ""}));
+                }
+                const std::string done = "data: [DONE]\n\n";
+                sink.write(done.data(), done.size());
+                sink.done();
+                return true;
+            },
+            [this](bool) { n_streams--; });
     }
 
     void completion(const httplib::Request& req, httplib::Response& res, const ojson& body, const Settings& s) {
@@ -1355,6 +1360,15 @@ void Server::stop() {
     impl_->stopping = true;  // the requests in flight end (as cancelled), so the HTTP workers can finish
     impl_->engine->wake();
     impl_->http.stop();
+}
+
+bool Server::drain(std::chrono::milliseconds limit) {
+    const auto until = std::chrono::steady_clock::now() + limit;
+    while (impl_->n_waiting.load() > 0 || impl_->n_streams.load() > 0) {
+        if (std::chrono::steady_clock::now() >= until) return false;
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return true;
 }
 
 std::string Server::summary() const {

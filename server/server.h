@@ -21,6 +21,7 @@
 // page-locked with CUDA), least recently used first out.
 #pragma once
 
+#include <chrono>
 #include <cstddef>
 #include <memory>
 #include <string>
@@ -66,6 +67,10 @@ public:
     bool serve();
     // Stops serving (thread-safe, callable from a signal-watching thread).
     void stop();
+    // After stop(): waits until no request is generating and every event stream has ended (those cut by stop() end
+    // within a step), at most `limit`; false when some were still open. Connections that are idle or still
+    // sending a request are not waited for (destroying the Server waits for them).
+    bool drain(std::chrono::milliseconds limit);
 
     // One line on the loaded model: backend, slots, context, chat template.
     std::string summary() const;
