@@ -414,6 +414,30 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
         }
 }
 
+TEST_CASE("hybrid-perplexity: a run stopped by a signal leaves no --save-logits file", "[cli]") {
+    if (!have_programs() || !fs::exists(kBin + "/hybrid-perplexity")) return;
+    TempDir tmp("ppl_signal");
+    const std::string text = slurp(fs::path(kSrc) / "tests/data/text/heldout.py");
+    const fs::path big = tmp.path / "big.txt", saved = tmp.path / "saved.bin";
+    {
+        std::ofstream f(big);
+        for (int i = 0; i < 400; i++) f << text;  // far more windows than the run lives for
+    }
+    for (const char* sig : {"TERM", "HUP"}) {
+        // the file is written (non-empty) before the signal comes
+        const std::string cmd = quote(kBin + "/hybrid-perplexity") + " -m models/tiny -t 1 --ctx 64 -f " +
+                                quote(big.string()) + " --save-logits " + quote(saved.string()) +
+                                " >/dev/null 2>&1 & p=$!; i=0; while [ ! -s " + quote(saved.string()) +
+                                " ] && [ $i -lt 1200 ]; do sleep 0.05; i=$((i+1)); done; [ -s " +
+                                quote(saved.string()) + " ] && echo written; kill -" + sig + " $p; wait $p; echo rc=$?";
+        const Run r = run_prog("/bin/sh", {"-c", "cd " + quote(kSrc) + " && " + cmd});
+        INFO(sig << ": " << r.out << r.err);
+        CHECK(r.out.find("written\n") != std::string::npos);
+        CHECK(r.out.find(std::string("rc=") + (std::string(sig) == "TERM" ? "143" : "129")) != std::string::npos);
+        CHECK_FALSE(fs::exists(saved));
+    }
+}
+
 TEST_CASE("hybrid-perplexity: --top-k needs --save-logits, -f - and a FIFO are read, the weights named as loaded",
           "[cli]") {
     if (!have_programs() || !fs::exists(kBin + "/hybrid-perplexity")) return;

@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cmath>
+#include <csignal>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -41,6 +42,15 @@
 using namespace hy;
 
 namespace {
+
+// The --save-logits file being written, removed by SIGINT/SIGTERM/SIGHUP (an interrupted run leaves no truncated
+// file to be taken for a base later); null when there is none.
+const char* volatile g_partial_path = nullptr;
+extern "C" void remove_partial_and_stop(int sig) {
+    if (const char* p = g_partial_path) ::unlink(p);  // (async-signal-safe)
+    std::signal(sig, SIG_DFL);
+    std::raise(sig);
+}
 
 constexpr char kMagic[8] = {'H', 'Y', 'K', 'L', 'T', 'O', 'P', '1'};
 
@@ -236,6 +246,7 @@ int main(int argc, char** argv) {
             const std::string& path;
             bool complete = false;
             ~PartialFile() {
+                g_partial_path = nullptr;
                 if (f && !complete) {
                     std::fclose(f);
                     std::remove(path.c_str());
@@ -256,6 +267,8 @@ int main(int argc, char** argv) {
             if (!out && errno == EEXIST)
                 throw Error(Status::io, save_path + ": exists (--save-logits writes a new file; remove it first)");
             if (!out) throw Error(Status::io, save_path + ": cannot write: " + std::strerror(errno));
+            g_partial_path = save_path.c_str();
+            for (int sig : {SIGINT, SIGTERM, SIGHUP}) std::signal(sig, remove_partial_and_stop);
             Header h{};
             std::memcpy(h.magic, kMagic, 8);
             h.vocab = uint32_t(V);
@@ -321,6 +334,7 @@ int main(int argc, char** argv) {
         if (out) {
             const int closed = std::fclose(out);
             out = nullptr;
+            g_partial_path = nullptr;
             if (closed != 0) {
                 std::remove(save_path.c_str());
                 throw Error(Status::io, save_path + ": cannot write");
