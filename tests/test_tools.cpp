@@ -131,19 +131,17 @@ TEST_CASE("hybrid-bench --json: a FIFO is opened once (its reader gets the whole
         REQUIRE(!j.is_discarded());
         CHECK(j["runs"].size() == 1);
     }
-    {  // --json /dev/stdout (a symbolic link to the pipe): the JSON follows the table on stdout; with the weights'
-       // quantization in both (--quant int4 here)
+    {  // --json /dev/stdout (a symbolic link to the pipe): stdout holds the JSON alone, the table goes to stderr
+       // (llama-bench's -o json); with the weights' quantization in both (--quant int4 here)
         const std::string cmd = "cd " + quote(kSrc) + " && (" + bench + "/dev/stdout --quant int4 2>" +
                                 quote((tmp.path / "err2").string()) + "; echo $? >" +
                                 quote((tmp.path / "rc").string()) + ") | cat > " + quote((tmp.path / "out").string());
         REQUIRE(std::system(cmd.c_str()) == 0);
-        const std::string out = slurp(tmp.path / "out");
-        INFO(slurp(tmp.path / "err2") << out);
+        const std::string out = slurp(tmp.path / "out"), table = slurp(tmp.path / "err2");
+        INFO(table << out);
         CHECK(slurp(tmp.path / "rc") == "0\n");
-        CHECK(out.find("| batch |") != std::string::npos);
-        const size_t at = out.find("\n{\n");
-        REQUIRE(at != std::string::npos);
-        const auto j = nlohmann::json::parse(out.substr(at + 1), nullptr, false);
+        CHECK(table.find("| batch |") != std::string::npos);
+        const auto j = nlohmann::json::parse(out, nullptr, false);
         REQUIRE(!j.is_discarded());
         CHECK(j["runs"].size() == 1);
         CHECK(j["settings"]["quant"] == "int4");
@@ -151,8 +149,21 @@ TEST_CASE("hybrid-bench --json: a FIFO is opened once (its reader gets the whole
         CHECK(j["settings"]["fp8_gemm"] == "block-scaled");  // (the default)
         CHECK(j["weight_dtypes"]["Q4"].get<int64_t>() > 0);  // (and the 16-bit ones kept: embeddings, in_proj_a/b)
         CHECK(j["weight_dtypes"].contains("BF16"));
-        CHECK(out.find("weights Q4 ") != std::string::npos);
-        CHECK(out.find("; --quant int4, groups of 32\n") != std::string::npos);
+        CHECK(table.find("weights Q4 ") != std::string::npos);
+        CHECK(table.find("; --quant int4, groups of 32\n") != std::string::npos);
+    }
+    // --json - and --json /dev/stdout with stdout sent to a file (which the shell made, empty): the JSON alone there
+    for (const std::string target : {"-", "/dev/stdout"}) {
+        const fs::path file = tmp.path / ("redirected" + std::to_string(target.size()) + ".json");
+        const std::string cmd = "cd " + quote(kSrc) + " && " + bench + quote(target) + " >" + quote(file.string()) +
+                                " 2>" + quote((tmp.path / "err3").string());
+        const int st = std::system(cmd.c_str());
+        INFO(target << ": " << slurp(tmp.path / "err3"));
+        CHECK((WIFEXITED(st) ? WEXITSTATUS(st) : -1) == 0);
+        const auto j = nlohmann::json::parse(slurp(file), nullptr, false);
+        REQUIRE(!j.is_discarded());
+        CHECK(j["runs"].size() == 1);
+        CHECK(slurp(tmp.path / "err3").find("| batch |") != std::string::npos);
     }
 }
 

@@ -97,7 +97,14 @@ public:
 
     void prepare(const std::string& path) {
         path_ = path;
-        if (path.empty()) throw tools::UsageError("--json needs a file name");
+        if (path.empty()) throw tools::UsageError("--json needs a file name (or - for standard output)");
+        if (path == "-") {  // standard output (the table goes to standard error then)
+            fd_ = ::fcntl(1, F_DUPFD_CLOEXEC, 3);
+            if (fd_ < 0) throw Error(Status::io, "--json -: standard output is closed");
+            path_ = "standard output";
+            to_stdout_ = true;
+            return;
+        }
         path_present(path);  // (a broken symbolic link or a loop: named with its target, not created through)
         struct stat st;
         if (::stat(path.c_str(), &st) == 0) {
@@ -105,6 +112,13 @@ public:
             // (nothing the user has is replaced: a model's config.json, an earlier run; a link is followed to see
             // what it names, so /dev/stdout works when stdout is a pipe or a terminal)
             if (S_ISREG(st.st_mode)) {
+                struct stat out;  // /dev/stdout with standard output sent to a file (`> out.json`): that file
+                if (::fstat(1, &out) == 0 && out.st_dev == st.st_dev && out.st_ino == st.st_ino) {
+                    fd_ = ::fcntl(1, F_DUPFD_CLOEXEC, 3);
+                    if (fd_ < 0) throw Error(Status::io, path + ": cannot write: " + std::strerror(errno));
+                    to_stdout_ = true;
+                    return;
+                }
                 struct stat lst;
                 if (::lstat(path.c_str(), &lst) == 0 && S_ISLNK(lst.st_mode)) {
                     char* target = ::realpath(path.c_str(), nullptr);
@@ -126,6 +140,8 @@ public:
             const int flags = ::fcntl(fd_, F_GETFL);
             if (flags < 0 || ::fcntl(fd_, F_SETFL, flags & ~O_NONBLOCK) != 0)
                 throw Error(Status::io, path + ": cannot write: " + std::strerror(errno));
+            struct stat out;  // /dev/stdout, or the terminal or pipe standard output is
+            to_stdout_ = ::fstat(1, &out) == 0 && out.st_dev == st.st_dev && out.st_ino == st.st_ino;
             return;
         }
         const size_t slash = path.rfind('/');
@@ -136,6 +152,10 @@ public:
         if (::access(folder.c_str(), W_OK | X_OK) != 0)
             throw Error(Status::io, path + ": cannot write: " + std::strerror(errno));
     }
+
+    // Whether the JSON goes where standard output goes (the table is then printed to standard error, so that the
+    // output is the JSON alone).
+    bool to_stdout() const { return to_stdout_; }
 
     void write(const std::string& text) {
         bool created = false;
@@ -171,6 +191,7 @@ public:
 private:
     std::string path_;
     int fd_ = -1;
+    bool to_stdout_ = false;
 };
 
 }  // namespace
@@ -197,7 +218,8 @@ int main(int argc, char** argv) {
     opts.add_options()
         ("ubatch", "prefill chunk (rows per forward step)", cxxopts::value<int>()->default_value("512"))
         ("json", "also write the results to this JSON file (a new file, created at the end: an existing file is "
-         "refused; a FIFO or a device, e.g. /dev/stdout on a pipe, is opened at the start and written at the end)",
+         "refused; a FIFO or a device is opened at the start and written at the end); - or /dev/stdout: standard "
+         "output, with the table on standard error",
          cxxopts::value<std::string>())
         ("dummy-weights", "read config.json alone and fill the weights with random values on the device (any shape "
          "without a checkpoint; vLLM's --load-format dummy)")
@@ -283,7 +305,10 @@ int main(int argc, char** argv) {
                          be.name());
         if (!mp.cuda.trace_file.empty() && std::string(be.name()) != "cuda")
             throw tools::UsageError("--cuda-trace needs the CUDA backend; the model runs on " + std::string(be.name()));
-        if (mp.dummy_weights) std::printf("dummy weights: random values from config.json's shapes (no checkpoint)\n");
+        // the table: on standard error when the JSON goes to standard output
+        std::FILE* const table = json_out.to_stdout() ? stderr : stdout;
+        if (mp.dummy_weights)
+            std::fprintf(table, "dummy weights: random values from config.json's shapes (no checkpoint)\n");
         // The copy probe allocates temporary buffers (512 MiB of host memory on the CPU): the reported peak RSS
         // is the peak before it or after it, not during it.
         const size_t rss_before_probe = peak_rss_bytes();
@@ -321,7 +346,8 @@ int main(int argc, char** argv) {
 
         std::mt19937 rng(1234);
         std::uniform_int_distribution<int32_t> pick(0, std::min(c.vocab_size, 4096) - 1);
-        std::printf(
+        std::fprintf(
+            table,
             "model %s: %d layers (%d attention), hidden %d, vocab %d; backend %s; arena %.1f MiB (weights %.1f MiB)\n",
             dir.c_str(), c.n_layers, c.n_attention_layers(), c.hidden_size, c.vocab_size, be.name(),
             double(model->arena_bytes()) / 1048576.0, double(model->weight_bytes()) / 1048576.0);
@@ -332,14 +358,15 @@ int main(int argc, char** argv) {
         const std::string weight_types = weight_dtypes_text(w);
         const bool fp8 = has_fp8_weights(w);
         const char* fp8_gemm = mp.cuda.fp8_block_scaled_gemm ? "block-scaled" : "dequantize";
-        std::printf("weights %s; --quant %s%s%s\n", weight_types.c_str(), weight_quant_name(quant),
-                    quant_group > 0 ? (", groups of " + std::to_string(quant_group)).c_str() : "",
-                    fp8 ? (std::string("; --fp8-gemm ") + fp8_gemm).c_str() : "");
-        if (!be.settings().empty()) std::printf("backend settings: %s\n", be.settings().c_str());
-        std::printf("ready after %.2f s; copy bandwidth %s\n", t_ready,
-                    copy_gbs > 0 ? (std::to_string(int(copy_gbs)) + " GB/s").c_str() : "not measured");
-        std::printf("\n| batch | prompt | gen | prefill tok/s | decode tok/s | MB/step | GB/s | %% roofline |\n");
-        std::printf("|------:|-------:|----:|--------------:|-------------:|--------:|-----:|-----------:|\n");
+        std::fprintf(table, "weights %s; --quant %s%s%s\n", weight_types.c_str(), weight_quant_name(quant),
+                     quant_group > 0 ? (", groups of " + std::to_string(quant_group)).c_str() : "",
+                     fp8 ? (std::string("; --fp8-gemm ") + fp8_gemm).c_str() : "");
+        if (!be.settings().empty()) std::fprintf(table, "backend settings: %s\n", be.settings().c_str());
+        std::fprintf(table, "ready after %.2f s; copy bandwidth %s\n", t_ready,
+                     copy_gbs > 0 ? (std::to_string(int(copy_gbs)) + " GB/s").c_str() : "not measured");
+        std::fprintf(table,
+                     "\n| batch | prompt | gen | prefill tok/s | decode tok/s | MB/step | GB/s | %% roofline |\n");
+        std::fprintf(table, "|------:|-------:|----:|--------------:|-------------:|--------:|-----:|-----------:|\n");
 
         nlohmann::json out = {{"model", dir},
                               {"backend", be.name()},
@@ -404,8 +431,8 @@ int main(int argc, char** argv) {
             const double steps_per_s = dec / b;
             const double gbs = step_bytes * steps_per_s / 1e9;
             const double roof = copy_gbs > 0 ? 100.0 * gbs / copy_gbs : NAN;
-            std::printf("| %5d | %6d | %3d | %13.1f | %12.1f | %7.1f | %4.1f | %10.1f |\n", b, n_prompt, n_gen, pre,
-                        dec, step_bytes / 1e6, gbs, roof);
+            std::fprintf(table, "| %5d | %6d | %3d | %13.1f | %12.1f | %7.1f | %4.1f | %10.1f |\n", b, n_prompt, n_gen,
+                         pre, dec, step_bytes / 1e6, gbs, roof);
             out["runs"].push_back({{"batch", b},
                                    {"prompt", n_prompt},
                                    {"gen", n_gen},
@@ -416,24 +443,24 @@ int main(int argc, char** argv) {
                                    {"roofline_pct", roof}});
         }
         if (std::string(be.name()) == "cpu")
-            std::printf(
-                "\n(CPU: the copy-bandwidth ceiling is DRAM's; weights that fit in the caches can pass it, "
-                "so %% roofline over 100 means the model is cache-resident)\n");
+            std::fprintf(table,
+                         "\n(CPU: the copy-bandwidth ceiling is DRAM's; weights that fit in the caches can pass it, "
+                         "so %% roofline over 100 means the model is cache-resident)\n");
         const size_t peak_rss = std::max(rss_before_probe, peak_rss_bytes());
-        std::printf("\npeak host memory (RSS, the copy probe's buffers excluded) %.1f MiB\n",
-                    double(peak_rss) / 1048576.0);
+        std::fprintf(table, "\npeak host memory (RSS, the copy probe's buffers excluded) %.1f MiB\n",
+                     double(peak_rss) / 1048576.0);
         // Device memory: the arena (weights, KV cache and recurrent state for the configured context and slots,
         // activations, backend workspace) against what the device reports in use (adds the CUDA context).
         const size_t dev_used = be.device_memory_used();
         if (dev_used) {
             const double mib = 1048576.0;
             const size_t rest = model->arena_bytes() - model->weight_bytes() - model->state_bytes();
-            std::printf(
-                "device memory in use %.1f MiB: arena %.1f MiB (weights %.1f, KV cache + states %.1f, "
-                "activations + workspace %.1f), %.1f%% above the arena\n",
-                double(dev_used) / mib, double(model->arena_bytes()) / mib, double(model->weight_bytes()) / mib,
-                double(model->state_bytes()) / mib, double(rest) / mib,
-                100.0 * (double(dev_used) / double(model->arena_bytes()) - 1.0));
+            std::fprintf(table,
+                         "device memory in use %.1f MiB: arena %.1f MiB (weights %.1f, KV cache + states %.1f, "
+                         "activations + workspace %.1f), %.1f%% above the arena\n",
+                         double(dev_used) / mib, double(model->arena_bytes()) / mib,
+                         double(model->weight_bytes()) / mib, double(model->state_bytes()) / mib, double(rest) / mib,
+                         100.0 * (double(dev_used) / double(model->arena_bytes()) - 1.0));
             out["device_memory_used_bytes"] = dev_used;
         }
         out["peak_rss_bytes"] = int64_t(peak_rss);
