@@ -86,7 +86,8 @@ typedef enum hy_quant {
                           HY_ERR_UNSUPPORTED (CPU only so far) */
     HY_QUANT_INT8 = 2, /* quantize a 16-bit checkpoint at load: the same linear weights to int8, group-wise symmetric
                           (an F32 scale per quant_group weights of a row, default 64; codes in [-127, 127]); the CPU
-                          runs them with int8 activations (per row and group). About 0.53x the 16-bit bytes */
+                          runs them with int8 activations (per row and group), CUDA with bf16 ones; int8 MoE experts
+                          on CUDA: HY_ERR_UNSUPPORTED. About 0.53x the 16-bit bytes */
     HY_QUANT_INT4 = 3  /* the same to int4 (default group 32; codes in [-8, 7], two per byte): about 0.31x the 16-bit
                           bytes. Both:
                           HY_ERR_INVALID_ARGUMENT on an FP8 checkpoint or for a group that does not divide a quantized

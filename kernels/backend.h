@@ -199,8 +199,8 @@ struct WorkspaceShape {
     int experts_per_tok = 0;      // k
     int moe_intermediate = 0;     // I of a routed expert
     int shared_intermediate = 0;  // Is of the shared expert (0: none)
-    int64_t fp8_max_cols = 0;     // the most columns (K) of an FP8 matrix (0: no FP8 matrix)
-    int64_t fp8_max_elems = 0;    // the most elements (rows x cols) of an FP8 matrix
+    int64_t fp8_max_cols = 0;     // the most columns (K) of an FP8 or Q8/Q4 matrix (0: none; lm_head not counted)
+    int64_t fp8_max_elems = 0;    // the most elements (rows x cols) of an FP8 or Q8/Q4 matrix (lm_head not counted)
 };
 
 // The routed experts of one MoE layer, stacked in the arena whatever the checkpoint's layout (fused 3-D tensors or
@@ -280,6 +280,8 @@ public:
     virtual DType matrix_dtype(DType checkpoint) const = 0;
     // Whether moe_experts takes FP8 experts (the loader refuses FP8 experts otherwise, naming the backend).
     virtual bool fp8_experts() const { return true; }
+    // Whether moe_experts takes Q8/Q4 experts (--quant int8 / int4 of a MoE model; refused at load otherwise).
+    virtual bool int_experts() const { return true; }
 
     // ---- memory ----
     // Allocates the arena (once, at load). Throws hy::Error(out_of_memory) on failure.

@@ -497,6 +497,10 @@ struct ModelLoader {
             throw Error(Status::unsupported, where + "FP8 MoE experts are not supported by the " +
                                                  std::string(be.name()) +
                                                  " backend yet (its dense FP8 matrices are); use --device cpu");
+        if ((is_int_quant(w.experts.gate_up.dtype) || is_int_quant(w.experts.down.dtype)) && !be.int_experts())
+            throw Error(Status::unsupported, where + "int8/int4 MoE experts are not supported by the " +
+                                                 std::string(be.name()) +
+                                                 " backend yet (its dense int8/int4 matrices are); use --device cpu");
         const int64_t S = c.shared_expert_intermediate_size;
         if (S == 0 && ck.has(mp + "shared_expert.gate_proj.weight"))
             throw Error(Status::model_mismatch, where + "the checkpoint holds a shared expert ('" + mp +
@@ -889,8 +893,10 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     ws.experts_per_tok = c.n_experts_per_tok;
     ws.moe_intermediate = c.moe_intermediate_size;
     ws.shared_intermediate = c.shared_expert_intermediate_size;
+    // (the dequantization scratch of FP8 and Q8/Q4 matrices; a quantized lm_head, far larger, is not dequantized:
+    // cuda::matmul_int runs it by GEMVs of 8 rows)
     for (const auto& job : ld.matrices)
-        if (is_fp8(job.dst->dtype)) {
+        if (is_fp8(job.dst->dtype) || (is_int_quant(job.dst->dtype) && job.dst != &m->weights_.output)) {
             ws.fp8_max_cols = std::max(ws.fp8_max_cols, job.dst->cols);
             ws.fp8_max_elems = std::max(ws.fp8_max_elems, job.dst->rows * job.dst->cols);
         }

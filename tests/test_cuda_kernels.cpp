@@ -1484,3 +1484,173 @@ TEST_CASE("CUDA tiny model with --quant fp8, W8A8 GEMM: logits near the CPU's", 
     HY_REQUIRE_GPU();
     fp8_tiny_model_check(true);
 }
+
+// ---- Q8/Q4 weights (--quant int8 / int4) ----
+
+static uint32_t bits_of(float f) {
+    uint32_t u;
+    std::memcpy(&u, &f, 4);
+    return u;
+}
+
+// A Q8/Q4 matrix made by quantize_int_groups, on the GPU side, and its dequantized weights on the host.
+struct IntMatrix {
+    Matrix gpu;
+    std::vector<float> deq;  // [rows, cols]: q * scale
+    std::vector<float> scales;
+};
+static IntMatrix int_matrix(Side& gpu, const std::vector<float>& w, int64_t rows, int64_t cols, int64_t group,
+                            DType type) {
+    IntMatrix m;
+    std::vector<uint8_t> q(size_t(rows) * row_bytes(type, cols));
+    m.scales.resize(size_t(rows * (cols / group)));
+    quantize_int_groups(w.data(), rows, cols, group, type, q.data(), m.scales.data());
+    Matrix host{q.data(), type, rows, cols, m.scales.data(), 0, group};
+    m.deq.resize(size_t(rows * cols));
+    for (int64_t r = 0; r < rows; r++) dequantize_int_row(host, r, m.deq.data() + r * cols);
+    void* d = gpu.take(q.size());
+    gpu.be->upload(d, q.data(), q.size());
+    m.gpu = Matrix{d, type, rows, cols, gpu.f32(m.scales), 0, group};
+    return m;
+}
+
+// y[T, N] = x[T, K] @ deq^T in double.
+static std::vector<float> int_reference(const std::vector<float>& x, int64_t T, const IntMatrix& m) {
+    const int64_t N = m.gpu.rows, K = m.gpu.cols;
+    std::vector<float> y(size_t(T * N));
+    for (int64_t t = 0; t < T; t++)
+        for (int64_t n = 0; n < N; n++) {
+            double s = 0.0;
+            for (int64_t k = 0; k < K; k++) s += double(x[size_t(t * K + k)]) * double(m.deq[size_t(n * K + k)]);
+            y[size_t(t * N + n)] = float(s);
+        }
+    return y;
+}
+
+// Weights whose magnitude changes by 2^(-4..4) from group to group and row to row (a scale read from the wrong group
+// or row gives a wrong magnitude), with a few outliers as trained weights have.
+static std::vector<float> int_weights(int64_t rows, int64_t cols, int64_t group) {
+    std::vector<float> w = randn(size_t(rows * cols), 0.05f);
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++) {
+            const int e = int((r * 7 + (c / group) * 3) % 9) - 4;
+            w[size_t(r * cols + c)] *= std::ldexp(1.0f, e) * (c % 89 == 3 ? 4.0f : 1.0f);
+        }
+    return w;
+}
+
+// The integer GEMV (1-8 rows) and the dequantize + bf16 GEMM path (more rows), Q8 and Q4, groups 32/64/128/256,
+// against the double-precision product with the dequantized weights (x as uploaded: bf16 values); logits in f32,
+// including a matrix larger than the dequantization scratch (then GEMVs of 8 rows).
+TEST_CASE("CUDA Q8/Q4 matmuls match the dequantized-weight reference", "[gpu][int]") {
+    HY_REQUIRE_GPU();
+    const BatchLimits l = limits(96, 8, 16);
+    WorkspaceShape ws{4, 64, 0, 0, 0, 0, 0};
+    ws.fp8_max_cols = 9216;
+    ws.fp8_max_elems = int64_t(300) * 9216;
+    Side gpu(make_cuda_backend(0), l, ws, size_t(200) << 20);
+    // (T, N, K, group)
+    const int shapes[][4] = {{1, 96, 256, 32},  {2, 40, 768, 64},    {1, 300, 2560, 32},  {3, 64, 4096, 128},
+                             {1, 33, 9216, 64}, {8, 256, 256, 32},   {5, 17, 2560, 256},  {4, 100, 1024, 32},
+                             {9, 33, 768, 64},  {37, 256, 1024, 32}, {64, 96, 2560, 128}, {96, 40, 512, 32}};
+    for (const DType type : {DType::Q8, DType::Q4})
+        for (auto& sh : shapes) {
+            const int T = sh[0], N = sh[1], K = sh[2], group = sh[3];
+            INFO(dtype_name(type) << " T=" << T << " N=" << N << " K=" << K << " group=" << group);
+            const IntMatrix m = int_matrix(gpu, int_weights(N, K, group), N, K, group, type);
+            const auto x = randn(size_t(T) * K);
+            void* xg = gpu.act(x);
+            void* yg = gpu.poisoned(size_t(T) * N);
+            gpu.be->matmul(xg, T, m.gpu, yg);
+            const double e = rel_err(gpu.read_act(yg, size_t(T) * N), int_reference(x, T, m));
+            INFO("rel err " << e);
+            CHECK(e <= kTol);
+        }
+    for (const DType type : {DType::Q8, DType::Q4})
+        for (const int T : {3, 20}) {  // logits (f32): 1000 x 4096 is larger than the scratch
+            const int N = 1000, K = 4096, group = 64;
+            INFO(dtype_name(type) << " logits T=" << T);
+            const IntMatrix m = int_matrix(gpu, int_weights(N, K, group), N, K, group, type);
+            const auto x = randn(size_t(T) * K);
+            void* xg = gpu.act(x);
+            void* yg = gpu.take(size_t(T) * N * 4);
+            gpu.be->fill_random(yg, size_t(T) * N, DType::F32, 1e30f, 2e30f, 7);  // (poisoned)
+            gpu.be->logits(xg, T, m.gpu, static_cast<float*>(yg));
+            const double e = rel_err(gpu.read_f32(yg, size_t(T) * N), int_reference(x, T, m));
+            INFO("rel err " << e);
+            CHECK(e <= 1e-3);  // (f32 out: only the tensor cores' f32 sums)
+        }
+}
+
+// A NaN scale makes its row's outputs NaN (nothing hides it) and leaves the other rows alone; a row of x gets the
+// same bits alone as beside 7 others.
+TEST_CASE("CUDA Q8/Q4 GEMV: NaN scales propagate; rows do not depend on the batch", "[gpu][int]") {
+    HY_REQUIRE_GPU();
+    const BatchLimits l = limits(16, 8, 16);
+    WorkspaceShape ws{4, 64, 0, 0, 0, 0, 0};
+    Side gpu(make_cuda_backend(0), l, ws, size_t(32) << 20);
+    const int N = 48, K = 2560, group = 32;
+    for (const DType type : {DType::Q8, DType::Q4}) {
+        INFO(dtype_name(type));
+        IntMatrix m = int_matrix(gpu, int_weights(N, K, group), N, K, group, type);
+        const auto x = randn(size_t(8) * K);
+        void* xg = gpu.act(x);
+        void* y8 = gpu.poisoned(size_t(8) * N);
+        gpu.be->matmul(xg, 8, m.gpu, y8);
+        const auto all = gpu.read_act(y8, size_t(8) * N);
+        for (int t = 0; t < 8; t++) {
+            void* y1 = gpu.poisoned(size_t(N));
+            gpu.be->matmul(static_cast<char*>(xg) + size_t(t) * K * 2, 1, m.gpu, y1);
+            const auto one = gpu.read_act(y1, size_t(N));
+            for (int n = 0; n < N; n++) {
+                REQUIRE(std::isfinite(one[size_t(n)]));
+                CHECK(bits_of(one[size_t(n)]) == bits_of(all[size_t(t * N + n)]));
+            }
+        }
+        // row 5's scale of group 7 NaN
+        std::vector<float> sc = m.scales;
+        sc[size_t(5 * (K / group) + 7)] = NAN;
+        gpu.be->upload(const_cast<float*>(m.gpu.scales), sc.data(), sc.size() * 4);
+        void* y = gpu.poisoned(size_t(2) * N);
+        gpu.be->matmul(xg, 2, m.gpu, y);
+        const auto got = gpu.read_act(y, size_t(2) * N);
+        for (int t = 0; t < 2; t++)
+            for (int n = 0; n < N; n++) {
+                INFO("t=" << t << " n=" << n);
+                CHECK(std::isnan(got[size_t(t * N + n)]) == (n == 5));
+            }
+    }
+}
+
+// The tiny model with --quant int8 / int4 on CUDA (weights only: x stays bf16) against the CPU backend's integer
+// path (which also rounds the activations to int8 per row, llama.cpp's Q8_0 x Q8_0): prompt logits (64 + 6 rows: the
+// GEMM path, then the GEMVs) and one decode step.
+TEST_CASE("CUDA tiny model with --quant int8 / int4: logits near the CPU's", "[gpu][int]") {
+    HY_REQUIRE_GPU();
+    for (const WeightQuant quant : {WeightQuant::int8, WeightQuant::int4}) {
+        ModelParams mp;
+        mp.n_ctx = 128;
+        mp.max_batch_tokens = 64;
+        mp.max_logits = 64;
+        mp.quant = quant;
+        mp.device = Device::cpu;
+        auto cpu = Model::load(HY_SOURCE_DIR "/models/tiny", mp);
+        const int V = cpu->config().vocab_size;
+        std::vector<int32_t> ids(70);
+        std::uniform_int_distribution<int> d(2, V - 1);
+        for (int32_t& t : ids) t = d(rng());
+        auto lc = cpu->prefill(0, ids, true);
+        std::vector<float> want(lc.begin(), lc.end());
+        auto l1 = cpu->prefill(0, std::span<const int32_t>(ids.data(), 1));
+        std::vector<float> next_want(l1.begin(), l1.end());
+        mp.device = Device::cuda;
+        auto gpu = Model::load(HY_SOURCE_DIR "/models/tiny", mp);
+        auto lg = gpu->prefill(0, ids, true);
+        const double e = rel_err(std::vector<float>(lg.begin(), lg.end()), want);
+        auto l2 = gpu->prefill(0, std::span<const int32_t>(ids.data(), 1));
+        const double e2 = rel_err(std::vector<float>(l2.begin(), l2.end()), next_want);
+        INFO(weight_quant_name(quant) << " prompt logits rel err " << e << ", decode step " << e2);
+        CHECK(e <= 5e-2);
+        CHECK(e2 <= 5e-2);
+    }
+}

@@ -453,12 +453,12 @@ TEST_CASE("int quant: bad requests are refused with one clear line", "[loader][i
     }
 }
 
-TEST_CASE("int quant: the CUDA backend refuses int8 / int4 weights at load with one line", "[gpu][int]") {
+TEST_CASE("int quant: the CUDA backend refuses int8 / int4 MoE experts at load with one line", "[gpu][int]") {
     if (!cuda_available()) return;  // (the [gpu] entry is skipped without a GPU)
     for (const WeightQuant quant : {WeightQuant::int8, WeightQuant::int4}) {
         ModelParams p = cpu_params(quant);
         p.device = Device::cuda;
-        require_error([&] { Model::load(tiny_dir(), p); }, Status::unsupported,
-                      "int8/int4 weights are not supported on CUDA yet; use --device cpu");
+        require_error([&] { Model::load(source_dir() + "/tests/data/models/moe", p); }, Status::unsupported,
+                      "int8/int4 MoE experts are not supported by the cuda backend yet");
     }
 }

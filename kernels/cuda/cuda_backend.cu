@@ -29,6 +29,7 @@
 #include "kernels/cuda/fp8_matmul.cuh"
 #include "kernels/cuda/gated_delta_net.cuh"
 #include "kernels/cuda/graph.cuh"
+#include "kernels/cuda/int_matmul.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "kernels/cuda/moe.cuh"
 #include "kernels/cuda/norm.cuh"
@@ -46,6 +47,7 @@ void trace_bind_attention(const TraceBuf& t);
 void trace_bind_elementwise(const TraceBuf& t);
 void trace_bind_embed(const TraceBuf& t);
 void trace_bind_fp8_matmul(const TraceBuf& t);
+void trace_bind_int_matmul(const TraceBuf& t);
 void trace_bind_gated_delta_net(const TraceBuf& t);
 void trace_bind_matmul(const TraceBuf& t);
 void trace_bind_moe(const TraceBuf& t);
@@ -56,6 +58,7 @@ void trace_bind_all(const TraceBuf& t) {
     trace_bind_elementwise(t);
     trace_bind_embed(t);
     trace_bind_fp8_matmul(t);
+    trace_bind_int_matmul(t);
     trace_bind_gated_delta_net(t);
     trace_bind_matmul(t);
     trace_bind_moe(t);
@@ -329,13 +332,13 @@ public:
                     : "");
     }
     DType act_dtype() const override { return DType::BF16; }
-    // FP8 matrices stay FP8 (fp8_matmul.cuh); int8/int4 have no CUDA kernels yet; everything else is bf16.
+    // FP8 matrices stay FP8 (fp8_matmul.cuh), Q8/Q4 stay Q8/Q4 (int_matmul.cuh; --quant int8 / int4 ask for
+    // them); everything else is bf16.
     DType matrix_dtype(DType checkpoint) const override {
-        if (is_int_quant(checkpoint))  // (--quant int8 / int4 ask for Q8 / Q4 matrices)
-            throw Error(Status::unsupported, "int8/int4 weights are not supported on CUDA yet; use --device cpu");
-        return is_fp8(checkpoint) ? checkpoint : DType::BF16;
+        return is_fp8(checkpoint) || is_int_quant(checkpoint) ? checkpoint : DType::BF16;
     }
     bool fp8_experts() const override { return false; }
+    bool int_experts() const override { return false; }
 
     // The device memory free now (cudaMemGetInfo): the load refuses a larger arena before allocating, naming the
     // context that would fit.
@@ -587,9 +590,10 @@ public:
         op.y = y;
         submit(op);
     }
-    // FP8 w: cuda::matmul_fp8 (the FP8 GEMV for up to 8 rows, else CudaOptions::fp8_gemm).
+    // FP8 w: cuda::matmul_fp8 (the FP8 GEMV for up to 8 rows, else CudaOptions::fp8_gemm); Q8/Q4 w:
+    // cuda::matmul_int (the integer GEMV for up to 8 rows, else dequantized to bf16 for cuBLASLt).
     void matmul(const void* x, int64_t rows, const Matrix& w, void* y) override {
-        require_matrix(w, "weight matrix");
+        require_matrix(w, "weight matrix", true);
         Op op;
         op.kind = Op::Kind::matmul;
         op.x = x;
@@ -621,11 +625,12 @@ public:
     void matmul_group(const void* x, int64_t rows, const Projection* p, int n) override {
         const bf16* xb = static_cast<const bf16*>(x);
         for (int k = 0; k < n; k++) {
-            require_matrix(p[k].w, "weight matrix");
+            require_matrix(p[k].w, "weight matrix", true);
             if (p[k].y == x) throw Error(Status::internal, "CUDA matmul_group: an output aliases the input");
         }
         auto groupable = [&](const Projection& q) {
             if (is_fp8(q.w.dtype)) return cuda::fp8_gemv_fits(xb, rows, q.w);
+            if (is_int_quant(q.w.dtype)) return false;  // (matmul() each)
             return rows >= 1 && rows <= cuda::kGemvMaxTokens &&
                    cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(q.w.data), q.w.cols, 1);
         };
@@ -669,8 +674,8 @@ public:
     // cuda::gemv_fp8_gate_up); else matmul, matmul, silu_mul.
     void gate_up_silu(const void* x, int64_t rows, const Matrix& w_gate, const Matrix& w_up, void* gate, void* up,
                       void* act) override {
-        require_matrix(w_gate, "weight matrix");
-        require_matrix(w_up, "weight matrix");
+        require_matrix(w_gate, "weight matrix", true);
+        require_matrix(w_up, "weight matrix", true);
         if (gate == x || up == x || gate == up)
             throw Error(Status::internal, "CUDA gate_up_silu: gate, up and x must be distinct buffers");
         const bf16* xb = static_cast<const bf16*>(x);
@@ -680,7 +685,7 @@ public:
         const bool fits = fp8 ? cuda::fp8_gemv_fits(xb, rows, w_gate) && cuda::fp8_gemv_fits(xb, rows, w_up)
                               : cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols) &&
                                     cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols);
-        if (same && fits) {
+        if (same && fits && !is_int_quant(w_gate.dtype)) {  // (Q8/Q4: matmul() each)
             Op op;
             op.kind = fp8 ? Op::Kind::gate_up_fp8 : Op::Kind::gate_up;
             op.x = x;
@@ -846,7 +851,7 @@ public:
         submit(op);
     }
     void logits(const void* x, int n, const Matrix& w, float* out) override {
-        require_matrix(w, "output matrix");
+        require_matrix(w, "output matrix", true);
         Op op;
         op.kind = Op::Kind::logits;
         op.x = x;
@@ -943,6 +948,11 @@ private:
                 if (is_fp8(op.m.dtype)) {
                     cuda::matmul_fp8(*gemm_, static_cast<const bf16*>(op.x), op.n, op.m, op.y, op.kind == K::logits,
                                      fp8_mode_, fp8_scratch_, ctx_);
+                    return;
+                }
+                if (is_int_quant(op.m.dtype)) {
+                    cuda::matmul_int(*gemm_, static_cast<const bf16*>(op.x), op.n, op.m, op.y, op.kind == K::logits,
+                                     fp8_scratch_, ctx_);
                     return;
                 }
                 cuda::matmul(*gemm_, static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data),
@@ -1095,8 +1105,10 @@ private:
                         std::string("CUDA backend: ") + what + " is " + dtype_name(m.dtype) + ", expected BF16");
     }
     // BF16, or FP8 with its block scales.
-    static void require_matrix(const Matrix& m, const char* what) {
+    // bf16, or FP8 with scales; also Q8/Q4 with scales and a valid group where int_ok (the ops that take them).
+    static void require_matrix(const Matrix& m, const char* what, bool int_ok = false) {
         if (is_fp8(m.dtype) && m.scales) return;
+        if (int_ok && is_int_quant(m.dtype) && m.scales && int_quant_shape_ok(m.cols, m.group)) return;
         require_bf16(m, what);
     }
 

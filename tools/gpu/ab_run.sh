@@ -5,7 +5,7 @@
 # hybrid-bench on a Qwen3.5-4B-shaped random checkpoint: decode b=1, prefill 4096 and batched decode, new and base
 # in alternation (ROUNDS rounds, default 2), so that a difference of about 1% stands out of the run-to-run noise.
 # Usage (device tool, from the repository root): bash tools/gpu/ab_run.sh   with carry [".carry"]
-# (.carry from ../shared/tools/device_prep.sh). STAGES (default "all"): build gpu_tests tests bench fp8_kernels fp8 moe moe_trace moe_ncu moe_trained
+# (.carry from ../shared/tools/device_prep.sh). STAGES (default "all"): build gpu_tests tests bench fp8_kernels fp8 int moe moe_trace moe_ncu moe_trained
 # (NOBASE=1: no baseline build; FP8_QUICK=1: the fp8 stage's benches with FP8 weights and block-scaled alone; MOE_AB=0, MOE_LONG=0: shorter moe stage; TRACE=1: also builds hybrid-bench with -DHY_CUDA_TRACE=ON for moe_trace).
 # Logs: $OUT/all.log, summary last.
 set -u
@@ -118,6 +118,28 @@ if want fp8; then  # FP8 weights: the [fp8] tests, then 4B shapes with --quant f
         python3 tools/gpu/trace_summary.py /tmp/fp8_trace.txt >"$OUT/fp8_trace.txt" 2>&1
         head -40 "$OUT/fp8_trace.txt" >>"$SUM"
     }
+fi
+if want int; then  # int8/int4 weights (--quant int8 / int4): the [int] tests, models/tiny's quality, 4B-shaped speed
+    step int_tests 200 $N/hybrid-tests "[int]"
+    grep -E "test cases|FAILED|rel err" "$LOG" | tail -8 >>"$SUM"
+    TXT=tests/data/text/heldout.py
+    rm -f /tmp/ppl_base_i.bin
+    step ppl_base_int 60 $N/hybrid-perplexity -m models/tiny --device cuda -f $TXT --save-logits /tmp/ppl_base_i.bin
+    for q in int8 int4; do
+        step "ppl_$q" 60 $N/hybrid-perplexity -m models/tiny --device cuda --quant $q -f $TXT --kl-base /tmp/ppl_base_i.bin
+        grep -iE "perplexity|KL|top-1" "$LOG" | tail -5 | sed "s/^/  [$q] /" >>"$SUM"
+    done
+    M=/tmp/q4d DW=--dummy-weights
+    mkdir -p $M && cp tools/gpu/config_4b.json $M/config.json
+    for q in int4 int8 $([ "${INT_QUICK:-0}" = 1 ] || echo none); do
+        step "int_b1_$q" 150 $N/hybrid-bench -m $M $DW --device cuda --quant $q -p 512 -n 256 -r 3
+        say "  decode b=1 [quant $q]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+        grep -E "^weights|arena" "$LOG" | tail -2 | sed "s/^/  [$q] /" >>"$SUM"
+        step "int_prefill_$q" 150 $N/hybrid-bench -m $M $DW --device cuda --quant $q -p 4096 -n 8 -r 2 --ubatch 4096
+        say "  prefill 4096 [quant $q]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+        step "int_batch_$q" 150 $N/hybrid-bench -m $M $DW --device cuda --quant $q -p 128 -n 64 -b 2,8,64 -r 2
+        grep -E '^\| +[0-9]' "$LOG" | tail -3 | sed "s/^/  batch [quant $q]: /" >>"$SUM"
+    done
 fi
 if want moe; then  # Qwen3.5-35B-A3B shapes (tools/gpu/config_35b_a3b.json) with dummy weights made on the device
     mkdir -p /tmp/q35 && cp tools/gpu/config_35b_a3b.json /tmp/q35/config.json

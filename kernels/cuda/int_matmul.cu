@@ -1,0 +1,260 @@
+// Q8/Q4 projections on CUDA: the tensor-core GEMV for up to 8 rows and the dequantization for the GEMM
+// (int_matmul.cuh).
+#include "kernels/cuda/int_matmul.cuh"
+
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <string>
+
+namespace hy::cuda {
+
+namespace {
+
+// Warps per block of the GEMV (each takes every kIntParts-th 64-column chunk of K) and chunks in flight per warp.
+constexpr int kIntParts = 8;
+constexpr int kIntUnroll = 4;
+
+// An 8-byte weight load with the cache hints of ld_weight.
+__device__ __forceinline__ uint2 ld_weight8(const void* p, uint64_t pol) {
+    uint2 r;
+    asm("ld.global.nc.L1::no_allocate.L2::cache_hint.v2.u32 {%0, %1}, [%2], %3;"
+        : "=r"(r.x), "=r"(r.y)
+        : "l"(p), "l"(pol));
+    return r;
+}
+
+__device__ __forceinline__ uint32_t bf16x2_bits(__nv_bfloat162 v) { return *reinterpret_cast<uint32_t*>(&v); }
+
+// Four Q4 codes held as nibbles (value + 8) in the low 4 bits of each byte of `nib` -> two bf16x2 registers holding
+// codes (byte 0, byte 1) and (byte 2, byte 3), exactly: 0x43NN is the bf16 value 128 + NN (NN < 128), and
+// 128 + n - 136 = n - 8 is exact.
+__device__ __forceinline__ void q4_nibbles_to_bf16x2(uint32_t nib, uint32_t& lo, uint32_t& hi) {
+    const __nv_bfloat162 off = __floats2bfloat162_rn(136.0f, 136.0f);
+    uint32_t a = __byte_perm(nib, 0x43434343u, 0x4140), b = __byte_perm(nib, 0x43434343u, 0x4342);
+    lo = bf16x2_bits(__hsub2(*reinterpret_cast<__nv_bfloat162*>(&a), off));
+    hi = bf16x2_bits(__hsub2(*reinterpret_cast<__nv_bfloat162*>(&b), off));
+}
+
+// Four Q8 codes (int8, byte 0 first) -> two bf16x2 registers (byte 0, byte 1), (byte 2, byte 3), exactly: with the
+// sign bit flipped a byte is c + 128 in [0, 255]; 0x4B0000uu is the f32 value 2^23 + uu, minus 2^23 + 128 gives c;
+// |c| <= 128 is a bf16 value.
+__device__ __forceinline__ void q8_bytes_to_bf16x2(uint32_t w, uint32_t& lo, uint32_t& hi) {
+    const uint32_t u = w ^ 0x80808080u;
+    const float bias = 8388736.0f;  // 2^23 + 128
+    const float f0 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440)) - bias;
+    const float f1 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7441)) - bias;
+    const float f2 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7442)) - bias;
+    const float f3 = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7443)) - bias;
+    lo = bf16x2_bits(__floats2bfloat162_rn(f0, f1));
+    hi = bf16x2_bits(__floats2bfloat162_rn(f2, f3));
+}
+
+// The tensor-core GEMV. Block b owns output features [16 b, 16 b + 16); lane (gi = lane / 4, q = lane % 4) of warp
+// w holds, for rows gi and gi + 8 of that tile and every chunk c = w, w + kIntParts, ... of 64 columns, the codes of
+// columns 8q .. 8q + 7 (the chunk's low half) and 32 + 8q .. 32 + 8q + 7 (its high half), and x row gi's values of
+// the same columns (x row gi is token gi; lanes of tokens >= T load zeros). mma m (0..3) takes columns
+// {0, 1 | 2, 3} + 4 (m & 1) of half m / 2 as k = {2q, 2q + 1 | 2q + 8, 2q + 9}, for A (the weights) and B (x)
+// alike. The low half's two products (mma 0, 1) and the high half's (mma 2, 3) go to zeroed fragments that are
+// multiplied by their group's scale (the halves are groups of their own when group is 32; one group holds the whole
+// chunk otherwise) and added to the sums. The warps' sums are then added in warp order.
+// Q4 rows: a chunk is 32 bytes, byte i holding column i (low nibble) and 32 + i (high nibble), so the lane's 8
+// bytes at 8q give both halves. Q8 rows: a chunk is 64 bytes, the lane reads 8 at 8q and 8 at 32 + 8q.
+template <bool kQ4>
+__global__ void __launch_bounds__(kIntParts * 32)
+    gemv_int_kernel(const bf16* __restrict__ x, int T, const uint8_t* __restrict__ w, const float* __restrict__ scales,
+                    int N, int K, int group, void* y, bool out_f32, bool evict_first) {
+    __shared__ float red[kIntParts][32][4];
+    pdl_trigger();
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, q = lane & 3;
+    const int row0 = int(blockIdx.x) * 16;
+    const bool va = row0 + gi < N, vb = row0 + gi + 8 < N, vx = gi < T;
+    constexpr int kChunkBytes = kQ4 ? 32 : 64, kWords = kQ4 ? 1 : 2;  // 8-byte words per row and chunk
+    const int64_t row_bytes = int64_t(K / 64) * kChunkBytes;
+    const uint8_t* pa = w + int64_t(va ? row0 + gi : 0) * row_bytes + 8 * q;
+    const uint8_t* pb = w + int64_t(vb ? row0 + gi + 8 : 0) * row_bytes + 8 * q;
+    const int G = K / group;
+    const float* sa = scales + int64_t(va ? row0 + gi : 0) * G;
+    const float* sb = scales + int64_t(vb ? row0 + gi + 8 : 0) * G;
+    const uint4* xr = reinterpret_cast<const uint4*>(x + int64_t(vx ? gi : 0) * K + 8 * q);
+    const int n_chunks = K / 64, chunks_per_group = group >= 64 ? group / 64 : 1;
+    const uint64_t pol = weight_policy(evict_first);
+    const uint2 zero2 = make_uint2(0u, 0u);
+    const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
+    uint2 ra[kIntUnroll][kWords], rb[kIntUnroll][kWords];
+    auto load_w = [&](int c0) {
+#pragma unroll
+        for (int u = 0; u < kIntUnroll; u++) {
+            const int c = c0 + kIntParts * u;
+#pragma unroll
+            for (int h = 0; h < kWords; h++) {
+                ra[u][h] = c < n_chunks && va ? ld_weight8(pa + int64_t(c) * kChunkBytes + 32 * h, pol) : zero2;
+                rb[u][h] = c < n_chunks && vb ? ld_weight8(pb + int64_t(c) * kChunkBytes + 32 * h, pol) : zero2;
+            }
+        }
+    };
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    load_w(warp);
+    pdl_wait();  // x comes from the kernel before
+    for (int c0 = warp; c0 < n_chunks; c0 += kIntParts * kIntUnroll) {
+        uint4 rx[kIntUnroll][2];
+#pragma unroll
+        for (int u = 0; u < kIntUnroll; u++) {
+            const int c = c0 + kIntParts * u;
+            rx[u][0] = c < n_chunks && vx ? __ldg(xr + 8 * c) : zero4;      // columns 8q .. 8q + 7
+            rx[u][1] = c < n_chunks && vx ? __ldg(xr + 8 * c + 4) : zero4;  // 32 + 8q .. 32 + 8q + 7
+        }
+        uint2 ca[kIntUnroll][kWords], cb[kIntUnroll][kWords];
+#pragma unroll
+        for (int u = 0; u < kIntUnroll; u++)
+#pragma unroll
+            for (int h = 0; h < kWords; h++) {
+                ca[u][h] = ra[u][h];
+                cb[u][h] = rb[u][h];
+            }
+        if (c0 + kIntParts * kIntUnroll < n_chunks) load_w(c0 + kIntParts * kIntUnroll);
+#pragma unroll
+        for (int u = 0; u < kIntUnroll; u++) {
+            const int c = c0 + kIntParts * u;
+            if (c >= n_chunks) break;
+            const uint32_t xw[8] = {rx[u][0].x, rx[u][0].y, rx[u][0].z, rx[u][0].w,
+                                    rx[u][1].x, rx[u][1].y, rx[u][1].z, rx[u][1].w};
+            float part[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};  // low, high half
+#pragma unroll
+            for (int m = 0; m < 4; m++) {
+                const int half = m >> 1;
+                uint32_t a0, a1, a2, a3;
+                if constexpr (kQ4) {
+                    const uint32_t wa = (m & 1) ? ca[u][0].y : ca[u][0].x, wb = (m & 1) ? cb[u][0].y : cb[u][0].x;
+                    const int sh = half ? 4 : 0;
+                    q4_nibbles_to_bf16x2((wa >> sh) & 0x0F0F0F0Fu, a0, a2);
+                    q4_nibbles_to_bf16x2((wb >> sh) & 0x0F0F0F0Fu, a1, a3);
+                } else {
+                    const uint32_t wa = (m & 1) ? ca[u][half].y : ca[u][half].x;
+                    const uint32_t wb = (m & 1) ? cb[u][half].y : cb[u][half].x;
+                    q8_bytes_to_bf16x2(wa, a0, a2);
+                    q8_bytes_to_bf16x2(wb, a1, a3);
+                }
+                mma_bf16_16816(part[half], a0, a1, a2, a3, xw[2 * m], xw[2 * m + 1]);
+            }
+            // the groups of the halves: 2c and 2c + 1 (group 32), else the chunk's group
+            const int g_lo = group == 32 ? 2 * c : c / chunks_per_group, g_hi = group == 32 ? 2 * c + 1 : g_lo;
+            const float s_alo = __ldg(sa + g_lo), s_ahi = __ldg(sa + g_hi);
+            const float s_blo = __ldg(sb + g_lo), s_bhi = __ldg(sb + g_hi);
+            acc[0] = fmaf(part[1][0], s_ahi, fmaf(part[0][0], s_alo, acc[0]));
+            acc[1] = fmaf(part[1][1], s_ahi, fmaf(part[0][1], s_alo, acc[1]));
+            acc[2] = fmaf(part[1][2], s_bhi, fmaf(part[0][2], s_blo, acc[2]));
+            acc[3] = fmaf(part[1][3], s_bhi, fmaf(part[0][3], s_blo, acc[3]));
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < 4; e++) red[warp][lane][e] = acc[e];
+    __syncthreads();
+    if (warp != 0) return;
+#pragma unroll
+    for (int e = 0; e < 4; e++) {
+        float v = red[0][lane][e];
+#pragma unroll
+        for (int p = 1; p < kIntParts; p++) v += red[p][lane][e];
+        const int t = 2 * q + (e & 1), n = row0 + gi + (e >= 2 ? 8 : 0);
+        if (t >= T || n >= N) continue;
+        if (out_f32)
+            static_cast<float*>(y)[int64_t(t) * N + n] = v;
+        else
+            static_cast<bf16*>(y)[int64_t(t) * N + n] = to_bf16(v);
+    }
+}
+
+// out[r, c] = bf16(q(r, c) * scale): thread i writes the 8 columns 8 (i % (K / 8)) .. + 7 of row i / (K / 8).
+template <bool kQ4>
+__global__ void dequantize_int_kernel(const uint8_t* __restrict__ w, const float* __restrict__ scales, int64_t rows,
+                                      int K, int group, bf16* __restrict__ out) {
+    const int64_t runs = K / 8, i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+    if (i >= rows * runs) return;
+    const int64_t r = i / runs;
+    const int c = int(i % runs) * 8;  // first column
+    const float s = scales[r * (K / group) + c / group];
+    float v[8];
+    if constexpr (kQ4) {
+        // columns c .. c + 7 of a chunk's low (high) half: the low (high) nibbles of its bytes c % 32 .. + 7
+        const int in = c % 64;
+        const uint2 b = *reinterpret_cast<const uint2*>(w + r * (K / 2) + (c / 64) * 32 + in % 32);
+        const int sh = in < 32 ? 0 : 4;
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const uint32_t word = j < 4 ? b.x : b.y;
+            v[j] = float(int((word >> (8 * (j % 4) + sh)) & 0xFu) - 8);
+        }
+    } else {
+        const uint2 b = *reinterpret_cast<const uint2*>(w + r * K + c);
+#pragma unroll
+        for (int j = 0; j < 8; j++) {
+            const uint32_t word = j < 4 ? b.x : b.y;
+            v[j] = float(int8_t((word >> (8 * (j % 4))) & 0xFFu));
+        }
+    }
+    uint4 o;
+    uint32_t* ow = &o.x;
+#pragma unroll
+    for (int j = 0; j < 4; j++) ow[j] = bf16x2_bits(__floats2bfloat162_rn(v[2 * j] * s, v[2 * j + 1] * s));
+    *reinterpret_cast<uint4*>(out + r * K + c) = o;
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+}  // namespace
+
+bool int_gemv_fits(const bf16* x, int64_t T, const Matrix& w) {
+    return T >= 1 && T <= kGemvMaxTokens && is_int_quant(w.dtype) && w.scales && int_quant_shape_ok(w.cols, w.group) &&
+           w.rows > 0 && aligned16(x) && aligned16(w.data);
+}
+
+void gemv_int(const bf16* x, int64_t T, const Matrix& w, void* y, bool out_f32, const LaunchContext& ctx) {
+    if (!int_gemv_fits(x, T, w)) throw Error(Status::internal, "integer GEMV: shape or alignment not taken");
+    const auto* d = static_cast<const uint8_t*>(w.data);
+    const unsigned blocks = ceil_div(w.rows, 16);
+    if (w.dtype == DType::Q4)
+        launch(gemv_int_kernel<true>, blocks, kIntParts * 32, 0, ctx, "Q4 tensor-core gemv kernel", x, int(T), d,
+               w.scales, int(w.rows), int(w.cols), int(w.group), y, out_f32, ctx.evict_first);
+    else
+        launch(gemv_int_kernel<false>, blocks, kIntParts * 32, 0, ctx, "Q8 tensor-core gemv kernel", x, int(T), d,
+               w.scales, int(w.rows), int(w.cols), int(w.group), y, out_f32, ctx.evict_first);
+}
+
+void dequantize_int(const Matrix& w, bf16* out, const LaunchContext& ctx) {
+    if (!is_int_quant(w.dtype) || !w.scales || !int_quant_shape_ok(w.cols, w.group))
+        throw Error(Status::internal, "integer dequantize: not a Q8/Q4 matrix with a valid group");
+    const int threads = 256;
+    const int64_t n = w.rows * (w.cols / 8);
+    const auto* d = static_cast<const uint8_t*>(w.data);
+    if (w.dtype == DType::Q4)
+        launch(dequantize_int_kernel<true>, ceil_div(n, threads), threads, 0, ctx, "Q4 dequantize kernel", d, w.scales,
+               w.rows, int(w.cols), int(w.group), out);
+    else
+        launch(dequantize_int_kernel<false>, ceil_div(n, threads), threads, 0, ctx, "Q8 dequantize kernel", d, w.scales,
+               w.rows, int(w.cols), int(w.group), out);
+}
+
+void matmul_int(Gemm& gemm, const bf16* x, int64_t T, const Matrix& w, void* y, bool out_f32, const Fp8Scratch& scratch,
+                const LaunchContext& ctx) {
+    if (T <= 0 || w.rows <= 0) return;
+    if (int_gemv_fits(x, T, w)) return gemv_int(x, T, w, y, out_f32, ctx);
+    const int64_t N = w.rows, K = w.cols;
+    if (size_t(N * K) > scratch.weight_elems) {  // (a quantized lm_head: larger than the scratch is sized for)
+        if (!int_gemv_fits(x, 1, w))
+            throw Error(Status::internal, "integer matmul: the dequantization scratch holds " +
+                                              std::to_string(scratch.weight_elems) + " values, " + std::to_string(N) +
+                                              " x " + std::to_string(K) + " needed");
+        const size_t ys = out_f32 ? 4 : 2;
+        for (int64_t t = 0; t < T; t += kGemvMaxTokens)
+            gemv_int(x + t * K, std::min<int64_t>(kGemvMaxTokens, T - t), w, static_cast<char*>(y) + size_t(t * N) * ys,
+                     out_f32, ctx);
+        return;
+    }
+    dequantize_int(w, scratch.weight, ctx);
+    matmul(gemm, x, T, scratch.weight, N, K, y, out_f32, ctx);
+}
+
+HY_CUDA_TRACE_BINDER(int_matmul)
+
+}  // namespace hy::cuda

@@ -1,0 +1,33 @@
+// Projections with integer weights: y[T, N] = x[T, K] @ W[N, K]^T where W is Q8 or Q4 (`--quant int8` / `int4`;
+// kernels/backend.h Matrix: codes q(r, c) with an F32 scale per row and group of `group` columns, the weight being
+// q(r, c) * scales[r, c / group]), x bf16, y bf16 (F32 for logits).
+//
+// - Up to kGemvMaxTokens rows (decode): a W-only GEMV on tensor cores (W8A16 / W4A16). A block of kIntParts warps
+//   owns 16 output features; warp w takes the 64-column chunks w, w + kIntParts, ... Each lane turns its codes into
+//   bf16 exactly (integers of at most 8 bits are bf16 values) and runs mma m16n8k16 with x's bf16 values; the f32
+//   sums of a group's products are multiplied by the group's scale (per row) and added up in f32. So the only
+//   roundings are the tensor cores' f32 accumulation and the final bf16 of y: the weights are never rounded.
+// - More rows (prefill, large batches): W dequantized to bf16 (bf16(q * scale)) into workspace scratch, then the bf16
+//   cuBLASLt GEMM, as FP8's dequantize mode.
+#pragma once
+
+#include "kernels/backend.h"
+#include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/fp8_matmul.cuh"
+#include "kernels/cuda/matmul.cuh"
+
+namespace hy::cuda {
+
+// True when the integer GEMV takes w with T rows of x: 1 <= T <= kGemvMaxTokens, w Q8 or Q4 with scales and a valid
+// group (int_quant_shape_ok), 16-byte aligned x and w.
+bool int_gemv_fits(const bf16* x, int64_t T, const Matrix& w);
+// y = x @ w^T by the integer GEMV (int_gemv_fits; y bf16, or f32 when out_f32).
+void gemv_int(const bf16* x, int64_t T, const Matrix& w, void* y, bool out_f32, const LaunchContext& ctx);
+// out[N, K] = bf16(q * scale) for every weight of a Q8/Q4 w.
+void dequantize_int(const Matrix& w, bf16* out, const LaunchContext& ctx);
+// y = x @ w^T for a Q8/Q4 w: the GEMV when it fits, else dequantize_int into scratch.weight and the bf16 GEMM.
+// Throws Error(internal) when the scratch is too small for the shape.
+void matmul_int(Gemm& gemm, const bf16* x, int64_t T, const Matrix& w, void* y, bool out_f32, const Fp8Scratch& scratch,
+                const LaunchContext& ctx);
+
+}  // namespace hy::cuda
