@@ -13,10 +13,7 @@ namespace {
 
 // Warps per block of the GEMV (each takes every kIntParts-th 64-column chunk of K) and chunks in flight per warp.
 constexpr int kIntParts = 8;
-template <bool kQ4>
-constexpr int int_unroll() {  // 128 bytes of weights in flight per lane either way
-    return kQ4 ? 8 : 4;
-}
+constexpr int kIntUnroll = 4;
 
 // An 8-byte weight load with the cache hints of ld_weight.
 __device__ __forceinline__ uint2 ld_weight8(const void* p, uint64_t pol) {
@@ -84,7 +81,6 @@ __global__ void __launch_bounds__(kIntParts * 32)
     const uint64_t pol = weight_policy(evict_first);
     const uint2 zero2 = make_uint2(0u, 0u);
     const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
-    constexpr int kIntUnroll = int_unroll<kQ4>();
     uint2 ra[kIntUnroll][kWords], rb[kIntUnroll][kWords];
     auto load_w = [&](int c0) {
 #pragma unroll
@@ -107,17 +103,6 @@ __global__ void __launch_bounds__(kIntParts * 32)
             const int c = c0 + kIntParts * u;
             rx[u][0] = c < n_chunks && vx ? __ldg(xr + 8 * c) : zero4;      // columns 8q .. 8q + 7
             rx[u][1] = c < n_chunks && vx ? __ldg(xr + 8 * c + 4) : zero4;  // 32 + 8q .. 32 + 8q + 7
-        }
-        // the scales of the chunks' halves, loaded with x (not after the products: the mma's asm orders them)
-        float sc[kIntUnroll][4];  // row a low, high; row b low, high
-#pragma unroll
-        for (int u = 0; u < kIntUnroll; u++) {
-            const int c = c0 + kIntParts * u < n_chunks ? c0 + kIntParts * u : 0;
-            const int g_lo = group == 32 ? 2 * c : c / chunks_per_group, g_hi = group == 32 ? 2 * c + 1 : g_lo;
-            sc[u][0] = __ldg(sa + g_lo);
-            sc[u][1] = __ldg(sa + g_hi);
-            sc[u][2] = __ldg(sb + g_lo);
-            sc[u][3] = __ldg(sb + g_hi);
         }
         uint2 ca[kIntUnroll][kWords], cb[kIntUnroll][kWords];
 #pragma unroll
@@ -153,7 +138,9 @@ __global__ void __launch_bounds__(kIntParts * 32)
                 mma_bf16_16816(part[half], a0, a1, a2, a3, xw[2 * m], xw[2 * m + 1]);
             }
             // the groups of the halves: 2c and 2c + 1 (group 32), else the chunk's group
-            const float s_alo = sc[u][0], s_ahi = sc[u][1], s_blo = sc[u][2], s_bhi = sc[u][3];
+            const int g_lo = group == 32 ? 2 * c : c / chunks_per_group, g_hi = group == 32 ? 2 * c + 1 : g_lo;
+            const float s_alo = __ldg(sa + g_lo), s_ahi = __ldg(sa + g_hi);
+            const float s_blo = __ldg(sb + g_lo), s_bhi = __ldg(sb + g_hi);
             acc[0] = fmaf(part[1][0], s_ahi, fmaf(part[0][0], s_alo, acc[0]));
             acc[1] = fmaf(part[1][1], s_ahi, fmaf(part[0][1], s_alo, acc[1]));
             acc[2] = fmaf(part[1][2], s_bhi, fmaf(part[0][2], s_blo, acc[2]));
