@@ -42,7 +42,7 @@ std::vector<uint8_t> StoredState::to_vector() const {
 StateStore::StateStore(Backend& backend, size_t bytes, size_t block_bytes)
     : pool_(std::make_shared<StoredState::Pool>()) {
     constexpr size_t kPage = 4096;
-    if (block_bytes == 0) block_bytes = std::clamp(bytes / 256, size_t(64) << 10, size_t(4) << 20);
+    if (block_bytes == 0) block_bytes = std::clamp(bytes / 1024, size_t(64) << 10, size_t(1) << 20);
     block_bytes = (block_bytes + kPage - 1) / kPage * kPage;
     const size_t n = std::clamp(bytes / block_bytes, size_t(1), size_t(UINT32_MAX));
     pool_->block = block_bytes;

@@ -45,10 +45,10 @@ private:
 
 class StateStore {
 public:
-    // `bytes` of host memory from backend.alloc_host(), allocated now, in blocks of block_bytes (0: bytes / 256,
-    // clamped to [64 KiB, 4 MiB]: at most 1/256 of the store is lost per state to the last block's unused tail;
-    // rounded up to 4 KiB). The store's capacity is bytes rounded down to whole blocks (at least one). Throws
-    // out_of_memory.
+    // `bytes` of host memory from backend.alloc_host(), allocated now, in blocks of block_bytes (0: bytes / 1024,
+    // clamped to [64 KiB, 1 MiB]: a state loses at most one block to its last block's unused tail, which matters
+    // for the small states of small models; rounded up to 4 KiB). The store's capacity is bytes rounded down to whole
+    // blocks (at least one). Throws out_of_memory.
     StateStore(Backend& backend, size_t bytes, size_t block_bytes = 0);
     ~StateStore();
     StateStore(const StateStore&) = delete;

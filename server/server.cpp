@@ -399,7 +399,9 @@ Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool c
     s.sampling.repeat_last_n = int(int_field(body, "repeat_last_n", defaults.repeat_last_n, -1, 1 << 30));
     if (const ojson* seed = field(body, "seed")) {
         if (!seed->is_number_integer()) bad("seed", "seed must be an integer");
-        s.sampling.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : uint64_t(seed->get<int64_t>());
+        // (-1: a random seed, as llama-server; the one drawn for the request stays)
+        if (!(seed->is_number_integer() && !seed->is_number_unsigned() && seed->get<int64_t>() == -1))
+            s.sampling.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : uint64_t(seed->get<int64_t>());
     }
     // several choices per request are not supported (n, and best_of of /v1/completions): refused, not ignored
     for (const char* name : {"n", "best_of"})
