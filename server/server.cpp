@@ -637,6 +637,8 @@ struct Server::Impl {
         std::string finish = "stop";  // "stop", "length", or "cancelled" (the client went away, or a shutdown)
         bool shutdown = false;        // cancelled by Server::stop(), the client still connected
         int n_prompt = 0, n_cached = 0;
+        // ids whose text is in `text` (a stop string cuts the rest): what logprobs report, streamed or not
+        size_t n_text_ids = 0;
     };
 
     // What a stream cut by a shutdown ends with: OpenAI's "length", the one finish_reason that every client knows
@@ -738,6 +740,7 @@ struct Server::Impl {
                 n_waiting--;
                 out.finish = "cancelled";
                 out.shutdown = stopping.load() && !peer.closed();
+                out.n_text_ids = held_from;
                 return out;
             }
             if (done) break;
@@ -760,6 +763,7 @@ struct Server::Impl {
             if (!out.ids.empty()) seq.insert(seq.end(), out.ids.begin(), out.ids.end() - 1);
             cache->put(std::move(seq), std::move(job->final_state));
         }
+        out.n_text_ids = stopped ? held_from : out.ids.size();
         n_prompt += uint64_t(out.n_prompt);
         n_cached += uint64_t(out.n_cached);
         n_generated += uint64_t(out.ids.size());
@@ -960,7 +964,7 @@ struct Server::Impl {
         if (o.finish == "cancelled") return;
         ojson c = base();
         ojson choice{{"text", o.text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", o.finish}};
-        if (s.logprobs) choice["logprobs"] = completion_logprobs(o, 0, o.ids.size(), 0);
+        if (s.logprobs) choice["logprobs"] = completion_logprobs(o, 0, o.n_text_ids, 0);
         c["choices"] = ojson::array({choice});
         c["usage"] = usage(o);
         res.set_content(dump(c), "application/json");
@@ -1096,7 +1100,7 @@ struct Server::Impl {
         c["choices"] =
             ojson::array({ojson{{"index", 0},
                                 {"message", msg},
-                                {"logprobs", s.logprobs ? chat_logprobs(o, 0, o.ids.size()) : ojson(nullptr)},
+                                {"logprobs", s.logprobs ? chat_logprobs(o, 0, o.n_text_ids) : ojson(nullptr)},
                                 {"finish_reason", finish}}});
         c["usage"] = usage(o);
         res.set_content(dump(c), "application/json");

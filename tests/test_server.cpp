@@ -296,6 +296,22 @@ TEST_CASE("server: greedy completions equal the hybrid CLI and the Hugging Face 
     REQUIRE(cli_stop.rc == 0);
     CHECK(stopped["choices"][0]["text"].get<std::string>() == cli_stop.out);
     CHECK(stopped["choices"][0]["finish_reason"] == "stop");
+    {  // logprobs cover the ids whose text is returned, no more (they listed the ids past the stop)
+        const ojson lp = post(port, "/v1/completions",
+                              ojson{{"prompt", kCode},
+                                    {"max_tokens", 40},
+                                    {"temperature", 0},
+                                    {"stop", ojson::array({"fully", "xyz"})},
+                                    {"logprobs", 1}})
+                             .json();
+        std::string joined;
+        for (const ojson& t : lp["choices"][0]["logprobs"]["tokens"]) joined += t.get<std::string>();
+        const std::string text = lp["choices"][0]["text"].get<std::string>();
+        INFO(joined << " | " << text);
+        CHECK(joined.compare(0, text.size(), text) == 0);  // the text is their prefix
+        CHECK(joined.find("fully") == std::string::npos);  // and they stop within the stop string's token
+        CHECK(lp["usage"]["completion_tokens"].get<size_t>() >= lp["choices"][0]["logprobs"]["tokens"].size());
+    }
 
     // token-id prompts: the goldens' greedy ids (HF generate does not stop at EOS: ignore_eos)
     const ojson golden = ojson::parse(hy::test::cli_util::slurp(kSrc + "/models/tiny/golden.json"));
