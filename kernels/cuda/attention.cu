@@ -692,8 +692,6 @@ __global__ void __launch_bounds__(kFlashThreads, flash_min_blocks<D>())
 
 int n_splits(int n_ctx) { return std::min(kAttnMaxSplits, std::max(1, (n_ctx + kAttnSplitKeys - 1) / kAttnSplitKeys)); }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 // Opts the flash kernel for head dim D into its dynamic shared memory (above the 48 KB default for D >= 128),
 // once per device.
 template <int D>

@@ -126,7 +126,7 @@ struct Op {
         argmax,
         gemv_group,
         gate_up,
-        gemv_fp8_group,
+        gemv_quant_group,
         gate_up_fp8,
         add_rms_norm,
         moe_route,
@@ -148,7 +148,7 @@ struct Op {
     float eps = 0.0f;
     bool flag = false;  // rms_norm zero_centred
     cuda::GemvGroup group;
-    cuda::Fp8Group fp8;      // gemv_fp8_group (its dtype in m.dtype)
+    cuda::Fp8Group fp8;  // gemv_quant_group: FP8 or Q8/Q4 members (their dtype in m.dtype, Q8/Q4's group in m.group)
     cuda::MoeShared shared;  // moe_experts: the fused shared expert (gate_proj null: none)
     AttentionArgs attn;
     GatedDeltaNetArgs gdn;
@@ -178,6 +178,7 @@ void sign(const Op& op, std::vector<uint64_t>& sig) {
         u(uint64_t(m->cols));
         p(m->scales);
         u(uint64_t(m->scale_segment_rows));
+        u(uint64_t(m->group));
     }
     u(uint64_t(op.n));
     u(uint64_t(op.dim));
@@ -193,7 +194,7 @@ void sign(const Op& op, std::vector<uint64_t>& sig) {
             u(uint64_t(op.group.n[k]));
         }
     }
-    if (op.kind == Op::Kind::gemv_fp8_group) {
+    if (op.kind == Op::Kind::gemv_quant_group) {
         u(uint64_t(op.fp8.count));
         for (int k = 0; k < op.fp8.count; k++) {
             p(op.fp8.w[k]);
@@ -630,12 +631,12 @@ public:
         }
         auto groupable = [&](const Projection& q) {
             if (is_fp8(q.w.dtype)) return cuda::fp8_gemv_fits(xb, rows, q.w);
-            if (is_int_quant(q.w.dtype)) return false;  // (matmul() each)
+            if (is_int_quant(q.w.dtype)) return cuda::int_gemv_fits(xb, rows, q.w);
             return rows >= 1 && rows <= cuda::kGemvMaxTokens &&
                    cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(q.w.data), q.w.cols, 1);
         };
         auto same_kind = [&](const Projection& a, const Projection& b) {
-            return a.w.dtype == b.w.dtype && a.w.cols == b.w.cols;
+            return a.w.dtype == b.w.dtype && a.w.cols == b.w.cols && a.w.group == b.w.group;
         };
         for (int i = 0; i < n;) {
             int j = i;
@@ -643,14 +644,15 @@ public:
                 j = i + 1;
                 while (j < n && j - i < cuda::GemvGroup::kMax && groupable(p[j]) && same_kind(p[i], p[j])) j++;
             }
-            // FP8 members: any group of 2 to 4 (the FP8 tensor-core GEMV takes single matrices as well)
-            if (j - i >= 2 && is_fp8(p[i].w.dtype)) {
+            // FP8 and Q8/Q4 members: any group of 2 to 4 (their GEMVs take single matrices as well)
+            if (j - i >= 2 && (is_fp8(p[i].w.dtype) || is_int_quant(p[i].w.dtype))) {
                 Op op;
-                op.kind = Op::Kind::gemv_fp8_group;
+                op.kind = Op::Kind::gemv_quant_group;
                 op.x = x;
                 op.n = rows;
                 op.dim = p[i].w.cols;
                 op.m.dtype = p[i].w.dtype;
+                op.m.group = p[i].w.group;
                 for (int k = i; k < j; k++) op.fp8.add(p[k].w, p[k].y);
                 submit(op);
                 i = j;
@@ -671,7 +673,7 @@ public:
         }
     }
     // 1-2 rows where the GEMV fits (FP8: 1-8 rows): one gate/up/SiLU GEMV kernel (cuda::gemv_gate_up,
-    // cuda::gemv_fp8_gate_up); else matmul, matmul, silu_mul.
+    // cuda::gemv_fp8_gate_up); Q8/Q4: gate and up as one matmul_group, then silu_mul; else matmul, matmul, silu_mul.
     void gate_up_silu(const void* x, int64_t rows, const Matrix& w_gate, const Matrix& w_up, void* gate, void* up,
                       void* act) override {
         require_matrix(w_gate, "weight matrix", true);
@@ -685,7 +687,13 @@ public:
         const bool fits = fp8 ? cuda::fp8_gemv_fits(xb, rows, w_gate) && cuda::fp8_gemv_fits(xb, rows, w_up)
                               : cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols) &&
                                     cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols);
-        if (same && fits && !is_int_quant(w_gate.dtype)) {  // (Q8/Q4: matmul() each)
+        if (same && is_int_quant(w_gate.dtype) && w_gate.group == w_up.group) {  // Q8/Q4: the two as one group
+            const Projection pair[2] = {{w_gate, gate}, {w_up, up}};
+            matmul_group(x, rows, pair, 2);
+            silu_mul(gate, up, rows * w_gate.rows, act);
+            return;
+        }
+        if (same && fits) {
             Op op;
             op.kind = fp8 ? Op::Kind::gate_up_fp8 : Op::Kind::gate_up;
             op.x = x;
@@ -976,8 +984,12 @@ private:
             case K::gemv_group:
                 cuda::gemv_group(static_cast<const bf16*>(op.x), op.n, op.group, op.dim, false, ctx_);
                 return;
-            case K::gemv_fp8_group:
-                cuda::gemv_fp8_group(static_cast<const bf16*>(op.x), op.n, op.fp8, op.dim, op.m.dtype, ctx_);
+            case K::gemv_quant_group:
+                if (is_int_quant(op.m.dtype))
+                    cuda::gemv_int_group(static_cast<const bf16*>(op.x), op.n, op.fp8, op.dim, op.m.dtype, op.m.group,
+                                         ctx_);
+                else
+                    cuda::gemv_fp8_group(static_cast<const bf16*>(op.x), op.n, op.fp8, op.dim, op.m.dtype, ctx_);
                 return;
             case K::gate_up_fp8:
                 cuda::gemv_fp8_gate_up(static_cast<const bf16*>(op.x), op.n, op.m, op.m2, static_cast<bf16*>(op.y),

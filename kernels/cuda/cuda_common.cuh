@@ -108,6 +108,9 @@ __device__ __forceinline__ float siluf_(float x) { return x / (1.0f + expf(-x));
 
 inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }
 
+// True when p is 16-byte aligned (the vector loads' requirement).
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
 // ---- Weight loads and tensor-core products (the GEMVs of matmul.cu and the experts of moe.cu) ----
 // The L2 policy of weight loads: evict-first, or normal.
 __device__ __forceinline__ uint64_t weight_policy(bool evict_first) {

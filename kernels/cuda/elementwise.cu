@@ -7,8 +7,6 @@ namespace hy::cuda {
 
 namespace {
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 __global__ void add_vec_kernel(uint4* y, const uint4* x, int64_t n8) {
     pdl_trigger();
     pdl_wait();

@@ -638,8 +638,6 @@ __global__ void quantize_rows_fp8_kernel(const bf16* __restrict__ x, int64_t T, 
     if (lane == 0) s[grp * T + t] = scale;  // (cuBLASLt's VEC128 scales: the rows contiguous)
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 }  // namespace
 
 // kW of the streaming kernel: the words per lane and row, rounded up to 4, 6 or 8.

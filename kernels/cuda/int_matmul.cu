@@ -11,9 +11,38 @@ namespace hy::cuda {
 
 namespace {
 
-// Warps per block of the GEMV (each takes every kIntParts-th 64-column chunk of K) and chunks in flight per warp.
-constexpr int kIntParts = 8;
-constexpr int kIntUnroll = 4;
+// Warps per block of the GEMV (each takes every kIntWarps-th 64-column chunk of the block's 16 rows) and chunks of
+// weights per warp in flight (Q4: 16 bytes per lane and chunk, Q8: 32).
+constexpr int kIntWarps = 8;
+template <bool kQ4>
+constexpr int kIntDepth = kQ4 ? 4 : 2;
+// Shared-memory strides: x rows of K + kIntXPad values (2K + 64 bytes: the 8 tokens' 16-byte reads of a lane
+// quarter fall in distinct banks), and scale rows of int_scale_stride(G) floats (= 2 mod 32: the 8 rows of a warp's
+// reads fall in distinct bank pairs).
+constexpr int kIntXPad = 32;
+__host__ __device__ inline int int_scale_stride(int G) { return G + ((2 - G % 32) + 32) % 32; }
+
+// Bytes of dynamic shared memory of one GEMV block: the tile's scales, T rows of x, and the warps' partial sums.
+size_t int_gemv_smem(int64_t T, int64_t K, int64_t group) {
+    return size_t(16) * size_t(int_scale_stride(int(K / group))) * 4 + size_t(T) * size_t(K + kIntXPad) * 2 +
+           size_t(kIntWarps) * 32 * 4 * 4;
+}
+
+// The largest dynamic shared memory a block may ask for on this device (opted in once per kernel at first launch).
+size_t int_gemv_smem_limit() {
+    static const size_t limit = [] {
+        int dev = 0, v = 0;
+        check(cudaGetDevice(&dev), "cudaGetDevice");
+        check(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
+        return size_t(v);
+    }();
+    return limit;
+}
+
+// A 4-byte global -> shared copy (cp.async.ca: the 16-byte form needs 16-byte aligned rows of scales).
+__device__ __forceinline__ void cp_async4(uint32_t dst, const void* src) {
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4;\n" ::"r"(dst), "l"(src) : "memory");
+}
 
 // An 8-byte weight load with the cache hints of ld_weight.
 __device__ __forceinline__ uint2 ld_weight8(const void* p, uint64_t pol) {
@@ -50,42 +79,57 @@ __device__ __forceinline__ void q8_bytes_to_bf16x2(uint32_t w, uint32_t& lo, uin
     hi = bf16x2_bits(__floats2bfloat162_rn(f2, f3));
 }
 
-// The tensor-core GEMV. Block b owns output features [16 b, 16 b + 16); lane (gi = lane / 4, q = lane % 4) of warp
-// w holds, for rows gi and gi + 8 of that tile and every chunk c = w, w + kIntParts, ... of 64 columns, the codes of
-// columns 8q .. 8q + 7 (the chunk's low half) and 32 + 8q .. 32 + 8q + 7 (its high half), and x row gi's values of
-// the same columns (x row gi is token gi; lanes of tokens >= T load zeros). mma m (0..3) takes columns
-// {0, 1 | 2, 3} + 4 (m & 1) of half m / 2 as k = {2q, 2q + 1 | 2q + 8, 2q + 9}, for A (the weights) and B (x)
-// alike. The low half's two products (mma 0, 1) and the high half's (mma 2, 3) go to zeroed fragments that are
-// multiplied by their group's scale (the halves are groups of their own when group is 32; one group holds the whole
-// chunk otherwise) and added to the sums. The warps' sums are then added in warp order.
+// The tensor-core GEMV over a group of matrices that share x: block b owns 16 output features of one member (the
+// members' 16-row tiles numbered one after another; block_end[m] = tiles up to and including member m). Before the
+// wait for the predecessor the block starts its weights (registers, kIntDepth chunks per warp) and copies its
+// rows' scales into shared memory; after it, x's T rows (cp.async). Lane (gi = lane / 4, q = lane % 4) of warp w
+// holds, for rows gi and gi + 8 of the tile and every chunk c = w, w + kIntWarps, ... of 64 columns, the codes of
+// columns 8q .. 8q + 7 (the chunk's low half) and 32 + 8q .. 32 + 8q + 7 (its high half), and reads x row gi's
+// values of the same columns from shared memory (x row gi is token gi; lanes of tokens >= T use zeros). mma m
+// (0..3) takes columns {0, 1 | 2, 3} + 4 (m & 1) of half m / 2 as k = {2q, 2q + 1 | 2q + 8, 2q + 9}, for A (the
+// weights) and B (x) alike. The low half's two products (mma 0, 1) and the high half's (mma 2, 3) go to zeroed
+// fragments that are multiplied by their group's scale (the halves are groups of their own when group is 32; one
+// group holds the whole chunk otherwise) and added to the sums. The warps' sums are then added in warp order.
 // Q4 rows: a chunk is 32 bytes, byte i holding column i (low nibble) and 32 + i (high nibble), so the lane's 8
 // bytes at 8q give both halves. Q8 rows: a chunk is 64 bytes, the lane reads 8 at 8q and 8 at 32 + 8q.
 template <bool kQ4>
-__global__ void __launch_bounds__(kIntParts * 32)
-    gemv_int_kernel(const bf16* __restrict__ x, int T, const uint8_t* __restrict__ w, const float* __restrict__ scales,
-                    int N, int K, int group, void* y, bool out_f32, bool evict_first) {
-    __shared__ float red[kIntParts][32][4];
+__global__ void __launch_bounds__(kIntWarps * 32, 2)
+    gemv_int_kernel(const bf16* __restrict__ x, int T, Fp8Group g, int K, int group, bool out_f32) {
+    extern __shared__ __align__(16) unsigned char smem[];
     pdl_trigger();
+    // the member and its tile
+    const int tile = int(blockIdx.x);
+    const uint8_t* w = g.w[0];
+    const float* scales = g.scales[0];
+    void* y = g.y[0];
+    int N = g.n[0], first = 0;
+#pragma unroll
+    for (int m = 1; m < Fp8Group::kMax; m++)
+        if (m < g.count && tile >= g.block_end[m - 1]) {
+            w = g.w[m];
+            scales = g.scales[m];
+            y = g.y[m];
+            N = g.n[m];
+            first = g.block_end[m - 1];
+        }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, q = lane & 3;
-    const int row0 = int(blockIdx.x) * 16;
+    const int row0 = (tile - first) * 16;
     const bool va = row0 + gi < N, vb = row0 + gi + 8 < N, vx = gi < T;
-    constexpr int kChunkBytes = kQ4 ? 32 : 64, kWords = kQ4 ? 1 : 2;  // 8-byte words per row and chunk
-    const int64_t row_bytes = int64_t(K / 64) * kChunkBytes;
+    constexpr int kChunkBytes = kQ4 ? 32 : 64, kWords = kQ4 ? 1 : 2, kDepth = kIntDepth<kQ4>;
+    const int n_chunks = K / 64, G = K / group, gs = int_scale_stride(G);
+    const int64_t row_bytes = int64_t(n_chunks) * kChunkBytes;
     const uint8_t* pa = w + int64_t(va ? row0 + gi : 0) * row_bytes + 8 * q;
     const uint8_t* pb = w + int64_t(vb ? row0 + gi + 8 : 0) * row_bytes + 8 * q;
-    const int G = K / group;
-    const float* sa = scales + int64_t(va ? row0 + gi : 0) * G;
-    const float* sb = scales + int64_t(vb ? row0 + gi + 8 : 0) * G;
-    const uint4* xr = reinterpret_cast<const uint4*>(x + int64_t(vx ? gi : 0) * K + 8 * q);
-    const int n_chunks = K / 64, chunks_per_group = group >= 64 ? group / 64 : 1;
-    const uint64_t pol = weight_policy(evict_first);
+    float* s_sc = reinterpret_cast<float*>(smem);                     // [16][gs]
+    bf16* s_x = reinterpret_cast<bf16*>(smem + size_t(16) * gs * 4);  // [T][K + kIntXPad]
+    float* s_red = reinterpret_cast<float*>(smem + size_t(16) * gs * 4 + size_t(T) * (K + kIntXPad) * 2);
+    const uint64_t pol = weight_policy(g.evict_first != 0);
     const uint2 zero2 = make_uint2(0u, 0u);
-    const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
-    uint2 ra[kIntUnroll][kWords], rb[kIntUnroll][kWords];
+    uint2 ra[kDepth][kWords], rb[kDepth][kWords];
     auto load_w = [&](int c0) {
 #pragma unroll
-        for (int u = 0; u < kIntUnroll; u++) {
-            const int c = c0 + kIntParts * u;
+        for (int u = 0; u < kDepth; u++) {
+            const int c = c0 + kIntWarps * u;
 #pragma unroll
             for (int h = 0; h < kWords; h++) {
                 ra[u][h] = c < n_chunks && va ? ld_weight8(pa + int64_t(c) * kChunkBytes + 32 * h, pol) : zero2;
@@ -93,32 +137,46 @@ __global__ void __launch_bounds__(kIntParts * 32)
             }
         }
     };
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
     load_w(warp);
+    // the tile's scales (rows past N: zeros, never read into a result)
+    for (int i = int(threadIdx.x); i < 16 * G; i += kIntWarps * 32) {
+        const int r = i / G, c = i - r * G;
+        if (row0 + r < N)
+            cp_async4(smem_addr(s_sc + r * gs + c), scales + int64_t(row0 + r) * G + c);
+        else
+            s_sc[r * gs + c] = 0.0f;
+    }
     pdl_wait();  // x comes from the kernel before
-    for (int c0 = warp; c0 < n_chunks; c0 += kIntParts * kIntUnroll) {
-        uint4 rx[kIntUnroll][2];
+    for (int i = int(threadIdx.x); i < T * (K / 8); i += kIntWarps * 32) {
+        const int t = i / (K / 8), c = (i - t * (K / 8)) * 8;
+        cp_async16(smem_addr(s_x + int64_t(t) * (K + kIntXPad) + c), x + int64_t(t) * K + c, true);
+    }
+    cp_async_commit();
+    cp_async_wait_all();
+    __syncthreads();
+    const bf16* xr = s_x + int64_t(vx ? gi : 0) * (K + kIntXPad) + 8 * q;
+    const float* sa = s_sc + gi * gs;
+    const float* sb = s_sc + (gi + 8) * gs;
+    const int chunks_per_group = group >= 64 ? group / 64 : 1;
+    const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int c0 = warp; c0 < n_chunks; c0 += kIntWarps * kDepth) {
+        uint2 ca[kDepth][kWords], cb[kDepth][kWords];
 #pragma unroll
-        for (int u = 0; u < kIntUnroll; u++) {
-            const int c = c0 + kIntParts * u;
-            rx[u][0] = c < n_chunks && vx ? __ldg(xr + 8 * c) : zero4;      // columns 8q .. 8q + 7
-            rx[u][1] = c < n_chunks && vx ? __ldg(xr + 8 * c + 4) : zero4;  // 32 + 8q .. 32 + 8q + 7
-        }
-        uint2 ca[kIntUnroll][kWords], cb[kIntUnroll][kWords];
-#pragma unroll
-        for (int u = 0; u < kIntUnroll; u++)
+        for (int u = 0; u < kDepth; u++)
 #pragma unroll
             for (int h = 0; h < kWords; h++) {
                 ca[u][h] = ra[u][h];
                 cb[u][h] = rb[u][h];
             }
-        if (c0 + kIntParts * kIntUnroll < n_chunks) load_w(c0 + kIntParts * kIntUnroll);
+        if (c0 + kIntWarps * kDepth < n_chunks) load_w(c0 + kIntWarps * kDepth);
 #pragma unroll
-        for (int u = 0; u < kIntUnroll; u++) {
-            const int c = c0 + kIntParts * u;
+        for (int u = 0; u < kDepth; u++) {
+            const int c = c0 + kIntWarps * u;
             if (c >= n_chunks) break;
-            const uint32_t xw[8] = {rx[u][0].x, rx[u][0].y, rx[u][0].z, rx[u][0].w,
-                                    rx[u][1].x, rx[u][1].y, rx[u][1].z, rx[u][1].w};
+            const uint4 x0 = vx ? *reinterpret_cast<const uint4*>(xr + 64 * c) : zero4;       // columns 8q .. 8q + 7
+            const uint4 x1 = vx ? *reinterpret_cast<const uint4*>(xr + 64 * c + 32) : zero4;  // 32 + 8q .. + 7
+            const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
             float part[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};  // low, high half
 #pragma unroll
             for (int m = 0; m < 4; m++) {
@@ -139,8 +197,7 @@ __global__ void __launch_bounds__(kIntParts * 32)
             }
             // the groups of the halves: 2c and 2c + 1 (group 32), else the chunk's group
             const int g_lo = group == 32 ? 2 * c : c / chunks_per_group, g_hi = group == 32 ? 2 * c + 1 : g_lo;
-            const float s_alo = __ldg(sa + g_lo), s_ahi = __ldg(sa + g_hi);
-            const float s_blo = __ldg(sb + g_lo), s_bhi = __ldg(sb + g_hi);
+            const float s_alo = sa[g_lo], s_ahi = sa[g_hi], s_blo = sb[g_lo], s_bhi = sb[g_hi];
             acc[0] = fmaf(part[1][0], s_ahi, fmaf(part[0][0], s_alo, acc[0]));
             acc[1] = fmaf(part[1][1], s_ahi, fmaf(part[0][1], s_alo, acc[1]));
             acc[2] = fmaf(part[1][2], s_bhi, fmaf(part[0][2], s_blo, acc[2]));
@@ -148,14 +205,14 @@ __global__ void __launch_bounds__(kIntParts * 32)
         }
     }
 #pragma unroll
-    for (int e = 0; e < 4; e++) red[warp][lane][e] = acc[e];
+    for (int e = 0; e < 4; e++) s_red[(warp * 32 + lane) * 4 + e] = acc[e];
     __syncthreads();
     if (warp != 0) return;
 #pragma unroll
     for (int e = 0; e < 4; e++) {
-        float v = red[0][lane][e];
+        float v = s_red[lane * 4 + e];
 #pragma unroll
-        for (int p = 1; p < kIntParts; p++) v += red[p][lane][e];
+        for (int p = 1; p < kIntWarps; p++) v += s_red[(p * 32 + lane) * 4 + e];
         const int t = 2 * q + (e & 1), n = row0 + gi + (e >= 2 ? 8 : 0);
         if (t >= T || n >= N) continue;
         if (out_f32)
@@ -200,25 +257,52 @@ __global__ void dequantize_int_kernel(const uint8_t* __restrict__ w, const float
     *reinterpret_cast<uint4*>(out + r * K + c) = o;
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 }  // namespace
 
 bool int_gemv_fits(const bf16* x, int64_t T, const Matrix& w) {
     return T >= 1 && T <= kGemvMaxTokens && is_int_quant(w.dtype) && w.scales && int_quant_shape_ok(w.cols, w.group) &&
-           w.rows > 0 && aligned16(x) && aligned16(w.data);
+           w.rows > 0 && aligned16(x) && aligned16(w.data) &&
+           int_gemv_smem(T, w.cols, w.group) <= int_gemv_smem_limit();
+}
+
+namespace {
+
+// Launches the GEMV over g's members (checked by the callers; block_end and evict_first set here).
+void launch_int_gemv(const bf16* x, int64_t T, Fp8Group g, int64_t K, DType dtype, int64_t group, bool out_f32,
+                     const LaunchContext& ctx) {
+    for (int m = 0; m < g.count; m++) g.block_end[m] = int(ceil_div(g.n[m], 16)) + (m ? g.block_end[m - 1] : 0);
+    g.evict_first = ctx.evict_first ? 1 : 0;
+    const bool q4 = dtype == DType::Q4;
+    auto kernel = q4 ? gemv_int_kernel<true> : gemv_int_kernel<false>;
+    static bool opted_in[2] = {false, false};  // (the shared-memory opt-in, once per kernel)
+    if (!opted_in[q4]) {
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(int_gemv_smem_limit())),
+              "cudaFuncSetAttribute (integer GEMV shared memory)");
+        opted_in[q4] = true;
+    }
+    launch(kernel, unsigned(g.block_end[g.count - 1]), kIntWarps * 32, int_gemv_smem(T, K, group), ctx,
+           q4 ? "Q4 tensor-core gemv kernel" : "Q8 tensor-core gemv kernel", x, int(T), g, int(K), int(group), out_f32);
+}
+
+}  // namespace
+
+void gemv_int_group(const bf16* x, int64_t T, const Fp8Group& g, int64_t K, DType dtype, int64_t group,
+                    const LaunchContext& ctx) {
+    if (g.count < 1 || g.count > Fp8Group::kMax || !is_int_quant(dtype))
+        throw Error(Status::internal, "integer GEMV group: 1 to 4 Q8/Q4 members expected");
+    for (int m = 0; m < g.count; m++) {
+        const Matrix w{g.w[m], dtype, g.n[m], K, g.scales[m], 0, group};
+        if (!int_gemv_fits(x, T, w) || g.segment_rows[m] != 0)
+            throw Error(Status::internal, "integer GEMV group: shape or alignment not taken");
+    }
+    launch_int_gemv(x, T, g, K, dtype, group, false, ctx);
 }
 
 void gemv_int(const bf16* x, int64_t T, const Matrix& w, void* y, bool out_f32, const LaunchContext& ctx) {
     if (!int_gemv_fits(x, T, w)) throw Error(Status::internal, "integer GEMV: shape or alignment not taken");
-    const auto* d = static_cast<const uint8_t*>(w.data);
-    const unsigned blocks = ceil_div(w.rows, 16);
-    if (w.dtype == DType::Q4)
-        launch(gemv_int_kernel<true>, blocks, kIntParts * 32, 0, ctx, "Q4 tensor-core gemv kernel", x, int(T), d,
-               w.scales, int(w.rows), int(w.cols), int(w.group), y, out_f32, ctx.evict_first);
-    else
-        launch(gemv_int_kernel<false>, blocks, kIntParts * 32, 0, ctx, "Q8 tensor-core gemv kernel", x, int(T), d,
-               w.scales, int(w.rows), int(w.cols), int(w.group), y, out_f32, ctx.evict_first);
+    Fp8Group g;
+    g.add(w, y);
+    launch_int_gemv(x, T, g, w.cols, w.dtype, w.group, out_f32, ctx);
 }
 
 void dequantize_int(const Matrix& w, bf16* out, const LaunchContext& ctx) {
@@ -241,14 +325,16 @@ void matmul_int(Gemm& gemm, const bf16* x, int64_t T, const Matrix& w, void* y, 
     if (int_gemv_fits(x, T, w)) return gemv_int(x, T, w, y, out_f32, ctx);
     const int64_t N = w.rows, K = w.cols;
     if (size_t(N * K) > scratch.weight_elems) {  // (a quantized lm_head: larger than the scratch is sized for)
+        int64_t step = kGemvMaxTokens;           // rows per GEMV: as many as its shared memory holds
+        while (step > 1 && !int_gemv_fits(x, step, w)) step--;
         if (!int_gemv_fits(x, 1, w))
             throw Error(Status::internal, "integer matmul: the dequantization scratch holds " +
                                               std::to_string(scratch.weight_elems) + " values, " + std::to_string(N) +
                                               " x " + std::to_string(K) + " needed");
         const size_t ys = out_f32 ? 4 : 2;
-        for (int64_t t = 0; t < T; t += kGemvMaxTokens)
-            gemv_int(x + t * K, std::min<int64_t>(kGemvMaxTokens, T - t), w, static_cast<char*>(y) + size_t(t * N) * ys,
-                     out_f32, ctx);
+        for (int64_t t = 0; t < T; t += step)
+            gemv_int(x + t * K, std::min<int64_t>(step, T - t), w, static_cast<char*>(y) + size_t(t * N) * ys, out_f32,
+                     ctx);
         return;
     }
     dequantize_int(w, scratch.weight, ctx);

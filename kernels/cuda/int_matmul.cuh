@@ -2,8 +2,10 @@
 // kernels/backend.h Matrix: codes q(r, c) with an F32 scale per row and group of `group` columns, the weight being
 // q(r, c) * scales[r, c / group]), x bf16, y bf16 (F32 for logits).
 //
-// - Up to kGemvMaxTokens rows (decode): a W-only GEMV on tensor cores (W8A16 / W4A16). A block of kIntParts warps
-//   owns 16 output features; warp w takes the 64-column chunks w, w + kIntParts, ... Each lane turns its codes into
+// - Up to kGemvMaxTokens rows (decode): a W-only GEMV on tensor cores (W8A16 / W4A16), over one matrix or a group
+//   of matrices that share x. A block of 8 warps owns 16 output features; warp w takes the 64-column chunks w,
+//   w + 8, ... (weights streamed into registers; the block's scales and x staged in shared memory, which bounds
+//   T * K: int_gemv_fits). Each lane turns its codes into
 //   bf16 exactly (integers of at most 8 bits are bf16 values) and runs mma m16n8k16 with x's bf16 values; the f32
 //   sums of a group's products are multiplied by the group's scale (per row) and added up in f32. So the only
 //   roundings are the tensor cores' f32 accumulation and the final bf16 of y: the weights are never rounded.
@@ -19,10 +21,16 @@
 namespace hy::cuda {
 
 // True when the integer GEMV takes w with T rows of x: 1 <= T <= kGemvMaxTokens, w Q8 or Q4 with scales and a valid
-// group (int_quant_shape_ok), 16-byte aligned x and w.
+// group (int_quant_shape_ok), 16-byte aligned x and w, and T rows of x plus a 16-row tile's scales within a block's
+// shared memory (about 200 KB on Hopper: T * K up to about 90,000 values with group 32).
 bool int_gemv_fits(const bf16* x, int64_t T, const Matrix& w);
 // y = x @ w^T by the integer GEMV (int_gemv_fits; y bf16, or f32 when out_f32).
 void gemv_int(const bf16* x, int64_t T, const Matrix& w, void* y, bool out_f32, const LaunchContext& ctx);
+// The same for 1 to Fp8Group::kMax matrices of one dtype (Q8 or Q4), K and group that share x, in one launch
+// (g.w, scales, y, n as Fp8Group::add sets them; segment_rows 0); y bf16. Throws Error(internal) when a member is
+// not taken by int_gemv_fits.
+void gemv_int_group(const bf16* x, int64_t T, const Fp8Group& g, int64_t K, DType dtype, int64_t group,
+                    const LaunchContext& ctx);
 // out[N, K] = bf16(q * scale) for every weight of a Q8/Q4 w.
 void dequantize_int(const Matrix& w, bf16* out, const LaunchContext& ctx);
 // y = x @ w^T for a Q8/Q4 w: the GEMV when it fits, else dequantize_int into scratch.weight and the bf16 GEMM.

@@ -287,8 +287,6 @@ void gemv_mma(const bf16* x, int64_t T, GemvGroup g, int64_t K, const LaunchCont
            x, int(T), g, int(K));
 }
 
-bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
 // Any shape and alignment (rare: odd K or unaligned rows): one warp per output feature, scalar loads.
 template <typename OutT>
 __global__ void matmul_scalar_kernel(const bf16* __restrict__ x, int64_t T, const bf16* __restrict__ w,

@@ -5,7 +5,7 @@
 # hybrid-bench on a Qwen3.5-4B-shaped random checkpoint: decode b=1, prefill 4096 and batched decode, new and base
 # in alternation (ROUNDS rounds, default 2), so that a difference of about 1% stands out of the run-to-run noise.
 # Usage (device tool, from the repository root): bash tools/gpu/ab_run.sh   with carry [".carry"]
-# (.carry from ../shared/tools/device_prep.sh). STAGES (default "all"): build gpu_tests tests bench fp8_kernels fp8 int moe moe_trace moe_ncu moe_trained
+# (.carry from ../shared/tools/device_prep.sh). STAGES (default "all"): build gpu_tests tests bench fp8_kernels fp8 int int_trace moe moe_trace moe_ncu moe_trained
 # (NOBASE=1: no baseline build; FP8_QUICK=1: the fp8 stage's benches with FP8 weights and block-scaled alone; MOE_AB=0, MOE_LONG=0: shorter moe stage; TRACE=1: also builds hybrid-bench with -DHY_CUDA_TRACE=ON for moe_trace).
 # Logs: $OUT/all.log, summary last.
 set -u
@@ -140,6 +140,22 @@ if want int; then  # int8/int4 weights (--quant int8 / int4): the [int] tests, m
         step "int_batch_$q" 150 $N/hybrid-bench -m $M $DW --device cuda --quant $q -p 128 -n 64 -b 2,8,64 -r 2
         grep -E '^\| +[0-9]' "$LOG" | tail -3 | sed "s/^/  batch [quant $q]: /" >>"$SUM"
     done
+fi
+if want int_trace; then  # where an int4 b=1 decode step's time goes (TRACE=1 build), and Nsight Compute on the GEMVs
+    M=/tmp/q4d DW=--dummy-weights
+    mkdir -p $M && cp tools/gpu/config_4b.json $M/config.json
+    grep -q "rc=0" /tmp/bt.log 2>/dev/null && for q in int4 none; do
+        step "int_trace_$q" 120 /tmp/bt/hybrid-bench -m $M $DW --device cuda --quant $q -p 16 -n 64 -r 1 \
+            --cuda-trace /tmp/int_trace_$q.txt
+        python3 tools/gpu/trace_summary.py /tmp/int_trace_$q.txt >"$OUT/int_trace_$q.txt" 2>&1
+        head -30 "$OUT/int_trace_$q.txt" | sed "s/^/  [$q] /" >>"$SUM"
+    done
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    step ncu_int4 300 $NCU --kernel-name regex:"gemv_int" --launch-skip 300 --launch-count 8 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
+        --section WarpStateStats --section SchedulerStats $N/hybrid-bench -m $M $DW --device cuda --quant int4 -p 16 \
+        -n 8 -r 1 --no-cuda-graphs
+    grep -E "gemv_int|Duration|Memory Throughput|DRAM Throughput|Registers Per|Achieved Occupancy|Theoretical Occ|Block Limit|Stall|Issued|Eligible|Grid Size|No Eligible" "$LOG" | tail -160 >"$OUT/ncu_int4.txt"
 fi
 if want moe; then  # Qwen3.5-35B-A3B shapes (tools/gpu/config_35b_a3b.json) with dummy weights made on the device
     mkdir -p /tmp/q35 && cp tools/gpu/config_35b_a3b.json /tmp/q35/config.json
