@@ -351,7 +351,8 @@ public:
     virtual void matmul_group(const void* x, int64_t rows, const Projection* p, int n) = 0;
     // The SwiGLU MLP's first half (QWEN35.md "Decoder layer", MLP): gate[rows, F] = x @ w_gate^T, up[rows, F] = x @
     // w_up^T, then act[rows, F] = silu(gate) * up (act may alias gate; gate and up are left holding the projections).
-    // Same results as matmul, matmul, silu_mul; the CUDA backend runs it as one GEMV kernel for 1-2 rows.
+    // Same results as matmul, matmul, silu_mul; the CUDA backend runs it as one GEMV kernel for 1-2 rows (1-8 for FP8,
+    // Q8 and Q4).
     virtual void gate_up_silu(const void* x, int64_t rows, const Matrix& w_gate, const Matrix& w_up, void* gate,
                               void* up, void* act) = 0;
     // The MoE router (docs/QWEN35.md "Mixture-of-experts members"): p = softmax(x @ router^T) in fp32 over the E

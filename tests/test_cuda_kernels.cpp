@@ -1616,19 +1616,44 @@ TEST_CASE("CUDA Q8/Q4 GEMV groups equal their members run alone", "[gpu][int]") 
                 }
                 CHECK(rel_err(got, int_reference(x, T, m[size_t(i)])) <= kTol);
             }
-            // gate/up/SiLU over members 0 and a second matrix of the same shape
-            const IntMatrix up = int_matrix(gpu, int_weights(ns[0], K, group), ns[0], K, group, type);
-            void* g = gpu.poisoned(size_t(T) * ns[0]);
-            void* u = gpu.poisoned(size_t(T) * ns[0]);
-            void* a = gpu.poisoned(size_t(T) * ns[0]);
-            gpu.be->gate_up_silu(xg, T, m[0].gpu, up.gpu, g, u, a);
-            const auto gr = int_reference(x, T, m[0]), ur = int_reference(x, T, up);
-            std::vector<float> ar(gr.size());
-            for (size_t j = 0; j < ar.size(); j++) {
-                const float gb = bf16_to_f32(f32_to_bf16(gr[j])), ub = bf16_to_f32(f32_to_bf16(ur[j]));
-                ar[j] = bf16_to_f32(f32_to_bf16(gb / (1.0f + std::exp(-gb)))) * ub;  // (as silu_mul rounds)
+            // gate/up/SiLU (the SwiGLU GEMV: 8 features a block) over two matrices of 200 and of 44 rows (a partial
+            // last tile): gate and up bitwise those of the pair as a group, act bitwise silu_mul's on them; act
+            // aliasing gate gives the same bits
+            for (const int N : {200, 44}) {
+                INFO("gate/up N=" << N);
+                const IntMatrix gm = int_matrix(gpu, int_weights(N, K, group), N, K, group, type);
+                const IntMatrix um = int_matrix(gpu, int_weights(N, K, group), N, K, group, type);
+                const size_t n = size_t(T) * N;
+                void* g = gpu.poisoned(n);
+                void* u = gpu.poisoned(n);
+                void* a = gpu.poisoned(n);
+                gpu.be->gate_up_silu(xg, T, gm.gpu, um.gpu, g, u, a);
+                const Projection pair[2] = {{gm.gpu, gpu.poisoned(n)}, {um.gpu, gpu.poisoned(n)}};
+                gpu.be->matmul_group(xg, T, pair, 2);
+                void* a2 = gpu.poisoned(n);
+                gpu.be->silu_mul(pair[0].y, pair[1].y, int64_t(n), a2);
+                const auto got_g = gpu.read_act(g, n), got_u = gpu.read_act(u, n), got_a = gpu.read_act(a, n);
+                const auto ref_g = gpu.read_act(pair[0].y, n), ref_u = gpu.read_act(pair[1].y, n);
+                const auto ref_a = gpu.read_act(a2, n);
+                for (size_t j = 0; j < n; j++) {
+                    REQUIRE(std::isfinite(got_a[j]));
+                    REQUIRE(bits_of(got_g[j]) == bits_of(ref_g[j]));
+                    REQUIRE(bits_of(got_u[j]) == bits_of(ref_u[j]));
+                    REQUIRE(bits_of(got_a[j]) == bits_of(ref_a[j]));
+                }
+                void* ga = gpu.poisoned(n);
+                void* ua = gpu.poisoned(n);
+                gpu.be->gate_up_silu(xg, T, gm.gpu, um.gpu, ga, ua, ga);  // act in place of gate
+                const auto in_place = gpu.read_act(ga, n);
+                for (size_t j = 0; j < n; j++) REQUIRE(bits_of(in_place[j]) == bits_of(got_a[j]));
+                const auto gr = int_reference(x, T, gm), ur = int_reference(x, T, um);
+                std::vector<float> ar(gr.size());
+                for (size_t j = 0; j < ar.size(); j++) {
+                    const float gb = bf16_to_f32(f32_to_bf16(gr[j])), ub = bf16_to_f32(f32_to_bf16(ur[j]));
+                    ar[j] = bf16_to_f32(f32_to_bf16(gb / (1.0f + std::exp(-gb)))) * ub;  // (as silu_mul rounds)
+                }
+                CHECK(rel_err(got_a, ar) <= kTol);
             }
-            CHECK(rel_err(gpu.read_act(a, ar.size()), ar) <= kTol);
         }
 }
 

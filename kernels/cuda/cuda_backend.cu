@@ -127,7 +127,7 @@ struct Op {
         gemv_group,
         gate_up,
         gemv_quant_group,
-        gate_up_fp8,
+        gate_up_quant,
         add_rms_norm,
         moe_route,
         moe_experts,
@@ -672,8 +672,9 @@ public:
             }
         }
     }
-    // 1-2 rows where the GEMV fits (FP8: 1-8 rows): one gate/up/SiLU GEMV kernel (cuda::gemv_gate_up,
-    // cuda::gemv_fp8_gate_up); Q8/Q4: gate and up as one matmul_group, then silu_mul; else matmul, matmul, silu_mul.
+    // 1-2 rows where the GEMV fits (FP8 and Q8/Q4: 1-8 rows): one gate/up/SiLU GEMV kernel (cuda::gemv_gate_up,
+    // cuda::gemv_fp8_gate_up, cuda::gemv_int_gate_up); Q8/Q4 beyond: gate and up as one matmul_group, then silu_mul;
+    // else matmul, matmul, silu_mul.
     void gate_up_silu(const void* x, int64_t rows, const Matrix& w_gate, const Matrix& w_up, void* gate, void* up,
                       void* act) override {
         require_matrix(w_gate, "weight matrix", true);
@@ -687,7 +688,22 @@ public:
         const bool fits = fp8 ? cuda::fp8_gemv_fits(xb, rows, w_gate) && cuda::fp8_gemv_fits(xb, rows, w_up)
                               : cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols) &&
                                     cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols);
-        if (same && is_int_quant(w_gate.dtype) && w_gate.group == w_up.group) {  // Q8/Q4: the two as one group
+        const bool int_quant = same && is_int_quant(w_gate.dtype) && w_gate.group == w_up.group;
+        if (int_quant && cuda::int_gemv_fits(xb, rows, w_gate) && cuda::int_gemv_fits(xb, rows, w_up) &&
+            w_gate.scale_segment_rows == 0) {  // Q8/Q4 decode rows: the SwiGLU GEMV
+            Op op;
+            op.kind = Op::Kind::gate_up_quant;
+            op.x = x;
+            op.m = w_gate;
+            op.m2 = w_up;
+            op.y = gate;
+            op.y2 = up;
+            op.y3 = act;
+            op.n = rows;
+            submit(op);
+            return;
+        }
+        if (int_quant) {  // Q8/Q4, more rows: the two as one group (dequantized), then silu_mul
             const Projection pair[2] = {{w_gate, gate}, {w_up, up}};
             matmul_group(x, rows, pair, 2);
             silu_mul(gate, up, rows * w_gate.rows, act);
@@ -695,7 +711,7 @@ public:
         }
         if (same && fits) {
             Op op;
-            op.kind = fp8 ? Op::Kind::gate_up_fp8 : Op::Kind::gate_up;
+            op.kind = fp8 ? Op::Kind::gate_up_quant : Op::Kind::gate_up;
             op.x = x;
             op.m = w_gate;
             op.m2 = w_up;
@@ -991,7 +1007,11 @@ private:
                 else
                     cuda::gemv_fp8_group(static_cast<const bf16*>(op.x), op.n, op.fp8, op.dim, op.m.dtype, ctx_);
                 return;
-            case K::gate_up_fp8:
+            case K::gate_up_quant:
+                if (is_int_quant(op.m.dtype))
+                    return cuda::gemv_int_gate_up(static_cast<const bf16*>(op.x), op.n, op.m, op.m2,
+                                                  static_cast<bf16*>(op.y), static_cast<bf16*>(op.y2),
+                                                  static_cast<bf16*>(op.y3), ctx_);
                 cuda::gemv_fp8_gate_up(static_cast<const bf16*>(op.x), op.n, op.m, op.m2, static_cast<bf16*>(op.y),
                                        static_cast<bf16*>(op.y2), static_cast<bf16*>(op.y3), ctx_);
                 return;

@@ -92,9 +92,14 @@ __device__ __forceinline__ void q8_bytes_to_bf16x2(uint32_t w, uint32_t& lo, uin
 // group holds the whole chunk otherwise) and added to the sums. The warps' sums are then added in warp order.
 // Q4 rows: a chunk is 32 bytes, byte i holding column i (low nibble) and 32 + i (high nibble), so the lane's 8
 // bytes at 8q give both halves. Q8 rows: a chunk is 64 bytes, the lane reads 8 at 8q and 8 at 32 + 8q.
-template <bool kQ4>
+//
+// kSwiGLU (the MLP's gate_up_silu): g holds gate (member 0) and up (member 1) of N rows each; block b's tile is
+// gate's rows 8b .. 8b + 7 (tile rows 0-7) and up's same rows (tile rows 8-15), so each lane ends up holding gate
+// and up of the same (token, feature) and writes gate, up and act = silu(gate) * up (bf16 values, as silu_mul).
+// Every row's sum is computed as in the plain mode, so gate and up are bitwise those of a group of the two.
+template <bool kQ4, bool kSwiGLU>
 __global__ void __launch_bounds__(kIntWarps * 32, 2)
-    gemv_int_kernel(const bf16* __restrict__ x, int T, Fp8Group g, int K, int group, bool out_f32) {
+    gemv_int_kernel(const bf16* __restrict__ x, int T, Fp8Group g, int K, int group, bool out_f32, bf16* act) {
     extern __shared__ __align__(16) unsigned char smem[];
     pdl_trigger();
     // the member and its tile
@@ -103,23 +108,27 @@ __global__ void __launch_bounds__(kIntWarps * 32, 2)
     const float* scales = g.scales[0];
     void* y = g.y[0];
     int N = g.n[0], first = 0;
+    if constexpr (!kSwiGLU) {
 #pragma unroll
-    for (int m = 1; m < Fp8Group::kMax; m++)
-        if (m < g.count && tile >= g.block_end[m - 1]) {
-            w = g.w[m];
-            scales = g.scales[m];
-            y = g.y[m];
-            N = g.n[m];
-            first = g.block_end[m - 1];
-        }
+        for (int m = 1; m < Fp8Group::kMax; m++)
+            if (m < g.count && tile >= g.block_end[m - 1]) {
+                w = g.w[m];
+                scales = g.scales[m];
+                y = g.y[m];
+                N = g.n[m];
+                first = g.block_end[m - 1];
+            }
+    }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, q = lane & 3;
-    const int row0 = (tile - first) * 16;
-    const bool va = row0 + gi < N, vb = row0 + gi + 8 < N, vx = gi < T;
+    // the tile's first row, and the matrix and row of tile rows gi (a) and gi + 8 (b)
+    const int row0 = (tile - first) * (kSwiGLU ? 8 : 16);
+    const int ra_row = row0 + gi, rb_row = kSwiGLU ? row0 + gi : row0 + gi + 8;
+    const bool va = ra_row < N, vb = rb_row < N, vx = gi < T;
     constexpr int kChunkBytes = kQ4 ? 32 : 64, kWords = kQ4 ? 1 : 2, kDepth = kIntDepth<kQ4>;
     const int n_chunks = K / 64, G = K / group, gs = int_scale_stride(G);
     const int64_t row_bytes = int64_t(n_chunks) * kChunkBytes;
-    const uint8_t* pa = w + int64_t(va ? row0 + gi : 0) * row_bytes + 8 * q;
-    const uint8_t* pb = w + int64_t(vb ? row0 + gi + 8 : 0) * row_bytes + 8 * q;
+    const uint8_t* pa = w + int64_t(va ? ra_row : 0) * row_bytes + 8 * q;
+    const uint8_t* pb = (kSwiGLU ? g.w[1] : w) + int64_t(vb ? rb_row : 0) * row_bytes + 8 * q;
     float* s_sc = reinterpret_cast<float*>(smem);                     // [16][gs]
     bf16* s_x = reinterpret_cast<bf16*>(smem + size_t(16) * gs * 4);  // [T][K + kIntXPad]
     float* s_red = reinterpret_cast<float*>(smem + size_t(16) * gs * 4 + size_t(T) * (K + kIntXPad) * 2);
@@ -141,8 +150,10 @@ __global__ void __launch_bounds__(kIntWarps * 32, 2)
     // the tile's scales (rows past N: zeros, never read into a result)
     for (int i = int(threadIdx.x); i < 16 * G; i += kIntWarps * 32) {
         const int r = i / G, c = i - r * G;
-        if (row0 + r < N)
-            cp_async4(smem_addr(s_sc + r * gs + c), scales + int64_t(row0 + r) * G + c);
+        const int row = kSwiGLU ? row0 + (r & 7) : row0 + r;
+        const float* src = kSwiGLU && r >= 8 ? g.scales[1] : scales;
+        if (row < N)
+            cp_async4(smem_addr(s_sc + r * gs + c), src + int64_t(row) * G + c);
         else
             s_sc[r * gs + c] = 0.0f;
     }
@@ -208,17 +219,36 @@ __global__ void __launch_bounds__(kIntWarps * 32, 2)
     for (int e = 0; e < 4; e++) s_red[(warp * 32 + lane) * 4 + e] = acc[e];
     __syncthreads();
     if (warp != 0) return;
+    float v4[4];
 #pragma unroll
     for (int e = 0; e < 4; e++) {
         float v = s_red[lane * 4 + e];
 #pragma unroll
         for (int p = 1; p < kIntWarps; p++) v += s_red[(p * 32 + lane) * 4 + e];
-        const int t = 2 * q + (e & 1), n = row0 + gi + (e >= 2 ? 8 : 0);
-        if (t >= T || n >= N) continue;
-        if (out_f32)
-            static_cast<float*>(y)[int64_t(t) * N + n] = v;
-        else
-            static_cast<bf16*>(y)[int64_t(t) * N + n] = to_bf16(v);
+        v4[e] = v;
+    }
+    if constexpr (kSwiGLU) {
+#pragma unroll
+        for (int e = 0; e < 2; e++) {  // (token 2q + e, feature row0 + gi): gate in v4[e], up in v4[e + 2]
+            const int t = 2 * q + e, n = row0 + gi;
+            if (t >= T || n >= N) continue;
+            const float gv = round_bf16(v4[e]), uv = round_bf16(v4[e + 2]);
+            const int64_t o = int64_t(t) * N + n;
+            static_cast<bf16*>(g.y[1])[o] = to_bf16(uv);
+            if (act != static_cast<bf16*>(y)) static_cast<bf16*>(y)[o] = to_bf16(gv);
+            act[o] = to_bf16(round_bf16(siluf_(gv)) * uv);
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            const float v = v4[e];
+            const int t = 2 * q + (e & 1), n = row0 + gi + (e >= 2 ? 8 : 0);
+            if (t >= T || n >= N) continue;
+            if (out_f32)
+                static_cast<float*>(y)[int64_t(t) * N + n] = v;
+            else
+                static_cast<bf16*>(y)[int64_t(t) * N + n] = to_bf16(v);
+        }
     }
 }
 
@@ -267,21 +297,28 @@ bool int_gemv_fits(const bf16* x, int64_t T, const Matrix& w) {
 
 namespace {
 
-// Launches the GEMV over g's members (checked by the callers; block_end and evict_first set here).
+// Launches the GEMV over g's members (checked by the callers; block_end and evict_first set here); with act, the
+// SwiGLU mode over g = {gate, up}.
 void launch_int_gemv(const bf16* x, int64_t T, Fp8Group g, int64_t K, DType dtype, int64_t group, bool out_f32,
-                     const LaunchContext& ctx) {
+                     const LaunchContext& ctx, bf16* act = nullptr) {
+    const bool swiglu = act != nullptr;
     for (int m = 0; m < g.count; m++) g.block_end[m] = int(ceil_div(g.n[m], 16)) + (m ? g.block_end[m - 1] : 0);
     g.evict_first = ctx.evict_first ? 1 : 0;
     const bool q4 = dtype == DType::Q4;
-    auto kernel = q4 ? gemv_int_kernel<true> : gemv_int_kernel<false>;
-    static bool opted_in[2] = {false, false};  // (the shared-memory opt-in, once per kernel)
-    if (!opted_in[q4]) {
+    auto kernel = q4 ? (swiglu ? gemv_int_kernel<true, true> : gemv_int_kernel<true, false>)
+                     : (swiglu ? gemv_int_kernel<false, true> : gemv_int_kernel<false, false>);
+    static bool opted_in[2][2] = {};  // (the shared-memory opt-in, once per kernel)
+    if (!opted_in[q4][swiglu]) {
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(int_gemv_smem_limit())),
               "cudaFuncSetAttribute (integer GEMV shared memory)");
-        opted_in[q4] = true;
+        opted_in[q4][swiglu] = true;
     }
-    launch(kernel, unsigned(g.block_end[g.count - 1]), kIntWarps * 32, int_gemv_smem(T, K, group), ctx,
-           q4 ? "Q4 tensor-core gemv kernel" : "Q8 tensor-core gemv kernel", x, int(T), g, int(K), int(group), out_f32);
+    const unsigned blocks = swiglu ? unsigned(ceil_div(g.n[0], 8)) : unsigned(g.block_end[g.count - 1]);
+    const char* what =
+        swiglu ? (q4 ? "Q4 tensor-core gate/up/SiLU gemv kernel" : "Q8 tensor-core gate/up/SiLU gemv kernel")
+               : (q4 ? "Q4 tensor-core gemv kernel" : "Q8 tensor-core gemv kernel");
+    launch(kernel, blocks, kIntWarps * 32, int_gemv_smem(T, K, group), ctx, what, x, int(T), g, int(K), int(group),
+           out_f32, act);
 }
 
 }  // namespace
@@ -296,6 +333,20 @@ void gemv_int_group(const bf16* x, int64_t T, const Fp8Group& g, int64_t K, DTyp
             throw Error(Status::internal, "integer GEMV group: shape or alignment not taken");
     }
     launch_int_gemv(x, T, g, K, dtype, group, false, ctx);
+}
+
+void gemv_int_gate_up(const bf16* x, int64_t T, const Matrix& w_gate, const Matrix& w_up, bf16* gate, bf16* up,
+                      bf16* act, const LaunchContext& ctx) {
+    if (!int_gemv_fits(x, T, w_gate) || !int_gemv_fits(x, T, w_up) || w_gate.dtype != w_up.dtype ||
+        w_gate.rows != w_up.rows || w_gate.cols != w_up.cols || w_gate.group != w_up.group ||
+        w_gate.scale_segment_rows != 0 || w_up.scale_segment_rows != 0)
+        throw Error(Status::internal, "integer gate/up GEMV: shapes, dtypes or alignment not taken");
+    if (!gate || !up || !act || up == gate || up == act)
+        throw Error(Status::internal, "integer gate/up GEMV: gate, up and act (which may alias gate) expected");
+    Fp8Group g;
+    g.add(w_gate, gate);
+    g.add(w_up, up);
+    launch_int_gemv(x, T, g, w_gate.cols, w_gate.dtype, w_gate.group, false, ctx, act);
 }
 
 void gemv_int(const bf16* x, int64_t T, const Matrix& w, void* y, bool out_f32, const LaunchContext& ctx) {

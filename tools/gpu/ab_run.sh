@@ -134,6 +134,10 @@ if want int; then  # int8/int4 weights (--quant int8 / int4): the [int] tests, m
     for q in int4 int8 $([ "${INT_QUICK:-0}" = 1 ] || echo none); do
         step "int_b1_$q" 150 $N/hybrid-bench -m $M $DW --device cuda --quant $q -p 512 -n 256 -r 3
         say "  decode b=1 [quant $q]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+        if [ -x $B/hybrid-bench ] && [ $q != none ]; then  # the baseline's b=1 in the same job
+            step "int_b1_base_$q" 150 $B/hybrid-bench -m $M $DW --device cuda --quant $q -p 512 -n 256 -r 3
+            say "  decode b=1 [quant $q, BASE]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+        fi
         grep -E "^weights|arena" "$LOG" | tail -2 | sed "s/^/  [$q] /" >>"$SUM"
         step "int_prefill_$q" 150 $N/hybrid-bench -m $M $DW --device cuda --quant $q -p 4096 -n 8 -r 2 --ubatch 4096
         say "  prefill 4096 [quant $q]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
@@ -148,6 +152,7 @@ if want int_trace; then  # where an int4 b=1 decode step's time goes (TRACE=1 bu
         step "int_trace_$q" 120 /tmp/bt/hybrid-bench -m $M $DW --device cuda --quant $q -p 16 -n 64 -r 1 \
             --cuda-trace /tmp/int_trace_$q.txt
         python3 tools/gpu/trace_summary.py /tmp/int_trace_$q.txt >"$OUT/int_trace_$q.txt" 2>&1
+        gzip -c /tmp/int_trace_$q.txt >"$OUT/int_trace_raw_$q.txt.gz"  # (the stamps, for a closer look)
         head -30 "$OUT/int_trace_$q.txt" | sed "s/^/  [$q] /" >>"$SUM"
     done
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
