@@ -1550,11 +1550,26 @@ TEST_CASE("CUDA Q8/Q4 matmuls match the dequantized-weight reference", "[gpu][in
     ws.fp8_max_elems = int64_t(300) * 9216;
     Side gpu(make_cuda_backend(0), l, ws, size_t(200) << 20);
     // (T, N, K, group)
-    const int shapes[]
-                    [4] = {{1, 96, 256, 32},   {2, 40, 768, 64},    {1, 300, 2560, 32},  {3, 64, 4096, 128},
-                           {1, 33, 9216, 64},  {8, 256, 256, 32},   {5, 17, 2560, 256},  {4, 100, 1024, 32},
-                           {9, 33, 768, 64},   {37, 256, 1024, 32}, {64, 96, 2560, 128}, {96, 40, 512, 32},
-                           {3, 50, 16384, 32}, {8, 50, 16384, 32}};  // (8 x 16384: x outgrows the GEMV's shared memory)
+    const int shapes[][4] = {{1, 96, 256, 32},
+                             {2, 40, 768, 64},
+                             {1, 300, 2560, 32},
+                             {3, 64, 4096, 128},
+                             {1, 33, 9216, 64},
+                             {8, 256, 256, 32},
+                             {5, 17, 2560, 256},
+                             {4, 100, 1024, 32},
+                             {9, 33, 768, 64},
+                             {37, 256, 1024, 32},
+                             {64, 96, 2560, 128},
+                             {96, 40, 512, 32},
+                             {3, 50, 16384, 32},
+                             {8, 50, 16384, 32},  // (8 x 16384: x outgrows the GEMV's shared memory)
+                             // K split over a cluster of 2 or 4 blocks, slices of unequal length and groups of scales
+                             // not a multiple of 4 (65 and 129 chunks)
+                             {1, 40, 4160, 32},
+                             {2, 24, 8256, 64},
+                             {6, 20, 8192, 256},
+                             {7, 30, 9216, 32}};
     for (const DType type : {DType::Q8, DType::Q4})
         for (auto& sh : shapes) {
             const int T = sh[0], N = sh[1], K = sh[2], group = sh[3];
@@ -1585,76 +1600,77 @@ TEST_CASE("CUDA Q8/Q4 matmuls match the dequantized-weight reference", "[gpu][in
 }
 
 // Q8/Q4 projections of one input as a group (one GEMV launch over the members' tiles; N not a multiple of 16) and
-// the gate/up/SiLU op (gate and up as a group, then silu_mul): each member's output equals its own matmul()'s bits,
-// and the products match the dequantized-weight reference.
+// the gate/up/SiLU op (the SwiGLU GEMV): each member's output equals its own matmul()'s bits, and the products
+// match the dequantized-weight reference; K of 2560 (one block a tile) and 4160 (a cluster of 2 splits K).
 TEST_CASE("CUDA Q8/Q4 GEMV groups equal their members run alone", "[gpu][int]") {
     HY_REQUIRE_GPU();
     const BatchLimits l = limits(16, 8, 16);
     WorkspaceShape ws{4, 64, 0, 0, 0, 0, 0};
-    Side gpu(make_cuda_backend(0), l, ws, size_t(64) << 20);
-    const int K = 2560, group = 32;
+    Side gpu(make_cuda_backend(0), l, ws, size_t(128) << 20);
+    const int group = 32;
     const int ns[3] = {200, 40, 72};
-    for (const DType type : {DType::Q8, DType::Q4})
-        for (const int T : {1, 3, 8}) {
-            INFO(dtype_name(type) << " T=" << T);
-            std::vector<IntMatrix> m;
-            for (int n : ns) m.push_back(int_matrix(gpu, int_weights(n, K, group), n, K, group, type));
-            const auto x = randn(size_t(T) * K);
-            void* xg = gpu.act(x);
-            Projection pr[3];
-            for (int i = 0; i < 3; i++) pr[i] = {m[size_t(i)].gpu, gpu.poisoned(size_t(T) * ns[i])};
-            gpu.be->matmul_group(xg, T, pr, 3);
-            for (int i = 0; i < 3; i++) {
-                INFO("member " << i);
-                const auto got = gpu.read_act(pr[i].y, size_t(T) * ns[i]);
-                void* solo = gpu.poisoned(size_t(T) * ns[i]);
-                gpu.be->matmul(xg, T, m[size_t(i)].gpu, solo);
-                const auto alone = gpu.read_act(solo, size_t(T) * ns[i]);
-                for (size_t j = 0; j < got.size(); j++) {
-                    REQUIRE(std::isfinite(got[j]));
-                    REQUIRE(bits_of(got[j]) == bits_of(alone[j]));
+    for (const int K : {2560, 4160})
+        for (const DType type : {DType::Q8, DType::Q4})
+            for (const int T : {1, 3, 8}) {
+                INFO(dtype_name(type) << " T=" << T << " K=" << K);
+                std::vector<IntMatrix> m;
+                for (int n : ns) m.push_back(int_matrix(gpu, int_weights(n, K, group), n, K, group, type));
+                const auto x = randn(size_t(T) * K);
+                void* xg = gpu.act(x);
+                Projection pr[3];
+                for (int i = 0; i < 3; i++) pr[i] = {m[size_t(i)].gpu, gpu.poisoned(size_t(T) * ns[i])};
+                gpu.be->matmul_group(xg, T, pr, 3);
+                for (int i = 0; i < 3; i++) {
+                    INFO("member " << i);
+                    const auto got = gpu.read_act(pr[i].y, size_t(T) * ns[i]);
+                    void* solo = gpu.poisoned(size_t(T) * ns[i]);
+                    gpu.be->matmul(xg, T, m[size_t(i)].gpu, solo);
+                    const auto alone = gpu.read_act(solo, size_t(T) * ns[i]);
+                    for (size_t j = 0; j < got.size(); j++) {
+                        REQUIRE(std::isfinite(got[j]));
+                        REQUIRE(bits_of(got[j]) == bits_of(alone[j]));
+                    }
+                    CHECK(rel_err(got, int_reference(x, T, m[size_t(i)])) <= kTol);
                 }
-                CHECK(rel_err(got, int_reference(x, T, m[size_t(i)])) <= kTol);
+                // gate/up/SiLU (the SwiGLU GEMV: 8 features a block) over two matrices of 200 and of 44 rows (a partial
+                // last tile): gate and up bitwise those of the pair as a group, act bitwise silu_mul's on them; act
+                // aliasing gate gives the same bits
+                for (const int N : {200, 44}) {
+                    INFO("gate/up N=" << N);
+                    const IntMatrix gm = int_matrix(gpu, int_weights(N, K, group), N, K, group, type);
+                    const IntMatrix um = int_matrix(gpu, int_weights(N, K, group), N, K, group, type);
+                    const size_t n = size_t(T) * N;
+                    void* g = gpu.poisoned(n);
+                    void* u = gpu.poisoned(n);
+                    void* a = gpu.poisoned(n);
+                    gpu.be->gate_up_silu(xg, T, gm.gpu, um.gpu, g, u, a);
+                    const Projection pair[2] = {{gm.gpu, gpu.poisoned(n)}, {um.gpu, gpu.poisoned(n)}};
+                    gpu.be->matmul_group(xg, T, pair, 2);
+                    void* a2 = gpu.poisoned(n);
+                    gpu.be->silu_mul(pair[0].y, pair[1].y, int64_t(n), a2);
+                    const auto got_g = gpu.read_act(g, n), got_u = gpu.read_act(u, n), got_a = gpu.read_act(a, n);
+                    const auto ref_g = gpu.read_act(pair[0].y, n), ref_u = gpu.read_act(pair[1].y, n);
+                    const auto ref_a = gpu.read_act(a2, n);
+                    for (size_t j = 0; j < n; j++) {
+                        REQUIRE(std::isfinite(got_a[j]));
+                        REQUIRE(bits_of(got_g[j]) == bits_of(ref_g[j]));
+                        REQUIRE(bits_of(got_u[j]) == bits_of(ref_u[j]));
+                        REQUIRE(bits_of(got_a[j]) == bits_of(ref_a[j]));
+                    }
+                    void* ga = gpu.poisoned(n);
+                    void* ua = gpu.poisoned(n);
+                    gpu.be->gate_up_silu(xg, T, gm.gpu, um.gpu, ga, ua, ga);  // act in place of gate
+                    const auto in_place = gpu.read_act(ga, n);
+                    for (size_t j = 0; j < n; j++) REQUIRE(bits_of(in_place[j]) == bits_of(got_a[j]));
+                    const auto gr = int_reference(x, T, gm), ur = int_reference(x, T, um);
+                    std::vector<float> ar(gr.size());
+                    for (size_t j = 0; j < ar.size(); j++) {
+                        const float gb = bf16_to_f32(f32_to_bf16(gr[j])), ub = bf16_to_f32(f32_to_bf16(ur[j]));
+                        ar[j] = bf16_to_f32(f32_to_bf16(gb / (1.0f + std::exp(-gb)))) * ub;  // (as silu_mul rounds)
+                    }
+                    CHECK(rel_err(got_a, ar) <= kTol);
+                }
             }
-            // gate/up/SiLU (the SwiGLU GEMV: 8 features a block) over two matrices of 200 and of 44 rows (a partial
-            // last tile): gate and up bitwise those of the pair as a group, act bitwise silu_mul's on them; act
-            // aliasing gate gives the same bits
-            for (const int N : {200, 44}) {
-                INFO("gate/up N=" << N);
-                const IntMatrix gm = int_matrix(gpu, int_weights(N, K, group), N, K, group, type);
-                const IntMatrix um = int_matrix(gpu, int_weights(N, K, group), N, K, group, type);
-                const size_t n = size_t(T) * N;
-                void* g = gpu.poisoned(n);
-                void* u = gpu.poisoned(n);
-                void* a = gpu.poisoned(n);
-                gpu.be->gate_up_silu(xg, T, gm.gpu, um.gpu, g, u, a);
-                const Projection pair[2] = {{gm.gpu, gpu.poisoned(n)}, {um.gpu, gpu.poisoned(n)}};
-                gpu.be->matmul_group(xg, T, pair, 2);
-                void* a2 = gpu.poisoned(n);
-                gpu.be->silu_mul(pair[0].y, pair[1].y, int64_t(n), a2);
-                const auto got_g = gpu.read_act(g, n), got_u = gpu.read_act(u, n), got_a = gpu.read_act(a, n);
-                const auto ref_g = gpu.read_act(pair[0].y, n), ref_u = gpu.read_act(pair[1].y, n);
-                const auto ref_a = gpu.read_act(a2, n);
-                for (size_t j = 0; j < n; j++) {
-                    REQUIRE(std::isfinite(got_a[j]));
-                    REQUIRE(bits_of(got_g[j]) == bits_of(ref_g[j]));
-                    REQUIRE(bits_of(got_u[j]) == bits_of(ref_u[j]));
-                    REQUIRE(bits_of(got_a[j]) == bits_of(ref_a[j]));
-                }
-                void* ga = gpu.poisoned(n);
-                void* ua = gpu.poisoned(n);
-                gpu.be->gate_up_silu(xg, T, gm.gpu, um.gpu, ga, ua, ga);  // act in place of gate
-                const auto in_place = gpu.read_act(ga, n);
-                for (size_t j = 0; j < n; j++) REQUIRE(bits_of(in_place[j]) == bits_of(got_a[j]));
-                const auto gr = int_reference(x, T, gm), ur = int_reference(x, T, um);
-                std::vector<float> ar(gr.size());
-                for (size_t j = 0; j < ar.size(); j++) {
-                    const float gb = bf16_to_f32(f32_to_bf16(gr[j])), ub = bf16_to_f32(f32_to_bf16(ur[j]));
-                    ar[j] = bf16_to_f32(f32_to_bf16(gb / (1.0f + std::exp(-gb)))) * ub;  // (as silu_mul rounds)
-                }
-                CHECK(rel_err(got_a, ar) <= kTol);
-            }
-        }
 }
 
 // A NaN scale makes its row's outputs NaN (nothing hides it) and leaves the other rows alone; a row of x gets the
