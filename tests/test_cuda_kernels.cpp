@@ -1564,8 +1564,7 @@ TEST_CASE("CUDA Q8/Q4 matmuls match the dequantized-weight reference", "[gpu][in
                              {96, 40, 512, 32},
                              {3, 50, 16384, 32},
                              {8, 50, 16384, 32},  // (8 x 16384: x outgrows the GEMV's shared memory)
-                             // K split over a cluster of 2 or 4 blocks, slices of unequal length and groups of scales
-                             // not a multiple of 4 (65 and 129 chunks)
+                             // odd numbers of 64-column chunks (65, 129) and of groups of scales
                              {1, 40, 4160, 32},
                              {2, 24, 8256, 64},
                              {6, 20, 8192, 256},
@@ -1601,7 +1600,7 @@ TEST_CASE("CUDA Q8/Q4 matmuls match the dequantized-weight reference", "[gpu][in
 
 // Q8/Q4 projections of one input as a group (one GEMV launch over the members' tiles; N not a multiple of 16) and
 // the gate/up/SiLU op (the SwiGLU GEMV): each member's output equals its own matmul()'s bits, and the products
-// match the dequantized-weight reference; K of 2560 (one block a tile) and 4160 (a cluster of 2 splits K).
+// match the dequantized-weight reference; K of 2560 and 4160 (65 chunks of 64: warps with unequal shares).
 TEST_CASE("CUDA Q8/Q4 GEMV groups equal their members run alone", "[gpu][int]") {
     HY_REQUIRE_GPU();
     const BatchLimits l = limits(16, 8, 16);

@@ -109,7 +109,7 @@ __device__ __forceinline__ float siluf_(float x) { return x / (1.0f + expf(-x));
 inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b); }
 
 // True when p is 16-byte aligned (the vector loads' requirement).
-__host__ __device__ inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 // ---- Weight loads and tensor-core products (the GEMVs of matmul.cu and the experts of moe.cu) ----
 // The L2 policy of weight loads: evict-first, or normal.
@@ -338,19 +338,6 @@ __device__ __forceinline__ void cluster_wait() {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.wait;" ::: "memory");
 #endif
-}
-
-// The f32 at shared-memory address `addr` (this block's layout) in the block of cluster rank `rank` (distributed
-// shared memory: mapa, then ld.shared::cluster). The other block must not have exited: order the read between
-// cluster barriers. sm_90 only (returns 0 below, where no kernel is launched in clusters).
-__device__ __forceinline__ float ld_shared_cluster(uint32_t addr, unsigned rank) {
-    float v = 0.0f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    uint32_t remote;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(remote) : "r"(addr), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(remote) : "memory");
-#endif
-    return v;
 }
 
 }  // namespace hy::cuda

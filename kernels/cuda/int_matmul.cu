@@ -17,33 +17,15 @@ constexpr int kIntWarps = 8;
 template <bool kQ4>
 constexpr int kIntDepth = kQ4 ? 4 : 2;
 // Shared-memory strides: x rows of K + kIntXPad values (2K + 64 bytes: the 8 tokens' 16-byte reads of a lane
-// quarter fall in distinct banks), and scale rows of int_scale_stride(G) floats (a multiple of 4, = 4 mod 32: rows
-// start 16-byte aligned, and the 8 rows of a warp's reads fall in distinct banks).
+// quarter fall in distinct banks), and scale rows of int_scale_stride(G) floats (= 2 mod 32: the 8 rows of a warp's
+// reads fall in distinct bank pairs).
 constexpr int kIntXPad = 32;
-__host__ __device__ inline int int_scale_stride(int G) {
-    const int g4 = (G + 3) / 4 * 4;
-    return g4 + ((4 - g4 % 32) + 32) % 32;
-}
+__host__ __device__ inline int int_scale_stride(int G) { return G + ((2 - G % 32) + 32) % 32; }
 
-// i / d for 0 <= i < 2^20 and 1 <= d <= 2^16, given inv_d = 1.0f / d: (i + 0.5) / d lies at least 0.5 / d from an
-// integer, far beyond the float product's error (a few units in 2^-24 of a value below 2^20 / d), so truncation
-// gives the exact quotient without an integer division.
-__device__ __forceinline__ int div_small(int i, float inv_d) { return int((float(i) + 0.5f) * inv_d); }
-
-// Bytes of dynamic shared memory of one GEMV block: the tile's scales, T rows of x, the warps' partial sums and
-// the block's (read by the cluster's first block when K is split).
+// Bytes of dynamic shared memory of one GEMV block: the tile's scales, T rows of x, and the warps' partial sums.
 size_t int_gemv_smem(int64_t T, int64_t K, int64_t group) {
     return size_t(16) * size_t(int_scale_stride(int(K / group))) * 4 + size_t(T) * size_t(K + kIntXPad) * 2 +
-           size_t(kIntWarps + 1) * 32 * 4 * 4;
-}
-
-// Blocks that share a 16-row tile, each taking a contiguous slice of K's chunks (a thread-block cluster; the first
-// block adds the others' sums in rank order). By K alone, so that a matrix gives the same bits alone, in a group
-// and beside any number of rows: 4 from K = 8192, 2 from 4096 (the down and output projections, whose 2560-row
-// outputs give too few tiles to keep every SM streaming), else 1; 1 where clusters cannot be launched.
-int int_gemv_splits(int64_t K, const LaunchContext& ctx) {
-    if (!ctx.clusters) return 1;
-    return K >= 8192 ? 4 : K >= 4096 ? 2 : 1;
+           size_t(kIntWarps) * 32 * 4 * 4;
 }
 
 // The largest dynamic shared memory a block may ask for on this device (opted in once per kernel at first launch).
@@ -98,10 +80,7 @@ __device__ __forceinline__ void q8_bytes_to_bf16x2(uint32_t w, uint32_t& lo, uin
 }
 
 // The tensor-core GEMV over a group of matrices that share x: block b owns 16 output features of one member (the
-// members' 16-row tiles numbered one after another; block_end[m] = tiles up to and including member m); with
-// splits > 1, blocks b * splits .. + splits - 1 (one cluster) share tile b, each taking a contiguous slice of the
-// chunks (below, "chunks" are the slice's), and the cluster's first block adds the others' sums after its own,
-// in rank order, through distributed shared memory. Before the
+// members' 16-row tiles numbered one after another; block_end[m] = tiles up to and including member m). Before the
 // wait for the predecessor the block starts its weights (registers, kIntDepth chunks per warp) and copies its
 // rows' scales into shared memory; after it, x's T rows (cp.async). Lane (gi = lane / 4, q = lane % 4) of warp w
 // holds, for rows gi and gi + 8 of the tile and every chunk c = w, w + kIntWarps, ... of 64 columns, the codes of
@@ -120,12 +99,11 @@ __device__ __forceinline__ void q8_bytes_to_bf16x2(uint32_t w, uint32_t& lo, uin
 // Every row's sum is computed as in the plain mode, so gate and up are bitwise those of a group of the two.
 template <bool kQ4, bool kSwiGLU>
 __global__ void __launch_bounds__(kIntWarps * 32, 2)
-    gemv_int_kernel(const bf16* __restrict__ x, int T, Fp8Group g, int K, int group, bool out_f32, bf16* act,
-                    int splits) {
+    gemv_int_kernel(const bf16* __restrict__ x, int T, Fp8Group g, int K, int group, bool out_f32, bf16* act) {
     extern __shared__ __align__(16) unsigned char smem[];
     pdl_trigger();
-    // the member and its tile, and this block's slice of the chunks (rank = its rank in the cluster)
-    const int tile = int(blockIdx.x) / splits, rank = int(blockIdx.x) - tile * splits;
+    // the member and its tile
+    const int tile = int(blockIdx.x);
     const uint8_t* w = g.w[0];
     const float* scales = g.scales[0];
     void* y = g.y[0];
@@ -148,14 +126,12 @@ __global__ void __launch_bounds__(kIntWarps * 32, 2)
     const bool va = ra_row < N, vb = rb_row < N, vx = gi < T;
     constexpr int kChunkBytes = kQ4 ? 32 : 64, kWords = kQ4 ? 1 : 2, kDepth = kIntDepth<kQ4>;
     const int n_chunks = K / 64, G = K / group, gs = int_scale_stride(G);
-    const int c_begin = rank * n_chunks / splits, c_end = (rank + 1) * n_chunks / splits;
     const int64_t row_bytes = int64_t(n_chunks) * kChunkBytes;
     const uint8_t* pa = w + int64_t(va ? ra_row : 0) * row_bytes + 8 * q;
     const uint8_t* pb = (kSwiGLU ? g.w[1] : w) + int64_t(vb ? rb_row : 0) * row_bytes + 8 * q;
     float* s_sc = reinterpret_cast<float*>(smem);                     // [16][gs]
     bf16* s_x = reinterpret_cast<bf16*>(smem + size_t(16) * gs * 4);  // [T][K + kIntXPad]
     float* s_red = reinterpret_cast<float*>(smem + size_t(16) * gs * 4 + size_t(T) * (K + kIntXPad) * 2);
-    float* s_part = s_red + kIntWarps * 32 * 4;  // [32][4]: the block's sums
     const uint64_t pol = weight_policy(g.evict_first != 0);
     const uint2 zero2 = make_uint2(0u, 0u);
     uint2 ra[kDepth][kWords], rb[kDepth][kWords];
@@ -165,42 +141,26 @@ __global__ void __launch_bounds__(kIntWarps * 32, 2)
             const int c = c0 + kIntWarps * u;
 #pragma unroll
             for (int h = 0; h < kWords; h++) {
-                ra[u][h] = c < c_end && va ? ld_weight8(pa + int64_t(c) * kChunkBytes + 32 * h, pol) : zero2;
-                rb[u][h] = c < c_end && vb ? ld_weight8(pb + int64_t(c) * kChunkBytes + 32 * h, pol) : zero2;
+                ra[u][h] = c < n_chunks && va ? ld_weight8(pa + int64_t(c) * kChunkBytes + 32 * h, pol) : zero2;
+                rb[u][h] = c < n_chunks && vb ? ld_weight8(pb + int64_t(c) * kChunkBytes + 32 * h, pol) : zero2;
             }
         }
     };
-    load_w(c_begin + warp);
-    // the tile's scales of the slice's groups (rows past N: zeros, never read into a result): 16-byte pieces when
-    // G % 4 == 0 (rows of scales then start 16-byte aligned), else single floats
-    {
-        const bool by16 = G % 4 == 0 && aligned16(scales) && (!kSwiGLU || aligned16(g.scales[1]));
-        const int g_first = c_begin * 64 / group, g_end = (c_end * 64 + group - 1) / group;  // [first, end)
-        const int g0 = by16 ? g_first / 4 * 4 : g_first, g1 = by16 ? min(G, (g_end + 3) / 4 * 4) : g_end;
-        const int width = by16 ? 4 : 1, per_row = (g1 - g0) / width;
-        const float inv = 1.0f / float(per_row);
-        for (int i = int(threadIdx.x); i < 16 * per_row; i += kIntWarps * 32) {
-            const int r = div_small(i, inv), c = g0 + (i - r * per_row) * width;
-            const int row = kSwiGLU ? row0 + (r & 7) : row0 + r;
-            const float* src = (kSwiGLU && r >= 8 ? g.scales[1] : scales) + int64_t(row) * G + c;
-            float* dst = s_sc + r * gs + c;
-            if (row >= N) {
-                for (int j = 0; j < width; j++) dst[j] = 0.0f;
-            } else if (by16) {
-                cp_async16(smem_addr(dst), src, true);
-            } else {
-                cp_async4(smem_addr(dst), src);
-            }
-        }
+    load_w(warp);
+    // the tile's scales (rows past N: zeros, never read into a result)
+    for (int i = int(threadIdx.x); i < 16 * G; i += kIntWarps * 32) {
+        const int r = i / G, c = i - r * G;
+        const int row = kSwiGLU ? row0 + (r & 7) : row0 + r;
+        const float* src = kSwiGLU && r >= 8 ? g.scales[1] : scales;
+        if (row < N)
+            cp_async4(smem_addr(s_sc + r * gs + c), src + int64_t(row) * G + c);
+        else
+            s_sc[r * gs + c] = 0.0f;
     }
     pdl_wait();  // x comes from the kernel before
-    {
-        const int per_row = (c_end - c_begin) * 8;  // the slice's 16-byte pieces of a row of x
-        const float inv = 1.0f / float(per_row);
-        for (int i = int(threadIdx.x); i < T * per_row; i += kIntWarps * 32) {
-            const int t = T == 1 ? 0 : div_small(i, inv), c = c_begin * 64 + (i - t * per_row) * 8;
-            cp_async16(smem_addr(s_x + int64_t(t) * (K + kIntXPad) + c), x + int64_t(t) * K + c, true);
-        }
+    for (int i = int(threadIdx.x); i < T * (K / 8); i += kIntWarps * 32) {
+        const int t = i / (K / 8), c = (i - t * (K / 8)) * 8;
+        cp_async16(smem_addr(s_x + int64_t(t) * (K + kIntXPad) + c), x + int64_t(t) * K + c, true);
     }
     cp_async_commit();
     cp_async_wait_all();
@@ -211,7 +171,7 @@ __global__ void __launch_bounds__(kIntWarps * 32, 2)
     const int chunks_per_group = group >= 64 ? group / 64 : 1;
     const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int c0 = c_begin + warp; c0 < c_end; c0 += kIntWarps * kDepth) {
+    for (int c0 = warp; c0 < n_chunks; c0 += kIntWarps * kDepth) {
         uint2 ca[kDepth][kWords], cb[kDepth][kWords];
 #pragma unroll
         for (int u = 0; u < kDepth; u++)
@@ -220,11 +180,11 @@ __global__ void __launch_bounds__(kIntWarps * 32, 2)
                 ca[u][h] = ra[u][h];
                 cb[u][h] = rb[u][h];
             }
-        if (c0 + kIntWarps * kDepth < c_end) load_w(c0 + kIntWarps * kDepth);
+        if (c0 + kIntWarps * kDepth < n_chunks) load_w(c0 + kIntWarps * kDepth);
 #pragma unroll
         for (int u = 0; u < kDepth; u++) {
             const int c = c0 + kIntWarps * u;
-            if (c >= c_end) break;
+            if (c >= n_chunks) break;
             const uint4 x0 = vx ? *reinterpret_cast<const uint4*>(xr + 64 * c) : zero4;       // columns 8q .. 8q + 7
             const uint4 x1 = vx ? *reinterpret_cast<const uint4*>(xr + 64 * c + 32) : zero4;  // 32 + 8q .. + 7
             const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
@@ -258,6 +218,7 @@ __global__ void __launch_bounds__(kIntWarps * 32, 2)
 #pragma unroll
     for (int e = 0; e < 4; e++) s_red[(warp * 32 + lane) * 4 + e] = acc[e];
     __syncthreads();
+    if (warp != 0) return;
     float v4[4];
 #pragma unroll
     for (int e = 0; e < 4; e++) {
@@ -266,21 +227,6 @@ __global__ void __launch_bounds__(kIntWarps * 32, 2)
         for (int p = 1; p < kIntWarps; p++) v += s_red[(p * 32 + lane) * 4 + e];
         v4[e] = v;
     }
-    if (splits > 1) {  // the cluster's first block adds the others' sums, in rank order
-        if (warp == 0)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s_part[lane * 4 + e] = v4[e];
-        cluster_arrive();
-        cluster_wait();
-        if (rank == 0 && warp == 0)
-            for (int r = 1; r < splits; r++)
-#pragma unroll
-                for (int e = 0; e < 4; e++) v4[e] += ld_shared_cluster(smem_addr(s_part + lane * 4 + e), unsigned(r));
-        cluster_arrive();  // (the other blocks' shared memory stays until it is read)
-        cluster_wait();
-        if (rank != 0) return;
-    }
-    if (warp != 0) return;
     if constexpr (kSwiGLU) {
 #pragma unroll
         for (int e = 0; e < 2; e++) {  // (token 2q + e, feature row0 + gi): gate in v4[e], up in v4[e + 2]
@@ -358,7 +304,6 @@ namespace {
 void launch_int_gemv(const bf16* x, int64_t T, Fp8Group g, int64_t K, DType dtype, int64_t group, bool out_f32,
                      const LaunchContext& ctx, bf16* act = nullptr) {
     const bool swiglu = act != nullptr;
-    const int splits = int_gemv_splits(K, ctx);
     for (int m = 0; m < g.count; m++) g.block_end[m] = int(ceil_div(g.n[m], 16)) + (m ? g.block_end[m - 1] : 0);
     g.evict_first = ctx.evict_first ? 1 : 0;
     const bool q4 = dtype == DType::Q4;
@@ -370,12 +315,12 @@ void launch_int_gemv(const bf16* x, int64_t T, Fp8Group g, int64_t K, DType dtyp
               "cudaFuncSetAttribute (integer GEMV shared memory)");
         opted_in[q4][swiglu] = true;
     }
-    const unsigned blocks = (swiglu ? unsigned(ceil_div(g.n[0], 8)) : unsigned(g.block_end[g.count - 1])) * splits;
+    const unsigned blocks = swiglu ? unsigned(ceil_div(g.n[0], 8)) : unsigned(g.block_end[g.count - 1]);
     const char* what =
         swiglu ? (q4 ? "Q4 tensor-core gate/up/SiLU gemv kernel" : "Q8 tensor-core gate/up/SiLU gemv kernel")
                : (q4 ? "Q4 tensor-core gemv kernel" : "Q8 tensor-core gemv kernel");
-    launch_clusters(kernel, blocks, kIntWarps * 32, unsigned(splits), int_gemv_smem(T, K, group), ctx, what, x, int(T),
-                    g, int(K), int(group), out_f32, act, splits);
+    launch(kernel, blocks, kIntWarps * 32, int_gemv_smem(T, K, group), ctx, what, x, int(T), g, int(K), int(group),
+           out_f32, act);
 }
 
 }  // namespace

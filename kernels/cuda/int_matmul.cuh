@@ -5,9 +5,7 @@
 // - Up to kGemvMaxTokens rows (decode): a W-only GEMV on tensor cores (W8A16 / W4A16), over one matrix or a group
 //   of matrices that share x. A block of 8 warps owns 16 output features; warp w takes the 64-column chunks w,
 //   w + 8, ... (weights streamed into registers; the block's scales and x staged in shared memory, which bounds
-//   T * K: int_gemv_fits). From K = 4096 a thread-block cluster of 2 (4 from K = 8192) shares a tile, each block
-//   a slice of K, the first adding the others' sums in rank order (fixed by K: the same bits alone, in a group, at
-//   any T). Each lane turns its codes into
+//   T * K: int_gemv_fits). Each lane turns its codes into
 //   bf16 exactly (integers of at most 8 bits are bf16 values) and runs mma m16n8k16 with x's bf16 values; the f32
 //   sums of a group's products are multiplied by the group's scale (per row) and added up in f32. So the only
 //   roundings are the tensor cores' f32 accumulation and the final bf16 of y: the weights are never rounded.
