@@ -13,6 +13,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <filesystem>
@@ -619,6 +620,101 @@ TEST_CASE("server: tool calls and reasoning are parsed from the output", "[serve
             }
         }
     }
+}
+
+// models/tiny's tokenizer marks <think> and </think> special (as a Qwen3.5 checkpoint may mark the <tool_call>
+// markers): decoded with skip_special they vanished, so no reasoning_content or tool_calls could be parsed out
+// (from the fresh-user test). The chat output keeps the marker ids and still drops other specials.
+TEST_CASE("server: <think> and <tool_call> markers survive decoding when the tokenizer marks them special",
+          "[server]") {
+    using hy::server::ChatFormat;
+    using hy::server::OutputParser;
+    const hy::Tokenizer tiny = hy::Tokenizer::from_folder(kSrc + "/models/tiny");
+    const int32_t open = tiny.token_id("<think>"), close = tiny.token_id("</think>"), end = tiny.token_id("<|im_end|>");
+    REQUIRE(tiny.is_special(open));
+    REQUIRE(tiny.is_special(close));
+    REQUIRE(tiny.is_special(end));
+    const ChatFormat chat = ChatFormat::load(kSrc + "/models/tiny", tiny);
+    CHECK(chat.marker_ids() == std::vector<int32_t>{open, close});
+    auto decode = [](const hy::Tokenizer& tok, const std::vector<int32_t>& ids, const std::vector<int32_t>& keep) {
+        hy::StreamDecoder dec(tok, true, keep);
+        std::string text;
+        for (int32_t id : ids) text += dec.push(id);
+        return text + dec.flush();
+    };
+    auto ids_of = [](const hy::Tokenizer& tok, const std::vector<std::string>& parts) {
+        std::vector<int32_t> ids;
+        for (const std::string& p : parts) {
+            const std::vector<int32_t> e = tok.encode(p);
+            ids.insert(ids.end(), e.begin(), e.end());
+        }
+        return ids;
+    };
+    const std::vector<int32_t> answer =
+        ids_of(tiny, {"<think>", "\nLet me see.\n", "</think>", "\n\nHello.", "<|im_end|>"});
+    REQUIRE(std::count(answer.begin(), answer.end(), close) == 1);
+    CHECK(decode(tiny, answer, {}) == "\nLet me see.\n\n\nHello.");  // the bug: the markers are gone
+    const std::string text = decode(tiny, answer, chat.marker_ids());
+    CHECK(text == "<think>\nLet me see.\n</think>\n\nHello.");  // markers kept, <|im_end|> still dropped
+    OutputParser think(false, chat.has_think(), nullptr);
+    OutputParser::Delta d = think.feed(text), rest = think.finish();
+    CHECK(d.reasoning + rest.reasoning == "Let me see.");
+    CHECK(d.content + rest.content == "Hello.");
+
+    // A tokenizer with <tool_call> and </tool_call> as special added tokens (models/tiny's, extended).
+    hy::test::cli_util::TempDir dir("special_markers");
+    ojson tj = ojson::parse(hy::test::cli_util::slurp(kSrc + "/models/tiny/tokenizer.json"));
+    const int32_t n = tiny.n_vocab();
+    for (const int k : {0, 1})
+        tj["added_tokens"].push_back(ojson{{"id", n + k},
+                                           {"content", k == 0 ? "<tool_call>" : "</tool_call>"},
+                                           {"single_word", false},
+                                           {"lstrip", false},
+                                           {"rstrip", false},
+                                           {"normalized", false},
+                                           {"special", true}});
+    std::ofstream(dir.path / "tokenizer.json") << tj.dump();
+    std::filesystem::copy_file(kSrc + "/models/tiny/tokenizer_config.json", dir.path / "tokenizer_config.json");
+    const hy::Tokenizer tok = hy::Tokenizer::from_folder(dir.path.string());
+    const int32_t call_open = tok.token_id("<tool_call>"), call_close = tok.token_id("</tool_call>");
+    REQUIRE(call_open == n);
+    REQUIRE(call_close == n + 1);
+    REQUIRE(tok.is_special(call_open));
+    const ChatFormat with_tools = ChatFormat::load(dir.path.string(), tok);
+    CHECK(with_tools.marker_ids() == std::vector<int32_t>{open, close, call_open, call_close});
+    const std::vector<int32_t> call =
+        ids_of(tok, {"Checking.\n", "<tool_call>", "\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n", "</tool_call>",
+                     "<|im_end|>"});
+    const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {}}}])");
+    OutputParser p(false, true, tools);
+    d = p.feed(decode(tok, call, with_tools.marker_ids()));
+    rest = p.finish();
+    CHECK(d.content + rest.content == "Checking.");
+    REQUIRE(p.tool_calls().size() == 1);
+    CHECK(p.tool_calls()[0].name == "f");
+    CHECK(p.tool_calls()[0].arguments == "{\"x\":1}");
+
+    // End to end: generation inside the opened think block, </think> forced by logit_bias. Its text closes the
+    // (empty) reasoning and the second one is content, streamed or not; before, the text was empty.
+    if (!have_server_binary()) return;
+    const int port = shared_server().port();
+    ojson req{{"messages", ojson::array({ojson{{"role", "user"}, {"content", "Hi"}}})},
+              {"max_tokens", 2},
+              {"temperature", 0},
+              {"chat_template_kwargs", {{"enable_thinking", true}}},
+              {"logit_bias", {{std::to_string(close), 100}}}};
+    const Reply r = post(port, "/v1/chat/completions", req);
+    REQUIRE(r.status == 200);
+    const ojson msg = r.json()["choices"][0]["message"];
+    INFO(msg.dump());
+    CHECK(msg["content"] == "</think>");
+    CHECK_FALSE(msg.contains("reasoning_content"));
+    req["stream"] = true;
+    std::string streamed;
+    for (const ojson& ev : events(post(port, "/v1/chat/completions", req).body))
+        if (!ev["choices"].empty() && ev["choices"][0]["delta"].contains("content"))
+            streamed += ev["choices"][0]["delta"]["content"].get<std::string>();
+    CHECK(streamed == "</think>");
 }
 
 TEST_CASE("server: a model folder's Jinja chat template renders the prompt; tools and enable_thinking", "[server]") {
