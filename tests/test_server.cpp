@@ -990,3 +990,94 @@ TEST_CASE("server: a stream cut by a shutdown ends with a finish_reason and [DON
     CHECK(r.status == 503);
     CHECK(r.json()["error"]["message"].get<std::string>().find("shutting down") != std::string::npos);
 }
+
+// hybrid-server-bench (from the fresh-user test): usage errors exit 1 with one line, numbers are read strictly, a
+// server that is not there is named, failed requests are counted in the table and make the exit code 6, the prompt
+// ids come from the server's n_vocab (the tiny model's 4096 ids: the old fixed 150000 failed every request), turns
+// are numbered from 1 and a run stops at its first failed turn.
+TEST_CASE("hybrid-server-bench: arguments, an absent server, failed requests, multi-turn", "[server]") {
+    const std::string bench = kBin + "/hybrid-server-bench";
+    if (!std::filesystem::exists(bench)) return;
+    auto one_line = [](const hy::test::cli_util::Run& r, int code, const std::string& needle) {
+        INFO(r.err);
+        CHECK(r.rc == code);
+        CHECK(r.err.rfind("hybrid-server-bench: ", 0) == 0);
+        CHECK(r.err.find(needle) != std::string::npos);
+        CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    };
+    const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+        {{"-p", "12abc"}, "invalid value '12abc' for --prompt"},
+        {{"-n", "-3"}, "for --new"},
+        {{"-n", "0"}, "for --new"},
+        {{"-r", "0"}, "for --rounds (an integer in [1, 1024])"},
+        {{"-r", "1025"}, "for --rounds"},
+        {{"-c", "1,0"}, "invalid value '0' in --clients"},
+        {{"-c", "1025"}, "invalid value '1025' in --clients"},
+        {{"-c", "4x"}, "invalid value '4x' in --clients"},
+        {{"-c", ""}, "in --clients"},
+        {{"--vocab", "-1"}, "for --vocab"},
+        {{"--vocab", "1"}, "for --vocab"},
+        {{"--port", "70000"}, "for --port"},
+        {{"--turns", "2.5"}, "for --turns"},
+        {{"--turn-text", "0"}, "for --turn-text"},
+        {{"--frobnicate"}, "unknown option --frobnicate"},
+        {{"stray"}, "unexpected argument 'stray'"},
+        {{"-p", "4", "-p", "5"}, "more than once"},
+    };
+    for (const auto& [args, needle] : bad) {
+        INFO(args[0]);
+        one_line(run_prog(bench, args), 1, needle);
+    }
+    // a port nobody listens on (taken and given back)
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    socklen_t len = sizeof a;
+    REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    const std::string free_port = std::to_string(ntohs(a.sin_port));
+    close(fd);
+    one_line(run_prog(bench, {"--port", free_port, "-c", "1", "-p", "4", "-n", "2"}), 6,
+             "cannot connect to 127.0.0.1:" + free_port);
+
+    if (!have_server_binary()) return;
+    const std::string port = std::to_string(shared_server().port());
+    // the server reports its n_vocab, which the bench takes by default
+    CHECK(get(shared_server().port(), "/v1/models").json()["data"][0]["meta"]["n_vocab"] == 4096);
+    const hy::test::cli_util::Run ok = run_prog(bench, {"--port", port, "-c", "1,2", "-p", "8", "-n", "2"});
+    INFO(ok.out << ok.err);
+    CHECK(ok.rc == 0);
+    CHECK(ok.out.find("| clients | requests | failed | prompt |") != std::string::npos);
+    CHECK(ok.out.find("| 1 | 1 | 0 | 8 | 2 |") != std::string::npos);
+    CHECK(ok.out.find("| 2 | 2 | 0 | 8 | 2 |") != std::string::npos);
+    // ids past the model's vocabulary: every request fails (400), counted, exit 6, one line per wave
+    const hy::test::cli_util::Run fails =
+        run_prog(bench, {"--port", port, "-c", "2", "-r", "2", "-p", "8", "-n", "2", "--vocab", "100000"});
+    INFO(fails.out << fails.err);
+    CHECK(fails.rc == 6);
+    CHECK(fails.out.find("| 2 | 4 | 4 | 8 | 2 |") != std::string::npos);
+    CHECK(fails.err.find("2 clients: 4 of 4 requests failed; the first: HTTP 400") != std::string::npos);
+    CHECK(std::count(fails.err.begin(), fails.err.end(), '\n') == 1);
+    // multi-turn: turns from 1; with long messages the second turn outgrows the context (-c 512) in both runs,
+    // which stop there (no turn 3)
+    const hy::test::cli_util::Run turns =
+        run_prog(bench, {"--port", port, "--turns", "2", "-n", "2", "--turn-text", "4"});
+    INFO(turns.out << turns.err);
+    CHECK(turns.rc == 0);
+    CHECK(turns.out.find("| turn | failed |") != std::string::npos);
+    CHECK(turns.out.find("\n| 1 | 0 | ") != std::string::npos);
+    CHECK(turns.out.find("\n| 2 | 0 | ") != std::string::npos);
+    CHECK(turns.out.find("\n| 0 |") == std::string::npos);
+    const hy::test::cli_util::Run cut =
+        run_prog(bench, {"--port", port, "--turns", "4", "-n", "2", "--turn-text", "120"});
+    INFO(cut.out << cut.err);
+    CHECK(cut.rc == 6);
+    CHECK(cut.out.find("\n| 1 | 0 | ") != std::string::npos);
+    CHECK(cut.out.find("\n| 2 | 2 | - | - | - | - | - | - |") != std::string::npos);
+    CHECK(cut.out.find("\n| 3 |") == std::string::npos);
+    CHECK(cut.err.find("turn 2 (cache off):") != std::string::npos);
+    CHECK(cut.err.find("turn 2 (cache on):") != std::string::npos);
+    CHECK(cut.err.find("turn 3") == std::string::npos);
+}
