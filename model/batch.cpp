@@ -21,6 +21,8 @@ BatchGenerator::BatchGenerator(Model& model, int n_valid, std::vector<int> slots
     out_slot_.resize(size_t(model.n_slots()));
     prefilled_.resize(size_t(model.n_slots()));
     order_.resize(size_t(model.n_slots()));
+    by_length_.resize(size_t(model.n_slots()));
+    chunk_.resize(size_t(model.n_slots()));
     runs_.resize(size_t(model.n_slots()));
 }
 
@@ -127,6 +129,7 @@ bool BatchGenerator::step() {
         }
         s.id = id;
         s.save_at = r.save_at > r.n_cached ? r.save_at : 0;
+        s.waited = 0;
         s.cancel = false;
         s.sampler = std::make_unique<Sampler>(r.sampling, model_.config().vocab_size, n_valid_, model_.n_ctx());
         if (!banned_.empty()) s.sampler->set_banned(banned_);
@@ -138,10 +141,11 @@ bool BatchGenerator::step() {
         results_[size_t(id)].logprobs.reserve(cap);
     }
 
-    // Build the batch: decode rows first (one per generating sequence), then prompt chunks in the space left; both
-    // oldest request first (in slot order a prompt admitted into a high slot could wait while newer prompts in lower
-    // slots took every step's rows, and with results read in submission order nothing would come out until the
-    // queue ran dry).
+    // Build the batch: one decode row for every generating sequence, oldest request first, then prompt chunks in
+    // the rows left. Prompt rows go first to the sequences that waited max_prompt_wait steps without any (a fair
+    // share each, oldest first), then to the shortest remaining prompt first (ties: oldest first), so a short
+    // prompt that arrives with or just after a long one gets its first token without waiting out the long
+    // prefill. (Each row is computed on its own, so how a prompt is cut into chunks never changes its results.)
     int n_order = 0;
     for (int slot = 0; slot < int(slots_.size()); slot++)
         if (slots_[size_t(slot)].id >= 0) order_[size_t(n_order++)] = slot;
@@ -149,6 +153,49 @@ bool BatchGenerator::step() {
               [&](int a, int b) { return slots_[size_t(a)].id < slots_[size_t(b)].id; });
     const int budget = model_.max_batch_tokens();
     int n_rows = 0, n_runs = 0, n_out = 0, n_prefilled = 0;
+    // the prompt ids a sequence may take this step (up to save_at, where its state is saved after exactly those)
+    auto wanted = [&](const Sequence& s) {
+        const size_t end = s.save_at > 0 ? size_t(s.save_at) : requests_[size_t(s.id)].prompt.size();
+        return int(end - s.prompt_done);
+    };
+    int n_prompts = 0;
+    for (int k = 0; k < n_order; k++) {
+        const int slot = order_[size_t(k)];
+        const Sequence& s = slots_[size_t(slot)];
+        chunk_[size_t(slot)] = 0;
+        if (s.prompt_done == requests_[size_t(s.id)].prompt.size()) {
+            n_rows++;  // a decode row
+        } else if (wanted(s) > 0) {
+            by_length_[size_t(n_prompts++)] = slot;
+        }
+    }
+    int left = std::max(budget - n_rows, 0);
+    if (n_prompts > 0) {
+        const int share = std::max(left / n_prompts, 1);
+        for (int k = 0; k < n_order && left > 0; k++) {  // the sequences that waited too long, oldest first
+            const int slot = order_[size_t(k)];
+            const Sequence& s = slots_[size_t(slot)];
+            if (s.prompt_done == requests_[size_t(s.id)].prompt.size() || s.waited < max_prompt_wait || wanted(s) <= 0)
+                continue;
+            chunk_[size_t(slot)] = std::min({wanted(s), share, left});
+            left -= chunk_[size_t(slot)];
+        }
+        auto remaining = [&](int slot) {
+            const Sequence& s = slots_[size_t(slot)];
+            return requests_[size_t(s.id)].prompt.size() - s.prompt_done;
+        };
+        std::sort(by_length_.begin(), by_length_.begin() + n_prompts, [&](int a, int b) {
+            const size_t ra = remaining(a), rb = remaining(b);
+            return ra != rb ? ra < rb : slots_[size_t(a)].id < slots_[size_t(b)].id;
+        });
+        for (int k = 0; k < n_prompts && left > 0; k++) {  // then the shortest remaining prompt first
+            const int slot = by_length_[size_t(k)];
+            const int more = std::min(wanted(slots_[size_t(slot)]) - chunk_[size_t(slot)], left);
+            chunk_[size_t(slot)] += more;
+            left -= more;
+        }
+    }
+    n_rows = 0;
     for (int pass = 0; pass < 2; pass++) {
         for (int k = 0; k < n_order; k++) {
             const int slot = order_[size_t(k)];
@@ -161,9 +208,8 @@ bool BatchGenerator::step() {
                 n = 1;
                 tokens_[size_t(n_rows)] = results_[size_t(s.id)].tokens.back();
             } else {
-                n = int(std::min(r.prompt.size() - s.prompt_done, size_t(budget - n_rows)));
-                if (s.save_at > 0 && s.prompt_done + size_t(n) > size_t(s.save_at))
-                    n = int(size_t(s.save_at) - s.prompt_done);  // the state is saved after exactly save_at ids
+                n = chunk_[size_t(slot)];
+                s.waited = n > 0 ? 0 : s.waited + 1;
                 if (n <= 0) continue;
                 std::copy_n(r.prompt.begin() + std::ptrdiff_t(s.prompt_done), n, tokens_.begin() + n_rows);
                 s.prompt_done += size_t(n);

@@ -3,9 +3,12 @@
 // Requests wait in a queue until a slot is free. Each step() builds one forward batch out of (a) one decode row
 // for every sequence that is generating and (b) prompt rows of admitted sequences that are still prefilling (a
 // long prompt is prefilled over several steps, in chunks that fill the step's row budget), then samples one token
-// for each sequence whose logits came out. A sequence that stops (EOS, max tokens, context full, cancel) gives its
-// slot back at the end of the step; the slot is reset before its next use, so a reused slot behaves bitwise like a
-// fresh one. New requests can be submitted between steps.
+// for each sequence whose logits came out. Prompt rows go to the shortest remaining prompt first, so a short
+// prompt is not held behind a long one; a prompt that got no rows for max_prompt_wait steps in a row first takes
+// a fair share of the next step's prompt rows (the budget left by the decode rows over the prefilling sequences),
+// so a long prompt is never starved by a stream of shorter ones. A sequence that stops (EOS, max tokens, context full,
+// cancel) gives its slot back at the end of the step; the slot is reset before its next use, so a reused slot behaves
+// bitwise like a fresh one. New requests can be submitted between steps.
 //
 // On the CPU backend every row is computed independently of the others, so each sequence's tokens and logits are
 // bitwise those of the same sequence run alone.
@@ -88,11 +91,15 @@ public:
     int n_active() const;
     int n_queued() const { return int(queue_.size()); }
 
+    // A prefilling sequence that got no prompt rows for this many steps in a row takes a fair share of the next one.
+    static constexpr int max_prompt_wait = 4;
+
 private:
     struct Sequence {
         int id = -1;  // request id; -1 when the slot is free
         size_t prompt_done = 0;
         int save_at = 0;  // the request's save_at, 0 once saved
+        int waited = 0;   // steps in a row this prefilling sequence got no prompt rows
         bool cancel = false;
         std::unique_ptr<Sampler> sampler;
     };
@@ -109,7 +116,9 @@ private:
     std::vector<int32_t> banned_;
     StateAllocator allocate_state_;
     std::vector<int> prefilled_;  // [n_slots] slots whose prompt (max_new_tokens 0) completed in this step
-    std::vector<int> order_;      // [n_slots] the slots of a step in the order they take rows (see step())
+    std::vector<int> order_;      // [n_slots] the active slots of a step, oldest request first (see step())
+    std::vector<int> by_length_;  // [n_slots] the prefilling slots of a step, shortest remaining prompt first
+    std::vector<int> chunk_;      // [n_slots] the prompt rows each slot takes in a step
     // per-step scratch, sized once
     std::vector<int32_t> tokens_, out_rows_, out_slot_;
     std::vector<SeqRun> runs_;

@@ -3,6 +3,8 @@
 // (pre-tokenizer and BPE merges) in bpe.cpp, the UTF-8 helpers in utf8.cpp; tokenizer_impl.h holds what they share.
 #include "model/tokenizer.h"
 
+#include <algorithm>
+
 #include "model/tokenizer_impl.h"
 
 namespace hy {
@@ -57,8 +59,8 @@ bool Tokenizer::add_bos() const { return impl_->add_bos; }
 
 // ---- streaming ----------------------------------------------------------------------------------------------------
 
-StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special)
-    : tok_(&tokenizer), skip_special_(skip_special) {}
+StreamDecoder::StreamDecoder(const Tokenizer& tokenizer, bool skip_special, std::vector<int32_t> keep)
+    : tok_(&tokenizer), skip_special_(skip_special), keep_(std::move(keep)) {}
 
 namespace {
 
@@ -87,7 +89,7 @@ std::string drain_utf8(std::string& pending, bool final) {
 
 std::string StreamDecoder::push(int32_t id) {
     std::string piece = tok_->token_piece(id);  // validates id
-    if (skip_special_ && tok_->is_special(id)) return {};
+    if (skip_special_ && tok_->is_special(id) && std::find(keep_.begin(), keep_.end(), id) == keep_.end()) return {};
     if (pending_.empty() && all_ascii(piece.data(), piece.size())) return piece;
     pending_ += piece;
     return drain_utf8(pending_, false);

@@ -132,10 +132,12 @@ private:
 // Incremental detokenizer for streaming generated tokens: push() returns only complete UTF-8 and holds back a
 // trailing incomplete sequence until a later token completes it. Bytes that can never become valid UTF-8 are
 // emitted as U+FFFD, so the concatenation of every push() plus flush() equals
-// tokenizer.decode(all ids, skip_special). The tokenizer must outlive the decoder.
+// tokenizer.decode(all ids, skip_special) (with the `keep` ids left in). The tokenizer must outlive the decoder.
 class StreamDecoder {
 public:
-    explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special = false);
+    // keep: special ids decoded even with skip_special (e.g. the <think> and <tool_call> markers that the chat
+    // output parser needs when a tokenizer marks them special).
+    explicit StreamDecoder(const Tokenizer& tokenizer, bool skip_special = false, std::vector<int32_t> keep = {});
 
     // Adds one token; returns the text that became complete (possibly empty). Throws like Tokenizer::decode for a
     // bad id (the state is left unchanged).
@@ -153,6 +155,7 @@ public:
 private:
     const Tokenizer* tok_;
     bool skip_special_;
+    std::vector<int32_t> keep_;
     std::string pending_;
 };
 

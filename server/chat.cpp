@@ -148,6 +148,8 @@ ChatFormat ChatFormat::load(const std::string& dir, const Tokenizer& tokenizer, 
         if (!f.default_) f.description_ = "chatml (built-in)";
     } catch (const Error&) {}
     f.think_ = tokenizer.token_id(kThinkOpen) >= 0 && tokenizer.token_id(kThinkClose) >= 0;
+    for (const std::string* m : {&kThinkOpen, &kThinkClose, &kToolOpen, &kToolClose})
+        if (const int32_t id = tokenizer.token_id(*m); id >= 0) f.marker_ids_.push_back(id);
     return f;
 }
 

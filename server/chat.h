@@ -41,12 +41,18 @@ public:
     // Whether the tokenizer has <think> and </think>, and <tool_call> and </tool_call>.
     bool has_think() const { return think_; }
 
+    // The ids of the markers the output parser splits on (<think>, </think>, <tool_call>, </tool_call>) that the
+    // tokenizer has as tokens. A tokenizer may mark them special: the generated text must then be decoded with
+    // them kept (StreamDecoder's keep) while other specials (<|im_end|>) are skipped, else they vanish from it.
+    const std::vector<int32_t>& marker_ids() const { return marker_ids_; }
+
 private:
     std::string description_ = "none";
     std::shared_ptr<jinja::Template> default_, tool_use_;
     std::optional<ChatTemplate> chatml_;
     ojson special_;  // bos_token, eos_token, pad_token, unk_token as the template sees them
     bool think_ = false;
+    std::vector<int32_t> marker_ids_;
 };
 
 // Splits generated text into reasoning, content and tool calls as it arrives. feed() takes the next piece of

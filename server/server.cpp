@@ -352,7 +352,8 @@ struct Settings {
     int top_logprobs = 0;
     bool logprobs = false;
     bool ignore_eos = false;
-    bool cache_prompt = true;  // use and fill the conversation-state cache (llama-server's cache_prompt)
+    bool cache_prompt = true;       // use and fill the conversation-state cache (llama-server's cache_prompt)
+    std::vector<int32_t> keep_ids;  // special ids kept in the text (a chat request's <think>/<tool_call> markers)
 };
 
 // OpenAI's logit_bias: {"token id": bias in [-100, 100], ...}; each id in [0, n_valid) and assigned by the
@@ -679,7 +680,7 @@ struct Server::Impl {
         }
         n_waiting++;
         engine->submit(job);
-        StreamDecoder dec(*tok, true);
+        StreamDecoder dec(*tok, true, s.keep_ids);
         std::string held;
         size_t held_from = 0;  // the first id whose text is in `held`
         size_t seen = 0;
@@ -970,7 +971,10 @@ struct Server::Impl {
         res.set_content(dump(c), "application/json");
     }
 
-    void chat_completion(const httplib::Request& req, httplib::Response& res, const ojson& body, const Settings& s) {
+    void chat_completion(const httplib::Request& req, httplib::Response& res, const ojson& body,
+                         const Settings& settings) {
+        Settings s = settings;
+        s.keep_ids = chat.marker_ids();  // the output parser needs them even when the tokenizer marks them special
         const ojson messages = normalize_messages(body);
         ojson tools = nullptr;
         if (const ojson* t = field(body, "tools")) {

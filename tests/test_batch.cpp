@@ -32,7 +32,7 @@ GenerationResult solo(const GenerationRequest& r) {
 
 }  // namespace
 
-TEST_CASE("batch API reproduces the golden left-padded batch", "[model]") {
+TEST_CASE("batch API reproduces the golden left-padded batch", "[model][batch]") {
     nlohmann::json golden = nlohmann::json::parse(read_text(tiny_dir() + "/golden.json"));
     auto names = golden["batch"]["names"].get<std::vector<std::string>>();
     auto rows = golden["batch"]["greedy_fp32_left_padded"];
@@ -58,7 +58,7 @@ TEST_CASE("batch API reproduces the golden left-padded batch", "[model]") {
     }
 }
 
-TEST_CASE("continuous batching: more requests than slots, chunked prefills, mixed lengths", "[model]") {
+TEST_CASE("continuous batching: more requests than slots, chunked prefills, mixed lengths", "[model][batch]") {
     // 7 requests on 3 slots with a 24-row step budget: prompts are prefilled in chunks alongside other sequences'
     // decode rows, sequences finish at different times and new ones take their slots.
     std::vector<GenerationRequest> reqs;
@@ -95,7 +95,7 @@ TEST_CASE("continuous batching: more requests than slots, chunked prefills, mixe
     }
 }
 
-TEST_CASE("batch: stop ids, cancel and bad requests", "[model]") {
+TEST_CASE("batch: stop ids, cancel and bad requests", "[model][batch]") {
     auto m = Model::load(tiny_dir(), params(2, 64));
     BatchGenerator g(*m);
     GenerationRequest r;
@@ -127,7 +127,7 @@ TEST_CASE("batch: stop ids, cancel and bad requests", "[model]") {
     REQUIRE_THROWS_AS(g.submit(bad), Error);
 }
 
-TEST_CASE("batch: a greedy pick of a banned id falls back to the full sampler", "[model]") {
+TEST_CASE("batch: a greedy pick of a banned id falls back to the full sampler", "[model][batch]") {
     // The backend's arg max cannot know the banned ids: when it picks one, the generator must take the logits and
     // sample the best id that is not banned.
     GenerationRequest r;
@@ -157,7 +157,7 @@ TEST_CASE("batch: a greedy pick of a banned id falls back to the full sampler", 
     CHECK(got[0] != want[0]);
 }
 
-TEST_CASE("step: a slot twice in one batch is refused, and the next batch is unaffected", "[model]") {
+TEST_CASE("step: a slot twice in one batch is refused, and the next batch is unaffected", "[model][batch]") {
     auto m = Model::load(tiny_dir(), params(2, 16));
     const int32_t toks[3] = {5, 6, 7};
     const SeqRun twice[2] = {{0, 0, 0, 1}, {0, 0, 1, 1}};
@@ -179,7 +179,7 @@ TEST_CASE("step: a slot twice in one batch is refused, and the next batch is una
     CHECK(m->seq_len(1) == 2);
 }
 
-TEST_CASE("batch: max_new_tokens 0 only prefills; more than the context ends with context_full", "[model]") {
+TEST_CASE("batch: max_new_tokens 0 only prefills; more than the context ends with context_full", "[model][batch]") {
     auto m = Model::load(tiny_dir(), params(2, 16));
     BatchGenerator g(*m);
     GenerationRequest none, all, two;
@@ -204,11 +204,11 @@ TEST_CASE("batch: max_new_tokens 0 only prefills; more than the context ends wit
     CHECK_THROWS_AS(g.submit(bad), Error);
 }
 
-// Prompts as long as a step's row budget: prompt chunks go to the oldest request first, so requests finish in the
-// order they were submitted. In slot order, each request admitted into slot 0 took the whole budget of the next
-// step and the requests in slots 1 and 2 waited until the queue ran dry (from the fresh-user test: --batch-file
-// output stalled behind them).
-TEST_CASE("batch: prompt chunks go to the oldest request first", "[model]") {
+// Prompts as long as a step's row budget: prompt chunks of prompts of equal length go to the oldest request first
+// (the tie of shortest-remaining-first), so requests finish in the order they were submitted. In slot order, each
+// request admitted into slot 0 took the whole budget of the next step and the requests in slots 1 and 2 waited until
+// the queue ran dry (from the fresh-user test: --batch-file output stalled behind them).
+TEST_CASE("batch: prompt chunks go to the oldest request first", "[model][batch]") {
     auto m = Model::load(tiny_dir(), params(3, 32));
     BatchGenerator g(*m);
     std::vector<GenerationRequest> reqs(8);
@@ -228,7 +228,78 @@ TEST_CASE("batch: prompt chunks go to the oldest request first", "[model]") {
     for (size_t i = 0; i < reqs.size(); i++) CHECK(g.result(ids[i]).tokens == solo(reqs[i]).tokens);
 }
 
-TEST_CASE("continuous batching: saved states continue a sequence; top log-probabilities; forget", "[model]") {
+// A short prompt submitted with a long one: in oldest-first order the long prompt took every step's rows and the
+// short one's first token came only after the whole long prefill (from the fresh-user test). Shortest remaining
+// prompt first, the short one answers in the first step and the long one still takes the rows left.
+TEST_CASE("batch: a short prompt is not held behind a long prompt's prefill", "[model][batch]") {
+    auto m = Model::load(tiny_dir(), params(2, 32));
+    BatchGenerator g(*m);
+    GenerationRequest long_r, short_r;
+    long_r.prompt = prompt(200, 11);
+    long_r.max_new_tokens = 3;
+    long_r.sampling.temperature = 0.0f;
+    short_r.prompt = prompt(5, 12);
+    short_r.max_new_tokens = 4;
+    short_r.sampling.temperature = 0.9f;
+    short_r.sampling.seed = 5;
+    const int a = g.submit(long_r), b = g.submit(short_r);
+    int steps = 0, short_first = 0, long_first = 0;
+    int64_t long_len = 0;
+    while (g.step()) {
+        steps++;
+        if (short_first == 0 && !g.result(b).tokens.empty()) short_first = steps;
+        if (long_first == 0 && !g.result(a).tokens.empty()) long_first = steps;
+        if (long_first == 0) {  // the long prompt takes rows every step (slot 0: it was admitted first)
+            INFO("step " << steps);
+            CHECK(m->seq_len(0) > long_len);
+            long_len = m->seq_len(0);
+        }
+    }
+    CHECK(short_first == 1);
+    CHECK(long_first == 7);  // 27 rows, 3 x 31 beside the short one's decode rows, then 32, 32 and the last 16
+    CHECK(g.result(a).tokens == solo(long_r).tokens);
+    CHECK(g.result(a).logprobs == solo(long_r).logprobs);
+    CHECK(g.result(b).tokens == solo(short_r).tokens);
+    CHECK(g.result(b).logprobs == solo(short_r).logprobs);
+}
+
+// Shortest first alone would starve a long prompt behind a stream of short ones that fill every step: after
+// max_prompt_wait steps without rows it takes a fair share of a step.
+TEST_CASE("batch: a long prompt behind a stream of short ones still progresses within the wait bound",
+          "[model][batch]") {
+    auto m = Model::load(tiny_dir(), params(3, 16));
+    BatchGenerator g(*m);
+    std::vector<GenerationRequest> reqs(13);
+    std::vector<int> ids;
+    for (size_t i = 0; i < reqs.size(); i++) {
+        reqs[i].prompt = prompt(i == 0 ? 60 : 16, 200 + uint32_t(i));
+        reqs[i].max_new_tokens = 1;
+        reqs[i].sampling.temperature = 0.0f;
+        ids.push_back(g.submit(reqs[i]));
+    }
+    int steps = 0, waited = 0, max_waited = 0, n_waits = 0;
+    int64_t long_len = 0;
+    while (g.step()) {
+        steps++;
+        if (g.result(ids[0]).done) continue;
+        if (m->seq_len(0) == long_len) {
+            waited++;
+            n_waits++;
+        } else {
+            waited = 0;
+        }
+        max_waited = std::max(max_waited, waited);
+        long_len = m->seq_len(0);
+    }
+    CHECK(n_waits > 0);                                    // the short prompts went first...
+    CHECK(max_waited == BatchGenerator::max_prompt_wait);  // ...but never longer than the bound
+    for (size_t i = 0; i < reqs.size(); i++) {
+        INFO("request " << i);
+        CHECK(g.result(ids[i]).tokens == solo(reqs[i]).tokens);
+    }
+}
+
+TEST_CASE("continuous batching: saved states continue a sequence; top log-probabilities; forget", "[model][batch]") {
     auto m = Model::load(tiny_dir(), params(2, 16));
     BatchGenerator g(*m);
     // A request saves its state after 20 of its 40 prompt ids and at its end.

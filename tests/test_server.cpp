@@ -13,6 +13,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <algorithm>
 #include <cctype>
 #include <chrono>
 #include <filesystem>
@@ -621,6 +622,101 @@ TEST_CASE("server: tool calls and reasoning are parsed from the output", "[serve
     }
 }
 
+// models/tiny's tokenizer marks <think> and </think> special (as a Qwen3.5 checkpoint may mark the <tool_call>
+// markers): decoded with skip_special they vanished, so no reasoning_content or tool_calls could be parsed out
+// (from the fresh-user test). The chat output keeps the marker ids and still drops other specials.
+TEST_CASE("server: <think> and <tool_call> markers survive decoding when the tokenizer marks them special",
+          "[server]") {
+    using hy::server::ChatFormat;
+    using hy::server::OutputParser;
+    const hy::Tokenizer tiny = hy::Tokenizer::from_folder(kSrc + "/models/tiny");
+    const int32_t open = tiny.token_id("<think>"), close = tiny.token_id("</think>"), end = tiny.token_id("<|im_end|>");
+    REQUIRE(tiny.is_special(open));
+    REQUIRE(tiny.is_special(close));
+    REQUIRE(tiny.is_special(end));
+    const ChatFormat chat = ChatFormat::load(kSrc + "/models/tiny", tiny);
+    CHECK(chat.marker_ids() == std::vector<int32_t>{open, close});
+    auto decode = [](const hy::Tokenizer& tok, const std::vector<int32_t>& ids, const std::vector<int32_t>& keep) {
+        hy::StreamDecoder dec(tok, true, keep);
+        std::string text;
+        for (int32_t id : ids) text += dec.push(id);
+        return text + dec.flush();
+    };
+    auto ids_of = [](const hy::Tokenizer& tok, const std::vector<std::string>& parts) {
+        std::vector<int32_t> ids;
+        for (const std::string& p : parts) {
+            const std::vector<int32_t> e = tok.encode(p);
+            ids.insert(ids.end(), e.begin(), e.end());
+        }
+        return ids;
+    };
+    const std::vector<int32_t> answer =
+        ids_of(tiny, {"<think>", "\nLet me see.\n", "</think>", "\n\nHello.", "<|im_end|>"});
+    REQUIRE(std::count(answer.begin(), answer.end(), close) == 1);
+    CHECK(decode(tiny, answer, {}) == "\nLet me see.\n\n\nHello.");  // the bug: the markers are gone
+    const std::string text = decode(tiny, answer, chat.marker_ids());
+    CHECK(text == "<think>\nLet me see.\n</think>\n\nHello.");  // markers kept, <|im_end|> still dropped
+    OutputParser think(false, chat.has_think(), nullptr);
+    OutputParser::Delta d = think.feed(text), rest = think.finish();
+    CHECK(d.reasoning + rest.reasoning == "Let me see.");
+    CHECK(d.content + rest.content == "Hello.");
+
+    // A tokenizer with <tool_call> and </tool_call> as special added tokens (models/tiny's, extended).
+    hy::test::cli_util::TempDir dir("special_markers");
+    ojson tj = ojson::parse(hy::test::cli_util::slurp(kSrc + "/models/tiny/tokenizer.json"));
+    const int32_t n = tiny.n_vocab();
+    for (const int k : {0, 1})
+        tj["added_tokens"].push_back(ojson{{"id", n + k},
+                                           {"content", k == 0 ? "<tool_call>" : "</tool_call>"},
+                                           {"single_word", false},
+                                           {"lstrip", false},
+                                           {"rstrip", false},
+                                           {"normalized", false},
+                                           {"special", true}});
+    std::ofstream(dir.path / "tokenizer.json") << tj.dump();
+    std::filesystem::copy_file(kSrc + "/models/tiny/tokenizer_config.json", dir.path / "tokenizer_config.json");
+    const hy::Tokenizer tok = hy::Tokenizer::from_folder(dir.path.string());
+    const int32_t call_open = tok.token_id("<tool_call>"), call_close = tok.token_id("</tool_call>");
+    REQUIRE(call_open == n);
+    REQUIRE(call_close == n + 1);
+    REQUIRE(tok.is_special(call_open));
+    const ChatFormat with_tools = ChatFormat::load(dir.path.string(), tok);
+    CHECK(with_tools.marker_ids() == std::vector<int32_t>{open, close, call_open, call_close});
+    const std::vector<int32_t> call =
+        ids_of(tok, {"Checking.\n", "<tool_call>", "\n{\"name\": \"f\", \"arguments\": {\"x\": 1}}\n", "</tool_call>",
+                     "<|im_end|>"});
+    const ojson tools = ojson::parse(R"([{"type": "function", "function": {"name": "f", "parameters": {}}}])");
+    OutputParser p(false, true, tools);
+    d = p.feed(decode(tok, call, with_tools.marker_ids()));
+    rest = p.finish();
+    CHECK(d.content + rest.content == "Checking.");
+    REQUIRE(p.tool_calls().size() == 1);
+    CHECK(p.tool_calls()[0].name == "f");
+    CHECK(p.tool_calls()[0].arguments == "{\"x\":1}");
+
+    // End to end: generation inside the opened think block, </think> forced by logit_bias. Its text closes the
+    // (empty) reasoning and the second one is content, streamed or not; before, the text was empty.
+    if (!have_server_binary()) return;
+    const int port = shared_server().port();
+    ojson req{{"messages", ojson::array({ojson{{"role", "user"}, {"content", "Hi"}}})},
+              {"max_tokens", 2},
+              {"temperature", 0},
+              {"chat_template_kwargs", {{"enable_thinking", true}}},
+              {"logit_bias", {{std::to_string(close), 100}}}};
+    const Reply r = post(port, "/v1/chat/completions", req);
+    REQUIRE(r.status == 200);
+    const ojson msg = r.json()["choices"][0]["message"];
+    INFO(msg.dump());
+    CHECK(msg["content"] == "</think>");
+    CHECK_FALSE(msg.contains("reasoning_content"));
+    req["stream"] = true;
+    std::string streamed;
+    for (const ojson& ev : events(post(port, "/v1/chat/completions", req).body))
+        if (!ev["choices"].empty() && ev["choices"][0]["delta"].contains("content"))
+            streamed += ev["choices"][0]["delta"]["content"].get<std::string>();
+    CHECK(streamed == "</think>");
+}
+
 TEST_CASE("server: a model folder's Jinja chat template renders the prompt; tools and enable_thinking", "[server]") {
     if (!have_server_binary()) return;
     // models/tiny with Qwen3's chat template in its tokenizer_config.json
@@ -893,4 +989,95 @@ TEST_CASE("server: a stream cut by a shutdown ends with a finish_reason and [DON
     const Reply r = parse_raw_response(raw_plain);
     CHECK(r.status == 503);
     CHECK(r.json()["error"]["message"].get<std::string>().find("shutting down") != std::string::npos);
+}
+
+// hybrid-server-bench (from the fresh-user test): usage errors exit 1 with one line, numbers are read strictly, a
+// server that is not there is named, failed requests are counted in the table and make the exit code 6, the prompt
+// ids come from the server's n_vocab (the tiny model's 4096 ids: the old fixed 150000 failed every request), turns
+// are numbered from 1 and a run stops at its first failed turn.
+TEST_CASE("hybrid-server-bench: arguments, an absent server, failed requests, multi-turn", "[server]") {
+    const std::string bench = kBin + "/hybrid-server-bench";
+    if (!std::filesystem::exists(bench)) return;
+    auto one_line = [](const hy::test::cli_util::Run& r, int code, const std::string& needle) {
+        INFO(r.err);
+        CHECK(r.rc == code);
+        CHECK(r.err.rfind("hybrid-server-bench: ", 0) == 0);
+        CHECK(r.err.find(needle) != std::string::npos);
+        CHECK(std::count(r.err.begin(), r.err.end(), '\n') == 1);
+    };
+    const std::vector<std::pair<std::vector<std::string>, std::string>> bad = {
+        {{"-p", "12abc"}, "invalid value '12abc' for --prompt"},
+        {{"-n", "-3"}, "for --new"},
+        {{"-n", "0"}, "for --new"},
+        {{"-r", "0"}, "for --rounds (an integer in [1, 1024])"},
+        {{"-r", "1025"}, "for --rounds"},
+        {{"-c", "1,0"}, "invalid value '0' in --clients"},
+        {{"-c", "1025"}, "invalid value '1025' in --clients"},
+        {{"-c", "4x"}, "invalid value '4x' in --clients"},
+        {{"-c", ""}, "in --clients"},
+        {{"--vocab", "-1"}, "for --vocab"},
+        {{"--vocab", "1"}, "for --vocab"},
+        {{"--port", "70000"}, "for --port"},
+        {{"--turns", "2.5"}, "for --turns"},
+        {{"--turn-text", "0"}, "for --turn-text"},
+        {{"--frobnicate"}, "unknown option --frobnicate"},
+        {{"stray"}, "unexpected argument 'stray'"},
+        {{"-p", "4", "-p", "5"}, "more than once"},
+    };
+    for (const auto& [args, needle] : bad) {
+        INFO(args[0]);
+        one_line(run_prog(bench, args), 1, needle);
+    }
+    // a port nobody listens on (taken and given back)
+    const int fd = socket(AF_INET, SOCK_STREAM, 0);
+    REQUIRE(fd >= 0);
+    sockaddr_in a{};
+    a.sin_family = AF_INET;
+    a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    REQUIRE(bind(fd, reinterpret_cast<sockaddr*>(&a), sizeof a) == 0);
+    socklen_t len = sizeof a;
+    REQUIRE(getsockname(fd, reinterpret_cast<sockaddr*>(&a), &len) == 0);
+    const std::string free_port = std::to_string(ntohs(a.sin_port));
+    close(fd);
+    one_line(run_prog(bench, {"--port", free_port, "-c", "1", "-p", "4", "-n", "2"}), 6,
+             "cannot connect to 127.0.0.1:" + free_port);
+
+    if (!have_server_binary()) return;
+    const std::string port = std::to_string(shared_server().port());
+    // the server reports its n_vocab, which the bench takes by default
+    CHECK(get(shared_server().port(), "/v1/models").json()["data"][0]["meta"]["n_vocab"] == 4096);
+    const hy::test::cli_util::Run ok = run_prog(bench, {"--port", port, "-c", "1,2", "-p", "8", "-n", "2"});
+    INFO(ok.out << ok.err);
+    CHECK(ok.rc == 0);
+    CHECK(ok.out.find("| clients | requests | failed | prompt |") != std::string::npos);
+    CHECK(ok.out.find("| 1 | 1 | 0 | 8 | 2 |") != std::string::npos);
+    CHECK(ok.out.find("| 2 | 2 | 0 | 8 | 2 |") != std::string::npos);
+    // ids past the model's vocabulary: every request fails (400), counted, exit 6, one line per wave
+    const hy::test::cli_util::Run fails =
+        run_prog(bench, {"--port", port, "-c", "2", "-r", "2", "-p", "8", "-n", "2", "--vocab", "100000"});
+    INFO(fails.out << fails.err);
+    CHECK(fails.rc == 6);
+    CHECK(fails.out.find("| 2 | 4 | 4 | 8 | 2 |") != std::string::npos);
+    CHECK(fails.err.find("2 clients: 4 of 4 requests failed; the first: HTTP 400") != std::string::npos);
+    CHECK(std::count(fails.err.begin(), fails.err.end(), '\n') == 1);
+    // multi-turn: turns from 1; with long messages the second turn outgrows the context (-c 512) in both runs,
+    // which stop there (no turn 3)
+    const hy::test::cli_util::Run turns =
+        run_prog(bench, {"--port", port, "--turns", "2", "-n", "2", "--turn-text", "4"});
+    INFO(turns.out << turns.err);
+    CHECK(turns.rc == 0);
+    CHECK(turns.out.find("| turn | failed |") != std::string::npos);
+    CHECK(turns.out.find("\n| 1 | 0 | ") != std::string::npos);
+    CHECK(turns.out.find("\n| 2 | 0 | ") != std::string::npos);
+    CHECK(turns.out.find("\n| 0 |") == std::string::npos);
+    const hy::test::cli_util::Run cut =
+        run_prog(bench, {"--port", port, "--turns", "4", "-n", "2", "--turn-text", "120"});
+    INFO(cut.out << cut.err);
+    CHECK(cut.rc == 6);
+    CHECK(cut.out.find("\n| 1 | 0 | ") != std::string::npos);
+    CHECK(cut.out.find("\n| 2 | 2 | - | - | - | - | - | - |") != std::string::npos);
+    CHECK(cut.out.find("\n| 3 |") == std::string::npos);
+    CHECK(cut.err.find("turn 2 (cache off):") != std::string::npos);
+    CHECK(cut.err.find("turn 2 (cache on):") != std::string::npos);
+    CHECK(cut.err.find("turn 3") == std::string::npos);
 }

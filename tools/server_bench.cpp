@@ -1,27 +1,37 @@
 // hybrid-server-bench: load figures of a running hybrid-server (or any OpenAI-compatible server).
 //
-//   hybrid-server-bench --port P [--host H] [-c 1,4,8,16,64] [-p 512] [-n 128] [-r 1] [--turns T] [--turn-text N]
+//   hybrid-server-bench --port P [--host H] [-c 1,4,8,16,64] [-p 512] [-n 128] [-r 1] [--vocab 0] [--turns T]
+//                       [--turn-text N]
 //
 // Load: for each client count C, C clients each send -r streamed /v1/completions requests one after another: a
 // prompt of -p random token ids (a new draw per request, cache_prompt off), -n new tokens (ignore_eos, greedy).
-// Printed per C: aggregate tok/s (every generated token over the wall time of the whole wave), tok/s per client,
-// and the time to first token (the request's start to its first streamed text) mean, p50 and p90.
+// The ids are drawn from [min(1000, V / 2), V), V the --vocab given, or by default (--vocab 0) the n_vocab that the
+// server reports in GET /v1/models (data[0].meta.n_vocab). Printed per C: the requests, how many failed,
+// aggregate tok/s (every generated token over the wall time of the whole wave), tok/s per client, and the time to
+// first token (the request's start to its first streamed text) mean, p50 and p90.
 // Multi-turn (--turns T > 0): one chat of T turns (a user message of about --turn-text words, an answer of -n
-// tokens, streamed), run twice: with the conversation-state cache off (cache_prompt false) and on. Printed per
-// turn: the prompt tokens, the cached tokens, the time to first token and the turn's latency in each run.
-// Exit status: 0, 1 when a request fails, 2 on bad arguments.
+// tokens, streamed), run twice: with the conversation-state cache off (cache_prompt false) and on; a run stops at
+// its first failed turn. Printed per turn (numbered from 1): how many of the two runs failed it, the prompt tokens,
+// the cached tokens, the time to first token and the turn's latency in each run ("-" where it did not complete).
+// Before any of that the server must answer GET /v1/models ("cannot connect to HOST:PORT" when nothing answers).
+// Exit status (as hybrid's): 0; 1 bad arguments (a one-line message); 6 the server cannot be reached or a request
+// failed (the figures are still printed, with the failed counts).
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <climits>
 #include <cstdio>
 #include <cxxopts.hpp>
 #include <httplib.h>
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <random>
+#include <stdexcept>
 #include <string>
 #include <thread>
 #include <vector>
+
+#include "cli/arg_error.h"
 
 namespace {
 
@@ -114,6 +124,40 @@ double percentile(std::vector<double> v, double q) {
     return v[std::min(v.size() - 1, size_t(q * double(v.size() - 1) + 0.5))];
 }
 
+// A bad command-line value: exit 1 with the message.
+struct UsageError : std::runtime_error {
+    using std::runtime_error::runtime_error;
+};
+
+// The int option `name` (long name) of r, strictly (a whole decimal number, "12abc" refused) in [lo, hi].
+int int_option(const cxxopts::ParseResult& r, const char* name, int lo, int hi) {
+    const std::string text = r[name].as<std::string>();
+    int v = 0;
+    if (!hy::parse_int(text, &v) || v < lo || v > hi)
+        throw UsageError("invalid value '" + text + "' for --" + name + " (an integer in [" + std::to_string(lo) +
+                         ", " + std::to_string(hi) + "])");
+    return v;
+}
+
+// GET /v1/models: throws std::runtime_error "cannot connect to HOST:PORT (...)" when nothing answers; returns the
+// server's n_vocab (data[0].meta.n_vocab), 0 when it does not say.
+int server_vocab(const std::string& host, int port) {
+    httplib::Client cli(host, port);
+    cli.set_connection_timeout(10, 0);
+    cli.set_read_timeout(60, 0);
+    auto res = cli.Get("/v1/models");
+    if (!res)
+        throw std::runtime_error("cannot connect to " + host + ":" + std::to_string(port) + " (" +
+                                 httplib::to_string(res.error()) + "; is hybrid-server running there?)");
+    if (res->status != 200) return 0;
+    const ojson j = ojson::parse(res->body, nullptr, false);
+    if (j.is_discarded() || !j.contains("data") || !j["data"].is_array() || j["data"].empty()) return 0;
+    const ojson& m = j["data"][0];
+    if (!m.is_object() || !m.contains("meta") || !m["meta"].is_object()) return 0;
+    const ojson& v = m["meta"].contains("n_vocab") ? m["meta"]["n_vocab"] : ojson();
+    return v.is_number_integer() && v.get<int64_t>() > 1 && v.get<int64_t>() <= INT32_MAX ? v.get<int>() : 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -121,56 +165,83 @@ int main(int argc, char** argv) {
     // clang-format off
     opts.add_options()
         ("host", "server address", cxxopts::value<std::string>()->default_value("127.0.0.1"))
-        ("port", "server port", cxxopts::value<int>()->default_value("8080"))
-        ("c,clients", "client counts, comma-separated", cxxopts::value<std::string>()->default_value("1,4,8,16,64"))
-        ("p,prompt", "prompt tokens (random ids)", cxxopts::value<int>()->default_value("512"))
-        ("n,new", "new tokens per request", cxxopts::value<int>()->default_value("128"))
-        ("r,rounds", "requests per client", cxxopts::value<int>()->default_value("1"))
-        ("vocab", "prompt ids are drawn from [1000, vocab)", cxxopts::value<int>()->default_value("150000"))
-        ("turns", "multi-turn chat: turns (0: none)", cxxopts::value<int>()->default_value("0"))
-        ("turn-text", "multi-turn chat: words per user message", cxxopts::value<int>()->default_value("64"))
+        ("port", "server port", cxxopts::value<std::string>()->default_value("8080"))
+        ("c,clients", "client counts, comma-separated, each in [1, 1024]",
+         cxxopts::value<std::string>()->default_value("1,4,8,16,64"))
+        ("p,prompt", "prompt tokens (random ids)", cxxopts::value<std::string>()->default_value("512"))
+        ("n,new", "new tokens per request", cxxopts::value<std::string>()->default_value("128"))
+        ("r,rounds", "requests per client, in [1, 1024]", cxxopts::value<std::string>()->default_value("1"))
+        ("vocab", "prompt ids are drawn from [min(1000, V / 2), V) for this V (0: the server's n_vocab)",
+         cxxopts::value<std::string>()->default_value("0"))
+        ("turns", "multi-turn chat: turns (0: none)", cxxopts::value<std::string>()->default_value("0"))
+        ("turn-text", "multi-turn chat: words per user message", cxxopts::value<std::string>()->default_value("64"))
         ("h,help", "print this help");
     // clang-format on
     std::string host;
-    int port, prompt_len, n_new, rounds, vocab, turns, turn_text;
-    std::vector<int> clients;
+    int port = 0, prompt_len = 0, n_new = 0, rounds = 0, vocab = 0, turns = 0, turn_text = 0;
+    std::vector<int32_t> clients;
     try {
-        auto r = opts.parse(argc, argv);
+        if (const std::string e = hy::first_single_dash_word_error(opts, argc, argv); !e.empty()) throw UsageError(e);
+        auto r = hy::parse_split(opts, argc, argv);
         if (r.count("help")) {
-            std::printf("%s\n", opts.help().c_str());
+            std::printf(
+                "%s\nExit codes (as hybrid's): 0 success; 1 bad arguments; 6 the server cannot be reached "
+                "or a request failed.\n",
+                opts.help().c_str());
             return 0;
         }
+        if (!r.unmatched().empty()) throw UsageError("unexpected argument '" + r.unmatched()[0] + "' (see --help)");
+        std::vector<std::string> seen;
+        for (const cxxopts::KeyValue& kv : r.arguments()) {
+            if (std::find(seen.begin(), seen.end(), kv.key()) != seen.end())
+                throw UsageError("--" + kv.key() + " was given more than once (give it once)");
+            seen.push_back(kv.key());
+        }
         host = r["host"].as<std::string>();
-        port = r["port"].as<int>();
-        prompt_len = r["prompt"].as<int>();
-        n_new = r["new"].as<int>();
-        rounds = r["rounds"].as<int>();
-        vocab = r["vocab"].as<int>();
-        turns = r["turns"].as<int>();
-        turn_text = r["turn-text"].as<int>();
+        if (host.empty()) throw UsageError("--host must not be empty");
+        port = int_option(r, "port", 1, 65535);
+        prompt_len = int_option(r, "prompt", 1, 1 << 20);
+        n_new = int_option(r, "new", 1, 1 << 20);
+        rounds = int_option(r, "rounds", 1, 1024);
+        vocab = int_option(r, "vocab", 0, INT32_MAX);
+        if (vocab == 1) throw UsageError("invalid value '1' for --vocab (0: the server's, else at least 2)");
+        turns = int_option(r, "turns", 0, 1024);
+        turn_text = int_option(r, "turn-text", 1, 1 << 16);
+        std::string bad;
         const std::string list = r["clients"].as<std::string>();
-        for (size_t p = 0; p <= list.size();) {
-            size_t q = list.find(',', p);
-            if (q == std::string::npos) q = list.size();
-            if (q > p) clients.push_back(std::stoi(list.substr(p, q - p)));
-            p = q + 1;
+        if (!hy::parse_int_list(list, 1, 1024, clients, &bad))
+            throw UsageError("invalid value '" + bad + "' in --clients '" + list +
+                             "' (client counts in [1, 1024], comma-separated)");
+    } catch (const UsageError& e) {
+        std::fprintf(stderr, "hybrid-server-bench: %s\n", e.what());
+        return 1;
+    } catch (const std::exception& e) {  // cxxopts
+        std::fprintf(stderr, "hybrid-server-bench: %s (see --help)\n",
+                     hy::parse_error_message(e.what(), argc, argv).c_str());
+        return 1;
+    }
+    constexpr int kFailed = 6;
+    try {
+        const int reported = server_vocab(host, port);
+        if (vocab == 0 && turns == 0) {
+            if (reported == 0)
+                throw std::runtime_error("the server at " + host + ":" + std::to_string(port) +
+                                         " does not report n_vocab in GET /v1/models: give --vocab");
+            vocab = reported;
         }
     } catch (const std::exception& e) {
         std::fprintf(stderr, "hybrid-server-bench: %s\n", e.what());
-        return 2;
+        return kFailed;
     }
-    if (prompt_len < 1 || n_new < 1 || rounds < 1 || vocab <= 1000 || turns < 0 || turn_text < 1) {
-        std::fprintf(stderr, "hybrid-server-bench: -p, -n, -r and --turn-text must be >= 1, --vocab > 1000\n");
-        return 2;
-    }
+    const int lo = std::min(1000, vocab / 2);
     bool failed = false;
     std::atomic<uint64_t> draw{1};
-    if (!clients.empty() && turns == 0) {
+    if (turns == 0) {
         std::printf(
-            "| clients | requests | prompt | new | aggregate tok/s | tok/s per client | TTFT mean ms | "
-            "TTFT p50 ms | TTFT p90 ms |\n|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+            "| clients | requests | failed | prompt | new | aggregate tok/s | tok/s per client | TTFT mean ms | "
+            "TTFT p50 ms | TTFT p90 ms |\n|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|\n");
     }
-    for (int c : turns == 0 ? clients : std::vector<int>{}) {
+    for (int c : turns == 0 ? clients : std::vector<int32_t>{}) {
         std::vector<Outcome> out(size_t(c) * size_t(rounds));
         std::vector<std::thread> threads;
         const auto t0 = Clock::now();
@@ -179,7 +250,7 @@ int main(int argc, char** argv) {
                 for (int i = 0; i < rounds; i++) {
                     std::mt19937_64 rng(draw++);
                     ojson ids = ojson::array();
-                    for (int t = 0; t < prompt_len; t++) ids.push_back(1000 + int(rng() % uint64_t(vocab - 1000)));
+                    for (int t = 0; t < prompt_len; t++) ids.push_back(lo + int(rng() % uint64_t(vocab - lo)));
                     const ojson body{{"prompt", ids},
                                      {"max_tokens", n_new},
                                      {"temperature", 0},
@@ -192,30 +263,40 @@ int main(int argc, char** argv) {
         const double wall = ms(t0, Clock::now());
         std::vector<double> ttft;
         uint64_t tokens = 0;
+        size_t n_failed = 0;
+        const Outcome* first_failure = nullptr;
         for (const Outcome& o : out) {
             if (!o.ok) {
-                std::fprintf(stderr, "hybrid-server-bench: %s\n", o.error.c_str());
-                failed = true;
+                n_failed++;
+                if (!first_failure) first_failure = &o;
+                continue;
             }
             ttft.push_back(o.ttft_ms);
             tokens += uint64_t(o.completion_tokens);
         }
+        if (first_failure) {
+            std::fprintf(stderr, "hybrid-server-bench: %d clients: %zu of %zu requests failed; the first: %s\n", c,
+                         n_failed, out.size(), first_failure->error.c_str());
+            failed = true;
+        }
         double mean = 0;
         for (double x : ttft) mean += x / double(ttft.size());
         const double agg = double(tokens) / (wall / 1e3);
-        std::printf("| %d | %zu | %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", c, out.size(), prompt_len, n_new,
-                    agg, agg / c, mean, percentile(ttft, 0.5), percentile(ttft, 0.9));
+        std::printf("| %d | %zu | %zu | %d | %d | %.1f | %.1f | %.1f | %.1f | %.1f |\n", c, out.size(), n_failed,
+                    prompt_len, n_new, agg, agg / c, mean, percentile(ttft, 0.5), percentile(ttft, 0.9));
         std::fflush(stdout);
     }
     if (turns > 0) {
         struct Turn {
             Outcome o[2];
+            bool ran[2] = {false, false};
         };
         std::vector<Turn> turn_log(static_cast<size_t>(turns));
+        int n_shown = 0;  // the turns that either run reached
         for (int run = 0; run < 2; run++) {
             ojson messages = ojson::array();
-            for (int t = 0; t < turns; t++) {
-                std::string text = "Turn " + std::to_string(t) + " of run " + std::to_string(run) + ":";
+            for (int t = 1; t <= turns; t++) {
+                std::string text = "Turn " + std::to_string(t) + " of run " + std::to_string(run + 1) + ":";
                 for (int w = 0; w < turn_text; w++) text += " word" + std::to_string((t * 31 + w * 7) % 97);
                 messages.push_back(ojson{{"role", "user"}, {"content", text}});
                 const ojson body{{"messages", messages},
@@ -223,24 +304,43 @@ int main(int argc, char** argv) {
                                  {"temperature", 0},
                                  {"ignore_eos", true},
                                  {"cache_prompt", run == 1}};
-                Outcome o = stream_request(host, port, "/v1/chat/completions", body);
-                if (!o.ok) {
-                    std::fprintf(stderr, "hybrid-server-bench: turn %d: %s\n", t, o.error.c_str());
+                Turn& log = turn_log[size_t(t - 1)];
+                log.o[run] = stream_request(host, port, "/v1/chat/completions", body);
+                log.ran[run] = true;
+                n_shown = std::max(n_shown, t);
+                if (!log.o[run].ok) {  // the next turns would build on an answer that is not there
+                    std::fprintf(stderr, "hybrid-server-bench: turn %d (cache %s): %s; the run stops there\n", t,
+                                 run == 1 ? "on" : "off", log.o[run].error.c_str());
                     failed = true;
+                    break;
                 }
-                messages.push_back(ojson{{"role", "assistant"}, {"content", o.text}});
-                turn_log[size_t(t)].o[run] = std::move(o);
+                messages.push_back(ojson{{"role", "assistant"}, {"content", log.o[run].text}});
             }
         }
         std::printf(
-            "| turn | prompt tokens | cached (cache on) | TTFT off ms | TTFT on ms | latency off ms | "
-            "latency on ms |\n|--:|--:|--:|--:|--:|--:|--:|\n");
-        for (int t = 0; t < turns; t++) {
-            const Outcome& off = turn_log[size_t(t)].o[0];
-            const Outcome& on = turn_log[size_t(t)].o[1];
-            std::printf("| %d | %d | %d | %.1f | %.1f | %.1f | %.1f |\n", t + 1, on.prompt_tokens, on.cached_tokens,
-                        off.ttft_ms, on.ttft_ms, off.total_ms, on.total_ms);
+            "| turn | failed | prompt tokens | cached (cache on) | TTFT off ms | TTFT on ms | latency off ms | "
+            "latency on ms |\n|--:|--:|--:|--:|--:|--:|--:|--:|\n");
+        auto cell = [](const Turn& log, int run, double v) {
+            char b[32];
+            if (!log.ran[run] || !log.o[run].ok) return std::string("-");
+            std::snprintf(b, sizeof b, "%.1f", v);
+            return std::string(b);
+        };
+        for (int t = 1; t <= n_shown; t++) {
+            const Turn& log = turn_log[size_t(t - 1)];
+            const Outcome &off = log.o[0], &on = log.o[1];
+            const int n_failed = int(log.ran[0] && !off.ok) + int(log.ran[1] && !on.ok);
+            const bool on_ok = log.ran[1] && on.ok;
+            std::printf("| %d | %d | %s | %s | %s | %s | %s | %s |\n", t, n_failed,
+                        on_ok ? std::to_string(on.prompt_tokens).c_str() : "-",
+                        on_ok ? std::to_string(on.cached_tokens).c_str() : "-", cell(log, 0, off.ttft_ms).c_str(),
+                        cell(log, 1, on.ttft_ms).c_str(), cell(log, 0, off.total_ms).c_str(),
+                        cell(log, 1, on.total_ms).c_str());
         }
     }
-    return failed ? 1 : 0;
+    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
+        std::fprintf(stderr, "hybrid-server-bench: cannot write to stdout\n");
+        return 5;
+    }
+    return failed ? kFailed : 0;
 }
