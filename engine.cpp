@@ -146,6 +146,7 @@ hy_model_params hy_model_default_params(void) {
     p.dummy_weights = 0;
     p.quant = HY_QUANT_NONE;
     p.quant_group = 0;
+    p.quant_lm_head = 0;
     return p;
 }
 
@@ -177,6 +178,9 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
                                             hy::int_quant_group_ok(p.quant_group)),
                      "quant_group must be 0 or, with HY_QUANT_INT8/INT4, 32 or a multiple of 64 up to 1024, got " +
                          std::to_string(p.quant_group));
+        HY_CHECK_ARG(
+            p.quant_lm_head == 0 || (p.quant_lm_head == 1 && (p.quant == HY_QUANT_INT8 || p.quant == HY_QUANT_INT4)),
+            "quant_lm_head must be 0 or, with HY_QUANT_INT8/INT4, 1, got " + std::to_string(p.quant_lm_head));
         std::error_code ec;
         if (!*dir) return fail(Status::io, "the model folder path is empty");
         // (before the tokenizer is read; Model::load words the same checks for its other callers)
@@ -201,6 +205,7 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
                    : p.quant == HY_QUANT_INT4 ? hy::WeightQuant::int4
                                               : hy::WeightQuant::none;
         mp.quant_group = p.quant_group;
+        mp.quant_lm_head = p.quant_lm_head != 0;
         auto m = std::make_unique<hy_model>();
         m->tok = std::make_unique<hy::Tokenizer>(hy::Tokenizer::from_folder(dir));
         m->generation = hy::load_generation_defaults(dir);

@@ -109,6 +109,8 @@ typedef struct hy_model_params {
     int quant;            /* a hy_quant: HY_QUANT_NONE (default), HY_QUANT_FP8, HY_QUANT_INT8 or HY_QUANT_INT4 */
     int quant_group;      /* HY_QUANT_INT8/INT4: weights per scale, 32 or a multiple of 64 up to 1024; 0 (default): the
                              mode's      default (README "Weight quantization") */
+    int quant_lm_head;    /* HY_QUANT_INT8/INT4: 1 quantizes lm_head too (a tied lm_head gets a quantized copy of the
+                             embeddings); 0 (default) keeps it 16-bit. 1 with another quant: HY_ERR_INVALID_ARGUMENT */
 } hy_model_params;
 
 hy_model_params hy_model_default_params(void);
@@ -123,11 +125,11 @@ int hy_quant_parse(const char* value, int* quant, int* group);
  * Errors: HY_ERR_INVALID_ARGUMENT (NULL argument, n_ctx < 0 or 0 without max_position_embeddings,
  * max_batch_tokens <= 0, n_slots outside [1, 4096], n_threads > 1024, an unknown quant, a quant other than NONE on an
  * FP8 checkpoint, a quant_group that is not 0 or does not fit: not 32 or a multiple of 64 up to 1024, given without
- * INT8/INT4, or not dividing a quantized matrix's input features), HY_ERR_IO (missing folder or file, a folder without
- * config.json), HY_ERR_FORMAT, HY_ERR_UNSUPPORTED, HY_ERR_MODEL_MISMATCH (tensor missing or of the wrong shape),
- * HY_ERR_OUT_OF_MEMORY (also before anything is allocated when the arena is larger than the machine's memory: the
- * message gives the sizes and the largest context that fits), HY_ERR_BACKEND. On the CPU the state's pages become
- * resident only as the sequences grow. */
+ * INT8/INT4, or not dividing a quantized matrix's input features; quant_lm_head other than 0 or 1, or 1 without
+ * INT8/INT4), HY_ERR_IO (missing folder or file, a folder without config.json), HY_ERR_FORMAT, HY_ERR_UNSUPPORTED,
+ * HY_ERR_MODEL_MISMATCH (tensor missing or of the wrong shape), HY_ERR_OUT_OF_MEMORY (also before anything is allocated
+ * when the arena is larger than the machine's memory: the message gives the sizes and the largest context that fits),
+ * HY_ERR_BACKEND. On the CPU the state's pages become resident only as the sequences grow. */
 int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out);
 
 /* Frees the model. Every context and sampler made from it must be freed first. NULL is allowed. */

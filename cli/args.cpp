@@ -158,6 +158,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     add_shared_option(opts, "Model", "threads");
     add_shared_option(opts, "Model", "device");
     add_shared_option(opts, "Model", "quant");
+    add_shared_option(opts, "Model", "quant-lm-head");
     add_shared_option(opts, "Model", "no-cuda-graphs");
     opts.add_options("Prompt")
         ("p,prompt", "prompt text (escapes \\n \\t \\r \\0 \\\\ \\\" \\' processed)", cxxopts::value<std::string>())
@@ -334,6 +335,9 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         usage("--quant must be none, fp8, int8, int4, int8:G or int4:G (G 32 or a multiple of 64 up to 1024), got '" +
               quant + "'");
     o.quant = hy_quant(quant_mode);
+    o.quant_lm_head = r["quant-lm-head"].as<bool>();
+    if (o.quant_lm_head && o.quant != HY_QUANT_INT8 && o.quant != HY_QUANT_INT4)
+        usage("--quant-lm-head needs --quant int8 or int4");
 
     // cxxopts keeps the last of repeated values: a repeated single-valued option is an error, not a silent choice
     for (const char* name : {"model",

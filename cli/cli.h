@@ -43,6 +43,7 @@ struct Options {
     hy_device device = HY_DEVICE_AUTO;       // --device
     hy_quant quant = HY_QUANT_NONE;          // --quant
     int quant_group = 0;                     // --quant int8:G / int4:G (0: the default)
+    bool quant_lm_head = false;              // --quant-lm-head (with --quant int8/int4)
     hy_sampler_params sampling{};            // --temp, --top-k, ... and -s
     int sampling_given = 0;                  // hy_sampler_field mask of the sampling options given on the command line
     bool random_seed = true;                 // -s -1 (the default): sampling.seed was drawn at random

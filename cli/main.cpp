@@ -275,6 +275,7 @@ int run(int argc, char** argv) {
     mp.device = o.device;
     mp.quant = o.quant;
     mp.quant_group = o.quant_group;
+    mp.quant_lm_head = o.quant_lm_head ? 1 : 0;
     mp.n_threads = o.n_threads;
     mp.cuda_graphs = o.cuda_graphs ? 1 : 0;
     mp.n_ctx = o.n_ctx;

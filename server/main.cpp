@@ -64,6 +64,7 @@ int main(int argc, char** argv) {
     hy::add_shared_option(opts, "", "threads");
     hy::add_shared_option(opts, "", "device");
     hy::add_shared_option(opts, "", "quant");
+    hy::add_shared_option(opts, "", "quant-lm-head");
     hy::add_shared_option(opts, "", "no-cuda-graphs");
     hy::add_shared_option(opts, "", "help");
 
@@ -101,6 +102,9 @@ int main(int argc, char** argv) {
                 "to 1024), got '" +
                 r["quant"].as<std::string>() + "'");
         }
+        p.quant_lm_head = r.count("quant-lm-head") > 0;
+        if (p.quant_lm_head && p.quant != hy::WeightQuant::int8 && p.quant != hy::WeightQuant::int4)
+            return usage_error("--quant-lm-head needs --quant int8 or int4");
         const std::string device = r["device"].as<std::string>();
         if (device == "cpu")
             p.device = hy::Device::cpu;

@@ -1299,6 +1299,7 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
     mp.dummy_weights = params.dummy_weights;
     mp.quant = params.quant;
     mp.quant_group = params.quant_group;
+    mp.quant_lm_head = params.quant_lm_head;
     s.model = Model::load(params.model_dir, mp);
     const int V = s.model->config().vocab_size;
     s.n_valid = std::min(s.tok->n_vocab(), V);

@@ -49,6 +49,7 @@ struct ServerParams {
     bool dummy_weights = false;  // random weights from config.json's shapes (load benchmarks without a checkpoint)
     WeightQuant quant = WeightQuant::none;  // --quant: quantize 16-bit weights at load (ModelParams::quant)
     int quant_group = 0;                    // --quant int8:G / int4:G (ModelParams::quant_group; 0: the default)
+    bool quant_lm_head = false;             // --quant-lm-head (ModelParams::quant_lm_head)
 };
 
 class Server {

@@ -412,6 +412,44 @@ TEST_CASE("int quant: bad requests are refused with one clear line", "[loader][i
         CHECK(hy_model_load(tiny_dir().c_str(), &p, &m) == HY_ERR_INVALID_ARGUMENT);
         CHECK(m == nullptr);
     }
+    SECTION("hy_model_params.quant_lm_head: with INT8/INT4 only, 0 or 1") {
+        hy_model_params p = hy_model_default_params();
+        CHECK(p.quant_lm_head == 0);
+        p.device = HY_DEVICE_CPU;
+        hy_model* m = nullptr;
+        for (const int q : {int(HY_QUANT_NONE), int(HY_QUANT_FP8)}) {
+            p.quant = q;
+            p.quant_lm_head = 1;
+            CHECK(hy_model_load(tiny_dir().c_str(), &p, &m) == HY_ERR_INVALID_ARGUMENT);
+            CHECK(std::string(hy_last_error()).find("quant_lm_head must be 0 or, with HY_QUANT_INT8/INT4, 1, got 1") !=
+                  std::string::npos);
+        }
+        p.quant = HY_QUANT_INT4;
+        p.quant_lm_head = 2;
+        CHECK(hy_model_load(tiny_dir().c_str(), &p, &m) == HY_ERR_INVALID_ARGUMENT);
+        CHECK(m == nullptr);
+        // on: the logits are those of Model::load with ModelParams::quant_lm_head (a Q4 copy of the tied embeddings)
+        p.quant_lm_head = 1;
+        p.n_threads = 2;
+        REQUIRE(hy_model_load(tiny_dir().c_str(), &p, &m) == HY_OK);
+        hy_context* c = nullptr;
+        REQUIRE(hy_context_new(m, nullptr, &c) == HY_OK);
+        const std::vector<int32_t> ids = random_prompt(8, 3);
+        REQUIRE(hy_prefill(c, ids.data(), int(ids.size())) == HY_OK);
+        int n_logits = 0;
+        const float* logits = hy_context_logits(c, &n_logits);
+        REQUIRE(logits != nullptr);
+        ModelParams mp = cpu_params(WeightQuant::int4);
+        mp.quant_lm_head = true;
+        auto ref = Model::load(tiny_dir(), mp);
+        CHECK(ref->weights().output.dtype == DType::Q4);
+        auto l = ref->prefill(0, ids);
+        const std::vector<float> want(l.begin(), l.end());
+        REQUIRE(int64_t(n_logits) <= int64_t(want.size()));
+        for (int i = 0; i < n_logits; i++) REQUIRE(logits[i] == want[size_t(i)]);
+        hy_context_free(c);
+        hy_model_free(m);
+    }
     SECTION("int8 / int4 on a checkpoint that is already FP8") {
         // (the FP8 checkpoint written by the project's FP8 quantizer, as test_fp8 does)
         TempDir d;

@@ -26,6 +26,17 @@ TEST_CASE("--quant: int8 and int4 run models/tiny; bad groups are one clear line
     const Run p = run_prog(kBin + "/hybrid-perplexity", {"-m", "models/tiny", "-f", "README.md", "--quant-lm-head"});
     CHECK(p.rc == 1);
     CHECK(p.err.find("--quant-lm-head needs --quant int8 or int4") != std::string::npos);
+    // --quant-lm-head: the same rule and words in hybrid and hybrid-bench; with int4 it runs
+    check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "--quant", "fp8", "--quant-lm-head"}), 1,
+                         "--quant-lm-head needs --quant int8 or int4");
+    const Run bl = run_prog(kBin + "/hybrid-bench", {"-m", "models/tiny", "--quant-lm-head"});
+    CHECK(bl.rc == 1);
+    CHECK(bl.err.find("--quant-lm-head needs --quant int8 or int4") != std::string::npos);
+    const Run lm = hybrid(
+        {"-m", "models/tiny", "-p", "def main():", "-n", "4", "--temp", "0", "--quant", "int4", "--quant-lm-head"});
+    INFO(lm.err);
+    CHECK(lm.rc == 0);
+    CHECK(!lm.out.empty());
 }
 
 TEST_CASE("hybrid-perplexity: --quant int8 within 1% of 16-bit and top-1 >= 97%, int4 within 6% and >= 88%",

@@ -212,6 +212,7 @@ int main(int argc, char** argv) {
         ("r,reps", "repetitions (medians are reported)", cxxopts::value<int>()->default_value("3"));
     add_shared_option(opts, "", "device");
     add_shared_option(opts, "", "quant");
+    add_shared_option(opts, "", "quant-lm-head");
     add_shared_option(opts, "", "threads");
     add_shared_option(opts, "", "no-cuda-graphs");
     add_shared_option(opts, "", "no-pdl");
@@ -258,6 +259,7 @@ int main(int argc, char** argv) {
         ModelParams mp;
         mp.device = tools::parse_device(dev);
         tools::parse_quant(args["quant"].as<std::string>(), mp);
+        tools::parse_quant_lm_head(args["quant-lm-head"].as<bool>(), mp);
         mp.n_threads = threads;
         mp.cuda.graphs = !args["no-cuda-graphs"].as<bool>();
         mp.cuda.pdl = !args["no-pdl"].as<bool>();
@@ -358,8 +360,9 @@ int main(int argc, char** argv) {
         const std::string weight_types = weight_dtypes_text(w);
         const bool fp8 = has_fp8_weights(w);
         const char* fp8_gemm = mp.cuda.fp8_block_scaled_gemm ? "block-scaled" : "dequantize";
-        std::fprintf(table, "weights %s; --quant %s%s%s\n", weight_types.c_str(), weight_quant_name(quant),
+        std::fprintf(table, "weights %s; --quant %s%s%s%s\n", weight_types.c_str(), weight_quant_name(quant),
                      quant_group > 0 ? (", groups of " + std::to_string(quant_group)).c_str() : "",
+                     model->params().quant_lm_head ? ", lm_head quantized" : "",
                      fp8 ? (std::string("; --fp8-gemm ") + fp8_gemm).c_str() : "");
         if (!be.settings().empty()) std::fprintf(table, "backend settings: %s\n", be.settings().c_str());
         std::fprintf(table, "ready after %.2f s; copy bandwidth %s\n", t_ready,
@@ -387,6 +390,7 @@ int main(int argc, char** argv) {
                                 {"device", dev},
                                 {"quant", weight_quant_name(quant)},
                                 {"quant_group", quant_group},
+                                {"quant_lm_head", model->params().quant_lm_head},
                                 {"fp8_gemm", fp8_gemm}}},
                               {"weight_dtypes", nlohmann::json::object()},
                               {"runs", nlohmann::json::array()}};

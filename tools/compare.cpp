@@ -79,6 +79,7 @@ int main(int argc, char** argv) {
          cxxopts::value<std::string>());
     add_shared_option(opts, "", "device", "cpu");
     add_shared_option(opts, "", "quant");
+    add_shared_option(opts, "", "quant-lm-head");
     add_shared_option(opts, "", "fp8-gemm");
     opts.add_options()
         ("key", "golden token list to compare with (default greedy_fp32_cpu on the CPU, greedy_bf16_cuda on CUDA)",
@@ -110,6 +111,7 @@ int main(int argc, char** argv) {
         ModelParams mp;
         mp.device = tools::parse_device(dev);
         tools::parse_quant(args["quant"].as<std::string>(), mp);
+        tools::parse_quant_lm_head(args["quant-lm-head"].as<bool>(), mp);
         mp.cuda.fp8_block_scaled_gemm = tools::parse_fp8_gemm(args["fp8-gemm"].as<std::string>());
         mp.n_threads = tools::parse_threads(args["threads"].as<int>());
         mp.cuda.graphs = !args["no-cuda-graphs"].as<bool>();

@@ -122,11 +122,10 @@ int main(int argc, char** argv) {
         ("max-ppl-ratio", "--kl-base: exit 7 when perplexity / base perplexity exceeds this",
          cxxopts::value<std::string>())
         ("min-top1", "--kl-base: exit 7 when the top-1 agreement (a fraction) is below this",
-         cxxopts::value<std::string>())
-        ("quant-lm-head", "--quant int8/int4: quantize lm_head too (a tied one gets a quantized copy; by default it "
-         "stays 16-bit)");
+         cxxopts::value<std::string>());
     add_shared_option(opts, "", "device");
     add_shared_option(opts, "", "quant");
+    add_shared_option(opts, "", "quant-lm-head");
     add_shared_option(opts, "", "fp8-gemm");
     add_shared_option(opts, "", "threads");
     add_shared_option(opts, "", "help");
@@ -167,9 +166,7 @@ int main(int argc, char** argv) {
         mp.device = tools::parse_device(args["device"].as<std::string>());
         tools::parse_quant(args["quant"].as<std::string>(), mp);
         mp.cuda.fp8_block_scaled_gemm = tools::parse_fp8_gemm(args["fp8-gemm"].as<std::string>());
-        mp.quant_lm_head = args["quant-lm-head"].as<bool>();
-        if (mp.quant_lm_head && mp.quant != WeightQuant::int8 && mp.quant != WeightQuant::int4)
-            throw tools::UsageError("--quant-lm-head needs --quant int8 or int4");
+        tools::parse_quant_lm_head(args["quant-lm-head"].as<bool>(), mp);
         mp.n_threads = tools::parse_threads(args["threads"].as<int>());
         mp.n_ctx = ctx;
         mp.max_batch_tokens = std::min(ctx, 512);

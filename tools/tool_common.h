@@ -212,4 +212,11 @@ inline void parse_quant(const std::string& s, ModelParams& mp) {
     }
 }
 
+// --quant-lm-head into mp.quant_lm_head (after parse_quant): a UsageError unless mp.quant is int8 or int4.
+inline void parse_quant_lm_head(bool on, ModelParams& mp) {
+    if (on && mp.quant != WeightQuant::int8 && mp.quant != WeightQuant::int4)
+        throw UsageError("--quant-lm-head needs --quant int8 or int4");
+    mp.quant_lm_head = on;
+}
+
 }  // namespace hy::tools

@@ -144,6 +144,15 @@ if want int; then  # int8/int4 weights (--quant int8 / int4): the [int] tests, m
         step "int_batch_$q" 150 $N/hybrid-bench -m $M $DW --device cuda --quant $q -p 128 -n 64 -b 2,8,64 -r 2
         grep -E '^\| +[0-9]' "$LOG" | tail -3 | sed "s/^/  batch [quant $q]: /" >>"$SUM"
     done
+    # lm_head quantized too (--quant-lm-head): b=1 speed and the quality on models/tiny
+    step int_b1_int4_lm_head 150 $N/hybrid-bench -m $M $DW --device cuda --quant int4 --quant-lm-head -p 512 -n 256 -r 3
+    say "  decode b=1 [quant int4, --quant-lm-head]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+    grep -E "^weights|arena" "$LOG" | tail -2 | sed "s/^/  [int4 lm_head] /" >>"$SUM"
+    for q in int8 int4; do
+        step "ppl_${q}_lm_head" 60 $N/hybrid-perplexity -m models/tiny --device cuda --quant $q --quant-lm-head -f $TXT \
+            --kl-base /tmp/ppl_base_i.bin
+        grep -iE "perplexity ratio|KL|top-1" "$LOG" | tail -3 | sed "s/^/  [$q lm_head] /" >>"$SUM"
+    done
 fi
 if want int_trace; then  # where an int4 b=1 decode step's time goes (TRACE=1 build), and Nsight Compute on the GEMVs
     M=/tmp/q4d DW=--dummy-weights
