@@ -167,6 +167,43 @@ TEST_CASE("hybrid-bench --json: a FIFO is opened once (its reader gets the whole
     }
 }
 
+// --depth D: each sequence holds D context tokens before the timed prompt and decode; the JSON names the depth and
+// the bytes a decode step moves count the deeper KV cache (D more positions per sequence, read once a step).
+TEST_CASE("hybrid-bench --depth: speeds measured after D context tokens", "[cli]") {
+    if (!have_programs() || !fs::exists(kBin + "/hybrid-bench")) return;
+    const std::string bench = kBin + "/hybrid-bench";
+    auto run = [&](const char* depth) {
+        const Run r = run_prog(bench, {"-m", "models/tiny", "-t", "1", "-p", "8", "-n", "2", "-r", "1", "-b", "1,2",
+                                       "--depth", depth, "--json", "-"});
+        INFO(r.err);
+        REQUIRE(r.rc == 0);
+        const auto j = nlohmann::json::parse(r.out, nullptr, false);
+        REQUIRE(!j.is_discarded());
+        REQUIRE(j["runs"].size() == 2);
+        CHECK(r.err.find("| batch | depth | prompt | gen |") != std::string::npos);
+        return j;
+    };
+    const auto flat = run("0"), deep = run("40");
+    CHECK(deep["settings"]["depth"] == 40);
+    for (size_t i = 0; i < 2; i++) {
+        const int b = deep["runs"][i]["batch"].get<int>();
+        CHECK(deep["runs"][i]["depth"] == 40);
+        CHECK(flat["runs"][i]["depth"] == 0);
+        // (the KV bytes of 40 positions per sequence: attention layers x 2 (K, V) x KV heads x head_dim x 2 bytes)
+        const int64_t more =
+            deep["runs"][i]["bytes_per_step"].get<int64_t>() - flat["runs"][i]["bytes_per_step"].get<int64_t>();
+        CHECK(more > 0);
+        const int64_t rest = more % (int64_t(40) * b);
+        CHECK((rest <= 1 || rest == int64_t(40) * b - 1));  // a multiple of 40 b (give or take truncated doubles)
+    }
+    const Run neg = run_prog(bench, {"-m", "models/tiny", "--depth", "-1"});
+    CHECK(neg.rc == 1);
+    CHECK(neg.err.find("--depth must be >= 0, got -1") != std::string::npos);
+    const Run big = run_prog(bench, {"-m", "models/tiny", "--depth", "1073741823", "-p", "8", "-n", "2"});
+    CHECK(big.rc == 1);
+    CHECK(big.err.find("--depth + -p + -n must be at most 2^30 - 1 positions") != std::string::npos);
+}
+
 TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate their arguments", "[cli]") {
     if (!have_programs()) return;
     for (const char* p : {"hybrid-compare", "hybrid-bench", "hybrid-tokenize"})

@@ -209,6 +209,8 @@ int main(int argc, char** argv) {
          cxxopts::value<int>()->default_value("128"))
         ("b,batch", "batch sizes (sequences decoded together), comma-separated",
          cxxopts::value<std::string>()->default_value("1"))
+        ("d,depth", "context tokens (random ids) each sequence holds before the timed prompt and decode: speeds at "
+         "that depth of the KV cache (llama-bench's -d); they are prefilled untimed", cxxopts::value<int>()->default_value("0"))
         ("r,reps", "repetitions (medians are reported)", cxxopts::value<int>()->default_value("3"));
     add_shared_option(opts, "", "device");
     add_shared_option(opts, "", "quant");
@@ -239,10 +241,12 @@ int main(int argc, char** argv) {
         return tools::exit_usage;
     }
     try {
-        tools::check_int_args(args, {"prompt", "gen", "reps", "threads", "ubatch"});
+        tools::check_int_args(args, {"prompt", "gen", "reps", "threads", "ubatch", "depth"});
         tools::check_given_once(args);
         const std::string dir = args["model"].as<std::string>();
         const int n_prompt = args["prompt"].as<int>(), n_gen = args["gen"].as<int>(), reps = args["reps"].as<int>();
+        const int depth = args["depth"].as<int>();
+        if (depth < 0) throw tools::UsageError("--depth must be >= 0, got " + std::to_string(depth));
         std::vector<int> batches = parse_list(args["batch"].as<std::string>());
         for (const auto& [flag, v] : {std::pair<const char*, int>{"-p", n_prompt}, {"-n", n_gen}, {"-r", reps}})
             if (v < 1) throw tools::UsageError(std::string(flag) + " must be >= 1, got " + std::to_string(v));
@@ -273,12 +277,14 @@ int main(int argc, char** argv) {
             mp.cuda.trace_file = args["cuda-trace"].as<std::string>();
             if (mp.cuda.trace_file.empty()) throw tools::UsageError("--cuda-trace needs a file name");
         }
-        if (int64_t(n_prompt) + n_gen + 1 > (int64_t(1) << 30))  // (the sum overflowed int: "context length -1")
-            throw tools::UsageError("-p + -n must be at most 2^30 - 1 positions, got " +
-                                    std::to_string(int64_t(n_prompt) + n_gen));
-        mp.n_ctx = n_prompt + n_gen + 1;
+        const int64_t positions = int64_t(depth) + n_prompt + n_gen;
+        if (positions + 1 > (int64_t(1) << 30))  // (the sum overflowed int: "context length -1")
+            throw tools::UsageError("--depth + -p + -n must be at most 2^30 - 1 positions, got " +
+                                    std::to_string(positions));
+        mp.n_ctx = int(positions + 1);
         mp.n_slots = max_b;
-        mp.max_batch_tokens = std::max(std::min(ubatch, n_prompt), max_b);  // (a chunk past the prompt is never used)
+        // (a chunk past the longer of the prompt and the depth is never used)
+        mp.max_batch_tokens = std::max(std::min(ubatch, std::max(n_prompt, depth)), max_b);
         mp.max_logits = max_b;
         auto model = tools::loading([&] {
             try {
@@ -298,7 +304,7 @@ int main(int argc, char** argv) {
         const ModelConfig& c = model->config();
         if (c.max_position_embeddings > 0 && mp.n_ctx > c.max_position_embeddings)
             std::fprintf(stderr,
-                         "hybrid-bench: warning: -p + -n = %d positions pass the %d the model was trained "
+                         "hybrid-bench: warning: --depth + -p + -n = %d positions pass the %d the model was trained "
                          "for (max_position_embeddings)\n",
                          mp.n_ctx - 1, c.max_position_embeddings);
         Backend& be = model->backend();
@@ -367,9 +373,11 @@ int main(int argc, char** argv) {
         if (!be.settings().empty()) std::fprintf(table, "backend settings: %s\n", be.settings().c_str());
         std::fprintf(table, "ready after %.2f s; copy bandwidth %s\n", t_ready,
                      copy_gbs > 0 ? (std::to_string(int(copy_gbs)) + " GB/s").c_str() : "not measured");
+        std::fprintf(
+            table,
+            "\n| batch | depth | prompt | gen | prefill tok/s | decode tok/s | MB/step | GB/s | %% roofline |\n");
         std::fprintf(table,
-                     "\n| batch | prompt | gen | prefill tok/s | decode tok/s | MB/step | GB/s | %% roofline |\n");
-        std::fprintf(table, "|------:|-------:|----:|--------------:|-------------:|--------:|-----:|-----------:|\n");
+                     "|------:|------:|-------:|----:|--------------:|-------------:|--------:|-----:|-----------:|\n");
 
         nlohmann::json out = {{"model", dir},
                               {"backend", be.name()},
@@ -382,6 +390,7 @@ int main(int argc, char** argv) {
                               {"state_bytes", model->state_bytes()},
                               {"settings",
                                {{"prompt", n_prompt},
+                                {"depth", depth},
                                 {"gen", n_gen},
                                 {"batch", batches},
                                 {"reps", reps},
@@ -395,8 +404,8 @@ int main(int argc, char** argv) {
                               {"weight_dtypes", nlohmann::json::object()},
                               {"runs", nlohmann::json::array()}};
         for (const auto& [type, n] : weight_dtypes(w)) out["weight_dtypes"][dtype_name(type)] = n;  // weights each
-        std::vector<int32_t> prompt(static_cast<size_t>(n_prompt)), toks(static_cast<size_t>(max_b)),
-            rows(static_cast<size_t>(max_b));
+        std::vector<int32_t> prompt(static_cast<size_t>(n_prompt)), context(static_cast<size_t>(depth)),
+            toks(static_cast<size_t>(max_b)), rows(static_cast<size_t>(max_b));
         std::vector<SeqRun> runs(static_cast<size_t>(max_b));
         for (int b : batches) {
             std::vector<double> pre_tps, dec_tps;
@@ -404,6 +413,10 @@ int main(int argc, char** argv) {
                 for (int s = 0; s < b; s++) model->reset(s);
                 double t_pre = 0.0;
                 for (int s = 0; s < b; s++) {
+                    if (depth > 0) {  // the context before the measured prompt (untimed)
+                        for (auto& t : context) t = pick(rng);
+                        model->prefill(s, context);
+                    }
                     for (auto& t : prompt) t = pick(rng);
                     be.synchronize();
                     auto t0 = Clock::now();
@@ -429,15 +442,16 @@ int main(int argc, char** argv) {
                 dec_tps.push_back(double(b) * n_gen / t_dec);
             }
             const double pre = median(pre_tps), dec = median(dec_tps);
-            // Average KV length over the decode steps: n_prompt + (n_gen - 1) / 2.
-            const double kv_bytes = double(kv_per_pos) * (n_prompt + (n_gen - 1) / 2.0) * b;
+            // Average KV length over the decode steps: depth + n_prompt + (n_gen - 1) / 2.
+            const double kv_bytes = double(kv_per_pos) * (double(depth) + n_prompt + (n_gen - 1) / 2.0) * b;
             const double step_bytes = weights_read_at(b) + double(state_rw) * b + kv_bytes;
             const double steps_per_s = dec / b;
             const double gbs = step_bytes * steps_per_s / 1e9;
             const double roof = copy_gbs > 0 ? 100.0 * gbs / copy_gbs : NAN;
-            std::fprintf(table, "| %5d | %6d | %3d | %13.1f | %12.1f | %7.1f | %4.1f | %10.1f |\n", b, n_prompt, n_gen,
-                         pre, dec, step_bytes / 1e6, gbs, roof);
+            std::fprintf(table, "| %5d | %5d | %6d | %3d | %13.1f | %12.1f | %7.1f | %4.1f | %10.1f |\n", b, depth,
+                         n_prompt, n_gen, pre, dec, step_bytes / 1e6, gbs, roof);
             out["runs"].push_back({{"batch", b},
+                                   {"depth", depth},
                                    {"prompt", n_prompt},
                                    {"gen", n_gen},
                                    {"prefill_tok_s", pre},
