@@ -929,7 +929,7 @@ struct Server::Impl {
         check_fits(prompt, "prompt");
         const std::string id = "cmpl-" + std::to_string(next_id++);
         const std::time_t now = std::time(nullptr);
-        auto base = [&, id, now]() {
+        auto base = [this, id, now]() {
             return ojson{{"id", id}, {"object", "text_completion"}, {"created", now}, {"model", model_id}};
         };
         if (s.stream) {
@@ -1010,11 +1010,11 @@ struct Server::Impl {
                               tail.compare(tail.size() - think_open.size(), think_open.size(), think_open) == 0;
         const std::string id = "chatcmpl-" + std::to_string(next_id++);
         const std::time_t now = std::time(nullptr);
-        auto base = [&, id, now]() {
-            return ojson{{"id", id},
-                         {"object", s.stream ? "chat.completion.chunk" : "chat.completion"},
-                         {"created", now},
-                         {"model", model_id}};
+        // (copied into the stream's provider, which runs after this function returned: it captures nothing by
+        // reference)
+        const std::string object = s.stream ? "chat.completion.chunk" : "chat.completion";
+        auto base = [this, id, now, object]() {
+            return ojson{{"id", id}, {"object", object}, {"created", now}, {"model", model_id}};
         };
         const bool think = chat.has_think();
         auto calls_json = [id](const std::vector<OutputParser::ToolCall>& calls, bool with_index) {
