@@ -1,8 +1,6 @@
 // hybrid-server (see server.h): the engine thread, the conversation-state cache, request parsing and the endpoints.
 #include "server/server.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -31,6 +29,7 @@
 #include "model/state_store.h"
 #include "model/tokenizer.h"
 #include "server/chat.h"
+#include "server/http.h"
 
 namespace hy::server {
 
@@ -538,24 +537,11 @@ std::string base_name(const std::string& dir) {
     return p.filename().string();
 }
 
-// Whether the peer of this request closed its connection: the request's socket is found by its address pair (the
-// HTTP library does not hand it to handlers), then polled for a hang-up.
+// Whether the peer of this request closed its connection (its socket is polled for a hang-up). Made on the
+// request's connection thread (HttpServer::current_socket).
 class PeerWatch {
 public:
-    explicit PeerWatch(const httplib::Request& req) {
-        for (int fd = 3; fd < 65536 && fd_ < 0; fd++) {
-            sockaddr_storage peer{}, self{};
-            socklen_t pl = sizeof peer, sl = sizeof self;
-            if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) {
-                if (errno == EBADF && fd > 1024) break;
-                continue;
-            }
-            if (getsockname(fd, reinterpret_cast<sockaddr*>(&self), &sl) != 0) continue;
-            if (describe(peer) == std::make_pair(req.remote_addr, req.remote_port) &&
-                describe(self).second == req.local_port)
-                fd_ = fd;
-        }
-    }
+    PeerWatch() : fd_(HttpServer::current_socket()) {}
     bool closed() const {
         if (fd_ < 0) return false;
         pollfd p{fd_, POLLIN | POLLRDHUP, 0};
@@ -564,20 +550,6 @@ public:
     }
 
 private:
-    static std::pair<std::string, int> describe(const sockaddr_storage& a) {
-        char buf[INET6_ADDRSTRLEN] = {0};
-        if (a.ss_family == AF_INET) {
-            const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
-            inet_ntop(AF_INET, &v4->sin_addr, buf, sizeof buf);
-            return {buf, ntohs(v4->sin_port)};
-        }
-        if (a.ss_family == AF_INET6) {
-            const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
-            inet_ntop(AF_INET6, &v6->sin6_addr, buf, sizeof buf);
-            return {buf, ntohs(v6->sin6_port)};
-        }
-        return {"", -1};
-    }
     int fd_ = -1;
 };
 
@@ -595,7 +567,7 @@ struct Server::Impl {
     SamplerParams defaults;
     std::unique_ptr<StateCache> cache;
     std::unique_ptr<Engine> engine;
-    httplib::Server http;
+    std::unique_ptr<HttpServer> http;
     std::string model_id;
     std::time_t created = std::time(nullptr);
     std::atomic<uint64_t> next_id{1};
@@ -935,7 +907,7 @@ struct Server::Impl {
         if (s.stream) {
             // (the request is checked and its prompt encoded: what can still fail is reported in the stream, by
             // stream())
-            auto peer = std::make_shared<PeerWatch>(req);
+            auto peer = std::make_shared<PeerWatch>();
             stream(res, [this, prompt, s, base, peer](const std::function<bool(const ojson&)>& send) {
                 size_t offset = 0;
                 const Output o = generate(
@@ -958,7 +930,7 @@ struct Server::Impl {
             });
             return;
         }
-        PeerWatch peer(req);
+        PeerWatch peer;
         Output o = generate(prompt, s, 0, peer, [](const std::string&, const Output&, size_t, size_t) { return true; });
         if (o.shutdown) throw shutting_down();
         if (o.finish == "cancelled") return;
@@ -1029,7 +1001,7 @@ struct Server::Impl {
             return arr;
         };
         if (s.stream) {
-            auto peer = std::make_shared<PeerWatch>(req);
+            auto peer = std::make_shared<PeerWatch>();
             stream(res, [this, prompt, s, save_at, base, peer, in_think, think, tools,
                          calls_json](const std::function<bool(const ojson&)>& send) {
                 OutputParser parser(in_think, think, tools);
@@ -1074,7 +1046,7 @@ struct Server::Impl {
             });
             return;
         }
-        PeerWatch peer(req);
+        PeerWatch peer;
         OutputParser parser(in_think, think, tools);
         std::string reasoning, content;
         Output o = generate(prompt, s, save_at, peer, [&](const std::string& piece, const Output&, size_t, size_t) {
@@ -1134,6 +1106,8 @@ struct Server::Impl {
                std::to_string(engine->queued()));
         metric("hybrid_slots_busy", "gauge", "Sequence slots in use.", std::to_string(engine->busy()));
         metric("hybrid_slots_total", "gauge", "Sequence slots (-np).", std::to_string(model->n_slots()));
+        metric("hybrid_http_connections", "gauge", "HTTP connections being served (--threads-http at most).",
+               std::to_string(http->open_connections()));
         metric("hybrid_state_cache_entries", "gauge", "Sequence states in the conversation-state cache.",
                std::to_string(cs.entries));
         metric("hybrid_state_cache_bytes", "gauge", "Host memory held by the conversation-state cache.",
@@ -1151,20 +1125,24 @@ struct Server::Impl {
 
     // POST `path`: the body is read here, whatever its Content-Type says, and parsed as JSON (llama-server and vLLM
     // do the same for clients that leave out "Content-Type: application/json": the library would parse a form body
-    // as a form and refuse one over 8 KB), up to kMaxBodyBytes (413 past it).
+    // as a form and refuse one over 8 KB), up to kMaxBodyBytes (413 past it). A body that does not arrive in time
+    // is a 408 (server/http.h).
     void post_json(const char* path, bool chat) {
-        http.Post(path, [this, chat](const httplib::Request& req, httplib::Response& res,
-                                     const httplib::ContentReader& reader) {
+        http->Post(path, [this, chat](const httplib::Request& req, httplib::Response& res,
+                                      const httplib::ContentReader& reader) {
             std::string body;
             bool too_big = false, ok;
             if (req.is_multipart_form_data()) {  // (read and dropped: the library has no plain reader for it)
                 // (a malformed multipart body gets the same answer: the content type is what is refused)
                 ok = reader([](const httplib::MultipartFormData&) { return true; },
                             [](const char*, size_t) { return true; });
-                if (!ok) res.set_header("Connection", "close");
-                reply_error(req, res,
-                            {415, "multipart/form-data bodies are not supported: send the request as JSON", "",
-                             "invalid_request_error", ""});
+                if (!ok) HttpServer::close_after_response(req, res);
+                if (!ok && HttpServer::request_timed_out())
+                    reply_error(req, res, {408, http->timeout_message(), "", "invalid_request_error", ""});
+                else
+                    reply_error(req, res,
+                                {415, "multipart/form-data bodies are not supported: send the request as JSON", "",
+                                 "invalid_request_error", ""});
                 return;
             } else {
                 ok = reader([&](const char* data, size_t n) {
@@ -1177,8 +1155,10 @@ struct Server::Impl {
                 });
             }
             if (!ok) {
-                res.set_header("Connection", "close");  // (what is left of the body is not read)
-                if (too_big || res.status == 413)
+                HttpServer::close_after_response(req, res);  // (what is left of the body is not read)
+                if (HttpServer::request_timed_out())
+                    reply_error(req, res, {408, http->timeout_message(), "", "invalid_request_error", ""});
+                else if (too_big || res.status == 413)
                     reply_error(req, res,
                                 {413, "the request body is larger than " + std::to_string(kMaxBodyBytes >> 20) + " MiB",
                                  "", "invalid_request_error", "request_too_large"});
@@ -1198,53 +1178,74 @@ struct Server::Impl {
             std::fprintf(stderr, "hybrid-server: %s %s %d\n", req.method.c_str(), req.path.c_str(), e.status);
     }
 
+    ojson model_object() const {
+        return ojson{{"id", model_id},
+                     {"object", "model"},
+                     {"created", created},
+                     {"owned_by", "hybrid"},
+                     {"meta", ojson{{"n_ctx", model->n_ctx()},
+                                    {"n_slots", model->n_slots()},
+                                    {"n_vocab", n_valid},
+                                    {"backend", model->backend().name()},
+                                    {"chat_template", chat.description()}}}};
+    }
+
+    bool check_key(const httplib::Request& req, httplib::Response& res) {
+        if (authorized(req)) return true;
+        reply_error(req, res, {401, "invalid API key", "", "authentication_error", "invalid_api_key"});
+        return false;
+    }
+
     void routes() {
         post_json("/v1/chat/completions", true);
         post_json("/v1/completions", false);
         // CORS, as llama-server: any origin may call the API from a browser (the API key, when set, still guards
         // it); a preflight (OPTIONS) gets the methods and the request headers it asks for (Authorization and
         // Content-Type when it names none)
-        http.set_default_headers({{"Access-Control-Allow-Origin", "*"}});
-        http.Options(R"(/.*)", [](const httplib::Request& req, httplib::Response& res) {
+        http->set_default_headers({{"Access-Control-Allow-Origin", "*"}});
+        http->Options(R"(/.*)", [](const httplib::Request& req, httplib::Response& res) {
             const std::string asked = req.get_header_value("Access-Control-Request-Headers");
             res.status = 204;
             res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
             res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type" : asked);
             res.set_header("Access-Control-Max-Age", "86400");
         });
-        http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
-            if (!authorized(req)) {
-                res.status = 401;
-                res.set_content(
-                    dump(error_json({401, "invalid API key", "", "authentication_error", "invalid_api_key"})),
-                    "application/json");
-                return;
-            }
-            ojson m{{"id", model_id},
-                    {"object", "model"},
-                    {"created", created},
-                    {"owned_by", "hybrid"},
-                    {"meta", ojson{{"n_ctx", model->n_ctx()},
-                                   {"n_slots", model->n_slots()},
-                                   {"n_vocab", n_valid},
-                                   {"backend", model->backend().name()},
-                                   {"chat_template", chat.description()}}}};
-            res.set_content(dump(ojson{{"object", "list"}, {"data", ojson::array({m})}}), "application/json");
+        http->Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+            if (!check_key(req, res)) return;
+            res.set_content(dump(ojson{{"object", "list"}, {"data", ojson::array({model_object()})}}),
+                            "application/json");
         });
-        http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+        http->Get("/health", [](const httplib::Request&, httplib::Response& res) {
             res.set_content("{\"status\":\"ok\"}", "application/json");
         });
-        http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+        http->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
             res.set_content(metrics(), "text/plain; version=0.0.4");
         });
-        http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+        // The errors that the library answers itself (an empty body): a malformed request line or headers (400),
+        // a request that did not arrive in time (408: the library saw a failed read), a URI too long (414), a
+        // body too large (413). OpenAI's error JSON, and the connection closes (what follows on it cannot be
+        // trusted to start a request).
+        http->set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
             if (!res.body.empty()) return;
+            if (HttpServer::request_timed_out()) res.status = 408;
             ApiError e{res.status, "", "", "invalid_request_error", ""};
-            e.message = res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
-                                          : "HTTP error " + std::to_string(res.status);
+            switch (res.status) {
+                case 400: e.message = "malformed HTTP request (request line or headers)"; break;
+                case 404: e.message = "no such endpoint: " + req.method + " " + req.path; break;
+                case 408: e.message = http->timeout_message(); break;
+                case 413:
+                    e.message = "the request body is larger than " + std::to_string(kMaxBodyBytes >> 20) + " MiB";
+                    e.code = "request_too_large";
+                    break;
+                case 414: e.message = "the request line is too long"; break;
+                default: e.message = "HTTP error " + std::to_string(res.status);
+            }
+            if (res.status >= 500) e.type = "server_error";
+            n_errors++;
+            if (res.status != 404) HttpServer::close_after_response(req, res);
             res.set_content(dump(error_json(e)), "application/json");
         });
-        http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        http->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
             std::string what = "internal error";
             try {
                 std::rethrow_exception(ep);
@@ -1324,12 +1325,19 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
     s.model_id = params.alias.empty() ? base_name(params.model_dir) : params.alias;
     s.engine = std::make_unique<Engine>(*s.model, s.n_valid, banned,
                                         [cache = s.cache.get()](size_t bytes) { return cache->allocate(bytes); });
-    const int threads = params.http_threads > 0 ? params.http_threads : std::max(32, 4 * params.n_slots + 8);
-    s.http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
-    s.http.set_payload_max_length(kMaxBodyBytes);
+    ConnectionLimits limits;
+    limits.max_connections = params.http_threads > 0 ? params.http_threads : std::max(512, 4 * params.n_slots + 8);
+    limits.idle_timeout = params.idle_timeout;
+    limits.request_timeout = params.request_timeout;
+    s.http = std::make_unique<HttpServer>(limits);
+    s.http->error_body = [](int status, const std::string& message) {
+        return dump(error_json({status, message, "", "invalid_request_error", ""}));
+    };
+    s.http->error_headers = {{"Access-Control-Allow-Origin", "*"}};
+    s.http->set_payload_max_length(kMaxBodyBytes);
     // SO_REUSEADDR alone: cpp-httplib's default also sets SO_REUSEPORT, which lets a second server bind a port that
     // one already listens on (the kernel would then share the connections between them)
-    s.http.set_socket_options([](socket_t fd) {
+    s.http->set_socket_options([](socket_t fd) {
         const int yes = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     });
@@ -1337,7 +1345,7 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
 }
 
 Server::~Server() {
-    impl_->http.stop();
+    impl_->http->stop();
     impl_->engine.reset();
 }
 
@@ -1346,8 +1354,8 @@ int Server::bind() {
     int port = s.p.port;
     errno = 0;
     if (port == 0) {
-        port = s.http.bind_to_any_port(s.p.host);
-    } else if (!s.http.bind_to_port(s.p.host, port)) {
+        port = s.http->bind_to_any_port(s.p.host);
+    } else if (!s.http->bind_to_port(s.p.host, port)) {
         port = -1;
     }
     if (port < 0) {
@@ -1357,15 +1365,16 @@ int Server::bind() {
                                                     : "in use, or not an address of this machine";
         throw Error(Status::io, "cannot listen on " + s.p.host + ":" + std::to_string(s.p.port) + ": " + why);
     }
+    s.http->raise_backlog();
     return port;
 }
 
-bool Server::serve() { return impl_->http.listen_after_bind(); }
+bool Server::serve() { return impl_->http->listen_after_bind(); }
 
 void Server::stop() {
     impl_->stopping = true;  // the requests in flight end (as cancelled), so the HTTP workers can finish
     impl_->engine->wake();
-    impl_->http.stop();
+    impl_->http->stop();
 }
 
 bool Server::drain(std::chrono::milliseconds limit) {

@@ -4,6 +4,7 @@
 // from the first turn's state, a disconnect frees the slot, bad requests get 4xx JSON errors without disturbing
 // the others. Plus the output parser's tool calls and reasoning (server/chat.h).
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -13,6 +14,7 @@
 
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <filesystem>
@@ -78,6 +80,29 @@ public:
     }
     ~ServerProcess() { stop(SIGTERM); }
     int port() const { return port_; }
+    // Sends `sig` to this server's process (the child this test started; nothing else).
+    void signal(int sig) const {
+        if (pid_ > 0) kill(pid_, sig);
+    }
+    // Waits up to `seconds` for the process to exit: its exit status (-1: killed by a signal), or -2 when it still
+    // runs.
+    int wait_exit(double seconds) {
+        const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+        while (pid_ > 0) {
+            int st = 0;
+            const pid_t r = waitpid(pid_, &st, WNOHANG);
+            if (r == pid_) {
+                status_ = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+                pid_ = -1;
+                reader_.join();
+                close(err_fd_);
+                break;
+            }
+            if (std::chrono::steady_clock::now() >= end) return -2;
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        return status_;
+    }
     // Sends `sig` and waits for the exit; returns the exit status (-1: killed by a signal), the first one again later.
     int stop(int sig) {
         if (pid_ > 0) {
@@ -893,4 +918,134 @@ TEST_CASE("server: a stream cut by a shutdown ends with a finish_reason and [DON
     const Reply r = parse_raw_response(raw_plain);
     CHECK(r.status == 503);
     CHECK(r.json()["error"]["message"].get<std::string>().find("shutting down") != std::string::npos);
+}
+
+TEST_CASE("server: idle and slow clients do not hold the others; a request that comes too slowly gets 408",
+          "[server]") {
+    if (!have_server_binary()) return;
+    // short deadlines, so that the test sees them pass; the clients below outnumber the fixed pool of 32 workers
+    // that the HTTP library had (each held one until its client sent a whole request or went away)
+    ServerProcess s({"-np", "1", "--cache-mb", "0", "--idle-timeout", "3", "--request-timeout", "3"});
+    const int port = s.port();
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<int> idle, slow;
+    for (int i = 0; i < 40; i++) idle.push_back(raw_send(port, ""));
+    for (int i = 0; i < 40; i++) slow.push_back(raw_send(port, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"));
+    // a body that stops short of its Content-Length, a request line that never ends, and headers sent a byte every
+    // 100 ms (each byte comes in time; the whole request does not)
+    const int short_body =
+        raw_send(port, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n{\"prompt\"");
+    const int no_line = raw_send(port, "POST /v1/compl");
+    const int trickle = raw_send(port, "POST /v1/completions HTTP/1.1\r\nX-Pad: ");
+    std::atomic<bool> trickling{true};
+    std::thread trickler([&] {
+        for (int i = 0; i < 100 && trickling; i++) {
+            if (send(trickle, "a", 1, MSG_NOSIGNAL) != 1) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+    });
+    struct JoinOnExit {
+        std::atomic<bool>& flag;
+        std::thread& t;
+        ~JoinOnExit() {
+            flag = false;
+            if (t.joinable()) t.join();
+        }
+    } join_on_exit{trickling, trickler};
+    // every one of them is served at once (the metrics request is one more), and a request still gets its answer
+    // at once
+    CHECK(wait_for([&] { return metric(port, "hybrid_http_connections") >= 84; }, 2));
+    const Reply r = post(port, "/v1/completions", ojson{{"prompt", kCode}, {"max_tokens", 4}, {"temperature", 0}});
+    CHECK(r.status == 200);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(took < 2.0);  // (before any deadline closed a connection)
+    // each request that did not come whole in 3 s: 408 with OpenAI's error JSON, and the connection closed
+    std::vector<int> late = slow;
+    late.insert(late.end(), {short_body, no_line, trickle});
+    int n_408 = 0;
+    for (int fd : late) {
+        std::string raw;
+        CHECK(raw_read(fd, &raw, "", 10));  // (until the server closes)
+        INFO(raw);
+        const Reply e = parse_raw_response(raw);
+        n_408 += e.status == 408;
+        CHECK(raw.find("Connection: close\r\n") != std::string::npos);
+        const ojson j = ojson::parse(e.body, nullptr, false);
+        REQUIRE(j.is_object());
+        CHECK(j["error"]["message"].get<std::string>().find("did not arrive in time") != std::string::npos);
+    }
+    CHECK(n_408 == int(late.size()));
+    const double closed_at = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(closed_at > 2.9);
+    CHECK(closed_at < 8);
+    // the idle ones are closed without an answer
+    for (int fd : idle) {
+        std::string raw;
+        CHECK(raw_read(fd, &raw, "", 5));
+        CHECK(raw.empty());
+    }
+    trickling = false;
+    trickler.join();
+    for (int fd : late) close(fd);
+    for (int fd : idle) close(fd);
+    // (a connection closed after a 408 waits a moment for its client to close too)
+    CHECK(wait_for([&] { return metric(port, "hybrid_http_connections") == 1; }, 5));
+}
+
+TEST_CASE("server: a burst of connects is queued, not dropped (listen backlog)", "[server]") {
+    if (!have_server_binary()) return;
+    ServerProcess s({"-np", "1", "--cache-mb", "0"});
+    // While the server is stopped (SIGSTOP), the kernel alone completes handshakes, into the listen queue: with the
+    // library's backlog of 5, the connects past the 6th would wait for a SYN retransmission (1 s, then 3 s, ...).
+    s.signal(SIGSTOP);
+    struct ContinueOnExit {
+        ServerProcess& s;
+        ~ContinueOnExit() { s.signal(SIGCONT); }
+    } cont{s};
+    const int n = 64;
+    std::vector<int> fds;
+    for (int i = 0; i < n; i++) {
+        const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        REQUIRE(fd >= 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(uint16_t(s.port()));
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        const int r = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+        REQUIRE((r == 0 || errno == EINPROGRESS));
+        fds.push_back(fd);
+    }
+    int established = 0;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(700);
+    std::vector<bool> done(n, false);
+    while (established < n && std::chrono::steady_clock::now() < end) {
+        for (int i = 0; i < n; i++) {
+            if (done[i]) continue;
+            pollfd p{fds[i], POLLOUT, 0};
+            if (poll(&p, 1, 0) == 1) {
+                int err = -1;
+                socklen_t len = sizeof err;
+                getsockopt(fds[i], SOL_SOCKET, SO_ERROR, &err, &len);
+                CHECK(err == 0);
+                done[i] = true;
+                established++;
+            }
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    s.signal(SIGCONT);
+    CHECK(established == n);
+    // and each is served once the server runs again
+    int ok = 0;
+    for (int fd : fds) {
+        fcntl(fd, F_SETFL, 0);
+        const std::string req = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+        REQUIRE(write(fd, req.data(), req.size()) == ssize_t(req.size()));
+    }
+    for (int fd : fds) {
+        std::string raw;
+        if (raw_read(fd, &raw, "", 20) && parse_raw_response(raw).status == 200) ok++;
+        close(fd);
+    }
+    CHECK(ok == n);
 }
