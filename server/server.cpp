@@ -386,7 +386,19 @@ Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool c
     s.sampling = defaults;
     s.sampling.seed = random_seed;
     const char* max_name = chat && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-    s.max_tokens = int(int_field(body, max_name, -1, 0, INT32_MAX));
+    // (not given: 16 for /v1/completions, as OpenAI's; until the context is full for chat, as OpenAI's and
+    // llama-server's)
+    if (const ojson* mt = field(body, max_name)) {
+        const std::string name = max_name;
+        if (!mt->is_number_integer()) bad(name, name + " must be an integer, got " + mt->dump());
+        if (!mt->is_number_unsigned() && mt->get<int64_t>() < 0)
+            bad(name, name + " must be >= 0 (the most tokens to generate), got " + mt->dump());
+        if (mt->get<uint64_t>() > uint64_t(INT32_MAX))
+            bad(name, name + " must be <= " + std::to_string(INT32_MAX) + ", got " + mt->dump());
+        s.max_tokens = int(mt->get<int64_t>());
+    } else {
+        s.max_tokens = chat ? -1 : 16;
+    }
     s.sampling.temperature = float(number_field(body, "temperature", defaults.temperature, 0, 2));
     s.sampling.top_p = float(number_field(body, "top_p", defaults.top_p, 0, 1, true));
     s.sampling.top_k = int(int_field(body, "top_k", defaults.top_k, -1, 1 << 30));
@@ -1178,6 +1190,14 @@ struct Server::Impl {
             std::fprintf(stderr, "hybrid-server: %s %s %d\n", req.method.c_str(), req.path.c_str(), e.status);
     }
 
+    // The methods a path takes ("" for an unknown path); OPTIONS (CORS preflights) goes with every path.
+    static std::string allowed_methods(const std::string& path) {
+        if (path == "/v1/chat/completions" || path == "/v1/completions") return "POST, OPTIONS";
+        if (path == "/v1/models" || path == "/health" || path == "/metrics") return "GET, HEAD, OPTIONS";
+        if (path.rfind("/v1/models/", 0) == 0 && path.size() > 11) return "GET, HEAD, OPTIONS";
+        return "";
+    }
+
     ojson model_object() const {
         return ojson{{"id", model_id},
                      {"object", "model"},
@@ -1197,6 +1217,35 @@ struct Server::Impl {
     }
 
     void routes() {
+        // Before any body is read: unknown paths (404) and methods a path does not take (405, with Allow), and a
+        // POST whose body has no length (411: neither Content-Length nor chunked; the library would read it until
+        // the client closes). Their bodies are left unread: the connection closes after the answer.
+        http->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+            if (req.method == "OPTIONS") return httplib::Server::HandlerResponse::Unhandled;
+            const std::string allow = allowed_methods(req.path);
+            const bool post = allow.rfind("POST", 0) == 0;
+            const bool chunked = req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos;
+            const bool has_length = req.has_header("Content-Length");
+            if (allow.empty()) {
+                reply_error(req, res,
+                            {404, "no such endpoint: " + req.method + " " + req.path, "", "invalid_request_error",
+                             "not_found"});
+            } else if (post ? req.method != "POST" : req.method != "GET" && req.method != "HEAD") {
+                res.set_header("Allow", allow);
+                reply_error(req, res,
+                            {405, req.method + " is not allowed on " + req.path + " (allowed: " + allow + ")", "",
+                             "invalid_request_error", "method_not_allowed"});
+            } else if (post && !has_length && !chunked) {
+                reply_error(req, res,
+                            {411, "a POST needs a Content-Length header (or Transfer-Encoding: chunked)", "",
+                             "invalid_request_error", "length_required"});
+            } else {
+                return httplib::Server::HandlerResponse::Unhandled;
+            }
+            if (chunked || !has_length || req.get_header_value("Content-Length") != "0")
+                HttpServer::close_after_response(req, res);
+            return httplib::Server::HandlerResponse::Handled;
+        });
         post_json("/v1/chat/completions", true);
         post_json("/v1/completions", false);
         // CORS, as llama-server: any origin may call the API from a browser (the API key, when set, still guards
@@ -1214,6 +1263,18 @@ struct Server::Impl {
             if (!check_key(req, res)) return;
             res.set_content(dump(ojson{{"object", "list"}, {"data", ojson::array({model_object()})}}),
                             "application/json");
+        });
+        // (a model id may hold a slash: "org/name")
+        http->Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+            if (!check_key(req, res)) return;
+            const std::string id = req.matches[1].str();
+            if (id != model_id) {
+                reply_error(req, res,
+                            {404, "the model '" + id + "' does not exist (this server has '" + model_id + "')", "model",
+                             "invalid_request_error", "model_not_found"});
+                return;
+            }
+            res.set_content(dump(model_object()), "application/json");
         });
         http->Get("/health", [](const httplib::Request&, httplib::Response& res) {
             res.set_content("{\"status\":\"ok\"}", "application/json");

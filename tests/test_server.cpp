@@ -1049,3 +1049,84 @@ TEST_CASE("server: a burst of connects is queued, not dropped (listen backlog)",
     }
     CHECK(ok == n);
 }
+
+TEST_CASE("server: HTTP details: 411, 405 with Allow, /v1/models/{id}, the library's errors as JSON, max_tokens",
+          "[server]") {
+    if (!have_server_binary()) return;
+    const int port = shared_server().port();
+    auto raw_reply = [&](const std::string& request, std::string* raw_out = nullptr) {
+        const int fd = raw_send(port, request);
+        std::string raw;
+        CHECK(raw_read(fd, &raw, "", 10));  // (the server closes the connection: each of these has Connection: close)
+        close(fd);
+        if (raw_out) *raw_out = raw;
+        INFO(raw);
+        return parse_raw_response(raw);
+    };
+    auto error_of = [](const Reply& r) {
+        const ojson j = ojson::parse(r.body, nullptr, false);
+        REQUIRE(j.is_object());
+        REQUIRE(j["error"].is_object());
+        CHECK(!j["error"]["message"].get<std::string>().empty());
+        return j["error"];
+    };
+    // a POST without a length
+    std::string raw;
+    Reply r = raw_reply("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", &raw);
+    CHECK(r.status == 411);
+    CHECK(error_of(r)["code"] == "length_required");
+    CHECK(raw.find("Connection: close\r\n") != std::string::npos);
+    // a request line the library cannot parse, and one too long: OpenAI's error JSON, and the connection closes
+    r = raw_reply("GARBAGE\r\n\r\n", &raw);
+    CHECK(r.status == 400);
+    error_of(r);
+    CHECK(raw.find("Connection: close\r\n") != std::string::npos);
+    CHECK(raw.find("Access-Control-Allow-Origin: *\r\n") != std::string::npos);
+    r = raw_reply("GET /" + std::string(9000, 'a') + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", &raw);
+    CHECK(r.status == 414);
+    error_of(r);
+    CHECK(raw.find("Connection: close\r\n") != std::string::npos);
+    // wrong methods on known paths: 405 with Allow
+    httplib::Client cli("127.0.0.1", port);
+    auto g = cli.Get("/v1/chat/completions");
+    REQUIRE(g);
+    CHECK(g->status == 405);
+    CHECK(g->get_header_value("Allow") == "POST, OPTIONS");
+    CHECK(error_of({g->status, g->body})["code"] == "method_not_allowed");
+    auto p = cli.Post("/v1/models", "{}", "application/json");
+    REQUIRE(p);
+    CHECK(p->status == 405);
+    CHECK(p->get_header_value("Allow") == "GET, HEAD, OPTIONS");
+    auto d = cli.Delete("/health");
+    REQUIRE(d);
+    CHECK(d->status == 405);
+    auto u = cli.Get("/v1/nothing");
+    REQUIRE(u);
+    CHECK(u->status == 404);
+    error_of({u->status, u->body});
+    // one model
+    const Reply m = get(port, "/v1/models/tiny");
+    CHECK(m.status == 200);
+    CHECK(m.json()["id"] == "tiny");
+    CHECK(m.json()["object"] == "model");
+    const Reply none = get(port, "/v1/models/gpt-4");
+    CHECK(none.status == 404);
+    CHECK(error_of(none)["code"] == "model_not_found");
+    // max_tokens: a range error that says what the range is; /v1/completions generates 16 without it (OpenAI's)
+    for (const char* v : {"-1", "2.5", "10000000000"}) {
+        const Reply e = post(port, "/v1/completions", std::string("{\"prompt\": \"x\", \"max_tokens\": ") + v + "}");
+        CHECK(e.status == 400);
+        const ojson err = error_of(e);
+        CHECK(err["param"] == "max_tokens");
+        INFO(err["message"].get<std::string>());
+        CHECK(err["message"].get<std::string>().find(v) != std::string::npos);
+    }
+    const Reply neg = post(port, "/v1/completions", std::string("{\"prompt\": \"x\", \"max_tokens\": -1}"));
+    CHECK(error_of(neg)["message"].get<std::string>().find(">= 0") != std::string::npos);
+    const Reply dflt =
+        post(port, "/v1/completions", ojson{{"prompt", kCode}, {"ignore_eos", true}, {"cache_prompt", false}});
+    REQUIRE(dflt.status == 200);
+    CHECK(dflt.json()["usage"]["completion_tokens"] == 16);
+    CHECK(dflt.json()["choices"][0]["finish_reason"] == "length");
+    CHECK(get(port, "/health").status == 200);
+}
