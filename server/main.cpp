@@ -174,7 +174,17 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "hybrid-server: listening failed\n");
             return 6;
         }
-        std::fprintf(stderr, "hybrid-server: stopping (requests in flight are cancelled)\n");
+        std::fprintf(stderr, "hybrid-server: stopping (requests in flight are cancelled; a second signal exits now)\n");
+        std::fflush(stderr);
+        // A second SIGINT or SIGTERM ends the process at once, without waiting for the answers to be sent.
+        std::thread([&stop_signals] {
+            int again = 0;
+            sigwait(&stop_signals, &again);
+            if (again == SIGUSR1) return;
+            std::fprintf(stderr, "hybrid-server: second signal: exiting now\n");
+            std::fflush(stderr);
+            std::_Exit(again == SIGINT ? 130 : 0);
+        }).detach();
         server->stop();
         // The answers cut by the stop are sent; then the process ends without waiting for the other connections.
         const bool drained = server->drain(std::chrono::seconds(10));

@@ -21,6 +21,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "model/batch.h"
@@ -591,6 +592,30 @@ struct Server::Impl {
     std::atomic<int> n_waiting{0};      // submitted and not finished
     std::atomic<int> n_streams{0};      // event streams not yet ended
     std::atomic<bool> stopping{false};  // Server::stop(): requests in flight end as cancelled
+    // The jobs that HTTP threads wait for (Server::stop() wakes them at once).
+    std::mutex live_m;
+    std::set<Job*> live;
+    struct LiveJob {
+        Impl& s;
+        Job* job;
+        LiveJob(Impl& s_, Job* j) : s(s_), job(j) {
+            std::lock_guard<std::mutex> lk(s.live_m);
+            s.live.insert(job);
+        }
+        ~LiveJob() {
+            std::lock_guard<std::mutex> lk(s.live_m);
+            s.live.erase(job);
+        }
+        LiveJob(const LiveJob&) = delete;
+        LiveJob& operator=(const LiveJob&) = delete;
+    };
+    void wake_waiting() {
+        std::lock_guard<std::mutex> lk(live_m);
+        for (Job* job : live) {
+            { std::lock_guard<std::mutex> jl(job->m); }  // (a waiter checks `stopping` under it: no lost wake-up)
+            job->cv.notify_all();
+        }
+    }
 
     // A prompt that leaves no room in the context is refused before a stream starts (400, not an error event).
     void check_fits(const std::vector<int32_t>& prompt, const char* param) const {
@@ -662,6 +687,7 @@ struct Server::Impl {
             return out;
         }
         n_waiting++;
+        LiveJob live_job(*this, job.get());
         engine->submit(job);
         StreamDecoder dec(*tok, true);
         std::string held;
@@ -674,7 +700,7 @@ struct Server::Impl {
             {
                 std::unique_lock<std::mutex> lk(job->m);
                 job->cv.wait_for(lk, std::chrono::milliseconds(100),
-                                 [&] { return job->done || job->tokens.size() > seen; });
+                                 [&] { return job->done || job->tokens.size() > seen || stopping.load(); });
                 fresh.assign(job->tokens.begin() + std::ptrdiff_t(seen), job->tokens.end());
                 for (size_t k = seen; k < job->tokens.size(); k++) {
                     out.logprobs.push_back(job->logprobs[k]);
@@ -1434,6 +1460,7 @@ bool Server::serve() { return impl_->http->listen_after_bind(); }
 
 void Server::stop() {
     impl_->stopping = true;  // the requests in flight end (as cancelled), so the HTTP workers can finish
+    impl_->wake_waiting();   // (their threads cancel their jobs now, not at their next 100 ms check)
     impl_->engine->wake();
     impl_->http->stop();
 }

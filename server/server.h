@@ -15,7 +15,7 @@
 // take, 411 for a POST without a length. A POST body is JSON whatever its Content-Type says (up to 64 MiB: 413 past
 // it). CORS as llama-server: Access-Control-Allow-Origin: * on every answer, OPTIONS preflights answered.
 // Server::stop() ends the streams in flight with finish_reason "length" and data: [DONE], the other requests in
-// flight with a 503.
+// flight with a 503 (their threads are woken at once; the engine cancels them at its next step).
 //
 // Conversation-state cache (--cache-mb): after a request, the sequence state (KV cache, conv and recurrent state) is
 // kept, keyed by its token ids, at two points: after the prompt's messages (before the generation prompt) and after

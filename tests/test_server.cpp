@@ -1050,6 +1050,59 @@ TEST_CASE("server: a burst of connects is queued, not dropped (listen backlog)",
     CHECK(ok == n);
 }
 
+TEST_CASE("server: SIGTERM answers the requests in flight at once; a second signal exits at once", "[server]") {
+    if (!have_server_binary()) return;
+    auto request = [](const std::string& path, const ojson& body) {
+        return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
+               "Content-Length: " + std::to_string(body.dump().size()) + "\r\n\r\n" + body.dump();
+    };
+    {
+        ServerProcess s({"-np", "2", "-c", "32768", "--cache-mb", "0"});
+        const int port = s.port();
+        // a long stream and a long request that is not streamed
+        const ojson plain_req{{"prompt", kCode}, {"max_tokens", 32000}, {"ignore_eos", true}, {"temperature", 0}};
+        ojson stream_req = plain_req;
+        stream_req["stream"] = true;
+        const int streamed = raw_send(port, request("/v1/completions", stream_req));
+        const int plain = raw_send(port, request("/v1/completions", plain_req));
+        std::string raw_stream, raw_plain;
+        REQUIRE(raw_read(streamed, &raw_stream, "\"text\"", 60));
+        CHECK(wait_for([&] { return metric(port, "hybrid_slots_busy") == 2; }, 20));
+        const auto t0 = std::chrono::steady_clock::now();
+        s.signal(SIGTERM);
+        CHECK(raw_read(plain, &raw_plain, "", 5));
+        const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        CHECK(took < 1.0);
+        const Reply r = parse_raw_response(raw_plain);
+        CHECK(r.status == 503);
+        CHECK(r.json()["error"]["type"] == "server_error");
+        CHECK(raw_read(streamed, &raw_stream, "data: [DONE]", 5));
+        CHECK(s.wait_exit(5) == 0);
+        const double exited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        CHECK(exited < 2.0);
+        close(plain);
+        close(streamed);
+    }
+    {
+        // A forward step cannot be cut: one that prefills 16000 ids (-b 32768) takes seconds, and the first signal's
+        // drain waits for it. A second signal ends the process at once (130 for SIGINT).
+        ServerProcess s({"-np", "1", "-c", "32768", "-b", "32768", "--cache-mb", "0"});
+        ojson ids = ojson::array();
+        for (int i = 0; i < 16000; i++) ids.push_back(100 + i % 50);
+        const int fd = raw_send(s.port(), request("/v1/completions", ojson{{"prompt", ids}, {"max_tokens", 1}}));
+        CHECK(wait_for([&] { return metric(s.port(), "hybrid_requests_waiting") == 1; }, 20));
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // (the step has started)
+        s.signal(SIGTERM);
+        CHECK(s.wait_exit(0.5) == -2);
+        const auto t0 = std::chrono::steady_clock::now();
+        s.signal(SIGINT);
+        CHECK(s.wait_exit(2) == 130);
+        const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        CHECK(took < 1.0);
+        close(fd);
+    }
+}
+
 TEST_CASE("server: HTTP details: 411, 405 with Allow, /v1/models/{id}, the library's errors as JSON, max_tokens",
           "[server]") {
     if (!have_server_binary()) return;
