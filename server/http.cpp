@@ -16,6 +16,7 @@
 #include <deque>
 #include <map>
 #include <mutex>
+#include <system_error>
 #include <thread>
 #include <tuple>
 #include <vector>
@@ -169,18 +170,27 @@ public:
 
     void enqueue(std::function<void()> fn) override {
         std::vector<std::thread> ended;
+        std::function<void()> inline_task;
         {
             std::lock_guard<std::mutex> lk(m_);
             ended.swap(ended_);
             tasks_.push_back(std::move(fn));
             if (running_ < max_) {
-                running_++;
-                std::thread t([this] { work(); });
-                const std::thread::id id = t.get_id();
-                threads_.emplace(id, std::move(t));
+                try {
+                    std::thread t([this] { work(); });
+                    const std::thread::id id = t.get_id();
+                    threads_.emplace(id, std::move(t));
+                    running_++;
+                } catch (const std::system_error&) {  // (no thread now: a running one takes it when it ends)
+                    if (running_ == 0) {
+                        inline_task = std::move(tasks_.back());
+                        tasks_.pop_back();
+                    }
+                }
             }
         }
         for (std::thread& t : ended) t.join();
+        if (inline_task) inline_task();  // (the last resort, on the accepting thread)
     }
 
     // Waits for every connection to end (the library's listen loop has stopped accepting).
@@ -228,10 +238,10 @@ private:
 // reset the connection before the peer has read the answer.
 void drain_and_close(int fd) {
     shutdown(fd, SHUT_WR);
-    const auto until = Clock::now() + std::chrono::seconds(1);
+    const auto until = Clock::now() + std::chrono::seconds(2);
     size_t drained = 0;
     char buf[16384];
-    while (drained < (size_t(8) << 20) && wait_fd(fd, POLLIN, until)) {
+    while (drained < (size_t(128) << 20) && wait_fd(fd, POLLIN, until)) {
         const ssize_t n = recv(fd, buf, sizeof buf, 0);
         if (n <= 0 && !(n < 0 && errno == EINTR)) break;
         if (n > 0) drained += size_t(n);
@@ -279,8 +289,9 @@ bool HttpServer::process_and_close_socket(socket_t sock) {
         strm.start_request();
         strm.last = n + 1 == limits_.max_requests_per_connection;
         bool closed = false;
-        ret = process_request(strm, strm.last, closed, [&strm](httplib::Request& req) {
-            strm.set_body_length(req.get_header_value<uint64_t>("Content-Length"));
+        ret = process_request(strm, strm.last, closed, [this, &strm](httplib::Request& req) {
+            strm.set_body_length(
+                std::min<uint64_t>(req.get_header_value<uint64_t>("Content-Length"), limits_.max_body_bytes));
         });
         if (strm.timed_out()) {
             if (strm.written() == 0) {  // (the request line did not come: the library answered nothing)

@@ -28,6 +28,7 @@ struct ConnectionLimits {
     std::chrono::milliseconds idle_timeout{5000};      // no request for this long: the connection is closed
     std::chrono::milliseconds request_timeout{10000};  // from a request's first byte to its last: 408 past it
     size_t body_bytes_per_second = size_t(64) << 10;   // ... plus 1 s per this many bytes of body
+    size_t max_body_bytes = size_t(64) << 20;          // (the body allowance counts this many bytes at most)
     std::chrono::milliseconds write_timeout{5000};     // one write of a response that the client does not read
     size_t max_requests_per_connection = 1000;         // kept-alive requests on one connection
 };

@@ -1245,7 +1245,8 @@ struct Server::Impl {
     void routes() {
         // Before any body is read: unknown paths (404) and methods a path does not take (405, with Allow), and a
         // POST whose body has no length (411: neither Content-Length nor chunked; the library would read it until
-        // the client closes). Their bodies are left unread: the connection closes after the answer.
+        // the client closes), a body longer than kMaxBodyBytes (413). Their bodies are left unread: the connection
+        // closes after the answer.
         http->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
             if (req.method == "OPTIONS") return httplib::Server::HandlerResponse::Unhandled;
             const std::string allow = allowed_methods(req.path);
@@ -1265,6 +1266,11 @@ struct Server::Impl {
                 reply_error(req, res,
                             {411, "a POST needs a Content-Length header (or Transfer-Encoding: chunked)", "",
                              "invalid_request_error", "length_required"});
+            } else if (has_length && req.get_header_value<uint64_t>("Content-Length") > kMaxBodyBytes) {
+                // (at once: the library would read the whole body to skip it)
+                reply_error(req, res,
+                            {413, "the request body is larger than " + std::to_string(kMaxBodyBytes >> 20) + " MiB", "",
+                             "invalid_request_error", "request_too_large"});
             } else {
                 return httplib::Server::HandlerResponse::Unhandled;
             }
@@ -1416,6 +1422,7 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
     limits.max_connections = params.http_threads > 0 ? params.http_threads : std::max(512, 4 * params.n_slots + 8);
     limits.idle_timeout = params.idle_timeout;
     limits.request_timeout = params.request_timeout;
+    limits.max_body_bytes = kMaxBodyBytes;
     s.http = std::make_unique<HttpServer>(limits);
     s.http->error_body = [](int status, const std::string& message) {
         return dump(error_json({status, message, "", "invalid_request_error", ""}));

@@ -1129,6 +1129,10 @@ TEST_CASE("server: HTTP details: 411, 405 with Allow, /v1/models/{id}, the libra
     CHECK(r.status == 411);
     CHECK(error_of(r)["code"] == "length_required");
     CHECK(raw.find("Connection: close\r\n") != std::string::npos);
+    // a body too long is refused before it is sent
+    r = raw_reply("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000000000\r\n\r\n{", &raw);
+    CHECK(r.status == 413);
+    CHECK(error_of(r)["code"] == "request_too_large");
     // a request line the library cannot parse, and one too long: OpenAI's error JSON, and the connection closes
     r = raw_reply("GARBAGE\r\n\r\n", &raw);
     CHECK(r.status == 400);
