@@ -1274,7 +1274,8 @@ struct Server::Impl {
             } else {
                 return httplib::Server::HandlerResponse::Unhandled;
             }
-            if (chunked || !has_length || req.get_header_value("Content-Length") != "0")
+            // (a POST without a length may have sent a body all the same)
+            if (chunked || (has_length && req.get_header_value("Content-Length") != "0") || (post && !has_length))
                 HttpServer::close_after_response(req, res);
             return httplib::Server::HandlerResponse::Handled;
         });

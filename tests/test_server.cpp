@@ -1161,6 +1161,12 @@ TEST_CASE("server: HTTP details: 411, 405 with Allow, /v1/models/{id}, the libra
     REQUIRE(u);
     CHECK(u->status == 404);
     error_of({u->status, u->body});
+    httplib::Client keep("127.0.0.1", port);
+    keep.set_keep_alive(true);
+    auto k = keep.Get("/v1/nothing");
+    REQUIRE(k);
+    CHECK(k->status == 404);
+    CHECK(k->get_header_value("Connection") != "close");  // (no body was left unread: the connection stays)
     // one model
     const Reply m = get(port, "/v1/models/tiny");
     CHECK(m.status == 200);
