@@ -2,7 +2,9 @@
 // (cpp-httplib's client, and raw sockets for disconnects). Greedy output equals the hybrid CLI's, streamed chunks
 // concatenate to the non-streamed answer, concurrent requests equal their solo runs, a second chat turn continues
 // from the first turn's state, a disconnect frees the slot, bad requests get 4xx JSON errors without disturbing
-// the others. Plus the output parser's tool calls and reasoning (server/chat.h).
+// the others; idle and slow clients do not hold the others (deadlines, 408), a burst of connects queues (backlog),
+// shutdown answers what is in flight and a second signal exits at once; HTTP details (411, 405, 413, 414,
+// /v1/models/{id}). Plus the output parser's tool calls and reasoning (server/chat.h).
 #include <arpa/inet.h>
 #include <fcntl.h>
 #include <netinet/in.h>
