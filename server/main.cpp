@@ -4,8 +4,10 @@
 // the model, its tokenizer or the chat template cannot be loaded, 6 when the address cannot be listened on.
 #include <pthread.h>
 
+#include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cmath>
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
@@ -55,8 +57,12 @@ int main(int argc, char** argv) {
          cxxopts::value<std::string>())
         ("cache-mb", "host memory for the conversation-state cache in MiB (0: off)",
          cxxopts::value<int>()->default_value("1024"))
-        ("threads-http", "HTTP worker threads (0: 4 per slot + 8, at least 32)",
+        ("threads-http", "HTTP connections served at once, a thread each (0: 4 per slot + 8, at least 512)",
          cxxopts::value<int>()->default_value("0"))
+        ("idle-timeout", "seconds a connection may stay without sending a request before it is closed",
+         cxxopts::value<double>()->default_value("5"))
+        ("request-timeout", "seconds a client has to send a request from its first byte, plus 1 s per 64 KiB of "
+         "body (408 past it)", cxxopts::value<double>()->default_value("10"))
         ("dummy-weights", "read config.json alone and fill the weights with random values (load benchmarks of a "
          "shape without its checkpoint; the output is meaningless)")
         ("v,verbose", "log every request on stderr");
@@ -88,6 +94,12 @@ int main(int argc, char** argv) {
         p.n_threads = r["threads"].as<int>();
         const int cache_mb = r["cache-mb"].as<int>();
         p.http_threads = r["threads-http"].as<int>();
+        const double idle_s = r["idle-timeout"].as<double>(), request_s = r["request-timeout"].as<double>();
+        if (!(idle_s > 0 && idle_s <= 86400)) return usage_error("--idle-timeout must be in (0, 86400] seconds");
+        if (!(request_s > 0 && request_s <= 86400))
+            return usage_error("--request-timeout must be in (0, 86400] seconds");
+        p.idle_timeout = std::chrono::milliseconds(std::max<long long>(1, std::llround(idle_s * 1000)));
+        p.request_timeout = std::chrono::milliseconds(std::max<long long>(1, std::llround(request_s * 1000)));
         if (r.count("alias")) p.alias = r["alias"].as<std::string>();
         if (r.count("api-key")) p.api_key = r["api-key"].as<std::string>();
         if (r.count("chat-template-file")) p.chat_template_file = r["chat-template-file"].as<std::string>();
@@ -166,7 +178,17 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "hybrid-server: listening failed\n");
             return 6;
         }
-        std::fprintf(stderr, "hybrid-server: stopping (requests in flight are cancelled)\n");
+        std::fprintf(stderr, "hybrid-server: stopping (requests in flight are cancelled; a second signal exits now)\n");
+        std::fflush(stderr);
+        // A second SIGINT or SIGTERM ends the process at once, without waiting for the answers to be sent.
+        std::thread([&stop_signals] {
+            int again = 0;
+            sigwait(&stop_signals, &again);
+            if (again == SIGUSR1) return;
+            std::fprintf(stderr, "hybrid-server: second signal: exiting now\n");
+            std::fflush(stderr);
+            std::_Exit(again == SIGINT ? 130 : 0);
+        }).detach();
         server->stop();
         // The answers cut by the stop are sent; then the process ends without waiting for the other connections.
         const bool drained = server->drain(std::chrono::seconds(10));

@@ -1,8 +1,6 @@
 // hybrid-server (see server.h): the engine thread, the conversation-state cache, request parsing and the endpoints.
 #include "server/server.h"
 
-#include <arpa/inet.h>
-#include <netinet/in.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -23,6 +21,7 @@
 #include <map>
 #include <mutex>
 #include <random>
+#include <set>
 #include <thread>
 
 #include "model/batch.h"
@@ -31,6 +30,7 @@
 #include "model/state_store.h"
 #include "model/tokenizer.h"
 #include "server/chat.h"
+#include "server/http.h"
 
 namespace hy::server {
 
@@ -388,7 +388,19 @@ Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool c
     s.sampling = defaults;
     s.sampling.seed = random_seed;
     const char* max_name = chat && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
-    s.max_tokens = int(int_field(body, max_name, -1, 0, INT32_MAX));
+    // (not given: 16 for /v1/completions, as OpenAI's; until the context is full for chat, as OpenAI's and
+    // llama-server's)
+    if (const ojson* mt = field(body, max_name)) {
+        const std::string name = max_name;
+        if (!mt->is_number_integer()) bad(name, name + " must be an integer, got " + mt->dump());
+        if (!mt->is_number_unsigned() && mt->get<int64_t>() < 0)
+            bad(name, name + " must be >= 0 (the most tokens to generate), got " + mt->dump());
+        if (mt->get<uint64_t>() > uint64_t(INT32_MAX))
+            bad(name, name + " must be <= " + std::to_string(INT32_MAX) + ", got " + mt->dump());
+        s.max_tokens = int(mt->get<int64_t>());
+    } else {
+        s.max_tokens = chat ? -1 : 16;
+    }
     s.sampling.temperature = float(number_field(body, "temperature", defaults.temperature, 0, 2));
     s.sampling.top_p = float(number_field(body, "top_p", defaults.top_p, 0, 1, true));
     s.sampling.top_k = int(int_field(body, "top_k", defaults.top_k, -1, 1 << 30));
@@ -539,24 +551,11 @@ std::string base_name(const std::string& dir) {
     return p.filename().string();
 }
 
-// Whether the peer of this request closed its connection: the request's socket is found by its address pair (the
-// HTTP library does not hand it to handlers), then polled for a hang-up.
+// Whether the peer of this request closed its connection (its socket is polled for a hang-up). Made on the
+// request's connection thread (HttpServer::current_socket).
 class PeerWatch {
 public:
-    explicit PeerWatch(const httplib::Request& req) {
-        for (int fd = 3; fd < 65536 && fd_ < 0; fd++) {
-            sockaddr_storage peer{}, self{};
-            socklen_t pl = sizeof peer, sl = sizeof self;
-            if (getpeername(fd, reinterpret_cast<sockaddr*>(&peer), &pl) != 0) {
-                if (errno == EBADF && fd > 1024) break;
-                continue;
-            }
-            if (getsockname(fd, reinterpret_cast<sockaddr*>(&self), &sl) != 0) continue;
-            if (describe(peer) == std::make_pair(req.remote_addr, req.remote_port) &&
-                describe(self).second == req.local_port)
-                fd_ = fd;
-        }
-    }
+    PeerWatch() : fd_(HttpServer::current_socket()) {}
     bool closed() const {
         if (fd_ < 0) return false;
         pollfd p{fd_, POLLIN | POLLRDHUP, 0};
@@ -565,20 +564,6 @@ public:
     }
 
 private:
-    static std::pair<std::string, int> describe(const sockaddr_storage& a) {
-        char buf[INET6_ADDRSTRLEN] = {0};
-        if (a.ss_family == AF_INET) {
-            const auto* v4 = reinterpret_cast<const sockaddr_in*>(&a);
-            inet_ntop(AF_INET, &v4->sin_addr, buf, sizeof buf);
-            return {buf, ntohs(v4->sin_port)};
-        }
-        if (a.ss_family == AF_INET6) {
-            const auto* v6 = reinterpret_cast<const sockaddr_in6*>(&a);
-            inet_ntop(AF_INET6, &v6->sin6_addr, buf, sizeof buf);
-            return {buf, ntohs(v6->sin6_port)};
-        }
-        return {"", -1};
-    }
     int fd_ = -1;
 };
 
@@ -596,7 +581,7 @@ struct Server::Impl {
     SamplerParams defaults;
     std::unique_ptr<StateCache> cache;
     std::unique_ptr<Engine> engine;
-    httplib::Server http;
+    std::unique_ptr<HttpServer> http;
     std::string model_id;
     std::time_t created = std::time(nullptr);
     std::atomic<uint64_t> next_id{1};
@@ -608,6 +593,30 @@ struct Server::Impl {
     std::atomic<int> n_waiting{0};      // submitted and not finished
     std::atomic<int> n_streams{0};      // event streams not yet ended
     std::atomic<bool> stopping{false};  // Server::stop(): requests in flight end as cancelled
+    // The jobs that HTTP threads wait for (Server::stop() wakes them at once).
+    std::mutex live_m;
+    std::set<Job*> live;
+    struct LiveJob {
+        Impl& s;
+        Job* job;
+        LiveJob(Impl& s_, Job* j) : s(s_), job(j) {
+            std::lock_guard<std::mutex> lk(s.live_m);
+            s.live.insert(job);
+        }
+        ~LiveJob() {
+            std::lock_guard<std::mutex> lk(s.live_m);
+            s.live.erase(job);
+        }
+        LiveJob(const LiveJob&) = delete;
+        LiveJob& operator=(const LiveJob&) = delete;
+    };
+    void wake_waiting() {
+        std::lock_guard<std::mutex> lk(live_m);
+        for (Job* job : live) {
+            { std::lock_guard<std::mutex> jl(job->m); }  // (a waiter checks `stopping` under it: no lost wake-up)
+            job->cv.notify_all();
+        }
+    }
 
     // A prompt that leaves no room in the context is refused before a stream starts (400, not an error event).
     void check_fits(const std::vector<int32_t>& prompt, const char* param) const {
@@ -679,6 +688,7 @@ struct Server::Impl {
             return out;
         }
         n_waiting++;
+        LiveJob live_job(*this, job.get());
         engine->submit(job);
         StreamDecoder dec(*tok, true, s.keep_ids);
         std::string held;
@@ -691,7 +701,7 @@ struct Server::Impl {
             {
                 std::unique_lock<std::mutex> lk(job->m);
                 job->cv.wait_for(lk, std::chrono::milliseconds(100),
-                                 [&] { return job->done || job->tokens.size() > seen; });
+                                 [&] { return job->done || job->tokens.size() > seen || stopping.load(); });
                 fresh.assign(job->tokens.begin() + std::ptrdiff_t(seen), job->tokens.end());
                 for (size_t k = seen; k < job->tokens.size(); k++) {
                     out.logprobs.push_back(job->logprobs[k]);
@@ -930,13 +940,13 @@ struct Server::Impl {
         check_fits(prompt, "prompt");
         const std::string id = "cmpl-" + std::to_string(next_id++);
         const std::time_t now = std::time(nullptr);
-        auto base = [&, id, now]() {
+        auto base = [this, id, now]() {
             return ojson{{"id", id}, {"object", "text_completion"}, {"created", now}, {"model", model_id}};
         };
         if (s.stream) {
             // (the request is checked and its prompt encoded: what can still fail is reported in the stream, by
             // stream())
-            auto peer = std::make_shared<PeerWatch>(req);
+            auto peer = std::make_shared<PeerWatch>();
             stream(res, [this, prompt, s, base, peer](const std::function<bool(const ojson&)>& send) {
                 size_t offset = 0;
                 const Output o = generate(
@@ -959,7 +969,7 @@ struct Server::Impl {
             });
             return;
         }
-        PeerWatch peer(req);
+        PeerWatch peer;
         Output o = generate(prompt, s, 0, peer, [](const std::string&, const Output&, size_t, size_t) { return true; });
         if (o.shutdown) throw shutting_down();
         if (o.finish == "cancelled") return;
@@ -1014,11 +1024,11 @@ struct Server::Impl {
                               tail.compare(tail.size() - think_open.size(), think_open.size(), think_open) == 0;
         const std::string id = "chatcmpl-" + std::to_string(next_id++);
         const std::time_t now = std::time(nullptr);
-        auto base = [&, id, now]() {
-            return ojson{{"id", id},
-                         {"object", s.stream ? "chat.completion.chunk" : "chat.completion"},
-                         {"created", now},
-                         {"model", model_id}};
+        // (copied into the stream's provider, which runs after this function returned: it captures nothing by
+        // reference)
+        const std::string object = s.stream ? "chat.completion.chunk" : "chat.completion";
+        auto base = [this, id, now, object]() {
+            return ojson{{"id", id}, {"object", object}, {"created", now}, {"model", model_id}};
         };
         const bool think = chat.has_think();
         auto calls_json = [id](const std::vector<OutputParser::ToolCall>& calls, bool with_index) {
@@ -1033,7 +1043,7 @@ struct Server::Impl {
             return arr;
         };
         if (s.stream) {
-            auto peer = std::make_shared<PeerWatch>(req);
+            auto peer = std::make_shared<PeerWatch>();
             stream(res, [this, prompt, s, save_at, base, peer, in_think, think, tools,
                          calls_json](const std::function<bool(const ojson&)>& send) {
                 OutputParser parser(in_think, think, tools);
@@ -1078,7 +1088,7 @@ struct Server::Impl {
             });
             return;
         }
-        PeerWatch peer(req);
+        PeerWatch peer;
         OutputParser parser(in_think, think, tools);
         std::string reasoning, content;
         Output o = generate(prompt, s, save_at, peer, [&](const std::string& piece, const Output&, size_t, size_t) {
@@ -1138,6 +1148,8 @@ struct Server::Impl {
                std::to_string(engine->queued()));
         metric("hybrid_slots_busy", "gauge", "Sequence slots in use.", std::to_string(engine->busy()));
         metric("hybrid_slots_total", "gauge", "Sequence slots (-np).", std::to_string(model->n_slots()));
+        metric("hybrid_http_connections", "gauge", "HTTP connections being served (--threads-http at most).",
+               std::to_string(http->open_connections()));
         metric("hybrid_state_cache_entries", "gauge", "Sequence states in the conversation-state cache.",
                std::to_string(cs.entries));
         metric("hybrid_state_cache_bytes", "gauge", "Host memory held by the conversation-state cache.",
@@ -1155,20 +1167,24 @@ struct Server::Impl {
 
     // POST `path`: the body is read here, whatever its Content-Type says, and parsed as JSON (llama-server and vLLM
     // do the same for clients that leave out "Content-Type: application/json": the library would parse a form body
-    // as a form and refuse one over 8 KB), up to kMaxBodyBytes (413 past it).
+    // as a form and refuse one over 8 KB), up to kMaxBodyBytes (413 past it). A body that does not arrive in time
+    // is a 408 (server/http.h).
     void post_json(const char* path, bool chat) {
-        http.Post(path, [this, chat](const httplib::Request& req, httplib::Response& res,
-                                     const httplib::ContentReader& reader) {
+        http->Post(path, [this, chat](const httplib::Request& req, httplib::Response& res,
+                                      const httplib::ContentReader& reader) {
             std::string body;
             bool too_big = false, ok;
             if (req.is_multipart_form_data()) {  // (read and dropped: the library has no plain reader for it)
                 // (a malformed multipart body gets the same answer: the content type is what is refused)
                 ok = reader([](const httplib::MultipartFormData&) { return true; },
                             [](const char*, size_t) { return true; });
-                if (!ok) res.set_header("Connection", "close");
-                reply_error(req, res,
-                            {415, "multipart/form-data bodies are not supported: send the request as JSON", "",
-                             "invalid_request_error", ""});
+                if (!ok) HttpServer::close_after_response(req, res);
+                if (!ok && HttpServer::request_timed_out())
+                    reply_error(req, res, {408, http->timeout_message(), "", "invalid_request_error", ""});
+                else
+                    reply_error(req, res,
+                                {415, "multipart/form-data bodies are not supported: send the request as JSON", "",
+                                 "invalid_request_error", ""});
                 return;
             } else {
                 ok = reader([&](const char* data, size_t n) {
@@ -1181,8 +1197,10 @@ struct Server::Impl {
                 });
             }
             if (!ok) {
-                res.set_header("Connection", "close");  // (what is left of the body is not read)
-                if (too_big || res.status == 413)
+                HttpServer::close_after_response(req, res);  // (what is left of the body is not read)
+                if (HttpServer::request_timed_out())
+                    reply_error(req, res, {408, http->timeout_message(), "", "invalid_request_error", ""});
+                else if (too_big || res.status == 413)
                     reply_error(req, res,
                                 {413, "the request body is larger than " + std::to_string(kMaxBodyBytes >> 20) + " MiB",
                                  "", "invalid_request_error", "request_too_large"});
@@ -1202,53 +1220,130 @@ struct Server::Impl {
             std::fprintf(stderr, "hybrid-server: %s %s %d\n", req.method.c_str(), req.path.c_str(), e.status);
     }
 
+    // The methods a path takes ("" for an unknown path); OPTIONS (CORS preflights) goes with every path.
+    static std::string allowed_methods(const std::string& path) {
+        if (path == "/v1/chat/completions" || path == "/v1/completions") return "POST, OPTIONS";
+        if (path == "/v1/models" || path == "/health" || path == "/metrics") return "GET, HEAD, OPTIONS";
+        if (path.rfind("/v1/models/", 0) == 0 && path.size() > 11) return "GET, HEAD, OPTIONS";
+        return "";
+    }
+
+    ojson model_object() const {
+        return ojson{{"id", model_id},
+                     {"object", "model"},
+                     {"created", created},
+                     {"owned_by", "hybrid"},
+                     {"meta", ojson{{"n_ctx", model->n_ctx()},
+                                    {"n_slots", model->n_slots()},
+                                    {"n_vocab", n_valid},
+                                    {"backend", model->backend().name()},
+                                    {"chat_template", chat.description()}}}};
+    }
+
+    bool check_key(const httplib::Request& req, httplib::Response& res) {
+        if (authorized(req)) return true;
+        reply_error(req, res, {401, "invalid API key", "", "authentication_error", "invalid_api_key"});
+        return false;
+    }
+
     void routes() {
+        // Before any body is read: unknown paths (404) and methods a path does not take (405, with Allow), and a
+        // POST whose body has no length (411: neither Content-Length nor chunked; the library would read it until
+        // the client closes), a body longer than kMaxBodyBytes (413). Their bodies are left unread: the connection
+        // closes after the answer.
+        http->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
+            if (req.method == "OPTIONS") return httplib::Server::HandlerResponse::Unhandled;
+            const std::string allow = allowed_methods(req.path);
+            const bool post = allow.rfind("POST", 0) == 0;
+            const bool chunked = req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos;
+            const bool has_length = req.has_header("Content-Length");
+            if (allow.empty()) {
+                reply_error(req, res,
+                            {404, "no such endpoint: " + req.method + " " + req.path, "", "invalid_request_error",
+                             "not_found"});
+            } else if (post ? req.method != "POST" : req.method != "GET" && req.method != "HEAD") {
+                res.set_header("Allow", allow);
+                reply_error(req, res,
+                            {405, req.method + " is not allowed on " + req.path + " (allowed: " + allow + ")", "",
+                             "invalid_request_error", "method_not_allowed"});
+            } else if (post && !has_length && !chunked) {
+                reply_error(req, res,
+                            {411, "a POST needs a Content-Length header (or Transfer-Encoding: chunked)", "",
+                             "invalid_request_error", "length_required"});
+            } else if (has_length && req.get_header_value<uint64_t>("Content-Length") > kMaxBodyBytes) {
+                // (at once: the library would read the whole body to skip it)
+                reply_error(req, res,
+                            {413, "the request body is larger than " + std::to_string(kMaxBodyBytes >> 20) + " MiB", "",
+                             "invalid_request_error", "request_too_large"});
+            } else {
+                return httplib::Server::HandlerResponse::Unhandled;
+            }
+            // (a POST without a length may have sent a body all the same)
+            if (chunked || (has_length && req.get_header_value("Content-Length") != "0") || (post && !has_length))
+                HttpServer::close_after_response(req, res);
+            return httplib::Server::HandlerResponse::Handled;
+        });
         post_json("/v1/chat/completions", true);
         post_json("/v1/completions", false);
         // CORS, as llama-server: any origin may call the API from a browser (the API key, when set, still guards
         // it); a preflight (OPTIONS) gets the methods and the request headers it asks for (Authorization and
         // Content-Type when it names none)
-        http.set_default_headers({{"Access-Control-Allow-Origin", "*"}});
-        http.Options(R"(/.*)", [](const httplib::Request& req, httplib::Response& res) {
+        http->set_default_headers({{"Access-Control-Allow-Origin", "*"}});
+        http->Options(R"(/.*)", [](const httplib::Request& req, httplib::Response& res) {
             const std::string asked = req.get_header_value("Access-Control-Request-Headers");
             res.status = 204;
             res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
             res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type" : asked);
             res.set_header("Access-Control-Max-Age", "86400");
         });
-        http.Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
-            if (!authorized(req)) {
-                res.status = 401;
-                res.set_content(
-                    dump(error_json({401, "invalid API key", "", "authentication_error", "invalid_api_key"})),
-                    "application/json");
+        http->Get("/v1/models", [this](const httplib::Request& req, httplib::Response& res) {
+            if (!check_key(req, res)) return;
+            res.set_content(dump(ojson{{"object", "list"}, {"data", ojson::array({model_object()})}}),
+                            "application/json");
+        });
+        // (a model id may hold a slash: "org/name")
+        http->Get(R"(/v1/models/(.+))", [this](const httplib::Request& req, httplib::Response& res) {
+            if (!check_key(req, res)) return;
+            const std::string id = req.matches[1].str();
+            if (id != model_id) {
+                reply_error(req, res,
+                            {404, "the model '" + id + "' does not exist (this server has '" + model_id + "')", "model",
+                             "invalid_request_error", "model_not_found"});
                 return;
             }
-            ojson m{{"id", model_id},
-                    {"object", "model"},
-                    {"created", created},
-                    {"owned_by", "hybrid"},
-                    {"meta", ojson{{"n_ctx", model->n_ctx()},
-                                   {"n_slots", model->n_slots()},
-                                   {"n_vocab", n_valid},
-                                   {"backend", model->backend().name()},
-                                   {"chat_template", chat.description()}}}};
-            res.set_content(dump(ojson{{"object", "list"}, {"data", ojson::array({m})}}), "application/json");
+            res.set_content(dump(model_object()), "application/json");
         });
-        http.Get("/health", [](const httplib::Request&, httplib::Response& res) {
+        http->Get("/health", [](const httplib::Request&, httplib::Response& res) {
             res.set_content("{\"status\":\"ok\"}", "application/json");
         });
-        http.Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
+        http->Get("/metrics", [this](const httplib::Request&, httplib::Response& res) {
             res.set_content(metrics(), "text/plain; version=0.0.4");
         });
-        http.set_error_handler([](const httplib::Request& req, httplib::Response& res) {
+        // The errors that the library answers itself (an empty body): a malformed request line or headers (400),
+        // a request that did not arrive in time (408: the library saw a failed read), a URI too long (414), a
+        // body too large (413). OpenAI's error JSON, and the connection closes (what follows on it cannot be
+        // trusted to start a request).
+        http->set_error_handler([this](const httplib::Request& req, httplib::Response& res) {
             if (!res.body.empty()) return;
+            if (HttpServer::request_timed_out()) res.status = 408;
             ApiError e{res.status, "", "", "invalid_request_error", ""};
-            e.message = res.status == 404 ? "no such endpoint: " + req.method + " " + req.path
-                                          : "HTTP error " + std::to_string(res.status);
+            switch (res.status) {
+                case 400: e.message = "malformed HTTP request (request line or headers)"; break;
+                case 404: e.message = "no such endpoint: " + req.method + " " + req.path; break;
+                case 408: e.message = http->timeout_message(); break;
+                case 413:
+                    e.message = "the request body is larger than " + std::to_string(kMaxBodyBytes >> 20) + " MiB";
+                    e.code = "request_too_large";
+                    break;
+                case 414: e.message = "the request line is too long"; break;
+                default: e.message = "HTTP error " + std::to_string(res.status);
+            }
+            if (res.status >= 500) e.type = "server_error";
+            n_errors++;
+            if (res.status != 404) HttpServer::close_after_response(req, res);
             res.set_content(dump(error_json(e)), "application/json");
         });
-        http.set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
+        http->set_exception_handler([](const httplib::Request&, httplib::Response& res, std::exception_ptr ep) {
             std::string what = "internal error";
             try {
                 std::rethrow_exception(ep);
@@ -1329,12 +1424,20 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
     s.model_id = params.alias.empty() ? base_name(params.model_dir) : params.alias;
     s.engine = std::make_unique<Engine>(*s.model, s.n_valid, banned,
                                         [cache = s.cache.get()](size_t bytes) { return cache->allocate(bytes); });
-    const int threads = params.http_threads > 0 ? params.http_threads : std::max(32, 4 * params.n_slots + 8);
-    s.http.new_task_queue = [threads] { return new httplib::ThreadPool(size_t(threads)); };
-    s.http.set_payload_max_length(kMaxBodyBytes);
+    ConnectionLimits limits;
+    limits.max_connections = params.http_threads > 0 ? params.http_threads : std::max(512, 4 * params.n_slots + 8);
+    limits.idle_timeout = params.idle_timeout;
+    limits.request_timeout = params.request_timeout;
+    limits.max_body_bytes = kMaxBodyBytes;
+    s.http = std::make_unique<HttpServer>(limits);
+    s.http->error_body = [](int status, const std::string& message) {
+        return dump(error_json({status, message, "", "invalid_request_error", ""}));
+    };
+    s.http->error_headers = {{"Access-Control-Allow-Origin", "*"}};
+    s.http->set_payload_max_length(kMaxBodyBytes);
     // SO_REUSEADDR alone: cpp-httplib's default also sets SO_REUSEPORT, which lets a second server bind a port that
     // one already listens on (the kernel would then share the connections between them)
-    s.http.set_socket_options([](socket_t fd) {
+    s.http->set_socket_options([](socket_t fd) {
         const int yes = 1;
         setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &yes, sizeof yes);
     });
@@ -1342,7 +1445,7 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
 }
 
 Server::~Server() {
-    impl_->http.stop();
+    impl_->http->stop();
     impl_->engine.reset();
 }
 
@@ -1351,8 +1454,8 @@ int Server::bind() {
     int port = s.p.port;
     errno = 0;
     if (port == 0) {
-        port = s.http.bind_to_any_port(s.p.host);
-    } else if (!s.http.bind_to_port(s.p.host, port)) {
+        port = s.http->bind_to_any_port(s.p.host);
+    } else if (!s.http->bind_to_port(s.p.host, port)) {
         port = -1;
     }
     if (port < 0) {
@@ -1362,15 +1465,17 @@ int Server::bind() {
                                                     : "in use, or not an address of this machine";
         throw Error(Status::io, "cannot listen on " + s.p.host + ":" + std::to_string(s.p.port) + ": " + why);
     }
+    s.http->raise_backlog();
     return port;
 }
 
-bool Server::serve() { return impl_->http.listen_after_bind(); }
+bool Server::serve() { return impl_->http->listen_after_bind(); }
 
 void Server::stop() {
     impl_->stopping = true;  // the requests in flight end (as cancelled), so the HTTP workers can finish
+    impl_->wake_waiting();   // (their threads cancel their jobs now, not at their next 100 ms check)
     impl_->engine->wake();
-    impl_->http.stop();
+    impl_->http->stop();
 }
 
 bool Server::drain(std::chrono::milliseconds limit) {

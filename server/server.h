@@ -2,17 +2,20 @@
 //
 //   POST /v1/chat/completions   chat (the model folder's chat template), tools, reasoning, streaming (SSE)
 //   POST /v1/completions        plain text or token-id prompts, streaming (SSE)
-//   GET  /v1/models             the one model
+//   GET  /v1/models             the one model (GET /v1/models/{id}: it alone, 404 model_not_found for another id)
 //   GET  /health                {"status": "ok"}
 //   GET  /metrics               Prometheus text: requests, tokens in/out, queue depth, slot use, state cache
 //
 // Requests share the model through continuous batching (model/batch.h): one engine thread steps a BatchGenerator
-// over the -np sequence slots; each HTTP worker thread submits its request and waits for its tokens. A client that
+// over the -np sequence slots; each HTTP connection's thread (server/http.h: a thread per connection, deadlines on
+// idle connections and on reading requests) submits its request and waits for its tokens. A client that
 // disconnects (its socket is closed) cancels its request at the next step. Bad requests get OpenAI's error JSON
-// ({"error": {"message", "type", "param", "code"}}) with a 4xx status. A POST body is JSON whatever its Content-Type
-// says (up to 64 MiB: 413 past it). CORS as llama-server: Access-Control-Allow-Origin: * on every answer, OPTIONS
-// preflights answered. Server::stop() ends the streams in flight with finish_reason "length" and data: [DONE], the
-// other requests in flight with a 503.
+// ({"error": {"message", "type", "param", "code"}}) with a 4xx status, the HTTP layer's own errors too (400, 408,
+// 413, 414: the connection is then closed); 404 for an unknown path, 405 (with Allow) for a method a path does not
+// take, 411 for a POST without a length. A POST body is JSON whatever its Content-Type says (up to 64 MiB: 413 past
+// it). CORS as llama-server: Access-Control-Allow-Origin: * on every answer, OPTIONS preflights answered.
+// Server::stop() ends the streams in flight with finish_reason "length" and data: [DONE], the other requests in
+// flight with a 503 (their threads are woken at once; the engine cancels them at its next step).
 //
 // Conversation-state cache (--cache-mb): after a request, the sequence state (KV cache, conv and recurrent state) is
 // kept, keyed by its token ids, at two points: after the prompt's messages (before the generation prompt) and after
@@ -43,8 +46,12 @@ struct ServerParams {
     int max_batch_tokens = 512;
     Device device = Device::auto_select;
     bool cuda_graphs = true;
-    size_t cache_mb = 1024;      // the conversation-state cache's host memory; 0: off
-    int http_threads = 0;        // 0: 4 per slot + 8, at least 32
+    size_t cache_mb = 1024;  // the conversation-state cache's host memory; 0: off
+    int http_threads = 0;    // connections served at once, a thread each; 0: 4 per slot + 8, at least 512
+    // A connection that sends no request for idle_timeout is closed; a request must arrive within request_timeout
+    // of its first byte, plus 1 s per 64 KiB of body (408 past it). See server/http.h.
+    std::chrono::milliseconds idle_timeout{5000};
+    std::chrono::milliseconds request_timeout{10000};
     bool verbose = false;        // log each request on stderr
     bool dummy_weights = false;  // random weights from config.json's shapes (load benchmarks without a checkpoint)
     WeightQuant quant = WeightQuant::none;  // --quant: quantize 16-bit weights at load (ModelParams::quant)

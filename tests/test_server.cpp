@@ -2,8 +2,11 @@
 // (cpp-httplib's client, and raw sockets for disconnects). Greedy output equals the hybrid CLI's, streamed chunks
 // concatenate to the non-streamed answer, concurrent requests equal their solo runs, a second chat turn continues
 // from the first turn's state, a disconnect frees the slot, bad requests get 4xx JSON errors without disturbing
-// the others. Plus the output parser's tool calls and reasoning (server/chat.h).
+// the others; idle and slow clients do not hold the others (deadlines, 408), a burst of connects queues (backlog),
+// shutdown answers what is in flight and a second signal exits at once; HTTP details (411, 405, 413, 414,
+// /v1/models/{id}). Plus the output parser's tool calls and reasoning (server/chat.h).
 #include <arpa/inet.h>
+#include <fcntl.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
@@ -14,6 +17,7 @@
 #include <catch2/catch.hpp>
 
 #include <algorithm>
+#include <atomic>
 #include <cctype>
 #include <chrono>
 #include <filesystem>
@@ -79,6 +83,29 @@ public:
     }
     ~ServerProcess() { stop(SIGTERM); }
     int port() const { return port_; }
+    // Sends `sig` to this server's process (the child this test started; nothing else).
+    void signal(int sig) const {
+        if (pid_ > 0) kill(pid_, sig);
+    }
+    // Waits up to `seconds` for the process to exit: its exit status (-1: killed by a signal), or -2 when it still
+    // runs.
+    int wait_exit(double seconds) {
+        const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+        while (pid_ > 0) {
+            int st = 0;
+            const pid_t r = waitpid(pid_, &st, WNOHANG);
+            if (r == pid_) {
+                status_ = WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+                pid_ = -1;
+                reader_.join();
+                close(err_fd_);
+                break;
+            }
+            if (std::chrono::steady_clock::now() >= end) return -2;
+            std::this_thread::sleep_for(std::chrono::milliseconds(5));
+        }
+        return status_;
+    }
     // Sends `sig` and waits for the exit; returns the exit status (-1: killed by a signal), the first one again later.
     int stop(int sig) {
         if (pid_ > 0) {
@@ -1080,4 +1107,278 @@ TEST_CASE("hybrid-server-bench: arguments, an absent server, failed requests, mu
     CHECK(cut.err.find("turn 2 (cache off):") != std::string::npos);
     CHECK(cut.err.find("turn 2 (cache on):") != std::string::npos);
     CHECK(cut.err.find("turn 3") == std::string::npos);
+}
+
+TEST_CASE("server: idle and slow clients do not hold the others; a request that comes too slowly gets 408",
+          "[server]") {
+    if (!have_server_binary()) return;
+    // short deadlines, so that the test sees them pass; the clients below outnumber the fixed pool of 32 workers
+    // that the HTTP library had (each held one until its client sent a whole request or went away)
+    ServerProcess s({"-np", "1", "--cache-mb", "0", "--idle-timeout", "3", "--request-timeout", "3"});
+    const int port = s.port();
+    const auto t0 = std::chrono::steady_clock::now();
+    std::vector<int> idle, slow;
+    for (int i = 0; i < 40; i++) idle.push_back(raw_send(port, ""));
+    for (int i = 0; i < 40; i++) slow.push_back(raw_send(port, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n"));
+    // a body that stops short of its Content-Length, a request line that never ends, and headers sent a byte every
+    // 100 ms (each byte comes in time; the whole request does not)
+    const int short_body =
+        raw_send(port, "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 1000\r\n\r\n{\"prompt\"");
+    const int no_line = raw_send(port, "POST /v1/compl");
+    const int trickle = raw_send(port, "POST /v1/completions HTTP/1.1\r\nX-Pad: ");
+    std::atomic<bool> trickling{true};
+    std::thread trickler([&] {
+        for (int i = 0; i < 100 && trickling; i++) {
+            if (send(trickle, "a", 1, MSG_NOSIGNAL) != 1) break;
+            std::this_thread::sleep_for(std::chrono::milliseconds(100));
+        }
+    });
+    struct JoinOnExit {
+        std::atomic<bool>& flag;
+        std::thread& t;
+        ~JoinOnExit() {
+            flag = false;
+            if (t.joinable()) t.join();
+        }
+    } join_on_exit{trickling, trickler};
+    // every one of them is served at once (the metrics request is one more), and a request still gets its answer
+    // at once
+    CHECK(wait_for([&] { return metric(port, "hybrid_http_connections") >= 84; }, 2));
+    const Reply r = post(port, "/v1/completions", ojson{{"prompt", kCode}, {"max_tokens", 4}, {"temperature", 0}});
+    CHECK(r.status == 200);
+    const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(took < 2.0);  // (before any deadline closed a connection)
+    // each request that did not come whole in 3 s: 408 with OpenAI's error JSON, and the connection closed
+    std::vector<int> late = slow;
+    late.insert(late.end(), {short_body, no_line, trickle});
+    int n_408 = 0;
+    for (int fd : late) {
+        std::string raw;
+        CHECK(raw_read(fd, &raw, "", 10));  // (until the server closes)
+        INFO(raw);
+        const Reply e = parse_raw_response(raw);
+        n_408 += e.status == 408;
+        CHECK(raw.find("Connection: close\r\n") != std::string::npos);
+        const ojson j = ojson::parse(e.body, nullptr, false);
+        REQUIRE(j.is_object());
+        CHECK(j["error"]["message"].get<std::string>().find("did not arrive in time") != std::string::npos);
+    }
+    CHECK(n_408 == int(late.size()));
+    const double closed_at = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    CHECK(closed_at > 2.9);
+    CHECK(closed_at < 8);
+    // the idle ones are closed without an answer
+    for (int fd : idle) {
+        std::string raw;
+        CHECK(raw_read(fd, &raw, "", 5));
+        CHECK(raw.empty());
+    }
+    trickling = false;
+    trickler.join();
+    for (int fd : late) close(fd);
+    for (int fd : idle) close(fd);
+    // (a connection closed after a 408 waits a moment for its client to close too)
+    CHECK(wait_for([&] { return metric(port, "hybrid_http_connections") == 1; }, 5));
+}
+
+TEST_CASE("server: a burst of connects is queued, not dropped (listen backlog)", "[server]") {
+    if (!have_server_binary()) return;
+    ServerProcess s({"-np", "1", "--cache-mb", "0"});
+    // While the server is stopped (SIGSTOP), the kernel alone completes handshakes, into the listen queue: with the
+    // library's backlog of 5, the connects past the 6th would wait for a SYN retransmission (1 s, then 3 s, ...).
+    s.signal(SIGSTOP);
+    struct ContinueOnExit {
+        ServerProcess& s;
+        ~ContinueOnExit() { s.signal(SIGCONT); }
+    } cont{s};
+    const int n = 64;
+    std::vector<int> fds;
+    for (int i = 0; i < n; i++) {
+        const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK, 0);
+        REQUIRE(fd >= 0);
+        sockaddr_in a{};
+        a.sin_family = AF_INET;
+        a.sin_port = htons(uint16_t(s.port()));
+        a.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+        const int r = connect(fd, reinterpret_cast<sockaddr*>(&a), sizeof a);
+        REQUIRE((r == 0 || errno == EINPROGRESS));
+        fds.push_back(fd);
+    }
+    int established = 0;
+    const auto end = std::chrono::steady_clock::now() + std::chrono::milliseconds(700);
+    std::vector<bool> done(n, false);
+    while (established < n && std::chrono::steady_clock::now() < end) {
+        for (int i = 0; i < n; i++) {
+            if (done[i]) continue;
+            pollfd p{fds[i], POLLOUT, 0};
+            if (poll(&p, 1, 0) == 1) {
+                int err = -1;
+                socklen_t len = sizeof err;
+                getsockopt(fds[i], SOL_SOCKET, SO_ERROR, &err, &len);
+                CHECK(err == 0);
+                done[i] = true;
+                established++;
+            }
+        }
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    s.signal(SIGCONT);
+    CHECK(established == n);
+    // and each is served once the server runs again
+    int ok = 0;
+    for (int fd : fds) {
+        fcntl(fd, F_SETFL, 0);
+        const std::string req = "GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n";
+        REQUIRE(write(fd, req.data(), req.size()) == ssize_t(req.size()));
+    }
+    for (int fd : fds) {
+        std::string raw;
+        if (raw_read(fd, &raw, "", 20) && parse_raw_response(raw).status == 200) ok++;
+        close(fd);
+    }
+    CHECK(ok == n);
+}
+
+TEST_CASE("server: SIGTERM answers the requests in flight at once; a second signal exits at once", "[server]") {
+    if (!have_server_binary()) return;
+    auto request = [](const std::string& path, const ojson& body) {
+        return "POST " + path + " HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n" +
+               "Content-Length: " + std::to_string(body.dump().size()) + "\r\n\r\n" + body.dump();
+    };
+    {
+        ServerProcess s({"-np", "2", "-c", "32768", "--cache-mb", "0"});
+        const int port = s.port();
+        // a long stream and a long request that is not streamed
+        const ojson plain_req{{"prompt", kCode}, {"max_tokens", 32000}, {"ignore_eos", true}, {"temperature", 0}};
+        ojson stream_req = plain_req;
+        stream_req["stream"] = true;
+        const int streamed = raw_send(port, request("/v1/completions", stream_req));
+        const int plain = raw_send(port, request("/v1/completions", plain_req));
+        std::string raw_stream, raw_plain;
+        REQUIRE(raw_read(streamed, &raw_stream, "\"text\"", 60));
+        CHECK(wait_for([&] { return metric(port, "hybrid_slots_busy") == 2; }, 20));
+        const auto t0 = std::chrono::steady_clock::now();
+        s.signal(SIGTERM);
+        CHECK(raw_read(plain, &raw_plain, "", 5));
+        const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        CHECK(took < 1.0);
+        const Reply r = parse_raw_response(raw_plain);
+        CHECK(r.status == 503);
+        CHECK(r.json()["error"]["type"] == "server_error");
+        CHECK(raw_read(streamed, &raw_stream, "data: [DONE]", 5));
+        CHECK(s.wait_exit(5) == 0);
+        const double exited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        CHECK(exited < 2.0);
+        close(plain);
+        close(streamed);
+    }
+    {
+        // A forward step cannot be cut: one that prefills 16000 ids (-b 32768) takes seconds, and the first signal's
+        // drain waits for it. A second signal ends the process at once (130 for SIGINT).
+        ServerProcess s({"-np", "1", "-c", "32768", "-b", "32768", "--cache-mb", "0"});
+        ojson ids = ojson::array();
+        for (int i = 0; i < 16000; i++) ids.push_back(100 + i % 50);
+        const int fd = raw_send(s.port(), request("/v1/completions", ojson{{"prompt", ids}, {"max_tokens", 1}}));
+        CHECK(wait_for([&] { return metric(s.port(), "hybrid_requests_waiting") == 1; }, 20));
+        std::this_thread::sleep_for(std::chrono::milliseconds(300));  // (the step has started)
+        s.signal(SIGTERM);
+        CHECK(s.wait_exit(0.5) == -2);
+        const auto t0 = std::chrono::steady_clock::now();
+        s.signal(SIGINT);
+        CHECK(s.wait_exit(2) == 130);
+        const double took = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+        CHECK(took < 1.0);
+        close(fd);
+    }
+}
+
+TEST_CASE("server: HTTP details: 411, 405 with Allow, /v1/models/{id}, the library's errors as JSON, max_tokens",
+          "[server]") {
+    if (!have_server_binary()) return;
+    const int port = shared_server().port();
+    auto raw_reply = [&](const std::string& request, std::string* raw_out = nullptr) {
+        const int fd = raw_send(port, request);
+        std::string raw;
+        CHECK(raw_read(fd, &raw, "", 10));  // (the server closes the connection: each of these has Connection: close)
+        close(fd);
+        if (raw_out) *raw_out = raw;
+        INFO(raw);
+        return parse_raw_response(raw);
+    };
+    auto error_of = [](const Reply& r) {
+        const ojson j = ojson::parse(r.body, nullptr, false);
+        REQUIRE(j.is_object());
+        REQUIRE(j["error"].is_object());
+        CHECK(!j["error"]["message"].get<std::string>().empty());
+        return j["error"];
+    };
+    // a POST without a length
+    std::string raw;
+    Reply r = raw_reply("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", &raw);
+    CHECK(r.status == 411);
+    CHECK(error_of(r)["code"] == "length_required");
+    CHECK(raw.find("Connection: close\r\n") != std::string::npos);
+    // a body too long is refused before it is sent
+    r = raw_reply("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000000000\r\n\r\n{", &raw);
+    CHECK(r.status == 413);
+    CHECK(error_of(r)["code"] == "request_too_large");
+    // a request line the library cannot parse, and one too long: OpenAI's error JSON, and the connection closes
+    r = raw_reply("GARBAGE\r\n\r\n", &raw);
+    CHECK(r.status == 400);
+    error_of(r);
+    CHECK(raw.find("Connection: close\r\n") != std::string::npos);
+    CHECK(raw.find("Access-Control-Allow-Origin: *\r\n") != std::string::npos);
+    r = raw_reply("GET /" + std::string(9000, 'a') + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", &raw);
+    CHECK(r.status == 414);
+    error_of(r);
+    CHECK(raw.find("Connection: close\r\n") != std::string::npos);
+    // wrong methods on known paths: 405 with Allow
+    httplib::Client cli("127.0.0.1", port);
+    auto g = cli.Get("/v1/chat/completions");
+    REQUIRE(g);
+    CHECK(g->status == 405);
+    CHECK(g->get_header_value("Allow") == "POST, OPTIONS");
+    CHECK(error_of({g->status, g->body})["code"] == "method_not_allowed");
+    auto p = cli.Post("/v1/models", "{}", "application/json");
+    REQUIRE(p);
+    CHECK(p->status == 405);
+    CHECK(p->get_header_value("Allow") == "GET, HEAD, OPTIONS");
+    auto d = cli.Delete("/health");
+    REQUIRE(d);
+    CHECK(d->status == 405);
+    auto u = cli.Get("/v1/nothing");
+    REQUIRE(u);
+    CHECK(u->status == 404);
+    error_of({u->status, u->body});
+    httplib::Client keep("127.0.0.1", port);
+    keep.set_keep_alive(true);
+    auto k = keep.Get("/v1/nothing");
+    REQUIRE(k);
+    CHECK(k->status == 404);
+    CHECK(k->get_header_value("Connection") != "close");  // (no body was left unread: the connection stays)
+    // one model
+    const Reply m = get(port, "/v1/models/tiny");
+    CHECK(m.status == 200);
+    CHECK(m.json()["id"] == "tiny");
+    CHECK(m.json()["object"] == "model");
+    const Reply none = get(port, "/v1/models/gpt-4");
+    CHECK(none.status == 404);
+    CHECK(error_of(none)["code"] == "model_not_found");
+    // max_tokens: a range error that says what the range is; /v1/completions generates 16 without it (OpenAI's)
+    for (const char* v : {"-1", "2.5", "10000000000"}) {
+        const Reply e = post(port, "/v1/completions", std::string("{\"prompt\": \"x\", \"max_tokens\": ") + v + "}");
+        CHECK(e.status == 400);
+        const ojson err = error_of(e);
+        CHECK(err["param"] == "max_tokens");
+        INFO(err["message"].get<std::string>());
+        CHECK(err["message"].get<std::string>().find(v) != std::string::npos);
+    }
+    const Reply neg = post(port, "/v1/completions", std::string("{\"prompt\": \"x\", \"max_tokens\": -1}"));
+    CHECK(error_of(neg)["message"].get<std::string>().find(">= 0") != std::string::npos);
+    const Reply dflt =
+        post(port, "/v1/completions", ojson{{"prompt", kCode}, {"ignore_eos", true}, {"cache_prompt", false}});
+    REQUIRE(dflt.status == 200);
+    CHECK(dflt.json()["usage"]["completion_tokens"] == 16);
+    CHECK(dflt.json()["choices"][0]["finish_reason"] == "length");
+    CHECK(get(port, "/health").status == 200);
 }
