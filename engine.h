@@ -89,9 +89,8 @@ typedef enum hy_quant {
                           runs them with int8 activations (per row and group), CUDA with bf16 ones; int8 MoE experts
                           on CUDA: HY_ERR_UNSUPPORTED. About 0.53x the 16-bit bytes */
     HY_QUANT_INT4 = 3  /* the same to int4 (default group 32; codes in [-8, 7], two per byte): about 0.31x the 16-bit
-                          bytes. Both:
-                          HY_ERR_INVALID_ARGUMENT on an FP8 checkpoint or for a group that does not divide a quantized
-                          matrix's input features; CUDA: HY_ERR_UNSUPPORTED until it has integer kernels */
+                          bytes; int4 MoE experts on CUDA: HY_ERR_UNSUPPORTED. Both: HY_ERR_INVALID_ARGUMENT on an FP8
+                          checkpoint or for a group that does not divide a quantized matrix's input features */
 } hy_quant;
 
 typedef struct hy_model_params {
@@ -108,7 +107,7 @@ typedef struct hy_model_params {
                              (default 0) */
     int quant;            /* a hy_quant: HY_QUANT_NONE (default), HY_QUANT_FP8, HY_QUANT_INT8 or HY_QUANT_INT4 */
     int quant_group;      /* HY_QUANT_INT8/INT4: weights per scale, 32 or a multiple of 64 up to 1024; 0 (default): the
-                             mode's      default (README "Weight quantization") */
+                             mode's default (README "Weight quantization") */
     int quant_lm_head;    /* HY_QUANT_INT8/INT4: 1 quantizes lm_head too (a tied lm_head gets a quantized copy of the
                              embeddings); 0 (default) keeps it 16-bit. 1 with another quant: HY_ERR_INVALID_ARGUMENT */
 } hy_model_params;

@@ -1237,6 +1237,9 @@ struct Server::Impl {
                                     {"n_slots", model->n_slots()},
                                     {"n_vocab", n_valid},
                                     {"backend", model->backend().name()},
+                                    {"weights", weight_dtypes_text(model->weights())},
+                                    {"quant", weight_quant_name(model->params().quant)},
+                                    {"quant_lm_head", model->params().quant_lm_head},
                                     {"chat_template", chat.description()}}}};
     }
 
@@ -1489,7 +1492,12 @@ bool Server::drain(std::chrono::milliseconds limit) {
 
 std::string Server::summary() const {
     const Impl& s = *impl_;
-    return "model " + s.model_id + " (" + s.p.model_dir + "), backend " + s.model->backend().name() + ", " +
+    const hy::ModelParams& mp = s.model->params();
+    std::string quant = std::string(", weights ") + weight_dtypes_text(s.model->weights());
+    if (mp.quant != hy::WeightQuant::none)
+        quant +=
+            std::string(" (--quant ") + weight_quant_name(mp.quant) + (mp.quant_lm_head ? ", lm_head too" : "") + ")";
+    return "model " + s.model_id + " (" + s.p.model_dir + "), backend " + s.model->backend().name() + quant + ", " +
            std::to_string(s.model->n_slots()) + " slots of " + std::to_string(s.model->n_ctx()) +
            " tokens, chat template: " + s.chat.description() + ", state cache " + std::to_string(s.p.cache_mb) + " MB";
 }

@@ -588,6 +588,17 @@ TEST_CASE("server: --api-key guards /v1", "[server]") {
     CHECK(no.json()["error"]["type"] == "authentication_error");
     CHECK(post(s.port(), "/v1/completions", body, {{"Authorization", "Bearer sekret"}}).status == 200);
     CHECK(get(s.port(), "/health").status == 200);
+    // hybrid-server-bench: without the key it names the 401 and the option (not "no n_vocab"); with it, it runs
+    const std::string bench = kBin + "/hybrid-server-bench", port = std::to_string(s.port());
+    const hy::test::cli_util::Run no_key = run_prog(bench, {"--port", port, "-c", "1", "-p", "4", "-n", "2"});
+    CHECK(no_key.rc == 6);
+    CHECK(no_key.err.find("GET /v1/models at 127.0.0.1:" + port + " answered HTTP 401") != std::string::npos);
+    CHECK(no_key.err.find("(give the server's key with --api-key)") != std::string::npos);
+    const hy::test::cli_util::Run with_key =
+        run_prog(bench, {"--port", port, "-c", "1", "-p", "4", "-n", "2", "--api-key", "sekret"});
+    INFO(with_key.out << with_key.err);
+    CHECK(with_key.rc == 0);
+    CHECK(with_key.out.find("| 1 | 1 | 0 | 4 | 2 |") != std::string::npos);
 }
 
 TEST_CASE("server: tool calls and reasoning are parsed from the output", "[server]") {
@@ -1072,7 +1083,11 @@ TEST_CASE("hybrid-server-bench: arguments, an absent server, failed requests, mu
     if (!have_server_binary()) return;
     const std::string port = std::to_string(shared_server().port());
     // the server reports its n_vocab, which the bench takes by default
-    CHECK(get(shared_server().port(), "/v1/models").json()["data"][0]["meta"]["n_vocab"] == 4096);
+    const ojson meta = get(shared_server().port(), "/v1/models").json()["data"][0]["meta"];
+    CHECK(meta["n_vocab"] == 4096);
+    CHECK(meta["quant"] == "none");  // (and the weights as loaded: models/tiny is BF16)
+    CHECK(meta["quant_lm_head"] == false);
+    CHECK(meta["weights"].get<std::string>().find("BF16") != std::string::npos);
     const hy::test::cli_util::Run ok = run_prog(bench, {"--port", port, "-c", "1,2", "-p", "8", "-n", "2"});
     INFO(ok.out << ok.err);
     CHECK(ok.rc == 0);

@@ -204,6 +204,27 @@ TEST_CASE("hybrid-bench --depth: speeds measured after D context tokens", "[cli]
     CHECK(big.err.find("--depth + -p + -n must be at most 2^30 - 1 positions") != std::string::npos);
 }
 
+// The bytes of a decode step with --quant-lm-head on a tied model (models/tiny): the quantized copy is read, the
+// 16-bit embedding table only by a row, so a step moves fewer bytes than the weights hold, and fewer than without.
+TEST_CASE("hybrid-bench: --quant-lm-head counts the quantized lm_head, not the embeddings", "[cli][int]") {
+    if (!have_programs() || !fs::exists(kBin + "/hybrid-bench")) return;
+    auto run = [&](bool lm_head) {
+        std::vector<std::string> a = {"-m", "models/tiny", "-t", "1",       "-p",   "4",      "-n",
+                                      "2",  "-r",          "1",  "--quant", "int4", "--json", "-"};
+        if (lm_head) a.push_back("--quant-lm-head");
+        const Run r = run_prog(kBin + "/hybrid-bench", a);
+        INFO(r.err);
+        REQUIRE(r.rc == 0);
+        const auto j = nlohmann::json::parse(r.out, nullptr, false);
+        REQUIRE(!j.is_discarded());
+        return j;
+    };
+    const auto off = run(false), on = run(true);
+    CHECK(on["settings"]["quant_lm_head"] == true);
+    CHECK(on["runs"][0]["bytes_per_step"].get<int64_t>() < on["weight_bytes"].get<int64_t>());
+    CHECK(on["runs"][0]["bytes_per_step"].get<int64_t>() < off["runs"][0]["bytes_per_step"].get<int64_t>());
+}
+
 TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate their arguments", "[cli]") {
     if (!have_programs()) return;
     for (const char* p : {"hybrid-compare", "hybrid-bench", "hybrid-tokenize"})

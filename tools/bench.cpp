@@ -327,7 +327,9 @@ int main(int argc, char** argv) {
         const Weights& w = model->weights();
         const size_t as = dtype_size(be.act_dtype());
         size_t weights_read = model->weight_bytes();
-        if (!c.tie_word_embeddings) weights_read -= matrix_bytes(w.embed);
+        // the embedding table is read only through the logits, and only when lm_head is that table (tied, not given
+        // a quantized copy by --quant-lm-head); otherwise a step reads one row of it
+        if (w.output.data != w.embed.data) weights_read -= matrix_bytes(w.embed);
         const size_t ssm = size_t(c.gdn_v_heads) * size_t(c.gdn_k_dim) * size_t(c.gdn_v_dim) * 4;
         const size_t conv = size_t(c.conv_kernel - 1) * size_t(c.gdn_conv_channels()) * as;
         const size_t state_rw = size_t(c.n_gdn_layers()) * 2 * (ssm + conv);  // read + write

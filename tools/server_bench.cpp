@@ -38,6 +38,15 @@ namespace {
 using ojson = nlohmann::ordered_json;
 using Clock = std::chrono::steady_clock;
 
+// --api-key: sent as "Authorization: Bearer KEY" with every request (empty: none).
+std::string g_api_key;
+
+httplib::Client client(const std::string& host, int port) {
+    httplib::Client cli(host, port);
+    if (!g_api_key.empty()) cli.set_bearer_token_auth(g_api_key);
+    return cli;
+}
+
 double ms(Clock::time_point a, Clock::time_point b) { return std::chrono::duration<double, std::milli>(b - a).count(); }
 
 struct Outcome {
@@ -53,7 +62,7 @@ Outcome stream_request(const std::string& host, int port, const std::string& pat
     body["stream"] = true;
     body["stream_options"] = ojson{{"include_usage", true}};
     Outcome o;
-    httplib::Client cli(host, port);
+    httplib::Client cli = client(host, port);
     cli.set_read_timeout(600, 0);
     httplib::Request req;
     req.method = "POST";
@@ -139,18 +148,27 @@ int int_option(const cxxopts::ParseResult& r, const char* name, int lo, int hi) 
     return v;
 }
 
-// GET /v1/models: throws std::runtime_error "cannot connect to HOST:PORT (...)" when nothing answers; returns the
-// server's n_vocab (data[0].meta.n_vocab), 0 when it does not say.
+// GET /v1/models: throws std::runtime_error "cannot connect to HOST:PORT (...)" when nothing answers, and one line
+// with the HTTP status (and the error's message, when the body is OpenAI's error JSON) when it is not 200; returns
+// the server's n_vocab (data[0].meta.n_vocab), 0 when it does not say.
 int server_vocab(const std::string& host, int port) {
-    httplib::Client cli(host, port);
+    httplib::Client cli = client(host, port);
     cli.set_connection_timeout(10, 0);
     cli.set_read_timeout(60, 0);
     auto res = cli.Get("/v1/models");
     if (!res)
         throw std::runtime_error("cannot connect to " + host + ":" + std::to_string(port) + " (" +
                                  httplib::to_string(res.error()) + "; is hybrid-server running there?)");
-    if (res->status != 200) return 0;
     const ojson j = ojson::parse(res->body, nullptr, false);
+    if (res->status != 200) {
+        std::string why;
+        if (!j.is_discarded() && j.contains("error") && j["error"].is_object() && j["error"].contains("message") &&
+            j["error"]["message"].is_string())
+            why = ": " + j["error"]["message"].get<std::string>();
+        throw std::runtime_error("GET /v1/models at " + host + ":" + std::to_string(port) + " answered HTTP " +
+                                 std::to_string(res->status) + why +
+                                 (res->status == 401 ? " (give the server's key with --api-key)" : ""));
+    }
     if (j.is_discarded() || !j.contains("data") || !j["data"].is_array() || j["data"].empty()) return 0;
     const ojson& m = j["data"][0];
     if (!m.is_object() || !m.contains("meta") || !m["meta"].is_object()) return 0;
@@ -175,6 +193,7 @@ int main(int argc, char** argv) {
          cxxopts::value<std::string>()->default_value("0"))
         ("turns", "multi-turn chat: turns (0: none)", cxxopts::value<std::string>()->default_value("0"))
         ("turn-text", "multi-turn chat: words per user message", cxxopts::value<std::string>()->default_value("64"))
+        ("api-key", "the server's --api-key (sent as Authorization: Bearer KEY)", cxxopts::value<std::string>())
         ("h,help", "print this help");
     // clang-format on
     std::string host;
@@ -198,6 +217,10 @@ int main(int argc, char** argv) {
             seen.push_back(kv.key());
         }
         host = r["host"].as<std::string>();
+        if (r.count("api-key")) {
+            g_api_key = r["api-key"].as<std::string>();
+            if (g_api_key.empty()) throw UsageError("--api-key must not be empty");
+        }
         if (host.empty()) throw UsageError("--host must not be empty");
         port = int_option(r, "port", 1, 65535);
         prompt_len = int_option(r, "prompt", 1, 1 << 20);
