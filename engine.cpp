@@ -17,8 +17,10 @@
 #include "model/chat.h"
 #include "model/common.h"
 #include "model/file_io.h"
+#include "model/fnv.h"
 #include "model/generate.h"
 #include "model/model.h"
+#include "model/quantize.h"
 #include "model/sampler.h"
 #include "model/sequence.h"
 #include "model/snapshot.h"
@@ -239,6 +241,15 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
         m->eos.erase(std::unique(m->eos.begin(), m->eos.end()), m->eos.end());
         m->slot_used.assign(size_t(p.n_slots), 0);
         m->fingerprint = hy::fingerprint_folder(dir);
+        if (mp.quant != hy::WeightQuant::none) {  // quantized at load: another model as far as its states go
+            hy::Fnv1a f;
+            f.add_u64(m->fingerprint);
+            const std::string q = std::string(hy::weight_quant_name(mp.quant)) + ":" +
+                                  std::to_string(hy::weight_quant_group(mp.quant, mp.quant_group)) +
+                                  (mp.quant_lm_head ? ":lm_head" : "");
+            f.add(q.data(), q.size());
+            m->fingerprint = f.h;
+        }
         m->device = m->model->backend().device_name();
         m->load_warning = m->model->load_warning();
         if (!m->generation.warning.empty())

@@ -155,8 +155,10 @@ int hy_model_max_token_bytes(const hy_model* model);
 /* Bytes held by the model's arena (weights + state + activations). */
 size_t hy_model_arena_bytes(const hy_model* model);
 /* A 64-bit fingerprint of the checkpoint (64-bit FNV-1a of config.json, tokenizer.json and samples of the weight
- * files); snapshots carry it and are refused by a model with another fingerprint. Builds before snapshot version 3
- * computed other values for the same folder. */
+ * files), mixed with the weight quantization chosen at load (quant, its group and quant_lm_head; none leaves the
+ * folder's value); snapshots carry it and are refused by a model with another fingerprint, so a state saved with
+ * --quant int4 does not load into the 16-bit model. Builds before snapshot version 3 computed other values for the
+ * same folder. */
 uint64_t hy_model_fingerprint(const hy_model* model);
 /* "" or one line of what the load skipped: the checkpoint's tensors that config.json does not use, as transformers
  * reports unexpected keys (a multi-token-prediction head mtp.* and a vision tower model.visual.* are not counted; a

@@ -794,6 +794,15 @@ static std::string gib(size_t bytes) {
     return buf;
 }
 
+void require_model_folder(const std::string& dir) {
+    if (!is_dir(dir)) {
+        path_present(dir);  // (a symbolic link loop or a broken link: named with its target)
+        struct stat st;
+        throw Error(Status::io, dir + (::stat(dir.c_str(), &st) == 0 ? ": not a folder" : ": no such model folder"));
+    }
+    if (!path_present(dir + "/config.json")) throw Error(Status::io, dir + ": not a model folder (no config.json)");
+}
+
 std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& params_in) {
     if (!is_dir(dir)) {
         path_present(dir);  // (a symbolic link loop or a broken link: named with its target)

@@ -1365,6 +1365,7 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
     if (params.n_slots < 1 || params.n_slots > 4096) throw Error(Status::invalid_argument, "-np must be in [1, 4096]");
     if (params.n_ctx < 0 || params.n_ctx == 1)
         throw Error(Status::invalid_argument, "-c must be 0 (the model's trained context) or at least 2");
+    require_model_folder(params.model_dir);
     s.tok = std::make_unique<Tokenizer>(Tokenizer::from_folder(params.model_dir));
     // The chat template before the model (a bad one fails at once). A --chat-template-file must also render a
     // conversation of one user message: a template that only fails when used is reported now, not at the first

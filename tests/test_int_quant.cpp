@@ -14,6 +14,7 @@
 #include "kernels/cpu/cpu_ops.h"
 #include "model/model.h"
 #include "model/quantize.h"
+#include "model/snapshot.h"
 #include "test_util.h"
 
 using namespace hy;
@@ -431,6 +432,7 @@ TEST_CASE("int quant: bad requests are refused with one clear line", "[loader][i
         // on: the logits are those of Model::load with ModelParams::quant_lm_head (a Q4 copy of the tied embeddings)
         p.quant_lm_head = 1;
         p.n_threads = 2;
+        p.n_slots = 2;
         REQUIRE(hy_model_load(tiny_dir().c_str(), &p, &m) == HY_OK);
         hy_context* c = nullptr;
         REQUIRE(hy_context_new(m, nullptr, &c) == HY_OK);
@@ -447,6 +449,31 @@ TEST_CASE("int quant: bad requests are refused with one clear line", "[loader][i
         const std::vector<float> want(l.begin(), l.end());
         REQUIRE(int64_t(n_logits) <= int64_t(want.size()));
         for (int i = 0; i < n_logits; i++) REQUIRE(logits[i] == want[size_t(i)]);
+        // the weight format is part of the fingerprint: a state saved here does not load into the 16-bit model
+        // (nor into int4 without the quantized lm_head); the 16-bit model keeps the folder's own fingerprint
+        size_t n = 0;
+        std::vector<uint8_t> snap(size_t(64) << 20);
+        REQUIRE(hy_state_save(c, snap.data(), snap.size(), &n) == HY_OK);
+        for (const int lm : {0, 1}) {
+            hy_model_params q = hy_model_default_params();
+            q.device = HY_DEVICE_CPU;
+            q.n_threads = 2;
+            q.quant = lm ? HY_QUANT_INT4 : HY_QUANT_NONE;
+            hy_model* other = nullptr;
+            REQUIRE(hy_model_load(tiny_dir().c_str(), &q, &other) == HY_OK);
+            if (!lm) CHECK(hy_model_fingerprint(other) == fingerprint_folder(tiny_dir()));
+            CHECK(hy_model_fingerprint(other) != hy_model_fingerprint(m));
+            hy_context* oc = nullptr;
+            REQUIRE(hy_context_new(other, nullptr, &oc) == HY_OK);
+            CHECK(hy_state_load(oc, snap.data(), n) == HY_ERR_MODEL_MISMATCH);
+            CHECK(std::string(hy_last_error()).find("snapshot was saved from another model") != std::string::npos);
+            hy_context_free(oc);
+            hy_model_free(other);
+        }
+        hy_context* same = nullptr;  // the same load options: it loads
+        REQUIRE(hy_context_new(m, nullptr, &same) == HY_OK);
+        CHECK(hy_state_load(same, snap.data(), n) == HY_OK);
+        hy_context_free(same);
         hy_context_free(c);
         hy_model_free(m);
     }

@@ -579,6 +579,27 @@ TEST_CASE("server: bad requests get 4xx OpenAI errors without disturbing the oth
     CHECK(get(port, "/health").status == 200);
 }
 
+// A bad -m reads as in hybrid and the tools (before the tokenizer is looked for): one line, exit 2.
+TEST_CASE("server and hybrid-perplexity: a bad -m is named as in hybrid", "[server]") {
+    if (!have_server_binary()) return;
+    const std::vector<std::pair<std::string, std::string>> cases = {
+        {"models/nope", "models/nope: no such model folder"},
+        {"models/tiny/config.json", "models/tiny/config.json: not a folder"},
+        {"models", "models: not a model folder (no config.json)"},
+    };
+    for (const auto& [dir, msg] : cases)
+        for (const auto& [prog, line] :
+             {std::pair<std::string, std::string>{"hybrid-server", "hybrid-server: " + msg + "\n"},
+              {"hybrid-perplexity", "hybrid-perplexity: " + msg + "\n"}}) {
+            std::vector<std::string> args = {"-m", dir};
+            if (prog == "hybrid-perplexity") args.insert(args.end(), {"-f", "README.md"});
+            const hy::test::cli_util::Run r = run_prog(kBin + "/" + prog, args);
+            INFO(prog << " -m " << dir << ": " << r.err);
+            CHECK(r.rc == 2);
+            CHECK(r.err == line);
+        }
+}
+
 TEST_CASE("server: --api-key guards /v1", "[server]") {
     if (!have_server_binary()) return;
     ServerProcess s({"-np", "1", "--api-key", "sekret", "--cache-mb", "0"});

@@ -174,7 +174,10 @@ int main(int argc, char** argv) {
         // (- is standard input; a pipe or FIFO is read to its end, as hybrid's -f)
         const std::string text = tools::read_text_input(path, size_t(256) << 20);
         const std::string text_name = path == "-" ? "standard input" : path;
-        const Tokenizer tok = tools::loading([&] { return Tokenizer::from_folder(dir); });
+        const Tokenizer tok = tools::loading([&] {
+            require_model_folder(dir);
+            return Tokenizer::from_folder(dir);
+        });
         const std::vector<int32_t> ids = tok.encode(text, false);
         int windows = int(ids.size() / size_t(ctx));
         if (chunks > 0) windows = std::min(windows, chunks);
