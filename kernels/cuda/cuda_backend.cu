@@ -684,26 +684,20 @@ public:
         const bf16* xb = static_cast<const bf16*>(x);
         const bool same = w_gate.rows == w_up.rows && w_gate.cols == w_up.cols && w_gate.dtype == w_up.dtype &&
                           w_gate.scale_segment_rows == w_up.scale_segment_rows;
-        const bool fp8 = is_fp8(w_gate.dtype);
-        const bool fits = fp8 ? cuda::fp8_gemv_fits(xb, rows, w_gate) && cuda::fp8_gemv_fits(xb, rows, w_up)
-                              : cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols) &&
-                                    cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols);
-        const bool int_quant = same && is_int_quant(w_gate.dtype) && w_gate.group == w_up.group;
-        if (int_quant && cuda::int_gemv_fits(xb, rows, w_gate) && cuda::int_gemv_fits(xb, rows, w_up) &&
-            w_gate.scale_segment_rows == 0) {  // Q8/Q4 decode rows: the SwiGLU GEMV
-            Op op;
-            op.kind = Op::Kind::gate_up_quant;
-            op.x = x;
-            op.m = w_gate;
-            op.m2 = w_up;
-            op.y = gate;
-            op.y2 = up;
-            op.y3 = act;
-            op.n = rows;
-            submit(op);
-            return;
-        }
-        if (int_quant) {  // Q8/Q4, more rows: the two as one group (dequantized), then silu_mul
+        const bool fp8 = is_fp8(w_gate.dtype), int_quant = is_int_quant(w_gate.dtype);
+        // the one-kernel path: FP8 and Q8/Q4 (a group size shared by both) when their GEMV takes the rows, bf16 when
+        // its GEMV does
+        bool fits = false;
+        if (fp8)
+            fits = cuda::fp8_gemv_fits(xb, rows, w_gate) && cuda::fp8_gemv_fits(xb, rows, w_up);
+        else if (int_quant)
+            fits = w_gate.group == w_up.group && w_gate.scale_segment_rows == 0 &&
+                   cuda::int_gemv_fits(xb, rows, w_gate) && cuda::int_gemv_fits(xb, rows, w_up);
+        else
+            fits = cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols) &&
+                   cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols);
+        if (same && int_quant && !fits && w_gate.group == w_up.group) {
+            // Q8/Q4, more rows: the two as one group (dequantized), then silu_mul
             const Projection pair[2] = {{w_gate, gate}, {w_up, up}};
             matmul_group(x, rows, pair, 2);
             silu_mul(gate, up, rows * w_gate.rows, act);
@@ -711,7 +705,7 @@ public:
         }
         if (same && fits) {
             Op op;
-            op.kind = fp8 ? Op::Kind::gate_up_quant : Op::Kind::gate_up;
+            op.kind = fp8 || int_quant ? Op::Kind::gate_up_quant : Op::Kind::gate_up;
             op.x = x;
             op.m = w_gate;
             op.m2 = w_up;
