@@ -6,7 +6,6 @@
 
 #include <algorithm>
 #include <cstring>
-#include <filesystem>
 #include <memory>
 #include <new>
 #include <span>
@@ -26,7 +25,6 @@
 #include "model/snapshot.h"
 #include "model/tokenizer.h"
 
-namespace fs = std::filesystem;
 using hy::Error;
 using hy::Status;
 
@@ -183,15 +181,8 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
         HY_CHECK_ARG(
             p.quant_lm_head == 0 || (p.quant_lm_head == 1 && (p.quant == HY_QUANT_INT8 || p.quant == HY_QUANT_INT4)),
             "quant_lm_head must be 0 or, with HY_QUANT_INT8/INT4, 1, got " + std::to_string(p.quant_lm_head));
-        std::error_code ec;
         if (!*dir) return fail(Status::io, "the model folder path is empty");
-        // (before the tokenizer is read; Model::load words the same checks for its other callers)
-        // (a symbolic link loop or a broken link is named by path_present, with its target)
-        if (!hy::path_present(dir)) return fail(Status::io, std::string(dir) + ": no such model folder");
-        if (!fs::is_directory(dir, ec)) return fail(Status::io, std::string(dir) + ": not a folder");
-        // a folder without config.json (e.g. the parent models/): say so before tokenizer.json is looked for
-        if (!hy::path_present(std::string(dir) + "/config.json"))
-            return fail(Status::io, std::string(dir) + ": not a model folder (no config.json)");
+        hy::require_model_folder(dir);  // (before the tokenizer is read: a folder without config.json is named)
         hy::ModelParams mp;
         mp.device = p.device == HY_DEVICE_CPU    ? hy::Device::cpu
                     : p.device == HY_DEVICE_CUDA ? hy::Device::cuda

@@ -804,11 +804,7 @@ void require_model_folder(const std::string& dir) {
 }
 
 std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& params_in) {
-    if (!is_dir(dir)) {
-        path_present(dir);  // (a symbolic link loop or a broken link: named with its target)
-        struct stat st;
-        throw Error(Status::io, dir + (::stat(dir.c_str(), &st) == 0 ? ": not a folder" : ": no such model folder"));
-    }
+    require_model_folder(dir);
     std::unique_ptr<Model> m(new Model());
     m->dir_ = dir;
     m->config_ = load_model_config(dir);
