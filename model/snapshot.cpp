@@ -153,9 +153,10 @@ void check_snapshot_fingerprint(uint64_t fingerprint, const uint8_t* data, size_
     r.pos = 16;
     const uint64_t fp = r.get<uint64_t>();
     if (fp != fingerprint) {
-        char msg[160];
+        char msg[256];
         std::snprintf(msg, sizeof msg,
-                      "snapshot was saved from another model (fingerprint %016llx, this model %016llx)",
+                      "snapshot was saved from another model, or with other weight quantization (--quant) "
+                      "(fingerprint %016llx, this model %016llx)",
                       (unsigned long long)fp, (unsigned long long)fingerprint);
         throw Error(Status::model_mismatch, msg);
     }

@@ -250,6 +250,9 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     check(run_prog(compare, {"-m", "models/tiny", "-t", "-3"}), 1, "-t");
     check(run_prog(compare, {"-m", "models/tiny", "--device", "gpu"}), 1, "--device");
     check(run_prog(compare, {"-m", "models/nope"}), 2, "models/nope: no such model folder");
+    // a folder without config.json and a file: named as by the other programs, before golden.json is read
+    check(run_prog(compare, {"-m", "models"}), 2, "models: not a model folder (no config.json)");
+    check(run_prog(compare, {"-m", "models/tiny/config.json"}), 2, "models/tiny/config.json: not a folder");
     check(run_prog(compare, {"-m", "models/tiny", "stray"}), 1, "'stray'");
     // int options strictly in the tools too (cxxopts wrapped values past 2^32 and took hexadecimal)
     check(run_prog(compare, {"-m", "models/tiny", "-t", "0x10"}), 1, "invalid value '0x10' for --threads");

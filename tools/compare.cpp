@@ -125,9 +125,7 @@ int main(int argc, char** argv) {
         };
         const double tol_arg = args.count("tol") ? nonnegative("tol") : -1.0;  // -1: the device's default
         const double near_tie = nonnegative("near-tie");
-        std::error_code ec;
-        if (!std::filesystem::is_directory(dir, ec))
-            throw tools::Failure(tools::exit_model, dir + ": no such model folder");
+        tools::loading([&] { require_model_folder(dir); });  // (as the other programs word a bad -m: exit 2)
         const std::string golden_path = args.count("golden") ? args["golden"].as<std::string>() : dir + "/golden.json";
         const json golden = parse_json(read_file(golden_path), golden_path);
         if (!golden.is_object() || !golden.contains("cases"))
