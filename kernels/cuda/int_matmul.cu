@@ -14,18 +14,23 @@ namespace {
 // Warps per block of the GEMV (each takes every kIntWarps-th 64-column chunk of the block's 16 rows) and chunks of
 // weights per warp in flight (Q4: 16 bytes per lane and chunk, Q8: 32).
 constexpr int kIntWarps = 8;
+static_assert(kIntWarps * 32 == 256, "the scale-table copy maps 256 threads to 16 rows x 16");
 template <bool kQ4>
 constexpr int kIntDepth = kQ4 ? 4 : 2;
 // Shared-memory strides: x rows of K + kIntXPad values (2K + 64 bytes: the 8 tokens' 16-byte reads of a lane
-// quarter fall in distinct banks), and scale rows of int_scale_stride(G) floats (= 2 mod 32: the 8 rows of a warp's
-// reads fall in distinct bank pairs).
+// quarter fall in distinct banks), and scale rows of int_scale_stride(E) floats for E entries (= 2 mod 32: the 8
+// rows of a warp's 4- or 8-byte reads fall in distinct banks).
 constexpr int kIntXPad = 32;
-__host__ __device__ inline int int_scale_stride(int G) { return G + ((2 - G % 32) + 32) % 32; }
+__host__ __device__ inline int int_scale_stride(int E) { return E + ((2 - E % 32) + 32) % 32; }
 
-// Bytes of dynamic shared memory of one GEMV block: the tile's scales, T rows of x, and the warps' partial sums.
+// Scale entries per row and 64-column chunk in the GEMV's shared table: 2 (the halves' groups) for group 32, else 1.
+inline int int_scale_entries(int64_t group) { return group == 32 ? 2 : 1; }
+
+// Bytes of dynamic shared memory of one GEMV block: the tile's per-chunk scale table, T rows of x, and the warps'
+// partial sums.
 size_t int_gemv_smem(int64_t T, int64_t K, int64_t group) {
-    return size_t(16) * size_t(int_scale_stride(int(K / group))) * 4 + size_t(T) * size_t(K + kIntXPad) * 2 +
-           size_t(kIntWarps) * 32 * 4 * 4;
+    return size_t(16) * size_t(int_scale_stride(int(K / 64 * int_scale_entries(group)))) * 4 +
+           size_t(T) * size_t(K + kIntXPad) * 2 + size_t(kIntWarps) * 32 * 4 * 4;
 }
 
 // The largest dynamic shared memory a block may ask for on this device (opted in once per kernel at first launch).
@@ -82,22 +87,25 @@ __device__ __forceinline__ void q8_bytes_to_bf16x2(uint32_t w, uint32_t& lo, uin
 // The tensor-core GEMV over a group of matrices that share x: block b owns 16 output features of one member (the
 // members' 16-row tiles numbered one after another; block_end[m] = tiles up to and including member m). Before the
 // wait for the predecessor the block starts its weights (registers, kIntDepth chunks per warp) and copies its
-// rows' scales into shared memory; after it, x's T rows (cp.async). Lane (gi = lane / 4, q = lane % 4) of warp w
-// holds, for rows gi and gi + 8 of the tile and every chunk c = w, w + kIntWarps, ... of 64 columns, the codes of
-// columns 8q .. 8q + 7 (the chunk's low half) and 32 + 8q .. 32 + 8q + 7 (its high half), and reads x row gi's
-// values of the same columns from shared memory (x row gi is token gi; lanes of tokens >= T use zeros). mma m
-// (0..3) takes columns {0, 1 | 2, 3} + 4 (m & 1) of half m / 2 as k = {2q, 2q + 1 | 2q + 8, 2q + 9}, for A (the
-// weights) and B (x) alike. The low half's two products (mma 0, 1) and the high half's (mma 2, 3) go to zeroed
-// fragments that are multiplied by their group's scale (the halves are groups of their own when group is 32; one
-// group holds the whole chunk otherwise) and added to the sums. The warps' sums are then added in warp order.
+// rows' scales into a shared table with one entry per 64-column chunk (kSplit, group 32: two, the chunk's halves);
+// after it, x's T rows (cp.async). Lane (gi = lane / 4, q = lane % 4) of warp w holds, for rows gi and gi + 8 of
+// the tile and every chunk c = w, w + kIntWarps, ... of 64 columns, the codes of columns 8q .. 8q + 7 (the chunk's
+// low half) and 32 + 8q .. 32 + 8q + 7 (its high half), and reads x row gi's values of the same columns from shared
+// memory (x row gi is token gi; lanes of tokens >= T read row 0, whose results land in columns of the mma output
+// that are never stored). mma m (0..3) takes columns {0, 1 | 2, 3} + 4 (m & 1) of half m / 2 as k = {2q, 2q + 1 |
+// 2q + 8, 2q + 9}, for A (the weights) and B (x) alike. The low half's two products (mma 0, 1) and the high half's
+// (mma 2, 3) go to zeroed fragments that are multiplied by their group's scale (kSplit, group 32: the halves' own;
+// else the chunk's) and added to the sums. The warps' sums are then added in warp order.
 // Q4 rows: a chunk is 32 bytes, byte i holding column i (low nibble) and 32 + i (high nibble), so the lane's 8
 // bytes at 8q give both halves. Q8 rows: a chunk is 64 bytes, the lane reads 8 at 8q and 8 at 32 + 8q.
+// The loop's addresses are a pointer advanced per kDepth chunks plus constant offsets, and rows past N read row 0
+// (their sums are never stored), so the loads of a whole step need no checks but the last step's chunk bound.
 //
 // kSwiGLU (the MLP's gate_up_silu): g holds gate (member 0) and up (member 1) of N rows each; block b's tile is
 // gate's rows 8b .. 8b + 7 (tile rows 0-7) and up's same rows (tile rows 8-15), so each lane ends up holding gate
 // and up of the same (token, feature) and writes gate, up and act = silu(gate) * up (bf16 values, as silu_mul).
 // Every row's sum is computed as in the plain mode, so gate and up are bitwise those of a group of the two.
-template <bool kQ4, bool kSwiGLU>
+template <bool kQ4, bool kSwiGLU, bool kSplit>
 __global__ void __launch_bounds__(kIntWarps * 32, 2)
     gemv_int_kernel(const bf16* __restrict__ x, int T, Fp8Group g, int K, int group, bool out_f32, bf16* act) {
     extern __shared__ __align__(16) unsigned char smem[];
@@ -123,39 +131,51 @@ __global__ void __launch_bounds__(kIntWarps * 32, 2)
     // the tile's first row, and the matrix and row of tile rows gi (a) and gi + 8 (b)
     const int row0 = (tile - first) * (kSwiGLU ? 8 : 16);
     const int ra_row = row0 + gi, rb_row = kSwiGLU ? row0 + gi : row0 + gi + 8;
-    const bool va = ra_row < N, vb = rb_row < N, vx = gi < T;
+    const bool va = ra_row < N, vb = rb_row < N;
     constexpr int kChunkBytes = kQ4 ? 32 : 64, kWords = kQ4 ? 1 : 2, kDepth = kIntDepth<kQ4>;
-    const int n_chunks = K / 64, G = K / group, gs = int_scale_stride(G);
+    constexpr int kStep = kIntWarps * kDepth;  // chunks per loop step of a block
+    constexpr int kEntries = kSplit ? 2 : 1;   // scale entries per chunk
+    const int n_chunks = K / 64, G = K / group, gs = int_scale_stride(n_chunks * kEntries);
     const int64_t row_bytes = int64_t(n_chunks) * kChunkBytes;
-    const uint8_t* pa = w + int64_t(va ? ra_row : 0) * row_bytes + 8 * q;
-    const uint8_t* pb = (kSwiGLU ? g.w[1] : w) + int64_t(vb ? rb_row : 0) * row_bytes + 8 * q;
+    // the lane's bytes of chunk `warp` in rows a and b (rows past N: row 0's)
+    const uint8_t* pa = w + int64_t(va ? ra_row : 0) * row_bytes + 8 * q + warp * kChunkBytes;
+    const uint8_t* pb = (kSwiGLU ? g.w[1] : w) + int64_t(vb ? rb_row : 0) * row_bytes + 8 * q + warp * kChunkBytes;
     float* s_sc = reinterpret_cast<float*>(smem);                     // [16][gs]
     bf16* s_x = reinterpret_cast<bf16*>(smem + size_t(16) * gs * 4);  // [T][K + kIntXPad]
     float* s_red = reinterpret_cast<float*>(smem + size_t(16) * gs * 4 + size_t(T) * (K + kIntXPad) * 2);
     const uint64_t pol = weight_policy(g.evict_first != 0);
     const uint2 zero2 = make_uint2(0u, 0u);
     uint2 ra[kDepth][kWords], rb[kDepth][kWords];
-    auto load_w = [&](int c0) {
+    // the loads of the step whose first chunk is c0 (the lane's chunks c0 + kIntWarps u) from qa / qb (chunk c0)
+    auto load_w = [&](const uint8_t* qa, const uint8_t* qb, int c0) {
+        const bool whole = c0 + kIntWarps * (kDepth - 1) < n_chunks;
 #pragma unroll
         for (int u = 0; u < kDepth; u++) {
-            const int c = c0 + kIntWarps * u;
+            const bool in = whole || c0 + kIntWarps * u < n_chunks;
 #pragma unroll
             for (int h = 0; h < kWords; h++) {
-                ra[u][h] = c < n_chunks && va ? ld_weight8(pa + int64_t(c) * kChunkBytes + 32 * h, pol) : zero2;
-                rb[u][h] = c < n_chunks && vb ? ld_weight8(pb + int64_t(c) * kChunkBytes + 32 * h, pol) : zero2;
+                const int off = u * kIntWarps * kChunkBytes + 32 * h;
+                ra[u][h] = in ? ld_weight8(qa + off, pol) : zero2;
+                rb[u][h] = in ? ld_weight8(qb + off, pol) : zero2;
             }
         }
     };
-    load_w(warp);
-    // the tile's scales (rows past N: zeros, never read into a result)
-    for (int i = int(threadIdx.x); i < 16 * G; i += kIntWarps * 32) {
-        const int r = i / G, c = i - r * G;
+    load_w(pa, pb, warp);
+    // the tile's scale table: entry e of row r is the scale of chunk e (kSplit: of half e, group e); rows past N
+    // hold zeros, never read into a result. Thread i copies entries i % 16, i % 16 + 16, ... of row i / 16.
+    {
+        const int per_row = n_chunks * kEntries;
+        const int cpg = kSplit ? 1 : group / 64;  // entries per group
+        const int r = int(threadIdx.x) >> 4;
         const int row = kSwiGLU ? row0 + (r & 7) : row0 + r;
-        const float* src = kSwiGLU && r >= 8 ? g.scales[1] : scales;
-        if (row < N)
-            cp_async4(smem_addr(s_sc + r * gs + c), src + int64_t(row) * G + c);
-        else
-            s_sc[r * gs + c] = 0.0f;
+        const float* src = (kSwiGLU && r >= 8 ? g.scales[1] : scales) + int64_t(row < N ? row : 0) * G;
+        float* dst = s_sc + r * gs;
+        for (int e = int(threadIdx.x) & 15; e < per_row; e += 16) {
+            if (row < N)
+                cp_async4(smem_addr(dst + e), src + (cpg == 1 ? e : e / cpg));
+            else
+                dst[e] = 0.0f;
+        }
     }
     pdl_wait();  // x comes from the kernel before
     for (int i = int(threadIdx.x); i < T * (K / 8); i += kIntWarps * 32) {
@@ -165,13 +185,12 @@ __global__ void __launch_bounds__(kIntWarps * 32, 2)
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
-    const bf16* xr = s_x + int64_t(vx ? gi : 0) * (K + kIntXPad) + 8 * q;
-    const float* sa = s_sc + gi * gs;
-    const float* sb = s_sc + (gi + 8) * gs;
-    const int chunks_per_group = group >= 64 ? group / 64 : 1;
-    const uint4 zero4 = make_uint4(0u, 0u, 0u, 0u);
+    // the lane's x (row gi, or row 0 for tokens >= T) and scale rows, at chunk `warp`
+    const bf16* xr = s_x + int64_t(gi < T ? gi : 0) * (K + kIntXPad) + 8 * q + 64 * warp;
+    const float* sa = s_sc + gi * gs + kEntries * warp;
+    const float* sb = s_sc + (gi + 8) * gs + kEntries * warp;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int c0 = warp; c0 < n_chunks; c0 += kIntWarps * kDepth) {
+    for (int c0 = warp; c0 < n_chunks; c0 += kStep) {
         uint2 ca[kDepth][kWords], cb[kDepth][kWords];
 #pragma unroll
         for (int u = 0; u < kDepth; u++)
@@ -180,13 +199,14 @@ __global__ void __launch_bounds__(kIntWarps * 32, 2)
                 ca[u][h] = ra[u][h];
                 cb[u][h] = rb[u][h];
             }
-        if (c0 + kIntWarps * kDepth < n_chunks) load_w(c0 + kIntWarps * kDepth);
-#pragma unroll
-        for (int u = 0; u < kDepth; u++) {
-            const int c = c0 + kIntWarps * u;
-            if (c >= n_chunks) break;
-            const uint4 x0 = vx ? *reinterpret_cast<const uint4*>(xr + 64 * c) : zero4;       // columns 8q .. 8q + 7
-            const uint4 x1 = vx ? *reinterpret_cast<const uint4*>(xr + 64 * c + 32) : zero4;  // 32 + 8q .. + 7
+        pa += kStep * kChunkBytes;
+        pb += kStep * kChunkBytes;
+        if (c0 + kStep < n_chunks) load_w(pa, pb, c0 + kStep);
+        // chunk c0 + kIntWarps u (u < kDepth) of the step: its products, scaled and added to the sums
+        auto chunk = [&](int u) {
+            const bf16* xc = xr + 64 * kIntWarps * u;
+            const uint4 x0 = *reinterpret_cast<const uint4*>(xc);       // columns 8q .. 8q + 7
+            const uint4 x1 = *reinterpret_cast<const uint4*>(xc + 32);  // 32 + 8q .. + 7
             const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
             float part[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};  // low, high half
 #pragma unroll
@@ -206,14 +226,29 @@ __global__ void __launch_bounds__(kIntWarps * 32, 2)
                 }
                 mma_bf16_16816(part[half], a0, a1, a2, a3, xw[2 * m], xw[2 * m + 1]);
             }
-            // the groups of the halves: 2c and 2c + 1 (group 32), else the chunk's group
-            const int g_lo = group == 32 ? 2 * c : c / chunks_per_group, g_hi = group == 32 ? 2 * c + 1 : g_lo;
-            const float s_alo = sa[g_lo], s_ahi = sa[g_hi], s_blo = sb[g_lo], s_bhi = sb[g_hi];
+            const int e = kEntries * kIntWarps * u;  // the chunk's first entry, from the step's
+            float s_alo, s_ahi, s_blo, s_bhi;
+            if constexpr (kSplit) {
+                const float2 s_a = *reinterpret_cast<const float2*>(sa + e);
+                const float2 s_b = *reinterpret_cast<const float2*>(sb + e);
+                s_alo = s_a.x, s_ahi = s_a.y, s_blo = s_b.x, s_bhi = s_b.y;
+            } else {
+                s_alo = s_ahi = sa[e];
+                s_blo = s_bhi = sb[e];
+            }
             acc[0] = fmaf(part[1][0], s_ahi, fmaf(part[0][0], s_alo, acc[0]));
             acc[1] = fmaf(part[1][1], s_ahi, fmaf(part[0][1], s_alo, acc[1]));
             acc[2] = fmaf(part[1][2], s_bhi, fmaf(part[0][2], s_blo, acc[2]));
             acc[3] = fmaf(part[1][3], s_bhi, fmaf(part[0][3], s_blo, acc[3]));
+        };
+#pragma unroll
+        for (int u = 0; u < kDepth; u++) {
+            if (c0 + kIntWarps * u >= n_chunks) break;
+            chunk(u);
         }
+        xr += 64 * kStep;
+        sa += kEntries * kStep;
+        sb += kEntries * kStep;
     }
 #pragma unroll
     for (int e = 0; e < 4; e++) s_red[(warp * 32 + lane) * 4 + e] = acc[e];
@@ -306,14 +341,20 @@ void launch_int_gemv(const bf16* x, int64_t T, Fp8Group g, int64_t K, DType dtyp
     const bool swiglu = act != nullptr;
     for (int m = 0; m < g.count; m++) g.block_end[m] = int(ceil_div(g.n[m], 16)) + (m ? g.block_end[m - 1] : 0);
     g.evict_first = ctx.evict_first ? 1 : 0;
-    const bool q4 = dtype == DType::Q4;
-    auto kernel = q4 ? (swiglu ? gemv_int_kernel<true, true> : gemv_int_kernel<true, false>)
-                     : (swiglu ? gemv_int_kernel<false, true> : gemv_int_kernel<false, false>);
-    static bool opted_in[2][2] = {};  // (the shared-memory opt-in, once per kernel)
-    if (!opted_in[q4][swiglu]) {
+    const bool q4 = dtype == DType::Q4, split = group == 32;
+    using Kernel = void (*)(const bf16*, int, Fp8Group, int, int, bool, bf16*);
+    static constexpr Kernel kernels[2][2][2] = {
+        // [q4][swiglu][split]
+        {{gemv_int_kernel<false, false, false>, gemv_int_kernel<false, false, true>},
+         {gemv_int_kernel<false, true, false>, gemv_int_kernel<false, true, true>}},
+        {{gemv_int_kernel<true, false, false>, gemv_int_kernel<true, false, true>},
+         {gemv_int_kernel<true, true, false>, gemv_int_kernel<true, true, true>}}};
+    const Kernel kernel = kernels[q4][swiglu][split];
+    static bool opted_in[2][2][2] = {};  // (the shared-memory opt-in, once per kernel)
+    if (!opted_in[q4][swiglu][split]) {
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(int_gemv_smem_limit())),
               "cudaFuncSetAttribute (integer GEMV shared memory)");
-        opted_in[q4][swiglu] = true;
+        opted_in[q4][swiglu][split] = true;
     }
     const unsigned blocks = swiglu ? unsigned(ceil_div(g.n[0], 8)) : unsigned(g.block_end[g.count - 1]);
     const char* what =
