@@ -48,11 +48,23 @@ inline v16f load_w(const void* base, int64_t idx) {
         v16f f;
         std::memcpy(&f, &u, sizeof f);
         return f;
-    } else {
-        const uint16_t* p = static_cast<const uint16_t*>(base) + idx;
-        v16f v;
-        for (int i = 0; i < kLanes; i++) v[i] = f16_to_f32(p[i]);
-        return v;
+    } else {  // F16, exactly as f16_to_f32 (IEEE binary16 -> binary32), in vector operations
+        v16h h16;
+        std::memcpy(&h16, static_cast<const uint16_t*>(base) + idx, sizeof h16);
+        const v16u h = __builtin_convertvector(h16, v16u);
+        const v16u mag = h & 0x7fffu;
+        // finite values: the exponent and mantissa moved to f32's positions read as an f32 (a subnormal when the
+        // exponent is 0), times 2^(127 - 15), which is exact; infinities and NaNs: f32's all-ones exponent, the
+        // mantissa kept
+        v16u bits = mag << 13;
+        v16f f;
+        std::memcpy(&f, &bits, sizeof f);
+        f *= 0x1p112f;
+        std::memcpy(&bits, &f, sizeof f);
+        bits = mag >= 0x7c00u ? (0x7f800000u | (mag & 0x3ffu) << 13) : bits;
+        bits |= (h & 0x8000u) << 16;
+        std::memcpy(&f, &bits, sizeof f);
+        return f;
     }
 }
 
