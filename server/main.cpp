@@ -79,6 +79,13 @@ int main(int argc, char** argv) {
         auto r = opts.parse(n_args, args.data());
         if (r.count("help")) {
             std::printf("%s\n", opts.help().c_str());
+            std::printf(
+                "Exit codes:\n"
+                "  0    stopped by SIGTERM\n"
+                "  1    usage: unknown flag, bad value, missing -m\n"
+                "  2    the model could not be loaded (missing folder, malformed or unsupported files, no GPU)\n"
+                "  6    the address could not be bound or listened on (port in use, unknown host)\n"
+                "  130  stopped by SIGINT (Ctrl-C)\n");
             return 0;
         }
         if (!r.unmatched().empty()) return usage_error("unexpected argument '" + r.unmatched()[0] + "'");

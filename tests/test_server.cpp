@@ -991,6 +991,10 @@ TEST_CASE("server: a bad --chat-template-file fails at start; -c 0 is the traine
     const auto one = run_prog(kBin + "/hybrid-server", {"-m", "models/tiny", "-c", "1"});
     CHECK(one.rc == 1);
     CHECK(one.err.find("-c must be 0") != std::string::npos);
+    const auto help = run_prog(kBin + "/hybrid-server", {"-h"});
+    CHECK(help.rc == 0);
+    CHECK(help.out.find("Exit codes:\n  0    stopped by SIGTERM\n") != std::string::npos);
+    CHECK(help.out.find("  130  stopped by SIGINT (Ctrl-C)\n") != std::string::npos);
     // -c 0: config.json's max_position_embeddings
     ServerProcess s({"-c", "0", "-np", "1", "--cache-mb", "0"});
     const ojson models = get(s.port(), "/v1/models").json();
