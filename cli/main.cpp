@@ -15,6 +15,7 @@
 #include <unistd.h>
 
 #include "cli/cli.h"
+#include "model/quantize.h"
 #include "model/tokenizer.h"
 
 namespace hy::cli {
@@ -301,9 +302,18 @@ int run(int argc, char** argv) {
     // the backend, the device and the memory the model holds: on a terminal (with the summary) or with --verbose
     if (show_summary) {
         const bool cpu = std::strcmp(hy_model_backend(h.m), "cpu") == 0;
-        std::fprintf(stderr, "hybrid: loaded on %s (%s): %s of %s memory (weights and state for -c %d), vocab %d\n",
+        // the weight quantization chosen at load (--quant), with its group size and lm_head
+        std::string quant;
+        if (o.quant == HY_QUANT_FP8) quant = ", weights quantized to FP8 (--quant fp8)";
+        if (o.quant == HY_QUANT_INT8 || o.quant == HY_QUANT_INT4) {
+            const bool int8 = o.quant == HY_QUANT_INT8;
+            const int group = o.quant_group ? o.quant_group : int8 ? kInt8DefaultGroup : kInt4DefaultGroup;
+            quant = std::string(", weights quantized to ") + (int8 ? "int8" : "int4") + " in groups of " +
+                    std::to_string(group) + (o.quant_lm_head ? ", lm_head too" : "");
+        }
+        std::fprintf(stderr, "hybrid: loaded on %s (%s): %s of %s memory (weights and state for -c %d), vocab %d%s\n",
                      hy_model_backend(h.m), hy_model_device(h.m), mib(hy_model_arena_bytes(h.m)).c_str(),
-                     cpu ? "host" : "GPU", o.n_ctx, hy_model_n_vocab(h.m));
+                     cpu ? "host" : "GPU", o.n_ctx, hy_model_n_vocab(h.m), quant.c_str());
     }
     if (std::strcmp(hy_model_backend(h.m), "cpu") == 0 && o.n_threads > available_cores())
         std::fprintf(stderr,

@@ -32,11 +32,15 @@ TEST_CASE("--quant: int8 and int4 run models/tiny; bad groups are one clear line
     const Run bl = run_prog(kBin + "/hybrid-bench", {"-m", "models/tiny", "--quant-lm-head"});
     CHECK(bl.rc == 1);
     CHECK(bl.err.find("--quant-lm-head needs --quant int8 or int4") != std::string::npos);
-    const Run lm = hybrid(
-        {"-m", "models/tiny", "-p", "def main():", "-n", "4", "--temp", "0", "--quant", "int4", "--quant-lm-head"});
+    const Run lm = hybrid({"-m", "models/tiny", "-p", "def main():", "-n", "4", "--temp", "0", "--quant", "int4",
+                           "--quant-lm-head", "--verbose"});
     INFO(lm.err);
     CHECK(lm.rc == 0);
     CHECK(!lm.out.empty());
+    // --verbose names the quantization on its "loaded on" line
+    CHECK(lm.err.find(", vocab 4096, weights quantized to int4 in groups of 32, lm_head too\n") != std::string::npos);
+    const Run v8 = hybrid({"-m", "models/tiny", "-p", "x", "-n", "1", "--quant", "int8", "--verbose"});
+    CHECK(v8.err.find(", vocab 4096, weights quantized to int8 in groups of 64\n") != std::string::npos);
 }
 
 TEST_CASE("hybrid-perplexity: --quant int8 within 1% of 16-bit and top-1 >= 97%, int4 within 6% and >= 88%",
