@@ -14,6 +14,10 @@
 #include <cstring>
 #include <vector>
 
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
 #include "base/fp8.h"
 
 #include "kernels/cpu/cpu_ops.h"
@@ -42,28 +46,43 @@ inline v16f load_w(const void* base, int64_t idx) {
     if constexpr (W == DType::F32) {
         return load_f32(static_cast<const float*>(base) + idx);
     } else if constexpr (W == DType::BF16) {
-        v16h h;
-        std::memcpy(&h, static_cast<const uint16_t*>(base) + idx, sizeof h);
-        v16u u = __builtin_convertvector(h, v16u) << 16;
+        const uint16_t* p = static_cast<const uint16_t*>(base) + idx;
         v16f f;
+#if defined(__AVX512F__)
+        // (the zero-masked forms: GCC 12 warns of the plain ones' undefined sources)
+        const __m512i u = _mm512_maskz_slli_epi32(
+            0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
+#else
+        v16h h;
+        std::memcpy(&h, p, sizeof h);
+        const v16u u = __builtin_convertvector(h, v16u) << 16;
+#endif
         std::memcpy(&f, &u, sizeof f);
         return f;
-    } else {  // F16, exactly as f16_to_f32 (IEEE binary16 -> binary32), in vector operations
+    } else {  // F16, exactly as f16_to_f32 (IEEE binary16 -> binary32)
+        const uint16_t* p = static_cast<const uint16_t*>(base) + idx;
+        v16f f;
+#if defined(__AVX512F__)
+        // (the masked form with a zero source: GCC 12 warns of the plain one's undefined source)
+        const __m512 c = _mm512_mask_cvtph_ps(_mm512_setzero_ps(), __mmask16(0xFFFF),
+                                              _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+        std::memcpy(&f, &c, sizeof f);
+#else
+        // in vector operations: finite values are the exponent and mantissa moved to f32's positions read as an
+        // f32 (a subnormal when the exponent is 0), times 2^(127 - 15), which is exact; infinities and NaNs get
+        // f32's all-ones exponent with the mantissa kept
         v16h h16;
-        std::memcpy(&h16, static_cast<const uint16_t*>(base) + idx, sizeof h16);
+        std::memcpy(&h16, p, sizeof h16);
         const v16u h = __builtin_convertvector(h16, v16u);
         const v16u mag = h & 0x7fffu;
-        // finite values: the exponent and mantissa moved to f32's positions read as an f32 (a subnormal when the
-        // exponent is 0), times 2^(127 - 15), which is exact; infinities and NaNs: f32's all-ones exponent, the
-        // mantissa kept
         v16u bits = mag << 13;
-        v16f f;
         std::memcpy(&f, &bits, sizeof f);
         f *= 0x1p112f;
         std::memcpy(&bits, &f, sizeof f);
         bits = mag >= 0x7c00u ? (0x7f800000u | (mag & 0x3ffu) << 13) : bits;
         bits |= (h & 0x8000u) << 16;
         std::memcpy(&f, &bits, sizeof f);
+#endif
         return f;
     }
 }
