@@ -13,7 +13,7 @@ ASAN_BUILD ?= build-asan
 DEMO_BUILD ?= build-demo
 JOBS ?= $(shell nproc 2>/dev/null || echo 2)
 CMAKE_ARGS ?=
-PROGRAMS := hybrid hybrid-compare hybrid-tokenize hybrid-bench hybrid-server hybrid-perplexity
+PROGRAMS := hybrid hybrid-compare hybrid-tokenize hybrid-bench hybrid-server hybrid-server-bench hybrid-perplexity
 
 # Debian packages the build needs (binary name -> package is checked by dpkg-query).
 DEB_PACKAGES := cmake g++ make pkg-config catch2 libcxxopts-dev nlohmann-json3-dev libpcre2-dev \

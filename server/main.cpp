@@ -83,7 +83,8 @@ int main(int argc, char** argv) {
                 "Exit codes:\n"
                 "  0    stopped by SIGTERM\n"
                 "  1    usage: unknown flag, bad value, missing -m\n"
-                "  2    the model could not be loaded (missing folder, malformed or unsupported files, no GPU)\n"
+                "  2    the model or --chat-template-file could not be loaded (missing folder, malformed or\n"
+                "       unsupported files, no GPU)\n"
                 "  6    the address could not be bound or listened on (port in use, unknown host)\n"
                 "  130  stopped by SIGINT (Ctrl-C)\n");
             return 0;
