@@ -38,6 +38,10 @@ public:
     std::string render(const ojson& messages, const ojson& tools, bool add_generation_prompt,
                        const ojson& kwargs) const;
 
+    // True when chats are rendered by the built-in ChatML (no Jinja template): its roles are system, user and
+    // assistant.
+    bool builtin_chatml() const { return !default_ && chatml_.has_value(); }
+
     // Whether the tokenizer has <think> and </think>, and <tool_call> and </tool_call>.
     bool has_think() const { return think_; }
 

@@ -1005,6 +1005,13 @@ struct Server::Impl {
             kwargs = *k;
         }
         const bool add_gen = bool_field(body, "add_generation_prompt", true);
+        if (chat.builtin_chatml())  // (a tool message needs the model's template: it knows how to show one)
+            for (size_t i = 0; i < messages.size(); i++)
+                if (messages[i]["role"] == "tool")
+                    bad("messages[" + std::to_string(i) + "].role",
+                        "messages[" + std::to_string(i) +
+                            "].role 'tool' needs the model's chat template (the built-in ChatML takes system, user "
+                            "and assistant)");
         const std::string text = chat.render(messages, tools, add_gen, kwargs);
         const std::vector<int32_t> prompt = encode(text);
         if (prompt.empty()) bad("messages", "the rendered prompt is empty");

@@ -551,6 +551,10 @@ TEST_CASE("server: bad requests get 4xx OpenAI errors without disturbing the oth
         {"/v1/chat/completions",
          "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"tool\", \"content\": null}]}", 400,
          "messages[1].content"},
+        // models/tiny has no chat template: the built-in ChatML cannot show a tool message
+        {"/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"tool\", \"content\": \"42\"}]}", 400,
+         "messages[1].role"},
         {"/v1/chat/completions",
          "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}, {\"role\": \"user\", \"content\": \"a\\u0000b\"}]}",
          400, "messages[1].content"},
