@@ -95,16 +95,17 @@ void read_compressed_tensors_config(const json& q, const std::string& scope, con
     auto given = [](const json& o, const char* f) { return o.contains(f) && !o.at(f).is_null(); };
     if (!given(q, "format") || !q.at("format").is_string())
         bad("format", "must be a string (compressed-tensors' format, e.g. \"pack-quantized\")");
-    if (const std::string f = q.at("format").get<std::string>(); f != "pack-quantized")
-        refuse("format", "is \"" + f + "\"");
+    // ("mixed-precision": each group names its own format, which must then be pack-quantized)
+    const std::string format = q.at("format").get<std::string>();
+    if (format != "pack-quantized" && format != "mixed-precision") refuse("format", "is \"" + format + "\"");
     if (given(q, "kv_cache_scheme")) refuse("kv_cache_scheme", "is " + q.at("kv_cache_scheme").dump());
     if (!given(q, "config_groups") || !q.at("config_groups").is_object() || q.at("config_groups").empty())
         bad("config_groups", "must be an object of quantization schemes");
     for (const auto& [name, g] : q.at("config_groups").items()) {
         const std::string gs = "config_groups." + name + ".";
         if (!g.is_object()) bad("config_groups." + name, "must be an object, found " + g.dump());
-        if (given(g, "format") && g.at("format") != "pack-quantized")
-            refuse(gs + "format", "is " + g.at("format").dump());
+        if ((given(g, "format") || format == "mixed-precision") && g.value("format", json()) != "pack-quantized")
+            refuse(gs + "format", "is " + g.value("format", json()).dump());
         for (const char* a : {"input_activations", "output_activations"})
             if (given(g, a)) refuse(gs + a, "is " + g.at(a).dump() + ": only weights may be quantized (W4A16)");
         if (!given(g, "weights") || !g.at("weights").is_object()) bad(gs + "weights", "must be an object");
@@ -130,9 +131,8 @@ void read_compressed_tensors_config(const json& q, const std::string& scope, con
             bad(ws + "group_size", "must be an integer");
         const long long group = w.at("group_size").get<long long>();
         if (!int_quant_group_ok(group))
-            refuse(ws + "group_size", "is " + std::to_string(group) +
-                                          ": the Q4 layout holds groups of 32 or a "
-                                          "multiple of 64 up to 1024");
+            refuse(ws + "group_size",
+                   "is " + std::to_string(group) + ": the Q4 layout holds groups of 32 or a multiple of 64 up to 1024");
         if (c.int4_packed_group != 0 && group != c.int4_packed_group)
             refuse(ws + "group_size", "is " + std::to_string(group) + ", unlike another group's " +
                                           std::to_string(c.int4_packed_group) + ": one group size for all");

@@ -74,7 +74,8 @@ struct ModelConfig {
     std::vector<std::string> modules_not_converted;  // modules_to_not_convert (informative)
 
     // config.json quantization_config of a compressed-tensors W4A16 checkpoint (the format vLLM reads; e.g. the
-    // "W4A16" releases made with llm-compressor): quant_method "compressed-tensors", format "pack-quantized", and
+    // "W4A16" releases made with llm-compressor): quant_method "compressed-tensors", format "pack-quantized" (or
+    // "mixed-precision" with every group's format "pack-quantized"), and
     // config_groups whose every scheme has weights {num_bits 4, type "int", symmetric true, strategy "group",
     // group_size G (one G for all groups), dynamic false, actorder null, "weight" or "static"} and no
     // input_activations / output_activations; kv_cache_scheme null; ignore (the modules left 16-bit, e.g. lm_head)

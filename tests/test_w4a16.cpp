@@ -285,6 +285,15 @@ TEST_CASE("w4a16: unsupported or damaged compressed-tensors checkpoints are refu
             require_error([&] { parse_model_config(c.dump(), cfg); }, Status::unsupported, cfg + ": field ");
         }
     }
+    SECTION("format mixed-precision: every group's own format must be pack-quantized") {
+        nlohmann::json c = config;
+        c["quantization_config"]["format"] = "mixed-precision";
+        CHECK(load(c, good)->weights().layers[0].mlp.down_proj.dtype == DType::Q4);
+        c["quantization_config"]["config_groups"]["group_0"].erase("format");
+        require_error([&] { load(c, good); }, Status::unsupported, "group_0.format' is null");
+        c["quantization_config"]["config_groups"]["group_0"]["format"] = "float-quantized";
+        require_error([&] { load(c, good); }, Status::unsupported, "group_0.format' is \"float-quantized\"");
+    }
     SECTION("a group size that Q4 holds but the columns do not divide") {
         nlohmann::json c = config;
         c["quantization_config"]["config_groups"]["group_0"]["weights"]["group_size"] = 512;
