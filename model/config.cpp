@@ -8,6 +8,8 @@
 #include <nlohmann/json.hpp>
 #include <sstream>
 
+#include "kernels/backend.h"
+
 namespace hy {
 
 using json = nlohmann::json;
@@ -77,6 +79,76 @@ std::vector<int> read_id_list(const json& v, const std::string& source, const st
     return out;
 }
 
+// A compressed-tensors quantization_config (ModelConfig::int4_packed_weights; the fields of compressed-tensors'
+// QuantizationConfig and QuantizationArgs): what our Q4 matrices hold exactly is accepted, the rest refused naming
+// the field, its value and what is supported.
+void read_compressed_tensors_config(const json& q, const std::string& scope, const std::string& source,
+                                    ModelConfig& c) {
+    auto refuse = [&](const std::string& field, const std::string& what) {
+        throw Error(Status::unsupported, source + ": field '" + scope + field + "' " + what +
+                                             " (supported: compressed-tensors W4A16, format pack-quantized, "
+                                             "symmetric int4 weights in groups)");
+    };
+    auto bad = [&](const std::string& field, const std::string& what) {
+        throw Error(Status::format, source + ": field '" + scope + field + "' " + what);
+    };
+    auto given = [](const json& o, const char* f) { return o.contains(f) && !o.at(f).is_null(); };
+    if (!given(q, "format") || !q.at("format").is_string())
+        bad("format", "must be a string (compressed-tensors' format, e.g. \"pack-quantized\")");
+    // ("mixed-precision": each group names its own format, which must then be pack-quantized)
+    const std::string format = q.at("format").get<std::string>();
+    if (format != "pack-quantized" && format != "mixed-precision") refuse("format", "is \"" + format + "\"");
+    if (given(q, "kv_cache_scheme")) refuse("kv_cache_scheme", "is " + q.at("kv_cache_scheme").dump());
+    if (!given(q, "config_groups") || !q.at("config_groups").is_object() || q.at("config_groups").empty())
+        bad("config_groups", "must be an object of quantization schemes");
+    for (const auto& [name, g] : q.at("config_groups").items()) {
+        const std::string gs = "config_groups." + name + ".";
+        if (!g.is_object()) bad("config_groups." + name, "must be an object, found " + g.dump());
+        if ((given(g, "format") || format == "mixed-precision") && g.value("format", json()) != "pack-quantized")
+            refuse(gs + "format", "is " + g.value("format", json()).dump());
+        for (const char* a : {"input_activations", "output_activations"})
+            if (given(g, a)) refuse(gs + a, "is " + g.at(a).dump() + ": only weights may be quantized (W4A16)");
+        if (!given(g, "weights") || !g.at("weights").is_object()) bad(gs + "weights", "must be an object");
+        const json& w = g.at("weights");
+        const std::string ws = gs + "weights.";
+        // (compressed-tensors' defaults where a field is absent: num_bits 8, type int, symmetric true)
+        const json bits = given(w, "num_bits") ? w.at("num_bits") : json(8);
+        if (bits != 4) refuse(ws + "num_bits", "is " + bits.dump() + ", not 4");
+        if (given(w, "type") && w.at("type") != "int") refuse(ws + "type", "is " + w.at("type").dump() + ", not int");
+        if (given(w, "symmetric") && w.at("symmetric") != true)
+            refuse(ws + "symmetric", "is " + w.at("symmetric").dump() + ": asymmetric weights (zero points)");
+        if (!given(w, "strategy") || w.at("strategy") != "group")
+            refuse(ws + "strategy",
+                   std::string("is ") + (given(w, "strategy") ? w.at("strategy").dump() : "absent") + ", not group");
+        if (given(w, "dynamic") && w.at("dynamic") != false)
+            refuse(ws + "dynamic", "is " + w.at("dynamic").dump() + ": weights must be static");
+        // (actorder "weight" / "static" only orders the calibration; "group" / "dynamic" / true stores a column
+        // permutation, weight_g_idx)
+        if (given(w, "actorder") && w.at("actorder") != false && w.at("actorder") != "weight" &&
+            w.at("actorder") != "static")
+            refuse(ws + "actorder", "is " + w.at("actorder").dump() + ": reordered groups (g_idx)");
+        if (!given(w, "group_size") || !w.at("group_size").is_number_integer())
+            bad(ws + "group_size", "must be an integer");
+        const long long group = w.at("group_size").get<long long>();
+        if (!int_quant_group_ok(group))
+            refuse(ws + "group_size",
+                   "is " + std::to_string(group) + ": the Q4 layout holds groups of 32 or a multiple of 64 up to 1024");
+        if (c.int4_packed_group != 0 && group != c.int4_packed_group)
+            refuse(ws + "group_size", "is " + std::to_string(group) + ", unlike another group's " +
+                                          std::to_string(c.int4_packed_group) + ": one group size for all");
+        c.int4_packed_group = int(group);
+    }
+    if (given(q, "ignore")) {
+        const json& ig = q.at("ignore");
+        if (!ig.is_array()) bad("ignore", "must be a list of module names");
+        for (const json& x : ig) {
+            if (!x.is_string()) bad("ignore", "must be a list of module names, found " + x.dump());
+            c.modules_not_quantized.push_back(x.get<std::string>());
+        }
+    }
+    c.int4_packed_weights = true;
+}
+
 // config.json's quantization_config (top level; text_config's is read when the top level has none).
 void read_quantization_config(const json& root, const std::string& source, ModelConfig& c) {
     const json* q = nullptr;
@@ -99,9 +171,11 @@ void read_quantization_config(const json& root, const std::string& source, Model
         return q->at(field).get<std::string>();
     };
     const std::string method = str("quant_method");
+    if (method == "compressed-tensors") return read_compressed_tensors_config(*q, scope, source, c);
     if (method != "fp8")
         fail(Status::unsupported, "quantization_config: unknown quant_method '" + method +
-                                      "' (supported: fp8, Qwen's block-wise FP8 releases)");
+                                      "' (supported: fp8, Qwen's block-wise FP8 releases; compressed-tensors, "
+                                      "W4A16 pack-quantized)");
     if (const std::string fmt = str("fmt"); !fmt.empty()) {
         if (fmt != "e4m3" && fmt != "e5m2")
             fail(Status::unsupported, "quantization_config: unknown fmt '" + fmt + "' (supported: e4m3, e5m2)");

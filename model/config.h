@@ -73,6 +73,19 @@ struct ModelConfig {
     bool fp8_block_size_given = false;               // weight_block_size is given ([128, 128])
     std::vector<std::string> modules_not_converted;  // modules_to_not_convert (informative)
 
+    // config.json quantization_config of a compressed-tensors W4A16 checkpoint (the format vLLM reads; e.g. the
+    // "W4A16" releases made with llm-compressor): quant_method "compressed-tensors", format "pack-quantized" (or
+    // "mixed-precision" with every group's format "pack-quantized"), and
+    // config_groups whose every scheme has weights {num_bits 4, type "int", symmetric true, strategy "group",
+    // group_size G (one G for all groups), dynamic false, actorder null, "weight" or "static"} and no
+    // input_activations / output_activations; kv_cache_scheme null; ignore (the modules left 16-bit, e.g. lm_head)
+    // informative. The loader goes by each module's tensors: "<name>.weight_packed" (I32) with "<name>.weight_scale"
+    // and "<name>.weight_shape" is an int4 matrix loaded as Q4 (ModelLoader::packed_int4_matrix); "<name>.weight"
+    // is loaded as it is.
+    bool int4_packed_weights = false;                // quant_method "compressed-tensors", format "pack-quantized"
+    int int4_packed_group = 0;                       // G: weights of a row per scale (int_quant_group_ok)
+    std::vector<std::string> modules_not_quantized;  // ignore (informative)
+
     std::vector<int> eos_token_ids;   // from config.json (int or list); may be empty
     int max_position_embeddings = 0;  // positions the model was trained for (0 when the config does not say)
 
@@ -86,7 +99,10 @@ struct ModelConfig {
 // Reads and validates `dir`/config.json. Throws hy::Error naming the file and field on a missing or invalid field,
 // an unsupported model_type, or inconsistent sizes (Hv % Hk, Hq % Hkv, rotary dims even and <= head_dim, ...);
 // Error(unsupported) for a quantization_config other than block-wise FP8 (an unknown quant_method, a fmt other than
-// e4m3 or e5m2, a static activation scheme, a weight_block_size other than [128, 128]).
+// e4m3 or e5m2, a static activation scheme, a weight_block_size other than [128, 128]) or compressed-tensors W4A16
+// (a format other than pack-quantized, num_bits other than 4, a type other than int, asymmetric weights (zero
+// points), a strategy other than group, a group size Q4 cannot hold (int_quant_group_ok), groups of different
+// sizes, actorder "group" (g_idx), quantized activations or KV cache).
 ModelConfig load_model_config(const std::string& dir);
 
 // Parses config.json text (`source` names it in messages). Same checks as load_model_config.

@@ -193,6 +193,9 @@ struct ModelLoader {
     struct Part {  // (stacked_matrix)
         const hyst_tensor* t;
         std::vector<int64_t> rows;  // empty: every row
+        // A compressed-tensors int4 weight (packed_int4_part): t is "<name>.weight_packed" I32 [rows, cols / 8],
+        // scale "<name>.weight_scale" [rows, cols / G]; nullptr for a "<name>.weight" tensor.
+        const hyst_tensor* scale = nullptr;
     };
     struct QuantJob {
         const Matrix* dst;
@@ -204,6 +207,14 @@ struct ModelLoader {
     std::vector<MatrixJob> matrices;
     std::vector<VectorJob> vectors;
     std::vector<QuantJob> quant_jobs;
+    // A compressed-tensors int4 matrix (packed_int4_matrix): its parts' codes and scales repacked into the Q4
+    // data at off and the F32 scales at scale_off.
+    struct PackedJob {
+        const Matrix* dst;
+        size_t off, scale_off;
+        std::vector<Part> parts;
+    };
+    std::vector<PackedJob> packed_jobs;
     uint64_t next_seed = 1;  // dummy weights: the seed of the next part, in planning order
 
     size_t reserve(size_t bytes) {
@@ -219,7 +230,136 @@ struct ModelLoader {
     enum class Kind { fp8_ok, int_only, keep_16bit };
 
     void matrix(Matrix& dst, const std::string& name, int64_t rows, int64_t cols, Kind kind = Kind::fp8_ok) {
-        stacked_matrix(dst, name, {{&ck.get(name, {rows, cols}), {}}}, cols, 0, kind);
+        stacked_matrix(dst, name, {weight(name, rows, cols)}, cols, 0, kind);
+    }
+
+    // The linear weight `name` ("<module>.weight") of shape [rows, cols], all rows: the tensor itself, or when the
+    // checkpoint holds "<module>.weight_packed" instead, its compressed-tensors int4 part (packed_int4_part).
+    Part weight(const std::string& name, int64_t rows, int64_t cols) const {
+        const std::string module = name.substr(0, name.size() - std::string("weight").size());  // "<module>."
+        if (ck.dummy || !name.ends_with(".weight") || !ck.has(module + "weight_packed"))
+            return {&ck.get(name, {rows, cols}), {}};
+        return packed_int4_part(module, rows, cols);
+    }
+    bool has_weight(const std::string& name) const {  // "<module>.weight" or its packed form
+        return ck.has(name) || (name.ends_with(".weight") && ck.has(name + "_packed"));
+    }
+
+    // A compressed-tensors W4A16 weight (format pack-quantized, ModelConfig::int4_packed_weights) of the module
+    // with prefix `module` ("<module>."), checked against the real weight's shape [rows, cols]:
+    //   <module>.weight_packed  I32 [rows, cols / 8]: column c's code q in [-8, 7] is stored as q + 8 in bits
+    //                           4 * (c % 8) .. 4 * (c % 8) + 3 of int32 c / 8 of its row (compressed-tensors'
+    //                           pack_to_int32, num_bits 4: element i of a row at bit 4 * i of the row's words)
+    //   <module>.weight_scale   BF16, F16 or F32 [rows, cols / G]: the real weight is q * scale[r, c / G]
+    //   <module>.weight_shape   I64 (or I32) [2] = [rows, cols]
+    // Throws Error naming the tensor: unsupported for a checkpoint whose config.json is not compressed-tensors
+    // pack-quantized, zero points (asymmetric), a g_idx (reordered groups), or a group that Q4 cannot hold for these
+    // columns (int_quant_shape_ok); model_mismatch for a missing tensor, a wrong dtype or shape, a weight_shape other
+    // than [rows, cols] and a module stored both packed and as "<module>.weight".
+    Part packed_int4_part(const std::string& module, int64_t rows, int64_t cols) const {
+        const ModelConfig& c = m.config_;
+        const std::string packed = module + "weight_packed", scale = module + "weight_scale",
+                          shape = module + "weight_shape";
+        if (!c.int4_packed_weights)
+            throw Error(Status::unsupported, "tensor '" + packed +
+                                                 "' is a compressed-tensors packed int4 weight, but config.json's "
+                                                 "quantization_config is not compressed-tensors pack-quantized");
+        if (ck.has(module + "weight"))
+            throw Error(Status::model_mismatch,
+                        "the checkpoint holds '" + module + "weight' twice: as it is and as '" + packed + "'");
+        if (ck.has(module + "weight_zero_point"))
+            throw Error(Status::unsupported, "tensor '" + module +
+                                                 "weight_zero_point': asymmetric int4 weights (zero points) are not "
+                                                 "supported (supported: symmetric, compressed-tensors W4A16)");
+        if (ck.has(module + "weight_g_idx"))
+            throw Error(Status::unsupported, "tensor '" + module +
+                                                 "weight_g_idx': reordered groups (actorder group) are not supported "
+                                                 "(supported: groups of consecutive columns)");
+        const int64_t G = c.int4_packed_group;
+        if (!int_quant_shape_ok(cols, G))
+            throw Error(Status::unsupported, "tensor '" + packed + "': groups of " + std::to_string(G) +
+                                                 " weights (config.json's group_size) " + "do not fit its " +
+                                                 std::to_string(cols) + " input features (Q4 needs a multiple of " +
+                                                 std::to_string(cols % kQuantChunk != 0 ? kQuantChunk : G) + ")");
+        auto found = [](const hyst_tensor& t) {
+            return std::string(hyst_dtype_name(t.dtype)) + " " +
+                   shape_str(std::vector<int64_t>(t.shape, t.shape + t.n_dims));
+        };
+        if (!ck.has(shape))
+            throw Error(Status::model_mismatch, "missing tensor '" + shape + "' (expected I64 [2] = [" +
+                                                    std::to_string(rows) + ", " + std::to_string(cols) + "])");
+        const hyst_tensor& ts = *ck.tensors.at(shape);
+        if ((ts.dtype != HYST_I64 && ts.dtype != HYST_I32) || ts.n_dims != 1 || ts.shape[0] != 2)
+            throw Error(Status::model_mismatch, "tensor '" + shape + "' is " + found(ts) + ", expected I64 [2]");
+        int64_t dims[2];
+        for (int i = 0; i < 2; i++) {
+            if (ts.dtype == HYST_I64) {
+                std::memcpy(&dims[i], static_cast<const char*>(ts.data) + 8 * i, 8);
+            } else {
+                int32_t d;
+                std::memcpy(&d, static_cast<const char*>(ts.data) + 4 * i, 4);
+                dims[i] = d;
+            }
+        }
+        if (dims[0] != rows || dims[1] != cols)
+            throw Error(Status::model_mismatch, "tensor '" + shape + "' holds [" + std::to_string(dims[0]) + ", " +
+                                                    std::to_string(dims[1]) + "], expected [" + std::to_string(rows) +
+                                                    ", " + std::to_string(cols) + "]");
+        ck.get(shape, {2});  // (marks it used)
+        const hyst_tensor& tp = *ck.tensors.at(packed);
+        const std::vector<int64_t> packed_shape = {rows, cols / 8};
+        if (tp.dtype != HYST_I32 || std::vector<int64_t>(tp.shape, tp.shape + tp.n_dims) != packed_shape)
+            throw Error(Status::model_mismatch, "tensor '" + packed + "' is " + found(tp) + ", expected I32 " +
+                                                    shape_str(packed_shape) + " (weight_shape [" +
+                                                    std::to_string(rows) + ", " + std::to_string(cols) +
+                                                    "], 8 int4 codes per int32)");
+        const std::vector<int64_t> scale_shape = {rows, cols / G};
+        if (!ck.has(scale))
+            throw Error(Status::model_mismatch,
+                        "missing tensor '" + scale + "' (expected BF16, F16 or F32 " + shape_str(scale_shape) + ")");
+        const hyst_tensor& tsc = *ck.tensors.at(scale);
+        if ((tsc.dtype != HYST_BF16 && tsc.dtype != HYST_F16 && tsc.dtype != HYST_F32) ||
+            std::vector<int64_t>(tsc.shape, tsc.shape + tsc.n_dims) != scale_shape)
+            throw Error(Status::model_mismatch, "tensor '" + scale + "' is " + found(tsc) + ", expected BF16, F16 or " +
+                                                    "F32 " + shape_str(scale_shape) + " (one scale per " +
+                                                    std::to_string(G) + " weights of a row, config.json's group_size)");
+        return {&ck.get(packed, packed_shape), {}, &ck.get(scale, scale_shape)};
+    }
+
+    // A compressed-tensors int4 matrix: every part packed (packed_int4_part), stored as Q4 with group G, the codes
+    // and scales as the checkpoint holds them (upload_packed_int4), nothing requantized.
+    void packed_int4_matrix(Matrix& dst, const std::string& what, const std::vector<Part>& parts, int64_t cols,
+                            Kind kind) {
+        if (m.params_.quant != WeightQuant::none)
+            throw Error(Status::invalid_argument,
+                        std::string("weight quantization ") + weight_quant_name(m.params_.quant) +
+                            " was asked for, but the checkpoint is already int4 (tensor '" + parts[0].t->name +
+                            "', compressed-tensors pack-quantized): load it without --quant");
+        if (kind == Kind::keep_16bit && &dst == &m.weights_.embed)
+            throw Error(Status::unsupported, std::string("tensor '") + parts[0].t->name +
+                                                 "': int4 embeddings are not supported (compressed-tensors W4A16 "
+                                                 "checkpoints keep them 16-bit)");
+        int64_t rows = 0;
+        for (const Part& p : parts) {
+            if (!p.scale)
+                throw Error(Status::unsupported, std::string("tensor '") + p.t->name + "' is " +
+                                                     dtype_name(to_dtype(p.t->dtype)) + ", unlike the other parts of " +
+                                                     what + " (compressed-tensors int4)");
+            rows += p.rows.empty() ? p.t->shape[0] : int64_t(p.rows.size());
+        }
+        const DType d = be.matrix_dtype(DType::Q4);  // (throws where the backend has no integer kernels)
+        if (d != DType::Q4)
+            throw Error(Status::unsupported, std::string("Q4 weights are not supported by the ") + be.name() +
+                                                 " backend (a compressed-tensors int4 checkpoint)");
+        dst.rows = rows;
+        dst.cols = cols;
+        dst.dtype = DType::Q4;
+        dst.group = m.config_.int4_packed_group;
+        dst.scale_segment_rows = 0;  // (rows are independent)
+        const size_t off = reserve(size_t(rows) * row_bytes(DType::Q4, cols));
+        const size_t scale_off = reserve(size_t(rows * (cols / dst.group)) * 4);
+        matrices.push_back({&dst, off, scale_off});
+        packed_jobs.push_back({&dst, off, scale_off, parts});
     }
 
     static int64_t part_rows(const Part& p, int64_t cols) {  // (a whole 3-D tensor [E, R, cols] gives E * R rows)
@@ -339,6 +479,13 @@ struct ModelLoader {
     // `segment_rows`: the rows of one scale segment should the matrix be stored as FP8 (0: the whole matrix).
     void stacked_matrix(Matrix& dst, const std::string& what, const std::vector<Part>& parts, int64_t cols,
                         int64_t segment_rows = 0, Kind kind = Kind::fp8_ok) {
+        if (parts[0].scale) return packed_int4_matrix(dst, what, parts, cols, kind);
+        for (const Part& p : parts)
+            if (p.scale)
+                throw Error(Status::unsupported, std::string("tensor '") + p.t->name +
+                                                     "' is compressed-tensors int4, unlike the other parts of " + what +
+                                                     " (" + dtype_name(to_dtype(parts[0].t->dtype)) + ")");
+        for (const Part& p : parts) not_integer(*p.t);
         if (is_fp8(to_dtype(parts[0].t->dtype))) return fp8_matrix(dst, what, parts, cols, kind);
         int64_t rows = 0;
         for (const Part& p : parts)
@@ -410,8 +557,18 @@ struct ModelLoader {
         }
     }
 
+    // Integer tensors are only compressed-tensors' weight_packed and weight_shape: anywhere else, Error(unsupported)
+    // naming the tensor.
+    static void not_integer(const hyst_tensor& t) {
+        if (t.dtype == HYST_I32 || t.dtype == HYST_I64)
+            throw Error(Status::unsupported, std::string("tensor '") + t.name + "' is " + hyst_dtype_name(t.dtype) +
+                                                 " (integer tensors are read only as compressed-tensors' "
+                                                 "weight_packed and weight_shape)");
+    }
+
     void vector(const float*& dst, const std::string& name, const std::vector<int64_t>& shape) {
         const hyst_tensor& t = ck.get(name, shape);
+        not_integer(t);
         if (is_fp8(to_dtype(t.dtype)))
             throw Error(Status::unsupported, "tensor '" + name + "' is " + dtype_name(to_dtype(t.dtype)) +
                                                  ": only linear weights may be FP8 (norms, conv1d, A_log and dt_bias "
@@ -429,8 +586,8 @@ struct ModelLoader {
         const ModelConfig& c = m.config_;
         const int64_t H = c.hidden_size, Hk = c.gdn_k_heads, Hv = c.gdn_v_heads, Dk = c.gdn_k_dim, Dv = c.gdn_v_dim;
         const int64_t r = Hv / Hk, G = 2 * Dk + 2 * r * Dv;
-        const hyst_tensor& qkvz = ck.get(gp + "in_proj_qkvz.weight", {Hk * G, H});
-        const hyst_tensor& ba = ck.get(gp + "in_proj_ba.weight", {2 * Hv, H});
+        const Part qkvz = weight(gp + "in_proj_qkvz.weight", Hk * G, H);  // (int4 packed rows reorder as they are)
+        const Part ba = weight(gp + "in_proj_ba.weight", 2 * Hv, H);
         std::vector<int64_t> q, k, v, z, b, a;
         for (int64_t grp = 0; grp < Hk; grp++) {
             const int64_t base = grp * G;
@@ -441,10 +598,11 @@ struct ModelLoader {
             for (int64_t i = 0; i < r; i++) b.push_back(grp * 2 * r + i);
             for (int64_t i = 0; i < r; i++) a.push_back(grp * 2 * r + r + i);
         }
-        stacked_matrix(g.in_proj_qkv, gp + "in_proj_qkvz", {{&qkvz, q}, {&qkvz, k}, {&qkvz, v}}, H);
-        stacked_matrix(g.in_proj_z, gp + "in_proj_qkvz", {{&qkvz, z}}, H);
-        stacked_matrix(g.in_proj_b, gp + "in_proj_ba", {{&ba, b}}, H, 0, Kind::keep_16bit);
-        stacked_matrix(g.in_proj_a, gp + "in_proj_ba", {{&ba, a}}, H, 0, Kind::keep_16bit);
+        auto rows = [](const Part& p, std::vector<int64_t> r) { return Part{p.t, std::move(r), p.scale}; };
+        stacked_matrix(g.in_proj_qkv, gp + "in_proj_qkvz", {rows(qkvz, q), rows(qkvz, k), rows(qkvz, v)}, H);
+        stacked_matrix(g.in_proj_z, gp + "in_proj_qkvz", {rows(qkvz, z)}, H);
+        stacked_matrix(g.in_proj_b, gp + "in_proj_ba", {rows(ba, b)}, H, 0, Kind::keep_16bit);
+        stacked_matrix(g.in_proj_a, gp + "in_proj_ba", {rows(ba, a)}, H, 0, Kind::keep_16bit);
     }
 
     // A sparse MoE block: the router, the routed experts (fused 3-D tensors as transformers 5 saves them, or one
@@ -462,7 +620,7 @@ struct ModelLoader {
         w.experts.n_experts = int(E);
         w.experts.intermediate = int(I);
         const std::string xp = mp + "experts.";
-        if (ck.has(xp + "gate_up_proj") && ck.has(xp + "0.gate_proj.weight"))
+        if (ck.has(xp + "gate_up_proj") && has_weight(xp + "0.gate_proj.weight"))
             throw Error(Status::model_mismatch, where + "the checkpoint holds the experts twice, fused ('" + xp +
                                                     "gate_up_proj') and one tensor per expert ('" + xp +
                                                     "0.gate_proj.weight')");
@@ -470,20 +628,20 @@ struct ModelLoader {
             stacked_matrix(w.experts.gate_up, xp + "gate_up_proj", {{&ck.get(xp + "gate_up_proj", {E, 2 * I, H}), {}}},
                            H, I);
             stacked_matrix(w.experts.down, xp + "down_proj", {{&ck.get(xp + "down_proj", {E, H, I}), {}}}, I, H);
-        } else if (ck.has(xp + "0.gate_proj.weight")) {
+        } else if (has_weight(xp + "0.gate_proj.weight")) {
             std::vector<Part> gate_up, down;
             for (int64_t e = 0; e < E; e++) {
                 const std::string ep = xp + std::to_string(e) + ".";
                 for (const char* part : {"gate_proj", "up_proj", "down_proj"})
-                    if (!ck.has(ep + part + ".weight"))
+                    if (!has_weight(ep + part + ".weight"))
                         throw Error(Status::model_mismatch, where + "expert " + std::to_string(e) + " of " +
                                                                 std::to_string(E) + " is missing: no tensor '" + ep +
                                                                 part + ".weight'");
-                gate_up.push_back({&ck.get(ep + "gate_proj.weight", {I, H}), {}});
-                gate_up.push_back({&ck.get(ep + "up_proj.weight", {I, H}), {}});
-                down.push_back({&ck.get(ep + "down_proj.weight", {H, I}), {}});
+                gate_up.push_back(weight(ep + "gate_proj.weight", I, H));
+                gate_up.push_back(weight(ep + "up_proj.weight", I, H));
+                down.push_back(weight(ep + "down_proj.weight", H, I));
             }
-            if (ck.has(xp + std::to_string(E) + ".gate_proj.weight"))
+            if (has_weight(xp + std::to_string(E) + ".gate_proj.weight"))
                 throw Error(Status::model_mismatch, where + "the checkpoint holds more experts than num_experts " +
                                                         std::to_string(E) + " ('" + xp + std::to_string(E) +
                                                         ".gate_proj.weight')");
@@ -683,10 +841,54 @@ struct ModelLoader {
         }
     }
 
+    // Repacks a PackedJob's compressed-tensors int4 rows into Q4 (kernels/backend.h: byte i of each 64-column chunk
+    // holds column i in its low nibble and column 32 + i in its high one, as q + 8) and converts the scales to F32
+    // (exact from BF16 / F16), so each dequantized weight q * scale is the checkpoint's exactly. Runs of at most
+    // 2^24 weights. A scale that is not finite is Error(format) naming the tensor, row and group.
+    void upload_packed_int4(char* base, const PackedJob& job) {
+        const Matrix& d = *job.dst;
+        const int64_t n_groups = d.cols / d.group, words = d.cols / 8;
+        const size_t rb = row_bytes(DType::Q4, d.cols);
+        const int64_t run = std::max<int64_t>(1, std::min<int64_t>(d.rows, (int64_t(1) << 24) / d.cols));
+        std::vector<uint8_t> q(size_t(run) * rb);
+        std::vector<float> scales(size_t(run * n_groups));
+        std::vector<uint32_t> w(static_cast<size_t>(words));
+        int64_t r = 0, r0 = 0;  // matrix row; first row of the run
+        auto flush = [&] {
+            be.upload(base + job.off + size_t(r0) * rb, q.data(), size_t(r - r0) * rb);
+            be.upload(base + job.scale_off + size_t(r0 * n_groups) * 4, scales.data(), size_t((r - r0) * n_groups) * 4);
+            r0 = r;
+        };
+        for (const Part& p : job.parts) {
+            const int64_t n = p.rows.empty() ? p.t->shape[0] : int64_t(p.rows.size());
+            const DType st = to_dtype(p.scale->dtype);
+            for (int64_t i = 0; i < n; i++) {
+                const int64_t src = p.rows.empty() ? i : p.rows[size_t(i)];
+                std::memcpy(w.data(), static_cast<const char*>(p.t->data) + size_t(src * words) * 4, size_t(words) * 4);
+                uint8_t* qr = q.data() + size_t(r - r0) * rb;
+                auto nibble = [&](int64_t c) { return uint8_t((w[size_t(c / 8)] >> (4 * (c % 8))) & 0xf); };
+                for (int64_t c0 = 0; c0 < d.cols; c0 += kQuantChunk)
+                    for (int64_t j = 0; j < kQuantChunk / 2; j++)
+                        qr[c0 / 2 + j] = uint8_t(nibble(c0 + j) | nibble(c0 + kQuantChunk / 2 + j) << 4);
+                float* sr = scales.data() + (r - r0) * n_groups;
+                convert_to_f32(static_cast<const char*>(p.scale->data) + size_t(src * n_groups) * dtype_size(st), st,
+                               sr, size_t(n_groups));
+                for (int64_t g = 0; g < n_groups; g++)
+                    if (!std::isfinite(sr[g]))
+                        throw Error(Status::format, std::string("tensor '") + p.scale->name + "': the scale of row " +
+                                                        std::to_string(src) + ", group " + std::to_string(g) + " is " +
+                                                        std::to_string(sr[g]) + " (int4 scales must be finite)");
+                if (++r - r0 == run) flush();
+            }
+        }
+        if (r > r0) flush();
+    }
+
     void upload_weights(char* base) {
         std::vector<float> tmp;
         std::vector<uint16_t> half;
         for (const QuantJob& j : quant_jobs) upload_quantized(base, j);
+        for (const PackedJob& j : packed_jobs) upload_packed_int4(base, j);
         for (const Piece& p : pieces) {
             int64_t total = 1;
             for (int d = 0; d < p.src->n_dims; d++) total *= p.src->shape[d];
@@ -845,10 +1047,21 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
                                                   " was asked for, but " + dir +
                                                   " is already an FP8 checkpoint (config.json quantization_config "
                                                   "quant_method fp8): load it without --quant");
+    if (p.quant != WeightQuant::none && c.int4_packed_weights)
+        throw Error(Status::invalid_argument, std::string("weight quantization ") + weight_quant_name(p.quant) +
+                                                  " was asked for, but " + dir +
+                                                  " is already an int4 checkpoint (config.json quantization_config "
+                                                  "quant_method compressed-tensors, format pack-quantized): load it "
+                                                  "without --quant");
     // Dummy weights for an FP8 checkpoint's config.json: made as 16-bit values and quantized to FP8 at load (the
     // matrices Qwen's FP8 releases hold in FP8, as --quant fp8), so that the shape is measured in its own format
     if (p.dummy_weights && c.fp8_weights) m->params_.quant = WeightQuant::fp8;
-    ModelLoader ld{*m, ck, be, 0, {}, {}, {}, {}, 1};
+    // (and for a compressed-tensors int4 one, quantized to Q4 with its group size, as --quant int4:G)
+    if (p.dummy_weights && c.int4_packed_weights) {
+        m->params_.quant = WeightQuant::int4;
+        m->params_.quant_group = c.int4_packed_group;
+    }
+    ModelLoader ld{*m, ck, be, 0, {}, {}, {}, {}, {}, 1};
     ld.plan_weights();
     m->weight_bytes_ = ld.offset;
     m->load_warning_ = check_unused_tensors(ck, c);

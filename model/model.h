@@ -4,7 +4,8 @@
 // Arena layout (offsets fixed at load, nothing allocated afterwards):
 //   weights       matrices in the backend's matrix dtype (the checkpoint dtype on the CPU: bf16 stays bf16 and is
 //                 widened to fp32 inside the matmul; FP8 stays FP8, followed by its F32 block scales, and is
-//                 dequantized inside the matmul), small vectors (norms, A_log, dt_bias, conv taps) in F32
+//                 dequantized inside the matmul; a compressed-tensors int4 checkpoint's packed weights become Q4
+//                 with F32 group scales), small vectors (norms, A_log, dt_bias, conv taps) in F32
 //   state         per attention layer: K and V cache [n_slots, n_ctx, Hkv, D] (act dtype)
 //                 per Gated DeltaNet layer: conv state [n_slots, K-1, C] (act dtype), recurrent state
 //                 [n_slots, Hv, Dk, Dv] (F32)
@@ -79,7 +80,8 @@ struct Weights {
 
 // The dtypes of the loaded weight matrices (the embeddings, lm_head and every layer's linear weights), each with its
 // number of weights, most first: what the load made of the checkpoint (FP8 for an FP8 checkpoint or `--quant fp8`,
-// Q8 / Q4 for `--quant int8` / `int4`, else the checkpoint's 16-bit type), whatever config.json says.
+// Q8 / Q4 for `--quant int8` / `int4`, Q4 for a compressed-tensors int4 checkpoint, else the checkpoint's 16-bit
+// type), whatever config.json says.
 std::vector<std::pair<DType, int64_t>> weight_dtypes(const Weights& w);
 // weight_dtypes as text: "BF16", or "F8_E4M3 96%, BF16 4%" (the shares of the weights, rounded).
 std::string weight_dtypes_text(const Weights& w);
@@ -134,7 +136,9 @@ struct ModelParams {
     // 16-bit. An FP8 checkpoint loads as it is with none; with fp8 it is refused (invalid_argument).
     // WeightQuant::int8 / int4 (`--quant int8`, `--quant int4`): quantize the same linear weights at load to Q8 / Q4
     // (group-wise symmetric, an F32 scale per quant_group weights of a row; model/quantize.h). A group that does not
-    // divide a quantized matrix's input features, or an FP8 checkpoint: invalid_argument.
+    // divide a quantized matrix's input features, or an FP8 checkpoint: invalid_argument. A compressed-tensors W4A16
+    // checkpoint (ModelConfig::int4_packed_weights) loads its packed weights as Q4 with none; any other mode is
+    // refused (invalid_argument).
     WeightQuant quant = WeightQuant::none;
     int quant_group = 0;         // int8/int4: weights per scale (int_quant_group_ok); 0: the mode's default
     bool quant_lm_head = false;  // int8/int4: quantize lm_head too (a tied one gets a quantized copy)

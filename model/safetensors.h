@@ -38,14 +38,17 @@ enum {
     HYST_ERR_CAPACITY = 4,  // more tensors / longer names / more dims than the fixed capacities
 };
 
-// Element types: F32, F16, BF16, and the 8-bit floats of FP8 checkpoints (F8_E4M3 = torch.float8_e4m3fn,
-// F8_E5M2 = torch.float8_e5m2). Any other dtype string is refused with HYST_ERR_DTYPE.
+// Element types: F32, F16, BF16, the 8-bit floats of FP8 checkpoints (F8_E4M3 = torch.float8_e4m3fn,
+// F8_E5M2 = torch.float8_e5m2), and the integers of compressed-tensors int4 checkpoints (I32: the packed codes
+// "<name>.weight_packed"; I64: "<name>.weight_shape"). Any other dtype string is refused with HYST_ERR_DTYPE.
 typedef enum {
     HYST_F32 = 0,
     HYST_F16 = 1,
     HYST_BF16 = 2,
     HYST_F8_E4M3 = 3,
     HYST_F8_E5M2 = 4,
+    HYST_I32 = 5,
+    HYST_I64 = 6,
     HYST_UNKNOWN = 255,
 } hyst_dtype;
 
@@ -118,6 +121,8 @@ size_t hyst_dtype_size(hyst_dtype t) {
         case HYST_BF16: return 2;
         case HYST_F8_E4M3: return 1;
         case HYST_F8_E5M2: return 1;
+        case HYST_I32: return 4;
+        case HYST_I64: return 8;
         default: return 0;
     }
 }
@@ -129,6 +134,8 @@ const char* hyst_dtype_name(hyst_dtype t) {
         case HYST_BF16: return "BF16";
         case HYST_F8_E4M3: return "F8_E4M3";
         case HYST_F8_E5M2: return "F8_E5M2";
+        case HYST_I32: return "I32";
+        case HYST_I64: return "I64";
         default: return "unknown";
     }
 }
@@ -306,6 +313,8 @@ static hyst_dtype hyst__dtype(const char* s) {
     if (!strcmp(s, "BF16")) return HYST_BF16;
     if (!strcmp(s, "F8_E4M3")) return HYST_F8_E4M3;
     if (!strcmp(s, "F8_E5M2")) return HYST_F8_E5M2;
+    if (!strcmp(s, "I32")) return HYST_I32;
+    if (!strcmp(s, "I64")) return HYST_I64;
     return HYST_UNKNOWN;
 }
 
@@ -330,9 +339,10 @@ static int hyst__tensor(hyst__json* j, hyst_tensor* t) {
             if ((rc = hyst__string(j, dtype, sizeof dtype))) return rc;
             t->dtype = hyst__dtype(dtype);
             if (t->dtype == HYST_UNKNOWN)
-                return hyst__fail(j->f, HYST_ERR_DTYPE,
-                                  "tensor '%s': unsupported dtype %s (supported: F32, F16, BF16, F8_E4M3, F8_E5M2)",
-                                  t->name, dtype);
+                return hyst__fail(
+                    j->f, HYST_ERR_DTYPE,
+                    "tensor '%s': unsupported dtype %s (supported: F32, F16, BF16, F8_E4M3, F8_E5M2, I32, I64)",
+                    t->name, dtype);
             have_dtype = 1;
         } else if (!strcmp(key, "shape")) {
             if ((rc = hyst__expect(j, '['))) return rc;
