@@ -1267,7 +1267,16 @@ struct Server::Impl {
             const bool post = allow.rfind("POST", 0) == 0;
             const bool chunked = req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos;
             const bool has_length = req.has_header("Content-Length");
-            if (allow.empty()) {
+            const std::string length = req.get_header_value("Content-Length");
+            const bool bad_length = has_length && (length.empty() || length.size() > 19 ||
+                                                   length.find_first_not_of("0123456789") != std::string::npos);
+            if (bad_length) {  // (the library reads "-5" as huge and "abc" as 0)
+                reply_error(
+                    req, res,
+                    {400,
+                     "malformed Content-Length header '" + length.substr(0, 40) + "' (expected a decimal byte count)",
+                     "", "invalid_request_error", ""});
+            } else if (allow.empty()) {
                 reply_error(req, res,
                             {404, "no such endpoint: " + req.method + " " + req.path, "", "invalid_request_error",
                              "not_found"});
@@ -1289,7 +1298,7 @@ struct Server::Impl {
                 return httplib::Server::HandlerResponse::Unhandled;
             }
             // (a POST without a length may have sent a body all the same)
-            if (chunked || (has_length && req.get_header_value("Content-Length") != "0") || (post && !has_length))
+            if (chunked || (has_length && length != "0") || (post && !has_length))
                 HttpServer::close_after_response(req, res);
             return httplib::Server::HandlerResponse::Handled;
         });

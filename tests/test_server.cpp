@@ -1366,6 +1366,16 @@ TEST_CASE("server: HTTP details: 411, 405 with Allow, /v1/models/{id}, the libra
     r = raw_reply("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000000000\r\n\r\n{", &raw);
     CHECK(r.status == 413);
     CHECK(error_of(r)["code"] == "request_too_large");
+    // a Content-Length that is not a decimal byte count: 400 at once (the library read "-5" as huge, "abc" as 0)
+    for (const char* length : {"-5", "abc", "12x"}) {
+        r = raw_reply(
+            std::string("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: ") + length + "\r\n\r\n{}",
+            &raw);
+        CHECK(r.status == 400);
+        CHECK(error_of(r)["message"] ==
+              std::string("malformed Content-Length header '") + length + "' (expected a decimal byte count)");
+        CHECK(raw.find("Connection: close\r\n") != std::string::npos);
+    }
     // a request line the library cannot parse, and one too long: OpenAI's error JSON, and the connection closes
     r = raw_reply("GARBAGE\r\n\r\n", &raw);
     CHECK(r.status == 400);
