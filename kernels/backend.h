@@ -238,6 +238,11 @@ struct CudaOptions {
     bool l2_evict_first = true;    // decode GEMVs load weights with an L2 evict-first policy
     bool gdn_fused_conv = true;    // decode steps do the Gated DeltaNet conv inside the recurrence kernel
     int moe_grouped_min_rows = 0;  // MoE experts grouped by expert from this many rows on; 0: the tuned default
+    // Decode attention split over positions: a block takes up to this many q heads of one kv head (1, 2 or 4; the
+    // largest that divides the group size); 0: the tuned default. Results are bitwise the same for every value.
+    int attn_heads_per_block = 0;
+    // Decode attention: at most this many position splits per (row, head) (1 to 128); 0: the tuned default.
+    int attn_max_splits = 0;
     // FP8 matrices with more rows than the FP8 GEMVs take (prefill, batches over 8): true (default), FP8 tensor cores
     // with the activations quantized per row and 128-value group (W8A8 with cuBLASLt block scales, the checkpoints'
     // "activation_scheme: dynamic", as vLLM and transformers run them); false: the weights dequantized to bf16 and

@@ -153,9 +153,9 @@ struct Side {
 
 struct Pair {
     Side cpu, gpu;
-    Pair(const BatchLimits& l, int max_heads, int max_dim, size_t tensor_bytes)
+    Pair(const BatchLimits& l, int max_heads, int max_dim, size_t tensor_bytes, const CudaOptions& o = {})
         : cpu(make_cpu_backend(2), l, max_heads, max_dim, tensor_bytes),
-          gpu(make_cuda_backend(0), l, max_heads, max_dim, tensor_bytes) {}
+          gpu(make_cuda_backend(0, o), l, max_heads, max_dim, tensor_bytes) {}
     void begin_batch(const BatchDesc& b) {
         cpu.be->begin_batch(b);
         gpu.be->begin_batch(b);
@@ -656,11 +656,13 @@ struct AttnShape {
     int Hq, Hkv, D, R;
 };
 
-// long_ctx: a context of long_ctx positions (1024: 32 splits over positions in decode steps; 2048: 64) and a
-// 300-token prompt; otherwise 64 positions (2 splits) and a 30-token prompt.
-void attention_case(const AttnShape& s, int long_ctx = 0) {
+// long_ctx: a context of long_ctx positions (1024: 32 splits over positions in decode steps; 2048: 64; 4096 with
+// o.attn_max_splits 128: 128) and a 300-token prompt; otherwise 64 positions (2 splits) and a 30-token prompt.
+// Returns the GPU's output of every step.
+std::vector<std::vector<float>> attention_case(const AttnShape& s, int long_ctx = 0, const CudaOptions& o = {}) {
     const int n_ctx = long_ctx ? long_ctx : 64, slots = 3, first = long_ctx ? 300 : 30;
-    Pair p(limits(long_ctx ? 320 : 48, slots, n_ctx), s.Hq, s.D, size_t(long_ctx ? 512 : 64) << 20);
+    Pair p(limits(long_ctx ? 320 : 48, slots, n_ctx), s.Hq, s.D, size_t(long_ctx ? 512 : 64) << 20, o);
+    std::vector<std::vector<float>> outs;
     const size_t cache = size_t(slots) * n_ctx * s.Hkv * s.D;
     void* kc_c = p.cpu.take(cache * 4);
     void* vc_c = p.cpu.take(cache * 4);
@@ -708,7 +710,8 @@ void attention_case(const AttnShape& s, int long_ctx = 0) {
         ag.out = p.gpu.poisoned(n_out);
         p.cpu.be->attention(ac);
         p.gpu.be->attention(ag);
-        const double e = rel_err(p.gpu.read_act(ag.out, n_out), p.cpu.read_f32(ac.out, n_out));
+        outs.push_back(p.gpu.read_act(ag.out, n_out));
+        const double e = rel_err(outs.back(), p.cpu.read_f32(ac.out, n_out));
         INFO("Hq " << s.Hq << " Hkv " << s.Hkv << " D " << s.D << " R " << s.R << " n_ctx " << n_ctx << " step " << si
                    << " rel err " << e);
         CHECK(e <= kTol);
@@ -722,6 +725,7 @@ void attention_case(const AttnShape& s, int long_ctx = 0) {
         auto kcv = p.cpu.read_f32(static_cast<char*>(kc_c) + off * 4, n);
         CHECK(rel_err(kg, kcv) <= kTol);
     }
+    return outs;
 }
 
 }  // namespace
@@ -735,6 +739,41 @@ TEST_CASE("CUDA attention (prefill, several runs, decode) matches the CPU refere
     attention_case({16, 4, 256, 64}, 1024);
     attention_case({4, 1, 64, 16}, 2048);  // 64 ranges (the merge's second split per lane)
     attention_case({16, 4, 256, 64}, 2048);
+}
+
+// Decode steps split over positions with 1, 2 or 4 q heads of a kv head per block (each block's key and value
+// loads serve all its q heads) give the same bits, and 128 splits (CudaOptions::attn_max_splits) match the CPU.
+TEST_CASE("CUDA decode attention: q heads per block change no bit; 128 splits match the CPU", "[gpu]") {
+    HY_REQUIRE_GPU();
+    const std::mt19937 state = rng();  // (every case draws the same inputs)
+    for (const AttnShape s :
+         {AttnShape{16, 4, 256, 64}, AttnShape{4, 1, 64, 16}, AttnShape{6, 3, 128, 32}, AttnShape{8, 2, 128, 128}}) {
+        for (const int ctx : {64, 2048}) {
+            std::vector<std::vector<float>> first;
+            for (const int hpb : {1, 2, 4}) {
+                INFO("Hq " << s.Hq << " Hkv " << s.Hkv << " D " << s.D << " n_ctx " << ctx << " heads per block "
+                           << hpb);
+                CudaOptions o;
+                o.attn_heads_per_block = hpb;
+                rng() = state;
+                const auto outs = attention_case(s, ctx == 64 ? 0 : ctx, o);
+                if (first.empty()) {
+                    first = outs;
+                    continue;
+                }
+                REQUIRE(outs.size() == first.size());
+                for (size_t st = 0; st < outs.size(); st++)
+                    for (size_t i = 0; i < outs[st].size(); i++) {
+                        REQUIRE(std::isfinite(outs[st][i]));
+                        REQUIRE(std::memcmp(&outs[st][i], &first[st][i], 4) == 0);
+                    }
+            }
+        }
+        CudaOptions o;
+        o.attn_max_splits = 128;
+        rng() = state;
+        attention_case(s, 4096, o);
+    }
 }
 
 namespace {

@@ -249,6 +249,51 @@ TEST_CASE("w4a16: the CPU logits are Hugging Face's on the decompressed checkpoi
     CHECK(same_argmax >= int(ids.size()) - 1);
 }
 
+// The same checkpoint on CUDA (the Q4 GEMVs for one to eight rows, the dequantized weights in the bf16 GEMM for the
+// prompt; bf16 activations): prompt logits near transformers' on the decompressed model, as the --quant int4 model's
+// are near the CPU's (test_cuda_kernels.cpp), and one decode step.
+TEST_CASE("w4a16: the CUDA logits are near Hugging Face's", "[gpu][w4a16]") {
+    if (!cuda_available()) return;  // (the [gpu] entry is skipped without a GPU)
+    const nlohmann::json g = golden();
+    const std::vector<int32_t> ids = g["input_ids"].get<std::vector<int32_t>>();
+    const TensorMap gl = read_safetensors(w4a16_dir() + "/golden_w4a16_logits.safetensors");
+    const RawTensor& t = gl.at("logits");
+    std::vector<float> hf(t.bytes.size() / 4);
+    std::memcpy(hf.data(), t.bytes.data(), t.bytes.size());
+    ModelParams p = cpu_params();
+    p.device = Device::cuda;
+    auto m = Model::load(w4a16_dir(), p);
+    CHECK(m->weights().layers[0].mlp.down_proj.dtype == DType::Q4);
+    auto l = m->prefill(0, ids, true);
+    const std::vector<float> got(l.begin(), l.end());
+    REQUIRE(got.size() == hf.size());
+    double num = 0.0, den = 0.0;
+    for (size_t i = 0; i < got.size(); i++) {
+        REQUIRE(std::isfinite(got[i]));
+        num += (double(got[i]) - hf[i]) * (double(got[i]) - hf[i]);
+        den += double(hf[i]) * hf[i];
+    }
+    INFO("prompt logits rel err " << std::sqrt(num / den));
+    CHECK(std::sqrt(num / den) <= 5e-2);
+    // one decode step (the GEMV path) after the prompt against the CPU's Q4 model at the same place
+    auto cpu = Model::load(w4a16_dir(), cpu_params());
+    cpu->prefill(0, ids, true);
+    const std::vector<int32_t> next = {ids[0]};
+    auto lc = cpu->prefill(0, next);
+    const std::vector<float> want(lc.begin(), lc.end());
+    auto lg = m->prefill(0, next);
+    const std::vector<float> step(lg.begin(), lg.end());
+    REQUIRE(step.size() == want.size());
+    num = den = 0.0;
+    for (size_t i = 0; i < step.size(); i++) {
+        REQUIRE(std::isfinite(step[i]));
+        num += (double(step[i]) - want[i]) * (double(step[i]) - want[i]);
+        den += double(want[i]) * want[i];
+    }
+    INFO("decode step rel err against the CPU " << std::sqrt(num / den));
+    CHECK(std::sqrt(num / den) <= 5e-2);
+}
+
 TEST_CASE("w4a16: unsupported or damaged compressed-tensors checkpoints are refused with one clear line",
           "[w4a16][loader]") {
     const TensorMap good = read_safetensors(w4a16_dir() + "/model.safetensors");

@@ -229,7 +229,11 @@ int main(int argc, char** argv) {
         ("cuda-trace", "CUDA builds with -DHY_CUDA_TRACE=ON: write every kernel's start and ready times to this file "
          "(tools/gpu/trace_summary.py)", cxxopts::value<std::string>())
         ("moe-grouped-rows", "CUDA, MoE models: run the experts grouped by expert from this many rows of a step on "
-         "(0: the built-in default)", cxxopts::value<int>()->default_value("0"));
+         "(0: the built-in default)", cxxopts::value<int>()->default_value("0"))
+        ("attn-heads-per-block", "CUDA, decode attention: q heads of one kv head per block, 1, 2 or 4 (0: the "
+         "built-in default; the results are the same)", cxxopts::value<int>()->default_value("0"))
+        ("attn-splits", "CUDA, decode attention: most position splits per row and head, 1 to 128 (0: the built-in "
+         "default)", cxxopts::value<int>()->default_value("0"));
     add_shared_option(opts, "", "fp8-gemm");
     add_shared_option(opts, "", "help");
     // clang-format on
@@ -241,7 +245,8 @@ int main(int argc, char** argv) {
         return tools::exit_usage;
     }
     try {
-        tools::check_int_args(args, {"prompt", "gen", "reps", "threads", "ubatch", "depth"});
+        tools::check_int_args(
+            args, {"prompt", "gen", "reps", "threads", "ubatch", "depth", "attn-heads-per-block", "attn-splits"});
         tools::check_given_once(args);
         const std::string dir = args["model"].as<std::string>();
         const int n_prompt = args["prompt"].as<int>(), n_gen = args["gen"].as<int>(), reps = args["reps"].as<int>();
@@ -272,6 +277,14 @@ int main(int argc, char** argv) {
         if (mp.cuda.moe_grouped_min_rows < 0)
             throw tools::UsageError("--moe-grouped-rows must be 0 or more, got " +
                                     std::to_string(mp.cuda.moe_grouped_min_rows));
+        mp.cuda.attn_heads_per_block = args["attn-heads-per-block"].as<int>();
+        if (mp.cuda.attn_heads_per_block != 0 && mp.cuda.attn_heads_per_block != 1 &&
+            mp.cuda.attn_heads_per_block != 2 && mp.cuda.attn_heads_per_block != 4)
+            throw tools::UsageError("--attn-heads-per-block must be 0, 1, 2 or 4, got " +
+                                    std::to_string(mp.cuda.attn_heads_per_block));
+        mp.cuda.attn_max_splits = args["attn-splits"].as<int>();
+        if (mp.cuda.attn_max_splits < 0 || mp.cuda.attn_max_splits > 128)
+            throw tools::UsageError("--attn-splits must be 0 to 128, got " + std::to_string(mp.cuda.attn_max_splits));
         mp.cuda.fp8_block_scaled_gemm = tools::parse_fp8_gemm(args["fp8-gemm"].as<std::string>());
         if (args.count("cuda-trace")) {
             mp.cuda.trace_file = args["cuda-trace"].as<std::string>();

@@ -185,20 +185,26 @@ __device__ __forceinline__ void write_gated(const AttentionArgs& p, int t, int h
 // warps 0 and 1 compute their RoPE factors, before the PDL wait, overlapping the q/k/v projection's tail.
 constexpr int kAttnKeysInFlight = 4;
 
-template <int D, bool kSplit, bool kPrep = false>
+// kHeads (1, 2 or 4, dividing the group size Hq / Hkv): the block takes q heads h0 = blockIdx.x * kHeads .. h0 +
+// kHeads - 1, all of one kv head, and every key and value it loads serves all of them (GQA: a kv head's keys are
+// read once per kHeads q heads, not once per q head; at 16k positions the reads of the one-head blocks were a
+// third L2 hits). Each q head's arithmetic (scores, online softmax, the warps' merge) is that of the one-head
+// kernel in the same order, so the results are bitwise the same for any kHeads.
+template <int D, bool kSplit, bool kPrep = false, int kHeads = 1>
 __global__ void __launch_bounds__(kAttnWarps * 32)
     attn_core_kernel(AttentionArgs p, RowMap rows, const bf16* __restrict__ q_in, float* __restrict__ part) {
     constexpr int kPer = D / 32, U = kAttnKeysInFlight;
-    __shared__ float part_o[kAttnWarps][D];
-    __shared__ float part_m[kAttnWarps], part_l[kAttnWarps];
-    __shared__ float s_new[kPrep ? 3 : 1][kPrep ? D : 1];  // kPrep: q, the new k and v of the row
-    __shared__ float s_buf[kPrep ? 2 : 1][kPrep ? D : 1];  // kPrep: norm_rope scratch of warps 0 and 1
+    static_assert(kHeads == 1 || kHeads == 2 || kHeads == 4, "1, 2 or 4 q heads per block");
+    __shared__ float part_o[kAttnWarps][kHeads][D];
+    __shared__ float part_m[kAttnWarps][kHeads], part_l[kAttnWarps][kHeads];
+    __shared__ float s_new[kPrep ? kHeads + 2 : 1][kPrep ? D : 1];  // kPrep: the q heads, the new k and v
+    __shared__ float s_buf[kPrep ? kAttnWarps : 1][kPrep ? D : 1];  // kPrep: each warp's norm_rope scratch
     pdl_trigger();
     if constexpr (!kPrep) pdl_wait();  // row map, q_scratch and the cache come from earlier kernels
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int h = blockIdx.x, t = blockIdx.y;
-    const int Hq = p.n_heads, Hkv = p.n_kv_heads;
-    const int kvh = h / (Hq / Hkv);
+    const int h0 = blockIdx.x * kHeads, t = blockIdx.y;
+    const int Hq = p.n_heads, Hkv = p.n_kv_heads, G = Hq / Hkv;
+    const int kvh = h0 / G;
     const int pos = rows.pos[t];
     const int64_t kv_row = int64_t(Hkv) * D;
     const bf16* kc = static_cast<const bf16*>(p.k_cache) + int64_t(rows.slot[t]) * p.n_ctx * kv_row + int64_t(kvh) * D;
@@ -223,136 +229,161 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
             }
     };
     const int k_first = key_begin + U * warp;
-    float q[kPer], o[kPer];
+    float q[kHeads][kPer], o[kHeads][kPer];
     if constexpr (kPrep) {
         const bool has_new = key_begin <= pos && pos < key_end;
         issue(k_first);  // keys before pos only: written by earlier steps
         float rc[kPer], rs[kPer];
-        if (warp < 2) rope_factors<D>(p, pos, rc, rs);
+        if (warp <= kHeads) rope_factors<D>(p, pos, rc, rs);
         pdl_wait();  // q, k and v come from the projection just before
-        float v[kPer];
-        if (warp == 0) {
-            norm_rope<D>(p, static_cast<const bf16*>(p.qg) + (int64_t(t) * Hq + h) * 2 * D, p.q_norm, rc, rs, s_buf[0],
-                         v);
+        // items 0 .. kHeads - 1: the block's q heads; item kHeads: the new key (and value) when in range
+        for (int it = warp; it <= kHeads; it += kAttnWarps) {
+            float v[kPer];
+            if (it < kHeads) {
+                norm_rope<D>(p, static_cast<const bf16*>(p.qg) + (int64_t(t) * Hq + h0 + it) * 2 * D, p.q_norm, rc, rs,
+                             s_buf[warp], v);
 #pragma unroll
-            for (int j = 0; j < kPer; j++) s_new[0][lane + 32 * j] = v[j];
-        } else if (warp == 1 && has_new) {
-            norm_rope<D>(p, static_cast<const bf16*>(p.k) + (int64_t(t) * Hkv + kvh) * D, p.k_norm, rc, rs, s_buf[1],
-                         v);
-            const bf16* vs = static_cast<const bf16*>(p.v) + (int64_t(t) * Hkv + kvh) * D;
+                for (int j = 0; j < kPer; j++) s_new[it][lane + 32 * j] = v[j];
+            } else if (has_new) {
+                norm_rope<D>(p, static_cast<const bf16*>(p.k) + (int64_t(t) * Hkv + kvh) * D, p.k_norm, rc, rs,
+                             s_buf[warp], v);
+                const bf16* vs = static_cast<const bf16*>(p.v) + (int64_t(t) * Hkv + kvh) * D;
 #pragma unroll
-            for (int j = 0; j < kPer; j++) {
-                s_new[1][lane + 32 * j] = v[j];
-                s_new[2][lane + 32 * j] = to_f32(vs[lane + 32 * j]);
+                for (int j = 0; j < kPer; j++) {
+                    s_new[kHeads][lane + 32 * j] = v[j];
+                    s_new[kHeads + 1][lane + 32 * j] = to_f32(vs[lane + 32 * j]);
+                }
+                if (h0 % G == 0) write_kv<D>(p, rows, t, kvh, v);
             }
-            if (h % (Hq / Hkv) == 0) write_kv<D>(p, rows, t, kvh, v);
+            __syncwarp();  // (s_buf is reused by the warp's next item)
         }
         __syncthreads();
 #pragma unroll
-        for (int j = 0; j < kPer; j++) q[j] = s_new[0][lane * kPer + j];
-    } else {
-        load_vec<kPer>(q_in + (int64_t(t) * Hq + h) * D + lane * kPer, q);
-    }
+        for (int hh = 0; hh < kHeads; hh++)
 #pragma unroll
-    for (int j = 0; j < kPer; j++) o[j] = 0.0f;
-    float m = -INFINITY, l = 0.0f;
+            for (int j = 0; j < kPer; j++) q[hh][j] = s_new[hh][lane * kPer + j];
+    } else {
+#pragma unroll
+        for (int hh = 0; hh < kHeads; hh++) load_vec<kPer>(q_in + (int64_t(t) * Hq + h0 + hh) * D + lane * kPer, q[hh]);
+    }
+    float m[kHeads], l[kHeads];
+#pragma unroll
+    for (int hh = 0; hh < kHeads; hh++) {
+        m[hh] = -INFINITY;
+        l[hh] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < kPer; j++) o[hh][j] = 0.0f;
+    }
+    // Key (or value) u of the round as floats: the row's own from shared memory (kPrep), zeros past the range.
+    auto key_vec = [&](int k0, int u, const Raw* raw, int which, float(&f)[kPer]) {
+        if (kPrep && k0 + u == pos && pos < key_end) {  // the row's own key, in this range: not in the cache yet
+#pragma unroll
+            for (int j = 0; j < kPer; j++) f[j] = s_new[kHeads + which][lane * kPer + j];
+        } else if (k0 + u < key_end) {
+            unpack_vec<kPer>(raw[u], f);
+        } else {
+#pragma unroll
+            for (int j = 0; j < kPer; j++) f[j] = 0.0f;
+        }
+    };
     for (int k0 = k_first; k0 < key_end; k0 += U * kAttnWarps) {
         if (!kPrep || k0 != k_first) issue(k0);  // (kPrep: the first round was issued before the wait)
-        float kf[U][kPer], vf[U][kPer];
+        // scores of the round's keys for each head, then per head one max and one rescale for the round (summed in
+        // key order), then the values
+        float s[kHeads][U];
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            if constexpr (kPrep) {
-                if (k0 + u == pos && pos < key_end) {  // the row's own key, in this range: not in the cache yet
+            float kf[kPer];
+            key_vec(k0, u, kr, 0, kf);
 #pragma unroll
-                    for (int j = 0; j < kPer; j++) {
-                        kf[u][j] = s_new[1][lane * kPer + j];
-                        vf[u][j] = s_new[2][lane * kPer + j];
-                    }
-                    continue;
-                }
-            }
-            if (k0 + u < key_end) {
-                unpack_vec<kPer>(kr[u], kf[u]);
-                unpack_vec<kPer>(vr[u], vf[u]);
-            } else {
+            for (int hh = 0; hh < kHeads; hh++) {
+                float dot = 0.0f;
 #pragma unroll
-                for (int j = 0; j < kPer; j++) kf[u][j] = vf[u][j] = 0.0f;
+                for (int j = 0; j < kPer; j++) dot = fmaf(q[hh][j], kf[j], dot);
+                dot = warp_sum(dot);
+                s[hh][u] = k0 + u < key_end ? round_bf16(round_bf16(dot) * scale) : -INFINITY;
             }
         }
-        float s[U];
-        float m_new = m;
+        float e[kHeads][U];
+#pragma unroll
+        for (int hh = 0; hh < kHeads; hh++) {
+            float m_new = m[hh];
+#pragma unroll
+            for (int u = 0; u < U; u++) m_new = fmaxf(m_new, s[hh][u]);
+            const float corr = expf(m[hh] - m_new);  // 0 on the first round (m = -inf; key k0 is valid)
+            float e_sum = 0.0f;
+#pragma unroll
+            for (int u = 0; u < U; u++) {
+                e[hh][u] = expf(s[hh][u] - m_new);  // 0 for keys past the range
+                e_sum += e[hh][u];
+            }
+            l[hh] = l[hh] * corr + e_sum;
+#pragma unroll
+            for (int j = 0; j < kPer; j++) o[hh][j] *= corr;
+            m[hh] = m_new;
+        }
 #pragma unroll
         for (int u = 0; u < U; u++) {
-            float dot = 0.0f;
+            float vf[kPer];
+            key_vec(k0, u, vr, 1, vf);
 #pragma unroll
-            for (int j = 0; j < kPer; j++) dot = fmaf(q[j], kf[u][j], dot);
-            dot = warp_sum(dot);
-            s[u] = k0 + u < key_end ? round_bf16(round_bf16(dot) * scale) : -INFINITY;
-            m_new = fmaxf(m_new, s[u]);
+            for (int hh = 0; hh < kHeads; hh++)
+#pragma unroll
+                for (int j = 0; j < kPer; j++) o[hh][j] = fmaf(e[hh][u], vf[j], o[hh][j]);
         }
-        const float corr = expf(m - m_new);  // 0 on the first round (m = -inf; key k0 is valid, so m_new is finite)
-        float e[U];
-#pragma unroll
-        for (int u = 0; u < U; u++) e[u] = expf(s[u] - m_new);  // 0 for keys past the range
-        float e_sum = 0.0f;
-#pragma unroll
-        for (int u = 0; u < U; u++) e_sum += e[u];
-        l = l * corr + e_sum;
-#pragma unroll
-        for (int j = 0; j < kPer; j++) {
-            float acc = o[j] * corr;
-#pragma unroll
-            for (int u = 0; u < U; u++) acc = fmaf(e[u], vf[u][j], acc);
-            o[j] = acc;
-        }
-        m = m_new;
     }
 #pragma unroll
-    for (int j = 0; j < kPer; j++) part_o[warp][lane * kPer + j] = o[j];
-    if (lane == 0) {
-        part_m[warp] = m;
-        part_l[warp] = l;
+    for (int hh = 0; hh < kHeads; hh++) {
+#pragma unroll
+        for (int j = 0; j < kPer; j++) part_o[warp][hh][lane * kPer + j] = o[hh][j];
+        if (lane == 0) {
+            part_m[warp][hh] = m[hh];
+            part_l[warp][hh] = l[hh];
+        }
     }
     __syncthreads();
-    float M = -INFINITY;
+    for (int hh = 0; hh < kHeads; hh++) {
+        const int h = h0 + hh;
+        float M = -INFINITY;
 #pragma unroll
-    for (int w = 0; w < kAttnWarps; w++) M = fmaxf(M, part_m[w]);
-    float L = 0.0f, f[kAttnWarps];
+        for (int w = 0; w < kAttnWarps; w++) M = fmaxf(M, part_m[w][hh]);
+        float L = 0.0f, f[kAttnWarps];
 #pragma unroll
-    for (int w = 0; w < kAttnWarps; w++) {
-        f[w] = part_l[w] > 0.0f ? expf(part_m[w] - M) : 0.0f;  // a warp that saw no key contributes nothing
-        L += part_l[w] * f[w];
-    }
-    if constexpr (kSplit) {
-        float* dst = part + ((int64_t(t) * Hq + h) * gridDim.z + blockIdx.z) * (D + 2);
-        for (int i = threadIdx.x; i < D; i += blockDim.x) {
-            float acc = 0.0f;
-#pragma unroll
-            for (int w = 0; w < kAttnWarps; w++) acc += part_o[w][i] * f[w];
-            dst[i] = acc;
+        for (int w = 0; w < kAttnWarps; w++) {
+            f[w] = part_l[w][hh] > 0.0f ? expf(part_m[w][hh] - M) : 0.0f;  // a warp that saw no key: nothing
+            L += part_l[w][hh] * f[w];
         }
-        if (threadIdx.x == 0) {
-            dst[D] = M;
-            dst[D + 1] = L;  // 0 when the split holds no position <= pos
-        }
-        return;
-    }
-    const float inv_l = 1.0f / L;
-    for (int i = threadIdx.x; i < D; i += blockDim.x) {
-        float acc = 0.0f;
+        if constexpr (kSplit) {
+            float* dst = part + ((int64_t(t) * Hq + h) * gridDim.z + blockIdx.z) * (D + 2);
+            for (int i = threadIdx.x; i < D; i += blockDim.x) {
+                float acc = 0.0f;
 #pragma unroll
-        for (int w = 0; w < kAttnWarps; w++) acc += part_o[w][i] * f[w];
-        write_gated(p, t, h, D, i, acc * inv_l);
+                for (int w = 0; w < kAttnWarps; w++) acc += part_o[w][hh][i] * f[w];
+                dst[i] = acc;
+            }
+            if (threadIdx.x == 0) {
+                dst[D] = M;
+                dst[D + 1] = L;  // 0 when the split holds no position <= pos
+            }
+        } else {
+            const float inv_l = 1.0f / L;
+            for (int i = threadIdx.x; i < D; i += blockDim.x) {
+                float acc = 0.0f;
+#pragma unroll
+                for (int w = 0; w < kAttnWarps; w++) acc += part_o[w][hh][i] * f[w];
+                write_gated(p, t, h, D, i, acc * inv_l);
+            }
+        }
     }
 }
 
-// Merges the n_splits <= 2 * 32 position splits of (row t = blockIdx.y, head h = blockIdx.x) and applies the gate.
-// Warp 0 turns the splits' (max, sum) into weights exp(max_z - max) in shared memory (lane l: splits l, l + 32);
-// then thread i sums dim i over the splits, the loads of all splits independent (one memory wait, not n_splits).
-// A split that saw no key has sum 0 and weight 0 (its partial o is 0).
+// Merges the n_splits <= kAttnMaxSplits position splits of (row t = blockIdx.y, head h = blockIdx.x) and applies
+// the gate. Warp 0 turns the splits' (max, sum) into weights exp(max_z - max) in shared memory (lane l: splits l,
+// l + 32, ...); then thread i sums dim i over the splits, their loads 8 at a time. A split that saw no key has sum 0
+// and weight 0 (its partial o is 0).
 template <int D>
 __global__ void __launch_bounds__(D) attn_merge_kernel(AttentionArgs p, const float* __restrict__ part, int n_splits) {
-    static_assert(kAttnMaxSplits <= 64, "warp 0 holds two splits per lane");
+    constexpr int kPerLane = (kAttnMaxSplits + 31) / 32;
     __shared__ float weight[kAttnMaxSplits];
     __shared__ float inv_sum;
     pdl_trigger();
@@ -360,16 +391,24 @@ __global__ void __launch_bounds__(D) attn_merge_kernel(AttentionArgs p, const fl
     const int h = blockIdx.x, t = blockIdx.y;
     const float* src = part + (int64_t(t) * p.n_heads + h) * n_splits * (D + 2);
     if (threadIdx.x < 32) {
-        const int z0 = threadIdx.x, z1 = threadIdx.x + 32;
-        const float l0 = z0 < n_splits ? src[z0 * (D + 2) + D + 1] : 0.0f;
-        const float l1 = z1 < n_splits ? src[z1 * (D + 2) + D + 1] : 0.0f;
-        const float m0 = l0 > 0.0f ? src[z0 * (D + 2) + D] : -INFINITY;
-        const float m1 = l1 > 0.0f ? src[z1 * (D + 2) + D] : -INFINITY;
-        const float M = warp_max(fmaxf(m0, m1));  // finite: split 0 holds key 0
-        const float w0 = l0 > 0.0f ? expf(m0 - M) : 0.0f, w1 = l1 > 0.0f ? expf(m1 - M) : 0.0f;
-        const float L = warp_sum(l0 * w0 + l1 * w1);
-        if (z0 < kAttnMaxSplits) weight[z0] = w0;
-        if (z1 < kAttnMaxSplits) weight[z1] = w1;
+        float ls[kPerLane], ms[kPerLane];
+        float M = -INFINITY;
+#pragma unroll
+        for (int i = 0; i < kPerLane; i++) {
+            const int z = int(threadIdx.x) + 32 * i;
+            ls[i] = z < n_splits ? src[z * (D + 2) + D + 1] : 0.0f;
+            ms[i] = ls[i] > 0.0f ? src[z * (D + 2) + D] : -INFINITY;
+            M = fmaxf(M, ms[i]);
+        }
+        M = warp_max(M);  // finite: split 0 holds key 0
+        float L = 0.0f;
+#pragma unroll
+        for (int i = 0; i < kPerLane; i++) {
+            const float w = ls[i] > 0.0f ? expf(ms[i] - M) : 0.0f;
+            L += ls[i] * w;
+            weight[int(threadIdx.x) + 32 * i] = w;
+        }
+        L = warp_sum(L);
         if (threadIdx.x == 0) inv_sum = 1.0f / L;
     }
     __syncthreads();
@@ -690,7 +729,10 @@ __global__ void __launch_bounds__(kFlashThreads, flash_min_blocks<D>())
     }
 }
 
-int n_splits(int n_ctx) { return std::min(kAttnMaxSplits, std::max(1, (n_ctx + kAttnSplitKeys - 1) / kAttnSplitKeys)); }
+// Position splits of a decode step's attention: ceil(n_ctx / kAttnSplitKeys), at most max_splits (<= kAttnMaxSplits).
+int n_splits(int n_ctx, int max_splits) {
+    return std::min(std::min(max_splits, kAttnMaxSplits), std::max(1, (n_ctx + kAttnSplitKeys - 1) / kAttnSplitKeys));
+}
 
 // Opts the flash kernel for head dim D into its dynamic shared memory (above the 48 KB default for D >= 128),
 // once per device.
@@ -711,11 +753,20 @@ template <int D>
 void run_attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, float* split_scratch,
                    const LaunchContext& ctx) {
     const int T = rows.n_rows;
-    const int S = T <= kAttnSplitMaxRows ? n_splits(a.n_ctx) : 1;
+    const int S = T <= kAttnSplitMaxRows ? n_splits(a.n_ctx, ctx.attn_max_splits) : 1;
     if (S > 1 && rows.n_rows == rows.n_runs) {  // decode, split over positions: the core kernel does the prep
-        cuda::launch(attn_core_kernel<D, true, true>, dim3(unsigned(a.n_heads), unsigned(T), unsigned(S)),
-                     dim3(kAttnWarps * 32), 0, ctx, "attention core kernel (prep, split over positions)", a, rows,
-                     static_cast<const bf16*>(nullptr), split_scratch);
+        // q heads per block: up to ctx.attn_heads_per_block of one kv head (a divisor of the group size)
+        const int G = a.n_heads / a.n_kv_heads;
+        const int hpb = ctx.attn_heads_per_block >= 4 && G % 4 == 0   ? 4
+                        : ctx.attn_heads_per_block >= 2 && G % 2 == 0 ? 2
+                                                                      : 1;
+        using Core = void (*)(AttentionArgs, RowMap, const bf16*, float*);
+        const Core core = hpb == 4   ? attn_core_kernel<D, true, true, 4>
+                          : hpb == 2 ? attn_core_kernel<D, true, true, 2>
+                                     : attn_core_kernel<D, true, true, 1>;
+        cuda::launch(core, dim3(unsigned(a.n_heads / hpb), unsigned(T), unsigned(S)), dim3(kAttnWarps * 32), 0, ctx,
+                     "attention core kernel (prep, split over positions)", a, rows, static_cast<const bf16*>(nullptr),
+                     split_scratch);
         cuda::launch(attn_merge_kernel<D>, dim3(unsigned(a.n_heads), unsigned(T)), dim3(D), 0, ctx,
                      "attention split merge kernel", a, static_cast<const float*>(split_scratch), S);
         return;

@@ -38,6 +38,8 @@ struct LaunchContext {
     bool gdn_fused_conv =
         true;  // decode steps do the Gated DeltaNet conv in the recurrence kernel (gated_delta_net.cuh)
     int moe_grouped_min_rows = kMoeGroupedMinRows;  // moe.cuh: rows from which the experts run grouped by expert
+    int attn_heads_per_block = kAttnHeadsPerBlock;  // attention.cuh: q heads of one kv head per decode block
+    int attn_max_splits = kAttnDefaultSplits;       // attention.cuh: most position splits of a decode step
 };
 
 // Per batch row, on the device (filled by the backend's begin_batch from the host runs).

@@ -5,7 +5,7 @@
 # hybrid-bench on a Qwen3.5-4B-shaped random checkpoint: decode b=1, prefill 4096 and batched decode, new and base
 # in alternation (ROUNDS rounds, default 2), so that a difference of about 1% stands out of the run-to-run noise.
 # Usage (device tool, from the repository root): bash tools/gpu/ab_run.sh   with carry [".carry"]
-# (.carry from ../shared/tools/device_prep.sh). STAGES (default "all"): build gpu_tests tests bench fp8_kernels fp8 int int_trace moe moe_trace moe_ncu moe_trained
+# (.carry from ../shared/tools/device_prep.sh). STAGES (default "all"): build gpu_tests tests bench fp8_kernels fp8 int int_trace moe moe_trace moe_ncu moe_trained w4a16 depth depth_trace attn
 # (NOBASE=1: no baseline build; FP8_QUICK=1: the fp8 stage's benches with FP8 weights and block-scaled alone; MOE_AB=0, MOE_LONG=0: shorter moe stage; TRACE=1: also builds hybrid-bench with -DHY_CUDA_TRACE=ON for moe_trace).
 # Logs: $OUT/all.log, summary last.
 set -u
@@ -231,6 +231,79 @@ if want moe_trained; then  # trained MoE models made here as the fixtures were (
         step "compare_${p}_cpu" 120 $N/hybrid-compare -m /tmp/$p --device cpu --key greedy_fp32_cuda --tol 1e-3
         grep -E "SUMMARY" "$LOG" | tail -1 >>"$SUM"
     done
+fi
+if want w4a16; then  # the compressed-tensors W4A16 fixture on CUDA: the [w4a16] tests, its tokens against the CPU's
+    step w4a16_tests 120 $N/hybrid-tests "[w4a16]"
+    grep -E "test cases|FAILED|rel err" "$LOG" | tail -4 >>"$SUM"
+    for dev in cuda cpu; do
+        step "w4a16_cli_$dev" 60 $N/hybrid -m tests/data/models/tiny-w4a16 --device $dev -p 'def fibonacci(n):\n    ' \
+            -n 48 --temp 0 --verbose
+        tail -5 "$LOG" | sed "s/^/  [w4a16 $dev] /" >>"$SUM"
+    done
+fi
+if want depth; then  # issue 22: decode at depth (b=1 after 4k and 16k context tokens), long prefills (16k, 131,072)
+    M=/tmp/q4d DW=--dummy-weights
+    mkdir -p $M && cp tools/gpu/config_4b.json $M/config.json
+    for d in 4096 16384; do
+        for bin in $N $([ "${NOBASE:-0}" = 1 ] || echo $B); do
+            step "depth${d}_$(basename $bin)" 200 $bin/hybrid-bench -m $M $DW --device cuda --depth $d -p 16 -n 256 -r 2
+            say "  decode b=1 at depth $d [$(basename $bin)]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+        done
+    done
+    step prefill16384 200 $N/hybrid-bench -m $M $DW --device cuda -p 16384 -n 8 -r 2 --ubatch 4096
+    say "  prefill 16384: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+    step prefill131072 400 $N/hybrid-bench -m $M $DW --device cuda -p 131072 -n 32 -r 1 --ubatch 4096
+    say "  prefill 131072: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+    grep -iE "arena|device memory|kv" "$LOG" | tail -3 | sed "s/^/  [131072] /" >>"$SUM"
+fi
+if want depth_trace; then  # issue 22: where a b=1 decode step at 16k context goes (TRACE=1 build), ncu on attention
+    M=/tmp/q4d DW=--dummy-weights
+    mkdir -p $M && cp tools/gpu/config_4b.json $M/config.json
+    for d in 0 16384; do
+        grep -q "rc=0" /tmp/bt.log 2>/dev/null && step "depth_trace_$d" 200 /tmp/bt/hybrid-bench -m $M $DW --device cuda \
+            --depth $d -p 16 -n 64 -r 1 --cuda-trace /tmp/depth_trace_$d.txt
+        python3 tools/gpu/trace_summary.py /tmp/depth_trace_$d.txt >"$OUT/depth_trace_$d.txt" 2>&1
+        head -24 "$OUT/depth_trace_$d.txt" | sed "s/^/  [depth $d] /" >>"$SUM"
+    done
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    step ncu_attn 300 $NCU --kernel-name regex:"attn_(core|merge)" --launch-skip 40 --launch-count 4 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
+        --section WarpStateStats --section SchedulerStats $N/hybrid-bench -m $M $DW --device cuda --depth 16384 -p 16 \
+        -n 8 -r 1 --no-cuda-graphs
+    grep -E "attn_|Duration|Memory Throughput|DRAM Throughput|L2 Hit|L1/TEX Hit|Registers Per|Achieved Occupancy|Theoretical Occ|Block Limit|Stall|Issued|Eligible|Grid Size|No Eligible" "$LOG" | tail -120 >"$OUT/ncu_attn.txt"
+fi
+if want attn; then  # decode attention at depth: q heads per block and split counts, new against the baseline
+    M=/tmp/q4d DW=--dummy-weights
+    mkdir -p $M && cp tools/gpu/config_4b.json $M/config.json
+    step attn_tests 200 $N/hybrid-tests "CUDA*attention*"
+    grep -E "test cases|FAILED" "$LOG" | tail -2 >>"$SUM"
+    for i in 1 2; do
+        for v in "base" "new" "new --attn-heads-per-block 1" "new --attn-heads-per-block 2" "new --attn-splits 128" \
+            "new --attn-splits 32"; do
+            set -- $v
+            bin=$([ $1 = base ] && echo $B || echo $N)
+            shift
+            [ -x $bin/hybrid-bench ] || continue
+            step "attn_d16k_${v// /_}_$i" 200 $bin/hybrid-bench -m $M $DW --device cuda --depth 16384 -p 16 -n 256 -r 2 "$@"
+            say "  b=1 depth 16384 [$v]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+        done
+    done
+    for bin in $N $B; do
+        step "attn_d4k_$(basename $bin)" 200 $bin/hybrid-bench -m $M $DW --device cuda --depth 4096 -p 16 -n 256 -r 2
+        say "  b=1 depth 4096 [$(basename $bin)]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+        step "attn_d128k_$(basename $bin)" 300 $bin/hybrid-bench -m $M $DW --device cuda --depth 131072 -p 16 -n 64 -r 1
+        say "  b=1 depth 131072 [$(basename $bin)]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+        step "attn_b1_$(basename $bin)" 200 $bin/hybrid-bench -m $M $DW --device cuda -p 512 -n 256 -r 3
+        say "  b=1 -p 512 [$(basename $bin)]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+        step "attn_batch_$(basename $bin)" 200 $bin/hybrid-bench -m $M $DW --device cuda -p 128 -n 128 -b 8,64 -r 2
+        grep -E '^\| +[0-9]' "$LOG" | tail -2 | sed "s/^/  batch [$(basename $bin)]: /" >>"$SUM"
+    done
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    step ncu_attn_new 300 $NCU --kernel-name regex:"attn_(core|merge)" --launch-skip 40 --launch-count 2 \
+        --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
+        --section WarpStateStats $N/hybrid-bench -m $M $DW --device cuda --depth 16384 -p 16 -n 8 -r 1 --no-cuda-graphs
+    grep -E "attn_|Duration|DRAM Throughput|L2 Hit|Registers Per|Achieved Occupancy|Eligible Warps|Grid Size" "$LOG" | \
+        tail -24 >"$OUT/ncu_attn_new.txt"
 fi
 say "total $(($(date +%s) - T0)) s"
 echo "================ summary"
