@@ -243,6 +243,9 @@ struct CudaOptions {
     int attn_heads_per_block = 0;
     // Decode attention: at most this many position splits per (row, head) (1 to 128); 0: the tuned default.
     int attn_max_splits = 0;
+    // Q8/Q4 decode GEMVs: split K in two halves (twice the blocks) 1: wherever K allows, -1: never, 0: for short
+    // matrices (the tuned default). A row's result does not depend on the batch either way.
+    int int_gemv_split_k = 0;
     // FP8 matrices with more rows than the FP8 GEMVs take (prefill, batches over 8): true (default), FP8 tensor cores
     // with the activations quantized per row and 128-value group (W8A8 with cuBLASLt block scales, the checkpoints'
     // "activation_scheme: dynamic", as vLLM and transformers run them); false: the weights dequantized to bf16 and

@@ -1581,13 +1581,13 @@ static std::vector<float> int_weights(int64_t rows, int64_t cols, int64_t group)
 // The integer GEMV (1-8 rows) and the dequantize + bf16 GEMM path (more rows), Q8 and Q4, groups 32/64/128/256,
 // against the double-precision product with the dequantized weights (x as uploaded: bf16 values); logits in f32,
 // including a matrix larger than the dequantization scratch (then GEMVs of 8 rows).
-TEST_CASE("CUDA Q8/Q4 matmuls match the dequantized-weight reference", "[gpu][int]") {
-    HY_REQUIRE_GPU();
-    const BatchLimits l = limits(96, 8, 16);
-    WorkspaceShape ws{4, 64, 0, 0, 0, 0, 0};
-    ws.fp8_max_cols = 16384;
-    ws.fp8_max_elems = int64_t(300) * 9216;
-    Side gpu(make_cuda_backend(0), l, ws, size_t(200) << 20);
+namespace {
+
+void int_reference_case(const BatchLimits& l, const WorkspaceShape& ws, int split_k) {
+    CudaOptions o;
+    o.int_gemv_split_k = split_k;
+    Side gpu(make_cuda_backend(0, o), l, ws, size_t(200) << 20);
+    INFO("K split " << split_k);
     // (T, N, K, group)
     const int shapes[][4] = {{1, 96, 256, 32},
                              {2, 40, 768, 64},
@@ -1635,6 +1635,18 @@ TEST_CASE("CUDA Q8/Q4 matmuls match the dequantized-weight reference", "[gpu][in
             INFO("rel err " << e);
             CHECK(e <= 1e-3);  // (f32 out: only the tensor cores' f32 sums)
         }
+}
+
+}  // namespace
+
+TEST_CASE("CUDA Q8/Q4 matmuls match the dequantized-weight reference", "[gpu][int]") {
+    HY_REQUIRE_GPU();
+    const BatchLimits l = limits(96, 8, 16);
+    WorkspaceShape ws{4, 64, 0, 0, 0, 0, 0};
+    ws.fp8_max_cols = 16384;
+    ws.fp8_max_elems = int64_t(300) * 9216;
+    for (const int split_k : {-1, 1})  // the GEMV over whole rows, and with K split in two halves
+        int_reference_case(l, ws, split_k);
 }
 
 // Q8/Q4 projections of one input as a group (one GEMV launch over the members' tiles; N not a multiple of 16) and
@@ -1711,44 +1723,47 @@ TEST_CASE("CUDA Q8/Q4 GEMV groups equal their members run alone", "[gpu][int]") 
             }
 }
 
-// A NaN scale makes its row's outputs NaN (nothing hides it) and leaves the other rows alone; a row of x gets the
-// same bits alone as beside 7 others.
+// (Whole rows and K in two halves.) A NaN scale makes its row's outputs NaN (nothing hides it) and leaves the other
+// rows alone; a row of x gets the same bits alone as beside 7 others.
 TEST_CASE("CUDA Q8/Q4 GEMV: NaN scales propagate; rows do not depend on the batch", "[gpu][int]") {
     HY_REQUIRE_GPU();
     const BatchLimits l = limits(16, 8, 16);
     WorkspaceShape ws{4, 64, 0, 0, 0, 0, 0};
-    Side gpu(make_cuda_backend(0), l, ws, size_t(32) << 20);
     const int N = 48, K = 2560, group = 32;
-    for (const DType type : {DType::Q8, DType::Q4}) {
-        INFO(dtype_name(type));
-        IntMatrix m = int_matrix(gpu, int_weights(N, K, group), N, K, group, type);
-        const auto x = randn(size_t(8) * K);
-        void* xg = gpu.act(x);
-        void* y8 = gpu.poisoned(size_t(8) * N);
-        gpu.be->matmul(xg, 8, m.gpu, y8);
-        const auto all = gpu.read_act(y8, size_t(8) * N);
-        for (int t = 0; t < 8; t++) {
-            void* y1 = gpu.poisoned(size_t(N));
-            gpu.be->matmul(static_cast<char*>(xg) + size_t(t) * K * 2, 1, m.gpu, y1);
-            const auto one = gpu.read_act(y1, size_t(N));
-            for (int n = 0; n < N; n++) {
-                REQUIRE(std::isfinite(one[size_t(n)]));
-                CHECK(bits_of(one[size_t(n)]) == bits_of(all[size_t(t * N + n)]));
+    for (const int split_k : {-1, 1})
+        for (const DType type : {DType::Q8, DType::Q4}) {
+            CudaOptions o;
+            o.int_gemv_split_k = split_k;
+            Side gpu(make_cuda_backend(0, o), l, ws, size_t(32) << 20);
+            INFO(dtype_name(type) << " K split " << split_k);
+            IntMatrix m = int_matrix(gpu, int_weights(N, K, group), N, K, group, type);
+            const auto x = randn(size_t(8) * K);
+            void* xg = gpu.act(x);
+            void* y8 = gpu.poisoned(size_t(8) * N);
+            gpu.be->matmul(xg, 8, m.gpu, y8);
+            const auto all = gpu.read_act(y8, size_t(8) * N);
+            for (int t = 0; t < 8; t++) {
+                void* y1 = gpu.poisoned(size_t(N));
+                gpu.be->matmul(static_cast<char*>(xg) + size_t(t) * K * 2, 1, m.gpu, y1);
+                const auto one = gpu.read_act(y1, size_t(N));
+                for (int n = 0; n < N; n++) {
+                    REQUIRE(std::isfinite(one[size_t(n)]));
+                    CHECK(bits_of(one[size_t(n)]) == bits_of(all[size_t(t * N + n)]));
+                }
             }
+            // row 5's scale of group 7 NaN
+            std::vector<float> sc = m.scales;
+            sc[size_t(5 * (K / group) + 7)] = NAN;
+            gpu.be->upload(const_cast<float*>(m.gpu.scales), sc.data(), sc.size() * 4);
+            void* y = gpu.poisoned(size_t(2) * N);
+            gpu.be->matmul(xg, 2, m.gpu, y);
+            const auto got = gpu.read_act(y, size_t(2) * N);
+            for (int t = 0; t < 2; t++)
+                for (int n = 0; n < N; n++) {
+                    INFO("t=" << t << " n=" << n);
+                    CHECK(std::isnan(got[size_t(t * N + n)]) == (n == 5));
+                }
         }
-        // row 5's scale of group 7 NaN
-        std::vector<float> sc = m.scales;
-        sc[size_t(5 * (K / group) + 7)] = NAN;
-        gpu.be->upload(const_cast<float*>(m.gpu.scales), sc.data(), sc.size() * 4);
-        void* y = gpu.poisoned(size_t(2) * N);
-        gpu.be->matmul(xg, 2, m.gpu, y);
-        const auto got = gpu.read_act(y, size_t(2) * N);
-        for (int t = 0; t < 2; t++)
-            for (int n = 0; n < N; n++) {
-                INFO("t=" << t << " n=" << n);
-                CHECK(std::isnan(got[size_t(t * N + n)]) == (n == 5));
-            }
-    }
 }
 
 // The tiny model with --quant int8 / int4 on CUDA (weights only: x stays bf16) against the CPU backend's integer

@@ -233,7 +233,9 @@ int main(int argc, char** argv) {
         ("attn-heads-per-block", "CUDA, decode attention: q heads of one kv head per block, 1, 2 or 4 (0: the "
          "built-in default; the results are the same)", cxxopts::value<int>()->default_value("0"))
         ("attn-splits", "CUDA, decode attention: most position splits per row and head, 1 to 128 (0: the built-in "
-         "default)", cxxopts::value<int>()->default_value("0"));
+         "default)", cxxopts::value<int>()->default_value("0"))
+        ("int-split-k", "CUDA, --quant int8/int4 decode GEMVs: split K in two halves: always, never or auto (by shape, "
+         "the default)", cxxopts::value<std::string>()->default_value("auto"));
     add_shared_option(opts, "", "fp8-gemm");
     add_shared_option(opts, "", "help");
     // clang-format on
@@ -282,6 +284,12 @@ int main(int argc, char** argv) {
             mp.cuda.attn_heads_per_block != 2 && mp.cuda.attn_heads_per_block != 4)
             throw tools::UsageError("--attn-heads-per-block must be 0, 1, 2 or 4, got " +
                                     std::to_string(mp.cuda.attn_heads_per_block));
+        {
+            const std::string v = args["int-split-k"].as<std::string>();
+            if (v != "auto" && v != "always" && v != "never")
+                throw tools::UsageError("--int-split-k must be auto, always or never, got '" + v + "'");
+            mp.cuda.int_gemv_split_k = v == "always" ? 1 : v == "never" ? -1 : 0;
+        }
         mp.cuda.attn_max_splits = args["attn-splits"].as<int>();
         if (mp.cuda.attn_max_splits < 0 || mp.cuda.attn_max_splits > 128)
             throw tools::UsageError("--attn-splits must be 0 to 128, got " + std::to_string(mp.cuda.attn_max_splits));

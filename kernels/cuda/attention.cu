@@ -217,22 +217,23 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
         key_begin = min(pos + 1, int(blockIdx.z) * len);
         key_end = min(pos + 1, key_begin + len);
     }
-    // The raw K and V of a round of keys k0 .. k0 + U - 1 (kPrep: not the row's own key, which is in s_new).
+    // The raw K and V of a round of keys k0 .. k0 + U - 1 (kPrep: not the row's own key, which is in s_new) into
+    // kd, vd: the round being computed (kr, vr) and the next one, whose loads are issued before it (kn, vn).
     using Raw = typename RawVec<kPer>::T;
-    Raw kr[U] = {}, vr[U] = {};
-    auto issue = [&](int k0) {
+    Raw kr[U] = {}, vr[U] = {}, kn[U] = {}, vn[U] = {};
+    auto issue = [&](int k0, Raw* kd, Raw* vd) {
 #pragma unroll
         for (int u = 0; u < U; u++)
             if (k0 + u < key_end && !(kPrep && k0 + u == pos)) {
-                kr[u] = load_raw<kPer>(kc + int64_t(k0 + u) * kv_row + lane * kPer);
-                vr[u] = load_raw<kPer>(vc + int64_t(k0 + u) * kv_row + lane * kPer);
+                kd[u] = load_raw<kPer>(kc + int64_t(k0 + u) * kv_row + lane * kPer);
+                vd[u] = load_raw<kPer>(vc + int64_t(k0 + u) * kv_row + lane * kPer);
             }
     };
     const int k_first = key_begin + U * warp;
     float q[kHeads][kPer], o[kHeads][kPer];
     if constexpr (kPrep) {
         const bool has_new = key_begin <= pos && pos < key_end;
-        issue(k_first);  // keys before pos only: written by earlier steps
+        issue(k_first, kr, vr);  // keys before pos only: written by earlier steps
         float rc[kPer], rs[kPer];
         if (warp <= kHeads) rope_factors<D>(p, pos, rc, rs);
         pdl_wait();  // q, k and v come from the projection just before
@@ -263,6 +264,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 #pragma unroll
             for (int j = 0; j < kPer; j++) q[hh][j] = s_new[hh][lane * kPer + j];
     } else {
+        issue(k_first, kr, vr);
 #pragma unroll
         for (int hh = 0; hh < kHeads; hh++) load_vec<kPer>(q_in + (int64_t(t) * Hq + h0 + hh) * D + lane * kPer, q[hh]);
     }
@@ -286,8 +288,9 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
             for (int j = 0; j < kPer; j++) f[j] = 0.0f;
         }
     };
-    for (int k0 = k_first; k0 < key_end; k0 += U * kAttnWarps) {
-        if (!kPrep || k0 != k_first) issue(k0);  // (kPrep: the first round was issued before the wait)
+    constexpr int kRound = U * kAttnWarps;  // keys of a round of the block
+    for (int k0 = k_first; k0 < key_end; k0 += kRound) {
+        if (k0 + kRound < key_end) issue(k0 + kRound, kn, vn);  // the warp's next round, in flight meanwhile
         // scores of the round's keys for each head, then per head one max and one rescale for the round (summed in
         // key order), then the values
         float s[kHeads][U];
@@ -330,6 +333,11 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
             for (int hh = 0; hh < kHeads; hh++)
 #pragma unroll
                 for (int j = 0; j < kPer; j++) o[hh][j] = fmaf(e[hh][u], vf[j], o[hh][j]);
+        }
+#pragma unroll
+        for (int u = 0; u < U; u++) {
+            kr[u] = kn[u];
+            vr[u] = vn[u];
         }
     }
 #pragma unroll
@@ -379,7 +387,7 @@ __global__ void __launch_bounds__(kAttnWarps * 32)
 
 // Merges the n_splits <= kAttnMaxSplits position splits of (row t = blockIdx.y, head h = blockIdx.x) and applies
 // the gate. Warp 0 turns the splits' (max, sum) into weights exp(max_z - max) in shared memory (lane l: splits l,
-// l + 32, ...); then thread i sums dim i over the splits, their loads 8 at a time. A split that saw no key has sum 0
+// l + 32, ...); then thread i sums dim i over the splits, their loads 16 at a time. A split that saw no key has sum 0
 // and weight 0 (its partial o is 0).
 template <int D>
 __global__ void __launch_bounds__(D) attn_merge_kernel(AttentionArgs p, const float* __restrict__ part, int n_splits) {
@@ -414,7 +422,7 @@ __global__ void __launch_bounds__(D) attn_merge_kernel(AttentionArgs p, const fl
     __syncthreads();
     for (int i = threadIdx.x; i < D; i += blockDim.x) {
         float acc = 0.0f;
-#pragma unroll 8
+#pragma unroll 16
         for (int z = 0; z < n_splits; z++) acc = fmaf(src[z * (D + 2) + i], weight[z], acc);
         write_gated(p, t, h, D, i, acc * inv_sum);
     }

@@ -293,6 +293,7 @@ public:
         if (o.moe_grouped_min_rows > 0) ctx_.moe_grouped_min_rows = o.moe_grouped_min_rows;
         if (o.attn_heads_per_block > 0) ctx_.attn_heads_per_block = o.attn_heads_per_block;
         if (o.attn_max_splits > 0) ctx_.attn_max_splits = std::min(o.attn_max_splits, cuda::kAttnMaxSplits);
+        ctx_.int_gemv_split_k = o.int_gemv_split_k < 0 ? -1 : o.int_gemv_split_k > 0 ? 1 : 0;
         fp8_mode_ = o.fp8_block_scaled_gemm ? cuda::Fp8GemmMode::block_scaled : cuda::Fp8GemmMode::dequantize;
 #if defined(HY_CUDA_TRACE)
         if (!o.trace_file.empty()) start_trace(o.trace_file);
@@ -329,8 +330,11 @@ public:
                on(ctx_.clusters) + ", l2 evict-first " + on(ctx_.evict_first) + ", gdn fused conv " +
                on(ctx_.gdn_fused_conv) + ", moe grouped from " + std::to_string(ctx_.moe_grouped_min_rows) + " rows" +
                ", attention q heads per decode block up to " + std::to_string(ctx_.attn_heads_per_block) +
-               ", attention splits up to " + std::to_string(ctx_.attn_max_splits) + ", fp8 gemm " +
-               (fp8_mode_ == cuda::Fp8GemmMode::block_scaled ? "block-scaled" : "dequantize") +
+               ", attention splits up to " + std::to_string(ctx_.attn_max_splits) + ", integer gemv K split " +
+               (ctx_.int_gemv_split_k > 0   ? "always"
+                : ctx_.int_gemv_split_k < 0 ? "never"
+                                            : "by shape") +
+               ", fp8 gemm " + (fp8_mode_ == cuda::Fp8GemmMode::block_scaled ? "block-scaled" : "dequantize") +
                (gemm_->fp8_shapes_without_algorithm() > 0
                     ? " (cuBLASLt had no block-scaled algorithm for " +
                           std::to_string(gemm_->fp8_shapes_without_algorithm()) + " shapes: those dequantize)"

@@ -40,6 +40,7 @@ struct LaunchContext {
     int moe_grouped_min_rows = kMoeGroupedMinRows;  // moe.cuh: rows from which the experts run grouped by expert
     int attn_heads_per_block = kAttnHeadsPerBlock;  // attention.cuh: q heads of one kv head per decode block
     int attn_max_splits = kAttnDefaultSplits;       // attention.cuh: most position splits of a decode step
+    int int_gemv_split_k = 0;  // int_matmul.cuh: the Q8/Q4 GEMV splits K in two: 1 always, -1 never, 0 by shape
 };
 
 // Per batch row, on the device (filled by the backend's begin_batch from the host runs).

@@ -17,6 +17,9 @@ constexpr int kIntWarps = 8;
 static_assert(kIntWarps * 32 == 256, "the scale-table copy maps 256 threads to 16 rows x 16");
 template <bool kQ4>
 constexpr int kIntDepth = kQ4 ? 4 : 2;
+// A GEMV launch whose matrices have fewer 16-row tiles than this per SM splits K in two (twice the blocks; H200,
+// 4B shapes: the 160-tile out_proj and down_proj).
+constexpr int kIntSplitKTilesPerSm = 2;
 // Shared-memory strides: x rows of K + kIntXPad values (2K + 64 bytes: the 8 tokens' 16-byte reads of a lane
 // quarter fall in distinct banks), and scale rows of int_scale_stride(E) floats for E entries (= 2 mod 32: the 8
 // rows of a warp's 4- or 8-byte reads fall in distinct banks).
@@ -105,9 +108,17 @@ __device__ __forceinline__ void q8_bytes_to_bf16x2(uint32_t w, uint32_t& lo, uin
 // gate's rows 8b .. 8b + 7 (tile rows 0-7) and up's same rows (tile rows 8-15), so each lane ends up holding gate
 // and up of the same (token, feature) and writes gate, up and act = silu(gate) * up (bf16 values, as silu_mul).
 // Every row's sum is computed as in the plain mode, so gate and up are bitwise those of a group of the two.
-template <bool kQ4, bool kSwiGLU, bool kSplit>
+//
+// kHalves (K split in two, for matrices too short to fill the GPU with 16-row tiles; K / 64 even): block b's tile
+// is rows 8b .. 8b + 7 of the members (tile rows 0-7: the first half of K, tile rows 8-15: the same rows' second
+// half), and blockIdx.y takes tokens 4 blockIdx.y .. + 3: the mma's column 2 t + h is token t's x over half h, so
+// lane (gi, q) reads x of token gi / 2, half gi % 2, and its sums c0 (rows' first half by x's first half) and c3
+// (second by second) are token q's two halves: y = c0 + c3 after the warps' sums (c1, c2 are never stored). A
+// token's arithmetic does not depend on T.
+template <bool kQ4, bool kSwiGLU, bool kSplit, bool kHalves = false>
 __global__ void __launch_bounds__(kIntWarps * 32, 2)
     gemv_int_kernel(const bf16* __restrict__ x, int T, Fp8Group g, int K, int group, bool out_f32, bf16* act) {
+    static_assert(!(kSwiGLU && kHalves), "the SwiGLU tile already holds 8 rows of two matrices");
     extern __shared__ __align__(16) unsigned char smem[];
     pdl_trigger();
     // the member and its tile
@@ -129,29 +140,34 @@ __global__ void __launch_bounds__(kIntWarps * 32, 2)
     }
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, q = lane & 3;
     // the tile's first row, and the matrix and row of tile rows gi (a) and gi + 8 (b)
-    const int row0 = (tile - first) * (kSwiGLU ? 8 : 16);
-    const int ra_row = row0 + gi, rb_row = kSwiGLU ? row0 + gi : row0 + gi + 8;
+    constexpr bool k8Rows = kSwiGLU || kHalves;
+    const int row0 = (tile - first) * (k8Rows ? 8 : 16);
+    const int ra_row = row0 + gi, rb_row = k8Rows ? row0 + gi : row0 + gi + 8;
     const bool va = ra_row < N, vb = rb_row < N;
     constexpr int kChunkBytes = kQ4 ? 32 : 64, kWords = kQ4 ? 1 : 2, kDepth = kIntDepth<kQ4>;
     constexpr int kStep = kIntWarps * kDepth;  // chunks per loop step of a block
     constexpr int kEntries = kSplit ? 2 : 1;   // scale entries per chunk
     const int n_chunks = K / 64, G = K / group, gs = int_scale_stride(n_chunks * kEntries);
+    const int n_loop = kHalves ? n_chunks / 2 : n_chunks;  // chunks a tile row runs over
     const int64_t row_bytes = int64_t(n_chunks) * kChunkBytes;
+    // kHalves: the block's tokens
+    const int tq = kHalves ? int(blockIdx.y) * 4 : 0, Tb = kHalves ? min(4, T - tq) : T;
     // the lane's bytes of chunk `warp` in rows a and b (rows past N: row 0's)
     const uint8_t* pa = w + int64_t(va ? ra_row : 0) * row_bytes + 8 * q + warp * kChunkBytes;
-    const uint8_t* pb = (kSwiGLU ? g.w[1] : w) + int64_t(vb ? rb_row : 0) * row_bytes + 8 * q + warp * kChunkBytes;
+    const uint8_t* pb = (kSwiGLU ? g.w[1] : w) + int64_t(vb ? rb_row : 0) * row_bytes + 8 * q + warp * kChunkBytes +
+                        (kHalves ? int64_t(n_loop) * kChunkBytes : 0);
     float* s_sc = reinterpret_cast<float*>(smem);                     // [16][gs]
-    bf16* s_x = reinterpret_cast<bf16*>(smem + size_t(16) * gs * 4);  // [T][K + kIntXPad]
-    float* s_red = reinterpret_cast<float*>(smem + size_t(16) * gs * 4 + size_t(T) * (K + kIntXPad) * 2);
+    bf16* s_x = reinterpret_cast<bf16*>(smem + size_t(16) * gs * 4);  // [Tb][K + kIntXPad]
+    float* s_red = reinterpret_cast<float*>(smem + size_t(16) * gs * 4 + size_t(Tb) * (K + kIntXPad) * 2);
     const uint64_t pol = weight_policy(g.evict_first != 0);
     const uint2 zero2 = make_uint2(0u, 0u);
     uint2 ra[kDepth][kWords], rb[kDepth][kWords];
     // the loads of the step whose first chunk is c0 (the lane's chunks c0 + kIntWarps u) from qa / qb (chunk c0)
     auto load_w = [&](const uint8_t* qa, const uint8_t* qb, int c0) {
-        const bool whole = c0 + kIntWarps * (kDepth - 1) < n_chunks;
+        const bool whole = c0 + kIntWarps * (kDepth - 1) < n_loop;
 #pragma unroll
         for (int u = 0; u < kDepth; u++) {
-            const bool in = whole || c0 + kIntWarps * u < n_chunks;
+            const bool in = whole || c0 + kIntWarps * u < n_loop;
 #pragma unroll
             for (int h = 0; h < kWords; h++) {
                 const int off = u * kIntWarps * kChunkBytes + 32 * h;
@@ -161,36 +177,41 @@ __global__ void __launch_bounds__(kIntWarps * 32, 2)
         }
     };
     load_w(pa, pb, warp);
-    // the tile's scale table: entry e of row r is the scale of chunk e (kSplit: of half e, group e); rows past N
-    // hold zeros, never read into a result. Thread i copies entries i % 16, i % 16 + 16, ... of row i / 16.
+    // the tile's scale table: entry e of row r is the scale of chunk e (kSplit: of half e, group e; kHalves: of
+    // the row's half r / 8, from chunk n_loop on for r >= 8); rows past N hold zeros, never read into a result.
+    // Thread i copies entries i % 16, i % 16 + 16, ... of row i / 16.
     {
-        const int per_row = n_chunks * kEntries;
+        const int per_row = n_loop * kEntries;
         const int cpg = kSplit ? 1 : group / 64;  // entries per group
         const int r = int(threadIdx.x) >> 4;
-        const int row = kSwiGLU ? row0 + (r & 7) : row0 + r;
+        const int row = k8Rows ? row0 + (r & 7) : row0 + r;
+        const int eo = kHalves && r >= 8 ? n_loop * kEntries : 0;  // the entry of the row's first chunk
         const float* src = (kSwiGLU && r >= 8 ? g.scales[1] : scales) + int64_t(row < N ? row : 0) * G;
         float* dst = s_sc + r * gs;
         for (int e = int(threadIdx.x) & 15; e < per_row; e += 16) {
             if (row < N)
-                cp_async4(smem_addr(dst + e), src + (cpg == 1 ? e : e / cpg));
+                cp_async4(smem_addr(dst + e), src + (cpg == 1 ? e + eo : (e + eo) / cpg));
             else
                 dst[e] = 0.0f;
         }
     }
     pdl_wait();  // x comes from the kernel before
-    for (int i = int(threadIdx.x); i < T * (K / 8); i += kIntWarps * 32) {
+    for (int i = int(threadIdx.x); i < Tb * (K / 8); i += kIntWarps * 32) {
         const int t = i / (K / 8), c = (i - t * (K / 8)) * 8;
-        cp_async16(smem_addr(s_x + int64_t(t) * (K + kIntXPad) + c), x + int64_t(t) * K + c, true);
+        cp_async16(smem_addr(s_x + int64_t(t) * (K + kIntXPad) + c), x + int64_t(tq + t) * K + c, true);
     }
     cp_async_commit();
     cp_async_wait_all();
     __syncthreads();
-    // the lane's x (row gi, or row 0 for tokens >= T) and scale rows, at chunk `warp`
-    const bf16* xr = s_x + int64_t(gi < T ? gi : 0) * (K + kIntXPad) + 8 * q + 64 * warp;
+    // the lane's x (row gi, or row 0 for tokens >= T; kHalves: token gi / 2's half gi % 2) and scale rows, at chunk
+    // `warp`
+    const int xt = kHalves ? gi >> 1 : gi;
+    const bf16* xr =
+        s_x + int64_t(xt < Tb ? xt : 0) * (K + kIntXPad) + (kHalves ? (gi & 1) * (n_loop * 64) : 0) + 8 * q + 64 * warp;
     const float* sa = s_sc + gi * gs + kEntries * warp;
     const float* sb = s_sc + (gi + 8) * gs + kEntries * warp;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int c0 = warp; c0 < n_chunks; c0 += kStep) {
+    for (int c0 = warp; c0 < n_loop; c0 += kStep) {
         uint2 ca[kDepth][kWords], cb[kDepth][kWords];
 #pragma unroll
         for (int u = 0; u < kDepth; u++)
@@ -201,7 +222,7 @@ __global__ void __launch_bounds__(kIntWarps * 32, 2)
             }
         pa += kStep * kChunkBytes;
         pb += kStep * kChunkBytes;
-        if (c0 + kStep < n_chunks) load_w(pa, pb, c0 + kStep);
+        if (c0 + kStep < n_loop) load_w(pa, pb, c0 + kStep);
         // chunk c0 + kIntWarps u (u < kDepth) of the step: its products, scaled and added to the sums
         auto chunk = [&](int u) {
             const bf16* xc = xr + 64 * kIntWarps * u;
@@ -243,7 +264,7 @@ __global__ void __launch_bounds__(kIntWarps * 32, 2)
         };
 #pragma unroll
         for (int u = 0; u < kDepth; u++) {
-            if (c0 + kIntWarps * u >= n_chunks) break;
+            if (c0 + kIntWarps * u >= n_loop) break;
             chunk(u);
         }
         xr += 64 * kStep;
@@ -272,6 +293,15 @@ __global__ void __launch_bounds__(kIntWarps * 32, 2)
             static_cast<bf16*>(g.y[1])[o] = to_bf16(uv);
             if (act != static_cast<bf16*>(y)) static_cast<bf16*>(y)[o] = to_bf16(gv);
             act[o] = to_bf16(round_bf16(siluf_(gv)) * uv);
+        }
+    } else if constexpr (kHalves) {  // token tq + q, feature row0 + gi: the halves' sums in v4[0] and v4[3]
+        const int t = tq + q, n = row0 + gi;
+        if (q < Tb && n < N) {
+            const float v = v4[0] + v4[3];
+            if (out_f32)
+                static_cast<float*>(y)[int64_t(t) * N + n] = v;
+            else
+                static_cast<bf16*>(y)[int64_t(t) * N + n] = to_bf16(v);
         }
     } else {
 #pragma unroll
@@ -334,34 +364,58 @@ bool int_gemv_fits(const bf16* x, int64_t T, const Matrix& w) {
 
 namespace {
 
+// The device's SM count (once).
+int sm_count() {
+    static const int n = [] {
+        int dev = 0, v = 0;
+        check(cudaGetDevice(&dev), "cudaGetDevice");
+        check(cudaDeviceGetAttribute(&v, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
+        return v;
+    }();
+    return n;
+}
+
 // Launches the GEMV over g's members (checked by the callers; block_end and evict_first set here); with act, the
-// SwiGLU mode over g = {gate, up}.
+// SwiGLU mode over g = {gate, up}. K is split in two halves (kHalves) when ctx.int_gemv_split_k says so: 1 always,
+// -1 never, 0 (the default) when the members have fewer 16-row tiles than kIntSplitKTilesPerSm per SM; always
+// only where K / 64 is even, never in the SwiGLU mode. The choice depends on the shapes alone, not on T.
 void launch_int_gemv(const bf16* x, int64_t T, Fp8Group g, int64_t K, DType dtype, int64_t group, bool out_f32,
                      const LaunchContext& ctx, bf16* act = nullptr) {
     const bool swiglu = act != nullptr;
-    for (int m = 0; m < g.count; m++) g.block_end[m] = int(ceil_div(g.n[m], 16)) + (m ? g.block_end[m - 1] : 0);
+    int64_t tiles16 = 0;
+    for (int m = 0; m < g.count; m++) tiles16 += ceil_div(g.n[m], 16);
+    const bool halves = !swiglu && (K / 64) % 2 == 0 &&
+                        (ctx.int_gemv_split_k > 0 ||
+                         (ctx.int_gemv_split_k == 0 && tiles16 < int64_t(kIntSplitKTilesPerSm) * sm_count()));
+    const int tile_rows = halves ? 8 : 16;
+    for (int m = 0; m < g.count; m++) g.block_end[m] = int(ceil_div(g.n[m], tile_rows)) + (m ? g.block_end[m - 1] : 0);
     g.evict_first = ctx.evict_first ? 1 : 0;
     const bool q4 = dtype == DType::Q4, split = group == 32;
+    const int mode = swiglu ? 1 : halves ? 2 : 0;
     using Kernel = void (*)(const bf16*, int, Fp8Group, int, int, bool, bf16*);
-    static constexpr Kernel kernels[2][2][2] = {
-        // [q4][swiglu][split]
+    static constexpr Kernel kernels[2][3][2] = {
+        // [q4][plain, swiglu, halves][split]
         {{gemv_int_kernel<false, false, false>, gemv_int_kernel<false, false, true>},
-         {gemv_int_kernel<false, true, false>, gemv_int_kernel<false, true, true>}},
+         {gemv_int_kernel<false, true, false>, gemv_int_kernel<false, true, true>},
+         {gemv_int_kernel<false, false, false, true>, gemv_int_kernel<false, false, true, true>}},
         {{gemv_int_kernel<true, false, false>, gemv_int_kernel<true, false, true>},
-         {gemv_int_kernel<true, true, false>, gemv_int_kernel<true, true, true>}}};
-    const Kernel kernel = kernels[q4][swiglu][split];
-    static bool opted_in[2][2][2] = {};  // (the shared-memory opt-in, once per kernel)
-    if (!opted_in[q4][swiglu][split]) {
+         {gemv_int_kernel<true, true, false>, gemv_int_kernel<true, true, true>},
+         {gemv_int_kernel<true, false, false, true>, gemv_int_kernel<true, false, true, true>}}};
+    const Kernel kernel = kernels[q4][mode][split];
+    static bool opted_in[2][3][2] = {};  // (the shared-memory opt-in, once per kernel)
+    if (!opted_in[q4][mode][split]) {
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(int_gemv_smem_limit())),
               "cudaFuncSetAttribute (integer GEMV shared memory)");
-        opted_in[q4][swiglu][split] = true;
+        opted_in[q4][mode][split] = true;
     }
     const unsigned blocks = swiglu ? unsigned(ceil_div(g.n[0], 8)) : unsigned(g.block_end[g.count - 1]);
     const char* what =
-        swiglu ? (q4 ? "Q4 tensor-core gate/up/SiLU gemv kernel" : "Q8 tensor-core gate/up/SiLU gemv kernel")
-               : (q4 ? "Q4 tensor-core gemv kernel" : "Q8 tensor-core gemv kernel");
-    launch(kernel, blocks, kIntWarps * 32, int_gemv_smem(T, K, group), ctx, what, x, int(T), g, int(K), int(group),
-           out_f32, act);
+        swiglu   ? (q4 ? "Q4 tensor-core gate/up/SiLU gemv kernel" : "Q8 tensor-core gate/up/SiLU gemv kernel")
+        : halves ? (q4 ? "Q4 tensor-core gemv kernel (K halves)" : "Q8 tensor-core gemv kernel (K halves)")
+                 : (q4 ? "Q4 tensor-core gemv kernel" : "Q8 tensor-core gemv kernel");
+    const dim3 grid(blocks, halves ? unsigned(ceil_div(T, 4)) : 1u);
+    launch(kernel, grid, dim3(kIntWarps * 32), int_gemv_smem(halves ? std::min<int64_t>(T, 4) : T, K, group), ctx, what,
+           x, int(T), g, int(K), int(group), out_f32, act);
 }
 
 }  // namespace

@@ -5,7 +5,7 @@
 # hybrid-bench on a Qwen3.5-4B-shaped random checkpoint: decode b=1, prefill 4096 and batched decode, new and base
 # in alternation (ROUNDS rounds, default 2), so that a difference of about 1% stands out of the run-to-run noise.
 # Usage (device tool, from the repository root): bash tools/gpu/ab_run.sh   with carry [".carry"]
-# (.carry from ../shared/tools/device_prep.sh). STAGES (default "all"): build gpu_tests tests bench fp8_kernels fp8 int int_trace moe moe_trace moe_ncu moe_trained w4a16 depth depth_trace attn
+# (.carry from ../shared/tools/device_prep.sh). STAGES (default "all"): build gpu_tests tests bench fp8_kernels fp8 int int_trace moe moe_trace moe_ncu moe_trained w4a16 depth depth_trace attn int_ab
 # (NOBASE=1: no baseline build; FP8_QUICK=1: the fp8 stage's benches with FP8 weights and block-scaled alone; MOE_AB=0, MOE_LONG=0: shorter moe stage; TRACE=1: also builds hybrid-bench with -DHY_CUDA_TRACE=ON for moe_trace).
 # Logs: $OUT/all.log, summary last.
 set -u
@@ -278,8 +278,7 @@ if want attn; then  # decode attention at depth: q heads per block and split cou
     step attn_tests 200 $N/hybrid-tests "CUDA*attention*"
     grep -E "test cases|FAILED" "$LOG" | tail -2 >>"$SUM"
     for i in 1 2; do
-        for v in "base" "new" "new --attn-heads-per-block 1" "new --attn-heads-per-block 2" "new --attn-splits 128" \
-            "new --attn-splits 32"; do
+        for v in "base" "new" "new --attn-heads-per-block 4" "new --attn-splits 128"; do
             set -- $v
             bin=$([ $1 = base ] && echo $B || echo $N)
             shift
@@ -304,6 +303,26 @@ if want attn; then  # decode attention at depth: q heads per block and split cou
         --section WarpStateStats $N/hybrid-bench -m $M $DW --device cuda --depth 16384 -p 16 -n 8 -r 1 --no-cuda-graphs
     grep -E "attn_|Duration|DRAM Throughput|L2 Hit|Registers Per|Achieved Occupancy|Eligible Warps|Grid Size" "$LOG" | \
         tail -24 >"$OUT/ncu_attn_new.txt"
+fi
+if want int_ab; then  # int4/int8 decode b=1 (and small batches): new (K split by shape), new without it, the baseline
+    M=/tmp/q4d DW=--dummy-weights
+    mkdir -p $M && cp tools/gpu/config_4b.json $M/config.json
+    for i in 1 2; do
+        for q in int4 int8; do
+            for v in "new" "new --int-split-k never" "base"; do
+                set -- $v
+                bin=$([ $1 = base ] && echo $B || echo $N)
+                shift
+                [ -x $bin/hybrid-bench ] || continue
+                step "int_ab_${q}_${v// /_}_$i" 150 $bin/hybrid-bench -m $M $DW --device cuda --quant $q -p 512 -n 256 -r 3 "$@"
+                say "  decode b=1 [$q, $v]: $(grep -E '^\| +[0-9]' "$LOG" | tail -1)"
+            done
+        done
+    done
+    for bin in $N $B; do
+        step "int_ab_batch_$(basename $bin)" 150 $bin/hybrid-bench -m $M $DW --device cuda --quant int4 -p 128 -n 64 -b 2,8 -r 2
+        grep -E '^\| +[0-9]' "$LOG" | tail -2 | sed "s/^/  batch int4 [$(basename $bin)]: /" >>"$SUM"
+    done
 fi
 say "total $(($(date +%s) - T0)) s"
 echo "================ summary"
