@@ -1656,71 +1656,77 @@ TEST_CASE("CUDA Q8/Q4 GEMV groups equal their members run alone", "[gpu][int]") 
     HY_REQUIRE_GPU();
     const BatchLimits l = limits(16, 8, 16);
     WorkspaceShape ws{4, 64, 0, 0, 0, 0, 0};
-    Side gpu(make_cuda_backend(0), l, ws, size_t(128) << 20);
     const int group = 32;
     const int ns[3] = {200, 40, 72};
-    for (const int K : {2560, 4160})
-        for (const DType type : {DType::Q8, DType::Q4})
-            for (const int T : {1, 3, 8}) {
-                INFO(dtype_name(type) << " T=" << T << " K=" << K);
-                std::vector<IntMatrix> m;
-                for (int n : ns) m.push_back(int_matrix(gpu, int_weights(n, K, group), n, K, group, type));
-                const auto x = randn(size_t(T) * K);
-                void* xg = gpu.act(x);
-                Projection pr[3];
-                for (int i = 0; i < 3; i++) pr[i] = {m[size_t(i)].gpu, gpu.poisoned(size_t(T) * ns[i])};
-                gpu.be->matmul_group(xg, T, pr, 3);
-                for (int i = 0; i < 3; i++) {
-                    INFO("member " << i);
-                    const auto got = gpu.read_act(pr[i].y, size_t(T) * ns[i]);
-                    void* solo = gpu.poisoned(size_t(T) * ns[i]);
-                    gpu.be->matmul(xg, T, m[size_t(i)].gpu, solo);
-                    const auto alone = gpu.read_act(solo, size_t(T) * ns[i]);
-                    for (size_t j = 0; j < got.size(); j++) {
-                        REQUIRE(std::isfinite(got[j]));
-                        REQUIRE(bits_of(got[j]) == bits_of(alone[j]));
+    for (const int split_k : {-1, 1}) {  // whole rows, then K in two halves where K allows (2560)
+        CudaOptions o;
+        o.int_gemv_split_k = split_k;
+        Side gpu(make_cuda_backend(0, o), l, ws, size_t(128) << 20);
+        for (const int K : {2560, 4160})
+            for (const DType type : {DType::Q8, DType::Q4})
+                for (const int T : {1, 3, 8}) {
+                    INFO(dtype_name(type) << " T=" << T << " K=" << K << " K split " << split_k);
+                    std::vector<IntMatrix> m;
+                    for (int n : ns) m.push_back(int_matrix(gpu, int_weights(n, K, group), n, K, group, type));
+                    const auto x = randn(size_t(T) * K);
+                    void* xg = gpu.act(x);
+                    Projection pr[3];
+                    for (int i = 0; i < 3; i++) pr[i] = {m[size_t(i)].gpu, gpu.poisoned(size_t(T) * ns[i])};
+                    gpu.be->matmul_group(xg, T, pr, 3);
+                    for (int i = 0; i < 3; i++) {
+                        INFO("member " << i);
+                        const auto got = gpu.read_act(pr[i].y, size_t(T) * ns[i]);
+                        void* solo = gpu.poisoned(size_t(T) * ns[i]);
+                        gpu.be->matmul(xg, T, m[size_t(i)].gpu, solo);
+                        const auto alone = gpu.read_act(solo, size_t(T) * ns[i]);
+                        for (size_t j = 0; j < got.size(); j++) {
+                            REQUIRE(std::isfinite(got[j]));
+                            REQUIRE(bits_of(got[j]) == bits_of(alone[j]));
+                        }
+                        CHECK(rel_err(got, int_reference(x, T, m[size_t(i)])) <= kTol);
                     }
-                    CHECK(rel_err(got, int_reference(x, T, m[size_t(i)])) <= kTol);
+                    // gate/up/SiLU (the SwiGLU GEMV: 8 features a block) over two matrices of 200 and of 44 rows (a
+                    // partial last tile): gate and up bitwise those of the pair as a group, act bitwise silu_mul's on
+                    // them; act aliasing gate gives the same bits
+                    for (const int N : {200, 44}) {
+                        INFO("gate/up N=" << N);
+                        const IntMatrix gm = int_matrix(gpu, int_weights(N, K, group), N, K, group, type);
+                        const IntMatrix um = int_matrix(gpu, int_weights(N, K, group), N, K, group, type);
+                        const size_t n = size_t(T) * N;
+                        void* g = gpu.poisoned(n);
+                        void* u = gpu.poisoned(n);
+                        void* a = gpu.poisoned(n);
+                        gpu.be->gate_up_silu(xg, T, gm.gpu, um.gpu, g, u, a);
+                        const Projection pair[2] = {{gm.gpu, gpu.poisoned(n)}, {um.gpu, gpu.poisoned(n)}};
+                        gpu.be->matmul_group(xg, T, pair, 2);
+                        void* a2 = gpu.poisoned(n);
+                        gpu.be->silu_mul(pair[0].y, pair[1].y, int64_t(n), a2);
+                        const auto got_g = gpu.read_act(g, n), got_u = gpu.read_act(u, n), got_a = gpu.read_act(a, n);
+                        const auto ref_g = gpu.read_act(pair[0].y, n), ref_u = gpu.read_act(pair[1].y, n);
+                        const auto ref_a = gpu.read_act(a2, n);
+                        for (size_t j = 0; j < n; j++) {
+                            REQUIRE(std::isfinite(got_a[j]));
+                            if (split_k > 0)
+                                continue;  // (the pair as a group then splits K; the SwiGLU mode never does)
+                            REQUIRE(bits_of(got_g[j]) == bits_of(ref_g[j]));
+                            REQUIRE(bits_of(got_u[j]) == bits_of(ref_u[j]));
+                            REQUIRE(bits_of(got_a[j]) == bits_of(ref_a[j]));
+                        }
+                        void* ga = gpu.poisoned(n);
+                        void* ua = gpu.poisoned(n);
+                        gpu.be->gate_up_silu(xg, T, gm.gpu, um.gpu, ga, ua, ga);  // act in place of gate
+                        const auto in_place = gpu.read_act(ga, n);
+                        for (size_t j = 0; j < n; j++) REQUIRE(bits_of(in_place[j]) == bits_of(got_a[j]));
+                        const auto gr = int_reference(x, T, gm), ur = int_reference(x, T, um);
+                        std::vector<float> ar(gr.size());
+                        for (size_t j = 0; j < ar.size(); j++) {
+                            const float gb = bf16_to_f32(f32_to_bf16(gr[j])), ub = bf16_to_f32(f32_to_bf16(ur[j]));
+                            ar[j] = bf16_to_f32(f32_to_bf16(gb / (1.0f + std::exp(-gb)))) * ub;  // (as silu_mul rounds)
+                        }
+                        CHECK(rel_err(got_a, ar) <= kTol);
+                    }
                 }
-                // gate/up/SiLU (the SwiGLU GEMV: 8 features a block) over two matrices of 200 and of 44 rows (a partial
-                // last tile): gate and up bitwise those of the pair as a group, act bitwise silu_mul's on them; act
-                // aliasing gate gives the same bits
-                for (const int N : {200, 44}) {
-                    INFO("gate/up N=" << N);
-                    const IntMatrix gm = int_matrix(gpu, int_weights(N, K, group), N, K, group, type);
-                    const IntMatrix um = int_matrix(gpu, int_weights(N, K, group), N, K, group, type);
-                    const size_t n = size_t(T) * N;
-                    void* g = gpu.poisoned(n);
-                    void* u = gpu.poisoned(n);
-                    void* a = gpu.poisoned(n);
-                    gpu.be->gate_up_silu(xg, T, gm.gpu, um.gpu, g, u, a);
-                    const Projection pair[2] = {{gm.gpu, gpu.poisoned(n)}, {um.gpu, gpu.poisoned(n)}};
-                    gpu.be->matmul_group(xg, T, pair, 2);
-                    void* a2 = gpu.poisoned(n);
-                    gpu.be->silu_mul(pair[0].y, pair[1].y, int64_t(n), a2);
-                    const auto got_g = gpu.read_act(g, n), got_u = gpu.read_act(u, n), got_a = gpu.read_act(a, n);
-                    const auto ref_g = gpu.read_act(pair[0].y, n), ref_u = gpu.read_act(pair[1].y, n);
-                    const auto ref_a = gpu.read_act(a2, n);
-                    for (size_t j = 0; j < n; j++) {
-                        REQUIRE(std::isfinite(got_a[j]));
-                        REQUIRE(bits_of(got_g[j]) == bits_of(ref_g[j]));
-                        REQUIRE(bits_of(got_u[j]) == bits_of(ref_u[j]));
-                        REQUIRE(bits_of(got_a[j]) == bits_of(ref_a[j]));
-                    }
-                    void* ga = gpu.poisoned(n);
-                    void* ua = gpu.poisoned(n);
-                    gpu.be->gate_up_silu(xg, T, gm.gpu, um.gpu, ga, ua, ga);  // act in place of gate
-                    const auto in_place = gpu.read_act(ga, n);
-                    for (size_t j = 0; j < n; j++) REQUIRE(bits_of(in_place[j]) == bits_of(got_a[j]));
-                    const auto gr = int_reference(x, T, gm), ur = int_reference(x, T, um);
-                    std::vector<float> ar(gr.size());
-                    for (size_t j = 0; j < ar.size(); j++) {
-                        const float gb = bf16_to_f32(f32_to_bf16(gr[j])), ub = bf16_to_f32(f32_to_bf16(ur[j]));
-                        ar[j] = bf16_to_f32(f32_to_bf16(gb / (1.0f + std::exp(-gb)))) * ub;  // (as silu_mul rounds)
-                    }
-                    CHECK(rel_err(got_a, ar) <= kTol);
-                }
-            }
+    }
 }
 
 // (Whole rows and K in two halves.) A NaN scale makes its row's outputs NaN (nothing hides it) and leaves the other

@@ -35,8 +35,9 @@ void gemv_int_group(const bf16* x, int64_t T, const Fp8Group& g, int64_t K, DTyp
                     const LaunchContext& ctx);
 // The MLP's gate/up/SiLU in one launch (the SwiGLU mode): gate = bf16(x @ w_gate^T), up = bf16(x @ w_up^T), act =
 // bf16(bf16(silu(gate)) * up), all [T, N] (act may alias gate: then gate is not written separately). gate and up
-// are bitwise those of gemv_int_group over {w_gate, w_up}, act that of silu_mul on them. w_gate and w_up: one Q8/Q4
-// dtype, shape and group, both taken by int_gemv_fits; else Error(internal).
+// are bitwise those of gemv_int_group over {w_gate, w_up} run over whole rows (never K halves), act that of
+// silu_mul on them. w_gate and w_up: one Q8/Q4 dtype, shape and group, both taken by int_gemv_fits; else
+// Error(internal).
 void gemv_int_gate_up(const bf16* x, int64_t T, const Matrix& w_gate, const Matrix& w_up, bf16* gate, bf16* up,
                       bf16* act, const LaunchContext& ctx);
 // out[N, K] = bf16(q * scale) for every weight of a Q8/Q4 w.
