@@ -40,6 +40,7 @@ struct hy_model {
     hy::GenerationDefaults generation;       // generation_config.json's sampling fields
     std::string load_warning;                // hy_model_load_warning
     std::string device;                      // hy_model_device
+    std::string weights;                     // hy_model_weights
     int max_token_bytes = 1;                 // hy_model_max_token_bytes
     std::unique_ptr<hy::ChatTemplate> chat;  // made on first use (throws unsupported without ChatML tokens)
     const hy::ChatTemplate& chat_template() {
@@ -242,6 +243,7 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
             m->fingerprint = f.h;
         }
         m->device = m->model->backend().device_name();
+        m->weights = hy::weight_dtypes_text(m->model->weights());
         m->load_warning = m->model->load_warning();
         if (!m->generation.warning.empty())
             m->load_warning += (m->load_warning.empty() ? "" : "; ") + m->generation.warning;
@@ -258,6 +260,7 @@ int hy_model_n_ctx(const hy_model* m) { return m ? m->model->n_ctx() : 0; }
 int hy_model_n_ctx_train(const hy_model* m) { return m ? m->model->config().max_position_embeddings : 0; }
 const char* hy_model_backend(const hy_model* m) { return m ? m->model->backend().name() : ""; }
 const char* hy_model_device(const hy_model* m) { return m ? m->device.c_str() : ""; }
+const char* hy_model_weights(const hy_model* m) { return m ? m->weights.c_str() : ""; }
 int hy_model_max_token_bytes(const hy_model* m) { return m ? m->max_token_bytes : 0; }
 size_t hy_model_arena_bytes(const hy_model* m) { return m ? m->model->arena_bytes() : 0; }
 uint64_t hy_model_fingerprint(const hy_model* m) { return m ? m->fingerprint : 0; }

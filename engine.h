@@ -148,6 +148,10 @@ const char* hy_model_backend(const hy_model* model);
 /* The device in a few words: "CPU, 8 threads" or "NVIDIA H200 (compute capability 9.0)"; "" for NULL. Valid while
  * the model lives. */
 const char* hy_model_device(const hy_model* model);
+/* The loaded weight matrices' formats (the embeddings, lm_head and every linear layer's weights) with their shares
+ * of the weights, most first: "BF16", or "Q4 93%, BF16 7%" for --quant int4 or a compressed-tensors int4
+ * checkpoint, "F8_E4M3 96%, BF16 4%" for FP8. Valid while the model lives; "" for NULL. */
+const char* hy_model_weights(const hy_model* model);
 /* The most bytes of text one token stands for (its string in tokenizer.json, at least 1): a text of n bytes has at
  * least n / (3 * this) tokens (3: Unicode normalization may shrink the text, at most threefold), so a program can
  * refuse a prompt far too long for the context without tokenizing it. 0 for NULL. */

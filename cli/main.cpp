@@ -302,14 +302,14 @@ int run(int argc, char** argv) {
     // the backend, the device and the memory the model holds: on a terminal (with the summary) or with --verbose
     if (show_summary) {
         const bool cpu = std::strcmp(hy_model_backend(h.m), "cpu") == 0;
-        // the weight quantization chosen at load (--quant), with its group size and lm_head
-        std::string quant;
-        if (o.quant == HY_QUANT_FP8) quant = ", weights quantized to FP8 (--quant fp8)";
+        // the loaded weights' formats, and the quantization chosen at load (--quant) with its group and lm_head
+        std::string quant = std::string(", weights ") + hy_model_weights(h.m);
+        if (o.quant == HY_QUANT_FP8) quant += " (quantized to FP8 at load, --quant fp8)";
         if (o.quant == HY_QUANT_INT8 || o.quant == HY_QUANT_INT4) {
-            const bool int8 = o.quant == HY_QUANT_INT8;
-            const int group = o.quant_group ? o.quant_group : int8 ? kInt8DefaultGroup : kInt4DefaultGroup;
-            quant = std::string(", weights quantized to ") + (int8 ? "int8" : "int4") + " in groups of " +
-                    std::to_string(group) + (o.quant_lm_head ? ", lm_head too" : "");
+            const hy::WeightQuant q = o.quant == HY_QUANT_INT8 ? hy::WeightQuant::int8 : hy::WeightQuant::int4;
+            quant += std::string(" (quantized to ") + hy::weight_quant_name(q) + " at load in groups of " +
+                     std::to_string(hy::weight_quant_group(q, o.quant_group)) + (o.quant_lm_head ? ", lm_head too" : "") +
+                     ")";
         }
         std::fprintf(stderr, "hybrid: loaded on %s (%s): %s of %s memory (weights and state for -c %d), vocab %d%s\n",
                      hy_model_backend(h.m), hy_model_device(h.m), mib(hy_model_arena_bytes(h.m)).c_str(),

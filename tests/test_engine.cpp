@@ -384,6 +384,8 @@ TEST_CASE("engine: errors are status codes with a message", "[engine]") {
     REQUIRE(hy_model_load(kTiny.c_str(), &mp, &m) == HY_OK);
     CHECK(hy_model_n_ctx(m) == 32768);
     CHECK(std::string(hy_model_device(m)).rfind("CPU, ", 0) == 0);
+    CHECK(std::string(hy_model_weights(m)) == "BF16");  // (models/tiny is bf16; --quant int4 makes it Q4: [cli][int])
+    CHECK(std::string(hy_model_weights(nullptr)).empty());
     hy_model_free(m);
     m = nullptr;
     mp.n_ctx = 64;

@@ -37,10 +37,18 @@ TEST_CASE("--quant: int8 and int4 run models/tiny; bad groups are one clear line
     INFO(lm.err);
     CHECK(lm.rc == 0);
     CHECK(!lm.out.empty());
-    // --verbose names the quantization on its "loaded on" line
-    CHECK(lm.err.find(", vocab 4096, weights quantized to int4 in groups of 32, lm_head too\n") != std::string::npos);
+    // --verbose names the loaded weights' formats and the quantization on its "loaded on" line
+    CHECK(lm.err.find(", vocab 4096, weights Q4 ") != std::string::npos);
+    CHECK(lm.err.find("% (quantized to int4 at load in groups of 32, lm_head too)\n") != std::string::npos);
     const Run v8 = hybrid({"-m", "models/tiny", "-p", "x", "-n", "1", "--quant", "int8", "--verbose"});
-    CHECK(v8.err.find(", vocab 4096, weights quantized to int8 in groups of 64\n") != std::string::npos);
+    CHECK(v8.err.find(", vocab 4096, weights Q8 ") != std::string::npos);
+    CHECK(v8.err.find("% (quantized to int8 at load in groups of 64)\n") != std::string::npos);
+    // a compressed-tensors int4 checkpoint: Q4 without --quant; the 16-bit model: its own type
+    const Run w4 = hybrid({"-m", "tests/data/models/tiny-w4a16", "-p", "x", "-n", "1", "--verbose"});
+    CHECK(w4.rc == 0);
+    CHECK(w4.err.find(", vocab 4096, weights Q4 ") != std::string::npos);
+    const Run bf = hybrid({"-m", "models/tiny", "-p", "x", "-n", "1", "--verbose"});
+    CHECK(bf.err.find(", vocab 4096, weights BF16\n") != std::string::npos);
 }
 
 TEST_CASE("hybrid-perplexity: --quant int8 within 1% of 16-bit and top-1 >= 97%, int4 within 6% and >= 88%",
