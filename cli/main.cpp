@@ -308,8 +308,8 @@ int run(int argc, char** argv) {
         if (o.quant == HY_QUANT_INT8 || o.quant == HY_QUANT_INT4) {
             const hy::WeightQuant q = o.quant == HY_QUANT_INT8 ? hy::WeightQuant::int8 : hy::WeightQuant::int4;
             quant += std::string(" (quantized to ") + hy::weight_quant_name(q) + " at load in groups of " +
-                     std::to_string(hy::weight_quant_group(q, o.quant_group)) + (o.quant_lm_head ? ", lm_head too" : "") +
-                     ")";
+                     std::to_string(hy::weight_quant_group(q, o.quant_group)) +
+                     (o.quant_lm_head ? ", lm_head too" : "") + ")";
         }
         std::fprintf(stderr, "hybrid: loaded on %s (%s): %s of %s memory (weights and state for -c %d), vocab %d%s\n",
                      hy_model_backend(h.m), hy_model_device(h.m), mib(hy_model_arena_bytes(h.m)).c_str(),

@@ -204,6 +204,34 @@ TEST_CASE("hybrid-bench --depth: speeds measured after D context tokens", "[cli]
     CHECK(big.err.find("--depth + -p + -n must be at most 2^30 - 1 positions") != std::string::npos);
 }
 
+// The CUDA tuning switches of hybrid-bench (decode attention's q heads per block and splits, the integer GEMV's K
+// split): bad values are one usage line; on the CPU they are noted as ignored and the run goes on.
+TEST_CASE("hybrid-bench: CUDA tuning switches are checked, and noted as ignored on the CPU", "[cli]") {
+    if (!have_programs() || !fs::exists(kBin + "/hybrid-bench")) return;
+    const std::string bench = kBin + "/hybrid-bench";
+    const std::pair<std::vector<std::string>, std::string> bad[] = {
+        {{"--attn-heads-per-block", "3"}, "--attn-heads-per-block must be 0, 1, 2 or 4, got 3"},
+        {{"--attn-splits", "129"}, "--attn-splits must be 0 to 128, got 129"},
+        {{"--attn-splits", "-1"}, "--attn-splits must be 0 to 128, got -1"},
+        {{"--int-split-k", "sometimes"}, "--int-split-k must be auto, always or never, got 'sometimes'"},
+    };
+    for (const auto& [flags, message] : bad) {
+        std::vector<std::string> args = {"-m", "models/tiny", "-p", "4", "-n", "1", "-r", "1"};
+        args.insert(args.end(), flags.begin(), flags.end());
+        const Run r = run_prog(bench, args);
+        INFO(r.err);
+        CHECK(r.rc == 1);
+        CHECK(r.err.find(message) != std::string::npos);
+    }
+    const Run ok = run_prog(bench, {"-m", "models/tiny", "--device", "cpu", "-t", "1", "-p", "4", "-n", "1", "-r", "1",
+                                    "--attn-heads-per-block", "4", "--int-split-k", "never"});
+    INFO(ok.err);
+    CHECK(ok.rc == 0);
+    CHECK(ok.err.find("note: --attn-heads-per-block only changes the CUDA backend; ignored on cpu") !=
+          std::string::npos);
+    CHECK(ok.err.find("note: --int-split-k only changes the CUDA backend; ignored on cpu") != std::string::npos);
+}
+
 // The bytes of a decode step with --quant-lm-head on a tied model (models/tiny): the quantized copy is read, the
 // 16-bit embedding table only by a row, so a step moves fewer bytes than the weights hold, and fewer than without.
 TEST_CASE("hybrid-bench: --quant-lm-head counts the quantized lm_head, not the embeddings", "[cli][int]") {

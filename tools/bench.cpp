@@ -329,9 +329,10 @@ int main(int argc, char** argv) {
                          "for (max_position_embeddings)\n",
                          mp.n_ctx - 1, c.max_position_embeddings);
         Backend& be = model->backend();
-        if (args.count("fp8-gemm") && std::string(be.name()) != "cuda")
-            std::fprintf(stderr, "hybrid-bench: note: --fp8-gemm only changes the CUDA backend; ignored on %s\n",
-                         be.name());
+        for (const char* flag : {"fp8-gemm", "attn-heads-per-block", "attn-splits", "int-split-k", "moe-grouped-rows"})
+            if (args.count(flag) && std::string(be.name()) != "cuda")
+                std::fprintf(stderr, "hybrid-bench: note: --%s only changes the CUDA backend; ignored on %s\n", flag,
+                             be.name());
         if (!mp.cuda.trace_file.empty() && std::string(be.name()) != "cuda")
             throw tools::UsageError("--cuda-trace needs the CUDA backend; the model runs on " + std::string(be.name()));
         // the table: on standard error when the JSON goes to standard output
