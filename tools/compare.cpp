@@ -353,16 +353,19 @@ int main(int argc, char** argv) {
                         name.c_str(), T, matched, n_new, num(err_last).c_str(), num(err_all).c_str(), note.c_str());
         }
 
-        // The batch rows are the fp32 model's greedy tokens: quantized weights (--quant, an FP8 checkpoint) make
-        // the model's own tokens diverge from them, which says nothing about batching, so the entry is skipped then
-        // (hybrid-tests checks that batch rows equal solo runs with quantized weights)
+        // The batch rows are the fp32 model's greedy tokens: quantized weights (--quant, an FP8 or int4
+        // checkpoint) make the model's own tokens diverge from them, which says nothing about batching, so the entry
+        // is skipped then (hybrid-tests checks that batch rows equal solo runs with quantized weights)
+        bool int_weights = false;
+        for (const auto& [type, n] : weight_dtypes(model->weights())) int_weights = int_weights || is_int_quant(type);
         const std::string weights = mp.quant != WeightQuant::none
                                         ? std::string("--quant ") + weight_quant_name(mp.quant)
                                     : has_fp8_weights(model->weights()) ? std::string("the FP8 weights")
+                                    : int_weights                       ? std::string("the integer weights")
                                                                         : std::string();
         if (golden.contains("batch") && (only.empty() || only == "batch") && !weights.empty())
-            std::printf("skip %-16s its rows are the fp32 model's tokens, which %s changes\n", "batch",
-                        weights.c_str());
+            std::printf("skip %-16s its rows are the fp32 model's tokens, which %s %s\n", "batch", weights.c_str(),
+                        mp.quant != WeightQuant::none ? "changes" : "change");
         if (golden.contains("batch") && (only.empty() || only == "batch") && weights.empty()) {
             const json& b = golden["batch"];
             std::vector<std::string> names = b["names"].get<std::vector<std::string>>();

@@ -22,6 +22,11 @@ How it was run (not needed to build or test hybrid; CPU wheels):
   python3 -m venv /tmp/ctvenv && /tmp/ctvenv/bin/pip install torch compressed-tensors transformers safetensors
   /tmp/ctvenv/bin/python tools/make_w4a16_fixture.py --model models/tiny --out tests/data/models/tiny-w4a16
 with compressed-tensors 0.20.1, transformers and torch of that day (the versions are written into golden_w4a16.json).
+hybrid-compare's golden.json (models/tiny's prompts; transformers' fp32 greedy tokens of the folder, which it
+decompresses on load) was added later by tools/make_golden.py in the same environment, its 7.9 MB of logits left out
+(hybrid-compare then compares the tokens alone):
+  /tmp/ctvenv/bin/python tools/make_golden.py --model tests/data/models/tiny-w4a16 --prompts models/tiny/golden.json \
+      --out /tmp/w4g --devices cpu && cp /tmp/w4g/golden.json tests/data/models/tiny-w4a16/
 """
 import argparse
 import json
