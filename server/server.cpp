@@ -27,6 +27,7 @@
 #include "model/batch.h"
 #include "model/common.h"
 #include "model/config.h"
+#include "model/quantize.h"
 #include "model/state_store.h"
 #include "model/tokenizer.h"
 #include "server/chat.h"
@@ -1236,18 +1237,20 @@ struct Server::Impl {
     }
 
     ojson model_object() const {
-        return ojson{{"id", model_id},
-                     {"object", "model"},
-                     {"created", created},
-                     {"owned_by", "hybrid"},
-                     {"meta", ojson{{"n_ctx", model->n_ctx()},
-                                    {"n_slots", model->n_slots()},
-                                    {"n_vocab", n_valid},
-                                    {"backend", model->backend().name()},
-                                    {"weights", weight_dtypes_text(model->weights())},
-                                    {"quant", weight_quant_name(model->params().quant)},
-                                    {"quant_lm_head", model->params().quant_lm_head},
-                                    {"chat_template", chat.description()}}}};
+        return ojson{
+            {"id", model_id},
+            {"object", "model"},
+            {"created", created},
+            {"owned_by", "hybrid"},
+            {"meta", ojson{{"n_ctx", model->n_ctx()},
+                           {"n_slots", model->n_slots()},
+                           {"n_vocab", n_valid},
+                           {"backend", model->backend().name()},
+                           {"weights", weight_dtypes_text(model->weights())},
+                           {"quant", weight_quant_name(model->params().quant)},
+                           {"quant_group", hy::weight_quant_group(model->params().quant, model->params().quant_group)},
+                           {"quant_lm_head", model->params().quant_lm_head},
+                           {"chat_template", chat.description()}}}};
     }
 
     bool check_key(const httplib::Request& req, httplib::Response& res) {
@@ -1511,9 +1514,11 @@ std::string Server::summary() const {
     const Impl& s = *impl_;
     const hy::ModelParams& mp = s.model->params();
     std::string quant = std::string(", weights ") + weight_dtypes_text(s.model->weights());
+    const int group = hy::weight_quant_group(mp.quant, mp.quant_group);
     if (mp.quant != hy::WeightQuant::none)
-        quant +=
-            std::string(" (--quant ") + weight_quant_name(mp.quant) + (mp.quant_lm_head ? ", lm_head too" : "") + ")";
+        quant += std::string(" (--quant ") + weight_quant_name(mp.quant) +
+                 (group > 0 ? ", groups of " + std::to_string(group) : std::string()) +
+                 (mp.quant_lm_head ? ", lm_head too" : "") + ")";
     return "model " + s.model_id + " (" + s.p.model_dir + "), backend " + s.model->backend().name() + quant + ", " +
            std::to_string(s.model->n_slots()) + " slots of " + std::to_string(s.model->n_ctx()) +
            " tokens, chat template: " + s.chat.description() + ", state cache " + std::to_string(s.p.cache_mb) + " MB";

@@ -1116,6 +1116,7 @@ TEST_CASE("hybrid-server-bench: arguments, an absent server, failed requests, mu
     CHECK(meta["n_vocab"] == 4096);
     CHECK(meta["quant"] == "none");  // (and the weights as loaded: models/tiny is BF16)
     CHECK(meta["quant_lm_head"] == false);
+    CHECK(meta["quant_group"] == 0);
     CHECK(meta["weights"].get<std::string>().find("BF16") != std::string::npos);
     const hy::test::cli_util::Run ok = run_prog(bench, {"--port", port, "-c", "1,2", "-p", "8", "-n", "2"});
     INFO(ok.out << ok.err);

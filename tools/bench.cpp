@@ -247,8 +247,8 @@ int main(int argc, char** argv) {
         return tools::exit_usage;
     }
     try {
-        tools::check_int_args(
-            args, {"prompt", "gen", "reps", "threads", "ubatch", "depth", "attn-heads-per-block", "attn-splits"});
+        tools::check_int_args(args, {"prompt", "gen", "reps", "threads", "ubatch", "depth", "attn-heads-per-block",
+                                     "attn-splits", "moe-grouped-rows"});
         tools::check_given_once(args);
         const std::string dir = args["model"].as<std::string>();
         const int n_prompt = args["prompt"].as<int>(), n_gen = args["gen"].as<int>(), reps = args["reps"].as<int>();
@@ -383,16 +383,16 @@ int main(int argc, char** argv) {
             "model %s: %d layers (%d attention), hidden %d, vocab %d; backend %s; arena %.1f MiB (weights %.1f MiB)\n",
             dir.c_str(), c.n_layers, c.n_attention_layers(), c.hidden_size, c.vocab_size, be.name(),
             double(model->arena_bytes()) / 1048576.0, double(model->weight_bytes()) / 1048576.0);
-        // the weights as loaded (an FP8 checkpoint's, or 16-bit ones quantized at load) and the settings that chose
-        // them: a speed means little without them
-        const WeightQuant quant = model->params().quant;  // (dummy weights of an FP8 config.json: fp8)
-        const int quant_group = weight_quant_group(quant, model->params().quant_group);
+        // the weights as loaded (an FP8 or int4 checkpoint's, or 16-bit ones quantized at load) and the --quant that
+        // was asked for: a speed means little without them
+        const WeightQuant quant = mp.quant;  // (as given: a pre-quantized checkpoint shows in the weights' formats)
+        const int quant_group = weight_quant_group(quant, mp.quant_group);
         const std::string weight_types = weight_dtypes_text(w);
         const bool fp8 = has_fp8_weights(w);
         const char* fp8_gemm = mp.cuda.fp8_block_scaled_gemm ? "block-scaled" : "dequantize";
         std::fprintf(table, "weights %s; --quant %s%s%s%s\n", weight_types.c_str(), weight_quant_name(quant),
                      quant_group > 0 ? (", groups of " + std::to_string(quant_group)).c_str() : "",
-                     model->params().quant_lm_head ? ", lm_head quantized" : "",
+                     mp.quant_lm_head ? ", lm_head quantized" : "",
                      fp8 ? (std::string("; --fp8-gemm ") + fp8_gemm).c_str() : "");
         if (!be.settings().empty()) std::fprintf(table, "backend settings: %s\n", be.settings().c_str());
         std::fprintf(table, "ready after %.2f s; copy bandwidth %s\n", t_ready,

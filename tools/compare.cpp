@@ -358,11 +358,11 @@ int main(int argc, char** argv) {
         // is skipped then (hybrid-tests checks that batch rows equal solo runs with quantized weights)
         bool int_weights = false;
         for (const auto& [type, n] : weight_dtypes(model->weights())) int_weights = int_weights || is_int_quant(type);
-        const std::string weights = mp.quant != WeightQuant::none
-                                        ? std::string("--quant ") + weight_quant_name(mp.quant)
-                                    : has_fp8_weights(model->weights()) ? std::string("the FP8 weights")
-                                    : int_weights                       ? std::string("the integer weights")
-                                                                        : std::string();
+        const std::string weights =
+            mp.quant != WeightQuant::none       ? std::string("--quant ") + weight_quant_name(mp.quant)
+            : has_fp8_weights(model->weights()) ? std::string("the FP8 weights")
+            : int_weights ? std::string("the integer weights' products (int8 or bf16 activations)")
+                          : std::string();
         if (golden.contains("batch") && (only.empty() || only == "batch") && !weights.empty())
             std::printf("skip %-16s its rows are the fp32 model's tokens, which %s %s\n", "batch", weights.c_str(),
                         mp.quant != WeightQuant::none ? "changes" : "change");
