@@ -1,7 +1,8 @@
 // CPU matmul y = x W^T with W in F32/F16/BF16/FP8 and fp32 accumulation.
 //
 // A register-blocked micro-kernel computes kRows x kTokens outputs at once with 16-lane accumulators (GCC vector
-// extensions: AVX-512, AVX2 or SSE, whatever -march allows). Every output (t, n) is accumulated in its own
+// extensions: AVX-512, AVX2 or SSE, whatever -march allows; without AVX-512 as two 8-lane halves, lane for lane the
+// same arithmetic). Every output (t, n) is accumulated in its own
 // 16-lane vector over k in steps of 16, the K % 16 tail is added lane-wise into the same vector, and the lanes are
 // summed in one fixed order. So the result of (t, n) does not depend on the block it fell into, the number of
 // rows in the batch or the thread count: batched and single-token forwards agree bitwise.
@@ -31,8 +32,15 @@ typedef uint32_t v16u __attribute__((vector_size(64)));
 typedef uint16_t v16h __attribute__((vector_size(32)));
 
 constexpr int kLanes = 16;
-constexpr int kRows = 4;         // weight rows per micro-kernel
-constexpr int kTokens = 6;       // activation rows per micro-kernel (4 x 6 accumulators + 4 weights + 1 input)
+#if defined(__AVX512F__)
+constexpr int kRows = 4;    // weight rows per micro-kernel
+constexpr int kTokens = 6;  // activation rows per micro-kernel (4 x 6 accumulators + 4 weights + 1 input: 29 of 32 zmm)
+#else
+// Without AVX-512 the micro-kernels hold each output as two 8-lane halves (below): 2 x 2 outputs are 8 of AVX2's 16
+// ymm registers, plus 2 weights and 1 input
+constexpr int kRows = 2;
+constexpr int kTokens = 2;
+#endif
 constexpr int kTokenChunk = 64;  // activation rows kept hot in cache while a weight panel is swept
 
 inline v16f load_f32(const float* p) {
@@ -52,12 +60,14 @@ inline v16f load_w(const void* base, int64_t idx) {
         // (the zero-masked forms: GCC 12 warns of the plain ones' undefined sources)
         const __m512i u = _mm512_maskz_slli_epi32(
             0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
+        std::memcpy(&f, &u, sizeof f);
 #else
+        // (a vector cast reinterprets the bits in registers; a memcpy through a 64-byte object went through the
+        // stack when a vector takes two registers)
         v16h h;
         std::memcpy(&h, p, sizeof h);
-        const v16u u = __builtin_convertvector(h, v16u) << 16;
+        f = (v16f)(__builtin_convertvector(h, v16u) << 16);
 #endif
-        std::memcpy(&f, &u, sizeof f);
         return f;
     } else {  // F16, exactly as f16_to_f32 (IEEE binary16 -> binary32)
         const uint16_t* p = static_cast<const uint16_t*>(base) + idx;
@@ -75,13 +85,11 @@ inline v16f load_w(const void* base, int64_t idx) {
         std::memcpy(&h16, p, sizeof h16);
         const v16u h = __builtin_convertvector(h16, v16u);
         const v16u mag = h & 0x7fffu;
-        v16u bits = mag << 13;
-        std::memcpy(&f, &bits, sizeof f);
-        f *= 0x1p112f;
-        std::memcpy(&bits, &f, sizeof f);
+        f = (v16f)(mag << 13) * 0x1p112f;
+        v16u bits = (v16u)f;
         bits = mag >= 0x7c00u ? (0x7f800000u | (mag & 0x3ffu) << 13) : bits;
         bits |= (h & 0x8000u) << 16;
-        std::memcpy(&f, &bits, sizeof f);
+        f = (v16f)bits;
 #endif
         return f;
     }
@@ -105,10 +113,80 @@ inline float reduce(v16f v) {
     return (s4[0] + s4[2]) + (s4[1] + s4[3]);
 }
 
+#if !defined(__AVX512F__)
+// Without AVX-512 the micro-kernels keep each output's 16 lanes as two 8-lane halves (lanes 0-7, 8-15) in native
+// 256-bit vectors: the same arithmetic lane by lane, so the same bits as the 16-lane form (GCC kept arrays of 64-byte
+// vectors on the stack on AVX2, several times slower).
+typedef float v8f __attribute__((vector_size(32)));
+typedef uint32_t v8u __attribute__((vector_size(32)));
+typedef uint16_t v8h __attribute__((vector_size(16)));
+typedef uint8_t v8b __attribute__((vector_size(8)));
+
+inline v8f load8_f32(const float* p) {
+    v8f v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+
+// 8 weights from idx as f32, the values of load_w.
+template <DType W>
+inline v8f load8_w(const void* base, int64_t idx) {
+    if constexpr (W == DType::F32) {
+        return load8_f32(static_cast<const float*>(base) + idx);
+    } else if constexpr (W == DType::BF16) {
+        v8h h;
+        std::memcpy(&h, static_cast<const uint16_t*>(base) + idx, sizeof h);
+        return (v8f)(__builtin_convertvector(h, v8u) << 16);
+    } else {  // F16: as load_w's vector form
+        v8h h16;
+        std::memcpy(&h16, static_cast<const uint16_t*>(base) + idx, sizeof h16);
+        const v8u h = __builtin_convertvector(h16, v8u);
+        const v8u mag = h & 0x7fffu;
+        v8u bits = (v8u)((v8f)(mag << 13) * 0x1p112f);
+        bits = mag >= 0x7c00u ? (0x7f800000u | (mag & 0x3ffu) << 13) : bits;
+        bits |= (h & 0x8000u) << 16;
+        return (v8f)bits;
+    }
+}
+
+// Sum of the 16 lanes held as halves lo (0-7) and hi (8-15), in reduce()'s order.
+inline float reduce2(v8f lo, v8f hi) {
+    float s8[8], s4[4];
+    for (int i = 0; i < 8; i++) s8[i] = lo[i] + hi[i];
+    for (int i = 0; i < 4; i++) s4[i] = s8[i] + s8[i + 4];
+    return (s4[0] + s4[2]) + (s4[1] + s4[3]);
+}
+#endif
+
 // y[t0 + j, n0 + r] for r < NR, j < NT.
 template <DType W, int NR, int NT>
 inline void micro_kernel(const float* x, int64_t ldx, const void* w, int64_t K, float* y, int64_t ldy, int64_t t0,
                          int64_t n0) {
+#if !defined(__AVX512F__)
+    v8f acc[2][NR][NT];  // [half][r][j]
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < NR; r++)
+            for (int j = 0; j < NT; j++) acc[h][r][j] = v8f{};
+    const int64_t K16 = K / kLanes * kLanes;
+    for (int64_t k = 0; k < K16; k += kLanes)
+        for (int h = 0; h < 2; h++) {
+            v8f wv[NR];
+            for (int r = 0; r < NR; r++) wv[r] = load8_w<W>(w, (n0 + r) * K + k + 8 * h);
+            for (int j = 0; j < NT; j++) {
+                const v8f xv = load8_f32(x + (t0 + j) * ldx + k + 8 * h);
+                for (int r = 0; r < NR; r++) acc[h][r][j] += wv[r] * xv;
+            }
+        }
+    for (int64_t k = K16; k < K; k++) {
+        const int lane = int(k - K16);
+        for (int r = 0; r < NR; r++) {
+            float wk = load_w1<W>(w, (n0 + r) * K + k);
+            for (int j = 0; j < NT; j++) acc[lane >> 3][r][j][lane & 7] += wk * x[(t0 + j) * ldx + k];
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int j = 0; j < NT; j++) y[(t0 + j) * ldy + n0 + r] = reduce2(acc[0][r][j], acc[1][r][j]);
+#else
     v16f acc[NR][NT];
     for (int r = 0; r < NR; r++)
         for (int j = 0; j < NT; j++) acc[r][j] = v16f{};
@@ -130,6 +208,7 @@ inline void micro_kernel(const float* x, int64_t ldx, const void* w, int64_t K, 
     }
     for (int r = 0; r < NR; r++)
         for (int j = 0; j < NT; j++) y[(t0 + j) * ldy + n0 + r] = reduce(acc[r][j]);
+#endif
 }
 
 template <DType W, int NR>
@@ -179,17 +258,24 @@ inline v16f e4m3_to_f32(const uint8_t* q) {
     v16b b;
     std::memcpy(&b, q, sizeof b);
     const v16u u = __builtin_convertvector(b, v16u), mag = u & 0x7fu;
-    const v16u magbits = mag << 20;
-    v16f f;
-    std::memcpy(&f, &magbits, sizeof f);
-    f *= 0x1p120f;
-    v16u bits;
-    std::memcpy(&bits, &f, sizeof bits);
-    const v16u nan = mag == 0x7fu;  // (all ones where true)
+    v16u bits = (v16u)((v16f)(mag << 20) * 0x1p120f);  // (vector casts: the bits reinterpreted in registers)
+    const v16u nan = (v16u)(mag == 0x7fu);             // (all ones where true)
     bits = ((bits & ~nan) | (0x7fc00000u & nan)) | (u & 0x80u) << 24;
-    std::memcpy(&f, &bits, sizeof f);
-    return f;
+    return (v16f)bits;
 }
+
+#if !defined(__AVX512F__)
+// 8 e4m3fn codes -> f32, as e4m3_to_f32.
+inline v8f e4m3_to_f32_8(const uint8_t* q) {
+    v8b b;
+    std::memcpy(&b, q, sizeof b);
+    const v8u u = __builtin_convertvector(b, v8u), mag = u & 0x7fu;
+    v8u bits = (v8u)((v8f)(mag << 20) * 0x1p120f);
+    const v8u nan = (v8u)(mag == 0x7fu);
+    bits = ((bits & ~nan) | (0x7fc00000u & nan)) | (u & 0x80u) << 24;
+    return (v8f)bits;
+}
+#endif
 
 // rows [n0, n0 + nr) of the FP8 matrix m, dequantized into panel [nr, K] f32: fp8 value * the block's scale.
 void dequantize_rows(const Matrix& m, const float* table, int64_t n0, int nr, float* panel) {
@@ -204,8 +290,14 @@ void dequantize_rows(const Matrix& m, const float* table, int64_t n0, int nr, fl
             const int64_t k1 = std::min(K, k + kFp8Block);
             if (m.dtype == DType::F8_E4M3)
                 for (; k + kLanes <= k1; k += kLanes) {
+#if defined(__AVX512F__)
                     const v16f v = e4m3_to_f32(q + k) * scale;
                     std::memcpy(out + k, &v, sizeof v);
+#else
+                    const v8f lo = e4m3_to_f32_8(q + k) * scale, hi = e4m3_to_f32_8(q + k + 8) * scale;
+                    std::memcpy(out + k, &lo, sizeof lo);
+                    std::memcpy(out + k + 8, &hi, sizeof hi);
+#endif
                 }
             for (; k < k1; k++) out[k] = table[q[k]] * scale;
         }
@@ -223,6 +315,30 @@ void micro_kernel_e4m3(const float* x, const Matrix& m, const float* table, floa
         q[r] = static_cast<const uint8_t*>(m.data) + (n0 + r) * K;
         s[r] = m.scales + fp8_scale_row(n0 + r, m.scale_segment_rows) * scale_cols;
     }
+#if !defined(__AVX512F__)
+    v8f acc2[2][NR][T];  // [half][r][j], as micro_kernel without AVX-512
+    for (int h = 0; h < 2; h++)
+        for (int r = 0; r < NR; r++)
+            for (int j = 0; j < T; j++) acc2[h][r][j] = v8f{};
+    for (int64_t k = 0; k < K16; k += kLanes)
+        for (int h = 0; h < 2; h++) {
+            v8f wv[NR];
+            for (int r = 0; r < NR; r++) wv[r] = e4m3_to_f32_8(q[r] + k + 8 * h) * s[r][k / kFp8Block];
+            for (int j = 0; j < T; j++) {
+                const v8f xv = load8_f32(x + j * K + k + 8 * h);
+                for (int r = 0; r < NR; r++) acc2[h][r][j] += wv[r] * xv;
+            }
+        }
+    for (int64_t k = K16; k < K; k++) {
+        const int lane = int(k - K16);
+        for (int r = 0; r < NR; r++) {
+            const float wk = table[q[r][k]] * s[r][k / kFp8Block];
+            for (int j = 0; j < T; j++) acc2[lane >> 3][r][j][lane & 7] += wk * x[j * K + k];
+        }
+    }
+    for (int r = 0; r < NR; r++)
+        for (int j = 0; j < T; j++) y[j * N + n0 + r] = reduce2(acc2[0][r][j], acc2[1][r][j]);
+#else
     v16f acc[NR][T];
     for (int r = 0; r < NR; r++)
         for (int j = 0; j < T; j++) acc[r][j] = v16f{};
@@ -243,6 +359,7 @@ void micro_kernel_e4m3(const float* x, const Matrix& m, const float* table, floa
     }
     for (int r = 0; r < NR; r++)
         for (int j = 0; j < T; j++) y[j * N + n0 + r] = reduce(acc[r][j]);
+#endif
 }
 
 template <int T>
