@@ -1216,7 +1216,26 @@ public:
     using Frame = std::vector<std::pair<std::string, Value>>;
     enum class Flow { normal, brk, cont };
 
-    explicit Renderer(const Value& context) : context_(context) { frames_.push_back(std::make_shared<Frame>()); }
+    explicit Renderer(const Value& context) : context_(context) { frames_.push_back(new_frame()); }
+    // Empties what the render made and is still alive (frames, namespaces): a namespace can hold itself (set ns.x =
+    // ns) and a macro the frame that holds it, reference cycles that would otherwise never be freed (the jinja fuzz
+    // test's leak). The render's result is a string: nothing it made outlives it.
+    ~Renderer() {
+        for (const auto& w : made_objects_)
+            if (auto o = w.lock()) o->items.clear();
+        for (const auto& w : made_frames_)
+            if (auto f = w.lock()) f->clear();
+    }
+    Renderer(const Renderer&) = delete;
+    Renderer& operator=(const Renderer&) = delete;
+
+    std::shared_ptr<Frame> new_frame() {
+        auto f = std::make_shared<Frame>();
+        made_frames_.push_back(f);
+        return f;
+    }
+    // A namespace() object the render made (emptied at the end, as the frames).
+    void made(const std::shared_ptr<Object>& o) { made_objects_.push_back(o); }
 
     [[noreturn]] void fail(const std::string& msg) const {
         throw Error(Status::invalid_argument, "chat template line " + std::to_string(line_) + ": " + msg);
@@ -1300,7 +1319,7 @@ public:
     Value call_macro(const Node& def, const std::shared_ptr<Frame>& root, const std::vector<Value>& defaults,
                      Args& args) {
         if (macro_depth_ >= 64) fail("macro calls nest deeper than 64 levels (a recursive macro?)");
-        auto frame = std::make_shared<Frame>();
+        auto frame = new_frame();
         if (args.pos.size() > def.targets.size())
             fail("macro '" + def.text + "' takes " + std::to_string(def.targets.size()) + " arguments, " +
                  std::to_string(args.pos.size()) + " given");
@@ -1366,7 +1385,7 @@ public:
 
     void exec_for(const Node& n, std::string& out) {
         std::vector<Value> items = iterate(eval(*n.exprs[0]));
-        frames_.push_back(std::make_shared<Frame>());
+        frames_.push_back(new_frame());
         auto bind = [&](const Value& item) {
             if (n.targets.size() == 1) {
                 assign(n.targets[0], item);
@@ -1496,6 +1515,8 @@ private:
     int macro_depth_ = 0;
     const Value& context_;
     std::vector<std::shared_ptr<Frame>> frames_;
+    std::vector<std::weak_ptr<Frame>> made_frames_;    // every frame the render made (~Renderer)
+    std::vector<std::weak_ptr<Object>> made_objects_;  // every namespace() it made (~Renderer)
 };
 
 namespace {
@@ -1620,6 +1641,7 @@ Value Renderer::builtin(const std::string& name) const {
         return Value::function([](Renderer& r, Args& a) {
             Value v = Value::object();
             v.o->ns = true;
+            r.made(v.o);
             for (const Value& p : a.pos) {
                 if (!p.is_object()) r.fail("namespace() takes keyword arguments or dicts");
                 for (const auto& [k, e] : p.o->items) v.o->set(k, e);
