@@ -43,10 +43,26 @@ constexpr int kTokens = 2;
 #endif
 constexpr int kTokenChunk = 64;  // activation rows kept hot in cache while a weight panel is swept
 
-inline v16f load_f32(const float* p) {
-    v16f v;
+// A vector of floats (v16f, v8f) loaded from p.
+template <class VF = v16f>
+inline VF load_f32(const float* p) {
+    VF v;
     std::memcpy(&v, p, sizeof v);
     return v;
+}
+
+// binary16 bits (one per u32 lane) -> binary32, exactly as f16_to_f32, in vector operations: finite values are the
+// exponent and mantissa moved to f32's positions read as an f32 (a subnormal when the exponent is 0), times
+// 2^(127 - 15), which is exact; infinities and NaNs get f32's all-ones exponent with the mantissa kept. (Vector
+// casts reinterpret the bits in registers; a memcpy through a 64-byte object went through the stack when a vector
+// takes two registers.)
+template <class VF, class VU>
+inline VF f16_bits_to_f32(VU h) {
+    const VU mag = h & 0x7fffu;
+    VU bits = (VU)((VF)(mag << 13) * 0x1p112f);
+    bits = mag >= 0x7c00u ? (0x7f800000u | (mag & 0x3ffu) << 13) : bits;
+    bits |= (h & 0x8000u) << 16;
+    return (VF)bits;
 }
 
 template <DType W>
@@ -62,8 +78,6 @@ inline v16f load_w(const void* base, int64_t idx) {
             0xFFFF, _mm512_maskz_cvtepu16_epi32(0xFFFF, _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p))), 16);
         std::memcpy(&f, &u, sizeof f);
 #else
-        // (a vector cast reinterprets the bits in registers; a memcpy through a 64-byte object went through the
-        // stack when a vector takes two registers)
         v16h h;
         std::memcpy(&h, p, sizeof h);
         f = (v16f)(__builtin_convertvector(h, v16u) << 16);
@@ -78,18 +92,9 @@ inline v16f load_w(const void* base, int64_t idx) {
                                               _mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
         std::memcpy(&f, &c, sizeof f);
 #else
-        // in vector operations: finite values are the exponent and mantissa moved to f32's positions read as an
-        // f32 (a subnormal when the exponent is 0), times 2^(127 - 15), which is exact; infinities and NaNs get
-        // f32's all-ones exponent with the mantissa kept
         v16h h16;
         std::memcpy(&h16, p, sizeof h16);
-        const v16u h = __builtin_convertvector(h16, v16u);
-        const v16u mag = h & 0x7fffu;
-        f = (v16f)(mag << 13) * 0x1p112f;
-        v16u bits = (v16u)f;
-        bits = mag >= 0x7c00u ? (0x7f800000u | (mag & 0x3ffu) << 13) : bits;
-        bits |= (h & 0x8000u) << 16;
-        f = (v16f)bits;
+        f = f16_bits_to_f32<v16f>(__builtin_convertvector(h16, v16u));
 #endif
         return f;
     }
@@ -122,30 +127,19 @@ typedef uint32_t v8u __attribute__((vector_size(32)));
 typedef uint16_t v8h __attribute__((vector_size(16)));
 typedef uint8_t v8b __attribute__((vector_size(8)));
 
-inline v8f load8_f32(const float* p) {
-    v8f v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-}
-
 // 8 weights from idx as f32, the values of load_w.
 template <DType W>
 inline v8f load8_w(const void* base, int64_t idx) {
     if constexpr (W == DType::F32) {
-        return load8_f32(static_cast<const float*>(base) + idx);
+        return load_f32<v8f>(static_cast<const float*>(base) + idx);
     } else if constexpr (W == DType::BF16) {
         v8h h;
         std::memcpy(&h, static_cast<const uint16_t*>(base) + idx, sizeof h);
         return (v8f)(__builtin_convertvector(h, v8u) << 16);
-    } else {  // F16: as load_w's vector form
+    } else {  // F16
         v8h h16;
         std::memcpy(&h16, static_cast<const uint16_t*>(base) + idx, sizeof h16);
-        const v8u h = __builtin_convertvector(h16, v8u);
-        const v8u mag = h & 0x7fffu;
-        v8u bits = (v8u)((v8f)(mag << 13) * 0x1p112f);
-        bits = mag >= 0x7c00u ? (0x7f800000u | (mag & 0x3ffu) << 13) : bits;
-        bits |= (h & 0x8000u) << 16;
-        return (v8f)bits;
+        return f16_bits_to_f32<v8f>(__builtin_convertvector(h16, v8u));
     }
 }
 
@@ -173,7 +167,7 @@ inline void micro_kernel(const float* x, int64_t ldx, const void* w, int64_t K, 
             v8f wv[NR];
             for (int r = 0; r < NR; r++) wv[r] = load8_w<W>(w, (n0 + r) * K + k + 8 * h);
             for (int j = 0; j < NT; j++) {
-                const v8f xv = load8_f32(x + (t0 + j) * ldx + k + 8 * h);
+                const v8f xv = load_f32<v8f>(x + (t0 + j) * ldx + k + 8 * h);
                 for (int r = 0; r < NR; r++) acc[h][r][j] += wv[r] * xv;
             }
         }
@@ -251,31 +245,20 @@ void matmul_typed(const float* x, int64_t T, const Matrix& m, float* y, ThreadPo
 
 typedef uint8_t v16b __attribute__((vector_size(16)));
 
-// 16 e4m3fn codes -> f32, exactly the table's values: the 7 magnitude bits placed under an f32's exponent and
-// mantissa (bits << 20) read 2^(e - 127) (1 + m/8), or m 2^-129 for e == 0 (an f32 subnormal); times 2^120 (exact)
-// that is 2^(e - 7) (1 + m/8), or m 2^-9. The NaN codes (magnitude 0x7f) are set apart, the sign ORed in.
-inline v16f e4m3_to_f32(const uint8_t* q) {
-    v16b b;
+// e4m3fn codes (VB: 16 or 8 bytes) -> f32 (VF, VU: vectors of as many floats / u32), exactly the table's values:
+// the 7 magnitude bits placed under an f32's exponent and mantissa (bits << 20) read 2^(e - 127) (1 + m/8), or
+// m 2^-129 for e == 0 (an f32 subnormal); times 2^120 (exact) that is 2^(e - 7) (1 + m/8), or m 2^-9. The NaN codes
+// (magnitude 0x7f) are set apart, the sign ORed in.
+template <class VF = v16f, class VU = v16u, class VB = v16b>
+inline VF e4m3_to_f32(const uint8_t* q) {
+    VB b;
     std::memcpy(&b, q, sizeof b);
-    const v16u u = __builtin_convertvector(b, v16u), mag = u & 0x7fu;
-    v16u bits = (v16u)((v16f)(mag << 20) * 0x1p120f);  // (vector casts: the bits reinterpreted in registers)
-    const v16u nan = (v16u)(mag == 0x7fu);             // (all ones where true)
+    const VU u = __builtin_convertvector(b, VU), mag = u & 0x7fu;
+    VU bits = (VU)((VF)(mag << 20) * 0x1p120f);  // (vector casts: the bits reinterpreted in registers)
+    const VU nan = (VU)(mag == 0x7fu);           // (all ones where true)
     bits = ((bits & ~nan) | (0x7fc00000u & nan)) | (u & 0x80u) << 24;
-    return (v16f)bits;
+    return (VF)bits;
 }
-
-#if !defined(__AVX512F__)
-// 8 e4m3fn codes -> f32, as e4m3_to_f32.
-inline v8f e4m3_to_f32_8(const uint8_t* q) {
-    v8b b;
-    std::memcpy(&b, q, sizeof b);
-    const v8u u = __builtin_convertvector(b, v8u), mag = u & 0x7fu;
-    v8u bits = (v8u)((v8f)(mag << 20) * 0x1p120f);
-    const v8u nan = (v8u)(mag == 0x7fu);
-    bits = ((bits & ~nan) | (0x7fc00000u & nan)) | (u & 0x80u) << 24;
-    return (v8f)bits;
-}
-#endif
 
 // rows [n0, n0 + nr) of the FP8 matrix m, dequantized into panel [nr, K] f32: fp8 value * the block's scale.
 void dequantize_rows(const Matrix& m, const float* table, int64_t n0, int nr, float* panel) {
@@ -294,7 +277,8 @@ void dequantize_rows(const Matrix& m, const float* table, int64_t n0, int nr, fl
                     const v16f v = e4m3_to_f32(q + k) * scale;
                     std::memcpy(out + k, &v, sizeof v);
 #else
-                    const v8f lo = e4m3_to_f32_8(q + k) * scale, hi = e4m3_to_f32_8(q + k + 8) * scale;
+                    const v8f lo = e4m3_to_f32<v8f, v8u, v8b>(q + k) * scale,
+                              hi = e4m3_to_f32<v8f, v8u, v8b>(q + k + 8) * scale;
                     std::memcpy(out + k, &lo, sizeof lo);
                     std::memcpy(out + k + 8, &hi, sizeof hi);
 #endif
@@ -323,9 +307,9 @@ void micro_kernel_e4m3(const float* x, const Matrix& m, const float* table, floa
     for (int64_t k = 0; k < K16; k += kLanes)
         for (int h = 0; h < 2; h++) {
             v8f wv[NR];
-            for (int r = 0; r < NR; r++) wv[r] = e4m3_to_f32_8(q[r] + k + 8 * h) * s[r][k / kFp8Block];
+            for (int r = 0; r < NR; r++) wv[r] = e4m3_to_f32<v8f, v8u, v8b>(q[r] + k + 8 * h) * s[r][k / kFp8Block];
             for (int j = 0; j < T; j++) {
-                const v8f xv = load8_f32(x + j * K + k + 8 * h);
+                const v8f xv = load_f32<v8f>(x + j * K + k + 8 * h);
                 for (int r = 0; r < NR; r++) acc2[h][r][j] += wv[r] * xv;
             }
         }
