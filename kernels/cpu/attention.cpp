@@ -28,6 +28,51 @@ inline float dot(const float* a, const float* b, int D) {
     return s;
 }
 
+typedef float v8f __attribute__((vector_size(32)));
+
+inline v8f load8(const float* p) {
+    v8f v;
+    std::memcpy(&v, p, sizeof v);
+    return v;
+}
+
+// In place: r[l][k] <- r[k][l] (an 8 x 8 transpose in three rounds of two-input shuffles, which x86 compilers turn
+// into unpack, shuffle and 128-bit lane permutes).
+inline void transpose8(v8f (&r)[8]) {
+    v8f t[8], u[8];
+    for (int i = 0; i < 4; i++) {
+        t[2 * i] = __builtin_shufflevector(r[2 * i], r[2 * i + 1], 0, 8, 1, 9, 4, 12, 5, 13);
+        t[2 * i + 1] = __builtin_shufflevector(r[2 * i], r[2 * i + 1], 2, 10, 3, 11, 6, 14, 7, 15);
+    }
+    for (int i = 0; i < 2; i++)
+        for (int h = 0; h < 2; h++) {  // t[4i + h], t[4i + 2 + h] -> u[4i + 2h], u[4i + 2h + 1]
+            u[4 * i + 2 * h] = __builtin_shufflevector(t[4 * i + h], t[4 * i + 2 + h], 0, 1, 8, 9, 4, 5, 12, 13);
+            u[4 * i + 2 * h + 1] = __builtin_shufflevector(t[4 * i + h], t[4 * i + 2 + h], 2, 3, 10, 11, 6, 7, 14, 15);
+        }
+    for (int l = 0; l < 4; l++) {
+        r[l] = __builtin_shufflevector(u[l], u[4 + l], 0, 1, 2, 3, 8, 9, 10, 11);
+        r[4 + l] = __builtin_shufflevector(u[l], u[4 + l], 4, 5, 6, 7, 12, 13, 14, 15);
+    }
+}
+
+// out[j] = dot(q, k + j * stride, D) for 8 keys, bit for bit (D % 16 == 0): each key's 16 lane sums are formed as
+// dot forms them (lanes 0-7 in one pass over D, lanes 8-15 in a second, 8 accumulators each), then transposed so
+// that the lanes of the 8 keys are added in dot's order (lane 0 first) with 8 keys per vector operation.
+inline void dot8(const float* q, const float* k, int64_t stride, int D, float* out) {
+    v8f s{};
+    for (int half = 0; half < 2; half++) {
+        v8f acc[8];
+        for (int j = 0; j < 8; j++) acc[j] = v8f{};
+        for (int i = 8 * half; i < D; i += 16) {
+            const v8f qv = load8(q + i);
+            for (int j = 0; j < 8; j++) acc[j] += qv * load8(k + j * stride + i);
+        }
+        transpose8(acc);
+        for (int l = 0; l < 8; l++) s += acc[l];
+    }
+    std::memcpy(out, &s, sizeof s);
+}
+
 // RMSNorm1p over one head vector in place.
 void norm1p(float* v, const float* w, int D, float eps) {
     float ss = 0.0f;
@@ -117,8 +162,12 @@ void attention(const AttentionArgs& p, const RowMap& rows, float* q_all, float* 
                 const float* kc = k_cache + row_slot[t] * slot_stride + kvh * D;
                 const float* vc = v_cache + row_slot[t] * slot_stride + kvh * D;
                 float mx = -INFINITY;
-                for (int j = 0; j <= pos; j++) {
-                    s[j] = dot(q, kc + int64_t(j) * kv_row, D) * scale;
+                int j = 0;
+                if (D % 16 == 0)
+                    for (; j + 8 <= pos + 1; j += 8) dot8(q, kc + int64_t(j) * kv_row, kv_row, D, s + j);
+                for (; j <= pos; j++) s[j] = dot(q, kc + int64_t(j) * kv_row, D);
+                for (j = 0; j <= pos; j++) {
+                    s[j] *= scale;
                     mx = std::max(mx, s[j]);
                 }
                 float sum = 0.0f;
@@ -128,11 +177,23 @@ void attention(const AttentionArgs& p, const RowMap& rows, float* q_all, float* 
                 }
                 const float inv = 1.0f / sum;
                 float* o = out + (t * Hq + h) * D;
-                for (int i = 0; i < D; i++) o[i] = 0.0f;
-                for (int j = 0; j <= pos; j++) {
+                // o = sum over j in order of p_j v_j, p_j = s_j / sum; 64 values of o at a time in registers
+                int i0 = 0;
+                for (; i0 + 64 <= D; i0 += 64) {
+                    v8f acc[8];
+                    for (int c = 0; c < 8; c++) acc[c] = v8f{};
+                    for (int j = 0; j <= pos; j++) {
+                        const float pj = s[j] * inv;
+                        const float* v = vc + int64_t(j) * kv_row + i0;
+                        for (int c = 0; c < 8; c++) acc[c] += pj * load8(v + 8 * c);
+                    }
+                    std::memcpy(o + i0, acc, sizeof acc);
+                }
+                for (int i = i0; i < D; i++) o[i] = 0.0f;
+                for (int j = 0; j <= pos && i0 < D; j++) {
                     const float pj = s[j] * inv;
                     const float* v = vc + int64_t(j) * kv_row;
-                    for (int i = 0; i < D; i++) o[i] += pj * v[i];
+                    for (int i = i0; i < D; i++) o[i] += pj * v[i];
                 }
                 const float* gate = qg + (t * Hq + h) * 2 * D + D;
                 for (int i = 0; i < D; i++) o[i] *= 1.0f / (1.0f + std::exp(-gate[i]));

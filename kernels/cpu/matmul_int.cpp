@@ -102,9 +102,47 @@ HY_TARGET_AVX512 void quantize_group_avx512(const float* x, int64_t n, int8_t* q
     *sum = _mm512_reduce_add_epi32(s);
 }
 
-// (the AVX-512 quantizer goes with the VNNI kernels, the scalar one with the others: the tests' comparison of the
-// instruction sets covers both)
-QuantizedActivations quantize_activations(const float* x, int64_t T, int64_t K, int64_t group, bool avx512,
+#define HY_TARGET_AVX2_Q __attribute__((target("avx2,fma")))
+
+// quantize_group with AVX2 (n a multiple of 8): as quantize_group_avx512, 8 lanes at a time.
+HY_TARGET_AVX2_Q void quantize_group_avx2(const float* x, int64_t n, int8_t* q, float* scale, int32_t* sum) {
+    __m256 amax_v = _mm256_setzero_ps(), bad = _mm256_setzero_ps();
+    const __m256 abs_mask = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff)), inf = _mm256_set1_ps(INFINITY);
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256 a = _mm256_and_ps(_mm256_loadu_ps(x + i), abs_mask);
+        bad = _mm256_or_ps(bad, _mm256_cmp_ps(a, inf, _CMP_NLT_UQ));  // inf or NaN
+        amax_v = _mm256_max_ps(amax_v, a);
+    }
+    __m128 m = _mm_max_ps(_mm256_castps256_ps128(amax_v), _mm256_extractf128_ps(amax_v, 1));
+    m = _mm_max_ps(m, _mm_movehl_ps(m, m));
+    m = _mm_max_ss(m, _mm_shuffle_ps(m, m, 1));
+    const float amax = _mm_cvtss_f32(m);
+    if (_mm256_movemask_ps(bad) != 0 || amax == 0.0f) {
+        std::memset(q, 0, size_t(n));
+        *scale = _mm256_movemask_ps(bad) != 0 ? std::numeric_limits<float>::quiet_NaN() : 0.0f;
+        *sum = 0;
+        return;
+    }
+    const __m256 inv = _mm256_set1_ps(127.0f / amax), lo = _mm256_set1_ps(-127.0f), hi = _mm256_set1_ps(127.0f);
+    __m256i s = _mm256_setzero_si256();
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256 v =
+            _mm256_round_ps(_mm256_mul_ps(_mm256_loadu_ps(x + i), inv), _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+        const __m256i c = _mm256_cvtps_epi32(_mm256_min_ps(_mm256_max_ps(v, lo), hi));
+        s = _mm256_add_epi32(s, c);
+        const __m128i c16 = _mm_packs_epi32(_mm256_castsi256_si128(c), _mm256_extracti128_si256(c, 1));
+        _mm_storel_epi64(reinterpret_cast<__m128i*>(q + i), _mm_packs_epi16(c16, c16));
+    }
+    __m128i t = _mm_add_epi32(_mm256_castsi256_si128(s), _mm256_extracti128_si256(s, 1));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0x4e));
+    t = _mm_add_epi32(t, _mm_shuffle_epi32(t, 0xb1));
+    *scale = amax / 127.0f;
+    *sum = _mm_cvtsi128_si32(t);
+}
+
+// (the AVX-512 quantizer goes with the VNNI kernels, the AVX2 one with the AVX2 kernels, the scalar one with the
+// scalar kernels: the tests' comparison of the instruction sets covers all three)
+QuantizedActivations quantize_activations(const float* x, int64_t T, int64_t K, int64_t group, IntIsa isa,
                                           ThreadPool& pool) {
     // Grows to the largest call once (the first steps); rows past T are zero codes with scale 0.
     thread_local std::vector<int8_t> q;
@@ -121,14 +159,16 @@ QuantizedActivations quantize_activations(const float* x, int64_t T, int64_t K, 
         std::fill(scale.begin() + g * ld + T, scale.begin() + (g + 1) * ld, 0.0f);
         std::fill(sum.begin() + g * ld + T, sum.begin() + (g + 1) * ld, 0);
     }
+    auto* const quantize = isa == IntIsa::avx512_vnni              ? quantize_group_avx512
+                           : isa == IntIsa::avx2 && group % 8 == 0 ? quantize_group_avx2
+                                                                   : quantize_group;
     int8_t* qp = q.data();
     float* sp = scale.data();
     int32_t* up = sum.data();
     pool.parallel_for(T, std::max<int64_t>(1, 16384 / K), [&](int64_t t0, int64_t t1, int) {
         for (int64_t t = t0; t < t1; t++)
             for (int64_t g = 0; g < G; g++)
-                (avx512 ? quantize_group_avx512 : quantize_group)(x + t * K + g * group, group, qp + t * K + g * group,
-                                                                  sp + g * ld + t, up + g * ld + t);
+                quantize(x + t * K + g * group, group, qp + t * K + g * group, sp + g * ld + t, up + g * ld + t);
     });
     return {qp, sp, up, ld};
 }
@@ -465,7 +505,7 @@ void matmul_int(const float* x, int64_t rows, const Matrix& w, float* y, ThreadP
     if (!int_isa_supported(isa))
         throw Error(Status::unsupported, std::string("CPU matmul: this CPU lacks ") + int_isa_name(isa));
     if (rows <= 0) return;
-    const QuantizedActivations a = quantize_activations(x, rows, w.cols, w.group, isa == IntIsa::avx512_vnni, pool);
+    const QuantizedActivations a = quantize_activations(x, rows, w.cols, w.group, isa, pool);
     const bool q8 = w.dtype == DType::Q8;
     switch (isa) {
         case IntIsa::avx512_vnni:
