@@ -230,6 +230,13 @@ TEST_CASE("hybrid-bench: CUDA tuning switches are checked, and noted as ignored 
     CHECK(ok.err.find("note: --attn-heads-per-block only changes the CUDA backend; ignored on cpu") !=
           std::string::npos);
     CHECK(ok.err.find("note: --int-split-k only changes the CUDA backend; ignored on cpu") != std::string::npos);
+    // FP8 weights on the CPU: the header names no --fp8-gemm mode (the CPU has one FP8 matmul)
+    const Run fp8 = run_prog(
+        bench, {"-m", "models/tiny", "--device", "cpu", "-t", "1", "-p", "4", "-n", "1", "-r", "1", "--quant", "fp8"});
+    INFO(fp8.out);
+    CHECK(fp8.rc == 0);
+    CHECK(fp8.out.find("--quant fp8") != std::string::npos);
+    CHECK(fp8.out.find("--fp8-gemm") == std::string::npos);
 }
 
 // The bytes of a decode step with --quant-lm-head on a tied model (models/tiny): the quantized copy is read, the

@@ -388,7 +388,7 @@ int main(int argc, char** argv) {
         const WeightQuant quant = mp.quant;  // (as given: a pre-quantized checkpoint shows in the weights' formats)
         const int quant_group = weight_quant_group(quant, mp.quant_group);
         const std::string weight_types = weight_dtypes_text(w);
-        const bool fp8 = has_fp8_weights(w);
+        const bool fp8 = has_fp8_weights(w) && std::string(be.name()) == "cuda";  // (the CPU has one FP8 matmul)
         const char* fp8_gemm = mp.cuda.fp8_block_scaled_gemm ? "block-scaled" : "dequantize";
         std::fprintf(table, "weights %s; --quant %s%s%s%s\n", weight_types.c_str(), weight_quant_name(quant),
                      quant_group > 0 ? (", groups of " + std::to_string(quant_group)).c_str() : "",
