@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cmath>
 
+#include "base/softmax.h"
+
 namespace hy {
 
 BatchGenerator::BatchGenerator(Model& model, int n_valid, std::vector<int> slots, std::vector<int32_t> banned)
@@ -286,13 +288,10 @@ bool BatchGenerator::step() {
 std::vector<TokenPick> top_logprobs(std::span<const float> row, int n_valid, int k) {
     n_valid = std::clamp(n_valid, 1, int(row.size()));
     k = std::clamp(k, 0, n_valid);
-    float mx = -INFINITY;
-    for (int i = 0; i < n_valid; i++)
-        if (row[size_t(i)] > mx) mx = row[size_t(i)];
-    double sum = 0;
-    for (int i = 0; i < n_valid; i++)
-        if (std::isfinite(row[size_t(i)])) sum += std::exp(double(row[size_t(i)]) - double(mx));
-    const double lse = double(mx) + std::log(sum);
+    // the log-sum-exp of log_softmax_at (base/softmax.h), so that the sampled id's log-probability and its entry
+    // here are the same number
+    const float mx = row[size_t(argmax(row, n_valid))];
+    const double log_sum = std::isfinite(mx) ? std::log(exp_sum(row.first(size_t(n_valid)), mx)) : 0.0;
     std::vector<TokenPick> best;
     best.reserve(size_t(k) + 1);
     for (int i = 0; i < n_valid; i++) {
@@ -303,7 +302,7 @@ std::vector<TokenPick> top_logprobs(std::span<const float> row, int n_valid, int
         best.insert(at, TokenPick{i, x});
         if (int(best.size()) > k) best.pop_back();
     }
-    for (TokenPick& p : best) p.logprob = float(double(p.logprob) - lse);
+    for (TokenPick& p : best) p.logprob = float(double(p.logprob) - double(mx) - log_sum);
     return best;
 }
 
