@@ -380,6 +380,7 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     }
     check(run_prog(compare, {"-m", "models/tiny", "--logits", (tmp.path / "none.safetensors").string()}), 5,
           "none.safetensors");
+    check(run_prog(compare, {"-m", "models/tiny", "--logits", ""}), 1, "--logits needs a file name");
     check(run_prog(bench, {"-m", "models/tiny", "-p", "2147483647", "-n", "2147483647"}), 1,
           "-p + -n must be at most 2^30 - 1 positions, got 4294967294");
     // ... but the value of an option that takes one is that value

@@ -214,6 +214,7 @@ int main(int argc, char** argv) {
         // Golden logits, when present (opened before the model is loaded: a bad --logits fails at once).
         std::string logits_path =
             args.count("logits") ? args["logits"].as<std::string>() : dir + "/golden_logits.safetensors";
+        if (logits_path.empty()) throw tools::UsageError("--logits needs a file name");
         auto lf = std::make_unique<hyst_file>();
         bool have_logits = false;
         {
