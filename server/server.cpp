@@ -716,8 +716,10 @@ struct Server::Impl {
             }
             for (int32_t id : fresh) {
                 const size_t k = seen++;
-                out.ids.push_back(id);
+                // ids made after a stop string ended the answer (before the cancel reached the engine) are not
+                // part of it: not counted in usage, not kept (the count was 4-8 for one answer, run to run)
                 if (stopped) continue;
+                out.ids.push_back(id);
                 if (std::binary_search(eos.begin(), eos.end(), id) && !s.ignore_eos) continue;
                 held += dec.push(id);
                 // stop strings: the earliest match ends the text
@@ -758,6 +760,8 @@ struct Server::Impl {
             if (done) break;
         }
         n_waiting--;
+        out.logprobs.resize(std::min(out.logprobs.size(), out.ids.size()));
+        out.top.resize(std::min(out.top.size(), out.ids.size()));
         if (!stopped) {
             held += dec.flush();
             if (!held.empty()) {

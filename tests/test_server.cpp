@@ -339,6 +339,27 @@ TEST_CASE("server: greedy completions equal the hybrid CLI and the Hugging Face 
         CHECK(joined.compare(0, text.size(), text) == 0);  // the text is their prefix
         CHECK(joined.find("fully") == std::string::npos);  // and they stop within the stop string's token
         CHECK(lp["usage"]["completion_tokens"].get<size_t>() >= lp["choices"][0]["logprobs"]["tokens"].size());
+        // completion_tokens: the ids up to the one that completes the stop string, every time (ids made before the
+        // cancel reached the engine were counted: 4-8 for one answer)
+        const ojson all = post(port, "/v1/completions",
+                               ojson{{"prompt", kCode}, {"max_tokens", 40}, {"temperature", 0}, {"logprobs", 1}})
+                              .json();
+        std::string prefix;
+        size_t needed = 0;
+        for (const ojson& t : all["choices"][0]["logprobs"]["tokens"]) {
+            if (prefix.find("fully") != std::string::npos || prefix.find("xyz") != std::string::npos) break;
+            prefix += t.get<std::string>();
+            needed++;
+        }
+        REQUIRE(prefix.find("fully") != std::string::npos);
+        for (int rep = 0; rep < 4; rep++)
+            CHECK(post(port, "/v1/completions",
+                       ojson{{"prompt", kCode},
+                             {"max_tokens", 40},
+                             {"temperature", 0},
+                             {"stop", ojson::array({"fully", "xyz"})}})
+                      .json()["usage"]["completion_tokens"]
+                      .get<size_t>() == needed);
     }
 
     // token-id prompts: the goldens' greedy ids (HF generate does not stop at EOS: ignore_eos)
