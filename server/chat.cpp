@@ -169,6 +169,8 @@ std::string ChatFormat::render(const ojson& messages, const ojson& tools, bool a
     if (with_tools) throw Error(Status::invalid_argument, "tools need a chat template (the built-in ChatML has none)");
     ChatOptions opts;
     opts.add_generation_prompt = add_generation_prompt;
+    // thinking unless the request says enable_thinking: false, as Qwen3.5's own template and the CLI's default
+    opts.thinking = Thinking::enabled;
     if (kwargs.contains("enable_thinking") && kwargs["enable_thinking"].is_boolean())
         opts.thinking = kwargs["enable_thinking"].get<bool>() ? Thinking::enabled : Thinking::disabled;
     // A past answer is rendered as the model produced it: its reasoning in a think block, or the empty block of

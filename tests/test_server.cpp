@@ -464,12 +464,15 @@ TEST_CASE("server: a second chat turn continues from the first turn's state", "[
     if (!have_server_binary()) return;
     const int port = shared_server().port();
     ojson msgs = ojson::array({ojson{{"role", "user"}, {"content", "Write a class for a stack."}}});
+    const ojson no_think{{"enable_thinking", false}};  // (answers as content, the history as the model saw it)
     const ojson t1 =
-        post(port, "/v1/chat/completions", ojson{{"messages", msgs}, {"max_tokens", 24}, {"temperature", 0}}).json();
+        post(port, "/v1/chat/completions",
+             ojson{{"messages", msgs}, {"max_tokens", 24}, {"temperature", 0}, {"chat_template_kwargs", no_think}})
+            .json();
     const int p1 = t1["usage"]["prompt_tokens"].get<int>(), c1 = t1["usage"]["completion_tokens"].get<int>();
     msgs.push_back(ojson{{"role", "assistant"}, {"content", t1["choices"][0]["message"]["content"]}});
     msgs.push_back(ojson{{"role", "user"}, {"content", "Now a queue."}});
-    ojson req{{"messages", msgs}, {"max_tokens", 16}, {"temperature", 0}};
+    ojson req{{"messages", msgs}, {"max_tokens", 16}, {"temperature", 0}, {"chat_template_kwargs", no_think}};
     const ojson t2 = post(port, "/v1/chat/completions", req).json();
     // the first turn's prompt and answer (all but its last id, which was never fed) come from the cache
     CHECK(t2["usage"]["prompt_tokens_details"]["cached_tokens"].get<int>() == p1 + c1 - 1);
@@ -905,6 +908,7 @@ TEST_CASE("server: logit_bias moves greedy and sampled picks", "[server]") {
                      {"max_tokens", 3},
                      {"temperature", 0},
                      {"stream", true},
+                     {"chat_template_kwargs", {{"enable_thinking", false}}},  // (content, not reasoning)
                      {"logit_bias", {{std::to_string(ret[0]), 100}}}};
     std::string text;
     for (const ojson& ev : events(post(port, "/v1/chat/completions", chat).body))
