@@ -1277,12 +1277,23 @@ struct Server::Impl {
             const std::string length = req.get_header_value("Content-Length");
             const bool bad_length = has_length && (length.empty() || length.size() > 19 ||
                                                    length.find_first_not_of("0123456789") != std::string::npos);
+            // two lengths that differ, or a length with chunked encoding: the body's end is ambiguous (a proxy
+            // in front may have read it the other way: request smuggling, RFC 9112 6.3), so refused
+            bool conflicting = chunked && has_length;
+            for (size_t i = 1; i < req.get_header_value_count("Content-Length"); i++)
+                conflicting = conflicting || req.get_header_value("Content-Length", i) != length;
             if (bad_length) {  // (the library reads "-5" as huge and "abc" as 0)
                 reply_error(
                     req, res,
                     {400,
                      "malformed Content-Length header '" + length.substr(0, 40) + "' (expected a decimal byte count)",
                      "", "invalid_request_error", ""});
+            } else if (conflicting) {
+                reply_error(req, res,
+                            {400,
+                             chunked ? "a request with both Transfer-Encoding: chunked and Content-Length"
+                                     : "Content-Length headers that disagree",
+                             "", "invalid_request_error", ""});
             } else if (allow.empty()) {
                 reply_error(req, res,
                             {404, "no such endpoint: " + req.method + " " + req.path, "", "invalid_request_error",

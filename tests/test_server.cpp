@@ -1402,6 +1402,20 @@ TEST_CASE("server: HTTP details: 411, 405 with Allow, /v1/models/{id}, the libra
               std::string("malformed Content-Length header '") + length + "' (expected a decimal byte count)");
         CHECK(raw.find("Connection: close\r\n") != std::string::npos);
     }
+    // two Content-Lengths that differ, or one with chunked encoding: 400 at once (they were served, or waited for)
+    r = raw_reply(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 29\r\nContent-Length: "
+        "5\r\n\r\n{\"prompt\": \"a\", \"max_tokens\": 1}",
+        &raw);
+    CHECK(r.status == 400);
+    CHECK(error_of(r)["message"] == "Content-Length headers that disagree");
+    CHECK(raw.find("Connection: close\r\n") != std::string::npos);
+    r = raw_reply(
+        "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
+        "Content-Length: 5\r\n\r\n0\r\n\r\n",
+        &raw);
+    CHECK(r.status == 400);
+    CHECK(error_of(r)["message"] == "a request with both Transfer-Encoding: chunked and Content-Length");
     // a request line the library cannot parse, and one too long: OpenAI's error JSON, and the connection closes
     r = raw_reply("GARBAGE\r\n\r\n", &raw);
     CHECK(r.status == 400);
