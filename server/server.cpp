@@ -1434,6 +1434,11 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
     mp.quant_group = params.quant_group;
     mp.quant_lm_head = params.quant_lm_head;
     s.model = Model::load(params.model_dir, mp);
+    if (const int trained = s.model->config().max_position_embeddings; trained > 0 && mp.n_ctx > trained)
+        std::fprintf(stderr,
+                     "hybrid-server: warning: -c %d is larger than the %d positions the model was trained for "
+                     "(max_position_embeddings): output past them may degrade\n",
+                     mp.n_ctx, trained);
     const int V = s.model->config().vocab_size;
     s.n_valid = std::min(s.tok->n_vocab(), V);
     std::vector<int32_t> banned;

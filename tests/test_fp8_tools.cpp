@@ -1,6 +1,10 @@
 // FP8 through the programs (issue 20): --quant in hybrid and the tools, and hybrid-perplexity's quality check of
 // --quant fp8 against the 16-bit model of models/tiny on a held-out Python text (tests/data/text/heldout.py, written
 // for these tests; BENCHMARKS.md "FP8 weights: quality" records the numbers).
+#include <fstream>
+#include <string>
+#include <vector>
+
 #include "cli_util.h"
 #include "test_util.h"
 
@@ -65,4 +69,29 @@ TEST_CASE("hybrid-perplexity: --quant fp8 on models/tiny keeps the perplexity wi
         run_prog(ppl, {"-m", "models/tiny", "-f", text, "--ctx", "128", "--device", "cpu", "--kl-base", base});
     CHECK(other.rc == 1);
     CHECK(other.err.find("saved from another text, --ctx, --chunks or vocabulary") != std::string::npos);
+    // Another text of as many windows: said so (the message listed the same counts twice)
+    std::string lines = read_text(text), reversed;
+    {
+        std::vector<std::string> v;
+        for (size_t a = 0, b; a < lines.size(); a = b + 1) {
+            b = lines.find('\n', a);
+            if (b == std::string::npos) b = lines.size();
+            v.push_back(lines.substr(a, b - a) + "\n");
+        }
+        for (auto it = v.rbegin(); it != v.rend(); ++it) reversed += *it;
+    }
+    const std::string text2 = (d.path / "reversed.py").string();
+    std::ofstream(text2) << reversed;
+    const Run swapped =
+        run_prog(ppl, {"-m", "models/tiny", "-f", text2, "--ctx", "256", "--device", "cpu", "--kl-base", base});
+    INFO(swapped.err);
+    CHECK(swapped.rc == 1);
+    CHECK(swapped.err.find("saved from another text (the same 19 windows of 256 tokens and vocabulary, other token "
+                           "ids)") != std::string::npos);
+    // a --ctx past the trained positions (the MoE test model: 4,096) is run with a warning
+    const Run past = run_prog(ppl, {"-m", "tests/data/models/moe", "-f", text, "--ctx", "4200", "-t", "2"});
+    CHECK(past.rc == 0);
+    CHECK(past.err.find("warning: --ctx 4200 is larger than the 4096 positions the model was trained for") !=
+          std::string::npos);
+    CHECK(past.out.find("1 window of 4200") != std::string::npos);
 }

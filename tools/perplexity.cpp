@@ -191,6 +191,11 @@ int main(int argc, char** argv) {
                          model->backend().name());
         if (!model->load_warning().empty())
             std::fprintf(stderr, "hybrid-perplexity: warning: %s\n", model->load_warning().c_str());
+        if (const int trained = model->config().max_position_embeddings; trained > 0 && ctx > trained)
+            std::fprintf(stderr,
+                         "hybrid-perplexity: warning: --ctx %d is larger than the %d positions the model was trained "
+                         "for (max_position_embeddings): the perplexity past them measures extrapolation\n",
+                         ctx, trained);
         const int V = model->config().vocab_size, first = ctx / 2;
         const uint64_t per_window = uint64_t(ctx - 1 - first), positions = per_window * uint64_t(windows);
         Fnv1a hash;
@@ -218,8 +223,14 @@ int main(int argc, char** argv) {
                 read_all(&h, sizeof h, base_path);
                 if (std::memcmp(h.magic, kMagic, 8) != 0)
                     throw Error(Status::format, base_path + ": not a hybrid-perplexity --save-logits file");
-                if (h.vocab != uint32_t(V) || h.ctx != uint32_t(ctx) || h.windows != uint32_t(windows) ||
-                    h.positions != positions || h.tokens_hash != hash.h || h.top_k == 0 || h.top_k > uint32_t(V))
+                const bool same_shape = h.vocab == uint32_t(V) && h.ctx == uint32_t(ctx) &&
+                                        h.windows == uint32_t(windows) && h.positions == positions;
+                if (same_shape && h.tokens_hash != hash.h)
+                    throw Error(Status::invalid_argument, base_path + ": saved from another text (the same " +
+                                                              tools::count_of(size_t(windows), "window") + " of " +
+                                                              std::to_string(ctx) +
+                                                              " tokens and vocabulary, other token ids)");
+                if (!same_shape || h.top_k == 0 || h.top_k > uint32_t(V))
                     throw Error(Status::invalid_argument,
                                 base_path + ": saved from another text, --ctx, --chunks or vocabulary (it has " +
                                     std::to_string(h.windows) + " windows of " + std::to_string(h.ctx) +
@@ -342,8 +353,9 @@ int main(int argc, char** argv) {
             partial.complete = true;
         }
         const double ppl = std::exp(nll / double(positions));
-        std::printf("text: %s, %zu tokens; %d windows of %d, the last %d positions of each scored (%llu tokens)\n",
-                    text_name.c_str(), ids.size(), windows, ctx, int(per_window), (unsigned long long)positions);
+        std::printf("text: %s, %zu tokens; %s of %d, the last %d positions of each scored (%llu tokens)\n",
+                    text_name.c_str(), ids.size(), tools::count_of(size_t(windows), "window").c_str(), ctx,
+                    int(per_window), (unsigned long long)positions);
         // (the label goes by the matrices loaded: a folder whose config.json says FP8 but holds 16-bit tensors loads
         // 16-bit)
         const std::string quant =

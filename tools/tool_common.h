@@ -53,6 +53,9 @@ auto loading(F&& f) {
     }
 }
 
+// "1 window", "2 windows".
+inline std::string count_of(size_t n, const char* noun) { return std::to_string(n) + " " + noun + (n == 1 ? "" : "s"); }
+
 // The exit code of a hy::Error thrown after the load: exit_usage for a bad argument, exit_io for a file that cannot
 // be read or is malformed (a golden file), exit_runtime otherwise.
 inline int exit_code_of(const Error& e) {
