@@ -20,7 +20,8 @@ namespace {
 const char* kExitCodes =
     "Sampling: options not given take the model folder's generation_config.json values when it has them\n"
     "  (temperature, top_k, top_p, min_p, repetition_penalty over the whole context; \"do_sample\": false is\n"
-    "  greedy), as vLLM does; otherwise the defaults shown above. --verbose names the values taken from the file.\n"
+    "  greedy), as vLLM does; a field the file does not set takes the default shown above (llama.cpp's, where\n"
+    "  vLLM would leave that sampler off). --verbose names the values taken from the file.\n"
     "\n"
     "Output:\n"
     "  Only the generated continuation goes to stdout (the prompt is not echoed), streamed token by token, with\n"
