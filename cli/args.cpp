@@ -385,6 +385,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         int line_no = 0;
         while (std::getline(in, line)) {
             line_no++;
+            if (line_no == 1 && line.rfind("\xEF\xBB\xBF", 0) == 0) line.erase(0, 3);  // a UTF-8 byte order mark
             if (!line.empty() && line.back() == '\r') line.pop_back();
             if (line.empty()) continue;
             o.batch_prompts.push_back(o.escape ? process_escapes(line) : line);

@@ -357,6 +357,9 @@ struct Repl {
         std::string arg = sp == std::string::npos ? "" : line.substr(sp + 1);
         while (!arg.empty() && (arg.back() == ' ' || arg.back() == '\t' || arg.back() == '\r')) arg.pop_back();
         while (!arg.empty() && (arg.front() == ' ' || arg.front() == '\t')) arg.erase(arg.begin());
+        // a file name in quotes, as a shell would take it ("my chat.json", 'x'): the quotes are not part of it
+        if (arg.size() >= 2 && (arg.front() == '"' || arg.front() == '\'') && arg.back() == arg.front())
+            arg = arg.substr(1, arg.size() - 2);
         if (arg.find('\0') != std::string::npos)
             throw Failure(exit_usage, cmd + ": the argument holds a NUL byte, which a file name cannot carry");
         if (!arg.empty() && (cmd == "/exit" || cmd == "/quit" || cmd == "/reset" || cmd == "/help"))
@@ -375,7 +378,8 @@ struct Repl {
         } else if (cmd == "/help") {
             std::fprintf(stderr,
                          "/reset        start a new conversation\n"
-                         "/save FILE    save the conversation (refuses to overwrite; /save! FILE overwrites)\n"
+                         "/save FILE    save the conversation (refuses to overwrite; /save! FILE overwrites;\n"
+                         "              FILE may be in quotes)\n"
                          "/load FILE    continue a saved conversation\n"
                          "/exit, /quit  leave (also Ctrl-D); Ctrl-C stops an answer or discards the typed line\n"
                          "/help         this list\n"

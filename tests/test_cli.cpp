@@ -205,6 +205,14 @@ TEST_CASE("cli: --batch-file writes one JSON line per prompt, each equal to its 
         REQUIRE(one.rc == 0);
         REQUIRE(objs[i]["text"].get<std::string>() == one.out);
     }
+    // a UTF-8 byte order mark before the first line is not part of its prompt
+    const std::string bom = (dir.path / "bom.txt").string();
+    std::ofstream(bom) << "\xEF\xBB\xBF"
+                       << "class Foo:\n";
+    const Run b = hybrid({"-m", "models/tiny", "--batch-file", bom, "-n", "12", "--temp", "0"});
+    REQUIRE(b.rc == 0);
+    CHECK(nlohmann::json::parse(b.out)["prompt"] == "class Foo:");
+    CHECK(nlohmann::json::parse(b.out)["text"] == objs[1]["text"]);
     // Errors: a missing file, an empty file, a bad --parallel.
     REQUIRE(hybrid({"-m", "models/tiny", "--batch-file", (dir.path / "nope.txt").string()}).rc == 5);
     std::ofstream((dir.path / "empty.txt").string()) << "\n\n";

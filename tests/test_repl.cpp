@@ -286,6 +286,11 @@ TEST_CASE("cli: /save then /load continues identically; another model's snapshot
     CHECK(slurp(file) == before);
     CHECK(hybrid(chat, "Hi.\n/save! " + file + "\n").rc == 0);
     CHECK(slurp(file) != before);
+    // a name in quotes: the quotes are not part of it
+    const std::string spaced = (tmp.path / "my chat.snap").string();
+    CHECK(hybrid(chat, "Hi.\n/save \"" + spaced + "\"\n").rc == 0);
+    CHECK(std::filesystem::exists(spaced));
+    CHECK(hybrid(chat, "/load '" + spaced + "'\nHi.\n").rc == 0);
 
     // not a snapshot; a missing file
     std::ofstream(tmp.path / "junk") << "hello";
