@@ -506,6 +506,7 @@ ojson normalize_messages(const ojson& body) {
         if (role == "developer") n["role"] = "system";
         const ojson* content = field(m, "content");
         const ojson* calls = field(m, "tool_calls");
+        if (calls && !calls->is_array()) bad(where + ".tool_calls", where + ".tool_calls must be a list");
         if (!content) {
             if (role != "assistant" || !calls || !calls->is_array() || calls->empty())
                 bad(where + ".content", where + ".content is " + (m.contains("content") ? "null" : "missing") +

@@ -852,6 +852,9 @@ TEST_CASE("server: message content: required but with tool calls, no NUL bytes; 
     CHECK(error(R"({"messages": [{"role": "system", "content": "x"}, {"role": "user"}]})") ==
           "messages[1].content is missing (only an assistant message with tool_calls may leave it out)");
     CHECK(error(R"({"messages": [{"role": "user", "content": null}]})").find("messages[0].content is null") == 0);
+    // tool_calls that are not a list are named as such (it was "content is missing")
+    CHECK(error(R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "tool_calls": "bad"}]})") ==
+          "messages[1].tool_calls must be a list");
     CHECK(error(R"({"messages": [{"role": "user", "content": "a\u0000b"}]})") ==
           "messages[0].content contains a NUL byte");
     // an assistant message that carries tool calls may leave its content out or null
