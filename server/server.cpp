@@ -1,6 +1,7 @@
 // hybrid-server (see server.h): the engine thread, the conversation-state cache, request parsing and the endpoints.
 #include "server/server.h"
 
+#include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
 
@@ -1504,9 +1505,16 @@ int Server::bind() {
     }
     if (port < 0) {
         // (the library keeps the failed bind's errno; it does not say otherwise)
-        const std::string why = errno == EADDRINUSE ? "the address is already in use (another server?)"
-                                : errno != 0        ? std::string(std::strerror(errno))
-                                                    : "in use, or not an address of this machine";
+        const int bind_errno = errno;
+        addrinfo hints{}, *found = nullptr;
+        hints.ai_socktype = SOCK_STREAM;
+        const int gai = getaddrinfo(s.p.host.c_str(), nullptr, &hints, &found);
+        if (found) freeaddrinfo(found);
+        const std::string why =
+            gai != 0 ? "'" + s.p.host + "' is not a known host name or address (" + std::string(gai_strerror(gai)) + ")"
+            : bind_errno == EADDRINUSE ? "the address is already in use (another server?)"
+            : bind_errno != 0          ? std::string(std::strerror(bind_errno))
+                                       : "in use, or not an address of this machine";
         throw Error(Status::io, "cannot listen on " + s.p.host + ":" + std::to_string(s.p.port) + ": " + why);
     }
     s.http->raise_backlog();
