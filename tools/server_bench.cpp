@@ -156,9 +156,15 @@ int server_vocab(const std::string& host, int port) {
     cli.set_connection_timeout(10, 0);
     cli.set_read_timeout(60, 0);
     auto res = cli.Get("/v1/models");
-    if (!res)
-        throw std::runtime_error("cannot connect to " + host + ":" + std::to_string(port) + " (" +
-                                 httplib::to_string(res.error()) + "; is hybrid-server running there?)");
+    if (!res) {
+        const httplib::Error e = res.error();
+        const std::string why = e == httplib::Error::Connection ? "connection refused, or the host is unreachable"
+                                : e == httplib::Error::ConnectionTimeout ? "no answer within 10 s"
+                                : e == httplib::Error::Read              ? "the connection closed without an answer"
+                                                                         : httplib::to_string(e);
+        throw std::runtime_error("cannot connect to " + host + ":" + std::to_string(port) + " (" + why +
+                                 "; is hybrid-server running there?)");
+    }
     const ojson j = ojson::parse(res->body, nullptr, false);
     if (res->status != 200) {
         std::string why;
