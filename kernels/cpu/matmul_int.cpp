@@ -14,7 +14,8 @@
 // vector of the 16 group sums by a transpose-add tree: 512-bit products for groups of 32 (a 64-byte chunk's two
 // halves of lanes are its two groups), 256-bit products for larger groups (a cheaper tree on CPUs that split
 // 512-bit operations). AVX2: 32 columns at a time, vpmaddubsw with the sign trick (|w| times x carrying w's sign)
-// for Q8, the nibbles directly for Q4, tiles of 4 rows x 2 tokens reduced by the same kind of tree.
+// for Q8, the nibbles directly for Q4, tiles of 4 rows x 2 tokens (8 rows x 1 token for one token) reduced by the
+// same kind of tree.
 #include <immintrin.h>
 
 // GCC 12's AVX-512 headers make casts from a wider "undefined" vector (_mm512_castsi256_si512 and the like), which
@@ -218,18 +219,20 @@ HY_TARGET_AVX2 inline __m256i reduce8_avx2(const __m256i* a) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(c[0], c[1], 0x20), _mm256_permute2x128_si256(c[0], c[1], 0x31));
 }
 
-// Rows [n0, n0 + 4) (clamped to the last row) x tokens [t0, t0 + 2) (rows past T hold zero codes); pair i = 2r + t.
-// ws8: the weight scales of the pairs, [G][8] (ws8[g * 8 + i] = scale of row n0 + i / 2, group g).
-template <DType W>
+// Rows [n0, n0 + NR) (clamped to the last row) x tokens [t0, t0 + NT) (rows past T hold zero codes), NR x NT = 8;
+// lane i is pair (row i / NT, token i % NT). ws8: the weight scales of the lanes, [G][8] (ws8[g * 8 + i] = scale of
+// row n0 + i / NT, group g). One token (decode): 8 rows x 1 token, so no lane works on a padding row.
+template <DType W, int NR, int NT>
 HY_TARGET_AVX2 void tile_avx2(const QuantizedActivations& a, int64_t T, const Matrix& m, int64_t n0, int64_t t0,
                               const float* ws8, float* y) {
-    constexpr int NR = 4, NT = 2;
+    static_assert(NR * NT == 8, "a tile is 8 (row, token) pairs");
     const int64_t K = m.cols, N = m.rows, group = m.group, G = K / group;
     const uint8_t* w[NR];
     for (int r = 0; r < NR; r++)
         w[r] = static_cast<const uint8_t*>(m.data) + size_t(std::min(n0 + r, N - 1)) * row_bytes(W, K);
     const __m256i ones = _mm256_set1_epi16(1), low4 = _mm256_set1_epi8(0x0f);
-    const __m256i tsel = _mm256_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1);  // lane i: token i % 2
+    // lane i: token i % NT
+    const __m256i tsel = NT == 2 ? _mm256_setr_epi32(0, 1, 0, 1, 0, 1, 0, 1) : _mm256_setzero_si256();
     __m256 acc = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
         __m256i iacc[NR * NT];
@@ -271,17 +274,17 @@ HY_TARGET_AVX2 void tile_avx2(const QuantizedActivations& a, int64_t T, const Ma
             if (n0 + r < N && t0 + t < T) y[(t0 + t) * N + n0 + r] = out[r * NT + t];
 }
 
-template <DType W>
+template <DType W, int NR, int NT>
 HY_TARGET_AVX2 void rows_avx2(const QuantizedActivations& a, int64_t T, const Matrix& m, int64_t nb0, int64_t nb1,
                               float* y) {
     const int64_t N = m.rows, G = m.cols / m.group;
     thread_local std::vector<float> ws8;
     if (ws8.size() < size_t(G * 8)) ws8.resize(size_t(G * 8));
     for (int64_t nb = nb0; nb < nb1; nb++) {
-        const int64_t n0 = nb * 4;
+        const int64_t n0 = nb * NR;
         for (int64_t g = 0; g < G; g++)
-            for (int i = 0; i < 8; i++) ws8[size_t(g * 8 + i)] = m.scales[std::min(n0 + i / 2, N - 1) * G + g];
-        for (int64_t t0 = 0; t0 < T; t0 += 2) tile_avx2<W>(a, T, m, n0, t0, ws8.data(), y);
+            for (int i = 0; i < 8; i++) ws8[size_t(g * 8 + i)] = m.scales[std::min(n0 + i / NT, N - 1) * G + g];
+        for (int64_t t0 = 0; t0 < T; t0 += NT) tile_avx2<W, NR, NT>(a, T, m, n0, t0, ws8.data(), y);
     }
 }
 
@@ -462,9 +465,17 @@ void matmul_vnni(const QuantizedActivations& a, int64_t T, const Matrix& m, floa
 
 template <DType W>
 void matmul_avx2(const QuantizedActivations& a, int64_t T, const Matrix& m, float* y, ThreadPool& pool) {
-    const int64_t N = m.rows, K = m.cols, n_blocks = (N + 3) / 4;
-    pool.parallel_for(n_blocks, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, T * K / 4)),
-                      [&](int64_t nb0, int64_t nb1, int) { rows_avx2<W>(a, T, m, nb0, nb1, y); });
+    const int64_t N = m.rows, K = m.cols;
+    auto run = [&](auto nr, auto nt) {
+        constexpr int NR = decltype(nr)::value, NT = decltype(nt)::value;
+        const int64_t n_blocks = (N + NR - 1) / NR;
+        pool.parallel_for(n_blocks, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, T * K / NR)),
+                          [&](int64_t nb0, int64_t nb1, int) { rows_avx2<W, NR, NT>(a, T, m, nb0, nb1, y); });
+    };
+    if (T == 1)
+        run(std::integral_constant<int, 8>{}, std::integral_constant<int, 1>{});
+    else
+        run(std::integral_constant<int, 4>{}, std::integral_constant<int, 2>{});
 }
 
 }  // namespace
