@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/vec.h"
 
 namespace hy::cpu {
 
@@ -10,30 +11,17 @@ namespace {
 
 constexpr int kMaxRotaryHalf = 256;
 
-typedef float v16f __attribute__((vector_size(64)));
-
 // q . k over D in 16 lanes (a fixed order, vectorized: a plain float loop is a serial dependency chain).
 inline float dot(const float* a, const float* b, int D) {
     v16f acc{};
     int i = 0;
     for (; i + 16 <= D; i += 16) {
-        v16f x, y;
-        std::memcpy(&x, a + i, sizeof x);
-        std::memcpy(&y, b + i, sizeof y);
-        acc += x * y;
+        acc += load_f32(a + i) * load_f32(b + i);
     }
     float s = 0.0f;
     for (int l = 0; l < 16; l++) s += acc[l];
     for (; i < D; i++) s += a[i] * b[i];
     return s;
-}
-
-typedef float v8f __attribute__((vector_size(32)));
-
-inline v8f load8(const float* p) {
-    v8f v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
 }
 
 // In place: r[l][k] <- r[k][l] (an 8 x 8 transpose in three rounds of two-input shuffles, which x86 compilers turn
@@ -64,8 +52,8 @@ inline void dot8(const float* q, const float* k, int64_t stride, int D, float* o
         v8f acc[8];
         for (int j = 0; j < 8; j++) acc[j] = v8f{};
         for (int i = 8 * half; i < D; i += 16) {
-            const v8f qv = load8(q + i);
-            for (int j = 0; j < 8; j++) acc[j] += qv * load8(k + j * stride + i);
+            const v8f qv = load_f32<v8f>(q + i);
+            for (int j = 0; j < 8; j++) acc[j] += qv * load_f32<v8f>(k + j * stride + i);
         }
         transpose8(acc);
         for (int l = 0; l < 8; l++) s += acc[l];
@@ -176,24 +164,23 @@ void attention(const AttentionArgs& p, const RowMap& rows, float* q_all, float* 
                     sum += s[j];
                 }
                 const float inv = 1.0f / sum;
+                for (int j = 0; j <= pos; j++) s[j] *= inv;  // p_j, once (not per block of o)
                 float* o = out + (t * Hq + h) * D;
-                // o = sum over j in order of p_j v_j, p_j = s_j / sum; 64 values of o at a time in registers
+                // o = sum over j in order of p_j v_j; 64 values of o at a time in registers
                 int i0 = 0;
                 for (; i0 + 64 <= D; i0 += 64) {
                     v8f acc[8];
                     for (int c = 0; c < 8; c++) acc[c] = v8f{};
                     for (int j = 0; j <= pos; j++) {
-                        const float pj = s[j] * inv;
                         const float* v = vc + int64_t(j) * kv_row + i0;
-                        for (int c = 0; c < 8; c++) acc[c] += pj * load8(v + 8 * c);
+                        for (int c = 0; c < 8; c++) acc[c] += s[j] * load_f32<v8f>(v + 8 * c);
                     }
                     std::memcpy(o + i0, acc, sizeof acc);
                 }
                 for (int i = i0; i < D; i++) o[i] = 0.0f;
                 for (int j = 0; j <= pos && i0 < D; j++) {
-                    const float pj = s[j] * inv;
                     const float* v = vc + int64_t(j) * kv_row;
-                    for (int i = i0; i < D; i++) o[i] += pj * v[i];
+                    for (int i = i0; i < D; i++) o[i] += s[j] * v[i];
                 }
                 const float* gate = qg + (t * Hq + h) * 2 * D + D;
                 for (int i = 0; i < D; i++) o[i] *= 1.0f / (1.0f + std::exp(-gate[i]));

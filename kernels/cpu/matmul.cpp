@@ -22,12 +22,12 @@
 #include "base/fp8.h"
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/vec.h"
 
 namespace hy::cpu {
 
 namespace {
 
-typedef float v16f __attribute__((vector_size(64)));
 typedef uint32_t v16u __attribute__((vector_size(64)));
 typedef uint16_t v16h __attribute__((vector_size(32)));
 
@@ -42,14 +42,6 @@ constexpr int kRows = 2;
 constexpr int kTokens = 2;
 #endif
 constexpr int kTokenChunk = 64;  // activation rows kept hot in cache while a weight panel is swept
-
-// A vector of floats (v16f, v8f) loaded from p.
-template <class VF = v16f>
-inline VF load_f32(const float* p) {
-    VF v;
-    std::memcpy(&v, p, sizeof v);
-    return v;
-}
 
 // binary16 bits (one per u32 lane) -> binary32, exactly as f16_to_f32, in vector operations: finite values are the
 // exponent and mantissa moved to f32's positions read as an f32 (a subnormal when the exponent is 0), times
@@ -122,7 +114,6 @@ inline float reduce(v16f v) {
 // Without AVX-512 the micro-kernels keep each output's 16 lanes as two 8-lane halves (lanes 0-7, 8-15) in native
 // 256-bit vectors: the same arithmetic lane by lane, so the same bits as the 16-lane form (GCC kept arrays of 64-byte
 // vectors on the stack on AVX2, several times slower).
-typedef float v8f __attribute__((vector_size(32)));
 typedef uint32_t v8u __attribute__((vector_size(32)));
 typedef uint16_t v8h __attribute__((vector_size(16)));
 typedef uint8_t v8b __attribute__((vector_size(8)));

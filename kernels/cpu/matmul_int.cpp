@@ -446,36 +446,32 @@ HY_TARGET_VNNI void rows_vnni(const QuantizedActivations& a, int64_t T, const Ma
     }
 }
 
+// rows(nb0, nb1) over the blocks of NR weight rows of an N x K matrix, shared out in pieces of about 8192 / (T K /
+// NR) blocks (at least one).
+template <int NR, class Rows>
+void for_row_blocks(ThreadPool& pool, int64_t N, int64_t K, int64_t T, Rows&& rows) {
+    pool.parallel_for((N + NR - 1) / NR, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, T * K / NR)),
+                      [&](int64_t nb0, int64_t nb1, int) { rows(nb0, nb1); });
+}
+
 template <DType W>
 void matmul_vnni(const QuantizedActivations& a, int64_t T, const Matrix& m, float* y, ThreadPool& pool) {
     const int64_t N = m.rows, K = m.cols;
-    auto run = [&](auto nr, auto nt) {
-        constexpr int NR = decltype(nr)::value, NT = decltype(nt)::value;
-        const int64_t n_blocks = (N + NR - 1) / NR;
-        pool.parallel_for(n_blocks, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, T * K / NR)),
-                          [&](int64_t nb0, int64_t nb1, int) { rows_vnni<W, NR, NT>(a, T, m, nb0, nb1, y); });
-    };
     if (T == 1)
-        run(std::integral_constant<int, 16>{}, std::integral_constant<int, 1>{});
+        for_row_blocks<16>(pool, N, K, T, [&](int64_t b0, int64_t b1) { rows_vnni<W, 16, 1>(a, T, m, b0, b1, y); });
     else if (T == 2)
-        run(std::integral_constant<int, 8>{}, std::integral_constant<int, 2>{});
+        for_row_blocks<8>(pool, N, K, T, [&](int64_t b0, int64_t b1) { rows_vnni<W, 8, 2>(a, T, m, b0, b1, y); });
     else
-        run(std::integral_constant<int, 4>{}, std::integral_constant<int, 4>{});
+        for_row_blocks<4>(pool, N, K, T, [&](int64_t b0, int64_t b1) { rows_vnni<W, 4, 4>(a, T, m, b0, b1, y); });
 }
 
 template <DType W>
 void matmul_avx2(const QuantizedActivations& a, int64_t T, const Matrix& m, float* y, ThreadPool& pool) {
     const int64_t N = m.rows, K = m.cols;
-    auto run = [&](auto nr, auto nt) {
-        constexpr int NR = decltype(nr)::value, NT = decltype(nt)::value;
-        const int64_t n_blocks = (N + NR - 1) / NR;
-        pool.parallel_for(n_blocks, std::max<int64_t>(1, 8192 / std::max<int64_t>(1, T * K / NR)),
-                          [&](int64_t nb0, int64_t nb1, int) { rows_avx2<W, NR, NT>(a, T, m, nb0, nb1, y); });
-    };
-    if (T == 1)
-        run(std::integral_constant<int, 8>{}, std::integral_constant<int, 1>{});
+    if (T == 1)  // (one token: 8 rows a tile, no padding token)
+        for_row_blocks<8>(pool, N, K, T, [&](int64_t b0, int64_t b1) { rows_avx2<W, 8, 1>(a, T, m, b0, b1, y); });
     else
-        run(std::integral_constant<int, 4>{}, std::integral_constant<int, 2>{});
+        for_row_blocks<4>(pool, N, K, T, [&](int64_t b0, int64_t b1) { rows_avx2<W, 4, 2>(a, T, m, b0, b1, y); });
 }
 
 }  // namespace
