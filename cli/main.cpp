@@ -344,19 +344,21 @@ int run(int argc, char** argv) {
         const std::string window = o.sampling.repeat_last_n < 0 ? std::string("the whole context")
                                                                 : "last " + std::to_string(o.sampling.repeat_last_n);
         // temperature 0 picks the arg max: the truncation samplers do not apply (the penalties still do)
-        char sampling[160];
+        // (and the seed is not used: it is not printed)
+        char sampling[200];
         if (o.sampling.temperature <= 0.0f)
             std::snprintf(sampling, sizeof sampling, "temp 0 (greedy)");
         else
-            std::snprintf(sampling, sizeof sampling, "temp %.3g, top-k %d, top-p %.3g, min-p %.3g",
-                          o.sampling.temperature, o.sampling.top_k, o.sampling.top_p, o.sampling.min_p);
+            std::snprintf(sampling, sizeof sampling, "seed %llu, temp %.3g, top-k %d, top-p %.3g, min-p %.3g",
+                          (unsigned long long)o.sampling.seed, o.sampling.temperature, o.sampling.top_k,
+                          o.sampling.top_p, o.sampling.min_p);
         std::fprintf(stderr,
-                     "hybrid: model %s, ctx %d, threads %s, seed %llu, %s, repeat-penalty %.3g (%s), presence %.3g, "
+                     "hybrid: model %s, ctx %d, threads %s, %s, repeat-penalty %.3g (%s), presence %.3g, "
                      "frequency %.3g%s%s%s\n",
-                     o.model_dir.c_str(), o.n_ctx, threads_text(o.n_threads).c_str(),
-                     (unsigned long long)o.sampling.seed, sampling, o.sampling.repeat_penalty, window.c_str(),
-                     o.sampling.presence_penalty, o.sampling.frequency_penalty, taken.empty() ? "" : " (",
-                     taken.c_str(), taken.empty() ? "" : " from generation_config.json)");
+                     o.model_dir.c_str(), o.n_ctx, threads_text(o.n_threads).c_str(), sampling,
+                     o.sampling.repeat_penalty, window.c_str(), o.sampling.presence_penalty,
+                     o.sampling.frequency_penalty, taken.empty() ? "" : " (", taken.c_str(),
+                     taken.empty() ? "" : " from generation_config.json)");
     }
     if (const int trained = hy_model_n_ctx_train(h.m); trained > 0 && o.n_ctx > trained)
         std::fprintf(stderr,

@@ -358,8 +358,13 @@ struct Repl {
         while (!arg.empty() && (arg.back() == ' ' || arg.back() == '\t' || arg.back() == '\r')) arg.pop_back();
         while (!arg.empty() && (arg.front() == ' ' || arg.front() == '\t')) arg.erase(arg.begin());
         // a file name in quotes, as a shell would take it ("my chat.json", 'x'): the quotes are not part of it
-        if (arg.size() >= 2 && (arg.front() == '"' || arg.front() == '\'') && arg.back() == arg.front())
+        if (!arg.empty() && (arg.front() == '"' || arg.front() == '\'')) {
+            const char q = arg.front();
+            if (arg.size() < 2 || arg.back() != q || arg.find(q, 1) != arg.size() - 1)
+                throw Failure(exit_usage, cmd + ": unbalanced quotes in " + arg +
+                                              " (put the whole file name in one pair of quotes)");
             arg = arg.substr(1, arg.size() - 2);
+        }
         if (arg.find('\0') != std::string::npos)
             throw Failure(exit_usage, cmd + ": the argument holds a NUL byte, which a file name cannot carry");
         if (!arg.empty() && (cmd == "/exit" || cmd == "/quit" || cmd == "/reset" || cmd == "/help"))

@@ -1009,6 +1009,11 @@ struct Server::Impl {
         ojson kwargs = ojson::object();
         if (const ojson* k = field(body, "chat_template_kwargs")) {
             if (!k->is_object()) bad("chat_template_kwargs", "chat_template_kwargs must be an object");
+            if (k->contains("enable_thinking") && !(*k)["enable_thinking"].is_boolean() &&
+                !(*k)["enable_thinking"].is_null())
+                bad("chat_template_kwargs.enable_thinking",
+                    "chat_template_kwargs.enable_thinking must be true or false, not " +
+                        std::string((*k)["enable_thinking"].type_name()));
             kwargs = *k;
         }
         const bool add_gen = bool_field(body, "add_generation_prompt", true);
@@ -1277,8 +1282,13 @@ struct Server::Impl {
             const bool chunked = req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos;
             const bool has_length = req.has_header("Content-Length");
             const std::string length = req.get_header_value("Content-Length");
-            const bool bad_length = has_length && (length.empty() || length.size() > 19 ||
-                                                   length.find_first_not_of("0123456789") != std::string::npos);
+            const bool bad_length =
+                has_length && (length.empty() || length.find_first_not_of("0123456789") != std::string::npos);
+            // a well-formed length past the limit, however many digits it has (leading zeros aside)
+            const std::string digits =
+                bad_length ? "" : length.substr(std::min(length.find_first_not_of('0'), length.size()));
+            const bool too_long = has_length && !bad_length &&
+                                  (digits.size() > 19 || (!digits.empty() && std::stoull(digits) > kMaxBodyBytes));
             // two lengths that differ, or a length with chunked encoding: the body's end is ambiguous (a proxy
             // in front may have read it the other way: request smuggling, RFC 9112 6.3), so refused
             bool conflicting = chunked && has_length;
@@ -1309,7 +1319,7 @@ struct Server::Impl {
                 reply_error(req, res,
                             {411, "a POST needs a Content-Length header (or Transfer-Encoding: chunked)", "",
                              "invalid_request_error", "length_required"});
-            } else if (has_length && req.get_header_value<uint64_t>("Content-Length") > kMaxBodyBytes) {
+            } else if (too_long) {
                 // (at once: the library would read the whole body to skip it)
                 reply_error(req, res,
                             {413, "the request body is larger than " + std::to_string(kMaxBodyBytes >> 20) + " MiB", "",

@@ -605,6 +605,7 @@ TEST_CASE("cli: generation_config.json gives the sampling defaults", "[cli]") {
     CHECK(g.out == greedy.out);
     CHECK(g.err.find("temp 0 (greedy), ") != std::string::npos);
     CHECK(g.err.find("top-k") == std::string::npos);  // (greedy: the truncation samplers are not listed)
+    CHECK(g.err.find("seed ") == std::string::npos);  // (nor the seed, which greedy does not use)
     CHECK(g.err.find("(temp from generation_config.json)") != std::string::npos);
     CHECK(run_with(dir.string(), {"--temp", "0.8"}).out == sampled.out);
     // the recommended values, as if given on the command line

@@ -291,6 +291,13 @@ TEST_CASE("cli: /save then /load continues identically; another model's snapshot
     CHECK(hybrid(chat, "Hi.\n/save \"" + spaced + "\"\n").rc == 0);
     CHECK(std::filesystem::exists(spaced));
     CHECK(hybrid(chat, "/load '" + spaced + "'\nHi.\n").rc == 0);
+    // quotes that do not pair up are refused, not taken as part of the name
+    for (const std::string& name : std::vector<std::string>{"\"" + spaced, "\"a\"b\"", "'x"}) {
+        const Run r = hybrid(chat, "Hi.\n/save " + name + "\n");
+        INFO(name << ": " << r.err);
+        CHECK(r.rc == 1);
+        CHECK(r.err.find("/save: unbalanced quotes in " + name) != std::string::npos);
+    }
 
     // not a snapshot; a missing file
     std::ofstream(tmp.path / "junk") << "hello";

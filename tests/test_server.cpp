@@ -857,6 +857,11 @@ TEST_CASE("server: message content: required but with tool calls, no NUL bytes; 
           "messages[1].tool_calls must be a list");
     CHECK(error(R"({"messages": [{"role": "user", "content": "a\u0000b"}]})") ==
           "messages[0].content contains a NUL byte");
+    // enable_thinking is a boolean: a string such as "no" was taken as true
+    CHECK(
+        error(
+            R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": "no"}})") ==
+        "chat_template_kwargs.enable_thinking must be true or false, not string");
     // an assistant message that carries tool calls may leave its content out or null
     for (const char* content : {"", R"("content": null, )"}) {
         const std::string body = std::string(R"({"max_tokens": 2, "messages": [{"role": "user", "content": "x"},
@@ -1392,9 +1397,14 @@ TEST_CASE("server: HTTP details: 411, 405 with Allow, /v1/models/{id}, the libra
     CHECK(error_of(r)["code"] == "length_required");
     CHECK(raw.find("Connection: close\r\n") != std::string::npos);
     // a body too long is refused before it is sent
-    r = raw_reply("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: 100000000000\r\n\r\n{", &raw);
-    CHECK(r.status == 413);
-    CHECK(error_of(r)["code"] == "request_too_large");
+    // (however many digits: a length past 2^64 was "malformed", 400)
+    for (const char* length : {"100000000000", "123456789012345678901234567890"}) {
+        r = raw_reply(
+            std::string("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Length: ") + length + "\r\n\r\n{",
+            &raw);
+        CHECK(r.status == 413);
+        CHECK(error_of(r)["code"] == "request_too_large");
+    }
     // a Content-Length that is not a decimal byte count: 400 at once (the library read "-5" as huge, "abc" as 0)
     for (const char* length : {"-5", "abc", "12x"}) {
         r = raw_reply(

@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
     opts.add_options()
         ("f,file", "the text (UTF-8; at most 256 MiB; - or a pipe such as /dev/stdin is read to its end)",
          cxxopts::value<std::string>())
-        ("ctx", "tokens per window; the second half of each is scored", cxxopts::value<int>()->default_value("512"))
+        ("ctx", "tokens per window; its second half is scored (ctx - 1 - ctx/2 predictions: the last token predicts nothing)", cxxopts::value<int>()->default_value("512"))
         ("chunks", "score at most this many windows (0: every whole window of the text)",
          cxxopts::value<int>()->default_value("0"))
         ("save-logits", "write this run's top-K log-probabilities per scored position to FILE (for --kl-base)",
