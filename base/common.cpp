@@ -20,20 +20,6 @@ const char* status_name(Status s) {
     return "unknown status";
 }
 
-size_t dtype_size(DType t) {
-    switch (t) {
-        case DType::F32: return 4;
-        case DType::F16: return 2;
-        case DType::BF16: return 2;
-        case DType::I32: return 4;
-        case DType::F8_E4M3:
-        case DType::F8_E5M2:
-        case DType::Q8: return 1;
-        case DType::Q4: return 0;
-    }
-    return 0;
-}
-
 const char* dtype_name(DType t) {
     switch (t) {
         case DType::F32: return "F32";

@@ -48,10 +48,22 @@ private:
 // byte, always with F32 per-group scales (Matrix::scales, Matrix::group).
 enum class DType : uint8_t { F32 = 0, F16 = 1, BF16 = 2, I32 = 3, F8_E4M3 = 4, F8_E5M2 = 5, Q8 = 6, Q4 = 7 };
 
-// Bytes of one element; 0 for Q4 (half a byte: use row_bytes).
-size_t dtype_size(DType t);
+// Bytes of one element; 0 for Q4 (half a byte: use row_bytes). (Inline: the CPU kernels call it per tile.)
+constexpr size_t dtype_size(DType t) {
+    switch (t) {
+        case DType::F32:
+        case DType::I32: return 4;
+        case DType::F16:
+        case DType::BF16: return 2;
+        case DType::F8_E4M3:
+        case DType::F8_E5M2:
+        case DType::Q8: return 1;
+        case DType::Q4: return 0;
+    }
+    return 0;
+}
 // Bytes of n consecutive elements of one row: n * dtype_size(t), or n / 2 for Q4 (n even).
-inline size_t row_bytes(DType t, int64_t n) { return t == DType::Q4 ? size_t(n) / 2 : size_t(n) * dtype_size(t); }
+constexpr size_t row_bytes(DType t, int64_t n) { return t == DType::Q4 ? size_t(n) / 2 : size_t(n) * dtype_size(t); }
 const char* dtype_name(DType t);
 
 // bfloat16: the top 16 bits of an IEEE binary32. Conversion to f32 is exact.

@@ -158,11 +158,9 @@ void attention(const AttentionArgs& p, const RowMap& rows, float* q_all, float* 
                     s[j] *= scale;
                     mx = std::max(mx, s[j]);
                 }
+                map_f32(s, s, pos + 1, [mx](v8f v) { return exp_f32(v - mx); });
                 float sum = 0.0f;
-                for (int j = 0; j <= pos; j++) {
-                    s[j] = std::exp(s[j] - mx);
-                    sum += s[j];
-                }
+                for (int j = 0; j <= pos; j++) sum += s[j];
                 const float inv = 1.0f / sum;
                 for (int j = 0; j <= pos; j++) s[j] *= inv;  // p_j, once (not per block of o)
                 float* o = out + (t * Hq + h) * D;
@@ -183,7 +181,13 @@ void attention(const AttentionArgs& p, const RowMap& rows, float* q_all, float* 
                     for (int i = i0; i < D; i++) o[i] += s[j] * v[i];
                 }
                 const float* gate = qg + (t * Hq + h) * 2 * D + D;
-                for (int i = 0; i < D; i++) o[i] *= 1.0f / (1.0f + std::exp(-gate[i]));
+                for (int i = 0; i < D; i += 8) {
+                    float g8[8] = {};
+                    const int n = std::min(8, D - i);
+                    std::memcpy(g8, gate + i, size_t(n) * sizeof(float));
+                    const v8f sg = sigmoid_f32(load_f32<v8f>(g8));
+                    for (int c = 0; c < n; c++) o[i + c] *= sg[c];
+                }
             }
         }
     });

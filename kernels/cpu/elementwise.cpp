@@ -3,6 +3,7 @@
 #include <cmath>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/vec.h"
 
 namespace hy::cpu {
 
@@ -23,10 +24,8 @@ void rms_norm(const float* x, const float* w, int64_t rows, int dim, float eps, 
 
 void silu_mul(const float* gate, const float* up, int64_t n, float* y, ThreadPool& pool) {
     pool.parallel_for(n, 16384, [&](int64_t b, int64_t e, int) {
-        for (int64_t i = b; i < e; i++) {
-            const float g = gate[i];
-            y[i] = g / (1.0f + std::exp(-g)) * up[i];
-        }
+        map_f32(gate + b, y + b, e - b, [](v8f g) { return silu_f32(g); });
+        for (int64_t i = b; i < e; i++) y[i] *= up[i];
     });
 }
 

@@ -1,8 +1,11 @@
 // CPU Gated DeltaNet core (QWEN35.md "Gated DeltaNet layer"), fp32, token by token: the exact recurrence.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
+#include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/vec.h"
 
 namespace hy::cpu {
 
@@ -11,7 +14,6 @@ namespace {
 constexpr int kMaxDim = 512;
 
 inline float sigmoid(float x) { return 1.0f / (1.0f + std::exp(-x)); }
-inline float silu(float x) { return x / (1.0f + std::exp(-x)); }
 // torch.nn.functional.softplus with beta 1, threshold 20.
 inline float softplus(float x) { return x > 20.0f ? x : std::log1p(std::exp(x)); }
 
@@ -37,32 +39,45 @@ void gated_delta_net(const GatedDeltaNetArgs& p, const BatchDesc& batch, float* 
     const int64_t conv_slot = int64_t(K - 1) * C;
     const int64_t ssm_slot = int64_t(Hv) * Dk * Dv;
 
-    // 1. Causal depthwise conv + SiLU per run and channel; the conv state keeps the last K-1 inputs.
+    // 1. Causal depthwise conv + SiLU per run and channel; the conv state keeps the last K-1 inputs. Token by token
+    // over blocks of channels (the rows of qkv are contiguous in channels), each output summed over the taps in order.
+    if (K > 16) throw Error(Status::unsupported, "CPU Gated DeltaNet: conv kernel above 16");
+    thread_local std::vector<float> wt;  // the conv weights as [K, C]
+    wt.resize(size_t(K * C));
+    for (int64_t c = 0; c < C; c++)
+        for (int j = 0; j < K; j++) wt[size_t(j * C + c)] = p.conv_w[c * K + j];
+    const float* w_t = wt.data();  // (the workers' own thread_local copies are empty)
+    constexpr int64_t kBlock = 64;
     for (int r = 0; r < batch.n_runs; r++) {
         const SeqRun& run = batch.runs[r];
         float* st = conv_state + run.slot * conv_slot;  // [K-1, C], oldest first
-        pool.parallel_for(C, std::max<int64_t>(1, 8192 / run.n_tokens), [&](int64_t c0, int64_t c1, int) {
-            for (int64_t c = c0; c < c1; c++) {
-                const float* w = p.conv_w + c * K;
-                for (int i = 0; i < run.n_tokens; i++) {
-                    const int64_t row = run.row + i;
-                    float acc = 0.0f;
-                    for (int j = 0; j < K; j++) {
-                        const int src = i - (K - 1) + j;  // index into the run; < 0 reads the state
-                        const float in = src >= 0 ? qkv[(run.row + src) * C + c] : st[int64_t(K - 1 + src) * C + c];
-                        acc += w[j] * in;
+        pool.parallel_for(
+            (C + kBlock - 1) / kBlock, std::max<int64_t>(1, 128 / run.n_tokens), [&](int64_t b0, int64_t b1, int) {
+                for (int64_t b = b0; b < b1; b++) {
+                    const int64_t c0 = b * kBlock, n = std::min(kBlock, C - c0);
+                    for (int i = 0; i < run.n_tokens; i++) {
+                        float acc[kBlock] = {};
+                        for (int j = 0; j < K; j++) {
+                            const int src = i - (K - 1) + j;  // index into the run; < 0: the state
+                            const float* in =
+                                src >= 0 ? qkv + (run.row + src) * C + c0 : st + int64_t(K - 1 + src) * C + c0;
+                            const float* wj = w_t + j * C + c0;
+                            for (int64_t c = 0; c < n; c++) acc[c] += wj[c] * in[c];
+                        }
+                        map_f32(acc, mixed + (run.row + i) * C + c0, n, [](v8f v) { return silu_f32(v); });
                     }
-                    mixed[row * C + c] = silu(acc);
+                    // New state: the last K-1 inputs of [state, run].
+                    float last[16][kBlock];
+                    for (int j = 0; j < K - 1; j++) {
+                        const int src = run.n_tokens - (K - 1) + j;
+                        std::memcpy(last[j],
+                                    src >= 0 ? qkv + (run.row + src) * C + c0 : st + int64_t(K - 1 + src) * C + c0,
+                                    size_t(n) * sizeof(float));
+                    }
+                    for (int j = 0; j < K - 1; j++)
+                        std::memcpy(st + int64_t(j) * C + c0, last[j], size_t(n) * sizeof(float));
                 }
-                // New state: the last K-1 inputs of [state, run].
-                float last[16];
-                for (int j = 0; j < K - 1; j++) {
-                    const int src = run.n_tokens - (K - 1) + j;
-                    last[j] = src >= 0 ? qkv[(run.row + src) * C + c] : st[int64_t(K - 1 + src) * C + c];
-                }
-                for (int j = 0; j < K - 1; j++) st[int64_t(j) * C + c] = last[j];
-            }
-        });
+            });
     }
 
     // 2. The delta rule per (run, value head), token by token; then the gated RMSNorm.
@@ -122,7 +137,9 @@ void gated_delta_net(const GatedDeltaNetArgs& p, const BatchDesc& batch, float* 
                     const float inv = 1.0f / std::sqrt(ss / float(Dv) + p.eps);
                     const float* zr = z + row * int64_t(Hv) * Dv + int64_t(h) * Dv;
                     float* y = out + row * int64_t(Hv) * Dv + int64_t(h) * Dv;
-                    for (int e = 0; e < Dv; e++) y[e] = p.norm_w[e] * (o[e] * inv) * silu(zr[e]);
+                    float sz[kMaxDim];
+                    map_f32(zr, sz, Dv, [](v8f v) { return silu_f32(v); });
+                    for (int e = 0; e < Dv; e++) y[e] = p.norm_w[e] * (o[e] * inv) * sz[e];
                 }
             }
         }

@@ -5,6 +5,7 @@
 #include <cstring>
 
 #include "kernels/cpu/cpu_ops.h"
+#include "kernels/cpu/vec.h"
 
 namespace hy::cpu {
 
@@ -55,7 +56,8 @@ void moe_experts(const float* x, int64_t rows, const MoeExperts& ex, const float
         matmul(xs, n, gate_up, gu, pool);
         for (int64_t r = 0; r < n; r++) {
             const float* g = gu + r * 2 * I;
-            for (int64_t i = 0; i < I; i++) act[r * I + i] = g[i] / (1.0f + std::exp(-g[i])) * g[I + i];
+            map_f32(g, act + r * I, I, [](v8f v) { return silu_f32(v); });
+            for (int64_t i = 0; i < I; i++) act[r * I + i] *= g[I + i];
         }
         matmul(act, n, down, out, pool);
         for (int64_t r = 0; r < n; r++) {
