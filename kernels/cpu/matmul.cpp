@@ -214,6 +214,23 @@ inline void row_block(const float* x, int64_t t_begin, int64_t t_end, const void
 template <DType W>
 void matmul_typed(const float* x, int64_t T, const Matrix& m, float* y, ThreadPool& pool) {
     const int64_t N = m.rows, K = m.cols;
+#if !defined(__AVX512F__)
+    if (T == 1) {  // one token (decode): 4 rows at a time, 8 accumulators in flight instead of 4 (the same sums)
+        pool.parallel_for((N + 3) / 4, std::max<int64_t>(1, 2048 / std::max<int64_t>(1, K)),
+                          [&](int64_t nb0, int64_t nb1, int) {
+                              for (int64_t nb = nb0; nb < nb1; nb++) {
+                                  const int64_t n0 = nb * 4;
+                                  switch (std::min<int64_t>(4, N - n0)) {
+                                      case 4: micro_kernel<W, 4, 1>(x, K, m.data, K, y, N, 0, n0); break;
+                                      case 3: micro_kernel<W, 3, 1>(x, K, m.data, K, y, N, 0, n0); break;
+                                      case 2: micro_kernel<W, 2, 1>(x, K, m.data, K, y, N, 0, n0); break;
+                                      default: micro_kernel<W, 1, 1>(x, K, m.data, K, y, N, 0, n0); break;
+                                  }
+                              }
+                          });
+        return;
+    }
+#endif
     const int64_t n_blocks = (N + kRows - 1) / kRows;
     // Parallel over weight-row blocks: each weight row is read by one thread, once per token chunk.
     const int64_t min_blocks = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, T * K));
