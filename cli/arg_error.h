@@ -85,7 +85,8 @@ inline std::string bad_int_arg(const cxxopts::ParseResult& r, std::initializer_l
     for (const auto& kv : r.arguments())
         for (const char* n : names)
             if (kv.key() == n && !parse_int(kv.value(), &v))
-                return "invalid value '" + kv.value() + "' for --" + n + " (an integer in [-2147483648, 2147483647])";
+                return "invalid value '" + kv.value() + "' for --" + n +
+                       " (a decimal integer in [-2147483648, 2147483647])";
     return "";
 }
 

@@ -367,6 +367,11 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
         const Run r = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--golden", path});
         check(r, 5, "golden_logits.safetensors: no tensor 'renamed' (expected F32 [");
         CHECK(r.out.empty());
+        // --no-logits: the tokens alone, without the model folder's golden_logits.safetensors
+        const Run tokens_only = run_prog(compare, {"-m", "models/tiny", "-t", "1", "--case", "short", "--no-logits"});
+        INFO(tokens_only.err);
+        CHECK(tokens_only.rc == 0);
+        CHECK(tokens_only.out.find("max logit err n/a (no golden logits)") != std::string::npos);
         // a tensor of another shape is named with what it is (it was "no F32 [2, 4096] tensor")
         auto g2 = nlohmann::json::parse(slurp(kSrc + "/models/tiny/golden.json"));
         g2["cases"][0]["input_ids"].push_back(5);
@@ -381,6 +386,9 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     check(run_prog(compare, {"-m", "models/tiny", "--logits", (tmp.path / "none.safetensors").string()}), 5,
           "none.safetensors");
     check(run_prog(compare, {"-m", "models/tiny", "--logits", ""}), 1, "--logits needs a file name");
+    check(run_prog(compare, {"-m", "models/tiny", "--golden", ""}), 1, "--golden needs a file name");
+    check(run_prog(compare, {"-m", "models/tiny", "--logits", "x", "--no-logits"}), 1,
+          "--logits and --no-logits exclude each other");
     check(run_prog(bench, {"-m", "models/tiny", "-p", "2147483647", "-n", "2147483647"}), 1,
           "-p + -n must be at most 2^30 - 1 positions, got 4294967294");
     // ... but the value of an option that takes one is that value
@@ -629,8 +637,8 @@ TEST_CASE("hybrid-compare --quant: the batch entry (the fp32 model's tokens) is 
     CHECK(plain.out.find("skip") == std::string::npos);
     // a compressed-tensors int4 checkpoint (no --quant): its golden.json is transformers' fp32 run of the
     // decompressed weights (tools/make_w4a16_fixture.py); the CPU rounds the activations to int8 for the integer
-    // products, so three prompts part from the golden at near-ties (top-2 margins 0.002-0.111, measured) and the
-    // batch entry is skipped
+    // products, so some prompts part from the golden at near-ties (three, top-2 margins 0.038-0.108, measured at
+    // d2dd8c4; four before its vector exp) and the batch entry is skipped
     const Run w4 = run_prog(kBin + "/hybrid-compare", {"-m", "tests/data/models/tiny-w4a16", "-t", "1"});
     INFO(w4.out << w4.err);
     CHECK(w4.rc == 7);
@@ -640,5 +648,6 @@ TEST_CASE("hybrid-compare --quant: the batch entry (the fp32 model's tokens) is 
         run_prog(kBin + "/hybrid-compare", {"-m", "tests/data/models/tiny-w4a16", "-t", "1", "--near-tie", "0.2"});
     INFO(w4t.out << w4t.err);
     CHECK(w4t.rc == 0);
-    CHECK(w4t.out.find("SUMMARY: 3/7 cases exact (4 more accepted at a near-tie)") != std::string::npos);
+    CHECK(w4t.out.find("FAIL") == std::string::npos);
+    CHECK(w4t.out.find("more accepted at a near-tie)") != std::string::npos);  // (and the others exact)
 }

@@ -76,7 +76,8 @@ int main(int argc, char** argv) {
     opts.add_options()
         ("golden", "golden file (default MODEL/golden.json)", cxxopts::value<std::string>())
         ("logits", "golden logits (default MODEL/golden_logits.safetensors when present)",
-         cxxopts::value<std::string>());
+         cxxopts::value<std::string>())
+        ("no-logits", "compare the greedy tokens only, without the default golden logits");
     add_shared_option(opts, "", "device", "cpu");
     add_shared_option(opts, "", "quant");
     add_shared_option(opts, "", "quant-lm-head");
@@ -127,6 +128,9 @@ int main(int argc, char** argv) {
         const double near_tie = nonnegative("near-tie");
         tools::loading([&] { require_model_folder(dir); });  // (as the other programs word a bad -m: exit 2)
         const std::string golden_path = args.count("golden") ? args["golden"].as<std::string>() : dir + "/golden.json";
+        if (golden_path.empty()) throw tools::UsageError("--golden needs a file name");
+        if (args.count("logits") && args.count("no-logits"))
+            throw tools::UsageError("--logits and --no-logits exclude each other");
         const json golden = parse_json(read_file(golden_path), golden_path);
         if (!golden.is_object() || !golden.contains("cases"))
             throw Error(Status::format, golden_path + ": field 'cases' is missing");
@@ -219,7 +223,8 @@ int main(int argc, char** argv) {
         bool have_logits = false;
         {
             std::error_code ec;
-            if (args.count("logits") || std::filesystem::exists(logits_path, ec)) {  // (hyst_open: regular files only)
+            if (args.count("logits") ||
+                (!args.count("no-logits") && std::filesystem::exists(logits_path, ec))) {  // (regular files only)
                 if (hyst_open(lf.get(), logits_path.c_str()) != HYST_OK) throw Error(Status::format, lf->error);
                 have_logits = true;
             }

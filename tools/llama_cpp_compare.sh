@@ -60,8 +60,11 @@ for round in $(seq "$ROUNDS"); do
             echo "R$round t$t llama $g: $($L -m "$W/tiny-$g.gguf" -p 512 -n 128 -t $t -r 3 -o csv 2>/dev/null |
                 tail -2 | awk -F, '{gsub(/"/, "", $(NF-1)); printf "%s ", $(NF-1)}')load $(cut -d' ' -f1 /proc/loadavg)"
         done
-        for q in int8 none int4; do
-            echo "R$round t$t hybrid $q: $($H -m models/tiny -p 512 -n 128 -r 3 --device cpu -t $t --quant $q 2>/dev/null |
+        # (int8+lm_head: --quant-lm-head, as llama.cpp's q8_0 quantizes the output matrix too)
+        for q in int8 int8+lm_head none int4; do
+            flags="--quant ${q%+lm_head}"
+            [ "$q" = "${q%+lm_head}" ] || flags="$flags --quant-lm-head"
+            echo "R$round t$t hybrid $q: $($H -m models/tiny -p 512 -n 128 -r 3 --device cpu -t $t $flags 2>/dev/null |
                 grep -E '^\| +[0-9]' | awk -F'|' '{printf "%s %s ", $6, $7}')load $(cut -d' ' -f1 /proc/loadavg)"
         done
     done
