@@ -253,6 +253,29 @@ void matmul_typed(const float* x, int64_t T, const Matrix& m, float* y, ThreadPo
     const int64_t n_blocks = (N + kRows - 1) / kRows;
     // Parallel over weight-row blocks: each weight row is read by one thread, once per token chunk.
     const int64_t min_blocks = std::max<int64_t>(1, 8192 / std::max<int64_t>(1, T * K));
+    if constexpr (W != DType::F32) {
+        if (T >= 8) {  // (prefill) a block's 16-bit rows widened once into an f32 panel, not once per token pair
+            pool.parallel_for(n_blocks, min_blocks, [&](int64_t nb0, int64_t nb1, int) {
+                thread_local std::vector<float> panel;  // (this worker's; [kRows, K], grown once)
+                if (panel.size() < size_t(kRows * K)) panel.resize(size_t(kRows * K));
+                for (int64_t nb = nb0; nb < nb1; nb++) {
+                    const int64_t n0 = nb * kRows;
+                    const int nr = int(std::min<int64_t>(kRows, N - n0));
+                    for (int64_t i = 0; i < nr * K; i++) panel[size_t(i)] = load_w1<W>(m.data, n0 * K + i);
+                    for (int64_t t0 = 0; t0 < T; t0 += kTokenChunk) {
+                        const int64_t t1 = std::min(T, t0 + kTokenChunk);
+                        switch (nr) {  // (the panel's rows are rows 0..nr of a matrix whose columns start at n0)
+                            case 4: row_block<DType::F32, 4>(x, t0, t1, panel.data(), K, y + n0, N, 0); break;
+                            case 3: row_block<DType::F32, 3>(x, t0, t1, panel.data(), K, y + n0, N, 0); break;
+                            case 2: row_block<DType::F32, 2>(x, t0, t1, panel.data(), K, y + n0, N, 0); break;
+                            default: row_block<DType::F32, 1>(x, t0, t1, panel.data(), K, y + n0, N, 0); break;
+                        }
+                    }
+                }
+            });
+            return;
+        }
+    }
     pool.parallel_for(n_blocks, min_blocks, [&](int64_t nb0, int64_t nb1, int) {
         for (int64_t nb = nb0; nb < nb1; nb++) {
             const int64_t n0 = nb * kRows;
