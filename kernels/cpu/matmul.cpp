@@ -41,6 +41,7 @@ constexpr int kTokens = 6;  // activation rows per micro-kernel (4 x 6 accumulat
 constexpr int kRows = 3;
 constexpr int kTokens = 2;
 #endif
+static_assert(kRows <= 4, "the row-block switches below take blocks of 1 to 4 rows");
 constexpr int kTokenChunk = 64;  // activation rows kept hot in cache while a weight panel is swept
 
 // binary16 bits (one per u32 lane) -> binary32, exactly as f16_to_f32, in vector operations: finite values are the
