@@ -15,7 +15,7 @@
 // halves of lanes are its two groups), 256-bit products for larger groups (a cheaper tree on CPUs that split
 // 512-bit operations). AVX2: 32 columns at a time, vpmaddubsw with the sign trick (|w| times x carrying w's sign)
 // for Q8, the nibbles directly for Q4, tiles of 4 rows x 2 tokens (8 rows x 1 token for one token) reduced by the
-// same kind of tree.
+// same kind of tree (Q4 in groups of 32: on the 16-bit products themselves, which are small enough).
 #include <immintrin.h>
 
 // GCC 12's AVX-512 headers make casts from a wider "undefined" vector (_mm512_castsi256_si512 and the like), which
@@ -219,6 +219,24 @@ HY_TARGET_AVX2 inline __m256i reduce8_avx2(const __m256i* a) {
     return _mm256_add_epi32(_mm256_permute2x128_si256(c[0], c[1], 0x20), _mm256_permute2x128_si256(c[0], c[1], 0x31));
 }
 
+// v[i] = the sum of the 16 int16 lanes of a[i] as int32, for 8 vectors whose 8-lane halves sum to at most 2^15 - 1
+// in magnitude (Q4 products of one 32-column step: |lane| <= 2 * 15 * 127, 8 of them <= 30,480): the transpose-add
+// tree of reduce8_avx2 on 16-bit lanes within each 128-bit half, then the two halves widened and added. The same
+// sums as madd-by-ones then reduce8_avx2, in fewer operations.
+HY_TARGET_AVX2 inline __m256i reduce8_avx2_i16(const __m256i* a) {
+    __m256i b[4], c[2];
+    for (int i = 0; i < 4; i++)
+        b[i] = _mm256_add_epi16(_mm256_unpacklo_epi16(a[2 * i], a[2 * i + 1]),
+                                _mm256_unpackhi_epi16(a[2 * i], a[2 * i + 1]));
+    for (int i = 0; i < 2; i++)
+        c[i] = _mm256_add_epi16(_mm256_unpacklo_epi32(b[2 * i], b[2 * i + 1]),
+                                _mm256_unpackhi_epi32(b[2 * i], b[2 * i + 1]));
+    // per 128-bit half, lane i: the sum of that half's 8 lanes of a[i]
+    const __m256i d = _mm256_add_epi16(_mm256_unpacklo_epi64(c[0], c[1]), _mm256_unpackhi_epi64(c[0], c[1]));
+    return _mm256_add_epi32(_mm256_cvtepi16_epi32(_mm256_castsi256_si128(d)),
+                            _mm256_cvtepi16_epi32(_mm256_extracti128_si256(d, 1)));
+}
+
 // Rows [n0, n0 + NR) (clamped to the last row) x tokens [t0, t0 + NT) (rows past T hold zero codes), NR x NT = 8;
 // lane i is pair (row i / NT, token i % NT). ws8: the weight scales of the lanes, [G][8] (ws8[g * 8 + i] = scale of
 // row n0 + i / NT, group g). One token (decode): 8 rows x 1 token, so no lane works on a padding row.
@@ -236,29 +254,42 @@ HY_TARGET_AVX2 void tile_avx2(const QuantizedActivations& a, int64_t T, const Ma
     __m256 acc = _mm256_setzero_ps();
     for (int64_t g = 0; g < G; g++) {
         __m256i iacc[NR * NT];
-        for (int i = 0; i < NR * NT; i++) iacc[i] = _mm256_setzero_si256();
-        for (int64_t k = g * group; k < (g + 1) * group; k += 32) {  // (32 columns: half a chunk)
+        if (W == DType::Q4 && group == 32) {  // one step: the 16-bit products go to the 16-bit tree
+            const int64_t k = g * 32;
             __m256i wv[NR];
             for (int r = 0; r < NR; r++) {
-                if constexpr (W == DType::Q8) {
-                    wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k));
-                } else {  // the chunk's low nibbles hold its first 32 columns, the high nibbles the next 32
-                    const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k / 64 * 32));
-                    wv[r] = _mm256_and_si256(k % 64 == 0 ? b : _mm256_srli_epi16(b, 4), low4);
-                }
+                const __m256i br = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k / 64 * 32));
+                wv[r] = _mm256_and_si256(k % 64 == 0 ? br : _mm256_srli_epi16(br, 4), low4);
             }
             for (int t = 0; t < NT; t++) {
                 const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + (t0 + t) * K + k));
+                for (int r = 0; r < NR; r++) iacc[r * NT + t] = _mm256_maddubs_epi16(wv[r], xv);
+            }
+        } else {
+            for (int i = 0; i < NR * NT; i++) iacc[i] = _mm256_setzero_si256();
+            for (int64_t k = g * group; k < (g + 1) * group; k += 32) {  // (32 columns: half a chunk)
+                __m256i wv[NR];
                 for (int r = 0; r < NR; r++) {
-                    // Q8: |w| * (x with w's sign), exact (|w|, |x| <= 127: pairs <= 32258); Q4: nibble (<= 15) * x
-                    const __m256i p = W == DType::Q8
-                                          ? _mm256_maddubs_epi16(_mm256_abs_epi8(wv[r]), _mm256_sign_epi8(xv, wv[r]))
-                                          : _mm256_maddubs_epi16(wv[r], xv);
-                    iacc[r * NT + t] = _mm256_add_epi32(iacc[r * NT + t], _mm256_madd_epi16(p, ones));
+                    if constexpr (W == DType::Q8) {
+                        wv[r] = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k));
+                    } else {  // the chunk's low nibbles hold its first 32 columns, the high nibbles the next 32
+                        const __m256i b = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(w[r] + k / 64 * 32));
+                        wv[r] = _mm256_and_si256(k % 64 == 0 ? b : _mm256_srli_epi16(b, 4), low4);
+                    }
+                }
+                for (int t = 0; t < NT; t++) {
+                    const __m256i xv = _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.q + (t0 + t) * K + k));
+                    for (int r = 0; r < NR; r++) {
+                        // Q8: |w| * (x with w's sign), exact (|w|, |x| <= 127: pairs <= 32258); Q4: nibble (<= 15) * x
+                        const __m256i p =
+                            W == DType::Q8 ? _mm256_maddubs_epi16(_mm256_abs_epi8(wv[r]), _mm256_sign_epi8(xv, wv[r]))
+                                           : _mm256_maddubs_epi16(wv[r], xv);
+                        iacc[r * NT + t] = _mm256_add_epi32(iacc[r * NT + t], _mm256_madd_epi16(p, ones));
+                    }
                 }
             }
         }
-        __m256i isum = reduce8_avx2(iacc);
+        __m256i isum = W == DType::Q4 && group == 32 ? reduce8_avx2_i16(iacc) : reduce8_avx2(iacc);
         if constexpr (W == DType::Q4) {  // - 8 * sum(x): the nibbles are code + 8
             const __m256i xsum = _mm256_permutevar8x32_epi32(
                 _mm256_loadu_si256(reinterpret_cast<const __m256i*>(a.sum + g * a.ld + t0)), tsel);
