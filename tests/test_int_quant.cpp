@@ -248,6 +248,41 @@ TEST_CASE("int quant: the integer matmul of every instruction set against the de
         }
 }
 
+TEST_CASE("int quant: the largest Q4 and Q8 products (every code at its extreme) on every instruction set",
+          "[loader][int]") {
+    // Every weight code 7 (Q4 nibble 15) or 127 (Q8), scale 1; activations all +1 or all -1 (codes +-127): the
+    // integer sums reach 64 * 7 * 127 and 64 * 127 * 127 a group of 64, past int16 if a kernel kept them there.
+    cpu::ThreadPool pool(2);
+    for (const DType type : {DType::Q4, DType::Q8})
+        for (const int64_t group : {int64_t(32), int64_t(64)}) {
+            const int64_t N = 9, K = 128, T = 3;
+            QMatrix q;
+            q.q.assign(size_t(N) * row_bytes(type, K), type == DType::Q4 ? uint8_t(0xff) : uint8_t(127));
+            q.scales.assign(size_t(N * (K / group)), 1.0f);
+            q.m.data = q.q.data();
+            q.m.dtype = type;
+            q.m.rows = N;
+            q.m.cols = K;
+            q.m.scales = q.scales.data();
+            q.m.group = group;
+            std::vector<float> x(size_t(T * K), 1.0f);
+            for (int64_t c = 0; c < K; c++) x[size_t(K + c)] = -1.0f;  // row 1: all -1; row 2: mixed signs
+            for (int64_t c = 0; c < K; c++) x[size_t(2 * K + c)] = c % 3 == 0 ? -1.0f : 1.0f;
+            const float code = type == DType::Q4 ? 7.0f : 127.0f;
+            double mixed = 0.0;
+            for (int64_t c = 0; c < K; c++) mixed += x[size_t(2 * K + c)];
+            for (const cpu::IntIsa isa : supported_isas()) {
+                INFO(dtype_name(type) << " group " << group << " " << cpu::int_isa_name(isa));
+                const std::vector<float> y = run_matmul(x, T, q.m, isa, pool);
+                for (int64_t n = 0; n < N; n++) {
+                    CHECK(y[size_t(n)] == Approx(code * K).epsilon(1e-6));
+                    CHECK(y[size_t(N + n)] == Approx(-code * K).epsilon(1e-6));
+                    CHECK(y[size_t(2 * N + n)] == Approx(code * mixed).epsilon(1e-6));
+                }
+            }
+        }
+}
+
 TEST_CASE("int quant: NaN in weights or activations is never a number, on every instruction set", "[loader][int]") {
     cpu::ThreadPool pool(2);
     const int64_t N = 20, K = 128;
