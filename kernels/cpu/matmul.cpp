@@ -7,6 +7,9 @@
 // summed in one fixed order. So the result of (t, n) does not depend on the block it fell into, the number of
 // rows in the batch or the thread count: batched and single-token forwards agree bitwise.
 //
+// 16-bit weights, 8 or more tokens (prefill): each block of kRows weight rows is widened once into a per-thread f32
+// panel (exact), then swept by the F32 micro-kernels over every token, as for FP8 below: the same sums.
+//
 // FP8 weights (Matrix::scales): each block of kRows weight rows is dequantized once into a per-thread f32 panel
 // (fp8 value, exact as base/fp8.h's table, * block scale, one f32 product), then swept by the same F32 micro-kernels
 // over every token. So an FP8 matrix gives bitwise the result of the F32 matrix holding its dequantized values, and the
@@ -231,6 +234,21 @@ inline void row_block(const float* x, int64_t t_begin, int64_t t_end, const void
     }
 }
 
+// y[t, n0 + r] for all T tokens and r < nr from an f32 panel [nr, K] holding weight rows n0..n0 + nr (dequantized
+// FP8 or widened 16-bit rows): the F32 micro-kernels over chunks of kTokenChunk tokens.
+inline void sweep_panel(const float* x, int64_t T, const float* panel, int nr, int64_t K, float* y, int64_t N,
+                        int64_t n0) {
+    for (int64_t t0 = 0; t0 < T; t0 += kTokenChunk) {
+        const int64_t t1 = std::min(T, t0 + kTokenChunk);
+        switch (nr) {  // (the panel's rows are rows 0..nr of a matrix whose output columns start at n0)
+            case 4: row_block<DType::F32, 4>(x, t0, t1, panel, K, y + n0, N, 0); break;
+            case 3: row_block<DType::F32, 3>(x, t0, t1, panel, K, y + n0, N, 0); break;
+            case 2: row_block<DType::F32, 2>(x, t0, t1, panel, K, y + n0, N, 0); break;
+            default: row_block<DType::F32, 1>(x, t0, t1, panel, K, y + n0, N, 0); break;
+        }
+    }
+}
+
 template <DType W>
 void matmul_typed(const float* x, int64_t T, const Matrix& m, float* y, ThreadPool& pool) {
     const int64_t N = m.rows, K = m.cols;
@@ -263,15 +281,7 @@ void matmul_typed(const float* x, int64_t T, const Matrix& m, float* y, ThreadPo
                     const int64_t n0 = nb * kRows;
                     const int nr = int(std::min<int64_t>(kRows, N - n0));
                     for (int64_t i = 0; i < nr * K; i++) panel[size_t(i)] = load_w1<W>(m.data, n0 * K + i);
-                    for (int64_t t0 = 0; t0 < T; t0 += kTokenChunk) {
-                        const int64_t t1 = std::min(T, t0 + kTokenChunk);
-                        switch (nr) {  // (the panel's rows are rows 0..nr of a matrix whose columns start at n0)
-                            case 4: row_block<DType::F32, 4>(x, t0, t1, panel.data(), K, y + n0, N, 0); break;
-                            case 3: row_block<DType::F32, 3>(x, t0, t1, panel.data(), K, y + n0, N, 0); break;
-                            case 2: row_block<DType::F32, 2>(x, t0, t1, panel.data(), K, y + n0, N, 0); break;
-                            default: row_block<DType::F32, 1>(x, t0, t1, panel.data(), K, y + n0, N, 0); break;
-                        }
-                    }
+                    sweep_panel(x, T, panel.data(), nr, K, y, N, n0);
                 }
             });
             return;
@@ -438,15 +448,7 @@ void matmul_fp8(const float* x, int64_t T, const Matrix& m, float* y, ThreadPool
             const int64_t n0 = nb * kRows;
             const int nr = int(std::min<int64_t>(kRows, N - n0));
             dequantize_rows(m, table, n0, nr, panel.data());
-            for (int64_t t0 = 0; t0 < T; t0 += kTokenChunk) {
-                const int64_t t1 = std::min(T, t0 + kTokenChunk);
-                switch (nr) {  // (the panel's rows are rows 0..nr of a matrix whose output columns start at n0)
-                    case 4: row_block<DType::F32, 4>(x, t0, t1, panel.data(), K, y + n0, N, 0); break;
-                    case 3: row_block<DType::F32, 3>(x, t0, t1, panel.data(), K, y + n0, N, 0); break;
-                    case 2: row_block<DType::F32, 2>(x, t0, t1, panel.data(), K, y + n0, N, 0); break;
-                    default: row_block<DType::F32, 1>(x, t0, t1, panel.data(), K, y + n0, N, 0); break;
-                }
-            }
+            sweep_panel(x, T, panel.data(), nr, K, y, N, n0);
         }
     });
 }
