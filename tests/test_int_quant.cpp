@@ -46,17 +46,23 @@ struct QMatrix {
     Matrix m;
 };
 
-QMatrix quantize(const std::vector<float>& w, int64_t rows, int64_t cols, int64_t group, DType type) {
+// A [rows, cols] matrix of `type` whose codes are all `code_byte` and scales all `scale`.
+QMatrix filled(int64_t rows, int64_t cols, int64_t group, DType type, uint8_t code_byte, float scale) {
     QMatrix r;
-    r.q.resize(size_t(rows) * row_bytes(type, cols));
-    r.scales.resize(size_t(rows * (cols / group)));
-    quantize_int_groups(w.data(), rows, cols, group, type, r.q.data(), r.scales.data());
+    r.q.assign(size_t(rows) * row_bytes(type, cols), code_byte);
+    r.scales.assign(size_t(rows * (cols / group)), scale);
     r.m.data = r.q.data();
     r.m.dtype = type;
     r.m.rows = rows;
     r.m.cols = cols;
     r.m.scales = r.scales.data();
     r.m.group = group;
+    return r;
+}
+
+QMatrix quantize(const std::vector<float>& w, int64_t rows, int64_t cols, int64_t group, DType type) {
+    QMatrix r = filled(rows, cols, group, type, 0, 0.0f);
+    quantize_int_groups(w.data(), rows, cols, group, type, r.q.data(), r.scales.data());
     return r;
 }
 
@@ -256,15 +262,7 @@ TEST_CASE("int quant: the largest Q4 and Q8 products (every code at its extreme)
     for (const DType type : {DType::Q4, DType::Q8})
         for (const int64_t group : {int64_t(32), int64_t(64)}) {
             const int64_t N = 9, K = 128, T = 3;
-            QMatrix q;
-            q.q.assign(size_t(N) * row_bytes(type, K), type == DType::Q4 ? uint8_t(0xff) : uint8_t(127));
-            q.scales.assign(size_t(N * (K / group)), 1.0f);
-            q.m.data = q.q.data();
-            q.m.dtype = type;
-            q.m.rows = N;
-            q.m.cols = K;
-            q.m.scales = q.scales.data();
-            q.m.group = group;
+            const QMatrix q = filled(N, K, group, type, type == DType::Q4 ? uint8_t(0xff) : uint8_t(127), 1.0f);
             std::vector<float> x(size_t(T * K), 1.0f);
             for (int64_t c = 0; c < K; c++) x[size_t(K + c)] = -1.0f;  // row 1: all -1; row 2: mixed signs
             for (int64_t c = 0; c < K; c++) x[size_t(2 * K + c)] = c % 3 == 0 ? -1.0f : 1.0f;
