@@ -90,6 +90,18 @@ inline std::string bad_int_arg(const cxxopts::ParseResult& r, std::initializer_l
     return "";
 }
 
+// "--NAME was given more than once (give it once)" for the first option given twice, or empty: each takes one value,
+// and cxxopts would keep the last without a word (every program refuses a repeated option the same way).
+inline std::string repeated_option(const cxxopts::ParseResult& r) {
+    std::vector<std::string> seen;
+    for (const cxxopts::KeyValue& kv : r.arguments()) {
+        if (std::find(seen.begin(), seen.end(), kv.key()) != seen.end())
+            return "--" + kv.key() + " was given more than once (give it once)";
+        seen.push_back(kv.key());
+    }
+    return "";
+}
+
 // A comma-separated list of integers in [lo, hi] ("1,2,3"; spaces around an item are allowed) into out. Returns
 // false with *bad set to the first item that is not one (an empty item included; only digits, no sign).
 inline bool parse_int_list(const std::string& s, long long lo, long long hi, std::vector<int32_t>& out,

@@ -90,6 +90,7 @@ int main(int argc, char** argv) {
             return 0;
         }
         if (!r.unmatched().empty()) return usage_error("unexpected argument '" + r.unmatched()[0] + "'");
+        if (const std::string bad = hy::repeated_option(r); !bad.empty()) return usage_error(bad);
         if (!r.count("model")) return usage_error("-m DIR is required");
         if (r.count("api-key") && r["api-key"].as<std::string>().empty())
             return usage_error("--api-key must not be empty (leave it out to serve without a key)");

@@ -43,8 +43,13 @@ using hy::test::cli_util::run_prog;
 class ServerProcess {
 public:
     explicit ServerProcess(std::vector<std::string> extra) {
-        std::vector<std::string> args = {
-            kBin + "/hybrid-server", "-m", "models/tiny", "--port", "0", "--device", "cpu", "-c", "512"};
+        // the defaults, each unless `extra` gives it (the server refuses an option given twice)
+        std::vector<std::string> args = {kBin + "/hybrid-server"};
+        for (const auto& [flag, value] : {std::pair<const char*, const char*>{"-m", "models/tiny"},
+                                          {"--port", "0"},
+                                          {"--device", "cpu"},
+                                          {"-c", "512"}})
+            if (std::find(extra.begin(), extra.end(), flag) == extra.end()) args.insert(args.end(), {flag, value});
         args.insert(args.end(), extra.begin(), extra.end());
         int fds[2];
         REQUIRE(pipe(fds) == 0);
@@ -608,7 +613,7 @@ TEST_CASE("server: bad requests get 4xx OpenAI errors without disturbing the oth
 }
 
 // A bad -m reads as in hybrid and the tools (before the tokenizer is looked for): one line, exit 2.
-TEST_CASE("server and hybrid-perplexity: a bad -m is named as in hybrid", "[server]") {
+TEST_CASE("server and hybrid-perplexity: a bad -m is named as in hybrid; a repeated option", "[server]") {
     if (!have_server_binary()) return;
     const std::vector<std::pair<std::string, std::string>> cases = {
         {"models/nope", "models/nope: no such model folder"},
@@ -626,6 +631,11 @@ TEST_CASE("server and hybrid-perplexity: a bad -m is named as in hybrid", "[serv
             CHECK(r.rc == 2);
             CHECK(r.err == line);
         }
+    // a repeated option is refused, as by hybrid and the tools (the server kept the last value)
+    const hy::test::cli_util::Run twice =
+        run_prog(kBin + "/hybrid-server", {"-m", "models/tiny", "--port", "0", "-np", "1", "-np", "2"});
+    CHECK(twice.rc == 1);
+    CHECK(twice.err.find("hybrid-server: --parallel was given more than once (give it once)") == 0);
 }
 
 TEST_CASE("server: --api-key guards /v1", "[server]") {
@@ -815,7 +825,7 @@ TEST_CASE("server: a model folder's Jinja chat template renders the prompt; tool
         ojson::parse(hy::test::cli_util::slurp(kSrc + "/tests/data/tokenizers/qwen3/tokenizer_config.json"));
     config["chat_template"] = qwen3["chat_template"];
     std::ofstream(dir.path / "tokenizer_config.json") << config.dump();
-    ServerProcess s({"-m", dir.path.string(), "-np", "2"});  // (a later -m wins)
+    ServerProcess s({"-m", dir.path.string(), "-np", "2"});  // (in place of the default -m)
     const hy::Tokenizer tok = hy::Tokenizer::from_folder(dir.path.string());
     const hy::server::ChatFormat chat = hy::server::ChatFormat::load(dir.path.string(), tok);
     CHECK(chat.description() == "jinja (tokenizer_config.json)");

@@ -28,6 +28,7 @@
 #include "cli/line_reader.h"
 #include "cli_util.h"
 #include "engine.h"
+#include "kernels/cpu/thread_pool.h"
 #include "test_util.h"
 
 using namespace hy::test::cli_util;
@@ -387,6 +388,13 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
           "none.safetensors");
     check(run_prog(compare, {"-m", "models/tiny", "--logits", ""}), 1, "--logits needs a file name");
     check(run_prog(compare, {"-m", "models/tiny", "--golden", ""}), 1, "--golden needs a file name");
+    {  // more threads than cores: run, with hybrid's warning
+        const std::string over = std::to_string(hy::cpu::ThreadPool::default_threads() + 1);
+        const Run r =
+            run_prog(bench, {"-m", "models/tiny", "--device", "cpu", "-t", over, "-p", "8", "-n", "2", "-r", "1"});
+        CHECK(r.rc == 0);
+        CHECK(r.err.find("hybrid-bench: warning: -t " + over + " is more than the") != std::string::npos);
+    }
     check(run_prog(compare, {"-m", "models/tiny", "--logits", "x", "--no-logits"}), 1,
           "--logits and --no-logits exclude each other");
     check(run_prog(bench, {"-m", "models/tiny", "-p", "2147483647", "-n", "2147483647"}), 1,

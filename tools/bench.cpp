@@ -321,6 +321,7 @@ int main(int argc, char** argv) {
         });
         if (!model->load_warning().empty())
             std::fprintf(stderr, "%s: warning: %s\n", "hybrid-bench", model->load_warning().c_str());
+        tools::warn_oversubscribed("hybrid-bench", threads, *model);
         const double t_ready = seconds_since(t_start);
         const ModelConfig& c = model->config();
         if (c.max_position_embeddings > 0 && mp.n_ctx > c.max_position_embeddings)

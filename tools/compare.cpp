@@ -232,6 +232,7 @@ int main(int argc, char** argv) {
         auto model = tools::loading([&] { return Model::load(dir, mp); });
         if (!model->load_warning().empty())
             std::fprintf(stderr, "%s: warning: %s\n", "hybrid-compare", model->load_warning().c_str());
+        tools::warn_oversubscribed("hybrid-compare", mp.n_threads, *model);
         const bool on_gpu = std::string(model->backend().name()) != "cpu";
         if (args.count("fp8-gemm") && !on_gpu)
             std::fprintf(stderr, "hybrid-compare: note: --fp8-gemm only changes the CUDA backend; ignored on %s\n",

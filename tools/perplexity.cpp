@@ -186,6 +186,7 @@ int main(int argc, char** argv) {
                                                         " tokens, fewer than one window of --ctx " +
                                                         std::to_string(ctx));
         auto model = tools::loading([&] { return Model::load(dir, mp); });
+        tools::warn_oversubscribed("hybrid-perplexity", mp.n_threads, *model);
         if (args.count("fp8-gemm") && std::string(model->backend().name()) != "cuda")
             std::fprintf(stderr, "hybrid-perplexity: note: --fp8-gemm only changes the CUDA backend; ignored on %s\n",
                          model->backend().name());

@@ -216,12 +216,7 @@ int main(int argc, char** argv) {
             return 0;
         }
         if (!r.unmatched().empty()) throw UsageError("unexpected argument '" + r.unmatched()[0] + "' (see --help)");
-        std::vector<std::string> seen;
-        for (const cxxopts::KeyValue& kv : r.arguments()) {
-            if (std::find(seen.begin(), seen.end(), kv.key()) != seen.end())
-                throw UsageError("--" + kv.key() + " was given more than once (give it once)");
-            seen.push_back(kv.key());
-        }
+        if (const std::string bad = hy::repeated_option(r); !bad.empty()) throw UsageError(bad);
         host = r["host"].as<std::string>();
         if (r.count("api-key")) {
             g_api_key = r["api-key"].as<std::string>();

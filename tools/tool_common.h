@@ -17,6 +17,7 @@
 
 #include "cli/arg_error.h"
 #include "cli/option_table.h"
+#include "kernels/cpu/thread_pool.h"
 #include "model/common.h"
 #include "model/model.h"
 
@@ -128,15 +129,9 @@ inline void check_int_args(const cxxopts::ParseResult& r, std::initializer_list<
     if (const std::string bad = bad_int_arg(r, names); !bad.empty()) throw UsageError(bad);
 }
 
-// A UsageError naming the first option given more than once: each takes one value, and a second one used to
-// replace the first without a word (hybrid refuses repeated flags the same way).
+// A UsageError naming the first option given more than once (repeated_option).
 inline void check_given_once(const cxxopts::ParseResult& r) {
-    std::vector<std::string> seen;
-    for (const cxxopts::KeyValue& kv : r.arguments()) {
-        if (std::find(seen.begin(), seen.end(), kv.key()) != seen.end())
-            throw UsageError("--" + kv.key() + " was given more than once (give it once)");
-        seen.push_back(kv.key());
-    }
+    if (const std::string bad = repeated_option(r); !bad.empty()) throw UsageError(bad);
 }
 
 // -t as given: 0 or -1 (llama.cpp's spelling) is all cores, returned as 0; outside [-1, 1024] a UsageError.
@@ -144,6 +139,17 @@ inline int parse_threads(int t) {
     if (t == -1) return 0;
     if (t < 0 || t > 1024) throw UsageError("-t must be in [0, 1024] (0 or -1: all cores), got " + std::to_string(t));
     return t;
+}
+
+// On the CPU backend, more threads than the cores this process may use: a warning from `prog` on stderr, as hybrid
+// prints (allowed, but slower, and timings mean little).
+inline void warn_oversubscribed(const char* prog, int threads, Model& model) {
+    const int cores = cpu::ThreadPool::default_threads();
+    if (std::string(model.backend().name()) == "cpu" && threads > cores)
+        std::fprintf(stderr,
+                     "%s: warning: -t %d is more than the %d cores available: every step waits for threads that take "
+                     "turns on a core (slower; -t 0 uses all cores)\n",
+                     prog, threads, cores);
 }
 
 // "cpu", "cuda" or "auto"; anything else is a UsageError.
