@@ -97,4 +97,12 @@ TEST_CASE("CPU vector exp: within 2 ulp of e^x, NaN and the range ends; SiLU by 
         silu_mul(&x[i * 97], ones.data(), 1, &one, pool);
         CHECK(one == y[i * 97]);
     }
+    // in place: y may be gate or up
+    std::vector<float> in_gate = x, in_up(x.size(), 1.0f);
+    silu_mul(in_gate.data(), ones.data(), int64_t(x.size()), in_gate.data(), pool);
+    silu_mul(x.data(), in_up.data(), int64_t(x.size()), in_up.data(), pool);
+    for (size_t i = 0; i + 1 < x.size(); i++) {
+        CHECK(in_gate[i] == y[i]);
+        CHECK(in_up[i] == y[i]);
+    }
 }

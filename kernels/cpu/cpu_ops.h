@@ -40,7 +40,7 @@ void matmul_int(const float* x, int64_t rows, const Matrix& w, float* y, ThreadP
 void rms_norm(const float* x, const float* w, int64_t rows, int dim, float eps, bool zero_centred, float* y,
               ThreadPool& pool);
 
-// y[n] = silu(gate[n]) * up[n], silu(v) = v / (1 + exp(-v)).
+// y[n] = silu(gate[n]) * up[n], silu(v) = v / (1 + exp(-v)) with exp_f32 (kernels/cpu/vec.h); y may be gate or up.
 void silu_mul(const float* gate, const float* up, int64_t n, float* y, ThreadPool& pool);
 
 // The MoE router's last step for one row (Backend::moe_route): p = softmax(logits[0, E)) in fp32; ids[0, k) the k

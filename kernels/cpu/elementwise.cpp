@@ -1,6 +1,7 @@
 // CPU RMSNorm and the MLP activation.
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/vec.h"
@@ -23,9 +24,17 @@ void rms_norm(const float* x, const float* w, int64_t rows, int dim, float eps, 
 }
 
 void silu_mul(const float* gate, const float* up, int64_t n, float* y, ThreadPool& pool) {
+    // 8 at a time, the tail through padded vectors (an element's result does not depend on where it falls); each
+    // vector is read before it is written, so y may be gate or up
     pool.parallel_for(n, 16384, [&](int64_t b, int64_t e, int) {
-        map_f32(gate + b, y + b, e - b, [](v8f g) { return silu_f32(g); });
-        for (int64_t i = b; i < e; i++) y[i] *= up[i];
+        for (int64_t i = b; i < e; i += 8) {
+            const size_t bytes = size_t(std::min<int64_t>(8, e - i)) * sizeof(float);
+            float g8[8] = {}, u8[8] = {};
+            std::memcpy(g8, gate + i, bytes);
+            std::memcpy(u8, up + i, bytes);
+            const v8f v = silu_f32(load_f32<v8f>(g8)) * load_f32<v8f>(u8);
+            std::memcpy(y + i, &v, bytes);
+        }
     });
 }
 
