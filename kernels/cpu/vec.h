@@ -7,6 +7,12 @@
 
 namespace hy::cpu {
 
+// Internal linkage (an unnamed namespace): files compiled with different instruction sets (the kernels with
+// -march=native, the tests without) each keep their own copies. Shared inline instantiations would be merged by the
+// linker although they disagree on how a 32-byte vector is returned (in a register with AVX, through memory
+// without): an unoptimized build crashed so.
+namespace {
+
 typedef float v16f __attribute__((vector_size(64)));
 typedef float v8f __attribute__((vector_size(32)));
 
@@ -85,5 +91,7 @@ inline void map_f32(const float* x, float* y, int64_t n, F f) {
         std::memcpy(y + i, &v, size_t(n - i) * sizeof(float));
     }
 }
+
+}  // namespace
 
 }  // namespace hy::cpu
