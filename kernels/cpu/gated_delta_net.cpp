@@ -2,7 +2,6 @@
 #include <algorithm>
 #include <cmath>
 #include <cstring>
-#include <vector>
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/vec.h"
@@ -42,11 +41,6 @@ void gated_delta_net(const GatedDeltaNetArgs& p, const BatchDesc& batch, float* 
     // 1. Causal depthwise conv + SiLU per run and channel; the conv state keeps the last K-1 inputs. Token by token
     // over blocks of channels (the rows of qkv are contiguous in channels), each output summed over the taps in order.
     if (K > 16) throw Error(Status::unsupported, "CPU Gated DeltaNet: conv kernel above 16");
-    thread_local std::vector<float> wt;  // the conv weights as [K, C]
-    wt.resize(size_t(K * C));
-    for (int64_t c = 0; c < C; c++)
-        for (int j = 0; j < K; j++) wt[size_t(j * C + c)] = p.conv_w[c * K + j];
-    const float* w_t = wt.data();  // (the workers' own thread_local copies are empty)
     constexpr int64_t kBlock = 64;
     for (int r = 0; r < batch.n_runs; r++) {
         const SeqRun& run = batch.runs[r];
@@ -55,14 +49,16 @@ void gated_delta_net(const GatedDeltaNetArgs& p, const BatchDesc& batch, float* 
             (C + kBlock - 1) / kBlock, std::max<int64_t>(1, 128 / run.n_tokens), [&](int64_t b0, int64_t b1, int) {
                 for (int64_t b = b0; b < b1; b++) {
                     const int64_t c0 = b * kBlock, n = std::min(kBlock, C - c0);
+                    float wt[16][kBlock];  // the block's conv weights, tap-major
+                    for (int64_t c = 0; c < n; c++)
+                        for (int j = 0; j < K; j++) wt[j][c] = p.conv_w[(c0 + c) * K + j];
                     for (int i = 0; i < run.n_tokens; i++) {
                         float acc[kBlock] = {};
                         for (int j = 0; j < K; j++) {
                             const int src = i - (K - 1) + j;  // index into the run; < 0: the state
                             const float* in =
                                 src >= 0 ? qkv + (run.row + src) * C + c0 : st + int64_t(K - 1 + src) * C + c0;
-                            const float* wj = w_t + j * C + c0;
-                            for (int64_t c = 0; c < n; c++) acc[c] += wj[c] * in[c];
+                            for (int64_t c = 0; c < n; c++) acc[c] += wt[j][c] * in[c];
                         }
                         map_f32(acc, mixed + (run.row + i) * C + c0, n, [](v8f v) { return silu_f32(v); });
                     }
