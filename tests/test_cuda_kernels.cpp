@@ -294,6 +294,67 @@ TEST_CASE("CUDA small-batch GEMV groups match the CPU and do not depend on the b
         for (size_t k = 1; k < first3[i].size(); k++) CHECK(first3[i][k] == first3[i][0]);
 }
 
+// 3 to 8 rows of bf16 weights on the tensor-core GEMV in both modes (CudaOptions::small_batch_gemv: every matrix,
+// or groups of 3-4 only): singles, a pair as a group, gate/up/SiLU and the F32 logits, at K of 3 chunks (fewer than a
+// block's warps), 81 chunks (not a multiple of a round) and 9216, N not a multiple of 16; against the CPU, and in
+// "all" mode the first 3 rows bitwise the same at 3 and 8 rows.
+TEST_CASE("CUDA tensor-core GEMV of 3-8 rows: singles, pairs, gate/up and logits match the CPU", "[gpu]") {
+    HY_REQUIRE_GPU();
+    for (int mode : {1, -1}) {
+        CudaOptions o;
+        o.small_batch_gemv = mode;
+        Pair p(limits(16, 8, 16), 4, 64, size_t(160) << 20, o);
+        for (int K : {96, 2592, 4096, 9216}) {  // (the three launch shapes of gemv_mma_config)
+            const int N = 300, F = 200;
+            auto x = randn(size_t(8) * K);
+            auto w = randn(size_t(N) * K, 0.05f), wg = randn(size_t(F) * K, 0.05f), wu = randn(size_t(F) * K, 0.05f);
+            void* xc = p.cpu.act(x);
+            void* xg = p.gpu.act(x);
+            const Matrix mc = p.cpu.matrix(w, N, K), mg = p.gpu.matrix(w, N, K);
+            const Matrix gc = p.cpu.matrix(wg, F, K), gg = p.gpu.matrix(wg, F, K);
+            const Matrix uc = p.cpu.matrix(wu, F, K), ug = p.gpu.matrix(wu, F, K);
+            constexpr int kOut = 7;  // single, pair (N rows, F rows), gate, up, act, logits
+            std::vector<std::vector<float>> first3[kOut];
+            for (int T : {3, 5, 8}) {
+                INFO("mode " << mode << " K=" << K << " T=" << T);
+                const size_t n = size_t(T) * N, f = size_t(T) * F;
+                const size_t sizes[kOut] = {n, n, f, f, f, f, n};
+                void* yc[kOut];
+                void* yg[kOut];
+                for (int i = 0; i < kOut; i++) {
+                    yc[i] = p.cpu.take(sizes[i] * 4);
+                    yg[i] = i == kOut - 1 ? const_cast<float*>(p.gpu.f32(std::vector<float>(n, NAN)))
+                                          : p.gpu.poisoned(sizes[i]);
+                }
+                Batch b({{0, 0, T}}, 16);
+                p.begin_batch(b.desc);
+                for (Side* side : {&p.cpu, &p.gpu}) {
+                    const bool g = side == &p.gpu;
+                    void* xs = g ? xg : xc;
+                    void** y = g ? yg : yc;
+                    side->be->matmul(xs, T, g ? mg : mc, y[0]);
+                    const Projection pair[2] = {{g ? mg : mc, y[1]}, {g ? gg : gc, y[2]}};
+                    side->be->matmul_group(xs, T, pair, 2);  // (of different heights)
+                    side->be->gate_up_silu(xs, T, g ? gg : gc, g ? ug : uc, y[3], y[4], y[5]);
+                    side->be->logits(xs, T, g ? mg : mc, static_cast<float*>(y[6]));
+                }
+                for (int i = 0; i < kOut; i++) {
+                    std::vector<float> got =
+                        i == kOut - 1 ? p.gpu.read_f32(yg[i], sizes[i]) : p.gpu.read_act(yg[i], sizes[i]);
+                    const double e = rel_err(got, p.cpu.read_f32(yc[i], sizes[i]));
+                    INFO("output " << i << " rel err " << e);
+                    CHECK(e <= kTol);
+                    got.resize(sizes[i] / size_t(T) * 3);
+                    first3[i].push_back(got);
+                }
+            }
+            if (mode == 1)  // every output on the tensor-core GEMV: a row's bits do not depend on the batch
+                for (int i = 0; i < kOut; i++)
+                    for (size_t k = 1; k < first3[i].size(); k++) CHECK(first3[i][k] == first3[i][0]);
+        }
+    }
+}
+
 // A recorded decode step (one row): the backend fuses matmul(gate), matmul(up), silu_mul into one GEMV and 2-4
 // matmuls of the same x into a group, and replays them as a graph.
 TEST_CASE("CUDA fused decode GEMVs (gate/up/SiLU, groups) match the CPU reference", "[gpu]") {

@@ -235,7 +235,10 @@ int main(int argc, char** argv) {
         ("attn-splits", "CUDA, decode attention: most position splits per row and head, 1 to 128 (0: the built-in "
          "default)", cxxopts::value<int>()->default_value("0"))
         ("int-split-k", "CUDA, --quant int8/int4 decode GEMVs: split K in two halves: always, never or auto (by shape, "
-         "the default)", cxxopts::value<std::string>()->default_value("auto"));
+         "the default)", cxxopts::value<std::string>()->default_value("auto"))
+        ("small-batch-gemv", "CUDA, bf16 matrices with 3 to 8 rows (batched decode): all on the tensor-core GEMV, "
+         "groups (only groups of 3 or 4 matrices there, the others on cuBLASLt) or auto (the default)",
+         cxxopts::value<std::string>()->default_value("auto"));
     add_shared_option(opts, "", "fp8-gemm");
     add_shared_option(opts, "", "help");
     // clang-format on
@@ -290,6 +293,12 @@ int main(int argc, char** argv) {
                 throw tools::UsageError("--int-split-k must be auto, always or never, got '" + v + "'");
             mp.cuda.int_gemv_split_k = v == "always" ? 1 : v == "never" ? -1 : 0;
         }
+        {
+            const std::string v = args["small-batch-gemv"].as<std::string>();
+            if (v != "auto" && v != "all" && v != "groups")
+                throw tools::UsageError("--small-batch-gemv must be auto, all or groups, got '" + v + "'");
+            mp.cuda.small_batch_gemv = v == "all" ? 1 : v == "groups" ? -1 : 0;
+        }
         mp.cuda.attn_max_splits = args["attn-splits"].as<int>();
         if (mp.cuda.attn_max_splits < 0 || mp.cuda.attn_max_splits > 128)
             throw tools::UsageError("--attn-splits must be 0 to 128, got " + std::to_string(mp.cuda.attn_max_splits));
@@ -330,7 +339,8 @@ int main(int argc, char** argv) {
                          "for (max_position_embeddings)\n",
                          mp.n_ctx - 1, c.max_position_embeddings);
         Backend& be = model->backend();
-        for (const char* flag : {"fp8-gemm", "attn-heads-per-block", "attn-splits", "int-split-k", "moe-grouped-rows"})
+        for (const char* flag :
+             {"fp8-gemm", "attn-heads-per-block", "attn-splits", "int-split-k", "moe-grouped-rows", "small-batch-gemv"})
             if (args.count(flag) && std::string(be.name()) != "cuda")
                 std::fprintf(stderr, "hybrid-bench: note: --%s only changes the CUDA backend; ignored on %s\n", flag,
                              be.name());

@@ -1,5 +1,6 @@
 // hybrid-kernel-bench: memory throughput of the decode GEMV launch shapes (and cuBLASLt for reference) on the
-// Qwen3.5-4B projection shapes, to choose cuda::gemv_config. Built with CUDA only; needs a GPU.
+// Qwen3.5-4B projection shapes, to choose cuda::gemv_config and cuda::gemv_mma_config. Built with CUDA only; needs
+// a GPU.
 //
 // Each measurement is a CUDA graph of kLaunches back-to-back launches of one shape that cycle through enough
 // copies of the weights (>= 256 MB) that L2 (50 MB on an H200) holds none of them, replayed several times; the
@@ -375,17 +376,46 @@ int main(int argc, char** argv) {
             std::snprintf(buf, sizeof buf, "%.0f | ", total / (ms * 1e-3) / 1e9);
             line += buf;
             // the GEMV launch shapes (PDL on); * = the one the backend chooses for this K
+            if (T > kGemvBlockMaxTokens) {  // the tensor-core GEMV (gate and up as a group of two)
+                const MmaGemvConfig mc = gemv_mma_config(sh.K);
+                bool first = true;
+                for (MmaGemvConfig c : {MmaGemvConfig{8, 4}, MmaGemvConfig{8, 2}, MmaGemvConfig{16, 2},
+                                        MmaGemvConfig{16, 4}, MmaGemvConfig{4, 4}}) {
+                    ms = time_graph(s, [&] {
+                        for (int i = 0; i < kLaunches; i++) gemv_mma_with(x, T, group(i), sh.K, sh.out_f32, c, pdl);
+                    });
+                    std::snprintf(buf, sizeof buf, "%s%d,%d%s: %.0f", first ? "" : "; ", c.parts, c.unroll,
+                                  (c.parts == mc.parts && c.unroll == mc.unroll) ? "*" : "", total / (ms * 1e-3) / 1e9);
+                    line += buf;
+                    first = false;
+                }
+                if (sh.gate_up) {  // the gate/up/SiLU kernel (gemv_mma_config's shape)
+                    ms = time_graph(s, [&] {
+                        for (int i = 0; i < kLaunches; i++) {
+                            bf16* yb = static_cast<bf16*>(y);
+                            gemv_gate_up(x, T, wcopy(i), wcopy(i) + sh.n[0] * sh.K, sh.n[0], sh.K, yb, yb + 8 * sh.n[0],
+                                         yb + 16 * sh.n[0], pdl);
+                        }
+                    });
+                    std::snprintf(buf, sizeof buf, "; gate/up/SiLU kernel: %.0f", total / (ms * 1e-3) / 1e9);
+                    line += buf;
+                }
+                std::printf("%s |\n", line.c_str());
+                std::fflush(stdout);
+                HY_CUDA_CHECK(cudaFree(w));
+                continue;
+            }
             const GemvConfig chosen = sh.gate_up ? GemvConfig{2, 8} : gemv_config(sh.K);
             std::vector<GemvConfig> shapes_to_try;
-            if (sh.gate_up || T > kGemvBlockMaxTokens)
-                shapes_to_try = {{2, 8}};  // (more rows: the tensor-core GEMV, which has one shape)
+            if (sh.gate_up)
+                shapes_to_try = {{2, 8}};  // (the gate/up/SiLU kernel has one shape)
             else
                 shapes_to_try = {{2, 8}, {4, 8}, {8, 8}};
             bool first = true;
             for (GemvConfig c : shapes_to_try) {
                 ms = time_graph(s, [&] {
                     for (int i = 0; i < kLaunches; i++) {
-                        if (sh.gate_up && T <= kGemvBlockMaxTokens) {
+                        if (sh.gate_up) {
                             bf16* yb = static_cast<bf16*>(y);
                             gemv_gate_up(x, T, wcopy(i), wcopy(i) + sh.n[0] * sh.K, sh.n[0], sh.K, yb, yb + 8 * sh.n[0],
                                          yb + 16 * sh.n[0], pdl);
@@ -394,13 +424,8 @@ int main(int argc, char** argv) {
                         }
                     }
                 });
-                if (T > kGemvBlockMaxTokens)
-                    std::snprintf(buf, sizeof buf, "tensor-core GEMV%s: %.0f",
-                                  sh.gate_up ? " (gate, up as a group)" : "", total / (ms * 1e-3) / 1e9);
-                else
-                    std::snprintf(buf, sizeof buf, "%s%d,%d%s: %.0f", first ? "" : "; ", c.split, c.per,
-                                  (c.split == chosen.split && c.per == chosen.per) ? "*" : "",
-                                  total / (ms * 1e-3) / 1e9);
+                std::snprintf(buf, sizeof buf, "%s%d,%d%s: %.0f", first ? "" : "; ", c.split, c.per,
+                              (c.split == chosen.split && c.per == chosen.per) ? "*" : "", total / (ms * 1e-3) / 1e9);
                 line += buf;
                 first = false;
             }
@@ -408,7 +433,10 @@ int main(int argc, char** argv) {
             std::fflush(stdout);
             HY_CUDA_CHECK(cudaFree(w));
         }
-        std::printf("\n(split,per: warps per row, 16-byte words per lane per round; * = the backend's choice)\n");
+        std::printf(T > kGemvBlockMaxTokens
+                        ? "\n(tensor-core GEMV, parts,unroll: warps per 16-row tile, 32-value chunks per warp and "
+                          "round; * = the backend's choice)\n"
+                        : "\n(split,per: warps per row, 16-byte words per lane per round; * = the backend's choice)\n");
         if (argc > 2 && std::string(argv[2]) == "fp8") {
             bench_fp8(T, shapes, s, pdl, x, y);
             if (T == 1) probe_block_scaled(s);

@@ -294,6 +294,7 @@ public:
         if (o.attn_heads_per_block > 0) ctx_.attn_heads_per_block = o.attn_heads_per_block;
         if (o.attn_max_splits > 0) ctx_.attn_max_splits = std::min(o.attn_max_splits, cuda::kAttnMaxSplits);
         ctx_.int_gemv_split_k = o.int_gemv_split_k < 0 ? -1 : o.int_gemv_split_k > 0 ? 1 : 0;
+        if (o.small_batch_gemv != 0) ctx_.tc_gemv_all = o.small_batch_gemv > 0;
         fp8_mode_ = o.fp8_block_scaled_gemm ? cuda::Fp8GemmMode::block_scaled : cuda::Fp8GemmMode::dequantize;
 #if defined(HY_CUDA_TRACE)
         if (!o.trace_file.empty()) start_trace(o.trace_file);
@@ -334,6 +335,7 @@ public:
                (ctx_.int_gemv_split_k > 0   ? "always"
                 : ctx_.int_gemv_split_k < 0 ? "never"
                                             : "by shape") +
+               ", bf16 gemv of 3-8 rows " + (ctx_.tc_gemv_all ? "all tensor-core" : "groups tensor-core") +
                ", fp8 gemm " + (fp8_mode_ == cuda::Fp8GemmMode::block_scaled ? "block-scaled" : "dequantize") +
                (gemm_->fp8_shapes_without_algorithm() > 0
                     ? " (cuBLASLt had no block-scaled algorithm for " +
@@ -641,7 +643,7 @@ public:
             if (is_fp8(q.w.dtype)) return cuda::fp8_gemv_fits(xb, rows, q.w);
             if (is_int_quant(q.w.dtype)) return cuda::int_gemv_fits(xb, rows, q.w);
             return rows >= 1 && rows <= cuda::kGemvMaxTokens &&
-                   cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(q.w.data), q.w.cols, 1);
+                   cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(q.w.data), q.w.cols, 1, ctx_.tc_gemv_all);
         };
         auto same_kind = [&](const Projection& a, const Projection& b) {
             return a.w.dtype == b.w.dtype && a.w.cols == b.w.cols && a.w.group == b.w.group;
@@ -664,8 +666,8 @@ public:
                 for (int k = i; k < j; k++) op.fp8.add(p[k].w, p[k].y);
                 submit(op);
                 i = j;
-            } else if (j - i >= 2 &&
-                       cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(p[i].w.data), p[i].w.cols, j - i)) {
+            } else if (j - i >= 2 && cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(p[i].w.data), p[i].w.cols,
+                                                           j - i, ctx_.tc_gemv_all)) {
                 Op op;
                 op.kind = Op::Kind::gemv_group;
                 op.x = x;
@@ -680,7 +682,8 @@ public:
             }
         }
     }
-    // 1-2 rows where the GEMV fits (FP8 and Q8/Q4: 1-8 rows): one gate/up/SiLU GEMV kernel (cuda::gemv_gate_up,
+    // 1-2 rows where the GEMV fits (FP8 and Q8/Q4: 1-8 rows; bf16 3-8 rows on tensor cores when every bf16 matrix
+    // goes there, CudaOptions::small_batch_gemv): one gate/up/SiLU GEMV kernel (cuda::gemv_gate_up,
     // cuda::gemv_fp8_gate_up, cuda::gemv_int_gate_up); Q8/Q4 beyond: gate and up as one matmul_group, then silu_mul;
     // else matmul, matmul, silu_mul.
     void gate_up_silu(const void* x, int64_t rows, const Matrix& w_gate, const Matrix& w_up, void* gate, void* up,
@@ -701,9 +704,13 @@ public:
         else if (int_quant)
             fits = w_gate.group == w_up.group && w_gate.scale_segment_rows == 0 &&
                    cuda::int_gemv_fits(xb, rows, w_gate) && cuda::int_gemv_fits(xb, rows, w_up);
-        else
+        else if (rows <= cuda::kGemvBlockMaxTokens)
             fits = cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols) &&
                    cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols);
+        else  // 3 to 8 rows: the tensor-core gate/up/SiLU GEMV when every bf16 matrix goes to the tensor-core GEMV
+            fits = ctx_.tc_gemv_all &&
+                   cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols, 2, true) &&
+                   cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols, 2, true);
         if (same && int_quant && !fits && w_gate.group == w_up.group) {
             // Q8/Q4, more rows: the two as one group (dequantized), then silu_mul
             const Projection pair[2] = {{w_gate, gate}, {w_up, up}};

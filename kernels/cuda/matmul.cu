@@ -204,87 +204,162 @@ void gate_up_launch(const bf16* x, const bf16* wg, const bf16* wu, int64_t N, in
 // ---- the small-batch GEMV on tensor cores (3 to 8 rows of x) ----
 // With more than 2 rows the GEMV above becomes bound by reading x from L1 (every weight word meets every row),
 // so here the products run on tensor cores: mma.sync m16n8k16 with A = 16 weight rows x 16 k, B = 16 k x 8 rows
-// of x (rows >= T are zeros), fp32 accumulation. A warp owns a tile of 16 output features and every kMmaParts-th
-// chunk of 32 k of it (the kMmaParts warps of a block share the tile and are summed in a fixed order at the end).
+// of x (rows >= T are zeros), fp32 accumulation. A warp owns a tile of 16 output features and every kParts-th
+// chunk of 32 k of it (the kParts warps of a block share the tile and are summed in a fixed order at the end).
 // The k order inside a chunk is permuted the same way for A and B (a dot product does not care): lane (g = lane/4,
 // q = lane%4) loads the 16-byte words W[row g][8q .. 8q+7] and W[row g+8][...] and x[row g][8q .. 8q+7] of the
 // chunk, and the two mma of the chunk take its halves {8q+0,1 | 8q+2,3} and {8q+4,5 | 8q+6,7} as k = {2q, 2q+1 |
-// 2q+8, 2q+9}. Each output sums the same products in the same order whatever T is, so a row of x gets the same
-// result in any batch of 3 to 8 rows. Weights of the first round are loaded before the PDL wait.
-constexpr int kMmaParts = 8;   // warps per block (K split)
-constexpr int kMmaUnroll = 4;  // chunks of 32 k per warp in flight
-
-template <typename OutT>
-__global__ void __launch_bounds__(kMmaParts * 32)
-    gemv_mma_kernel(const bf16* __restrict__ x, int T, const __grid_constant__ GemvGroup g, int K) {
-    __shared__ float red[kMmaParts][32][4];
-    pdl_trigger();
+// 2q+8, 2q+9}. A round is kUnroll chunks a warp; the loads of round r + 1 (weights and x) are issued before the
+// products of round r, so a warp always has a round in flight (weights of the first round before the PDL wait).
+// Each output sums the same products in the same order whatever T is (the launch shape depends on K and the
+// group's tile count only), so a row of x gets the same result in any batch of 3 to 8 rows.
+// acc[m] (the mma C fragment: feature row0 + g, x rows 2q, 2q + 1; feature row0 + g + 8, same x rows) = this warp's
+// share of W_m[row0 .. row0 + 15, :] . x[t, :] for kM matrices of N rows over the same x, then summed over the
+// block's kParts warps in warp order into warp 0's acc (red: kParts x 32 x 4 kM floats of shared memory). Returns
+// false in the other warps. Waits for the predecessor kernel after issuing the first round of weight loads.
+template <int kParts, int kUnroll, int kM>
+__device__ __forceinline__ bool mma_tile_dot(const bf16* __restrict__ x, int T, const bf16* const (&w)[kM], int N,
+                                             int row0, int K, bool evict_first, float (*red)[32][4 * kM],
+                                             float (&acc)[kM][4]) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, q = lane & 3;
-    const GroupMember mem = group_member(g);
-    const bf16* w = mem.w;
-    void* y_out = mem.y;
-    const int N = mem.n, first_block = mem.first_block;
-    const int row0 = (int(blockIdx.x) - first_block) * 16;
     const bool va = row0 + gi < N, vb = row0 + gi + 8 < N;
-    const uint4* wa = reinterpret_cast<const uint4*>(w + int64_t(va ? row0 + gi : 0) * K) + q;
-    const uint4* wb = reinterpret_cast<const uint4*>(w + int64_t(vb ? row0 + gi + 8 : 0) * K) + q;
+    const uint4* wa[kM];
+    const uint4* wb[kM];
+#pragma unroll
+    for (int m = 0; m < kM; m++) {
+        wa[m] = reinterpret_cast<const uint4*>(w[m] + int64_t(va ? row0 + gi : 0) * K) + q;
+        wb[m] = reinterpret_cast<const uint4*>(w[m] + int64_t(vb ? row0 + gi + 8 : 0) * K) + q;
+    }
     const uint4* xr = reinterpret_cast<const uint4*>(x + int64_t(gi < T ? gi : 0) * K) + q;
     const bool vx = gi < T;
     const int n_chunks = K / 32;
+    constexpr int kStep = kParts * kUnroll;  // chunks of a block per round
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
-    const uint64_t pol = weight_policy(g.evict_first);
-    uint4 ra[kMmaUnroll], rb[kMmaUnroll];
-    auto load_w = [&](int c0) {
+    const uint64_t pol = weight_policy(evict_first);
+    auto load_w = [&](uint4(&ra)[kM][kUnroll], uint4(&rb)[kM][kUnroll], int c0) {
 #pragma unroll
-        for (int u = 0; u < kMmaUnroll; u++) {
-            const int c = c0 + kMmaParts * u;
-            ra[u] = c < n_chunks && va ? ld_weight(wa + 4 * c, pol) : zero;
-            rb[u] = c < n_chunks && vb ? ld_weight(wb + 4 * c, pol) : zero;
-        }
+        for (int m = 0; m < kM; m++)
+#pragma unroll
+            for (int u = 0; u < kUnroll; u++) {
+                const int c = c0 + kParts * u;
+                ra[m][u] = c < n_chunks && va ? ld_weight(wa[m] + 4 * c, pol) : zero;
+                rb[m][u] = c < n_chunks && vb ? ld_weight(wb[m] + 4 * c, pol) : zero;
+            }
     };
-    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    load_w(warp);
-    pdl_wait();
-    for (int c0 = warp; c0 < n_chunks; c0 += kMmaParts * kMmaUnroll) {
-        uint4 rx[kMmaUnroll];
+    auto load_x = [&](uint4(&rx)[kUnroll], int c0) {
 #pragma unroll
-        for (int u = 0; u < kMmaUnroll; u++) {
-            const int c = c0 + kMmaParts * u;
+        for (int u = 0; u < kUnroll; u++) {
+            const int c = c0 + kParts * u;
             rx[u] = c < n_chunks && vx ? __ldg(xr + 4 * c) : zero;
         }
+    };
 #pragma unroll
-        for (int u = 0; u < kMmaUnroll; u++) {
-            mma_bf16_16816(acc, ra[u].x, rb[u].x, ra[u].y, rb[u].y, rx[u].x, rx[u].y);
-            mma_bf16_16816(acc, ra[u].z, rb[u].z, ra[u].w, rb[u].w, rx[u].z, rx[u].w);
+    for (int m = 0; m < kM; m++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) acc[m][i] = 0.0f;
+    uint4 ra[kM][kUnroll], rb[kM][kUnroll], rx[kUnroll];
+    load_w(ra, rb, warp);
+    pdl_wait();
+    load_x(rx, warp);
+    for (int c0 = warp; c0 < n_chunks; c0 += kStep) {
+        uint4 na[kM][kUnroll], nb[kM][kUnroll], nx[kUnroll];
+        load_w(na, nb, c0 + kStep);  // (past the end: no loads, zeros)
+        load_x(nx, c0 + kStep);
+#pragma unroll
+        for (int m = 0; m < kM; m++)
+#pragma unroll
+            for (int u = 0; u < kUnroll; u++) {
+                mma_bf16_16816(acc[m], ra[m][u].x, rb[m][u].x, ra[m][u].y, rb[m][u].y, rx[u].x, rx[u].y);
+                mma_bf16_16816(acc[m], ra[m][u].z, rb[m][u].z, ra[m][u].w, rb[m][u].w, rx[u].z, rx[u].w);
+            }
+#pragma unroll
+        for (int u = 0; u < kUnroll; u++) {
+#pragma unroll
+            for (int m = 0; m < kM; m++) {
+                ra[m][u] = na[m][u];
+                rb[m][u] = nb[m][u];
+            }
+            rx[u] = nx[u];
         }
-        if (c0 + kMmaParts * kMmaUnroll < n_chunks) load_w(c0 + kMmaParts * kMmaUnroll);
     }
 #pragma unroll
-    for (int i = 0; i < 4; i++) red[warp][lane][i] = acc[i];
+    for (int m = 0; m < kM; m++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) red[warp][lane][4 * m + i] = acc[m][i];
     __syncthreads();
-    if (warp != 0) return;
+    if (warp != 0) return false;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        float v = red[0][lane][i];
+    for (int m = 0; m < kM; m++)
 #pragma unroll
-        for (int p = 1; p < kMmaParts; p++) v += red[p][lane][i];
-        acc[i] = v;
-    }
-    // acc[0], acc[1]: feature row0 + gi, x rows 2q, 2q + 1; acc[2], acc[3]: feature row0 + gi + 8, same x rows
-    OutT* y = static_cast<OutT*>(y_out);
+        for (int i = 0; i < 4; i++) {
+            float v = red[0][lane][4 * m + i];
+#pragma unroll
+            for (int p = 1; p < kParts; p++) v += red[p][lane][4 * m + i];
+            acc[m][i] = v;
+        }
+    return true;
+}
+
+template <typename OutT, int kParts, int kUnroll>
+__global__ void __launch_bounds__(kParts * 32)
+    gemv_mma_kernel(const bf16* __restrict__ x, int T, const __grid_constant__ GemvGroup g, int K) {
+    __shared__ float red[kParts][32][4];
+    pdl_trigger();
+    const GroupMember mem = group_member(g);
+    const int N = mem.n, row0 = (int(blockIdx.x) - mem.first_block) * 16;
+    const bf16* const w[1] = {mem.w};
+    float acc[1][4];
+    if (!mma_tile_dot<kParts, kUnroll, 1>(x, T, w, N, row0, K, g.evict_first, red, acc)) return;
+    OutT* y = static_cast<OutT*>(mem.y);
+    const int lane = threadIdx.x & 31, gi = lane >> 2, q = lane & 3;
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int t = 2 * q + (i & 1), n = row0 + gi + (i >= 2 ? 8 : 0);
-        if (t < T && n < N) y[int64_t(t) * N + n] = store_as<OutT>(acc[i]);
+        if (t < T && n < N) y[int64_t(t) * N + n] = store_as<OutT>(acc[0][i]);
     }
 }
 
+// gate and up (N rows each) of 3 to 8 rows of x in one pass, with gemv_gate_up_kernel's outputs and roundings
+template <int kParts, int kUnroll>
+__global__ void __launch_bounds__(kParts * 32)
+    gemv_mma_gate_up_kernel(const bf16* __restrict__ x, int T, const bf16* __restrict__ wg, const bf16* __restrict__ wu,
+                            bf16* gate_out, bf16* up_out, bf16* act_out, int N, int K, bool evict_first) {
+    __shared__ float red[kParts][32][8];
+    pdl_trigger();
+    const int row0 = int(blockIdx.x) * 16;
+    const bf16* const w[2] = {wg, wu};
+    float acc[2][4];
+    if (!mma_tile_dot<kParts, kUnroll, 2>(x, T, w, N, row0, K, evict_first, red, acc)) return;
+    const int lane = threadIdx.x & 31, gi = lane >> 2, q = lane & 3;
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int t = 2 * q + (i & 1), n = row0 + gi + (i >= 2 ? 8 : 0);
+        if (t >= T || n >= N) continue;
+        const float gv = round_bf16(acc[0][i]), uv = round_bf16(acc[1][i]);
+        const int64_t o = int64_t(t) * N + n;
+        up_out[o] = to_bf16(uv);
+        if (act_out != gate_out) gate_out[o] = to_bf16(gv);
+        act_out[o] = to_bf16(round_bf16(siluf_(gv)) * uv);
+    }
+}
+
+template <typename OutT, int kParts, int kUnroll>
+void gemv_mma_launch(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, const LaunchContext& ctx) {
+    launch(gemv_mma_kernel<OutT, kParts, kUnroll>, unsigned(g.block_end[g.count - 1]), kParts * 32, 0, ctx,
+           "tensor-core gemv kernel", x, int(T), g, int(K));
+}
+
 template <typename OutT>
-void gemv_mma(const bf16* x, int64_t T, GemvGroup g, int64_t K, const LaunchContext& ctx) {
+void gemv_mma(const bf16* x, int64_t T, GemvGroup g, int64_t K, MmaGemvConfig c, const LaunchContext& ctx) {
     for (int i = 0; i < g.count; i++) g.block_end[i] = (i ? g.block_end[i - 1] : 0) + (g.n[i] + 15) / 16;
     g.evict_first = ctx.evict_first;
-    launch(gemv_mma_kernel<OutT>, unsigned(g.block_end[g.count - 1]), kMmaParts * 32, 0, ctx, "tensor-core gemv kernel",
-           x, int(T), g, int(K));
+    if (c.parts == 8 && c.unroll == 4) return gemv_mma_launch<OutT, 8, 4>(x, T, g, K, ctx);
+    if (c.parts == 8 && c.unroll == 2) return gemv_mma_launch<OutT, 8, 2>(x, T, g, K, ctx);
+    if (c.parts == 16 && c.unroll == 2) return gemv_mma_launch<OutT, 16, 2>(x, T, g, K, ctx);
+    if (c.parts == 16 && c.unroll == 4) return gemv_mma_launch<OutT, 16, 4>(x, T, g, K, ctx);
+    if (c.parts == 4 && c.unroll == 4) return gemv_mma_launch<OutT, 4, 4>(x, T, g, K, ctx);
+    throw Error(Status::internal,
+                "tensor-core gemv: no launch shape " + std::to_string(c.parts) + "," + std::to_string(c.unroll));
 }
 
 // Any shape and alignment (rare: odd K or unaligned rows): one warp per output feature, scalar loads.
@@ -325,12 +400,13 @@ bool gemv_fits(const bf16* x, int64_t T, const bf16* w, int64_t K) {
     return T >= 1 && T <= kGemvBlockMaxTokens && K % 8 == 0 && K <= (int64_t(1) << 30) && aligned16(x) && aligned16(w);
 }
 
-// 3 to 8 rows: only groups of 3 or 4 matrices (hybrid-kernel-bench, 8 rows: the 4B q/k/v group 2.6 TB/s and the
-// Gated DeltaNet input group 2.8 TB/s against 2.1 and 2.0 for their cuBLASLt calls; single matrices and the gate/up
-// pair are faster with cuBLASLt: o_proj 2.2 vs 1.8, down_proj 2.9 vs 2.1, gate+up 3.4 vs 2.9, lm_head 4.2 vs 3.6).
-bool gemv_group_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, int count) {
+// 3 to 8 rows: every matrix with tc_all, else only groups of 3 or 4 matrices (before the pipelined kernel,
+// hybrid-kernel-bench at 8 rows: the 4B q/k/v group 2.6 TB/s and the Gated DeltaNet input group 2.8 TB/s against
+// 2.1 and 2.0 for their cuBLASLt calls; single matrices and the gate/up pair were faster with cuBLASLt: o_proj 2.2
+// vs 1.8, down_proj 2.9 vs 2.1, gate+up 3.4 vs 2.9, lm_head 4.2 vs 3.6).
+bool gemv_group_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, int count, bool tc_all) {
     if (T >= 1 && T <= kGemvBlockMaxTokens) return gemv_fits(x, T, w, K);
-    return T <= kGemvMaxTokens && (count == 1 || count >= 3) && K % 32 == 0 && K <= (int64_t(1) << 30) &&
+    return T <= kGemvMaxTokens && (tc_all || count == 1 || count >= 3) && K % 32 == 0 && K <= (int64_t(1) << 30) &&
            aligned16(x) && aligned16(w);
 }
 
@@ -359,28 +435,59 @@ void gemv_group(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool ou
 void gemv_group_with(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, GemvConfig c,
                      const LaunchContext& ctx) {
     if (g.count < 1 || g.count > GemvGroup::kMax) throw Error(Status::internal, "gemv: bad group");
-    if (T > kGemvBlockMaxTokens) {
-        if (T > kGemvMaxTokens || K % 32 != 0)
-            throw Error(Status::internal, "gemv: " + std::to_string(T) + " rows of " + std::to_string(K) + " values");
-        if (out_f32)
-            gemv_mma<float>(x, T, g, K, ctx);
-        else
-            gemv_mma<bf16>(x, T, g, K, ctx);
-        return;
-    }
+    if (T > kGemvBlockMaxTokens) return gemv_mma_with(x, T, g, K, out_f32, gemv_mma_config(K), ctx);
     if (out_f32)
         gemv_rows<float>(x, T, g, K, c, ctx);
     else
         gemv_rows<bf16>(x, T, g, K, c, ctx);
 }
 
+// hybrid-kernel-bench at 4 and 8 rows, H200, 4B shapes (run 124): K = 2560 (the projection groups, gate/up, lm_head)
+// 8 warps of 2 chunks (3.1-3.5 TB/s, lm_head 3.9-4.0), K = 4096 (o_proj, out_proj) 16 of 2 (2.4 against 2.25-2.36
+// with 8 of 4), K = 9216 (down_proj) 8 of 4 (2.7-2.8 against 2.2-2.3 with 8 of 2).
+MmaGemvConfig gemv_mma_config(int64_t K) {
+    if (K <= 3072) return {8, 2};
+    if (K <= 8192) return {16, 2};
+    return {8, 4};
+}
+
+void gemv_mma_with(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, MmaGemvConfig c,
+                   const LaunchContext& ctx) {
+    if (g.count < 1 || g.count > GemvGroup::kMax) throw Error(Status::internal, "gemv: bad group");
+    if (T <= kGemvBlockMaxTokens || T > kGemvMaxTokens || K % 32 != 0)
+        throw Error(Status::internal,
+                    "tensor-core gemv: " + std::to_string(T) + " rows of " + std::to_string(K) + " values");
+    if (out_f32)
+        gemv_mma<float>(x, T, g, K, c, ctx);
+    else
+        gemv_mma<bf16>(x, T, g, K, c, ctx);
+}
+
 // 2 warps per feature, 8 words per lane and matrix per round (K = 2560: 3.8 TB/s against 3.6 with one warp of 16).
 void gemv_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int64_t N, int64_t K, bf16* gate_out,
                   bf16* up_out, bf16* act_out, const LaunchContext& ctx) {
+    if (T > kGemvBlockMaxTokens && T <= kGemvMaxTokens && K % 32 == 0) {
+        const MmaGemvConfig c = gemv_mma_config(K);
+        const char* what = "tensor-core gemv gate/up/SiLU kernel";
+        const unsigned grid = ceil_div(N, 16);
+        if (c.parts == 8 && c.unroll == 2)
+            return launch(gemv_mma_gate_up_kernel<8, 2>, grid, 8 * 32, 0, ctx, what, x, int(T), wg, wu, gate_out,
+                          up_out, act_out, int(N), int(K), ctx.evict_first);
+        if (c.parts == 16 && c.unroll == 2)
+            return launch(gemv_mma_gate_up_kernel<16, 2>, grid, 16 * 32, 0, ctx, what, x, int(T), wg, wu, gate_out,
+                          up_out, act_out, int(N), int(K), ctx.evict_first);
+        if (c.parts == 8 && c.unroll == 4)
+            return launch(gemv_mma_gate_up_kernel<8, 4>, grid, 8 * 32, 0, ctx, what, x, int(T), wg, wu, gate_out,
+                          up_out, act_out, int(N), int(K), ctx.evict_first);
+        throw Error(Status::internal, "gemv_gate_up: no tensor-core launch shape " + std::to_string(c.parts) + "," +
+                                          std::to_string(c.unroll));
+    }
     switch (T) {
         case 1: return gate_up_launch<1>(x, wg, wu, N, K, gate_out, up_out, act_out, ctx);
         case 2: return gate_up_launch<2>(x, wg, wu, N, K, gate_out, up_out, act_out, ctx);
-        default: throw Error(Status::internal, "gemv_gate_up: " + std::to_string(T) + " rows (at most 2)");
+        default:
+            throw Error(Status::internal, "gemv_gate_up: " + std::to_string(T) + " rows of " + std::to_string(K) +
+                                              " values (1-2 rows, or 3-8 with K % 32 == 0)");
     }
 }
 
@@ -531,9 +638,13 @@ bool Gemm::run_fp8(const uint8_t* xq, const float* xs, int64_t T, const uint8_t*
 void matmul(Gemm& gemm, const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
             const LaunchContext& ctx) {
     if (T <= 0 || N <= 0) return;
-    if (gemv_fits(x, T, w, K))
+    if (gemv_fits(x, T, w, K)) {
         gemv(x, T, w, N, K, y, out_f32, ctx);
-    else if (K % 8 == 0 && N % 8 == 0 && aligned16(x) && aligned16(w) && aligned16(y))
+    } else if (ctx.tc_gemv_all && T > kGemvBlockMaxTokens && gemv_group_fits(x, T, w, K, 1, true)) {
+        GemvGroup g;
+        g.add(w, y, N);
+        gemv_mma_with(x, T, g, K, out_f32, gemv_mma_config(K), ctx);
+    } else if (K % 8 == 0 && N % 8 == 0 && aligned16(x) && aligned16(w) && aligned16(y))
         gemm.run(x, T, w, N, K, y, out_f32, ctx);
     else
         matmul_scalar(x, T, w, N, K, y, out_f32, ctx);

@@ -26,6 +26,9 @@ constexpr int kGemvMaxTokens = 8;  // rows up to which a GEMV may be used; more 
 // the CUDA-core kernel is bound by reading x from L1 (H200, 4B shapes: decode b=4 924 tok/s against 1,169 on the
 // tensor-core/cuBLASLt path, b=3 836 against 893; b=2 650 with it, 605 without; docs/perf-notes.md, fourth session).
 constexpr int kGemvBlockMaxTokens = 2;
+// With 3 to 8 rows every bf16 matrix goes to the tensor-core GEMV (true), or only groups of 3-4 matrices (false: the
+// others to cuBLASLt); CudaOptions::small_batch_gemv overrides it.
+constexpr bool kTcGemvAll = true;
 constexpr int kNormThreads = 256;  // threads per row of RMSNorm
 constexpr int kAttnWarps = 4;      // warps per (row, q head) in the attention core
 constexpr int kElementwiseThreads = 256;

@@ -5,7 +5,7 @@
 # hybrid-bench on a Qwen3.5-4B-shaped random checkpoint: decode b=1, prefill 4096 and batched decode, new and base
 # in alternation (ROUNDS rounds, default 2), so that a difference of about 1% stands out of the run-to-run noise.
 # Usage (device tool, from the repository root): bash tools/gpu/ab_run.sh   with carry [".carry"]
-# (.carry from ../shared/tools/device_prep.sh). STAGES (default "all"): build gpu_tests tests bench fp8_kernels fp8 int int_trace moe moe_trace moe_ncu moe_trained w4a16 depth depth_trace attn int_ab
+# (.carry from ../shared/tools/device_prep.sh). STAGES (default "all"): build gpu_tests tests bench fp8_kernels fp8 int int_trace moe moe_trace moe_ncu moe_trained w4a16 depth depth_trace attn int_ab small_batch
 # (NOBASE=1: no baseline build; FP8_QUICK=1: the fp8 stage's benches with FP8 weights and block-scaled alone; MOE_AB=0, MOE_LONG=0: shorter moe stage; TRACE=1: also builds hybrid-bench with -DHY_CUDA_TRACE=ON for moe_trace).
 # Logs: $OUT/all.log, summary last.
 set -u
@@ -323,6 +323,33 @@ if want int_ab; then  # int4/int8 decode b=1 (and small batches): new (K split b
         step "int_ab_batch_$(basename $bin)" 150 $bin/hybrid-bench -m $M $DW --device cuda --quant int4 -p 128 -n 64 -b 2,8 -r 2
         grep -E '^\| +[0-9]' "$LOG" | tail -2 | sed "s/^/  batch int4 [$(basename $bin)]: /" >>"$SUM"
     done
+fi
+if want small_batch; then  # bf16 3-8 rows: the tensor-core GEMV's launch shapes, then batches of 4 and 8: new (every
+    # matrix on the tensor-core GEMV), new with --small-batch-gemv groups, the baseline
+    for t in 8 4; do
+        step "kernel_bench_$t" 120 $N/hybrid-kernel-bench $t
+        sed -n "/^==== kernel_bench_$t/,\$p" "$LOG" | grep -E "^\| [a-z]" | sed "s/^/  [T=$t] /" >>"$SUM"
+    done
+    M=/tmp/q4d DW=--dummy-weights
+    mkdir -p $M && cp tools/gpu/config_4b.json $M/config.json
+    for i in 1 2; do
+        for v in "new" "new --small-batch-gemv groups" "base"; do
+            set -- $v
+            bin=$([ $1 = base ] && echo $B || echo $N)
+            shift
+            [ -x $bin/hybrid-bench ] || continue
+            step "small_batch_${v// /_}_$i" 150 $bin/hybrid-bench -m $M $DW --device cuda -p 128 -n 128 -b 4,8 -r 2 "$@"
+            grep -E '^\| +[0-9]' "$LOG" | tail -2 | sed "s/^/  batch [$v]: /" >>"$SUM"
+        done
+    done
+    step small_batch_big 200 $N/hybrid-bench -m $M $DW --device cuda -p 128 -n 64 -b 16,32,64,128,256 -r 1
+    grep -E '^\| +[0-9]' "$LOG" | tail -5 | sed "s/^/  batch [new]: /" >>"$SUM"
+    [ "${TRACE:-0}" = 1 ] && grep -q "rc=0" /tmp/bt.log && {
+        step small_batch_trace 120 /tmp/bt/hybrid-bench -m $M $DW --device cuda -p 16 -n 32 -b 8 -r 1 \
+            --cuda-trace /tmp/b8_trace.txt
+        python3 tools/gpu/trace_summary.py /tmp/b8_trace.txt >"$OUT/b8_trace.txt" 2>&1
+        head -40 "$OUT/b8_trace.txt" >>"$SUM"
+    }
 fi
 say "total $(($(date +%s) - T0)) s"
 echo "================ summary"
