@@ -360,9 +360,13 @@ struct Repl {
         // a file name in quotes, as a shell would take it ("my chat.json", 'x'): the quotes are not part of it
         if (!arg.empty() && (arg.front() == '"' || arg.front() == '\'')) {
             const char q = arg.front();
-            if (arg.size() < 2 || arg.back() != q || arg.find(q, 1) != arg.size() - 1)
+            const size_t close = arg.find(q, 1);
+            if (close == std::string::npos || arg.find(q, close + 1) != std::string::npos)
                 throw Failure(exit_usage, cmd + ": unbalanced quotes in " + arg +
                                               " (put the whole file name in one pair of quotes)");
+            if (close != arg.size() - 1)
+                throw Failure(exit_usage, cmd + " takes one file name; after " + arg.substr(0, close + 1) +
+                                              " comes '" + arg.substr(close + 1) + "'");
             arg = arg.substr(1, arg.size() - 2);
         }
         if (arg.find('\0') != std::string::npos)

@@ -298,6 +298,11 @@ TEST_CASE("cli: /save then /load continues identically; another model's snapshot
         CHECK(r.rc == 1);
         CHECK(r.err.find("/save: unbalanced quotes in " + name) != std::string::npos);
     }
+    // a quoted name and more: the extra words are named
+    const Run extra = hybrid(chat, "/load \"" + spaced + "\" now\n");
+    INFO(extra.err);
+    CHECK(extra.rc == 1);
+    CHECK(extra.err.find("/load takes one file name; after \"" + spaced + "\" comes ' now'") != std::string::npos);
 
     // not a snapshot; a missing file
     std::ofstream(tmp.path / "junk") << "hello";
