@@ -18,7 +18,7 @@ namespace hy {
 
 // The message for a cxxopts parse error `what`: when it quotes a value that follows an option on the command
 // line (argv[1..argc-1]: "-c VALUE", "--ctx-size VALUE", "--ctx-size=VALUE" or "-cVALUE"), "invalid value 'VALUE'
-// for OPTION"; a missing value "-p needs a value"; an unknown option "unknown option -x"; otherwise `what` with
+// for OPTION" (with " (out of range)" when VALUE is an integer); a missing value "-p needs a value"; an unknown option "unknown option -x"; otherwise `what` with
 // ASCII quotes.
 inline std::string parse_error_message(const char* what, int argc, char** argv) {
     const std::string msg = what;
@@ -48,7 +48,12 @@ inline std::string parse_error_message(const char* what, int argc, char** argv) 
             option = argv[i - 1];
         else if (arg.size() > 2 && arg[0] == '-' && arg[1] != '-' && arg.substr(2) == value)
             option = arg.substr(0, 2);
-        if (!option.empty()) return "invalid value '" + value + "' for " + option;
+        if (!option.empty()) {
+            // an integer cxxopts could not parse is past its option's type ("-n 99999999999999999999")
+            const size_t d = value.rfind('-', 0) == 0 ? 1 : 0;
+            const bool integer = value.size() > d && value.find_first_not_of("0123456789", d) == std::string::npos;
+            return "invalid value '" + value + "' for " + option + (integer ? " (out of range)" : "");
+        }
     }
     return msg;
 }

@@ -309,6 +309,8 @@ TEST_CASE("cli: flags without effect and repeated flags are usage errors", "[cli
     check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "-c", "5000000000"}), 1, "invalid value '5000000000'");
     check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "--top-k", "9999999999"}), 1, "--top-k");
     check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "-n", "0x10"}), 1, "invalid value '0x10'");
+    check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "-n", "99999999999999999999"}), 1,
+                         "invalid value '99999999999999999999' for -n (out of range)");
     CHECK(hybrid({"-m", "models/tiny", "-p", "x", "-n", "-1", "-c", "20"}).rc == 0);
     {  // a chat input that cannot be read is an error (exit 5), not a silent end of the conversation
         const std::string err = (tmp.path / "err.txt").string();
