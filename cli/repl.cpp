@@ -161,8 +161,10 @@ struct Repl {
         if (have + int(ids.size()) >= n_ctx)
             throw Failure(exit_context, "the conversation would hold " + std::to_string(have + int(ids.size())) +
                                             " tokens, leaving no room for an answer in a context of " +
-                                            std::to_string(n_ctx) +
-                                            " (-c): " + (have == 0 ? "give a larger -c" : "/reset or /save it"));
+                                            std::to_string(n_ctx) + " (-c): " +
+                                            (have == 0 ? "give a larger -c"
+                                             : tty_in  ? "/reset or /save it"
+                                                       : "give a larger -c or /reset before it"));
         std::vector<const char*> stops;
         for (const auto& st : o.stop) stops.push_back(st.c_str());
         hy_generate_params gp = hy_generate_default_params();
@@ -365,8 +367,8 @@ struct Repl {
                 throw Failure(exit_usage, cmd + ": unbalanced quotes in " + arg +
                                               " (put the whole file name in one pair of quotes)");
             if (close != arg.size() - 1)
-                throw Failure(exit_usage, cmd + " takes one file name; after " + arg.substr(0, close + 1) +
-                                              " comes '" + arg.substr(close + 1) + "'");
+                throw Failure(exit_usage, cmd + " takes one file name; after " + arg.substr(0, close + 1) + " comes '" +
+                                              arg.substr(close + 1) + "'");
             arg = arg.substr(1, arg.size() - 2);
         }
         if (arg.find('\0') != std::string::npos)
