@@ -18,8 +18,8 @@ namespace hy {
 
 // The message for a cxxopts parse error `what`: when it quotes a value that follows an option on the command
 // line (argv[1..argc-1]: "-c VALUE", "--ctx-size VALUE", "--ctx-size=VALUE" or "-cVALUE"), "invalid value 'VALUE'
-// for OPTION" (with " (out of range)" when VALUE is an integer); a missing value "-p needs a value"; an unknown option "unknown option -x"; otherwise `what` with
-// ASCII quotes.
+// for OPTION" (with " (out of range)" when VALUE is an integer); a missing value "-p needs a value"; an unknown option
+// "unknown option -x"; otherwise `what` with ASCII quotes.
 inline std::string parse_error_message(const char* what, int argc, char** argv) {
     const std::string msg = what;
     // cxxopts quotes with U+2018 / U+2019 (UTF-8 E2 80 98 / E2 80 99)

@@ -141,9 +141,9 @@ std::string chat_first_turn(hy_model* m, const Options& o, const std::string& sy
                             const std::string& what);
 
 // Prints the timing summary on stderr: load time (omitted when load_ms < 0), prompt and generation tokens, times
-// and rates, stop reason (of the last generation; a callback stop reads "interrupted (Ctrl-C)" when `interrupted`
-// or the Ctrl-C flag is set).
-void print_summary(double load_ms, const hy_generate_result& r, bool interrupted = false);
+// and rates, then (when stop_line) the stop reason of the last generation; a callback stop reads "interrupted
+// (Ctrl-C)" when `interrupted` or the Ctrl-C flag is set. The chat's session totals leave the stop out.
+void print_summary(double load_ms, const hy_generate_result& r, bool interrupted = false, bool stop_line = true);
 
 // --batch-file: generates for every prompt together (continuous batching) and writes JSONL to stdout. The model
 // must have been loaded with at least one free slot. Returns the exit code.

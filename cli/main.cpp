@@ -229,7 +229,7 @@ std::vector<int32_t> tokenize(hy_model* m, const std::string& text, const std::s
     return ids;
 }
 
-void print_summary(double load_ms, const hy_generate_result& r, bool interrupted) {
+void print_summary(double load_ms, const hy_generate_result& r, bool interrupted, bool stop_line) {
     auto rate = [](int n, double ms) { return ms > 0.0 ? 1000.0 * n / ms : 0.0; };
     if (load_ms >= 0.0) std::fprintf(stderr, "hybrid: load       %10.1f ms\n", load_ms);
     auto tokens = [](int n) { return n == 1 ? "token " : "tokens"; };
@@ -247,6 +247,7 @@ void print_summary(double load_ms, const hy_generate_result& r, bool interrupted
     else
         std::fprintf(stderr, "hybrid: generation %10.1f ms  %6d %s          - tok/s\n", r.generate_ms, r.n_generated,
                      tokens(r.n_generated));
+    if (!stop_line) return;
     const bool ctrl_c = r.stop_reason == HY_STOP_CALLBACK && (interrupted || g_interrupted.load());
     std::fprintf(stderr, "hybrid: stop: %s\n", ctrl_c ? "interrupted (Ctrl-C)" : hy_stop_reason_name(r.stop_reason));
 }

@@ -456,7 +456,7 @@ int run_repl(const Options& o, hy_model* m, hy_context* c, hy_sampler* s, double
     if (r.tty_in) std::fputs("\n", r.prompt_out);  // (after the last prompt)
     if (isatty(STDERR_FILENO) || o.verbose) {
         std::fprintf(stderr, "hybrid: session totals:\n");
-        print_summary(load_ms, r.total, r.last_interrupted);
+        print_summary(load_ms, r.total, r.last_interrupted, false);  // (each turn printed its stop)
     }
     return exit_ok;
 }

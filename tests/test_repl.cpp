@@ -270,6 +270,9 @@ TEST_CASE("cli: /save then /load continues identically; another model's snapshot
     const size_t at = sv.err.find("saved ");
     REQUIRE(at != std::string::npos);
     const int n_tokens = std::atoi(sv.err.c_str() + at + 6);
+    // --verbose: each turn names its stop; the session totals do not repeat the last one
+    CHECK(sv.err.find("stop: ") < sv.err.find("session totals:"));
+    CHECK(sv.err.find("stop: ", sv.err.find("session totals:")) == std::string::npos);
     REQUIRE(n_tokens > 2);
     std::vector<std::string> small = chat;
     small.insert(small.end(), {"-c", std::to_string(n_tokens - 2)});
