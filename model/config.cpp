@@ -294,7 +294,9 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
     }
 
     // RoPE: rope_parameters (or legacy rope_scaling-free top-level fields).
-    float theta = 10000.0f, partial = mt == "qwen3_next" ? 0.25f : 1.0f;  // (Qwen3-Next's default)
+    // Defaults as transformers' Qwen3.5, Qwen3.5-MoE and Qwen3-Next configs: partial_rotary_factor 0.25 ("assign
+    // default for BC" in their __post_init__), rope_theta 10000 (PreTrainedConfig's default).
+    float theta = 10000.0f, partial = 0.25f;
     const json* rp = nullptr;
     if (r.has("rope_parameters")) {
         if (!tj->at("rope_parameters").is_object()) r.fail("rope_parameters", "must be an object");

@@ -455,4 +455,23 @@ TEST_CASE("config: both layouts and the layer pattern rules", "[loader]") {
     REQUIRE(b.layer_kinds[2] == LayerKind::gated_delta_net);
     REQUIRE(b.n_attention_layers() == 4);
     REQUIRE(b.eos_token_ids == std::vector<int>{1, 2});
+
+    // No RoPE fields at all: transformers' defaults (partial_rotary_factor 0.25, rope_theta 10000) for every family.
+    for (const char* type : {"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"}) {
+        nlohmann::json bare = flat;
+        bare.erase("rope_parameters");
+        bare.erase("rope_theta");
+        bare.erase("partial_rotary_factor");
+        bare["model_type"] = type;
+        if (std::string(type) != "qwen3_5_text") {
+            bare["num_experts"] = 4;
+            bare["num_experts_per_tok"] = 2;
+            bare["moe_intermediate_size"] = 16;
+        }
+        ModelConfig c = parse_model_config(bare.dump(), "bare");
+        CAPTURE(type);
+        CHECK(c.partial_rotary_factor == 0.25f);
+        CHECK(c.rotary_dim == c.head_dim / 4);
+        CHECK(c.rope_theta == 10000.0f);
+    }
 }
