@@ -283,6 +283,11 @@ struct Repl {
         const uint32_t max_header = 64u << 20;  // the messages of a conversation that fits the context
         uint32_t hl = 0;
         if (head.size() >= 12) std::memcpy(&hl, head.data() + 8, 4);
+        if (!head.empty() && head.size() < 12 &&
+            std::memcmp(head.data(), kChatMagic, std::min<size_t>(head.size(), 8)) == 0) {
+            read_rest(fd, 0, path);  // closes fd
+            throw Failure(exit_snapshot, path + ": truncated conversation file");
+        }
         if (head.size() < 12 || std::memcmp(head.data(), kChatMagic, 8) != 0 || hl > max_header) {
             read_rest(fd, 0, path);  // closes fd
             throw Failure(exit_snapshot, path + ": not a hybrid conversation file");

@@ -526,6 +526,12 @@ TEST_CASE("cli: /load names what is wrong in an edited conversation header", "[c
     j["messages"][0]["content"] = 7;
     check_one_line_error(with_header(j.dump()), 4, "message 0 is not {\"role\": text, \"content\": text}");
     check_one_line_error(with_header("{oops"), 4, "bad conversation header: not valid JSON");
+    for (size_t keep : {size_t(5), size_t(10), size_t(12 + hl / 2)}) {  // cut short, even inside the fixed header
+        INFO("first " << keep << " bytes");
+        const std::string path = (tmp.path / "cut").string();
+        std::ofstream(path, std::ios::binary) << good.substr(0, keep);
+        check_one_line_error(hybrid(chat, "/load " + path + "\n"), 4, "truncated conversation file");
+    }
     CHECK(with_header(header.dump()).rc == 0);  // the same header rebuilt: loads
     // a changed message (its text, its role) is damage: the header's checksum (it loaded, and /save kept the change)
     j = header;
