@@ -57,6 +57,8 @@ const char* kExitCodes =
     "  3    the prompt or the conversation does not fit the context (-c)\n"
     "  4    a snapshot could not be loaded (not a snapshot, truncated, saved from another model)\n"
     "  5    a file could not be read or written (-f FILE, /save FILE exists or is not writable), or stdout\n"
+    "       (a full disk, an I/O error; a reader that closes the pipe, as head does, ends hybrid by SIGPIPE,\n"
+    "       as it does other Unix tools: status 141 in the shell)\n"
     "  6    generation failed (backend error; the model produced NaN or inf logits)\n"
     "  130  interrupted by Ctrl-C (one-shot mode)\n";
 
