@@ -1336,12 +1336,20 @@ struct Server::Impl {
         post_json("/v1/completions", false);
         // CORS, as llama-server: any origin may call the API from a browser (the API key, when set, still guards
         // it); a preflight (OPTIONS) gets the methods and the request headers it asks for (Authorization and
-        // Content-Type when it names none)
+        // Content-Type when it names none) and the methods of that path (an unknown path: 404)
         http->set_default_headers({{"Access-Control-Allow-Origin", "*"}});
-        http->Options(R"(/.*)", [](const httplib::Request& req, httplib::Response& res) {
+        http->Options(R"(/.*)", [this](const httplib::Request& req, httplib::Response& res) {
+            const std::string allow = allowed_methods(req.path);
+            if (allow.empty()) {
+                reply_error(req, res,
+                            {404, "no such endpoint: " + req.method + " " + req.path, "", "invalid_request_error",
+                             "not_found"});
+                return;
+            }
             const std::string asked = req.get_header_value("Access-Control-Request-Headers");
             res.status = 204;
-            res.set_header("Access-Control-Allow-Methods", "GET, POST, OPTIONS");
+            res.set_header("Allow", allow);
+            res.set_header("Access-Control-Allow-Methods", allow);
             res.set_header("Access-Control-Allow-Headers", asked.empty() ? "Authorization, Content-Type" : asked);
             res.set_header("Access-Control-Max-Age", "86400");
         });
