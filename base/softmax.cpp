@@ -45,14 +45,29 @@ int32_t argmax(std::span<const float> logits, int n_valid) {
     return best;
 }
 
-double log_softmax_at(std::span<const float> logits, int n_valid, int32_t id) {
+LogSoftmaxNorm log_softmax_norm(std::span<const float> logits, int n_valid) {
+    const size_t n = std::min(logits.size(), size_t(std::max(n_valid, 0)));
+    LogSoftmaxNorm norm;
+    if (n == 0) return norm;
+    norm.mx = logits[size_t(argmax(logits, int(n)))];
+    if (std::isfinite(norm.mx)) norm.log_sum = std::log(exp_sum(logits.first(n), norm.mx));
+    return norm;
+}
+
+double log_softmax_at(std::span<const float> logits, int n_valid, int32_t id, const LogSoftmaxNorm& norm) {
     const size_t n = std::min(logits.size(), size_t(std::max(n_valid, 0)));
     if (id < 0 || size_t(id) >= n) return -std::numeric_limits<double>::infinity();
     const float x = clean(logits[size_t(id)]);
     if (std::isinf(x) && x < 0) return -std::numeric_limits<double>::infinity();
-    const float mx = logits[size_t(argmax(logits, int(n)))];
+    const float mx = norm.mx;
     if (std::isinf(mx)) return x == mx ? 0.0 : -std::numeric_limits<double>::infinity();  // +inf present
-    return double(x) - double(mx) - std::log(exp_sum(logits.first(n), mx));
+    return double(x) - double(mx) - norm.log_sum;
+}
+
+double log_softmax_at(std::span<const float> logits, int n_valid, int32_t id) {
+    const size_t n = std::min(logits.size(), size_t(std::max(n_valid, 0)));
+    if (id < 0 || size_t(id) >= n) return -std::numeric_limits<double>::infinity();  // (before the O(n) pass)
+    return log_softmax_at(logits, n_valid, id, log_softmax_norm(logits, n_valid));
 }
 
 }  // namespace hy

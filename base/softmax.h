@@ -40,6 +40,17 @@ double exp_sum(std::span<const float> x, float mx);
 // clamped to logits.size(). O(n_valid), no allocation.
 double log_softmax_at(std::span<const float> logits, int n_valid, int32_t id);
 
+// The normalizer of log_softmax_at, to score several ids of one row with one pass over it: mx, the largest logit
+// of [0, n_valid) (the arg max's value), and log_sum = log(sum_j exp(logits[j] - mx)) (0 when mx is not finite).
+struct LogSoftmaxNorm {
+    float mx = 0.0f;
+    double log_sum = 0.0;
+};
+LogSoftmaxNorm log_softmax_norm(std::span<const float> logits, int n_valid);
+
+// log_softmax_at with the row's normalizer from log_softmax_norm (the same number, without the O(n_valid) pass).
+double log_softmax_at(std::span<const float> logits, int n_valid, int32_t id, const LogSoftmaxNorm& norm);
+
 // The arg max of logits[0, n_valid) (lowest id on ties, NaN ignored); 0 when every value is NaN or -inf.
 int32_t argmax(std::span<const float> logits, int n_valid);
 

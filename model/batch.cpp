@@ -253,18 +253,24 @@ bool BatchGenerator::step() {
         Sequence& s = slots_[size_t(slot)];
         const GenerationRequest& r = requests_[size_t(s.id)];
         GenerationResult& res = results_[size_t(s.id)];
-        const TokenPick next = pick_or_sample(*s.sampler, any_greedy ? &picks[size_t(i)] : nullptr, n_valid_, [&] {
+        TokenPick next;
+        if (r.top_logprobs > 0) {  // (any_top: no greedy picks) one log-sum-exp pass for the id and the top ids
             if (logits.empty()) logits = model_.last_logits();
-            return logits.subspan(size_t(i) * V, V);
-        });
+            const std::span<const float> row = logits.subspan(size_t(i) * V, V);
+            const LogSoftmaxNorm norm = log_softmax_norm(row, n_valid_);
+            next.id = s.sampler->sample(row);
+            next.logprob = float(log_softmax_at(row, n_valid_, next.id, norm));
+            res.top.push_back(top_logprobs(row, n_valid_, r.top_logprobs, norm));
+        } else {
+            next = pick_or_sample(*s.sampler, any_greedy ? &picks[size_t(i)] : nullptr, n_valid_, [&] {
+                if (logits.empty()) logits = model_.last_logits();
+                return logits.subspan(size_t(i) * V, V);
+            });
+        }
         const int32_t tok = next.id;
         s.sampler->accept(tok);
         res.tokens.push_back(tok);
         res.logprobs.push_back(next.logprob);
-        if (r.top_logprobs > 0) {
-            if (logits.empty()) logits = model_.last_logits();
-            res.top.push_back(top_logprobs(logits.subspan(size_t(i) * V, V), n_valid_, r.top_logprobs));
-        }
         if (std::find(r.stop_ids.begin(), r.stop_ids.end(), tok) != r.stop_ids.end())
             finish(slot, FinishReason::eos);
         else if (int(res.tokens.size()) >= r.max_new_tokens)
@@ -286,12 +292,16 @@ bool BatchGenerator::step() {
 }
 
 std::vector<TokenPick> top_logprobs(std::span<const float> row, int n_valid, int k) {
+    return top_logprobs(row, n_valid, k, log_softmax_norm(row, std::clamp(n_valid, 1, int(row.size()))));
+}
+
+std::vector<TokenPick> top_logprobs(std::span<const float> row, int n_valid, int k, const LogSoftmaxNorm& norm) {
     n_valid = std::clamp(n_valid, 1, int(row.size()));
     k = std::clamp(k, 0, n_valid);
-    // the log-sum-exp of log_softmax_at (base/softmax.h), so that the sampled id's log-probability and its entry
+    // the normalizer of log_softmax_at (base/softmax.h), so that the sampled id's log-probability and its entry
     // here are the same number
-    const float mx = row[size_t(argmax(row, n_valid))];
-    const double log_sum = std::isfinite(mx) ? std::log(exp_sum(row.first(size_t(n_valid)), mx)) : 0.0;
+    const float mx = norm.mx;
+    const double log_sum = norm.log_sum;
     std::vector<TokenPick> best;
     best.reserve(size_t(k) + 1);
     for (int i = 0; i < n_valid; i++) {

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
+#include <random>
 #include <string>
 #include <vector>
 
@@ -189,6 +190,22 @@ TEST_CASE("sampler: masked ids are never sampled", "[sampler]") {
     // log-softmax over the valid ids only
     CHECK(std::isinf(log_softmax_at(logits, 48, 50)));
     CHECK(log_softmax_at(logits, 48, 0) == Approx(-std::log(47.0)));  // 47 finite zeros (id 3 is NaN)
+    // the normalizer computed once scores every id as the one-id form does, bit for bit (+inf, NaN, -inf rows too)
+    std::mt19937 rng(5);
+    std::normal_distribution<float> nd(0.0f, 4.0f);
+    for (int trial = 0; trial < 4; trial++) {
+        std::vector<float> row(300);
+        for (float& v : row) v = nd(rng);
+        if (trial == 1) row[7] = std::numeric_limits<float>::quiet_NaN();
+        if (trial == 2) row[9] = -std::numeric_limits<float>::infinity();
+        if (trial == 3) row[11] = std::numeric_limits<float>::infinity();
+        const LogSoftmaxNorm norm = log_softmax_norm(row, 290);
+        for (int32_t id : {0, 7, 9, 11, 100, 289, 290, -1}) {
+            INFO("trial " << trial << " id " << id);
+            const double a = log_softmax_at(row, 290, id), b = log_softmax_at(row, 290, id, norm);
+            CHECK((a == b || (std::isnan(a) && std::isnan(b))));
+        }
+    }
 }
 
 TEST_CASE("sampler: logit bias shifts the logits before greedy and sampled picks", "[sampler]") {
