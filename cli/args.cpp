@@ -307,7 +307,19 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         *exit_code = exit_ok;
         return false;
     }
-    if (!r.unmatched().empty()) usage("unexpected argument '" + r.unmatched()[0] + "' (see --help)");
+    if (!r.unmatched().empty()) {
+        // an option that took the next flag as its value (-p -n 5: the prompt is "-n", and 5 is left over)
+        std::string hint;
+        for (const auto& kv : r.arguments()) {
+            const std::string& v = kv.value();
+            if (v.size() >= 2 && v[0] == '-' && v.size() <= 24 && v.find(' ') == std::string::npos &&
+                !std::isdigit(static_cast<unsigned char>(v[1])) && v[1] != '.') {
+                hint = " (--" + kv.key() + " took '" + v + "' as its value: is a value missing?)";
+                break;
+            }
+        }
+        usage("unexpected argument '" + r.unmatched()[0] + "'" + (hint.empty() ? " (see --help)" : hint));
+    }
     if (const std::string bad =
             bad_int_arg(r, {"ctx-size", "threads", "parallel", "n-predict", "top-k", "repeat-last-n"});
         !bad.empty())
