@@ -182,10 +182,15 @@ void attention(const AttentionArgs& p, const RowMap& rows, float* q_all, float* 
                 }
                 const float* gate = qg + (t * Hq + h) * 2 * D + D;
                 for (int i = 0; i < D; i += 8) {
-                    float g8[8] = {};
                     const int n = std::min(8, D - i);
-                    std::memcpy(g8, gate + i, size_t(n) * sizeof(float));
-                    const v8f sg = sigmoid_f32(load_f32<v8f>(g8));
+                    v8f sg;
+                    if (n == 8) {  // (whole vectors loaded directly: a copy of variable length compiles to rep movs)
+                        sg = sigmoid_f32(load_f32<v8f>(gate + i));
+                    } else {
+                        float g8[8] = {};
+                        std::memcpy(g8, gate + i, size_t(n) * sizeof(float));
+                        sg = sigmoid_f32(load_f32<v8f>(g8));
+                    }
                     for (int c = 0; c < n; c++) o[i + c] *= sg[c];
                 }
             }

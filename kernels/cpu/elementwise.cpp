@@ -24,11 +24,18 @@ void rms_norm(const float* x, const float* w, int64_t rows, int dim, float eps, 
 }
 
 void silu_mul(const float* gate, const float* up, int64_t n, float* y, ThreadPool& pool) {
-    // 8 at a time, the tail through padded vectors (an element's result does not depend on where it falls); each
-    // vector is read before it is written, so y may be gate or up
+    // 8 at a time, the last e - b % 8 through a padded vector (an element's result does not depend on where it
+    // falls); each vector is read before it is written, so y may be gate or up. (The whole vectors are loaded and
+    // stored directly: copying every vector through a buffer of variable length compiled to rep movs, a third of
+    // the time.)
     pool.parallel_for(n, 16384, [&](int64_t b, int64_t e, int) {
-        for (int64_t i = b; i < e; i += 8) {
-            const size_t bytes = size_t(std::min<int64_t>(8, e - i)) * sizeof(float);
+        int64_t i = b;
+        for (; i + 8 <= e; i += 8) {
+            const v8f v = silu_f32(load_f32<v8f>(gate + i)) * load_f32<v8f>(up + i);
+            std::memcpy(y + i, &v, sizeof v);
+        }
+        if (i < e) {
+            const size_t bytes = size_t(e - i) * sizeof(float);
             float g8[8] = {}, u8[8] = {};
             std::memcpy(g8, gate + i, bytes);
             std::memcpy(u8, up + i, bytes);
