@@ -24,7 +24,7 @@ void rms_norm(const float* x, const float* w, int64_t rows, int dim, float eps, 
 }
 
 void silu_mul(const float* gate, const float* up, int64_t n, float* y, ThreadPool& pool) {
-    // 8 at a time, the last e - b % 8 through a padded vector (an element's result does not depend on where it
+    // 8 at a time, the last (e - b) % 8 through a padded vector (an element's result does not depend on where it
     // falls); each vector is read before it is written, so y may be gate or up. (The whole vectors are loaded and
     // stored directly: copying every vector through a buffer of variable length compiled to rep movs, a third of
     // the time.)
