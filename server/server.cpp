@@ -1433,13 +1433,22 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
         } catch (const Error& e) {
             throw Error(e.status(), flag + e.what());
         }
+        std::string probe;
         try {
-            s.chat.render(ojson::array({ojson{{"role", "user"}, {"content", "Hello"}}}), nullptr, true,
-                          ojson::object());
+            probe = s.chat.render(ojson::array({ojson{{"role", "user"}, {"content", "Hello"}}}), nullptr, true,
+                                  ojson::object());
         } catch (const Error& e) {
             throw Error(Status::format, flag + params.chat_template_file +
                                             ": the template fails on a one-message conversation: " + e.what());
         }
+        // (an empty file, or one that is not a template: every chat request would fail, or ignore its messages)
+        if (probe.find_first_not_of(" \t\r\n") == std::string::npos)
+            throw Error(Status::format, flag + params.chat_template_file +
+                                            ": the template renders a one-message conversation as empty text");
+        if (probe.find("Hello") == std::string::npos)
+            throw Error(Status::format, flag + params.chat_template_file +
+                                            ": the template leaves the message out of a one-message conversation "
+                                            "(its rendering does not contain the message 'Hello')");
     }
     const GenerationDefaults g = load_generation_defaults(params.model_dir);
     ModelParams mp;

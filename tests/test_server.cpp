@@ -1026,11 +1026,18 @@ TEST_CASE("server: a bad --chat-template-file fails at start; -c 0 is the traine
     const std::string unparsable = (dir.path / "bad.jinja").string(), failing = (dir.path / "raise.jinja").string();
     std::ofstream(unparsable) << "{% for m in messages %}{{ m.content }}";
     std::ofstream(failing) << "{{ raise_exception('this template refuses every conversation') }}";
+    // an empty file and text that is no template rendered every request as empty or constant text (the fresh-user
+    // test of the twenty-third session: the server started, then answered each chat request with a 400)
+    const std::string empty = (dir.path / "empty.jinja").string(), constant = (dir.path / "constant.jinja").string();
+    std::ofstream(empty) << "\n";
+    std::ofstream(constant) << "just some text\n";
     struct Case {
         std::string file, needle;
     };
-    for (const Case& c : {Case{(dir.path / "missing.jinja").string(), "missing.jinja"}, Case{unparsable, "bad.jinja"},
-                          Case{failing, "refuses every conversation"}}) {
+    for (const Case& c :
+         {Case{(dir.path / "missing.jinja").string(), "missing.jinja"}, Case{unparsable, "bad.jinja"},
+          Case{failing, "refuses every conversation"}, Case{empty, "renders a one-message conversation as empty text"},
+          Case{constant, "leaves the message out of a one-message conversation"}}) {
         const auto r = run_prog("/usr/bin/timeout", {"60", kBin + "/hybrid-server", "-m", "models/tiny", "--device",
                                                      "cpu", "--port", "0", "--chat-template-file", c.file});
         INFO(r.err);
