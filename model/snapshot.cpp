@@ -141,6 +141,11 @@ void check_snapshot_header(const uint8_t* data, size_t n) {
     }
     r.pos = 8;
     const uint32_t version = r.get<uint32_t>();
+    // a version no build wrote or is likely to (a changed byte: the checksum is not checked before the version,
+    // whose layout may differ) is damage, not "a newer build"
+    if (version == 0 || version > kSnapshotVersion + 16)
+        throw Error(Status::format, "snapshot is damaged (its version field reads " + std::to_string(version) +
+                                        "; this build reads version " + std::to_string(kSnapshotVersion) + ")");
     if (version != kSnapshotVersion)
         throw Error(Status::format,
                     "snapshot version " + std::to_string(version) + ", this build reads version " +

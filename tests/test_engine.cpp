@@ -295,6 +295,12 @@ TEST_CASE("engine: snapshots restore the sequence exactly", "[engine]") {
         CHECK(std::string(hy_last_error()).rfind("snapshot version 2, this build reads version 3 (", 0) == 0);
         CHECK(std::string(hy_last_error()).find('\n') == std::string::npos);
         CHECK(hy_context_n_tokens(t.c) == 0);
+        for (uint32_t wild : {0u, 252u, 0xffffffffu}) {  // a flipped byte there is damage, not a newer build
+            std::vector<uint8_t> bad = snap;
+            std::memcpy(bad.data() + 8, &wild, 4);
+            CHECK(hy_state_load(t.c, bad.data(), bad.size()) == HY_ERR_FORMAT);
+            CHECK(std::string(hy_last_error()).rfind("snapshot is damaged (its version field reads ", 0) == 0);
+        }
         std::vector<uint8_t> v1(snap.begin(), snap.end() - 8);
         std::memcpy(v1.data() + 8, &one, 4);
         CHECK(hy_state_load(t.c, v1.data(), v1.size()) == HY_ERR_FORMAT);
