@@ -94,6 +94,8 @@ int main(int argc, char** argv) {
         if (!r.count("model")) return usage_error("-m DIR is required");
         if (r.count("api-key") && r["api-key"].as<std::string>().empty())
             return usage_error("--api-key must not be empty (leave it out to serve without a key)");
+        if (r.count("alias") && r["alias"].as<std::string>().empty())
+            return usage_error("-a/--alias must not be empty (leave it out for the folder's name)");
         p.model_dir = r["model"].as<std::string>();
         p.host = r["host"].as<std::string>();
         p.port = r["port"].as<int>();

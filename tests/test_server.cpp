@@ -636,6 +636,13 @@ TEST_CASE("server and hybrid-perplexity: a bad -m is named as in hybrid; a repea
         run_prog(kBin + "/hybrid-server", {"-m", "models/tiny", "--port", "0", "-np", "1", "-np", "2"});
     CHECK(twice.rc == 1);
     CHECK(twice.err.find("hybrid-server: --parallel was given more than once (give it once)") == 0);
+    // empty --api-key and --alias values are refused alike (-a '' was silently ignored)
+    for (const char* opt : {"--api-key", "-a"}) {
+        const hy::test::cli_util::Run empty = run_prog(kBin + "/hybrid-server", {"-m", "models/tiny", opt, ""});
+        INFO(opt << ": " << empty.err);
+        CHECK(empty.rc == 1);
+        CHECK(empty.err.find("must not be empty") != std::string::npos);
+    }
 }
 
 TEST_CASE("server: --api-key guards /v1", "[server]") {
