@@ -996,15 +996,30 @@ struct Server::Impl {
         ojson tools = nullptr;
         if (const ojson* t = field(body, "tools")) {
             if (!t->is_array()) bad("tools", "tools must be a list");
-            for (const ojson& e : *t)
+            for (const ojson& e : *t) {
                 if (!e.is_object()) bad("tools", "tools entries must be objects");
+                // as OpenAI's: {"type": "function", "function": {"name": ..., "description", "parameters"}}
+                const auto fn = e.find("function");
+                if (fn == e.end() || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string() ||
+                    (*fn)["name"].get<std::string>().empty())
+                    bad("tools", "each tools entry needs a \"function\" object with a non-empty \"name\"");
+                if (e.contains("type") && e["type"] != "function")
+                    bad("tools", "tools entries must have \"type\": \"function\"");
+            }
             tools = *t;
         }
         if (const ojson* tc = field(body, "tool_choice")) {
-            if (tc->is_string() && tc->get<std::string>() == "none")
+            // "none" drops the tools, "auto" lets the model choose; forcing a call ("required", a named function)
+            // would need constrained decoding, which this server does not have: refused rather than ignored
+            const std::string choice = tc->is_string() ? tc->get<std::string>() : std::string();
+            if (choice == "none")
                 tools = nullptr;
-            else if (!tc->is_string() && !tc->is_object())
-                bad("tool_choice", "tool_choice must be a string or an object");
+            else if (tc->is_object() || choice == "required")
+                bad("tool_choice", "tool_choice " + (tc->is_object() ? std::string("naming a function") : choice) +
+                                       " is not supported (\"auto\" or \"none\": the model decides whether to "
+                                       "call a tool)");
+            else if (choice != "auto")
+                bad("tool_choice", "tool_choice must be \"auto\" or \"none\", got " + tc->dump());
         }
         ojson kwargs = ojson::object();
         if (const ojson* k = field(body, "chat_template_kwargs")) {

@@ -559,6 +559,20 @@ TEST_CASE("server: bad requests get 4xx OpenAI errors without disturbing the oth
          "{\"stream\": true, \"messages\": [{\"role\": \"user\", \"content\": \"" + long_prompt + "\"}]}", 400,
          "messages"},
         {"/v1/completions", "{\"prompt\": \"x\", \"min_p\": 1.5}", 400, "min_p"},
+        // tool_choice: "auto" or "none" (a forced call needs constrained decoding: refused, it was ignored); a tool
+        // needs a named function
+        {"/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": \"bogus\"}", 400, "tool_choice"},
+        {"/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": \"required\"}", 400,
+         "tool_choice"},
+        {"/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tool_choice\": {\"type\": \"function\", "
+         "\"function\": {\"name\": \"f\"}}}",
+         400, "tool_choice"},
+        {"/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\"}]}", 400,
+         "tools"},
         {"/v1/completions", "{\"prompt\": \"x\", \"seed\": \"abc\"}", 400, "seed"},
         {"/v1/completions", "{\"prompt\": \"x\", \"best_of\": 3}", 400, "best_of"},
         {"/v1/completions", "{\"prompt\": \"x\", \"n\": 0}", 400, "n"},
