@@ -925,19 +925,21 @@ struct Server::Impl {
         if (!prompt_j) bad("prompt", "prompt is required");
         std::vector<int32_t> prompt;
         const ojson* pj = prompt_j;
-        if (pj->is_array() && pj->size() == 1 && (*pj)[0].is_string()) pj = &(*pj)[0];
+        // a batch of one prompt (OpenAI's list form: [string] or [[ids]]) is that prompt
+        if (pj->is_array() && pj->size() == 1 && ((*pj)[0].is_string() || (*pj)[0].is_array())) pj = &(*pj)[0];
         if (pj->is_string()) {
             prompt = encode(pj->get<std::string>());
         } else if (pj->is_array() && !pj->empty()) {
             for (const ojson& e : *pj) {
-                if (!e.is_number_integer()) bad("prompt", "prompt must be a string, a list of one string or token ids");
+                if (!e.is_number_integer())
+                    bad("prompt", "prompt must be a string, token ids, or a list of one of them");
                 const int64_t id = e.get<int64_t>();
                 if (id < 0 || id >= n_valid || !tok->is_valid(int32_t(id)))
                     bad("prompt", "token id " + std::to_string(id) + " is not in the vocabulary");
                 prompt.push_back(int32_t(id));
             }
         } else {
-            bad("prompt", "prompt must be a string, a list of one string or token ids");
+            bad("prompt", "prompt must be a string, token ids, or a list of one of them");
         }
         if (prompt.empty()) bad("prompt", "the prompt is empty");
         bool echo = bool_field(body, "echo", false);

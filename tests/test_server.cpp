@@ -318,6 +318,16 @@ TEST_CASE("server: greedy completions equal the hybrid CLI and the Hugging Face 
     CHECK(j["object"] == "text_completion");
     CHECK(j["usage"]["completion_tokens"].get<int>() <= 40);
 
+    // the prompt's other forms: [text], token ids and [[token ids]] (OpenAI's list of one prompt) give the same text
+    const std::vector<int32_t> ids = hy::Tokenizer::from_folder(kSrc + "/models/tiny").encode(kCode);
+    for (const ojson& form : {ojson::array({kCode}), ojson(ids), ojson::array({ojson(ids)})}) {
+        INFO(form.dump());
+        const Reply f = post(port, "/v1/completions", ojson{{"prompt", form}, {"max_tokens", 40}, {"temperature", 0}});
+        REQUIRE(f.status == 200);
+        CHECK(f.json()["choices"][0]["text"] == j["choices"][0]["text"]);
+    }
+    CHECK(post(port, "/v1/completions", ojson{{"prompt", ojson::array({kCode, kCode})}}).status == 400);
+
     // stop strings end the text where the CLI's --stop ends it
     const ojson stopped =
         post(port, "/v1/completions",
