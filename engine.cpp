@@ -757,6 +757,8 @@ int hy_batch_submit(hy_batch* b, const int32_t* prompt, int n_prompt, const hy_r
         const hy_request_params p = params ? *params : hy_request_default_params();
         hy::GenerationRequest r;
         r.prompt.assign(prompt, prompt + n_prompt);
+        HY_CHECK_ARG(p.max_tokens >= 0, "hy_batch_submit: params.max_tokens must be >= 0 (0: prefill only), got " +
+                                            std::to_string(p.max_tokens));
         r.max_new_tokens = p.max_tokens;
         r.sampling = to_core(p.sampling);
         r.accept_prompt = p.accept_prompt != 0;

@@ -528,6 +528,13 @@ TEST_CASE("engine: hy_batch reproduces the golden left-padded batch and each sol
     }
     REQUIRE(hy_batch_result(b, 99, nullptr, nullptr, nullptr, nullptr, nullptr) == HY_ERR_INVALID_ARGUMENT);
     REQUIRE(hy_batch_submit(b, nullptr, 0, &rp, &running) == HY_ERR_INVALID_ARGUMENT);
+    {  // a negative max_tokens is named by its field (it said "max_new_tokens", an internal name)
+        hy_request_params neg = rp;
+        neg.max_tokens = -1;
+        const int32_t one = 5;
+        REQUIRE(hy_batch_submit(b, &one, 1, &neg, &running) == HY_ERR_INVALID_ARGUMENT);
+        CHECK(std::string(hy_last_error()).find("params.max_tokens must be >= 0") != std::string::npos);
+    }
     {  // stop_ids: the request ends at the first of them (kept as its last id), with the end-of-sequence reason
         const auto prompt = golden_case(names[0])["input_ids"].get<std::vector<int32_t>>();
         const auto want = g["batch"]["greedy_fp32_left_padded"][0].get<std::vector<int32_t>>();
