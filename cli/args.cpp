@@ -60,7 +60,8 @@ const char* kExitCodes =
     "       (a full disk, an I/O error; a reader that closes the pipe, as head does, ends hybrid by SIGPIPE,\n"
     "       as it does other Unix tools: status 141 in the shell)\n"
     "  6    generation failed (backend error; the model produced NaN or inf logits)\n"
-    "  130  interrupted by Ctrl-C (one-shot mode)\n";
+    "  130  interrupted by Ctrl-C (one-shot mode)\n"
+    "  143  ended by SIGTERM (the default action: no summary, as other Unix tools)\n";
 
 [[noreturn]] void usage(const std::string& msg) { throw Failure(exit_usage, msg); }
 
