@@ -1167,7 +1167,9 @@ struct Server::Impl {
         out += "# HELP hybrid_requests_total Requests received, by endpoint.\n# TYPE hybrid_requests_total counter\n";
         out += "hybrid_requests_total{endpoint=\"chat\"} " + std::to_string(n_chat.load()) + "\n";
         out += "hybrid_requests_total{endpoint=\"completions\"} " + std::to_string(n_completions.load()) + "\n";
-        metric("hybrid_request_errors_total", "counter", "Requests answered with an error.",
+        metric("hybrid_request_errors_total", "counter",
+               "Error answers (4xx, 5xx) to any request: unknown paths and refused methods too, so not a share of "
+               "hybrid_requests_total.",
                std::to_string(n_errors.load()));
         metric("hybrid_requests_cancelled_total", "counter", "Requests cancelled because the client went away.",
                std::to_string(n_cancelled.load()));
