@@ -1089,22 +1089,32 @@ struct Server::Impl {
                         {ojson{{"index", 0}, {"delta", delta}, {"logprobs", logprobs}, {"finish_reason", finish}}});
                     return send(c);
                 };
-                auto send_delta = [&](const OutputParser::Delta& d, const ojson& logprobs) {
-                    bool ok = true;
-                    if (!d.reasoning.empty())
-                        ok = delta_chunk(ojson{{"reasoning_content", d.reasoning}}, nullptr, nullptr);
-                    if (ok && (!d.content.empty() || !logprobs.is_null()))
-                        ok = delta_chunk(ojson{{"content", d.content}}, logprobs, nullptr);
-                    return ok;
+                // A token's logprobs go out with the chunk that shows its text: the parser may hold text back
+                // (the start of a tag), and then the logprobs wait for it; a delta with reasoning and content is
+                // one chunk with both fields. (They went out with an empty content chunk, apart from the
+                // reasoning text, sometimes before it.)
+                ojson pending = ojson::array();
+                auto send_delta = [&](const OutputParser::Delta& d, const ojson& logprobs, bool last) {
+                    if (!logprobs.is_null())
+                        for (const ojson& e : logprobs["content"]) pending.push_back(e);
+                    ojson delta = ojson::object();
+                    if (!d.reasoning.empty()) delta["reasoning_content"] = d.reasoning;
+                    if (!d.content.empty()) delta["content"] = d.content;
+                    if (delta.empty() && !(last && !pending.empty())) return true;
+                    if (delta.empty()) delta["content"] = "";
+                    const bool with_lp = s.logprobs;
+                    const ojson lp = with_lp ? ojson{{"content", pending}} : ojson(nullptr);
+                    pending = ojson::array();
+                    return delta_chunk(delta, lp, nullptr);
                 };
                 if (!delta_chunk(ojson{{"role", "assistant"}, {"content", ""}}, nullptr, nullptr)) return;
                 const Output o = generate(prompt, s, save_at, *peer,
                                           [&](const std::string& text, const Output& sofar, size_t a, size_t b) {
                                               const ojson lp = s.logprobs ? chat_logprobs(sofar, a, b) : ojson(nullptr);
-                                              return send_delta(parser.feed(text), lp);
+                                              return send_delta(parser.feed(text), lp, false);
                                           });
                 if (o.finish == "cancelled" && !o.shutdown) return;
-                send_delta(parser.finish(), nullptr);
+                send_delta(parser.finish(), nullptr, true);
                 std::string finish = o.finish;
                 if (!parser.tool_calls().empty()) {
                     delta_chunk(ojson{{"tool_calls", calls_json(parser.tool_calls(), true)}}, nullptr, nullptr);

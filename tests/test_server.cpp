@@ -436,6 +436,43 @@ TEST_CASE("server: streamed chunks concatenate to the non-streamed answer", "[se
     }
 }
 
+// Streamed chat with logprobs: a token's logprobs come with the chunk that shows its text, the reasoning's too
+// (they came in a separate chunk with empty content, at times before the text; the fresh-user test of the
+// twenty-third session), and the stream lists the same logprobs as the answer that is not streamed.
+TEST_CASE("server: streamed chat logprobs travel with their text", "[server]") {
+    if (!have_server_binary()) return;
+    const int port = shared_server().port();
+    for (const bool think : {true, false}) {
+        ojson req{{"messages", ojson::array({ojson{{"role", "user"}, {"content", "Sort a list."}}})},
+                  {"max_tokens", 24},
+                  {"temperature", 0},
+                  {"logprobs", true},
+                  {"top_logprobs", 1},
+                  {"cache_prompt", false}};
+        if (!think) req["chat_template_kwargs"] = ojson{{"enable_thinking", false}};
+        const ojson whole = post(port, "/v1/chat/completions", req).json();
+        req["stream"] = true;
+        ojson listed = ojson::array();
+        int with_text = 0;
+        for (const ojson& ev : events(post(port, "/v1/chat/completions", req).body)) {
+            if (ev["choices"].empty()) continue;
+            const ojson& c = ev["choices"][0];
+            const ojson& d = c["delta"];
+            const bool text = (d.contains("content") && !d["content"].get<std::string>().empty()) ||
+                              (d.contains("reasoning_content") && !d["reasoning_content"].get<std::string>().empty());
+            INFO("think " << think << ": " << ev.dump());
+            if (text && !d.contains("role")) {
+                with_text++;
+                CHECK(c["logprobs"].is_object());  // (the reasoning's chunks had null)
+            }
+            if (c["logprobs"].is_object())
+                for (const ojson& e : c["logprobs"]["content"]) listed.push_back(e);
+        }
+        CHECK(with_text > 0);
+        CHECK(listed == whole["choices"][0]["logprobs"]["content"]);
+    }
+}
+
 TEST_CASE("server: 16 concurrent requests each equal their solo run", "[server]") {
     if (!have_server_binary()) return;
     const int port = shared_server().port();
