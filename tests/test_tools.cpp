@@ -59,6 +59,13 @@ TEST_CASE("cli tools and REPL commands: id lists, empty goldens, stray arguments
         const Run bad = run_prog(tok, {"--tokenizer", "models/tiny", "--decode", "1,-2"});
         CHECK(bad.rc == 1);
         CHECK(bad.err == "hybrid-tokenize: --decode: '-2' is not a token id (expected a list like 1,2,3)\n");
+        // --no-special with --decode leaves the special tokens out (it was ignored there)
+        const Run with = run_prog(tok, {"--tokenizer", "models/tiny", "--decode", "1,2,300"});
+        const Run without = run_prog(tok, {"--tokenizer", "models/tiny", "--decode", "1,2,300", "--no-special"});
+        CHECK(with.out.rfind("<|im_end|><|im_start|>", 0) == 0);
+        CHECK(without.rc == 0);
+        CHECK(without.out.find("<|im_") == std::string::npos);
+        CHECK(with.out.size() > without.out.size());
         const std::string empty = (tmp.path / "empty.json").string();
         std::ofstream(empty) << "{\"cases\": []}";
         const Run none = run_prog(tok, {"--tokenizer", "models/tiny", "--golden", empty});

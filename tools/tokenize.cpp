@@ -168,7 +168,9 @@ int main(int argc, char** argv) {
         "tests/data/tokenizers/qwen3/golden.json (a model folder's golden.json is hybrid-compare's)",
         cxxopts::value<std::string>())("bench", "text file to time encoding on", cxxopts::value<std::string>())(
         "repeat", "bench repetitions", cxxopts::value<int>()->default_value("5"))(
-        "no-special", "encode special tokens as plain text");
+        "no-special",
+        "--text: encode special tokens' text as plain text; --decode: leave special tokens out (as transformers' "
+        "skip_special_tokens)");
     hy::add_shared_option(opts, "", "help");  // (declared in cli/option_table.h, shared with hybrid and the tools)
     if (argc < 2) {                           // (it said only "--tokenizer is required")
         std::fprintf(stderr,
@@ -213,7 +215,7 @@ int main(int argc, char** argv) {
             if (!list.empty() && !hy::parse_id_list(list, ids, &bad))  // (an empty list decodes to nothing)
                 throw hy::Error(hy::Status::invalid_argument,
                                 "--decode: '" + bad + "' is not a token id (expected a list like 1,2,3)");
-            std::cout << tok.decode(ids) << "\n";
+            std::cout << tok.decode(ids, !parse_special) << "\n";
             return hy::tools::finish("hybrid-tokenize", 0);
         }
         const std::string text = a["text"].as<std::string>();
