@@ -197,8 +197,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         ("presence-penalty", "presence penalty; 0: off", cxxopts::value<std::string>()->default_value("0"))
         ("frequency-penalty", "frequency penalty; 0: off", cxxopts::value<std::string>()->default_value("0"));
     opts.add_options("Other")
-        ("verbose", "print settings and the timing summary to stderr")
-        ("version", "print the version");
+        ("verbose", "print settings and the timing summary to stderr");
+    add_shared_option(opts, "Other", "version");
     add_shared_option(opts, "Other", "help");
     // clang-format on
 

@@ -49,6 +49,7 @@ inline constexpr SharedOption kSharedOptions[] = {
      "for speed comparisons)",
      SharedOption::Type::flag, ""},
     {"h,help", "print this help", SharedOption::Type::flag, ""},
+    {"version", "print the version", SharedOption::Type::flag, ""},
 };
 
 // Adds the shared option with the long name `name` to `group` of opts (the options of a group are listed in the

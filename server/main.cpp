@@ -19,6 +19,7 @@
 
 #include "cli/arg_error.h"
 #include "cli/option_table.h"
+#include "engine.h"
 #include "server/server.h"
 
 namespace {
@@ -72,11 +73,16 @@ int main(int argc, char** argv) {
     hy::add_shared_option(opts, "", "quant");
     hy::add_shared_option(opts, "", "quant-lm-head");
     hy::add_shared_option(opts, "", "no-cuda-graphs");
+    hy::add_shared_option(opts, "", "version");
     hy::add_shared_option(opts, "", "help");
 
     hy::server::ServerParams p;
     try {
         auto r = opts.parse(n_args, args.data());
+        if (r.count("version")) {
+            std::printf("hybrid-server %s\n", hy_version());
+            return 0;
+        }
         if (r.count("help")) {
             std::printf("%s\n", opts.help().c_str());
             std::printf(

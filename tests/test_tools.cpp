@@ -59,6 +59,15 @@ TEST_CASE("cli tools and REPL commands: id lists, empty goldens, stray arguments
         const Run bad = run_prog(tok, {"--tokenizer", "models/tiny", "--decode", "1,-2"});
         CHECK(bad.rc == 1);
         CHECK(bad.err == "hybrid-tokenize: --decode: '-2' is not a token id (expected a list like 1,2,3)\n");
+        // every program prints its version (only hybrid did; the others: "unknown option --version")
+        for (const char* prog :
+             {"hybrid", "hybrid-bench", "hybrid-compare", "hybrid-perplexity", "hybrid-tokenize", "hybrid-server"}) {
+            if (!fs::exists(kBin + "/" + prog)) continue;
+            const Run v = run_prog(kBin + "/" + prog, {"--version"});
+            INFO(prog << ": " << v.err);
+            CHECK(v.rc == 0);
+            CHECK(v.out.rfind(std::string(prog) + " " + hy_version() + "\n", 0) == 0);
+        }
         // --no-special with --decode leaves the special tokens out (it was ignored there)
         const Run with = run_prog(tok, {"--tokenizer", "models/tiny", "--decode", "1,2,300"});
         const Run without = run_prog(tok, {"--tokenizer", "models/tiny", "--decode", "1,2,300", "--no-special"});

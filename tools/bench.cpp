@@ -240,6 +240,7 @@ int main(int argc, char** argv) {
          "groups (only groups of 3 or 4 matrices there, the others on cuBLASLt) or auto (the default)",
          cxxopts::value<std::string>()->default_value("auto"));
     add_shared_option(opts, "", "fp8-gemm");
+    add_shared_option(opts, "", "version");
     add_shared_option(opts, "", "help");
     // clang-format on
     cxxopts::ParseResult args;

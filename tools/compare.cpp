@@ -95,6 +95,7 @@ int main(int argc, char** argv) {
     opts.add_options()
         ("case", "run only this case (batch: the batch entry and the cases it compares with)",
          cxxopts::value<std::string>());
+    add_shared_option(opts, "", "version");
     add_shared_option(opts, "", "help");
     // clang-format on
     cxxopts::ParseResult args;

@@ -128,6 +128,7 @@ int main(int argc, char** argv) {
     add_shared_option(opts, "", "quant-lm-head");
     add_shared_option(opts, "", "fp8-gemm");
     add_shared_option(opts, "", "threads");
+    add_shared_option(opts, "", "version");
     add_shared_option(opts, "", "help");
     // clang-format on
     cxxopts::ParseResult args;

@@ -171,6 +171,7 @@ int main(int argc, char** argv) {
         "no-special",
         "--text: encode special tokens' text as plain text; --decode: leave special tokens out (as transformers' "
         "skip_special_tokens)");
+    hy::add_shared_option(opts, "", "version");
     hy::add_shared_option(opts, "", "help");  // (declared in cli/option_table.h, shared with hybrid and the tools)
     if (argc < 2) {                           // (it said only "--tokenizer is required")
         std::fprintf(stderr,
@@ -182,6 +183,10 @@ int main(int argc, char** argv) {
         if (const std::string e = hy::first_single_dash_word_error(opts, argc, argv); !e.empty())
             throw hy::Error(hy::Status::invalid_argument, e);
         auto a = hy::parse_split(opts, argc, argv);
+        if (a.count("version")) {
+            std::cout << "hybrid-tokenize " << hy_version() << "\n";
+            return hy::tools::finish("hybrid-tokenize", 0);
+        }
         if (a.count("help")) {
             std::cout << opts.help() << hy::tools::exit_codes_help("a --golden case does not match");
             return hy::tools::finish("hybrid-tokenize", 0);

@@ -17,6 +17,7 @@
 
 #include "cli/arg_error.h"
 #include "cli/option_table.h"
+#include "engine.h"
 #include "kernels/cpu/thread_pool.h"
 #include "model/common.h"
 #include "model/model.h"
@@ -104,6 +105,11 @@ inline bool parse_args(cxxopts::Options& opts, int argc, char** argv, const char
     } catch (const std::exception& e) {
         std::fprintf(stderr, "%s: %s (see --help)\n", name, parse_error_message(e.what(), argc, argv).c_str());
         *exit_code = exit_usage;
+        return false;
+    }
+    if (out.count("version")) {
+        std::printf("%s %s\n", name, hy_version());
+        *exit_code = finish(name, 0);
         return false;
     }
     if (out.count("help")) {
