@@ -311,14 +311,15 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     if (!r.unmatched().empty()) {
         // an option that took the next flag as its value (-p -n 5: the prompt is "-n", and 5 is left over)
         std::string hint;
-        for (const auto& kv : r.arguments()) {
-            const std::string& v = kv.value();
-            if (v.size() >= 2 && v[0] == '-' && v.size() <= 24 && v.find(' ') == std::string::npos &&
-                !std::isdigit(static_cast<unsigned char>(v[1])) && v[1] != '.') {
-                hint = " (--" + kv.key() + " took '" + v + "' as its value: is a value missing?)";
-                break;
-            }
-        }
+        auto flag_like = [](const std::string& v) {
+            return v.size() >= 2 && v[0] == '-' && v.size() <= 24 && v.find(' ') == std::string::npos &&
+                   !std::isdigit(static_cast<unsigned char>(v[1])) && v[1] != '.';
+        };
+        for (const auto& kv : r.arguments())
+            if (hint.empty() && flag_like(kv.value()))
+                hint = " (--" + kv.key() + " took '" + kv.value() + "' as its value: is a value missing?)";
+        for (const std::string& v : stops)  // (taken before cxxopts)
+            if (hint.empty() && flag_like(v)) hint = " (--stop took '" + v + "' as its value: is a value missing?)";
         usage("unexpected argument '" + r.unmatched()[0] + "'" + (hint.empty() ? " (see --help)" : hint));
     }
     if (const std::string bad =

@@ -323,6 +323,10 @@ struct Repl {
                 throw bad("message " + std::to_string(msgs.size() - 1) + " has role '" + msgs.back().role +
                           "' (system, user or assistant)");
         }
+        // the fields /save writes, no others (a renamed "checksum" would turn the check off)
+        for (const auto& [key, value] : j.items())
+            if (key != "version" && key != "messages" && key != "no_think" && key != "checksum")
+                throw bad("unknown field '" + key.substr(0, 40) + "'");
         if (j.contains("checksum") && (!j["checksum"].is_string() || j["checksum"] != header_checksum(j)))
             throw Failure(exit_snapshot, path +
                                              ": conversation file is damaged (its header checksum does not match "

@@ -131,7 +131,8 @@ std::vector<uint8_t> serialize_snapshot(const Sequence& seq, uint64_t fingerprin
 void check_snapshot_header(const uint8_t* data, size_t n) {
     Reader r{data, n};
     // a file cut inside the magic (its bytes are the magic's first n) is truncated, not another kind of file
-    if (n < 8 && n > 0 && std::memcmp(data, kMagic, n) == 0) throw Error(Status::format, "snapshot is truncated");
+    if (n == 0) throw Error(Status::format, "snapshot is truncated (0 bytes)");
+    if (n < 8 && std::memcmp(data, kMagic, n) == 0) throw Error(Status::format, "snapshot is truncated");
     if (n < 8 || std::memcmp(data, kMagic, 8) != 0) {
         // a file of another known kind is named by its own magic when that is printable text
         const bool text = n >= 8 && std::all_of(data, data + 8, [](uint8_t b) { return b >= 0x20 && b < 0x7f; });

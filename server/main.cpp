@@ -100,6 +100,8 @@ int main(int argc, char** argv) {
         if (!r.count("model")) return usage_error("-m DIR is required");
         if (r.count("api-key") && r["api-key"].as<std::string>().empty())
             return usage_error("--api-key must not be empty (leave it out to serve without a key)");
+        if (r.count("chat-template-file") && r["chat-template-file"].as<std::string>().empty())
+            return usage_error("--chat-template-file must not be empty (leave it out for the model folder's template)");
         if (r.count("alias") && r["alias"].as<std::string>().empty())
             return usage_error("-a/--alias must not be empty (leave it out for the folder's name)");
         p.model_dir = r["model"].as<std::string>();

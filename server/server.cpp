@@ -927,16 +927,21 @@ struct Server::Impl {
         const ojson* pj = prompt_j;
         // a batch of one prompt (OpenAI's list form: [string] or [[ids]]) is that prompt
         if (pj->is_array() && pj->size() == 1 && ((*pj)[0].is_string() || (*pj)[0].is_array())) pj = &(*pj)[0];
+        if (pj->is_array() && pj->size() > 1 && ((*pj)[0].is_string() || (*pj)[0].is_array()))
+            bad("prompt", "a batch of " + std::to_string(pj->size()) +
+                              " prompts is not supported (one prompt per request; send them concurrently)");
         if (pj->is_string()) {
             prompt = encode(pj->get<std::string>());
-        } else if (pj->is_array() && !pj->empty()) {
+        } else if (pj->is_array()) {  // (empty: "the prompt is empty" below)
             for (const ojson& e : *pj) {
                 if (!e.is_number_integer())
                     bad("prompt", "prompt must be a string, token ids, or a list of one of them");
-                const int64_t id = e.get<int64_t>();
-                if (id < 0 || id >= n_valid || !tok->is_valid(int32_t(id)))
-                    bad("prompt", "token id " + std::to_string(id) + " is not in the vocabulary");
-                prompt.push_back(int32_t(id));
+                // (named as given: a value past int64 would wrap)
+                const bool in_range = e.is_number_unsigned() ? e.get<uint64_t>() < uint64_t(n_valid)
+                                                             : e.get<int64_t>() >= 0 && e.get<int64_t>() < n_valid;
+                if (!in_range || !tok->is_valid(int32_t(e.get<int64_t>())))
+                    bad("prompt", "token id " + e.dump() + " is not in the vocabulary");
+                prompt.push_back(int32_t(e.get<int64_t>()));
             }
         } else {
             bad("prompt", "prompt must be a string, token ids, or a list of one of them");
@@ -1003,8 +1008,10 @@ struct Server::Impl {
                 // as OpenAI's: {"type": "function", "function": {"name": ..., "description", "parameters"}}
                 const auto fn = e.find("function");
                 if (fn == e.end() || !fn->is_object() || !fn->contains("name") || !(*fn)["name"].is_string() ||
-                    (*fn)["name"].get<std::string>().empty())
+                    (*fn)["name"].get<std::string>().find_first_not_of(" \t\r\n") == std::string::npos)
                     bad("tools", "each tools entry needs a \"function\" object with a non-empty \"name\"");
+                if (fn->contains("parameters") && !(*fn)["parameters"].is_object() && !(*fn)["parameters"].is_null())
+                    bad("tools", "a function's \"parameters\" must be a JSON Schema object");
                 if (e.contains("type") && e["type"] != "function")
                     bad("tools", "tools entries must have \"type\": \"function\"");
             }
@@ -1017,12 +1024,14 @@ struct Server::Impl {
             if (choice == "none")
                 tools = nullptr;
             else if (tc->is_object() || choice == "required")
-                bad("tool_choice", "tool_choice " + (tc->is_object() ? std::string("naming a function") : choice) +
+                bad("tool_choice", "tool_choice " + (tc->is_object() ? std::string("as an object") : choice) +
                                        " is not supported (\"auto\" or \"none\": the model decides whether to "
                                        "call a tool)");
             else if (choice != "auto")
                 bad("tool_choice", "tool_choice must be \"auto\" or \"none\", got " + tc->dump());
         }
+        if (tools.is_array() && !tools.empty() && chat.builtin_chatml())
+            bad("tools", "tools need a chat template (the built-in ChatML has none; --chat-template-file)");
         ojson kwargs = ojson::object();
         if (const ojson* k = field(body, "chat_template_kwargs")) {
             if (!k->is_object()) bad("chat_template_kwargs", "chat_template_kwargs must be an object");
@@ -1462,9 +1471,10 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
         } catch (const Error& e) {
             throw Error(e.status(), flag + e.what());
         }
+        const std::string kProbe = "Hello (hybrid-server start-up check 7f3a)";  // (text no template holds)
         std::string probe;
         try {
-            probe = s.chat.render(ojson::array({ojson{{"role", "user"}, {"content", "Hello"}}}), nullptr, true,
+            probe = s.chat.render(ojson::array({ojson{{"role", "user"}, {"content", kProbe}}}), nullptr, true,
                                   ojson::object());
         } catch (const Error& e) {
             throw Error(Status::format, flag + params.chat_template_file +
@@ -1474,10 +1484,11 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
         if (probe.find_first_not_of(" \t\r\n") == std::string::npos)
             throw Error(Status::format, flag + params.chat_template_file +
                                             ": the template renders a one-message conversation as empty text");
-        if (probe.find("Hello") == std::string::npos)
+        if (probe.find(kProbe) == std::string::npos)
             throw Error(Status::format, flag + params.chat_template_file +
                                             ": the template leaves the message out of a one-message conversation "
-                                            "(its rendering does not contain the message 'Hello')");
+                                            "(its rendering does not contain the message '" +
+                                            kProbe + "')");
     }
     const GenerationDefaults g = load_generation_defaults(params.model_dir);
     ModelParams mp;

@@ -547,6 +547,8 @@ TEST_CASE("cli: single-dash words are unknown options, not -n or -s with a value
     // ... and when that leaves a word over, the error says which option took the flag (it named only '5')
     check_one_line_error(hybrid({"-m", "models/tiny", "-p", "-n", "5"}), 1,
                          "unexpected argument '5' (--prompt took '-n' as its value: is a value missing?)");
+    check_one_line_error(hybrid({"-m", "models/tiny", "--stop", "-n", "3", "-p", "x"}), 1,
+                         "unexpected argument '3' (--stop took '-n' as its value: is a value missing?)");
     check_one_line_error(hybrid({"-m", "-cnv"}), 1, "-m needs a value (the next word, -cnv, is an option)");
     check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "-n", "--temp=0"}), 1,
                          "-n needs a value (the next word, --temp=0, is an option)");

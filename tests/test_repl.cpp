@@ -532,6 +532,12 @@ TEST_CASE("cli: /load names what is wrong in an edited conversation header", "[c
         std::ofstream(path, std::ios::binary) << good.substr(0, keep);
         check_one_line_error(hybrid(chat, "/load " + path + "\n"), 4, "truncated conversation file");
     }
+    for (size_t keep : {size_t(12 + hl), size_t(12 + hl + 5)}) {  // the snapshot cut: at its start, in its magic
+        INFO("first " << keep << " bytes");
+        const std::string path = (tmp.path / "cut").string();
+        std::ofstream(path, std::ios::binary) << good.substr(0, keep);
+        check_one_line_error(hybrid(chat, "/load " + path + "\n"), 4, "snapshot is truncated");
+    }
     CHECK(with_header(header.dump()).rc == 0);  // the same header rebuilt: loads
     // a changed message (its text, its role) is damage: the header's checksum (it loaded, and /save kept the change)
     j = header;
@@ -541,6 +547,11 @@ TEST_CASE("cli: /load names what is wrong in an edited conversation header", "[c
     j = header;
     j["checksum"] = "0000000000000000";
     check_one_line_error(with_header(j.dump()), 4, "is damaged");
+    j = header;
+    j["checkstm"] = j["checksum"];  // (a renamed checksum turned the check off, and an edited message loaded)
+    j.erase("checksum");
+    j["messages"][0]["content"] = "edited";
+    check_one_line_error(with_header(j.dump()), 4, "bad conversation header: unknown field 'checkstm'");
     j = header;
     j.erase("checksum");  // (a file saved before the checksum: read as before)
     CHECK(with_header(j.dump()).rc == 0);

@@ -620,6 +620,22 @@ TEST_CASE("server: bad requests get 4xx OpenAI errors without disturbing the oth
         {"/v1/chat/completions",
          "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\"}]}", 400,
          "tools"},
+        {"/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", "
+         "\"function\": {\"name\": \"  \"}}]}",
+         400, "tools"},
+        {"/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", "
+         "\"function\": {\"name\": \"f\", \"parameters\": \"bad\"}}]}",
+         400, "tools"},
+        // models/tiny has no template: tools are refused by name (the error had no param)
+        {"/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"tools\": [{\"type\": \"function\", "
+         "\"function\": {\"name\": \"f\"}}]}",
+         400, "tools"},
+        {"/v1/completions", "{\"prompt\": [[1], [2]]}", 400, "prompt"},
+        {"/v1/completions", "{\"prompt\": []}", 400, "prompt"},
+        {"/v1/completions", "{\"prompt\": [18446744073709551615]}", 400, "prompt"},
         {"/v1/completions", "{\"prompt\": \"x\", \"seed\": \"abc\"}", 400, "seed"},
         {"/v1/completions", "{\"prompt\": \"x\", \"best_of\": 3}", 400, "best_of"},
         {"/v1/completions", "{\"prompt\": \"x\", \"n\": 0}", 400, "n"},
@@ -666,6 +682,16 @@ TEST_CASE("server: bad requests get 4xx OpenAI errors without disturbing the oth
     }
     const Reply too_long = post(port, "/v1/completions", "{\"prompt\": \"" + long_prompt + "\"}");
     CHECK(too_long.json()["error"]["code"] == "context_length_exceeded");
+    // the prompt's errors say what was wrong (a batch; an id past int64 was shown wrapped, as -1)
+    for (const auto& [body, needle] : std::vector<std::pair<std::string, std::string>>{
+             {"{\"prompt\": [[1], [2]]}", "a batch of 2 prompts is not supported"},
+             {"{\"prompt\": [18446744073709551615]}", "token id 18446744073709551615 is not in the vocabulary"},
+             {"{\"prompt\": [[]]}", "the prompt is empty"}}) {
+        const Reply e = post(port, "/v1/completions", body);
+        INFO(body << ": " << e.body);
+        CHECK(e.status == 400);
+        CHECK(e.json()["error"]["message"].get<std::string>().find(needle) != std::string::npos);
+    }
     t.join();
     INFO("the request during the bad ones: " << during.body);
     REQUIRE(during.status == 200);
@@ -698,7 +724,7 @@ TEST_CASE("server and hybrid-perplexity: a bad -m is named as in hybrid; a repea
     CHECK(twice.rc == 1);
     CHECK(twice.err.find("hybrid-server: --parallel was given more than once (give it once)") == 0);
     // empty --api-key and --alias values are refused alike (-a '' was silently ignored)
-    for (const char* opt : {"--api-key", "-a"}) {
+    for (const char* opt : {"--api-key", "-a", "--chat-template-file"}) {
         const hy::test::cli_util::Run empty = run_prog(kBin + "/hybrid-server", {"-m", "models/tiny", opt, ""});
         INFO(opt << ": " << empty.err);
         CHECK(empty.rc == 1);
@@ -1098,7 +1124,7 @@ TEST_CASE("server: a bad --chat-template-file fails at start; -c 0 is the traine
     // test of the twenty-third session: the server started, then answered each chat request with a 400)
     const std::string empty = (dir.path / "empty.jinja").string(), constant = (dir.path / "constant.jinja").string();
     std::ofstream(empty) << "\n";
-    std::ofstream(constant) << "just some text\n";
+    std::ofstream(constant) << "Hello {% for m in messages %}{% endfor %}\n";  // (the check looked for "Hello")
     struct Case {
         std::string file, needle;
     };
