@@ -291,10 +291,6 @@ bool BatchGenerator::step() {
     return true;
 }
 
-std::vector<TokenPick> top_logprobs(std::span<const float> row, int n_valid, int k) {
-    return top_logprobs(row, n_valid, k, log_softmax_norm(row, std::clamp(n_valid, 1, int(row.size()))));
-}
-
 std::vector<TokenPick> top_logprobs(std::span<const float> row, int n_valid, int k, const LogSoftmaxNorm& norm) {
     n_valid = std::clamp(n_valid, 1, int(row.size()));
     k = std::clamp(k, 0, n_valid);

@@ -125,9 +125,8 @@ private:
 };
 
 // The k most likely ids of a logits row (F32 [vocab]) over ids [0, n_valid), best first (lowest id on ties), with
-// their log-softmax over those ids (natural log); non-finite logits are skipped.
-std::vector<TokenPick> top_logprobs(std::span<const float> row, int n_valid, int k);
-// The same with the row's normalizer from log_softmax_norm (base/softmax.h) given.
+// their log-softmax over those ids (natural log; norm: the row's log_softmax_norm, base/softmax.h); non-finite
+// logits are skipped.
 std::vector<TokenPick> top_logprobs(std::span<const float> row, int n_valid, int k, const LogSoftmaxNorm& norm);
 
 }  // namespace hy
