@@ -4,8 +4,9 @@
 //
 // Each measurement is a CUDA graph of kLaunches back-to-back launches of one shape that cycle through enough
 // copies of the weights (>= 256 MB) that L2 (50 MB on an H200) holds none of them, replayed several times; the
-// figure is weight bytes / median replay time. Usage: hybrid-kernel-bench [T] [fp8] (rows of x, 1..8; default 1;
-// fp8: the FP8 GEMVs of kernels/cuda/fp8_matmul.cuh, every launch shape, on the same shapes with FP8 weights).
+// figure is weight bytes / median replay time. Usage: hybrid-kernel-bench [T] [fp8] (rows of x, 1..256; default 1;
+// fp8: the FP8 GEMVs of kernels/cuda/fp8_matmul.cuh, every launch shape, on the same shapes with FP8 weights). Above
+// kGemvMaxTokens rows (the batched GEMMs) it times cuBLASLt's first 8 heuristic choices instead of the GEMVs.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -312,7 +313,7 @@ void probe_block_scaled(cudaStream_t s) {
 int main(int argc, char** argv) {
     try {
         int T = argc > 1 ? std::atoi(argv[1]) : 1;
-        if (T < 1 || T > kGemvMaxTokens) T = 1;
+        if (T < 1 || T > 256) T = 1;
         int major = 0;
         HY_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0));
         cudaStream_t s;
@@ -335,11 +336,15 @@ int main(int argc, char** argv) {
         gemm.set_workspace(ws);
         bf16* x = nullptr;
         void* y = nullptr;
-        HY_CUDA_CHECK(cudaMalloc(&x, size_t(8) * 16384 * 2));
-        HY_CUDA_CHECK(cudaMemset(x, 0, size_t(8) * 16384 * 2));
-        HY_CUDA_CHECK(cudaMalloc(&y, size_t(8) * 248320 * 4 * 3));
+        const size_t xrows = size_t(std::max(T, 8));
+        HY_CUDA_CHECK(cudaMalloc(&x, xrows * 16384 * 2));
+        HY_CUDA_CHECK(cudaMemset(x, 0, xrows * 16384 * 2));
+        HY_CUDA_CHECK(cudaMalloc(&y, xrows * 248320 * 4 * 3));
         std::printf("T = %d; GB/s of weights read (median of %d replays of %d launches)\n\n", T, kReps, kLaunches);
-        std::printf("| shape | MB | cuBLASLt | GEMV launch shapes, PDL on: split,per: GB/s |\n|---|---:|---:|---|\n");
+        std::printf(
+            T > kGemvMaxTokens
+                ? "| shape | MB | cuBLASLt | cuBLASLt's next heuristic choices, rank: GB/s |\n|---|---:|---:|---|\n"
+                : "| shape | MB | cuBLASLt | GEMV launch shapes, PDL on: split,per: GB/s |\n|---|---:|---:|---|\n");
         for (const Shape& sh : shapes) {
             int64_t rows = 0;
             for (int64_t n : sh.n) rows += n;
@@ -375,6 +380,32 @@ int main(int argc, char** argv) {
             char buf[128];
             std::snprintf(buf, sizeof buf, "%.0f | ", total / (ms * 1e-3) / 1e9);
             line += buf;
+            if (T > kGemvMaxTokens) {  // batched: cuBLASLt's other heuristic choices (rank: GB/s)
+                bool first = true;
+                for (int rank = 1; rank < 8; rank++) {
+                    Gemm ranked;
+                    ranked.set_workspace(ws);
+                    ranked.set_heuristic_rank(rank);
+                    ranked.run(x, T, wcopy(0), sh.n[0], sh.K, y, sh.out_f32, no_pdl);  // (makes the first plan)
+                    if (ranked.heuristic_rank_used() != rank) break;                   // the heuristic offers fewer
+                    ms = time_graph(s, [&] {
+                        for (int i = 0; i < kLaunches; i++) {
+                            int64_t off = 0;
+                            for (int64_t n : sh.n) {
+                                ranked.run(x, T, wcopy(i) + off * sh.K, n, sh.K, y, sh.out_f32, no_pdl);
+                                off += n;
+                            }
+                        }
+                    });
+                    std::snprintf(buf, sizeof buf, "%s%d: %.0f", first ? "" : "; ", rank, total / (ms * 1e-3) / 1e9);
+                    line += buf;
+                    first = false;
+                }
+                std::printf("%s |\n", line.c_str());
+                std::fflush(stdout);
+                HY_CUDA_CHECK(cudaFree(w));
+                continue;
+            }
             // the GEMV launch shapes (PDL on); * = the one the backend chooses for this K
             if (T > kGemvBlockMaxTokens) {  // the tensor-core GEMV (gate and up as a group of two)
                 const MmaGemvConfig mc = gemv_mma_config(sh.K);
@@ -433,11 +464,13 @@ int main(int argc, char** argv) {
             std::fflush(stdout);
             HY_CUDA_CHECK(cudaFree(w));
         }
-        std::printf(T > kGemvBlockMaxTokens
-                        ? "\n(tensor-core GEMV, parts,unroll: warps per 16-row tile, 32-value chunks per warp and "
-                          "round; * = the backend's choice)\n"
-                        : "\n(split,per: warps per row, 16-byte words per lane per round; * = the backend's choice)\n");
-        if (argc > 2 && std::string(argv[2]) == "fp8") {
+        if (T <= kGemvMaxTokens)
+            std::printf(
+                T > kGemvBlockMaxTokens
+                    ? "\n(tensor-core GEMV, parts,unroll: warps per 16-row tile, 32-value chunks per warp and "
+                      "round; * = the backend's choice)\n"
+                    : "\n(split,per: warps per row, 16-byte words per lane per round; * = the backend's choice)\n");
+        if (argc > 2 && std::string(argv[2]) == "fp8" && T <= kGemvMaxTokens) {
             bench_fp8(T, shapes, s, pdl, x, y);
             if (T == 1) probe_block_scaled(s);
         }

@@ -576,11 +576,15 @@ Gemm::Plan& Gemm::plan(int64_t T, int64_t N, int64_t K, bool out_f32, bool fp8) 
             check_lt(cublasLtMatmulPreferenceCreate(&pref), "cublasLtMatmulPreferenceCreate");
             size_t ws = kWorkspaceBytes;
             cublasLtMatmulPreferenceSetAttribute(pref, CUBLASLT_MATMUL_PREF_MAX_WORKSPACE_BYTES, &ws, sizeof ws);
-            cublasLtMatmulHeuristicResult_t result{};
+            constexpr int kMaxRank = 16;
+            cublasLtMatmulHeuristicResult_t results[kMaxRank] = {};
+            const int want = std::min(heuristic_rank_, kMaxRank - 1) + 1;
             int found = 0;
             cublasStatus_t s =
-                cublasLtMatmulAlgoGetHeuristic(handle_, op, p.a, p.b, p.c, p.c, pref, 1, &result, &found);
+                cublasLtMatmulAlgoGetHeuristic(handle_, op, p.a, p.b, p.c, p.c, pref, want, results, &found);
             cublasLtMatmulPreferenceDestroy(pref);
+            last_rank_ = std::max(0, std::min(want, found) - 1);
+            const cublasLtMatmulHeuristicResult_t& result = results[last_rank_];
             p.found = s == CUBLAS_STATUS_SUCCESS && found > 0;
             if (!p.found && !fp8)
                 throw Error(Status::backend, "cuBLASLt has no algorithm for a bf16 matmul of " + std::to_string(T) +

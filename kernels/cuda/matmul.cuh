@@ -32,6 +32,10 @@ public:
     // running nothing, when cuBLASLt has no algorithm for the shape (the answer is cached).
     bool run_fp8(const uint8_t* xq, const float* xs, int64_t T, const uint8_t* w, const float* ws, int64_t N, int64_t K,
                  bf16* y, const LaunchContext& ctx);
+    // Benchmarks (hybrid-kernel-bench): plans made from now on take the heuristic's rank-th algorithm (0: its first
+    // choice, the default) or its last when it offers fewer; heuristic_rank_used() says which the newest plan took.
+    void set_heuristic_rank(int rank) { heuristic_rank_ = rank < 0 ? 0 : rank; }
+    int heuristic_rank_used() const { return last_rank_; }
     // Shapes run_fp8 was asked for and cuBLASLt had no algorithm for (the caller dequantized instead).
     int fp8_shapes_without_algorithm() const {
         int n = 0;
@@ -59,6 +63,8 @@ private:
     void* workspace_ = nullptr;
     std::vector<Plan> plans_;  // at most kMaxPlans; the oldest is replaced when full
     size_t next_victim_ = 0;
+    int heuristic_rank_ = 0;
+    int last_rank_ = -1;  // the rank of the newest plan
     static constexpr size_t kMaxPlans = 256;
 };
 
