@@ -959,6 +959,8 @@ TEST_CASE("CUDA Gated DeltaNet (prefill, several runs, decode) matches the CPU r
     gdn_case({4, 8, 32, 32});    // the tiny model
     gdn_case({2, 4, 128, 128});  // Qwen3.5-4B head dims (fewer heads)
     gdn_case({3, 3, 64, 64});
+    gdn_case({1, 2, 128, 256});  // the largest value head (the decode block stages 128 KB of state)
+    gdn_case({2, 4, 32, 96});    // Dk != Dv, rows of 24 16-byte chunks
 }
 
 // A sequence's Gated DeltaNet outputs and state must not depend on how its tokens are split into runs and steps
