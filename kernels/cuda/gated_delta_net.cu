@@ -424,14 +424,15 @@ __device__ __forceinline__ bf16 conv4_channel(const float* w, const float (&x)[k
 // ---------------------------------------------------------------------------------------------------------------
 // Decode: every run is one token. grid (Hv, n_runs), block 2 Dv threads: thread t is lane g = t & 7 of column group
 // p = t >> 3 (p < Dv/4) and owns two column pairs, e = 2p, 2p + 1 and e = Dv/2 + 2p, + 1, each handled exactly as a
-// prefill thread handles its pair. The head's state goes through shared memory (staged_index): copied in with
-// cp.async in whole lines before the wait, read into the recurrence layout one column pair at a time, written back
-// there and stored in whole lines. (Loading the recurrence layout straight from global memory, a warp request of 8
-// rows x 32 bytes, kept the L1 pipe 85% busy and DRAM at 44% at b = 64: ncu, run 126.) Four columns per thread
-// amortize the per-thread overhead; a block holds DK Dv 4 bytes of dynamic shared memory (64 KB at 128 x 128) and
-// up to 128 registers a thread, so two blocks (heads) share an SM and one block's copies overlap the other's math.
-// The whole head is in the block, so the gated norm needs one more barrier and no second kernel. Warp 0 normalizes
-// q and k (lanes < VL q, VL .. 2VL-1 k).
+// prefill thread handles its pair. Steps of up to kFusedConvMaxRuns runs (kConv) load the state straight into the
+// recurrence layout (a warp request: 8 rows x 32 bytes) before the wait. Larger steps stage the head's state in
+// shared memory (staged_index): copied in with cp.async in whole lines before the wait, read into the recurrence
+// layout one column pair at a time, written back there and stored in whole lines. (At b = 64 the direct loads kept
+// the L1 pipe 85% busy and DRAM at 44%, ncu run 126; staged, 36% and 57%, 116 -> 89 us, run 127. At b = 8 the
+// staged kernel lost 32% of the step, run 127: its 64 KB of shared memory a block and carveout change keep it from
+// starting beside the GEMV before it.) Four columns per thread amortize the per-thread overhead; with 128
+// registers a thread two blocks (heads) share an SM. The whole head is in the block, so the gated norm needs one
+// more barrier and no second kernel. Warp 0 normalizes q and k (lanes < VL q, VL .. 2VL-1 k).
 //
 // kConv (conv kernel size 4, compute capability 9.0): the kernel also does the conv of the 2 Dk + Dv channels it
 // reads (q and k of its key head, v of its head; at most two per thread) and the conv state update, instead of
@@ -464,7 +465,15 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
     const SeqRun run = rows.runs[blockIdx.y];
     const int64_t row = run.row;
     float* S = p.ssm_state + (int64_t(run.slot) * Hv + h) * DK * Dv;
-    stage_state_async<DK>(sS, S, Dv, tid);
+    // kStaged (large steps, no kConv): the state through shared memory; else straight into registers
+    constexpr bool kStaged = !kConv;
+    float4 sa[J], sb[J], sc[J], sd[J];  // columns e0, e0 + 1, e1, e1 + 1
+    if constexpr (kStaged) {
+        stage_state_async<DK>(sS, S, Dv, tid);
+    } else {
+        load_state<J>(S + e0, Dv, g, sa, sb);
+        load_state<J>(S + e1, Dv, g, sc, sd);
+    }
     // kConv: the conv state and weights of this thread's conv channels (list index i = tid + u 2 Dv < 2 DK + Dv:
     // q, k, v), loaded before the wait like the recurrent state (the conv state is written only by this kernel, in
     // earlier steps) and used only after it (a use before the wait would hold the block there until the loads
@@ -520,28 +529,33 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
         const float f = qk_factor<DK>(r, which == 0);
         if (which < 2) store_qk<DK>(r, li, f, which == 0 ? sq : sk);
     }
-    cp_async_wait_all();
+    if constexpr (kStaged) cp_async_wait_all();
     __syncthreads();
 
     float4 kx[J], qx[J];
     load_rows<J>(sk, g, kx);
     load_rows<J>(sq, g, qx);
     float oa, ob, oc, od;
-    {  // columns e0, e0 + 1, then e1, e1 + 1: 32 state registers live at a time
-        float4 sa[J], sb[J];
+    if constexpr (kStaged) {  // columns e0, e0 + 1, then e1, e1 + 1: 32 state registers live at a time
         read_staged<J>(sS, Dv, g, e0, sa, sb);
         const float km_a = decay_and_km<J>(sa, kx, gate.y), km_b = decay_and_km<J>(sb, kx, gate.y);
         oa = update_and_o<J>(sa, kx, qx, delta_u(gate.x, v0.x, km_a));
         ob = update_and_o<J>(sb, kx, qx, delta_u(gate.x, v0.y, km_b));
         write_staged<J>(sS, Dv, g, e0, sa, sb);  // (each thread rewrites the words it read)
-    }
-    {
-        float4 sc[J], sd[J];
         read_staged<J>(sS, Dv, g, e1, sc, sd);
         const float km_c = decay_and_km<J>(sc, kx, gate.y), km_d = decay_and_km<J>(sd, kx, gate.y);
         oc = update_and_o<J>(sc, kx, qx, delta_u(gate.x, v1.x, km_c));
         od = update_and_o<J>(sd, kx, qx, delta_u(gate.x, v1.y, km_d));
         write_staged<J>(sS, Dv, g, e1, sc, sd);
+    } else {  // the four columns interleaved (the loads went out before the wait)
+        const float km_a = decay_and_km<J>(sa, kx, gate.y), km_b = decay_and_km<J>(sb, kx, gate.y);
+        const float km_c = decay_and_km<J>(sc, kx, gate.y), km_d = decay_and_km<J>(sd, kx, gate.y);
+        oa = update_and_o<J>(sa, kx, qx, delta_u(gate.x, v0.x, km_a));
+        ob = update_and_o<J>(sb, kx, qx, delta_u(gate.x, v0.y, km_b));
+        oc = update_and_o<J>(sc, kx, qx, delta_u(gate.x, v1.x, km_c));
+        od = update_and_o<J>(sd, kx, qx, delta_u(gate.x, v1.y, km_d));
+        store_state<J>(S + e0, Dv, g, sa, sb);
+        store_state<J>(S + e1, Dv, g, sc, sd);
     }
     const float o0 = round_bf16(group_sum_pair(oa, ob, g));
     const float o1 = round_bf16(group_sum_pair(oc, od, g));
@@ -557,7 +571,7 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
         const float inv = head_inv_rms(o32, Dv, p.eps);
         static_cast<bf16*>(p.out)[oi] = gated_out(so[tid], inv, norm_w, z);
     }
-    write_back_state<DK>(sS, S, Dv, tid);  // (the barrier above also ordered the staged writes)
+    if constexpr (kStaged) write_back_state<DK>(sS, S, Dv, tid);  // (the barrier above ordered the staged writes)
     if constexpr (kConv) {  // the new conv state: rows 1 .. 3 of the window; shared q, k channels by one block
         cluster_wait();
         bf16* st = static_cast<bf16*>(p.conv_state) + int64_t(run.slot) * (kFusedConvTaps - 1) * C;
@@ -772,19 +786,20 @@ __global__ void __launch_bounds__(kNormWarps * 32)
         if (i < Dv / 32) o_row[lane + 32 * i] = gated_out(o32[i], inv, w[i], to_f32(z_row[lane + 32 * i]));
 }
 
-// Opts decode_kernel<DK, kConv> into DK kMaxValueDim 4 bytes of dynamic shared memory (above the 48 KB default at DK =
-// 128) and the largest shared-memory carveout (the kernel's global accesses skip L1), once per kernel and device.
-template <int DK, bool kConv>
+// Opts decode_kernel<DK, false> (the staged state) into DK kMaxValueDim 4 bytes of dynamic shared memory (above the 48
+// KB default at DK = 128) and the largest shared-memory carveout (the kernel's global accesses skip L1), once per
+// kernel and device.
+template <int DK>
 void decode_smem_opt_in() {
     static std::atomic<uint64_t> done{0};
     int dev = 0;
     check(cudaGetDevice(&dev), "cudaGetDevice (Gated DeltaNet)");
     const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
     if (bit && (done.load(std::memory_order_relaxed) & bit)) return;
-    check(cudaFuncSetAttribute(decode_kernel<DK, kConv>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+    check(cudaFuncSetAttribute(decode_kernel<DK, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                int(DK * kMaxValueDim * sizeof(float))),
           "cudaFuncSetAttribute (Gated DeltaNet decode shared memory)");
-    check(cudaFuncSetAttribute(decode_kernel<DK, kConv>, cudaFuncAttributePreferredSharedMemoryCarveout,
+    check(cudaFuncSetAttribute(decode_kernel<DK, false>, cudaFuncAttributePreferredSharedMemoryCarveout,
                                int(cudaSharedmemCarveoutMaxShared)),
           "cudaFuncSetAttribute (Gated DeltaNet decode carveout)");
     done.fetch_or(bit, std::memory_order_relaxed);
@@ -795,13 +810,12 @@ void launch_recurrence(const GatedDeltaNetArgs& a, const RowMap& rows, const bf1
                        const LaunchContext& s) {
     if (decode) {
         const dim3 grid(unsigned(a.n_v_heads), unsigned(rows.n_runs)), block(unsigned(2 * a.v_dim));
-        const size_t smem = size_t(DK) * size_t(a.v_dim) * sizeof(float);  // the staged state
+        const size_t smem = size_t(DK) * size_t(a.v_dim) * sizeof(float);  // the staged state (no kConv)
         if (fused_conv) {
-            decode_smem_opt_in<DK, true>();
-            launch_clusters(decode_kernel<DK, true>, grid, block, unsigned(a.n_v_heads / a.n_k_heads), smem, s,
+            launch_clusters(decode_kernel<DK, true>, grid, block, unsigned(a.n_v_heads / a.n_k_heads), 0, s,
                             "Gated DeltaNet decode kernel (conv + recurrence + gated RMSNorm)", a, rows, mixed);
         } else {
-            decode_smem_opt_in<DK, false>();
+            decode_smem_opt_in<DK>();
             launch(decode_kernel<DK, false>, grid, block, smem, s,
                    "Gated DeltaNet decode kernel (recurrence + gated RMSNorm)", a, rows, mixed);
         }
