@@ -429,10 +429,10 @@ __device__ __forceinline__ bf16 conv4_channel(const float* w, const float (&x)[k
 // shared memory (staged_index): copied in with cp.async in whole lines before the wait, read into the recurrence
 // layout one column pair at a time, written back there and stored in whole lines. (At b = 64 the direct loads kept
 // the L1 pipe 85% busy and DRAM at 44%, ncu run 126; staged, 36% and 57%, 116 -> 89 us, run 127. At b = 8 the
-// staged kernel lost 32% of the step, run 127: its 64 KB of shared memory a block and carveout change keep it from
-// starting beside the GEMV before it.) Four columns per thread amortize the per-thread overhead; with 128
-// registers a thread two blocks (heads) share an SM. The whole head is in the block, so the gated norm needs one
-// more barrier and no second kernel. Warp 0 normalizes q and k (lanes < VL q, VL .. 2VL-1 k).
+// staged kernel lost 32% of the step, run 127, probably because a block needing 64 KB of shared memory and
+// another carveout cannot start beside the GEMV before it; not profiled.) Four columns per thread amortize the
+// per-thread overhead; with 128 registers a thread two blocks (heads) share an SM. The whole head is in the block, so
+// the gated norm needs one more barrier and no second kernel. Warp 0 normalizes q and k (lanes < VL q, VL .. 2VL-1 k).
 //
 // kConv (conv kernel size 4, compute capability 9.0): the kernel also does the conv of the 2 Dk + Dv channels it
 // reads (q and k of its key head, v of its head; at most two per thread) and the conv state update, instead of
