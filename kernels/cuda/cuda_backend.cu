@@ -335,8 +335,9 @@ public:
                (ctx_.int_gemv_split_k > 0   ? "always"
                 : ctx_.int_gemv_split_k < 0 ? "never"
                                             : "by shape") +
-               ", bf16 gemv of 3-8 rows " + (ctx_.tc_gemv_all ? "all tensor-core" : "groups tensor-core") +
-               ", fp8 gemm " + (fp8_mode_ == cuda::Fp8GemmMode::block_scaled ? "block-scaled" : "dequantize") +
+               ", bf16 gemv of 3-" +
+               std::string(ctx_.tc_gemv_all ? "16 rows all tensor-core" : "8 rows groups tensor-core") + ", fp8 gemm " +
+               (fp8_mode_ == cuda::Fp8GemmMode::block_scaled ? "block-scaled" : "dequantize") +
                (gemm_->fp8_shapes_without_algorithm() > 0
                     ? " (cuBLASLt had no block-scaled algorithm for " +
                           std::to_string(gemm_->fp8_shapes_without_algorithm()) + " shapes: those dequantize)"
@@ -629,8 +630,9 @@ public:
         op.y2 = y;
         submit(op);
     }
-    // With 1 to 8 rows (cuda::kGemvMaxTokens), consecutive projections that gemv_group_fits (up to GemvGroup::kMax
-    // of them; with 3 to 8 rows only groups of 3 or 4) run as one GEMV launch; the others as matmul(): the GEMV for
+    // With 1 to 8 rows (cuda::kGemvMaxTokens; bf16 up to 16, kTcGemvMaxTokens, when every bf16 matrix goes to the
+    // tensor-core GEMV), consecutive projections that gemv_group_fits (up to GemvGroup::kMax of them; with 3 to 8
+    // rows otherwise only groups of 3 or 4) run as one GEMV launch; the others as matmul(): the GEMV for
     // 1-2 rows where it fits, else cuBLASLt (hybrid-kernel-bench: at 8 rows the 4B q/k/v group streams 2.6 TB/s and
     // the Gated DeltaNet input group 2.8 TB/s against 2.1 and 2.0 for their cuBLASLt calls).
     void matmul_group(const void* x, int64_t rows, const Projection* p, int n) override {
@@ -642,7 +644,7 @@ public:
         auto groupable = [&](const Projection& q) {
             if (is_fp8(q.w.dtype)) return cuda::fp8_gemv_fits(xb, rows, q.w);
             if (is_int_quant(q.w.dtype)) return cuda::int_gemv_fits(xb, rows, q.w);
-            return rows >= 1 && rows <= cuda::kGemvMaxTokens &&
+            return rows >= 1 && rows <= cuda::kTcGemvMaxTokens &&
                    cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(q.w.data), q.w.cols, 1, ctx_.tc_gemv_all);
         };
         auto same_kind = [&](const Projection& a, const Projection& b) {
@@ -682,7 +684,7 @@ public:
             }
         }
     }
-    // 1-2 rows where the GEMV fits (FP8 and Q8/Q4: 1-8 rows; bf16 3-8 rows on tensor cores when every bf16 matrix
+    // 1-2 rows where the GEMV fits (FP8 and Q8/Q4: 1-8 rows; bf16 3-16 rows on tensor cores when every bf16 matrix
     // goes there, CudaOptions::small_batch_gemv): one gate/up/SiLU GEMV kernel (cuda::gemv_gate_up,
     // cuda::gemv_fp8_gate_up, cuda::gemv_int_gate_up); Q8/Q4 beyond: gate and up as one matmul_group, then silu_mul;
     // else matmul, matmul, silu_mul.
@@ -707,7 +709,7 @@ public:
         else if (rows <= cuda::kGemvBlockMaxTokens)
             fits = cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols) &&
                    cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols);
-        else  // 3 to 8 rows: the tensor-core gate/up/SiLU GEMV when every bf16 matrix goes to the tensor-core GEMV
+        else  // 3 to 16 rows: the tensor-core gate/up/SiLU GEMV when every bf16 matrix goes to the tensor-core GEMV
             fits = ctx_.tc_gemv_all &&
                    cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols, 2, true) &&
                    cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols, 2, true);
