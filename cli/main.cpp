@@ -350,9 +350,10 @@ int run(int argc, char** argv) {
         if (o.sampling.temperature <= 0.0f)
             std::snprintf(sampling, sizeof sampling, "temp 0 (greedy)");
         else
-            std::snprintf(sampling, sizeof sampling, "seed %llu, temp %.3g, top-k %d, top-p %.3g, min-p %.3g",
-                          (unsigned long long)o.sampling.seed, o.sampling.temperature, o.sampling.top_k,
-                          o.sampling.top_p, o.sampling.min_p);
+            std::snprintf(sampling, sizeof sampling, "seed %llu, temp %.3g, top-k %s, top-p %.3g, min-p %.3g",
+                          (unsigned long long)o.sampling.seed, o.sampling.temperature,
+                          o.sampling.top_k > 0 ? std::to_string(o.sampling.top_k).c_str() : "off", o.sampling.top_p,
+                          o.sampling.min_p);
         std::fprintf(stderr,
                      "hybrid: model %s, ctx %d, threads %s, %s, repeat-penalty %.3g (%s), presence %.3g, "
                      "frequency %.3g%s%s%s\n",
