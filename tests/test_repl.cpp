@@ -283,8 +283,9 @@ TEST_CASE("cli: /save then /load continues identically; another model's snapshot
     // a scripted chat whose second message does not fit: the advice fits a script (no /save after the end)
     std::vector<std::string> short_ctx = chat;
     short_ctx.insert(short_ctx.end(), {"-c", "70"});
-    const Run full = hybrid(short_ctx, "Hi.\nplease tell me a very long story about the sea and the ships and the "
-                                       "sailors who go there every day of the year\n");
+    const Run full = hybrid(short_ctx,
+                            "Hi.\nplease tell me a very long story about the sea and the ships and the "
+                            "sailors who go there every day of the year\n");
     INFO(full.err);
     CHECK(full.rc == 3);
     CHECK(full.err.find("(-c): give a larger -c or /reset before it") != std::string::npos);
