@@ -246,9 +246,10 @@ struct CudaOptions {
     // Q8/Q4 decode GEMVs: split K in two halves (twice the blocks) 1: wherever K allows, -1: never, 0: for short
     // matrices (the tuned default). A row's result does not depend on the batch either way.
     int int_gemv_split_k = 0;
-    // bf16 matrices with 3 to 8 rows of x (batched decode): 1: all on the tensor-core GEMV (singles, pairs, gate/up,
-    // lm_head), -1: only groups of 3 or 4 matrices there, the others on cuBLASLt; 0: the tuned default. A row's
-    // result does not depend on the batch (3 to 8 rows) either way.
+    // bf16 matrices with 3 to 16 rows of x (batched decode): 1: all on the tensor-core GEMV (singles, pairs, gate/up,
+    // lm_head; 9-16 rows as two mma n-tiles), -1: only groups of 3 or 4 matrices of 3-8 rows there, the others on
+    // cuBLASLt; 0: the tuned default (all on the tensor-core GEMV up to 8 rows, 9-16 rows on cuBLASLt). A row's
+    // result does not depend on the batch (3 to 16 rows with 1; 3 to 8 otherwise) either way.
     int small_batch_gemv = 0;
     // FP8 matrices with more rows than the FP8 GEMVs take (prefill, batches over 8): true (default), FP8 tensor cores
     // with the activations quantized per row and 128-value group (W8A8 with cuBLASLt block scales, the checkpoints'

@@ -294,11 +294,11 @@ TEST_CASE("CUDA small-batch GEMV groups match the CPU and do not depend on the b
         for (size_t k = 1; k < first3[i].size(); k++) CHECK(first3[i][k] == first3[i][0]);
 }
 
-// 3 to 8 rows of bf16 weights on the tensor-core GEMV in both modes (CudaOptions::small_batch_gemv: every matrix,
-// or groups of 3-4 only): singles, a pair as a group, gate/up/SiLU and the F32 logits, at K of 3 chunks (fewer than a
-// block's warps), 81 chunks (not a multiple of a round) and 9216, N not a multiple of 16; against the CPU, and in
-// "all" mode the first 3 rows bitwise the same at 3 and 8 rows.
-TEST_CASE("CUDA tensor-core GEMV of 3-8 rows: singles, pairs, gate/up and logits match the CPU", "[gpu]") {
+// 3 to 16 rows of bf16 weights on the tensor-core GEMV in both modes (CudaOptions::small_batch_gemv: every matrix,
+// or groups of 3-4 of 3-8 rows only): singles, a pair as a group, gate/up/SiLU and the F32 logits, at K of 3 chunks
+// (fewer than a block's warps), 81 chunks (not a multiple of a round) and 9216, N not a multiple of 16; against the
+// CPU, and in "all" mode the first 3 rows bitwise the same at 3 to 16 rows (one or two n-tiles).
+TEST_CASE("CUDA tensor-core GEMV of 3-16 rows: singles, pairs, gate/up and logits match the CPU", "[gpu]") {
     HY_REQUIRE_GPU();
     for (int mode : {1, -1}) {
         CudaOptions o;
@@ -306,7 +306,7 @@ TEST_CASE("CUDA tensor-core GEMV of 3-8 rows: singles, pairs, gate/up and logits
         Pair p(limits(16, 8, 16), 4, 64, size_t(160) << 20, o);
         for (int K : {96, 2592, 4096, 9216}) {  // (the three launch shapes of gemv_mma_config)
             const int N = 300, F = 200;
-            auto x = randn(size_t(8) * K);
+            auto x = randn(size_t(16) * K);
             auto w = randn(size_t(N) * K, 0.05f), wg = randn(size_t(F) * K, 0.05f), wu = randn(size_t(F) * K, 0.05f);
             void* xc = p.cpu.act(x);
             void* xg = p.gpu.act(x);
@@ -315,7 +315,7 @@ TEST_CASE("CUDA tensor-core GEMV of 3-8 rows: singles, pairs, gate/up and logits
             const Matrix uc = p.cpu.matrix(wu, F, K), ug = p.gpu.matrix(wu, F, K);
             constexpr int kOut = 7;  // single, pair (N rows, F rows), gate, up, act, logits
             std::vector<std::vector<float>> first3[kOut];
-            for (int T : {3, 5, 8}) {
+            for (int T : {3, 5, 8, 9, 13, 16}) {
                 INFO("mode " << mode << " K=" << K << " T=" << T);
                 const size_t n = size_t(T) * N, f = size_t(T) * F;
                 const size_t sizes[kOut] = {n, n, f, f, f, f, n};
@@ -959,6 +959,8 @@ TEST_CASE("CUDA Gated DeltaNet (prefill, several runs, decode) matches the CPU r
     gdn_case({4, 8, 32, 32});    // the tiny model
     gdn_case({2, 4, 128, 128});  // Qwen3.5-4B head dims (fewer heads)
     gdn_case({3, 3, 64, 64});
+    gdn_case({1, 2, 128, 256});  // the largest value head (the decode block stages 128 KB of state)
+    gdn_case({2, 4, 32, 96});    // Dk != Dv, rows of 24 16-byte chunks
 }
 
 // A sequence's Gated DeltaNet outputs and state must not depend on how its tokens are split into runs and steps

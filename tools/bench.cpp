@@ -236,8 +236,9 @@ int main(int argc, char** argv) {
          "default)", cxxopts::value<int>()->default_value("0"))
         ("int-split-k", "CUDA, --quant int8/int4 decode GEMVs: split K in two halves: always, never or auto (by shape, "
          "the default)", cxxopts::value<std::string>()->default_value("auto"))
-        ("small-batch-gemv", "CUDA, bf16 matrices with 3 to 8 rows (batched decode): all on the tensor-core GEMV, "
-         "groups (only groups of 3 or 4 matrices there, the others on cuBLASLt) or auto (the default)",
+        ("small-batch-gemv", "CUDA, bf16 matrices with 3 to 16 rows (batched decode): all (every matrix of 3-16 rows on the "
+         "tensor-core GEMV), groups (only groups of 3 or 4 matrices of 3-8 rows there, the others on cuBLASLt) or auto "
+         "(the default: all up to 8 rows, cuBLASLt beyond)",
          cxxopts::value<std::string>()->default_value("auto"));
     add_shared_option(opts, "", "fp8-gemm");
     add_shared_option(opts, "", "version");

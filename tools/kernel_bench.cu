@@ -6,7 +6,7 @@
 // copies of the weights (>= 256 MB) that L2 (50 MB on an H200) holds none of them, replayed several times; the
 // figure is weight bytes / median replay time. Usage: hybrid-kernel-bench [T] [fp8] (rows of x, 1..256; default 1;
 // fp8: the FP8 GEMVs of kernels/cuda/fp8_matmul.cuh, every launch shape, on the same shapes with FP8 weights). Above
-// kGemvMaxTokens rows (the batched GEMMs) it times cuBLASLt's first 8 heuristic choices instead of the GEMVs.
+// kTcGemvMaxTokens rows (the batched GEMMs) it times cuBLASLt's first 8 heuristic choices instead of the GEMVs.
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -380,7 +380,7 @@ int main(int argc, char** argv) {
             char buf[128];
             std::snprintf(buf, sizeof buf, "%.0f | ", total / (ms * 1e-3) / 1e9);
             line += buf;
-            if (T > kGemvMaxTokens) {  // batched: cuBLASLt's other heuristic choices (rank: GB/s)
+            if (T > kTcGemvMaxTokens) {  // batched: cuBLASLt's other heuristic choices (rank: GB/s)
                 bool first = true;
                 for (int rank = 1; rank < 8; rank++) {
                     Gemm ranked;
@@ -424,8 +424,8 @@ int main(int argc, char** argv) {
                     ms = time_graph(s, [&] {
                         for (int i = 0; i < kLaunches; i++) {
                             bf16* yb = static_cast<bf16*>(y);
-                            gemv_gate_up(x, T, wcopy(i), wcopy(i) + sh.n[0] * sh.K, sh.n[0], sh.K, yb, yb + 8 * sh.n[0],
-                                         yb + 16 * sh.n[0], pdl);
+                            gemv_gate_up(x, T, wcopy(i), wcopy(i) + sh.n[0] * sh.K, sh.n[0], sh.K, yb, yb + T * sh.n[0],
+                                         yb + 2 * T * sh.n[0], pdl);
                         }
                     });
                     std::snprintf(buf, sizeof buf, "; gate/up/SiLU kernel: %.0f", total / (ms * 1e-3) / 1e9);
@@ -448,8 +448,8 @@ int main(int argc, char** argv) {
                     for (int i = 0; i < kLaunches; i++) {
                         if (sh.gate_up) {
                             bf16* yb = static_cast<bf16*>(y);
-                            gemv_gate_up(x, T, wcopy(i), wcopy(i) + sh.n[0] * sh.K, sh.n[0], sh.K, yb, yb + 8 * sh.n[0],
-                                         yb + 16 * sh.n[0], pdl);
+                            gemv_gate_up(x, T, wcopy(i), wcopy(i) + sh.n[0] * sh.K, sh.n[0], sh.K, yb, yb + T * sh.n[0],
+                                         yb + 2 * T * sh.n[0], pdl);
                         } else {
                             gemv_group_with(x, T, group(i), sh.K, sh.out_f32, c, pdl);
                         }
@@ -464,7 +464,7 @@ int main(int argc, char** argv) {
             std::fflush(stdout);
             HY_CUDA_CHECK(cudaFree(w));
         }
-        if (T <= kGemvMaxTokens)
+        if (T <= kTcGemvMaxTokens)
             std::printf(
                 T > kGemvBlockMaxTokens
                     ? "\n(tensor-core GEMV, parts,unroll: warps per 16-row tile, 32-value chunks per warp and "

@@ -295,6 +295,7 @@ public:
         if (o.attn_max_splits > 0) ctx_.attn_max_splits = std::min(o.attn_max_splits, cuda::kAttnMaxSplits);
         ctx_.int_gemv_split_k = o.int_gemv_split_k < 0 ? -1 : o.int_gemv_split_k > 0 ? 1 : 0;
         if (o.small_batch_gemv != 0) ctx_.tc_gemv_all = o.small_batch_gemv > 0;
+        if (o.small_batch_gemv > 0) ctx_.tc_gemv_max_rows = cuda::kTcGemvMaxTokens;
         fp8_mode_ = o.fp8_block_scaled_gemm ? cuda::Fp8GemmMode::block_scaled : cuda::Fp8GemmMode::dequantize;
 #if defined(HY_CUDA_TRACE)
         if (!o.trace_file.empty()) start_trace(o.trace_file);
@@ -335,7 +336,9 @@ public:
                (ctx_.int_gemv_split_k > 0   ? "always"
                 : ctx_.int_gemv_split_k < 0 ? "never"
                                             : "by shape") +
-               ", bf16 gemv of 3-8 rows " + (ctx_.tc_gemv_all ? "all tensor-core" : "groups tensor-core") +
+               ", bf16 gemv of 3-" +
+               (ctx_.tc_gemv_all ? std::to_string(ctx_.tc_gemv_max_rows) + " rows all tensor-core"
+                                 : std::string("8 rows groups tensor-core")) +
                ", fp8 gemm " + (fp8_mode_ == cuda::Fp8GemmMode::block_scaled ? "block-scaled" : "dequantize") +
                (gemm_->fp8_shapes_without_algorithm() > 0
                     ? " (cuBLASLt had no block-scaled algorithm for " +
@@ -629,10 +632,14 @@ public:
         op.y2 = y;
         submit(op);
     }
-    // With 1 to 8 rows (cuda::kGemvMaxTokens), consecutive projections that gemv_group_fits (up to GemvGroup::kMax
-    // of them; with 3 to 8 rows only groups of 3 or 4) run as one GEMV launch; the others as matmul(): the GEMV for
+    // With 1 to 8 rows (cuda::kGemvMaxTokens; bf16 up to 16, kTcGemvMaxTokens, when every bf16 matrix goes to the
+    // tensor-core GEMV), consecutive projections that gemv_group_fits (up to GemvGroup::kMax of them; with 3 to 8
+    // rows otherwise only groups of 3 or 4) run as one GEMV launch; the others as matmul(): the GEMV for
     // 1-2 rows where it fits, else cuBLASLt (hybrid-kernel-bench: at 8 rows the 4B q/k/v group streams 2.6 TB/s and
     // the Gated DeltaNet input group 2.8 TB/s against 2.1 and 2.0 for their cuBLASLt calls).
+    // Whether every bf16 matrix of `rows` rows of x may go to the tensor-core GEMV (LaunchContext::tc_gemv_all,
+    // tc_gemv_max_rows); else only groups of 3 or 4 matrices of 3 to 8 rows.
+    bool tc_all(int64_t rows) const { return ctx_.tc_gemv_all && rows <= ctx_.tc_gemv_max_rows; }
     void matmul_group(const void* x, int64_t rows, const Projection* p, int n) override {
         const bf16* xb = static_cast<const bf16*>(x);
         for (int k = 0; k < n; k++) {
@@ -642,8 +649,8 @@ public:
         auto groupable = [&](const Projection& q) {
             if (is_fp8(q.w.dtype)) return cuda::fp8_gemv_fits(xb, rows, q.w);
             if (is_int_quant(q.w.dtype)) return cuda::int_gemv_fits(xb, rows, q.w);
-            return rows >= 1 && rows <= cuda::kGemvMaxTokens &&
-                   cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(q.w.data), q.w.cols, 1, ctx_.tc_gemv_all);
+            return rows >= 1 && rows <= cuda::kTcGemvMaxTokens &&
+                   cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(q.w.data), q.w.cols, 1, tc_all(rows));
         };
         auto same_kind = [&](const Projection& a, const Projection& b) {
             return a.w.dtype == b.w.dtype && a.w.cols == b.w.cols && a.w.group == b.w.group;
@@ -667,7 +674,7 @@ public:
                 submit(op);
                 i = j;
             } else if (j - i >= 2 && cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(p[i].w.data), p[i].w.cols,
-                                                           j - i, ctx_.tc_gemv_all)) {
+                                                           j - i, tc_all(rows))) {
                 Op op;
                 op.kind = Op::Kind::gemv_group;
                 op.x = x;
@@ -682,7 +689,7 @@ public:
             }
         }
     }
-    // 1-2 rows where the GEMV fits (FP8 and Q8/Q4: 1-8 rows; bf16 3-8 rows on tensor cores when every bf16 matrix
+    // 1-2 rows where the GEMV fits (FP8 and Q8/Q4: 1-8 rows; bf16 3-16 rows on tensor cores when every bf16 matrix
     // goes there, CudaOptions::small_batch_gemv): one gate/up/SiLU GEMV kernel (cuda::gemv_gate_up,
     // cuda::gemv_fp8_gate_up, cuda::gemv_int_gate_up); Q8/Q4 beyond: gate and up as one matmul_group, then silu_mul;
     // else matmul, matmul, silu_mul.
@@ -707,8 +714,8 @@ public:
         else if (rows <= cuda::kGemvBlockMaxTokens)
             fits = cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols) &&
                    cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols);
-        else  // 3 to 8 rows: the tensor-core gate/up/SiLU GEMV when every bf16 matrix goes to the tensor-core GEMV
-            fits = ctx_.tc_gemv_all &&
+        else  // 3 to 16 rows: the tensor-core gate/up/SiLU GEMV when every bf16 matrix goes to the tensor-core GEMV
+            fits = tc_all(rows) &&
                    cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols, 2, true) &&
                    cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols, 2, true);
         if (same && int_quant && !fits && w_gate.group == w_up.group) {

@@ -41,9 +41,12 @@ struct LaunchContext {
     int attn_heads_per_block = kAttnHeadsPerBlock;  // attention.cuh: q heads of one kv head per decode block
     int attn_max_splits = kAttnDefaultSplits;       // attention.cuh: most position splits of a decode step
     int int_gemv_split_k = 0;  // int_matmul.cuh: the Q8/Q4 GEMV splits K in two: 1 always, -1 never, 0 by shape
-    // matmul.cuh: bf16 matrices with 3 to 8 rows of x all go to the tensor-core GEMV (singles, pairs, gate/up,
-    // lm_head); false: only groups of 3 or 4 matrices, the others to cuBLASLt
+    // matmul.cuh: bf16 matrices with 3 to tc_gemv_max_rows rows of x all go to the tensor-core GEMV (singles, pairs,
+    // gate/up, lm_head); false: only groups of 3 or 4 matrices of 3 to 8 rows, the others to cuBLASLt
     bool tc_gemv_all = kTcGemvAll;
+    // kGemvMaxTokens by default (9-16 rows on cuBLASLt: run 128 measured b=16 at 3,270 tok/s on the tensor-core GEMV
+    // against 3,873 on cuBLASLt); kTcGemvMaxTokens with CudaOptions::small_batch_gemv = 1
+    int tc_gemv_max_rows = kGemvMaxTokens;
 };
 
 // Per batch row, on the device (filled by the backend's begin_batch from the host runs).

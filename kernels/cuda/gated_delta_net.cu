@@ -19,6 +19,7 @@
 #include "kernels/cuda/gated_delta_net.cuh"
 
 #include <algorithm>
+#include <atomic>
 
 namespace hy::cuda {
 
@@ -277,6 +278,64 @@ __device__ __forceinline__ void store_state(float* S, int Dv, int g, const float
                    make_float2(comp(sa[j], c), comp(sb[j], c)));
 }
 
+// Decode stages a head's state S [DK, Dv] (fp32) in shared memory: 16-byte chunk ch of row r sits at chunk
+// ch ^ ((r >> 2) & 7) of that row (Dv is a multiple of 32, so a row has a multiple of 8 chunks). Why the XOR: a
+// recurrence lane g reads rows 4 (g + 8 j) + c, whose (r >> 2) & 7 is g, so the 8 lanes of a column group read 8
+// different bank groups and a warp's float2 read takes the minimum 2 wavefronts; a warp copying 32 consecutive
+// chunks of a row touches each bank group 4 times (the minimum for 512 bytes).
+__device__ __forceinline__ int staged_index(int r, int col, int Dv) {
+    return r * Dv + ((col >> 2) ^ ((r >> 2) & 7)) * 4 + (col & 3);
+}
+
+// Copies (cp.async, 16 bytes a thread per round) or writes back (16-byte global stores that skip L1) the state of
+// a decode block: 2 Dv threads, DK/8 rounds; thread t takes chunk t % (Dv/4) of rows t / (Dv/4) + 8 k, so each
+// warp moves whole 128-byte lines.
+template <int DK>
+__device__ __forceinline__ void stage_state_async(float* sS, const float* S, int Dv, int tid) {
+    const int cpr = Dv / 4, r0 = tid / cpr, col = 4 * (tid % cpr);
+#pragma unroll
+    for (int k = 0; k < DK / 8; k++) {
+        const int r = r0 + 8 * k;
+        cp_async16(smem_addr(sS + staged_index(r, col, Dv)), S + int64_t(r) * Dv + col, true);
+    }
+    cp_async_commit();
+}
+template <int DK>
+__device__ __forceinline__ void write_back_state(const float* sS, float* S, int Dv, int tid) {
+    const int cpr = Dv / 4, r0 = tid / cpr, col = 4 * (tid % cpr);
+#pragma unroll
+    for (int k = 0; k < DK / 8; k++) {
+        const int r = r0 + 8 * k;
+        __stcg(reinterpret_cast<float4*>(S + int64_t(r) * Dv + col),
+               *reinterpret_cast<const float4*>(sS + staged_index(r, col, Dv)));
+    }
+}
+
+// This lane's rows of columns e, e + 1 (e even) between registers and the staged state.
+template <int J>
+__device__ __forceinline__ void read_staged(const float* sS, int Dv, int g, int e, float4 (&sa)[J], float4 (&sb)[J]) {
+#pragma unroll
+    for (int j = 0; j < J; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++) {
+            const float2 v = *reinterpret_cast<const float2*>(sS + staged_index(4 * (g + 8 * j) + c, e, Dv));
+            comp(sa[j], c) = v.x;
+            comp(sb[j], c) = v.y;
+        }
+}
+// (As in store_state, the empty asm keeps the compiler from holding read_staged's addresses live across the math.)
+template <int J>
+__device__ __forceinline__ void write_staged(float* sS, int Dv, int g, int e, const float4 (&sa)[J],
+                                             const float4 (&sb)[J]) {
+    asm volatile("" : "+l"(sS), "+r"(Dv), "+r"(g), "+r"(e));
+#pragma unroll
+    for (int j = 0; j < J; j++)
+#pragma unroll
+        for (int c = 0; c < 4; c++)
+            *reinterpret_cast<float2*>(sS + staged_index(4 * (g + 8 * j) + c, e, Dv)) =
+                make_float2(comp(sa[j], c), comp(sb[j], c));
+}
+
 // Sum over the 8 lanes of a column group, butterfly xor 1, 2, 4: every lane gets the same bits.
 __device__ __forceinline__ float group_sum(float v) {
     v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
@@ -365,11 +424,15 @@ __device__ __forceinline__ bf16 conv4_channel(const float* w, const float (&x)[k
 // ---------------------------------------------------------------------------------------------------------------
 // Decode: every run is one token. grid (Hv, n_runs), block 2 Dv threads: thread t is lane g = t & 7 of column group
 // p = t >> 3 (p < Dv/4) and owns two column pairs, e = 2p, 2p + 1 and e = Dv/2 + 2p, + 1, each handled exactly as a
-// prefill thread handles its pair. One warp covers 8 adjacent columns per pair, so each float2 state load of a warp
-// reads 8 rows x 32 contiguous bytes (full sectors). Four columns per thread amortize the per-thread overhead: at
-// Dv = 128 a block (256 threads) stays under 128 registers per thread, so two blocks (two heads' states) share an
-// SM and one block's loads overlap the other's math at large batch. The whole head is in the block, so the gated
-// norm needs one more barrier and no second kernel. Warp 0 normalizes q and k (lanes < VL q, VL .. 2VL-1 k).
+// prefill thread handles its pair. Steps of up to kFusedConvMaxRuns runs (kConv) load the state straight into the
+// recurrence layout (a warp request: 8 rows x 32 bytes) before the wait. Larger steps stage the head's state in
+// shared memory (staged_index): copied in with cp.async in whole lines before the wait, read into the recurrence
+// layout one column pair at a time, written back there and stored in whole lines. (At b = 64 the direct loads kept
+// the L1 pipe 85% busy and DRAM at 44%, ncu run 126; staged, 36% and 57%, 116 -> 89 us, run 127. At b = 8 the
+// staged kernel lost 32% of the step, run 127, probably because a block needing 64 KB of shared memory and
+// another carveout cannot start beside the GEMV before it; not profiled.) Four columns per thread amortize the
+// per-thread overhead; with 128 registers a thread two blocks (heads) share an SM. The whole head is in the block, so
+// the gated norm needs one more barrier and no second kernel. Warp 0 normalizes q and k (lanes < VL q, VL .. 2VL-1 k).
 //
 // kConv (conv kernel size 4, compute capability 9.0): the kernel also does the conv of the 2 Dk + Dv channels it
 // reads (q and k of its key head, v of its head; at most two per thread) and the conv state update, instead of
@@ -385,6 +448,7 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
     __shared__ __align__(16) float sk[DK];
     __shared__ float so[kMaxValueDim];
     __shared__ __align__(16) bf16 sconv[kConv ? 2 * DK + kMaxValueDim : 1];  // kConv: q, k, v after the conv
+    extern __shared__ __align__(16) float sS[];                              // [DK, Dv], staged_index
     pdl_trigger();
     const int tid = threadIdx.x, lane = tid & 31, g = tid & 7;
     const int h = blockIdx.x;
@@ -401,9 +465,15 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
     const SeqRun run = rows.runs[blockIdx.y];
     const int64_t row = run.row;
     float* S = p.ssm_state + (int64_t(run.slot) * Hv + h) * DK * Dv;
+    // kStaged (large steps, no kConv): the state through shared memory; else straight into registers
+    constexpr bool kStaged = !kConv;
     float4 sa[J], sb[J], sc[J], sd[J];  // columns e0, e0 + 1, e1, e1 + 1
-    load_state<J>(S + e0, Dv, g, sa, sb);
-    load_state<J>(S + e1, Dv, g, sc, sd);
+    if constexpr (kStaged) {
+        stage_state_async<DK>(sS, S, Dv, tid);
+    } else {
+        load_state<J>(S + e0, Dv, g, sa, sb);
+        load_state<J>(S + e1, Dv, g, sc, sd);
+    }
     // kConv: the conv state and weights of this thread's conv channels (list index i = tid + u 2 Dv < 2 DK + Dv:
     // q, k, v), loaded before the wait like the recurrent state (the conv state is written only by this kernel, in
     // earlier steps) and used only after it (a use before the wait would hold the block there until the loads
@@ -459,19 +529,34 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
         const float f = qk_factor<DK>(r, which == 0);
         if (which < 2) store_qk<DK>(r, li, f, which == 0 ? sq : sk);
     }
+    if constexpr (kStaged) cp_async_wait_all();
     __syncthreads();
 
     float4 kx[J], qx[J];
     load_rows<J>(sk, g, kx);
-    const float km_a = decay_and_km<J>(sa, kx, gate.y), km_b = decay_and_km<J>(sb, kx, gate.y);
-    const float km_c = decay_and_km<J>(sc, kx, gate.y), km_d = decay_and_km<J>(sd, kx, gate.y);
     load_rows<J>(sq, g, qx);
-    const float oa = update_and_o<J>(sa, kx, qx, delta_u(gate.x, v0.x, km_a));
-    const float ob = update_and_o<J>(sb, kx, qx, delta_u(gate.x, v0.y, km_b));
-    const float oc = update_and_o<J>(sc, kx, qx, delta_u(gate.x, v1.x, km_c));
-    const float od = update_and_o<J>(sd, kx, qx, delta_u(gate.x, v1.y, km_d));
-    store_state<J>(S + e0, Dv, g, sa, sb);
-    store_state<J>(S + e1, Dv, g, sc, sd);
+    float oa, ob, oc, od;
+    if constexpr (kStaged) {  // columns e0, e0 + 1, then e1, e1 + 1: 32 state registers live at a time
+        read_staged<J>(sS, Dv, g, e0, sa, sb);
+        const float km_a = decay_and_km<J>(sa, kx, gate.y), km_b = decay_and_km<J>(sb, kx, gate.y);
+        oa = update_and_o<J>(sa, kx, qx, delta_u(gate.x, v0.x, km_a));
+        ob = update_and_o<J>(sb, kx, qx, delta_u(gate.x, v0.y, km_b));
+        write_staged<J>(sS, Dv, g, e0, sa, sb);  // (each thread rewrites the words it read)
+        read_staged<J>(sS, Dv, g, e1, sc, sd);
+        const float km_c = decay_and_km<J>(sc, kx, gate.y), km_d = decay_and_km<J>(sd, kx, gate.y);
+        oc = update_and_o<J>(sc, kx, qx, delta_u(gate.x, v1.x, km_c));
+        od = update_and_o<J>(sd, kx, qx, delta_u(gate.x, v1.y, km_d));
+        write_staged<J>(sS, Dv, g, e1, sc, sd);
+    } else {  // the four columns interleaved (the loads went out before the wait)
+        const float km_a = decay_and_km<J>(sa, kx, gate.y), km_b = decay_and_km<J>(sb, kx, gate.y);
+        const float km_c = decay_and_km<J>(sc, kx, gate.y), km_d = decay_and_km<J>(sd, kx, gate.y);
+        oa = update_and_o<J>(sa, kx, qx, delta_u(gate.x, v0.x, km_a));
+        ob = update_and_o<J>(sb, kx, qx, delta_u(gate.x, v0.y, km_b));
+        oc = update_and_o<J>(sc, kx, qx, delta_u(gate.x, v1.x, km_c));
+        od = update_and_o<J>(sd, kx, qx, delta_u(gate.x, v1.y, km_d));
+        store_state<J>(S + e0, Dv, g, sa, sb);
+        store_state<J>(S + e1, Dv, g, sc, sd);
+    }
     const float o0 = round_bf16(group_sum_pair(oa, ob, g));
     const float o1 = round_bf16(group_sum_pair(oc, od, g));
     if ((g & 3) == 0) {
@@ -486,6 +571,7 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
         const float inv = head_inv_rms(o32, Dv, p.eps);
         static_cast<bf16*>(p.out)[oi] = gated_out(so[tid], inv, norm_w, z);
     }
+    if constexpr (kStaged) write_back_state<DK>(sS, S, Dv, tid);  // (the barrier above ordered the staged writes)
     if constexpr (kConv) {  // the new conv state: rows 1 .. 3 of the window; shared q, k channels by one block
         cluster_wait();
         bf16* st = static_cast<bf16*>(p.conv_state) + int64_t(run.slot) * (kFusedConvTaps - 1) * C;
@@ -700,17 +786,39 @@ __global__ void __launch_bounds__(kNormWarps * 32)
         if (i < Dv / 32) o_row[lane + 32 * i] = gated_out(o32[i], inv, w[i], to_f32(z_row[lane + 32 * i]));
 }
 
+// Opts decode_kernel<DK, false> (the staged state) into DK kMaxValueDim 4 bytes of dynamic shared memory (above the 48
+// KB default at DK = 128) and the largest shared-memory carveout (the kernel's global accesses skip L1), once per
+// kernel and device.
+template <int DK>
+void decode_smem_opt_in() {
+    static std::atomic<uint64_t> done{0};
+    int dev = 0;
+    check(cudaGetDevice(&dev), "cudaGetDevice (Gated DeltaNet)");
+    const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
+    if (bit && (done.load(std::memory_order_relaxed) & bit)) return;
+    check(cudaFuncSetAttribute(decode_kernel<DK, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                               int(DK * kMaxValueDim * sizeof(float))),
+          "cudaFuncSetAttribute (Gated DeltaNet decode shared memory)");
+    check(cudaFuncSetAttribute(decode_kernel<DK, false>, cudaFuncAttributePreferredSharedMemoryCarveout,
+                               int(cudaSharedmemCarveoutMaxShared)),
+          "cudaFuncSetAttribute (Gated DeltaNet decode carveout)");
+    done.fetch_or(bit, std::memory_order_relaxed);
+}
+
 template <int DK>
 void launch_recurrence(const GatedDeltaNetArgs& a, const RowMap& rows, const bf16* mixed, bool decode, bool fused_conv,
                        const LaunchContext& s) {
     if (decode) {
         const dim3 grid(unsigned(a.n_v_heads), unsigned(rows.n_runs)), block(unsigned(2 * a.v_dim));
-        if (fused_conv)
+        const size_t smem = size_t(DK) * size_t(a.v_dim) * sizeof(float);  // the staged state (no kConv)
+        if (fused_conv) {
             launch_clusters(decode_kernel<DK, true>, grid, block, unsigned(a.n_v_heads / a.n_k_heads), 0, s,
                             "Gated DeltaNet decode kernel (conv + recurrence + gated RMSNorm)", a, rows, mixed);
-        else
-            launch(decode_kernel<DK, false>, grid, block, 0, s,
+        } else {
+            decode_smem_opt_in<DK>();
+            launch(decode_kernel<DK, false>, grid, block, smem, s,
                    "Gated DeltaNet decode kernel (recurrence + gated RMSNorm)", a, rows, mixed);
+        }
         return;
     }
     launch(prefill_kernel<DK>, dim3(unsigned(a.v_dim / kPrefillCols), unsigned(a.n_v_heads), unsigned(rows.n_runs)),

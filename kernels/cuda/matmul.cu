@@ -201,7 +201,7 @@ void gate_up_launch(const bf16* x, const bf16* wg, const bf16* wu, int64_t N, in
            "gemv gate/up/SiLU kernel", x, wg, wu, gate_out, up_out, act_out, int(N), int(K), ctx.evict_first);
 }
 
-// ---- the small-batch GEMV on tensor cores (3 to 8 rows of x) ----
+// ---- the small-batch GEMV on tensor cores (3 to 16 rows of x: one or two mma n-tiles of 8 rows) ----
 // With more than 2 rows the GEMV above becomes bound by reading x from L1 (every weight word meets every row),
 // so here the products run on tensor cores: mma.sync m16n8k16 with A = 16 weight rows x 16 k, B = 16 k x 8 rows
 // of x (rows >= T are zeros), fp32 accumulation. A warp owns a tile of 16 output features and every kParts-th
@@ -212,15 +212,17 @@ void gate_up_launch(const bf16* x, const bf16* wg, const bf16* wu, int64_t N, in
 // 2q+8, 2q+9}. A round is kUnroll chunks a warp; the loads of round r + 1 (weights and x) are issued before the
 // products of round r, so a warp always has a round in flight (weights of the first round before the PDL wait).
 // Each output sums the same products in the same order whatever T is (the launch shape depends on K and the
-// group's tile count only), so a row of x gets the same result in any batch of 3 to 8 rows.
-// acc[m] (the mma C fragment: feature row0 + g, x rows 2q, 2q + 1; feature row0 + g + 8, same x rows) = this warp's
-// share of W_m[row0 .. row0 + 15, :] . x[t, :] for kM matrices of N rows over the same x, then summed over the
-// block's kParts warps in warp order into warp 0's acc (red: kParts x 32 x 4 kM floats of shared memory). Returns
+// group's tile count only; each n-tile's sums run the same chunks in the same order), so a row of x gets the same
+// result in any batch of 3 to 16 rows.
+// acc[m][nt] (the mma C fragment: feature row0 + g, x rows 8 nt + 2q, + 1; feature row0 + g + 8, same x rows) =
+// this warp's share of W_m[row0 .. row0 + 15, :] . x[t, :] for kM matrices of N rows over the same x and kNT
+// n-tiles of 8 rows, then summed over the block's kParts warps in warp order into warp 0's acc (red: kParts x 32 x
+// 4 kM kNT floats of shared memory). Returns
 // false in the other warps. Waits for the predecessor kernel after issuing the first round of weight loads.
-template <int kParts, int kUnroll, int kM>
+template <int kParts, int kUnroll, int kM, int kNT>
 __device__ __forceinline__ bool mma_tile_dot(const bf16* __restrict__ x, int T, const bf16* const (&w)[kM], int N,
-                                             int row0, int K, bool evict_first, float (*red)[32][4 * kM],
-                                             float (&acc)[kM][4]) {
+                                             int row0, int K, bool evict_first, float (*red)[32][4 * kM * kNT],
+                                             float (&acc)[kM][kNT][4]) {
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31, gi = lane >> 2, q = lane & 3;
     const bool va = row0 + gi < N, vb = row0 + gi + 8 < N;
     const uint4* wa[kM];
@@ -230,8 +232,13 @@ __device__ __forceinline__ bool mma_tile_dot(const bf16* __restrict__ x, int T, 
         wa[m] = reinterpret_cast<const uint4*>(w[m] + int64_t(va ? row0 + gi : 0) * K) + q;
         wb[m] = reinterpret_cast<const uint4*>(w[m] + int64_t(vb ? row0 + gi + 8 : 0) * K) + q;
     }
-    const uint4* xr = reinterpret_cast<const uint4*>(x + int64_t(gi < T ? gi : 0) * K) + q;
-    const bool vx = gi < T;
+    const uint4* xr[kNT];
+    bool vx[kNT];
+#pragma unroll
+    for (int nt = 0; nt < kNT; nt++) {
+        vx[nt] = gi + 8 * nt < T;
+        xr[nt] = reinterpret_cast<const uint4*>(x + int64_t(vx[nt] ? gi + 8 * nt : 0) * K) + q;
+    }
     const int n_chunks = K / 32;
     constexpr int kStep = kParts * kUnroll;  // chunks of a block per round
     const uint4 zero = make_uint4(0u, 0u, 0u, 0u);
@@ -246,32 +253,39 @@ __device__ __forceinline__ bool mma_tile_dot(const bf16* __restrict__ x, int T, 
                 rb[m][u] = c < n_chunks && vb ? ld_weight(wb[m] + 4 * c, pol) : zero;
             }
     };
-    auto load_x = [&](uint4(&rx)[kUnroll], int c0) {
+    auto load_x = [&](uint4(&rx)[kNT][kUnroll], int c0) {
 #pragma unroll
-        for (int u = 0; u < kUnroll; u++) {
-            const int c = c0 + kParts * u;
-            rx[u] = c < n_chunks && vx ? __ldg(xr + 4 * c) : zero;
-        }
+        for (int nt = 0; nt < kNT; nt++)
+#pragma unroll
+            for (int u = 0; u < kUnroll; u++) {
+                const int c = c0 + kParts * u;
+                rx[nt][u] = c < n_chunks && vx[nt] ? __ldg(xr[nt] + 4 * c) : zero;
+            }
     };
 #pragma unroll
     for (int m = 0; m < kM; m++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) acc[m][i] = 0.0f;
-    uint4 ra[kM][kUnroll], rb[kM][kUnroll], rx[kUnroll];
+        for (int nt = 0; nt < kNT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[m][nt][i] = 0.0f;
+    uint4 ra[kM][kUnroll], rb[kM][kUnroll], rx[kNT][kUnroll];
     load_w(ra, rb, warp);
     pdl_wait();
     load_x(rx, warp);
     for (int c0 = warp; c0 < n_chunks; c0 += kStep) {
-        uint4 na[kM][kUnroll], nb[kM][kUnroll], nx[kUnroll];
+        uint4 na[kM][kUnroll], nb[kM][kUnroll], nx[kNT][kUnroll];
         load_w(na, nb, c0 + kStep);  // (past the end: no loads, zeros)
         load_x(nx, c0 + kStep);
 #pragma unroll
         for (int m = 0; m < kM; m++)
 #pragma unroll
-            for (int u = 0; u < kUnroll; u++) {
-                mma_bf16_16816(acc[m], ra[m][u].x, rb[m][u].x, ra[m][u].y, rb[m][u].y, rx[u].x, rx[u].y);
-                mma_bf16_16816(acc[m], ra[m][u].z, rb[m][u].z, ra[m][u].w, rb[m][u].w, rx[u].z, rx[u].w);
-            }
+            for (int nt = 0; nt < kNT; nt++)
+#pragma unroll
+                for (int u = 0; u < kUnroll; u++) {
+                    const uint4& b = rx[nt][u];
+                    mma_bf16_16816(acc[m][nt], ra[m][u].x, rb[m][u].x, ra[m][u].y, rb[m][u].y, b.x, b.y);
+                    mma_bf16_16816(acc[m][nt], ra[m][u].z, rb[m][u].z, ra[m][u].w, rb[m][u].w, b.z, b.w);
+                }
 #pragma unroll
         for (int u = 0; u < kUnroll; u++) {
 #pragma unroll
@@ -279,74 +293,88 @@ __device__ __forceinline__ bool mma_tile_dot(const bf16* __restrict__ x, int T, 
                 ra[m][u] = na[m][u];
                 rb[m][u] = nb[m][u];
             }
-            rx[u] = nx[u];
+#pragma unroll
+            for (int nt = 0; nt < kNT; nt++) rx[nt][u] = nx[nt][u];
         }
     }
 #pragma unroll
     for (int m = 0; m < kM; m++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) red[warp][lane][4 * m + i] = acc[m][i];
+        for (int nt = 0; nt < kNT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) red[warp][lane][4 * (kNT * m + nt) + i] = acc[m][nt][i];
     __syncthreads();
     if (warp != 0) return false;
 #pragma unroll
     for (int m = 0; m < kM; m++)
 #pragma unroll
-        for (int i = 0; i < 4; i++) {
-            float v = red[0][lane][4 * m + i];
+        for (int nt = 0; nt < kNT; nt++)
 #pragma unroll
-            for (int p = 1; p < kParts; p++) v += red[p][lane][4 * m + i];
-            acc[m][i] = v;
-        }
+            for (int i = 0; i < 4; i++) {
+                const int j = 4 * (kNT * m + nt) + i;
+                float v = red[0][lane][j];
+#pragma unroll
+                for (int p = 1; p < kParts; p++) v += red[p][lane][j];
+                acc[m][nt][i] = v;
+            }
     return true;
 }
 
-template <typename OutT, int kParts, int kUnroll>
+template <typename OutT, int kParts, int kUnroll, int kNT>
 __global__ void __launch_bounds__(kParts * 32)
     gemv_mma_kernel(const bf16* __restrict__ x, int T, const __grid_constant__ GemvGroup g, int K) {
-    __shared__ float red[kParts][32][4];
+    __shared__ float red[kParts][32][4 * kNT];
     pdl_trigger();
     const GroupMember mem = group_member(g);
     const int N = mem.n, row0 = (int(blockIdx.x) - mem.first_block) * 16;
     const bf16* const w[1] = {mem.w};
-    float acc[1][4];
-    if (!mma_tile_dot<kParts, kUnroll, 1>(x, T, w, N, row0, K, g.evict_first, red, acc)) return;
+    float acc[1][kNT][4];
+    if (!mma_tile_dot<kParts, kUnroll, 1, kNT>(x, T, w, N, row0, K, g.evict_first, red, acc)) return;
     OutT* y = static_cast<OutT*>(mem.y);
     const int lane = threadIdx.x & 31, gi = lane >> 2, q = lane & 3;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int t = 2 * q + (i & 1), n = row0 + gi + (i >= 2 ? 8 : 0);
-        if (t < T && n < N) y[int64_t(t) * N + n] = store_as<OutT>(acc[0][i]);
-    }
+    for (int nt = 0; nt < kNT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int t = 8 * nt + 2 * q + (i & 1), n = row0 + gi + (i >= 2 ? 8 : 0);
+            if (t < T && n < N) y[int64_t(t) * N + n] = store_as<OutT>(acc[0][nt][i]);
+        }
 }
 
-// gate and up (N rows each) of 3 to 8 rows of x in one pass, with gemv_gate_up_kernel's outputs and roundings
-template <int kParts, int kUnroll>
+// gate and up (N rows each) of 3 to 16 rows of x in one pass, with gemv_gate_up_kernel's outputs and roundings
+template <int kParts, int kUnroll, int kNT>
 __global__ void __launch_bounds__(kParts * 32)
     gemv_mma_gate_up_kernel(const bf16* __restrict__ x, int T, const bf16* __restrict__ wg, const bf16* __restrict__ wu,
                             bf16* gate_out, bf16* up_out, bf16* act_out, int N, int K, bool evict_first) {
-    __shared__ float red[kParts][32][8];
+    __shared__ float red[kParts][32][8 * kNT];
     pdl_trigger();
     const int row0 = int(blockIdx.x) * 16;
     const bf16* const w[2] = {wg, wu};
-    float acc[2][4];
-    if (!mma_tile_dot<kParts, kUnroll, 2>(x, T, w, N, row0, K, evict_first, red, acc)) return;
+    float acc[2][kNT][4];
+    if (!mma_tile_dot<kParts, kUnroll, 2, kNT>(x, T, w, N, row0, K, evict_first, red, acc)) return;
     const int lane = threadIdx.x & 31, gi = lane >> 2, q = lane & 3;
 #pragma unroll
-    for (int i = 0; i < 4; i++) {
-        const int t = 2 * q + (i & 1), n = row0 + gi + (i >= 2 ? 8 : 0);
-        if (t >= T || n >= N) continue;
-        const float gv = round_bf16(acc[0][i]), uv = round_bf16(acc[1][i]);
-        const int64_t o = int64_t(t) * N + n;
-        up_out[o] = to_bf16(uv);
-        if (act_out != gate_out) gate_out[o] = to_bf16(gv);
-        act_out[o] = to_bf16(round_bf16(siluf_(gv)) * uv);
-    }
+    for (int nt = 0; nt < kNT; nt++)
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int t = 8 * nt + 2 * q + (i & 1), n = row0 + gi + (i >= 2 ? 8 : 0);
+            if (t >= T || n >= N) continue;
+            const float gv = round_bf16(acc[0][nt][i]), uv = round_bf16(acc[1][nt][i]);
+            const int64_t o = int64_t(t) * N + n;
+            up_out[o] = to_bf16(uv);
+            if (act_out != gate_out) gate_out[o] = to_bf16(gv);
+            act_out[o] = to_bf16(round_bf16(siluf_(gv)) * uv);
+        }
 }
 
 template <typename OutT, int kParts, int kUnroll>
 void gemv_mma_launch(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, const LaunchContext& ctx) {
-    launch(gemv_mma_kernel<OutT, kParts, kUnroll>, unsigned(g.block_end[g.count - 1]), kParts * 32, 0, ctx,
-           "tensor-core gemv kernel", x, int(T), g, int(K));
+    if (T > 8)
+        launch(gemv_mma_kernel<OutT, kParts, kUnroll, 2>, unsigned(g.block_end[g.count - 1]), kParts * 32, 0, ctx,
+               "tensor-core gemv kernel (16 rows)", x, int(T), g, int(K));
+    else
+        launch(gemv_mma_kernel<OutT, kParts, kUnroll, 1>, unsigned(g.block_end[g.count - 1]), kParts * 32, 0, ctx,
+               "tensor-core gemv kernel", x, int(T), g, int(K));
 }
 
 template <typename OutT>
@@ -394,7 +422,8 @@ void matmul_scalar(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K
 }  // namespace
 
 static_assert(kGemvBlockMaxTokens == 2, "gemv_rows and gemv_gate_up instantiate 1 and 2 rows");
-static_assert(kGemvMaxTokens == 8, "the tensor-core GEMV takes up to 8 rows (mma n = 8)");
+static_assert(kGemvMaxTokens == 8 && kTcGemvMaxTokens == 16,
+              "the tensor-core GEMV takes up to 16 rows (one or two mma n-tiles of 8)");
 
 bool gemv_fits(const bf16* x, int64_t T, const bf16* w, int64_t K) {
     return T >= 1 && T <= kGemvBlockMaxTokens && K % 8 == 0 && K <= (int64_t(1) << 30) && aligned16(x) && aligned16(w);
@@ -406,7 +435,8 @@ bool gemv_fits(const bf16* x, int64_t T, const bf16* w, int64_t K) {
 // vs 1.8, down_proj 2.9 vs 2.1, gate+up 3.4 vs 2.9, lm_head 4.2 vs 3.6).
 bool gemv_group_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, int count, bool tc_all) {
     if (T >= 1 && T <= kGemvBlockMaxTokens) return gemv_fits(x, T, w, K);
-    return T <= kGemvMaxTokens && (tc_all || count == 1 || count >= 3) && K % 32 == 0 && K <= (int64_t(1) << 30) &&
+    if (T > kGemvMaxTokens && !tc_all) return false;  // (9-16 rows: only with every matrix on the GEMV)
+    return T <= kTcGemvMaxTokens && (tc_all || count == 1 || count >= 3) && K % 32 == 0 && K <= (int64_t(1) << 30) &&
            aligned16(x) && aligned16(w);
 }
 
@@ -454,7 +484,7 @@ MmaGemvConfig gemv_mma_config(int64_t K) {
 void gemv_mma_with(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, MmaGemvConfig c,
                    const LaunchContext& ctx) {
     if (g.count < 1 || g.count > GemvGroup::kMax) throw Error(Status::internal, "gemv: bad group");
-    if (T <= kGemvBlockMaxTokens || T > kGemvMaxTokens || K % 32 != 0)
+    if (T <= kGemvBlockMaxTokens || T > kTcGemvMaxTokens || K % 32 != 0)
         throw Error(Status::internal,
                     "tensor-core gemv: " + std::to_string(T) + " rows of " + std::to_string(K) + " values");
     if (out_f32)
@@ -463,31 +493,40 @@ void gemv_mma_with(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool
         gemv_mma<bf16>(x, T, g, K, c, ctx);
 }
 
+// The tensor-core gate/up/SiLU kernel of launch shape c over kNT n-tiles of 8 rows.
+template <int kNT>
+void gate_up_mma_launch(MmaGemvConfig c, const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int64_t N, int64_t K,
+                        bf16* gate_out, bf16* up_out, bf16* act_out, const LaunchContext& ctx) {
+    const char* what =
+        kNT == 1 ? "tensor-core gemv gate/up/SiLU kernel" : "tensor-core gemv gate/up/SiLU kernel (16 rows)";
+    const unsigned grid = ceil_div(N, 16);
+    if (c.parts == 8 && c.unroll == 2)
+        return launch(gemv_mma_gate_up_kernel<8, 2, kNT>, grid, 8 * 32, 0, ctx, what, x, int(T), wg, wu, gate_out,
+                      up_out, act_out, int(N), int(K), ctx.evict_first);
+    if (c.parts == 16 && c.unroll == 2)
+        return launch(gemv_mma_gate_up_kernel<16, 2, kNT>, grid, 16 * 32, 0, ctx, what, x, int(T), wg, wu, gate_out,
+                      up_out, act_out, int(N), int(K), ctx.evict_first);
+    if (c.parts == 8 && c.unroll == 4)
+        return launch(gemv_mma_gate_up_kernel<8, 4, kNT>, grid, 8 * 32, 0, ctx, what, x, int(T), wg, wu, gate_out,
+                      up_out, act_out, int(N), int(K), ctx.evict_first);
+    throw Error(Status::internal, "gemv_gate_up: no tensor-core launch shape " + std::to_string(c.parts) + "," +
+                                      std::to_string(c.unroll));
+}
+
 // 2 warps per feature, 8 words per lane and matrix per round (K = 2560: 3.8 TB/s against 3.6 with one warp of 16).
 void gemv_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int64_t N, int64_t K, bf16* gate_out,
                   bf16* up_out, bf16* act_out, const LaunchContext& ctx) {
-    if (T > kGemvBlockMaxTokens && T <= kGemvMaxTokens && K % 32 == 0) {
+    if (T > kGemvBlockMaxTokens && T <= kTcGemvMaxTokens && K % 32 == 0) {
         const MmaGemvConfig c = gemv_mma_config(K);
-        const char* what = "tensor-core gemv gate/up/SiLU kernel";
-        const unsigned grid = ceil_div(N, 16);
-        if (c.parts == 8 && c.unroll == 2)
-            return launch(gemv_mma_gate_up_kernel<8, 2>, grid, 8 * 32, 0, ctx, what, x, int(T), wg, wu, gate_out,
-                          up_out, act_out, int(N), int(K), ctx.evict_first);
-        if (c.parts == 16 && c.unroll == 2)
-            return launch(gemv_mma_gate_up_kernel<16, 2>, grid, 16 * 32, 0, ctx, what, x, int(T), wg, wu, gate_out,
-                          up_out, act_out, int(N), int(K), ctx.evict_first);
-        if (c.parts == 8 && c.unroll == 4)
-            return launch(gemv_mma_gate_up_kernel<8, 4>, grid, 8 * 32, 0, ctx, what, x, int(T), wg, wu, gate_out,
-                          up_out, act_out, int(N), int(K), ctx.evict_first);
-        throw Error(Status::internal, "gemv_gate_up: no tensor-core launch shape " + std::to_string(c.parts) + "," +
-                                          std::to_string(c.unroll));
+        if (T > 8) return gate_up_mma_launch<2>(c, x, T, wg, wu, N, K, gate_out, up_out, act_out, ctx);
+        return gate_up_mma_launch<1>(c, x, T, wg, wu, N, K, gate_out, up_out, act_out, ctx);
     }
     switch (T) {
         case 1: return gate_up_launch<1>(x, wg, wu, N, K, gate_out, up_out, act_out, ctx);
         case 2: return gate_up_launch<2>(x, wg, wu, N, K, gate_out, up_out, act_out, ctx);
         default:
             throw Error(Status::internal, "gemv_gate_up: " + std::to_string(T) + " rows of " + std::to_string(K) +
-                                              " values (1-2 rows, or 3-8 with K % 32 == 0)");
+                                              " values (1-2 rows, or 3-16 with K % 32 == 0)");
     }
 }
 
@@ -644,7 +683,8 @@ void matmul(Gemm& gemm, const bf16* x, int64_t T, const bf16* w, int64_t N, int6
     if (T <= 0 || N <= 0) return;
     if (gemv_fits(x, T, w, K)) {
         gemv(x, T, w, N, K, y, out_f32, ctx);
-    } else if (ctx.tc_gemv_all && T > kGemvBlockMaxTokens && gemv_group_fits(x, T, w, K, 1, true)) {
+    } else if (ctx.tc_gemv_all && T > kGemvBlockMaxTokens && T <= ctx.tc_gemv_max_rows &&
+               gemv_group_fits(x, T, w, K, 1, true)) {
         GemvGroup g;
         g.add(w, y, N);
         gemv_mma_with(x, T, g, K, out_f32, gemv_mma_config(K), ctx);

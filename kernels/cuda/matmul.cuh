@@ -99,33 +99,34 @@ GemvConfig gemv_config(int64_t K);
 // others throw internal.
 void gemv_group_with(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, GemvConfig c,
                      const LaunchContext& ctx);
-// Launch shape of the tensor-core GEMV (3 to 8 rows of x): `parts` warps share a 16-feature tile (each takes every
+// Launch shape of the tensor-core GEMV (3 to 16 rows of x): `parts` warps share a 16-feature tile (each takes every
 // parts-th 32-value chunk of K), each holds `unroll` chunks per round. gemv_mma_config chooses it from K alone.
 struct MmaGemvConfig {
     int parts = 8;
     int unroll = 4;
 };
 MmaGemvConfig gemv_mma_config(int64_t K);
-// gemv_group on 3 to 8 rows with an explicit launch shape (benchmarks). Shapes built: (parts, unroll) in {(4,4),
+// gemv_group on 3 to 16 rows with an explicit launch shape (benchmarks). Shapes built: (parts, unroll) in {(4,4),
 // (8,2), (8,4), (16,2), (16,4)}; others throw internal.
 void gemv_mma_with(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, MmaGemvConfig c,
                    const LaunchContext& ctx);
 // gate_out = bf16(x Wg^T), up_out = bf16(x Wu^T), act_out = bf16(bf16(silu(gate)) * up) (act_out may be gate_out);
-// T <= kGemvBlockMaxTokens, or 3 to kGemvMaxTokens rows with K % 32 == 0 (tensor cores, gemv_mma_config's shape).
+// T <= kGemvBlockMaxTokens, or 3 to kTcGemvMaxTokens rows with K % 32 == 0 (tensor cores, gemv_mma_config's shape).
 void gemv_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int64_t N, int64_t K, bf16* gate_out,
                   bf16* up_out, bf16* act_out, const LaunchContext& ctx);
 
 // The GEMV path alone (T <= kGemvBlockMaxTokens, K % 8 == 0, 16-byte aligned x and w rows); gemv_group also takes
-// 3 to 8 rows with K % 32 == 0 (tensor cores).
+// 3 to 16 rows with K % 32 == 0 (tensor cores).
 void gemv(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
           const LaunchContext& ctx);
 // True when gemv() can take this shape and these pointers (T <= kGemvBlockMaxTokens).
 bool gemv_fits(const bf16* x, int64_t T, const bf16* w, int64_t K);
 // True when a group of `count` such matrices over x may go to gemv_group (count 1: a member that could join a
-// group; 3 to 8 rows: K % 32 == 0, and count 3 or 4 unless tc_all, LaunchContext::tc_gemv_all).
+// group; 3 to 8 rows: K % 32 == 0, and count 3 or 4 unless tc_all, LaunchContext::tc_gemv_all; 9 to 16 rows: only
+// with tc_all).
 bool gemv_group_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, int count, bool tc_all);
 
-// y = x @ w^T through the GEMV when it fits (1-2 rows; 3 to 8 with ctx.tc_gemv_all), else cuBLASLt.
+// y = x @ w^T through the GEMV when it fits (1-2 rows; 3 to 16 with ctx.tc_gemv_all), else cuBLASLt.
 void matmul(Gemm& gemm, const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
             const LaunchContext& ctx);
 

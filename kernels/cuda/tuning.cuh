@@ -22,6 +22,9 @@ constexpr int kArchMin = kArchAmpere;
 // Launch shapes shared by host and device code.
 constexpr int kGemvWarps = 4;      // warps per CUDA-core GEMV block (more when a row takes more warps)
 constexpr int kGemvMaxTokens = 8;  // rows up to which a GEMV may be used; more always go to cuBLASLt
+// Rows up to which the bf16 tensor-core GEMV may take a matrix: two mma n-tiles of 8 rows (a row's sums do not
+// depend on the tile count, so rows 3-16 give the same results in any batch of that range).
+constexpr int kTcGemvMaxTokens = 16;
 // Rows up to which a GEMV is the CUDA-core kernel (then the tensor-core group GEMV or cuBLASLt): with 3 or 4 rows
 // the CUDA-core kernel is bound by reading x from L1 (H200, 4B shapes: decode b=4 924 tok/s against 1,169 on the
 // tensor-core/cuBLASLt path, b=3 836 against 893; b=2 650 with it, 605 without; docs/perf-notes.md, fourth session).
