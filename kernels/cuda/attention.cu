@@ -747,14 +747,8 @@ int n_splits(int n_ctx, int max_splits) {
 template <int D>
 void flash_smem_opt_in() {
     static std::atomic<uint64_t> done{0};
-    int dev = 0;
-    check(cudaGetDevice(&dev), "cudaGetDevice (attention)");
-    const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
-    if (bit && (done.load(std::memory_order_relaxed) & bit)) return;
-    check(cudaFuncSetAttribute(attn_flash_kernel<D>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int(flash_smem_bytes<D>())),
-          "cudaFuncSetAttribute (flash attention shared memory)");
-    done.fetch_or(bit, std::memory_order_relaxed);
+    opt_in_smem(attn_flash_kernel<D>, flash_smem_bytes<D>(), done,
+                "cudaFuncSetAttribute (flash attention shared memory)");
 }
 
 template <int D>

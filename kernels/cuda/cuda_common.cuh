@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdint>
 #include <string>
 #include <utility>
@@ -25,6 +26,24 @@ inline void check(cudaError_t e, const char* what) {
 }
 // Checks a launch (configuration errors surface here; faults surface at the next synchronizing call).
 inline void check_launch(const char* kernel) { check(cudaGetLastError(), kernel); }
+
+// Sets a kernel's dynamic shared memory limit to `bytes` (above the 48 KB default) and, with max_carveout, the
+// largest shared-memory carveout, once per device (a function attribute holds for the current device only). done:
+// the kernel's own bit set of devices done (a function-local static at the call site).
+template <typename... KArgs>
+void opt_in_smem(void (*kernel)(KArgs...), size_t bytes, std::atomic<uint64_t>& done, const char* what,
+                 bool max_carveout = false) {
+    int dev = 0;
+    check(cudaGetDevice(&dev), what);
+    const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
+    if (bit && (done.load(std::memory_order_relaxed) & bit)) return;
+    check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(bytes)), what);
+    if (max_carveout)
+        check(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                   int(cudaSharedmemCarveoutMaxShared)),
+              what);
+    done.fetch_or(bit, std::memory_order_relaxed);
+}
 
 #define HY_CUDA_CHECK(call) ::hy::cuda::check((call), #call)
 

@@ -792,17 +792,8 @@ __global__ void __launch_bounds__(kNormWarps * 32)
 template <int DK>
 void decode_smem_opt_in() {
     static std::atomic<uint64_t> done{0};
-    int dev = 0;
-    check(cudaGetDevice(&dev), "cudaGetDevice (Gated DeltaNet)");
-    const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
-    if (bit && (done.load(std::memory_order_relaxed) & bit)) return;
-    check(cudaFuncSetAttribute(decode_kernel<DK, false>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                               int(DK * kMaxValueDim * sizeof(float))),
-          "cudaFuncSetAttribute (Gated DeltaNet decode shared memory)");
-    check(cudaFuncSetAttribute(decode_kernel<DK, false>, cudaFuncAttributePreferredSharedMemoryCarveout,
-                               int(cudaSharedmemCarveoutMaxShared)),
-          "cudaFuncSetAttribute (Gated DeltaNet decode carveout)");
-    done.fetch_or(bit, std::memory_order_relaxed);
+    opt_in_smem(decode_kernel<DK, false>, size_t(DK) * kMaxValueDim * sizeof(float), done,
+                "cudaFuncSetAttribute (Gated DeltaNet decode shared memory and carveout)", true);
 }
 
 template <int DK>
