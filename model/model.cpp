@@ -997,6 +997,7 @@ static std::string gib(size_t bytes) {
 }
 
 void require_model_folder(const std::string& dir) {
+    if (dir.empty()) throw Error(Status::io, "the model folder path is empty");
     if (!is_dir(dir)) {
         path_present(dir);  // (a symbolic link loop or a broken link: named with its target)
         struct stat st;

@@ -144,9 +144,10 @@ struct ModelParams {
     bool quant_lm_head = false;  // int8/int4: quantize lm_head too (a tied one gets a quantized copy)
 };
 
-// Throws hy::Error(io) unless dir is a model folder: "DIR: no such model folder", "DIR: not a folder" or "DIR: not
-// a model folder (no config.json)" (a symbolic link loop or a broken link is named with its target). The programs
-// call it before they read anything else of the folder (the tokenizer), so a bad -m reads the same everywhere.
+// Throws hy::Error(io) unless dir is a model folder: "the model folder path is empty", "DIR: no such model folder",
+// "DIR: not a folder" or "DIR: not a model folder (no config.json)" (a symbolic link loop or a broken link is named
+// with its target). The programs call it before they read anything else of the folder (the tokenizer), so a bad -m
+// reads the same everywhere.
 void require_model_folder(const std::string& dir);
 
 class Model {

@@ -704,6 +704,7 @@ TEST_CASE("server and hybrid-perplexity: a bad -m is named as in hybrid; a repea
     if (!have_server_binary()) return;
     const std::vector<std::pair<std::string, std::string>> cases = {
         {"models/nope", "models/nope: no such model folder"},
+        {"", "the model folder path is empty"},
         {"models/tiny/config.json", "models/tiny/config.json: not a folder"},
         {"models", "models: not a model folder (no config.json)"},
     };

@@ -242,15 +242,16 @@ TEST_CASE("hybrid-bench: CUDA tuning switches are checked, and noted as ignored 
         CHECK(r.rc == 1);
         CHECK(r.err.find(message) != std::string::npos);
     }
-    const Run ok =
-        run_prog(bench, {"-m", "models/tiny", "--device", "cpu", "-t", "1", "-p", "4", "-n", "1", "-r", "1",
-                         "--attn-heads-per-block", "4", "--int-split-k", "never", "--small-batch-gemv", "groups"});
+    const Run ok = run_prog(
+        bench, {"-m", "models/tiny", "--device", "cpu", "-t", "1", "-p", "4", "-n", "1", "-r", "1",
+                "--attn-heads-per-block", "4", "--int-split-k", "never", "--small-batch-gemv", "groups", "--no-pdl"});
     INFO(ok.err);
     CHECK(ok.rc == 0);
     CHECK(ok.err.find("note: --attn-heads-per-block only changes the CUDA backend; ignored on cpu") !=
           std::string::npos);
     CHECK(ok.err.find("note: --int-split-k only changes the CUDA backend; ignored on cpu") != std::string::npos);
     CHECK(ok.err.find("note: --small-batch-gemv only changes the CUDA backend; ignored on cpu") != std::string::npos);
+    CHECK(ok.err.find("note: --no-pdl only changes the CUDA backend; ignored on cpu") != std::string::npos);
     // FP8 weights on the CPU: the header names no --fp8-gemm mode (the CPU has one FP8 matmul)
     const Run fp8 = run_prog(
         bench, {"-m", "models/tiny", "--device", "cpu", "-t", "1", "-p", "4", "-n", "1", "-r", "1", "--quant", "fp8"});
@@ -306,6 +307,7 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     check(run_prog(compare, {"-m", "models/tiny", "-t", "-3"}), 1, "-t");
     check(run_prog(compare, {"-m", "models/tiny", "--device", "gpu"}), 1, "--device");
     check(run_prog(compare, {"-m", "models/nope"}), 2, "models/nope: no such model folder");
+    check(run_prog(compare, {"-m", ""}), 2, "the model folder path is empty");
     // a folder without config.json and a file: named as by the other programs, before golden.json is read
     check(run_prog(compare, {"-m", "models"}), 2, "models: not a model folder (no config.json)");
     check(run_prog(compare, {"-m", "models/tiny/config.json"}), 2, "models/tiny/config.json: not a folder");

@@ -235,9 +235,10 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "%s: warning: %s\n", "hybrid-compare", model->load_warning().c_str());
         tools::warn_oversubscribed("hybrid-compare", mp.n_threads, *model);
         const bool on_gpu = std::string(model->backend().name()) != "cpu";
-        if (args.count("fp8-gemm") && !on_gpu)
-            std::fprintf(stderr, "hybrid-compare: note: --fp8-gemm only changes the CUDA backend; ignored on %s\n",
-                         model->backend().name());
+        for (const char* flag : {"fp8-gemm", "no-cuda-graphs", "no-pdl"})
+            if (args.count(flag) && !on_gpu)
+                std::fprintf(stderr, "hybrid-compare: note: --%s only changes the CUDA backend; ignored on %s\n", flag,
+                             model->backend().name());
         const std::string key =
             args.count("key") ? args["key"].as<std::string>() : (on_gpu ? "greedy_bf16_cuda" : "greedy_fp32_cpu");
         // every case must have the token list: a given --key that one lacks is a bad argument (exit 2, as an unknown
