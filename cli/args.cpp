@@ -396,6 +396,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     if (n_sources > 1) usage("give only one of -p, -f, --prompt-ids and --batch-file");
     if (r.count("batch-file")) {
         const std::string path = r["batch-file"].as<std::string>();
+        if (path.empty()) usage("--batch-file needs a file name (or - for standard input)");
         std::istringstream in(read_input_file(path));
         std::string line;
         int line_no = 0;
@@ -417,6 +418,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         o.has_prompt = true;
     }
     if (r.count("file")) {
+        if (r["file"].as<std::string>().empty()) usage("-f needs a file name (or - for standard input)");
         o.prompt = read_input_file(r["file"].as<std::string>());
         o.has_prompt = true;
     }

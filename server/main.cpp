@@ -102,6 +102,8 @@ int main(int argc, char** argv) {
             return usage_error("--api-key must not be empty (leave it out to serve without a key)");
         if (r.count("chat-template-file") && r["chat-template-file"].as<std::string>().empty())
             return usage_error("--chat-template-file must not be empty (leave it out for the model folder's template)");
+        if (r["host"].as<std::string>().empty())
+            return usage_error("--host must not be empty (an address such as 127.0.0.1 or 0.0.0.0, or a host name)");
         if (r.count("alias") && r["alias"].as<std::string>().empty())
             return usage_error("-a/--alias must not be empty (leave it out for the folder's name)");
         p.model_dir = r["model"].as<std::string>();

@@ -381,6 +381,9 @@ TEST_CASE("cli: -f and --batch-file refuse a directory and a huge file; -f reads
     TempDir tmp("inputs");
     check_one_line_error(hybrid({"-m", "models/tiny", "-f", tmp.path.string()}), 5, "is a directory");
     check_one_line_error(hybrid({"-m", "models/tiny", "--batch-file", tmp.path.string()}), 5, "is a directory");
+    // an empty name is a usage error naming the option (was "hybrid: error: : cannot read: ...", exit 5)
+    check_one_line_error(hybrid({"-m", "models/tiny", "-f", ""}), 1, "-f needs a file name");
+    check_one_line_error(hybrid({"-m", "models/tiny", "--batch-file", ""}), 1, "--batch-file needs a file name");
     const fs::path big = tmp.path / "big.txt";
     std::ofstream(big) << "x";
     fs::resize_file(big, (size_t(256) << 20) + 1);  // sparse

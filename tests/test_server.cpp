@@ -725,7 +725,7 @@ TEST_CASE("server and hybrid-perplexity: a bad -m is named as in hybrid; a repea
     CHECK(twice.rc == 1);
     CHECK(twice.err.find("hybrid-server: --parallel was given more than once (give it once)") == 0);
     // empty --api-key and --alias values are refused alike (-a '' was silently ignored)
-    for (const char* opt : {"--api-key", "-a", "--chat-template-file"}) {
+    for (const char* opt : {"--api-key", "-a", "--chat-template-file", "--host"}) {
         const hy::test::cli_util::Run empty = run_prog(kBin + "/hybrid-server", {"-m", "models/tiny", opt, ""});
         INFO(opt << ": " << empty.err);
         CHECK(empty.rc == 1);

@@ -142,6 +142,8 @@ int main(int argc, char** argv) {
         tools::check_int_args(args, {"ctx", "chunks", "top-k", "threads"});
         tools::check_given_once(args);
         if (!args.count("file")) throw tools::UsageError("-f FILE (the text) is required");
+        if (args["file"].as<std::string>().empty())
+            throw tools::UsageError("-f needs a file name (or - for standard input)");
         const int ctx = args["ctx"].as<int>(), chunks = args["chunks"].as<int>(), top_k = args["top-k"].as<int>();
         if (ctx < 4 || ctx > (1 << 20))
             throw tools::UsageError("--ctx must be in [4, 2^20], got " + std::to_string(ctx));
