@@ -40,6 +40,18 @@ if want b1; then
         done
     done
 fi
+if want b1v; then  # the gate/up variants of the new binary (--moe-gate-up) and the base, 2 rounds in alternation
+    for i in 1 2; do
+        for v in auto 2 warp base; do
+            bin=$N
+            [ $v = base ] && bin=$B
+            [ -x $bin/hybrid-bench ] || continue
+            step "b1_${v}_$i" 200 $bin/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 128 -r 2 \
+                $([ $v = base ] || echo --moe-gate-up $v)
+            grep -E '^\| +[0-9]' "$LOG" | tail -1 | sed "s/^/  [$v $i] /" >>"$SUM"
+        done
+    done
+fi
 if want batch; then
     for bin in $N $B; do
         [ -x $bin/hybrid-bench ] || continue
@@ -66,12 +78,12 @@ fi
 if want ncu; then  # Nsight Compute on the b=1 gate/up kernels, new (streaming) and base (warp per output)
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     for bin in $N $B; do
-        step "ncu_gate_up_$(basename $bin)" 200 $NCU --kernel-name regex:"moe_gate_up" --launch-skip 200 --launch-count 2 \
+        step "ncu_gate_up_$(basename $bin)" 200 $NCU --kernel-name regex:"moe_gate_up" --launch-skip 200 --launch-count 1 \
             --section SpeedOfLight --section MemoryWorkloadAnalysis --section LaunchStats --section Occupancy \
             --section WarpStateStats --section SchedulerStats $bin/hybrid-bench -m /tmp/q35 --dummy-weights \
             --device cuda -p 16 -n 8 -r 1 --no-cuda-graphs
-        grep -E "moe_gate|Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Theoretical Occ|Waves Per|Stall|Issued Ipc|No Eligible|Eligible Warps" "$LOG" |
-            tail -40 >"$OUT/ncu_gate_up_$(basename $bin).txt"
+        grep -E "moe_gate|Duration|DRAM Throughput|Memory Throughput|Registers Per|Achieved Occupancy|Theoretical Occ|Waves Per|Issued Warp|No Eligible|Eligible Warps|Elapsed Cycles|SM Active|Warp Cycles Per Issued" "$LOG" |
+            tail -16 >"$OUT/ncu_gate_up_$(basename $bin).txt"
     done
 fi
 if want trace && grep -q "rc=0" /tmp/bt.log; then
