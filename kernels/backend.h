@@ -238,10 +238,6 @@ struct CudaOptions {
     bool l2_evict_first = true;    // decode GEMVs load weights with an L2 evict-first policy
     bool gdn_fused_conv = true;    // decode steps do the Gated DeltaNet conv inside the recurrence kernel
     int moe_grouped_min_rows = 0;  // MoE experts grouped by expert from this many rows on; 0: the tuned default
-    // MoE steps of 1-2 rows: the experts' gate/up streamed through shared memory with this many items a warp in
-    // flight (2 or 3; cp.async); -1: one warp per output (the kernel of 3 to 47 rows); 0: the tuned default. The same
-    // values bit for bit either way.
-    int moe_gate_up_stages = 0;
     // Decode attention split over positions: a block takes up to this many q heads of one kv head (1, 2 or 4; the
     // largest that divides the group size); 0: the tuned default. Results are bitwise the same for every value.
     int attn_heads_per_block = 0;

@@ -230,9 +230,6 @@ int main(int argc, char** argv) {
          "(tools/gpu/trace_summary.py)", cxxopts::value<std::string>())
         ("moe-grouped-rows", "CUDA, MoE models: run the experts grouped by expert from this many rows of a step on "
          "(0: the built-in default)", cxxopts::value<int>()->default_value("0"))
-        ("moe-gate-up", "CUDA, MoE models, steps of 1-2 rows: the experts' gate/up streamed through shared memory "
-         "with 2 or 3 items a warp in flight, warp (one warp per output) or auto (the default; the results are the "
-         "same)", cxxopts::value<std::string>()->default_value("auto"))
         ("attn-heads-per-block", "CUDA, decode attention: q heads of one kv head per block, 1, 2 or 4 (0: the "
          "built-in default; the results are the same)", cxxopts::value<int>()->default_value("0"))
         ("attn-splits", "CUDA, decode attention: most position splits per row and head, 1 to 128 (0: the built-in "
@@ -293,12 +290,6 @@ int main(int argc, char** argv) {
             throw tools::UsageError("--attn-heads-per-block must be 0, 1, 2 or 4, got " +
                                     std::to_string(mp.cuda.attn_heads_per_block));
         {
-            const std::string v = args["moe-gate-up"].as<std::string>();
-            if (v != "auto" && v != "warp" && v != "2" && v != "3")
-                throw tools::UsageError("--moe-gate-up must be auto, warp, 2 or 3, got '" + v + "'");
-            mp.cuda.moe_gate_up_stages = v == "warp" ? -1 : v == "auto" ? 0 : std::stoi(v);
-        }
-        {
             const std::string v = args["int-split-k"].as<std::string>();
             if (v != "auto" && v != "always" && v != "never")
                 throw tools::UsageError("--int-split-k must be auto, always or never, got '" + v + "'");
@@ -351,7 +342,7 @@ int main(int argc, char** argv) {
                          mp.n_ctx - 1, c.max_position_embeddings);
         Backend& be = model->backend();
         for (const char* flag : {"fp8-gemm", "attn-heads-per-block", "attn-splits", "int-split-k", "moe-grouped-rows",
-                                 "moe-gate-up", "small-batch-gemv", "no-cuda-graphs", "no-pdl"})
+                                 "small-batch-gemv", "no-cuda-graphs", "no-pdl"})
             if (args.count(flag) && std::string(be.name()) != "cuda")
                 std::fprintf(stderr, "hybrid-bench: note: --%s only changes the CUDA backend; ignored on %s\n", flag,
                              be.name());

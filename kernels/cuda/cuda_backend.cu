@@ -291,8 +291,6 @@ public:
         ctx_.evict_first = o.l2_evict_first;
         ctx_.gdn_fused_conv = o.gdn_fused_conv;
         if (o.moe_grouped_min_rows > 0) ctx_.moe_grouped_min_rows = o.moe_grouped_min_rows;
-        ctx_.moe_gate_up_stages = o.moe_gate_up_stages < 0 ? -1 : std::min(o.moe_gate_up_stages, 3);
-        if (ctx_.moe_gate_up_stages == 1) ctx_.moe_gate_up_stages = 2;
         if (o.attn_heads_per_block > 0) ctx_.attn_heads_per_block = o.attn_heads_per_block;
         if (o.attn_max_splits > 0) ctx_.attn_max_splits = std::min(o.attn_max_splits, cuda::kAttnMaxSplits);
         ctx_.int_gemv_split_k = o.int_gemv_split_k < 0 ? -1 : o.int_gemv_split_k > 0 ? 1 : 0;
@@ -333,10 +331,6 @@ public:
         return std::string("graphs ") + on(graphs_enabled_) + ", pdl " + on(ctx_.pdl) + ", clusters " +
                on(ctx_.clusters) + ", l2 evict-first " + on(ctx_.evict_first) + ", gdn fused conv " +
                on(ctx_.gdn_fused_conv) + ", moe grouped from " + std::to_string(ctx_.moe_grouped_min_rows) + " rows" +
-               ", moe gate/up " +
-               (ctx_.moe_gate_up_stages < 0   ? std::string("warp per output")
-                : ctx_.moe_gate_up_stages > 0 ? std::to_string(ctx_.moe_gate_up_stages) + " stages"
-                                              : std::string("stages by shape")) +
                ", attention q heads per decode block up to " + std::to_string(ctx_.attn_heads_per_block) +
                ", attention splits up to " + std::to_string(ctx_.attn_max_splits) + ", integer gemv K split " +
                (ctx_.int_gemv_split_k > 0   ? "always"

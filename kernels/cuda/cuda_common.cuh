@@ -57,7 +57,6 @@ struct LaunchContext {
     bool gdn_fused_conv =
         true;  // decode steps do the Gated DeltaNet conv in the recurrence kernel (gated_delta_net.cuh)
     int moe_grouped_min_rows = kMoeGroupedMinRows;  // moe.cuh: rows from which the experts run grouped by expert
-    int moe_gate_up_stages = 0;  // moe.cuh: 1-2 rows: gate/up streamed, this many items a warp in flight (0 auto)
     int attn_heads_per_block = kAttnHeadsPerBlock;  // attention.cuh: q heads of one kv head per decode block
     int attn_max_splits = kAttnDefaultSplits;       // attention.cuh: most position splits of a decode step
     int int_gemv_split_k = 0;  // int_matmul.cuh: the Q8/Q4 GEMV splits K in two: 1 always, -1 never, 0 by shape

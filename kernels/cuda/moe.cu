@@ -1,7 +1,6 @@
 #include "kernels/cuda/moe.cuh"
 
 #include <algorithm>
-#include <atomic>
 #include <climits>
 
 namespace hy::cuda {
@@ -202,128 +201,6 @@ __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __res
         a = round_bf16(siluf_(g)) * u;
     }
     if ((threadIdx.x & 31) == 0) act[tj * I + i] = to_bf16(a);
-}
-
-// ---- Decode of 1-2 rows: gate/up streamed through shared memory ----
-// The same values as moe_gate_up_kernel, bit for bit (each lane sums the same words in the same order, then the same
-// warp_sum), for rows <= 2 with H % 8 == 0 and 16-byte aligned rows. Work items: the shared expert's features
-// (t, i) (gate_proj and up_proj rows), then its gate rows (one row each), then the routed (t k + j, i) (gate and up
-// rows of expert ids[t k + j]); warp w of the grid's nw takes items w, w + nw, ... Each lane copies its own words
-// (l + 32 u) of an item's rows into its warp's stage (cp.async: no registers held while the bytes are in flight)
-// and later reads exactly those, so a lane waits only for its own copies; kStages items a warp are in flight, their
-// descriptors in registers (decoded once). The shared expert's items do not depend on the routing: a warp whose
-// first item is one copies it before the PDL wait. (Run 131, with 64-bit index arithmetic decoded three times an
-// item, spent about 1,100 instructions an item and lost to moe_gate_up_kernel: docs/perf-notes.md.)
-constexpr int kStreamWarps = 4;  // warps per block of moe_gate_up_stream_kernel
-
-struct GateUpItem {
-    const bf16*
-        a;  // first row (gate), or nullptr: no loads, the output is 0 (a bad expert id) or nothing (past the end)
-    const bf16* b;  // second row (up), or nullptr: a single row (the shared expert's gate)
-    int t;          // x row
-    int kind;       // 0 routed, 1 shared expert feature, 2 shared expert gate, 3 none (past the last item)
-    int out;        // index into act / shared_act / shared_gate
-};
-
-__device__ __forceinline__ GateUpItem gate_up_item(int q, int n_items, const bf16* gate_up, const int32_t* ids, int E,
-                                                   int H, int I, int k, int rows, const MoeShared& sh) {
-    GateUpItem it{nullptr, nullptr, 0, 3, 0};
-    if (q >= n_items) return it;
-    const int n_sh = sh.Is > 0 ? rows * sh.Is : 0, n_gate = sh.Is > 0 ? rows : 0;
-    if (q < n_sh) {
-        const int t = q / sh.Is, i = q - t * sh.Is;
-        return GateUpItem{sh.gate_proj + int64_t(i) * H, sh.up_proj + int64_t(i) * H, t, 1, q};
-    }
-    if (q < n_sh + n_gate) return GateUpItem{sh.gate, nullptr, q - n_sh, 2, q - n_sh};
-    const int r = q - n_sh - n_gate, tj = r / I, i = r - tj * I;
-    const int e = ids[tj];
-    it.kind = 0;
-    it.t = tj / k;
-    it.out = r;
-    if (e >= 0 && e < E) {
-        it.a = gate_up + (int64_t(e) * 2 * I + i) * H;
-        it.b = it.a + int64_t(I) * H;
-    }
-    return it;
-}
-
-// Lane's words of the item's rows into its stage: row a at [32 u + lane], row b at [H / 8 + 32 u + lane].
-__device__ __forceinline__ void copy_item(const GateUpItem& it, uint4* stage, int H8, int lane) {
-    if (!it.a) return;
-    const uint4* a = reinterpret_cast<const uint4*>(it.a);
-    const uint4* b = reinterpret_cast<const uint4*>(it.b ? it.b : it.a);
-    const uint32_t dst = smem_addr(stage);
-    for (int w = lane; w < H8; w += 32) {
-        cp_async16(dst + 16u * uint32_t(w), a + w, true);
-        if (it.b) cp_async16(dst + 16u * uint32_t(H8 + w), b + w, true);
-    }
-}
-
-template <int kStages>
-__global__ void __launch_bounds__(kStreamWarps * 32)
-    moe_gate_up_stream_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up,
-                              const int32_t* __restrict__ ids, int E, int H, int I, int k, int rows, bf16* act,
-                              MoeShared sh, bf16* shared_act, float* shared_gate, int n_items) {
-    extern __shared__ uint4 stages[];  // [kStreamWarps][kStages][2 H / 8]
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int H8 = H / 8;
-    const int nw = int(gridDim.x) * kStreamWarps, w0 = int(blockIdx.x) * kStreamWarps + warp;
-    uint4* my = stages + int64_t(warp) * kStages * 2 * H8;
-    const int n_shared = sh.Is > 0 ? rows * (sh.Is + 1) : 0;  // items that do not depend on the routing
-    const bool early = w0 < n_shared;
-    GateUpItem ring[kStages];
-    if (early) {
-        ring[0] = gate_up_item(w0, n_items, gate_up, ids, E, H, I, k, rows, sh);
-        copy_item(ring[0], my, H8, lane);
-    }
-    pdl_wait();
-    pdl_trigger();  // (after the wait: the down kernel reads the routing before its own wait)
-#pragma unroll
-    for (int s = 0; s < kStages; s++) {
-        if (!(s == 0 && early)) {
-            ring[s] = gate_up_item(w0 + s * nw, n_items, gate_up, ids, E, H, I, k, rows, sh);
-            copy_item(ring[s], my + s * 2 * H8, H8, lane);
-        }
-        cp_async_commit();
-    }
-    for (int q0 = w0; q0 < n_items; q0 += kStages * nw) {
-#pragma unroll
-        for (int s = 0; s < kStages; s++) {
-            const GateUpItem it = ring[s];
-            if (it.kind == 3) break;       // (past the last item: so is every later one)
-            cp_async_wait<kStages - 1>();  // this item's copies (this lane's) are done
-            uint4* st = my + s * 2 * H8;
-            float s0 = 0.0f, s1 = 0.0f;
-            if (it.a) {
-                const uint4* x4 = reinterpret_cast<const uint4*>(x + int64_t(it.t) * H);
-                for (int w = lane; w < H8; w += 32) {
-                    float fx[8], fa[8], fb[8];
-                    unpack8(__ldg(x4 + w), fx);
-                    unpack8(st[w], fa);
-                    unpack8(st[it.b ? H8 + w : w], fb);
-#pragma unroll
-                    for (int e = 0; e < 8; e++) {
-                        s0 = fmaf(fx[e], fa[e], s0);
-                        s1 = fmaf(fx[e], fb[e], s1);
-                    }
-                }
-            }
-            s0 = warp_sum(s0);
-            s1 = warp_sum(s1);
-            // the stage is free again (this lane read only its own words): the item kStages on goes into it
-            ring[s] = gate_up_item(q0 + (s + kStages) * nw, n_items, gate_up, ids, E, H, I, k, rows, sh);
-            copy_item(ring[s], st, H8, lane);
-            cp_async_commit();
-            if (lane == 0) {
-                if (it.kind == 2) {
-                    shared_gate[it.out] = round_bf16(1.0f / (1.0f + expf(-round_bf16(s0))));
-                } else {
-                    const float a = it.a ? round_bf16(siluf_(round_bf16(s0))) * round_bf16(s1) : 0.0f;
-                    (it.kind == 1 ? shared_act : act)[it.out] = to_bf16(a);
-                }
-            }
-        }
-    }
 }
 
 // The position, in increasing expert id (ties: the lower choice index), of choice `lane` of the k in `my_id`
@@ -799,61 +676,6 @@ bool moe_fuses_shared(int64_t rows, int H, int I, int Is, const LaunchContext& c
     return rows <= kMoeFusedSharedMaxRows && !moe_grouped(rows, H, I, ctx) && H % 8 == 0 && Is % 8 == 0 && Is > 0;
 }
 
-namespace {
-
-// The device's opt-in shared memory per block (once).
-int smem_optin_bytes() {
-    static const int n = [] {
-        int dev = 0, v = 0;
-        check(cudaGetDevice(&dev), "cudaGetDevice");
-        check(cudaDeviceGetAttribute(&v, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
-        return v;
-    }();
-    return n;
-}
-
-template <int kStages>
-void gate_up_stream_launch(const bf16* x, int rows, const bf16* gate_up, int H, int I, int E, int k, const int32_t* ids,
-                           const MoeShared& sh, const MoeScratch& scratch, int n_items, const LaunchContext& ctx) {
-    const size_t smem = size_t(kStreamWarps) * kStages * 2 * size_t(H) * sizeof(bf16);
-    static std::atomic<uint64_t> done{0};  // (the limit set once: the device's largest, not this launch's bytes)
-    opt_in_smem(moe_gate_up_stream_kernel<kStages>, size_t(smem_optin_bytes()), done,
-                "cudaFuncSetAttribute (MoE gate/up stream)", true);
-    int dev = 0, sms = 0, per_sm = 0;
-    check(cudaGetDevice(&dev), "cudaGetDevice");
-    check(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev), "cudaDeviceGetAttribute");
-    check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, moe_gate_up_stream_kernel<kStages>, kStreamWarps * 32,
-                                                        smem),
-          "cudaOccupancyMaxActiveBlocksPerMultiprocessor (MoE gate/up stream)");
-    const int blocks = std::min((n_items + kStreamWarps - 1) / kStreamWarps, std::max(per_sm, 1) * sms);
-    launch(moe_gate_up_stream_kernel<kStages>, unsigned(blocks), kStreamWarps * 32, smem, ctx,
-           "MoE gate/up kernel (streaming)", x, gate_up, ids, E, H, I, k, rows, scratch.act, sh, scratch.shared_act,
-           scratch.shared_gate, n_items);
-}
-
-// moe_gate_up_stream_kernel where it applies (rows <= 2, ctx.moe_gate_up_stages >= 0, H % 8 == 0, 16-byte aligned
-// rows, the stages fit the device's shared memory); false: nothing launched. Stages: ctx.moe_gate_up_stages, or by
-// default 3 where a block's stages take at most 100 KB (two blocks an SM: H <= 2048), else 2.
-bool gate_up_stream(const bf16* x, int64_t rows, const bf16* gate_up, int H, int I, int E, int k, const int32_t* ids,
-                    const MoeShared& sh, const MoeScratch& scratch, const LaunchContext& ctx) {
-    if (ctx.moe_gate_up_stages < 0 || rows > 2 || H % 8 != 0 || !aligned16(x) || !aligned16(gate_up)) return false;
-    if (sh.Is > 0 && (!aligned16(sh.gate_proj) || !aligned16(sh.up_proj) || !aligned16(sh.gate))) return false;
-    const size_t per_stage = size_t(kStreamWarps) * 2 * size_t(H) * sizeof(bf16);
-    const int64_t n_items = rows * k * I + (sh.Is > 0 ? rows * (sh.Is + 1) : 0);
-    if (n_items >= (int64_t(1) << 30)) return false;
-    const int stages = ctx.moe_gate_up_stages > 0             ? ctx.moe_gate_up_stages
-                       : 3 * per_stage <= (size_t(100) << 10) ? 3
-                                                              : 2;
-    if (size_t(stages) * per_stage > size_t(smem_optin_bytes())) return false;
-    if (stages == 3)
-        gate_up_stream_launch<3>(x, int(rows), gate_up, H, I, E, k, ids, sh, scratch, int(n_items), ctx);
-    else
-        gate_up_stream_launch<2>(x, int(rows), gate_up, H, I, E, k, ids, sh, scratch, int(n_items), ctx);
-    return true;
-}
-
-}  // namespace
-
 void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const float* weights, const int32_t* ids,
                  int k, const MoeShared* shared, const MoeScratch& scratch, bf16* y, const LaunchContext& ctx) {
     if (rows <= 0) return;
@@ -865,10 +687,9 @@ void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const
     if (!moe_grouped(rows, H, I, ctx)) {
         const MoeShared sh = shared ? *shared : MoeShared{};
         const int cols = std::max(I, sh.Is);
-        if (!gate_up_stream(x, rows, gate_up, H, I, E, k, ids, sh, scratch, ctx))
-            launch(moe_gate_up_kernel, dim3(unsigned(rows * k + (shared ? rows : 0)), ceil_div(cols, kMoeWarps)),
-                   kMoeWarps * 32, 0, ctx, "MoE gate/up kernel", x, gate_up, ids, E, H, I, k, rows, scratch.act, sh,
-                   scratch.shared_act, scratch.shared_gate);
+        launch(moe_gate_up_kernel, dim3(unsigned(rows * k + (shared ? rows : 0)), ceil_div(cols, kMoeWarps)),
+               kMoeWarps * 32, 0, ctx, "MoE gate/up kernel", x, gate_up, ids, E, H, I, k, rows, scratch.act, sh,
+               scratch.shared_act, scratch.shared_gate);
         if (rows <= 2 && I % 8 == 0)
             launch(moe_down_rows_kernel, dim3(unsigned(rows), ceil_div(H, kDownRows)), (kDownWarps + 1) * 32, 0, ctx,
                    "MoE down kernel (prefetching)", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H, I,

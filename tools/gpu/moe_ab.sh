@@ -1,11 +1,11 @@
 #!/bin/bash
-# One device call for the MoE decode changes of the twenty-sixth session (run 130: a fused router + top-k kernel;
-# run 131: the gate/up kernel streamed through shared memory) against a baseline built beside it (.carry/base-src: `git archive BASE | tar -x`),
+# One device call for a change to the MoE decode kernels against a baseline built beside it (.carry/base-src:
+# `git archive BASE | tar -x`); the twenty-sixth session's runs 130-132 (docs/perf-notes.md) used it,
 # most important first, so that a call cut short still says something:
 #   build (new, base, new with -DHY_CUDA_TRACE=ON) -> the CUDA MoE [gpu] cases -> 35B-A3B b=1, new and base in
 #   alternation (2 rounds) -> batches 8-64 -> every [gpu] case -> hybrid-compare on the MoE test models ->
-#   compute-sanitizer on the MoE cases -> Nsight Compute on the gate/up kernels -> a b=1 trace.
-# Usage (device tool, repository root, carry [".carry"]): bash tools/gpu/session26.sh   (ONLY="a b": those stages)
+#   compute-sanitizer on the MoE cases -> Nsight Compute on the gate/up kernels (new and base) -> a b=1 trace.
+# Usage (device tool, repository root, carry [".carry"]): bash tools/gpu/moe_ab.sh   (ONLY="a b": those stages)
 set -u
 . tools/gpu/run_lib.sh  # OUT, LOG, SUM, T0, say, step
 ONLY=${ONLY:-all}
@@ -37,18 +37,6 @@ if want b1; then
             tag=$(basename $bin)_$i
             step "b1_$tag" 200 $bin/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 128 -r 2
             grep -E '^\| +[0-9]' "$LOG" | tail -1 | sed "s/^/  [$tag] /" >>"$SUM"
-        done
-    done
-fi
-if want b1v; then  # the gate/up variants of the new binary (--moe-gate-up) and the base, 2 rounds in alternation
-    for i in 1 2; do
-        for v in auto 2 warp base; do
-            bin=$N
-            [ $v = base ] && bin=$B
-            [ -x $bin/hybrid-bench ] || continue
-            step "b1_${v}_$i" 200 $bin/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 128 -r 2 \
-                $([ $v = base ] || echo --moe-gate-up $v)
-            grep -E '^\| +[0-9]' "$LOG" | tail -1 | sed "s/^/  [$v $i] /" >>"$SUM"
         done
     done
 fi
