@@ -151,10 +151,37 @@ static void hyst__ws(hyst__json* j) {
     while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r')) j->p++;
 }
 
+// Names the JSON value at j->p for an error's "found ...": "the end of the header", "a string", "an object", "an
+// array", the token itself (a number, true, false, null; at most 24 bytes, then "..."), else the character.
+static const char* hyst__found(hyst__json* j, char* buf, size_t cap) {
+    hyst__ws(j);
+    if (j->p >= j->end) return "the end of the header";
+    const char c = *j->p;
+    if (c == '"') return "a string";
+    if (c == '{') return "an object";
+    if (c == '[') return "an array";
+    size_t n = 0;
+    while (j->p + n < j->end && n < 24 &&
+           (j->p[n] == '+' || j->p[n] == '-' || j->p[n] == '.' || (j->p[n] >= '0' && j->p[n] <= '9') ||
+            (j->p[n] >= 'a' && j->p[n] <= 'z') || (j->p[n] >= 'A' && j->p[n] <= 'Z')))
+        n++;
+    if (n == 0) {
+        if (c > 0x20 && c < 0x7f)
+            snprintf(buf, cap, "'%c'", c);
+        else
+            snprintf(buf, cap, "byte 0x%02x", (unsigned)(unsigned char)c);
+    } else {
+        snprintf(buf, cap, "%.*s%s", (int)n, j->p, j->p + n < j->end && n == 24 ? "..." : "");
+    }
+    return buf;
+}
+
 static int hyst__expect(hyst__json* j, char c) {
     hyst__ws(j);
     if (j->p >= j->end || *j->p != c) {
-        return hyst__fail(j->f, HYST_ERR_FORMAT, "header JSON: expected '%c'", c);
+        char found[32];
+        return hyst__fail(j->f, HYST_ERR_FORMAT, "header JSON: expected '%c', found %s", c,
+                          hyst__found(j, found, sizeof found));
     }
     j->p++;
     return HYST_OK;
@@ -171,7 +198,11 @@ static int hyst__hex(char c) {
 // included).
 static int hyst__string(hyst__json* j, char* out, size_t cap) {
     hyst__ws(j);
-    if (j->p >= j->end || *j->p != '"') return hyst__fail(j->f, HYST_ERR_FORMAT, "header JSON: expected a string");
+    if (j->p >= j->end || *j->p != '"') {
+        char found[32];
+        return hyst__fail(j->f, HYST_ERR_FORMAT, "header JSON: expected a string, found %s",
+                          hyst__found(j, found, sizeof found));
+    }
     j->p++;
     size_t n = 0;
     while (1) {
@@ -321,7 +352,14 @@ static hyst_dtype hyst__dtype(const char* s) {
 static int hyst__tensor(hyst__json* j, hyst_tensor* t) {
     int rc, have_dtype = 0, have_shape = 0, have_offsets = 0;
     char key[32], dtype[32];
-    if ((rc = hyst__expect(j, '{'))) return rc;
+    hyst__ws(j);
+    if (j->p >= j->end || *j->p != '{') {
+        char found[32];
+        return hyst__fail(j->f, HYST_ERR_FORMAT,
+                          "tensor '%s': expected an object (dtype, shape, data_offsets), found %s", t->name,
+                          hyst__found(j, found, sizeof found));
+    }
+    j->p++;
     hyst__ws(j);
     if (j->p < j->end && *j->p == '}') {
         j->p++;

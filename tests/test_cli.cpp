@@ -425,6 +425,23 @@ TEST_CASE("cli: a model with NaN weights is a generation error, not silent outpu
     CHECK(chat.out.empty());
 }
 
+// A model.safetensors header entry that is not an object: exit 2 with one line naming the file, the tensor and what
+// was found (it was "header JSON: expected '{'").
+TEST_CASE("cli: a bad tensor entry in model.safetensors names the tensor", "[cli]") {
+    if (!have_programs()) return;
+    hy::test::TempDir tmp;
+    const std::string dir = tmp / "badheader";
+    hy::test::write_model_dir(dir, hy::test::read_safetensors(hy::test::tiny_dir() + "/model.safetensors"),
+                              hy::test::read_text(hy::test::tiny_dir() + "/config.json"));
+    const std::string header = R"({"model.norm.weight":[256]})";
+    std::string image(8, '\0');
+    for (int i = 0; i < 8; i++) image[size_t(i)] = char((header.size() >> (8 * i)) & 0xff);
+    hy::test::write_text(dir + "/model.safetensors", image + header);
+    check_one_line_error(hybrid({"-m", dir, "-p", "hi", "-n", "2"}), 2,
+                         "model.safetensors: tensor 'model.norm.weight': expected an object (dtype, shape, "
+                         "data_offsets), found an array");
+}
+
 // A tokenizer without the ChatML tokens: the chat modes refuse the model with exit 2 (an unsupported model file, as
 // the help says; it was exit 1), plain completion still runs.
 TEST_CASE("cli: a model whose tokenizer has no ChatML tokens is exit 2 in the chat modes", "[cli]") {

@@ -110,6 +110,21 @@ TEST_CASE("safetensors: malformed headers are rejected with a reason", "[loader]
         parse_image(image_with_header(
             R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
             8)) == HYST_ERR_FORMAT);
+    // An entry that is not an object: the tensor and what was found are named (it was "header JSON: expected '{'").
+    {
+        const std::pair<const char*, const char*> cases[] = {
+            {R"({"w":[1,2]})", "tensor 'w': expected an object (dtype, shape, data_offsets), found an array"},
+            {R"({"w":"F32"})", "tensor 'w': expected an object (dtype, shape, data_offsets), found a string"},
+            {R"({"w":null})", "tensor 'w': expected an object (dtype, shape, data_offsets), found null"},
+            {"[1,2]", "header JSON: expected '{', found an array"},
+        };
+        for (const auto& [header, message] : cases) {
+            INFO(header);
+            const std::string im = image_with_header(header, 16);
+            CHECK(hyst_parse(f.get(), im.data(), im.size()) == HYST_ERR_FORMAT);
+            CHECK(std::string(f->error) == message);
+        }
+    }
     // A valid minimal file with metadata and an empty tensor.
     REQUIRE(parse_image(image_with_header(
                 R"({"__metadata__":{"k":"v"},"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})", 0)) == HYST_OK);
