@@ -425,14 +425,18 @@ TEST_CASE("cli: a model with NaN weights is a generation error, not silent outpu
     CHECK(chat.out.empty());
 }
 
-// A model.safetensors header entry that is not an object: exit 2 with one line naming the file, the tensor and what
-// was found (it was "header JSON: expected '{'").
-TEST_CASE("cli: a bad tensor entry in model.safetensors names the tensor", "[cli]") {
+// A model.safetensors header with a bad tensor entry: exit 2 with one line naming the file, the tensor, the field and
+// what was found (it was "header JSON: expected '{'" / "header JSON: expected a non-negative integer").
+TEST_CASE("cli: a bad tensor entry in model.safetensors names the tensor and the field", "[cli]") {
     if (!have_programs()) return;
     hy::test::TempDir tmp;
     const std::string dir = tmp / "badheader";
-    hy::test::write_model_dir(dir, hy::test::read_safetensors(hy::test::tiny_dir() + "/model.safetensors"),
-                              hy::test::read_text(hy::test::tiny_dir() + "/config.json"));
+    hy::test::TensorMap t = hy::test::read_safetensors(hy::test::tiny_dir() + "/model.safetensors");
+    t.at("model.norm.weight").shape = {-256};
+    hy::test::write_model_dir(dir, t, hy::test::read_text(hy::test::tiny_dir() + "/config.json"));
+    check_one_line_error(hybrid({"-m", dir, "-p", "hi", "-n", "2"}), 2,
+                         "model.safetensors: tensor 'model.norm.weight': shape: expected a non-negative integer, "
+                         "found -256");
     const std::string header = R"({"model.norm.weight":[256]})";
     std::string image(8, '\0');
     for (int i = 0; i < 8; i++) image[size_t(i)] = char((header.size() >> (8 * i)) & 0xff);

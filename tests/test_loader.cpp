@@ -110,12 +110,22 @@ TEST_CASE("safetensors: malformed headers are rejected with a reason", "[loader]
         parse_image(image_with_header(
             R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
             8)) == HYST_ERR_FORMAT);
-    // An entry that is not an object: the tensor and what was found are named (it was "header JSON: expected '{'").
+    // An entry that is not an object, and bad values in its fields: the tensor, the field and what was found are
+    // named (they were "header JSON: expected '{'" and "header JSON: expected a non-negative integer").
     {
         const std::pair<const char*, const char*> cases[] = {
             {R"({"w":[1,2]})", "tensor 'w': expected an object (dtype, shape, data_offsets), found an array"},
             {R"({"w":"F32"})", "tensor 'w': expected an object (dtype, shape, data_offsets), found a string"},
             {R"({"w":null})", "tensor 'w': expected an object (dtype, shape, data_offsets), found null"},
+            {R"({"w":{"dtype":"F32","shape":[2,-3],"data_offsets":[0,0]}})",
+             "tensor 'w': shape: expected a non-negative integer, found -3"},
+            {R"({"w":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})",
+             "tensor 'w': shape: expected an integer, found 1.5"},
+            {R"({"w":{"dtype":"F32","shape":4,"data_offsets":[0,16]}})", "tensor 'w': shape: expected '[', found 4"},
+            {R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,-16]}})",
+             "tensor 'w': data_offsets: expected a non-negative integer, found -16"},
+            {R"({"w":{"dtype":7,"shape":[4],"data_offsets":[0,16]}})", "tensor 'w': dtype: expected a string, found 7"},
+            {R"({"w":{"dtype":"F32" "shape":[4]}})", "tensor 'w': expected '}', found a string"},
             {"[1,2]", "header JSON: expected '{', found an array"},
         };
         for (const auto& [header, message] : cases) {
