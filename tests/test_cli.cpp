@@ -446,6 +446,19 @@ TEST_CASE("cli: a bad tensor entry in model.safetensors names the tensor and the
                          "data_offsets), found an array");
 }
 
+// A required config.json field given as null: exit 2, named as null of the wrong type (it read "is missing").
+TEST_CASE("cli: a required config.json field of null is named as null", "[cli]") {
+    if (!have_programs()) return;
+    hy::test::TempDir tmp;
+    const std::string dir = tmp / "nullfield";
+    nlohmann::json config = nlohmann::json::parse(hy::test::read_text(hy::test::tiny_dir() + "/config.json"));
+    config["hidden_size"] = nullptr;
+    hy::test::write_model_dir(dir, hy::test::read_safetensors(hy::test::tiny_dir() + "/model.safetensors"),
+                              config.dump());
+    check_one_line_error(hybrid({"-m", dir, "-p", "hi", "-n", "2"}), 2,
+                         "config.json: field 'hidden_size' must be an integer, found null");
+}
+
 // A tokenizer without the ChatML tokens: the chat modes refuse the model with exit 2 (an unsupported model file, as
 // the help says; it was exit 1), plain completion still runs.
 TEST_CASE("cli: a model whose tokenizer has no ChatML tokens is exit 2 in the chat modes", "[cli]") {

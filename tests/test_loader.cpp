@@ -263,6 +263,17 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
         require_error([&] { Model::load(d.path, p); }, Status::format,
                       "eos_token_id 99999 is outside the vocabulary [0, 4096)");
     }
+    SECTION("config with a required field of null: named as null, not as missing") {
+        for (const char* field : {"hidden_size", "vocab_size", "num_attention_heads", "linear_key_head_dim"}) {
+            TempDir d;
+            nlohmann::json j = nlohmann::json::parse(config);
+            j[field] = nullptr;
+            write_model_dir(d.path, tensors, j.dump());
+            INFO(field);
+            require_error([&] { Model::load(d.path, p); }, Status::format,
+                          std::string("config.json: field '") + field + "' must be an integer, found null");
+        }
+    }
     SECTION("config with a field of the wrong type") {
         TempDir d;
         nlohmann::json j = nlohmann::json::parse(config);
