@@ -379,6 +379,13 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     check(run_prog(bench, {"-m", "models/tiny", "-h=1"}), 1, "hybrid-bench: -h takes no value: write -h alone");
     check(run_prog(bench, {"-m", "models/tiny", "-p=4"}), 1, "-p takes its value as the next word: -p 4");
     CHECK(run_prog(tokenize, {"--tokenizer", "models/tiny", "--text", "--decode"}).rc == 0);  // text: as given
+    // empty file names are usage errors naming the option (they were "cannot open ''", exit 2 and 5), as hybrid -f ''
+    check(run_prog(tokenize, {"--tokenizer", "", "--text", "a"}), 1,
+          "hybrid-tokenize: --tokenizer needs a file or folder name (a tokenizer.json or a model folder)");
+    check(run_prog(tokenize, {"--tokenizer", "models/tiny", "--golden", ""}), 1,
+          "hybrid-tokenize: --golden needs a file name");
+    check(run_prog(tokenize, {"--tokenizer", "models/tiny", "--bench", ""}), 1,
+          "hybrid-tokenize: --bench needs a file name");
     // golden logits that lack a case: refused before any case runs (it stopped midway without a SUMMARY line)
     {
         auto g = nlohmann::json::parse(slurp(kSrc + "/models/tiny/golden.json"));
