@@ -59,6 +59,13 @@ TEST_CASE("cli tools and REPL commands: id lists, empty goldens, stray arguments
         const Run bad = run_prog(tok, {"--tokenizer", "models/tiny", "--decode", "1,-2"});
         CHECK(bad.rc == 1);
         CHECK(bad.err == "hybrid-tokenize: --decode: '-2' is not a token id (expected a list like 1,2,3)\n");
+        // an empty list is a usage error, as hybrid --prompt-ids '' (it printed an empty line, exit 0)
+        const Run empty_list = run_prog(tok, {"--tokenizer", "models/tiny", "--decode", ""});
+        CHECK(empty_list.rc == 1);
+        CHECK(empty_list.out.empty());
+        CHECK(empty_list.err == "hybrid-tokenize: --decode needs at least one token id (a list like 1,2,3)\n");
+        check_one_line_error(hybrid({"-m", "models/tiny", "--prompt-ids", ""}), 1,
+                             "hybrid: error: --prompt-ids needs at least one token id (a list like 1,2,3)");
         // every program prints its version (only hybrid did; the others: "unknown option --version")
         for (const char* prog :
              {"hybrid", "hybrid-bench", "hybrid-compare", "hybrid-perplexity", "hybrid-tokenize", "hybrid-server"}) {

@@ -224,7 +224,11 @@ int main(int argc, char** argv) {
             std::vector<int32_t> ids;
             std::string bad;
             const std::string list = a["decode"].as<std::string>();
-            if (!list.empty() && !hy::parse_id_list(list, ids, &bad))  // (an empty list decodes to nothing)
+            // (an empty list is a usage error, as hybrid --prompt-ids ''; it printed an empty line)
+            if (list.find_first_not_of(' ') == std::string::npos)
+                throw hy::Error(hy::Status::invalid_argument,
+                                "--decode needs at least one token id (a list like 1,2,3)");
+            if (!hy::parse_id_list(list, ids, &bad))
                 throw hy::Error(hy::Status::invalid_argument,
                                 "--decode: '" + bad + "' is not a token id (expected a list like 1,2,3)");
             std::cout << tok.decode(ids, !parse_special) << "\n";
