@@ -593,6 +593,23 @@ TEST_CASE("cli: single-dash words are unknown options, not -n or -s with a value
     check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "-i=true"}), 1, "-i takes no value: write -i alone");
 }
 
+// --no-cuda-graphs on the CPU: a note that it is ignored, as hybrid-bench and hybrid-compare print (it was silent);
+// the output is the same.
+TEST_CASE("cli: --no-cuda-graphs on the CPU is noted as ignored", "[cli]") {
+    if (!have_programs()) return;
+    const std::vector<std::string> args = {"-m", "models/tiny", "-p", "def main():", "-n", "4", "--temp", "0"};
+    std::vector<std::string> no_graphs = args;
+    no_graphs.push_back("--no-cuda-graphs");
+    const Run with = hybrid(no_graphs);
+    const Run without = hybrid(args);
+    INFO(with.err);
+    CHECK(with.rc == 0);
+    CHECK(with.err == "hybrid: note: --no-cuda-graphs only changes the CUDA backend; ignored on cpu\n");
+    CHECK(with.out == without.out);
+    CHECK(without.rc == 0);
+    CHECK(without.err.find("note:") == std::string::npos);
+}
+
 // --no-think with a tokenizer that has no <think>/</think> added tokens renders like thinking on: a warning says the
 // option does nothing (the seventh session's fresh-user test: it was silent).
 TEST_CASE("cli: --no-think without think tokens is a warning", "[cli]") {
