@@ -68,6 +68,8 @@ const char* kExitCodes =
 std::vector<int32_t> parse_ids(const std::string& s) {
     std::vector<int32_t> ids;
     std::string bad;
+    if (s.find_first_not_of(' ') == std::string::npos)  // (it read "--prompt-ids: '' is not a token id")
+        usage("--prompt-ids needs at least one token id (a list like 1,2,3)");
     if (!parse_id_list(s, ids, &bad))
         usage("--prompt-ids: '" + bad + "' is not a token id (expected a list like 1,2,3)");
     return ids;

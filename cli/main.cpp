@@ -300,6 +300,10 @@ int run(int argc, char** argv) {
     if (rc != HY_OK) engine_fail(exit_model, "cannot load the model");
     o.n_ctx = hy_model_n_ctx(h.m);  // (-c 0: the trained context)
     if (*hy_model_load_warning(h.m)) std::fprintf(stderr, "hybrid: warning: %s\n", hy_model_load_warning(h.m));
+    // (as hybrid-bench and hybrid-compare note the CUDA switches they ignore)
+    if (!o.cuda_graphs && std::strcmp(hy_model_backend(h.m), "cuda") != 0)
+        std::fprintf(stderr, "hybrid: note: --no-cuda-graphs only changes the CUDA backend; ignored on %s\n",
+                     hy_model_backend(h.m));
     // the backend, the device and the memory the model holds: on a terminal (with the summary) or with --verbose
     if (show_summary) {
         const bool cpu = std::strcmp(hy_model_backend(h.m), "cpu") == 0;

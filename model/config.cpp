@@ -39,8 +39,9 @@ struct Reader {
         throw Error(Status::format, source + ": field '" + scope + field + "' " + what);
     }
     bool has(const char* field) const { return j.contains(field) && !j.at(field).is_null(); }
+    // A required integer: absent is "is missing"; null is of the wrong type ("must be an integer, found null").
     int get_int(const char* field, int min_value) const {
-        if (!has(field)) fail(field, "is missing");
+        if (!j.contains(field)) fail(field, "is missing");
         const json& v = j.at(field);
         if (!v.is_number_integer()) fail(field, "must be an integer, found " + v.dump());
         long long x = v.get<long long>();

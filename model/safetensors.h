@@ -151,10 +151,37 @@ static void hyst__ws(hyst__json* j) {
     while (j->p < j->end && (*j->p == ' ' || *j->p == '\t' || *j->p == '\n' || *j->p == '\r')) j->p++;
 }
 
+// Names the JSON value at j->p for an error's "found ...": "the end of the header", "a string", "an object", "an
+// array", the token itself (a number, true, false, null; at most 24 bytes, then "..."), else the character.
+static const char* hyst__found(hyst__json* j, char* buf, size_t cap) {
+    hyst__ws(j);
+    if (j->p >= j->end) return "the end of the header";
+    const char c = *j->p;
+    if (c == '"') return "a string";
+    if (c == '{') return "an object";
+    if (c == '[') return "an array";
+    size_t n = 0;
+    while (j->p + n < j->end && n < 24 &&
+           (j->p[n] == '+' || j->p[n] == '-' || j->p[n] == '.' || (j->p[n] >= '0' && j->p[n] <= '9') ||
+            (j->p[n] >= 'a' && j->p[n] <= 'z') || (j->p[n] >= 'A' && j->p[n] <= 'Z')))
+        n++;
+    if (n == 0) {
+        if (c > 0x20 && c < 0x7f)
+            snprintf(buf, cap, "'%c'", c);
+        else
+            snprintf(buf, cap, "byte 0x%02x", (unsigned)(unsigned char)c);
+    } else {
+        snprintf(buf, cap, "%.*s%s", (int)n, j->p, j->p + n < j->end && n == 24 ? "..." : "");
+    }
+    return buf;
+}
+
 static int hyst__expect(hyst__json* j, char c) {
     hyst__ws(j);
     if (j->p >= j->end || *j->p != c) {
-        return hyst__fail(j->f, HYST_ERR_FORMAT, "header JSON: expected '%c'", c);
+        char found[32];
+        return hyst__fail(j->f, HYST_ERR_FORMAT, "header JSON: expected '%c', found %s", c,
+                          hyst__found(j, found, sizeof found));
     }
     j->p++;
     return HYST_OK;
@@ -171,7 +198,11 @@ static int hyst__hex(char c) {
 // included).
 static int hyst__string(hyst__json* j, char* out, size_t cap) {
     hyst__ws(j);
-    if (j->p >= j->end || *j->p != '"') return hyst__fail(j->f, HYST_ERR_FORMAT, "header JSON: expected a string");
+    if (j->p >= j->end || *j->p != '"') {
+        char found[32];
+        return hyst__fail(j->f, HYST_ERR_FORMAT, "header JSON: expected a string, found %s",
+                          hyst__found(j, found, sizeof found));
+    }
     j->p++;
     size_t n = 0;
     while (1) {
@@ -255,17 +286,23 @@ static int hyst__string(hyst__json* j, char* out, size_t cap) {
 
 // Reads a non-negative integer (no sign, no fraction, no exponent) that fits in 63 bits.
 static int hyst__uint(hyst__json* j, uint64_t* out) {
+    char found[32];
     hyst__ws(j);
     if (j->p >= j->end || *j->p < '0' || *j->p > '9')
-        return hyst__fail(j->f, HYST_ERR_FORMAT, "header JSON: expected a non-negative integer");
+        return hyst__fail(j->f, HYST_ERR_FORMAT, "header JSON: expected a non-negative integer, found %s",
+                          hyst__found(j, found, sizeof found));
+    const char* start = j->p;
     uint64_t v = 0;
     while (j->p < j->end && *j->p >= '0' && *j->p <= '9') {
         if (v > (UINT64_C(1) << 62) / 10) return hyst__fail(j->f, HYST_ERR_FORMAT, "header JSON: integer too large");
         v = v * 10 + (uint64_t)(*j->p - '0');
         j->p++;
     }
-    if (j->p < j->end && (*j->p == '.' || *j->p == 'e' || *j->p == 'E'))
-        return hyst__fail(j->f, HYST_ERR_FORMAT, "header JSON: expected an integer, found a fraction");
+    if (j->p < j->end && (*j->p == '.' || *j->p == 'e' || *j->p == 'E')) {
+        j->p = start;
+        return hyst__fail(j->f, HYST_ERR_FORMAT, "header JSON: expected an integer, found %s",
+                          hyst__found(j, found, sizeof found));
+    }
     *out = v;
     return HYST_OK;
 }
@@ -318,10 +355,19 @@ static hyst_dtype hyst__dtype(const char* s) {
     return HYST_UNKNOWN;
 }
 
-static int hyst__tensor(hyst__json* j, hyst_tensor* t) {
+// Reads one tensor entry; `field` (32 bytes) holds the key whose value is being read ("" between values), for
+// hyst__tensor's error.
+static int hyst__tensor_entry(hyst__json* j, hyst_tensor* t, char* field) {
     int rc, have_dtype = 0, have_shape = 0, have_offsets = 0;
     char key[32], dtype[32];
-    if ((rc = hyst__expect(j, '{'))) return rc;
+    hyst__ws(j);
+    if (j->p >= j->end || *j->p != '{') {
+        char found[32];
+        return hyst__fail(j->f, HYST_ERR_FORMAT,
+                          "tensor '%s': expected an object (dtype, shape, data_offsets), found %s", t->name,
+                          hyst__found(j, found, sizeof found));
+    }
+    j->p++;
     hyst__ws(j);
     if (j->p < j->end && *j->p == '}') {
         j->p++;
@@ -335,6 +381,7 @@ static int hyst__tensor(hyst__json* j, hyst_tensor* t) {
             return rc;
         }
         if ((rc = hyst__expect(j, ':'))) return rc;
+        memcpy(field, key, sizeof key);
         if (!strcmp(key, "dtype")) {
             if ((rc = hyst__string(j, dtype, sizeof dtype))) return rc;
             t->dtype = hyst__dtype(dtype);
@@ -378,6 +425,7 @@ static int hyst__tensor(hyst__json* j, hyst_tensor* t) {
         } else {
             if ((rc = hyst__skip(j, 1))) return rc;
         }
+        field[0] = 0;
         hyst__ws(j);
         if (j->p < j->end && *j->p == ',') {
             j->p++;
@@ -392,6 +440,20 @@ static int hyst__tensor(hyst__json* j, hyst_tensor* t) {
                           : !have_shape ? "shape"
                                         : "data_offsets");
     return HYST_OK;
+}
+
+// hyst__tensor_entry, its JSON errors ("header JSON: expected ...") told as "tensor 'NAME': FIELD: expected ..."
+// (FIELD: the key whose value was being read; none between values).
+static int hyst__tensor(hyst__json* j, hyst_tensor* t) {
+    char field[32] = "";
+    const int rc = hyst__tensor_entry(j, t, field);
+    static const char tag[] = "header JSON: ";
+    if (rc && !strncmp(j->f->error, tag, sizeof tag - 1)) {
+        char reason[sizeof j->f->error];
+        strcpy(reason, j->f->error + sizeof tag - 1);
+        hyst__fail(j->f, rc, "tensor '%s': %s%s%s", t->name, field, field[0] ? ": " : "", reason);
+    }
+    return rc;
 }
 
 static int hyst__cmp_begin(const void* a, const void* b) {

@@ -1508,6 +1508,10 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
                      "hybrid-server: warning: -c %d is larger than the %d positions the model was trained for "
                      "(max_position_embeddings): output past them may degrade\n",
                      mp.n_ctx, trained);
+    // (as hybrid-bench and hybrid-compare note the CUDA switches they ignore)
+    if (!mp.cuda.graphs && std::string(s.model->backend().name()) != "cuda")
+        std::fprintf(stderr, "hybrid-server: note: --no-cuda-graphs only changes the CUDA backend; ignored on %s\n",
+                     s.model->backend().name());
     const int V = s.model->config().vocab_size;
     s.n_valid = std::min(s.tok->n_vocab(), V);
     std::vector<int32_t> banned;

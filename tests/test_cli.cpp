@@ -425,6 +425,40 @@ TEST_CASE("cli: a model with NaN weights is a generation error, not silent outpu
     CHECK(chat.out.empty());
 }
 
+// A model.safetensors header with a bad tensor entry: exit 2 with one line naming the file, the tensor, the field and
+// what was found (it was "header JSON: expected '{'" / "header JSON: expected a non-negative integer").
+TEST_CASE("cli: a bad tensor entry in model.safetensors names the tensor and the field", "[cli]") {
+    if (!have_programs()) return;
+    hy::test::TempDir tmp;
+    const std::string dir = tmp / "badheader";
+    hy::test::TensorMap t = hy::test::read_safetensors(hy::test::tiny_dir() + "/model.safetensors");
+    t.at("model.norm.weight").shape = {-256};
+    hy::test::write_model_dir(dir, t, hy::test::read_text(hy::test::tiny_dir() + "/config.json"));
+    check_one_line_error(hybrid({"-m", dir, "-p", "hi", "-n", "2"}), 2,
+                         "model.safetensors: tensor 'model.norm.weight': shape: expected a non-negative integer, "
+                         "found -256");
+    const std::string header = R"({"model.norm.weight":[256]})";
+    std::string image(8, '\0');
+    for (int i = 0; i < 8; i++) image[size_t(i)] = char((header.size() >> (8 * i)) & 0xff);
+    hy::test::write_text(dir + "/model.safetensors", image + header);
+    check_one_line_error(hybrid({"-m", dir, "-p", "hi", "-n", "2"}), 2,
+                         "model.safetensors: tensor 'model.norm.weight': expected an object (dtype, shape, "
+                         "data_offsets), found an array");
+}
+
+// A required config.json field given as null: exit 2, named as null of the wrong type (it read "is missing").
+TEST_CASE("cli: a required config.json field of null is named as null", "[cli]") {
+    if (!have_programs()) return;
+    hy::test::TempDir tmp;
+    const std::string dir = tmp / "nullfield";
+    nlohmann::json config = nlohmann::json::parse(hy::test::read_text(hy::test::tiny_dir() + "/config.json"));
+    config["hidden_size"] = nullptr;
+    hy::test::write_model_dir(dir, hy::test::read_safetensors(hy::test::tiny_dir() + "/model.safetensors"),
+                              config.dump());
+    check_one_line_error(hybrid({"-m", dir, "-p", "hi", "-n", "2"}), 2,
+                         "config.json: field 'hidden_size' must be an integer, found null");
+}
+
 // A tokenizer without the ChatML tokens: the chat modes refuse the model with exit 2 (an unsupported model file, as
 // the help says; it was exit 1), plain completion still runs.
 TEST_CASE("cli: a model whose tokenizer has no ChatML tokens is exit 2 in the chat modes", "[cli]") {
@@ -557,6 +591,23 @@ TEST_CASE("cli: single-dash words are unknown options, not -n or -s with a value
                          "-n needs a value (the next word, --temp=0, is an option)");
     // -i=true was "unknown option -="
     check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "-i=true"}), 1, "-i takes no value: write -i alone");
+}
+
+// --no-cuda-graphs on the CPU: a note that it is ignored, as hybrid-bench and hybrid-compare print (it was silent);
+// the output is the same.
+TEST_CASE("cli: --no-cuda-graphs on the CPU is noted as ignored", "[cli]") {
+    if (!have_programs()) return;
+    const std::vector<std::string> args = {"-m", "models/tiny", "-p", "def main():", "-n", "4", "--temp", "0"};
+    std::vector<std::string> no_graphs = args;
+    no_graphs.push_back("--no-cuda-graphs");
+    const Run with = hybrid(no_graphs);
+    const Run without = hybrid(args);
+    INFO(with.err);
+    CHECK(with.rc == 0);
+    CHECK(with.err == "hybrid: note: --no-cuda-graphs only changes the CUDA backend; ignored on cpu\n");
+    CHECK(with.out == without.out);
+    CHECK(without.rc == 0);
+    CHECK(without.err.find("note:") == std::string::npos);
 }
 
 // --no-think with a tokenizer that has no <think>/</think> added tokens renders like thinking on: a warning says the

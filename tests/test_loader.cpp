@@ -110,6 +110,31 @@ TEST_CASE("safetensors: malformed headers are rejected with a reason", "[loader]
         parse_image(image_with_header(
             R"({"a":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"a":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})",
             8)) == HYST_ERR_FORMAT);
+    // An entry that is not an object, and bad values in its fields: the tensor, the field and what was found are
+    // named (they were "header JSON: expected '{'" and "header JSON: expected a non-negative integer").
+    {
+        const std::pair<const char*, const char*> cases[] = {
+            {R"({"w":[1,2]})", "tensor 'w': expected an object (dtype, shape, data_offsets), found an array"},
+            {R"({"w":"F32"})", "tensor 'w': expected an object (dtype, shape, data_offsets), found a string"},
+            {R"({"w":null})", "tensor 'w': expected an object (dtype, shape, data_offsets), found null"},
+            {R"({"w":{"dtype":"F32","shape":[2,-3],"data_offsets":[0,0]}})",
+             "tensor 'w': shape: expected a non-negative integer, found -3"},
+            {R"({"w":{"dtype":"F32","shape":[1.5],"data_offsets":[0,4]}})",
+             "tensor 'w': shape: expected an integer, found 1.5"},
+            {R"({"w":{"dtype":"F32","shape":4,"data_offsets":[0,16]}})", "tensor 'w': shape: expected '[', found 4"},
+            {R"({"w":{"dtype":"F32","shape":[4],"data_offsets":[0,-16]}})",
+             "tensor 'w': data_offsets: expected a non-negative integer, found -16"},
+            {R"({"w":{"dtype":7,"shape":[4],"data_offsets":[0,16]}})", "tensor 'w': dtype: expected a string, found 7"},
+            {R"({"w":{"dtype":"F32" "shape":[4]}})", "tensor 'w': expected '}', found a string"},
+            {"[1,2]", "header JSON: expected '{', found an array"},
+        };
+        for (const auto& [header, message] : cases) {
+            INFO(header);
+            const std::string im = image_with_header(header, 16);
+            CHECK(hyst_parse(f.get(), im.data(), im.size()) == HYST_ERR_FORMAT);
+            CHECK(std::string(f->error) == message);
+        }
+    }
     // A valid minimal file with metadata and an empty tensor.
     REQUIRE(parse_image(image_with_header(
                 R"({"__metadata__":{"k":"v"},"a":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})", 0)) == HYST_OK);
@@ -237,6 +262,17 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
         write_model_dir(d.path, tensors, j.dump());
         require_error([&] { Model::load(d.path, p); }, Status::format,
                       "eos_token_id 99999 is outside the vocabulary [0, 4096)");
+    }
+    SECTION("config with a required field of null: named as null, not as missing") {
+        for (const char* field : {"hidden_size", "vocab_size", "num_attention_heads", "linear_key_head_dim"}) {
+            TempDir d;
+            nlohmann::json j = nlohmann::json::parse(config);
+            j[field] = nullptr;
+            write_model_dir(d.path, tensors, j.dump());
+            INFO(field);
+            require_error([&] { Model::load(d.path, p); }, Status::format,
+                          std::string("config.json: field '") + field + "' must be an integer, found null");
+        }
     }
     SECTION("config with a field of the wrong type") {
         TempDir d;

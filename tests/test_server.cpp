@@ -77,6 +77,7 @@ public:
             log.append(buf, size_t(n));
         }
         INFO(log);
+        startup_log_ = log;
         const size_t at = log.find(mark);
         REQUIRE(at != std::string::npos);
         port_ = std::stoi(log.substr(at + mark.size()));
@@ -88,6 +89,8 @@ public:
     }
     ~ServerProcess() { stop(SIGTERM); }
     int port() const { return port_; }
+    // What the server wrote on stderr up to its "listening on" line.
+    const std::string& startup_log() const { return startup_log_; }
     // Sends `sig` to this server's process (the child this test started; nothing else).
     void signal(int sig) const {
         if (pid_ > 0) kill(pid_, sig);
@@ -130,6 +133,7 @@ private:
     int err_fd_ = -1;
     int port_ = 0;
     int status_ = -1;
+    std::string startup_log_;
     std::thread reader_;
 };
 
@@ -1152,6 +1156,20 @@ TEST_CASE("server: a bad --chat-template-file fails at start; -c 0 is the traine
     ServerProcess s({"-c", "0", "-np", "1", "--cache-mb", "0"});
     const ojson models = get(s.port(), "/v1/models").json();
     CHECK(models["data"][0]["meta"]["n_ctx"] == 32768);
+}
+
+// --no-cuda-graphs on the CPU: a note at startup that it is ignored, as hybrid-bench and hybrid-compare print (it was
+// silent); the server still starts.
+TEST_CASE("server: --no-cuda-graphs on the CPU is noted as ignored", "[server]") {
+    if (!have_server_binary()) return;
+    const std::string note = "hybrid-server: note: --no-cuda-graphs only changes the CUDA backend; ignored on cpu\n";
+    ServerProcess with({"--no-cuda-graphs", "-np", "1", "--cache-mb", "0"});
+    INFO(with.startup_log());
+    CHECK(with.startup_log().find(note) != std::string::npos);
+    CHECK(with.stop(SIGTERM) == 0);
+    ServerProcess without({"-np", "1", "--cache-mb", "0"});
+    CHECK(without.startup_log().find("note:") == std::string::npos);
+    CHECK(without.stop(SIGTERM) == 0);
 }
 
 TEST_CASE("server: a stream cut by a shutdown ends with a finish_reason and [DONE]", "[server]") {

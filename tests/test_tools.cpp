@@ -59,6 +59,13 @@ TEST_CASE("cli tools and REPL commands: id lists, empty goldens, stray arguments
         const Run bad = run_prog(tok, {"--tokenizer", "models/tiny", "--decode", "1,-2"});
         CHECK(bad.rc == 1);
         CHECK(bad.err == "hybrid-tokenize: --decode: '-2' is not a token id (expected a list like 1,2,3)\n");
+        // an empty list is a usage error, as hybrid --prompt-ids '' (it printed an empty line, exit 0)
+        const Run empty_list = run_prog(tok, {"--tokenizer", "models/tiny", "--decode", ""});
+        CHECK(empty_list.rc == 1);
+        CHECK(empty_list.out.empty());
+        CHECK(empty_list.err == "hybrid-tokenize: --decode needs at least one token id (a list like 1,2,3)\n");
+        check_one_line_error(hybrid({"-m", "models/tiny", "--prompt-ids", ""}), 1,
+                             "hybrid: error: --prompt-ids needs at least one token id (a list like 1,2,3)");
         // every program prints its version (only hybrid did; the others: "unknown option --version")
         for (const char* prog :
              {"hybrid", "hybrid-bench", "hybrid-compare", "hybrid-perplexity", "hybrid-tokenize", "hybrid-server"}) {
@@ -379,6 +386,13 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     check(run_prog(bench, {"-m", "models/tiny", "-h=1"}), 1, "hybrid-bench: -h takes no value: write -h alone");
     check(run_prog(bench, {"-m", "models/tiny", "-p=4"}), 1, "-p takes its value as the next word: -p 4");
     CHECK(run_prog(tokenize, {"--tokenizer", "models/tiny", "--text", "--decode"}).rc == 0);  // text: as given
+    // empty file names are usage errors naming the option (they were "cannot open ''", exit 2 and 5), as hybrid -f ''
+    check(run_prog(tokenize, {"--tokenizer", "", "--text", "a"}), 1,
+          "hybrid-tokenize: --tokenizer needs a file or folder name (a tokenizer.json or a model folder)");
+    check(run_prog(tokenize, {"--tokenizer", "models/tiny", "--golden", ""}), 1,
+          "hybrid-tokenize: --golden needs a file name");
+    check(run_prog(tokenize, {"--tokenizer", "models/tiny", "--bench", ""}), 1,
+          "hybrid-tokenize: --bench needs a file name");
     // golden logits that lack a case: refused before any case runs (it stopped midway without a SUMMARY line)
     {
         auto g = nlohmann::json::parse(slurp(kSrc + "/models/tiny/golden.json"));

@@ -203,6 +203,13 @@ int main(int argc, char** argv) {
         if (modes != 1)
             throw hy::Error(hy::Status::invalid_argument, "give exactly one of --text, --decode, --golden, --bench");
         std::string tok_path = a["tokenizer"].as<std::string>();
+        // empty names are usage errors naming the option, as hybrid -f '' (they were "cannot open ''", exit 2 and 5)
+        if (tok_path.empty())
+            throw hy::Error(hy::Status::invalid_argument,
+                            "--tokenizer needs a file or folder name (a tokenizer.json or a model folder)");
+        for (const char* opt : {"golden", "bench"})
+            if (a.count(opt) && a[opt].as<std::string>().empty())
+                throw hy::Error(hy::Status::invalid_argument, std::string("--") + opt + " needs a file name");
         bool parse_special = !a.count("no-special");
         if (a.count("bench")) {
             const int repeat = a["repeat"].as<int>();
@@ -217,7 +224,11 @@ int main(int argc, char** argv) {
             std::vector<int32_t> ids;
             std::string bad;
             const std::string list = a["decode"].as<std::string>();
-            if (!list.empty() && !hy::parse_id_list(list, ids, &bad))  // (an empty list decodes to nothing)
+            // (an empty list is a usage error, as hybrid --prompt-ids ''; it printed an empty line)
+            if (list.find_first_not_of(' ') == std::string::npos)
+                throw hy::Error(hy::Status::invalid_argument,
+                                "--decode needs at least one token id (a list like 1,2,3)");
+            if (!hy::parse_id_list(list, ids, &bad))
                 throw hy::Error(hy::Status::invalid_argument,
                                 "--decode: '" + bad + "' is not a token id (expected a list like 1,2,3)");
             std::cout << tok.decode(ids, !parse_special) << "\n";
