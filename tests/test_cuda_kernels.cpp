@@ -1456,6 +1456,56 @@ TEST_CASE("CUDA MoE router and experts (routed and shared) against the CPU refer
     }
 }
 
+// The router's top-k on exact ties: pairs of experts with equal logits (x one-hot, so every logit is a router
+// weight exactly, on both sides): the larger logit first and, between equal ones, the lower id, as torch.topk and
+// the CPU backend; the weights as the CPU's. 1, 2 and 5 rows (the rows are independent).
+TEST_CASE("CUDA MoE top-k: ties go to the lower id, as on the CPU", "[gpu]") {
+    HY_REQUIRE_GPU();
+    for (const int E : {256, 512, 1024}) {
+        const int H = 64, k = 8;
+        INFO("E " << E);
+        for (const int T : {1, 2, 5}) {
+            const WorkspaceShape ws{4, 64, H, E, k, 64, 0};
+            const BatchLimits l = limits(8, 1, 16);
+            Side cpu(make_cpu_backend(1), l, ws, size_t(64) << 20);
+            Side gpu(make_cuda_backend(0), l, ws, size_t(64) << 20);
+            std::vector<float> x(size_t(T) * H, 0.0f), router(size_t(E) * H, 0.0f);
+            for (int t = 0; t < T; t++) x[size_t(t) * H + t] = 1.0f;  // row t reads column t of the router
+            for (int e = 0; e < E; e++)
+                for (int t = 0; t < T; t++) {  // experts 2m and 2m + 1 tie; row t ranks the pairs in a rotated order
+                    const int r = ((e / 2) + 37 * t) % (E / 2);  // the pair's rank, increasing with its logit
+                    router[size_t(e) * H + t] = r < 256 ? float(r - 256) / 16.0f : float(r - 255);  // (exact in bf16)
+                }
+            Batch batch({{0, 0, T}}, 64);
+            std::vector<float> w[2];
+            std::vector<int32_t> ids[2];
+            Side* sides[2] = {&cpu, &gpu};
+            for (int i = 0; i < 2; i++) {
+                Side& d = *sides[i];
+                d.be->begin_batch(batch.desc);
+                void* xa = d.act(x);
+                const Matrix r = d.matrix(router, E, H);
+                float* wt = static_cast<float*>(d.take(size_t(T) * k * 4));
+                int32_t* id = static_cast<int32_t*>(d.take(size_t(T) * k * 4));
+                d.be->moe_route(xa, T, r, k, true, wt, id);
+                w[i] = d.read_f32(wt, size_t(T) * k);
+                ids[i].resize(size_t(T) * k);
+                d.be->download(ids[i].data(), id, ids[i].size() * 4);
+            }
+            for (int t = 0; t < T; t++) {
+                INFO("rows " << T << " row " << t);
+                // the top pair m = E/2 - 1 - t (mod): its lower id 2m first, then 2m + 1, then the next pair down
+                for (int j = 0; j < k; j++) {
+                    const int m = ((E / 2 - 1 - j / 2 - 37 * t) % (E / 2) + E / 2) % (E / 2);
+                    CHECK(ids[1][size_t(t) * k + j] == 2 * m + j % 2);
+                    CHECK(ids[0][size_t(t) * k + j] == 2 * m + j % 2);
+                    CHECK(w[1][size_t(t) * k + j] == Approx(w[0][size_t(t) * k + j]).epsilon(1e-2));
+                }
+            }
+        }
+    }
+}
+
 // The MoE test models through the whole forward: prompt logits and a few decode steps (graphs) near the CPU's.
 // bf16 moves router scores enough to change an expert choice at near-ties (as in transformers' own bf16 forward:
 // on these random-weight models its logits are up to 2.4 from its fp32 run), which moves that row's logits, and

@@ -69,23 +69,27 @@ __device__ __forceinline__ Choice warp_top_k(const bf16* __restrict__ logits, in
         const uint32_t ord = (b & 0x7fffu) > 0x7f80u ? 0u : (b & 0x8000u) ? (~b & 0xffffu) : (b | 0x8000u);
         key[q] = e < E ? (ord << 16) | (0xffffu - uint32_t(e)) : 0u;
     }
+    // Each lane keeps the largest of its keys; a round takes the warp's largest (one redux.sync) and only the lane
+    // that held it clears that key and finds its next largest. The round's logit is read back from the key's
+    // upper half (the order map is one to one on bf16 bits; NaN keys give a NaN, -0 gives +0: the same expf).
+    uint32_t best = 0;
+#pragma unroll
+    for (int q = 0; q < kPer; q++) best = max(best, key[q]);
     Choice mine{0, 0.0f};
     float total = 0.0f;
     for (int j = 0; j < k; j++) {
-        uint32_t top = 0;
+        const uint32_t top = __reduce_max_sync(0xffffffffu, best);
+        if (best == top) {  // (keys are distinct: each holds its id)
+            best = 0;
 #pragma unroll
-        for (int q = 0; q < kPer; q++) top = max(top, key[q]);
-        top = __reduce_max_sync(0xffffffffu, top);
+            for (int q = 0; q < kPer; q++) {
+                if (key[q] == top) key[q] = 0u;  // taken
+                best = max(best, key[q]);
+            }
+        }
         const int best_id = int(0xffffu - (top & 0xffffu));
-#pragma unroll
-        for (int q = 0; q < kPer; q++)
-            if (key[q] == top) key[q] = 0u;  // taken (keys are distinct: each holds its id)
-        float held = 0.0f;                   // (a select, not an index: v stays in registers)
-#pragma unroll
-        for (int q = 0; q < kPer; q++)
-            if (q == (best_id >> 5)) held = v[q];
-        const float best = __shfl_sync(0xffffffffu, held, best_id & 31);
-        const float p = expf(best - mx) / sum;
+        const uint32_t ord = top >> 16, bits = (ord & 0x8000u) ? (ord & 0x7fffu) : (~ord & 0xffffu);
+        const float p = expf(__uint_as_float(bits << 16) - mx) / sum;
         total += p;
         if (lane == j) mine = Choice{best_id, p};
     }
