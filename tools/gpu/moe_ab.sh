@@ -3,7 +3,7 @@
 # `git archive BASE | tar -x`); the twenty-sixth session's runs 130-132 (docs/perf-notes.md) used it,
 # most important first, so that a call cut short still says something:
 #   build (new, base, new with -DHY_CUDA_TRACE=ON) -> the CUDA MoE [gpu] cases -> 35B-A3B b=1, new and base in
-#   alternation (2 rounds) -> batches 8-64 -> every [gpu] case -> hybrid-compare on the MoE test models ->
+#   alternation (2 rounds) -> batches 2 and 8 -> every [gpu] case -> hybrid-compare on the MoE test models ->
 #   compute-sanitizer on the MoE cases -> Nsight Compute on the gate/up kernels (new and base) -> a b=1 trace.
 # Usage (device tool, repository root, carry [".carry"]): bash tools/gpu/moe_ab.sh   (ONLY="a b": those stages)
 set -u
@@ -45,7 +45,7 @@ if want batch; then
         [ -x $bin/hybrid-bench ] || continue
         step "batch_$(basename $bin)" 200 $bin/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 32 \
             -b 2,8 -r 1
-        grep -E '^\| +[0-9]' "$LOG" | tail -5 | sed "s/^/  [$(basename $bin)] /" >>"$SUM"
+        grep -E '^\| +[0-9]' "$LOG" | tail -2 | sed "s/^/  [$(basename $bin)] /" >>"$SUM"
     done
 fi
 if want gpu_tests; then
