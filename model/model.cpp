@@ -93,8 +93,10 @@ struct Checkpoint {
             throw Error(Status::io, dir + ": no model.safetensors or model.safetensors.index.json");
         const std::string index_text = read_regular_file(index, kMaxJsonFileBytes);
         const nlohmann::json j = parse_json(index_text, index);
-        if (!j.contains("weight_map") || !j["weight_map"].is_object())
-            throw Error(Status::format, index + ": field 'weight_map' is missing");
+        if (!j.contains("weight_map")) throw Error(Status::format, index + ": field 'weight_map' is missing");
+        if (!j["weight_map"].is_object())  // (it read "is missing")
+            throw Error(Status::format, index + ": field 'weight_map' must be an object (tensor name -> file), found " +
+                                            std::string(j["weight_map"].type_name()));
         std::vector<std::string> shards;
         for (auto& [name, file] : j["weight_map"].items()) {
             if (!file.is_string()) throw Error(Status::format, index + ": weight_map['" + name + "'] is not a string");

@@ -389,6 +389,15 @@ Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool c
     Settings s;
     s.sampling = defaults;
     s.sampling.seed = random_seed;
+    // two names of one setting with different values: refused, not one of them silently taken
+    auto same_or_refuse = [&](const char* a, const char* b) {
+        const ojson* va = field(body, a);
+        const ojson* vb = field(body, b);
+        if (va && vb && *va != *vb)
+            bad(b, std::string(a) + " (" + va->dump() + ") and " + b + " (" + vb->dump() + ") disagree: give one");
+    };
+    if (chat) same_or_refuse("max_tokens", "max_completion_tokens");
+    same_or_refuse("repeat_penalty", "repetition_penalty");
     const char* max_name = chat && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     // (not given: 16 for /v1/completions, as OpenAI's; until the context is full for chat, as OpenAI's and
     // llama-server's)
@@ -1317,7 +1326,21 @@ struct Server::Impl {
             if (req.method == "OPTIONS") return httplib::Server::HandlerResponse::Unhandled;
             const std::string allow = allowed_methods(req.path);
             const bool post = allow.rfind("POST", 0) == 0;
-            const bool chunked = req.get_header_value("Transfer-Encoding").find("chunked") != std::string::npos;
+            // Transfer-Encoding: only "chunked" (case-insensitive, as the HTTP library reads it); any other coding or
+            // list ("gzip, chunked") would be read as a body without a length (until the client closes): 501 at once
+            const bool has_te = req.has_header("Transfer-Encoding");
+            std::string te;
+            for (size_t i = 0; i < req.get_header_value_count("Transfer-Encoding"); i++)
+                te += (i ? ", " : "") + req.get_header_value("Transfer-Encoding", i);
+            std::string te_lower = te;
+            for (char& ch : te_lower) ch = char(std::tolower(static_cast<unsigned char>(ch)));
+            const size_t te_b = te_lower.find_first_not_of(" \t"), te_e = te_lower.find_last_not_of(" \t");
+            const bool chunked =
+                has_te && te_b != std::string::npos && te_lower.substr(te_b, te_e - te_b + 1) == "chunked";
+            // a header name with white space in it or around it ("Host : x", a folded line): RFC 9112 5.1, 5.2
+            std::string bad_name;
+            for (const auto& h : req.headers)
+                if (h.first.empty() || h.first.find_first_of(" \t") != std::string::npos) bad_name = h.first;
             const bool has_length = req.has_header("Content-Length");
             const std::string length = req.get_header_value("Content-Length");
             const bool bad_length =
@@ -1332,7 +1355,16 @@ struct Server::Impl {
             bool conflicting = chunked && has_length;
             for (size_t i = 1; i < req.get_header_value_count("Content-Length"); i++)
                 conflicting = conflicting || req.get_header_value("Content-Length", i) != length;
-            if (bad_length) {  // (the library reads "-5" as huge and "abc" as 0)
+            if (!bad_name.empty()) {
+                reply_error(
+                    req, res,
+                    {400, "malformed header name '" + bad_name.substr(0, 40) + "' (white space in a field name)", "",
+                     "invalid_request_error", ""});
+            } else if (has_te && !chunked) {
+                reply_error(req, res,
+                            {501, "unsupported Transfer-Encoding '" + te.substr(0, 60) + "' (only chunked is taken)",
+                             "", "invalid_request_error", "unsupported_transfer_encoding"});
+            } else if (bad_length) {  // (the library reads "-5" as huge and "abc" as 0)
                 reply_error(
                     req, res,
                     {400,
@@ -1366,7 +1398,7 @@ struct Server::Impl {
                 return httplib::Server::HandlerResponse::Unhandled;
             }
             // (a POST without a length may have sent a body all the same)
-            if (chunked || (has_length && length != "0") || (post && !has_length))
+            if (!bad_name.empty() || has_te || (has_length && length != "0") || (post && !has_length))
                 HttpServer::close_after_response(req, res);
             return httplib::Server::HandlerResponse::Handled;
         });

@@ -88,6 +88,22 @@ TEST_CASE("hybrid-perplexity: --quant fp8 on models/tiny keeps the perplexity wi
     CHECK(swapped.rc == 1);
     CHECK(swapped.err.find("saved from another text (the same 19 windows of 256 tokens and vocabulary, other token "
                            "ids)") != std::string::npos);
+    // a damaged base (its top_k field, or bytes past the end): named as damaged, exit 5 (it read "saved from another
+    // text" with the same numbers on both sides, or was accepted)
+    for (int damage = 0; damage < 2; damage++) {
+        std::string bytes = read_text(base);
+        if (damage == 0)
+            bytes[12] = char(bytes[12] + 1);  // top_k (bytes 12-15)
+        else
+            bytes += "xxxxxxxx";
+        const std::string bad = (d.path / ("damaged" + std::to_string(damage) + ".kl")).string();
+        std::ofstream(bad, std::ios::binary) << bytes;
+        const Run r =
+            run_prog(ppl, {"-m", "models/tiny", "-f", text, "--ctx", "256", "--device", "cpu", "--kl-base", bad});
+        INFO(r.err);
+        CHECK(r.rc == 5);
+        CHECK(r.err.find(bad + ": damaged (its header says ") != std::string::npos);
+    }
     // a --ctx past the trained positions (the MoE test model: 4,096) is run with a warning
     const Run past = run_prog(ppl, {"-m", "tests/data/models/moe", "-f", text, "--ctx", "4200", "-t", "2"});
     CHECK(past.rc == 0);

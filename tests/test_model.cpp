@@ -285,6 +285,24 @@ TEST_CASE("sharded checkpoint through model.safetensors.index.json", "[model]") 
     } catch (const Error& e) {
         REQUIRE(std::string(e.what()).find("model.extra.weight") != std::string::npos);
     }
+    // weight_map of the wrong type (it read "is missing"), and none at all
+    index["weight_map"] = nlohmann::json::array();
+    write_text(d / "model.safetensors.index.json", index.dump());
+    try {
+        Model::load(d.path, cpu_params());
+        FAIL("accepted a weight_map that is an array");
+    } catch (const Error& e) {
+        REQUIRE(std::string(e.what()).find("field 'weight_map' must be an object (tensor name -> file), found array") !=
+                std::string::npos);
+    }
+    index.erase("weight_map");
+    write_text(d / "model.safetensors.index.json", index.dump());
+    try {
+        Model::load(d.path, cpu_params());
+        FAIL("accepted an index without weight_map");
+    } catch (const Error& e) {
+        REQUIRE(std::string(e.what()).find("field 'weight_map' is missing") != std::string::npos);
+    }
 }
 
 TEST_CASE("CPU thread pool: threads the OS refuses are an error, not an abort", "[model]") {

@@ -671,6 +671,12 @@ TEST_CASE("server: bad requests get 4xx OpenAI errors without disturbing the oth
         {"/v1/chat/completions",
          "{\"messages\": [{\"role\": \"user\", \"content\": [{\"type\": \"text\", \"text\": \"\\u0000\"}]}]}", 400,
          "messages[0].content"},
+        // two names of one setting that disagree (max_completion_tokens was taken, silently)
+        {"/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"max_tokens\": 3, \"max_completion_tokens\": 5}",
+         400, "max_completion_tokens"},
+        {"/v1/completions", "{\"prompt\": \"x\", \"repeat_penalty\": 1.1, \"repetition_penalty\": 1.3}", 400,
+         "repetition_penalty"},
         {"/v1/nothing", "{}", 404, nullptr},
     };
     for (const Bad& b : bad) {
@@ -1563,6 +1569,34 @@ TEST_CASE("server: HTTP details: 411, 405 with Allow, /v1/models/{id}, the libra
         &raw);
     CHECK(r.status == 400);
     CHECK(error_of(r)["message"] == "a request with both Transfer-Encoding: chunked and Content-Length");
+    // Transfer-Encoding names are case-insensitive: "Chunked" is chunked (it got 411)
+    {
+        const std::string body = "{\"prompt\": \"a\", \"max_tokens\": 1}";
+        char len[16];
+        std::snprintf(len, sizeof len, "%zx", body.size());
+        r = raw_reply(
+            "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\nTransfer-Encoding: "
+            "Chunked\r\n\r\n" +
+                std::string(len) + "\r\n" + body + "\r\n0\r\n\r\n",
+            &raw);
+        CHECK(r.status == 200);
+    }
+    // any other transfer coding, alone, in a list or beside a Content-Length: 501 at once (a list waited 10 s for the
+    // client to close, then parsed the chunk framing as JSON; gzip with a length was served as if it were not there)
+    for (const char* te : {"gzip, chunked", "chunked, gzip", "gzip"}) {
+        r = raw_reply(std::string("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: ") + te +
+                          "\r\n" +
+                          (std::string(te) == "gzip" ? "Content-Length: 2\r\n\r\n{}" : "\r\n2\r\n{}\r\n0\r\n\r\n"),
+                      &raw);
+        CHECK(r.status == 501);
+        CHECK(error_of(r)["message"] ==
+              std::string("unsupported Transfer-Encoding '") + te + "' (only chunked is taken)");
+        CHECK(raw.find("Connection: close\r\n") != std::string::npos);
+    }
+    // white space in a header name ("Host : x", RFC 9112 5.1): 400 (it was served)
+    r = raw_reply("GET /health HTTP/1.1\r\nHost : 127.0.0.1\r\n\r\n", &raw);
+    CHECK(r.status == 400);
+    CHECK(error_of(r)["message"] == "malformed header name 'Host ' (white space in a field name)");
     // a request line the library cannot parse, and one too long: OpenAI's error JSON, and the connection closes
     r = raw_reply("GARBAGE\r\n\r\n", &raw);
     CHECK(r.status == 400);

@@ -97,7 +97,8 @@ double kl_top_k(const std::vector<Entry>& base, std::span<const float> q_logits,
 }
 
 void write_all(std::FILE* f, const void* p, size_t n, const std::string& path) {
-    if (std::fwrite(p, 1, n, f) != n) throw Error(Status::io, path + ": cannot write");
+    if (std::fwrite(p, 1, n, f) != n)  // (the reason: "No space left on device", as hybrid-bench and /save say)
+        throw Error(Status::io, path + ": cannot write: " + std::strerror(errno));
 }
 
 }  // namespace
@@ -227,6 +228,17 @@ int main(int argc, char** argv) {
                 read_all(&h, sizeof h, base_path);
                 if (std::memcmp(h.magic, kMagic, 8) != 0)
                     throw Error(Status::format, base_path + ": not a hybrid-perplexity --save-logits file");
+                // the header against the file's own size first (a damaged top_k or positions field read as "saved
+                // from another text" with the same numbers on both sides; bytes past the end were accepted)
+                const unsigned __int128 want = (unsigned __int128)sizeof(Header) + (unsigned __int128)h.positions *
+                                                                                       (1u + uint64_t(h.top_k)) *
+                                                                                       sizeof(Entry);
+                if (h.top_k == 0 || h.top_k > h.vocab || want != bytes.size())
+                    throw Error(Status::format, base_path + ": damaged (its header says " +
+                                                    std::to_string(h.positions) + " positions of 1 + " +
+                                                    std::to_string(h.top_k) + " entries, vocabulary " +
+                                                    std::to_string(h.vocab) + ", which does not match its " +
+                                                    std::to_string(bytes.size()) + " bytes)");
                 const bool same_shape = h.vocab == uint32_t(V) && h.ctx == uint32_t(ctx) &&
                                         h.windows == uint32_t(windows) && h.positions == positions;
                 if (same_shape && h.tokens_hash != hash.h)
@@ -348,11 +360,12 @@ int main(int argc, char** argv) {
         if (progress) std::fputc('\n', stderr);
         if (out) {
             const int closed = std::fclose(out);
+            const int err = errno;
             out = nullptr;
             g_partial_path = nullptr;
             if (closed != 0) {
                 std::remove(save_path.c_str());
-                throw Error(Status::io, save_path + ": cannot write");
+                throw Error(Status::io, save_path + ": cannot write: " + std::strerror(err));
             }
             partial.complete = true;
         }
