@@ -1,6 +1,6 @@
 // hybrid-server-bench: load figures of a running hybrid-server (or any OpenAI-compatible server).
 //
-//   hybrid-server-bench --port P [--host H] [-c 1,4,8,16,64] [-p 512] [-n 128] [-r 1] [--vocab 0] [--turns T]
+//   hybrid-server-bench [--port 8080] [--host H] [-c 1,4,8,16,64] [-p 512] [-n 128] [-r 1] [--vocab 0] [--turns T]
 //                       [--turn-text N]
 //
 // Load: for each client count C, C clients each send -r streamed /v1/completions requests one after another: a
