@@ -209,10 +209,18 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
         const std::string vocab_range =
             "outside the model's vocabulary [0, " + std::to_string(m->n_logits) + ") (config.json vocab_size)";
         for (int32_t id = m->n_logits; id < m->tok->n_vocab(); id++)
-            if (m->tok->is_valid(id))
+            if (m->tok->is_valid(id)) {
+                // (an added token's id is assigned as Hugging Face does, in order after the vocabulary: say so where
+                // the file gives another)
+                std::string moved;
+                for (const hy::AddedToken& a : m->tok->added_tokens())
+                    if (a.id == id && a.file_id != id)
+                        moved = " (the file gives it id " + std::to_string(a.file_id) +
+                                "; added tokens take the next free id, as in Hugging Face)";
                 return fail(Status::format, std::string(dir) + "/tokenizer.json: token '" +
                                                 std::string(m->tok->token_string(id)) + "' has id " +
-                                                std::to_string(id) + ", " + vocab_range);
+                                                std::to_string(id) + moved + ", " + vocab_range);
+            }
         for (int32_t id : m->tok->eos_ids())
             if (id >= m->n_logits)
                 return fail(Status::format, std::string(dir) + ": end-of-sequence id " + std::to_string(id) +

@@ -46,6 +46,7 @@ namespace hy {
 // One entry of tokenizer.json's `added_tokens`.
 struct AddedToken {
     int32_t id = -1;
+    int32_t file_id = -1;      // the "id" the file gives it (id differs where Hugging Face's assignment moves it)
     std::string content;       // exact text matched in the input
     bool special = false;      // skipped by decode(skip_special=true); not matched by encode(parse_special=false)
     bool normalized = false;   // matched after normalization (true) or in the raw text (false)

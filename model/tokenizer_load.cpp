@@ -382,8 +382,9 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
             if (!e.is_object()) throw Error(Status::format, where + " must be an object");
             const json* idv = field(e, "id");
             if (!idv) throw Error(Status::format, where + ".id is missing");
-            get_id(*idv, where + ".id");  // validated; the id actually used is assigned below
+            const int32_t file_id = get_id(*idv, where + ".id");  // the id actually used is assigned below
             AddedToken a;
+            a.file_id = file_id;
             a.content = get_string(e, "content", where);
             a.special = get_bool(e, "special", false, where);
             a.normalized = get_bool(e, "normalized", !a.special, where);

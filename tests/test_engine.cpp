@@ -410,6 +410,17 @@ TEST_CASE("engine: errors are status codes with a message", "[engine]") {
         CHECK(hy_model_load(dir.c_str(), &mp, &m) == HY_ERR_FORMAT);
         CHECK(std::string(hy_last_error()).find("token 'zzqq' has id 99999") != std::string::npos);
         CHECK(m == nullptr);
+        // an added token whose file id is past the vocabulary takes the next free id, as in Hugging Face: the
+        // message names both (it named only the assigned one)
+        tok = nlohmann::json::parse(std::ifstream(kTiny + "/tokenizer.json"));
+        tok["added_tokens"].push_back({{"id", 5000}, {"content", "<zzqq>"}, {"special", true}});
+        std::ofstream(dir + "/tokenizer.json") << tok.dump();
+        // (models/tiny: 4,096 vocab entries, its added tokens inside them: the new one gets 4096)
+        CHECK(hy_model_load(dir.c_str(), &mp, &m) == HY_ERR_FORMAT);
+        CHECK(std::string(hy_last_error())
+                  .find("token '<zzqq>' has id 4096 (the file gives it id 5000; added tokens take the next free id, as "
+                        "in Hugging Face)") != std::string::npos);
+        CHECK(m == nullptr);
     }
 
     Tiny t;
