@@ -413,7 +413,8 @@ Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool c
         s.max_tokens = chat ? -1 : 16;
     }
     s.sampling.temperature = float(number_field(body, "temperature", defaults.temperature, 0, 2));
-    s.sampling.top_p = float(number_field(body, "top_p", defaults.top_p, 0, 1, true));
+    // [0, 1] as the CLI's --top-p (0 keeps the most likely token alone; it was refused here and taken there)
+    s.sampling.top_p = float(number_field(body, "top_p", defaults.top_p, 0, 1));
     s.sampling.top_k = int(int_field(body, "top_k", defaults.top_k, -1, 1 << 30));
     s.sampling.min_p = float(number_field(body, "min_p", defaults.min_p, 0, 1));
     s.sampling.presence_penalty = float(number_field(body, "presence_penalty", 0, -2, 2));

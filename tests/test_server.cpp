@@ -690,6 +690,9 @@ TEST_CASE("server: bad requests get 4xx OpenAI errors without disturbing the oth
         CHECK(j["error"]["message"].get<std::string>().find('\n') == std::string::npos);
         if (b.param) CHECK(j["error"]["param"] == b.param);
     }
+    // top_p 0 is taken, as the CLI's --top-p 0 (the most likely token alone; it was a 400 here)
+    CHECK(post(port, "/v1/completions", std::string("{\"prompt\": \"x\", \"max_tokens\": 1, \"top_p\": 0}")).status ==
+          200);
     const Reply too_long = post(port, "/v1/completions", "{\"prompt\": \"" + long_prompt + "\"}");
     CHECK(too_long.json()["error"]["code"] == "context_length_exceeded");
     // the prompt's errors say what was wrong (a batch; an id past int64 was shown wrapped, as -1)
