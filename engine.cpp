@@ -205,26 +205,7 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
         m->generation = hy::load_generation_defaults(dir);
         m->model = hy::Model::load(dir, mp);
         m->n_logits = m->model->config().vocab_size;
-        // A token the model cannot embed would fail only when a prompt or an answer uses it: refuse the pair now.
-        const std::string vocab_range =
-            "outside the model's vocabulary [0, " + std::to_string(m->n_logits) + ") (config.json vocab_size)";
-        for (int32_t id = m->n_logits; id < m->tok->n_vocab(); id++)
-            if (m->tok->is_valid(id)) {
-                // (an added token's id is assigned as Hugging Face does, in order after the vocabulary: say so where
-                // the file gives another)
-                std::string moved;
-                for (const hy::AddedToken& a : m->tok->added_tokens())
-                    if (a.id == id && a.file_id != id)
-                        moved = " (the file gives it id " + std::to_string(a.file_id) +
-                                "; added tokens take the next free id, as in Hugging Face)";
-                return fail(Status::format, std::string(dir) + "/tokenizer.json: token '" +
-                                                std::string(m->tok->token_string(id)) + "' has id " +
-                                                std::to_string(id) + moved + ", " + vocab_range);
-            }
-        for (int32_t id : m->tok->eos_ids())
-            if (id >= m->n_logits)
-                return fail(Status::format, std::string(dir) + ": end-of-sequence id " + std::to_string(id) +
-                                                " (tokenizer_config.json / generation_config.json) is " + vocab_range);
+        m->tok->require_fits(m->n_logits, dir);  // (a token the model cannot embed: refused now)
         m->n_vocab = std::min(m->tok->n_vocab(), m->n_logits);
         for (int32_t id = 0; id < m->n_vocab; id++) {
             if (!m->tok->is_valid(id)) {

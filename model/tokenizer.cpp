@@ -52,6 +52,27 @@ bool Tokenizer::is_special(int32_t id) const { return is_valid(id) && (impl_->id
 
 const std::vector<AddedToken>& Tokenizer::added_tokens() const { return impl_->added; }
 
+void Tokenizer::require_fits(int32_t n_logits, const std::string& dir) const {
+    const std::string vocab_range =
+        "outside the model's vocabulary [0, " + std::to_string(n_logits) + ") (config.json vocab_size)";
+    for (int32_t id = n_logits; id < n_vocab(); id++) {
+        if (!is_valid(id)) continue;
+        // (an added token's id is assigned as Hugging Face does, in order after the vocabulary: say so where the
+        // file gives another)
+        std::string moved;
+        for (const AddedToken& a : added_tokens())
+            if (a.id == id && a.file_id != id)
+                moved = " (the file gives it id " + std::to_string(a.file_id) +
+                        "; added tokens take the next free id, as in Hugging Face)";
+        throw Error(Status::format, dir + "/tokenizer.json: token '" + std::string(token_string(id)) + "' has id " +
+                                        std::to_string(id) + moved + ", " + vocab_range);
+    }
+    for (int32_t id : eos_ids())
+        if (id >= n_logits)
+            throw Error(Status::format, dir + ": end-of-sequence id " + std::to_string(id) +
+                                            " (tokenizer_config.json / generation_config.json) is " + vocab_range);
+}
+
 std::vector<int32_t> Tokenizer::eos_ids() const { return impl_->eos; }
 int32_t Tokenizer::bos_id() const { return impl_->bos; }
 int32_t Tokenizer::pad_id() const { return impl_->pad; }

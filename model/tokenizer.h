@@ -117,6 +117,12 @@ public:
     // The added tokens, in file order (a repeated content keeps its first place and its last options).
     const std::vector<AddedToken>& added_tokens() const;
 
+    // Throws Status::format naming the first token (its id, and the file's id where Hugging Face's assignment moved
+    // an added token) or end-of-sequence id that a model of n_logits rows (config.json vocab_size) cannot embed; dir:
+    // the model folder, for the message. Every program that pairs a tokenizer with a model calls it at load, so such
+    // a token fails there and not at the first prompt or answer that uses it.
+    void require_fits(int32_t n_logits, const std::string& dir) const;
+
     // End-of-sequence ids: tokenizer_config's eos_token first, then generation_config's eos_token_id entries, no
     // duplicates. config.json's eos_token_id is merged by the model loader. Empty when none is known.
     std::vector<int32_t> eos_ids() const;

@@ -1324,7 +1324,7 @@ struct Server::Impl {
         // the client closes), a body longer than kMaxBodyBytes (413). Their bodies are left unread: the connection
         // closes after the answer.
         http->set_pre_routing_handler([this](const httplib::Request& req, httplib::Response& res) {
-            if (req.method == "OPTIONS") return httplib::Server::HandlerResponse::Unhandled;
+            const bool options = req.method == "OPTIONS";  // (its own handler: only the header checks here)
             const std::string allow = allowed_methods(req.path);
             const bool post = allow.rfind("POST", 0) == 0;
             // Transfer-Encoding: only "chunked" (case-insensitive, as the HTTP library reads it); any other coding or
@@ -1356,6 +1356,14 @@ struct Server::Impl {
             bool conflicting = chunked && has_length;
             for (size_t i = 1; i < req.get_header_value_count("Content-Length"); i++)
                 conflicting = conflicting || req.get_header_value("Content-Length", i) != length;
+            // Served, but the connection closes after the answer where a request could hide behind the body: a
+            // chunked body (the library's chunk reader takes a chunk longer than its size line and goes on after it)
+            // and a body on GET, HEAD or OPTIONS, which no handler reads (it was run as the next request)
+            auto serve = [&] {
+                if (has_te || (req.method != "POST" && has_length && length != "0"))
+                    HttpServer::close_after_response(req, res);
+                return httplib::Server::HandlerResponse::Unhandled;
+            };
             if (!bad_name.empty()) {
                 reply_error(
                     req, res,
@@ -1365,6 +1373,8 @@ struct Server::Impl {
                 reply_error(req, res,
                             {501, "unsupported Transfer-Encoding '" + te.substr(0, 60) + "' (only chunked is taken)",
                              "", "invalid_request_error", "unsupported_transfer_encoding"});
+            } else if (options) {
+                return serve();
             } else if (bad_length) {  // (the library reads "-5" as huge and "abc" as 0)
                 reply_error(
                     req, res,
@@ -1396,7 +1406,7 @@ struct Server::Impl {
                             {413, "the request body is larger than " + std::to_string(kMaxBodyBytes >> 20) + " MiB", "",
                              "invalid_request_error", "request_too_large"});
             } else {
-                return httplib::Server::HandlerResponse::Unhandled;
+                return serve();
             }
             // (a POST without a length may have sent a body all the same)
             if (!bad_name.empty() || has_te || (has_length && length != "0") || (post && !has_length))
@@ -1546,6 +1556,7 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
         std::fprintf(stderr, "hybrid-server: note: --no-cuda-graphs only changes the CUDA backend; ignored on %s\n",
                      s.model->backend().name());
     const int V = s.model->config().vocab_size;
+    s.tok->require_fits(V, params.model_dir);  // (it answered such a token with a 500 at the first request)
     s.n_valid = std::min(s.tok->n_vocab(), V);
     std::vector<int32_t> banned;
     for (int32_t id = 0; id < s.n_valid; id++)

@@ -1,6 +1,7 @@
 // FP8 through the programs (issue 20): --quant in hybrid and the tools, and hybrid-perplexity's quality check of
 // --quant fp8 against the 16-bit model of models/tiny on a held-out Python text (tests/data/text/heldout.py, written
 // for these tests; BENCHMARKS.md "FP8 weights: quality" records the numbers).
+#include <cstring>
 #include <fstream>
 #include <string>
 #include <vector>
@@ -90,19 +91,25 @@ TEST_CASE("hybrid-perplexity: --quant fp8 on models/tiny keeps the perplexity wi
                            "ids)") != std::string::npos);
     // a damaged base (its top_k field, or bytes past the end): named as damaged, exit 5 (it read "saved from another
     // text" with the same numbers on both sides, or was accepted)
-    for (int damage = 0; damage < 2; damage++) {
+    for (int damage = 0; damage < 3; damage++) {
         std::string bytes = read_text(base);
-        if (damage == 0)
+        if (damage == 0) {
             bytes[12] = char(bytes[12] + 1);  // top_k (bytes 12-15)
-        else
+        } else if (damage == 1) {
             bytes += "xxxxxxxx";
+        } else {  // position 0's top-k log-probabilities all 0 (after the 48-byte header and its token's entry)
+            uint32_t k = 0;
+            std::memcpy(&k, bytes.data() + 12, 4);
+            for (uint32_t i = 0; i < k; i++) std::memset(bytes.data() + 48 + 8 + 8 * i + 4, 0, 4);
+        }
         const std::string bad = (d.path / ("damaged" + std::to_string(damage) + ".kl")).string();
         std::ofstream(bad, std::ios::binary) << bytes;
         const Run r =
             run_prog(ppl, {"-m", "models/tiny", "-f", text, "--ctx", "256", "--device", "cpu", "--kl-base", bad});
         INFO(r.err);
         CHECK(r.rc == 5);
-        CHECK(r.err.find(bad + ": damaged (its header says ") != std::string::npos);
+        CHECK(r.err.find(bad + (damage < 2 ? ": damaged (its header says " : ": damaged (position 0: its top-")) !=
+              std::string::npos);
     }
     // a --ctx past the trained positions (the MoE test model: 4,096) is run with a warning
     const Run past = run_prog(ppl, {"-m", "tests/data/models/moe", "-f", text, "--ctx", "4200", "-t", "2"});

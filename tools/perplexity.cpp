@@ -189,7 +189,11 @@ int main(int argc, char** argv) {
             throw tools::Failure(tools::exit_usage, text_name + ": " + std::to_string(ids.size()) +
                                                         " tokens, fewer than one window of --ctx " +
                                                         std::to_string(ctx));
-        auto model = tools::loading([&] { return Model::load(dir, mp); });
+        auto model = tools::loading([&] {
+            auto m = Model::load(dir, mp);
+            tok.require_fits(m->config().vocab_size, dir);  // (it failed at the first such token of the text)
+            return m;
+        });
         tools::warn_oversubscribed("hybrid-perplexity", mp.n_threads, *model);
         if (args.count("fp8-gemm") && std::string(model->backend().name()) != "cuda")
             std::fprintf(stderr, "hybrid-perplexity: note: --fp8-gemm only changes the CUDA backend; ignored on %s\n",
@@ -261,6 +265,29 @@ int main(int argc, char** argv) {
                     if (!std::isfinite(e.logprob) || e.logprob > 0.0f)
                         throw Error(Status::format, base_path + ": a saved log-probability is " +
                                                         std::to_string(e.logprob) + " (not a finite value <= 0)");
+                }
+                // each position's top-k as written: distinct ids, in decreasing probability, probabilities summing to
+                // at most 1 (a damaged one gave a KL of hundreds, exit 0)
+                std::vector<int32_t> ids_seen(base_k);
+                for (uint64_t pos = 0; pos < positions; pos++) {
+                    const Entry* t = base.data() + pos * (1 + base_k) + 1;
+                    double mass = 0.0;
+                    for (uint32_t i = 0; i < base_k; i++) {
+                        mass += std::exp(double(t[i].logprob));
+                        ids_seen[i] = t[i].id;
+                        if (i > 0 && t[i].logprob > t[i - 1].logprob)
+                            throw Error(Status::format, base_path + ": damaged (position " + std::to_string(pos) +
+                                                            ": its top-" + std::to_string(base_k) +
+                                                            " is not in decreasing order)");
+                    }
+                    std::sort(ids_seen.begin(), ids_seen.end());
+                    if (std::adjacent_find(ids_seen.begin(), ids_seen.end()) != ids_seen.end() || mass > 1.0 + 1e-3)
+                        throw Error(Status::format,
+                                    base_path + ": damaged (position " + std::to_string(pos) + ": its top-" +
+                                        std::to_string(base_k) +
+                                        (mass > 1.0 + 1e-3 ? " probabilities sum to " + std::to_string(mass)
+                                                           : std::string(" repeats a token id")) +
+                                        ")");
                 }
             }
         }
