@@ -248,9 +248,13 @@ struct CudaOptions {
     int int_gemv_split_k = 0;
     // bf16 matrices with 3 to 16 rows of x (batched decode): 1: all on the tensor-core GEMV (singles, pairs, gate/up,
     // lm_head; 9-16 rows as two mma n-tiles), -1: only groups of 3 or 4 matrices of 3-8 rows there, the others on
-    // cuBLASLt; 0: the tuned default (all on the tensor-core GEMV up to 8 rows, 9-16 rows on cuBLASLt). A row's
-    // result does not depend on the batch (3 to 16 rows with 1; 3 to 8 otherwise) either way.
+    // cuBLASLt; 0: the tuned default (all on the tensor-core GEMV up to 8 rows; 9-16 rows as wide_gemv says). A
+    // row's result does not depend on the batch (3 to 16 rows with 1 or with wide_gemv's clusters; 3 to 8 otherwise).
     int small_batch_gemv = 0;
+    // bf16 matrices with 9 to 64 rows of x that small_batch_gemv leaves to cuBLASLt: 1: all on the tensor-core GEMV
+    // in thread-block clusters (sm_90; the same sums as the 3-16-row GEMV, so a row's result is the same in any batch
+    // of 3 to 64 rows), -1: all on cuBLASLt; 0: the tuned default (9-16 rows in clusters, more on cuBLASLt).
+    int wide_gemv = 0;
     // FP8 matrices with more rows than the FP8 GEMVs take (prefill, batches over 8): true (default), FP8 tensor cores
     // with the activations quantized per row and 128-value group (W8A8 with cuBLASLt block scales, the checkpoints'
     // "activation_scheme: dynamic", as vLLM and transformers run them); false: the weights dequantized to bf16 and

@@ -298,15 +298,14 @@ TEST_CASE("CUDA small-batch GEMV groups match the CPU and do not depend on the b
 // or groups of 3-4 of 3-8 rows only): singles, a pair as a group, gate/up/SiLU and the F32 logits, at K of 3 chunks
 // (fewer than a block's warps), 81 chunks (not a multiple of a round) and 9216, N not a multiple of 16; against the
 // CPU, and in "all" mode the first 3 rows bitwise the same at 3 to 16 rows (one or two n-tiles).
-TEST_CASE("CUDA tensor-core GEMV of 3-16 rows: singles, pairs, gate/up and logits match the CPU", "[gpu]") {
-    HY_REQUIRE_GPU();
-    for (int mode : {1, -1}) {
-        CudaOptions o;
-        o.small_batch_gemv = mode;
-        Pair p(limits(16, 8, 16), 4, 64, size_t(160) << 20, o);
+// `same_bits`: the first 3 rows of every output are bitwise the same at every T of `rows`.
+static void check_tensor_core_gemv(const CudaOptions& o, std::initializer_list<int> rows, bool same_bits) {
+    {
+        const int max_rows = std::max(rows);
+        Pair p(limits(max_rows, 8, 16), 4, 64, size_t(192) << 20, o);
         for (int K : {96, 2592, 4096, 9216}) {  // (the three launch shapes of gemv_mma_config)
             const int N = 300, F = 200;
-            auto x = randn(size_t(16) * K);
+            auto x = randn(size_t(max_rows) * K);
             auto w = randn(size_t(N) * K, 0.05f), wg = randn(size_t(F) * K, 0.05f), wu = randn(size_t(F) * K, 0.05f);
             void* xc = p.cpu.act(x);
             void* xg = p.gpu.act(x);
@@ -315,8 +314,9 @@ TEST_CASE("CUDA tensor-core GEMV of 3-16 rows: singles, pairs, gate/up and logit
             const Matrix uc = p.cpu.matrix(wu, F, K), ug = p.gpu.matrix(wu, F, K);
             constexpr int kOut = 7;  // single, pair (N rows, F rows), gate, up, act, logits
             std::vector<std::vector<float>> first3[kOut];
-            for (int T : {3, 5, 8, 9, 13, 16}) {
-                INFO("mode " << mode << " K=" << K << " T=" << T);
+            for (int T : rows) {
+                INFO("small_batch_gemv " << o.small_batch_gemv << " wide_gemv " << o.wide_gemv << " K=" << K
+                                         << " T=" << T);
                 const size_t n = size_t(T) * N, f = size_t(T) * F;
                 const size_t sizes[kOut] = {n, n, f, f, f, f, n};
                 void* yc[kOut];
@@ -348,11 +348,39 @@ TEST_CASE("CUDA tensor-core GEMV of 3-16 rows: singles, pairs, gate/up and logit
                     first3[i].push_back(got);
                 }
             }
-            if (mode == 1)  // every output on the tensor-core GEMV: a row's bits do not depend on the batch
+            if (same_bits)  // every output on the tensor-core GEMVs: a row's bits do not depend on the batch
                 for (int i = 0; i < kOut; i++)
                     for (size_t k = 1; k < first3[i].size(); k++) CHECK(first3[i][k] == first3[i][0]);
         }
     }
+}
+
+TEST_CASE("CUDA tensor-core GEMV of 3-16 rows: singles, pairs, gate/up and logits match the CPU", "[gpu]") {
+    HY_REQUIRE_GPU();
+    for (int mode : {1, -1}) {
+        CudaOptions o;
+        o.small_batch_gemv = mode;
+        o.wide_gemv = -1;
+        check_tensor_core_gemv(o, {3, 5, 8, 9, 13, 16}, mode == 1);
+    }
+}
+
+// 9 to 64 rows on the tensor-core GEMV in clusters (CudaOptions::wide_gemv): against the CPU, and a row's bits the
+// same as on the 3-16-row kernel (both small_batch_gemv modes that leave rows to it: 17-64, or 9-64).
+TEST_CASE("CUDA tensor-core GEMV in clusters, 9-64 rows: match the CPU and the 3-16-row kernel's bits", "[gpu]") {
+    HY_REQUIRE_GPU();
+    int major = 0;
+    REQUIRE(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, 0) == cudaSuccess);
+    if (major < 9) {
+        WARN("skipped: thread-block clusters need compute capability 9.0");
+        return;
+    }
+    CudaOptions o;
+    o.wide_gemv = 1;
+    o.small_batch_gemv = 1;  // 3-16 rows on the register kernel, 17-64 in clusters
+    check_tensor_core_gemv(o, {3, 16, 17, 24, 33, 64}, true);
+    o.small_batch_gemv = 0;  // 3-8 rows on the register kernel, 9-64 in clusters
+    check_tensor_core_gemv(o, {3, 8, 9, 13, 40, 57, 64}, true);
 }
 
 // A recorded decode step (one row): the backend fuses matmul(gate), matmul(up), silu_mul into one GEMV and 2-4

@@ -238,7 +238,11 @@ int main(int argc, char** argv) {
          "the default)", cxxopts::value<std::string>()->default_value("auto"))
         ("small-batch-gemv", "CUDA, bf16 matrices with 3 to 16 rows (batched decode): all (every matrix of 3-16 rows on the "
          "tensor-core GEMV), groups (only groups of 3 or 4 matrices of 3-8 rows there, the others on cuBLASLt) or auto "
-         "(the default: all up to 8 rows, cuBLASLt beyond)",
+         "(the default: all up to 8 rows, then --wide-gemv)",
+         cxxopts::value<std::string>()->default_value("auto"))
+        ("wide-gemv", "CUDA, bf16 matrices with 9 to 64 rows that --small-batch-gemv leaves to cuBLASLt: on (all on "
+         "the tensor-core GEMV in thread-block clusters, sm_90), off (all on cuBLASLt) or auto (the default: 9-16 "
+         "rows in clusters)",
          cxxopts::value<std::string>()->default_value("auto"));
     add_shared_option(opts, "", "fp8-gemm");
     add_shared_option(opts, "", "version");
@@ -301,6 +305,12 @@ int main(int argc, char** argv) {
                 throw tools::UsageError("--small-batch-gemv must be auto, all or groups, got '" + v + "'");
             mp.cuda.small_batch_gemv = v == "all" ? 1 : v == "groups" ? -1 : 0;
         }
+        {
+            const std::string v = args["wide-gemv"].as<std::string>();
+            if (v != "auto" && v != "on" && v != "off")
+                throw tools::UsageError("--wide-gemv must be auto, on or off, got '" + v + "'");
+            mp.cuda.wide_gemv = v == "on" ? 1 : v == "off" ? -1 : 0;
+        }
         mp.cuda.attn_max_splits = args["attn-splits"].as<int>();
         if (mp.cuda.attn_max_splits < 0 || mp.cuda.attn_max_splits > 128)
             throw tools::UsageError("--attn-splits must be 0 to 128, got " + std::to_string(mp.cuda.attn_max_splits));
@@ -342,7 +352,7 @@ int main(int argc, char** argv) {
                          mp.n_ctx - 1, c.max_position_embeddings);
         Backend& be = model->backend();
         for (const char* flag : {"fp8-gemm", "attn-heads-per-block", "attn-splits", "int-split-k", "moe-grouped-rows",
-                                 "small-batch-gemv", "no-cuda-graphs", "no-pdl"})
+                                 "small-batch-gemv", "wide-gemv", "no-cuda-graphs", "no-pdl"})
             if (args.count(flag) && std::string(be.name()) != "cuda")
                 std::fprintf(stderr, "hybrid-bench: note: --%s only changes the CUDA backend; ignored on %s\n", flag,
                              be.name());

@@ -380,6 +380,29 @@ int main(int argc, char** argv) {
             char buf[128];
             std::snprintf(buf, sizeof buf, "%.0f | ", total / (ms * 1e-3) / 1e9);
             line += buf;
+            if (T > kGemvMaxTokens && T <= kWideGemvMaxTokens && major >= 9) {  // the tensor-core GEMV in clusters
+                LaunchContext wide = pdl;
+                wide.clusters = true;
+                wide.tc_gemv_all = false;
+                wide.wide_gemv_max_rows = kWideGemvMaxTokens;
+                ms = time_graph(s, [&] {
+                    for (int i = 0; i < kLaunches; i++)
+                        gemv_wide_with(x, T, group(i), sh.K, sh.out_f32, gemv_mma_config(sh.K), wide);
+                });
+                std::snprintf(buf, sizeof buf, "wide: %.0f; ", total / (ms * 1e-3) / 1e9);
+                line += buf;
+                if (sh.gate_up) {
+                    ms = time_graph(s, [&] {
+                        for (int i = 0; i < kLaunches; i++) {
+                            bf16* yb = static_cast<bf16*>(y);
+                            gemv_gate_up(x, T, wcopy(i), wcopy(i) + sh.n[0] * sh.K, sh.n[0], sh.K, yb, yb + T * sh.n[0],
+                                         yb + 2 * T * sh.n[0], wide);
+                        }
+                    });
+                    std::snprintf(buf, sizeof buf, "wide gate/up/SiLU: %.0f; ", total / (ms * 1e-3) / 1e9);
+                    line += buf;
+                }
+            }
             if (T > kTcGemvMaxTokens) {  // batched: cuBLASLt's other heuristic choices (rank: GB/s)
                 bool first = true;
                 for (int rank = 1; rank < 8; rank++) {

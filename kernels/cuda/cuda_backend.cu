@@ -296,6 +296,7 @@ public:
         ctx_.int_gemv_split_k = o.int_gemv_split_k < 0 ? -1 : o.int_gemv_split_k > 0 ? 1 : 0;
         if (o.small_batch_gemv != 0) ctx_.tc_gemv_all = o.small_batch_gemv > 0;
         if (o.small_batch_gemv > 0) ctx_.tc_gemv_max_rows = cuda::kTcGemvMaxTokens;
+        if (o.wide_gemv != 0) ctx_.wide_gemv_max_rows = o.wide_gemv > 0 ? cuda::kWideGemvMaxTokens : 0;
         fp8_mode_ = o.fp8_block_scaled_gemm ? cuda::Fp8GemmMode::block_scaled : cuda::Fp8GemmMode::dequantize;
 #if defined(HY_CUDA_TRACE)
         if (!o.trace_file.empty()) start_trace(o.trace_file);
@@ -339,6 +340,9 @@ public:
                ", bf16 gemv of 3-" +
                (ctx_.tc_gemv_all ? std::to_string(ctx_.tc_gemv_max_rows) + " rows all tensor-core"
                                  : std::string("8 rows groups tensor-core")) +
+               (ctx_.wide_gemv_max_rows > 0 && ctx_.clusters
+                    ? ", bf16 gemv of up to " + std::to_string(ctx_.wide_gemv_max_rows) + " rows in clusters"
+                    : std::string()) +
                ", fp8 gemm " + (fp8_mode_ == cuda::Fp8GemmMode::block_scaled ? "block-scaled" : "dequantize") +
                (gemm_->fp8_shapes_without_algorithm() > 0
                     ? " (cuBLASLt had no block-scaled algorithm for " +
@@ -649,8 +653,10 @@ public:
         auto groupable = [&](const Projection& q) {
             if (is_fp8(q.w.dtype)) return cuda::fp8_gemv_fits(xb, rows, q.w);
             if (is_int_quant(q.w.dtype)) return cuda::int_gemv_fits(xb, rows, q.w);
+            const bf16* w = static_cast<const bf16*>(q.w.data);
+            if (cuda::gemv_wide_rows(rows, ctx_)) return cuda::gemv_wide_fits(xb, rows, w, q.w.cols, ctx_);
             return rows >= 1 && rows <= cuda::kTcGemvMaxTokens &&
-                   cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(q.w.data), q.w.cols, 1, tc_all(rows));
+                   cuda::gemv_group_fits(xb, rows, w, q.w.cols, 1, tc_all(rows));
         };
         auto same_kind = [&](const Projection& a, const Projection& b) {
             return a.w.dtype == b.w.dtype && a.w.cols == b.w.cols && a.w.group == b.w.group;
@@ -673,8 +679,9 @@ public:
                 for (int k = i; k < j; k++) op.fp8.add(p[k].w, p[k].y);
                 submit(op);
                 i = j;
-            } else if (j - i >= 2 && cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(p[i].w.data), p[i].w.cols,
-                                                           j - i, tc_all(rows))) {
+            } else if (j - i >= 2 && (cuda::gemv_wide_rows(rows, ctx_) ||
+                                      cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(p[i].w.data),
+                                                            p[i].w.cols, j - i, tc_all(rows)))) {
                 Op op;
                 op.kind = Op::Kind::gemv_group;
                 op.x = x;
@@ -714,6 +721,9 @@ public:
         else if (rows <= cuda::kGemvBlockMaxTokens)
             fits = cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols) &&
                    cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols);
+        else if (cuda::gemv_wide_rows(rows, ctx_))  // 9 to 64 rows: the tensor-core GEMV in clusters
+            fits = cuda::gemv_wide_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols, ctx_) &&
+                   cuda::gemv_wide_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols, ctx_);
         else  // 3 to 16 rows: the tensor-core gate/up/SiLU GEMV when every bf16 matrix goes to the tensor-core GEMV
             fits = tc_all(rows) &&
                    cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols, 2, true) &&

@@ -66,6 +66,9 @@ struct LaunchContext {
     // kGemvMaxTokens by default (9-16 rows on cuBLASLt: run 128 measured b=16 at 3,270 tok/s on the tensor-core GEMV
     // against 3,873 on cuBLASLt); kTcGemvMaxTokens with CudaOptions::small_batch_gemv = 1
     int tc_gemv_max_rows = kGemvMaxTokens;
+    // matmul.cuh: bf16 matrices with 9 to this many rows (and not taken by the above) go to the tensor-core GEMV in
+    // clusters (gemv_wide_with) where ctx.clusters; 0: none (cuBLASLt)
+    int wide_gemv_max_rows = kWideGemvDefaultMaxTokens;
 };
 
 // Per batch row, on the device (filled by the backend's begin_batch from the host runs).

@@ -1,8 +1,10 @@
 #include "kernels/cuda/matmul.cuh"
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 namespace hy::cuda {
 
@@ -101,12 +103,12 @@ struct GroupMember {
     int first_block;  // its first block
 };
 
-__device__ __forceinline__ GroupMember group_member(const GemvGroup& g) {
+__device__ __forceinline__ GroupMember group_member(const GemvGroup& g, int block = -1) {
+    if (block < 0) block = int(blockIdx.x);
     GroupMember m{g.w[0], g.y[0], g.n[0], 0};
 #pragma unroll
     for (int j = 1; j < GemvGroup::kMax; j++)
-        if (j < g.count && int(blockIdx.x) >= g.block_end[j - 1])
-            m = GroupMember{g.w[j], g.y[j], g.n[j], g.block_end[j - 1]};
+        if (j < g.count && block >= g.block_end[j - 1]) m = GroupMember{g.w[j], g.y[j], g.n[j], g.block_end[j - 1]};
     return m;
 }
 
@@ -390,6 +392,306 @@ void gemv_mma(const bf16* x, int64_t T, GemvGroup g, int64_t K, MmaGemvConfig c,
                 "tensor-core gemv: no launch shape " + std::to_string(c.parts) + "," + std::to_string(c.unroll));
 }
 
+// ---- The tensor-core GEMV for 9 to 64 rows: x and the weights through shared memory, a tile's K parts in a cluster
+// With more rows the register kernel above becomes bound by its x loads (every warp reads all rows of x for its 16
+// features: at 64 rows four times the weight bytes). Here the products and their order are the same as in
+// mma_tile_dot, but the work is laid out differently: the kParts warps that share a 16-feature tile live in the
+// kWideCluster blocks of a thread-block cluster (kPB parts per block), and a block holds kTiles tiles of the same
+// parts, so each chunk of x it copies into shared memory serves kTiles x 16 features (x: 64 / (16 kTiles) of the
+// weight bytes at 64 rows). Each lane copies its own weight words (the A fragments) into shared memory as well, so
+// that kWideStages - 1 rounds of weights are in flight without holding registers (the first rounds' before the PDL
+// wait). At the end each block leaves its warps' fp32 sums in shared memory and each block of the cluster sums a
+// share of the tile outputs over the kParts parts in part order, reading the others' shared memory (distributed
+// shared memory), as mma_tile_dot sums its warps: a row's result is bitwise the same as the 3-16-row kernel's for
+// the same K, in any batch of 3 to 64 rows.
+constexpr int kWideCluster = 8;  // blocks per cluster (kParts / kPB)
+constexpr int kWideStages = 4;   // rounds of x and weights in shared memory
+constexpr int kWideWarps = 8;    // warps per block for one matrix (kM = 1; gate/up: 4)
+
+template <int kM, int kPB>
+constexpr int wide_tiles() {
+    return kWideWarps / (kM * kPB) > 0 ? kWideWarps / (kM * kPB) : 1;
+}
+// 16-byte words of a stage: x [kPB][kU][8 kNT rows][4], then the weights [warp][kM][kU][2][32 lanes]
+template <int kM, int kNT, int kPB, int kU>
+constexpr int wide_stage_words() {
+    return kPB * kU * 8 * kNT * 4 + wide_tiles<kM, kPB>() * kPB * kM * kU * 2 * 32;
+}
+template <int kM, int kNT, int kPB, int kU>
+constexpr size_t wide_smem_bytes() {
+    const size_t stages = size_t(kWideStages) * wide_stage_words<kM, kNT, kPB, kU>() * 16;
+    const size_t red = size_t(kPB) * wide_tiles<kM, kPB>() * kM * kNT * 4 * 32 * 4;
+    return stages > red ? stages : red;
+}
+
+// 16-byte global -> shared copy with an L2 cache policy (weight_policy).
+__device__ __forceinline__ void cp_async16_policy(uint32_t dst, const void* src, bool valid, uint64_t pol) {
+    const int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src), "r"(n),
+                 "l"(pol)
+                 : "memory");
+}
+
+// Shared-memory address of the same variable in block `rank` of the cluster, and a 4-byte load from it (sm_90).
+__device__ __forceinline__ uint32_t cluster_smem_addr(uint32_t addr, uint32_t rank) {
+    uint32_t r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+#else
+    (void)addr;
+    (void)rank;
+    __trap();
+#endif
+    return r;
+}
+__device__ __forceinline__ float ld_cluster_f32(uint32_t addr) {
+    float v = 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+#else
+    (void)addr;
+    __trap();
+#endif
+    return v;
+}
+
+// x [T <= 8 kNT, K] against kM matrices w[m] of N rows: the block's kTiles tiles start at feature 16 tile0; calls
+// epi(v[kM], t, n) once for each output (t < T, n < N) that this block of the cluster sums. Every thread of every
+// block of the cluster must call it (it holds two cluster barriers).
+template <int kM, int kNT, int kPB, int kU, typename Epi>
+__device__ __forceinline__ void wide_tile_dot(const bf16* __restrict__ x, int T, const bf16* const (&w)[kM], int N,
+                                              int tile0, int K, bool evict_first, Epi&& epi) {
+    constexpr int kTiles = wide_tiles<kM, kPB>();
+    constexpr int kThreads = kTiles * kPB * 32;
+    constexpr int kRowsX = 8 * kNT;
+    constexpr int kP = kWideCluster * kPB;  // parts of a tile (mma_tile_dot's kParts)
+    constexpr int kXWords = kPB * kU * kRowsX * 4;
+    constexpr int kStageWords = wide_stage_words<kM, kNT, kPB, kU>();
+    extern __shared__ __align__(16) unsigned char wide_smem[];
+    uint4* stages = reinterpret_cast<uint4*>(wide_smem);  // [kWideStages][kStageWords]
+    float* red = reinterpret_cast<float*>(wide_smem);     // after the products: [kPB][kTiles][kM][kNT][4][32]
+    const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31, gi = lane >> 2, q = lane & 3;
+    const int j = warp % kPB, f = warp / kPB;
+    const int rank = int(blockIdx.x) % kWideCluster;
+    const int p_first = rank * kPB, p = p_first + j;
+    const int n_chunks = K / 32;
+    const int row0 = 16 * (tile0 + f);
+    const bool va = row0 + gi < N, vb = row0 + gi + 8 < N;
+    const uint4* wa[kM];
+    const uint4* wb[kM];
+#pragma unroll
+    for (int m = 0; m < kM; m++) {
+        wa[m] = reinterpret_cast<const uint4*>(w[m] + int64_t(va ? row0 + gi : 0) * K) + q;
+        wb[m] = reinterpret_cast<const uint4*>(w[m] + int64_t(vb ? row0 + gi + 8 : 0) * K) + q;
+    }
+    // chunks of the block's first part (the others have as many or one fewer); rounds of kU chunks
+    const int n_first = p_first < n_chunks ? (n_chunks - p_first + kP - 1) / kP : 0;
+    const int rounds = (n_first + kU - 1) / kU;
+    const uint64_t pol = weight_policy(evict_first);
+    // this lane's weight words of round r: [m][u][2] at stage + kXWords + ((warp * kM + m) * kU + u) * 64 + h * 32
+    auto issue_w = [&](int r) {
+        if (r >= rounds) return;
+        uint4* st = stages + (r % kWideStages) * kStageWords + kXWords;
+#pragma unroll
+        for (int m = 0; m < kM; m++)
+#pragma unroll
+            for (int u = 0; u < kU; u++) {
+                const int c = p + (r * kU + u) * kP;
+                uint4* d = st + ((warp * kM + m) * kU + u) * 64 + lane;
+                cp_async16_policy(smem_addr(d), c < n_chunks && va ? wa[m] + 4 * c : wa[m], c < n_chunks && va, pol);
+                cp_async16_policy(smem_addr(d + 32), c < n_chunks && vb ? wb[m] + 4 * c : wb[m], c < n_chunks && vb,
+                                  pol);
+            }
+    };
+    auto issue_x = [&](int r) {  // round r's x into its stage
+        if (r >= rounds) return;
+        uint4* st = stages + (r % kWideStages) * kStageWords;
+        for (int e = tid; e < kXWords; e += kThreads) {
+            const int qw = e & 3, row = (e >> 2) % kRowsX, u = (e >> 2) / kRowsX % kU, jj = (e >> 2) / kRowsX / kU;
+            const int c = p_first + jj + (r * kU + u) * kP;
+            const bool ok = row < T && c < n_chunks;
+            cp_async16(smem_addr(st + e), ok ? x + int64_t(row) * K + 32 * c + 8 * qw : x, ok);
+        }
+    };
+    float acc[kM][kNT][4];
+#pragma unroll
+    for (int m = 0; m < kM; m++)
+#pragma unroll
+        for (int nt = 0; nt < kNT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[m][nt][i] = 0.0f;
+                // the first kWideStages - 1 rounds: weights before the PDL wait, x after; one commit group per round
+#pragma unroll
+    for (int s = 0; s < kWideStages - 1; s++) issue_w(s);
+    pdl_wait();
+#pragma unroll
+    for (int s = 0; s < kWideStages - 1; s++) {
+        issue_x(s);
+        cp_async_commit();
+    }
+    for (int r = 0; r < rounds; r++) {
+        cp_async_wait<kWideStages - 2>();
+        __syncthreads();  // round r is in; every warp is done with round r - 1's stage, which is refilled now
+        issue_w(r + kWideStages - 1);
+        issue_x(r + kWideStages - 1);
+        cp_async_commit();
+        const uint4* st = stages + (r % kWideStages) * kStageWords;
+        const uint4* sx = st + j * (kU * kRowsX * 4);
+        const uint4* sw = st + kXWords + warp * kM * kU * 64 + lane;
+#pragma unroll
+        for (int u = 0; u < kU; u++) {
+            if (p + (r * kU + u) * kP >= n_chunks) continue;  // (warp-uniform)
+            uint4 ra[kM], rb[kM];
+#pragma unroll
+            for (int m = 0; m < kM; m++) {
+                ra[m] = sw[(m * kU + u) * 64];
+                rb[m] = sw[(m * kU + u) * 64 + 32];
+            }
+#pragma unroll
+            for (int nt = 0; nt < kNT; nt++) {
+                const uint4 b = sx[(u * kRowsX + 8 * nt + gi) * 4 + q];
+#pragma unroll
+                for (int m = 0; m < kM; m++) {
+                    mma_bf16_16816(acc[m][nt], ra[m].x, rb[m].x, ra[m].y, rb[m].y, b.x, b.y);
+                    mma_bf16_16816(acc[m][nt], ra[m].z, rb[m].z, ra[m].w, rb[m].w, b.z, b.w);
+                }
+            }
+        }
+    }
+    cp_async_wait_all();
+    __syncthreads();  // the stages are free: the sums go there
+#pragma unroll
+    for (int m = 0; m < kM; m++)
+#pragma unroll
+        for (int nt = 0; nt < kNT; nt++)
+#pragma unroll
+            for (int i = 0; i < 4; i++)
+                red[((((j * kTiles + f) * kM + m) * kNT + nt) * 4 + i) * 32 + lane] = acc[m][nt][i];
+    cluster_arrive();
+    cluster_wait();
+    constexpr int kShare = kTiles * kNT * 4 * 32 / kWideCluster;  // outputs (x kM) each block of the cluster sums
+    static_assert(kTiles * kNT * 4 * 32 % kWideCluster == 0, "the outputs split evenly over the cluster");
+    const uint32_t red_addr = smem_addr(red);
+    for (int e = rank * kShare + tid; e < (rank + 1) * kShare; e += kThreads) {
+        const int ln = e & 31, i = (e >> 5) & 3, nt = (e >> 7) % kNT, ff = (e >> 7) / kNT;
+        float v[kM];
+#pragma unroll
+        for (int m = 0; m < kM; m++) {
+            float part[kP];
+#pragma unroll
+            for (int pp = 0; pp < kP; pp++) {
+                const uint32_t off =
+                    uint32_t((((((pp % kPB) * kTiles + ff) * kM + m) * kNT + nt) * 4 + i) * 32 + ln) * 4;
+                part[pp] = ld_cluster_f32(cluster_smem_addr(red_addr + off, uint32_t(pp / kPB)));
+            }
+            float s = part[0];
+#pragma unroll
+            for (int pp = 1; pp < kP; pp++) s += part[pp];
+            v[m] = s;
+        }
+        const int t = 8 * nt + 2 * (ln & 3) + (i & 1), n = 16 * (tile0 + ff) + (ln >> 2) + (i >= 2 ? 8 : 0);
+        if (t < T && n < N) epi(v, t, n);
+    }
+    cluster_arrive();  // no block leaves while another may still read its shared memory
+    cluster_wait();
+}
+
+// One matrix of a group per cluster (matrix s owns tile groups [block_end[s-1], block_end[s]), kTiles tiles each).
+template <typename OutT, int kNT, int kPB, int kU>
+__global__ void __launch_bounds__(kWideWarps * 32)
+    gemv_wide_kernel(const bf16* __restrict__ x, int T, const __grid_constant__ GemvGroup g, int K) {
+    pdl_trigger();
+    constexpr int kTiles = wide_tiles<1, kPB>();
+    const int tg = int(blockIdx.x) / kWideCluster;
+    const GroupMember mem = group_member(g, tg);
+    const bf16* const w[1] = {mem.w};
+    OutT* y = static_cast<OutT*>(mem.y);
+    const int N = mem.n;
+    wide_tile_dot<1, kNT, kPB, kU>(
+        x, T, w, N, (tg - mem.first_block) * kTiles, K, g.evict_first,
+        [&](const float(&v)[1], int t, int n) { y[int64_t(t) * N + n] = store_as<OutT>(v[0]); });
+}
+
+// gate and up (N rows each) in one pass, with gemv_gate_up_kernel's outputs and roundings
+template <int kNT, int kPB, int kU>
+__global__ void __launch_bounds__(kWideWarps / 2 * 32)
+    gemv_wide_gate_up_kernel(const bf16* __restrict__ x, int T, const bf16* __restrict__ wg,
+                             const bf16* __restrict__ wu, bf16* gate_out, bf16* up_out, bf16* act_out, int N, int K,
+                             bool evict_first) {
+    pdl_trigger();
+    constexpr int kTiles = wide_tiles<2, kPB>();
+    const bf16* const w[2] = {wg, wu};
+    wide_tile_dot<2, kNT, kPB, kU>(x, T, w, N, int(blockIdx.x) / kWideCluster * kTiles, K, evict_first,
+                                   [&](const float(&v)[2], int t, int n) {
+                                       const float gv = round_bf16(v[0]), uv = round_bf16(v[1]);
+                                       const int64_t o = int64_t(t) * N + n;
+                                       up_out[o] = to_bf16(uv);
+                                       if (act_out != gate_out) gate_out[o] = to_bf16(gv);
+                                       act_out[o] = to_bf16(round_bf16(siluf_(gv)) * uv);
+                                   });
+}
+
+template <int kNT, int kPB, int kU, typename OutT>
+void wide_launch(const bf16* x, int64_t T, GemvGroup g, int64_t K, const LaunchContext& ctx) {
+    constexpr int kTiles = wide_tiles<1, kPB>();
+    for (int i = 0; i < g.count; i++)
+        g.block_end[i] = (i ? g.block_end[i - 1] : 0) + int(ceil_div(ceil_div(g.n[i], 16), kTiles));
+    g.evict_first = ctx.evict_first;
+    constexpr size_t smem = wide_smem_bytes<1, kNT, kPB, kU>();
+    static std::atomic<uint64_t> done{0};
+    const char* what = "tensor-core gemv kernel (clusters, 9-64 rows)";
+    opt_in_smem(gemv_wide_kernel<OutT, kNT, kPB, kU>, smem, done, what);
+    launch_clusters(gemv_wide_kernel<OutT, kNT, kPB, kU>, dim3(unsigned(g.block_end[g.count - 1]) * kWideCluster),
+                    dim3(kWideWarps * 32), kWideCluster, smem, ctx, what, x, int(T), g, int(K));
+}
+
+template <int kNT, int kPB, int kU>
+void wide_gate_up_launch(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int64_t N, int64_t K, bf16* gate_out,
+                         bf16* up_out, bf16* act_out, const LaunchContext& ctx) {
+    constexpr int kTiles = wide_tiles<2, kPB>();
+    constexpr size_t smem = wide_smem_bytes<2, kNT, kPB, kU>();
+    static std::atomic<uint64_t> done{0};
+    const char* what = "tensor-core gemv gate/up/SiLU kernel (clusters, 9-64 rows)";
+    opt_in_smem(gemv_wide_gate_up_kernel<kNT, kPB, kU>, smem, done, what);
+    launch_clusters(gemv_wide_gate_up_kernel<kNT, kPB, kU>, dim3(ceil_div(ceil_div(N, 16), kTiles) * kWideCluster),
+                    dim3(kWideWarps / 2 * 32), kWideCluster, smem, ctx, what, x, int(T), wg, wu, gate_out, up_out,
+                    act_out, int(N), int(K), ctx.evict_first);
+}
+
+// The launch for T rows and gemv_mma_config(K)'s parts (8: one part a block, rounds of 2 chunks; 16: two parts a
+// block, rounds of 1 chunk, so that a stage stays 16 KB). The rounds do not change the sums' order.
+template <typename OutT>
+void wide_dispatch(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, MmaGemvConfig c, const LaunchContext& ctx) {
+    auto by_rows = [&](auto pb, auto u) {
+        constexpr int kPB = decltype(pb)::value, kU = decltype(u)::value;
+        if (T <= 16) return wide_launch<2, kPB, kU, OutT>(x, T, g, K, ctx);
+        if (T <= 32) return wide_launch<4, kPB, kU, OutT>(x, T, g, K, ctx);
+        return wide_launch<8, kPB, kU, OutT>(x, T, g, K, ctx);
+    };
+    using I1 = std::integral_constant<int, 1>;
+    using I2 = std::integral_constant<int, 2>;
+    if (c.parts == 8) return by_rows(I1{}, I2{});
+    if (c.parts == 16) return by_rows(I2{}, I1{});
+    throw Error(Status::internal,
+                "wide tensor-core gemv: no launch shape " + std::to_string(c.parts) + "," + std::to_string(c.unroll));
+}
+
+void wide_gate_up_dispatch(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int64_t N, int64_t K,
+                           bf16* gate_out, bf16* up_out, bf16* act_out, MmaGemvConfig c, const LaunchContext& ctx) {
+    auto by_rows = [&](auto pb, auto u) {
+        constexpr int kPB = decltype(pb)::value, kU = decltype(u)::value;
+        if (T <= 16) return wide_gate_up_launch<2, kPB, kU>(x, T, wg, wu, N, K, gate_out, up_out, act_out, ctx);
+        if (T <= 32) return wide_gate_up_launch<4, kPB, kU>(x, T, wg, wu, N, K, gate_out, up_out, act_out, ctx);
+        return wide_gate_up_launch<8, kPB, kU>(x, T, wg, wu, N, K, gate_out, up_out, act_out, ctx);
+    };
+    using I1 = std::integral_constant<int, 1>;
+    using I2 = std::integral_constant<int, 2>;
+    if (c.parts == 8) return by_rows(I1{}, I2{});
+    if (c.parts == 16) return by_rows(I2{}, I1{});
+    throw Error(Status::internal, "wide tensor-core gate/up: no launch shape " + std::to_string(c.parts) + "," +
+                                      std::to_string(c.unroll));
+}
+
 // Any shape and alignment (rare: odd K or unaligned rows): one warp per output feature, scalar loads.
 template <typename OutT>
 __global__ void matmul_scalar_kernel(const bf16* __restrict__ x, int64_t T, const bf16* __restrict__ w,
@@ -422,6 +724,7 @@ void matmul_scalar(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K
 }  // namespace
 
 static_assert(kGemvBlockMaxTokens == 2, "gemv_rows and gemv_gate_up instantiate 1 and 2 rows");
+static_assert(kWideGemvMaxTokens == 64, "the wide tensor-core GEMV instantiates 2, 4 and 8 n-tiles");
 static_assert(kGemvMaxTokens == 8 && kTcGemvMaxTokens == 16,
               "the tensor-core GEMV takes up to 16 rows (one or two mma n-tiles of 8)");
 
@@ -465,6 +768,7 @@ void gemv_group(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool ou
 void gemv_group_with(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, GemvConfig c,
                      const LaunchContext& ctx) {
     if (g.count < 1 || g.count > GemvGroup::kMax) throw Error(Status::internal, "gemv: bad group");
+    if (gemv_wide_rows(T, ctx)) return gemv_wide_with(x, T, g, K, out_f32, gemv_mma_config(K), ctx);
     if (T > kGemvBlockMaxTokens) return gemv_mma_with(x, T, g, K, out_f32, gemv_mma_config(K), ctx);
     if (out_f32)
         gemv_rows<float>(x, T, g, K, c, ctx);
@@ -493,6 +797,27 @@ void gemv_mma_with(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool
         gemv_mma<bf16>(x, T, g, K, c, ctx);
 }
 
+bool gemv_wide_rows(int64_t T, const LaunchContext& ctx) {
+    return ctx.clusters && T > kGemvMaxTokens && T <= ctx.wide_gemv_max_rows && T <= kWideGemvMaxTokens &&
+           !(ctx.tc_gemv_all && T <= ctx.tc_gemv_max_rows && T <= kTcGemvMaxTokens);
+}
+
+bool gemv_wide_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, const LaunchContext& ctx) {
+    return gemv_wide_rows(T, ctx) && K % 32 == 0 && K <= (int64_t(1) << 30) && aligned16(x) && aligned16(w);
+}
+
+void gemv_wide_with(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, MmaGemvConfig c,
+                    const LaunchContext& ctx) {
+    if (g.count < 1 || g.count > GemvGroup::kMax) throw Error(Status::internal, "gemv: bad group");
+    if (T <= kGemvBlockMaxTokens || T > kWideGemvMaxTokens || K % 32 != 0 || !ctx.clusters)
+        throw Error(Status::internal, "wide tensor-core gemv: " + std::to_string(T) + " rows of " + std::to_string(K) +
+                                          " values" + (ctx.clusters ? "" : " (no thread-block clusters)"));
+    if (out_f32)
+        wide_dispatch<float>(x, T, g, K, c, ctx);
+    else
+        wide_dispatch<bf16>(x, T, g, K, c, ctx);
+}
+
 // The tensor-core gate/up/SiLU kernel of launch shape c over kNT n-tiles of 8 rows.
 template <int kNT>
 void gate_up_mma_launch(MmaGemvConfig c, const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int64_t N, int64_t K,
@@ -516,6 +841,8 @@ void gate_up_mma_launch(MmaGemvConfig c, const bf16* x, int64_t T, const bf16* w
 // 2 warps per feature, 8 words per lane and matrix per round (K = 2560: 3.8 TB/s against 3.6 with one warp of 16).
 void gemv_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int64_t N, int64_t K, bf16* gate_out,
                   bf16* up_out, bf16* act_out, const LaunchContext& ctx) {
+    if (gemv_wide_rows(T, ctx) && K % 32 == 0)
+        return wide_gate_up_dispatch(x, T, wg, wu, N, K, gate_out, up_out, act_out, gemv_mma_config(K), ctx);
     if (T > kGemvBlockMaxTokens && T <= kTcGemvMaxTokens && K % 32 == 0) {
         const MmaGemvConfig c = gemv_mma_config(K);
         if (T > 8) return gate_up_mma_launch<2>(c, x, T, wg, wu, N, K, gate_out, up_out, act_out, ctx);
@@ -688,6 +1015,10 @@ void matmul(Gemm& gemm, const bf16* x, int64_t T, const bf16* w, int64_t N, int6
         GemvGroup g;
         g.add(w, y, N);
         gemv_mma_with(x, T, g, K, out_f32, gemv_mma_config(K), ctx);
+    } else if (gemv_wide_fits(x, T, w, K, ctx)) {
+        GemvGroup g;
+        g.add(w, y, N);
+        gemv_wide_with(x, T, g, K, out_f32, gemv_mma_config(K), ctx);
     } else if (K % 8 == 0 && N % 8 == 0 && aligned16(x) && aligned16(w) && aligned16(y))
         gemm.run(x, T, w, N, K, y, out_f32, ctx);
     else

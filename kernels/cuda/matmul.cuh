@@ -110,6 +110,19 @@ MmaGemvConfig gemv_mma_config(int64_t K);
 // (8,2), (8,4), (16,2), (16,4)}; others throw internal.
 void gemv_mma_with(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, MmaGemvConfig c,
                    const LaunchContext& ctx);
+// The tensor-core GEMV for 9 to kWideGemvMaxTokens rows (thread-block clusters, sm_90): x is shared by 8 tiles of
+// 16 features through shared memory and the parts of a tile's K run in the blocks of a cluster, summed in the same
+// order as gemv_mma_with's warps, so a row's result is bitwise the same as on the 3-16-row kernel of the same
+// launch shape (gemv_mma_config(K)), in any batch of 3 to 64 rows. gemv_wide_rows: whether T rows go there under
+// ctx (more than 8, not taken by the 3-16-row kernel under ctx.tc_gemv_all, at most ctx.wide_gemv_max_rows, and
+// ctx.clusters); gemv_wide_fits adds K % 32 == 0 and 16-byte aligned x and w. gemv_group, gemv_gate_up and matmul
+// send such rows there.
+bool gemv_wide_rows(int64_t T, const LaunchContext& ctx);
+bool gemv_wide_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, const LaunchContext& ctx);
+// gemv_group on 3 to 64 rows (K % 32 == 0, ctx.clusters) with an explicit launch shape (benchmarks, tests):
+// parts 8 or 16 (the unroll does not matter here); others throw internal.
+void gemv_wide_with(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, MmaGemvConfig c,
+                    const LaunchContext& ctx);
 // gate_out = bf16(x Wg^T), up_out = bf16(x Wu^T), act_out = bf16(bf16(silu(gate)) * up) (act_out may be gate_out);
 // T <= kGemvBlockMaxTokens, or 3 to kTcGemvMaxTokens rows with K % 32 == 0 (tensor cores, gemv_mma_config's shape).
 void gemv_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int64_t N, int64_t K, bf16* gate_out,

@@ -29,6 +29,12 @@ constexpr int kTcGemvMaxTokens = 16;
 // the CUDA-core kernel is bound by reading x from L1 (H200, 4B shapes: decode b=4 924 tok/s against 1,169 on the
 // tensor-core/cuBLASLt path, b=3 836 against 893; b=2 650 with it, 605 without; docs/perf-notes.md, fourth session).
 constexpr int kGemvBlockMaxTokens = 2;
+// Rows up to which bf16 matrices may take the tensor-core GEMV in clusters (matmul.cuh, gemv_wide_with: 2, 4 or 8
+// mma n-tiles), and up to which they take it by default (9-16 rows; CudaOptions::wide_gemv: 1 up to 64, -1 none).
+// H100, 4B shapes, run 135: b=16 3,210 tok/s against 3,137 on cuBLASLt; b=32 5,220 against 5,450 and b=64 7,475
+// against 8,837 (its blocks do 5-10 rounds of 2 chunks each, so the pipeline's fill and the cluster sum weigh).
+constexpr int kWideGemvMaxTokens = 64;
+constexpr int kWideGemvDefaultMaxTokens = 16;
 // With 3 to 8 rows every bf16 matrix goes to the tensor-core GEMV (true), or only groups of 3-4 matrices (false: the
 // others to cuBLASLt); CudaOptions::small_batch_gemv overrides it.
 constexpr bool kTcGemvAll = true;
