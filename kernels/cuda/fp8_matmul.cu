@@ -820,7 +820,7 @@ void matmul_fp8(Gemm& gemm, const bf16* x, int64_t T, const Matrix& w, void* y, 
                                           std::to_string(scratch.weight_elems) + " values, " + std::to_string(N) +
                                           " x " + std::to_string(K) + " needed");
     dequantize_fp8(w, scratch.weight, ctx);
-    matmul(gemm, x, T, scratch.weight, N, K, y, out_f32, ctx);
+    matmul_written_weights(gemm, x, T, scratch.weight, N, K, y, out_f32, ctx);
 }
 
 HY_CUDA_TRACE_BINDER(fp8_matmul)

@@ -486,7 +486,7 @@ void matmul_int(Gemm& gemm, const bf16* x, int64_t T, const Matrix& w, void* y, 
         return;
     }
     dequantize_int(w, scratch.weight, ctx);
-    matmul(gemm, x, T, scratch.weight, N, K, y, out_f32, ctx);
+    matmul_written_weights(gemm, x, T, scratch.weight, N, K, y, out_f32, ctx);
 }
 
 HY_CUDA_TRACE_BINDER(int_matmul)

@@ -1025,6 +1025,15 @@ void matmul(Gemm& gemm, const bf16* x, int64_t T, const bf16* w, int64_t N, int6
         matmul_scalar(x, T, w, N, K, y, out_f32, ctx);
 }
 
+void matmul_written_weights(Gemm& gemm, const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y,
+                            bool out_f32, const LaunchContext& ctx) {
+    if (T <= 0 || N <= 0) return;
+    if (K % 8 == 0 && N % 8 == 0 && aligned16(x) && aligned16(w) && aligned16(y))
+        gemm.run(x, T, w, N, K, y, out_f32, ctx);
+    else
+        matmul_scalar(x, T, w, N, K, y, out_f32, ctx);
+}
+
 HY_CUDA_TRACE_BINDER(matmul)
 
 }  // namespace hy::cuda

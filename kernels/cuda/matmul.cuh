@@ -143,4 +143,9 @@ bool gemv_group_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, int cou
 void matmul(Gemm& gemm, const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
             const LaunchContext& ctx);
 
+// y = x @ w^T where the kernel before wrote w (a dequantized scratch): cuBLASLt, or the scalar kernel for odd shapes,
+// never a GEMV (they load their first weights before the PDL wait, which only holds for weights no kernel writes).
+void matmul_written_weights(Gemm& gemm, const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y,
+                            bool out_f32, const LaunchContext& ctx);
+
 }  // namespace hy::cuda
