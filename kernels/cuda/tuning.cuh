@@ -31,8 +31,9 @@ constexpr int kTcGemvMaxTokens = 16;
 constexpr int kGemvBlockMaxTokens = 2;
 // Rows up to which bf16 matrices may take the tensor-core GEMV in clusters (matmul.cuh, gemv_wide_with: 2, 4 or 8
 // mma n-tiles), and up to which they take it by default (9-16 rows; CudaOptions::wide_gemv: 1 up to 64, -1 none).
-// H100, 4B shapes, run 135: b=16 3,210 tok/s against 3,137 on cuBLASLt; b=32 5,220 against 5,450 and b=64 7,475
-// against 8,837 (its blocks do 5-10 rounds of 2 chunks each, so the pipeline's fill and the cluster sum weigh).
+// H100, 4B shapes, runs 136-137 (docs/perf-notes.md): b=12 2,494 tok/s against 2,420 on cuBLASLt, b=16 3,220
+// against 3,144; but b=32 5,287 against 5,547 and b=64 7,489 against 8,924 (a block does only 5-10 rounds of 2
+// chunks, so the pipeline's fill and the cluster sum weigh, and cuBLASLt streams its tiles better).
 constexpr int kWideGemvMaxTokens = 64;
 constexpr int kWideGemvDefaultMaxTokens = 16;
 // With 3 to 8 rows every bf16 matrix goes to the tensor-core GEMV (true), or only groups of 3-4 matrices (false: the
