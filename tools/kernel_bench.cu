@@ -322,6 +322,8 @@ int main(int argc, char** argv) {
         no_pdl.stream = s;
         LaunchContext pdl = no_pdl;
         pdl.pdl = major >= 9;
+        // the cluster GEMV needs code built for 9.0+ as well (the backend's own check, CudaBackend::settings)
+        const bool clusters = hy::make_cuda_backend(0)->settings().find("clusters on") != std::string::npos;
         const std::vector<Shape> shapes = {
             {"gdn in_proj qkv|z|b|a", {8192, 4096, 32, 32}, 2560},
             {"attn q|k|v", {8192, 1024, 1024}, 2560},
@@ -380,7 +382,7 @@ int main(int argc, char** argv) {
             char buf[128];
             std::snprintf(buf, sizeof buf, "%.0f | ", total / (ms * 1e-3) / 1e9);
             line += buf;
-            if (T > kGemvMaxTokens && T <= kWideGemvMaxTokens && major >= 9) {  // the tensor-core GEMV in clusters
+            if (T > kGemvMaxTokens && T <= kWideGemvMaxTokens && clusters) {  // the tensor-core GEMV in clusters
                 LaunchContext wide = pdl;
                 wide.clusters = true;
                 wide.tc_gemv_all = false;
