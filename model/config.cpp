@@ -304,17 +304,27 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
         rp = &tj->at("rope_parameters");
     }
     std::string rp_scope = std::string(scope) + "rope_parameters.";
-    if (rp && rp->contains("rope_type")) {
+    // (null counts as absent in rope_parameters too, as at the top level)
+    auto rp_has = [&](const char* f) { return rp && rp->contains(f) && !rp->at(f).is_null(); };
+    if (rp_has("rope_type")) {
         if (!rp->at("rope_type").is_string()) r.fail("rope_parameters.rope_type", "must be a string");
         std::string type = rp->at("rope_type").get<std::string>();
         if (type != "default")
             throw Error(Status::unsupported, source + ": unsupported rope_type '" + type + "' (supported: default)");
     }
-    if (rp && rp->contains("rope_theta"))
+    if (rp_has("rope_theta")) {
         theta = r.get_float(*rp, "rope_theta", rp_scope);
-    else if (r.has("rope_theta"))
+        if (r.has("rope_theta")) {
+            const float top = r.get_float(*tj, "rope_theta", scope);
+            if (top != theta)
+                c.warning = source + ": field '" + scope + "rope_theta' (" + tj->at("rope_theta").dump() +
+                            ") differs from '" + rp_scope + "rope_theta' (" + rp->at("rope_theta").dump() +
+                            "); using the latter";
+        }
+    } else if (r.has("rope_theta")) {
         theta = r.get_float(*tj, "rope_theta", scope);
-    if (rp && rp->contains("partial_rotary_factor"))
+    }
+    if (rp_has("partial_rotary_factor"))
         partial = r.get_float(*rp, "partial_rotary_factor", rp_scope);
     else if (r.has("partial_rotary_factor"))
         partial = r.get_float(*tj, "partial_rotary_factor", scope);

@@ -88,6 +88,9 @@ struct ModelConfig {
 
     std::vector<int> eos_token_ids;   // from config.json (int or list); may be empty
     int max_position_embeddings = 0;  // positions the model was trained for (0 when the config does not say)
+    // What the config says that loads but deserves a note (fields that disagree); empty when nothing. The model
+    // passes it on in Model::load_warning().
+    std::string warning;
 
     int gdn_conv_channels() const { return 2 * gdn_k_heads * gdn_k_dim + gdn_v_heads * gdn_v_dim; }  // C
     bool has_moe() const { return n_experts > 0; }

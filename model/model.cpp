@@ -93,6 +93,9 @@ struct Checkpoint {
             throw Error(Status::io, dir + ": no model.safetensors or model.safetensors.index.json");
         const std::string index_text = read_regular_file(index, kMaxJsonFileBytes);
         const nlohmann::json j = parse_json(index_text, index);
+        if (!j.is_object())
+            throw Error(Status::format,
+                        index + ": must be a JSON object with a 'weight_map', found " + std::string(j.type_name()));
         if (!j.contains("weight_map")) throw Error(Status::format, index + ": field 'weight_map' is missing");
         if (!j["weight_map"].is_object())  // (it read "is missing")
             throw Error(Status::format, index + ": field 'weight_map' must be an object (tensor name -> file), found " +
@@ -1068,6 +1071,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     ld.plan_weights();
     m->weight_bytes_ = ld.offset;
     m->load_warning_ = check_unused_tensors(ck, c);
+    if (!c.warning.empty())
+        m->load_warning_ = m->load_warning_.empty() ? c.warning : c.warning + "; " + m->load_warning_;
 
     // Sequence state.
     const DType act = be.act_dtype();

@@ -381,7 +381,9 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
             std::string where = origin + ": added_tokens[" + std::to_string(i) + "]";
             if (!e.is_object()) throw Error(Status::format, where + " must be an object");
             const json* idv = field(e, "id");
-            if (!idv) throw Error(Status::format, where + ".id is missing");
+            if (!idv)  // (field() treats null as absent)
+                throw Error(Status::format, where + (e.contains("id") ? ".id must be an integer token id, found null"
+                                                                      : ".id is missing"));
             const int32_t file_id = get_id(*idv, where + ".id");  // the id actually used is assigned below
             AddedToken a;
             a.file_id = file_id;

@@ -492,6 +492,24 @@ TEST_CASE("config: both layouts and the layer pattern rules", "[loader]") {
     REQUIRE(b.n_attention_layers() == 4);
     REQUIRE(b.eos_token_ids == std::vector<int>{1, 2});
 
+    // null in rope_parameters counts as absent, as at the top level (rope_parameters.rope_theta: null was refused);
+    // both rope_theta fields given and different: rope_parameters' is used, with a warning
+    {
+        nlohmann::json both = flat;
+        both["rope_parameters"]["rope_theta"] = nullptr;
+        both["rope_parameters"]["rope_type"] = nullptr;
+        both["rope_theta"] = 5e5;
+        ModelConfig c = parse_model_config(both.dump(), "both");
+        CHECK(c.rope_theta == 5e5f);
+        CHECK(c.warning.empty());
+        both["rope_parameters"]["rope_theta"] = 1e6;
+        c = parse_model_config(both.dump(), "both");
+        CHECK(c.rope_theta == 1e6f);
+        CHECK(c.warning.find("field 'rope_theta' (500000.0) differs from 'rope_parameters.rope_theta' (1000000.0); "
+                             "using the latter") != std::string::npos);
+        both["rope_theta"] = 1e6;
+        CHECK(parse_model_config(both.dump(), "both").warning.empty());
+    }
     // No RoPE fields at all: transformers' defaults (partial_rotary_factor 0.25, rope_theta 10000) for every family.
     for (const char* type : {"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"}) {
         nlohmann::json bare = flat;

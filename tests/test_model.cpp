@@ -295,6 +295,15 @@ TEST_CASE("sharded checkpoint through model.safetensors.index.json", "[model]") 
         REQUIRE(std::string(e.what()).find("field 'weight_map' must be an object (tensor name -> file), found array") !=
                 std::string::npos);
     }
+    // an index that is not an object (it read "field 'weight_map' is missing")
+    write_text(d / "model.safetensors.index.json", "[1, 2]");
+    try {
+        Model::load(d.path, cpu_params());
+        FAIL("accepted an index that is an array");
+    } catch (const Error& e) {
+        REQUIRE(std::string(e.what()).find("must be a JSON object with a 'weight_map', found array") !=
+                std::string::npos);
+    }
     index.erase("weight_map");
     write_text(d / "model.safetensors.index.json", index.dump());
     try {

@@ -451,6 +451,15 @@ TEST_CASE("loading errors are reported with a status and a clear message", "[tok
     CHECK(status_of(variant("/model/vocab/!", -5), &msg) == Status::format);
     CHECK(status_of(variant("/model/vocab/!", "five"), &msg) == Status::format);
     CHECK(status_of(variant("/added_tokens/0/content", 7), &msg) == Status::format);
+    // an added token's id given as null is named as such (it read "is missing"), and one without an id as missing
+    CHECK(status_of(variant("/added_tokens/0/id", nullptr), &msg) == Status::format);
+    CHECK(msg.find("added_tokens[0].id must be an integer token id, found null") != std::string::npos);
+    {
+        json j = tiny_json();
+        j["added_tokens"][0].erase("id");
+        CHECK(status_of(j, &msg) == Status::format);
+        CHECK(msg.find("added_tokens[0].id is missing") != std::string::npos);
+    }
     json no_model = tiny_json();
     no_model.erase("model");
     CHECK(status_of(no_model, &msg) == Status::format);
