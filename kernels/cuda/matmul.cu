@@ -203,6 +203,18 @@ void gate_up_launch(const bf16* x, const bf16* wg, const bf16* wu, int64_t N, in
            "gemv gate/up/SiLU kernel", x, wg, wu, gate_out, up_out, act_out, int(N), int(K), ctx.evict_first);
 }
 
+// The weight words of lane (g, q) of a warp on the 16-feature tile whose row g is `row`: word q of rows row and
+// row + 8 of each of kM matrices of K values a row (row 0 where the row is past the matrix: va, vb false).
+template <int kM>
+__device__ __forceinline__ void tile_weight_words(const bf16* const (&w)[kM], int row, bool va, bool vb, int K, int q,
+                                                  const uint4* (&wa)[kM], const uint4* (&wb)[kM]) {
+#pragma unroll
+    for (int m = 0; m < kM; m++) {
+        wa[m] = reinterpret_cast<const uint4*>(w[m] + int64_t(va ? row : 0) * K) + q;
+        wb[m] = reinterpret_cast<const uint4*>(w[m] + int64_t(vb ? row + 8 : 0) * K) + q;
+    }
+}
+
 // ---- the small-batch GEMV on tensor cores (3 to 16 rows of x: one or two mma n-tiles of 8 rows) ----
 // With more than 2 rows the GEMV above becomes bound by reading x from L1 (every weight word meets every row),
 // so here the products run on tensor cores: mma.sync m16n8k16 with A = 16 weight rows x 16 k, B = 16 k x 8 rows
@@ -229,11 +241,7 @@ __device__ __forceinline__ bool mma_tile_dot(const bf16* __restrict__ x, int T, 
     const bool va = row0 + gi < N, vb = row0 + gi + 8 < N;
     const uint4* wa[kM];
     const uint4* wb[kM];
-#pragma unroll
-    for (int m = 0; m < kM; m++) {
-        wa[m] = reinterpret_cast<const uint4*>(w[m] + int64_t(va ? row0 + gi : 0) * K) + q;
-        wb[m] = reinterpret_cast<const uint4*>(w[m] + int64_t(vb ? row0 + gi + 8 : 0) * K) + q;
-    }
+    tile_weight_words(w, row0 + gi, va, vb, K, q, wa, wb);
     const uint4* xr[kNT];
     bool vx[kNT];
 #pragma unroll
@@ -479,11 +487,7 @@ __device__ __forceinline__ void wide_tile_dot(const bf16* __restrict__ x, int T,
     const bool va = row0 + gi < N, vb = row0 + gi + 8 < N;
     const uint4* wa[kM];
     const uint4* wb[kM];
-#pragma unroll
-    for (int m = 0; m < kM; m++) {
-        wa[m] = reinterpret_cast<const uint4*>(w[m] + int64_t(va ? row0 + gi : 0) * K) + q;
-        wb[m] = reinterpret_cast<const uint4*>(w[m] + int64_t(vb ? row0 + gi + 8 : 0) * K) + q;
-    }
+    tile_weight_words(w, row0 + gi, va, vb, K, q, wa, wb);
     // chunks of the block's first part (the others have as many or one fewer); rounds of kU chunks
     const int n_first = p_first < n_chunks ? (n_chunks - p_first + kP - 1) / kP : 0;
     const int rounds = (n_first + kU - 1) / kU;
