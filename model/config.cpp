@@ -54,7 +54,8 @@ struct Reader {
     float get_float(const json& obj, const char* field, const std::string& scope_name) const {
         const json& v = obj.at(field);
         if (!v.is_number())
-            throw Error(Status::format, source + ": field '" + scope_name + field + "' must be a number");
+            throw Error(Status::format,
+                        source + ": field '" + scope_name + field + "' must be a number, found " + v.dump());
         if (!std::isfinite(v.get<float>()))  // (1e300 becomes inf as a float)
             throw Error(Status::format,
                         source + ": field '" + scope_name + field + "' must be a finite number, found " + v.dump());
@@ -312,22 +313,25 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
         if (type != "default")
             throw Error(Status::unsupported, source + ": unsupported rope_type '" + type + "' (supported: default)");
     }
-    if (rp_has("rope_theta")) {
-        theta = r.get_float(*rp, "rope_theta", rp_scope);
-        if (r.has("rope_theta")) {
-            const float top = r.get_float(*tj, "rope_theta", scope);
-            if (top != theta)
-                c.warning = source + ": field '" + scope + "rope_theta' (" + tj->at("rope_theta").dump() +
-                            ") differs from '" + rp_scope + "rope_theta' (" + rp->at("rope_theta").dump() +
-                            "); using the latter";
-        }
-    } else if (r.has("rope_theta")) {
-        theta = r.get_float(*tj, "rope_theta", scope);
+    // Each of rope_theta and partial_rotary_factor: rope_parameters' value, else the top level's, else the default.
+    // null counts as absent in either place, but a null with no value anywhere is refused: the default would be a
+    // silent guess (models/tiny was trained with rope_theta 1e7, the default is 1e4).
+    auto rope_field = [&](const char* f, float fallback) {
+        if (rp_has(f)) return r.get_float(*rp, f, rp_scope);
+        if (r.has(f)) return r.get_float(*tj, f, scope);
+        if (rp && rp->contains(f)) r.fail(std::string("rope_parameters.") + f, "must be a number, found null");
+        if (tj->contains(f)) r.fail(f, "must be a number, found null");
+        return fallback;
+    };
+    theta = rope_field("rope_theta", theta);
+    partial = rope_field("partial_rotary_factor", partial);
+    if (rp_has("rope_theta") && r.has("rope_theta")) {
+        const float top = r.get_float(*tj, "rope_theta", scope);
+        if (top != theta)
+            c.warning = source + ": field '" + scope + "rope_theta' (" + tj->at("rope_theta").dump() +
+                        ") differs from '" + rp_scope + "rope_theta' (" + rp->at("rope_theta").dump() +
+                        "); using the latter";
     }
-    if (rp_has("partial_rotary_factor"))
-        partial = r.get_float(*rp, "partial_rotary_factor", rp_scope);
-    else if (r.has("partial_rotary_factor"))
-        partial = r.get_float(*tj, "partial_rotary_factor", scope);
     c.rope_theta = theta;
     c.partial_rotary_factor = partial;
     c.rotary_dim = int(float(c.head_dim) * partial);  // as HF: int(head_dim * partial_rotary_factor)

@@ -179,7 +179,9 @@ int main(int argc, char** argv) {
     try {
         const int port = server->bind();
         std::fprintf(stderr, "hybrid-server: %s\n", server->summary().c_str());
-        std::fprintf(stderr, "hybrid-server: listening on http://%s:%d\n", p.host.c_str(), port);
+        // (an IPv6 address goes in brackets in a URL, RFC 3986)
+        const std::string host = p.host.find(':') != std::string::npos ? "[" + p.host + "]" : p.host;
+        std::fprintf(stderr, "hybrid-server: listening on http://%s:%d\n", host.c_str(), port);
         std::fflush(stderr);
         // Serving runs in its own thread and this one waits for the stop signals: after a stop the library's
         // serve() returns only when every connection's worker is done, and a client that is slow to send its

@@ -1551,6 +1551,11 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
                      "hybrid-server: warning: -c %d is larger than the %d positions the model was trained for "
                      "(max_position_embeddings): output past them may degrade\n",
                      mp.n_ctx, trained);
+    // what loads but deserves a note (unused tensors, disagreeing config fields, ignored generation_config.json
+    // fields), as hybrid prints it (it printed nothing)
+    std::string warning = s.model->load_warning();
+    if (!g.warning.empty()) warning += (warning.empty() ? "" : "; ") + g.warning;
+    if (!warning.empty()) std::fprintf(stderr, "hybrid-server: warning: %s\n", warning.c_str());
     // (as hybrid-bench and hybrid-compare note the CUDA switches they ignore)
     if (!mp.cuda.graphs && std::string(s.model->backend().name()) != "cuda")
         std::fprintf(stderr, "hybrid-server: note: --no-cuda-graphs only changes the CUDA backend; ignored on %s\n",
@@ -1664,8 +1669,9 @@ std::string Server::summary() const {
                  (group > 0 ? ", groups of " + std::to_string(group) : std::string()) +
                  (mp.quant_lm_head ? ", lm_head too" : "") + ")";
     return "model " + s.model_id + " (" + s.p.model_dir + "), backend " + s.model->backend().name() + quant + ", " +
-           std::to_string(s.model->n_slots()) + " slots of " + std::to_string(s.model->n_ctx()) +
-           " tokens, chat template: " + s.chat.description() + ", state cache " + std::to_string(s.p.cache_mb) + " MB";
+           std::to_string(s.model->n_slots()) + (s.model->n_slots() == 1 ? " slot of " : " slots of ") +
+           std::to_string(s.model->n_ctx()) + " tokens, chat template: " + s.chat.description() + ", state cache " +
+           std::to_string(s.p.cache_mb) + " MB";
 }
 
 }  // namespace hy::server

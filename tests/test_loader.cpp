@@ -492,16 +492,29 @@ TEST_CASE("config: both layouts and the layer pattern rules", "[loader]") {
     REQUIRE(b.n_attention_layers() == 4);
     REQUIRE(b.eos_token_ids == std::vector<int>{1, 2});
 
-    // null in rope_parameters counts as absent, as at the top level (rope_parameters.rope_theta: null was refused);
-    // both rope_theta fields given and different: rope_parameters' is used, with a warning
+    // null in rope_parameters counts as absent, as at the top level, but a null with no value anywhere is refused
+    // (the default would be a silent guess); both rope_theta fields given and different: rope_parameters' is used,
+    // with a warning
     {
         nlohmann::json both = flat;
         both["rope_parameters"]["rope_theta"] = nullptr;
         both["rope_parameters"]["rope_type"] = nullptr;
+        both.erase("rope_theta");
+        CHECK_THROWS_WITH(parse_model_config(both.dump(), "both"),
+                          Catch::Contains("field 'rope_parameters.rope_theta' must be a number, found null"));
+        both["rope_theta"] = nullptr;
+        CHECK_THROWS_WITH(parse_model_config(both.dump(), "both"),
+                          Catch::Contains("field 'rope_parameters.rope_theta' must be a number, found null"));
+        both["rope_parameters"].erase("rope_theta");
+        CHECK_THROWS_WITH(parse_model_config(both.dump(), "both"),
+                          Catch::Contains("field 'rope_theta' must be a number, found null"));
         both["rope_theta"] = 5e5;
         ModelConfig c = parse_model_config(both.dump(), "both");
         CHECK(c.rope_theta == 5e5f);
         CHECK(c.warning.empty());
+        both["rope_parameters"]["rope_theta"] = nullptr;
+        c = parse_model_config(both.dump(), "both");
+        CHECK(c.rope_theta == 5e5f);
         both["rope_parameters"]["rope_theta"] = 1e6;
         c = parse_model_config(both.dump(), "both");
         CHECK(c.rope_theta == 1e6f);

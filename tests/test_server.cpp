@@ -1706,3 +1706,20 @@ TEST_CASE("server: HTTP details: 411, 405 with Allow, /v1/models/{id}, the libra
     CHECK(dflt.json()["choices"][0]["finish_reason"] == "length");
     CHECK(get(port, "/health").status == 200);
 }
+
+// The load warnings (here an ignored generation_config.json field) are printed at startup, as hybrid prints them
+// (the server printed nothing); the server still starts.
+TEST_CASE("server: load warnings are printed at startup", "[server]") {
+    if (!have_server_binary()) return;
+    hy::test::cli_util::TempDir tmp("server_warning");
+    const std::string dir = tmp.path.string();
+    for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+        std::filesystem::copy_file(std::string(kSrc) + "/models/tiny/" + f, dir + "/" + f);
+    std::ofstream(dir + "/generation_config.json") << R"({"temperature": "hot"})";
+    ServerProcess s({"-m", dir, "-np", "1", "--cache-mb", "0"});
+    INFO(s.startup_log());
+    CHECK(s.startup_log().find("hybrid-server: warning: " + dir +
+                               "/generation_config.json: field 'temperature' must be a number, found \"hot\": "
+                               "ignored\n") != std::string::npos);
+    CHECK(s.stop(SIGTERM) == 0);
+}
