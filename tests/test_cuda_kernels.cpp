@@ -357,7 +357,7 @@ static void check_tensor_core_gemv(const CudaOptions& o, std::initializer_list<i
 
 TEST_CASE("CUDA tensor-core GEMV of 3-16 rows: singles, pairs, gate/up and logits match the CPU", "[gpu]") {
     HY_REQUIRE_GPU();
-    for (int mode : {1, -1}) {
+    for (int mode : {1, -1, 2}) {  // (2: groups up to 16 rows, the others on cuBLASLt)
         CudaOptions o;
         o.small_batch_gemv = mode;
         o.wide_gemv = -1;

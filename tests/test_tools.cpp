@@ -239,7 +239,7 @@ TEST_CASE("hybrid-bench: CUDA tuning switches are checked, and noted as ignored 
         {{"--attn-splits", "129"}, "--attn-splits must be 0 to 128, got 129"},
         {{"--attn-splits", "-1"}, "--attn-splits must be 0 to 128, got -1"},
         {{"--int-split-k", "sometimes"}, "--int-split-k must be auto, always or never, got 'sometimes'"},
-        {{"--small-batch-gemv", "some"}, "--small-batch-gemv must be auto, all or groups, got 'some'"},
+        {{"--small-batch-gemv", "some"}, "--small-batch-gemv must be auto, all, groups or mixed, got 'some'"},
     };
     for (const auto& [flags, message] : bad) {
         std::vector<std::string> args = {"-m", "models/tiny", "-p", "4", "-n", "1", "-r", "1"};

@@ -237,8 +237,9 @@ int main(int argc, char** argv) {
         ("int-split-k", "CUDA, --quant int8/int4 decode GEMVs: split K in two halves: always, never or auto (by shape, "
          "the default)", cxxopts::value<std::string>()->default_value("auto"))
         ("small-batch-gemv", "CUDA, bf16 matrices with 3 to 16 rows (batched decode): all (every matrix of 3-16 rows on the "
-         "tensor-core GEMV), groups (only groups of 3 or 4 matrices of 3-8 rows there, the others on cuBLASLt) or auto "
-         "(the default: all up to 8 rows, then --wide-gemv)",
+         "tensor-core GEMV), groups (only groups of 3 or 4 matrices of 3-8 rows there, the others on cuBLASLt), mixed "
+         "(all up to 8 rows, then groups of 3 or 4 up to 16 rows there and the others on cuBLASLt) or auto (the "
+         "default: all up to 8 rows, then --wide-gemv)",
          cxxopts::value<std::string>()->default_value("auto"))
         ("wide-gemv", "CUDA, bf16 matrices with 9 to 64 rows that --small-batch-gemv leaves to cuBLASLt: on (all on "
          "the tensor-core GEMV in thread-block clusters, sm_90), off (all on cuBLASLt) or auto (the default: 9-16 "
@@ -301,9 +302,9 @@ int main(int argc, char** argv) {
         }
         {
             const std::string v = args["small-batch-gemv"].as<std::string>();
-            if (v != "auto" && v != "all" && v != "groups")
-                throw tools::UsageError("--small-batch-gemv must be auto, all or groups, got '" + v + "'");
-            mp.cuda.small_batch_gemv = v == "all" ? 1 : v == "groups" ? -1 : 0;
+            if (v != "auto" && v != "all" && v != "groups" && v != "mixed")
+                throw tools::UsageError("--small-batch-gemv must be auto, all, groups or mixed, got '" + v + "'");
+            mp.cuda.small_batch_gemv = v == "all" ? 1 : v == "groups" ? -1 : v == "mixed" ? 2 : 0;
         }
         {
             const std::string v = args["wide-gemv"].as<std::string>();

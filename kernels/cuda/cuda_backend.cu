@@ -294,8 +294,13 @@ public:
         if (o.attn_heads_per_block > 0) ctx_.attn_heads_per_block = o.attn_heads_per_block;
         if (o.attn_max_splits > 0) ctx_.attn_max_splits = std::min(o.attn_max_splits, cuda::kAttnMaxSplits);
         ctx_.int_gemv_split_k = o.int_gemv_split_k < 0 ? -1 : o.int_gemv_split_k > 0 ? 1 : 0;
-        if (o.small_batch_gemv != 0) ctx_.tc_gemv_all = o.small_batch_gemv > 0;
-        if (o.small_batch_gemv > 0) ctx_.tc_gemv_max_rows = cuda::kTcGemvMaxTokens;
+        if (o.small_batch_gemv == 2) {  // the default up to 8 rows; then groups of 3-4 up to 16, cuBLASLt for others
+            ctx_.tc_group_max_rows = cuda::kTcGemvMaxTokens;
+            ctx_.wide_gemv_max_rows = 0;
+        } else {
+            if (o.small_batch_gemv != 0) ctx_.tc_gemv_all = o.small_batch_gemv > 0;
+            if (o.small_batch_gemv > 0) ctx_.tc_gemv_max_rows = cuda::kTcGemvMaxTokens;
+        }
         if (o.wide_gemv != 0) ctx_.wide_gemv_max_rows = o.wide_gemv > 0 ? cuda::kWideGemvMaxTokens : 0;
         fp8_mode_ = o.fp8_block_scaled_gemm ? cuda::Fp8GemmMode::block_scaled : cuda::Fp8GemmMode::dequantize;
 #if defined(HY_CUDA_TRACE)
@@ -340,6 +345,9 @@ public:
                ", bf16 gemv of 3-" +
                (ctx_.tc_gemv_all ? std::to_string(ctx_.tc_gemv_max_rows) + " rows all tensor-core"
                                  : std::string("8 rows groups tensor-core")) +
+               (ctx_.tc_group_max_rows > cuda::kGemvMaxTokens
+                    ? ", groups tensor-core up to " + std::to_string(ctx_.tc_group_max_rows) + " rows"
+                    : std::string()) +
                (ctx_.wide_gemv_max_rows > 0 && ctx_.clusters
                     ? ", bf16 gemv of up to " + std::to_string(ctx_.wide_gemv_max_rows) + " rows in clusters"
                     : std::string()) +
@@ -656,7 +664,7 @@ public:
             const bf16* w = static_cast<const bf16*>(q.w.data);
             if (cuda::gemv_wide_rows(rows, ctx_)) return cuda::gemv_wide_fits(xb, rows, w, q.w.cols, ctx_);
             return rows >= 1 && rows <= cuda::kTcGemvMaxTokens &&
-                   cuda::gemv_group_fits(xb, rows, w, q.w.cols, 1, tc_all(rows));
+                   cuda::gemv_group_fits(xb, rows, w, q.w.cols, 1, tc_all(rows), ctx_.tc_group_max_rows);
         };
         auto same_kind = [&](const Projection& a, const Projection& b) {
             return a.w.dtype == b.w.dtype && a.w.cols == b.w.cols && a.w.group == b.w.group;
@@ -679,9 +687,10 @@ public:
                 for (int k = i; k < j; k++) op.fp8.add(p[k].w, p[k].y);
                 submit(op);
                 i = j;
-            } else if (j - i >= 2 && (cuda::gemv_wide_rows(rows, ctx_) ||
-                                      cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(p[i].w.data),
-                                                            p[i].w.cols, j - i, tc_all(rows)))) {
+            } else if (j - i >= 2 &&
+                       (cuda::gemv_wide_rows(rows, ctx_) ||
+                        cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(p[i].w.data), p[i].w.cols, j - i,
+                                              tc_all(rows), ctx_.tc_group_max_rows))) {
                 Op op;
                 op.kind = Op::Kind::gemv_group;
                 op.x = x;

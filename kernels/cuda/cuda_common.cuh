@@ -69,6 +69,9 @@ struct LaunchContext {
     // matmul.cuh: bf16 matrices with 9 to this many rows (and not taken by the above) go to the tensor-core GEMV in
     // clusters (gemv_wide_with) where ctx.clusters; 0: none (cuBLASLt)
     int wide_gemv_max_rows = kWideGemvDefaultMaxTokens;
+    // matmul.cuh: groups of 3 or 4 bf16 matrices (the q/k/v and Gated DeltaNet input projections) of up to this many
+    // rows go to the tensor-core GEMV when the above leave them to cuBLASLt (gemv_group_fits)
+    int tc_group_max_rows = kGemvMaxTokens;
 };
 
 // Per batch row, on the device (filled by the backend's begin_batch from the host runs).

@@ -740,9 +740,9 @@ bool gemv_fits(const bf16* x, int64_t T, const bf16* w, int64_t K) {
 // hybrid-kernel-bench at 8 rows: the 4B q/k/v group 2.6 TB/s and the Gated DeltaNet input group 2.8 TB/s against
 // 2.1 and 2.0 for their cuBLASLt calls; single matrices and the gate/up pair were faster with cuBLASLt: o_proj 2.2
 // vs 1.8, down_proj 2.9 vs 2.1, gate+up 3.4 vs 2.9, lm_head 4.2 vs 3.6).
-bool gemv_group_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, int count, bool tc_all) {
+bool gemv_group_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, int count, bool tc_all, int group_max_rows) {
     if (T >= 1 && T <= kGemvBlockMaxTokens) return gemv_fits(x, T, w, K);
-    if (T > kGemvMaxTokens && !tc_all) return false;  // (9-16 rows: only with every matrix on the GEMV)
+    if (T > group_max_rows && !tc_all) return false;  // (9-16 rows: every matrix, or groups up to group_max_rows)
     return T <= kTcGemvMaxTokens && (tc_all || count == 1 || count >= 3) && K % 32 == 0 && K <= (int64_t(1) << 30) &&
            aligned16(x) && aligned16(w);
 }

@@ -135,9 +135,10 @@ void gemv(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y
 // True when gemv() can take this shape and these pointers (T <= kGemvBlockMaxTokens).
 bool gemv_fits(const bf16* x, int64_t T, const bf16* w, int64_t K);
 // True when a group of `count` such matrices over x may go to gemv_group (count 1: a member that could join a
-// group; 3 to 8 rows: K % 32 == 0, and count 3 or 4 unless tc_all, LaunchContext::tc_gemv_all; 9 to 16 rows: only
-// with tc_all).
-bool gemv_group_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, int count, bool tc_all);
+// group; 3 to group_max_rows rows: K % 32 == 0, and count 3 or 4 unless tc_all, LaunchContext::tc_gemv_all; more
+// rows, up to 16: only with tc_all).
+bool gemv_group_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, int count, bool tc_all,
+                     int group_max_rows = kGemvMaxTokens);
 
 // y = x @ w^T through the GEMV when it fits (1-2 rows; 3 to 16 with ctx.tc_gemv_all), else cuBLASLt.
 void matmul(Gemm& gemm, const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,

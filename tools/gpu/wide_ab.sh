@@ -2,7 +2,8 @@
 # One device call for the tensor-core GEMV in clusters (9-64 rows, CudaOptions::wide_gemv) against cuBLASLt in the
 # same binary (hybrid-bench --wide-gemv on|off), most important first:
 #   build -> the tensor-core GEMV [gpu] cases -> hybrid-kernel-bench at 16, 32 and 64 rows -> 4B batches 12-64
-#   with the kernel off, auto (9-16 rows) and on (9-64) in alternation (2 rounds) -> every [gpu] case -> compute-sanitizer on the new case.
+#   with the kernel off, auto (9-16 rows) and on (9-64) in alternation (2 rounds) -> (modes) b=12/16 with every
+#   small-batch routing -> every [gpu] case -> compute-sanitizer on the new case.
 # Usage (device tool, repository root, carry [".carry"]): bash tools/gpu/wide_ab.sh   (ONLY="a b": those stages)
 set -u
 . tools/gpu/run_lib.sh  # OUT, LOG, SUM, T0, say, step
@@ -34,6 +35,16 @@ if want bench; then
             step "bench_${w}_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 128 -n 64 \
                 -b ${BATCHES:-12,16,32,64} -r 1 --wide-gemv $w
             grep -E '^\| +[0-9]' "$LOG" | tail -4 | sed "s/^/  [$w $i] /" >>"$SUM"
+        done
+    done
+fi
+if want modes; then  # every small-batch routing of 9-16 rows, in alternation (2 rounds)
+    for i in 1 2; do
+        for m in "--wide-gemv off" "--wide-gemv auto" "--small-batch-gemv mixed" "--small-batch-gemv all"; do
+            tag=$(echo "$m" | tr -d '-' | tr ' ' '_')
+            step "modes_${tag}_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 128 -n 64 \
+                -b ${BATCHES:-12,16} -r 1 $m
+            grep -E '^\| +[0-9]' "$LOG" | tail -2 | sed "s/^/  [$tag $i] /" >>"$SUM"
         done
     done
 fi
