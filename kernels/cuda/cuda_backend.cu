@@ -647,11 +647,13 @@ public:
     // Whether every bf16 matrix of `rows` rows of x may go to the tensor-core GEMV (LaunchContext::tc_gemv_all,
     // tc_gemv_max_rows); else only groups of 3 or 4 matrices of 3 to 8 rows.
     bool tc_all(int64_t rows) const { return ctx_.tc_gemv_all && rows <= ctx_.tc_gemv_max_rows; }
-    // With 1 to 8 rows (cuda::kGemvMaxTokens; bf16 up to 16, kTcGemvMaxTokens, where tc_all allows it),
-    // consecutive projections that gemv_group_fits (up to GemvGroup::kMax of them; with 3 to 8 rows unless tc_all
-    // only groups of 3 or 4) run as one GEMV launch; the others as matmul(): the GEMV for
-    // 1-2 rows where it fits, else cuBLASLt (hybrid-kernel-bench: at 8 rows the 4B q/k/v group streams 2.6 TB/s and
-    // the Gated DeltaNet input group 2.8 TB/s against 2.1 and 2.0 for their cuBLASLt calls).
+    // With 1 to 8 rows (cuda::kGemvMaxTokens; bf16 up to 16, kTcGemvMaxTokens, where tc_all allows it, or up to
+    // tc_group_max_rows for groups of 3 or 4), consecutive projections that gemv_group_fits (up to GemvGroup::kMax of
+    // them; with 3 to 8 rows unless tc_all only groups of 3 or 4) run as one GEMV launch, and with the rows the
+    // cluster GEMV takes (cuda::gemv_wide_rows: 9-16 by default) any consecutive ones that gemv_wide_fits; the
+    // others as matmul(): the GEMV for 1-2 rows where it fits, the cluster GEMV for its rows, else cuBLASLt
+    // (hybrid-kernel-bench: at 8 rows the 4B q/k/v group streams 2.6 TB/s and the Gated DeltaNet input group 2.8 TB/s
+    // against 2.1 and 2.0 for their cuBLASLt calls).
     void matmul_group(const void* x, int64_t rows, const Projection* p, int n) override {
         const bf16* xb = static_cast<const bf16*>(x);
         for (int k = 0; k < n; k++) {

@@ -63,8 +63,8 @@ struct LaunchContext {
     // matmul.cuh: bf16 matrices with 3 to tc_gemv_max_rows rows of x all go to the tensor-core GEMV (singles, pairs,
     // gate/up, lm_head); false: only groups of 3 or 4 matrices of 3 to 8 rows, the others to cuBLASLt
     bool tc_gemv_all = kTcGemvAll;
-    // kGemvMaxTokens by default (9-16 rows on cuBLASLt: run 128 measured b=16 at 3,270 tok/s on the tensor-core GEMV
-    // against 3,873 on cuBLASLt); kTcGemvMaxTokens with CudaOptions::small_batch_gemv = 1
+    // kGemvMaxTokens by default (run 128 measured b=16 at 3,270 tok/s with 9-16 rows here against 3,873 on cuBLASLt;
+    // such rows now go to the cluster GEMV below); kTcGemvMaxTokens with CudaOptions::small_batch_gemv = 1
     int tc_gemv_max_rows = kGemvMaxTokens;
     // matmul.cuh: bf16 matrices with 9 to this many rows (and not taken by the above) go to the tensor-core GEMV in
     // clusters (gemv_wide_with) where ctx.clusters; 0: none (cuBLASLt)
