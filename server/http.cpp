@@ -274,7 +274,9 @@ std::string HttpServer::timeout_message() const {
 
 void HttpServer::close_after_response(const httplib::Request& req, httplib::Response& res) {
     const bool library_says_it = t_conn && t_conn->last;
-    if (!library_says_it && req.get_header_value("Connection") != "close") res.set_header("Connection", "close");
+    // (once: a chunked request is marked at its headers and again when its body fails to read)
+    if (!library_says_it && req.get_header_value("Connection") != "close" && !res.has_header("Connection"))
+        res.set_header("Connection", "close");
     if (t_conn) t_conn->close_after = true;
 }
 

@@ -1606,6 +1606,12 @@ TEST_CASE("server: HTTP details: 411, 405 with Allow, /v1/models/{id}, the libra
             &raw);
         CHECK(r.status == 200);
     }
+    // a malformed chunk size: 400, and the connection closes, with one Connection header (it carried two)
+    r = raw_reply("POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\n\r\n",
+                  &raw);
+    CHECK(r.status == 400);
+    CHECK(raw.find("Connection: close\r\n") != std::string::npos);
+    CHECK(raw.find("Connection: close\r\n") == raw.rfind("Connection: close\r\n"));
     // any other transfer coding, alone, in a list or beside a Content-Length: 501 at once (a list waited 10 s for the
     // client to close, then parsed the chunk framing as JSON; gzip with a length was served as if it were not there)
     for (const char* te : {"gzip, chunked", "chunked, gzip", "gzip"}) {
