@@ -250,8 +250,8 @@ struct CudaOptions {
     // lm_head; 9-16 rows as two mma n-tiles), -1: only groups of 3 or 4 matrices of 3-8 rows there, the others on
     // cuBLASLt; 2: the default up to 8 rows, then groups of 3-4 matrices of up to 16 rows on the tensor-core GEMV and
     // the others on cuBLASLt (wide_gemv off unless 1); 0: the tuned default (all on the tensor-core GEMV up to 8
-    // rows; 9-16 rows as wide_gemv says). A
-    // row's result does not depend on the batch (3 to 16 rows with 1 or with wide_gemv's clusters; 3 to 8 otherwise).
+    // rows; 9-16 rows as wide_gemv says). A row's result does not depend on the batch (3 to 16 rows with 1 or with
+    // wide_gemv's clusters; 3 to 8 otherwise).
     int small_batch_gemv = 0;
     // bf16 matrices with 9 to 64 rows of x that small_batch_gemv leaves to cuBLASLt: 1: all on the tensor-core GEMV
     // in thread-block clusters (sm_90; the same sums as the 3-16-row GEMV, so a row's result is the same in any batch

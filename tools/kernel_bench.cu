@@ -368,6 +368,16 @@ int main(int argc, char** argv) {
                 return g;
             };
             const double total = double(bytes) * kLaunches;
+            // ms of kLaunches gate/up/SiLU launches (gemv_gate_up) under c, for a gate+up shape
+            auto gate_up_ms = [&](const LaunchContext& c) {
+                return time_graph(s, [&] {
+                    for (int i = 0; i < kLaunches; i++) {
+                        bf16* yb = static_cast<bf16*>(y);
+                        gemv_gate_up(x, T, wcopy(i), wcopy(i) + sh.n[0] * sh.K, sh.n[0], sh.K, yb, yb + T * sh.n[0],
+                                     yb + 2 * T * sh.n[0], c);
+                    }
+                });
+            };
             std::string line = "| " + std::string(sh.name) + " | " + std::to_string(int(bytes / 1e6)) + " | ";
             // cuBLASLt, one call per matrix
             double ms = time_graph(s, [&] {
@@ -394,13 +404,7 @@ int main(int argc, char** argv) {
                 std::snprintf(buf, sizeof buf, "wide: %.0f; ", total / (ms * 1e-3) / 1e9);
                 line += buf;
                 if (sh.gate_up) {
-                    ms = time_graph(s, [&] {
-                        for (int i = 0; i < kLaunches; i++) {
-                            bf16* yb = static_cast<bf16*>(y);
-                            gemv_gate_up(x, T, wcopy(i), wcopy(i) + sh.n[0] * sh.K, sh.n[0], sh.K, yb, yb + T * sh.n[0],
-                                         yb + 2 * T * sh.n[0], wide);
-                        }
-                    });
+                    ms = gate_up_ms(wide);
                     std::snprintf(buf, sizeof buf, "wide gate/up/SiLU: %.0f; ", total / (ms * 1e-3) / 1e9);
                     line += buf;
                 }
@@ -446,13 +450,7 @@ int main(int argc, char** argv) {
                     first = false;
                 }
                 if (sh.gate_up) {  // the gate/up/SiLU kernel (gemv_mma_config's shape)
-                    ms = time_graph(s, [&] {
-                        for (int i = 0; i < kLaunches; i++) {
-                            bf16* yb = static_cast<bf16*>(y);
-                            gemv_gate_up(x, T, wcopy(i), wcopy(i) + sh.n[0] * sh.K, sh.n[0], sh.K, yb, yb + T * sh.n[0],
-                                         yb + 2 * T * sh.n[0], pdl);
-                        }
-                    });
+                    ms = gate_up_ms(pdl);
                     std::snprintf(buf, sizeof buf, "; gate/up/SiLU kernel: %.0f", total / (ms * 1e-3) / 1e9);
                     line += buf;
                 }
