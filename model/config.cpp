@@ -335,8 +335,10 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
     c.rope_theta = theta;
     c.partial_rotary_factor = partial;
     c.rotary_dim = int(float(c.head_dim) * partial);  // as HF: int(head_dim * partial_rotary_factor)
-    if (!(theta > 0.0f)) r.fail("rope_theta", "must be positive");
-    if (!(partial > 0.0f) || partial > 1.0f) r.fail("partial_rotary_factor", "must lie in (0, 1]");
+    // (named where the value came from)
+    auto rope_name = [&](const char* f) { return rp_has(f) ? std::string("rope_parameters.") + f : std::string(f); };
+    if (!(theta > 0.0f)) r.fail(rope_name("rope_theta"), "must be positive");
+    if (!(partial > 0.0f) || partial > 1.0f) r.fail(rope_name("partial_rotary_factor"), "must lie in (0, 1]");
     if (c.rotary_dim % 2 != 0 || c.rotary_dim <= 0 || c.rotary_dim > c.head_dim)
         throw Error(Status::format, source + ": rotary dims " + std::to_string(c.rotary_dim) +
                                         " (head_dim x partial_rotary_factor) must be even, positive and <= head_dim " +

@@ -522,6 +522,14 @@ TEST_CASE("config: both layouts and the layer pattern rules", "[loader]") {
                              "using the latter") != std::string::npos);
         both["rope_theta"] = 1e6;
         CHECK(parse_model_config(both.dump(), "both").warning.empty());
+        // a bad value is named where it came from (it said 'rope_theta' for rope_parameters' value)
+        both["rope_parameters"]["rope_theta"] = -1.0;
+        CHECK_THROWS_WITH(parse_model_config(both.dump(), "both"),
+                          Catch::Contains("field 'rope_parameters.rope_theta' must be positive"));
+        both["rope_parameters"].erase("rope_theta");
+        both["rope_theta"] = 0.0;
+        CHECK_THROWS_WITH(parse_model_config(both.dump(), "both"),
+                          Catch::Contains("field 'rope_theta' must be positive"));
     }
     // No RoPE fields at all: transformers' defaults (partial_rotary_factor 0.25, rope_theta 10000) for every family.
     for (const char* type : {"qwen3_5_text", "qwen3_5_moe_text", "qwen3_next"}) {
