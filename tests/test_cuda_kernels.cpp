@@ -382,6 +382,25 @@ TEST_CASE("CUDA tensor-core GEMV in clusters, 9-64 rows: match the CPU and the 3
     check_tensor_core_gemv(o, {3, 8, 9, 13, 40, 57, 64}, true);
 }
 
+// 9 to 128 rows on the wgmma GEMM (CudaOptions::wgmma_gemm; sm_90a): singles, pairs, gate/up and logits against the
+// CPU at every K split (1, 2, 4, 8 and the chosen one; K = 96 is two chunks, so most parts are empty), and a row's
+// bits the same at every row count (n-tiles of 16, 32, 64 and 128).
+TEST_CASE("CUDA wgmma GEMM, 9-128 rows: matches the CPU, a row's bits the same in any batch", "[gpu]") {
+    HY_REQUIRE_GPU();
+    CudaOptions o;
+    o.wgmma_gemm = 1;
+    o.wide_gemv = -1;  // (9-16 rows: the wgmma GEMM too)
+    if (make_cuda_backend(0, o)->settings().find("wgmma gemm up to") == std::string::npos) {
+        WARN("skipped: no sm_90a code (wgmma) or no thread-block clusters for this device");
+        return;
+    }
+    for (int parts : {0, 1, 2, 4, 8}) {
+        INFO("wgmma_gemm_parts " << parts);
+        o.wgmma_gemm_parts = parts;
+        check_tensor_core_gemv(o, {9, 16, 17, 31, 64, 65, 128}, true);
+    }
+}
+
 // A recorded decode step (one row): the backend fuses matmul(gate), matmul(up), silu_mul into one GEMV and 2-4
 // matmuls of the same x into a group, and replays them as a graph.
 TEST_CASE("CUDA fused decode GEMVs (gate/up/SiLU, groups) match the CPU reference", "[gpu]") {

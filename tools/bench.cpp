@@ -244,7 +244,12 @@ int main(int argc, char** argv) {
         ("wide-gemv", "CUDA, bf16 matrices with 9 to 64 rows that --small-batch-gemv leaves to cuBLASLt: on (all on "
          "the tensor-core GEMV in thread-block clusters, sm_90), off (all on cuBLASLt) or auto (the default: 9-16 "
          "rows in clusters)",
-         cxxopts::value<std::string>()->default_value("auto"));
+         cxxopts::value<std::string>()->default_value("auto"))
+        ("wgmma-gemm", "CUDA, bf16 matrices with 9 to 128 rows that the GEMVs leave to cuBLASLt: on (the wgmma GEMM, "
+         "sm_90a) or off (cuBLASLt, the default)",
+         cxxopts::value<std::string>()->default_value("off"))
+        ("wgmma-parts", "CUDA, --wgmma-gemm on: split K over 1, 2, 4 or 8 blocks of a cluster; 0: by shape (the "
+         "default)", cxxopts::value<int>()->default_value("0"));
     add_shared_option(opts, "", "fp8-gemm");
     add_shared_option(opts, "", "version");
     add_shared_option(opts, "", "help");
@@ -312,6 +317,15 @@ int main(int argc, char** argv) {
                 throw tools::UsageError("--wide-gemv must be auto, on or off, got '" + v + "'");
             mp.cuda.wide_gemv = v == "on" ? 1 : v == "off" ? -1 : 0;
         }
+        {
+            const std::string v = args["wgmma-gemm"].as<std::string>();
+            if (v != "on" && v != "off") throw tools::UsageError("--wgmma-gemm must be on or off, got '" + v + "'");
+            mp.cuda.wgmma_gemm = v == "on" ? 1 : 0;
+            const int parts = args["wgmma-parts"].as<int>();
+            if (parts != 0 && parts != 1 && parts != 2 && parts != 4 && parts != 8)
+                throw tools::UsageError("--wgmma-parts must be 0, 1, 2, 4 or 8, got " + std::to_string(parts));
+            mp.cuda.wgmma_gemm_parts = parts;
+        }
         mp.cuda.attn_max_splits = args["attn-splits"].as<int>();
         if (mp.cuda.attn_max_splits < 0 || mp.cuda.attn_max_splits > 128)
             throw tools::UsageError("--attn-splits must be 0 to 128, got " + std::to_string(mp.cuda.attn_max_splits));
@@ -352,8 +366,9 @@ int main(int argc, char** argv) {
                          "for (max_position_embeddings)\n",
                          mp.n_ctx - 1, c.max_position_embeddings);
         Backend& be = model->backend();
-        for (const char* flag : {"fp8-gemm", "attn-heads-per-block", "attn-splits", "int-split-k", "moe-grouped-rows",
-                                 "small-batch-gemv", "wide-gemv", "no-cuda-graphs", "no-pdl"})
+        for (const char* flag :
+             {"fp8-gemm", "attn-heads-per-block", "attn-splits", "int-split-k", "moe-grouped-rows", "small-batch-gemv",
+              "wide-gemv", "wgmma-gemm", "wgmma-parts", "no-cuda-graphs", "no-pdl"})
             if (args.count(flag) && std::string(be.name()) != "cuda")
                 std::fprintf(stderr, "hybrid-bench: note: --%s only changes the CUDA backend; ignored on %s\n", flag,
                              be.name());

@@ -17,6 +17,7 @@
 
 #include "base/fp8.h"
 #include "kernels/cuda/fp8_matmul.cuh"
+#include "kernels/cuda/gemm_wgmma.cuh"
 #include "kernels/cuda/matmul.cuh"
 #include "model/quantize.h"
 
@@ -324,6 +325,11 @@ int main(int argc, char** argv) {
         pdl.pdl = major >= 9;
         // the cluster GEMV needs code built for 9.0+ as well (the backend's own check, CudaBackend::settings)
         const bool clusters = hy::make_cuda_backend(0)->settings().find("clusters on") != std::string::npos;
+        LaunchContext wgmma = pdl;  // the wgmma GEMM (sm_90a code)
+        wgmma.clusters = clusters;
+        wgmma.wgmma = clusters && wgmma_available();
+        wgmma.wgmma_gemm_max_rows = kWgmmaGemmMaxRows;
+        HY_CUDA_CHECK(cudaDeviceGetAttribute(&wgmma.sm_count, cudaDevAttrMultiProcessorCount, 0));
         const std::vector<Shape> shapes = {
             {"gdn in_proj qkv|z|b|a", {8192, 4096, 32, 32}, 2560},
             {"attn q|k|v", {8192, 1024, 1024}, 2560},
@@ -406,6 +412,25 @@ int main(int argc, char** argv) {
                 if (sh.gate_up) {
                     ms = gate_up_ms(wide);
                     std::snprintf(buf, sizeof buf, "wide gate/up/SiLU: %.0f; ", total / (ms * 1e-3) / 1e9);
+                    line += buf;
+                }
+            }
+            if (T >= kWgmmaGemmMinRows && T <= kWgmmaGemmMaxRows && wgmma.wgmma && clusters) {
+                // the wgmma GEMM, one launch per matrix, K split in parts (* = wgmma_gemm_parts' choice per matrix)
+                const int chosen = wgmma_gemm_parts(sh.n[0], sh.K, wgmma.sm_count);
+                line += "wgmma parts ";
+                for (int parts : {1, 2, 4, 8}) {
+                    ms = time_graph(s, [&] {
+                        for (int i = 0; i < kLaunches; i++) {
+                            int64_t off = 0;
+                            for (int64_t n : sh.n) {
+                                wgmma_gemm(x, T, wcopy(i) + off * sh.K, n, sh.K, y, sh.out_f32, wgmma, parts);
+                                off += n;
+                            }
+                        }
+                    });
+                    std::snprintf(buf, sizeof buf, "%d%s: %.0f%s", parts, parts == chosen ? "*" : "",
+                                  total / (ms * 1e-3) / 1e9, parts == 8 ? "; " : ", ");
                     line += buf;
                 }
             }

@@ -28,6 +28,7 @@
 #include "kernels/cuda/embed.cuh"
 #include "kernels/cuda/fp8_matmul.cuh"
 #include "kernels/cuda/gated_delta_net.cuh"
+#include "kernels/cuda/gemm_wgmma.cuh"
 #include "kernels/cuda/graph.cuh"
 #include "kernels/cuda/int_matmul.cuh"
 #include "kernels/cuda/matmul.cuh"
@@ -302,6 +303,14 @@ public:
             if (o.small_batch_gemv > 0) ctx_.tc_gemv_max_rows = cuda::kTcGemvMaxTokens;
         }
         if (o.wide_gemv != 0) ctx_.wide_gemv_max_rows = o.wide_gemv > 0 ? cuda::kWideGemvMaxTokens : 0;
+        HY_CUDA_CHECK(cudaDeviceGetAttribute(&ctx_.sm_count, cudaDevAttrMultiProcessorCount, device));
+        ctx_.wgmma = sm90_code && cuda::wgmma_available();
+        if (o.wgmma_gemm > 0) ctx_.wgmma_gemm_max_rows = cuda::kWgmmaGemmMaxRows;
+        if (o.wgmma_gemm_parts != 0 && o.wgmma_gemm_parts != 1 && o.wgmma_gemm_parts != 2 && o.wgmma_gemm_parts != 4 &&
+            o.wgmma_gemm_parts != 8)
+            throw Error(Status::invalid_argument, "CudaOptions::wgmma_gemm_parts must be 0, 1, 2, 4 or 8, got " +
+                                                      std::to_string(o.wgmma_gemm_parts));
+        ctx_.wgmma_gemm_parts = o.wgmma_gemm_parts;
         fp8_mode_ = o.fp8_block_scaled_gemm ? cuda::Fp8GemmMode::block_scaled : cuda::Fp8GemmMode::dequantize;
 #if defined(HY_CUDA_TRACE)
         if (!o.trace_file.empty()) start_trace(o.trace_file);
@@ -350,6 +359,13 @@ public:
                     : std::string()) +
                (ctx_.wide_gemv_max_rows > 0 && ctx_.clusters
                     ? ", bf16 gemv of up to " + std::to_string(ctx_.wide_gemv_max_rows) + " rows in clusters"
+                    : std::string()) +
+               (ctx_.wgmma_gemm_max_rows > 0
+                    ? (ctx_.wgmma && ctx_.clusters
+                           ? ", bf16 wgmma gemm up to " + std::to_string(ctx_.wgmma_gemm_max_rows) + " rows, K parts " +
+                                 (ctx_.wgmma_gemm_parts > 0 ? std::to_string(ctx_.wgmma_gemm_parts)
+                                                            : std::string("by shape"))
+                           : std::string(", no wgmma gemm (no sm_90a code for this device)"))
                     : std::string()) +
                ", fp8 gemm " + (fp8_mode_ == cuda::Fp8GemmMode::block_scaled ? "block-scaled" : "dequantize") +
                (gemm_->fp8_shapes_without_algorithm() > 0

@@ -72,6 +72,12 @@ struct LaunchContext {
     // matmul.cuh: groups of 3 or 4 bf16 matrices (the q/k/v and Gated DeltaNet input projections) of up to this many
     // rows go to the tensor-core GEMV when the above leave them to cuBLASLt (gemv_group_fits)
     int tc_group_max_rows = kGemvMaxTokens;
+    // gemm_wgmma.cuh: bf16 matrices with kWgmmaGemmMinRows to this many rows that no GEMV above takes go to the wgmma
+    // GEMM (where wgmma and clusters) instead of cuBLASLt; 0: none (the default until measured)
+    int wgmma_gemm_max_rows = 0;
+    int wgmma_gemm_parts = 0;  // its K split (1, 2, 4, 8); 0: wgmma_gemm_parts by shape
+    bool wgmma = false;        // the build has sm_90a code for the device (wgmma_available)
+    int sm_count = 0;          // the device's multiprocessors (launch shapes that fill the device)
 };
 
 // Per batch row, on the device (filled by the backend's begin_batch from the host runs).
@@ -144,6 +150,18 @@ inline unsigned ceil_div(int64_t a, int64_t b) { return unsigned((a + b - 1) / b
 
 // True when p is 16-byte aligned (the vector loads' requirement).
 inline bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+// The fp32 result of a product stored as OutT (F32 as it is; bf16 rounded to nearest even).
+template <typename OutT>
+__device__ __forceinline__ OutT store_as(float v);
+template <>
+__device__ __forceinline__ float store_as<float>(float v) {
+    return v;
+}
+template <>
+__device__ __forceinline__ bf16 store_as<bf16>(float v) {
+    return to_bf16(v);
+}
 
 // ---- Weight loads and tensor-core products (the GEMVs of matmul.cu and the experts of moe.cu) ----
 // The L2 policy of weight loads: evict-first, or normal.
@@ -226,6 +244,37 @@ __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wai
 template <int N>
 __device__ __forceinline__ void cp_async_wait() {
     asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
+}
+
+// 16-byte global -> shared copy with an L2 cache policy (weight_policy).
+__device__ __forceinline__ void cp_async16_policy(uint32_t dst, const void* src, bool valid, uint64_t pol) {
+    const int n = valid ? 16 : 0;
+    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src), "r"(n),
+                 "l"(pol)
+                 : "memory");
+}
+
+// Shared-memory address of the same variable in block `rank` of the cluster, and a 4-byte load from it (sm_90).
+__device__ __forceinline__ uint32_t cluster_smem_addr(uint32_t addr, uint32_t rank) {
+    uint32_t r = 0;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
+#else
+    (void)addr;
+    (void)rank;
+    __trap();
+#endif
+    return r;
+}
+__device__ __forceinline__ float ld_cluster_f32(uint32_t addr) {
+    float v = 0.0f;
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+#else
+    (void)addr;
+    __trap();
+#endif
+    return v;
 }
 
 // volatile: the shared memory behind a fixed address changes between loop iterations (cp.async), so these loads

@@ -1,5 +1,7 @@
 #include "kernels/cuda/matmul.cuh"
 
+#include "kernels/cuda/gemm_wgmma.cuh"
+
 #include <algorithm>
 #include <atomic>
 #include <cstdlib>
@@ -13,17 +15,6 @@ namespace {
 void check_lt(cublasStatus_t s, const char* what) {
     if (s != CUBLAS_STATUS_SUCCESS)
         throw Error(Status::backend, std::string("cuBLASLt error in ") + what + ": status " + std::to_string(int(s)));
-}
-
-template <typename OutT>
-__device__ __forceinline__ OutT store_as(float v);
-template <>
-__device__ __forceinline__ float store_as<float>(float v) {
-    return v;
-}
-template <>
-__device__ __forceinline__ bf16 store_as<bf16>(float v) {
-    return to_bf16(v);
 }
 
 // ---- the decode GEMV ----
@@ -430,37 +421,6 @@ constexpr size_t wide_smem_bytes() {
     const size_t stages = size_t(kWideStages) * wide_stage_words<kM, kNT, kPB, kU>() * 16;
     const size_t red = size_t(kPB) * wide_tiles<kM, kPB>() * kM * kNT * 4 * 32 * 4;
     return stages > red ? stages : red;
-}
-
-// 16-byte global -> shared copy with an L2 cache policy (weight_policy).
-__device__ __forceinline__ void cp_async16_policy(uint32_t dst, const void* src, bool valid, uint64_t pol) {
-    const int n = valid ? 16 : 0;
-    asm volatile("cp.async.cg.shared.global.L2::cache_hint [%0], [%1], 16, %2, %3;\n" ::"r"(dst), "l"(src), "r"(n),
-                 "l"(pol)
-                 : "memory");
-}
-
-// Shared-memory address of the same variable in block `rank` of the cluster, and a 4-byte load from it (sm_90).
-__device__ __forceinline__ uint32_t cluster_smem_addr(uint32_t addr, uint32_t rank) {
-    uint32_t r = 0;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(addr), "r"(rank));
-#else
-    (void)addr;
-    (void)rank;
-    __trap();
-#endif
-    return r;
-}
-__device__ __forceinline__ float ld_cluster_f32(uint32_t addr) {
-    float v = 0.0f;
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
-#else
-    (void)addr;
-    __trap();
-#endif
-    return v;
 }
 
 // x [T <= 8 kNT, K] against kM matrices w[m] of N rows: the block's kTiles tiles start at feature 16 tile0; calls
@@ -1023,6 +983,8 @@ void matmul(Gemm& gemm, const bf16* x, int64_t T, const bf16* w, int64_t N, int6
         GemvGroup g;
         g.add(w, y, N);
         gemv_wide_with(x, T, g, K, out_f32, gemv_mma_config(K), ctx);
+    } else if (wgmma_gemm_fits(x, T, w, K, ctx)) {
+        wgmma_gemm(x, T, w, N, K, y, out_f32, ctx);
     } else if (K % 8 == 0 && N % 8 == 0 && aligned16(x) && aligned16(w) && aligned16(y))
         gemm.run(x, T, w, N, K, y, out_f32, ctx);
     else

@@ -9,12 +9,9 @@
 # (NOBASE=1: no baseline build; FP8_QUICK=1: the fp8 stage's benches with FP8 weights and block-scaled alone; MOE_AB=0, MOE_LONG=0: shorter moe stage; TRACE=1: also builds hybrid-bench with -DHY_CUDA_TRACE=ON for moe_trace).
 # Logs: $OUT/all.log, summary last.
 set -u
-. tools/gpu/run_lib.sh  # OUT, LOG, SUM, T0, say, step
+. tools/gpu/run_lib.sh  # OUT, LOG, SUM, T0, DEPS, CFG, say, step
 STAGES=${STAGES:-all}
 want() { [ "$STAGES" = all ] || [[ " $STAGES " == *" $1 "* ]]; }
-DEPS=$PWD/.carry/deps
-CFG=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DHY_NATIVE=OFF -DHY_SERVER=OFF -DHY_DEPS_PREFIX=$DEPS
-    -DHY_PCRE2_LIB=$DEPS/lib/libpcre2-8.a -DHY_UTF8PROC_LIB=$DEPS/lib/libutf8proc.a)
 TARGETS=(--target hybrid-tests hybrid-bench hybrid-compare hybrid hybrid-kernel-bench hybrid-perplexity)
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$SUM" 2>&1
 if want build; then

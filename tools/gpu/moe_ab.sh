@@ -7,12 +7,7 @@
 #   compute-sanitizer on the MoE cases -> Nsight Compute on the gate/up kernels (new and base) -> a b=1 trace.
 # Usage (device tool, repository root, carry [".carry"]): bash tools/gpu/moe_ab.sh   (ONLY="a b": those stages)
 set -u
-. tools/gpu/run_lib.sh  # OUT, LOG, SUM, T0, say, step
-ONLY=${ONLY:-all}
-want() { [ "$ONLY" = all ] || [[ " $ONLY " == *" $1 "* ]]; }
-DEPS=$PWD/.carry/deps
-CFG=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DHY_NATIVE=OFF -DHY_SERVER=OFF -DHY_DEPS_PREFIX=$DEPS
-    -DHY_PCRE2_LIB=$DEPS/lib/libpcre2-8.a -DHY_UTF8PROC_LIB=$DEPS/lib/libutf8proc.a)
+. tools/gpu/run_lib.sh  # OUT, LOG, SUM, T0, DEPS, CFG, say, step, want
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$SUM" 2>&1
 N=/tmp/bn B=/tmp/bb
 (cmake -S . -B $N "${CFG[@]}" >/tmp/bn.log 2>&1 &&

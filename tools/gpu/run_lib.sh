@@ -1,7 +1,9 @@
-# Shared by the one-command device runs (cuda_checks.sh, perf_run.sh): sourced from the repository root.
-# Sets OUT (default /tmp/out), LOG=$OUT/all.log and SUM=$OUT/summary.txt (both emptied), T0, and defines
+# Shared by the one-command device runs (cuda_checks.sh, perf_run.sh, the *_ab.sh scripts): sourced from the
+# repository root. Sets OUT (default /tmp/out), LOG=$OUT/all.log and SUM=$OUT/summary.txt (both emptied), T0,
+# DEPS and CFG (the CMake flags of a device build against the carried .carry/deps: sm_90a, no server), and defines
 #   say TEXT...            prints TEXT and appends it to the summary
 #   step NAME LIMIT CMD... runs CMD under `timeout LIMIT` with its output in the log; records rc and seconds
+#   want STAGE             true when ONLY (default all) names STAGE
 # It also makes /work/main point at the checkout (the tests name their source folder) and unbuffers Python.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -23,3 +25,8 @@ step() {
 }
 export PYTHONUNBUFFERED=1
 [ -d /work/main ] || { mkdir -p /work && ln -sfn "$PWD" /work/main; }
+DEPS=$PWD/.carry/deps
+CFG=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DHY_NATIVE=OFF -DHY_SERVER=OFF -DHY_DEPS_PREFIX=$DEPS
+    -DHY_PCRE2_LIB=$DEPS/lib/libpcre2-8.a -DHY_UTF8PROC_LIB=$DEPS/lib/libutf8proc.a)
+ONLY=${ONLY:-all}
+want() { [ "$ONLY" = all ] || [[ " $ONLY " == *" $1 "* ]]; }

@@ -6,12 +6,7 @@
 #   small-batch routing -> every [gpu] case -> compute-sanitizer on the new case.
 # Usage (device tool, repository root, carry [".carry"]): bash tools/gpu/wide_ab.sh   (ONLY="a b": those stages)
 set -u
-. tools/gpu/run_lib.sh  # OUT, LOG, SUM, T0, say, step
-ONLY=${ONLY:-all}
-want() { [ "$ONLY" = all ] || [[ " $ONLY " == *" $1 "* ]]; }
-DEPS=$PWD/.carry/deps
-CFG=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DHY_NATIVE=OFF -DHY_SERVER=OFF -DHY_DEPS_PREFIX=$DEPS
-    -DHY_PCRE2_LIB=$DEPS/lib/libpcre2-8.a -DHY_UTF8PROC_LIB=$DEPS/lib/libutf8proc.a)
+. tools/gpu/run_lib.sh  # OUT, LOG, SUM, T0, DEPS, CFG, say, step, want
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$SUM" 2>&1
 N=/tmp/bn
 step build 400 bash -c "cmake -S . -B $N ${CFG[*]} >/tmp/bn.log 2>&1 && cmake --build $N -j16 --target hybrid-tests hybrid-bench hybrid-kernel-bench >>/tmp/bn.log 2>&1" ||

@@ -1,0 +1,361 @@
+// The wgmma GEMM for batched decode (gemm_wgmma.cuh).
+#include "kernels/cuda/gemm_wgmma.cuh"
+
+#include <algorithm>
+#include <atomic>
+#include <mutex>
+#include <string>
+
+namespace hy::cuda {
+
+namespace {
+
+constexpr int kWgFeatures = 128;  // output features of a block: two m64 tiles
+constexpr int kWgChunk = 64;      // K values of a stage: one 128-byte row per feature and per token
+constexpr int kWgStages = 4;      // stages of the ring (kWgStages - 1 chunks in flight)
+constexpr int kWgThreads = 128;   // one warpgroup
+
+// Bytes of one stage: the weight tile [128 features][128 bytes], then the x tile [kN tokens][128 bytes].
+template <int kN>
+constexpr int wg_stage_bytes() {
+    return (kWgFeatures + kN) * 128;
+}
+// Dynamic shared memory of a block: the ring, or the fp32 partial sums [2][kN / 2][128 threads] when larger, plus
+// 1 KB to align the ring to the 1024-byte period of the 128-byte swizzle.
+template <int kN>
+constexpr size_t wg_smem_bytes() {
+    const size_t ring = size_t(kWgStages) * wg_stage_bytes<kN>();
+    const size_t red = size_t(kWgFeatures) * kN * 4;
+    return (ring > red ? ring : red) + 1024;
+}
+
+// Byte offset of 16-byte chunk c (0..7) of row r in a tile of 128-byte rows, 128-byte swizzle (PTX ISA, wgmma
+// "Shared Memory Matrix Layout": Swizzle<3, 4, 3>, address bits 4-6 XOR bits 7-9; the tile is 1024-byte aligned).
+__device__ __forceinline__ uint32_t swizzle128(int r, int c) { return uint32_t(r * 128 + ((c ^ (r & 7)) << 4)); }
+
+// The wgmma matrix descriptor of a K-major tile of 128-byte rows at shared address `addr` with the 128-byte swizzle:
+// start address >> 4 in bits 0-13, leading byte offset unused for swizzled K-major layouts (1), stride byte offset
+// (8 rows: 1024 bytes) >> 4 in bits 32-45, swizzle mode 1 (128 bytes) in bits 62-63. A k-step of 16 values inside
+// the 128-byte row adds 32 bytes to addr (the swizzle applies to the address the unit forms).
+__device__ __forceinline__ uint64_t wg_desc(uint32_t addr) {
+    return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+// Orders this thread's earlier shared-memory writes (cp.async included, once waited for) before later reads of the
+// async proxy (wgmma operands).
+__device__ __forceinline__ void fence_proxy_async_shared() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+    asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory");
+#endif
+}
+// wgmma.fence / commit_group / wait_group (the accumulator registers are ready for, and valid after, the products).
+__device__ __forceinline__ void wgmma_fence() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_commit() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void wgmma_wait_all() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
+#endif
+}
+// Keeps the compiler from moving accesses of v across the asynchronous products.
+template <int kR>
+__device__ __forceinline__ void fence_registers(float (&v)[kR]) {
+#pragma unroll
+    for (int i = 0; i < kR; i++) asm volatile("" : "+f"(v[i])::"memory");
+}
+
+// D[64 x n] += A[64 x 16] B[16 x n] (A and B K-major in shared memory, by descriptor; D fp32 in registers: value
+// 4 j + 2 h + c of thread t is row 16 (t / 32) + (t % 32) / 4 + 8 h, column 8 j + 2 (t % 4) + c). PTX ISA
+// "wgmma.mma_async", sm_90a.
+__device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], uint64_t a, uint64_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %10, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, %8, %9, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "l"(a), "l"(b), "r"(1));
+#else
+    (void)d;
+    (void)a;
+    (void)b;
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint64_t a, uint64_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "l"(a), "l"(b), "r"(1));
+#else
+    (void)d;
+    (void)a;
+    (void)b;
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t a, uint64_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "l"(a), "l"(b), "r"(1));
+#else
+    (void)d;
+    (void)a;
+    (void)b;
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uint64_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        : "l"(a), "l"(b), "r"(1));
+#else
+    (void)d;
+    (void)a;
+    (void)b;
+    __trap();
+#endif
+}
+
+template <int kN>
+__device__ __forceinline__ void wgmma_tile(float (&d)[kN / 2], uint64_t a, uint64_t b) {
+    if constexpr (kN == 16)
+        wgmma_m64n16k16(d, a, b);
+    else if constexpr (kN == 32)
+        wgmma_m64n32k16(d, a, b);
+    else if constexpr (kN == 64)
+        wgmma_m64n64k16(d, a, b);
+    else
+        wgmma_m64n128k16(d, a, b);
+}
+
+// Set by the sm_90a compilation only (wgmma_available reads it).
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+__device__ int wgmma_compiled = 1;
+#else
+__device__ int wgmma_compiled = 0;
+#endif
+
+// Block b: tile b / parts (features 128 (b / parts) ..), part b % parts of K (chunks [part * per, ..)); the parts of
+// a tile are one cluster.
+template <typename OutT, int kN>
+__global__ void __launch_bounds__(kWgThreads)
+    gemm_wgmma_kernel(const bf16* __restrict__ x, int T, const bf16* __restrict__ w, OutT* __restrict__ y, int N,
+                      int K, int parts, bool evict_first) {
+    pdl_trigger();
+    extern __shared__ __align__(16) unsigned char wg_raw[];
+    const uint32_t raw_addr = smem_addr(wg_raw);
+    const uint32_t base = (raw_addr + 1023u) & ~1023u;
+    unsigned char* ring = wg_raw + (base - raw_addr);
+    constexpr int kStage = wg_stage_bytes<kN>();
+    const int tid = int(threadIdx.x);
+    const int rank = int(blockIdx.x) % parts, n0 = int(blockIdx.x) / parts * kWgFeatures;
+    const int n_chunks = (K + kWgChunk - 1) / kWgChunk;
+    const int per = (n_chunks + parts - 1) / parts;
+    const int c_first = rank * per;
+    const int rounds = std::max(0, std::min(n_chunks, c_first + per) - c_first);
+    const uint64_t pol = weight_policy(evict_first);
+
+    // chunk r of this part: 8 16-byte words of each of the 128 weight rows (8 a thread), then of the kN x rows
+    auto issue_w = [&](int r) {
+        if (r >= rounds) return;
+        const uint32_t st = base + uint32_t((r % kWgStages) * kStage);
+        const int k0 = (c_first + r) * kWgChunk;
+#pragma unroll
+        for (int i = 0; i < kWgFeatures * 8 / kWgThreads; i++) {
+            const int e = tid + i * kWgThreads, row = e >> 3, c = e & 7, k = k0 + 8 * c;
+            const bool ok = n0 + row < N && k < K;
+            cp_async16_policy(st + swizzle128(row, c), ok ? w + int64_t(n0 + row) * K + k : w, ok, pol);
+        }
+    };
+    auto issue_x = [&](int r) {
+        if (r >= rounds) return;
+        const uint32_t st = base + uint32_t((r % kWgStages) * kStage + kWgFeatures * 128);
+        const int k0 = (c_first + r) * kWgChunk;
+#pragma unroll
+        for (int i = 0; i < (kN * 8 + kWgThreads - 1) / kWgThreads; i++) {
+            const int e = tid + i * kWgThreads, row = e >> 3, c = e & 7, k = k0 + 8 * c;
+            if (e >= kN * 8) break;
+            const bool ok = row < T && k < K;
+            cp_async16(st + swizzle128(row, c), ok ? x + int64_t(row) * K + k : x, ok);
+        }
+    };
+
+    float acc[2][kN / 2];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int i = 0; i < kN / 2; i++) acc[m][i] = 0.0f;
+
+    // the first kWgStages - 1 chunks: weights before the PDL wait, x after it; one commit group per chunk
+#pragma unroll
+    for (int s = 0; s < kWgStages - 1; s++) issue_w(s);
+    pdl_wait();
+#pragma unroll
+    for (int s = 0; s < kWgStages - 1; s++) {
+        issue_x(s);
+        cp_async_commit();
+    }
+    for (int r = 0; r < rounds; r++) {
+        cp_async_wait<kWgStages - 2>();
+        fence_proxy_async_shared();
+        __syncthreads();  // chunk r is in; every warp's products of chunk r - 1 are done (its stage is refilled now)
+        issue_w(r + kWgStages - 1);
+        issue_x(r + kWgStages - 1);
+        cp_async_commit();
+        const uint32_t st = base + uint32_t((r % kWgStages) * kStage);
+        fence_registers(acc[0]);
+        fence_registers(acc[1]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kWgChunk / 16; kk++) {
+            const uint64_t b = wg_desc(st + kWgFeatures * 128 + 32 * kk);
+            wgmma_tile<kN>(acc[0], wg_desc(st + 32 * kk), b);
+            wgmma_tile<kN>(acc[1], wg_desc(st + 64 * 128 + 32 * kk), b);
+        }
+        wgmma_commit();
+        wgmma_wait_all();
+        fence_registers(acc[0]);
+        fence_registers(acc[1]);
+    }
+    cp_async_wait_all();
+
+    // value i = 4 j + 2 h + c of tile m: feature n0 + 64 m + 16 warp + lane / 4 + 8 h, token 8 j + 2 (lane % 4) + c
+    auto feature_of = [&](int m, int i, int t) { return n0 + 64 * m + 16 * (t >> 5) + ((t & 31) >> 2) + 8 * ((i >> 1) & 1); };
+    auto token_of = [&](int i, int t) { return 8 * (i >> 2) + 2 * (t & 3) + (i & 1); };
+    if (parts == 1) {
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int i = 0; i < kN / 2; i++) {
+                const int n = feature_of(m, i, tid), t = token_of(i, tid);
+                if (n < N && t < T) y[int64_t(t) * N + n] = store_as<OutT>(acc[m][i]);
+            }
+        return;
+    }
+    // parts > 1: the sums go to shared memory as red[m][i][thread]; block `rank` of the cluster adds its share of
+    // them over the parts in part order (reading the other blocks' shared memory), then writes them
+    __syncthreads();  // every warp is done with the ring
+    float* red = reinterpret_cast<float*>(ring);
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int i = 0; i < kN / 2; i++) red[(m * (kN / 2) + i) * kWgThreads + tid] = acc[m][i];
+    cluster_arrive();
+    cluster_wait();
+    constexpr int kOutputs = kWgFeatures * kN;  // 2 x kN / 2 values x 128 threads
+    const int share = kOutputs / parts;         // (parts divides 128)
+    for (int e = rank * share + tid; e < (rank + 1) * share; e += kWgThreads) {
+        const int t = e % kWgThreads, i = (e / kWgThreads) % (kN / 2), m = e / (kWgThreads * (kN / 2));
+        const uint32_t off = base + uint32_t(e) * 4;
+        float part[8];  // (the loads first, all in flight together; then the sum in part order)
+#pragma unroll
+        for (int p = 0; p < 8; p++) part[p] = p < parts ? ld_cluster_f32(cluster_smem_addr(off, uint32_t(p))) : 0.0f;
+        float s = part[0];
+#pragma unroll
+        for (int p = 1; p < 8; p++)
+            if (p < parts) s += part[p];
+        const int n = feature_of(m, i, t), tok = token_of(i, t);
+        if (n < N && tok < T) y[int64_t(tok) * N + n] = store_as<OutT>(s);
+    }
+    cluster_arrive();  // no block leaves while another may still read its shared memory
+    cluster_wait();
+}
+
+template <typename OutT, int kN>
+void wgmma_launch(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, OutT* y, int parts,
+                  const LaunchContext& ctx) {
+    constexpr size_t smem = wg_smem_bytes<kN>();
+    static std::atomic<uint64_t> done{0};
+    const char* what = "wgmma GEMM kernel";
+    opt_in_smem(gemm_wgmma_kernel<OutT, kN>, smem, done, what);
+    launch_clusters(gemm_wgmma_kernel<OutT, kN>, dim3(ceil_div(N, kWgFeatures) * unsigned(parts)), dim3(kWgThreads),
+                    unsigned(parts), smem, ctx, what, x, int(T), w, y, int(N), int(K), parts, ctx.evict_first);
+}
+
+template <typename OutT>
+void wgmma_rows(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, OutT* y, int parts,
+                const LaunchContext& ctx) {
+    if (T <= 16) return wgmma_launch<OutT, 16>(x, T, w, N, K, y, parts, ctx);
+    if (T <= 32) return wgmma_launch<OutT, 32>(x, T, w, N, K, y, parts, ctx);
+    if (T <= 64) return wgmma_launch<OutT, 64>(x, T, w, N, K, y, parts, ctx);
+    return wgmma_launch<OutT, 128>(x, T, w, N, K, y, parts, ctx);
+}
+
+}  // namespace
+
+bool wgmma_available() {
+    static std::mutex mu;
+    static uint64_t known = 0, yes = 0;  // per device bit
+    int dev = 0;
+    check(cudaGetDevice(&dev), "wgmma_available");
+    if (dev >= 64) return false;
+    const uint64_t bit = uint64_t(1) << dev;
+    std::lock_guard<std::mutex> lock(mu);
+    if (!(known & bit)) {
+        int v = 0;
+        // (no module for this device, or no sm_90a code: the read fails or gives 0)
+        if (cudaMemcpyFromSymbol(&v, wgmma_compiled, sizeof v) != cudaSuccess) {
+            (void)cudaGetLastError();
+            v = 0;
+        }
+        known |= bit;
+        if (v == 1) yes |= bit;
+    }
+    return (yes & bit) != 0;
+}
+
+int wgmma_gemm_parts(int64_t N, int64_t K, int sms) {
+    const int64_t tiles = (N + kWgFeatures - 1) / kWgFeatures, chunks = (K + kWgChunk - 1) / kWgChunk;
+    int parts = 1;
+    while (parts < 8 && tiles * parts < sms) parts *= 2;
+    while (parts > 1 && chunks < int64_t(4) * parts) parts /= 2;
+    return parts;
+}
+
+bool wgmma_gemm_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, const LaunchContext& ctx) {
+    return ctx.wgmma && ctx.clusters && T >= kWgmmaGemmMinRows && T <= ctx.wgmma_gemm_max_rows &&
+           T <= kWgmmaGemmMaxRows && K % 8 == 0 && K < (int64_t(1) << 30) && aligned16(x) && aligned16(w);
+}
+
+void wgmma_gemm(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
+                const LaunchContext& ctx, int parts) {
+    if (T <= 0 || N <= 0) return;
+    if (!ctx.wgmma || !ctx.clusters)
+        throw Error(Status::backend, "wgmma GEMM: this build has no sm_90a code for the device, or no clusters");
+    if (T > kWgmmaGemmMaxRows || K % 8 != 0 || K >= (int64_t(1) << 30) || N >= (int64_t(1) << 30) ||
+        !aligned16(x) || !aligned16(w))
+        throw Error(Status::internal, "wgmma GEMM: " + std::to_string(T) + " rows of " + std::to_string(K) +
+                                          " values by " + std::to_string(N) + " (at most " +
+                                          std::to_string(kWgmmaGemmMaxRows) + " rows, K % 8 == 0, aligned rows)");
+    if (parts <= 0) parts = ctx.wgmma_gemm_parts > 0 ? ctx.wgmma_gemm_parts : wgmma_gemm_parts(N, K, ctx.sm_count);
+    if (parts != 1 && parts != 2 && parts != 4 && parts != 8)
+        throw Error(Status::internal, "wgmma GEMM: " + std::to_string(parts) + " parts (1, 2, 4 or 8)");
+    if (out_f32)
+        wgmma_rows<float>(x, T, w, N, K, static_cast<float*>(y), parts, ctx);
+    else
+        wgmma_rows<bf16>(x, T, w, N, K, static_cast<bf16*>(y), parts, ctx);
+}
+
+}  // namespace hy::cuda

@@ -1,0 +1,42 @@
+// A bf16 GEMM for batched decode (9 to kWgmmaGemmMaxRows rows of x) on Hopper's warpgroup tensor-core instructions
+// (wgmma, sm_90a): y[T, N] = x[T, K] @ w[N, K]^T with fp32 accumulation, y in bf16 or F32.
+//
+// A block is one warpgroup (128 threads) and owns 128 output features (two m64 wgmma tiles, the weights as the A
+// operand) and all T rows (the B operand, n = T rounded up to 16, 32, 64 or 128) over one part of K. Weights and x
+// stream through a 4-stage ring of shared memory in 64-value chunks (one 128-byte row per feature or token, in the
+// 128-byte swizzled K-major layout of the PTX ISA's "Shared Memory Matrix Layout"), copied with cp.async; the first
+// stages' weights are requested before the PDL wait (weights no kernel writes: never dequantized scratch). K is
+// split into `parts` contiguous ranges whose blocks form one thread-block cluster; their fp32 sums are added over
+// distributed shared memory in part order, so a row's result depends on N, K and parts only: not on T or on the other
+// rows (batch invariance within this kernel's rows). parts comes from wgmma_gemm_parts (N, K and the SM count).
+//
+// Measured: not yet (written without a GPU; CudaOptions::wgmma_gemm turns it on, off by default).
+#pragma once
+
+#include "kernels/cuda/cuda_common.cuh"
+
+namespace hy::cuda {
+
+// Rows this GEMM takes at most (n-tiles of 16, 32, 64, 128), and the least (fewer go to the GEMVs).
+constexpr int kWgmmaGemmMaxRows = 128;
+constexpr int kWgmmaGemmMinRows = 9;
+
+// True when this build carries sm_90a code for the current device (wgmma exists only there): read once per device
+// from a device variable that only the sm_90a compilation sets.
+bool wgmma_available();
+
+// The K split (cluster size: 1, 2, 4 or 8) for an N x K matrix on a device of `sms` SMs: the fewest parts that give
+// every SM a block, with at least 4 chunks of 64 values per part.
+int wgmma_gemm_parts(int64_t N, int64_t K, int sms);
+
+// True when ctx turns this GEMM on for T rows (ctx.wgmma_gemm_max_rows, kWgmmaGemmMinRows <= T) and the shape and
+// pointers suit it: K % 8 == 0, K < 2^30, x and w 16-byte aligned.
+bool wgmma_gemm_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, const LaunchContext& ctx);
+
+// y[T, N] = x[T, K] @ w[N, K]^T; out_f32 selects an F32 y (else bf16, rounded once from the fp32 sum). parts <= 0:
+// ctx.wgmma_gemm_parts, or when that is 0 wgmma_gemm_parts(N, K, ctx.sm_count). Throws Error(internal) for a shape wgmma_gemm_fits refuses or T >
+// kWgmmaGemmMaxRows, and Error(backend) without sm_90a code or clusters.
+void wgmma_gemm(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
+                const LaunchContext& ctx, int parts = 0);
+
+}  // namespace hy::cuda

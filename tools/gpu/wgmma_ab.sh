@@ -1,0 +1,63 @@
+#!/bin/bash
+# One device call for the wgmma GEMM (9-128 rows, CudaOptions::wgmma_gemm) against cuBLASLt in the same binary
+# (hybrid-bench --wgmma-gemm on|off), most important first:
+#   build -> the wgmma [gpu] case -> hybrid-kernel-bench at 16, 32, 64 and 128 rows (GB/s per K split) -> 4B batches
+#   16-128 with the GEMM off and on in alternation (2 rounds) -> (mixed) b=12/16 with --small-batch-gemv auto and
+#   mixed -> every [gpu] case -> compute-sanitizer memcheck and racecheck on the new case.
+# Usage (device tool, repository root, carry [".carry"]): bash tools/gpu/wgmma_ab.sh   (ONLY="a b": those stages;
+# PARTS=N adds hybrid-bench runs with --wgmma-parts N)
+set -u
+. tools/gpu/run_lib.sh  # OUT, LOG, SUM, T0, DEPS, CFG, say, step, want
+nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$SUM" 2>&1
+N=/tmp/bn
+step build 400 bash -c "cmake -S . -B $N ${CFG[*]} >/tmp/bn.log 2>&1 && cmake --build $N -j16 --target hybrid-tests hybrid-bench hybrid-kernel-bench >>/tmp/bn.log 2>&1" ||
+    { tail -40 /tmp/bn.log | tee -a "$SUM"; exit 1; }
+M=/tmp/q4b
+mkdir -p $M && cp tools/gpu/config_4b.json $M/config.json
+CASE="CUDA wgmma GEMM*"
+if want tests; then
+    step tests_wgmma 300 $N/hybrid-tests "$CASE"
+    grep -E "test cases|FAILED|rel err|with expansion|skipped|wgmma_gemm_parts|K=" "$LOG" | tail -16 >>"$SUM"
+fi
+if want kbench; then
+    for T in 16 32 64 128; do
+        step "kbench_$T" 200 $N/hybrid-kernel-bench $T
+        sed -n '/^| shape/,$p' "$LOG" | grep -E "^\| [a-z]" | tail -7 >"$OUT/kbench_$T.txt"
+        cut -c1-200 "$OUT/kbench_$T.txt" >>"$SUM"
+    done
+fi
+if want bench; then
+    for i in 1 2; do
+        for g in off on; do
+            step "bench_${g}_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 128 -n 64 \
+                -b ${BATCHES:-16,32,64,128} -r 1 --wgmma-gemm $g
+            grep -E '^\| +[0-9]' "$LOG" | tail -4 | sed "s/^/  [$g $i] /" >>"$SUM"
+        done
+        if [ -n "${PARTS:-}" ]; then
+            step "bench_parts${PARTS}_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 128 -n 64 \
+                -b ${BATCHES:-16,32,64,128} -r 1 --wgmma-gemm on --wgmma-parts "$PARTS"
+            grep -E '^\| +[0-9]' "$LOG" | tail -4 | sed "s/^/  [parts $PARTS $i] /" >>"$SUM"
+        fi
+    done
+fi
+if want mixed; then  # the 9-16-row routings still unmeasured (--small-batch-gemv mixed, c717797), 2 rounds
+    for i in 1 2; do
+        for m in auto mixed; do
+            step "mixed_${m}_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 128 -n 64 -b 12,16 -r 1 \
+                --small-batch-gemv $m
+            grep -E '^\| +[0-9]' "$LOG" | tail -2 | sed "s/^/  [$m $i] /" >>"$SUM"
+        done
+    done
+fi
+if want gpu_tests; then
+    step tests_gpu 400 $N/hybrid-tests "[gpu]"
+    grep -E "test cases|FAILED" "$LOG" | tail -4 >>"$SUM"
+fi
+if want memcheck; then
+    step memcheck_wgmma 300 compute-sanitizer --tool memcheck --error-exitcode 99 $N/hybrid-tests "$CASE"
+    grep -E "ERROR SUMMARY|test cases" "$LOG" | tail -2 >>"$SUM"
+    step racecheck_wgmma 300 compute-sanitizer --tool racecheck --error-exitcode 99 $N/hybrid-tests "$CASE"
+    grep -E "RACECHECK SUMMARY|ERROR SUMMARY|test cases" "$LOG" | tail -2 >>"$SUM"
+fi
+say "total $(($(date +%s) - T0)) s"
+cat "$SUM"
