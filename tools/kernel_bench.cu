@@ -6,7 +6,9 @@
 // copies of the weights (>= 256 MB) that L2 (50 MB on an H200) holds none of them, replayed several times; the
 // figure is weight bytes / median replay time. Usage: hybrid-kernel-bench [T] [fp8] (rows of x, 1..256; default 1;
 // fp8: the FP8 GEMVs of kernels/cuda/fp8_matmul.cuh, every launch shape, on the same shapes with FP8 weights). Above
-// kTcGemvMaxTokens rows (the batched GEMMs) it times cuBLASLt's first 8 heuristic choices instead of the GEMVs.
+// kTcGemvMaxTokens rows (the batched GEMMs) it times cuBLASLt's first 8 heuristic choices instead of the GEMVs. With
+// sm_90a code, 3 to 128 rows: the wgmma GEMM too (kernels/cuda/gemm_wgmma.cuh), a shape's matrices in one launch,
+// at every K split ("wgmma parts 1: GB/s, 2: ..."; * marks the split the backend chooses).
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
@@ -415,19 +417,16 @@ int main(int argc, char** argv) {
                     line += buf;
                 }
             }
-            if (T >= kWgmmaGemmMinRows && T <= kWgmmaGemmMaxRows && wgmma.wgmma && clusters) {
-                // the wgmma GEMM, one launch per matrix, K split in parts (* = wgmma_gemm_parts' choice per matrix)
-                const int chosen = wgmma_gemm_parts(sh.n[0], sh.K, wgmma.sm_count);
+            if (T >= 3 && T <= kWgmmaGemmMaxRows && wgmma.wgmma && clusters) {
+                // the wgmma GEMM, the shape's matrices in one launch, K split in parts (* = the backend's choice)
+                int64_t tiles = 0;
+                for (int64_t n : sh.n) tiles += (n + 127) / 128;
+                const int chosen = wgmma_gemm_parts(tiles * 128, sh.K, wgmma.sm_count);
                 line += "wgmma parts ";
                 for (int parts : {1, 2, 4, 8}) {
                     ms = time_graph(s, [&] {
-                        for (int i = 0; i < kLaunches; i++) {
-                            int64_t off = 0;
-                            for (int64_t n : sh.n) {
-                                wgmma_gemm(x, T, wcopy(i) + off * sh.K, n, sh.K, y, sh.out_f32, wgmma, parts);
-                                off += n;
-                            }
-                        }
+                        for (int i = 0; i < kLaunches; i++)
+                            wgmma_gemm_group(x, T, group(i), sh.K, sh.out_f32, wgmma, parts);
                     });
                     std::snprintf(buf, sizeof buf, "%d%s: %.0f%s", parts, parts == chosen ? "*" : "",
                                   total / (ms * 1e-3) / 1e9, parts == 8 ? "; " : ", ");

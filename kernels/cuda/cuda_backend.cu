@@ -666,7 +666,8 @@ public:
     // With 1 to 8 rows (cuda::kGemvMaxTokens; bf16 up to 16, kTcGemvMaxTokens, where tc_all allows it, or up to
     // tc_group_max_rows for groups of 3 or 4), consecutive projections that gemv_group_fits (up to GemvGroup::kMax of
     // them; with 3 to 8 rows unless tc_all only groups of 3 or 4) run as one GEMV launch, and with the rows the
-    // cluster GEMV takes (cuda::gemv_wide_rows: 9-16 by default) any consecutive ones that gemv_wide_fits; the
+    // cluster GEMV takes (cuda::gemv_wide_rows: 9-16 by default) any consecutive ones that gemv_wide_fits, likewise
+    // with the wgmma GEMM's rows (cuda::wgmma_gemm_rows, CudaOptions::wgmma_gemm) those that wgmma_gemm_fits; the
     // others as matmul(): the GEMV for 1-2 rows where it fits, the cluster GEMV for its rows, else cuBLASLt
     // (hybrid-kernel-bench: at 8 rows the 4B q/k/v group streams 2.6 TB/s and the Gated DeltaNet input group 2.8 TB/s
     // against 2.1 and 2.0 for their cuBLASLt calls).
@@ -681,6 +682,7 @@ public:
             if (is_int_quant(q.w.dtype)) return cuda::int_gemv_fits(xb, rows, q.w);
             const bf16* w = static_cast<const bf16*>(q.w.data);
             if (cuda::gemv_wide_rows(rows, ctx_)) return cuda::gemv_wide_fits(xb, rows, w, q.w.cols, ctx_);
+            if (cuda::wgmma_gemm_rows(rows, ctx_)) return cuda::wgmma_gemm_fits(xb, rows, w, q.w.cols, ctx_);
             return rows >= 1 && rows <= cuda::kTcGemvMaxTokens &&
                    cuda::gemv_group_fits(xb, rows, w, q.w.cols, 1, tc_all(rows), ctx_.tc_group_max_rows);
         };
@@ -706,7 +708,7 @@ public:
                 submit(op);
                 i = j;
             } else if (j - i >= 2 &&
-                       (cuda::gemv_wide_rows(rows, ctx_) ||
+                       (cuda::gemv_wide_rows(rows, ctx_) || cuda::wgmma_gemm_rows(rows, ctx_) ||
                         cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(p[i].w.data), p[i].w.cols, j - i,
                                               tc_all(rows), ctx_.tc_group_max_rows))) {
                 Op op;
@@ -725,8 +727,8 @@ public:
     }
     // 1-2 rows where the GEMV fits (FP8 and Q8/Q4: 1-8 rows; bf16 3-16 rows on tensor cores when every bf16 matrix
     // goes there, CudaOptions::small_batch_gemv): one gate/up/SiLU GEMV kernel (cuda::gemv_gate_up,
-    // cuda::gemv_fp8_gate_up, cuda::gemv_int_gate_up); Q8/Q4 beyond: gate and up as one matmul_group, then silu_mul;
-    // else matmul, matmul, silu_mul.
+    // cuda::gemv_fp8_gate_up, cuda::gemv_int_gate_up); Q8/Q4 beyond, and bf16 with the wgmma GEMM's rows: gate and
+    // up as one matmul_group, then silu_mul; else matmul, matmul, silu_mul.
     void gate_up_silu(const void* x, int64_t rows, const Matrix& w_gate, const Matrix& w_up, void* gate, void* up,
                       void* act) override {
         require_matrix(w_gate, "weight matrix", true);
@@ -755,8 +757,10 @@ public:
             fits = tc_all(rows) &&
                    cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols, 2, true) &&
                    cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols, 2, true);
-        if (same && int_quant && !fits && w_gate.group == w_up.group) {
-            // Q8/Q4, more rows: the two as one group (dequantized), then silu_mul
+        // Q8/Q4 with more rows (dequantized), and bf16 with the wgmma GEMM's rows: gate and up as one group
+        const bool wgmma_pair = same && !fp8 && !int_quant && !fits && cuda::wgmma_gemm_rows(rows, ctx_);
+        if (wgmma_pair || (same && int_quant && !fits && w_gate.group == w_up.group)) {
+            // (the two as one group, then silu_mul)
             const Projection pair[2] = {{w_gate, gate}, {w_up, up}};
             matmul_group(x, rows, pair, 2);
             silu_mul(gate, up, rows * w_gate.rows, act);

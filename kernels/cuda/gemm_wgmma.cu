@@ -74,6 +74,22 @@ __device__ __forceinline__ void fence_registers(float (&v)[kR]) {
 // D[64 x n] += A[64 x 16] B[16 x n] (A and B K-major in shared memory, by descriptor; D fp32 in registers: value
 // 4 j + 2 h + c of thread t is row 16 (t / 32) + (t % 32) / 4 + 8 h, column 8 j + 2 (t % 4) + c). PTX ISA
 // "wgmma.mma_async", sm_90a.
+__device__ __forceinline__ void wgmma_m64n8k16(float (&d)[4], uint64_t a, uint64_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %6, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n8k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3}, %4, %5, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+        : "l"(a), "l"(b), "r"(1));
+#else
+    (void)d;
+    (void)a;
+    (void)b;
+    __trap();
+#endif
+}
+
 __device__ __forceinline__ void wgmma_m64n16k16(float (&d)[8], uint64_t a, uint64_t b) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
     asm volatile(
@@ -96,7 +112,8 @@ __device__ __forceinline__ void wgmma_m64n32k16(float (&d)[16], uint64_t a, uint
         "{\n.reg .pred p;\nsetp.ne.b32 p, %18, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
         "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, %16, %17, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
         : "l"(a), "l"(b), "r"(1));
 #else
     (void)d;
@@ -111,8 +128,12 @@ __device__ __forceinline__ void wgmma_m64n64k16(float (&d)[32], uint64_t a, uint
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %34, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+        "%23, %24, %25, %26, %27, %28, %29, %30, %31}, %32, %33, p, 1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
         : "l"(a), "l"(b), "r"(1));
 #else
     (void)d;
@@ -127,8 +148,18 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uin
     asm volatile(
         "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
         "wgmma.mma_async.sync.aligned.m64n128k16.f32.bf16.bf16 "
-        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, 1, 1, 0, 0;\n}\n"
-        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+        "%23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, "
+        "%45, %46, %47, %48, %49, %50, %51, %52, %53, %54, %55, %56, %57, %58, %59, %60, %61, %62, %63}, %64, %65, p, "
+        "1, 1, 0, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]),
+          "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]),
+          "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]),
+          "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]),
+          "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
         : "l"(a), "l"(b), "r"(1));
 #else
     (void)d;
@@ -140,7 +171,9 @@ __device__ __forceinline__ void wgmma_m64n128k16(float (&d)[64], uint64_t a, uin
 
 template <int kN>
 __device__ __forceinline__ void wgmma_tile(float (&d)[kN / 2], uint64_t a, uint64_t b) {
-    if constexpr (kN == 16)
+    if constexpr (kN == 8)
+        wgmma_m64n8k16(d, a, b);
+    else if constexpr (kN == 16)
         wgmma_m64n16k16(d, a, b);
     else if constexpr (kN == 32)
         wgmma_m64n32k16(d, a, b);
@@ -157,25 +190,29 @@ __device__ int wgmma_compiled = 1;
 __device__ int wgmma_compiled = 0;
 #endif
 
-// Block b: tile b / parts (features 128 (b / parts) ..), part b % parts of K (chunks [part * per, ..)); the parts of
-// a tile are one cluster.
+// Block b: tile b / parts of the group (matrix s owns tiles [block_end[s-1], block_end[s]) of 128 features), part
+// b % parts of K (chunks [part * per, ..)); the parts of a tile are one cluster.
 template <typename OutT, int kN>
 __global__ void __launch_bounds__(kWgThreads)
-    gemm_wgmma_kernel(const bf16* __restrict__ x, int T, const bf16* __restrict__ w, OutT* __restrict__ y, int N,
-                      int K, int parts, bool evict_first) {
+    gemm_wgmma_kernel(const bf16* __restrict__ x, int T, const __grid_constant__ GemvGroup g, int K, int parts) {
     pdl_trigger();
+    const int tile = int(blockIdx.x) / parts;
+    const GroupMember mem = group_member(g, tile);
+    const bf16* __restrict__ w = mem.w;
+    OutT* __restrict__ y = static_cast<OutT*>(mem.y);
+    const int N = mem.n;
     extern __shared__ __align__(16) unsigned char wg_raw[];
     const uint32_t raw_addr = smem_addr(wg_raw);
     const uint32_t base = (raw_addr + 1023u) & ~1023u;
     unsigned char* ring = wg_raw + (base - raw_addr);
     constexpr int kStage = wg_stage_bytes<kN>();
     const int tid = int(threadIdx.x);
-    const int rank = int(blockIdx.x) % parts, n0 = int(blockIdx.x) / parts * kWgFeatures;
+    const int rank = int(blockIdx.x) % parts, n0 = (tile - mem.first_block) * kWgFeatures;
     const int n_chunks = (K + kWgChunk - 1) / kWgChunk;
     const int per = (n_chunks + parts - 1) / parts;
     const int c_first = rank * per;
     const int rounds = std::max(0, std::min(n_chunks, c_first + per) - c_first);
-    const uint64_t pol = weight_policy(evict_first);
+    const uint64_t pol = weight_policy(g.evict_first);
 
     // chunk r of this part: 8 16-byte words of each of the 128 weight rows (8 a thread), then of the kN x rows
     auto issue_w = [&](int r) {
@@ -208,7 +245,7 @@ __global__ void __launch_bounds__(kWgThreads)
 #pragma unroll
         for (int i = 0; i < kN / 2; i++) acc[m][i] = 0.0f;
 
-    // the first kWgStages - 1 chunks: weights before the PDL wait, x after it; one commit group per chunk
+            // the first kWgStages - 1 chunks: weights before the PDL wait, x after it; one commit group per chunk
 #pragma unroll
     for (int s = 0; s < kWgStages - 1; s++) issue_w(s);
     pdl_wait();
@@ -242,7 +279,9 @@ __global__ void __launch_bounds__(kWgThreads)
     cp_async_wait_all();
 
     // value i = 4 j + 2 h + c of tile m: feature n0 + 64 m + 16 warp + lane / 4 + 8 h, token 8 j + 2 (lane % 4) + c
-    auto feature_of = [&](int m, int i, int t) { return n0 + 64 * m + 16 * (t >> 5) + ((t & 31) >> 2) + 8 * ((i >> 1) & 1); };
+    auto feature_of = [&](int m, int i, int t) {
+        return n0 + 64 * m + 16 * (t >> 5) + ((t & 31) >> 2) + 8 * ((i >> 1) & 1);
+    };
     auto token_of = [&](int i, int t) { return 8 * (i >> 2) + 2 * (t & 3) + (i & 1); };
     if (parts == 1) {
 #pragma unroll
@@ -284,23 +323,22 @@ __global__ void __launch_bounds__(kWgThreads)
 }
 
 template <typename OutT, int kN>
-void wgmma_launch(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, OutT* y, int parts,
-                  const LaunchContext& ctx) {
+void wgmma_launch(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, int parts, const LaunchContext& ctx) {
     constexpr size_t smem = wg_smem_bytes<kN>();
     static std::atomic<uint64_t> done{0};
     const char* what = "wgmma GEMM kernel";
     opt_in_smem(gemm_wgmma_kernel<OutT, kN>, smem, done, what);
-    launch_clusters(gemm_wgmma_kernel<OutT, kN>, dim3(ceil_div(N, kWgFeatures) * unsigned(parts)), dim3(kWgThreads),
-                    unsigned(parts), smem, ctx, what, x, int(T), w, y, int(N), int(K), parts, ctx.evict_first);
+    launch_clusters(gemm_wgmma_kernel<OutT, kN>, dim3(unsigned(g.block_end[g.count - 1]) * unsigned(parts)),
+                    dim3(kWgThreads), unsigned(parts), smem, ctx, what, x, int(T), g, int(K), parts);
 }
 
 template <typename OutT>
-void wgmma_rows(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, OutT* y, int parts,
-                const LaunchContext& ctx) {
-    if (T <= 16) return wgmma_launch<OutT, 16>(x, T, w, N, K, y, parts, ctx);
-    if (T <= 32) return wgmma_launch<OutT, 32>(x, T, w, N, K, y, parts, ctx);
-    if (T <= 64) return wgmma_launch<OutT, 64>(x, T, w, N, K, y, parts, ctx);
-    return wgmma_launch<OutT, 128>(x, T, w, N, K, y, parts, ctx);
+void wgmma_rows(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, int parts, const LaunchContext& ctx) {
+    if (T <= 8) return wgmma_launch<OutT, 8>(x, T, g, K, parts, ctx);
+    if (T <= 16) return wgmma_launch<OutT, 16>(x, T, g, K, parts, ctx);
+    if (T <= 32) return wgmma_launch<OutT, 32>(x, T, g, K, parts, ctx);
+    if (T <= 64) return wgmma_launch<OutT, 64>(x, T, g, K, parts, ctx);
+    return wgmma_launch<OutT, 128>(x, T, g, K, parts, ctx);
 }
 
 }  // namespace
@@ -334,28 +372,56 @@ int wgmma_gemm_parts(int64_t N, int64_t K, int sms) {
     return parts;
 }
 
+bool wgmma_gemm_rows(int64_t T, const LaunchContext& ctx) {
+    if (!ctx.wgmma || !ctx.clusters || T < kWgmmaGemmMinRows || T > ctx.wgmma_gemm_max_rows || T > kWgmmaGemmMaxRows ||
+        gemv_wide_rows(T, ctx))
+        return false;
+    // (rows the register tensor-core GEMV takes: every matrix under tc_gemv_all, or groups up to tc_group_max_rows)
+    return !(T <= kTcGemvMaxTokens && ((ctx.tc_gemv_all && T <= ctx.tc_gemv_max_rows) || T <= ctx.tc_group_max_rows));
+}
+
 bool wgmma_gemm_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, const LaunchContext& ctx) {
-    return ctx.wgmma && ctx.clusters && T >= kWgmmaGemmMinRows && T <= ctx.wgmma_gemm_max_rows &&
-           T <= kWgmmaGemmMaxRows && K % 8 == 0 && K < (int64_t(1) << 30) && aligned16(x) && aligned16(w);
+    return wgmma_gemm_rows(T, ctx) && K % 8 == 0 && K < (int64_t(1) << 30) && aligned16(x) && aligned16(w);
+}
+
+void wgmma_gemm_group(const bf16* x, int64_t T, const GemvGroup& group, int64_t K, bool out_f32,
+                      const LaunchContext& ctx, int parts) {
+    if (T <= 0) return;
+    if (!ctx.wgmma || !ctx.clusters)
+        throw Error(Status::backend, "wgmma GEMM: this build has no sm_90a code for the device, or no clusters");
+    if (group.count < 1 || group.count > GemvGroup::kMax) throw Error(Status::internal, "wgmma GEMM: bad group");
+    GemvGroup g = group;
+    int64_t tiles = 0;
+    bool aligned = aligned16(x);
+    for (int i = 0; i < g.count; i++) {
+        tiles += (g.n[i] + kWgFeatures - 1) / kWgFeatures;
+        g.block_end[i] = int(tiles);
+        aligned = aligned && aligned16(g.w[i]);
+    }
+    if (T > kWgmmaGemmMaxRows || K % 8 != 0 || K >= (int64_t(1) << 30) || tiles * 8 >= (int64_t(1) << 31) || !aligned)
+        throw Error(Status::internal, "wgmma GEMM: " + std::to_string(T) + " rows of " + std::to_string(K) +
+                                          " values (at most " + std::to_string(kWgmmaGemmMaxRows) +
+                                          " rows, K % 8 == 0, 16-byte aligned rows)");
+    if (tiles == 0) return;
+    g.evict_first = ctx.evict_first;
+    if (parts <= 0)
+        parts =
+            ctx.wgmma_gemm_parts > 0 ? ctx.wgmma_gemm_parts : wgmma_gemm_parts(tiles * kWgFeatures, K, ctx.sm_count);
+    if (parts != 1 && parts != 2 && parts != 4 && parts != 8)
+        throw Error(Status::internal, "wgmma GEMM: " + std::to_string(parts) + " parts (1, 2, 4 or 8)");
+    if (out_f32)
+        wgmma_rows<float>(x, T, g, K, parts, ctx);
+    else
+        wgmma_rows<bf16>(x, T, g, K, parts, ctx);
 }
 
 void wgmma_gemm(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
                 const LaunchContext& ctx, int parts) {
-    if (T <= 0 || N <= 0) return;
-    if (!ctx.wgmma || !ctx.clusters)
-        throw Error(Status::backend, "wgmma GEMM: this build has no sm_90a code for the device, or no clusters");
-    if (T > kWgmmaGemmMaxRows || K % 8 != 0 || K >= (int64_t(1) << 30) || N >= (int64_t(1) << 30) ||
-        !aligned16(x) || !aligned16(w))
-        throw Error(Status::internal, "wgmma GEMM: " + std::to_string(T) + " rows of " + std::to_string(K) +
-                                          " values by " + std::to_string(N) + " (at most " +
-                                          std::to_string(kWgmmaGemmMaxRows) + " rows, K % 8 == 0, aligned rows)");
-    if (parts <= 0) parts = ctx.wgmma_gemm_parts > 0 ? ctx.wgmma_gemm_parts : wgmma_gemm_parts(N, K, ctx.sm_count);
-    if (parts != 1 && parts != 2 && parts != 4 && parts != 8)
-        throw Error(Status::internal, "wgmma GEMM: " + std::to_string(parts) + " parts (1, 2, 4 or 8)");
-    if (out_f32)
-        wgmma_rows<float>(x, T, w, N, K, static_cast<float*>(y), parts, ctx);
-    else
-        wgmma_rows<bf16>(x, T, w, N, K, static_cast<bf16*>(y), parts, ctx);
+    if (N <= 0) return;
+    if (N >= (int64_t(1) << 30)) throw Error(Status::internal, "wgmma GEMM: " + std::to_string(N) + " rows of w");
+    GemvGroup g;
+    g.add(w, y, N);
+    wgmma_gemm_group(x, T, g, K, out_f32, ctx, parts);
 }
 
 }  // namespace hy::cuda

@@ -2,7 +2,8 @@
 // (wgmma, sm_90a): y[T, N] = x[T, K] @ w[N, K]^T with fp32 accumulation, y in bf16 or F32.
 //
 // A block is one warpgroup (128 threads) and owns 128 output features (two m64 wgmma tiles, the weights as the A
-// operand) and all T rows (the B operand, n = T rounded up to 16, 32, 64 or 128) over one part of K. Weights and x
+// operand) and all T rows (the B operand, n = T rounded up to 8, 16, 32, 64 or 128) over one part of K; up to
+// GemvGroup::kMax matrices that share x run as one launch. Weights and x
 // stream through a 4-stage ring of shared memory in 64-value chunks (one 128-byte row per feature or token, in the
 // 128-byte swizzled K-major layout of the PTX ISA's "Shared Memory Matrix Layout"), copied with cp.async; the first
 // stages' weights are requested before the PDL wait (weights no kernel writes: never dequantized scratch). K is
@@ -14,10 +15,12 @@
 #pragma once
 
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/matmul.cuh"
 
 namespace hy::cuda {
 
-// Rows this GEMM takes at most (n-tiles of 16, 32, 64, 128), and the least (fewer go to the GEMVs).
+// Rows this GEMM takes at most (n-tiles of 8 to 128), and the least the backend sends it (fewer go to the GEMVs;
+// wgmma_gemm itself takes 1 row and more, for benchmarks).
 constexpr int kWgmmaGemmMaxRows = 128;
 constexpr int kWgmmaGemmMinRows = 9;
 
@@ -29,14 +32,21 @@ bool wgmma_available();
 // every SM a block, with at least 4 chunks of 64 values per part.
 int wgmma_gemm_parts(int64_t N, int64_t K, int sms);
 
-// True when ctx turns this GEMM on for T rows (ctx.wgmma_gemm_max_rows, kWgmmaGemmMinRows <= T) and the shape and
-// pointers suit it: K % 8 == 0, K < 2^30, x and w 16-byte aligned.
+// True when ctx sends T rows to this GEMM: ctx.wgmma and ctx.clusters, kWgmmaGemmMinRows <= T <=
+// ctx.wgmma_gemm_max_rows, and no GEMV takes them (gemv_wide_rows; the register tensor-core GEMV's rows under
+// ctx.tc_gemv_all or ctx.tc_group_max_rows). wgmma_gemm_fits adds the shape and pointers: K % 8 == 0, K < 2^30, x
+// and w 16-byte aligned.
+bool wgmma_gemm_rows(int64_t T, const LaunchContext& ctx);
 bool wgmma_gemm_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, const LaunchContext& ctx);
 
 // y[T, N] = x[T, K] @ w[N, K]^T; out_f32 selects an F32 y (else bf16, rounded once from the fp32 sum). parts <= 0:
-// ctx.wgmma_gemm_parts, or when that is 0 wgmma_gemm_parts(N, K, ctx.sm_count). Throws Error(internal) for a shape wgmma_gemm_fits refuses or T >
-// kWgmmaGemmMaxRows, and Error(backend) without sm_90a code or clusters.
+// ctx.wgmma_gemm_parts, or when that is 0 wgmma_gemm_parts(N, K, ctx.sm_count). Throws Error(internal) for a shape
+// wgmma_gemm_fits refuses or T > kWgmmaGemmMaxRows, and Error(backend) without sm_90a code or clusters.
 void wgmma_gemm(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
                 const LaunchContext& ctx, int parts = 0);
+// The matrices of g (which share x and K; block_end and evict_first are set here) in one launch; parts (when <= 0)
+// from the group's tiles together, so a matrix's bits are those of its group, in any batch.
+void wgmma_gemm_group(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, const LaunchContext& ctx,
+                      int parts = 0);
 
 }  // namespace hy::cuda

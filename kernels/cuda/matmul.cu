@@ -85,24 +85,6 @@ __device__ __forceinline__ void rows_dot(const bf16* const (&w_row)[kR], const b
     }
 }
 
-// The matrix of a group that block blockIdx.x works on (matrix s owns blocks [block_end[s-1], block_end[s])),
-// selected with constant indices: a dynamically indexed kernel parameter would be copied to local memory.
-struct GroupMember {
-    const bf16* w;
-    void* y;
-    int n;            // rows of the matrix
-    int first_block;  // its first block
-};
-
-__device__ __forceinline__ GroupMember group_member(const GemvGroup& g, int block = -1) {
-    if (block < 0) block = int(blockIdx.x);
-    GroupMember m{g.w[0], g.y[0], g.n[0], 0};
-#pragma unroll
-    for (int j = 1; j < GemvGroup::kMax; j++)
-        if (j < g.count && block >= g.block_end[j - 1]) m = GroupMember{g.w[j], g.y[j], g.n[j], g.block_end[j - 1]};
-    return m;
-}
-
 // kSplit warps per output feature of one of up to GemvGroup::kMax matrices sharing x (blocks are assigned to the
 // matrices in order: matrix s owns blocks [block_end[s-1], block_end[s])).
 template <int NT, typename OutT, int kSplit, int kPer>
@@ -733,6 +715,7 @@ void gemv_group_with(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bo
                      const LaunchContext& ctx) {
     if (g.count < 1 || g.count > GemvGroup::kMax) throw Error(Status::internal, "gemv: bad group");
     if (gemv_wide_rows(T, ctx)) return gemv_wide_with(x, T, g, K, out_f32, gemv_mma_config(K), ctx);
+    if (wgmma_gemm_rows(T, ctx)) return wgmma_gemm_group(x, T, g, K, out_f32, ctx);
     if (T > kGemvBlockMaxTokens) return gemv_mma_with(x, T, g, K, out_f32, gemv_mma_config(K), ctx);
     if (out_f32)
         gemv_rows<float>(x, T, g, K, c, ctx);

@@ -84,6 +84,24 @@ struct GemvGroup {
         count++;
     }
 };
+// The matrix of a group that block blockIdx.x works on (matrix s owns blocks [block_end[s-1], block_end[s])),
+// selected with constant indices: a dynamically indexed kernel parameter would be copied to local memory.
+struct GroupMember {
+    const bf16* w;
+    void* y;
+    int n;            // rows of the matrix
+    int first_block;  // its first block
+};
+
+__device__ __forceinline__ GroupMember group_member(const GemvGroup& g, int block = -1) {
+    if (block < 0) block = int(blockIdx.x);
+    GroupMember m{g.w[0], g.y[0], g.n[0], 0};
+#pragma unroll
+    for (int j = 1; j < GemvGroup::kMax; j++)
+        if (j < g.count && block >= g.block_end[j - 1]) m = GroupMember{g.w[j], g.y[j], g.n[j], g.block_end[j - 1]};
+    return m;
+}
+
 void gemv_group(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, const LaunchContext& ctx);
 // The decode GEMVs load weights with an L2 evict-first policy when ctx.evict_first (each weight byte is read once
 // per step, so it should not push out what is read again: the recurrent state, the KV cache, activations; decode
