@@ -3,7 +3,8 @@
 # (hybrid-bench --wgmma-gemm on|off), most important first:
 #   build -> the wgmma [gpu] case -> hybrid-kernel-bench at 16, 32, 64 and 128 rows (GB/s per K split) -> 4B batches
 #   16-128 with the GEMM off and on in alternation (2 rounds) -> (mixed) b=12/16 with --small-batch-gemv auto and
-#   mixed -> every [gpu] case -> compute-sanitizer memcheck and racecheck on the new case.
+#   mixed -> every [gpu] case -> compute-sanitizer memcheck and racecheck on the new case -> (conv_ncu) Nsight
+#   Compute on the Gated DeltaNet conv and recurrence kernels of a 4096-token prefill.
 # Usage (device tool, repository root, carry [".carry"]): bash tools/gpu/wgmma_ab.sh   (ONLY="a b": those stages;
 # PARTS=N adds hybrid-bench runs with --wgmma-parts N)
 set -u
@@ -58,6 +59,14 @@ if want memcheck; then
     grep -E "ERROR SUMMARY|test cases" "$LOG" | tail -2 >>"$SUM"
     step racecheck_wgmma 300 compute-sanitizer --tool racecheck --error-exitcode 99 $N/hybrid-tests "$CASE"
     grep -E "RACECHECK SUMMARY|ERROR SUMMARY|test cases" "$LOG" | tail -2 >>"$SUM"
+fi
+if want conv_ncu; then  # prefill 4096: the run 126 trace gave the conv 615 us a layer (about 40 expected): measure it
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    step ncu_conv 240 $NCU --kernel-name regex:"conv_kernel|prefill_kernel" --launch-skip 4 --launch-count 2 \
+        --section SpeedOfLight --section LaunchStats --section Occupancy $N/hybrid-bench -m $M --dummy-weights \
+        --device cuda -p 4096 -n 1 -r 1 --ubatch 4096 --no-cuda-graphs
+    grep -E "conv_kernel|prefill_kernel|Duration|DRAM Throughput|Memory Throughput|Grid Size|Achieved Occupancy" "$LOG" |
+        tail -16 | tee "$OUT/ncu_conv.txt" >>"$SUM"
 fi
 say "total $(($(date +%s) - T0)) s"
 cat "$SUM"
