@@ -331,6 +331,7 @@ int main(int argc, char** argv) {
         wgmma.clusters = clusters;
         wgmma.wgmma = clusters && wgmma_available();
         wgmma.wgmma_gemm_max_rows = kWgmmaGemmMaxRows;
+        wgmma.wide_gemv_max_rows = 0;  // (9-16 rows to the wgmma GEMM, not the cluster GEMV)
         HY_CUDA_CHECK(cudaDeviceGetAttribute(&wgmma.sm_count, cudaDevAttrMultiProcessorCount, 0));
         const std::vector<Shape> shapes = {
             {"gdn in_proj qkv|z|b|a", {8192, 4096, 32, 32}, 2560},
@@ -430,6 +431,11 @@ int main(int argc, char** argv) {
                     });
                     std::snprintf(buf, sizeof buf, "%d%s: %.0f%s", parts, parts == chosen ? "*" : "",
                                   total / (ms * 1e-3) / 1e9, parts == 8 ? "; " : ", ");
+                    line += buf;
+                }
+                if (sh.gate_up && wgmma_gemm_rows(T, wgmma)) {  // gate/up/SiLU in one launch (the backend's split)
+                    ms = gate_up_ms(wgmma);
+                    std::snprintf(buf, sizeof buf, "wgmma gate/up/SiLU: %.0f; ", total / (ms * 1e-3) / 1e9);
                     line += buf;
                 }
             }

@@ -727,8 +727,9 @@ public:
     }
     // 1-2 rows where the GEMV fits (FP8 and Q8/Q4: 1-8 rows; bf16 3-16 rows on tensor cores when every bf16 matrix
     // goes there, CudaOptions::small_batch_gemv): one gate/up/SiLU GEMV kernel (cuda::gemv_gate_up,
-    // cuda::gemv_fp8_gate_up, cuda::gemv_int_gate_up); Q8/Q4 beyond, and bf16 with the wgmma GEMM's rows: gate and
-    // up as one matmul_group, then silu_mul; else matmul, matmul, silu_mul.
+    // cuda::gemv_fp8_gate_up, cuda::gemv_int_gate_up; bf16 with the wgmma GEMM's rows, CudaOptions::wgmma_gemm, the
+    // wgmma gate/up/SiLU kernel); Q8/Q4 beyond: gate and up as one matmul_group, then silu_mul; else matmul, matmul,
+    // silu_mul.
     void gate_up_silu(const void* x, int64_t rows, const Matrix& w_gate, const Matrix& w_up, void* gate, void* up,
                       void* act) override {
         require_matrix(w_gate, "weight matrix", true);
@@ -753,14 +754,15 @@ public:
         else if (cuda::gemv_wide_rows(rows, ctx_))  // 9 to 64 rows: the tensor-core GEMV in clusters
             fits = cuda::gemv_wide_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols, ctx_) &&
                    cuda::gemv_wide_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols, ctx_);
+        else if (cuda::wgmma_gemm_rows(rows, ctx_))  // CudaOptions::wgmma_gemm's rows: the wgmma gate/up/SiLU kernel
+            fits = cuda::wgmma_gemm_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols, ctx_) &&
+                   cuda::wgmma_gemm_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols, ctx_);
         else  // 3 to 16 rows: the tensor-core gate/up/SiLU GEMV when every bf16 matrix goes to the tensor-core GEMV
             fits = tc_all(rows) &&
                    cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols, 2, true) &&
                    cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols, 2, true);
-        // Q8/Q4 with more rows (dequantized), and bf16 with the wgmma GEMM's rows: gate and up as one group
-        const bool wgmma_pair = same && !fp8 && !int_quant && !fits && cuda::wgmma_gemm_rows(rows, ctx_);
-        if (wgmma_pair || (same && int_quant && !fits && w_gate.group == w_up.group)) {
-            // (the two as one group, then silu_mul)
+        if (same && int_quant && !fits && w_gate.group == w_up.group) {
+            // Q8/Q4, more rows: the two as one group (dequantized), then silu_mul
             const Projection pair[2] = {{w_gate, gate}, {w_up, up}};
             matmul_group(x, rows, pair, 2);
             silu_mul(gate, up, rows * w_gate.rows, act);

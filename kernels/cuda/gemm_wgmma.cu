@@ -190,31 +190,60 @@ __device__ int wgmma_compiled = 1;
 __device__ int wgmma_compiled = 0;
 #endif
 
-// Block b: tile b / parts of the group (matrix s owns tiles [block_end[s-1], block_end[s]) of 128 features), part
-// b % parts of K (chunks [part * per, ..)); the parts of a tile are one cluster.
-template <typename OutT, int kN>
+// The gate and up projections of gemv_gate_up's contract: gate_out = bf16(x Wg^T), up_out = bf16(x Wu^T), act_out =
+// bf16(bf16(silu(gate)) * up) (act_out may be gate_out: then gate is not stored).
+struct WgmmaGateUp {
+    const bf16* wg = nullptr;
+    const bf16* wu = nullptr;
+    bf16* gate = nullptr;
+    bf16* up = nullptr;
+    bf16* act = nullptr;
+    int n = 0;  // rows of each matrix
+};
+
+// Block b takes part b % parts of K (chunks [part * per, ..)); the parts of a tile are one cluster. Tile b / parts
+// is, without kGateUp, 128 features of a group member (matrix s owns tiles [block_end[s-1], block_end[s])), the
+// first 64 as wgmma tile 0 and the next 64 as tile 1; with kGateUp, features [64 tile, 64 tile + 64) of gate (tile
+// 0) and of up (tile 1), so that a thread holds the gate and up sums of the same outputs.
+template <typename OutT, int kN, bool kGateUp>
 __global__ void __launch_bounds__(kWgThreads)
-    gemm_wgmma_kernel(const bf16* __restrict__ x, int T, const __grid_constant__ GemvGroup g, int K, int parts) {
+    gemm_wgmma_kernel(const bf16* __restrict__ x, int T, const __grid_constant__ GemvGroup g,
+                      const __grid_constant__ WgmmaGateUp gu, int K, int parts, bool evict_first) {
     pdl_trigger();
     const int tile = int(blockIdx.x) / parts;
-    const GroupMember mem = group_member(g, tile);
-    const bf16* __restrict__ w = mem.w;
-    OutT* __restrict__ y = static_cast<OutT*>(mem.y);
-    const int N = mem.n;
+    // the matrices of wgmma tiles 0 and 1 and their first features (scalars: a dynamically indexed array would go to
+    // local memory)
+    const bf16 *w0, *w1;
+    int f0, f1, N;
+    OutT* y = nullptr;
+    if constexpr (kGateUp) {
+        w0 = gu.wg;
+        w1 = gu.wu;
+        f0 = f1 = tile * 64;
+        N = gu.n;
+    } else {
+        const GroupMember mem = group_member(g, tile);
+        w0 = w1 = mem.w;
+        f0 = (tile - mem.first_block) * kWgFeatures;
+        f1 = f0 + 64;
+        N = mem.n;
+        y = static_cast<OutT*>(mem.y);
+    }
     extern __shared__ __align__(16) unsigned char wg_raw[];
     const uint32_t raw_addr = smem_addr(wg_raw);
     const uint32_t base = (raw_addr + 1023u) & ~1023u;
     unsigned char* ring = wg_raw + (base - raw_addr);
     constexpr int kStage = wg_stage_bytes<kN>();
     const int tid = int(threadIdx.x);
-    const int rank = int(blockIdx.x) % parts, n0 = (tile - mem.first_block) * kWgFeatures;
+    const int rank = int(blockIdx.x) % parts;
     const int n_chunks = (K + kWgChunk - 1) / kWgChunk;
     const int per = (n_chunks + parts - 1) / parts;
     const int c_first = rank * per;
     const int rounds = std::max(0, std::min(n_chunks, c_first + per) - c_first);
-    const uint64_t pol = weight_policy(g.evict_first);
+    const uint64_t pol = weight_policy(evict_first);
 
-    // chunk r of this part: 8 16-byte words of each of the 128 weight rows (8 a thread), then of the kN x rows
+    // chunk r of this part: 8 16-byte words of each of the 128 weight rows (8 a thread; row r of the stage is row
+    // r % 64 of tile r / 64), then of the kN x rows
     auto issue_w = [&](int r) {
         if (r >= rounds) return;
         const uint32_t st = base + uint32_t((r % kWgStages) * kStage);
@@ -222,8 +251,10 @@ __global__ void __launch_bounds__(kWgThreads)
 #pragma unroll
         for (int i = 0; i < kWgFeatures * 8 / kWgThreads; i++) {
             const int e = tid + i * kWgThreads, row = e >> 3, c = e & 7, k = k0 + 8 * c;
-            const bool ok = n0 + row < N && k < K;
-            cp_async16_policy(st + swizzle128(row, c), ok ? w + int64_t(n0 + row) * K + k : w, ok, pol);
+            const bool hi = row >= 64;
+            const int n = (hi ? f1 : f0) + (row & 63);
+            const bool ok = n < N && k < K;
+            cp_async16_policy(st + swizzle128(row, c), ok ? (hi ? w1 : w0) + int64_t(n) * K + k : w0, ok, pol);
         }
     };
     auto issue_x = [&](int r) {
@@ -278,23 +309,35 @@ __global__ void __launch_bounds__(kWgThreads)
     }
     cp_async_wait_all();
 
-    // value i = 4 j + 2 h + c of tile m: feature n0 + 64 m + 16 warp + lane / 4 + 8 h, token 8 j + 2 (lane % 4) + c
-    auto feature_of = [&](int m, int i, int t) {
-        return n0 + 64 * m + 16 * (t >> 5) + ((t & 31) >> 2) + 8 * ((i >> 1) & 1);
+    // value i = 4 j + 2 h + c of thread t in tile m: feature f_m + 16 (t / 32) + (t % 32) / 4 + 8 h, token
+    // 8 j + 2 (t % 4) + c; store(v, i, t) writes the outputs of both tiles' value i of thread t
+    auto store = [&](const float(&v)[2], int i, int t) {
+        const int f = 16 * (t >> 5) + ((t & 31) >> 2) + 8 * ((i >> 1) & 1);
+        const int tok = 8 * (i >> 2) + 2 * (t & 3) + (i & 1);
+        if (tok >= T) return;
+        if constexpr (kGateUp) {
+            const int n = f0 + f;
+            if (n >= N) return;
+            const float gv = round_bf16(v[0]), uv = round_bf16(v[1]);
+            const int64_t o = int64_t(tok) * N + n;
+            gu.up[o] = to_bf16(uv);
+            if (gu.act != gu.gate) gu.gate[o] = to_bf16(gv);
+            gu.act[o] = to_bf16(round_bf16(siluf_(gv)) * uv);
+        } else {
+            if (f0 + f < N) y[int64_t(tok) * N + f0 + f] = store_as<OutT>(v[0]);
+            if (f1 + f < N) y[int64_t(tok) * N + f1 + f] = store_as<OutT>(v[1]);
+        }
     };
-    auto token_of = [&](int i, int t) { return 8 * (i >> 2) + 2 * (t & 3) + (i & 1); };
     if (parts == 1) {
 #pragma unroll
-        for (int m = 0; m < 2; m++)
-#pragma unroll
-            for (int i = 0; i < kN / 2; i++) {
-                const int n = feature_of(m, i, tid), t = token_of(i, tid);
-                if (n < N && t < T) y[int64_t(t) * N + n] = store_as<OutT>(acc[m][i]);
-            }
+        for (int i = 0; i < kN / 2; i++) {
+            const float v[2] = {acc[0][i], acc[1][i]};
+            store(v, i, tid);
+        }
         return;
     }
     // parts > 1: the sums go to shared memory as red[m][i][thread]; block `rank` of the cluster adds its share of
-    // them over the parts in part order (reading the other blocks' shared memory), then writes them
+    // the (i, thread) pairs over the parts in part order (reading the other blocks' shared memory), then stores them
     __syncthreads();  // every warp is done with the ring
     float* red = reinterpret_cast<float*>(ring);
 #pragma unroll
@@ -303,42 +346,63 @@ __global__ void __launch_bounds__(kWgThreads)
         for (int i = 0; i < kN / 2; i++) red[(m * (kN / 2) + i) * kWgThreads + tid] = acc[m][i];
     cluster_arrive();
     cluster_wait();
-    constexpr int kOutputs = kWgFeatures * kN;  // 2 x kN / 2 values x 128 threads
-    const int share = kOutputs / parts;         // (parts divides 128)
+    constexpr int kPairs = kN / 2 * kWgThreads;  // (i, thread) pairs of one tile
+    const int share = kPairs / parts;            // (parts divides 512)
     for (int e = rank * share + tid; e < (rank + 1) * share; e += kWgThreads) {
-        const int t = e % kWgThreads, i = (e / kWgThreads) % (kN / 2), m = e / (kWgThreads * (kN / 2));
-        const uint32_t off = base + uint32_t(e) * 4;
-        float part[8];  // (the loads first, all in flight together; then the sum in part order)
+        float v[2];
 #pragma unroll
-        for (int p = 0; p < 8; p++) part[p] = p < parts ? ld_cluster_f32(cluster_smem_addr(off, uint32_t(p))) : 0.0f;
-        float s = part[0];
+        for (int m = 0; m < 2; m++) {
+            const uint32_t off = base + uint32_t(m * kPairs + e) * 4;
+            float part[8];  // (the loads first, all in flight together; then the sum in part order)
 #pragma unroll
-        for (int p = 1; p < 8; p++)
-            if (p < parts) s += part[p];
-        const int n = feature_of(m, i, t), tok = token_of(i, t);
-        if (n < N && tok < T) y[int64_t(tok) * N + n] = store_as<OutT>(s);
+            for (int p = 0; p < 8; p++)
+                part[p] = p < parts ? ld_cluster_f32(cluster_smem_addr(off, uint32_t(p))) : 0.0f;
+            float sum = part[0];
+#pragma unroll
+            for (int p = 1; p < 8; p++)
+                if (p < parts) sum += part[p];
+            v[m] = sum;
+        }
+        store(v, e / kWgThreads, e % kWgThreads);
     }
     cluster_arrive();  // no block leaves while another may still read its shared memory
     cluster_wait();
 }
 
-template <typename OutT, int kN>
-void wgmma_launch(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, int parts, const LaunchContext& ctx) {
+template <typename OutT, int kN, bool kGateUp>
+void wgmma_launch(const bf16* x, int64_t T, const GemvGroup& g, const WgmmaGateUp& gu, unsigned tiles, int64_t K,
+                  int parts, const LaunchContext& ctx) {
     constexpr size_t smem = wg_smem_bytes<kN>();
     static std::atomic<uint64_t> done{0};
-    const char* what = "wgmma GEMM kernel";
-    opt_in_smem(gemm_wgmma_kernel<OutT, kN>, smem, done, what);
-    launch_clusters(gemm_wgmma_kernel<OutT, kN>, dim3(unsigned(g.block_end[g.count - 1]) * unsigned(parts)),
-                    dim3(kWgThreads), unsigned(parts), smem, ctx, what, x, int(T), g, int(K), parts);
+    const char* what = kGateUp ? "wgmma GEMM gate/up/SiLU kernel" : "wgmma GEMM kernel";
+    opt_in_smem(gemm_wgmma_kernel<OutT, kN, kGateUp>, smem, done, what);
+    launch_clusters(gemm_wgmma_kernel<OutT, kN, kGateUp>, dim3(tiles * unsigned(parts)), dim3(kWgThreads),
+                    unsigned(parts), smem, ctx, what, x, int(T), g, gu, int(K), parts, ctx.evict_first);
 }
 
-template <typename OutT>
-void wgmma_rows(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, int parts, const LaunchContext& ctx) {
-    if (T <= 8) return wgmma_launch<OutT, 8>(x, T, g, K, parts, ctx);
-    if (T <= 16) return wgmma_launch<OutT, 16>(x, T, g, K, parts, ctx);
-    if (T <= 32) return wgmma_launch<OutT, 32>(x, T, g, K, parts, ctx);
-    if (T <= 64) return wgmma_launch<OutT, 64>(x, T, g, K, parts, ctx);
-    return wgmma_launch<OutT, 128>(x, T, g, K, parts, ctx);
+template <typename OutT, bool kGateUp>
+void wgmma_rows(const bf16* x, int64_t T, const GemvGroup& g, const WgmmaGateUp& gu, unsigned tiles, int64_t K,
+                int parts, const LaunchContext& ctx) {
+    if (T <= 8) return wgmma_launch<OutT, 8, kGateUp>(x, T, g, gu, tiles, K, parts, ctx);
+    if (T <= 16) return wgmma_launch<OutT, 16, kGateUp>(x, T, g, gu, tiles, K, parts, ctx);
+    if (T <= 32) return wgmma_launch<OutT, 32, kGateUp>(x, T, g, gu, tiles, K, parts, ctx);
+    if (T <= 64) return wgmma_launch<OutT, 64, kGateUp>(x, T, g, gu, tiles, K, parts, ctx);
+    return wgmma_launch<OutT, 128, kGateUp>(x, T, g, gu, tiles, K, parts, ctx);
+}
+
+// The K split of a launch of `tiles` blocks' worth of 128 weight rows: given, ctx's, or by shape.
+int launch_parts(int parts, int64_t tiles, int64_t K, const LaunchContext& ctx) {
+    if (parts <= 0)
+        parts =
+            ctx.wgmma_gemm_parts > 0 ? ctx.wgmma_gemm_parts : wgmma_gemm_parts(tiles * kWgFeatures, K, ctx.sm_count);
+    if (parts != 1 && parts != 2 && parts != 4 && parts != 8)
+        throw Error(Status::internal, "wgmma GEMM: " + std::to_string(parts) + " parts (1, 2, 4 or 8)");
+    return parts;
+}
+
+void check_wgmma(const LaunchContext& ctx) {
+    if (!ctx.wgmma || !ctx.clusters)
+        throw Error(Status::backend, "wgmma GEMM: this build has no sm_90a code for the device, or no clusters");
 }
 
 }  // namespace
@@ -387,8 +451,7 @@ bool wgmma_gemm_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, const L
 void wgmma_gemm_group(const bf16* x, int64_t T, const GemvGroup& group, int64_t K, bool out_f32,
                       const LaunchContext& ctx, int parts) {
     if (T <= 0) return;
-    if (!ctx.wgmma || !ctx.clusters)
-        throw Error(Status::backend, "wgmma GEMM: this build has no sm_90a code for the device, or no clusters");
+    check_wgmma(ctx);
     if (group.count < 1 || group.count > GemvGroup::kMax) throw Error(Status::internal, "wgmma GEMM: bad group");
     GemvGroup g = group;
     int64_t tiles = 0;
@@ -403,16 +466,34 @@ void wgmma_gemm_group(const bf16* x, int64_t T, const GemvGroup& group, int64_t 
                                           " values (at most " + std::to_string(kWgmmaGemmMaxRows) +
                                           " rows, K % 8 == 0, 16-byte aligned rows)");
     if (tiles == 0) return;
-    g.evict_first = ctx.evict_first;
-    if (parts <= 0)
-        parts =
-            ctx.wgmma_gemm_parts > 0 ? ctx.wgmma_gemm_parts : wgmma_gemm_parts(tiles * kWgFeatures, K, ctx.sm_count);
-    if (parts != 1 && parts != 2 && parts != 4 && parts != 8)
-        throw Error(Status::internal, "wgmma GEMM: " + std::to_string(parts) + " parts (1, 2, 4 or 8)");
+    parts = launch_parts(parts, tiles, K, ctx);
     if (out_f32)
-        wgmma_rows<float>(x, T, g, K, parts, ctx);
+        wgmma_rows<float, false>(x, T, g, WgmmaGateUp{}, unsigned(tiles), K, parts, ctx);
     else
-        wgmma_rows<bf16>(x, T, g, K, parts, ctx);
+        wgmma_rows<bf16, false>(x, T, g, WgmmaGateUp{}, unsigned(tiles), K, parts, ctx);
+}
+
+void wgmma_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int64_t N, int64_t K, bf16* gate_out,
+                   bf16* up_out, bf16* act_out, const LaunchContext& ctx, int parts) {
+    if (T <= 0 || N <= 0) return;
+    check_wgmma(ctx);
+    if (T > kWgmmaGemmMaxRows || K % 8 != 0 || K >= (int64_t(1) << 30) || N >= (int64_t(1) << 30) || !aligned16(x) ||
+        !aligned16(wg) || !aligned16(wu))
+        throw Error(Status::internal, "wgmma gate/up: " + std::to_string(T) + " rows of " + std::to_string(K) +
+                                          " values (at most " + std::to_string(kWgmmaGemmMaxRows) +
+                                          " rows, K % 8 == 0, 16-byte aligned rows)");
+    const int64_t tiles = (N + 63) / 64;  // (each block: 64 gate and 64 up rows)
+    parts = launch_parts(parts, tiles, K, ctx);
+    WgmmaGateUp gu;
+    gu.wg = wg;
+    gu.wu = wu;
+    gu.gate = gate_out;
+    gu.up = up_out;
+    gu.act = act_out;
+    gu.n = int(N);
+    GemvGroup g;
+    g.add(wg, up_out, N);  // (unused by the kernel)
+    wgmma_rows<bf16, true>(x, T, g, gu, unsigned(tiles), K, parts, ctx);
 }
 
 void wgmma_gemm(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,

@@ -3,7 +3,7 @@
 //
 // A block is one warpgroup (128 threads) and owns 128 output features (two m64 wgmma tiles, the weights as the A
 // operand) and all T rows (the B operand, n = T rounded up to 8, 16, 32, 64 or 128) over one part of K; up to
-// GemvGroup::kMax matrices that share x run as one launch. Weights and x
+// GemvGroup::kMax matrices that share x run as one launch, and the MLP's gate/up/SiLU as one launch. Weights and x
 // stream through a 4-stage ring of shared memory in 64-value chunks (one 128-byte row per feature or token, in the
 // 128-byte swizzled K-major layout of the PTX ISA's "Shared Memory Matrix Layout"), copied with cp.async; the first
 // stages' weights are requested before the PDL wait (weights no kernel writes: never dequantized scratch). K is
@@ -48,5 +48,10 @@ void wgmma_gemm(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, v
 // from the group's tiles together, so a matrix's bits are those of its group, in any batch.
 void wgmma_gemm_group(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, const LaunchContext& ctx,
                       int parts = 0);
+// gemv_gate_up's contract on the wgmma GEMM: gate_out = bf16(x Wg^T), up_out = bf16(x Wu^T), act_out =
+// bf16(bf16(silu(gate)) * up) (act_out may be gate_out), all [T, N]; a block takes 64 features of both matrices, so
+// the activation is computed where the sums are. Same errors as wgmma_gemm.
+void wgmma_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int64_t N, int64_t K, bf16* gate_out,
+                   bf16* up_out, bf16* act_out, const LaunchContext& ctx, int parts = 0);
 
 }  // namespace hy::cuda

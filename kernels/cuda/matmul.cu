@@ -790,6 +790,7 @@ void gemv_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int6
                   bf16* up_out, bf16* act_out, const LaunchContext& ctx) {
     if (gemv_wide_rows(T, ctx) && K % 32 == 0)
         return wide_gate_up_dispatch(x, T, wg, wu, N, K, gate_out, up_out, act_out, gemv_mma_config(K), ctx);
+    if (wgmma_gemm_rows(T, ctx)) return wgmma_gate_up(x, T, wg, wu, N, K, gate_out, up_out, act_out, ctx);
     if (T > kGemvBlockMaxTokens && T <= kTcGemvMaxTokens && K % 32 == 0) {
         const MmaGemvConfig c = gemv_mma_config(K);
         if (T > 8) return gate_up_mma_launch<2>(c, x, T, wg, wu, N, K, gate_out, up_out, act_out, ctx);

@@ -142,7 +142,8 @@ bool gemv_wide_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, const La
 void gemv_wide_with(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, MmaGemvConfig c,
                     const LaunchContext& ctx);
 // gate_out = bf16(x Wg^T), up_out = bf16(x Wu^T), act_out = bf16(bf16(silu(gate)) * up) (act_out may be gate_out);
-// T <= kGemvBlockMaxTokens, or 3 to kTcGemvMaxTokens rows with K % 32 == 0 (tensor cores, gemv_mma_config's shape).
+// T <= kGemvBlockMaxTokens, or 3 to kTcGemvMaxTokens rows with K % 32 == 0 (tensor cores, gemv_mma_config's shape),
+// or the cluster GEMV's rows (gemv_wide_rows), or the wgmma GEMM's (wgmma_gemm_rows, gemm_wgmma.cuh).
 void gemv_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int64_t N, int64_t K, bf16* gate_out,
                   bf16* up_out, bf16* act_out, const LaunchContext& ctx);
 
