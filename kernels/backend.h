@@ -234,9 +234,15 @@ struct Projection {
 struct CudaOptions {
     bool graphs = true;  // record steps of at most 16 rows and every decode step, replay them as CUDA graphs
     // Comparisons and tests only (the defaults are the fast settings):
-    bool pdl = true;               // programmatic dependent launch (used only where the device runs 9.0 code)
-    bool l2_evict_first = true;    // decode GEMVs load weights with an L2 evict-first policy
-    bool gdn_fused_conv = true;    // decode steps do the Gated DeltaNet conv inside the recurrence kernel
+    bool pdl = true;             // programmatic dependent launch (used only where the device runs 9.0 code)
+    bool l2_evict_first = true;  // decode GEMVs load weights with an L2 evict-first policy
+    bool gdn_fused_conv = true;  // decode steps do the Gated DeltaNet conv inside the recurrence kernel
+    // Decode steps of more than 8 sequences: the Gated DeltaNet states streamed through one block an SM that takes
+    // (sequence, head) items in turn, the next item's state copied in while the current one is computed (bitwise
+    // the same results; not yet measured, so off by default). gdn_decode_stream_blocks > 0: at most that many blocks
+    // (tests: several items a block); 0: as many as fit on the device.
+    bool gdn_decode_stream = false;
+    int gdn_decode_stream_blocks = 0;
     int moe_grouped_min_rows = 0;  // MoE experts grouped by expert from this many rows on; 0: the tuned default
     // Decode attention split over positions: a block takes up to this many q heads of one kv head (1, 2 or 4; the
     // largest that divides the group size); 0: the tuned default. Results are bitwise the same for every value.

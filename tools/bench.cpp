@@ -248,6 +248,9 @@ int main(int argc, char** argv) {
         ("wgmma-gemm", "CUDA, bf16 matrices with 9 to 128 rows that the GEMVs leave to cuBLASLt: on (the wgmma GEMM, "
          "sm_90a) or off (cuBLASLt, the default)",
          cxxopts::value<std::string>()->default_value("off"))
+        ("gdn-decode-stream", "CUDA, decode steps of more than 8 sequences: stream the Gated DeltaNet states through "
+         "one block an SM (on) or a block per head and sequence (off, the default)",
+         cxxopts::value<std::string>()->default_value("off"))
         ("wgmma-parts", "CUDA, --wgmma-gemm on: split K over 1, 2, 4 or 8 blocks of a cluster; 0: by shape (the "
          "default)", cxxopts::value<int>()->default_value("0"));
     add_shared_option(opts, "", "fp8-gemm");
@@ -326,6 +329,12 @@ int main(int argc, char** argv) {
                 throw tools::UsageError("--wgmma-parts must be 0, 1, 2, 4 or 8, got " + std::to_string(parts));
             mp.cuda.wgmma_gemm_parts = parts;
         }
+        {
+            const std::string v = args["gdn-decode-stream"].as<std::string>();
+            if (v != "on" && v != "off")
+                throw tools::UsageError("--gdn-decode-stream must be on or off, got '" + v + "'");
+            mp.cuda.gdn_decode_stream = v == "on";
+        }
         mp.cuda.attn_max_splits = args["attn-splits"].as<int>();
         if (mp.cuda.attn_max_splits < 0 || mp.cuda.attn_max_splits > 128)
             throw tools::UsageError("--attn-splits must be 0 to 128, got " + std::to_string(mp.cuda.attn_max_splits));
@@ -368,7 +377,7 @@ int main(int argc, char** argv) {
         Backend& be = model->backend();
         for (const char* flag :
              {"fp8-gemm", "attn-heads-per-block", "attn-splits", "int-split-k", "moe-grouped-rows", "small-batch-gemv",
-              "wide-gemv", "wgmma-gemm", "wgmma-parts", "no-cuda-graphs", "no-pdl"})
+              "wide-gemv", "wgmma-gemm", "wgmma-parts", "gdn-decode-stream", "no-cuda-graphs", "no-pdl"})
             if (args.count(flag) && std::string(be.name()) != "cuda")
                 std::fprintf(stderr, "hybrid-bench: note: --%s only changes the CUDA backend; ignored on %s\n", flag,
                              be.name());

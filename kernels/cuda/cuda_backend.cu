@@ -291,6 +291,8 @@ public:
         ctx_.clusters = sm90_code && clusters != 0;
         ctx_.evict_first = o.l2_evict_first;
         ctx_.gdn_fused_conv = o.gdn_fused_conv;
+        ctx_.gdn_decode_stream = o.gdn_decode_stream;
+        ctx_.gdn_decode_stream_blocks = std::max(0, o.gdn_decode_stream_blocks);
         if (o.moe_grouped_min_rows > 0) ctx_.moe_grouped_min_rows = o.moe_grouped_min_rows;
         if (o.attn_heads_per_block > 0) ctx_.attn_heads_per_block = o.attn_heads_per_block;
         if (o.attn_max_splits > 0) ctx_.attn_max_splits = std::min(o.attn_max_splits, cuda::kAttnMaxSplits);
@@ -345,9 +347,10 @@ public:
         auto on = [](bool b) { return b ? "on" : "off"; };
         return std::string("graphs ") + on(graphs_enabled_) + ", pdl " + on(ctx_.pdl) + ", clusters " +
                on(ctx_.clusters) + ", l2 evict-first " + on(ctx_.evict_first) + ", gdn fused conv " +
-               on(ctx_.gdn_fused_conv) + ", moe grouped from " + std::to_string(ctx_.moe_grouped_min_rows) + " rows" +
-               ", attention q heads per decode block up to " + std::to_string(ctx_.attn_heads_per_block) +
-               ", attention splits up to " + std::to_string(ctx_.attn_max_splits) + ", integer gemv K split " +
+               on(ctx_.gdn_fused_conv) + ", gdn streamed decode " + on(ctx_.gdn_decode_stream) + ", moe grouped from " +
+               std::to_string(ctx_.moe_grouped_min_rows) + " rows" + ", attention q heads per decode block up to " +
+               std::to_string(ctx_.attn_heads_per_block) + ", attention splits up to " +
+               std::to_string(ctx_.attn_max_splits) + ", integer gemv K split " +
                (ctx_.int_gemv_split_k > 0   ? "always"
                 : ctx_.int_gemv_split_k < 0 ? "never"
                                             : "by shape") +

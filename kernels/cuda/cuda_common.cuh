@@ -56,6 +56,10 @@ struct LaunchContext {
     bool evict_first = true;  // decode GEMVs load weights with an L2 evict-first policy (matmul.cuh)
     bool gdn_fused_conv =
         true;  // decode steps do the Gated DeltaNet conv in the recurrence kernel (gated_delta_net.cuh)
+    // gated_delta_net.cuh: decode steps without the conv inside stream the heads' states through blocks that each
+    // take several (run, head) items (two state buffers); gdn_decode_stream_blocks > 0 caps the blocks (tests)
+    bool gdn_decode_stream = false;
+    int gdn_decode_stream_blocks = 0;
     int moe_grouped_min_rows = kMoeGroupedMinRows;  // moe.cuh: rows from which the experts run grouped by expert
     int attn_heads_per_block = kAttnHeadsPerBlock;  // attention.cuh: q heads of one kv head per decode block
     int attn_max_splits = kAttnDefaultSplits;       // attention.cuh: most position splits of a decode step

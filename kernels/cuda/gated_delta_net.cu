@@ -51,6 +51,8 @@ constexpr int kMaxClusterHeads = 8;
 // Decode steps of more runs keep conv_kernel: each block would do a share of the conv that conv_kernel spreads over
 // the whole GPU (and the q, k channels twice); H200, 4B shapes: b = 64 9,240 against 9,514 tok/s, b = 8 the same.
 constexpr int kFusedConvMaxRuns = 8;
+// decode_stream_kernel's two state buffers fit in an SM's shared memory up to this many floats a head (Dk Dv).
+constexpr int kStreamMaxStateFloats = 128 * 128;
 
 // Channel (in [0, C)) of list index i of a decode block's conv channels: q of key head kh (i < DK), k (i < 2 DK),
 // v of value head h.
@@ -588,6 +590,103 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
     }
 }
 
+// Decode steps that stage the state (no conv inside), streamed: a block takes the items (run, value head) i =
+// blockIdx.x, blockIdx.x + gridDim.x, ... (item i: run i / Hv, head i % Hv) and computes each exactly as
+// decode_kernel's staged path does (the same functions in the same order, so the same bits), with two state
+// buffers: the next item's state is copied in (cp.async) while the current one is computed and written back. Why:
+// decode_kernel's blocks each copy in, compute and write back one head in turn, two blocks an SM (registers), so
+// the state stream has gaps (ncu, H200, b = 64: DRAM 57%, run 127); here an SM's block keeps a head's 64 KB (Dk =
+// Dv = 128) in flight while it computes (ctx.gdn_decode_stream; Dk Dv <= kStreamMaxStateFloats).
+template <int DK>
+__global__ void __launch_bounds__(kDecodeMaxThreads)
+    decode_stream_kernel(GatedDeltaNetArgs p, RowMap rows, const bf16* __restrict__ mixed, int n_items) {
+    constexpr int J = DK / 32, VL = DK / 8;
+    __shared__ __align__(16) float sq[DK];
+    __shared__ __align__(16) float sk[DK];
+    __shared__ float so[kMaxValueDim];
+    extern __shared__ __align__(16) float sS[];  // [2][DK, Dv], staged_index
+    pdl_trigger();
+    const int tid = threadIdx.x, lane = tid & 31, g = tid & 7;
+    const int Hk = p.n_k_heads, Hv = p.n_v_heads, Dv = p.v_dim;
+    const int e0 = 2 * (tid >> 3), e1 = e0 + Dv / 2;  // first columns of the two pairs
+    const int64_t C = 2 * int64_t(Hk) * DK + int64_t(Hv) * Dv;
+    const int64_t state_floats = int64_t(DK) * Dv;
+    auto state_of = [&](int item) {  // (the run table and the state are complete before the step: see decode_kernel)
+        return p.ssm_state + (int64_t(rows.runs[item / Hv].slot) * Hv + item % Hv) * state_floats;
+    };
+    int item = int(blockIdx.x);
+    if (item < n_items) stage_state_async<DK>(sS, state_of(item), Dv, tid);  // before the wait, as decode_kernel
+    pdl_wait();  // mixed and the activations come from the kernels just before
+    for (int n = 0; item < n_items; item += int(gridDim.x), n++) {
+        float* cur = sS + (n & 1) * state_floats;
+        const int next = item + int(gridDim.x);
+        if (next < n_items) {  // the other buffer's last reader (write_back two items ago) passed the loop's barrier
+            stage_state_async<DK>(sS + ((n + 1) & 1) * state_floats, state_of(next), Dv, tid);
+        }
+        const int h = item % Hv, kh = h / (Hv / Hk);
+        const SeqRun run = rows.runs[item / Hv];
+        const int64_t row = run.row;
+        float* S = state_of(item);
+        const float A = expf(p.A_log[h]);
+        const float dt_bias = p.dt_bias[h];
+        const float norm_w = tid < Dv ? p.norm_w[tid] : 0.0f;
+        const bf16 b_in = static_cast<const bf16*>(p.b)[row * Hv + h];
+        const bf16 a_in = static_cast<const bf16*>(p.a)[row * Hv + h];
+        const int64_t oi = row * int64_t(Hv) * Dv + int64_t(h) * Dv + tid;  // output column tid (threads < Dv)
+        const bf16 z_in = tid < Dv ? static_cast<const bf16*>(p.z)[oi] : to_bf16(0.0f);
+        const bf16* m = mixed + row * C;
+        const bf16* mv = m + 2 * int64_t(Hk) * DK + int64_t(h) * Dv;
+        const float2 v0 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(mv + e0));
+        const float2 v1 = __bfloat1622float2(*reinterpret_cast<const __nv_bfloat162*>(mv + e1));
+        const float2 gate = token_gates(to_f32(b_in), to_f32(a_in), A, dt_bias);
+        const float z = to_f32(z_in);
+        if (tid < 32) {
+            const int which = lane / VL, li = lane % VL;  // which: 0 q, 1 k, 2.. idle lanes (DK < 128)
+            uint2 r[2] = {make_uint2(0u, 0u), make_uint2(0u, 0u)};
+            const bf16* vec = m + int64_t(which) * Hk * DK + int64_t(kh) * DK;
+            if (which < 2) load_qk_raw<DK>(vec, li, r);
+            const float f = qk_factor<DK>(r, which == 0);
+            if (which < 2) store_qk<DK>(r, li, f, which == 0 ? sq : sk);
+        }
+        if (next < n_items)
+            cp_async_wait<1>();  // this item's state is in (the next one's may still be in flight)
+        else
+            cp_async_wait_all();
+        __syncthreads();
+
+        float4 kx[J], qx[J];
+        load_rows<J>(sk, g, kx);
+        load_rows<J>(sq, g, qx);
+        float4 sa[J], sb[J];  // columns e0, e0 + 1, then e1, e1 + 1 (as decode_kernel's staged path)
+        read_staged<J>(cur, Dv, g, e0, sa, sb);
+        const float km_a = decay_and_km<J>(sa, kx, gate.y), km_b = decay_and_km<J>(sb, kx, gate.y);
+        const float oa = update_and_o<J>(sa, kx, qx, delta_u(gate.x, v0.x, km_a));
+        const float ob = update_and_o<J>(sb, kx, qx, delta_u(gate.x, v0.y, km_b));
+        write_staged<J>(cur, Dv, g, e0, sa, sb);
+        read_staged<J>(cur, Dv, g, e1, sa, sb);
+        const float km_c = decay_and_km<J>(sa, kx, gate.y), km_d = decay_and_km<J>(sb, kx, gate.y);
+        const float oc = update_and_o<J>(sa, kx, qx, delta_u(gate.x, v1.x, km_c));
+        const float od = update_and_o<J>(sb, kx, qx, delta_u(gate.x, v1.y, km_d));
+        write_staged<J>(cur, Dv, g, e1, sa, sb);
+        const float o0 = round_bf16(group_sum_pair(oa, ob, g));
+        const float o1 = round_bf16(group_sum_pair(oc, od, g));
+        if ((g & 3) == 0) {
+            so[e0 + (g >> 2)] = o0;
+            so[e1 + (g >> 2)] = o1;
+        }
+        __syncthreads();
+        if (tid < Dv) {  // whole warps (Dv is a multiple of 32)
+            float o32[kMaxValueDim / 32];
+#pragma unroll
+            for (int i = 0; i < kMaxValueDim / 32; i++) o32[i] = i < Dv / 32 ? so[lane + 32 * i] : 0.0f;
+            const float inv = head_inv_rms(o32, Dv, p.eps);
+            static_cast<bf16*>(p.out)[oi] = gated_out(so[tid], inv, norm_w, z);
+        }
+        write_back_state<DK>(cur, S, Dv, tid);  // (the barrier above ordered the staged writes)
+        __syncthreads();                        // cur, sq, sk and so are free for the items after
+    }
+}
+
 // ---------------------------------------------------------------------------------------------------------------
 // Prefill (any runs): grid (Dv/32, Hv, n_runs), kPrefillThreads = 128 threads; block (s, h, r) owns value columns
 // [32 s, 32 s + 32) of head h for run r (thread t: lane g = t & 7 of group p = t >> 3, columns 32 s + 2p, + 1).
@@ -796,12 +895,41 @@ void decode_smem_opt_in() {
                 "cudaFuncSetAttribute (Gated DeltaNet decode shared memory and carveout)", true);
 }
 
+// decode_stream_kernel<DK>'s blocks: ctx.gdn_decode_stream_blocks, or as many as fit on the device at once (the
+// occupancy calculator, once per shape), at most one per item.
+template <int DK>
+unsigned stream_blocks(int Dv, size_t smem, int n_items, const LaunchContext& s) {
+    static std::atomic<uint64_t> done{0};
+    opt_in_smem(decode_stream_kernel<DK>, size_t(2) * kStreamMaxStateFloats * sizeof(float), done,
+                "cudaFuncSetAttribute (Gated DeltaNet streamed decode shared memory and carveout)", true);
+    int blocks = s.gdn_decode_stream_blocks;
+    if (blocks <= 0) {
+        static std::atomic<int> per_sm_of_dv[kMaxValueDim / 32 + 1];  // (per value head size; 0: not asked yet)
+        std::atomic<int>& cached = per_sm_of_dv[Dv / 32];
+        int per_sm = cached.load(std::memory_order_relaxed);
+        if (per_sm == 0) {
+            check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, decode_stream_kernel<DK>, 2 * Dv, smem),
+                  "cudaOccupancyMaxActiveBlocksPerMultiprocessor (Gated DeltaNet streamed decode)");
+            per_sm = std::max(1, per_sm);
+            cached.store(per_sm, std::memory_order_relaxed);
+        }
+        blocks = per_sm * std::max(1, s.sm_count);
+    }
+    return unsigned(std::min(blocks, n_items));
+}
+
 template <int DK>
 void launch_recurrence(const GatedDeltaNetArgs& a, const RowMap& rows, const bf16* mixed, bool decode, bool fused_conv,
                        const LaunchContext& s) {
     if (decode) {
         const dim3 grid(unsigned(a.n_v_heads), unsigned(rows.n_runs)), block(unsigned(2 * a.v_dim));
         const size_t smem = size_t(DK) * size_t(a.v_dim) * sizeof(float);  // the staged state (no kConv)
+        if (!fused_conv && s.gdn_decode_stream && DK * a.v_dim <= kStreamMaxStateFloats) {
+            const int n_items = rows.n_runs * a.n_v_heads;
+            launch(decode_stream_kernel<DK>, dim3(stream_blocks<DK>(a.v_dim, 2 * smem, n_items, s)), block, 2 * smem, s,
+                   "Gated DeltaNet decode kernel (streamed: recurrence + gated RMSNorm)", a, rows, mixed, n_items);
+            return;
+        }
         if (fused_conv) {
             launch_clusters(decode_kernel<DK, true>, grid, block, unsigned(a.n_v_heads / a.n_k_heads), 0, s,
                             "Gated DeltaNet decode kernel (conv + recurrence + gated RMSNorm)", a, rows, mixed);

@@ -1,11 +1,14 @@
 #!/bin/bash
-# One device call for the wgmma GEMM (9-128 rows, CudaOptions::wgmma_gemm) against cuBLASLt in the same binary
-# (hybrid-bench --wgmma-gemm on|off), most important first:
-#   build -> the wgmma [gpu] case -> hybrid-kernel-bench at 16, 32, 64 and 128 rows (GB/s per K split) -> 4B batches
-#   16-128 with the GEMM off and on in alternation (2 rounds) -> (mixed) b=12/16 with --small-batch-gemv auto and
-#   mixed -> every [gpu] case -> compute-sanitizer memcheck and racecheck on the new case -> (conv_ncu) Nsight
-#   Compute on the Gated DeltaNet conv and recurrence kernels of a 4096-token prefill.
-# Usage (device tool, repository root, carry [".carry"]): bash tools/gpu/wgmma_ab.sh   (ONLY="a b": those stages;
+# One device call for the batched-decode work written without a device in the twenty-eighth session: the wgmma GEMM
+# (9-128 rows, CudaOptions::wgmma_gemm) and the streamed Gated DeltaNet decode (CudaOptions::gdn_decode_stream),
+# each against what runs by default in the same binary, most important first:
+#   build -> (tests) the wgmma and Gated DeltaNet decode [gpu] cases -> (kbench) hybrid-kernel-bench at 16, 32, 64
+#   and 128 rows (GB/s per K split) -> (bench) 4B batches 16-128 with --wgmma-gemm off and on in alternation (2
+#   rounds) -> (gdn) b=64/128/256 with --gdn-decode-stream off and on (2 rounds) -> (both) both on against both off
+#   -> (mixed) b=12/16 with --small-batch-gemv auto and mixed -> (gpu_tests) every [gpu] case -> (memcheck)
+#   compute-sanitizer memcheck and racecheck on the new cases -> (conv_ncu) Nsight Compute on the Gated DeltaNet
+#   conv and recurrence kernels of a 4096-token prefill.
+# Usage (device tool, repository root, carry [".carry"]): bash tools/gpu/batch_ab.sh   (ONLY="a b": those stages;
 # PARTS=N adds hybrid-bench runs with --wgmma-parts N)
 set -u
 . tools/gpu/run_lib.sh  # OUT, LOG, SUM, T0, DEPS, CFG, say, step, want
@@ -16,9 +19,12 @@ step build 400 bash -c "cmake -S . -B $N ${CFG[*]} >/tmp/bn.log 2>&1 && cmake --
 M=/tmp/q4b
 mkdir -p $M && cp tools/gpu/config_4b.json $M/config.json
 CASE="CUDA wgmma GEMM*"
+GDN_CASE="CUDA Gated DeltaNet decode with the conv inside*"
 if want tests; then
     step tests_wgmma 300 $N/hybrid-tests "$CASE"
     grep -E "test cases|FAILED|rel err|with expansion|skipped|wgmma_gemm_parts|K=" "$LOG" | tail -16 >>"$SUM"
+    step tests_gdn_stream 200 $N/hybrid-tests "$GDN_CASE"
+    grep -E "test cases|FAILED|differ|with expansion" "$LOG" | tail -8 >>"$SUM"
 fi
 if want kbench; then
     for T in 16 32 64 128; do
@@ -41,6 +47,24 @@ if want bench; then
         fi
     done
 fi
+if want gdn; then  # the streamed Gated DeltaNet decode, 2 rounds
+    for i in 1 2; do
+        for v in off on; do
+            step "gdn_${v}_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 128 -n 64 -b 64,128,256 -r 1 \
+                --gdn-decode-stream $v
+            grep -E '^\| +[0-9]' "$LOG" | tail -3 | sed "s/^/  [gdn $v $i] /" >>"$SUM"
+        done
+    done
+fi
+if want both; then  # both new paths on against both off, 2 rounds
+    for i in 1 2; do
+        for v in off on; do
+            step "both_${v}_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 128 -n 64 \
+                -b 16,32,64,128,256 -r 1 --gdn-decode-stream $v --wgmma-gemm $v
+            grep -E '^\| +[0-9]' "$LOG" | tail -5 | sed "s/^/  [both $v $i] /" >>"$SUM"
+        done
+    done
+fi
 if want mixed; then  # the 9-16-row routings still unmeasured (--small-batch-gemv mixed, c717797), 2 rounds
     for i in 1 2; do
         for m in auto mixed; do
@@ -58,6 +82,10 @@ if want memcheck; then
     step memcheck_wgmma 300 compute-sanitizer --tool memcheck --error-exitcode 99 $N/hybrid-tests "$CASE"
     grep -E "ERROR SUMMARY|test cases" "$LOG" | tail -2 >>"$SUM"
     step racecheck_wgmma 300 compute-sanitizer --tool racecheck --error-exitcode 99 $N/hybrid-tests "$CASE"
+    grep -E "RACECHECK SUMMARY|ERROR SUMMARY|test cases" "$LOG" | tail -2 >>"$SUM"
+    step memcheck_gdn 300 compute-sanitizer --tool memcheck --error-exitcode 99 $N/hybrid-tests "$GDN_CASE"
+    grep -E "ERROR SUMMARY|test cases" "$LOG" | tail -2 >>"$SUM"
+    step racecheck_gdn 300 compute-sanitizer --tool racecheck --error-exitcode 99 $N/hybrid-tests "$GDN_CASE"
     grep -E "RACECHECK SUMMARY|ERROR SUMMARY|test cases" "$LOG" | tail -2 >>"$SUM"
 fi
 if want conv_ncu; then  # prefill 4096: the run 126 trace gave the conv 615 us a layer (about 40 expected): measure it
