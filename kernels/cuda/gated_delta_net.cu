@@ -414,6 +414,42 @@ __device__ __forceinline__ bf16 gated_out(float o, float inv, float w, float z) 
     return to_bf16(__fmul_rn(nrm, siluf_(z)));
 }
 
+// Columns e, e + 1 of a head staged in shared memory (decode): read into the recurrence layout, the token's
+// update (decay_and_km, delta_u, update_and_o), written back; oa, ob: this lane's partials of the two columns' o.
+template <int J>
+__device__ __forceinline__ void staged_column_pair(float* sS, int Dv, int g, int e, const float4 (&kx)[J],
+                                                   const float4 (&qx)[J], float2 gate, float2 v, float& oa, float& ob) {
+    float4 sa[J], sb[J];
+    read_staged<J>(sS, Dv, g, e, sa, sb);
+    const float km_a = decay_and_km<J>(sa, kx, gate.y), km_b = decay_and_km<J>(sb, kx, gate.y);
+    oa = update_and_o<J>(sa, kx, qx, delta_u(gate.x, v.x, km_a));
+    ob = update_and_o<J>(sb, kx, qx, delta_u(gate.x, v.y, km_b));
+    write_staged<J>(sS, Dv, g, e, sa, sb);
+}
+
+// The end of a decode block's head: this lane's partials of o for columns e0, e0 + 1 (oa, ob) and e1, e1 + 1 (oc,
+// od) summed over the column group and rounded to bf16 into so [Dv], then (threads tid < Dv) out_tid =
+// gated_out(o[tid], the head's inverse RMS, norm_w, z). Every thread of the block calls it (a block barrier).
+__device__ __forceinline__ void head_gated_output(float* so, float oa, float ob, float oc, float od, int e0, int e1,
+                                                  int g, int tid, int Dv, float eps, float norm_w, float z,
+                                                  bf16* out_tid) {
+    const float o0 = round_bf16(group_sum_pair(oa, ob, g));
+    const float o1 = round_bf16(group_sum_pair(oc, od, g));
+    if ((g & 3) == 0) {
+        so[e0 + (g >> 2)] = o0;
+        so[e1 + (g >> 2)] = o1;
+    }
+    __syncthreads();
+    if (tid < Dv) {  // whole warps (Dv is a multiple of 32)
+        const int lane = tid & 31;
+        float o32[kMaxValueDim / 32];
+#pragma unroll
+        for (int i = 0; i < kMaxValueDim / 32; i++) o32[i] = i < Dv / 32 ? so[lane + 32 * i] : 0.0f;
+        const float inv = head_inv_rms(o32, Dv, eps);
+        *out_tid = gated_out(so[tid], inv, norm_w, z);
+    }
+}
+
 // The conv of one channel of a decode token, as conv_kernel computes it (FMAs in order j from 0, then bf16(silu(
 // bf16(acc)))): x[0 .. 2] the conv state (oldest first), x[3] the token's input, w the channel's 4 taps.
 __device__ __forceinline__ bf16 conv4_channel(const float* w, const float (&x)[kFusedConvTaps]) {
@@ -538,17 +574,10 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
     load_rows<J>(sk, g, kx);
     load_rows<J>(sq, g, qx);
     float oa, ob, oc, od;
-    if constexpr (kStaged) {  // columns e0, e0 + 1, then e1, e1 + 1: 32 state registers live at a time
-        read_staged<J>(sS, Dv, g, e0, sa, sb);
-        const float km_a = decay_and_km<J>(sa, kx, gate.y), km_b = decay_and_km<J>(sb, kx, gate.y);
-        oa = update_and_o<J>(sa, kx, qx, delta_u(gate.x, v0.x, km_a));
-        ob = update_and_o<J>(sb, kx, qx, delta_u(gate.x, v0.y, km_b));
-        write_staged<J>(sS, Dv, g, e0, sa, sb);  // (each thread rewrites the words it read)
-        read_staged<J>(sS, Dv, g, e1, sc, sd);
-        const float km_c = decay_and_km<J>(sc, kx, gate.y), km_d = decay_and_km<J>(sd, kx, gate.y);
-        oc = update_and_o<J>(sc, kx, qx, delta_u(gate.x, v1.x, km_c));
-        od = update_and_o<J>(sd, kx, qx, delta_u(gate.x, v1.y, km_d));
-        write_staged<J>(sS, Dv, g, e1, sc, sd);
+    if constexpr (kStaged) {  // columns e0, e0 + 1, then e1, e1 + 1: 32 state registers live at a time (each
+                              // thread rewrites the words it read)
+        staged_column_pair<J>(sS, Dv, g, e0, kx, qx, gate, v0, oa, ob);
+        staged_column_pair<J>(sS, Dv, g, e1, kx, qx, gate, v1, oc, od);
     } else {  // the four columns interleaved (the loads went out before the wait)
         const float km_a = decay_and_km<J>(sa, kx, gate.y), km_b = decay_and_km<J>(sb, kx, gate.y);
         const float km_c = decay_and_km<J>(sc, kx, gate.y), km_d = decay_and_km<J>(sd, kx, gate.y);
@@ -559,20 +588,7 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
         store_state<J>(S + e0, Dv, g, sa, sb);
         store_state<J>(S + e1, Dv, g, sc, sd);
     }
-    const float o0 = round_bf16(group_sum_pair(oa, ob, g));
-    const float o1 = round_bf16(group_sum_pair(oc, od, g));
-    if ((g & 3) == 0) {
-        so[e0 + (g >> 2)] = o0;
-        so[e1 + (g >> 2)] = o1;
-    }
-    __syncthreads();
-    if (tid < Dv) {  // whole warps (Dv is a multiple of 32)
-        float o32[kMaxValueDim / 32];
-#pragma unroll
-        for (int i = 0; i < kMaxValueDim / 32; i++) o32[i] = i < Dv / 32 ? so[lane + 32 * i] : 0.0f;
-        const float inv = head_inv_rms(o32, Dv, p.eps);
-        static_cast<bf16*>(p.out)[oi] = gated_out(so[tid], inv, norm_w, z);
-    }
+    head_gated_output(so, oa, ob, oc, od, e0, e1, g, tid, Dv, p.eps, norm_w, z, static_cast<bf16*>(p.out) + oi);
     if constexpr (kStaged) write_back_state<DK>(sS, S, Dv, tid);  // (the barrier above ordered the staged writes)
     if constexpr (kConv) {  // the new conv state: rows 1 .. 3 of the window; shared q, k channels by one block
         cluster_wait();
@@ -657,31 +673,10 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
         float4 kx[J], qx[J];
         load_rows<J>(sk, g, kx);
         load_rows<J>(sq, g, qx);
-        float4 sa[J], sb[J];  // columns e0, e0 + 1, then e1, e1 + 1 (as decode_kernel's staged path)
-        read_staged<J>(cur, Dv, g, e0, sa, sb);
-        const float km_a = decay_and_km<J>(sa, kx, gate.y), km_b = decay_and_km<J>(sb, kx, gate.y);
-        const float oa = update_and_o<J>(sa, kx, qx, delta_u(gate.x, v0.x, km_a));
-        const float ob = update_and_o<J>(sb, kx, qx, delta_u(gate.x, v0.y, km_b));
-        write_staged<J>(cur, Dv, g, e0, sa, sb);
-        read_staged<J>(cur, Dv, g, e1, sa, sb);
-        const float km_c = decay_and_km<J>(sa, kx, gate.y), km_d = decay_and_km<J>(sb, kx, gate.y);
-        const float oc = update_and_o<J>(sa, kx, qx, delta_u(gate.x, v1.x, km_c));
-        const float od = update_and_o<J>(sb, kx, qx, delta_u(gate.x, v1.y, km_d));
-        write_staged<J>(cur, Dv, g, e1, sa, sb);
-        const float o0 = round_bf16(group_sum_pair(oa, ob, g));
-        const float o1 = round_bf16(group_sum_pair(oc, od, g));
-        if ((g & 3) == 0) {
-            so[e0 + (g >> 2)] = o0;
-            so[e1 + (g >> 2)] = o1;
-        }
-        __syncthreads();
-        if (tid < Dv) {  // whole warps (Dv is a multiple of 32)
-            float o32[kMaxValueDim / 32];
-#pragma unroll
-            for (int i = 0; i < kMaxValueDim / 32; i++) o32[i] = i < Dv / 32 ? so[lane + 32 * i] : 0.0f;
-            const float inv = head_inv_rms(o32, Dv, p.eps);
-            static_cast<bf16*>(p.out)[oi] = gated_out(so[tid], inv, norm_w, z);
-        }
+        float oa, ob, oc, od;  // (as decode_kernel's staged path)
+        staged_column_pair<J>(cur, Dv, g, e0, kx, qx, gate, v0, oa, ob);
+        staged_column_pair<J>(cur, Dv, g, e1, kx, qx, gate, v1, oc, od);
+        head_gated_output(so, oa, ob, oc, od, e0, e1, g, tid, Dv, p.eps, norm_w, z, static_cast<bf16*>(p.out) + oi);
         write_back_state<DK>(cur, S, Dv, tid);  // (the barrier above ordered the staged writes)
         __syncthreads();                        // cur, sq, sk and so are free for the items after
     }
