@@ -95,6 +95,17 @@ inline std::string bad_int_arg(const cxxopts::ParseResult& r, std::initializer_l
     return "";
 }
 
+// The first of the real-number options `names` (long names) given a value parse_real refuses ("0x5", "1,5",
+// "nan"), as the message "invalid value 'VALUE' for --NAME (a decimal number)"; empty when every one is fine.
+inline std::string bad_real_arg(const cxxopts::ParseResult& r, std::initializer_list<const char*> names) {
+    double v = 0.0;
+    for (const auto& kv : r.arguments())
+        for (const char* n : names)
+            if (kv.key() == n && !parse_real(kv.value(), &v))
+                return "invalid value '" + kv.value() + "' for --" + n + " (a decimal number)";
+    return "";
+}
+
 // "--NAME was given more than once (give it once)" for the first option given twice, or empty: each takes one value,
 // and cxxopts would keep the last without a word (every program refuses a repeated option the same way).
 inline std::string repeated_option(const cxxopts::ParseResult& r) {

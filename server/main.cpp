@@ -97,6 +97,13 @@ int main(int argc, char** argv) {
         }
         if (!r.unmatched().empty()) return usage_error("unexpected argument '" + r.unmatched()[0] + "'");
         if (const std::string bad = hy::repeated_option(r); !bad.empty()) return usage_error(bad);
+        // (cxxopts takes "0x10" for 16 and wraps some values past 2^32: the numbers as given, strictly)
+        if (const std::string bad = hy::bad_int_arg(
+                r, {"port", "parallel", "ctx-size", "batch-size", "threads", "cache-mb", "threads-http"});
+            !bad.empty())
+            return usage_error(bad);
+        if (const std::string bad = hy::bad_real_arg(r, {"idle-timeout", "request-timeout"}); !bad.empty())
+            return usage_error(bad);
         if (!r.count("model")) return usage_error("-m DIR is required");
         if (r.count("api-key") && r["api-key"].as<std::string>().empty())
             return usage_error("--api-key must not be empty (leave it out to serve without a key)");

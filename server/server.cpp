@@ -1053,13 +1053,19 @@ struct Server::Impl {
             kwargs = *k;
         }
         const bool add_gen = bool_field(body, "add_generation_prompt", true);
-        if (chat.builtin_chatml())  // (a tool message needs the model's template: it knows how to show one)
-            for (size_t i = 0; i < messages.size(); i++)
+        if (chat.builtin_chatml())  // (tool messages and calls need the model's template: it knows how to show them)
+            for (size_t i = 0; i < messages.size(); i++) {
+                const std::string where = "messages[" + std::to_string(i) + "]";
                 if (messages[i]["role"] == "tool")
-                    bad("messages[" + std::to_string(i) + "].role",
-                        "messages[" + std::to_string(i) +
-                            "].role 'tool' needs the model's chat template (the built-in ChatML takes system, user "
-                            "and assistant)");
+                    bad(where + ".role", where +
+                                             ".role 'tool' needs the model's chat template (the built-in ChatML takes "
+                                             "system, user and assistant)");
+                const ojson* calls = field(messages[i], "tool_calls");
+                if (calls && !calls->empty())  // (they were dropped from the prompt without a word)
+                    bad(where + ".tool_calls", where +
+                                                   ".tool_calls need the model's chat template (the built-in ChatML "
+                                                   "cannot show tool calls; --chat-template-file)");
+            }
         const std::string text = chat.render(messages, tools, add_gen, kwargs);
         const std::vector<int32_t> prompt = encode(text);
         if (prompt.empty()) bad("messages", "the rendered prompt is empty");

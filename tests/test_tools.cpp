@@ -229,8 +229,8 @@ TEST_CASE("hybrid-bench --depth: speeds measured after D context tokens", "[cli]
 }
 
 // The CUDA tuning switches of hybrid-bench (decode attention's q heads per block and splits, the integer GEMV's K
-// split, the bf16 small-batch GEMV): bad values are one usage line; on the CPU they are noted as ignored and the run
-// goes on.
+// split, the bf16 small-batch GEMV, the wgmma GEMM, the streamed Gated DeltaNet decode): bad values are one usage line;
+// on the CPU they are noted as ignored and the run goes on.
 TEST_CASE("hybrid-bench: CUDA tuning switches are checked, and noted as ignored on the CPU", "[cli]") {
     if (!have_programs() || !fs::exists(kBin + "/hybrid-bench")) return;
     const std::string bench = kBin + "/hybrid-bench";
@@ -240,6 +240,10 @@ TEST_CASE("hybrid-bench: CUDA tuning switches are checked, and noted as ignored 
         {{"--attn-splits", "-1"}, "--attn-splits must be 0 to 128, got -1"},
         {{"--int-split-k", "sometimes"}, "--int-split-k must be auto, always or never, got 'sometimes'"},
         {{"--small-batch-gemv", "some"}, "--small-batch-gemv must be auto, all, groups or mixed, got 'some'"},
+        {{"--wgmma-gemm", "auto"}, "--wgmma-gemm must be on or off, got 'auto'"},
+        {{"--wgmma-gemm", "on", "--wgmma-parts", "3"}, "--wgmma-parts must be 0, 1, 2, 4 or 8, got 3"},
+        {{"--wgmma-parts", "4"}, "--wgmma-parts needs --wgmma-gemm on"},
+        {{"--gdn-decode-stream", "yes"}, "--gdn-decode-stream must be on or off, got 'yes'"},
     };
     for (const auto& [flags, message] : bad) {
         std::vector<std::string> args = {"-m", "models/tiny", "-p", "4", "-n", "1", "-r", "1"};
@@ -249,9 +253,29 @@ TEST_CASE("hybrid-bench: CUDA tuning switches are checked, and noted as ignored 
         CHECK(r.rc == 1);
         CHECK(r.err.find(message) != std::string::npos);
     }
-    const Run ok = run_prog(
-        bench, {"-m", "models/tiny", "--device", "cpu", "-t", "1", "-p", "4", "-n", "1", "-r", "1",
-                "--attn-heads-per-block", "4", "--int-split-k", "never", "--small-batch-gemv", "groups", "--no-pdl"});
+    const Run ok = run_prog(bench, {"-m",
+                                    "models/tiny",
+                                    "--device",
+                                    "cpu",
+                                    "-t",
+                                    "1",
+                                    "-p",
+                                    "4",
+                                    "-n",
+                                    "1",
+                                    "-r",
+                                    "1",
+                                    "--attn-heads-per-block",
+                                    "4",
+                                    "--int-split-k",
+                                    "never",
+                                    "--small-batch-gemv",
+                                    "groups",
+                                    "--no-pdl",
+                                    "--wgmma-gemm",
+                                    "on",
+                                    "--gdn-decode-stream",
+                                    "on"});
     INFO(ok.err);
     CHECK(ok.rc == 0);
     CHECK(ok.err.find("note: --attn-heads-per-block only changes the CUDA backend; ignored on cpu") !=
@@ -259,6 +283,8 @@ TEST_CASE("hybrid-bench: CUDA tuning switches are checked, and noted as ignored 
     CHECK(ok.err.find("note: --int-split-k only changes the CUDA backend; ignored on cpu") != std::string::npos);
     CHECK(ok.err.find("note: --small-batch-gemv only changes the CUDA backend; ignored on cpu") != std::string::npos);
     CHECK(ok.err.find("note: --no-pdl only changes the CUDA backend; ignored on cpu") != std::string::npos);
+    CHECK(ok.err.find("note: --wgmma-gemm only changes the CUDA backend; ignored on cpu") != std::string::npos);
+    CHECK(ok.err.find("note: --gdn-decode-stream only changes the CUDA backend; ignored on cpu") != std::string::npos);
     // FP8 weights on the CPU: the header names no --fp8-gemm mode (the CPU has one FP8 matmul)
     const Run fp8 = run_prog(
         bench, {"-m", "models/tiny", "--device", "cpu", "-t", "1", "-p", "4", "-n", "1", "-r", "1", "--quant", "fp8"});

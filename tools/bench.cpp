@@ -327,6 +327,8 @@ int main(int argc, char** argv) {
             const int parts = args["wgmma-parts"].as<int>();
             if (parts != 0 && parts != 1 && parts != 2 && parts != 4 && parts != 8)
                 throw tools::UsageError("--wgmma-parts must be 0, 1, 2, 4 or 8, got " + std::to_string(parts));
+            if (parts != 0 && !mp.cuda.wgmma_gemm)
+                throw tools::UsageError("--wgmma-parts needs --wgmma-gemm on (it sets that GEMM's K split)");
             mp.cuda.wgmma_gemm_parts = parts;
         }
         {
