@@ -1,15 +1,17 @@
 #!/bin/bash
-# One device call for the batched-decode work written without a device in the twenty-eighth session: the wgmma GEMM
+# Device calls for the batched-decode work written without a device in the twenty-eighth session: the wgmma GEMM
 # (9-128 rows, CudaOptions::wgmma_gemm) and the streamed Gated DeltaNet decode (CudaOptions::gdn_decode_stream),
 # each against what runs by default in the same binary, most important first:
 #   build -> (tests) the wgmma and Gated DeltaNet decode [gpu] cases -> (kbench) hybrid-kernel-bench at 16, 32, 64
 #   and 128 rows (GB/s per K split) -> (bench) 4B batches 16-128 with --wgmma-gemm off and on in alternation (2
 #   rounds) -> (gdn) b=64/128/256 with --gdn-decode-stream off and on (2 rounds) -> (both) both on against both off
-#   -> (mixed) b=12/16 with --small-batch-gemv auto and mixed -> (gpu_tests) every [gpu] case -> (memcheck)
-#   compute-sanitizer memcheck and racecheck on the new cases -> (conv_ncu) Nsight Compute on the Gated DeltaNet
-#   conv and recurrence kernels of a 4096-token prefill.
+#   -> (moe) 35B-A3B shapes b=16/64, both off and on -> (mixed) b=12/16 with --small-batch-gemv auto and mixed
+#   -> (gpu_tests) every [gpu] case -> (memcheck) compute-sanitizer memcheck and racecheck on the new cases ->
+#   (conv_ncu) Nsight Compute on the Gated DeltaNet conv and recurrence kernels of a 4096-token prefill.
 # Usage (device tool, repository root, carry [".carry"]): bash tools/gpu/batch_ab.sh   (ONLY="a b": those stages;
-# PARTS=N adds hybrid-bench runs with --wgmma-parts N)
+# PARTS=N adds hybrid-bench runs with --wgmma-parts N). A device call has 10 minutes and each call builds anew
+# (about 2 minutes), so run it in parts, most important first: ONLY="tests kbench", then ONLY="bench gdn", then
+# ONLY="both moe mixed", then ONLY="gpu_tests memcheck conv_ncu".
 set -u
 . tools/gpu/run_lib.sh  # OUT, LOG, SUM, T0, DEPS, CFG, say, step, want
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$SUM" 2>&1
@@ -62,6 +64,16 @@ if want both; then  # both new paths on against both off, 2 rounds
             step "both_${v}_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 128 -n 64 \
                 -b 16,32,64,128,256 -r 1 --gdn-decode-stream $v --wgmma-gemm $v
             grep -E '^\| +[0-9]' "$LOG" | tail -5 | sed "s/^/  [both $v $i] /" >>"$SUM"
+        done
+    done
+fi
+if want moe; then  # issue 19's b=64 (35B-A3B shapes): its dense projections and GDN layers take both new paths
+    mkdir -p /tmp/q35 && cp tools/gpu/config_35b_a3b.json /tmp/q35/config.json
+    for i in 1 2; do
+        for v in off on; do
+            step "moe_${v}_$i" 300 $N/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 32 -b 16,64 \
+                -r 1 --wgmma-gemm $v --gdn-decode-stream $v
+            grep -E '^\| +[0-9]' "$LOG" | tail -2 | sed "s/^/  [moe $v $i] /" >>"$SUM"
         done
     done
 fi
