@@ -1010,15 +1010,16 @@ TEST_CASE("CUDA Gated DeltaNet (prefill, several runs, decode) matches the CPU r
 }
 
 // A sequence's Gated DeltaNet outputs and state must not depend on how its tokens are split into runs and steps
-// or on what else shares the batch: 300 tokens as one run, and as runs of 64, 1 (beside another sequence) and 235.
+// or on what else shares the batch: 600 tokens as one run, and as runs of 64, 1 (beside another sequence) and 535
+// (600 and 535 rows: the conv kernel's threads take 2 rows each, 64 rows one).
 TEST_CASE("CUDA Gated DeltaNet is bitwise independent of run boundaries and batch company", "[gpu]") {
     HY_REQUIRE_GPU();
     struct Shape {
         int Hk, Hv, Dk, Dv;
     };
     for (Shape sh : {Shape{2, 4, 128, 128}, Shape{4, 8, 32, 32}}) {
-        const int K = 4, L = 300, C = 2 * sh.Hk * sh.Dk + sh.Hv * sh.Dv, V = sh.Hv * sh.Dv;
-        Side g(make_cuda_backend(0), limits(L, 2, 512), sh.Hv, std::max(sh.Dk, sh.Dv), size_t(64) << 20);
+        const int K = 4, L = 600, C = 2 * sh.Hk * sh.Dk + sh.Hv * sh.Dv, V = sh.Hv * sh.Dv;
+        Side g(make_cuda_backend(0), limits(L, 2, 1024), sh.Hv, std::max(sh.Dk, sh.Dv), size_t(128) << 20);
         const size_t conv_n = size_t(2) * (K - 1) * C, ssm_n = size_t(2) * sh.Hv * sh.Dk * sh.Dv;
         auto qkv = randn(size_t(L) * C), z = randn(size_t(L) * V), bb = randn(size_t(L) * sh.Hv),
              aa = randn(size_t(L) * sh.Hv), other = randn(size_t(5) * C);

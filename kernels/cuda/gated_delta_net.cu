@@ -79,79 +79,95 @@ __device__ __forceinline__ void copy_channels(bf16* dst, const bf16* src) {
         *dst = *src;
 }
 
-// grid (C / VEC / kConvThreads, min(T, 65535)): thread per (row, VEC channels), rows strided by gridDim.y. Input j
-// of the window of row t is at run index i - (K-1) + j; a negative index reads the conv state of the row's slot
-// ([K-1, C], oldest first). Per channel acc = sum_j w[j] in[j] (FMAs in order j), mixed = bf16(silu(bf16(acc))).
-// With update_state (every run is one token, so the thread is the only reader of its slot's state columns), the
-// thread also shifts the state by its input, replacing conv_state_kernel.
+// grid (C / VEC / kConvThreads, min(ceil(T / R), 65535)): thread per (VEC channels, R consecutive rows), row groups
+// strided by gridDim.y (R = rows_per_block). Input j of the window of row t is at run index i - (K-1) + j; a negative
+// index reads the conv state of the row's slot ([K-1, C], oldest first). Per channel acc = sum_j w[j] in[j] (FMAs in
+// order j), mixed = bf16(silu(bf16(acc))). With update_state (every run is one token, so the thread is the only
+// reader of its slot's state columns), the thread also shifts the state by its input, replacing conv_state_kernel.
+// Why R rows a thread: its VEC K weights are loaded once for them (lane stride VEC K 4 bytes: each load instruction
+// of a warp touches 32 lines); with one row a thread, a 4,096-row prefill spent about 600 us a layer on them (run
+// 126's trace: 615 us for 64 MB in and out).
 template <int VEC>
 __global__ void __launch_bounds__(kConvThreads)
     conv_kernel(const bf16* __restrict__ qkv, const float* __restrict__ conv_w, bf16* conv_state, RowMap rows,
-                int64_t C, int K, bool update_state, bf16* __restrict__ mixed) {
+                int64_t C, int K, bool update_state, int rows_per_block, bf16* __restrict__ mixed) {
     pdl_trigger();
     const int64_t c = (int64_t(blockIdx.x) * kConvThreads + threadIdx.x) * VEC;
     const bool active = c < C;
-    const float* w = conv_w + (active ? c : 0) * K;  // [VEC, K]
+    const float* w = conv_w + (active ? c : 0) * K;              // [VEC, K]
+    const int64_t first = int64_t(blockIdx.y) * rows_per_block;  // the block's first row
     // Loaded before the wait: the first kPreTaps taps of the weights (never written by a kernel) and, in decode
     // (every run one token), taps 0 .. K-2 of the block's first row, which are the conv state: only this kernel
     // writes it, in earlier steps, and those are complete before the step's first kernel (see decode_kernel).
     constexpr int kPreTaps = 4;
     float wpre[VEC][kPreTaps];
+    if (K == kPreTaps && (reinterpret_cast<uintptr_t>(conv_w) & 15u) == 0) {  // a channel's taps as one float4
 #pragma unroll
-    for (int v = 0; v < VEC; v++)
+        for (int v = 0; v < VEC; v++) {
+            const float4 q = active ? *reinterpret_cast<const float4*>(w + v * kPreTaps) : make_float4(0, 0, 0, 0);
+            wpre[v][0] = q.x;
+            wpre[v][1] = q.y;
+            wpre[v][2] = q.z;
+            wpre[v][3] = q.w;
+        }
+    } else {
 #pragma unroll
-        for (int j = 0; j < kPreTaps; j++) wpre[v][j] = active && j < K ? w[v * K + j] : 0.0f;
-    const bool pre_state = update_state && active && K - 1 <= kPreTaps && int(blockIdx.y) < rows.n_rows;
+        for (int v = 0; v < VEC; v++)
+#pragma unroll
+            for (int j = 0; j < kPreTaps; j++) wpre[v][j] = active && j < K ? w[v * K + j] : 0.0f;
+    }
+    const bool pre_state = update_state && active && K - 1 <= kPreTaps && first < rows.n_rows;
     float spre[kPreTaps][VEC];
     if (pre_state) {
-        const bf16* st0 = conv_state + int64_t(rows.slot[blockIdx.y]) * (K - 1) * C + c;
+        const bf16* st0 = conv_state + int64_t(rows.slot[first]) * (K - 1) * C + c;
 #pragma unroll
         for (int j = 0; j < kPreTaps; j++)
             if (j < K - 1) load_channels<VEC>(st0 + int64_t(j) * C, spre[j]);
     }
     pdl_wait();  // qkv comes from the projection; the state and mixed may still be used by earlier kernels
     if (!active) return;
-    for (int64_t t = blockIdx.y; t < rows.n_rows; t += gridDim.y) {
-        const int i = rows.in_run[t];
-        bf16* st = conv_state + int64_t(rows.slot[t]) * (K - 1) * C + c;
-        float acc[VEC];
+    for (int64_t t0 = first; t0 < rows.n_rows; t0 += int64_t(gridDim.y) * rows_per_block)
+        for (int64_t t = t0, end = std::min<int64_t>(t0 + rows_per_block, rows.n_rows); t < end; t++) {
+            const int i = rows.in_run[t];
+            bf16* st = conv_state + int64_t(rows.slot[t]) * (K - 1) * C + c;
+            float acc[VEC];
 #pragma unroll
-        for (int v = 0; v < VEC; v++) acc[v] = 0.0f;
-        const bool use_pre = pre_state && t == int64_t(blockIdx.y);
-        auto input = [&](int j, float(&in)[VEC]) {  // tap j's input
-            const int src = i - (K - 1) + j;
-            load_channels<VEC>(src >= 0 ? qkv + (t - i + src) * C + c : st + int64_t(K - 1 + src) * C, in);
-        };
+            for (int v = 0; v < VEC; v++) acc[v] = 0.0f;
+            const bool use_pre = pre_state && t == first;
+            auto input = [&](int j, float(&in)[VEC]) {  // tap j's input
+                const int src = i - (K - 1) + j;
+                load_channels<VEC>(src >= 0 ? qkv + (t - i + src) * C + c : st + int64_t(K - 1 + src) * C, in);
+            };
 #pragma unroll
-        for (int j = 0; j < kPreTaps; j++) {  // FMAs in order j, as below
-            if (j >= K) break;
-            float in[VEC];
-            if (use_pre && j < K - 1) {
+            for (int j = 0; j < kPreTaps; j++) {  // FMAs in order j, as below
+                if (j >= K) break;
+                float in[VEC];
+                if (use_pre && j < K - 1) {
 #pragma unroll
-                for (int v = 0; v < VEC; v++) in[v] = spre[j][v];
-            } else {
+                    for (int v = 0; v < VEC; v++) in[v] = spre[j][v];
+                } else {
+                    input(j, in);
+                }
+#pragma unroll
+                for (int v = 0; v < VEC; v++) acc[v] = fmaf(wpre[v][j], in[v], acc[v]);
+            }
+            for (int j = kPreTaps; j < K; j++) {
+                float in[VEC];
                 input(j, in);
+#pragma unroll
+                for (int v = 0; v < VEC; v++) acc[v] = fmaf(w[v * K + j], in[v], acc[v]);
             }
 #pragma unroll
-            for (int v = 0; v < VEC; v++) acc[v] = fmaf(wpre[v][j], in[v], acc[v]);
+            for (int v = 0; v < VEC; v++) acc[v] = siluf_(round_bf16(acc[v]));
+            if constexpr (VEC == 8)
+                *reinterpret_cast<uint4*>(mixed + t * C + c) = pack8(acc);
+            else
+                mixed[t * C + c] = to_bf16(acc[0]);
+            if (update_state) {
+                for (int j = 0; j + 1 < K - 1; j++) copy_channels<VEC>(st + int64_t(j) * C, st + int64_t(j + 1) * C);
+                if (K > 1) copy_channels<VEC>(st + int64_t(K - 2) * C, qkv + t * C + c);
+            }
         }
-        for (int j = kPreTaps; j < K; j++) {
-            float in[VEC];
-            input(j, in);
-#pragma unroll
-            for (int v = 0; v < VEC; v++) acc[v] = fmaf(w[v * K + j], in[v], acc[v]);
-        }
-#pragma unroll
-        for (int v = 0; v < VEC; v++) acc[v] = siluf_(round_bf16(acc[v]));
-        if constexpr (VEC == 8)
-            *reinterpret_cast<uint4*>(mixed + t * C + c) = pack8(acc);
-        else
-            mixed[t * C + c] = to_bf16(acc[0]);
-        if (update_state) {
-            for (int j = 0; j + 1 < K - 1; j++) copy_channels<VEC>(st + int64_t(j) * C, st + int64_t(j + 1) * C);
-            if (K > 1) copy_channels<VEC>(st + int64_t(K - 2) * C, qkv + t * C + c);
-        }
-    }
 }
 
 // grid (C / VEC / kConvThreads, min(n_runs, 65535)): thread per (run, VEC channels); the new state holds the last
@@ -973,7 +989,11 @@ void gated_delta_net(const GatedDeltaNetArgs& a, const RowMap& rows, bf16* mixed
     const bool vec = ((reinterpret_cast<uintptr_t>(qkv) | reinterpret_cast<uintptr_t>(conv_state)) & 15u) == 0 &&
                      int64_t(rows.n_rows) * C >= int64_t(1) << 18;
     const int V = vec ? 8 : 1;
-    const dim3 conv_grid(ceil_div(C / V, kConvThreads), unsigned(std::min(rows.n_rows, 65535)));
+    // rows a conv thread takes (its weights loaded once for them): up to 16 in prefill, so that a 4,096-row step still
+    // has 256 row groups; 1 in decode (each row its own sequence, few rows)
+    const int conv_rows = one_token_runs ? 1 : int(std::clamp<int64_t>(rows.n_rows / 256, 1, 16));
+    const dim3 conv_grid(ceil_div(C / V, kConvThreads),
+                         unsigned(std::min<int64_t>(ceil_div(rows.n_rows, conv_rows), 65535)));
     // decode: the conv inside the recurrence kernel where it can be (see decode_kernel)
     const int ratio = a.n_v_heads / a.n_k_heads;
     const bool fused_conv = one_token_runs && rows.n_runs <= kFusedConvMaxRuns && ctx.gdn_fused_conv &&
@@ -983,7 +1003,7 @@ void gated_delta_net(const GatedDeltaNetArgs& a, const RowMap& rows, bf16* mixed
                             (ratio == 1 || ctx.clusters);
     if (!fused_conv) {
         launch(vec ? conv_kernel<8> : conv_kernel<1>, conv_grid, dim3(kConvThreads), 0, ctx,
-               "Gated DeltaNet conv kernel", qkv, a.conv_w, conv_state, rows, C, K, one_token_runs, mixed);
+               "Gated DeltaNet conv kernel", qkv, a.conv_w, conv_state, rows, C, K, one_token_runs, conv_rows, mixed);
         if (K > 1 && !one_token_runs) {
             const dim3 grid(ceil_div(C / V, kConvThreads), unsigned(std::min(rows.n_runs, 65535)));
             launch(vec ? conv_state_kernel<8> : conv_state_kernel<1>, grid, dim3(kConvThreads), 0, ctx,
