@@ -243,6 +243,9 @@ struct CudaOptions {
     // (tests: several items a block); 0: as many as fit on the device.
     bool gdn_decode_stream = false;
     int gdn_decode_stream_blocks = 0;
+    // Prefill: the most rows a Gated DeltaNet conv thread takes (its weights loaded once for them; 1 to 16); 0: the
+    // tuned default (16). The results are bitwise the same for every value.
+    int gdn_conv_rows = 0;
     int moe_grouped_min_rows = 0;  // MoE experts grouped by expert from this many rows on; 0: the tuned default
     // Decode attention split over positions: a block takes up to this many q heads of one kv head (1, 2 or 4; the
     // largest that divides the group size); 0: the tuned default. Results are bitwise the same for every value.

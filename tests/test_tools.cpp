@@ -244,6 +244,8 @@ TEST_CASE("hybrid-bench: CUDA tuning switches are checked, and noted as ignored 
         {{"--wgmma-gemm", "on", "--wgmma-parts", "3"}, "--wgmma-parts must be 0, 1, 2, 4 or 8, got 3"},
         {{"--wgmma-parts", "4"}, "--wgmma-parts needs --wgmma-gemm on"},
         {{"--gdn-decode-stream", "yes"}, "--gdn-decode-stream must be on or off, got 'yes'"},
+        {{"--gdn-conv-rows", "17"}, "--gdn-conv-rows must be 0 to 16, got 17"},
+        {{"--wgmma-gemm", "on", "--wgmma-parts", "0x4"}, "invalid value '0x4' for --wgmma-parts"},
     };
     for (const auto& [flags, message] : bad) {
         std::vector<std::string> args = {"-m", "models/tiny", "-p", "4", "-n", "1", "-r", "1"};

@@ -251,6 +251,8 @@ int main(int argc, char** argv) {
         ("gdn-decode-stream", "CUDA, decode steps of more than 8 sequences: stream the Gated DeltaNet states through "
          "one block an SM (on) or a block per head and sequence (off, the default)",
          cxxopts::value<std::string>()->default_value("off"))
+        ("gdn-conv-rows", "CUDA, prefill: the most rows a Gated DeltaNet conv thread takes, 1 to 16; 0: 16 (the "
+         "default)", cxxopts::value<int>()->default_value("0"))
         ("wgmma-parts", "CUDA, --wgmma-gemm on: split K over 1, 2, 4 or 8 blocks of a cluster; 0: by shape (the "
          "default)", cxxopts::value<int>()->default_value("0"));
     add_shared_option(opts, "", "fp8-gemm");
@@ -266,7 +268,7 @@ int main(int argc, char** argv) {
     }
     try {
         tools::check_int_args(args, {"prompt", "gen", "reps", "threads", "ubatch", "depth", "attn-heads-per-block",
-                                     "attn-splits", "moe-grouped-rows"});
+                                     "attn-splits", "moe-grouped-rows", "wgmma-parts", "gdn-conv-rows"});
         tools::check_given_once(args);
         const std::string dir = args["model"].as<std::string>();
         const int n_prompt = args["prompt"].as<int>(), n_gen = args["gen"].as<int>(), reps = args["reps"].as<int>();
@@ -337,6 +339,9 @@ int main(int argc, char** argv) {
                 throw tools::UsageError("--gdn-decode-stream must be on or off, got '" + v + "'");
             mp.cuda.gdn_decode_stream = v == "on";
         }
+        mp.cuda.gdn_conv_rows = args["gdn-conv-rows"].as<int>();
+        if (mp.cuda.gdn_conv_rows < 0 || mp.cuda.gdn_conv_rows > 16)
+            throw tools::UsageError("--gdn-conv-rows must be 0 to 16, got " + std::to_string(mp.cuda.gdn_conv_rows));
         mp.cuda.attn_max_splits = args["attn-splits"].as<int>();
         if (mp.cuda.attn_max_splits < 0 || mp.cuda.attn_max_splits > 128)
             throw tools::UsageError("--attn-splits must be 0 to 128, got " + std::to_string(mp.cuda.attn_max_splits));
@@ -377,9 +382,9 @@ int main(int argc, char** argv) {
                          "for (max_position_embeddings)\n",
                          mp.n_ctx - 1, c.max_position_embeddings);
         Backend& be = model->backend();
-        for (const char* flag :
-             {"fp8-gemm", "attn-heads-per-block", "attn-splits", "int-split-k", "moe-grouped-rows", "small-batch-gemv",
-              "wide-gemv", "wgmma-gemm", "wgmma-parts", "gdn-decode-stream", "no-cuda-graphs", "no-pdl"})
+        for (const char* flag : {"fp8-gemm", "attn-heads-per-block", "attn-splits", "int-split-k", "moe-grouped-rows",
+                                 "small-batch-gemv", "wide-gemv", "wgmma-gemm", "wgmma-parts", "gdn-decode-stream",
+                                 "gdn-conv-rows", "no-cuda-graphs", "no-pdl"})
             if (args.count(flag) && std::string(be.name()) != "cuda")
                 std::fprintf(stderr, "hybrid-bench: note: --%s only changes the CUDA backend; ignored on %s\n", flag,
                              be.name());

@@ -293,6 +293,10 @@ public:
         ctx_.gdn_fused_conv = o.gdn_fused_conv;
         ctx_.gdn_decode_stream = o.gdn_decode_stream;
         ctx_.gdn_decode_stream_blocks = std::max(0, o.gdn_decode_stream_blocks);
+        if (o.gdn_conv_rows < 0 || o.gdn_conv_rows > 16)
+            throw Error(Status::invalid_argument,
+                        "CudaOptions::gdn_conv_rows must be 0 to 16, got " + std::to_string(o.gdn_conv_rows));
+        ctx_.gdn_conv_rows = o.gdn_conv_rows;
         if (o.moe_grouped_min_rows > 0) ctx_.moe_grouped_min_rows = o.moe_grouped_min_rows;
         if (o.attn_heads_per_block > 0) ctx_.attn_heads_per_block = o.attn_heads_per_block;
         if (o.attn_max_splits > 0) ctx_.attn_max_splits = std::min(o.attn_max_splits, cuda::kAttnMaxSplits);

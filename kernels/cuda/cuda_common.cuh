@@ -60,6 +60,8 @@ struct LaunchContext {
     // take several (run, head) items (two state buffers); gdn_decode_stream_blocks > 0 caps the blocks (tests)
     bool gdn_decode_stream = false;
     int gdn_decode_stream_blocks = 0;
+    // gated_delta_net.cuh: the most rows a prefill conv thread takes (its weights loaded once for them); 0: 16
+    int gdn_conv_rows = 0;
     int moe_grouped_min_rows = kMoeGroupedMinRows;  // moe.cuh: rows from which the experts run grouped by expert
     int attn_heads_per_block = kAttnHeadsPerBlock;  // attention.cuh: q heads of one kv head per decode block
     int attn_max_splits = kAttnDefaultSplits;       // attention.cuh: most position splits of a decode step

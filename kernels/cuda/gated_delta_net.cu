@@ -989,9 +989,10 @@ void gated_delta_net(const GatedDeltaNetArgs& a, const RowMap& rows, bf16* mixed
     const bool vec = ((reinterpret_cast<uintptr_t>(qkv) | reinterpret_cast<uintptr_t>(conv_state)) & 15u) == 0 &&
                      int64_t(rows.n_rows) * C >= int64_t(1) << 18;
     const int V = vec ? 8 : 1;
-    // rows a conv thread takes (its weights loaded once for them): up to 16 in prefill, so that a 4,096-row step still
-    // has 256 row groups; 1 in decode (each row its own sequence, few rows)
-    const int conv_rows = one_token_runs ? 1 : int(std::clamp<int64_t>(rows.n_rows / 256, 1, 16));
+    // rows a conv thread takes (its weights loaded once for them): up to 16 (ctx.gdn_conv_rows) in prefill, so that a
+    // 4,096-row step still has 256 row groups; 1 in decode (each row its own sequence, few rows)
+    const int conv_rows_max = ctx.gdn_conv_rows > 0 ? ctx.gdn_conv_rows : 16;
+    const int conv_rows = one_token_runs ? 1 : int(std::clamp<int64_t>(rows.n_rows / 256, 1, conv_rows_max));
     const dim3 conv_grid(ceil_div(C / V, kConvThreads),
                          unsigned(std::min<int64_t>(ceil_div(rows.n_rows, conv_rows), 65535)));
     // decode: the conv inside the recurrence kernel where it can be (see decode_kernel)

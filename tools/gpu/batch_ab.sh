@@ -7,11 +7,12 @@
 #   rounds) -> (gdn) b=64/128/256 with --gdn-decode-stream off and on (2 rounds) -> (both) both on against both off
 #   -> (moe) 35B-A3B shapes b=16/64, both off and on -> (mixed) b=12/16 with --small-batch-gemv auto and mixed
 #   -> (gpu_tests) every [gpu] case -> (memcheck) compute-sanitizer memcheck and racecheck on the new cases ->
-#   (conv_ncu) Nsight Compute on the Gated DeltaNet conv and recurrence kernels of a 4096-token prefill.
+#   (prefill) prefill 4096 with the conv's new rows a thread against one (--gdn-conv-rows 1) -> (conv_ncu) Nsight
+#   Compute on the Gated DeltaNet conv and recurrence kernels of a 4096-token prefill.
 # Usage (device tool, repository root, carry [".carry"]): bash tools/gpu/batch_ab.sh   (ONLY="a b": those stages;
 # PARTS=N adds hybrid-bench runs with --wgmma-parts N). A device call has 10 minutes and each call builds anew
 # (about 2 minutes), so run it in parts, most important first: ONLY="tests kbench", then ONLY="bench gdn", then
-# ONLY="both moe mixed", then ONLY="gpu_tests memcheck conv_ncu".
+# ONLY="both moe mixed", then ONLY="prefill conv_ncu gpu_tests memcheck".
 set -u
 . tools/gpu/run_lib.sh  # OUT, LOG, SUM, T0, DEPS, CFG, say, step, want
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$SUM" 2>&1
@@ -99,6 +100,15 @@ if want memcheck; then
     grep -E "ERROR SUMMARY|test cases" "$LOG" | tail -2 >>"$SUM"
     step racecheck_gdn 300 compute-sanitizer --tool racecheck --error-exitcode 99 $N/hybrid-tests "$GDN_CASE"
     grep -E "RACECHECK SUMMARY|ERROR SUMMARY|test cases" "$LOG" | tail -2 >>"$SUM"
+fi
+if want prefill; then  # the conv's rows a thread (the new default against 1, the old form), 2 rounds
+    for i in 1 2; do
+        for r in 1 0; do
+            step "prefill_rows${r}_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 4096 -n 8 -r 2 \
+                --ubatch 4096 --gdn-conv-rows $r
+            grep -E '^\| +[0-9]' "$LOG" | tail -1 | sed "s/^/  [conv rows $r $i] /" >>"$SUM"
+        done
+    done
 fi
 if want conv_ncu; then  # prefill 4096: the run 126 trace gave the conv 615 us a layer (about 40 expected): measure it
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
