@@ -32,14 +32,6 @@ int usage_error(const std::string& msg) {
 }  // namespace
 
 int main(int argc, char** argv) {
-    // llama.cpp's -np is not a cxxopts option: spell it --parallel.
-    std::vector<std::string> words(argv, argv + argc);
-    for (std::string& w : words)
-        if (w == "-np") w = "--parallel";
-    std::vector<char*> args;
-    for (std::string& w : words) args.push_back(w.data());
-    int n_args = int(args.size());
-
     cxxopts::Options opts("hybrid-server", "An OpenAI-compatible HTTP server for Qwen3.5 hybrid models.");
     opts.custom_help("-m DIR [options]");
     hy::add_shared_option(opts, "", "model");
@@ -75,6 +67,27 @@ int main(int argc, char** argv) {
     hy::add_shared_option(opts, "", "no-cuda-graphs");
     hy::add_shared_option(opts, "", "version");
     hy::add_shared_option(opts, "", "help");
+
+    // llama.cpp's -np is not a cxxopts option: spelled --parallel where it stands as an option (not as the value of
+    // the option before it: `-a -np` names the model "-np"). Then the words cxxopts would misread (-ngl as -n "gl",
+    // -t=4, an option where a value belongs) are refused as hybrid and the tools refuse them.
+    std::vector<std::string> words(argv, argv + argc);
+    for (size_t i = 1; i < words.size(); i++) {
+        if (words[i] == "--") break;
+        if (words[i] == "-np") {
+            words[i] = "--parallel";
+        } else if (words[i].rfind("-np=", 0) == 0) {
+            return usage_error("-np takes its value as the next word: -np " + words[i].substr(4) +
+                               ", or --parallel=" + words[i].substr(4));
+        } else if (hy::option_takes_value(opts, words[i])) {
+            i++;  // (its value, as given)
+        }
+    }
+    std::vector<char*> args;
+    for (std::string& w : words) args.push_back(w.data());
+    const int n_args = int(args.size());
+    if (const std::string e = hy::first_single_dash_word_error(opts, n_args, args.data()); !e.empty())
+        return usage_error(e);
 
     hy::server::ServerParams p;
     try {
@@ -158,7 +171,8 @@ int main(int argc, char** argv) {
         if (p.n_slots < 1 || p.n_slots > 4096) return usage_error("-np must be in [1, 4096]");
         if (p.n_ctx < 0 || p.n_ctx == 1) return usage_error("-c must be 0 (the model's trained context) or at least 2");
         if (p.max_batch_tokens < 1) return usage_error("-b must be at least 1");
-        if (p.n_threads < 0 || p.n_threads > 1024) return usage_error("-t must be in [0, 1024]");
+        if (p.n_threads == -1) p.n_threads = 0;  // (llama.cpp's spelling of all cores, as hybrid and the tools take it)
+        if (p.n_threads < 0 || p.n_threads > 1024) return usage_error("-t must be in [0, 1024] (0 or -1: all cores)");
         if (cache_mb < 0) return usage_error("--cache-mb must be >= 0");
         if (p.http_threads < 0) return usage_error("--threads-http must be >= 0");
         p.cache_mb = size_t(cache_mb);

@@ -515,6 +515,10 @@ ojson normalize_messages(const ojson& body) {
             bad(where + ".role", where + ".role '" + role + "' is not system, user, assistant, tool or developer");
         ojson n = m;
         if (role == "developer") n["role"] = "system";
+        if (field(m, "function_call"))  // (OpenAI's deprecated form: ignored, the call never reached the prompt)
+            bad(where + ".function_call", where +
+                                              ".function_call is the deprecated form of tool_calls: send that "
+                                              "instead");
         const ojson* content = field(m, "content");
         const ojson* calls = field(m, "tool_calls");
         if (calls && !calls->is_array()) bad(where + ".tool_calls", where + ".tool_calls must be a list");
@@ -1009,6 +1013,12 @@ struct Server::Impl {
                          const Settings& settings) {
         Settings s = settings;
         s.keep_ids = chat.marker_ids();  // the output parser needs them even when the tokenizer marks them special
+        // OpenAI's deprecated function-calling fields: refused by name (they were ignored, so a function never
+        // reached the prompt)
+        for (const auto& [legacy, now] :
+             {std::pair<const char*, const char*>{"functions", "tools"}, {"function_call", "tool_choice"}})
+            if (field(body, legacy))
+                bad(legacy, std::string(legacy) + " is the deprecated form of " + now + ": send that instead");
         const ojson messages = normalize_messages(body);
         ojson tools = nullptr;
         if (const ojson* t = field(body, "tools")) {

@@ -737,6 +737,25 @@ TEST_CASE("server and hybrid-perplexity: a bad -m is named as in hybrid; a repea
         run_prog(kBin + "/hybrid-server", {"-m", "models/tiny", "--port", "0", "-np", "1", "-np", "2"});
     CHECK(twice.rc == 1);
     CHECK(twice.err.find("hybrid-server: --parallel was given more than once (give it once)") == 0);
+    // -np is llama.cpp's --parallel only where it stands as an option (`-a -np` named the model "--parallel");
+    // words cxxopts would misread are refused as hybrid refuses them
+    {
+        const hy::test::cli_util::Run eq = run_prog(kBin + "/hybrid-server", {"-m", "models/tiny", "-np=4"});
+        CHECK(eq.rc == 1);
+        CHECK(eq.err.find("-np takes its value as the next word: -np 4, or --parallel=4") != std::string::npos);
+        const hy::test::cli_util::Run ngl = run_prog(kBin + "/hybrid-server", {"-m", "models/tiny", "-ngl", "99"});
+        CHECK(ngl.rc == 1);
+        CHECK(ngl.err.find("unknown option -ngl") != std::string::npos);
+        const hy::test::cli_util::Run teq = run_prog(kBin + "/hybrid-server", {"-m", "models/tiny", "-t=4"});
+        CHECK(teq.rc == 1);
+        CHECK(teq.err.find("-t takes its value as the next word: -t 4") != std::string::npos);
+        const hy::test::cli_util::Run gap = run_prog(kBin + "/hybrid-server", {"-m", "models/tiny", "-c", "-t", "4"});
+        CHECK(gap.rc == 1);
+        CHECK(gap.err.find("-c needs a value (the next word, -t, is an option)") != std::string::npos);
+        // (-t -1 is all cores, as in hybrid and the tools; it was refused)
+        ServerProcess alias({"-np", "1", "-t", "-1", "-a", "-np"});
+        CHECK(get(alias.port(), "/v1/models").json()["data"][0]["id"] == "-np");
+    }
     // numbers are decimal, as in hybrid and the tools (--port 0x10 listened on port 16; --idle-timeout 0x5 was read
     // as 0 and named as out of range)
     for (const auto& [opt, value] : {std::pair<const char*, const char*>{"--port", "0x10"},
@@ -1031,6 +1050,15 @@ TEST_CASE("server: message content: required but with tool calls, no NUL bytes; 
         error(
             R"({"messages": [{"role": "user", "content": "x"}], "chat_template_kwargs": {"enable_thinking": "no"}})") ==
         "chat_template_kwargs.enable_thinking must be true or false, not string");
+    // OpenAI's deprecated function-calling fields are refused by name (they were ignored: no function reached the
+    // prompt)
+    CHECK(error(R"({"messages": [{"role": "user", "content": "x"}], "functions": [{"name": "f"}]})") ==
+          "functions is the deprecated form of tools: send that instead");
+    CHECK(error(R"({"messages": [{"role": "user", "content": "x"}], "function_call": "auto"})") ==
+          "function_call is the deprecated form of tool_choice: send that instead");
+    CHECK(error(R"({"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": null,
+        "function_call": {"name": "f", "arguments": "{}"}}]})") ==
+          "messages[1].function_call is the deprecated form of tool_calls: send that instead");
     // tool calls need the model's chat template (models/tiny has none: the built-in ChatML dropped them silently;
     // with a template they are taken: the Jinja test case below)
     CHECK(error(R"({"max_tokens": 2, "messages": [{"role": "user", "content": "x"}, {"role": "assistant",
