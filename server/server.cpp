@@ -25,6 +25,7 @@
 #include <set>
 #include <thread>
 
+#include "kernels/cpu/thread_pool.h"
 #include "model/batch.h"
 #include "model/common.h"
 #include "model/config.h"
@@ -1572,6 +1573,13 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
     std::string warning = s.model->load_warning();
     if (!g.warning.empty()) warning += (warning.empty() ? "" : "; ") + g.warning;
     if (!warning.empty()) std::fprintf(stderr, "hybrid-server: warning: %s\n", warning.c_str());
+    // more CPU threads than cores: every step waits for threads that take turns (as hybrid and the tools warn)
+    if (const int cores = cpu::ThreadPool::default_threads();
+        std::string(s.model->backend().name()) == "cpu" && params.n_threads > cores)
+        std::fprintf(stderr,
+                     "hybrid-server: warning: -t %d is more than the %d cores available: every step waits for threads "
+                     "that take turns on a core (slower; -t 0 uses all cores)\n",
+                     params.n_threads, cores);
     // (as hybrid-bench and hybrid-compare note the CUDA switches they ignore)
     if (!mp.cuda.graphs && std::string(s.model->backend().name()) != "cuda")
         std::fprintf(stderr, "hybrid-server: note: --no-cuda-graphs only changes the CUDA backend; ignored on %s\n",

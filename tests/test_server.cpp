@@ -1768,8 +1768,8 @@ TEST_CASE("server: HTTP details: 411, 405 with Allow, /v1/models/{id}, the libra
     CHECK(get(port, "/health").status == 200);
 }
 
-// The load warnings (here an ignored generation_config.json field) are printed at startup, as hybrid prints them
-// (the server printed nothing); the server still starts.
+// The load warnings (here an ignored generation_config.json field, and -t past the cores) are printed at startup, as
+// hybrid prints them (the server printed nothing); the server still starts.
 TEST_CASE("server: load warnings are printed at startup", "[server]") {
     if (!have_server_binary()) return;
     hy::test::cli_util::TempDir tmp("server_warning");
@@ -1783,4 +1783,8 @@ TEST_CASE("server: load warnings are printed at startup", "[server]") {
                                "/generation_config.json: field 'temperature' must be a number, found \"hot\": "
                                "ignored\n") != std::string::npos);
     CHECK(s.stop(SIGTERM) == 0);
+    // more CPU threads than cores: warned, as by hybrid and the tools (the server said nothing)
+    ServerProcess t({"-np", "1", "--cache-mb", "0", "--device", "cpu", "-t", "1024"});
+    INFO(t.startup_log());
+    CHECK(t.startup_log().find("hybrid-server: warning: -t 1024 is more than the ") != std::string::npos);
 }
