@@ -1037,6 +1037,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
                     "number of sequence slots must lie in [1, 4096], got " + std::to_string(p.n_slots));
     if (p.max_batch_tokens <= 0)
         throw Error(Status::invalid_argument, "batch size must be positive, got " + std::to_string(p.max_batch_tokens));
+    // no step holds more tokens than the slots' positions together (-c 10 -b 100000000 asked for 2 TB of activations)
+    p.max_batch_tokens = int(std::min<int64_t>(p.max_batch_tokens, int64_t(std::max(p.n_ctx, 1)) * p.n_slots));
     p.max_batch_tokens = std::max(p.max_batch_tokens, p.n_slots);  // a decode step of every slot fits
     if (p.max_logits <= 0) p.max_logits = std::max(p.n_slots, 1);
     p.max_logits = std::min(p.max_logits, p.max_batch_tokens);
@@ -1145,7 +1147,9 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
                     "the model needs " + gib(m->arena_bytes_) + " (weights " + gib(m->weight_bytes_) +
                         ", KV cache and states " + gib(m->state_bytes_) + " for a context of " +
                         std::to_string(p.n_ctx) + " positions x " + std::to_string(p.n_slots) +
-                        (p.n_slots == 1 ? " sequence" : " sequences") + "), more than the " + gib(cap) + " of " +
+                        (p.n_slots == 1 ? " sequence" : " sequences") + ", working memory " +
+                        gib(m->arena_bytes_ - m->weight_bytes_ - m->state_bytes_) + " for steps of up to " +
+                        std::to_string(p.max_batch_tokens) + " tokens), more than the " + gib(cap) + " of " +
                         (std::string(be.name()) == "cpu" ? "host" : "device") + " memory" + fits);
     }
 

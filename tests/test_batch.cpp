@@ -32,6 +32,17 @@ GenerationResult solo(const GenerationRequest& r) {
 
 }  // namespace
 
+// A step never holds more tokens than the slots' positions together: a larger batch size is cut to that at load (-c 10
+// -b 100000000 asked for about 2 TB of activations and failed as out of memory).
+TEST_CASE("batch: the batch size is cut to the slots' positions at load", "[model][batch]") {
+    ModelParams p = params(2, 100000000);
+    p.n_ctx = 10;
+    auto m = Model::load(tiny_dir(), p);
+    CHECK(m->params().max_batch_tokens == 20);
+    auto one = Model::load(tiny_dir(), params(3, 64));  // (smaller ones stay as given)
+    CHECK(one->params().max_batch_tokens == 64);
+}
+
 TEST_CASE("batch API reproduces the golden left-padded batch", "[model][batch]") {
     nlohmann::json golden = nlohmann::json::parse(read_text(tiny_dir() + "/golden.json"));
     auto names = golden["batch"]["names"].get<std::vector<std::string>>();
