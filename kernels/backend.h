@@ -266,9 +266,12 @@ struct CudaOptions {
     // in thread-block clusters (sm_90; the same sums as the 3-16-row GEMV, so a row's result is the same in any batch
     // of 3 to 64 rows), -1: all on cuBLASLt; 0: the tuned default (9-16 rows in clusters, more on cuBLASLt).
     int wide_gemv = 0;
-    // bf16 matrices with 9 to 128 rows of x that the GEMVs above leave to cuBLASLt: 1: on the wgmma GEMM of
+    // bf16 matrices with 9 to 128 rows of x that the GEMVs above leave to cuBLASLt, on the wgmma GEMM of
     // kernels/cuda/gemm_wgmma.cuh instead (sm_90a; K split over a thread-block cluster, a row's result independent of
-    // the batch it runs in), 0 or -1: cuBLASLt (the default: the wgmma GEMM is not yet measured).
+    // the batch it runs in). 0 (default): groups of matrices that share x (q|k|v, the Gated DeltaNet input
+    // projections) up to 64 rows and lone matrices up to 32 rows, logits and gate/up on cuBLASLt (what won on an
+    // H100, docs/perf-notes.md, twenty-ninth session); 1: every such matrix up to 128 rows, gate/up/SiLU as one wgmma
+    // kernel; -1: none (cuBLASLt).
     int wgmma_gemm = 0;
     // The wgmma GEMM's K split (cluster size): 1, 2, 4 or 8; 0: by shape and SM count (wgmma_gemm_parts).
     int wgmma_gemm_parts = 0;

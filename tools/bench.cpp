@@ -245,15 +245,16 @@ int main(int argc, char** argv) {
          "the tensor-core GEMV in thread-block clusters, sm_90), off (all on cuBLASLt) or auto (the default: 9-16 "
          "rows in clusters)",
          cxxopts::value<std::string>()->default_value("auto"))
-        ("wgmma-gemm", "CUDA, bf16 matrices with 9 to 128 rows that the GEMVs leave to cuBLASLt: on (the wgmma GEMM, "
-         "sm_90a) or off (cuBLASLt, the default)",
-         cxxopts::value<std::string>()->default_value("off"))
+        ("wgmma-gemm", "CUDA, bf16 matrices with 9 to 128 rows that the GEMVs leave to cuBLASLt: auto (the default: "
+         "the wgmma GEMM, sm_90a, for groups sharing x up to 64 rows and lone matrices up to 32, gate/up and logits on "
+         "cuBLASLt), on (the wgmma GEMM for all of them, gate/up/SiLU fused) or off (cuBLASLt)",
+         cxxopts::value<std::string>()->default_value("auto"))
         ("gdn-decode-stream", "CUDA, decode steps of more than 8 sequences: stream the Gated DeltaNet states through "
          "one block an SM (on) or a block per head and sequence (off, the default)",
          cxxopts::value<std::string>()->default_value("off"))
         ("gdn-conv-rows", "CUDA, prefill: the most rows a Gated DeltaNet conv thread takes, 1 to 16; 0: 16 (the "
          "default)", cxxopts::value<int>()->default_value("0"))
-        ("wgmma-parts", "CUDA, --wgmma-gemm on: split K over 1, 2, 4 or 8 blocks of a cluster; 0: by shape (the "
+        ("wgmma-parts", "CUDA, the wgmma GEMM (--wgmma-gemm): split K over 1, 2, 4 or 8 blocks of a cluster; 0: by shape (the "
          "default)", cxxopts::value<int>()->default_value("0"));
     add_shared_option(opts, "", "fp8-gemm");
     add_shared_option(opts, "", "version");
@@ -324,13 +325,14 @@ int main(int argc, char** argv) {
         }
         {
             const std::string v = args["wgmma-gemm"].as<std::string>();
-            if (v != "on" && v != "off") throw tools::UsageError("--wgmma-gemm must be on or off, got '" + v + "'");
-            mp.cuda.wgmma_gemm = v == "on" ? 1 : 0;
+            if (v != "auto" && v != "on" && v != "off")
+                throw tools::UsageError("--wgmma-gemm must be auto, on or off, got '" + v + "'");
+            mp.cuda.wgmma_gemm = v == "on" ? 1 : v == "off" ? -1 : 0;
             const int parts = args["wgmma-parts"].as<int>();
             if (parts != 0 && parts != 1 && parts != 2 && parts != 4 && parts != 8)
                 throw tools::UsageError("--wgmma-parts must be 0, 1, 2, 4 or 8, got " + std::to_string(parts));
-            if (parts != 0 && !mp.cuda.wgmma_gemm)
-                throw tools::UsageError("--wgmma-parts needs --wgmma-gemm on (it sets that GEMM's K split)");
+            if (parts != 0 && mp.cuda.wgmma_gemm < 0)
+                throw tools::UsageError("--wgmma-parts needs --wgmma-gemm auto or on (it sets that GEMM's K split)");
             mp.cuda.wgmma_gemm_parts = parts;
         }
         {

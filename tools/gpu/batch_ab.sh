@@ -37,16 +37,17 @@ if want kbench; then
     done
 fi
 if want bench; then
+    NB=$(echo "${BATCHES:-16,32,64,128}" | tr ',' '\n' | wc -l)
     for i in 1 2; do
-        for g in off on; do
+        for g in ${MODES:-off auto on}; do
             step "bench_${g}_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 128 -n 64 \
                 -b ${BATCHES:-16,32,64,128} -r 1 --wgmma-gemm $g
-            grep -E '^\| +[0-9]' "$LOG" | tail -4 | sed "s/^/  [$g $i] /" >>"$SUM"
+            grep -E '^\| +[0-9]' "$LOG" | tail -"$NB" | sed "s/^/  [$g $i] /" >>"$SUM"
         done
         if [ -n "${PARTS:-}" ]; then
             step "bench_parts${PARTS}_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 128 -n 64 \
                 -b ${BATCHES:-16,32,64,128} -r 1 --wgmma-gemm on --wgmma-parts "$PARTS"
-            grep -E '^\| +[0-9]' "$LOG" | tail -4 | sed "s/^/  [parts $PARTS $i] /" >>"$SUM"
+            grep -E '^\| +[0-9]' "$LOG" | tail -"$NB" | sed "s/^/  [parts $PARTS $i] /" >>"$SUM"
         fi
     done
 fi
@@ -72,9 +73,9 @@ if want moe; then  # issue 19's b=64 (35B-A3B shapes): its dense projections and
     mkdir -p /tmp/q35 && cp tools/gpu/config_35b_a3b.json /tmp/q35/config.json
     for i in 1 2; do
         for v in off on; do
-            step "moe_${v}_$i" 300 $N/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 32 -b 16,64 \
-                -r 1 --wgmma-gemm $v --gdn-decode-stream $v
-            grep -E '^\| +[0-9]' "$LOG" | tail -2 | sed "s/^/  [moe $v $i] /" >>"$SUM"
+            step "moe_${v}_$i" 300 $N/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 32 -b 16,32,64 \
+                -r 1 --wgmma-gemm $([ $v = on ] && echo auto || echo off)
+            grep -E '^\| +[0-9]' "$LOG" | tail -3 | sed "s/^/  [moe $v $i] /" >>"$SUM"
         done
     done
 fi
