@@ -602,9 +602,21 @@ struct Server::Impl {
     std::unique_ptr<HttpServer> http;
     std::string model_id;
     std::time_t created = std::time(nullptr);
-    std::atomic<uint64_t> next_id{1};
     std::mt19937_64 seed_rng{std::random_device{}()};
     std::mutex seed_m;
+    // A response id: prefix + 24 random hex digits (unique across requests and restarts, as OpenAI's and vLLM's
+    // ids are; a counter started again at 1 after every restart).
+    std::string new_id(const char* prefix) {
+        uint64_t a, b;
+        {
+            std::lock_guard<std::mutex> lock(seed_m);
+            a = seed_rng();
+            b = seed_rng();
+        }
+        char hex[32];
+        std::snprintf(hex, sizeof hex, "%016llx%08llx", (unsigned long long)a, (unsigned long long)(b >> 32));
+        return prefix + std::string(hex);
+    }
     // metrics
     std::atomic<uint64_t> n_chat{0}, n_completions{0}, n_errors{0}, n_prompt{0}, n_cached{0}, n_generated{0},
         n_cancelled{0};
@@ -967,7 +979,7 @@ struct Server::Impl {
         if (const ojson* sfx = field(body, "suffix"))
             if (!sfx->is_string() || !sfx->get<std::string>().empty()) bad("suffix", "suffix is not supported");
         check_fits(prompt, "prompt");
-        const std::string id = "cmpl-" + std::to_string(next_id++);
+        const std::string id = new_id("cmpl-");
         const std::time_t now = std::time(nullptr);
         auto base = [this, id, now]() {
             return ojson{{"id", id}, {"object", "text_completion"}, {"created", now}, {"model", model_id}};
@@ -993,8 +1005,13 @@ struct Server::Impl {
                                                    {"index", 0},
                                                    {"logprobs", nullptr},
                                                    {"finish_reason", o.shutdown ? kShutdownFinish : o.finish}}});
-                if (s.include_usage) c["usage"] = usage(o);
                 send(c);
+                if (s.include_usage) {  // (a chunk of its own with no choices, as OpenAI and vLLM send it)
+                    ojson u = base();
+                    u["choices"] = ojson::array();
+                    u["usage"] = usage(o);
+                    send(u);
+                }
             });
             return;
         }
@@ -1094,7 +1111,7 @@ struct Server::Impl {
         while (!tail.empty() && (tail.back() == '\n' || tail.back() == ' ')) tail.pop_back();
         const bool in_think = chat.has_think() && tail.size() >= think_open.size() &&
                               tail.compare(tail.size() - think_open.size(), think_open.size(), think_open) == 0;
-        const std::string id = "chatcmpl-" + std::to_string(next_id++);
+        const std::string id = new_id("chatcmpl-");
         const std::time_t now = std::time(nullptr);
         // (copied into the stream's provider, which runs after this function returned: it captures nothing by
         // reference)

@@ -423,9 +423,17 @@ TEST_CASE("server: streamed chunks concatenate to the non-streamed answer", "[se
         REQUIRE(r.status == 200);
         std::string text, finish;
         ojson usage;
+        int usage_chunks = 0;
         for (const ojson& ev : events(r.body)) {
-            if (ev.contains("usage") && !ev["usage"].is_null()) usage = ev["usage"];
+            // usage in a last chunk of its own, with no choices (OpenAI's and vLLM's form; completions put it on
+            // the finish chunk: the fresh-user test of the twenty-ninth session)
+            if (ev.contains("usage") && !ev["usage"].is_null()) {
+                usage = ev["usage"];
+                usage_chunks++;
+                CHECK(ev["choices"].empty());
+            }
             if (ev["choices"].empty()) continue;
+            CHECK(usage_chunks == 0);
             const ojson& c = ev["choices"][0];
             if (chat && c["delta"].contains("content")) text += c["delta"]["content"].get<std::string>();
             if (!chat) text += c["text"].get<std::string>();
@@ -437,6 +445,7 @@ TEST_CASE("server: streamed chunks concatenate to the non-streamed answer", "[se
         CHECK(text == (chat ? choice["message"]["content"] : choice["text"]).get<std::string>());
         CHECK(finish == choice["finish_reason"].get<std::string>());
         CHECK(usage == whole["usage"]);
+        CHECK(usage_chunks == 1);
     }
 }
 
