@@ -424,7 +424,8 @@ GenerationDefaults parse_generation_defaults(const std::string& text, const std:
         g.warning += std::string(g.warning.empty() ? source + ": " : "; ") + "field '" + f + "' " + what + ", found " +
                      j.at(f).dump() + ": ignored";
     };
-    // the ranges hybrid's options accept (--temp <= 0 is greedy, --top-k <= 0 and --top-p 1 are off)
+    // transformers' ranges (a negative temperature or top_k is an error there), with what hybrid's options make of
+    // the edges: temperature 0 is greedy, top_k 0 and top_p 1 are off
     auto real = [&](const char* f, bool unit, bool positive) -> std::optional<float> {
         if (!given(f)) return std::nullopt;
         const double v = j.at(f).is_number() ? j.at(f).get<double>() : 0.0;
@@ -432,6 +433,7 @@ GenerationDefaults parse_generation_defaults(const std::string& text, const std:
                           : !std::isfinite(float(v))     ? "must be a finite number"
                           : unit && (v < 0.0 || v > 1.0) ? "must be in [0, 1]"
                           : positive && !(v > 0.0)       ? "must be > 0"
+                          : v < 0.0                      ? "must be >= 0"
                                                          : nullptr;
         if (!err) return float(v);
         bad(f, err);
@@ -451,9 +453,9 @@ GenerationDefaults parse_generation_defaults(const std::string& text, const std:
         const json& k = j.at("top_k");
         if (!k.is_number_integer())
             bad("top_k", "must be an integer");
-        else if (k.get<long long>() < -(1ll << 30) || k.get<long long>() > (1ll << 30) ||
+        else if (k.get<long long>() < 0 || k.get<long long>() > (1ll << 30) ||
                  (k.is_number_unsigned() && k.get<uint64_t>() > (1ull << 30)))  // (past 2^63 it would wrap)
-            bad("top_k", "must be in [-2^30, 2^30]");
+            bad("top_k", "must be in [0, 2^30]");
         else
             g.top_k = int(k.get<long long>());
     }

@@ -414,11 +414,11 @@ TEST_CASE("generation_config.json: sampling fields, types and ranges", "[loader]
     CHECK(!none.temperature);
     CHECK(!none.do_sample);
     CHECK(!none.top_k);
-    // the values hybrid's options accept: temperature <= 0 (greedy), top_k <= 0 and top_p 0 or 1
+    // the edges: temperature 0 (greedy), top_k 0 (off), top_p 0 or 1
     const GenerationDefaults edge =
-        parse_generation_defaults(R"({"temperature": -0.5, "top_k": -1, "top_p": 0, "min_p": 1})", "g.json");
-    CHECK(*edge.temperature == -0.5f);
-    CHECK(*edge.top_k == -1);
+        parse_generation_defaults(R"({"temperature": 0, "top_k": 0, "top_p": 0, "min_p": 1})", "g.json");
+    CHECK(*edge.temperature == 0.0f);
+    CHECK(*edge.top_k == 0);
     CHECK(*edge.top_p == 0.0f);
     CHECK(*edge.min_p == 1.0f);
     // a bad value: the field is ignored and named in the warning (the file is optional)
@@ -431,8 +431,12 @@ TEST_CASE("generation_config.json: sampling fields, types and ranges", "[loader]
              {R"({"repetition_penalty": 0})", "g.json: field 'repetition_penalty' must be > 0, found 0: ignored"},
              {R"({"repetition_penalty": 1e39})", "field 'repetition_penalty' must be a finite number"},
              {R"({"top_k": 2.5})", "g.json: field 'top_k' must be an integer, found 2.5: ignored"},
-             {R"({"top_k": 2000000000})", "field 'top_k' must be in [-2^30, 2^30]"},
-             {R"({"top_k": 18446744073709551615})", "field 'top_k' must be in [-2^30, 2^30]"},  // (it wrapped to -1)
+             {R"({"top_k": 2000000000})", "field 'top_k' must be in [0, 2^30]"},
+             {R"({"top_k": 18446744073709551615})", "field 'top_k' must be in [0, 2^30]"},  // (it wrapped to -1)
+             // (transformers refuses these; they were taken as greedy and top-k off: the fresh-user test of the
+             // twenty-ninth session)
+             {R"({"temperature": -0.5})", "g.json: field 'temperature' must be >= 0, found -0.5: ignored"},
+             {R"({"top_k": -5})", "g.json: field 'top_k' must be in [0, 2^30], found -5: ignored"},
              {R"({"do_sample": 1})", "g.json: field 'do_sample' must be true or false, found 1: ignored"}}) {
         INFO(text);
         const GenerationDefaults bad = parse_generation_defaults(text, "g.json");
