@@ -61,8 +61,8 @@ struct Reader {
 };
 
 // Walks the layout of a snapshot of n bytes (after check_snapshot_header) without using its contents: a file cut
-// short is "truncated" (and not "damaged" by the checksum, which it would also fail); one with bytes after the
-// layout is refused too.
+// short is "truncated or damaged" (not only "damaged" by the checksum, which it would also fail); one with bytes
+// after the layout is refused too.
 void check_snapshot_layout(const uint8_t* data, size_t n) {
     Reader r{data, n};
     r.pos = 12;
@@ -70,8 +70,11 @@ void check_snapshot_layout(const uint8_t* data, size_t n) {
     r.pos = 24;
     const uint64_t n_hist = r.get<uint32_t>();
     r.get<uint32_t>();  // n_pending
+    // (a length field changed by damage reads the same as a cut: the message names both)
     auto skip = [&](uint64_t bytes) {
-        if (bytes > n - r.pos) throw Error(Status::format, "snapshot is truncated");
+        if (bytes > n - r.pos)
+            throw Error(Status::format, "snapshot is truncated or damaged (its layout runs past the file's " +
+                                            std::to_string(n) + " bytes)");
         r.pos += size_t(bytes);
     };
     skip(4 * n_hist);

@@ -285,6 +285,13 @@ TEST_CASE("engine: snapshots restore the sequence exactly", "[engine]") {
         CHECK(hy_state_load(t.c, snap.data(), keep) == HY_ERR_FORMAT);
         CHECK(std::string(hy_last_error()).find("truncated") != std::string::npos);
     }
+    {  // a history length field made larger reads as a cut: the message says either (it said "truncated" alone)
+        std::vector<uint8_t> bad = snap;
+        bad[27] ^= 0x40;  // (the top byte of n_hist, bytes 24-27)
+        CHECK(hy_state_load(t.c, bad.data(), bad.size()) == HY_ERR_FORMAT);
+        CHECK(std::string(hy_last_error())
+                  .rfind("snapshot is truncated or damaged (its layout runs past the file's ", 0) == 0);
+    }
     REQUIRE(hy_state_load(t.c, snap.data(), snap.size()) == HY_OK);  // the intact one still loads
     {  // snapshots of older builds (version 1: no checksum; version 2: a fingerprint of a wrong FNV-1a offset basis)
         // are refused by their version, in one line that says which version this build reads
