@@ -12,7 +12,7 @@
 # Usage (device tool, repository root, carry [".carry"]): bash tools/gpu/batch_ab.sh   (ONLY="a b": those stages;
 # PARTS=N adds hybrid-bench runs with --wgmma-parts N). A device call has 10 minutes and each call builds anew
 # (about 2 minutes), so run it in parts, most important first: ONLY="tests kbench", then ONLY="bench gdn", then
-# ONLY="both moe mixed", then ONLY="prefill conv_ncu gpu_tests memcheck".
+# ONLY="both moe mixed", then ONLY="prefill conv_ncu gpu_tests memcheck". MODES: the --wgmma-gemm values of bench.
 set -u
 . tools/gpu/run_lib.sh  # OUT, LOG, SUM, T0, DEPS, CFG, say, step, want
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$SUM" 2>&1
