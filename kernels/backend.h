@@ -268,11 +268,8 @@ struct CudaOptions {
     int wide_gemv = 0;
     // bf16 matrices with 9 to 128 rows of x that the GEMVs above leave to cuBLASLt, on the wgmma GEMM of
     // kernels/cuda/gemm_wgmma.cuh instead (sm_90a; K split over a thread-block cluster, a row's result independent of
-    // the batch it runs in). 0 (default): groups of matrices that share x (q|k|v, the Gated DeltaNet input
-    // projections) up to 64 rows and lone matrices up to 32 rows, logits and gate/up on cuBLASLt (what won on an
-    // H100, docs/perf-notes.md, twenty-ninth session); 1: every such matrix up to 128 rows, gate/up/SiLU as one wgmma
-    // kernel; -1: none (cuBLASLt). With 0 or 1 it also takes 9-16 rows from the cluster GEMV unless wide_gemv is
-    // given (non-zero).
+    // the batch it runs in; gate/up/SiLU as one kernel). 0 (default): up to 64 rows (H100, twenty-ninth session: b=32
+    // +11%, b=64 +5%, b=128 -29% against cuBLASLt; docs/perf-notes.md); 1: up to 128 rows; -1: none (cuBLASLt).
     int wgmma_gemm = 0;
     // The wgmma GEMM's K split (cluster size): 1, 2, 4 or 8; 0: by shape and SM count (wgmma_gemm_parts).
     int wgmma_gemm_parts = 0;

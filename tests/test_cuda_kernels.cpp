@@ -399,10 +399,11 @@ TEST_CASE("CUDA wgmma GEMM, 9-128 rows: matches the CPU, a row's bits the same i
         o.wgmma_gemm_parts = parts;
         check_tensor_core_gemv(o, {9, 16, 17, 31, 64, 65, 128}, true);
     }
-    // The default routing (CudaOptions::wgmma_gemm = 0): groups on it for 9-64 rows, lone matrices up to 32, gate/up
-    // and logits on cuBLASLt (so a row's bits change at 33 and 65 rows: not compared across row counts)
+    // The default (CudaOptions::wgmma_gemm = 0): 17-64 rows on it (the same bits), 9-16 on the cluster GEMV and
+    // more than 64 on cuBLASLt
     o = CudaOptions();
-    check_tensor_core_gemv(o, {9, 12, 16, 17, 32, 33, 64, 65}, false);
+    check_tensor_core_gemv(o, {17, 33, 64}, true);
+    check_tensor_core_gemv(o, {9, 16, 65, 128}, false);
 }
 
 // A recorded decode step (one row): the backend fuses matmul(gate), matmul(up), silu_mul into one GEMV and 2-4

@@ -246,8 +246,7 @@ int main(int argc, char** argv) {
          "rows in clusters)",
          cxxopts::value<std::string>()->default_value("auto"))
         ("wgmma-gemm", "CUDA, bf16 matrices with 9 to 128 rows that the GEMVs leave to cuBLASLt: auto (the default: "
-         "the wgmma GEMM, sm_90a, for groups sharing x up to 64 rows and lone matrices up to 32, gate/up and logits on "
-         "cuBLASLt), on (the wgmma GEMM for all of them, gate/up/SiLU fused) or off (cuBLASLt)",
+         "the wgmma GEMM, sm_90a, up to 64 rows), on (the wgmma GEMM up to 128 rows) or off (cuBLASLt)",
          cxxopts::value<std::string>()->default_value("auto"))
         ("gdn-decode-stream", "CUDA, decode steps of more than 8 sequences: stream the Gated DeltaNet states through "
          "one block an SM (on) or a block per head and sequence (off, the default)",

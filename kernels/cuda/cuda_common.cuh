@@ -79,15 +79,11 @@ struct LaunchContext {
     // rows go to the tensor-core GEMV when the above leave them to cuBLASLt (gemv_group_fits)
     int tc_group_max_rows = kGemvMaxTokens;
     // gemm_wgmma.cuh: bf16 matrices with kWgmmaGemmMinRows to this many rows that no GEMV above takes go to the wgmma
-    // GEMM (where wgmma and clusters) instead of cuBLASLt; 0: none. Groups take every such row; lone matrices (not
-    // logits: those only with wgmma_gemm_all) up to wgmma_lone_max_rows; gate/up only with wgmma_gemm_all (else
-    // cuBLASLt, Op::no_wgmma).
+    // GEMM (where wgmma and clusters) instead of cuBLASLt; 0: none
     int wgmma_gemm_max_rows = kWgmmaGemmDefaultMaxRows;
-    int wgmma_lone_max_rows = kWgmmaLoneDefaultMaxRows;
-    bool wgmma_gemm_all = false;  // CudaOptions::wgmma_gemm = 1: every matrix, logits and gate/up/SiLU included
-    int wgmma_gemm_parts = 0;     // its K split (1, 2, 4, 8); 0: wgmma_gemm_parts by shape
-    bool wgmma = false;           // the build has sm_90a code for the device (wgmma_available)
-    int sm_count = 0;             // the device's multiprocessors (launch shapes that fill the device)
+    int wgmma_gemm_parts = 0;  // its K split (1, 2, 4, 8); 0: wgmma_gemm_parts by shape
+    bool wgmma = false;        // the build has sm_90a code for the device (wgmma_available)
+    int sm_count = 0;          // the device's multiprocessors (launch shapes that fill the device)
 };
 
 // Per batch row, on the device (filled by the backend's begin_batch from the host runs).

@@ -36,14 +36,13 @@ constexpr int kGemvBlockMaxTokens = 2;
 // chunks, so the pipeline's fill and the cluster sum weigh, and cuBLASLt streams its tiles better).
 constexpr int kWideGemvMaxTokens = 64;
 constexpr int kWideGemvDefaultMaxTokens = 16;
-// Rows the wgmma GEMM (gemm_wgmma.cuh) takes by default where the GEMVs leave them: groups of matrices sharing x up
-// to 64 rows, lone matrices up to 32. H100, 4B shapes, hybrid-kernel-bench (GB/s, wgmma at its best K split against
-// cuBLASLt): 32 rows: Gated DeltaNet input group 2,473 / 1,640, q|k|v 2,293 / 1,798, o_proj 2,049 / 1,810, down_proj
-// 2,349 / 2,205, but gate+up 2,349 / 2,487 and lm_head 2,692 / 2,746; 64 rows: 2,130 / 1,620, 2,043 / 1,755, o_proj
-// 1,865 / 2,059, down_proj 2,215 / 2,124, gate+up 2,234 / 2,464; 128 rows: cuBLASLt everywhere (x is re-read by
-// every block of 128 features). CudaOptions::wgmma_gemm = 1 takes every matrix up to kWgmmaGemmMaxRows.
+// Rows up to which the wgmma GEMM (gemm_wgmma.cuh) takes by default what the GEMVs leave (17-64 rows; 9-16 stay on
+// the cluster GEMV). H100, 4B shapes, twenty-ninth session: hybrid-bench b=32 6,150 tok/s against 5,536 on cuBLASLt,
+// b=64 9,491 against 9,023, but b=128 9,101 against 12,866 (every block of 128 features streams all of x: at 128 rows
+// 16 KB a chunk beside 16 KB of weights). hybrid-kernel-bench at 64 rows (GB/s, wgmma / cuBLASLt): Gated DeltaNet
+// inputs 2,130 / 1,620, q|k|v 2,043 / 1,755, down_proj 2,215 / 2,124, but o_proj 1,865 / 2,059 and gate+up 2,234 /
+// 2,464 (a finer routing per shape is the next step; docs/perf-notes.md). CudaOptions::wgmma_gemm = 1: up to 128.
 constexpr int kWgmmaGemmDefaultMaxRows = 64;
-constexpr int kWgmmaLoneDefaultMaxRows = 32;
 // With 3 to 8 rows every bf16 matrix goes to the tensor-core GEMV (true), or only groups of 3-4 matrices (false: the
 // others to cuBLASLt); CudaOptions::small_batch_gemv overrides it.
 constexpr bool kTcGemvAll = true;
