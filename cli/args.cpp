@@ -94,6 +94,15 @@ std::string process_escapes(const std::string& s) {
             case '"': out += '"'; break;
             case '\'': out += '\''; break;
             case '0': out += '\0'; break;
+            case 'x':  // \xNN: the byte of two hex digits, as llama.cpp reads it (fewer digits: kept as written)
+                if (i + 3 < s.size() && std::isxdigit(static_cast<unsigned char>(s[i + 2])) &&
+                    std::isxdigit(static_cast<unsigned char>(s[i + 3]))) {
+                    out += char(std::stoi(s.substr(i + 2, 2), nullptr, 16));
+                    i += 2;
+                } else {
+                    out += "\\x";
+                }
+                break;
             default:
                 out += '\\';
                 out += c;
@@ -167,7 +176,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     add_shared_option(opts, "Model", "quant-lm-head");
     add_shared_option(opts, "Model", "no-cuda-graphs");
     opts.add_options("Prompt")
-        ("p,prompt", "prompt text (escapes \\n \\t \\r \\0 \\\\ \\\" \\' processed)", cxxopts::value<std::string>())
+        ("p,prompt", "prompt text (escapes \\n \\t \\r \\0 \\xNN \\\\ \\\" \\' processed)", cxxopts::value<std::string>())
         ("f,file", "read the prompt from FILE (as is; at most 256 MiB; - or a pipe such as /dev/stdin is read to "
                    "its end)", cxxopts::value<std::string>())
         ("prompt-ids", "prompt as token ids, e.g. 1,2,3; prints the generated ids", cxxopts::value<std::string>())

@@ -64,7 +64,8 @@ struct Options {
 // (exit_usage) for a bad flag or value; reading -f may throw Failure(exit_io).
 bool parse_options(int argc, char** argv, Options& opts, int* exit_code);
 
-// Replaces \n, \t, \r, \\, \", \' and \0 by the characters; any other backslash sequence stays as written.
+// Replaces \n, \t, \r, \\, \", \', \0 and \xNN (two hex digits: that byte) by the characters; any other backslash
+// sequence stays as written.
 std::string process_escapes(const std::string& s);
 
 // ---- files (cli/files.cpp); every failure throws Failure(exit_io) with "PATH: reason" ----

@@ -325,6 +325,21 @@ TEST_CASE("cli: flags without effect and repeated flags are usage errors", "[cli
     CHECK(hybrid({"-m", "models/tiny", "-p", "hello\\0world", "-n", "1"}).rc == 0);  // plain text keeps it
 }
 
+// \xNN in -p is that byte, as llama.cpp reads it (it stayed as four characters: the fresh-user test of the
+// twenty-ninth session); with fewer than two hex digits it stays as written.
+TEST_CASE("cli: -p takes \\xNN escapes", "[cli]") {
+    if (!have_programs()) return;
+    auto run = [](const std::string& p) {
+        const Run r = hybrid({"-m", "models/tiny", "-p", p, "-n", "6", "--temp", "0", "--verbose"});
+        REQUIRE(r.rc == 0);
+        return r.out;
+    };
+    const std::string ab = run("def AB(x):");
+    CHECK(run("def \\x41\\x42(x):") == ab);
+    CHECK(run("def \\x41\\x42(x):") != run("def \\\\x41\\\\x42(x):"));  // (\\x41: a backslash, then x41)
+    CHECK(run("def \\x4(x):") == run("def \\\\x4(x):"));                // one digit: kept as written
+}
+
 TEST_CASE("cli: -s accepts every uint64 seed and -1", "[cli]") {
     if (!have_programs()) return;
     const std::vector<std::string> base = {"-m", "models/tiny", "-p", "def f(x):", "-n", "8", "--verbose"};
