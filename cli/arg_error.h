@@ -89,9 +89,15 @@ inline std::string bad_int_arg(const cxxopts::ParseResult& r, std::initializer_l
     int v = 0;
     for (const auto& kv : r.arguments())
         for (const char* n : names)
-            if (kv.key() == n && !parse_int(kv.value(), &v))
-                return "invalid value '" + kv.value() + "' for --" + n +
-                       " (a decimal integer in [-2147483648, 2147483647])";
+            if (kv.key() == n && !parse_int(kv.value(), &v)) {
+                // (digits past the int range, or not a decimal integer at all; the option's own range is checked
+                // after this, so it is not the int range that is named)
+                const std::string& t = kv.value();
+                const size_t sign = !t.empty() && (t[0] == '-' || t[0] == '+') ? 1 : 0;
+                const bool digits = t.size() > sign && std::all_of(t.begin() + long(sign), t.end(),
+                                                                   [](char c) { return c >= '0' && c <= '9'; });
+                return "invalid value '" + t + "' for --" + n + (digits ? " (out of range)" : " (a decimal integer)");
+            }
     return "";
 }
 
