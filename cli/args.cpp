@@ -193,6 +193,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     opts.add_options("Generation")
         ("n,n-predict", "tokens to generate (-1: until end of sequence or a full context)",
          cxxopts::value<int>()->default_value("-1"))
+        ("ignore-eos", "do not stop at end-of-sequence (or, with --chat, end-of-turn) tokens: generate until -n or a "
+                       "full context (not with -i)")
         ("stop", "stop when the output contains STR (repeatable; not printed; matched on the printed text, "
                  "which leaves out special tokens such as <|endoftext|>; not with --batch-file; with "
                  "--prompt-ids the ids end before the one that completes STR)",
@@ -441,6 +443,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     o.interactive = flag("interactive");
     o.no_think = flag("no-think");
     o.verbose = flag("verbose");
+    o.ignore_eos = flag("ignore-eos");
+    if (o.ignore_eos && o.interactive) usage("--ignore-eos is not for -i (an answer would not end before -n)");
     if (r.count("system"))
         o.system = o.escape ? process_escapes(r["system"].as<std::string>()) : r["system"].as<std::string>();
     if (r.count("system") && !o.chat && !o.interactive) usage("--system needs --chat or -i");

@@ -81,13 +81,14 @@ int run_batch(const Options& o, hy_model* m, double load_ms) {
     }
     std::vector<int> ids(prompts.size(), -1);
     int n_prompt_tokens = 0;
-    const std::vector<int32_t> chat_stops = o.chat ? chat_stop_ids(m) : std::vector<int32_t>{};
+    const std::vector<int32_t> chat_stops = o.chat && !o.ignore_eos ? chat_stop_ids(m) : std::vector<int32_t>{};
     for (size_t i = 0; i < prompts.size(); i++) {
         if (!errors[i].empty()) continue;
         hy_request_params rp = hy_request_default_params();
         rp.stop_ids = chat_stops.data();
         rp.n_stop_ids = int(chat_stops.size());
         rp.sampling = o.sampling;
+        rp.ignore_eos = o.ignore_eos;
         rp.sampling.seed = o.sampling.seed + uint64_t(i);
         // -n -1: until EOS or the context is full (at most n_ctx ids can follow a prompt), as in one-shot mode
         rp.max_tokens = o.n_predict < 0 ? o.n_ctx + 1 : o.n_predict;

@@ -48,6 +48,7 @@ struct Options {
     int sampling_given = 0;                  // hy_sampler_field mask of the sampling options given on the command line
     bool random_seed = true;                 // -s -1 (the default): sampling.seed was drawn at random
     std::vector<std::string> stop;           // --stop (repeatable)
+    bool ignore_eos = false;                 // --ignore-eos
     bool no_think = false;                   // --no-think
     std::string system;                      // --system
     bool chat = false;                       // --chat

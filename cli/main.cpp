@@ -424,7 +424,8 @@ int run(int argc, char** argv) {
         gp.should_abort = PrefillProgress::poll;
     }
     gp.skip_special = o.chat ? 0 : 1;  // a chat answer shows <think>/</think>, as the REPL does
-    const std::vector<int32_t> chat_stops = o.chat ? chat_stop_ids(h.m) : std::vector<int32_t>{};
+    const std::vector<int32_t> chat_stops = o.chat && !o.ignore_eos ? chat_stop_ids(h.m) : std::vector<int32_t>{};
+    gp.ignore_eos = o.ignore_eos;
     gp.stop_ids = chat_stops.empty() ? nullptr : chat_stops.data();
     gp.n_stop_ids = int(chat_stops.size());
     hy_generate_result res{};

@@ -917,3 +917,33 @@ TEST_CASE("cli: a context beyond the trained positions is allowed with a warning
     const Run ok = hybrid({"-m", "models/tiny", "-p", "x", "-n", "2", "--temp", "0", "-c", "512"});
     REQUIRE(ok.err.find("warning") == std::string::npos);
 }
+
+// --ignore-eos (llama.cpp's flag; the server's ignore_eos): generation goes on past an end-of-sequence id until -n.
+// models/tiny never picks its EOS, so a copy names id 7 (its greedy first pick after the ids 0,0,0,0) as EOS.
+TEST_CASE("cli: --ignore-eos generates past the end-of-sequence id", "[cli]") {
+    if (!have_programs()) return;
+    TempDir tmp("ignore_eos");
+    const fs::path dir = tmp.path / "model";
+    fs::create_directories(dir);
+    for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+        fs::copy_file(fs::path(kSrc) / "models/tiny" / f, dir / f);
+    std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": 7})";
+    const std::vector<std::string> base = {"--prompt-ids", "0,0,0,0", "-n", "5", "--temp", "0"};
+    auto run_with = [&](const std::string& model, std::vector<std::string> extra) {
+        std::vector<std::string> args = {"-m", model};
+        args.insert(args.end(), base.begin(), base.end());
+        args.insert(args.end(), extra.begin(), extra.end());
+        return hybrid(args);
+    };
+    const Run plain = run_with("models/tiny", {});
+    REQUIRE(plain.rc == 0);
+    REQUIRE(plain.out.rfind("7,", 0) == 0);  // (the greedy pick the copy's EOS is chosen from)
+    const Run stopped = run_with(dir.string(), {});
+    const Run ignored = run_with(dir.string(), {"--ignore-eos"});
+    INFO(stopped.out << "|" << ignored.out << "|" << ignored.err);
+    CHECK(stopped.rc == 0);
+    CHECK(stopped.out.find('7') == std::string::npos);  // stopped at once: no id printed
+    CHECK(ignored.rc == 0);
+    CHECK(ignored.out == plain.out);  // the same 5 ids as the model without the EOS
+    check_one_line_error(hybrid({"-m", "models/tiny", "-i", "--ignore-eos"}), 1, "--ignore-eos is not for -i");
+}

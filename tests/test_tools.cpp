@@ -350,8 +350,7 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     // int options strictly in the tools too (cxxopts wrapped values past 2^32 and took hexadecimal)
     check(run_prog(compare, {"-m", "models/tiny", "-t", "0x10"}), 1,
           "invalid value '0x10' for --threads (a decimal integer)");
-    check(run_prog(compare, {"-m", "models/tiny", "-t", "99999999999"}), 1,
-          "invalid value '99999999999' for -t");
+    check(run_prog(compare, {"-m", "models/tiny", "-t", "99999999999"}), 1, "invalid value '99999999999' for -t");
     check(run_prog(bench, {"-m", "models/tiny", "-p", "5000000000"}), 1, "invalid value '5000000000' for --prompt");
     check(run_prog(tokenize, {"--tokenizer", "models/tiny", "--bench", "/dev/null", "--repeat", "9999999999"}), 1,
           "invalid value '9999999999' for --repeat");
