@@ -196,7 +196,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         ("ignore-eos", "do not stop at end-of-sequence (or, with --chat, end-of-turn) tokens: generate until -n or a "
                        "full context (not with -i)")
         ("stop", "stop when the output contains STR (repeatable; not printed; matched on the printed text, "
-                 "which leaves out special tokens such as <|endoftext|>; not with --batch-file; with "
+                 "which leaves out special tokens such as <|endoftext|> (--chat prints them); not with "
+                 "--batch-file; with "
                  "--prompt-ids the ids end before the one that completes STR)",
          cxxopts::value<std::string>())
         ("s,seed", "RNG seed in [0, 2^64-1]; -1: random", cxxopts::value<std::string>()->default_value("-1"))

@@ -351,6 +351,8 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     check(run_prog(compare, {"-m", "models/tiny", "-t", "0x10"}), 1,
           "invalid value '0x10' for --threads (a decimal integer)");
     check(run_prog(compare, {"-m", "models/tiny", "-t", "99999999999"}), 1, "invalid value '99999999999' for -t");
+    // leading zeros are the same number (11 characters read as "out of range" before)
+    CHECK(run_prog(compare, {"-m", "models/tiny", "--device", "cpu", "-t", "00000000001"}).rc == 0);
     check(run_prog(bench, {"-m", "models/tiny", "-p", "5000000000"}), 1, "invalid value '5000000000' for --prompt");
     check(run_prog(tokenize, {"--tokenizer", "models/tiny", "--bench", "/dev/null", "--repeat", "9999999999"}), 1,
           "invalid value '9999999999' for --repeat");
