@@ -71,13 +71,18 @@ inline bool parse_real(const std::string& text, double* out) {
     return true;
 }
 
+// Digits with an optional '-' first, of any length ("+4", "0x10", "" are not).
+inline bool decimal_int_text(const std::string& text) {
+    const size_t sign = !text.empty() && text[0] == '-' ? 1 : 0;
+    return text.size() > sign && text.find_first_not_of("0123456789", sign) == std::string::npos;
+}
+
 // An int option's value, strictly (cxxopts wraps some values past 2^32, e.g. "5000000000" became 705032704, and
 // takes hexadecimal): the whole text must be a decimal integer in the range of int, an optional '-' first (leading
 // zeros allowed: "0005" is 5).
 inline bool parse_int(const std::string& text, int* out) {
-    const size_t sign = !text.empty() && text[0] == '-' ? 1 : 0;
-    if (text.size() == sign || text.find_first_not_of("0123456789", sign) != std::string::npos) return false;
-    const size_t first = text.find_first_not_of('0', sign);  // (npos: the value 0)
+    if (!decimal_int_text(text)) return false;
+    const size_t first = text.find_first_not_of('0', text[0] == '-' ? 1 : 0);  // (npos: the value 0)
     if (first != std::string::npos && text.size() - first > 10) return false;
     const long long v = std::strtoll(text.c_str(), nullptr, 10);
     if (v < -2147483648LL || v > 2147483647LL) return false;
@@ -94,11 +99,8 @@ inline std::string bad_int_arg(const cxxopts::ParseResult& r, std::initializer_l
             if (kv.key() == n && !parse_int(kv.value(), &v)) {
                 // (digits past the int range, or not a decimal integer at all; the option's own range is checked
                 // after this, so it is not the int range that is named)
-                const std::string& t = kv.value();
-                const size_t sign = !t.empty() && t[0] == '-' ? 1 : 0;
-                const bool digits = t.size() > sign && std::all_of(t.begin() + long(sign), t.end(),
-                                                                   [](char c) { return c >= '0' && c <= '9'; });
-                return "invalid value '" + t + "' for --" + n + (digits ? " (out of range)" : " (a decimal integer)");
+                return "invalid value '" + kv.value() + "' for --" + n +
+                       (decimal_int_text(kv.value()) ? " (out of range)" : " (a decimal integer)");
             }
     return "";
 }

@@ -652,21 +652,30 @@ TEST_CASE("cli: --no-think without think tokens is a warning", "[cli]") {
     CHECK(plain.err.find("warning") == std::string::npos);
 }
 
+// A copy of models/tiny's checkpoint and tokenizer files in `dir` (no generation_config.json: the test writes its
+// own), and hybrid run on a model folder with `base` and then `extra` after -m.
+static void copy_tiny_model(const fs::path& dir) {
+    fs::create_directories(dir);
+    for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+        fs::copy_file(fs::path(kSrc) / "models/tiny" / f, dir / f);
+}
+static Run hybrid_on(const std::string& model, const std::vector<std::string>& base, std::vector<std::string> extra) {
+    std::vector<std::string> args = {"-m", model};
+    args.insert(args.end(), base.begin(), base.end());
+    args.insert(args.end(), extra.begin(), extra.end());
+    return hybrid(args);
+}
+
 // Sampling options not given take the model folder's generation_config.json values (as transformers and vLLM);
 // given ones win; a bad value is a warning naming the file and field, and the field is ignored.
 TEST_CASE("cli: generation_config.json gives the sampling defaults", "[cli]") {
     if (!have_programs()) return;
     TempDir tmp("genconfig");
     const fs::path dir = tmp.path / "model";
-    fs::create_directories(dir);
-    for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
-        fs::copy_file(fs::path(kSrc) / "models/tiny" / f, dir / f);
+    copy_tiny_model(dir);
     const std::vector<std::string> base = {"-p", "def main():", "-n", "16", "-s", "7"};
     auto run_with = [&](const std::string& model, std::vector<std::string> extra) {
-        std::vector<std::string> args = {"-m", model};
-        args.insert(args.end(), base.begin(), base.end());
-        args.insert(args.end(), extra.begin(), extra.end());
-        return hybrid(args);
+        return hybrid_on(model, base, std::move(extra));
     };
     const Run greedy = run_with("models/tiny", {"--temp", "0"});
     const Run sampled = run_with("models/tiny", {});
@@ -924,16 +933,11 @@ TEST_CASE("cli: --ignore-eos generates past the end-of-sequence id", "[cli]") {
     if (!have_programs()) return;
     TempDir tmp("ignore_eos");
     const fs::path dir = tmp.path / "model";
-    fs::create_directories(dir);
-    for (const char* f : {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"})
-        fs::copy_file(fs::path(kSrc) / "models/tiny" / f, dir / f);
+    copy_tiny_model(dir);
     std::ofstream(dir / "generation_config.json") << R"({"eos_token_id": 7})";
     const std::vector<std::string> base = {"--prompt-ids", "0,0,0,0", "-n", "5", "--temp", "0"};
     auto run_with = [&](const std::string& model, std::vector<std::string> extra) {
-        std::vector<std::string> args = {"-m", model};
-        args.insert(args.end(), base.begin(), base.end());
-        args.insert(args.end(), extra.begin(), extra.end());
-        return hybrid(args);
+        return hybrid_on(model, base, std::move(extra));
     };
     const Run plain = run_with("models/tiny", {});
     REQUIRE(plain.rc == 0);
