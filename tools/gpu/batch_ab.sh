@@ -8,7 +8,9 @@
 #   -> (moe) 35B-A3B shapes b=16/64, both off and on -> (mixed) b=12/16 with --small-batch-gemv auto and mixed
 #   -> (gpu_tests) every [gpu] case -> (memcheck) compute-sanitizer memcheck and racecheck on the new cases ->
 #   (prefill) prefill 4096 with the conv's new rows a thread against one (--gdn-conv-rows 1) -> (conv_ncu) Nsight
-#   Compute on the Gated DeltaNet conv and recurrence kernels of a 4096-token prefill.
+#   Compute on the Gated DeltaNet conv and recurrence kernels of a 4096-token prefill -> (compare) hybrid-compare on
+#   CUDA over the repository's models and .carry/fixtures (copies of shared/fixtures/models/tiny-moe, tiny-next) ->
+#   (prefill_cols) prefill 4096 and 16384 with one value column a recurrence thread against two.
 # Usage (device tool, repository root, carry [".carry"]): bash tools/gpu/batch_ab.sh   (ONLY="a b": those stages;
 # PARTS=N adds hybrid-bench runs with --wgmma-parts N). A device call has 10 minutes and each call builds anew
 # (about 2 minutes), so run it in parts, most important first: ONLY="tests kbench", then ONLY="bench gdn", then
@@ -17,7 +19,7 @@ set -u
 . tools/gpu/run_lib.sh  # OUT, LOG, SUM, T0, DEPS, CFG, say, step, want
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$SUM" 2>&1
 N=/tmp/bn
-step build 400 bash -c "cmake -S . -B $N ${CFG[*]} >/tmp/bn.log 2>&1 && cmake --build $N -j16 --target hybrid-tests hybrid-bench hybrid-kernel-bench >>/tmp/bn.log 2>&1" ||
+step build 400 bash -c "cmake -S . -B $N ${CFG[*]} >/tmp/bn.log 2>&1 && cmake --build $N -j16 --target hybrid-tests hybrid-bench hybrid-kernel-bench hybrid-compare >>/tmp/bn.log 2>&1" ||
     { tail -40 /tmp/bn.log | tee -a "$SUM"; exit 1; }
 M=/tmp/q4b
 mkdir -p $M && cp tools/gpu/config_4b.json $M/config.json
@@ -118,6 +120,29 @@ if want conv_ncu; then  # prefill 4096: the run 126 trace gave the conv 615 us a
         --device cuda -p 4096 -n 1 -r 1 --ubatch 4096 --no-cuda-graphs
     grep -E "conv_kernel|prefill_kernel|Duration|DRAM Throughput|Memory Throughput|Grid Size|Achieved Occupancy" "$LOG" |
         tail -16 | tee "$OUT/ncu_conv.txt" >>"$SUM"
+fi
+if want compare; then  # hybrid-compare on CUDA (HF goldens; .carry/fixtures holds copies of shared/'s trained ones)
+    for d in models/tiny tests/data/models/tiny-b tests/data/models/moe tests/data/models/next \
+        .carry/fixtures/tiny-moe .carry/fixtures/tiny-next; do
+        [ -d "$d" ] || { say "compare: $d missing"; continue; }
+        step "compare_$(basename $d)" 200 $N/hybrid-compare -m $d --device cuda
+        sed -n "/^==== compare_$(basename $d):/,\$p" "$LOG" | grep -vE "^ok |^====" | tail -4 |
+            sed "s|^|  [$(basename $d)] |" >>"$SUM"
+    done
+fi
+if want prefill_cols; then  # the prefill recurrence with one value column a thread (the default for one sequence)
+    for i in 1 2; do
+        for c in 2 1; do
+            step "prefill_cols${c}_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 4096 -n 8 -r 2 \
+                --ubatch 4096 --gdn-prefill-cols $c
+            grep -E '^\| +[0-9]' "$LOG" | tail -1 | sed "s/^/  [prefill cols $c $i] /" >>"$SUM"
+        done
+    done
+    for c in 2 1; do
+        step "prefill16k_cols${c}" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 16384 -n 4 -r 1 \
+            --ubatch 4096 --gdn-prefill-cols $c
+        grep -E '^\| +[0-9]' "$LOG" | tail -1 | sed "s/^/  [prefill 16k cols $c] /" >>"$SUM"
+    done
 fi
 say "total $(($(date +%s) - T0)) s"
 cat "$SUM"
