@@ -9,7 +9,7 @@
 #   -> (gpu_tests) every [gpu] case -> (memcheck) compute-sanitizer memcheck and racecheck on the new cases ->
 #   (prefill) prefill 4096 with the conv's new rows a thread against one (--gdn-conv-rows 1) -> (conv_ncu) Nsight
 #   Compute on the Gated DeltaNet conv and recurrence kernels of a 4096-token prefill -> (compare) hybrid-compare on
-#   CUDA over the repository's models and .carry/fixtures (copies of shared/fixtures/models/tiny-moe, tiny-next) ->
+#   CUDA over the repository's models ->
 #   (prefill_cols) prefill 4096 and 16384 with one value column a recurrence thread against two.
 # Usage (device tool, repository root, carry [".carry"]): bash tools/gpu/batch_ab.sh   (ONLY="a b": those stages;
 # PARTS=N adds hybrid-bench runs with --wgmma-parts N). A device call has 10 minutes and each call builds anew
@@ -121,9 +121,8 @@ if want conv_ncu; then  # prefill 4096: the run 126 trace gave the conv 615 us a
     grep -E "conv_kernel|prefill_kernel|Duration|DRAM Throughput|Memory Throughput|Grid Size|Achieved Occupancy" "$LOG" |
         tail -16 | tee "$OUT/ncu_conv.txt" >>"$SUM"
 fi
-if want compare; then  # hybrid-compare on CUDA (HF goldens; .carry/fixtures holds copies of shared/'s trained ones)
-    for d in models/tiny tests/data/models/tiny-b tests/data/models/moe tests/data/models/next \
-        .carry/fixtures/tiny-moe .carry/fixtures/tiny-next; do
+if want compare; then  # hybrid-compare on CUDA against the repository's models' HF goldens
+    for d in models/tiny tests/data/models/tiny-b tests/data/models/moe tests/data/models/next; do
         [ -d "$d" ] || { say "compare: $d missing"; continue; }
         step "compare_$(basename $d)" 200 $N/hybrid-compare -m $d --device cuda
         sed -n "/^==== compare_$(basename $d):/,\$p" "$LOG" | grep -vE "^ok |^====" | tail -4 |
