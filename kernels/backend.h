@@ -246,10 +246,6 @@ struct CudaOptions {
     // Prefill: the most rows a Gated DeltaNet conv thread takes (its weights loaded once for them; 1 to 16); 0: the
     // tuned default (16). The results are bitwise the same for every value.
     int gdn_conv_rows = 0;
-    // Prefill: value columns a Gated DeltaNet recurrence thread owns, 1 (twice the warps for the same work) or 2;
-    // 0: the default (1 where the grid of 2 would put fewer than two blocks on each SM, as for one sequence on a
-    // large GPU). The results are bitwise the same for every value.
-    int gdn_prefill_cols = 0;
     int moe_grouped_min_rows = 0;  // MoE experts grouped by expert from this many rows on; 0: the tuned default
     // Decode attention split over positions: a block takes up to this many q heads of one kv head (1, 2 or 4; the
     // largest that divides the group size); 0: the tuned default. Results are bitwise the same for every value.

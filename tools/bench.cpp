@@ -253,8 +253,6 @@ int main(int argc, char** argv) {
          cxxopts::value<std::string>()->default_value("off"))
         ("gdn-conv-rows", "CUDA, prefill: the most rows a Gated DeltaNet conv thread takes, 1 to 16; 0: 16 (the "
          "default)", cxxopts::value<int>()->default_value("0"))
-        ("gdn-prefill-cols", "CUDA, prefill: value columns a Gated DeltaNet recurrence thread owns, 1 or 2; 0: by the "
-         "grid's size (the default)", cxxopts::value<int>()->default_value("0"))
         ("wgmma-parts", "CUDA, the wgmma GEMM (--wgmma-gemm): split K over 1, 2, 4 or 8 blocks of a cluster; 0: by shape (the "
          "default)", cxxopts::value<int>()->default_value("0"));
     add_shared_option(opts, "", "fp8-gemm");
@@ -269,9 +267,8 @@ int main(int argc, char** argv) {
         return tools::exit_usage;
     }
     try {
-        tools::check_int_args(
-            args, {"prompt", "gen", "reps", "threads", "ubatch", "depth", "attn-heads-per-block", "attn-splits",
-                   "moe-grouped-rows", "wgmma-parts", "gdn-conv-rows", "gdn-prefill-cols"});
+        tools::check_int_args(args, {"prompt", "gen", "reps", "threads", "ubatch", "depth", "attn-heads-per-block",
+                                     "attn-splits", "moe-grouped-rows", "wgmma-parts", "gdn-conv-rows"});
         tools::check_given_once(args);
         const std::string dir = args["model"].as<std::string>();
         const int n_prompt = args["prompt"].as<int>(), n_gen = args["gen"].as<int>(), reps = args["reps"].as<int>();
@@ -346,10 +343,6 @@ int main(int argc, char** argv) {
         mp.cuda.gdn_conv_rows = args["gdn-conv-rows"].as<int>();
         if (mp.cuda.gdn_conv_rows < 0 || mp.cuda.gdn_conv_rows > 16)
             throw tools::UsageError("--gdn-conv-rows must be 0 to 16, got " + std::to_string(mp.cuda.gdn_conv_rows));
-        mp.cuda.gdn_prefill_cols = args["gdn-prefill-cols"].as<int>();
-        if (mp.cuda.gdn_prefill_cols < 0 || mp.cuda.gdn_prefill_cols > 2)
-            throw tools::UsageError("--gdn-prefill-cols must be 0, 1 or 2, got " +
-                                    std::to_string(mp.cuda.gdn_prefill_cols));
         mp.cuda.attn_max_splits = args["attn-splits"].as<int>();
         if (mp.cuda.attn_max_splits < 0 || mp.cuda.attn_max_splits > 128)
             throw tools::UsageError("--attn-splits must be 0 to 128, got " + std::to_string(mp.cuda.attn_max_splits));
@@ -392,7 +385,7 @@ int main(int argc, char** argv) {
         Backend& be = model->backend();
         for (const char* flag : {"fp8-gemm", "attn-heads-per-block", "attn-splits", "int-split-k", "moe-grouped-rows",
                                  "small-batch-gemv", "wide-gemv", "wgmma-gemm", "wgmma-parts", "gdn-decode-stream",
-                                 "gdn-conv-rows", "gdn-prefill-cols", "no-cuda-graphs", "no-pdl"})
+                                 "gdn-conv-rows", "no-cuda-graphs", "no-pdl"})
             if (args.count(flag) && std::string(be.name()) != "cuda")
                 std::fprintf(stderr, "hybrid-bench: note: --%s only changes the CUDA backend; ignored on %s\n", flag,
                              be.name());

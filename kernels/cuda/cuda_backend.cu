@@ -297,10 +297,6 @@ public:
             throw Error(Status::invalid_argument,
                         "CudaOptions::gdn_conv_rows must be 0 to 16, got " + std::to_string(o.gdn_conv_rows));
         ctx_.gdn_conv_rows = o.gdn_conv_rows;
-        if (o.gdn_prefill_cols < 0 || o.gdn_prefill_cols > 2)
-            throw Error(Status::invalid_argument,
-                        "CudaOptions::gdn_prefill_cols must be 0, 1 or 2, got " + std::to_string(o.gdn_prefill_cols));
-        ctx_.gdn_prefill_cols = o.gdn_prefill_cols;
         if (o.moe_grouped_min_rows > 0) ctx_.moe_grouped_min_rows = o.moe_grouped_min_rows;
         if (o.attn_heads_per_block > 0) ctx_.attn_heads_per_block = o.attn_heads_per_block;
         if (o.attn_max_splits > 0) ctx_.attn_max_splits = std::min(o.attn_max_splits, cuda::kAttnMaxSplits);

@@ -62,8 +62,6 @@ struct LaunchContext {
     int gdn_decode_stream_blocks = 0;
     // gated_delta_net.cuh: the most rows a prefill conv thread takes (its weights loaded once for them); 0: 16
     int gdn_conv_rows = 0;
-    // gated_delta_net.cuh: value columns a prefill recurrence thread owns, 1 or 2; 0: by the grid's size
-    int gdn_prefill_cols = 0;
     int moe_grouped_min_rows = kMoeGroupedMinRows;  // moe.cuh: rows from which the experts run grouped by expert
     int attn_heads_per_block = kAttnHeadsPerBlock;  // attention.cuh: q heads of one kv head per decode block
     int attn_max_splits = kAttnDefaultSplits;       // attention.cuh: most position splits of a decode step

@@ -38,11 +38,9 @@ constexpr int kMaxValueDim = 256;
 // columns an SM gets in a single-sequence prefill. The float4 chunks 4 (g + 8 j) of one warp's k/q loads are 128
 // contiguous bytes, so the loads are conflict-free broadcasts.
 constexpr int kGroupLanes = 8;
-constexpr int kPrefillCols = 32;                                 // value columns per prefill block
-constexpr int kPrefillThreads = kPrefillCols / 2 * kGroupLanes;  // 128
-constexpr int kChunk = 32;                                       // tokens staged in shared memory at a time
-// prefill_cols: one column a group below this many two-column blocks an SM (not yet measured; see prefill_kernel)
-constexpr int kPrefillOneColumnBlocksPerSm = 2;
+constexpr int kPrefillCols = 32;                                   // value columns per prefill block
+constexpr int kPrefillThreads = kPrefillCols / 2 * kGroupLanes;    // 128
+constexpr int kChunk = 32;                                         // tokens staged in shared memory at a time
 constexpr int kDecodeMaxThreads = kMaxValueDim / 4 * kGroupLanes;  // decode block: 2 Dv threads, whole head
 constexpr int kNormWarps = 8;                                      // (row, head) items per gated-norm block
 // The decode kernel with the conv inside (decode_kernel<DK, true>): conv kernel size 4 only, at most
@@ -296,23 +294,6 @@ __device__ __forceinline__ void store_state(float* S, int Dv, int g, const float
         for (int c = 0; c < 4; c++)
             __stcg(reinterpret_cast<float2*>(S + int64_t(4 * (g + 8 * j) + c) * Dv),
                    make_float2(comp(sa[j], c), comp(sb[j], c)));
-}
-
-// The same for the one column e0 (prefill_kernel with one column a group).
-template <int J>
-__device__ __forceinline__ void load_state_column(const float* S, int Dv, int g, float4 (&sa)[J]) {
-#pragma unroll
-    for (int j = 0; j < J; j++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) comp(sa[j], c) = S[int64_t(4 * (g + 8 * j) + c) * Dv];
-}
-template <int J>
-__device__ __forceinline__ void store_state_column(float* S, int Dv, int g, const float4 (&sa)[J]) {
-    asm volatile("" : "+l"(S), "+r"(Dv));
-#pragma unroll
-    for (int j = 0; j < J; j++)
-#pragma unroll
-        for (int c = 0; c < 4; c++) __stcg(S + int64_t(4 * (g + 8 * j) + c) * Dv, comp(sa[j], c));
 }
 
 // Decode stages a head's state S [DK, Dv] (fp32) in shared memory: 16-byte chunk ch of row r sits at chunk
@@ -718,67 +699,47 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
 }
 
 // ---------------------------------------------------------------------------------------------------------------
-// Prefill (any runs): grid (Dv/W, Hv, n_runs), kPrefillThreads = 128 threads; block (s, h, r) owns the W = 16 kCols
-// value columns [W s, W s + W) of head h for run r (thread t: lane g = t & 7 of group p = t >> 3, columns W s +
-// kCols p .. + kCols - 1). kCols = 2 (W = 32) is the layout above; kCols = 1 (W = 16) gives a column group one
-// column, so twice the warps run the same work: 256 blocks for one sequence of a 32-head model instead of 128, two
-// warps a scheduler where kCols = 2 leaves one, whose token loop then waits on its own latencies (prefill_cols says
-// which). A column's arithmetic is the same in both (the same lane owns the same rows in the same order; o's
-// butterfly, xor 4, 2, 1, is group_sum_pair's), so both give bitwise the same outputs and state.
+// Prefill (any runs): grid (Dv/32, Hv, n_runs), kPrefillThreads = 128 threads; block (s, h, r) owns value columns
+// [32 s, 32 s + 32) of head h for run r (thread t: lane g = t & 7 of group p = t >> 3, columns 32 s + 2p, + 1).
+// Splitting a head's columns over blocks puts 128 blocks on the GPU for one sequence of a 32-head model.
 //
 // The run is processed in chunks of kChunk tokens. Per chunk, all threads stage in shared memory (fp32):
 //   sq, sk [kChunk][DK]  the l2-normalized q and k of key head h / (Hv/Hk)
-//   sv [kChunk][W]       v of the block's columns
+//   sv [kChunk][32]      v of the block's columns
 //   sgate [kChunk]       {beta, decay}
 // from raw bf16 values that were loaded into registers while the previous chunk ran (so the global latency is
 // hidden); then the token loop needs only shared-memory broadcasts, FMAs and the group butterflies (see the loop
 // for how the two columns of a thread are skewed). A chunk costs two barriers; staging is ~10% of the time.
 // o is rounded to bf16 and written to out; gated_norm_kernel then applies the gated RMSNorm.
-// Registers: ~205 per thread at Dk = 128 with kCols = 2 (state 32, k/q of two tokens 64, the next chunk's raw
-// values 37).
-template <int kCols>
-constexpr int prefill_block_cols() {
-    return kPrefillThreads / kGroupLanes * kCols;
-}
-template <int DK, int kCols>
+// Registers: ~205 per thread at Dk = 128 (state 32, k/q of two tokens 64, the next chunk's raw values 37).
+template <int DK>
 struct PrefillStage {
-    static constexpr int VL = DK / 8;                                // lanes per q/k vector
-    static constexpr int kVecPerPass = kPrefillThreads / VL;         // vectors normalized per pass
-    static constexpr int kPasses = 2 * kChunk / kVecPerPass;         // q and k of kChunk tokens
-    static constexpr int kVLoads = prefill_block_cols<kCols>() / 8;  // 16-byte v loads per token
-    static constexpr int kVThreads = kChunk * kVLoads;               // threads that load v (one word each)
+    static constexpr int VL = DK / 8;                         // lanes per q/k vector
+    static constexpr int kVecPerPass = kPrefillThreads / VL;  // vectors normalized per pass
+    static constexpr int kPasses = 2 * kChunk / kVecPerPass;  // q and k of kChunk tokens
     static_assert(kPasses * kVecPerPass == 2 * kChunk, "chunk must fill whole passes");
-    static_assert(kVThreads <= kPrefillThreads, "at most one 16-byte v load per thread");
+    static_assert(kChunk * kPrefillCols / 8 == kPrefillThreads, "one 16-byte v load per thread");
     uint2 qk[kPasses][2];  // raw q/k of the chunk (see load_qk_raw)
-    uint4 v;               // 8 raw v values (tid < kVThreads): token tid / kVLoads, columns 8 (tid % kVLoads) ..
+    uint4 v;               // 8 raw v values: token tid / 4, columns 8 (tid % 4) ..
     float b, a;            // raw gates of token tid (tid < kChunk)
 };
 
-// o's sum over a column group for one column, in group_sum_pair's order (xor 4, 2, 1): the same bits as its column.
-__device__ __forceinline__ float group_sum_o(float v) {
-    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 4));
-    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 2));
-    v = __fadd_rn(v, __shfl_xor_sync(0xffffffffu, v, 1));
-    return v;
-}
-
-template <int DK, int kCols>
+template <int DK>
 __global__ void __launch_bounds__(kPrefillThreads)
     prefill_kernel(GatedDeltaNetArgs p, RowMap rows, const bf16* __restrict__ mixed) {
-    static_assert(kCols == 1 || kCols == 2, "a column group owns one or two columns");
-    using Stage = PrefillStage<DK, kCols>;
-    constexpr int J = DK / 32, VL = Stage::VL, W = prefill_block_cols<kCols>();
+    using Stage = PrefillStage<DK>;
+    constexpr int J = DK / 32, VL = Stage::VL;
     __shared__ __align__(16) float sq[kChunk][DK];
     __shared__ __align__(16) float sk[kChunk][DK];
-    __shared__ __align__(16) float sv[kChunk][W];
+    __shared__ __align__(16) float sv[kChunk][kPrefillCols];
     __shared__ __align__(16) float2 sgate[kChunk];
     pdl_trigger();
-    const int tid = threadIdx.x, g = tid & 7, c0 = kCols * (tid >> 3);  // c0: first column inside the block
+    const int tid = threadIdx.x, g = tid & 7, c0 = 2 * (tid >> 3);  // c0: first column inside the block
     const int h = blockIdx.y;
     const int Hk = p.n_k_heads, Hv = p.n_v_heads, Dv = p.v_dim;
     const int kh = h / (Hv / Hk);
     const int64_t C = 2 * int64_t(Hk) * DK + int64_t(Hv) * Dv;
-    const int col0 = blockIdx.x * W;  // block's first column in the head
+    const int col0 = blockIdx.x * kPrefillCols;  // block's first column in the head
     const float A = expf(p.A_log[h]);
     const float dt_bias = p.dt_bias[h];
     const bf16* b_in = static_cast<const bf16*>(p.b);
@@ -790,11 +751,8 @@ __global__ void __launch_bounds__(kPrefillThreads)
     if (n_tokens <= 0) return;  // block-uniform
 
     float* S = p.ssm_state + (int64_t(run.slot) * Hv + h) * DK * Dv + col0 + c0;
-    float4 sa[J], sb[J];  // (kCols = 1: sa only)
-    if constexpr (kCols == 2)
-        load_state<J>(S, Dv, g, sa, sb);
-    else
-        load_state_column<J>(S, Dv, g, sa);
+    float4 sa[J], sb[J];
+    load_state<J>(S, Dv, g, sa, sb);
 
     // Issues the global loads of the raw chunk at run index i0 (n tokens) into st.
     auto load_chunk = [&](int i0, int n, Stage& st) {
@@ -807,11 +765,11 @@ __global__ void __launch_bounds__(kPrefillThreads)
                 load_qk_raw<DK>(mixed + (int64_t(run.row) + i0 + t) * C + int64_t(which) * Hk * DK + int64_t(kh) * DK,
                                 li, st.qk[r]);
         }
-        const int tv = tid / Stage::kVLoads;
+        const int tv = tid >> 2;
         st.v = make_uint4(0u, 0u, 0u, 0u);
-        if (tid < Stage::kVThreads && tv < n)
+        if (tv < n)
             st.v = *reinterpret_cast<const uint4*>(mixed + (int64_t(run.row) + i0 + tv) * C + 2 * int64_t(Hk) * DK +
-                                                   int64_t(h) * Dv + col0 + 8 * (tid % Stage::kVLoads));
+                                                   int64_t(h) * Dv + col0 + 8 * (tid & 3));
         st.b = st.a = 0.0f;
         if (tid < n) {
             const int64_t gi = (int64_t(run.row) + i0 + tid) * Hv + h;
@@ -830,11 +788,11 @@ __global__ void __launch_bounds__(kPrefillThreads)
             const int vi = r * Stage::kVecPerPass + tid / VL, t = vi >> 1, which = vi & 1;
             if (t < n) store_qk<DK>(st.qk[r], li, f[r], which == 0 ? sq[t] : sk[t]);
         }
-        const int tv = tid / Stage::kVLoads;
-        if (tid < Stage::kVThreads && tv < n) {
+        const int tv = tid >> 2;
+        if (tv < n) {
             float vf[8];
             unpack8(st.v, vf);
-            float* d = &sv[tv][8 * (tid % Stage::kVLoads)];
+            float* d = &sv[tv][8 * (tid & 3)];
             *reinterpret_cast<float4*>(d) = make_float4(vf[0], vf[1], vf[2], vf[3]);
             *reinterpret_cast<float4*>(d + 4) = make_float4(vf[4], vf[5], vf[6], vf[7]);
         }
@@ -843,8 +801,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
 
     Stage st;
     load_chunk(0, min(kChunk, n_tokens), st);
-    // output column of lanes g = 0 and g = 4 (kCols = 2), of the group (kCols = 1)
-    const int64_t o_col = int64_t(h) * Dv + col0 + c0 + (kCols == 2 ? g >> 2 : 0);
+    const int64_t o_col = int64_t(h) * Dv + col0 + c0 + (g >> 2);  // output column of lanes g = 0 and g = 4
     const int64_t o_stride = int64_t(Hv) * Dv;
     for (int i0 = 0; i0 < n_tokens; i0 += kChunk) {
         const int n = min(kChunk, n_tokens - i0);
@@ -853,29 +810,6 @@ __global__ void __launch_bounds__(kPrefillThreads)
         __syncthreads();
         if (i0 + kChunk < n_tokens) load_chunk(i0 + kChunk, min(kChunk, n_tokens - i0 - kChunk), st);
 
-        if constexpr (kCols == 1) {
-            // One column: per token u = beta (v - km); S += k u^T; o = S^T q, then the next token's S = decay' S;
-            // km' = S^T k' (the order of the two-column loop below, per column). o's butterfly and store do not
-            // feed the next token, so they overlap its decay_and_km.
-            const float* vrow = &sv[0][c0];
-            bf16* o_ptr = out + (int64_t(run.row) + i0) * o_stride + o_col;
-            float4 kx[J], qx[J];
-            load_rows<J>(sk[0], g, kx);
-            float km = decay_and_km<J>(sa, kx, sgate[0].y);
-            for (int t = 0; t < n; t++) {
-                load_rows<J>(sq[t], g, qx);
-                const float op = update_and_o<J>(sa, kx, qx, delta_u(sgate[t].x, vrow[t * W], km));
-                if (t + 1 < n) {
-                    load_rows<J>(sk[t + 1], g, kx);
-                    km = decay_and_km<J>(sa, kx, sgate[t + 1].y);
-                }
-                const float o = round_bf16(group_sum_o(op));
-                if (g == 0) *o_ptr = to_bf16(o);
-                o_ptr += o_stride;
-            }
-            continue;
-        }
-
         // Token loop, skewed by half a token between the two columns: column a runs one token ahead of column b,
         // so that the km butterfly of one column (three dependent shuffles) is in flight while the other column's
         // update issues; with one warp per scheduler nothing else would hide it. Per column, a token is
@@ -883,7 +817,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
         // of the next token (decay_and_km); the chunk's first token gets its decay_and_km in the prologue, its
         // last token none.
         const float* vrow = &sv[0][c0];
-        auto u_of = [&](int t, int col, float km) { return delta_u(sgate[t].x, vrow[t * W + col], km); };
+        auto u_of = [&](int t, int col, float km) { return delta_u(sgate[t].x, vrow[t * kPrefillCols + col], km); };
         bf16* o_ptr = out + (int64_t(run.row) + i0) * o_stride + o_col;  // advances one row per token written
         auto write_o = [&](float pa, float pb) {
             const float o = round_bf16(group_sum_pair(pa, pb, g));
@@ -935,10 +869,7 @@ __global__ void __launch_bounds__(kPrefillThreads)
             finish(t, kA, qA, kB, qB);
         }
     }
-    if constexpr (kCols == 2)
-        store_state<J>(S, Dv, g, sa, sb);
-    else
-        store_state_column<J>(S, Dv, g, sa);
+    store_state<J>(S, Dv, g, sa, sb);
 }
 
 // Gated RMSNorm in place over o [T, Hv, Dv] (bf16, from prefill_kernel): one warp per (row, head), lane l handles
@@ -998,15 +929,6 @@ unsigned stream_blocks(int Dv, size_t smem, int n_items, const LaunchContext& s)
     return unsigned(std::min(blocks, n_items));
 }
 
-// Columns a prefill column group owns: ctx.gdn_prefill_cols, or by default 1 when the two-column grid would put
-// fewer than kPrefillOneColumnBlocksPerSm blocks on each SM (one sequence, or few: the token loops are latency-bound
-// with one warp a scheduler), else 2. Either gives the same bits.
-int prefill_cols(const GatedDeltaNetArgs& a, const RowMap& rows, const LaunchContext& s) {
-    if (s.gdn_prefill_cols == 1 || s.gdn_prefill_cols == 2) return s.gdn_prefill_cols;
-    const int64_t blocks2 = int64_t(a.v_dim / prefill_block_cols<2>()) * a.n_v_heads * rows.n_runs;
-    return blocks2 < int64_t(kPrefillOneColumnBlocksPerSm) * std::max(1, s.sm_count) ? 1 : 2;
-}
-
 template <int DK>
 void launch_recurrence(const GatedDeltaNetArgs& a, const RowMap& rows, const bf16* mixed, bool decode, bool fused_conv,
                        const LaunchContext& s) {
@@ -1029,15 +951,8 @@ void launch_recurrence(const GatedDeltaNetArgs& a, const RowMap& rows, const bf1
         }
         return;
     }
-    if (prefill_cols(a, rows, s) == 1)
-        launch(prefill_kernel<DK, 1>,
-               dim3(unsigned(a.v_dim / prefill_block_cols<1>()), unsigned(a.n_v_heads), unsigned(rows.n_runs)),
-               dim3(kPrefillThreads), 0, s, "Gated DeltaNet prefill recurrence kernel (a column a group)", a, rows,
-               mixed);
-    else
-        launch(prefill_kernel<DK, 2>,
-               dim3(unsigned(a.v_dim / prefill_block_cols<2>()), unsigned(a.n_v_heads), unsigned(rows.n_runs)),
-               dim3(kPrefillThreads), 0, s, "Gated DeltaNet prefill recurrence kernel", a, rows, mixed);
+    launch(prefill_kernel<DK>, dim3(unsigned(a.v_dim / kPrefillCols), unsigned(a.n_v_heads), unsigned(rows.n_runs)),
+           dim3(kPrefillThreads), 0, s, "Gated DeltaNet prefill recurrence kernel", a, rows, mixed);
     const int64_t n_items = int64_t(rows.n_rows) * a.n_v_heads;
     launch(gated_norm_kernel, dim3(ceil_div(n_items, kNormWarps)), dim3(kNormWarps * 32), 0, s,
            "Gated DeltaNet gated RMSNorm kernel", static_cast<const bf16*>(a.z), a.norm_w, n_items, a.v_dim, a.eps,

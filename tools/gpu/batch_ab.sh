@@ -9,8 +9,7 @@
 #   -> (gpu_tests) every [gpu] case -> (memcheck) compute-sanitizer memcheck and racecheck on the new cases ->
 #   (prefill) prefill 4096 with the conv's new rows a thread against one (--gdn-conv-rows 1) -> (conv_ncu) Nsight
 #   Compute on the Gated DeltaNet conv and recurrence kernels of a 4096-token prefill -> (compare) hybrid-compare on
-#   CUDA over the repository's models ->
-#   (prefill_cols) prefill 4096 and 16384 with one value column a recurrence thread against two.
+#   CUDA over the repository's models.
 # Usage (device tool, repository root, carry [".carry"]): bash tools/gpu/batch_ab.sh   (ONLY="a b": those stages;
 # PARTS=N adds hybrid-bench runs with --wgmma-parts N). A device call has 10 minutes and each call builds anew
 # (about 2 minutes), so run it in parts, most important first: ONLY="tests kbench", then ONLY="bench gdn", then
@@ -116,10 +115,12 @@ fi
 if want conv_ncu; then  # prefill 4096: the run 126 trace gave the conv 615 us a layer (about 40 expected): measure it
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     step ncu_conv 240 $NCU --kernel-name regex:"conv_kernel|prefill_kernel" --launch-skip 4 --launch-count 2 \
-        --section SpeedOfLight --section LaunchStats --section Occupancy $N/hybrid-bench -m $M --dummy-weights \
-        --device cuda -p 4096 -n 1 -r 1 --ubatch 4096 --no-cuda-graphs
-    grep -E "conv_kernel|prefill_kernel|Duration|DRAM Throughput|Memory Throughput|Grid Size|Achieved Occupancy" "$LOG" |
-        tail -16 | tee "$OUT/ncu_conv.txt" >>"$SUM"
+        --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+        --section SchedulerStats --section ComputeWorkloadAnalysis --section MemoryWorkloadAnalysis \
+        $N/hybrid-bench -m $M --dummy-weights --device cuda -p 4096 -n 1 -r 1 --ubatch 4096 --no-cuda-graphs
+    sed -n '/^==== ncu_conv:/,$p' "$LOG" >"$OUT/ncu_conv_full.txt"
+    grep -E "conv_kernel|prefill_kernel|Duration|DRAM Throughput|Memory Throughput|Grid Size|Achieved Occupancy|Issue Slots Busy|No Eligible|Eligible Warps|Active Warps Per|Warp Cycles Per Issued|Shared" "$LOG" |
+        tail -40 | tee "$OUT/ncu_conv.txt" >>"$SUM"
 fi
 if want compare; then  # hybrid-compare on CUDA against the repository's models' HF goldens
     for d in models/tiny tests/data/models/tiny-b tests/data/models/moe tests/data/models/next; do
@@ -127,20 +128,6 @@ if want compare; then  # hybrid-compare on CUDA against the repository's models'
         step "compare_$(basename $d)" 200 $N/hybrid-compare -m $d --device cuda
         sed -n "/^==== compare_$(basename $d):/,\$p" "$LOG" | grep -vE "^ok |^====" | tail -4 |
             sed "s|^|  [$(basename $d)] |" >>"$SUM"
-    done
-fi
-if want prefill_cols; then  # the prefill recurrence with one value column a thread (the default for one sequence)
-    for i in 1 2; do
-        for c in 2 1; do
-            step "prefill_cols${c}_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 4096 -n 8 -r 2 \
-                --ubatch 4096 --gdn-prefill-cols $c
-            grep -E '^\| +[0-9]' "$LOG" | tail -1 | sed "s/^/  [prefill cols $c $i] /" >>"$SUM"
-        done
-    done
-    for c in 2 1; do
-        step "prefill16k_cols${c}" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 16384 -n 4 -r 1 \
-            --ubatch 4096 --gdn-prefill-cols $c
-        grep -E '^\| +[0-9]' "$LOG" | tail -1 | sed "s/^/  [prefill 16k cols $c] /" >>"$SUM"
     done
 fi
 say "total $(($(date +%s) - T0)) s"
