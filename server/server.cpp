@@ -398,6 +398,10 @@ Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool c
             bad(b, std::string(a) + " (" + va->dump() + ") and " + b + " (" + vb->dump() + ") disagree: give one");
     };
     if (chat) same_or_refuse("max_tokens", "max_completion_tokens");
+    // (a chat field: taken without a word here, the default of 16 applied and the answer looked cut short)
+    if (!chat && field(body, "max_completion_tokens"))
+        bad("max_completion_tokens",
+            "max_completion_tokens is a chat completions field; /v1/completions takes max_tokens");
     same_or_refuse("repeat_penalty", "repetition_penalty");
     const char* max_name = chat && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     // (not given: 16 for /v1/completions, as OpenAI's; until the context is full for chat, as OpenAI's and
@@ -425,6 +429,8 @@ Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool c
     s.sampling.repeat_last_n = int(int_field(body, "repeat_last_n", defaults.repeat_last_n, -1, 1 << 30));
     if (const ojson* seed = field(body, "seed")) {
         if (!seed->is_number_integer()) bad("seed", "seed must be an integer");
+        if (!seed->is_number_unsigned() && seed->get<int64_t>() < -1)
+            bad("seed", "seed must be >= -1 (-1: a random seed), got " + seed->dump());
         // (-1: a random seed, as llama-server; the one drawn for the request stays)
         if (!(seed->is_number_integer() && !seed->is_number_unsigned() && seed->get<int64_t>() == -1))
             s.sampling.seed = seed->is_number_unsigned() ? seed->get<uint64_t>() : uint64_t(seed->get<int64_t>());
@@ -465,6 +471,8 @@ Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool c
     if (const ojson* so = field(body, "stream_options")) {
         if (!so->is_object()) bad("stream_options", "stream_options must be an object");
         s.include_usage = bool_field(*so, "include_usage", false);
+        // (as OpenAI's API: the options of a stream, refused on a request that does not stream)
+        if (!s.stream) bad("stream_options", "stream_options is only allowed with \"stream\": true");
     }
     s.ignore_eos = bool_field(body, "ignore_eos", false);
     s.cache_prompt = bool_field(body, "cache_prompt", true);

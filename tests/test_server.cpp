@@ -686,6 +686,16 @@ TEST_CASE("server: bad requests get 4xx OpenAI errors without disturbing the oth
          400, "max_completion_tokens"},
         {"/v1/completions", "{\"prompt\": \"x\", \"repeat_penalty\": 1.1, \"repetition_penalty\": 1.3}", 400,
          "repetition_penalty"},
+        // a chat field on /v1/completions (it was ignored, and the default of 16 tokens applied)
+        {"/v1/completions", "{\"prompt\": \"x\", \"max_completion_tokens\": 40}", 400, "max_completion_tokens"},
+        // seeds below -1 (the CLI refuses them; -1 draws a random seed)
+        {"/v1/completions", "{\"prompt\": \"x\", \"seed\": -2}", 400, "seed"},
+        // stream_options without streaming (as OpenAI's API)
+        {"/v1/completions", "{\"prompt\": \"x\", \"stream_options\": {\"include_usage\": true}}", 400,
+         "stream_options"},
+        {"/v1/chat/completions",
+         "{\"messages\": [{\"role\": \"user\", \"content\": \"x\"}], \"stream\": false, \"stream_options\": {}}", 400,
+         "stream_options"},
         {"/v1/nothing", "{}", 404, nullptr},
     };
     for (const Bad& b : bad) {
@@ -1290,6 +1300,7 @@ TEST_CASE("server: a stream cut by a shutdown ends with a finish_reason and [DON
     REQUIRE(raw_read(fd_chat, &raw_chat, "data: ", 60));
     ojson plain = comp;
     plain["stream"] = false;
+    plain.erase("stream_options");  // (a 400 without streaming)
     const int fd_plain = raw_send(s.port(), request("/v1/completions", plain));
     std::this_thread::sleep_for(std::chrono::milliseconds(300));
     CHECK(s.stop(SIGTERM) == 0);
