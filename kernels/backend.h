@@ -269,7 +269,10 @@ struct CudaOptions {
     // bf16 matrices with 9 to 128 rows of x that the GEMVs above leave to cuBLASLt, on the wgmma GEMM of
     // kernels/cuda/gemm_wgmma.cuh instead (sm_90a; K split over a thread-block cluster, a row's result independent of
     // the batch it runs in; gate/up/SiLU as one kernel). 0 (default): up to 64 rows (H100, twenty-ninth session: b=32
-    // +11%, b=64 +5%, b=128 -29% against cuBLASLt; docs/perf-notes.md); 1: up to 128 rows; -1: none (cuBLASLt).
+    // +11%, b=64 +5%, b=128 -29% against cuBLASLt; docs/perf-notes.md); 1: up to 128 rows; -1: none (cuBLASLt);
+    // 2: by shape (tuning.cuh: groups up to 64 rows, lone matrices up to 32, gate/up/SiLU and logits up to 16, and
+    // 9-16 rows on it rather than the cluster GEMV unless wide_gemv is given; a row's bits then change where a
+    // matrix changes kernel).
     int wgmma_gemm = 0;
     // The wgmma GEMM's K split (cluster size): 1, 2, 4 or 8; 0: by shape and SM count (wgmma_gemm_parts).
     int wgmma_gemm_parts = 0;

@@ -404,6 +404,10 @@ TEST_CASE("CUDA wgmma GEMM, 9-128 rows: matches the CPU, a row's bits the same i
     o = CudaOptions();
     check_tensor_core_gemv(o, {17, 33, 64}, true);
     check_tensor_core_gemv(o, {9, 16, 65, 128}, false);
+    // By shape (CudaOptions::wgmma_gemm = 2): each side of every boundary (gate/up and logits at 16/17, lone matrices
+    // at 32/33, groups at 64/65), against the CPU
+    o.wgmma_gemm = 2;
+    check_tensor_core_gemv(o, {9, 16, 17, 32, 33, 64, 65}, false);
 }
 
 // A recorded decode step (one row): the backend fuses matmul(gate), matmul(up), silu_mul into one GEMV and 2-4

@@ -147,7 +147,7 @@ struct Op {
     int64_t n2 = 0;  // argmax: n_valid
     int64_t n3 = 0;  // moe_experts: I
     float eps = 0.0f;
-    bool flag = false;  // rms_norm zero_centred
+    bool flag = false;  // rms_norm zero_centred; matmul: not the wgmma GEMM
     cuda::GemvGroup group;
     cuda::Fp8Group fp8;  // gemv_quant_group: FP8 or Q8/Q4 members (their dtype in m.dtype, Q8/Q4's group in m.group)
     cuda::MoeShared shared;  // moe_experts: the fused shared expert (gate_proj null: none)
@@ -311,7 +311,17 @@ public:
         if (o.wide_gemv != 0) ctx_.wide_gemv_max_rows = o.wide_gemv > 0 ? cuda::kWideGemvMaxTokens : 0;
         HY_CUDA_CHECK(cudaDeviceGetAttribute(&ctx_.sm_count, cudaDevAttrMultiProcessorCount, device));
         ctx_.wgmma = sm90_code && cuda::wgmma_available();
-        if (o.wgmma_gemm != 0) ctx_.wgmma_gemm_max_rows = o.wgmma_gemm > 0 ? cuda::kWgmmaGemmMaxRows : 0;
+        if (o.wgmma_gemm < -1 || o.wgmma_gemm > 2)
+            throw Error(Status::invalid_argument,
+                        "CudaOptions::wgmma_gemm must be -1, 0, 1 or 2, got " + std::to_string(o.wgmma_gemm));
+        if (o.wgmma_gemm == 1 || o.wgmma_gemm == -1)
+            ctx_.wgmma_gemm_max_rows = o.wgmma_gemm > 0 ? cuda::kWgmmaGemmMaxRows : 0;
+        if (o.wgmma_gemm == 2) {  // by shape (tuning.cuh); 9-16 rows leave the cluster GEMV unless wide_gemv is given
+            ctx_.wgmma_lone_max_rows = cuda::kWgmmaShapedLoneMaxRows;
+            ctx_.wgmma_gate_up_max_rows = cuda::kWgmmaShapedGateUpMaxRows;
+            ctx_.wgmma_logits_max_rows = cuda::kWgmmaShapedLogitsMaxRows;
+            if (o.wide_gemv == 0) ctx_.wide_gemv_max_rows = 0;
+        }
         if (o.wgmma_gemm_parts != 0 && o.wgmma_gemm_parts != 1 && o.wgmma_gemm_parts != 2 && o.wgmma_gemm_parts != 4 &&
             o.wgmma_gemm_parts != 8)
             throw Error(Status::invalid_argument, "CudaOptions::wgmma_gemm_parts must be 0, 1, 2, 4 or 8, got " +
@@ -369,7 +379,15 @@ public:
                     : std::string()) +
                (ctx_.wgmma_gemm_max_rows > 0
                     ? (ctx_.wgmma && ctx_.clusters
-                           ? ", bf16 wgmma gemm up to " + std::to_string(ctx_.wgmma_gemm_max_rows) + " rows, K parts " +
+                           ? ", bf16 wgmma gemm up to " + std::to_string(ctx_.wgmma_gemm_max_rows) + " rows" +
+                                 (ctx_.wgmma_lone_max_rows < ctx_.wgmma_gemm_max_rows ||
+                                          ctx_.wgmma_gate_up_max_rows < ctx_.wgmma_gemm_max_rows ||
+                                          ctx_.wgmma_logits_max_rows < ctx_.wgmma_gemm_max_rows
+                                      ? " (lone matrices up to " + std::to_string(ctx_.wgmma_lone_max_rows) +
+                                            ", gate/up up to " + std::to_string(ctx_.wgmma_gate_up_max_rows) +
+                                            ", logits up to " + std::to_string(ctx_.wgmma_logits_max_rows) + ")"
+                                      : std::string()) +
+                                 ", K parts " +
                                  (ctx_.wgmma_gemm_parts > 0 ? std::to_string(ctx_.wgmma_gemm_parts)
                                                             : std::string("by shape"))
                            : std::string(", no wgmma gemm (no sm_90a code for this device)"))
@@ -641,10 +659,13 @@ public:
     }
     // FP8 w: cuda::matmul_fp8 (the FP8 GEMV for up to 8 rows, else CudaOptions::fp8_gemm); Q8/Q4 w:
     // cuda::matmul_int (the integer GEMV for up to 8 rows, else dequantized to bf16 for cuBLASLt).
-    void matmul(const void* x, int64_t rows, const Matrix& w, void* y) override {
+    void matmul(const void* x, int64_t rows, const Matrix& w, void* y) override { matmul(x, rows, w, y, false); }
+    // no_wgmma: never the wgmma GEMM (gate/up past LaunchContext::wgmma_gate_up_max_rows: cuBLASLt).
+    void matmul(const void* x, int64_t rows, const Matrix& w, void* y, bool no_wgmma) {
         require_matrix(w, "weight matrix", true);
         Op op;
         op.kind = Op::Kind::matmul;
+        op.flag = no_wgmma;
         op.x = x;
         op.n = rows;
         op.m = w;
@@ -761,10 +782,16 @@ public:
         else if (cuda::gemv_wide_rows(rows, ctx_))  // 9 to 64 rows: the tensor-core GEMV in clusters
             fits = cuda::gemv_wide_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols, ctx_) &&
                    cuda::gemv_wide_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols, ctx_);
-        else if (cuda::wgmma_gemm_rows(rows, ctx_))  // CudaOptions::wgmma_gemm's rows: the wgmma gate/up/SiLU kernel
+        else if (cuda::wgmma_gemm_rows(rows, ctx_)) {  // CudaOptions::wgmma_gemm's rows: the wgmma gate/up/SiLU kernel
+            if (rows > ctx_.wgmma_gate_up_max_rows) {  // (by shape: cuBLASLt streams the two wide matrices faster)
+                matmul(x, rows, w_gate, gate, true);
+                matmul(x, rows, w_up, up, true);
+                silu_mul(gate, up, rows * w_gate.rows, act);
+                return;
+            }
             fits = cuda::wgmma_gemm_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols, ctx_) &&
                    cuda::wgmma_gemm_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols, ctx_);
-        else  // 3 to 16 rows: the tensor-core gate/up/SiLU GEMV when every bf16 matrix goes to the tensor-core GEMV
+        } else  // 3 to 16 rows: the tensor-core gate/up/SiLU GEMV when every bf16 matrix goes to the tensor-core GEMV
             fits = tc_all(rows) &&
                    cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols, 2, true) &&
                    cuda::gemv_group_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols, 2, true);
@@ -1043,6 +1070,13 @@ private:
                 if (is_int_quant(op.m.dtype)) {
                     cuda::matmul_int(*gemm_, static_cast<const bf16*>(op.x), op.n, op.m, op.y, op.kind == K::logits,
                                      fp8_scratch_, ctx_);
+                    return;
+                }
+                if (op.kind == K::matmul && op.flag) {  // (not the wgmma GEMM)
+                    cuda::LaunchContext c = ctx_;
+                    c.wgmma_gemm_max_rows = 0;
+                    cuda::matmul(*gemm_, static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data),
+                                 op.m.rows, op.m.cols, op.y, false, c);
                     return;
                 }
                 cuda::matmul(*gemm_, static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data),

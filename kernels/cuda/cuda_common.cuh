@@ -81,6 +81,12 @@ struct LaunchContext {
     // gemm_wgmma.cuh: bf16 matrices with kWgmmaGemmMinRows to this many rows that no GEMV above takes go to the wgmma
     // GEMM (where wgmma and clusters) instead of cuBLASLt; 0: none
     int wgmma_gemm_max_rows = kWgmmaGemmDefaultMaxRows;
+    // ... of which lone matrices (not logits) up to wgmma_lone_max_rows, the gate/up/SiLU pair up to
+    // wgmma_gate_up_max_rows and logits up to wgmma_logits_max_rows (more: cuBLASLt; CudaOptions::wgmma_gemm = 2;
+    // by default no bound beyond wgmma_gemm_max_rows)
+    int wgmma_lone_max_rows = 1 << 30;
+    int wgmma_gate_up_max_rows = 1 << 30;
+    int wgmma_logits_max_rows = 1 << 30;
     int wgmma_gemm_parts = 0;  // its K split (1, 2, 4, 8); 0: wgmma_gemm_parts by shape
     bool wgmma = false;        // the build has sm_90a code for the device (wgmma_available)
     int sm_count = 0;          // the device's multiprocessors (launch shapes that fill the device)

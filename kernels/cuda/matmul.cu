@@ -967,7 +967,8 @@ void matmul(Gemm& gemm, const bf16* x, int64_t T, const bf16* w, int64_t N, int6
         GemvGroup g;
         g.add(w, y, N);
         gemv_wide_with(x, T, g, K, out_f32, gemv_mma_config(K), ctx);
-    } else if (wgmma_gemm_fits(x, T, w, K, ctx)) {
+    } else if (wgmma_gemm_fits(x, T, w, K, ctx) &&
+               T <= (out_f32 ? ctx.wgmma_logits_max_rows : ctx.wgmma_lone_max_rows)) {
         wgmma_gemm(x, T, w, N, K, y, out_f32, ctx);
     } else if (K % 8 == 0 && N % 8 == 0 && aligned16(x) && aligned16(w) && aligned16(y))
         gemm.run(x, T, w, N, K, y, out_f32, ctx);

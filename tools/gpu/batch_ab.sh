@@ -9,7 +9,8 @@
 #   -> (gpu_tests) every [gpu] case -> (memcheck) compute-sanitizer memcheck and racecheck on the new cases ->
 #   (prefill) prefill 4096 with the conv's new rows a thread against one (--gdn-conv-rows 1) -> (conv_ncu) Nsight
 #   Compute on the Gated DeltaNet conv and recurrence kernels of a 4096-token prefill -> (compare) hybrid-compare on
-#   CUDA over the repository's models.
+#   CUDA over the repository's models -> (shaped) b=12-64 with --wgmma-gemm auto and shaped in alternation, and the
+#   wgmma [gpu] case.
 # Usage (device tool, repository root, carry [".carry"]): bash tools/gpu/batch_ab.sh   (ONLY="a b": those stages;
 # PARTS=N adds hybrid-bench runs with --wgmma-parts N). A device call has 10 minutes and each call builds anew
 # (about 2 minutes), so run it in parts, most important first: ONLY="tests kbench", then ONLY="bench gdn", then
@@ -121,6 +122,18 @@ if want conv_ncu; then  # prefill 4096: the run 126 trace gave the conv 615 us a
     sed -n '/^==== ncu_conv:/,$p' "$LOG" >"$OUT/ncu_conv_full.txt"
     grep -E "conv_kernel|prefill_kernel|Duration|DRAM Throughput|Memory Throughput|Grid Size|Achieved Occupancy|Issue Slots Busy|No Eligible|Eligible Warps|Active Warps Per|Warp Cycles Per Issued|Shared" "$LOG" |
         tail -40 | tee "$OUT/ncu_conv.txt" >>"$SUM"
+fi
+if want shaped; then  # the wgmma GEMM by shape (--wgmma-gemm shaped) against the default (auto), 2 rounds
+    NB=$(echo "${BATCHES:-12,16,24,32,48,64}" | tr ',' '\n' | wc -l)
+    for i in 1 2; do
+        for g in auto shaped; do
+            step "shaped_${g}_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 128 -n 64 \
+                -b ${BATCHES:-12,16,24,32,48,64} -r 1 --wgmma-gemm $g
+            grep -E '^\| +[0-9]' "$LOG" | tail -"$NB" | sed "s/^/  [$g $i] /" >>"$SUM"
+        done
+    done
+    step tests_wgmma_shaped 300 $N/hybrid-tests "$CASE"
+    grep -E "test cases|FAILED|with expansion" "$LOG" | tail -6 >>"$SUM"
 fi
 if want compare; then  # hybrid-compare on CUDA against the repository's models' HF goldens
     for d in models/tiny tests/data/models/tiny-b tests/data/models/moe tests/data/models/next; do
