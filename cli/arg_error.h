@@ -16,6 +16,19 @@
 
 namespace hy {
 
+// A real-number option's value, strictly (cxxopts' float parser stops at the first bad character and keeps the
+// number before it): the whole text must be a finite decimal number such as "0.5", "-1", ".5", "2." or "1e-3";
+// "0.5abc", "1,5", "0x10", "nan", "inf" and "" give false.
+inline bool parse_real(const std::string& text, double* out) {
+    if (text.empty() || text.find_first_not_of("0123456789+-.eE") != std::string::npos) return false;
+    char* end = nullptr;
+    errno = 0;
+    const double v = std::strtod(text.c_str(), &end);
+    if (end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(v)) return false;
+    *out = v;
+    return true;
+}
+
 // The message for a cxxopts parse error `what`: when it quotes a value that follows an option on the command
 // line (argv[1..argc-1]: "-c VALUE", "--ctx-size VALUE", "--ctx-size=VALUE" or "-cVALUE"), "invalid value 'VALUE'
 // for OPTION" (with " (out of range)" when VALUE is an integer); a missing value "-p needs a value"; an unknown option
@@ -52,23 +65,17 @@ inline std::string parse_error_message(const char* what, int argc, char** argv) 
             // an integer cxxopts could not parse is past its option's type ("-n 99999999999999999999")
             const size_t d = value.rfind('-', 0) == 0 ? 1 : 0;
             const bool integer = value.size() > d && value.find_first_not_of("0123456789", d) == std::string::npos;
-            return "invalid value '" + value + "' for " + option + (integer ? " (out of range)" : "");
+            // a real number cxxopts could not parse was given to an int option ("-n 2.5"); other text is no number
+            // for any option type ("-n abc", "--temp hot")
+            double real = 0;
+            const bool is_real = !integer && parse_real(value, &real);
+            return "invalid value '" + value + "' for " + option +
+                   (integer   ? " (out of range)"
+                    : is_real ? " (a decimal integer)"
+                              : " (not a number)");
         }
     }
     return msg;
-}
-
-// A real-number option's value, strictly (cxxopts' float parser stops at the first bad character and keeps the
-// number before it): the whole text must be a finite decimal number such as "0.5", "-1", ".5", "2." or "1e-3";
-// "0.5abc", "1,5", "0x10", "nan", "inf" and "" give false.
-inline bool parse_real(const std::string& text, double* out) {
-    if (text.empty() || text.find_first_not_of("0123456789+-.eE") != std::string::npos) return false;
-    char* end = nullptr;
-    errno = 0;
-    const double v = std::strtod(text.c_str(), &end);
-    if (end != text.c_str() + text.size() || errno == ERANGE || !std::isfinite(v)) return false;
-    *out = v;
-    return true;
 }
 
 // Digits with an optional '-' first, of any length ("+4", "0x10", "" are not).

@@ -144,8 +144,12 @@ TEST_CASE("cli: errors have one-line messages and documented exit codes", "[cli]
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "-v"}), 1, "unknown option -v (--verbose prints");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "-q"}), 1, "unknown option -q (-h lists the options)");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "-r", "User:"}), 1, "unknown option -r (--stop STR ends");
-    check_error(hybrid({"-m", "models/tiny", "-p", "x", "-n", "abc"}), 1, "invalid value 'abc' for -n");
-    check_error(hybrid({"-m", "models/tiny", "-p", "x", "--temp=hot"}), 1, "invalid value 'hot' for --temp");
+    // each says what the value should have been (a fresh-user pass: text got no reason, hex did)
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "-n", "abc"}), 1, "invalid value 'abc' for -n (not a number)");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "-n", "2.5"}), 1,
+                "invalid value '2.5' for -n (a decimal integer)");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "--temp=hot"}), 1,
+                "invalid value 'hot' for --temp (a decimal number)");
     for (const char* junk : {"0.5abc", "1,5", "0x10", "nan", ""})  // real numbers are parsed strictly too
         check_error(hybrid({"-m", "models/tiny", "-p", "x", "--top-p", junk}), 1,
                     std::string("invalid value '") + junk + "' for --top-p");

@@ -121,7 +121,8 @@ int main(int argc, char** argv) {
         auto nonnegative = [&](const char* name) {  // a real option >= 0, parsed strictly (arg_error.h)
             const std::string text = args[name].as<std::string>();
             double v = 0.0;
-            if (!parse_real(text, &v)) throw tools::UsageError("invalid value '" + text + "' for --" + name);
+            if (!parse_real(text, &v))
+                throw tools::UsageError("invalid value '" + text + "' for --" + name + " (a decimal number)");
             if (v < 0.0) throw tools::UsageError(std::string("--") + name + " must be a number >= 0");
             return v;
         };
