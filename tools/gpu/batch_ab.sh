@@ -123,6 +123,16 @@ if want conv_ncu; then  # prefill 4096: the run 126 trace gave the conv 615 us a
     grep -E "conv_kernel|prefill_kernel|Duration|DRAM Throughput|Memory Throughput|Grid Size|Achieved Occupancy|Issue Slots Busy|No Eligible|Eligible Warps|Active Warps Per|Warp Cycles Per Issued|Shared" "$LOG" |
         tail -40 | tee "$OUT/ncu_conv.txt" >>"$SUM"
 fi
+if want gdn_ncu; then  # the Gated DeltaNet decode kernel at b=256 (59% of the step in run 126): what bounds it
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    step ncu_gdn 300 $NCU --kernel-name regex:"decode_kernel" --launch-skip 48 --launch-count 2 \
+        --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+        --section MemoryWorkloadAnalysis --section LaunchStats \
+        $N/hybrid-bench -m $M --dummy-weights --device cuda -p 16 -n 4 -b 256 -r 1 --no-cuda-graphs
+    sed -n '/^==== ncu_gdn:/,$p' "$LOG" >"$OUT/ncu_gdn_full.txt"
+    grep -E "decode_kernel|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Issue Slots Busy|No Eligible|Eligible Warps|Warp Cycles Per Issued|Registers Per|Block Limit" "$OUT/ncu_gdn_full.txt" |
+        tail -30 >>"$SUM"
+fi
 if want shaped; then  # the wgmma GEMM by shape (--wgmma-gemm shaped) against the default (auto), 2 rounds
     NB=$(echo "${BATCHES:-12,16,24,32,48,64}" | tr ',' '\n' | wc -l)
     for i in 1 2; do
