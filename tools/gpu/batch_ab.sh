@@ -113,6 +113,18 @@ if want prefill; then  # the conv's rows a thread (the new default against 1, th
         done
     done
 fi
+if want shaped; then  # the wgmma GEMM by shape (--wgmma-gemm shaped) against the default (auto), 2 rounds
+    NB=$(echo "${BATCHES:-12,16,24,32,48,64}" | tr ',' '\n' | wc -l)
+    for i in 1 2; do
+        for g in auto shaped; do
+            step "shaped_${g}_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 128 -n 64 \
+                -b ${BATCHES:-12,16,24,32,48,64} -r 1 --wgmma-gemm $g
+            grep -E '^\| +[0-9]' "$LOG" | tail -"$NB" | sed "s/^/  [$g $i] /" >>"$SUM"
+        done
+    done
+    step tests_wgmma_shaped 300 $N/hybrid-tests "$CASE"
+    grep -E "test cases|FAILED|with expansion" "$LOG" | tail -6 >>"$SUM"
+fi
 if want conv_ncu; then  # prefill 4096: the run 126 trace gave the conv 615 us a layer (about 40 expected): measure it
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     step ncu_conv 240 $NCU --kernel-name regex:"conv_kernel|prefill_kernel" --launch-skip 4 --launch-count 2 \
@@ -132,18 +144,6 @@ if want gdn_ncu; then  # the Gated DeltaNet decode kernel at b=256 (59% of the s
     sed -n '/^==== ncu_gdn:/,$p' "$LOG" >"$OUT/ncu_gdn_full.txt"
     grep -E "decode_kernel|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Issue Slots Busy|No Eligible|Eligible Warps|Warp Cycles Per Issued|Registers Per|Block Limit" "$OUT/ncu_gdn_full.txt" |
         tail -30 >>"$SUM"
-fi
-if want shaped; then  # the wgmma GEMM by shape (--wgmma-gemm shaped) against the default (auto), 2 rounds
-    NB=$(echo "${BATCHES:-12,16,24,32,48,64}" | tr ',' '\n' | wc -l)
-    for i in 1 2; do
-        for g in auto shaped; do
-            step "shaped_${g}_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 128 -n 64 \
-                -b ${BATCHES:-12,16,24,32,48,64} -r 1 --wgmma-gemm $g
-            grep -E '^\| +[0-9]' "$LOG" | tail -"$NB" | sed "s/^/  [$g $i] /" >>"$SUM"
-        done
-    done
-    step tests_wgmma_shaped 300 $N/hybrid-tests "$CASE"
-    grep -E "test cases|FAILED|with expansion" "$LOG" | tail -6 >>"$SUM"
 fi
 if want compare; then  # hybrid-compare on CUDA against the repository's models' HF goldens
     for d in models/tiny tests/data/models/tiny-b tests/data/models/moe tests/data/models/next; do
