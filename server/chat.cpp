@@ -64,7 +64,8 @@ std::string param_type(const ojson& tools, const std::string& name, const std::s
 // One <tool_call> block's inside as a call; false when it is neither form.
 bool parse_block(const std::string& inner, const ojson& tools, OutputParser::ToolCall& call) {
     const std::string body = trim_ws(inner);
-    if (body.rfind("{", 0) == 0) {  // Qwen3: {"name": ..., "arguments": {...}}
+    if (body.rfind("{", 0) == 0) {                                   // Qwen3: {"name": ..., "arguments": {...}}
+        if (json_nests_deeper(body, kMaxJsonNesting)) return false;  // (left as text)
         const ojson j = ojson::parse(body, nullptr, false);
         if (j.is_discarded() || !j.is_object() || !j.contains("name") || !j["name"].is_string()) return false;
         call.name = j["name"].get<std::string>();
@@ -93,7 +94,8 @@ bool parse_block(const std::string& inner, const ojson& tools, OutputParser::Too
         if (!value.empty() && value.back() == '\n') value.pop_back();
         const std::string type = param_type(tools, call.name, pname);
         ojson parsed;
-        if (!type.empty() && type != "string") parsed = ojson::parse(value, nullptr, false);
+        if (!type.empty() && type != "string" && !json_nests_deeper(value, kMaxJsonNesting))
+            parsed = ojson::parse(value, nullptr, false);
         args[pname] = type.empty() || type == "string" || parsed.is_discarded() ? ojson(value) : parsed;
         p = std::min(close + 12, body.size());
     }
@@ -112,7 +114,10 @@ ChatFormat ChatFormat::load(const std::string& dir, const Tokenizer& tokenizer, 
     const std::string config_path = dir + "/tokenizer_config.json";
     ojson config = ojson::object();
     if (path_present(config_path)) {
-        config = ojson::parse(read_regular_file(config_path, kMaxJsonFileBytes), nullptr, false);
+        const std::string text = read_regular_file(config_path, kMaxJsonFileBytes);
+        if (json_nests_deeper(text, 512))  // (see json_nests_deeper: ordered_json's parse recurses)
+            throw Error(Status::format, config_path + ": invalid JSON (nested more than 512 levels)");
+        config = ojson::parse(text, nullptr, false);
         if (config.is_discarded() || !config.is_object()) throw Error(Status::format, config_path + ": invalid JSON");
     }
     for (const char* k : {"bos_token", "eos_token", "pad_token", "unk_token"})

@@ -19,6 +19,34 @@ namespace hy::server {
 
 using ojson = nlohmann::ordered_json;
 
+// Whether JSON text nests lists and objects more than `limit` levels deep (brackets inside strings do not count; the
+// text need not be valid JSON). Checked before every parse of text from a client or a model: nlohmann's
+// ordered_json copies a parsed array into its parent recursively, so a body 90,000 levels deep (180 KB) overflowed
+// the connection thread's stack and took the server down (a fresh-user pass).
+inline bool json_nests_deeper(const std::string& text, int limit) {
+    int depth = 0;
+    bool in_string = false, escaped = false;
+    for (const char c : text) {
+        if (in_string) {
+            if (escaped)
+                escaped = false;
+            else if (c == '\\')
+                escaped = true;
+            else if (c == '"')
+                in_string = false;
+        } else if (c == '"') {
+            in_string = true;
+        } else if (c == '[' || c == '{') {
+            if (++depth > limit) return true;
+        } else if (c == ']' || c == '}') {
+            depth--;
+        }
+    }
+    return false;
+}
+// The nesting the server takes in a request body, and in JSON inside it (tool call arguments) or in generated text.
+constexpr int kMaxJsonNesting = 64;
+
 class ChatFormat {
 public:
     // The template of model folder `dir`: chat_template.jinja, else tokenizer_config.json's chat_template (a string,

@@ -560,7 +560,8 @@ ojson normalize_messages(const ojson& body) {
                 ojson& f = c["function"];
                 if (!f.contains("name") || !f["name"].is_string())
                     bad(where + ".tool_calls", where + ".tool_calls: a function needs a name");
-                if (f.contains("arguments") && f["arguments"].is_string()) {
+                if (f.contains("arguments") && f["arguments"].is_string() &&
+                    !json_nests_deeper(f["arguments"].get<std::string>(), kMaxJsonNesting)) {
                     ojson args = ojson::parse(f["arguments"].get<std::string>(), nullptr, false);
                     if (!args.is_discarded() && args.is_object()) f["arguments"] = args;
                 }
@@ -880,6 +881,9 @@ struct Server::Impl {
         (chat ? n_chat : n_completions)++;
         try {
             if (!authorized(req)) throw ApiError{401, "invalid API key", "", "authentication_error", "invalid_api_key"};
+            if (json_nests_deeper(text, kMaxJsonNesting))
+                bad("", "the request body nests more than " + std::to_string(kMaxJsonNesting) +
+                            " levels of lists and objects");
             ojson body = ojson::parse(text, nullptr, false);
             if (body.is_discarded()) {
                 std::string why;
@@ -892,7 +896,9 @@ struct Server::Impl {
                 bad("", "invalid JSON in the request body: " + why);
             }
             if (!body.is_object()) bad("", "the request body must be a JSON object");
-            if (too_deep(body, 64)) bad("", "the request body nests more than 64 levels of lists and objects");
+            if (too_deep(body, kMaxJsonNesting))  // (as the text check above: a second guard for the renderer)
+                bad("", "the request body nests more than " + std::to_string(kMaxJsonNesting) +
+                            " levels of lists and objects");
             if (const ojson* m = field(body, "model"))
                 if (!m->is_string()) bad("model", "model must be a string");
             const Settings s = parse_settings(body, defaults, chat, random_seed(), *tok, n_valid);

@@ -709,6 +709,22 @@ TEST_CASE("server: bad requests get 4xx OpenAI errors without disturbing the oth
         CHECK(j["error"]["message"].get<std::string>().find('\n') == std::string::npos);
         if (b.param) CHECK(j["error"]["param"] == b.param);
     }
+    // a body nested 100,000 levels deep (200 KB) is a 400 before it is parsed (the parser's recursion took the server
+    // down: a fresh-user pass); 64 levels are the most a body may nest
+    {
+        const int d = 100000;
+        const std::string deep = "{\"x\": " + std::string(d, '[') + std::string(d, ']') + ", \"prompt\": \"a\"}";
+        const Reply r = post(port, "/v1/completions", deep);
+        CHECK(r.status == 400);
+        CHECK(r.body.find("nests more than 64 levels") != std::string::npos);
+        const std::string ok63 =
+            "{\"x\": " + std::string(62, '[') + std::string(62, ']') + ", \"prompt\": \"a\", \"max_tokens\": 1}";
+        CHECK(post(port, "/v1/completions", ok63).status == 200);
+        // brackets inside strings do not count
+        const std::string in_string =
+            "{\"prompt\": \"" + std::string(100, '[') + "\\\"" + std::string(100, '{') + "\", \"max_tokens\": 1}";
+        CHECK(post(port, "/v1/completions", in_string).status == 200);
+    }
     // top_p 0 is taken, as the CLI's --top-p 0 (the most likely token alone; it was a 400 here)
     CHECK(post(port, "/v1/completions", std::string("{\"prompt\": \"x\", \"max_tokens\": 1, \"top_p\": 0}")).status ==
           200);
