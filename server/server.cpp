@@ -901,6 +901,18 @@ struct Server::Impl {
                             " levels of lists and objects");
             if (const ojson* m = field(body, "model"))
                 if (!m->is_string()) bad("model", "model must be a string");
+            // A whole-number float in an integer field (max_tokens 2.0, from a client that computes it) is that
+            // integer, as vLLM's and OpenAI's Python servers take it; 2.5 stays a float and is refused below.
+            for (const char* k : {"max_tokens", "max_completion_tokens", "seed", "top_k", "top_logprobs",
+                                  "repeat_last_n", "n", "best_of"})
+                if (body.contains(k) && body[k].is_number_float()) {
+                    const double d = body[k].get<double>();
+                    if (std::isfinite(d) && std::floor(d) == d && std::fabs(d) < 9.0e15) body[k] = int64_t(d);
+                }
+            if (!chat && body.contains("logprobs") && body["logprobs"].is_number_float()) {  // (an int there)
+                const double d = body["logprobs"].get<double>();
+                if (std::isfinite(d) && std::floor(d) == d && std::fabs(d) < 9.0e15) body["logprobs"] = int64_t(d);
+            }
             const Settings s = parse_settings(body, defaults, chat, random_seed(), *tok, n_valid);
             if (chat)
                 chat_completion(req, res, body, s);

@@ -725,6 +725,16 @@ TEST_CASE("server: bad requests get 4xx OpenAI errors without disturbing the oth
             "{\"prompt\": \"" + std::string(100, '[') + "\\\"" + std::string(100, '{') + "\", \"max_tokens\": 1}";
         CHECK(post(port, "/v1/completions", in_string).status == 200);
     }
+    // whole-number floats in integer fields are those integers (vLLM takes them); other floats are refused
+    {
+        const Reply r = post(
+            port, "/v1/completions",
+            std::string("{\"prompt\": \"x\", \"max_tokens\": 2.0, \"seed\": 5.0, \"top_k\": 3.0, \"temperature\": 0}"));
+        CHECK(r.status == 200);
+        CHECK(r.json()["usage"]["completion_tokens"].get<int>() <= 2);
+        CHECK(post(port, "/v1/completions", std::string("{\"prompt\": \"x\", \"max_tokens\": 2.5}")).status == 400);
+        CHECK(post(port, "/v1/completions", std::string("{\"prompt\": \"x\", \"seed\": 1e300}")).status == 400);
+    }
     // top_p 0 is taken, as the CLI's --top-p 0 (the most likely token alone; it was a 400 here)
     CHECK(post(port, "/v1/completions", std::string("{\"prompt\": \"x\", \"max_tokens\": 1, \"top_p\": 0}")).status ==
           200);
