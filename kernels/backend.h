@@ -268,11 +268,12 @@ struct CudaOptions {
     int wide_gemv = 0;
     // bf16 matrices with 9 to 128 rows of x that the GEMVs above leave to cuBLASLt, on the wgmma GEMM of
     // kernels/cuda/gemm_wgmma.cuh instead (sm_90a; K split over a thread-block cluster, a row's result independent of
-    // the batch it runs in; gate/up/SiLU as one kernel). 0 (default): up to 64 rows (H100, twenty-ninth session: b=32
-    // +11%, b=64 +5%, b=128 -29% against cuBLASLt; docs/perf-notes.md); 1: up to 128 rows; -1: none (cuBLASLt);
-    // 2: by shape (tuning.cuh: groups up to 64 rows, lone matrices up to 32, gate/up/SiLU and logits up to 16, and
-    // 9-16 rows on it rather than the cluster GEMV unless wide_gemv is given; a row's bits then change where a
-    // matrix changes kernel).
+    // the batch it runs in; gate/up/SiLU as one kernel). 0 (default): by shape (tuning.cuh): groups of matrices that
+    // share x up to 64 rows, lone matrices, gate/up/SiLU and logits up to 32, and 9-16 rows too rather than the
+    // cluster GEMV unless wide_gemv is given (H200, thirtieth session: b=12 and b=16 +16%, b=48 +1.6%, b=64 +1%
+    // against 2; docs/perf-notes.md); a row's bits change where its matrices change kernel (8/9, 32/33, 64/65 rows).
+    // 2: every matrix up to 64 rows, 9-16 rows in clusters (the twenty-ninth session's default: H100 b=32 +11%, b=64
+    // +5% against cuBLASLt); 1: every matrix up to 128 rows (b=128 -29%); -1: none (cuBLASLt).
     int wgmma_gemm = 0;
     // The wgmma GEMM's K split (cluster size): 1, 2, 4 or 8; 0: by shape and SM count (wgmma_gemm_parts).
     int wgmma_gemm_parts = 0;

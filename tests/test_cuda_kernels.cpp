@@ -399,15 +399,15 @@ TEST_CASE("CUDA wgmma GEMM, 9-128 rows: matches the CPU, a row's bits the same i
         o.wgmma_gemm_parts = parts;
         check_tensor_core_gemv(o, {9, 16, 17, 31, 64, 65, 128}, true);
     }
-    // The default (CudaOptions::wgmma_gemm = 0): 17-64 rows on it (the same bits), 9-16 on the cluster GEMV and
-    // more than 64 on cuBLASLt
+    // The default (CudaOptions::wgmma_gemm = 0, by shape): every matrix on it at 9-32 rows (the same bits), groups
+    // only at 33-64 (lone matrices, gate/up and logits on cuBLASLt), more than 64 on cuBLASLt: against the CPU
     o = CudaOptions();
+    check_tensor_core_gemv(o, {9, 16, 17, 32}, true);
+    check_tensor_core_gemv(o, {33, 64, 65, 128}, false);
+    // Every matrix of 17-64 rows (wgmma_gemm = 2; the same bits), 9-16 on the cluster GEMV, more on cuBLASLt
+    o.wgmma_gemm = 2;
     check_tensor_core_gemv(o, {17, 33, 64}, true);
     check_tensor_core_gemv(o, {9, 16, 65, 128}, false);
-    // By shape (CudaOptions::wgmma_gemm = 2): each side of every boundary (gate/up and logits at 16/17, lone matrices
-    // at 32/33, groups at 64/65), against the CPU
-    o.wgmma_gemm = 2;
-    check_tensor_core_gemv(o, {9, 16, 17, 32, 33, 64, 65}, false);
 }
 
 // A recorded decode step (one row): the backend fuses matmul(gate), matmul(up), silu_mul into one GEMV and 2-4

@@ -240,7 +240,7 @@ TEST_CASE("hybrid-bench: CUDA tuning switches are checked, and noted as ignored 
         {{"--attn-splits", "-1"}, "--attn-splits must be 0 to 128, got -1"},
         {{"--int-split-k", "sometimes"}, "--int-split-k must be auto, always or never, got 'sometimes'"},
         {{"--small-batch-gemv", "some"}, "--small-batch-gemv must be auto, all, groups or mixed, got 'some'"},
-        {{"--wgmma-gemm", "yes"}, "--wgmma-gemm must be auto, on, off or shaped, got 'yes'"},
+        {{"--wgmma-gemm", "yes"}, "--wgmma-gemm must be auto, on, off or uniform, got 'yes'"},
         {{"--wgmma-gemm", "on", "--wgmma-parts", "3"}, "--wgmma-parts must be 0, 1, 2, 4 or 8, got 3"},
         {{"--wgmma-gemm", "off", "--wgmma-parts", "4"}, "--wgmma-parts needs --wgmma-gemm auto or on"},
         {{"--gdn-decode-stream", "yes"}, "--gdn-decode-stream must be on or off, got 'yes'"},

@@ -245,9 +245,9 @@ int main(int argc, char** argv) {
          "the tensor-core GEMV in thread-block clusters, sm_90), off (all on cuBLASLt) or auto (the default: 9-16 "
          "rows in clusters)",
          cxxopts::value<std::string>()->default_value("auto"))
-        ("wgmma-gemm", "CUDA, bf16 matrices with 9 to 128 rows that the GEMVs leave to cuBLASLt: auto (the default: "
-         "the wgmma GEMM, sm_90a, up to 64 rows), on (the wgmma GEMM up to 128 rows), off (cuBLASLt) or shaped "
-         "(by shape: groups up to 64 rows, lone matrices up to 32, gate/up and logits up to 16, 9-16 rows too)",
+        ("wgmma-gemm", "CUDA, bf16 matrices with 9 to 128 rows: auto (the default: the wgmma GEMM, sm_90a, by shape: "
+         "9-64 rows of groups sharing x, 9-32 of other matrices, cuBLASLt beyond), uniform (every matrix of 17-64 "
+         "rows, 9-16 on the cluster GEMV), on (every matrix up to 128 rows) or off (cuBLASLt)",
          cxxopts::value<std::string>()->default_value("auto"))
         ("gdn-decode-stream", "CUDA, decode steps of more than 8 sequences: stream the Gated DeltaNet states through "
          "one block an SM (on) or a block per head and sequence (off, the default)",
@@ -325,9 +325,9 @@ int main(int argc, char** argv) {
         }
         {
             const std::string v = args["wgmma-gemm"].as<std::string>();
-            if (v != "auto" && v != "on" && v != "off" && v != "shaped")
-                throw tools::UsageError("--wgmma-gemm must be auto, on, off or shaped, got '" + v + "'");
-            mp.cuda.wgmma_gemm = v == "on" ? 1 : v == "off" ? -1 : v == "shaped" ? 2 : 0;
+            if (v != "auto" && v != "on" && v != "off" && v != "uniform")
+                throw tools::UsageError("--wgmma-gemm must be auto, on, off or uniform, got '" + v + "'");
+            mp.cuda.wgmma_gemm = v == "on" ? 1 : v == "off" ? -1 : v == "uniform" ? 2 : 0;
             const int parts = args["wgmma-parts"].as<int>();
             if (parts != 0 && parts != 1 && parts != 2 && parts != 4 && parts != 8)
                 throw tools::UsageError("--wgmma-parts must be 0, 1, 2, 4 or 8, got " + std::to_string(parts));

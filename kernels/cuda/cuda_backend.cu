@@ -316,11 +316,12 @@ public:
                         "CudaOptions::wgmma_gemm must be -1, 0, 1 or 2, got " + std::to_string(o.wgmma_gemm));
         if (o.wgmma_gemm == 1 || o.wgmma_gemm == -1)
             ctx_.wgmma_gemm_max_rows = o.wgmma_gemm > 0 ? cuda::kWgmmaGemmMaxRows : 0;
-        if (o.wgmma_gemm == 2) {  // by shape (tuning.cuh); 9-16 rows leave the cluster GEMV unless wide_gemv is given
-            ctx_.wgmma_lone_max_rows = cuda::kWgmmaShapedLoneMaxRows;
-            ctx_.wgmma_gate_up_max_rows = cuda::kWgmmaShapedGateUpMaxRows;
-            ctx_.wgmma_logits_max_rows = cuda::kWgmmaShapedLogitsMaxRows;
-            if (o.wide_gemv == 0) ctx_.wide_gemv_max_rows = 0;
+        if (o.wgmma_gemm == 0) {  // by shape (tuning.cuh)
+            ctx_.wgmma_lone_max_rows = cuda::kWgmmaLoneMaxRows;
+            ctx_.wgmma_gate_up_max_rows = cuda::kWgmmaGateUpMaxRows;
+            ctx_.wgmma_logits_max_rows = cuda::kWgmmaLogitsMaxRows;
+            // 9-16 rows leave the cluster GEMV for it where it runs, unless wide_gemv is given
+            if (o.wide_gemv == 0 && ctx_.wgmma && ctx_.clusters) ctx_.wide_gemv_max_rows = 0;
         }
         if (o.wgmma_gemm_parts != 0 && o.wgmma_gemm_parts != 1 && o.wgmma_gemm_parts != 2 && o.wgmma_gemm_parts != 4 &&
             o.wgmma_gemm_parts != 8)

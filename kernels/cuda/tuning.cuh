@@ -43,13 +43,16 @@ constexpr int kWideGemvDefaultMaxTokens = 16;
 // inputs 2,130 / 1,620, q|k|v 2,043 / 1,755, down_proj 2,215 / 2,124, but o_proj 1,865 / 2,059 and gate+up 2,234 /
 // 2,464 (a finer routing per shape is the next step; docs/perf-notes.md). CudaOptions::wgmma_gemm = 1: up to 128.
 constexpr int kWgmmaGemmDefaultMaxRows = 64;
-// CudaOptions::wgmma_gemm = 2 (by shape, from the table above): groups of matrices sharing x up to 64 rows, lone
-// projections up to 32, gate/up/SiLU and logits up to 16 (cuBLASLt beyond), and 9-16 rows on the wgmma GEMM rather
-// than the cluster GEMV (16 rows, GB/s, wgmma / cluster GEMV: 2,578 / 2,171 Gated DeltaNet inputs, 2,626 / 2,165
-// q|k|v, 2,166 / 1,769 o_proj, 2,468 / 2,031 down_proj, gate/up/SiLU 2,633 / 2,357; lm_head 2,946 / 2,787).
-constexpr int kWgmmaShapedLoneMaxRows = 32;
-constexpr int kWgmmaShapedGateUpMaxRows = 16;
-constexpr int kWgmmaShapedLogitsMaxRows = 16;
+// By default (CudaOptions::wgmma_gemm = 0) the wgmma GEMM takes groups of matrices sharing x up to 64 rows but lone
+// projections, gate/up/SiLU and logits only up to 32 (cuBLASLt streams those wider or longer matrices faster at
+// 33-64 rows), and 9-16 rows too, from the cluster GEMV (H100 kernel-bench at 16 rows, GB/s, wgmma / cluster GEMV:
+// Gated DeltaNet inputs 2,578 / 2,171, q|k|v 2,626 / 2,165, o_proj 2,166 / 1,769, down_proj 2,468 / 2,031, gate/up/SiLU
+// 2,633 / 2,357). H200, thirtieth session, against every matrix up to 64 rows and 9-16 in clusters: b=12 3,537 /
+// 3,531 tok/s against 3,040 / 3,038 (+16%), b=16 4,549 / 4,535 against 3,910 / 3,903 (+16%), b=48 +1.6%, b=64 +1%;
+// with gate/up and logits on cuBLASLt from 17 rows, b=24 and b=32 lost 3%, so they stay on it up to 32.
+constexpr int kWgmmaLoneMaxRows = 32;
+constexpr int kWgmmaGateUpMaxRows = 32;
+constexpr int kWgmmaLogitsMaxRows = 32;
 // With 3 to 8 rows every bf16 matrix goes to the tensor-core GEMV (true), or only groups of 3-4 matrices (false: the
 // others to cuBLASLt); CudaOptions::small_batch_gemv overrides it.
 constexpr bool kTcGemvAll = true;

@@ -9,8 +9,8 @@
 #   -> (gpu_tests) every [gpu] case -> (memcheck) compute-sanitizer memcheck and racecheck on the new cases ->
 #   (prefill) prefill 4096 with the conv's new rows a thread against one (--gdn-conv-rows 1) -> (conv_ncu) Nsight
 #   Compute on the Gated DeltaNet conv and recurrence kernels of a 4096-token prefill -> (compare) hybrid-compare on
-#   CUDA over the repository's models -> (shaped) b=12-64 with --wgmma-gemm auto and shaped in alternation, and the
-#   wgmma [gpu] case.
+#   CUDA over the repository's models -> (shaped) b=12-64 with --wgmma-gemm auto (by shape) and uniform (every matrix
+#   of 17-64 rows, 9-16 in clusters) in alternation, and the wgmma [gpu] case.
 # Usage (device tool, repository root, carry [".carry"]): bash tools/gpu/batch_ab.sh   (ONLY="a b": those stages;
 # PARTS=N adds hybrid-bench runs with --wgmma-parts N). A device call has 10 minutes and each call builds anew
 # (about 2 minutes), so run it in parts, most important first: ONLY="tests kbench", then ONLY="bench gdn", then
@@ -113,10 +113,10 @@ if want prefill; then  # the conv's rows a thread (the new default against 1, th
         done
     done
 fi
-if want shaped; then  # the wgmma GEMM by shape (--wgmma-gemm shaped) against the default (auto), 2 rounds
+if want shaped; then  # the wgmma GEMM by shape (auto, the default) against every matrix up to 64 rows (uniform)
     NB=$(echo "${BATCHES:-12,16,24,32,48,64}" | tr ',' '\n' | wc -l)
     for i in 1 2; do
-        for g in auto shaped; do
+        for g in uniform auto; do
             step "shaped_${g}_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 128 -n 64 \
                 -b ${BATCHES:-12,16,24,32,48,64} -r 1 --wgmma-gemm $g
             grep -E '^\| +[0-9]' "$LOG" | tail -"$NB" | sed "s/^/  [$g $i] /" >>"$SUM"
