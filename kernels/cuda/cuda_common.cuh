@@ -82,8 +82,8 @@ struct LaunchContext {
     // GEMM (where wgmma and clusters) instead of cuBLASLt; 0: none
     int wgmma_gemm_max_rows = kWgmmaGemmDefaultMaxRows;
     // ... of which lone matrices (not logits) up to wgmma_lone_max_rows, the gate/up/SiLU pair up to
-    // wgmma_gate_up_max_rows and logits up to wgmma_logits_max_rows (more: cuBLASLt; CudaOptions::wgmma_gemm = 2;
-    // by default no bound beyond wgmma_gemm_max_rows)
+    // wgmma_gate_up_max_rows and logits up to wgmma_logits_max_rows (more: cuBLASLt). The backend sets the tuned
+    // bounds (tuning.cuh) for CudaOptions::wgmma_gemm = 0, the default; with 1 or 2 these stay unbounded.
     int wgmma_lone_max_rows = 1 << 30;
     int wgmma_gate_up_max_rows = 1 << 30;
     int wgmma_logits_max_rows = 1 << 30;

@@ -41,7 +41,7 @@ constexpr int kWideGemvDefaultMaxTokens = 16;
 // b=64 9,491 against 9,023, but b=128 9,101 against 12,866 (every block of 128 features streams all of x: at 128 rows
 // 16 KB a chunk beside 16 KB of weights). hybrid-kernel-bench at 64 rows (GB/s, wgmma / cuBLASLt): Gated DeltaNet
 // inputs 2,130 / 1,620, q|k|v 2,043 / 1,755, down_proj 2,215 / 2,124, but o_proj 1,865 / 2,059 and gate+up 2,234 /
-// 2,464 (a finer routing per shape is the next step; docs/perf-notes.md). CudaOptions::wgmma_gemm = 1: up to 128.
+// 2,464 (hence the routing by shape below; docs/perf-notes.md). CudaOptions::wgmma_gemm = 1: up to 128.
 constexpr int kWgmmaGemmDefaultMaxRows = 64;
 // By default (CudaOptions::wgmma_gemm = 0) the wgmma GEMM takes groups of matrices sharing x up to 64 rows but lone
 // projections, gate/up/SiLU and logits only up to 32 (cuBLASLt streams those wider or longer matrices faster at
