@@ -339,6 +339,18 @@ int64_t int_field(const ojson& body, const char* name, int64_t def, int64_t lo, 
     return x;
 }
 
+// A whole-number float in an integer field (max_tokens 2.0, from a client that computes it) becomes that integer,
+// as vLLM's and OpenAI's Python servers take it; 2.5 stays a float, for parse_settings to refuse.
+void whole_floats_to_ints(ojson& body, bool chat) {
+    for (const char* k : {"max_tokens", "max_completion_tokens", "seed", "top_k", "top_logprobs", "repeat_last_n", "n",
+                          "best_of", "logprobs"}) {
+        if (chat && std::strcmp(k, "logprobs") == 0) continue;  // (a boolean there; an int in /v1/completions)
+        if (!body.contains(k) || !body[k].is_number_float()) continue;
+        const double d = body[k].get<double>();
+        if (std::isfinite(d) && std::floor(d) == d && std::fabs(d) < 9.0e15) body[k] = int64_t(d);
+    }
+}
+
 bool bool_field(const ojson& body, const char* name, bool def) {
     const ojson* v = field(body, name);
     if (!v) return def;
@@ -438,18 +450,12 @@ Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool c
     // several choices per request are not supported (n, and best_of of /v1/completions): refused, not ignored
     for (const char* name : {"n", "best_of"})
         if (const ojson* n = field(body, name)) {
-            // (an integral float such as 1.0 counts as that integer, as in the OpenAI API's Python server)
-            const bool integral_float = n->is_number_float() && std::isfinite(n->get<double>()) &&
-                                        std::floor(n->get<double>()) == n->get<double>() &&
-                                        std::fabs(n->get<double>()) < 9.0e15;
-            if (!n->is_number_integer() && !integral_float) bad(name, std::string(name) + " must be an integer");
-            if (integral_float            ? n->get<double>() > 1
-                : n->is_number_unsigned() ? n->get<uint64_t>() > 1
-                                          : n->get<int64_t>() > 1)
+            // (1.0 came here as 1: whole_floats_to_ints)
+            if (!n->is_number_integer()) bad(name, std::string(name) + " must be an integer");
+            if (n->is_number_unsigned() ? n->get<uint64_t>() > 1 : n->get<int64_t>() > 1)
                 bad(name, std::string(name) + " = " + n->dump() + " is not supported: one choice per request (" + name +
                               " = 1)");
-            if ((integral_float ? n->get<double>() : double(n->get<int64_t>())) < 1)
-                bad(name, std::string(name) + " must be 1, got " + n->dump());
+            if (n->get<int64_t>() < 1) bad(name, std::string(name) + " must be 1, got " + n->dump());
         }
     s.sampling.logit_bias = parse_logit_bias(body, tok, n_valid);
     if (const ojson* stop = field(body, "stop")) {
@@ -901,18 +907,7 @@ struct Server::Impl {
                             " levels of lists and objects");
             if (const ojson* m = field(body, "model"))
                 if (!m->is_string()) bad("model", "model must be a string");
-            // A whole-number float in an integer field (max_tokens 2.0, from a client that computes it) is that
-            // integer, as vLLM's and OpenAI's Python servers take it; 2.5 stays a float and is refused below.
-            for (const char* k : {"max_tokens", "max_completion_tokens", "seed", "top_k", "top_logprobs",
-                                  "repeat_last_n", "n", "best_of"})
-                if (body.contains(k) && body[k].is_number_float()) {
-                    const double d = body[k].get<double>();
-                    if (std::isfinite(d) && std::floor(d) == d && std::fabs(d) < 9.0e15) body[k] = int64_t(d);
-                }
-            if (!chat && body.contains("logprobs") && body["logprobs"].is_number_float()) {  // (an int there)
-                const double d = body["logprobs"].get<double>();
-                if (std::isfinite(d) && std::floor(d) == d && std::fabs(d) < 9.0e15) body["logprobs"] = int64_t(d);
-            }
+            whole_floats_to_ints(body, chat);
             const Settings s = parse_settings(body, defaults, chat, random_seed(), *tok, n_valid);
             if (chat)
                 chat_completion(req, res, body, s);

@@ -12,7 +12,7 @@
 // rows (batch invariance within this kernel's rows). parts comes from wgmma_gemm_parts (N, K and the SM count).
 //
 // Measured (H100, twenty-ninth session; docs/perf-notes.md): correct at every split; 2.0-2.6 TB/s at 16-64 rows
-// against cuBLASLt's 1.6-2.5, behind it at 128 rows. CudaOptions::wgmma_gemm: on by default up to 64 rows.
+// against cuBLASLt's 1.6-2.5, behind it at 128 rows. CudaOptions::wgmma_gemm: on by default, by shape (tuning.cuh).
 #pragma once
 
 #include "kernels/cuda/cuda_common.cuh"

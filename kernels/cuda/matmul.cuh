@@ -160,9 +160,9 @@ bool gemv_group_fits(const bf16* x, int64_t T, const bf16* w, int64_t K, int cou
                      int group_max_rows = kGemvMaxTokens);
 
 // y = x @ w^T through the GEMV when it fits (1-2 rows; 3 to 16 with ctx.tc_gemv_all; 9 to 64 in clusters where
-// gemv_wide_fits), else the wgmma GEMM where wgmma_gemm_fits (gemm_wgmma.cuh; 17-64 rows by default), else cuBLASLt. w
-// must not be written by the kernel just before (the GEMVs load weights before their PDL wait): for such weights,
-// matmul_written_weights.
+// gemv_wide_fits), else the wgmma GEMM where wgmma_gemm_fits within the row bounds of ctx (gemm_wgmma.cuh, tuning.cuh),
+// else cuBLASLt. w must not be written by the kernel just before (the GEMVs load weights before their PDL wait): for
+// such weights, matmul_written_weights.
 void matmul(Gemm& gemm, const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
             const LaunchContext& ctx);
 

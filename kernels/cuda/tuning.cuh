@@ -36,8 +36,8 @@ constexpr int kGemvBlockMaxTokens = 2;
 // chunks, so the pipeline's fill and the cluster sum weigh, and cuBLASLt streams its tiles better).
 constexpr int kWideGemvMaxTokens = 64;
 constexpr int kWideGemvDefaultMaxTokens = 16;
-// Rows up to which the wgmma GEMM (gemm_wgmma.cuh) takes by default what the GEMVs leave (17-64 rows; 9-16 stay on
-// the cluster GEMV). H100, 4B shapes, twenty-ninth session: hybrid-bench b=32 6,150 tok/s against 5,536 on cuBLASLt,
+// Rows up to which the wgmma GEMM (gemm_wgmma.cuh) takes what the GEMVs leave (groups sharing x; other matrices by
+// the bounds below). H100, 4B shapes, twenty-ninth session: hybrid-bench b=32 6,150 tok/s against 5,536 on cuBLASLt,
 // b=64 9,491 against 9,023, but b=128 9,101 against 12,866 (every block of 128 features streams all of x: at 128 rows
 // 16 KB a chunk beside 16 KB of weights). hybrid-kernel-bench at 64 rows (GB/s, wgmma / cuBLASLt): Gated DeltaNet
 // inputs 2,130 / 1,620, q|k|v 2,043 / 1,755, down_proj 2,215 / 2,124, but o_proj 1,865 / 2,059 and gate+up 2,234 /
