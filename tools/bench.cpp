@@ -252,6 +252,9 @@ int main(int argc, char** argv) {
         ("gdn-decode-stream", "CUDA, decode steps of more than 8 sequences: stream the Gated DeltaNet states through "
          "one block an SM (on) or a block per head and sequence (off, the default)",
          cxxopts::value<std::string>()->default_value("off"))
+        ("gdn-decode-blocks", "CUDA, decode steps of more than 8 sequences: the Gated DeltaNet decode kernel with "
+         "three blocks an SM (3, the default; value heads up to 128) or two (2, 128 registers a thread)",
+         cxxopts::value<int>()->default_value("3"))
         ("gdn-conv-rows", "CUDA, prefill: the most rows a Gated DeltaNet conv thread takes, 1 to 16; 0: 16 (the "
          "default)", cxxopts::value<int>()->default_value("0"))
         ("wgmma-parts", "CUDA, the wgmma GEMM (--wgmma-gemm): split K over 1, 2, 4 or 8 blocks of a cluster; 0: by shape (the "
@@ -268,8 +271,9 @@ int main(int argc, char** argv) {
         return tools::exit_usage;
     }
     try {
-        tools::check_int_args(args, {"prompt", "gen", "reps", "threads", "ubatch", "depth", "attn-heads-per-block",
-                                     "attn-splits", "moe-grouped-rows", "wgmma-parts", "gdn-conv-rows"});
+        tools::check_int_args(
+            args, {"prompt", "gen", "reps", "threads", "ubatch", "depth", "attn-heads-per-block", "attn-splits",
+                   "moe-grouped-rows", "wgmma-parts", "gdn-conv-rows", "gdn-decode-blocks"});
         tools::check_given_once(args);
         const std::string dir = args["model"].as<std::string>();
         const int n_prompt = args["prompt"].as<int>(), n_gen = args["gen"].as<int>(), reps = args["reps"].as<int>();
@@ -341,6 +345,12 @@ int main(int argc, char** argv) {
                 throw tools::UsageError("--gdn-decode-stream must be on or off, got '" + v + "'");
             mp.cuda.gdn_decode_stream = v == "on";
         }
+        {
+            const int blocks = args["gdn-decode-blocks"].as<int>();
+            if (blocks != 2 && blocks != 3)
+                throw tools::UsageError("--gdn-decode-blocks must be 2 or 3, got " + std::to_string(blocks));
+            mp.cuda.gdn_decode_three_blocks = blocks == 3;
+        }
         mp.cuda.gdn_conv_rows = args["gdn-conv-rows"].as<int>();
         if (mp.cuda.gdn_conv_rows < 0 || mp.cuda.gdn_conv_rows > 16)
             throw tools::UsageError("--gdn-conv-rows must be 0 to 16, got " + std::to_string(mp.cuda.gdn_conv_rows));
@@ -386,7 +396,7 @@ int main(int argc, char** argv) {
         Backend& be = model->backend();
         for (const char* flag : {"fp8-gemm", "attn-heads-per-block", "attn-splits", "int-split-k", "moe-grouped-rows",
                                  "small-batch-gemv", "wide-gemv", "wgmma-gemm", "wgmma-parts", "gdn-decode-stream",
-                                 "gdn-conv-rows", "no-cuda-graphs", "no-pdl"})
+                                 "gdn-conv-rows", "gdn-decode-blocks", "no-cuda-graphs", "no-pdl"})
             if (args.count(flag) && std::string(be.name()) != "cuda")
                 std::fprintf(stderr, "hybrid-bench: note: --%s only changes the CUDA backend; ignored on %s\n", flag,
                              be.name());

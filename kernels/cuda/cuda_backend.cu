@@ -293,6 +293,7 @@ public:
         ctx_.gdn_fused_conv = o.gdn_fused_conv;
         ctx_.gdn_decode_stream = o.gdn_decode_stream;
         ctx_.gdn_decode_stream_blocks = std::max(0, o.gdn_decode_stream_blocks);
+        ctx_.gdn_decode_three_blocks = o.gdn_decode_three_blocks;
         if (o.gdn_conv_rows < 0 || o.gdn_conv_rows > 16)
             throw Error(Status::invalid_argument,
                         "CudaOptions::gdn_conv_rows must be 0 to 16, got " + std::to_string(o.gdn_conv_rows));
@@ -362,7 +363,8 @@ public:
         auto on = [](bool b) { return b ? "on" : "off"; };
         return std::string("graphs ") + on(graphs_enabled_) + ", pdl " + on(ctx_.pdl) + ", clusters " +
                on(ctx_.clusters) + ", l2 evict-first " + on(ctx_.evict_first) + ", gdn fused conv " +
-               on(ctx_.gdn_fused_conv) + ", gdn streamed decode " + on(ctx_.gdn_decode_stream) + ", moe grouped from " +
+               on(ctx_.gdn_fused_conv) + ", gdn streamed decode " + on(ctx_.gdn_decode_stream) +
+               ", gdn decode blocks an SM " + (ctx_.gdn_decode_three_blocks ? "3" : "2") + ", moe grouped from " +
                std::to_string(ctx_.moe_grouped_min_rows) + " rows" + ", attention q heads per decode block up to " +
                std::to_string(ctx_.attn_heads_per_block) + ", attention splits up to " +
                std::to_string(ctx_.attn_max_splits) + ", integer gemv K split " +

@@ -60,6 +60,9 @@ struct LaunchContext {
     // take several (run, head) items (two state buffers); gdn_decode_stream_blocks > 0 caps the blocks (tests)
     bool gdn_decode_stream = false;
     int gdn_decode_stream_blocks = 0;
+    // gated_delta_net.cuh: decode steps that stage the state take the 80-register kernel (three blocks an SM) where
+    // Dv <= 128; false: the 128-register one (two blocks an SM). Bitwise the same results.
+    bool gdn_decode_three_blocks = true;
     // gated_delta_net.cuh: the most rows a prefill conv thread takes (its weights loaded once for them); 0: 16
     int gdn_conv_rows = 0;
     int moe_grouped_min_rows = kMoeGroupedMinRows;  // moe.cuh: rows from which the experts run grouped by expert

@@ -7,7 +7,9 @@
 //   conv_state_kernel    otherwise: the conv state <- the last K-1 inputs of [state, run]
 //   decode_kernel        every run one token: one block per (value head, run) does the whole head,
 //                        the state update, o and the gated RMSNorm; in small decode steps on compute capability
-//                        9.0 also the conv and the conv state update (then conv_kernel is not launched)
+//                        9.0 also the conv and the conv state update (then conv_kernel is not launched);
+//                        larger steps stage the state in shared memory, with decode_staged_kernel (the same
+//                        body, 80 registers a thread, three blocks an SM) where Dv <= 128
 //   prefill_kernel       otherwise: one block per (32 value columns, value head, run) runs the recurrence over the
 //                        run token by token and writes o (bf16) to out; then
 //   gated_norm_kernel    out = norm_w * RMSNorm(o) * silu(z) per (row, value head), in place.
@@ -53,6 +55,10 @@ constexpr int kMaxClusterHeads = 8;
 constexpr int kFusedConvMaxRuns = 8;
 // decode_stream_kernel's two state buffers fit in an SM's shared memory up to this many floats a head (Dk Dv).
 constexpr int kStreamMaxStateFloats = 128 * 128;
+// decode_staged_kernel: value heads up to this size (2 Dv threads a block), kStagedBlocksPerSm blocks an SM by
+// registers (80 a thread; their 64 KB of staged state each at Dk = Dv = 128 fit the SM's shared memory three times).
+constexpr int kStagedMaxValueDim = 128;
+constexpr int kStagedBlocksPerSm = 3;
 
 // Channel (in [0, C)) of list index i of a decode block's conv channels: q of key head kh (i < DK), k (i < 2 DK),
 // v of value head h.
@@ -378,33 +384,48 @@ __device__ __forceinline__ float group_sum_pair(float pa, float pb, int g) {
 // FMA chains to keep the per-token critical path short, one add to combine. The element operations are those of
 // the reference loop: S = decay S; km = S^T k; u = beta (v - km); S += k u^T; o = S^T q.
 
+// A lane's k and q rows come as registers (float4 [J], as load_rows fills them) or read where used from a staged fp32
+// vector (StagedRows: the same float4 chunks 4 (g + 8 j)); the token functions below take either (KR, QR), with the
+// same operations in the same order, so the same bits.
+struct StagedRows {
+    const float* v;  // [DK] in shared memory
+    int g;           // the lane's index in its column group
+    __device__ __forceinline__ float4 operator[](int j) const {
+        return *reinterpret_cast<const float4*>(v + 4 * (g + 8 * j));
+    }
+};
+
 // First half of a token for one column: S = decay S, then km = S^T k (the full sum, in every lane of the group).
-template <int J>
-__device__ __forceinline__ float decay_and_km(float4 (&s)[J], const float4 (&k)[J], float decay) {
+template <int J, typename KR>
+__device__ __forceinline__ float decay_and_km(float4 (&s)[J], const KR& k, float decay) {
     float acc[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int j = 0; j < J; j++)
+    for (int j = 0; j < J; j++) {
+        const float4 kj = k[j];
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             float& x = comp(s[j], c);
             x = __fmul_rn(x, decay);
-            acc[c & 1] = __fmaf_rn(x, comp(k[j], c), acc[c & 1]);
+            acc[c & 1] = __fmaf_rn(x, comp(kj, c), acc[c & 1]);
         }
+    }
     return group_sum(__fadd_rn(acc[0], acc[1]));
 }
 
 // Second half for one column: S += k u^T, then this lane's partial of o = S^T q (reduce with group_sum_pair).
-template <int J>
-__device__ __forceinline__ float update_and_o(float4 (&s)[J], const float4 (&k)[J], const float4 (&q)[J], float u) {
+template <int J, typename KR, typename QR>
+__device__ __forceinline__ float update_and_o(float4 (&s)[J], const KR& k, const QR& q, float u) {
     float acc[2] = {0.0f, 0.0f};
 #pragma unroll
-    for (int j = 0; j < J; j++)
+    for (int j = 0; j < J; j++) {
+        const float4 kj = k[j], qj = q[j];
 #pragma unroll
         for (int c = 0; c < 4; c++) {
             float& x = comp(s[j], c);
-            x = __fmaf_rn(comp(k[j], c), u, x);
-            acc[c & 1] = __fmaf_rn(x, comp(q[j], c), acc[c & 1]);
+            x = __fmaf_rn(comp(kj, c), u, x);
+            acc[c & 1] = __fmaf_rn(x, comp(qj, c), acc[c & 1]);
         }
+    }
     return __fadd_rn(acc[0], acc[1]);
 }
 
@@ -432,14 +453,17 @@ __device__ __forceinline__ bf16 gated_out(float o, float inv, float w, float z) 
 
 // Columns e, e + 1 of a head staged in shared memory (decode): read into the recurrence layout, the token's
 // update (decay_and_km, delta_u, update_and_o), written back; oa, ob: this lane's partials of the two columns' o.
+// k and q are read from the staged sk, sq [DK] where used, not held in registers: 32 registers fewer at DK = 128,
+// which lets decode_staged_kernel fit three blocks an SM.
 template <int J>
-__device__ __forceinline__ void staged_column_pair(float* sS, int Dv, int g, int e, const float4 (&kx)[J],
-                                                   const float4 (&qx)[J], float2 gate, float2 v, float& oa, float& ob) {
+__device__ __forceinline__ void staged_column_pair(float* sS, int Dv, int g, int e, const float* sk, const float* sq,
+                                                   float2 gate, float2 v, float& oa, float& ob) {
+    const StagedRows k{sk, g}, q{sq, g};
     float4 sa[J], sb[J];
     read_staged<J>(sS, Dv, g, e, sa, sb);
-    const float km_a = decay_and_km<J>(sa, kx, gate.y), km_b = decay_and_km<J>(sb, kx, gate.y);
-    oa = update_and_o<J>(sa, kx, qx, delta_u(gate.x, v.x, km_a));
-    ob = update_and_o<J>(sb, kx, qx, delta_u(gate.x, v.y, km_b));
+    const float km_a = decay_and_km<J>(sa, k, gate.y), km_b = decay_and_km<J>(sb, k, gate.y);
+    oa = update_and_o<J>(sa, k, q, delta_u(gate.x, v.x, km_a));
+    ob = update_and_o<J>(sb, k, q, delta_u(gate.x, v.y, km_b));
     write_staged<J>(sS, Dv, g, e, sa, sb);
 }
 
@@ -494,9 +518,14 @@ __device__ __forceinline__ bf16 conv4_channel(const float* w, const float (&x)[k
 // of them read the old conv state of the shared q and k channels, so the first one writes their new state only
 // after a cluster barrier (placed after the recurrence, which hides it); each writes its own v channels. Bitwise
 // the same outputs and states as conv_kernel followed by the kernel without kConv.
+//
+// The kernel's body is decode_block; decode_kernel<DK, kConv> launches it for any Dv (512 threads at most, so 128
+// registers a thread), decode_staged_kernel<DK> the staged path for Dv <= kStagedMaxValueDim with at most 80
+// registers a thread (q read from shared memory where used), so that three blocks share an SM: more heads' state
+// copies in flight (ncu, H200, b = 256: two blocks an SM, DRAM 65%, 71% of cycles with no eligible warp).
 template <int DK, bool kConv>
-__global__ void __launch_bounds__(kDecodeMaxThreads)
-    decode_kernel(GatedDeltaNetArgs p, RowMap rows, const bf16* __restrict__ mixed) {
+__device__ __forceinline__ void decode_block(const GatedDeltaNetArgs& p, const RowMap& rows,
+                                             const bf16* __restrict__ mixed) {
     constexpr int J = DK / 32, VL = DK / 8;
     __shared__ __align__(16) float sq[DK];
     __shared__ __align__(16) float sk[DK];
@@ -586,15 +615,15 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
     if constexpr (kStaged) cp_async_wait_all();
     __syncthreads();
 
-    float4 kx[J], qx[J];
-    load_rows<J>(sk, g, kx);
-    load_rows<J>(sq, g, qx);
     float oa, ob, oc, od;
     if constexpr (kStaged) {  // columns e0, e0 + 1, then e1, e1 + 1: 32 state registers live at a time (each
                               // thread rewrites the words it read)
-        staged_column_pair<J>(sS, Dv, g, e0, kx, qx, gate, v0, oa, ob);
-        staged_column_pair<J>(sS, Dv, g, e1, kx, qx, gate, v1, oc, od);
+        staged_column_pair<J>(sS, Dv, g, e0, sk, sq, gate, v0, oa, ob);
+        staged_column_pair<J>(sS, Dv, g, e1, sk, sq, gate, v1, oc, od);
     } else {  // the four columns interleaved (the loads went out before the wait)
+        float4 kx[J], qx[J];
+        load_rows<J>(sk, g, kx);
+        load_rows<J>(sq, g, qx);
         const float km_a = decay_and_km<J>(sa, kx, gate.y), km_b = decay_and_km<J>(sb, kx, gate.y);
         const float km_c = decay_and_km<J>(sc, kx, gate.y), km_d = decay_and_km<J>(sd, kx, gate.y);
         oa = update_and_o<J>(sa, kx, qx, delta_u(gate.x, v0.x, km_a));
@@ -620,6 +649,18 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
             for (int j = 0; j + 1 < kFusedConvTaps; j++) st[int64_t(j) * C + c] = xs[u][j + 1];
         }
     }
+}
+
+template <int DK, bool kConv>
+__global__ void __launch_bounds__(kDecodeMaxThreads)
+    decode_kernel(GatedDeltaNetArgs p, RowMap rows, const bf16* __restrict__ mixed) {
+    decode_block<DK, kConv>(p, rows, mixed);
+}
+
+template <int DK>
+__global__ void __launch_bounds__(2 * kStagedMaxValueDim, kStagedBlocksPerSm)
+    decode_staged_kernel(GatedDeltaNetArgs p, RowMap rows, const bf16* __restrict__ mixed) {
+    decode_block<DK, false>(p, rows, mixed);
 }
 
 // Decode steps that stage the state (no conv inside), streamed: a block takes the items (run, value head) i =
@@ -686,12 +727,9 @@ __global__ void __launch_bounds__(kDecodeMaxThreads)
             cp_async_wait_all();
         __syncthreads();
 
-        float4 kx[J], qx[J];
-        load_rows<J>(sk, g, kx);
-        load_rows<J>(sq, g, qx);
         float oa, ob, oc, od;  // (as decode_kernel's staged path)
-        staged_column_pair<J>(cur, Dv, g, e0, kx, qx, gate, v0, oa, ob);
-        staged_column_pair<J>(cur, Dv, g, e1, kx, qx, gate, v1, oc, od);
+        staged_column_pair<J>(cur, Dv, g, e0, sk, sq, gate, v0, oa, ob);
+        staged_column_pair<J>(cur, Dv, g, e1, sk, sq, gate, v1, oc, od);
         head_gated_output(so, oa, ob, oc, od, e0, e1, g, tid, Dv, p.eps, norm_w, z, static_cast<bf16*>(p.out) + oi);
         write_back_state<DK>(cur, S, Dv, tid);  // (the barrier above ordered the staged writes)
         __syncthreads();                        // cur, sq, sk and so are free for the items after
@@ -905,6 +943,13 @@ void decode_smem_opt_in() {
     opt_in_smem(decode_kernel<DK, false>, size_t(DK) * kMaxValueDim * sizeof(float), done,
                 "cudaFuncSetAttribute (Gated DeltaNet decode shared memory and carveout)", true);
 }
+// The same for decode_staged_kernel<DK> (DK kStagedMaxValueDim floats).
+template <int DK>
+void decode_staged_smem_opt_in() {
+    static std::atomic<uint64_t> done{0};
+    opt_in_smem(decode_staged_kernel<DK>, size_t(DK) * kStagedMaxValueDim * sizeof(float), done,
+                "cudaFuncSetAttribute (Gated DeltaNet staged decode shared memory and carveout)", true);
+}
 
 // decode_stream_kernel<DK>'s blocks: ctx.gdn_decode_stream_blocks, or as many as fit on the device at once (the
 // occupancy calculator, once per shape), at most one per item.
@@ -944,6 +989,10 @@ void launch_recurrence(const GatedDeltaNetArgs& a, const RowMap& rows, const bf1
         if (fused_conv) {
             launch_clusters(decode_kernel<DK, true>, grid, block, unsigned(a.n_v_heads / a.n_k_heads), 0, s,
                             "Gated DeltaNet decode kernel (conv + recurrence + gated RMSNorm)", a, rows, mixed);
+        } else if (s.gdn_decode_three_blocks && a.v_dim <= kStagedMaxValueDim) {
+            decode_staged_smem_opt_in<DK>();
+            launch(decode_staged_kernel<DK>, grid, block, smem, s,
+                   "Gated DeltaNet decode kernel (recurrence + gated RMSNorm, three blocks an SM)", a, rows, mixed);
         } else {
             decode_smem_opt_in<DK>();
             launch(decode_kernel<DK, false>, grid, block, smem, s,

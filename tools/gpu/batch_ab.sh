@@ -10,7 +10,8 @@
 #   (prefill) prefill 4096 with the conv's new rows a thread against one (--gdn-conv-rows 1) -> (conv_ncu) Nsight
 #   Compute on the Gated DeltaNet conv and recurrence kernels of a 4096-token prefill -> (compare) hybrid-compare on
 #   CUDA over the repository's models -> (shaped) b=12-64 with --wgmma-gemm auto (by shape) and uniform (every matrix
-#   of 17-64 rows, 9-16 in clusters) in alternation, and the wgmma [gpu] case.
+#   of 17-64 rows, 9-16 in clusters) in alternation, and the wgmma [gpu] case -> (gdn3) the Gated DeltaNet decode
+#   case, then b=32-256 with --gdn-decode-blocks 2 and 3 (the default) in alternation.
 # Usage (device tool, repository root, carry [".carry"]): bash tools/gpu/batch_ab.sh   (ONLY="a b": those stages;
 # PARTS=N adds hybrid-bench runs with --wgmma-parts N). A device call has 10 minutes and each call builds anew
 # (about 2 minutes), so run it in parts, most important first: ONLY="tests kbench", then ONLY="bench gdn", then
@@ -135,14 +136,26 @@ if want conv_ncu; then  # prefill 4096: the run 126 trace gave the conv 615 us a
     grep -E "conv_kernel|prefill_kernel|Duration|DRAM Throughput|Memory Throughput|Grid Size|Achieved Occupancy|Issue Slots Busy|No Eligible|Eligible Warps|Active Warps Per|Warp Cycles Per Issued|Shared" "$LOG" |
         tail -40 | tee "$OUT/ncu_conv.txt" >>"$SUM"
 fi
+if want gdn3; then  # the Gated DeltaNet decode with three blocks an SM (the default) against two, 2 rounds
+    NB=$(echo "${BATCHES:-32,64,128,256}" | tr ',' '\n' | wc -l)
+    step tests_gdn3 200 $N/hybrid-tests "$GDN_CASE"
+    grep -E "test cases|FAILED|differ|with expansion" "$LOG" | tail -8 >>"$SUM"
+    for i in 1 2; do
+        for v in 2 3; do
+            step "gdn3_${v}_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 128 -n 64 \
+                -b ${BATCHES:-32,64,128,256} -r 1 --gdn-decode-blocks $v
+            grep -E '^\| +[0-9]' "$LOG" | tail -"$NB" | sed "s/^/  [gdn blocks $v $i] /" >>"$SUM"
+        done
+    done
+fi
 if want gdn_ncu; then  # the Gated DeltaNet decode kernel at b=256 (59% of the step in run 126): what bounds it
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-    step ncu_gdn 300 $NCU --kernel-name regex:"decode_kernel" --launch-skip 48 --launch-count 2 \
+    step ncu_gdn 300 $NCU --kernel-name regex:"decode_(staged_)?kernel" --launch-skip 48 --launch-count 2 \
         --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
         --section MemoryWorkloadAnalysis --section LaunchStats \
         $N/hybrid-bench -m $M --dummy-weights --device cuda -p 16 -n 4 -b 256 -r 1 --no-cuda-graphs
     sed -n '/^==== ncu_gdn:/,$p' "$LOG" >"$OUT/ncu_gdn_full.txt"
-    grep -E "decode_kernel|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Issue Slots Busy|No Eligible|Eligible Warps|Warp Cycles Per Issued|Registers Per|Block Limit" "$OUT/ncu_gdn_full.txt" |
+    grep -E "decode_(staged_)?kernel|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Issue Slots Busy|No Eligible|Eligible Warps|Warp Cycles Per Issued|Registers Per|Block Limit" "$OUT/ncu_gdn_full.txt" |
         tail -30 >>"$SUM"
 fi
 if want compare; then  # hybrid-compare on CUDA against the repository's models' HF goldens
