@@ -30,7 +30,7 @@ if want tests; then
     step tests_wgmma 300 $N/hybrid-tests "$CASE"
     grep -E "test cases|FAILED|rel err|with expansion|skipped|wgmma_gemm_parts|K=" "$LOG" | tail -16 >>"$SUM"
     step tests_gdn_stream 200 $N/hybrid-tests "$GDN_CASE"
-    grep -E "test cases|FAILED|differ|with expansion" "$LOG" | tail -8 >>"$SUM"
+    grep -E "test case|FAILED|differ|with expansion" "$LOG" | tail -8 >>"$SUM"
 fi
 if want kbench; then
     for T in 16 32 64 128; do
@@ -139,7 +139,7 @@ fi
 if want gdn3; then  # the Gated DeltaNet decode with three blocks an SM (the default) against two, 2 rounds
     NB=$(echo "${BATCHES:-32,64,128,256}" | tr ',' '\n' | wc -l)
     step tests_gdn3 200 $N/hybrid-tests "$GDN_CASE"
-    grep -E "test cases|FAILED|differ|with expansion" "$LOG" | tail -8 >>"$SUM"
+    grep -E "test case|FAILED|differ|with expansion" "$LOG" | tail -8 >>"$SUM"
     for i in 1 2; do
         for v in 2 3; do
             step "gdn3_${v}_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 128 -n 64 \
@@ -148,15 +148,25 @@ if want gdn3; then  # the Gated DeltaNet decode with three blocks an SM (the def
         done
     done
 fi
-if want gdn_ncu; then  # the Gated DeltaNet decode kernel at b=256 (59% of the step in run 126): what bounds it
+if want gdn_ncu; then  # the Gated DeltaNet decode kernel at b=256 (59% of the step in run 126): what bounds it,
+    # with three blocks an SM (the staged kernel) and two (GDN_NCU_BLOCKS)
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
-    step ncu_gdn 300 $NCU --kernel-name regex:"decode_(staged_)?kernel" --launch-skip 48 --launch-count 2 \
-        --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
-        --section MemoryWorkloadAnalysis --section LaunchStats \
-        $N/hybrid-bench -m $M --dummy-weights --device cuda -p 16 -n 4 -b 256 -r 1 --no-cuda-graphs
-    sed -n '/^==== ncu_gdn:/,$p' "$LOG" >"$OUT/ncu_gdn_full.txt"
-    grep -E "decode_(staged_)?kernel|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Issue Slots Busy|No Eligible|Eligible Warps|Warp Cycles Per Issued|Registers Per|Block Limit" "$OUT/ncu_gdn_full.txt" |
-        tail -30 >>"$SUM"
+    for v in ${GDN_NCU_BLOCKS:-3}; do
+        step ncu_gdn_$v 300 $NCU --kernel-name regex:"decode_(staged_)?kernel" --launch-skip 48 --launch-count 1 \
+            --section SpeedOfLight --section Occupancy --section WarpStateStats --section SchedulerStats \
+            --section MemoryWorkloadAnalysis --section LaunchStats \
+            $N/hybrid-bench -m $M --dummy-weights --device cuda -p 16 -n 4 -b 256 -r 1 --no-cuda-graphs \
+            --gdn-decode-blocks $v
+        sed -n "/^==== ncu_gdn_$v:/,\$p" "$LOG" >"$OUT/ncu_gdn_$v.txt"
+        grep -E "decode_(staged_)?kernel|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Issue Slots Busy|No Eligible|Eligible Warps|Warp Cycles Per Issued|Registers Per|Block Limit (Reg|Sha)|dram__bytes|L2.*Hit|Local" "$OUT/ncu_gdn_$v.txt" |
+            tail -24 | sed "s/^/  [blocks $v] /" >>"$SUM"
+    done
+    CUOBJ=$(command -v cuobjdump || echo /usr/local/cuda/bin/cuobjdump)
+    $CUOBJ -sass $N/CMakeFiles/hybrid_core.dir/kernels/cuda/gated_delta_net.cu.o >"$OUT/gdn_sass.txt" 2>&1
+    awk '/Function : .*decode_staged_kernelILi128/{f=1} /Function : /&&!/decode_staged_kernelILi128/{f=0} f' \
+        "$OUT/gdn_sass.txt" >"$OUT/gdn_staged128_sass.txt"
+    say "staged kernel SASS: $(wc -l <"$OUT/gdn_staged128_sass.txt") lines, $(grep -c 'STL' "$OUT/gdn_staged128_sass.txt") STL, $(grep -c 'LDL' "$OUT/gdn_staged128_sass.txt") LDL"
+    rm -f "$OUT/gdn_sass.txt"
 fi
 if want compare; then  # hybrid-compare on CUDA against the repository's models' HF goldens
     for d in models/tiny tests/data/models/tiny-b tests/data/models/moe tests/data/models/next; do
