@@ -179,6 +179,16 @@ if want trace; then  # where a batched decode step's time goes (a -DHY_CUDA_TRAC
         head -32 "$OUT/trace_b$b.txt" | sed "s/^/  [b=$b] /" >>"$SUM"
     done
 fi
+if want ncu_step; then  # each kernel's time in two decode steps (ncu serializes kernels: no PDL overlap)
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    for b in ${TRACE_BATCHES:-64 256}; do
+        step "ncu_step_b$b" 300 $NCU --csv --metrics gpu__time_duration.sum,dram__bytes.sum --launch-skip 3000 \
+            --launch-count 680 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 16 -n 32 -b $b -r 1 \
+            --no-cuda-graphs
+        sed -n "/^==== ncu_step_b$b:/,\$p" "$LOG" >"$OUT/ncu_step_b$b.csv"
+        python3 tools/gpu/ncu_summary.py "$OUT/ncu_step_b$b.csv" | sed "s/^/  [b=$b] /" >>"$SUM"
+    done
+fi
 if want compare; then  # hybrid-compare on CUDA against the repository's models' HF goldens
     for d in models/tiny tests/data/models/tiny-b tests/data/models/moe tests/data/models/next; do
         [ -d "$d" ] || { say "compare: $d missing"; continue; }
