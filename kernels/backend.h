@@ -245,8 +245,9 @@ struct CudaOptions {
     int gdn_decode_stream_blocks = 0;
     // Decode steps of more than 8 sequences (the Gated DeltaNet state staged in shared memory): a kernel of at most
     // 80 registers a thread, so that three heads share an SM (value heads up to 128); false: 128 registers, two
-    // heads an SM (the kernel before 2026-12-06). Bitwise the same results.
-    bool gdn_decode_three_blocks = true;
+    // heads an SM. Bitwise the same results. Off by default: on an H100 three blocks lost 2-4% at b = 64-256 (both
+    // at 85-87% of DRAM; docs/perf-notes.md, thirty-first session); not yet measured on an H200.
+    bool gdn_decode_three_blocks = false;
     // Prefill: the most rows a Gated DeltaNet conv thread takes (its weights loaded once for them; 1 to 16); 0: the
     // tuned default (16). The results are bitwise the same for every value.
     int gdn_conv_rows = 0;

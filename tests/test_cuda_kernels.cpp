@@ -1096,8 +1096,8 @@ TEST_CASE("CUDA Gated DeltaNet is bitwise independent of run boundaries and batc
 
 // Decode steps do the conv inside the recurrence kernel (clusters of the value heads that share a key head, on
 // compute capability 9.0); CudaOptions::gdn_fused_conv = false keeps the conv kernel (and stages the state in shared
-// memory: decode_staged_kernel, three blocks an SM, or with gdn_decode_three_blocks = false decode_kernel's staged
-// path), and gdn_decode_stream streams the states through blocks of several items. All must give bitwise the same
+// memory: decode_kernel's staged path, or decode_staged_kernel, three blocks an SM, with gdn_decode_three_blocks),
+// and gdn_decode_stream streams the states through blocks of several items. All must give bitwise the same
 // outputs, recurrent states and conv states, over decode steps of one and of two sequences.
 TEST_CASE("CUDA Gated DeltaNet decode with the conv inside equals the separate conv kernel bitwise", "[gpu]") {
     HY_REQUIRE_GPU();
@@ -1124,7 +1124,7 @@ TEST_CASE("CUDA Gated DeltaNet decode with the conv inside equals the separate c
         }
         const auto conv_w = randn(size_t(C) * K, 0.5f), norm_w = randn(size_t(sh.Dv), 0.2f, 1.0f),
                    dt_bias = randn(size_t(sh.Hv), 0.5f), A_log = randn(size_t(sh.Hv), 0.3f, 1.0f);
-        auto run = [&](bool fused, bool stream = false, bool three_blocks = true) {
+        auto run = [&](bool fused, bool stream = false, bool three_blocks = false) {
             CudaOptions o;
             o.gdn_fused_conv = fused;
             o.gdn_decode_stream = stream;
@@ -1166,19 +1166,19 @@ TEST_CASE("CUDA Gated DeltaNet decode with the conv inside equals the separate c
             return out;
         };
         const auto with = run(true), without = run(false), streamed = run(false, true),
-                   two_blocks = run(false, false, false);
+                   three_blocks = run(false, false, true);
         REQUIRE(with.size() == without.size());
         REQUIRE(streamed.size() == without.size());
-        REQUIRE(two_blocks.size() == without.size());
-        size_t diff_streamed = 0, diff_two = 0;
+        REQUIRE(three_blocks.size() == without.size());
+        size_t diff_streamed = 0, diff_three = 0;
         for (size_t i = 0; i < with.size(); i++) {
             diff_streamed += !(streamed[i] == without[i]);
-            diff_two += !(two_blocks[i] == without[i]);
+            diff_three += !(three_blocks[i] == without[i]);
         }
-        INFO("streamed decode kernel: " << diff_streamed << " values differ from the staged kernel's; decode_kernel's "
-                                        << "staged path (two blocks an SM): " << diff_two);
+        INFO("streamed decode kernel: " << diff_streamed << " values differ from decode_kernel's staged path; "
+                                        << "decode_staged_kernel (three blocks an SM): " << diff_three);
         CHECK(diff_streamed == 0);
-        CHECK(diff_two == 0);
+        CHECK(diff_three == 0);
         size_t diff = 0, nan = 0;
         for (size_t i = 0; i < with.size(); i++) {
             diff += !(with[i] == without[i]);

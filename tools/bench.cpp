@@ -253,8 +253,8 @@ int main(int argc, char** argv) {
          "one block an SM (on) or a block per head and sequence (off, the default)",
          cxxopts::value<std::string>()->default_value("off"))
         ("gdn-decode-blocks", "CUDA, decode steps of more than 8 sequences: the Gated DeltaNet decode kernel with "
-         "three blocks an SM (3, the default; value heads up to 128) or two (2, 128 registers a thread)",
-         cxxopts::value<int>()->default_value("3"))
+         "three blocks an SM (3; value heads up to 128, 80 registers a thread) or two (2, the default)",
+         cxxopts::value<int>()->default_value("2"))
         ("gdn-conv-rows", "CUDA, prefill: the most rows a Gated DeltaNet conv thread takes, 1 to 16; 0: 16 (the "
          "default)", cxxopts::value<int>()->default_value("0"))
         ("wgmma-parts", "CUDA, the wgmma GEMM (--wgmma-gemm): split K over 1, 2, 4 or 8 blocks of a cluster; 0: by shape (the "

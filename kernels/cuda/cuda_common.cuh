@@ -61,8 +61,8 @@ struct LaunchContext {
     bool gdn_decode_stream = false;
     int gdn_decode_stream_blocks = 0;
     // gated_delta_net.cuh: decode steps that stage the state take the 80-register kernel (three blocks an SM) where
-    // Dv <= 128; false: the 128-register one (two blocks an SM). Bitwise the same results.
-    bool gdn_decode_three_blocks = true;
+    // Dv <= 128; false (the default): the 128-register one (two blocks an SM). Bitwise the same results.
+    bool gdn_decode_three_blocks = false;
     // gated_delta_net.cuh: the most rows a prefill conv thread takes (its weights loaded once for them); 0: 16
     int gdn_conv_rows = 0;
     int moe_grouped_min_rows = kMoeGroupedMinRows;  // moe.cuh: rows from which the experts run grouped by expert

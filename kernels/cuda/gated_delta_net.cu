@@ -8,8 +8,8 @@
 //   decode_kernel        every run one token: one block per (value head, run) does the whole head,
 //                        the state update, o and the gated RMSNorm; in small decode steps on compute capability
 //                        9.0 also the conv and the conv state update (then conv_kernel is not launched);
-//                        larger steps stage the state in shared memory, with decode_staged_kernel (the same
-//                        body, 80 registers a thread, three blocks an SM) where Dv <= 128
+//                        larger steps stage the state in shared memory (or with decode_staged_kernel: the same
+//                        body, 80 registers a thread, three blocks an SM, where Dv <= 128; ctx.gdn_decode_three_blocks)
 //   prefill_kernel       otherwise: one block per (32 value columns, value head, run) runs the recurrence over the
 //                        run token by token and writes o (bf16) to out; then
 //   gated_norm_kernel    out = norm_w * RMSNorm(o) * silu(z) per (row, value head), in place.
@@ -522,7 +522,8 @@ __device__ __forceinline__ bf16 conv4_channel(const float* w, const float (&x)[k
 // The kernel's body is decode_block; decode_kernel<DK, kConv> launches it for any Dv (512 threads at most, so 128
 // registers a thread), decode_staged_kernel<DK> the staged path for Dv <= kStagedMaxValueDim with at most 80
 // registers a thread (q read from shared memory where used), so that three blocks share an SM: more heads' state
-// copies in flight (ncu, H200, b = 256: two blocks an SM, DRAM 65%, 71% of cycles with no eligible warp).
+// copies in flight (ncu, H200, b = 256: two blocks an SM, DRAM 65%, 71% of cycles with no eligible warp). On an H100
+// it lost (b = 256: 395 us a layer at 84.7% of DRAM against 365 us at 86.5% with two blocks), so it is opt-in.
 template <int DK, bool kConv>
 __device__ __forceinline__ void decode_block(const GatedDeltaNetArgs& p, const RowMap& rows,
                                              const bf16* __restrict__ mixed) {

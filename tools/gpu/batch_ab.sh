@@ -137,7 +137,7 @@ if want conv_ncu; then  # prefill 4096: the run 126 trace gave the conv 615 us a
     grep -E "conv_kernel|prefill_kernel|Duration|DRAM Throughput|Memory Throughput|Grid Size|Achieved Occupancy|Issue Slots Busy|No Eligible|Eligible Warps|Active Warps Per|Warp Cycles Per Issued|Shared" "$LOG" |
         tail -40 | tee "$OUT/ncu_conv.txt" >>"$SUM"
 fi
-if want gdn3; then  # the Gated DeltaNet decode with three blocks an SM (the default) against two, 2 rounds
+if want gdn3; then  # the Gated DeltaNet decode with three blocks an SM against two (the default), 2 rounds
     NB=$(echo "${BATCHES:-32,64,128,256}" | tr ',' '\n' | wc -l)
     step tests_gdn3 200 $N/hybrid-tests "$GDN_CASE"
     grep -E "test case|FAILED|differ|with expansion" "$LOG" | tail -8 >>"$SUM"
@@ -179,11 +179,12 @@ if want trace; then  # where a batched decode step's time goes (a -DHY_CUDA_TRAC
         head -32 "$OUT/trace_b$b.txt" | sed "s/^/  [b=$b] /" >>"$SUM"
     done
 fi
-if want ncu_step; then  # each kernel's time in two decode steps (ncu serializes kernels: no PDL overlap)
+if want ncu_step; then  # each kernel's time in about two decode steps (ncu serializes kernels: no PDL overlap)
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
     for b in ${TRACE_BATCHES:-64 256}; do
-        step "ncu_step_b$b" 300 $NCU --csv --metrics gpu__time_duration.sum,dram__bytes.sum --launch-skip 3000 \
-            --launch-count 680 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 16 -n 32 -b $b -r 1 \
+        # (hybrid-bench first prefills each of the b sequences alone: about 313 kernels each at -p 16)
+        step "ncu_step_b$b" 300 $NCU --csv --metrics gpu__time_duration.sum,dram__bytes.sum \
+            --launch-skip $((b * 320 + 1500)) --launch-count 680 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 16 -n 32 -b $b -r 1 \
             --no-cuda-graphs
         sed -n "/^==== ncu_step_b$b:/,\$p" "$LOG" >"$OUT/ncu_step_b$b.csv"
         python3 tools/gpu/ncu_summary.py "$OUT/ncu_step_b$b.csv" | sed "s/^/  [b=$b] /" >>"$SUM"

@@ -26,5 +26,5 @@ for row in csv.DictReader(lines):
 all_us = sum(tot.values())
 print(f"kernels {sum(cnt.values())}, total {all_us:.1f} us")
 for name, us in sorted(tot.items(), key=lambda kv: -kv[1])[:16]:
-    bw = f" {dram[name] / (us * 1e3):5.2f} TB/s" if dram else ""
+    bw = f" {dram[name] / (us * 1e6):5.2f} TB/s" if dram else ""
     print(f"{us:9.1f} us {100 * us / all_us:5.1f}%  x{cnt[name]:<4d}{bw} {name[:90]}")
