@@ -255,6 +255,9 @@ struct CudaOptions {
     // Decode attention split over positions: a block takes up to this many q heads of one kv head (1, 2 or 4; the
     // largest that divides the group size); 0: the tuned default. Results are bitwise the same for every value.
     int attn_heads_per_block = 0;
+    // Prefill (flash) attention: a block takes up to this many q heads of one kv head (1, 2 or 4; the largest that
+    // divides the group size), sharing each K and V tile it loads; 0: the tuned default. Bitwise the same results.
+    int attn_prefill_heads_per_block = 0;
     // Decode attention: at most this many position splits per (row, head) (1 to 128); 0: the tuned default.
     int attn_max_splits = 0;
     // Q8/Q4 decode GEMVs: split K in two halves (twice the blocks) 1: wherever K allows, -1: never, 0: for short

@@ -236,6 +236,7 @@ TEST_CASE("hybrid-bench: CUDA tuning switches are checked, and noted as ignored 
     const std::string bench = kBin + "/hybrid-bench";
     const std::pair<std::vector<std::string>, std::string> bad[] = {
         {{"--attn-heads-per-block", "3"}, "--attn-heads-per-block must be 0, 1, 2 or 4, got 3"},
+        {{"--attn-prefill-heads", "8"}, "--attn-prefill-heads must be 0, 1, 2 or 4, got 8"},
         {{"--attn-splits", "129"}, "--attn-splits must be 0 to 128, got 129"},
         {{"--attn-splits", "-1"}, "--attn-splits must be 0 to 128, got -1"},
         {{"--int-split-k", "sometimes"}, "--int-split-k must be auto, always or never, got 'sometimes'"},

@@ -232,6 +232,8 @@ int main(int argc, char** argv) {
          "(0: the built-in default)", cxxopts::value<int>()->default_value("0"))
         ("attn-heads-per-block", "CUDA, decode attention: q heads of one kv head per block, 1, 2 or 4 (0: the "
          "built-in default; the results are the same)", cxxopts::value<int>()->default_value("0"))
+        ("attn-prefill-heads", "CUDA, prefill attention: q heads of one kv head per flash block, 1, 2 or 4 (0: the "
+         "built-in default; the results are the same)", cxxopts::value<int>()->default_value("0"))
         ("attn-splits", "CUDA, decode attention: most position splits per row and head, 1 to 128 (0: the built-in "
          "default)", cxxopts::value<int>()->default_value("0"))
         ("int-split-k", "CUDA, --quant int8/int4 decode GEMVs: split K in two halves: always, never or auto (by shape, "
@@ -272,8 +274,8 @@ int main(int argc, char** argv) {
     }
     try {
         tools::check_int_args(
-            args, {"prompt", "gen", "reps", "threads", "ubatch", "depth", "attn-heads-per-block", "attn-splits",
-                   "moe-grouped-rows", "wgmma-parts", "gdn-conv-rows", "gdn-decode-blocks"});
+            args, {"prompt", "gen", "reps", "threads", "ubatch", "depth", "attn-heads-per-block", "attn-prefill-heads",
+                   "attn-splits", "moe-grouped-rows", "wgmma-parts", "gdn-conv-rows", "gdn-decode-blocks"});
         tools::check_given_once(args);
         const std::string dir = args["model"].as<std::string>();
         const int n_prompt = args["prompt"].as<int>(), n_gen = args["gen"].as<int>(), reps = args["reps"].as<int>();
@@ -309,6 +311,11 @@ int main(int argc, char** argv) {
             mp.cuda.attn_heads_per_block != 2 && mp.cuda.attn_heads_per_block != 4)
             throw tools::UsageError("--attn-heads-per-block must be 0, 1, 2 or 4, got " +
                                     std::to_string(mp.cuda.attn_heads_per_block));
+        mp.cuda.attn_prefill_heads_per_block = args["attn-prefill-heads"].as<int>();
+        if (mp.cuda.attn_prefill_heads_per_block != 0 && mp.cuda.attn_prefill_heads_per_block != 1 &&
+            mp.cuda.attn_prefill_heads_per_block != 2 && mp.cuda.attn_prefill_heads_per_block != 4)
+            throw tools::UsageError("--attn-prefill-heads must be 0, 1, 2 or 4, got " +
+                                    std::to_string(mp.cuda.attn_prefill_heads_per_block));
         {
             const std::string v = args["int-split-k"].as<std::string>();
             if (v != "auto" && v != "always" && v != "never")
@@ -394,9 +401,9 @@ int main(int argc, char** argv) {
                          "for (max_position_embeddings)\n",
                          mp.n_ctx - 1, c.max_position_embeddings);
         Backend& be = model->backend();
-        for (const char* flag : {"fp8-gemm", "attn-heads-per-block", "attn-splits", "int-split-k", "moe-grouped-rows",
-                                 "small-batch-gemv", "wide-gemv", "wgmma-gemm", "wgmma-parts", "gdn-decode-stream",
-                                 "gdn-conv-rows", "gdn-decode-blocks", "no-cuda-graphs", "no-pdl"})
+        for (const char* flag : {"fp8-gemm", "attn-heads-per-block", "attn-prefill-heads", "attn-splits", "int-split-k",
+                                 "moe-grouped-rows", "small-batch-gemv", "wide-gemv", "wgmma-gemm", "wgmma-parts",
+                                 "gdn-decode-stream", "gdn-conv-rows", "gdn-decode-blocks", "no-cuda-graphs", "no-pdl"})
             if (args.count(flag) && std::string(be.name()) != "cuda")
                 std::fprintf(stderr, "hybrid-bench: note: --%s only changes the CUDA backend; ignored on %s\n", flag,
                              be.name());

@@ -430,14 +430,18 @@ __global__ void __launch_bounds__(D) attn_merge_kernel(AttentionArgs p, const fl
 
 // ---- Prefill: tensor-core flash attention ---------------------------------------------------------------------
 //
-// Used for steps of more than kAttnSplitMaxRows rows. One block of kFlashWarps warps per (query tile, q head):
-// a query tile is up to kFlashRows consecutive rows of ONE run (tile i of a run holds its rows
-// [64 i, 64 i + 64)), so the rows of a tile are consecutive positions pos0 .. pos0 + n_q - 1 of one slot and
-// every row of the tile attends to a prefix of the keys [0, kv_end), kv_end = pos0 + n_q. The block walks the
-// key tiles [64 kt, 64 kt + 64) for kt = ceil(kv_end / 64) - 1 down to 0 (the diagonal, partly masked tiles
-// first), staging K and V in shared memory, and keeps an online softmax per row. Warp w owns the query rows
-// [16 w, 16 w + 16) of the tile: S = Q K^T (16 x 64 per warp) and O += P V (16 x D per warp) run on
-// mma.sync.m16n8k16 bf16 with fp32 accumulation.
+// Used for steps of more than kAttnSplitMaxRows rows. One block of kFlashWarps warps per (query tile, group of HB
+// q heads of one kv head), HB = 1, 2 or 4: a query tile is up to P = kFlashRows / HB consecutive positions of ONE
+// run (tile i of a run holds its rows [P i, P i + P)), pos0 .. pos0 + n_pos - 1 of one slot, and every row of the
+// tile attends to a prefix of the keys [0, kv_end), kv_end = pos0 + n_pos. The block walks the key tiles
+// [64 kt, 64 kt + 64) for kt = ceil(kv_end / 64) - 1 down to 0 (the diagonal, partly masked tiles first),
+// staging K and V in shared memory, and keeps an online softmax per row. Warp w owns 16 query rows: positions
+// [16 (w / HB), + 16) of the tile for q head h0 + w % HB (rows [16 w, 16 w + 16) of the Q tile in shared memory);
+// S = Q K^T (16 x 64 per warp) and O += P V (16 x D per warp) run on mma.sync.m16n8k16 bf16 with fp32
+// accumulation. Why HB > 1: the HB heads share each K and V tile a block loads, so a prefill reads K and V from
+// L2 HB times less often (at 16k positions and D = 256 one head a block moves about 34 GB a layer from L2 to the
+// SMs). A warp's work does not depend on HB (the same rows, key tiles in the same order, the same operations), so
+// neither do its bits.
 //
 // Fragment layouts of mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 that this code relies on
 // (lane = 4 g + t, g = lane >> 2 in [0, 8), t = lane & 3; a register holds 2 bf16, the lower column/k index in
@@ -523,12 +527,32 @@ __device__ __forceinline__ void flash_load_tile(uint32_t dst, const bf16* src, i
     }
 }
 
-// grid (Hq, tile slots): blockIdx.x = q head (fastest, so the heads of one query tile, which share K/V through
-// L2, run together), blockIdx.y = tile slot. Slots are numbered run by run, ceil(n_tokens / 64) per run, the
-// last (most expensive) tile of a run first; slots past the batch's tiles exit at once.
-template <int D>
+// Copies the Q tile of a block with HB heads: shared row r (warp w = r / 16) holds position 16 (w / HB) + r % 16
+// of the tile for head h0 + w % HB, from q_in [rows, Hq, D] at batch row row0 + that position; positions >= n_pos
+// are zero-filled.
+template <int D, int HB>
+__device__ __forceinline__ void flash_load_q(uint32_t dst, const bf16* q_in, int row0, int h0, int Hq, int n_pos) {
+    constexpr int kChunks = D / 8;  // 16-byte chunks per row
+    constexpr int kPerThread = kFlashRows * kChunks / kFlashThreads;
+#pragma unroll
+    for (int j = 0; j < kPerThread; j++) {
+        const int c = int(threadIdx.x) + j * kFlashThreads;
+        const int r = c / kChunks, col = (c % kChunks) * 8;
+        const int w = r >> 4, pi = 16 * (w / HB) + (r & 15);
+        const bool valid = pi < n_pos;
+        const bf16* g = q_in + (valid ? (int64_t(row0 + pi) * Hq + h0 + w % HB) * D : 0) + col;
+        cp_async16(dst + uint32_t((r * flash_stride<D>() + col) * sizeof(bf16)), g, valid);
+    }
+}
+
+// grid (Hq / HB, tile slots): blockIdx.x = group of HB q heads (fastest, so the heads of one query tile, which
+// share K/V through L2, run together), blockIdx.y = tile slot. Slots are numbered run by run, ceil(n_tokens / P)
+// per run, the last (most expensive) tile of a run first; slots past the batch's tiles exit at once.
+template <int D, int HB>
 __global__ void __launch_bounds__(kFlashThreads, flash_min_blocks<D>())
     attn_flash_kernel(AttentionArgs p, RowMap rows, const bf16* __restrict__ q_in) {
+    static_assert(HB == 1 || HB == 2 || HB == 4, "1, 2 or 4 heads a block");
+    constexpr int P = kFlashRows / HB;  // positions per query tile
     static_assert(D % 64 == 0, "head dim a multiple of 64 (ldmatrix tiles, bank-conflict-free padding)");
     constexpr int kStride = flash_stride<D>();
     constexpr int kRowBytes = kStride * int(sizeof(bf16));
@@ -546,7 +570,7 @@ __global__ void __launch_bounds__(kFlashThreads, flash_min_blocks<D>())
     // Find (run, tile) for this slot.
     int slot_idx = int(blockIdx.y), run_idx = -1, tile = 0;
     for (int r = 0; r < rows.n_runs; r++) {
-        const int nt = (rows.runs[r].n_tokens + kFlashRows - 1) / kFlashRows;
+        const int nt = (rows.runs[r].n_tokens + P - 1) / P;
         if (slot_idx < nt) {
             run_idx = r;
             tile = nt - 1 - slot_idx;
@@ -559,13 +583,14 @@ __global__ void __launch_bounds__(kFlashThreads, flash_min_blocks<D>())
 
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     const int g = lane >> 2, t4 = lane & 3;
-    const int h = blockIdx.x;
+    const int h0 = int(blockIdx.x) * HB;  // the block's first q head
     const int Hq = p.n_heads, Hkv = p.n_kv_heads;
-    const int kvh = h / (Hq / Hkv);
-    const int row0 = run.row + tile * kFlashRows;                       // batch row of the tile's first query
-    const int n_q = min(kFlashRows, run.n_tokens - tile * kFlashRows);  // valid query rows, >= 1
-    const int pos0 = run.pos + tile * kFlashRows;                       // its position
-    const int kv_end = pos0 + n_q;                                      // keys [0, kv_end) can be attended
+    const int kvh = h0 / (Hq / Hkv);                    // (HB divides the group size Hq / Hkv)
+    const int h = h0 + warp % HB;                       // this warp's q head
+    const int row0 = run.row + tile * P;                // batch row of the tile's first position
+    const int n_pos = min(P, run.n_tokens - tile * P);  // valid positions, >= 1
+    const int pos0 = run.pos + tile * P;                // its position
+    const int kv_end = pos0 + n_pos;                    // keys [0, kv_end) can be attended
     const int n_kt = (kv_end + kFlashKeys - 1) / kFlashKeys;
 
     const int64_t kv_row = int64_t(Hkv) * D;  // elements between consecutive positions in the cache
@@ -573,12 +598,13 @@ __global__ void __launch_bounds__(kFlashThreads, flash_min_blocks<D>())
     const bf16* kc = static_cast<const bf16*>(p.k_cache) + cache_off;
     const bf16* vc = static_cast<const bf16*>(p.v_cache) + cache_off;
 
-    // This warp's query rows: tile rows [16 warp, 16 warp + 16); the thread holds rows g and g + 8 of them.
-    const int wrow0 = warp * 16;
-    const bool warp_live = wrow0 < n_q;
-    const int w_first_pos = pos0 + wrow0;
-    const int w_last_pos = pos0 + min(wrow0 + 15, n_q - 1);
-    const int rpos0 = pos0 + wrow0 + g, rpos1 = rpos0 + 8;
+    // This warp's query rows: Q tile rows [16 warp, 16 warp + 16) = positions [wp0, wp0 + 16) of the tile for head
+    // h; the thread holds rows g and g + 8 of them.
+    const int wrow0 = warp * 16, wp0 = 16 * (warp / HB);
+    const bool warp_live = wp0 < n_pos;
+    const int w_first_pos = pos0 + wp0;
+    const int w_last_pos = pos0 + min(wp0 + 15, n_pos - 1);
+    const int rpos0 = pos0 + wp0 + g, rpos1 = rpos0 + 8;
 
     // Lane addresses for ldmatrix (see the layout notes above).
     const uint32_t q_lane = q_base + uint32_t((wrow0 + (lane & 7) + 8 * ((lane >> 3) & 1)) * kRowBytes +
@@ -589,7 +615,7 @@ __global__ void __launch_bounds__(kFlashThreads, flash_min_blocks<D>())
         v_base + uint32_t(((lane & 7) + 8 * ((lane >> 3) & 1)) * kRowBytes + 8 * (lane >> 4) * int(sizeof(bf16)));
 
     // Prologue: Q and the last key tile.
-    flash_load_tile<D>(q_base, q_in + (int64_t(row0) * Hq + h) * D, int64_t(Hq) * D, n_q);
+    flash_load_q<D, HB>(q_base, q_in, row0, h0, Hq, n_pos);
     flash_load_tile<D>(k_base, kc + int64_t(n_kt - 1) * kFlashKeys * kv_row, kv_row, kv_end - (n_kt - 1) * kFlashKeys);
     cp_async_commit();
 
@@ -722,10 +748,10 @@ __global__ void __launch_bounds__(kFlashThreads, flash_min_blocks<D>())
     }
     __syncwarp();
     constexpr int kChunks = D / 8;
-    const int n_rows = min(16, n_q - wrow0);
+    const int n_rows = min(16, n_pos - wp0);
     for (int c = lane; c < n_rows * kChunks; c += 32) {
         const int r = c / kChunks, col = (c % kChunks) * 8;
-        const int64_t trow = row0 + wrow0 + r;
+        const int64_t trow = row0 + wp0 + r;
         const uint4 gate =
             *reinterpret_cast<const uint4*>(static_cast<const bf16*>(p.qg) + (trow * Hq + h) * 2 * D + D + col);
         float gf[8], of[8];
@@ -744,11 +770,20 @@ int n_splits(int n_ctx, int max_splits) {
 
 // Opts the flash kernel for head dim D into its dynamic shared memory (above the 48 KB default for D >= 128),
 // once per device.
-template <int D>
+template <int D, int HB>
 void flash_smem_opt_in() {
     static std::atomic<uint64_t> done{0};
-    opt_in_smem(attn_flash_kernel<D>, flash_smem_bytes<D>(), done,
+    opt_in_smem(attn_flash_kernel<D, HB>, flash_smem_bytes<D>(), done,
                 "cudaFuncSetAttribute (flash attention shared memory)");
+}
+
+// The flash kernel with HB q heads a block: grid (Hq / HB, tile slots of kFlashRows / HB positions).
+template <int D, int HB>
+void launch_flash(const AttentionArgs& a, const RowMap& rows, const bf16* q_scratch, int64_t tile_slots,
+                  const LaunchContext& ctx) {
+    flash_smem_opt_in<D, HB>();
+    cuda::launch(attn_flash_kernel<D, HB>, dim3(unsigned(a.n_heads / HB), unsigned(tile_slots)), dim3(kFlashThreads),
+                 flash_smem_bytes<D>(), ctx, "attention flash kernel (prefill)", a, rows, q_scratch);
 }
 
 template <int D>
@@ -776,15 +811,23 @@ void run_attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, 
     dim3 prep_grid(unsigned(T), ceil_div(a.n_heads + a.n_kv_heads, kAttnWarps));
     cuda::launch(attn_prep_kernel<D>, prep_grid, dim3(kAttnWarps * 32), 0, ctx,
                  "attention prep kernel (q/k norm, RoPE, KV cache write)", a, rows, q_scratch);
-    // Prefill: tensor-core tiles. Tile slots: sum over runs of ceil(n / 64) <= ceil(T / 64) + n_runs - 1.
-    const int64_t tile_slots = int64_t(ceil_div(T, kFlashRows)) + std::max(rows.n_runs, 1) - 1;
+    // Prefill: tensor-core tiles of HB q heads of one kv head (ctx.attn_prefill_heads_per_block, a divisor of the
+    // group size) and P = 64 / HB positions. Tile slots: sum over runs of ceil(n / P) <= ceil(T / P) + n_runs - 1.
+    const int G = a.n_heads / a.n_kv_heads;
+    const int hb = ctx.attn_prefill_heads_per_block >= 4 && G % 4 == 0   ? 4
+                   : ctx.attn_prefill_heads_per_block >= 2 && G % 2 == 0 ? 2
+                                                                         : 1;
+    const int64_t tile_slots = int64_t(ceil_div(T, kFlashRows / hb)) + std::max(rows.n_runs, 1) - 1;
     // (decode steps of many one-token runs take the per-row kernel below: a 64-row tile would hold one live row)
     if (T > kAttnSplitMaxRows && rows.n_rows > rows.n_runs && tile_slots <= 65535 && aligned16(q_scratch) &&
         aligned16(a.qg) && aligned16(a.out) && aligned16(a.k_cache) && aligned16(a.v_cache)) {
-        flash_smem_opt_in<D>();
-        cuda::launch(attn_flash_kernel<D>, dim3(unsigned(a.n_heads), unsigned(tile_slots)), dim3(kFlashThreads),
-                     flash_smem_bytes<D>(), ctx, "attention flash kernel (prefill)", a, rows,
-                     static_cast<const bf16*>(q_scratch));
+        const bf16* q = q_scratch;
+        if (hb == 4)
+            launch_flash<D, 4>(a, rows, q, tile_slots, ctx);
+        else if (hb == 2)
+            launch_flash<D, 2>(a, rows, q, tile_slots, ctx);
+        else
+            launch_flash<D, 1>(a, rows, q, tile_slots, ctx);
         return;
     }
     if (S > 1) {

@@ -300,6 +300,7 @@ public:
         ctx_.gdn_conv_rows = o.gdn_conv_rows;
         if (o.moe_grouped_min_rows > 0) ctx_.moe_grouped_min_rows = o.moe_grouped_min_rows;
         if (o.attn_heads_per_block > 0) ctx_.attn_heads_per_block = o.attn_heads_per_block;
+        if (o.attn_prefill_heads_per_block > 0) ctx_.attn_prefill_heads_per_block = o.attn_prefill_heads_per_block;
         if (o.attn_max_splits > 0) ctx_.attn_max_splits = std::min(o.attn_max_splits, cuda::kAttnMaxSplits);
         ctx_.int_gemv_split_k = o.int_gemv_split_k < 0 ? -1 : o.int_gemv_split_k > 0 ? 1 : 0;
         if (o.small_batch_gemv == 2) {  // the default up to 8 rows; then groups of 3-4 up to 16, cuBLASLt for others
@@ -366,7 +367,8 @@ public:
                on(ctx_.gdn_fused_conv) + ", gdn streamed decode " + on(ctx_.gdn_decode_stream) +
                ", gdn decode blocks an SM " + (ctx_.gdn_decode_three_blocks ? "3" : "2") + ", moe grouped from " +
                std::to_string(ctx_.moe_grouped_min_rows) + " rows" + ", attention q heads per decode block up to " +
-               std::to_string(ctx_.attn_heads_per_block) + ", attention splits up to " +
+               std::to_string(ctx_.attn_heads_per_block) + ", prefill attention q heads per block up to " +
+               std::to_string(ctx_.attn_prefill_heads_per_block) + ", attention splits up to " +
                std::to_string(ctx_.attn_max_splits) + ", integer gemv K split " +
                (ctx_.int_gemv_split_k > 0   ? "always"
                 : ctx_.int_gemv_split_k < 0 ? "never"

@@ -70,6 +70,10 @@ constexpr int kAttnDefaultSplits = 64;  // the most a step uses by default (Cuda
 // them; CudaOptions::attn_heads_per_block overrides it). H200, 4B shapes, b=1 at 16k positions (run 121): 1 head
 // 307 tok/s, 2 heads 334, 4 heads 326 (168 registers: fewer blocks in flight).
 constexpr int kAttnHeadsPerBlock = 2;
+// q heads of one kv head that one prefill (flash) attention block serves, each K and V tile it loads used for all
+// of them (CudaOptions::attn_prefill_heads_per_block overrides it). Not yet measured against 1 (the kernel before
+// 2026-12-06) on a GPU.
+constexpr int kAttnPrefillHeadsPerBlock = 4;
 // Rows from which the MoE experts run grouped by expert (a tile GEMM per expert) instead of one GEMV pass per
 // (row, choice) (moe.cuh; CudaOptions::moe_grouped_min_rows overrides it).
 constexpr int kMoeGroupedMinRows = 48;

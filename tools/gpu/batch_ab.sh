@@ -12,7 +12,10 @@
 #   CUDA over the repository's models -> (shaped) b=12-64 with --wgmma-gemm auto (by shape) and uniform (every matrix
 #   of 17-64 rows, 9-16 in clusters) in alternation, and the wgmma [gpu] case -> (gdn3) the Gated DeltaNet decode
 #   case, then b=32-256 with --gdn-decode-blocks 2 (the default) and 3 in alternation -> (trace) a
-#   -DHY_CUDA_TRACE=ON build: each kernel's share of decode steps at b=64 and 256 (TRACE_BATCHES).
+#   -DHY_CUDA_TRACE=ON build: each kernel's share of decode steps at b=64 and 256 (TRACE_BATCHES) -> (ncu_step)
+#   each kernel's time in two decode steps under ncu -> (attn_pack) the prefill-attention heads-per-block case,
+#   then prefill 16384 and 4096 with --attn-prefill-heads 1 and 4 in alternation -> (attn_ncu) ncu of the flash
+#   kernel at 16384 positions with 1 and 4 heads a block.
 # Usage (device tool, repository root, carry [".carry"]): bash tools/gpu/batch_ab.sh   (ONLY="a b": those stages;
 # PARTS=N adds hybrid-bench runs with --wgmma-parts N). A device call has 10 minutes and each call builds anew
 # (about 2 minutes), so run it in parts, most important first: ONLY="tests kbench", then ONLY="bench gdn", then
@@ -113,6 +116,32 @@ if want prefill; then  # the conv's rows a thread (the new default against 1, th
                 --ubatch 4096 --gdn-conv-rows $r
             grep -E '^\| +[0-9]' "$LOG" | tail -1 | sed "s/^/  [conv rows $r $i] /" >>"$SUM"
         done
+    done
+fi
+if want attn_pack; then  # prefill attention with 4 q heads a flash block (the default) against 1, 2 rounds
+    step tests_attn_pack 300 $N/hybrid-tests "CUDA prefill attention: q heads per block*"
+    grep -E "test case|FAILED|differ|with expansion" "$LOG" | tail -8 >>"$SUM"
+    for i in 1 2; do
+        for hb in 1 4; do
+            step "attn_pack_${hb}_16k_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 16384 -n 4 -r 1 \
+                --ubatch 4096 --attn-prefill-heads $hb
+            grep -E '^\| +[0-9]' "$LOG" | tail -1 | sed "s/^/  [prefill heads $hb, 16384, $i] /" >>"$SUM"
+            step "attn_pack_${hb}_4k_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 4096 -n 8 -r 2 \
+                --ubatch 4096 --attn-prefill-heads $hb
+            grep -E '^\| +[0-9]' "$LOG" | tail -1 | sed "s/^/  [prefill heads $hb, 4096, $i] /" >>"$SUM"
+        done
+    done
+fi
+if want attn_ncu; then  # the flash kernel at the last 4096-row chunk of a 16384-token prompt, 1 and 4 heads a block
+    NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    for hb in 1 4; do
+        step ncu_attn_$hb 300 $NCU --kernel-name regex:"attn_flash_kernel" --launch-skip 31 --launch-count 1 \
+            --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+            --section ComputeWorkloadAnalysis $N/hybrid-bench -m $M --dummy-weights --device cuda -p 16384 -n 1 -r 1 \
+            --ubatch 4096 --no-cuda-graphs --attn-prefill-heads $hb
+        sed -n "/^==== ncu_attn_$hb:/,\$p" "$LOG" >"$OUT/ncu_attn_$hb.txt"
+        grep -E "attn_flash|Duration|DRAM Throughput|L2 Cache Throughput|L1/TEX Cache Throughput|Compute \(SM\)|Achieved Occupancy|No Eligible|Issue Slots|Tensor" "$OUT/ncu_attn_$hb.txt" |
+            tail -14 | sed "s/^/  [heads $hb] /" >>"$SUM"
     done
 fi
 if want shaped; then  # the wgmma GEMM by shape (auto, the default) against every matrix up to 64 rows (uniform)
