@@ -11,11 +11,10 @@
 #   Compute on the Gated DeltaNet conv and recurrence kernels of a 4096-token prefill -> (compare) hybrid-compare on
 #   CUDA over the repository's models -> (shaped) b=12-64 with --wgmma-gemm auto (by shape) and uniform (every matrix
 #   of 17-64 rows, 9-16 in clusters) in alternation, and the wgmma [gpu] case -> (gdn3) the Gated DeltaNet decode
-#   case, then b=32-256 with --gdn-decode-blocks 2 (the default) and 3 in alternation -> (trace) a
-#   -DHY_CUDA_TRACE=ON build: each kernel's share of decode steps at b=64 and 256 (TRACE_BATCHES) -> (ncu_step)
-#   each kernel's time in two decode steps under ncu -> (attn_pack) the prefill-attention heads-per-block case,
-#   then prefill 16384 and 4096 with --attn-prefill-heads 1 and 4 in alternation -> (attn_ncu) ncu of the flash
-#   kernel at 16384 positions with 1 and 4 heads a block.
+#   case, then b=32-256 with --gdn-decode-blocks 2 (the default) and 3 in alternation -> (ncu_step) each kernel's
+#   time in about two decode steps at b=64 and 256 (TRACE_BATCHES) under ncu -> (attn_pack) the prefill-attention
+#   heads-per-block case, then prefill 16384 and 4096 with --attn-prefill-heads 1 and 4 in alternation ->
+#   (attn_ncu) ncu of the flash kernel at 16384 positions with 1 and 4 heads a block.
 # Usage (device tool, repository root, carry [".carry"]): bash tools/gpu/batch_ab.sh   (ONLY="a b": those stages;
 # PARTS=N adds hybrid-bench runs with --wgmma-parts N). A device call has 10 minutes and each call builds anew
 # (about 2 minutes), so run it in parts, most important first: ONLY="tests kbench", then ONLY="bench gdn", then
@@ -197,16 +196,6 @@ if want gdn_ncu; then  # the Gated DeltaNet decode kernel at b=256 (59% of the s
         "$OUT/gdn_sass.txt" >"$OUT/gdn_staged128_sass.txt"
     say "staged kernel SASS: $(wc -l <"$OUT/gdn_staged128_sass.txt") lines, $(grep -c 'STL' "$OUT/gdn_staged128_sass.txt") STL, $(grep -c 'LDL' "$OUT/gdn_staged128_sass.txt") LDL"
     rm -f "$OUT/gdn_sass.txt"
-fi
-if want trace; then  # where a batched decode step's time goes (a -DHY_CUDA_TRACE=ON build of hybrid-bench)
-    step build_trace 400 bash -c "cmake -S . -B /tmp/bt ${CFG[*]} -DHY_CUDA_TRACE=ON >/tmp/bt.log 2>&1 && cmake --build /tmp/bt -j16 --target hybrid-bench >>/tmp/bt.log 2>&1" ||
-        tail -20 /tmp/bt.log >>"$SUM"
-    for b in ${TRACE_BATCHES:-64 256}; do
-        step "trace_b$b" 200 /tmp/bt/hybrid-bench -m $M --dummy-weights --device cuda -p 16 -n 32 -b $b -r 1 \
-            --cuda-trace /tmp/trace_b$b.txt
-        python3 tools/gpu/trace_summary.py /tmp/trace_b$b.txt --steps 24 >"$OUT/trace_b$b.txt" 2>&1
-        head -32 "$OUT/trace_b$b.txt" | sed "s/^/  [b=$b] /" >>"$SUM"
-    done
 fi
 if want ncu_step; then  # each kernel's time in about two decode steps (ncu serializes kernels: no PDL overlap)
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
