@@ -71,8 +71,8 @@ constexpr int kAttnDefaultSplits = 64;  // the most a step uses by default (Cuda
 // 307 tok/s, 2 heads 334, 4 heads 326 (168 registers: fewer blocks in flight).
 constexpr int kAttnHeadsPerBlock = 2;
 // q heads of one kv head that one prefill (flash) attention block serves, each K and V tile it loads used for all
-// of them (CudaOptions::attn_prefill_heads_per_block overrides it). Not yet measured against 1 (the kernel before
-// 2026-12-06) on a GPU.
+// of them (CudaOptions::attn_prefill_heads_per_block overrides it). H100, 4B shapes, prefill 16384: the kernel 5.50
+// ms a layer at 4 against 5.72 at 1 (ncu); end to end within noise (41,247 / 41,228 against 41,211 / 41,411 tok/s).
 constexpr int kAttnPrefillHeadsPerBlock = 4;
 // Rows from which the MoE experts run grouped by expert (a tile GEMM per expert) instead of one GEMV pass per
 // (row, choice) (moe.cuh; CudaOptions::moe_grouped_min_rows overrides it).
