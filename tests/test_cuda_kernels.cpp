@@ -169,7 +169,9 @@ struct Batch {
     std::vector<SeqRun> runs;
     std::vector<int32_t> tokens;
     BatchDesc desc;
-    Batch(std::initializer_list<std::array<int, 3>> rs, int vocab) {
+    Batch(std::initializer_list<std::array<int, 3>> rs, int vocab)
+        : Batch(std::vector<std::array<int, 3>>(rs), vocab) {}
+    Batch(const std::vector<std::array<int, 3>>& rs, int vocab) {  // runs {slot, pos, n_tokens}
         int row = 0;
         for (auto& r : rs) {
             runs.push_back(SeqRun{r[0], r[1], row, r[2]});
@@ -940,12 +942,23 @@ struct GdnShape {
 // are perturbed by up to 2^-7 relative). A numpy model of this test put the GPU-style error of the young-state
 // step above 1e-2 in 7% of seeds (max 3.4% in 300), so a fixed 1e-2 is flaky; with this bound the largest
 // ratio error / bound over 1800 modelled checks was 0.69. A kernel bug gives errors far above either bound.
-void gdn_case(const GdnShape& s) {
-    const int slots = 3, K = 4;
+// steps: the batches to run (slots below `slots`); none: a prefill of two sequences in one batch (one shorter than
+// the conv kernel), then decode steps, then a 2-token step.
+void gdn_case(const GdnShape& s, int slots = 3, std::vector<Batch> steps = {}) {
+    const int K = 4;
     const int64_t C = 2 * int64_t(s.Hk) * s.Dk + int64_t(s.Hv) * s.Dv;
-    Pair p(limits(80, slots, 128), s.Hv, std::max(s.Dk, s.Dv), size_t(64) << 20);
-    Side noisy(make_cpu_backend(2), limits(80, slots, 128), s.Hv, std::max(s.Dk, s.Dv), size_t(64) << 20);
     const size_t conv_n = size_t(slots) * (K - 1) * size_t(C), ssm_n = size_t(slots) * s.Hv * s.Dk * s.Dv;
+    if (steps.empty()) {
+        steps.emplace_back(Batch({{1, 0, 70}, {2, 0, 2}}, 10));
+        steps.emplace_back(Batch({{2, 2, 1}, {1, 70, 1}}, 10));
+        steps.emplace_back(Batch({{2, 3, 1}}, 10));
+        steps.emplace_back(Batch({{1, 71, 2}, {2, 4, 3}}, 10));
+    }
+    int max_tokens = 80;
+    for (const Batch& b : steps) max_tokens = std::max(max_tokens, b.desc.n_tokens);
+    const size_t arena = (size_t(64) << 20) + (ssm_n + conv_n) * 4;
+    Pair p(limits(max_tokens, slots, 128), s.Hv, std::max(s.Dk, s.Dv), arena);
+    Side noisy(make_cpu_backend(2), limits(max_tokens, slots, 128), s.Hv, std::max(s.Dk, s.Dv), arena);
     void* conv_c = p.cpu.take(conv_n * 4);
     void* conv_n_c = noisy.take(conv_n * 4);
     void* conv_g = p.gpu.take(conv_n * 2);
@@ -970,12 +983,6 @@ void gdn_case(const GdnShape& s) {
         for (float& x : v) x *= 1.0f + jitter(rng());
         return v;
     };
-    // Prefill of two sequences in one batch (one shorter than the conv kernel), then decode, then a 2-token step.
-    std::vector<Batch> steps;
-    steps.emplace_back(Batch({{1, 0, 70}, {2, 0, 2}}, 10));
-    steps.emplace_back(Batch({{2, 2, 1}, {1, 70, 1}}, 10));
-    steps.emplace_back(Batch({{2, 3, 1}}, 10));
-    steps.emplace_back(Batch({{1, 71, 2}, {2, 4, 3}}, 10));
     for (size_t si = 0; si < steps.size(); si++) {
         const BatchDesc& b = steps[si].desc;
         const int T = b.n_tokens;
@@ -1052,6 +1059,24 @@ TEST_CASE("CUDA Gated DeltaNet (prefill, several runs, decode) matches the CPU r
     gdn_case({3, 3, 64, 64});
     gdn_case({1, 2, 128, 256});  // the largest value head (the decode block stages 128 KB of state)
     gdn_case({2, 4, 32, 96});    // Dk != Dv, rows of 24 16-byte chunks
+}
+
+// Decode steps of more than 8 sequences take the conv kernel (not the conv inside the recurrence kernel), and with
+// 2^18 or more channel-rows its 16-byte path, which writes the new conv state from the words it loaded: 32
+// sequences of a 4B-sized layer (C = 8,192 channels), a prefill of 3 tokens each, then two decode steps of all 32.
+TEST_CASE("CUDA Gated DeltaNet decode of 32 sequences (the conv kernel's 16-byte path) matches the CPU", "[gpu]") {
+    HY_REQUIRE_GPU();
+    std::vector<std::array<int, 3>> prefill, decode1, decode2;
+    for (int slot = 0; slot < 32; slot++) {
+        prefill.push_back({slot, 0, 3});
+        decode1.push_back({slot, 3, 1});
+        decode2.push_back({slot, 4, 1});
+    }
+    std::vector<Batch> steps;
+    steps.emplace_back(Batch(prefill, 10));
+    steps.emplace_back(Batch(decode1, 10));
+    steps.emplace_back(Batch(decode2, 10));
+    gdn_case({16, 32, 128, 128}, 32, std::move(steps));
 }
 
 // A sequence's Gated DeltaNet outputs and state must not depend on how its tokens are split into runs and steps

@@ -84,12 +84,37 @@ __device__ __forceinline__ void copy_channels(bf16* dst, const bf16* src) {
     else
         *dst = *src;
 }
+// VEC consecutive bf16 channels kept as loaded (the conv state rows a decode thread writes back unchanged).
+template <int VEC>
+struct RawChannels {
+    uint4 v8;
+    bf16 v1;
+    __device__ __forceinline__ void load(const bf16* p) {
+        if constexpr (VEC == 8)
+            v8 = *reinterpret_cast<const uint4*>(p);
+        else
+            v1 = *p;
+    }
+    __device__ __forceinline__ void unpack(float (&f)[VEC]) const {
+        if constexpr (VEC == 8)
+            unpack8(v8, f);
+        else
+            f[0] = to_f32(v1);
+    }
+    __device__ __forceinline__ void store(bf16* p) const {
+        if constexpr (VEC == 8)
+            *reinterpret_cast<uint4*>(p) = v8;
+        else
+            *p = v1;
+    }
+};
 
 // grid (C / VEC / kConvThreads, min(ceil(T / R), 65535)): thread per (VEC channels, R consecutive rows), row groups
 // strided by gridDim.y (R = rows_per_block). Input j of the window of row t is at run index i - (K-1) + j; a negative
 // index reads the conv state of the row's slot ([K-1, C], oldest first). Per channel acc = sum_j w[j] in[j] (FMAs in
 // order j), mixed = bf16(silu(bf16(acc))). With update_state (every run is one token, so the thread is the only
-// reader of its slot's state columns), the thread also shifts the state by its input, replacing conv_state_kernel.
+// reader of its slot's state columns), the thread also shifts the state by its input, replacing conv_state_kernel:
+// from the words it loaded (the state rows before the wait, the input after it), not by reading them again.
 // Why R rows a thread: its VEC K weights are loaded once for them (lane stride VEC K 4 bytes: each load instruction
 // of a warp touches 32 lines); with one row a thread, a 4,096-row prefill spent about 600 us a layer on them (run
 // 126's trace: 615 us for 64 MB in and out).
@@ -123,12 +148,12 @@ __global__ void __launch_bounds__(kConvThreads)
             for (int j = 0; j < kPreTaps; j++) wpre[v][j] = active && j < K ? w[v * K + j] : 0.0f;
     }
     const bool pre_state = update_state && active && K - 1 <= kPreTaps && first < rows.n_rows;
-    float spre[kPreTaps][VEC];
+    RawChannels<VEC> spre[kPreTaps];  // taps 0 .. K-2 of the first row (its conv state) as loaded
     if (pre_state) {
         const bf16* st0 = conv_state + int64_t(rows.slot[first]) * (K - 1) * C + c;
 #pragma unroll
         for (int j = 0; j < kPreTaps; j++)
-            if (j < K - 1) load_channels<VEC>(st0 + int64_t(j) * C, spre[j]);
+            if (j < K - 1) spre[j].load(st0 + int64_t(j) * C);
     }
     pdl_wait();  // qkv comes from the projection; the state and mixed may still be used by earlier kernels
     if (!active) return;
@@ -144,22 +169,29 @@ __global__ void __launch_bounds__(kConvThreads)
                 const int src = i - (K - 1) + j;
                 load_channels<VEC>(src >= 0 ? qkv + (t - i + src) * C + c : st + int64_t(K - 1 + src) * C, in);
             };
+            // use_pre (a one-token run, so i = 0 and tap K-1 is the row's own input): the input as loaded, for the
+            // state update too
+            RawChannels<VEC> x_raw;
+            if (use_pre) x_raw.load(qkv + t * C + c);
 #pragma unroll
             for (int j = 0; j < kPreTaps; j++) {  // FMAs in order j, as below
                 if (j >= K) break;
                 float in[VEC];
-                if (use_pre && j < K - 1) {
-#pragma unroll
-                    for (int v = 0; v < VEC; v++) in[v] = spre[j][v];
-                } else {
+                if (use_pre && j < K - 1)
+                    spre[j].unpack(in);
+                else if (use_pre && j == K - 1)
+                    x_raw.unpack(in);
+                else
                     input(j, in);
-                }
 #pragma unroll
                 for (int v = 0; v < VEC; v++) acc[v] = fmaf(wpre[v][j], in[v], acc[v]);
             }
             for (int j = kPreTaps; j < K; j++) {
                 float in[VEC];
-                input(j, in);
+                if (use_pre && j == K - 1)
+                    x_raw.unpack(in);
+                else
+                    input(j, in);
 #pragma unroll
                 for (int v = 0; v < VEC; v++) acc[v] = fmaf(w[v * K + j], in[v], acc[v]);
             }
@@ -169,7 +201,12 @@ __global__ void __launch_bounds__(kConvThreads)
                 *reinterpret_cast<uint4*>(mixed + t * C + c) = pack8(acc);
             else
                 mixed[t * C + c] = to_bf16(acc[0]);
-            if (update_state) {
+            if (update_state && use_pre) {  // (K - 1 <= kPreTaps: spre holds the whole state)
+#pragma unroll
+                for (int j = 0; j + 1 < kPreTaps; j++)
+                    if (j + 1 < K - 1) spre[j + 1].store(st + int64_t(j) * C);
+                if (K > 1) x_raw.store(st + int64_t(K - 2) * C);
+            } else if (update_state) {
                 for (int j = 0; j + 1 < K - 1; j++) copy_channels<VEC>(st + int64_t(j) * C, st + int64_t(j + 1) * C);
                 if (K > 1) copy_channels<VEC>(st + int64_t(K - 2) * C, qkv + t * C + c);
             }

@@ -14,7 +14,8 @@
 #   case, then b=32-256 with --gdn-decode-blocks 2 (the default) and 3 in alternation -> (ncu_step) each kernel's
 #   time in about two decode steps at b=64 and 256 (TRACE_BATCHES) under ncu -> (attn_pack) the prefill-attention
 #   heads-per-block case, then prefill 16384 and 4096 with --attn-prefill-heads 1 and 4 in alternation ->
-#   (attn_ncu) ncu of the flash kernel at 16384 positions with 1 and 4 heads a block.
+#   (attn_ncu) ncu of the flash kernel at 16384 positions with 1 and 4 heads a block -> (base_ab) hybrid-bench of
+#   this tree against a base tree (BASE_PATCH, default base.patch: a diff that patch -R undoes) in alternation.
 # Usage (device tool, repository root, carry [".carry"]): bash tools/gpu/batch_ab.sh   (ONLY="a b": those stages;
 # PARTS=N adds hybrid-bench runs with --wgmma-parts N). A device call has 10 minutes and each call builds anew
 # (about 2 minutes), so run it in parts, most important first: ONLY="tests kbench", then ONLY="bench gdn", then
@@ -196,6 +197,24 @@ if want gdn_ncu; then  # the Gated DeltaNet decode kernel at b=256 (59% of the s
         "$OUT/gdn_sass.txt" >"$OUT/gdn_staged128_sass.txt"
     say "staged kernel SASS: $(wc -l <"$OUT/gdn_staged128_sass.txt") lines, $(grep -c 'STL' "$OUT/gdn_staged128_sass.txt") STL, $(grep -c 'LDL' "$OUT/gdn_staged128_sass.txt") LDL"
     rm -f "$OUT/gdn_sass.txt"
+fi
+if want base_ab; then  # this tree against a base: the tree with BASE_PATCH (a diff of this tree's change) reversed,
+    # built beside it; hybrid-bench b=BATCHES on both in alternation, 2 rounds
+    B=/tmp/bbase
+    rm -rf /tmp/basetree && mkdir -p /tmp/basetree && tar --exclude=./.carry --exclude=./.git -cf - . | tar -xf - -C /tmp/basetree &&
+        ln -s "$PWD/.carry" /tmp/basetree/.carry
+    step patch_base 30 bash -c "cd /tmp/basetree && patch -R -p1 <'$PWD/${BASE_PATCH:-base.patch}'" &&
+        step build_base 400 bash -c "cmake -S /tmp/basetree -B $B ${CFG[*]} >/tmp/bbase.log 2>&1 && cmake --build $B -j16 --target hybrid-bench >>/tmp/bbase.log 2>&1" ||
+        tail -20 /tmp/bbase.log >>"$SUM"
+    NB=$(echo "${BATCHES:-64,256}" | tr ',' '\n' | wc -l)
+    for i in 1 2; do
+        for v in base new; do
+            BIN=$N/hybrid-bench
+            [ $v = base ] && BIN=$B/hybrid-bench
+            step "base_ab_${v}_$i" 300 $BIN -m $M --dummy-weights --device cuda -p 128 -n 64 -b ${BATCHES:-64,256} -r 1
+            grep -E '^\| +[0-9]' "$LOG" | tail -"$NB" | sed "s/^/  [$v $i] /" >>"$SUM"
+        done
+    done
 fi
 if want ncu_step; then  # each kernel's time in about two decode steps (ncu serializes kernels: no PDL overlap)
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
