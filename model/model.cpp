@@ -1128,7 +1128,8 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
             ws.fp8_max_cols = std::max(ws.fp8_max_cols, job.dst->cols);
             ws.fp8_max_elems = std::max(ws.fp8_max_elems, job.dst->rows * job.dst->cols);
         }
-    size_t o_ws = ld.reserve(be.workspace_bytes(limits, ws));
+    const size_t ws_bytes = be.workspace_bytes(limits, ws);
+    size_t o_ws = ld.reserve(ws_bytes);
     m->arena_bytes_ = ld.offset;
     // An arena larger than the memory it can ever have is refused now, with the numbers, before anything is
     // allocated (on the CPU the state pages become resident as the sequences grow: the failure would come late).
@@ -1139,10 +1140,22 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
                 if (c.layer_kinds[size_t(i)] == LayerKind::full_attention) b += 2 * S * kv_row * as;
             return b;  // per position, every slot
         }();
-        const size_t rest = m->arena_bytes_ - size_t(p.n_ctx) * kv;
+        // The largest context that fits: the KV cache and the working memory both grow with it (the working memory
+        // of a 2-billion-position context was 15 GiB on the CPU), so search it rather than divide (the hint was
+        // then the smaller the larger the -c asked for).
+        const size_t fixed = m->arena_bytes_ - size_t(p.n_ctx) * kv - ws_bytes;
+        const auto fits_at = [&](int64_t n) {
+            BatchLimits l = limits;
+            l.n_ctx = int(n);
+            return fixed + size_t(n) * kv + be.workspace_bytes(l, ws) <= cap;
+        };
+        int64_t lo = 0, hi = p.n_ctx;  // fits_at(lo) or lo == 0; !fits_at(hi)
+        while (hi - lo > 1) {
+            const int64_t mid = lo + (hi - lo) / 2;
+            (fits_at(mid) ? lo : hi) = mid;
+        }
         const std::string fits =
-            kv > 0 && cap > rest ? "; a context of up to " + std::to_string((cap - rest) / kv) + " positions would fit"
-                                 : "";
+            kv > 0 && lo > 0 ? "; a context of up to " + std::to_string(lo) + " positions would fit" : "";
         throw Error(Status::out_of_memory,
                     "the model needs " + gib(m->arena_bytes_) + " (weights " + gib(m->weight_bytes_) +
                         ", KV cache and states " + gib(m->state_bytes_) + " for a context of " +

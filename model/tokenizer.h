@@ -173,6 +173,10 @@ std::string utf8_sanitize(std::string_view s);
 // True when `s` is well-formed UTF-8 (no surrogates, no overlongs, nothing above U+10FFFF).
 bool utf8_is_valid(std::string_view s);
 
+// The number of code points of well-formed UTF-8 `s` (the bytes that do not continue a sequence): what Python's
+// len() gives for the decoded text, so the unit of OpenAI's text offsets. Sanitize other text first.
+size_t utf8_length(std::string_view s);
+
 // Unicode NFC of a valid UTF-8 string (utf8proc). Invalid input is sanitized first.
 std::string utf8_nfc(std::string_view s);
 

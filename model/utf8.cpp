@@ -142,6 +142,12 @@ bool utf8_is_valid(std::string_view s) {
     return true;
 }
 
+size_t utf8_length(std::string_view s) {
+    size_t n = 0;
+    for (const char c : s) n += (static_cast<unsigned char>(c) & 0xC0u) != 0x80u;
+    return n;
+}
+
 std::string utf8_sanitize(std::string_view s) {
     std::string out;
     out.reserve(s.size() + 8);

@@ -201,6 +201,7 @@ OutputParser::OutputParser(bool in_reasoning, bool parse_think, const ojson& too
     : state_(in_reasoning && parse_think ? State::reasoning : State::content),
       parse_think_(parse_think),
       parse_tools_(tools.is_array() && !tools.empty()),
+      prompt_opened_(in_reasoning && parse_think),
       tools_(tools) {}
 
 OutputParser::Delta OutputParser::feed(const std::string& text) {
@@ -217,11 +218,13 @@ OutputParser::Delta OutputParser::feed(const std::string& text) {
                 const size_t a = buf_.find_first_not_of('\n');
                 buf_.erase(0, a == std::string::npos ? buf_.size() : a);
                 if (buf_.empty()) return d;
-                if (buf_.rfind(kThinkOpen, 0) == 0) {  // the model repeated the opening tag
+                // the model repeated the prompt's opening tag: dropped (after an opening tag of its own, a second
+                // one is reasoning text, shown: an answer of <think> tokens alone came back empty)
+                if (prompt_opened_ && buf_.rfind(kThinkOpen, 0) == 0) {
                     buf_.erase(0, kThinkOpen.size());
                     continue;
                 }
-                if (kThinkOpen.compare(0, buf_.size(), buf_) == 0) return d;
+                if (prompt_opened_ && kThinkOpen.compare(0, buf_.size(), buf_) == 0) return d;
             } else if (parse_think_) {
                 if (buf_.empty() || (buf_.size() < kThinkOpen.size() && kThinkOpen.compare(0, buf_.size(), buf_) == 0))
                     return d;

@@ -874,7 +874,7 @@ struct Server::Impl {
                 for (const TokenPick& t : o.top[k]) top[utf8_sanitize(tok->token_piece(t.id))] = t.logprob;
             tops.push_back(top);
             offs.push_back(offset);
-            offset += piece.size();
+            offset += utf8_length(piece);  // (characters, as OpenAI's offsets into text; not bytes)
         }
         return ojson{{"tokens", tokens}, {"token_logprobs", lps}, {"top_logprobs", tops}, {"text_offset", offs}};
     }
@@ -1017,7 +1017,7 @@ struct Server::Impl {
                         ojson choice{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
                         if (s.logprobs) choice["logprobs"] = completion_logprobs(sofar, a, b, offset);
                         c["choices"] = ojson::array({choice});
-                        offset += text.size();
+                        offset += utf8_length(utf8_sanitize(text));
                         return send(c);
                     });
                 if (o.finish == "cancelled" && !o.shutdown) return;

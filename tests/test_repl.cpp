@@ -489,6 +489,17 @@ TEST_CASE("cli: /reset keeps the RNG going; --case batch; an arena too large nam
     }
     const Run big = hybrid({"-m", "models/tiny", "-p", "hi", "-c", "2000000000", "-n", "1"});
     check_one_line_error(big, 2, "positions would fit (-c 2000000000)");
+    // the context that would fit is the largest that fits, whatever -c asked for (it took the working memory of
+    // the asked-for context off the budget: 9,032,148 at -c 2e9 against 23,875,898 at -c 1e8 on one machine)
+    const Run big2 = hybrid({"-m", "models/tiny", "-p", "hi", "-c", "1000000000", "-n", "1"});
+    check_one_line_error(big2, 2, "positions would fit (-c 1000000000)");
+    auto fits = [](const std::string& err) {
+        const size_t e = err.find(" positions would fit"), b = err.rfind("up to ", e);
+        return e == std::string::npos || b == std::string::npos ? std::string() : err.substr(b + 6, e - b - 6);
+    };
+    INFO(big.err << big2.err);
+    CHECK(!fits(big.err).empty());
+    CHECK(fits(big.err) == fits(big2.err));
 }
 
 // A conversation file whose JSON header was edited: each defect is named in one line (it was the JSON library's

@@ -449,6 +449,38 @@ TEST_CASE("server: streamed chunks concatenate to the non-streamed answer", "[se
     }
 }
 
+// /v1/completions logprobs: text_offset counts characters (code points) of text, as OpenAI's and vLLM's do, not
+// UTF-8 bytes (the fresh-user test of the thirty-first session: a 4-byte emoji token gave offsets 0, 4, 8), in the
+// answer and in the stream.
+TEST_CASE("server: completion text offsets count characters", "[server]") {
+    if (!have_server_binary()) return;
+    const int port = shared_server().port();
+    ojson req{{"prompt", "x"}, {"max_tokens", 3},      {"temperature", 0}, {"logit_bias", ojson{{"402", 100}}},
+              {"logprobs", 1}, {"cache_prompt", false}};
+    const ojson whole = post(port, "/v1/completions", req).json();
+    const ojson& lp = whole["choices"][0]["logprobs"];
+    REQUIRE(lp["tokens"].size() == 3);
+    std::string prefix;
+    bool multibyte = false;
+    for (size_t i = 0; i < lp["tokens"].size(); i++) {
+        INFO("token " << i << " after '" << prefix << "'");
+        CHECK(lp["text_offset"][i].get<size_t>() == hy::utf8_length(prefix));
+        prefix += lp["tokens"][i].get<std::string>();
+        multibyte = multibyte || hy::utf8_length(prefix) != prefix.size();
+    }
+    CHECK(multibyte);  // (token 402 of models/tiny is a 4-byte character: the case tells bytes from characters)
+    CHECK(prefix == whole["choices"][0]["text"].get<std::string>());
+    req["stream"] = true;
+    ojson streamed = ojson::array();
+    for (const ojson& ev : events(post(port, "/v1/completions", req).body)) {
+        if (!ev.contains("choices") || ev["choices"].empty()) continue;
+        const ojson& c = ev["choices"][0];
+        if (c["logprobs"].is_object())
+            for (const ojson& o : c["logprobs"]["text_offset"]) streamed.push_back(o);
+    }
+    CHECK(streamed == lp["text_offset"]);
+}
+
 // Streamed chat with logprobs: a token's logprobs come with the chunk that shows its text, the reasoning's too
 // (they came in a separate chunk with empty content, at times before the text; the fresh-user test of the
 // twenty-third session), and the stream lists the same logprobs as the answer that is not streamed.
@@ -901,6 +933,9 @@ TEST_CASE("server: tool calls and reasoning are parsed from the output", "[serve
          {{"get_weather", "{}"}}},
         {"No tools here, <tool_call> unclosed", false, "", "No tools here, <tool_call> unclosed", {}},
         {"Thinking that never ends", true, "Thinking that never ends", "", {}},
+        {"<think>\nHmm.", true, "Hmm.", "", {}},  // the model repeats the prompt's opening tag: dropped
+        // an opening tag of the model's own, then more of them: reasoning text (the answer came back empty)
+        {"<think><think><think><think>", false, "<think><think><think>", "", {}},
     };
     for (const Case& c : cases) {
         INFO(c.text);

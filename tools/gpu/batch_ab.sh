@@ -218,11 +218,14 @@ if want base_ab; then  # this tree against a base: the tree with BASE_PATCH (a d
 fi
 if want ncu_step; then  # each kernel's time in about two decode steps (ncu serializes kernels: no PDL overlap)
     NCU=$(command -v ncu || echo /usr/local/cuda/bin/ncu)
+    # (hybrid-bench first prefills each of the b sequences alone: about 313 kernels each at -p 16 on the 4B shapes;
+    # NCU_MODEL=35b: the 35B-A3B shapes, NCU_SKIP kernels a sequence, NCU_COUNT kernels profiled)
+    NM=$M
+    [ "${NCU_MODEL:-4b}" = 35b ] && NM=/tmp/q35 && mkdir -p /tmp/q35 && cp tools/gpu/config_35b_a3b.json /tmp/q35/config.json
     for b in ${TRACE_BATCHES:-64 256}; do
-        # (hybrid-bench first prefills each of the b sequences alone: about 313 kernels each at -p 16)
         step "ncu_step_b$b" 300 $NCU --csv --metrics gpu__time_duration.sum,dram__bytes.sum \
-            --launch-skip $((b * 320 + 1500)) --launch-count 680 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 16 -n 32 -b $b -r 1 \
-            --no-cuda-graphs
+            --launch-skip $((b * ${NCU_SKIP:-320} + 1500)) --launch-count ${NCU_COUNT:-680} $N/hybrid-bench -m $NM \
+            --dummy-weights --device cuda -p 16 -n 32 -b $b -r 1 --no-cuda-graphs
         sed -n "/^==== ncu_step_b$b:/,\$p" "$LOG" >"$OUT/ncu_step_b$b.csv"
         python3 tools/gpu/ncu_summary.py "$OUT/ncu_step_b$b.csv" | sed "s/^/  [b=$b] /" >>"$SUM"
     done
