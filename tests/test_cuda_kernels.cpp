@@ -859,56 +859,21 @@ TEST_CASE("CUDA attention (prefill, several runs, decode) matches the CPU refere
     attention_case({16, 4, 256, 64}, 2048);
 }
 
-// Decode steps split over positions with 1, 2 or 4 q heads of a kv head per block (each block's key and value
-// loads serve all its q heads) give the same bits, and 128 splits (CudaOptions::attn_max_splits) match the CPU.
-TEST_CASE("CUDA decode attention: q heads per block change no bit; 128 splits match the CPU", "[gpu]") {
-    HY_REQUIRE_GPU();
-    const std::mt19937 state = rng();  // (every case draws the same inputs)
-    for (const AttnShape s :
-         {AttnShape{16, 4, 256, 64}, AttnShape{4, 1, 64, 16}, AttnShape{6, 3, 128, 32}, AttnShape{8, 2, 128, 128}}) {
-        for (const int ctx : {64, 2048}) {
+namespace {
+
+// For each shape and context (64: attention_case's short case), attention_case with 1, 2 and 4 q heads of a kv head
+// per block (set(o, n) puts n in the options) on the same inputs (the generator reset to `state`): every output is
+// finite and has the bits it has with one head a block.
+void heads_per_block_case(const std::vector<AttnShape>& shapes, std::initializer_list<int> ctxs,
+                          const std::mt19937& state, void (*set)(CudaOptions&, int)) {
+    for (const AttnShape& s : shapes)
+        for (const int ctx : ctxs) {
             std::vector<std::vector<float>> first;
             for (const int hpb : {1, 2, 4}) {
                 INFO("Hq " << s.Hq << " Hkv " << s.Hkv << " D " << s.D << " n_ctx " << ctx << " heads per block "
                            << hpb);
                 CudaOptions o;
-                o.attn_heads_per_block = hpb;
-                rng() = state;
-                const auto outs = attention_case(s, ctx == 64 ? 0 : ctx, o);
-                if (first.empty()) {
-                    first = outs;
-                    continue;
-                }
-                REQUIRE(outs.size() == first.size());
-                for (size_t st = 0; st < outs.size(); st++)
-                    for (size_t i = 0; i < outs[st].size(); i++) {
-                        REQUIRE(std::isfinite(outs[st][i]));
-                        REQUIRE(std::memcmp(&outs[st][i], &first[st][i], 4) == 0);
-                    }
-            }
-        }
-        CudaOptions o;
-        o.attn_max_splits = 128;
-        rng() = state;
-        attention_case(s, 4096, o);
-    }
-}
-
-// Prefill (flash) attention with 1, 2 or 4 q heads of a kv head per block (each K and V tile a block loads serves
-// all its heads; a tile then holds 64, 32 or 16 positions) gives the same bits, and matches the CPU
-// (attention_case). Group sizes 1, 2, 4 and 8; prompts of 300 and 11 tokens (partial tiles), 64 positions too.
-TEST_CASE("CUDA prefill attention: q heads per block change no bit", "[gpu]") {
-    HY_REQUIRE_GPU();
-    const std::mt19937 state = rng();  // (every case draws the same inputs)
-    for (const AttnShape s : {AttnShape{16, 4, 256, 64}, AttnShape{4, 1, 64, 16}, AttnShape{6, 3, 128, 32},
-                              AttnShape{16, 2, 128, 64}, AttnShape{4, 4, 64, 16}}) {
-        for (const int ctx : {64, 1024}) {
-            std::vector<std::vector<float>> first;
-            for (const int hpb : {1, 2, 4}) {
-                INFO("Hq " << s.Hq << " Hkv " << s.Hkv << " D " << s.D << " n_ctx " << ctx
-                           << " prefill heads per block " << hpb);
-                CudaOptions o;
-                o.attn_prefill_heads_per_block = hpb;
+                set(o, hpb);
                 rng() = state;
                 const auto outs = attention_case(s, ctx == 64 ? 0 : ctx, o);
                 if (first.empty()) {
@@ -927,7 +892,35 @@ TEST_CASE("CUDA prefill attention: q heads per block change no bit", "[gpu]") {
                 CHECK(bad == 0);
             }
         }
+}
+
+}  // namespace
+
+// Decode steps split over positions with 1, 2 or 4 q heads of a kv head per block (each block's key and value
+// loads serve all its q heads) give the same bits, and 128 splits (CudaOptions::attn_max_splits) match the CPU.
+TEST_CASE("CUDA decode attention: q heads per block change no bit; 128 splits match the CPU", "[gpu]") {
+    HY_REQUIRE_GPU();
+    const std::mt19937 state = rng();  // (every case draws the same inputs)
+    const std::vector<AttnShape> shapes = {AttnShape{16, 4, 256, 64}, AttnShape{4, 1, 64, 16}, AttnShape{6, 3, 128, 32},
+                                           AttnShape{8, 2, 128, 128}};
+    heads_per_block_case(shapes, {64, 2048}, state, [](CudaOptions& o, int n) { o.attn_heads_per_block = n; });
+    for (const AttnShape& s : shapes) {
+        CudaOptions o;
+        o.attn_max_splits = 128;
+        rng() = state;
+        attention_case(s, 4096, o);
     }
+}
+
+// Prefill (flash) attention with 1, 2 or 4 q heads of a kv head per block (each K and V tile a block loads serves
+// all its heads; a tile then holds 64, 32 or 16 positions) gives the same bits, and matches the CPU
+// (attention_case). Group sizes 1, 2, 4 and 8; prompts of 300 and 11 tokens (partial tiles), 64 positions too.
+TEST_CASE("CUDA prefill attention: q heads per block change no bit", "[gpu]") {
+    HY_REQUIRE_GPU();
+    const std::mt19937 state = rng();  // (a copy: every case draws the same inputs)
+    heads_per_block_case({AttnShape{16, 4, 256, 64}, AttnShape{4, 1, 64, 16}, AttnShape{6, 3, 128, 32},
+                          AttnShape{16, 2, 128, 64}, AttnShape{4, 4, 64, 16}},
+                         {64, 1024}, state, [](CudaOptions& o, int n) { o.attn_prefill_heads_per_block = n; });
 }
 
 namespace {
