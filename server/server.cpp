@@ -420,7 +420,16 @@ Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool c
     // llama-server's)
     if (const ojson* mt = field(body, max_name)) {
         const std::string name = max_name;
-        if (!mt->is_number_integer()) bad(name, name + " must be an integer, got " + mt->dump());
+        if (!mt->is_number_integer()) {
+            // (a whole number in range became an integer in whole_floats_to_ints: this one is out of range)
+            const double d = mt->is_number_float() ? mt->get<double>() : 0.5;
+            if (std::isfinite(d) && std::floor(d) == d)
+                bad(name, name +
+                              (d < 0 ? " must be >= 0 (the most tokens to generate), got "
+                                     : " must be <= " + std::to_string(INT32_MAX) + ", got ") +
+                              mt->dump());
+            bad(name, name + " must be an integer, got " + mt->dump());
+        }
         if (!mt->is_number_unsigned() && mt->get<int64_t>() < 0)
             bad(name, name + " must be >= 0 (the most tokens to generate), got " + mt->dump());
         if (mt->get<uint64_t>() > uint64_t(INT32_MAX))

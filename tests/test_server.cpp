@@ -741,6 +741,12 @@ TEST_CASE("server: bad requests get 4xx OpenAI errors without disturbing the oth
         CHECK(j["error"]["message"].get<std::string>().find('\n') == std::string::npos);
         if (b.param) CHECK(j["error"]["param"] == b.param);
     }
+    {  // a whole number too large for an integer field is out of range, not "not an integer" (a fresh-user pass)
+        const Reply r = post(port, "/v1/completions", std::string("{\"prompt\": \"x\", \"max_tokens\": 1e20}"));
+        CHECK(r.status == 400);
+        INFO(r.body);
+        CHECK(r.body.find("max_tokens must be <= 2147483647, got 1e+20") != std::string::npos);
+    }
     // a body nested 100,000 levels deep (200 KB) is a 400 before it is parsed (the parser's recursion took the server
     // down: a fresh-user pass); 64 levels are the most a body may nest
     {
