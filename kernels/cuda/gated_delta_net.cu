@@ -558,7 +558,7 @@ __device__ __forceinline__ bf16 conv4_channel(const float* w, const float (&x)[k
 //
 // The kernel's body is decode_block; decode_kernel<DK, kConv> launches it for any Dv (512 threads at most, so 128
 // registers a thread), decode_staged_kernel<DK> the staged path for Dv <= kStagedMaxValueDim with at most 80
-// registers a thread (q read from shared memory where used), so that three blocks share an SM: more heads' state
+// registers a thread (k and q read from shared memory where used), so that three blocks share an SM: more heads' state
 // copies in flight (ncu, H200, b = 256: two blocks an SM, DRAM 65%, 71% of cycles with no eligible warp). On an H100
 // it lost (b = 256: 395 us a layer at 84.7% of DRAM against 365 us at 86.5% with two blocks), so it is opt-in.
 template <int DK, bool kConv>
