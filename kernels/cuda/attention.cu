@@ -765,6 +765,10 @@ __global__ void __launch_bounds__(kFlashThreads, flash_min_blocks<D>())
     }
 }
 
+// q heads of one kv head a block serves (decode split kernel and flash kernel): 4, 2 or 1, the largest that is at
+// most `wanted` and divides the group size G = Hq / Hkv.
+int heads_per_block(int wanted, int G) { return wanted >= 4 && G % 4 == 0 ? 4 : wanted >= 2 && G % 2 == 0 ? 2 : 1; }
+
 // Position splits of a decode step's attention: ceil(n_ctx / kAttnSplitKeys), at most max_splits (<= kAttnMaxSplits).
 int n_splits(int n_ctx, int max_splits) {
     return std::min(std::min(max_splits, kAttnMaxSplits), std::max(1, (n_ctx + kAttnSplitKeys - 1) / kAttnSplitKeys));
@@ -794,11 +798,7 @@ void run_attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, 
     const int T = rows.n_rows;
     const int S = T <= kAttnSplitMaxRows ? n_splits(a.n_ctx, ctx.attn_max_splits) : 1;
     if (S > 1 && rows.n_rows == rows.n_runs) {  // decode, split over positions: the core kernel does the prep
-        // q heads per block: up to ctx.attn_heads_per_block of one kv head (a divisor of the group size)
-        const int G = a.n_heads / a.n_kv_heads;
-        const int hpb = ctx.attn_heads_per_block >= 4 && G % 4 == 0   ? 4
-                        : ctx.attn_heads_per_block >= 2 && G % 2 == 0 ? 2
-                                                                      : 1;
+        const int hpb = heads_per_block(ctx.attn_heads_per_block, a.n_heads / a.n_kv_heads);
         using Core = void (*)(AttentionArgs, RowMap, const bf16*, float*);
         const Core core = hpb == 4   ? attn_core_kernel<D, true, true, 4>
                           : hpb == 2 ? attn_core_kernel<D, true, true, 2>
@@ -815,10 +815,7 @@ void run_attention(const AttentionArgs& a, const RowMap& rows, bf16* q_scratch, 
                  "attention prep kernel (q/k norm, RoPE, KV cache write)", a, rows, q_scratch);
     // Prefill: tensor-core tiles of HB q heads of one kv head (ctx.attn_prefill_heads_per_block, a divisor of the
     // group size) and P = 64 / HB positions. Tile slots: sum over runs of ceil(n / P) <= ceil(T / P) + n_runs - 1.
-    const int G = a.n_heads / a.n_kv_heads;
-    const int hb = ctx.attn_prefill_heads_per_block >= 4 && G % 4 == 0   ? 4
-                   : ctx.attn_prefill_heads_per_block >= 2 && G % 2 == 0 ? 2
-                                                                         : 1;
+    const int hb = heads_per_block(ctx.attn_prefill_heads_per_block, a.n_heads / a.n_kv_heads);
     const int64_t tile_slots = int64_t(ceil_div(T, kFlashRows / hb)) + std::max(rows.n_runs, 1) - 1;
     // (decode steps of many one-token runs take the per-row kernel below: a 64-row tile would hold one live row)
     if (T > kAttnSplitMaxRows && rows.n_rows > rows.n_runs && tile_slots <= 65535 && aligned16(q_scratch) &&
