@@ -201,7 +201,7 @@ OutputParser::OutputParser(bool in_reasoning, bool parse_think, const ojson& too
     : state_(in_reasoning && parse_think ? State::reasoning : State::content),
       parse_think_(parse_think),
       parse_tools_(tools.is_array() && !tools.empty()),
-      prompt_opened_(in_reasoning && parse_think),
+      echo_possible_(in_reasoning && parse_think),
       tools_(tools) {}
 
 OutputParser::Delta OutputParser::feed(const std::string& text) {
@@ -218,13 +218,14 @@ OutputParser::Delta OutputParser::feed(const std::string& text) {
                 const size_t a = buf_.find_first_not_of('\n');
                 buf_.erase(0, a == std::string::npos ? buf_.size() : a);
                 if (buf_.empty()) return d;
-                // the model repeated the prompt's opening tag: dropped (after an opening tag of its own, a second
-                // one is reasoning text, shown: an answer of <think> tokens alone came back empty)
-                if (prompt_opened_ && buf_.rfind(kThinkOpen, 0) == 0) {
+                // the model repeated the prompt's opening tag: that one echo is dropped; any other <think> is
+                // reasoning text, shown (an answer of <think> tokens alone came back empty)
+                if (echo_possible_ && buf_.rfind(kThinkOpen, 0) == 0) {
                     buf_.erase(0, kThinkOpen.size());
+                    echo_possible_ = false;
                     continue;
                 }
-                if (prompt_opened_ && kThinkOpen.compare(0, buf_.size(), buf_) == 0) return d;
+                if (echo_possible_ && kThinkOpen.compare(0, buf_.size(), buf_) == 0) return d;
             } else if (parse_think_) {
                 if (buf_.empty() || (buf_.size() < kThinkOpen.size() && kThinkOpen.compare(0, buf_.size(), buf_) == 0))
                     return d;

@@ -114,7 +114,7 @@ private:
 
     State state_;
     bool parse_think_, parse_tools_, started_ = false, strip_lead_ = false;
-    bool prompt_opened_;  // the prompt opened the <think> block (a <think> the model then writes is its echo)
+    bool echo_possible_;  // the prompt opened the <think> block and the model's first <think>, its echo, may come
     ojson tools_;
     std::string buf_;         // text not yet given out
     std::string tools_text_;  // text from the first <tool_call> on

@@ -940,6 +940,7 @@ TEST_CASE("server: tool calls and reasoning are parsed from the output", "[serve
         {"No tools here, <tool_call> unclosed", false, "", "No tools here, <tool_call> unclosed", {}},
         {"Thinking that never ends", true, "Thinking that never ends", "", {}},
         {"<think>\nHmm.", true, "Hmm.", "", {}},  // the model repeats the prompt's opening tag: dropped
+        {"<think><think><think>", true, "<think><think>", "", {}},  // (once: the others are text)
         // an opening tag of the model's own, then more of them: reasoning text (the answer came back empty)
         {"<think><think><think><think>", false, "<think><think><think>", "", {}},
     };
