@@ -872,7 +872,9 @@ struct Server::Impl {
         return ojson{{"content", content}};
     }
 
-    ojson completion_logprobs(const Output& o, size_t a, size_t b, size_t offset) const {
+    // Ids [a, b) of o; their text_offset counts the characters of the pieces before them, from `offset` (advanced
+    // past them: a stream's chunks continue it, so its offsets are the answer's, whatever text is held back).
+    ojson completion_logprobs(const Output& o, size_t a, size_t b, size_t& offset) const {
         ojson tokens = ojson::array(), lps = ojson::array(), tops = ojson::array(), offs = ojson::array();
         for (size_t k = a; k < b && k < o.ids.size(); k++) {
             const std::string piece = utf8_sanitize(tok->token_piece(o.ids[k]));
@@ -1026,7 +1028,6 @@ struct Server::Impl {
                         ojson choice{{"text", text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", nullptr}};
                         if (s.logprobs) choice["logprobs"] = completion_logprobs(sofar, a, b, offset);
                         c["choices"] = ojson::array({choice});
-                        offset += utf8_length(utf8_sanitize(text));
                         return send(c);
                     });
                 if (o.finish == "cancelled" && !o.shutdown) return;
@@ -1051,7 +1052,8 @@ struct Server::Impl {
         if (o.finish == "cancelled") return;
         ojson c = base();
         ojson choice{{"text", o.text}, {"index", 0}, {"logprobs", nullptr}, {"finish_reason", o.finish}};
-        if (s.logprobs) choice["logprobs"] = completion_logprobs(o, 0, o.n_text_ids, 0);
+        size_t offset = 0;
+        if (s.logprobs) choice["logprobs"] = completion_logprobs(o, 0, o.n_text_ids, offset);
         c["choices"] = ojson::array({choice});
         c["usage"] = usage(o);
         res.set_content(dump(c), "application/json");
