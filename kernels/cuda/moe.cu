@@ -365,8 +365,9 @@ __global__ void __launch_bounds__((kDownWarps + 1) * 32, 2)
 // never on the other rows of the batch.
 constexpr int kGroupRows = 64;      // BM: positions (rows of A) per tile
 constexpr int kGroupCols = 128;     // BN: weight rows per block (gate/up: 64 activation columns, gate and up)
-constexpr int kGroupK = 32;         // BK: the k extent of a shared-memory stage (two stages)
-constexpr int kGroupPad = 8;        // row padding: ldmatrix rows 80 bytes apart, conflict-free
+constexpr int kGroupK = 128;        // BK: the k extent of a shared-memory stage (256 bytes of a weight row)
+constexpr int kGroupStages = 2;     // the cp.async ring: kGroupStages - 1 stages in flight while one is multiplied
+constexpr int kGroupPad = 8;        // row padding: ldmatrix rows 272 bytes apart, conflict-free
 constexpr int kGroupThreads = 256;  // 8 warps: 2 (rows) x 4 (columns), 32 x 32 outputs each
 constexpr int kGroupScanThreads = 256;
 
@@ -440,7 +441,10 @@ __global__ void __launch_bounds__(kGroupScanThreads)
 }
 
 // One tile (blockIdx.x, from moe_group_kernel) times one column block (blockIdx.y) of its expert's matrix, on
-// tensor cores (mma m16n8k16, fp32 accumulation, A and W through shared memory by cp.async in two stages).
+// tensor cores (mma m16n8k16, fp32 accumulation, A and W through shared memory by a ring of kGroupStages cp.async
+// stages in moe_grouped_gemm_smem() bytes of dynamic shared memory). At 2-4 rows a tile (decode batches) the kernel
+// streams weights: 256-byte pieces of a weight row a stage read faster than 64-byte ones (H100, 35B-A3B shapes, b=64:
+// 2,478 against 1,735 tok/s; docs/perf-notes.md, thirty-second session).
 // kGateUp: A = x rows gathered by src_row, W = gate_up[e] [2I, H], K = H; the block's 128 weight rows are, per
 // warp column wn, 16 gate rows and the 16 up rows of the same activation columns, so each thread holds a column's
 // gate and up values: out = act [n, I] at the sorted positions, bf16(bf16(silu(bf16(g))) * bf16(u)).
@@ -451,26 +455,35 @@ __global__ void __launch_bounds__(kGroupThreads)
     moe_grouped_gemm_kernel(const bf16* __restrict__ a, const int32_t* __restrict__ src_row, const bf16* __restrict__ w,
                             int N, int K, int I, const int32_t* __restrict__ tiles, const int32_t* __restrict__ choice,
                             const float* __restrict__ weights, bf16* out) {
-    __shared__ alignas(16) bf16 as[2][kGroupRows][kGroupK + kGroupPad];
-    __shared__ alignas(16) bf16 bs[2][kGroupCols][kGroupK + kGroupPad];
+    extern __shared__ __align__(16) unsigned char group_smem[];
+    auto as = reinterpret_cast<bf16(*)[kGroupRows][kGroupK + kGroupPad]>(group_smem);
+    auto bs = reinterpret_cast<bf16(*)[kGroupCols][kGroupK + kGroupPad]>(as + kGroupStages);
     pdl_trigger();
     pdl_wait();
     const int expert = tiles[3 * int64_t(blockIdx.x)];
     if (expert < 0) return;
     const int p0 = tiles[3 * int64_t(blockIdx.x) + 1], p_end = tiles[3 * int64_t(blockIdx.x) + 2];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
-    const int chunk = tid & 3;  // the 16-byte word of a row's kGroupK values this thread copies
-    // this thread's A row (one) and W rows (two) of every stage
-    const int ar = tid >> 2;
-    const bool a_valid = p0 + ar < p_end;
-    const int64_t a_row = a_valid ? (kGateUp ? src_row[p0 + ar] : p0 + ar) : 0;
-    const bf16* a_src = a + a_row * K + chunk * 8;
-    const bf16* w_src[2];
-    bool w_valid[2];
+    // this thread copies 16-byte word `chunk` of kAPasses A rows and kWPasses W rows of every stage; words at or past
+    // K are zero-filled (K a multiple of 8)
+    constexpr int kWords = kGroupK / 8, kRowsPerPass = kGroupThreads / kWords;
+    constexpr int kAPasses = kGroupRows / kRowsPerPass, kWPasses = kGroupCols / kRowsPerPass;
+    const int chunk = tid % kWords, row0 = tid / kWords;
+    const bf16* a_src[kAPasses];
+    bool a_valid[kAPasses];
+#pragma unroll
+    for (int q = 0; q < kAPasses; q++) {
+        const int ar = row0 + kRowsPerPass * q;
+        a_valid[q] = p0 + ar < p_end;
+        const int64_t a_row = a_valid[q] ? (kGateUp ? src_row[p0 + ar] : p0 + ar) : 0;
+        a_src[q] = a + a_row * K + chunk * 8;
+    }
+    const bf16* w_src[kWPasses];
+    bool w_valid[kWPasses];
     const bf16* we = w + int64_t(expert) * N * K;
 #pragma unroll
-    for (int q = 0; q < 2; q++) {
-        const int r = (tid >> 2) + 64 * q;
+    for (int q = 0; q < kWPasses; q++) {
+        const int r = row0 + kRowsPerPass * q;
         int row;
         if (kGateUp) {
             const int col = blockIdx.y * (kGroupCols / 2) + (r / 32) * 16 + (r % 16);
@@ -483,11 +496,15 @@ __global__ void __launch_bounds__(kGroupThreads)
         w_src[q] = we + int64_t(w_valid[q] ? row : 0) * K + chunk * 8;
     }
     auto load_stage = [&](int s, int k0) {
-        cp_async16(smem_addr(&as[s][ar][chunk * 8]), a_src + k0, a_valid);
+        const bool k_in = k0 + chunk * 8 < K;
 #pragma unroll
-        for (int q = 0; q < 2; q++)
-            cp_async16(smem_addr(&bs[s][(tid >> 2) + 64 * q][chunk * 8]), w_src[q] + k0, w_valid[q]);
-        cp_async_commit();
+        for (int q = 0; q < kAPasses; q++)
+            cp_async16(smem_addr(&as[s][row0 + kRowsPerPass * q][chunk * 8]), a_src[q] + (k_in ? k0 : 0),
+                       a_valid[q] && k_in);
+#pragma unroll
+        for (int q = 0; q < kWPasses; q++)
+            cp_async16(smem_addr(&bs[s][row0 + kRowsPerPass * q][chunk * 8]), w_src[q] + (k_in ? k0 : 0),
+                       w_valid[q] && k_in);
     };
     float acc[2][4][4];
 #pragma unroll
@@ -496,17 +513,20 @@ __global__ void __launch_bounds__(kGroupThreads)
         for (int nj = 0; nj < 4; nj++)
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[mi][nj][c] = 0.0f;
-    const int n_k = K / kGroupK;
-    load_stage(0, 0);
+    const int n_k = (K + kGroupK - 1) / kGroupK;
+    // (a commit without copies is an empty group, so that group kt is always stage kt's)
+#pragma unroll
+    for (int s = 0; s < kGroupStages - 1; s++) {
+        if (s < n_k) load_stage(s, s * kGroupK);
+        cp_async_commit();
+    }
     for (int kt = 0; kt < n_k; kt++) {
-        const int s = kt & 1;
-        if (kt + 1 < n_k) {
-            load_stage(s ^ 1, (kt + 1) * kGroupK);
-            cp_async_wait<1>();
-        } else {
-            cp_async_wait<0>();
-        }
-        __syncthreads();
+        const int s = kt % kGroupStages;
+        cp_async_wait<kGroupStages - 2>();
+        __syncthreads();  // stage s is complete for every thread, and stage kt - 1's reads are done
+        const int next = kt + kGroupStages - 1;
+        if (next < n_k) load_stage(next % kGroupStages, next * kGroupK);
+        cp_async_commit();
 #pragma unroll
         for (int ks = 0; ks < kGroupK / 16; ks++) {
             uint32_t af[2][4], bfr[4][2];
@@ -526,8 +546,8 @@ __global__ void __launch_bounds__(kGroupThreads)
                 for (int nj = 0; nj < 4; nj++)
                     mma_bf16_16816(acc[mi][nj], af[mi][0], af[mi][1], af[mi][2], af[mi][3], bfr[nj][0], bfr[nj][1]);
         }
-        __syncthreads();
     }
+    cp_async_wait<0>();
     const int g = lane >> 2, c2 = (lane & 3) * 2;
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
@@ -560,6 +580,19 @@ __global__ void __launch_bounds__(kGroupThreads)
                 }
             }
         }
+}
+
+// The grouped GEMM's dynamic shared memory: kGroupStages stages of A and W tiles (104,448 bytes), opted in above the
+// 48 KB default with the largest carveout (two blocks an SM), once per device and kernel.
+constexpr size_t moe_grouped_gemm_smem() {
+    return size_t(kGroupStages) * (kGroupRows + kGroupCols) * (kGroupK + kGroupPad) * sizeof(bf16);
+}
+
+template <bool kGateUp>
+void moe_grouped_gemm_opt_in() {
+    static std::atomic<uint64_t> done{0};
+    opt_in_smem(moe_grouped_gemm_kernel<kGateUp>, moe_grouped_gemm_smem(), done,
+                "cudaFuncSetAttribute (MoE grouped GEMM shared memory)", true);
 }
 
 // y[t, :] = the bf16 running sum of the row's k weighted expert outputs (y_slot at their sorted positions) in
@@ -672,7 +705,7 @@ int64_t moe_max_tiles(int64_t rows, int E, int k) {
 }
 
 bool moe_grouped(int64_t rows, int H, int I, const LaunchContext& ctx) {
-    return rows >= ctx.moe_grouped_min_rows && H % kGroupK == 0 && I % kGroupK == 0;
+    return rows >= ctx.moe_grouped_min_rows && H % 8 == 0 && I % 8 == 0;
 }
 
 bool moe_fuses_shared(int64_t rows, int H, int I, int Is, const LaunchContext& ctx) {
@@ -713,12 +746,15 @@ void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const
     int32_t* tiles = pos + n;
     launch(moe_group_kernel, unsigned(E), kGroupScanThreads, size_t(E) * 4, ctx, "MoE grouping kernel", ids, n, k, E,
            max_tiles, src_row, choice, pos, tiles);
-    launch(moe_grouped_gemm_kernel<true>, dim3(unsigned(max_tiles), ceil_div(I, kGroupCols / 2)), kGroupThreads, 0, ctx,
-           "MoE grouped gate/up kernel", x, static_cast<const int32_t*>(src_row), gate_up, 2 * I, H, I,
-           static_cast<const int32_t*>(tiles), static_cast<const int32_t*>(choice), weights, scratch.act);
-    launch(moe_grouped_gemm_kernel<false>, dim3(unsigned(max_tiles), ceil_div(H, kGroupCols)), kGroupThreads, 0, ctx,
-           "MoE grouped down kernel", static_cast<const bf16*>(scratch.act), static_cast<const int32_t*>(src_row), down,
-           H, I, I, static_cast<const int32_t*>(tiles), static_cast<const int32_t*>(choice), weights, scratch.y_slot);
+    moe_grouped_gemm_opt_in<true>();
+    moe_grouped_gemm_opt_in<false>();
+    launch(moe_grouped_gemm_kernel<true>, dim3(unsigned(max_tiles), ceil_div(I, kGroupCols / 2)), kGroupThreads,
+           moe_grouped_gemm_smem(), ctx, "MoE grouped gate/up kernel", x, static_cast<const int32_t*>(src_row), gate_up,
+           2 * I, H, I, static_cast<const int32_t*>(tiles), static_cast<const int32_t*>(choice), weights, scratch.act);
+    launch(moe_grouped_gemm_kernel<false>, dim3(unsigned(max_tiles), ceil_div(H, kGroupCols)), kGroupThreads,
+           moe_grouped_gemm_smem(), ctx, "MoE grouped down kernel", static_cast<const bf16*>(scratch.act),
+           static_cast<const int32_t*>(src_row), down, H, I, I, static_cast<const int32_t*>(tiles),
+           static_cast<const int32_t*>(choice), weights, scratch.y_slot);
     launch(moe_combine_kernel, unsigned(rows), 256, 0, ctx, "MoE combine kernel",
            static_cast<const bf16*>(scratch.y_slot), static_cast<const int32_t*>(pos), ids, E, H, k, y);
 }

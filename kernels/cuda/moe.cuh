@@ -41,7 +41,7 @@ struct MoeShared {
 size_t moe_index_ints(int64_t rows, int E, int k);
 int64_t moe_max_tiles(int64_t rows, int E, int k);
 // Whether moe_experts takes the grouped path for these rows (at least ctx.moe_grouped_min_rows rows and H and I
-// multiples of 32); else one warp per output reads the chosen experts' rows for every row.
+// multiples of 8); else one warp per output reads the chosen experts' rows for every row.
 bool moe_grouped(int64_t rows, int H, int I, const LaunchContext& ctx);
 // Whether moe_experts runs a shared expert of width Is inside its kernels for these rows: the per-row path (not
 // moe_grouped), at most kMoeFusedSharedMaxRows rows (tuning.cuh), H and Is multiples of 8.

@@ -99,6 +99,15 @@ if want gpu_tests; then
     step tests_gpu 400 $N/hybrid-tests "[gpu]"
     grep -E "test cases|FAILED" "$LOG" | tail -4 >>"$SUM"
 fi
+if want memcheck_cases; then  # compute-sanitizer memcheck and racecheck on MC_CASES (Catch2 names, ';' between)
+    IFS=';' read -ra MCS <<<"${MC_CASES:-$CASE}"
+    for c in "${MCS[@]}"; do
+        step memcheck 300 compute-sanitizer --tool memcheck --error-exitcode 99 $N/hybrid-tests "$c"
+        grep -E "ERROR SUMMARY|test cases" "$LOG" | tail -2 >>"$SUM"
+        step racecheck 300 compute-sanitizer --tool racecheck --error-exitcode 99 $N/hybrid-tests "$c"
+        grep -E "RACECHECK SUMMARY|ERROR SUMMARY|test cases" "$LOG" | tail -2 >>"$SUM"
+    done
+fi
 if want memcheck; then
     step memcheck_wgmma 300 compute-sanitizer --tool memcheck --error-exitcode 99 $N/hybrid-tests "$CASE"
     grep -E "ERROR SUMMARY|test cases" "$LOG" | tail -2 >>"$SUM"
@@ -125,10 +134,10 @@ if want attn_pack; then  # prefill attention with 4 q heads a flash block (the d
         for hb in 1 4; do
             step "attn_pack_${hb}_16k_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 16384 -n 4 -r 1 \
                 --ubatch 4096 --attn-prefill-heads $hb
-            grep -E '^\| +[0-9]' "$LOG" | tail -1 | sed "s/^/  [prefill heads $hb, 16384, $i] /" >>"$SUM"
+            grep -E '^\| +[0-9]' "$LOG" | tail -2 | sed "s/^/  [prefill heads $hb, 16384, $i] /" >>"$SUM"
             step "attn_pack_${hb}_4k_$i" 300 $N/hybrid-bench -m $M --dummy-weights --device cuda -p 4096 -n 8 -r 2 \
                 --ubatch 4096 --attn-prefill-heads $hb
-            grep -E '^\| +[0-9]' "$LOG" | tail -1 | sed "s/^/  [prefill heads $hb, 4096, $i] /" >>"$SUM"
+            grep -E '^\| +[0-9]' "$LOG" | tail -2 | sed "s/^/  [prefill heads $hb, 4096, $i] /" >>"$SUM"
         done
     done
 fi
@@ -206,13 +215,56 @@ if want base_ab; then  # this tree against a base: the tree with BASE_PATCH (a d
     step patch_base 30 bash -c "cd /tmp/basetree && patch -R -p1 <'$PWD/${BASE_PATCH:-base.patch}'" &&
         step build_base 400 bash -c "cmake -S /tmp/basetree -B $B ${CFG[*]} >/tmp/bbase.log 2>&1 && cmake --build $B -j16 --target hybrid-bench >>/tmp/bbase.log 2>&1" ||
         tail -20 /tmp/bbase.log >>"$SUM"
+    # (AB_MODEL=35b: the 35B-A3B shapes at -p 16 -n 32; AB_PREFILL=1: also prefill 4096 in one chunk)
     NB=$(echo "${BATCHES:-64,256}" | tr ',' '\n' | wc -l)
+    AM=$M
+    AP="-p 128 -n 64"
+    [ "${AB_MODEL:-4b}" = 35b ] && AM=/tmp/q35 && AP="-p 16 -n 32" && mkdir -p /tmp/q35 &&
+        cp tools/gpu/config_35b_a3b.json /tmp/q35/config.json
     for i in 1 2; do
         for v in base new; do
             BIN=$N/hybrid-bench
             [ $v = base ] && BIN=$B/hybrid-bench
-            step "base_ab_${v}_$i" 300 $BIN -m $M --dummy-weights --device cuda -p 128 -n 64 -b ${BATCHES:-64,256} -r 1
+            step "base_ab_${v}_$i" 300 $BIN -m $AM --dummy-weights --device cuda $AP -b ${BATCHES:-64,256} -r 1
             grep -E '^\| +[0-9]' "$LOG" | tail -"$NB" | sed "s/^/  [$v $i] /" >>"$SUM"
+            if [ -n "${AB_PREFILL:-}" ]; then
+                step "base_ab_prefill_${v}_$i" 300 $BIN -m $AM --dummy-weights --device cuda -p 4096 -n 8 \
+                    --ubatch 4096 -r 1
+                grep -E '^\| +[0-9]' "$LOG" | tail -2 | sed "s/^/  [prefill $v $i] /" >>"$SUM"
+            fi
+        done
+    done
+fi
+if want variants; then  # builds of hybrid-bench with VARIANT_FILE edited by sed (VARIANTS="name:sed script|..."),
+    # then each and the tree as it is (cur) in alternation, 2 rounds: b=BATCHES with BENCH_FLAGS on AB_MODEL (4b or
+    # 35b), and with AB_PREFILL prefill 4096 in one chunk
+    F=${VARIANT_FILE:-kernels/cuda/moe.cu}
+    cp "$F" /tmp/variant.orig
+    IFS='|' read -ra VS <<<"${VARIANTS:-}"
+    NAMES=""
+    for v in "${VS[@]}"; do
+        name=${v%%:*}
+        cp /tmp/variant.orig "$F" && sed -i "${v#*:}" "$F"
+        step "build_$name" 300 cmake --build $N -j16 --target hybrid-bench && cp $N/hybrid-bench /tmp/hb_$name &&
+            NAMES="$NAMES $name"
+    done
+    cp /tmp/variant.orig "$F"
+    step build_cur 300 cmake --build $N -j16 --target hybrid-bench && cp $N/hybrid-bench /tmp/hb_cur
+    AM=$M
+    AP="-p 128 -n 64"
+    [ "${AB_MODEL:-4b}" = 35b ] && AM=/tmp/q35 && AP="-p 16 -n 32" && mkdir -p /tmp/q35 &&
+        cp tools/gpu/config_35b_a3b.json /tmp/q35/config.json
+    NB=$(echo "${BATCHES:-64,256}" | tr ',' '\n' | wc -l)
+    for i in 1 2; do
+        for name in cur $NAMES; do
+            step "var_${name}_$i" 300 /tmp/hb_$name -m $AM --dummy-weights --device cuda $AP -b ${BATCHES:-64,256} \
+                -r 1 ${BENCH_FLAGS:-}
+            grep -E '^\| +[0-9]' "$LOG" | tail -"$NB" | sed "s/^/  [$name $i] /" >>"$SUM"
+            if [ -n "${AB_PREFILL:-}" ]; then
+                step "var_prefill_${name}_$i" 300 /tmp/hb_$name -m $AM --dummy-weights --device cuda -p 4096 -n 8 \
+                    --ubatch 4096 -r 1
+                grep -E '^\| +[0-9]' "$LOG" | tail -2 | sed "s/^/  [prefill $name $i] /" >>"$SUM"
+            fi
         done
     done
 fi
