@@ -40,6 +40,10 @@ inline constexpr SharedOption kSharedOptions[] = {
      "dequantize (a bf16 copy of each matrix and the bf16 GEMM: activations kept in bf16, as the decode GEMVs and the "
      "CPU backend; slower)",
      SharedOption::Type::text, "block-scaled"},
+    {"moe-grouped-rows",
+     "CUDA, MoE models: run the experts grouped by expert from this many rows of a step on (0: the built-in default, "
+     "16)",
+     SharedOption::Type::integer, "0"},
     {"no-cuda-graphs",
      "CUDA: launch every kernel one by one instead of replaying CUDA graphs (same results, slower; "
      "for profilers and debugging)",

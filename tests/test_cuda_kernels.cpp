@@ -16,6 +16,7 @@
 
 #include "base/fp8.h"
 #include "kernels/backend.h"
+#include "kernels/cuda/tuning.cuh"  // (constants only, plain C++: kMoeGroupedMinRows)
 #include "model/model.h"
 #include "model/quantize.h"
 
@@ -1429,9 +1430,10 @@ TEST_CASE("CUDA MoE router and experts (routed and shared) against the CPU refer
     struct Shape {
         int E, k, H, I, T, Is;  // Is: the shared expert's width (0: none)
     };
-    // rows >= 48 take the grouped path (sorted by expert, tile GEMMs; the shared expert in separate kernels) by
-    // default, fewer the per-row kernels with the shared expert fused in; the backends `gemv` and `grouped` force
-    // one path for every size: both must match the reference (1-2 rows: the prefetching down kernel)
+    // rows >= kMoeGroupedMinRows (16) take the grouped path (sorted by expert, tile GEMMs; the shared expert in
+    // separate kernels) by default, fewer the per-row kernels with the shared expert fused in; the backends `gemv`
+    // and `grouped` force one path for every size: both must match the reference (1-2 rows: the prefetching down
+    // kernel)
     for (const Shape s : {Shape{8, 2, 256, 64, 5, 128}, Shape{256, 8, 512, 64, 3, 64}, Shape{512, 10, 256, 32, 2, 0},
                           Shape{8, 4, 256, 64, 300, 128}, Shape{256, 8, 256, 96, 64, 96},
                           Shape{512, 10, 128, 32, 20, 40}, Shape{256, 8, 512, 64, 1, 64}, Shape{1024, 8, 128, 32, 2, 0},
@@ -1557,8 +1559,9 @@ TEST_CASE("CUDA MoE router and experts (routed and shared) against the CPU refer
             INFO(path << " experts rel err " << ey);
             CHECK(ey <= 2e-2);
         }
-        // rows >= 48 ran grouped by default, fewer the GEMV: the same kernels as the forced backend's, bit for bit
-        CHECK(ye[1] == ye[s.T >= 48 ? 2 : 3]);
+        // rows >= kMoeGroupedMinRows ran grouped by default, fewer the GEMV: the same kernels as the forced
+        // backend's, bit for bit
+        CHECK(ye[1] == ye[s.T >= cuda::kMoeGroupedMinRows ? 2 : 3]);
         // batch invariance of the grouped path: the first half of the rows alone gives their values bit for bit
         if (s.T >= 4) {
             const int half = s.T / 2;

@@ -343,6 +343,8 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     check(run_prog(compare, {"-m", "models/tiny", "--tol", "1x"}), 1, "invalid value '1x' for --tol");
     check(run_prog(compare, {"-m", "models/tiny", "-t", "-3"}), 1, "-t");
     check(run_prog(compare, {"-m", "models/tiny", "--device", "gpu"}), 1, "--device");
+    check(run_prog(compare, {"-m", "models/tiny", "--moe-grouped-rows", "-1"}), 1,
+          "--moe-grouped-rows must be 0 or more");
     check(run_prog(compare, {"-m", "models/nope"}), 2, "models/nope: no such model folder");
     check(run_prog(compare, {"-m", ""}), 2, "the model folder path is empty");
     // a folder without config.json and a file: named as by the other programs, before golden.json is read

@@ -218,6 +218,7 @@ int main(int argc, char** argv) {
     add_shared_option(opts, "", "threads");
     add_shared_option(opts, "", "no-cuda-graphs");
     add_shared_option(opts, "", "no-pdl");
+    add_shared_option(opts, "", "moe-grouped-rows");
     opts.add_options()
         ("ubatch", "prefill chunk (rows per forward step)", cxxopts::value<int>()->default_value("512"))
         ("json", "also write the results to this JSON file (a new file, created at the end: an existing file is "
@@ -228,8 +229,6 @@ int main(int argc, char** argv) {
          "without a checkpoint; vLLM's --load-format dummy)")
         ("cuda-trace", "CUDA builds with -DHY_CUDA_TRACE=ON: write every kernel's start and ready times to this file "
          "(tools/gpu/trace_summary.py)", cxxopts::value<std::string>())
-        ("moe-grouped-rows", "CUDA, MoE models: run the experts grouped by expert from this many rows of a step on "
-         "(0: the built-in default)", cxxopts::value<int>()->default_value("0"))
         ("attn-heads-per-block", "CUDA, decode attention: q heads of one kv head per block, 1, 2 or 4 (0: the "
          "built-in default; the results are the same)", cxxopts::value<int>()->default_value("0"))
         ("attn-prefill-heads", "CUDA, prefill attention: q heads of one kv head per flash block, 1, 2 or 4 (0: the "
@@ -302,10 +301,7 @@ int main(int argc, char** argv) {
         mp.cuda.graphs = !args["no-cuda-graphs"].as<bool>();
         mp.cuda.pdl = !args["no-pdl"].as<bool>();
         mp.dummy_weights = args["dummy-weights"].as<bool>();
-        mp.cuda.moe_grouped_min_rows = args["moe-grouped-rows"].as<int>();
-        if (mp.cuda.moe_grouped_min_rows < 0)
-            throw tools::UsageError("--moe-grouped-rows must be 0 or more, got " +
-                                    std::to_string(mp.cuda.moe_grouped_min_rows));
+        mp.cuda.moe_grouped_min_rows = tools::parse_moe_grouped_rows(args["moe-grouped-rows"].as<int>());
         mp.cuda.attn_heads_per_block = args["attn-heads-per-block"].as<int>();
         if (mp.cuda.attn_heads_per_block != 0 && mp.cuda.attn_heads_per_block != 1 &&
             mp.cuda.attn_heads_per_block != 2 && mp.cuda.attn_heads_per_block != 4)

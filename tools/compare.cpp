@@ -92,6 +92,7 @@ int main(int argc, char** argv) {
     add_shared_option(opts, "", "threads");
     add_shared_option(opts, "", "no-cuda-graphs");
     add_shared_option(opts, "", "no-pdl");
+    add_shared_option(opts, "", "moe-grouped-rows");
     opts.add_options()
         ("case", "run only this case (batch: the batch entry and the cases it compares with)",
          cxxopts::value<std::string>());
@@ -106,7 +107,7 @@ int main(int argc, char** argv) {
         return tools::exit_usage;
     }
     try {
-        tools::check_int_args(args, {"threads"});
+        tools::check_int_args(args, {"threads", "moe-grouped-rows"});
         tools::check_given_once(args);
         const std::string dir = args["model"].as<std::string>();
         const std::string dev = args["device"].as<std::string>();
@@ -118,6 +119,7 @@ int main(int argc, char** argv) {
         mp.n_threads = tools::parse_threads(args["threads"].as<int>());
         mp.cuda.graphs = !args["no-cuda-graphs"].as<bool>();
         mp.cuda.pdl = !args["no-pdl"].as<bool>();
+        mp.cuda.moe_grouped_min_rows = tools::parse_moe_grouped_rows(args["moe-grouped-rows"].as<int>());
         auto nonnegative = [&](const char* name) {  // a real option >= 0, parsed strictly (arg_error.h)
             const std::string text = args[name].as<std::string>();
             double v = 0.0;
@@ -236,7 +238,7 @@ int main(int argc, char** argv) {
             std::fprintf(stderr, "%s: warning: %s\n", "hybrid-compare", model->load_warning().c_str());
         tools::warn_oversubscribed("hybrid-compare", mp.n_threads, *model);
         const bool on_gpu = std::string(model->backend().name()) != "cpu";
-        for (const char* flag : {"fp8-gemm", "no-cuda-graphs", "no-pdl"})
+        for (const char* flag : {"fp8-gemm", "no-cuda-graphs", "no-pdl", "moe-grouped-rows"})
             if (args.count(flag) && !on_gpu)
                 std::fprintf(stderr, "hybrid-compare: note: --%s only changes the CUDA backend; ignored on %s\n", flag,
                              model->backend().name());

@@ -158,6 +158,12 @@ inline void warn_oversubscribed(const char* prog, int threads, Model& model) {
                      prog, threads, cores);
 }
 
+// --moe-grouped-rows as given (CudaOptions::moe_grouped_min_rows): 0 or more, else a UsageError.
+inline int parse_moe_grouped_rows(int rows) {
+    if (rows < 0) throw UsageError("--moe-grouped-rows must be 0 or more, got " + std::to_string(rows));
+    return rows;
+}
+
 // "cpu", "cuda" or "auto"; anything else is a UsageError.
 inline Device parse_device(const std::string& s) {
     if (s == "cpu") return Device::cpu;

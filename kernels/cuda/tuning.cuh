@@ -75,8 +75,10 @@ constexpr int kAttnHeadsPerBlock = 2;
 // ms a layer at 4 against 5.72 at 1 (ncu); end to end within noise (41,247 / 41,228 against 41,211 / 41,411 tok/s).
 constexpr int kAttnPrefillHeadsPerBlock = 4;
 // Rows from which the MoE experts run grouped by expert (a tile GEMM per expert) instead of one GEMV pass per
-// (row, choice) (moe.cuh; CudaOptions::moe_grouped_min_rows overrides it).
-constexpr int kMoeGroupedMinRows = 48;
+// (row, choice) (moe.cuh; CudaOptions::moe_grouped_min_rows overrides it). H100, 35B-A3B shapes, thirty-second
+// session (the grouped GEMM with 256-byte stages), tok/s grouped against per row: b=12 1,060 / 1,085, b=16 1,223 /
+// 1,202, b=24 1,449 / 1,353, b=32 1,685 / 1,483.
+constexpr int kMoeGroupedMinRows = 16;
 // The shared expert runs inside the routed experts' per-row kernels up to this many rows (run 98, 35B-A3B shapes:
 // b=1 +12%, b=8 +4%, b=16 equal, b=32 -3% against its own kernels).
 constexpr int kMoeFusedSharedMaxRows = 16;
