@@ -12,6 +12,7 @@
 #include <chrono>
 #include <cmath>
 #include <condition_variable>
+#include <cstdint>
 #include <cstdio>
 #include <cstring>
 #include <ctime>
@@ -327,27 +328,43 @@ double number_field(const ojson& body, const char* name, double def, double lo, 
     return x;
 }
 
+// The error for a value of integer field `name` that JSON did not give as an integer: a whole number left a float by
+// whole_floats_to_ints (beyond every integer field's range) is out of `range`; anything else is not an integer.
+[[noreturn]] void bad_integer(const char* name, const ojson& v, const std::string& range) {
+    if (v.is_number_float()) {
+        const double d = v.get<double>();
+        if (std::isfinite(d) && std::floor(d) == d)
+            bad(name, std::string(name) + " must be in " + range + ", got " + v.dump());
+    }
+    bad(name, std::string(name) + " must be an integer, got " + v.dump());
+}
+
 int64_t int_field(const ojson& body, const char* name, int64_t def, int64_t lo, int64_t hi) {
     const ojson* v = field(body, name);
     if (!v) return def;
-    if (!v->is_number_integer()) bad(name, std::string(name) + " must be an integer");
+    const std::string range = "[" + std::to_string(lo) + ", " + std::to_string(hi) + "]";
+    if (!v->is_number_integer()) bad_integer(name, *v, range);
     const int64_t x =
         v->is_number_unsigned() && v->get<uint64_t>() > uint64_t(INT64_MAX) ? INT64_MAX : v->get<int64_t>();
-    if (x < lo || x > hi)
-        bad(name, std::string(name) + " must be in [" + std::to_string(lo) + ", " + std::to_string(hi) + "], got " +
-                      v->dump());
+    if (x < lo || x > hi) bad(name, std::string(name) + " must be in " + range + ", got " + v->dump());
     return x;
 }
 
 // A whole-number float in an integer field (max_tokens 2.0, from a client that computes it) becomes that integer,
-// as vLLM's and OpenAI's Python servers take it; 2.5 stays a float, for parse_settings to refuse.
+// as vLLM's and OpenAI's Python servers take it: exactly, in [-2^63, 2^64) (a seed may use all 64 bits); 2.5 stays
+// a float, for parse_settings to refuse, and so does a whole number beyond that range, which parse_settings calls
+// out of range (bad_integer).
 void whole_floats_to_ints(ojson& body, bool chat) {
     for (const char* k : {"max_tokens", "max_completion_tokens", "seed", "top_k", "top_logprobs", "repeat_last_n", "n",
                           "best_of", "logprobs"}) {
         if (chat && std::strcmp(k, "logprobs") == 0) continue;  // (a boolean there; an int in /v1/completions)
         if (!body.contains(k) || !body[k].is_number_float()) continue;
         const double d = body[k].get<double>();
-        if (std::isfinite(d) && std::floor(d) == d && std::fabs(d) < 9.0e15) body[k] = int64_t(d);
+        if (!std::isfinite(d) || std::floor(d) != d) continue;
+        if (d >= 0 && d < 18446744073709551616.0)  // 2^64
+            body[k] = uint64_t(d);
+        else if (d < 0 && d >= -9223372036854775808.0)  // -2^63
+            body[k] = int64_t(d);
     }
 }
 
@@ -449,7 +466,7 @@ Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool c
     s.sampling.repeat_penalty = float(number_field(body, rp, defaults.repeat_penalty, 0, 100, true));
     s.sampling.repeat_last_n = int(int_field(body, "repeat_last_n", defaults.repeat_last_n, -1, 1 << 30));
     if (const ojson* seed = field(body, "seed")) {
-        if (!seed->is_number_integer()) bad("seed", "seed must be an integer");
+        if (!seed->is_number_integer()) bad_integer("seed", *seed, "[-1, " + std::to_string(UINT64_MAX) + "]");
         if (!seed->is_number_unsigned() && seed->get<int64_t>() < -1)
             bad("seed", "seed must be >= -1 (-1: a random seed), got " + seed->dump());
         // (-1: a random seed, as llama-server; the one drawn for the request stays)
@@ -460,7 +477,7 @@ Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool c
     for (const char* name : {"n", "best_of"})
         if (const ojson* n = field(body, name)) {
             // (1.0 came here as 1: whole_floats_to_ints)
-            if (!n->is_number_integer()) bad(name, std::string(name) + " must be an integer");
+            if (!n->is_number_integer()) bad_integer(name, *n, "[1, 1]");
             if (n->is_number_unsigned() ? n->get<uint64_t>() > 1 : n->get<int64_t>() > 1)
                 bad(name, std::string(name) + " = " + n->dump() + " is not supported: one choice per request (" + name +
                               " = 1)");

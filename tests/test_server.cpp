@@ -746,6 +746,21 @@ TEST_CASE("server: bad requests get 4xx OpenAI errors without disturbing the oth
         CHECK(r.status == 400);
         INFO(r.body);
         CHECK(r.body.find("max_tokens must be <= 2147483647, got 1e+20") != std::string::npos);
+        // the same for every integer field (they said "must be an integer"), and a whole float up to 2^64 is taken
+        for (const auto& [body, message] :
+             {std::pair<std::string, std::string>{"\"seed\": 1e20",
+                                                  "seed must be in [-1, 18446744073709551615], got 1e+20"},
+              {"\"top_k\": 1e20", "top_k must be in [-1, 1073741824], got 1e+20"},
+              {"\"top_k\": -1e19", "top_k must be in [-1, 1073741824], got -1e+19"},
+              {"\"n\": 1e30", "n must be in [1, 1], got 1e+30"},
+              {"\"top_k\": 2.5", "top_k must be an integer, got 2.5"}}) {
+            const Reply e = post(port, "/v1/completions", "{\"prompt\": \"x\", " + body + "}");
+            INFO(e.body);
+            CHECK(e.status == 400);
+            CHECK(e.body.find(message) != std::string::npos);
+        }
+        CHECK(post(port, "/v1/completions", std::string("{\"prompt\": \"x\", \"max_tokens\": 1, \"seed\": 1e16}"))
+                  .status == 200);
     }
     // a body nested 100,000 levels deep (200 KB) is a 400 before it is parsed (the parser's recursion took the server
     // down: a fresh-user pass); 64 levels are the most a body may nest
