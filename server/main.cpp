@@ -11,6 +11,7 @@
 #include <csignal>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <cxxopts.hpp>
 #include <memory>
 #include <string>
@@ -194,7 +195,13 @@ int main(int argc, char** argv) {
     try {
         server = std::make_unique<hy::server::Server>(p);
     } catch (const hy::Error& e) {
-        std::fprintf(stderr, "hybrid-server: %s\n", e.what());
+        // (as hybrid's: the load's own check names the context that would fit; an allocation that failed later
+        // says what grows with -c and -np)
+        std::string hint;
+        if (e.status() == hy::Status::out_of_memory && !std::strstr(e.what(), "would fit"))
+            hint = " (the KV cache and states grow with -c " + std::to_string(p.n_ctx) + " and -np " +
+                   std::to_string(p.n_slots) + ": a smaller -c or -np may fit)";
+        std::fprintf(stderr, "hybrid-server: %s%s\n", e.what(), hint.c_str());
         return 2;
     }
     try {
