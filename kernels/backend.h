@@ -252,6 +252,10 @@ struct CudaOptions {
     // tuned default (16). The results are bitwise the same for every value.
     int gdn_conv_rows = 0;
     int moe_grouped_min_rows = 0;  // MoE experts grouped by expert from this many rows on; 0: the tuned default
+    // The grouped expert GEMM copies 64 K values a stage (three stages, 83 KB of shared memory a block) instead of
+    // 128 (two stages, 104 KB), as it does by itself on GPUs that give a block less (sm_86, sm_89). Bitwise the same
+    // results; for tests on the larger GPUs.
+    bool moe_group_k64 = false;
     // Decode attention split over positions: a block takes up to this many q heads of one kv head (1, 2 or 4; the
     // largest that divides the group size); 0: the tuned default. Results are bitwise the same for every value.
     int attn_heads_per_block = 0;

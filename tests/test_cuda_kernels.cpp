@@ -1449,6 +1449,9 @@ TEST_CASE("CUDA MoE router and experts (routed and shared) against the CPU refer
         Side grouped(make_cuda_backend(0, o), l, ws, bytes);
         o.moe_grouped_min_rows = 1 << 30;
         Side gemv(make_cuda_backend(0, o), l, ws, bytes);
+        o.moe_grouped_min_rows = 1;
+        o.moe_group_k64 = true;  // (the stages of GPUs with less shared memory a block)
+        Side grouped64(make_cuda_backend(0, o), l, ws, bytes);
         auto bf = [](std::vector<float> v) {  // values exactly representable in bf16, the same on both sides
             for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
             return v;
@@ -1531,9 +1534,9 @@ TEST_CASE("CUDA MoE router and experts (routed and shared) against the CPU refer
         // the experts, given the CPU's routing on every side
         gpu.be->upload(gpu_w, w[0].data(), w[0].size() * 4);
         gpu.be->upload(gpu_ids, ids[0].data(), ids[0].size() * 4);
-        Side* expert_sides[4] = {&cpu, &gpu, &grouped, &gemv};
-        std::vector<float> ye[4];
-        for (int i = 0; i < 4; i++) {
+        Side* expert_sides[5] = {&cpu, &gpu, &grouped, &gemv, &grouped64};
+        std::vector<float> ye[5];
+        for (int i = 0; i < 5; i++) {
             Side& d = *expert_sides[i];
             d.be->begin_batch(batch.desc);
             void* xa = d.act(x);
@@ -1551,9 +1554,9 @@ TEST_CASE("CUDA MoE router and experts (routed and shared) against the CPU refer
             d.be->moe_experts(xa, s.T, ex, sh, wt, id, s.k, out);
             ye[i] = d.read_act(out, size_t(s.T) * s.H);
         }
-        for (int i = 1; i < 4; i++) {
+        for (int i = 1; i < 5; i++) {
             const double ey = rel_err(ye[i], ye[0]);
-            const char* path = i == 1 ? "default" : i == 2 ? "grouped" : "gemv";
+            const char* path = i == 1 ? "default" : i == 2 ? "grouped" : i == 3 ? "gemv" : "grouped, BK 64";
             std::printf("CUDA MoE experts E %d k %d H %d I %d rows %d, %s path: rel err %.3g\n", s.E, s.k, s.H, s.I,
                         s.T, path, ey);
             INFO(path << " experts rel err " << ey);
@@ -1562,6 +1565,8 @@ TEST_CASE("CUDA MoE router and experts (routed and shared) against the CPU refer
         // rows >= kMoeGroupedMinRows ran grouped by default, fewer the GEMV: the same kernels as the forced
         // backend's, bit for bit
         CHECK(ye[1] == ye[s.T >= cuda::kMoeGroupedMinRows ? 2 : 3]);
+        // the grouped GEMM's stages of 64 K values: the same products in the same order as with 128
+        CHECK(ye[4] == ye[2]);
         // batch invariance of the grouped path: the first half of the rows alone gives their values bit for bit
         if (s.T >= 4) {
             const int half = s.T / 2;
@@ -1657,7 +1662,7 @@ TEST_CASE("CUDA MoE models: logits match the CPU backend, decode graphs equal ea
         auto gpu = Model::load(dir, mp);
         mp.cuda.graphs = false;
         auto eager = Model::load(dir, mp);
-        mp.cuda.moe_grouped_min_rows = 1;  // the prompt's rows grouped by expert (36 rows run per row by default)
+        mp.cuda.moe_grouped_min_rows = 1;  // the prompt's rows grouped by expert (as 36 rows are by default)
         auto grouped = Model::load(dir, mp);
         std::vector<int32_t> ids(40);
         std::uniform_int_distribution<int> d(2, 4000);

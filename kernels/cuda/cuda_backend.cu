@@ -299,6 +299,7 @@ public:
                         "CudaOptions::gdn_conv_rows must be 0 to 16, got " + std::to_string(o.gdn_conv_rows));
         ctx_.gdn_conv_rows = o.gdn_conv_rows;
         if (o.moe_grouped_min_rows > 0) ctx_.moe_grouped_min_rows = o.moe_grouped_min_rows;
+        ctx_.moe_group_k64 = o.moe_group_k64;
         if (o.attn_heads_per_block > 0) ctx_.attn_heads_per_block = o.attn_heads_per_block;
         if (o.attn_prefill_heads_per_block > 0) ctx_.attn_prefill_heads_per_block = o.attn_prefill_heads_per_block;
         if (o.attn_max_splits > 0) ctx_.attn_max_splits = std::min(o.attn_max_splits, cuda::kAttnMaxSplits);

@@ -363,11 +363,16 @@ __global__ void __launch_bounds__((kDownWarps + 1) * 32, 2)
 // per tile instead of once per row. moe_combine_kernel then adds each row's k weighted outputs in increasing expert
 // id. A row's values depend only on the row and its experts (each output is one thread's fixed-order sum over K),
 // never on the other rows of the batch.
-constexpr int kGroupRows = 64;      // BM: positions (rows of A) per tile
-constexpr int kGroupCols = 128;     // BN: weight rows per block (gate/up: 64 activation columns, gate and up)
-constexpr int kGroupK = 128;        // BK: the k extent of a shared-memory stage (256 bytes of a weight row)
-constexpr int kGroupStages = 2;     // the cp.async ring: kGroupStages - 1 stages in flight while one is multiplied
-constexpr int kGroupPad = 8;        // row padding: ldmatrix rows 272 bytes apart, conflict-free
+constexpr int kGroupRows = 64;   // BM: positions (rows of A) per tile
+constexpr int kGroupCols = 128;  // BN: weight rows per block (gate/up: 64 activation columns, gate and up)
+// BK, the k extent of a shared-memory stage, is a template argument: 128 (256 bytes of a weight row) where a block
+// may have moe_grouped_gemm_smem<128>() bytes of shared memory (sm_80, sm_90), else 64 (sm_86, sm_89: 99 KB).
+// group_stages<BK>(): the cp.async ring, group_stages - 1 stages in flight while one is multiplied.
+template <int BK>
+constexpr int group_stages() {
+    return BK == 128 ? 2 : 3;
+}
+constexpr int kGroupPad = 8;        // row padding: ldmatrix rows 2 BK + 16 bytes apart, conflict-free
 constexpr int kGroupThreads = 256;  // 8 warps: 2 (rows) x 4 (columns), 32 x 32 outputs each
 constexpr int kGroupScanThreads = 256;
 
@@ -441,23 +446,23 @@ __global__ void __launch_bounds__(kGroupScanThreads)
 }
 
 // One tile (blockIdx.x, from moe_group_kernel) times one column block (blockIdx.y) of its expert's matrix, on
-// tensor cores (mma m16n8k16, fp32 accumulation, A and W through shared memory by a ring of kGroupStages cp.async
-// stages in moe_grouped_gemm_smem() bytes of dynamic shared memory). At 2-4 rows a tile (decode batches) the kernel
-// streams weights: 256-byte pieces of a weight row a stage read faster than 64-byte ones (H100, 35B-A3B shapes, b=64:
-// 2,478 against 1,735 tok/s; docs/perf-notes.md, thirty-second session).
-// kGateUp: A = x rows gathered by src_row, W = gate_up[e] [2I, H], K = H; the block's 128 weight rows are, per
-// warp column wn, 16 gate rows and the 16 up rows of the same activation columns, so each thread holds a column's
-// gate and up values: out = act [n, I] at the sorted positions, bf16(bf16(silu(bf16(g))) * bf16(u)).
-// Else: A = act [n, I] (sorted positions), W = down[e] [H, I], K = I; out = y_slot [n, H],
-// bf16(bf16(d) * weight of the position's choice).
-template <bool kGateUp>
+// tensor cores (mma m16n8k16, fp32 accumulation, A and W through shared memory by a ring of group_stages<BK>()
+// cp.async stages of BK values in moe_grouped_gemm_smem<BK>() bytes of dynamic shared memory). At 2-4 rows a tile
+// (decode batches) the kernel streams weights: 256-byte pieces of a weight row a stage read faster than 64-byte ones
+// (H100, 35B-A3B shapes, b=64: 2,478 against 1,735 tok/s; docs/perf-notes.md, thirty-second session). kGateUp: A = x
+// rows gathered by src_row, W = gate_up[e] [2I, H], K = H; the block's 128 weight rows are, per warp column wn, 16 gate
+// rows and the 16 up rows of the same activation columns, so each thread holds a column's gate and up values: out = act
+// [n, I] at the sorted positions, bf16(bf16(silu(bf16(g))) * bf16(u)). Else: A = act [n, I] (sorted positions), W =
+// down[e] [H, I], K = I; out = y_slot [n, H], bf16(bf16(d) * weight of the position's choice).
+template <bool kGateUp, int BK>
 __global__ void __launch_bounds__(kGroupThreads)
     moe_grouped_gemm_kernel(const bf16* __restrict__ a, const int32_t* __restrict__ src_row, const bf16* __restrict__ w,
                             int N, int K, int I, const int32_t* __restrict__ tiles, const int32_t* __restrict__ choice,
                             const float* __restrict__ weights, bf16* out) {
+    constexpr int kStages = group_stages<BK>();
     extern __shared__ __align__(16) unsigned char group_smem[];
-    auto as = reinterpret_cast<bf16(*)[kGroupRows][kGroupK + kGroupPad]>(group_smem);
-    auto bs = reinterpret_cast<bf16(*)[kGroupCols][kGroupK + kGroupPad]>(as + kGroupStages);
+    auto as = reinterpret_cast<bf16(*)[kGroupRows][BK + kGroupPad]>(group_smem);
+    auto bs = reinterpret_cast<bf16(*)[kGroupCols][BK + kGroupPad]>(as + kStages);
     pdl_trigger();
     pdl_wait();
     const int expert = tiles[3 * int64_t(blockIdx.x)];
@@ -466,7 +471,7 @@ __global__ void __launch_bounds__(kGroupThreads)
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
     // this thread copies 16-byte word `chunk` of kAPasses A rows and kWPasses W rows of every stage; words at or past
     // K are zero-filled (K a multiple of 8)
-    constexpr int kWords = kGroupK / 8, kRowsPerPass = kGroupThreads / kWords;
+    constexpr int kWords = BK / 8, kRowsPerPass = kGroupThreads / kWords;
     constexpr int kAPasses = kGroupRows / kRowsPerPass, kWPasses = kGroupCols / kRowsPerPass;
     const int chunk = tid % kWords, row0 = tid / kWords;
     const bf16* a_src[kAPasses];
@@ -513,22 +518,22 @@ __global__ void __launch_bounds__(kGroupThreads)
         for (int nj = 0; nj < 4; nj++)
 #pragma unroll
             for (int c = 0; c < 4; c++) acc[mi][nj][c] = 0.0f;
-    const int n_k = (K + kGroupK - 1) / kGroupK;
+    const int n_k = (K + BK - 1) / BK;
     // (a commit without copies is an empty group, so that group kt is always stage kt's)
 #pragma unroll
-    for (int s = 0; s < kGroupStages - 1; s++) {
-        if (s < n_k) load_stage(s, s * kGroupK);
+    for (int s = 0; s < kStages - 1; s++) {
+        if (s < n_k) load_stage(s, s * BK);
         cp_async_commit();
     }
     for (int kt = 0; kt < n_k; kt++) {
-        const int s = kt % kGroupStages;
-        cp_async_wait<kGroupStages - 2>();
+        const int s = kt % kStages;
+        cp_async_wait<kStages - 2>();
         __syncthreads();  // stage s is complete for every thread, and stage kt - 1's reads are done
-        const int next = kt + kGroupStages - 1;
-        if (next < n_k) load_stage(next % kGroupStages, next * kGroupK);
+        const int next = kt + kStages - 1;
+        if (next < n_k) load_stage(next % kStages, next * BK);
         cp_async_commit();
 #pragma unroll
-        for (int ks = 0; ks < kGroupK / 16; ks++) {
+        for (int ks = 0; ks < BK / 16; ks++) {
             uint32_t af[2][4], bfr[4][2];
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
@@ -582,17 +587,49 @@ __global__ void __launch_bounds__(kGroupThreads)
         }
 }
 
-// The grouped GEMM's dynamic shared memory: kGroupStages stages of A and W tiles (104,448 bytes), opted in above the
-// 48 KB default with the largest carveout (two blocks an SM), once per device and kernel.
+// The grouped GEMM's dynamic shared memory: group_stages<BK>() stages of A and W tiles (BK 128: 104,448 bytes, two
+// blocks an SM; BK 64: 82,944), opted in above the 48 KB default with the largest carveout, once per device and
+// kernel.
+template <int BK>
 constexpr size_t moe_grouped_gemm_smem() {
-    return size_t(kGroupStages) * (kGroupRows + kGroupCols) * (kGroupK + kGroupPad) * sizeof(bf16);
+    return size_t(group_stages<BK>()) * (kGroupRows + kGroupCols) * (BK + kGroupPad) * sizeof(bf16);
 }
 
-template <bool kGateUp>
+template <bool kGateUp, int BK>
 void moe_grouped_gemm_opt_in() {
     static std::atomic<uint64_t> done{0};
-    opt_in_smem(moe_grouped_gemm_kernel<kGateUp>, moe_grouped_gemm_smem(), done,
+    opt_in_smem(moe_grouped_gemm_kernel<kGateUp, BK>, moe_grouped_gemm_smem<BK>(), done,
                 "cudaFuncSetAttribute (MoE grouped GEMM shared memory)", true);
+}
+
+// Whether the current device gives a block the shared memory of BK 128 (read once per device).
+bool moe_group_k128() {
+    static std::atomic<uint64_t> known{0}, big{0};
+    int dev = 0;
+    check(cudaGetDevice(&dev), "cudaGetDevice");
+    const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
+    if (bit && (known.load(std::memory_order_relaxed) & bit)) return (big.load(std::memory_order_relaxed) & bit) != 0;
+    int optin = 0;
+    check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
+    const bool fits = size_t(optin) >= moe_grouped_gemm_smem<128>();
+    if (fits) big.fetch_or(bit, std::memory_order_relaxed);
+    known.fetch_or(bit, std::memory_order_relaxed);
+    return fits;
+}
+
+// Both grouped GEMMs (gate/up with the SiLU product, then down) with BK values a stage.
+template <int BK>
+void moe_grouped_gemms(const bf16* x, const int32_t* src_row, const bf16* gate_up, const bf16* down, int H, int I,
+                       int max_tiles, const int32_t* tiles, const int32_t* choice, const float* weights, bf16* act,
+                       bf16* y_slot, const LaunchContext& ctx) {
+    moe_grouped_gemm_opt_in<true, BK>();
+    moe_grouped_gemm_opt_in<false, BK>();
+    launch(moe_grouped_gemm_kernel<true, BK>, dim3(unsigned(max_tiles), ceil_div(I, kGroupCols / 2)), kGroupThreads,
+           moe_grouped_gemm_smem<BK>(), ctx, "MoE grouped gate/up kernel", x, src_row, gate_up, 2 * I, H, I, tiles,
+           choice, weights, act);
+    launch(moe_grouped_gemm_kernel<false, BK>, dim3(unsigned(max_tiles), ceil_div(H, kGroupCols)), kGroupThreads,
+           moe_grouped_gemm_smem<BK>(), ctx, "MoE grouped down kernel", static_cast<const bf16*>(act), src_row, down, H,
+           I, I, tiles, choice, weights, y_slot);
 }
 
 // y[t, :] = the bf16 running sum of the row's k weighted expert outputs (y_slot at their sorted positions) in
@@ -746,15 +783,12 @@ void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const
     int32_t* tiles = pos + n;
     launch(moe_group_kernel, unsigned(E), kGroupScanThreads, size_t(E) * 4, ctx, "MoE grouping kernel", ids, n, k, E,
            max_tiles, src_row, choice, pos, tiles);
-    moe_grouped_gemm_opt_in<true>();
-    moe_grouped_gemm_opt_in<false>();
-    launch(moe_grouped_gemm_kernel<true>, dim3(unsigned(max_tiles), ceil_div(I, kGroupCols / 2)), kGroupThreads,
-           moe_grouped_gemm_smem(), ctx, "MoE grouped gate/up kernel", x, static_cast<const int32_t*>(src_row), gate_up,
-           2 * I, H, I, static_cast<const int32_t*>(tiles), static_cast<const int32_t*>(choice), weights, scratch.act);
-    launch(moe_grouped_gemm_kernel<false>, dim3(unsigned(max_tiles), ceil_div(H, kGroupCols)), kGroupThreads,
-           moe_grouped_gemm_smem(), ctx, "MoE grouped down kernel", static_cast<const bf16*>(scratch.act),
-           static_cast<const int32_t*>(src_row), down, H, I, I, static_cast<const int32_t*>(tiles),
-           static_cast<const int32_t*>(choice), weights, scratch.y_slot);
+    if (!ctx.moe_group_k64 && moe_group_k128())
+        moe_grouped_gemms<128>(x, src_row, gate_up, down, H, I, max_tiles, tiles, choice, weights, scratch.act,
+                               scratch.y_slot, ctx);
+    else
+        moe_grouped_gemms<64>(x, src_row, gate_up, down, H, I, max_tiles, tiles, choice, weights, scratch.act,
+                              scratch.y_slot, ctx);
     launch(moe_combine_kernel, unsigned(rows), 256, 0, ctx, "MoE combine kernel",
            static_cast<const bf16*>(scratch.y_slot), static_cast<const int32_t*>(pos), ids, E, H, k, y);
 }
