@@ -291,7 +291,7 @@ int run(int argc, char** argv) {
         const std::string np = mp.n_slots > 1 ? " and the " + std::to_string(mp.n_slots) + " sequences of -np" : "";
         // (the load's own check before the allocation gives the sizes and the context that would fit)
         if (std::strstr(hy_last_error(), "would fit"))
-            throw Failure(exit_model, std::string("cannot load the model: ") + hy_last_error() + " (-c " +
+            throw Failure(exit_model, std::string("cannot load the model: ") + hy_last_error() + " (asked for -c " +
                                           std::to_string(o.n_ctx) + np + ")");
         throw Failure(exit_model, std::string("cannot load the model: ") + hy_last_error() +
                                       " (the KV cache and states grow with -c " + std::to_string(o.n_ctx) + np +

@@ -1142,20 +1142,24 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
         }();
         // The largest context that fits: the KV cache and the working memory both grow with it (the working memory
         // of a 2-billion-position context was 15 GiB on the CPU), so search it rather than divide (the hint was
-        // then the smaller the larger the -c asked for).
-        const size_t fixed = m->arena_bytes_ - size_t(p.n_ctx) * kv - ws_bytes;
+        // then the smaller the larger the -c asked for). It must leave a tenth of the memory free: an arena of all
+        // of it passes this check but not the allocation (the fresh-user test: host memory 23.54 GiB, the hint's
+        // arena 24,105 MiB, "cannot allocate").
+        const size_t fixed = m->arena_bytes_ - size_t(p.n_ctx) * kv - ws_bytes, budget = cap - cap / 10;
         const auto fits_at = [&](int64_t n) {
             BatchLimits l = limits;
             l.n_ctx = int(n);
-            return fixed + size_t(n) * kv + be.workspace_bytes(l, ws) <= cap;
+            return fixed + size_t(n) * kv + be.workspace_bytes(l, ws) <= budget;
         };
         int64_t lo = 0, hi = p.n_ctx;  // fits_at(lo) or lo == 0; !fits_at(hi)
         while (hi - lo > 1) {
             const int64_t mid = lo + (hi - lo) / 2;
             (fits_at(mid) ? lo : hi) = mid;
         }
-        const std::string fits =
-            kv > 0 && lo > 0 ? "; a context of up to " + std::to_string(lo) + " positions would fit" : "";
+        const std::string fits = kv > 0 && lo > 0 ? "; a context of up to " + std::to_string(lo) +
+                                                        " positions would fit, leaving a tenth of it free" +
+                                                        (p.n_slots > 1 ? " (so would more with fewer sequences)" : "")
+                                                  : "";
         throw Error(Status::out_of_memory,
                     "the model needs " + gib(m->arena_bytes_) + " (weights " + gib(m->weight_bytes_) +
                         ", KV cache and states " + gib(m->state_bytes_) + " for a context of " +

@@ -168,7 +168,8 @@ int main(int argc, char** argv) {
             p.device = hy::Device::auto_select;
         else
             return usage_error("--device must be auto, cpu or cuda, got '" + device + "'");
-        if (p.port < 0 || p.port > 65535) return usage_error("--port must be in [0, 65535]");
+        if (p.port < 0 || p.port > 65535)
+            return usage_error("--port must be in [0, 65535], got " + std::to_string(p.port));
         if (p.n_slots < 1 || p.n_slots > 4096) return usage_error("-np must be in [1, 4096]");
         if (p.n_ctx < 0 || p.n_ctx == 1) return usage_error("-c must be 0 (the model's trained context) or at least 2");
         if (p.max_batch_tokens < 1) return usage_error("-b must be at least 1");
@@ -195,10 +196,10 @@ int main(int argc, char** argv) {
     try {
         server = std::make_unique<hy::server::Server>(p);
     } catch (const hy::Error& e) {
-        // (as hybrid's: the load's own check names the context that would fit; an allocation that failed later
-        // says what grows with -c and -np)
+        // (as hybrid's: the load's own check names the context that would fit; an arena allocation that failed
+        // later says what grows with -c and -np; the state cache's message names --cache-mb)
         std::string hint;
-        if (e.status() == hy::Status::out_of_memory && !std::strstr(e.what(), "would fit"))
+        if (e.status() == hy::Status::out_of_memory && std::strstr(e.what(), "model arena"))
             hint = " (the KV cache and states grow with -c " + std::to_string(p.n_ctx) + " and -np " +
                    std::to_string(p.n_slots) + ": a smaller -c or -np may fit)";
         std::fprintf(stderr, "hybrid-server: %s%s\n", e.what(), hint.c_str());

@@ -4,6 +4,7 @@
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -72,9 +73,21 @@ struct Job {
 
 class StateCache {
 public:
-    // max_bytes of host memory (Backend::alloc_host: page-locked on CUDA), allocated now; 0: off.
-    StateCache(Backend& backend, size_t max_bytes) {
+    // max_bytes of host memory (Backend::alloc_host: page-locked on CUDA), allocated now; 0: off. model_host_bytes:
+    // the host memory the model already holds (its arena on the CPU backend). More than the machine's memory in
+    // all is refused now (Linux would grant it and kill the server when the cache fills).
+    StateCache(Backend& backend, size_t max_bytes, size_t model_host_bytes) {
         if (max_bytes == 0) return;
+        const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+        const size_t host = pages > 0 && page > 0 ? size_t(pages) * size_t(page) : 0;
+        if (host > 0 && (max_bytes > host || model_host_bytes > host - max_bytes))
+            throw Error(Status::out_of_memory,
+                        "the conversation-state cache (--cache-mb " + std::to_string(max_bytes >> 20) + ") needs " +
+                            std::to_string(max_bytes >> 20) + " MiB of host memory" +
+                            (model_host_bytes ? " beside the model's " + std::to_string(model_host_bytes >> 20) + " MiB"
+                                              : std::string()) +
+                            ", more than the " + std::to_string(host >> 20) +
+                            " MiB there is: give a smaller --cache-mb (0: off)");
         try {
             store_ = std::make_unique<StateStore>(backend, max_bytes);
         } catch (const Error& e) {
@@ -371,7 +384,7 @@ void whole_floats_to_ints(ojson& body, bool chat) {
 bool bool_field(const ojson& body, const char* name, bool def) {
     const ojson* v = field(body, name);
     if (!v) return def;
-    if (!v->is_boolean()) bad(name, std::string(name) + " must be a boolean");
+    if (!v->is_boolean()) bad(name, std::string(name) + " must be a boolean, got " + v->dump());
     return v->get<bool>();
 }
 
@@ -431,6 +444,10 @@ Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool c
     if (!chat && field(body, "max_completion_tokens"))
         bad("max_completion_tokens",
             "max_completion_tokens is a chat completions field; /v1/completions takes max_tokens");
+    // (likewise: ignored here, an answer came back without the logprobs asked for)
+    if (!chat && field(body, "top_logprobs"))
+        bad("top_logprobs",
+            "top_logprobs is a chat completions field; /v1/completions takes logprobs: N (0 to 5 alternatives)");
     same_or_refuse("repeat_penalty", "repetition_penalty");
     const char* max_name = chat && field(body, "max_completion_tokens") ? "max_completion_tokens" : "max_tokens";
     // (not given: 16 for /v1/completions, as OpenAI's; until the context is full for chat, as OpenAI's and
@@ -477,11 +494,14 @@ Settings parse_settings(const ojson& body, const SamplerParams& defaults, bool c
     for (const char* name : {"n", "best_of"})
         if (const ojson* n = field(body, name)) {
             // (1.0 came here as 1: whole_floats_to_ints)
-            if (!n->is_number_integer()) bad_integer(name, *n, "[1, 1]");
-            if (n->is_number_unsigned() ? n->get<uint64_t>() > 1 : n->get<int64_t>() > 1)
+            const bool whole = n->is_number_float() && std::isfinite(n->get<double>()) &&
+                               std::floor(n->get<double>()) == n->get<double>();  // (beyond 2^64)
+            if (!n->is_number_integer() && !whole)
+                bad(name, std::string(name) + " must be an integer, got " + n->dump());
+            if (whole ? n->get<double>() > 1 : n->is_number_unsigned() ? n->get<uint64_t>() > 1 : n->get<int64_t>() > 1)
                 bad(name, std::string(name) + " = " + n->dump() + " is not supported: one choice per request (" + name +
                               " = 1)");
-            if (n->get<int64_t>() < 1) bad(name, std::string(name) + " must be 1, got " + n->dump());
+            if (whole || n->get<int64_t>() < 1) bad(name, std::string(name) + " must be 1, got " + n->dump());
         }
     s.sampling.logit_bias = parse_logit_bias(body, tok, n_valid);
     if (const ojson* stop = field(body, "stop")) {
@@ -1675,7 +1695,9 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
         d.repeat_last_n = -1;
     }
     s.defaults = d;
-    s.cache = std::make_unique<StateCache>(s.model->backend(), params.cache_mb << 20);
+    s.cache = std::make_unique<StateCache>(
+        s.model->backend(), params.cache_mb << 20,
+        std::string(s.model->backend().name()) == "cpu" ? s.model->arena_bytes() : size_t(0));
     s.model_id = params.alias.empty() ? base_name(params.model_dir) : params.alias;
     s.engine = std::make_unique<Engine>(*s.model, s.n_valid, banned,
                                         [cache = s.cache.get()](size_t bytes) { return cache->allocate(bytes); });

@@ -488,11 +488,11 @@ TEST_CASE("cli: /reset keeps the RNG going; --case batch; an arena too large nam
         CHECK(b.out.find("SUMMARY: 5/5 cases exact") != std::string::npos);  // the batch entry and its 4 cases
     }
     const Run big = hybrid({"-m", "models/tiny", "-p", "hi", "-c", "2000000000", "-n", "1"});
-    check_one_line_error(big, 2, "positions would fit (-c 2000000000)");
+    check_one_line_error(big, 2, "positions would fit, leaving a tenth of it free (asked for -c 2000000000)");
     // the context that would fit is the largest that fits, whatever -c asked for (it took the working memory of
     // the asked-for context off the budget: 9,032,148 at -c 2e9 against 23,875,898 at -c 1e8 on one machine)
     const Run big2 = hybrid({"-m", "models/tiny", "-p", "hi", "-c", "1000000000", "-n", "1"});
-    check_one_line_error(big2, 2, "positions would fit (-c 1000000000)");
+    check_one_line_error(big2, 2, "positions would fit, leaving a tenth of it free (asked for -c 1000000000)");
     auto fits = [](const std::string& err) {
         const size_t e = err.find(" positions would fit"), b = err.rfind("up to ", e);
         return e == std::string::npos || b == std::string::npos ? std::string() : err.substr(b + 6, e - b - 6);

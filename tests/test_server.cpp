@@ -720,6 +720,8 @@ TEST_CASE("server: bad requests get 4xx OpenAI errors without disturbing the oth
          "repetition_penalty"},
         // a chat field on /v1/completions (it was ignored, and the default of 16 tokens applied)
         {"/v1/completions", "{\"prompt\": \"x\", \"max_completion_tokens\": 40}", 400, "max_completion_tokens"},
+        // a chat field on /v1/completions (it was ignored, and no logprobs came back: a fresh-user pass)
+        {"/v1/completions", "{\"prompt\": \"x\", \"top_logprobs\": 3}", 400, "top_logprobs"},
         // seeds below -1 (the CLI refuses them; -1 draws a random seed)
         {"/v1/completions", "{\"prompt\": \"x\", \"seed\": -2}", 400, "seed"},
         // stream_options without streaming (as OpenAI's API)
@@ -752,7 +754,9 @@ TEST_CASE("server: bad requests get 4xx OpenAI errors without disturbing the oth
                                                   "seed must be in [-1, 18446744073709551615], got 1e+20"},
               {"\"top_k\": 1e20", "top_k must be in [-1, 1073741824], got 1e+20"},
               {"\"top_k\": -1e19", "top_k must be in [-1, 1073741824], got -1e+19"},
-              {"\"n\": 1e30", "n must be in [1, 1], got 1e+30"},
+              {"\"n\": 1e30", "n = 1e+30 is not supported: one choice per request (n = 1)"},
+              {"\"n\": -1e30", "n must be 1, got -1e+30"},
+              {"\"stream\": 1", "stream must be a boolean, got 1"},
               {"\"top_k\": 2.5", "top_k must be an integer, got 2.5"}}) {
             const Reply e = post(port, "/v1/completions", "{\"prompt\": \"x\", " + body + "}");
             INFO(e.body);
@@ -866,6 +870,24 @@ TEST_CASE("server and hybrid-perplexity: a bad -m is named as in hybrid; a repea
         INFO(opt << " " << value << ": " << r.err);
         CHECK(r.rc == 1);
         CHECK(r.err.find(std::string("invalid value '") + value + "' for --") != std::string::npos);
+    }
+    // a state cache larger than the machine's memory is refused at start, naming --cache-mb (it started, and Linux
+    // would have killed it as the cache filled: a fresh-user pass), as is a context too large for memory
+    {
+        const hy::test::cli_util::Run big =
+            run_prog(kBin + "/hybrid-server", {"-m", "models/tiny", "--port", "0", "--cache-mb", "100000000"});
+        INFO(big.err);
+        CHECK(big.rc == 2);
+        CHECK(big.err.find("the conversation-state cache (--cache-mb 100000000) needs 100000000 MiB of host memory "
+                           "beside the model's") != std::string::npos);
+        CHECK(big.err.find("give a smaller --cache-mb (0: off)") != std::string::npos);
+        CHECK(big.err.find("-np") == std::string::npos);  // (the advice for the model's arena)
+        const hy::test::cli_util::Run ctx =
+            run_prog(kBin + "/hybrid-server", {"-m", "models/tiny", "--port", "0", "-c", "2000000000", "-np", "2"});
+        INFO(ctx.err);
+        CHECK(ctx.rc == 2);
+        CHECK(ctx.err.find("positions would fit, leaving a tenth of it free (so would more with fewer sequences)") !=
+              std::string::npos);
     }
     // empty --api-key and --alias values are refused alike (-a '' was silently ignored)
     for (const char* opt : {"--api-key", "-a", "--chat-template-file", "--host"}) {
