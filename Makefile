@@ -42,7 +42,9 @@ deps:
 $(BUILD)/CMakeCache.txt:
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_ARGS)
 
+# (CMAKE_ARGS given to a build folder already configured: applied to it too, not silently ignored)
 build: $(BUILD)/CMakeCache.txt
+	@if [ -n "$(strip $(CMAKE_ARGS))" ]; then cmake -S . -B $(BUILD) $(CMAKE_ARGS) >/dev/null || exit 1; fi
 	cmake --build $(BUILD) -j $(JOBS)
 	@for p in $(PROGRAMS); do [ -f $(BUILD)/$$p ] && ln -sf $(BUILD)/$$p $$p || true; done
 
