@@ -339,7 +339,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     if (const std::string bad =
             bad_int_arg(r, {"ctx-size", "threads", "parallel", "n-predict", "top-k", "repeat-last-n"});
         !bad.empty())
-        usage(bad);
+        usage(bad + " (see --help)");  // (as the values cxxopts refuses)
     if (!r.count("model")) usage("-m DIR is required (see --help)");
 
     o.model_dir = r["model"].as<std::string>();

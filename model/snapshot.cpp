@@ -73,7 +73,7 @@ void check_snapshot_layout(const uint8_t* data, size_t n) {
     // (a length field changed by damage reads the same as a cut: the message names both)
     auto skip = [&](uint64_t bytes) {
         if (bytes > n - r.pos)
-            throw Error(Status::format, "snapshot is truncated or damaged (its layout runs past the file's " +
+            throw Error(Status::format, "snapshot is truncated or damaged (its layout runs past the snapshot's " +
                                             std::to_string(n) + " bytes)");
         r.pos += size_t(bytes);
     };

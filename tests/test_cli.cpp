@@ -312,7 +312,8 @@ TEST_CASE("cli: flags without effect and repeated flags are usage errors", "[cli
     // int options strictly: cxxopts wrapped 5000000000 to 705032704 and took hexadecimal
     check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "-c", "5000000000"}), 1, "invalid value '5000000000'");
     check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "--top-k", "9999999999"}), 1, "--top-k");
-    check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "-n", "0x10"}), 1, "invalid value '0x10'");
+    check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "-n", "0x10"}), 1,
+                         "invalid value '0x10' for --n-predict (a decimal integer) (see --help)");
     check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "-n", "99999999999999999999"}), 1,
                          "invalid value '99999999999999999999' for -n (out of range)");
     CHECK(hybrid({"-m", "models/tiny", "-p", "x", "-n", "-1", "-c", "20"}).rc == 0);

@@ -290,7 +290,7 @@ TEST_CASE("engine: snapshots restore the sequence exactly", "[engine]") {
         bad[27] ^= 0x40;  // (the top byte of n_hist, bytes 24-27)
         CHECK(hy_state_load(t.c, bad.data(), bad.size()) == HY_ERR_FORMAT);
         CHECK(std::string(hy_last_error())
-                  .rfind("snapshot is truncated or damaged (its layout runs past the file's ", 0) == 0);
+                  .rfind("snapshot is truncated or damaged (its layout runs past the snapshot's ", 0) == 0);
     }
     REQUIRE(hy_state_load(t.c, snap.data(), snap.size()) == HY_OK);  // the intact one still loads
     {  // snapshots of older builds (version 1: no checksum; version 2: a fingerprint of a wrong FNV-1a offset basis)
