@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cstring>
 #include <memory>
+#include <mutex>
 #include <new>
 #include <span>
 #include <string>
@@ -47,11 +48,38 @@ struct hy_model {
         if (!chat) chat = std::make_unique<hy::ChatTemplate>(hy::ChatTemplate::for_tokenizer(*tok));
         return *chat;
     }
+    // The contexts, samplers and batches made from it and not yet freed, and whether hy_model_free was called: the
+    // model is deleted when both say it is no longer used (a batch freed after its model read freed memory).
+    std::mutex owners_mutex;
+    int n_owned = 0;
+    bool free_called = false;
 };
+
+namespace {
+
+// A context, sampler or batch of m was made (adopt) or freed (release: deletes m after hy_model_free when it was
+// the last).
+void adopt(const hy_model* cm) {
+    hy_model* m = const_cast<hy_model*>(cm);  // (hy_sampler_new takes a const model; the count is bookkeeping)
+    std::lock_guard<std::mutex> lk(m->owners_mutex);
+    m->n_owned++;
+}
+void release(const hy_model* cm) {
+    hy_model* m = const_cast<hy_model*>(cm);
+    bool last = false;
+    {
+        std::lock_guard<std::mutex> lk(m->owners_mutex);
+        last = --m->n_owned == 0 && m->free_called;
+    }
+    if (last) delete m;
+}
+
+}  // namespace
 
 // A sequence (slot, history, pending ids, last logits: model/sequence.h) of model m.
 struct hy_context : hy::Sequence {
     hy_model* m = nullptr;
+    bool generating = false;  // inside hy_generate (its callbacks may not change this context)
 };
 
 struct hy_sampler {
@@ -170,8 +198,12 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
         HY_CHECK_ARG(p.n_ctx >= 0, "n_ctx must be >= 0 (0: the trained context), got " + std::to_string(p.n_ctx));
         HY_CHECK_ARG(p.n_slots > 0, "n_slots must be > 0, got " + std::to_string(p.n_slots));
         HY_CHECK_ARG(p.max_batch_tokens > 0, "max_batch_tokens must be > 0, got " + std::to_string(p.max_batch_tokens));
-        HY_CHECK_ARG(p.device == HY_DEVICE_AUTO || p.device == HY_DEVICE_CPU || p.device == HY_DEVICE_CUDA,
-                     "unknown device " + std::to_string(int(p.device)));
+        // (read as the int a C caller stored: an enum object holding another value is undefined behaviour in C++)
+        int device = 0;
+        static_assert(sizeof device == sizeof p.device, "hy_device is an int");
+        std::memcpy(&device, &p.device, sizeof device);
+        HY_CHECK_ARG(device == HY_DEVICE_AUTO || device == HY_DEVICE_CPU || device == HY_DEVICE_CUDA,
+                     "unknown device " + std::to_string(device));
         HY_CHECK_ARG(p.quant >= HY_QUANT_NONE && p.quant <= HY_QUANT_INT4,
                      "unknown weight quantization " + std::to_string(int(p.quant)) +
                          " (HY_QUANT_NONE 0, HY_QUANT_FP8 1, HY_QUANT_INT8 2, HY_QUANT_INT4 3)");
@@ -241,7 +273,16 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
     });
 }
 
-void hy_model_free(hy_model* model) { delete model; }
+void hy_model_free(hy_model* model) {
+    if (!model) return;
+    bool unused = false;
+    {
+        std::lock_guard<std::mutex> lk(model->owners_mutex);
+        model->free_called = true;
+        unused = model->n_owned == 0;
+    }
+    if (unused) delete model;
+}
 
 int hy_model_n_vocab(const hy_model* m) { return m ? m->n_vocab : 0; }
 int hy_model_n_logits(const hy_model* m) { return m ? m->n_logits : 0; }
@@ -394,6 +435,7 @@ int hy_context_new(hy_model* m, const hy_context_params* params, hy_context** ou
         c->history.reserve(size_t(m->model->n_ctx()) + 1);
         m->model->reset(slot);
         m->slot_used[size_t(slot)] = 1;
+        adopt(m);
         *out = c.release();
         return int(Status::ok);
     });
@@ -402,12 +444,20 @@ int hy_context_new(hy_model* m, const hy_context_params* params, hy_context** ou
 void hy_context_free(hy_context* c) {
     if (!c) return;
     c->m->slot_used[size_t(c->slot)] = 0;
+    hy_model* m = c->m;
     delete c;
+    release(m);
 }
+
+// A call that changes context c from inside hy_generate's on_token or should_abort callback on that context is
+// refused (it left the generation's own state inconsistent: a fresh-user test).
+#define HY_CHECK_NOT_GENERATING(c, fn) \
+    HY_CHECK_ARG(!(c)->generating, fn ": called from a callback of hy_generate on the same context")
 
 int hy_context_reset(hy_context* c) {
     return guard([&] {
         HY_CHECK_ARG(c, "hy_context_reset: ctx is NULL");
+        HY_CHECK_NOT_GENERATING(c, "hy_context_reset");
         c->clear();
         return int(Status::ok);
     });
@@ -423,17 +473,24 @@ int hy_context_tokens(const hy_context* c, int32_t* out, int cap) {
 
 int hy_prefill(hy_context* c, const int32_t* ids, int n) {
     return guard([&] {
-        HY_CHECK_ARG(c && (ids || n == 0) && n >= 0, "hy_prefill: bad arguments");
+        HY_CHECK_ARG(c, "hy_prefill: ctx is NULL");
+        HY_CHECK_ARG(n >= 0, "hy_prefill: n = " + std::to_string(n) + " is negative");
+        HY_CHECK_ARG(ids || n == 0, "hy_prefill: ids is NULL with n = " + std::to_string(n));
+        HY_CHECK_NOT_GENERATING(c, "hy_prefill");
         c->feed(ids, n);
         return int(Status::ok);
     });
 }
 
-int hy_decode(hy_context* c, int32_t id) { return hy_prefill(c, &id, 1); }
+int hy_decode(hy_context* c, int32_t id) {
+    if (!c) return fail(Status::invalid_argument, "hy_decode: ctx is NULL");
+    return hy_prefill(c, &id, 1);
+}
 
 int hy_decode_batch(hy_context* const* ctxs, const int32_t* ids, int n) {
     return guard([&] {
-        HY_CHECK_ARG(ctxs && ids && n > 0, "hy_decode_batch: bad arguments");
+        HY_CHECK_ARG(ctxs && ids, "hy_decode_batch: ctxs and ids must not be NULL");
+        HY_CHECK_ARG(n > 0, "hy_decode_batch: n = " + std::to_string(n) + " (1 context or more)");
         hy_model* m = ctxs[0] ? ctxs[0]->m : nullptr;
         HY_CHECK_ARG(m, "hy_decode_batch: NULL context");
         hy::Model& model = *m->model;
@@ -444,6 +501,7 @@ int hy_decode_batch(hy_context* const* ctxs, const int32_t* ids, int n) {
         for (int i = 0; i < n; i++) {
             hy_context* c = ctxs[i];
             HY_CHECK_ARG(c && c->m == m, "hy_decode_batch: contexts must be non-NULL and of one model");
+            HY_CHECK_NOT_GENERATING(c, "hy_decode_batch");
             HY_CHECK_ARG(c->n_pending == 0, "hy_decode_batch: a context has a pending id (use hy_decode)");
             HY_CHECK_ARG(ids[i] >= 0 && ids[i] < m->n_logits,
                          "token id " + std::to_string(ids[i]) + " is out of range");
@@ -460,7 +518,8 @@ int hy_decode_batch(hy_context* const* ctxs, const int32_t* ids, int n) {
 
 const float* hy_context_logits(const hy_context* c, int* n_logits) {
     if (n_logits) *n_logits = c ? c->m->n_logits : 0;
-    return c && c->has_logits ? c->logits.data() : nullptr;
+    // (an id appended but not fed: the row is the one before it, which sampling would repeat)
+    return c && c->has_logits && c->n_pending == 0 ? c->logits.data() : nullptr;
 }
 
 // ---- snapshots ----
@@ -481,6 +540,7 @@ int hy_state_save(const hy_context* c, void* buf, size_t cap, size_t* n_out) {
 int hy_state_load(hy_context* c, const void* buf, size_t n) {
     return guard([&] {
         HY_CHECK_ARG(c && buf, "hy_state_load: ctx and buf must not be NULL");
+        HY_CHECK_NOT_GENERATING(c, "hy_state_load");
         try {
             hy::deserialize_snapshot(*c, c->m->fingerprint, static_cast<const uint8_t*>(buf), n);
         } catch (...) {
@@ -504,6 +564,7 @@ int hy_state_load_file(hy_context* c, const char* path) {
     return guard([&] {
         HY_CHECK_ARG(c && path, "hy_state_load_file: ctx and path must not be NULL");
         HY_CHECK_ARG(*path, "hy_state_load_file: the path is empty");
+        HY_CHECK_NOT_GENERATING(c, "hy_state_load_file");
         std::vector<uint8_t> data;
         bool restoring = false;
         try {
@@ -574,18 +635,27 @@ int hy_sampler_new(const hy_model* m, const hy_sampler_params* params, hy_sample
         s->m = m;
         s->s = std::make_unique<hy::Sampler>(to_core(p), m->n_logits, m->n_vocab, m->model->n_ctx());
         s->s->set_banned(m->holes);
+        adopt(m);
         *out = s.release();
         return int(Status::ok);
     });
 }
 
-void hy_sampler_free(hy_sampler* s) { delete s; }
+void hy_sampler_free(hy_sampler* s) {
+    if (!s) return;
+    const hy_model* m = s->m;
+    delete s;
+    release(m);
+}
 
 int hy_sampler_sample(hy_sampler* s, const hy_context* c, int32_t* id, float* logprob) {
     return guard([&] {
         HY_CHECK_ARG(s && c && id, "hy_sampler_sample: sampler, ctx and id must not be NULL");
         HY_CHECK_ARG(c->m == s->m, "hy_sampler_sample: the sampler belongs to another model");
         HY_CHECK_ARG(c->has_logits, "hy_sampler_sample: the context has no logits (prefill first)");
+        HY_CHECK_ARG(c->n_pending == 0,
+                     "hy_sampler_sample: the context's last id is not fed yet (its logits are "
+                     "the id's before; hy_prefill(ctx, NULL, 0) feeds it)");
         const int32_t t = s->s->sample(c->logits);
         if (logprob) *logprob = float(hy::log_softmax_at(c->logits, s->m->n_vocab, t));
         *id = t;
@@ -640,9 +710,12 @@ hy_generate_params hy_generate_default_params(void) {
 int hy_generate(hy_context* c, hy_sampler* s, const int32_t* prompt, int n_prompt, const hy_generate_params* params,
                 hy_generate_result* result) {
     hy::GenerateResult res;
-    if (result) *result = hy_generate_result{};
     const int rc = guard([&] {
-        HY_CHECK_ARG(c && s && (prompt || n_prompt == 0) && n_prompt >= 0, "hy_generate: bad arguments");
+        HY_CHECK_ARG(c && s, "hy_generate: ctx and sampler must not be NULL");
+        HY_CHECK_ARG(n_prompt >= 0, "hy_generate: n_prompt = " + std::to_string(n_prompt) + " is negative");
+        HY_CHECK_ARG(prompt || n_prompt == 0,
+                     "hy_generate: prompt is NULL with n_prompt = " + std::to_string(n_prompt));
+        HY_CHECK_NOT_GENERATING(c, "hy_generate");
         HY_CHECK_ARG(c->m == s->m, "hy_generate: the sampler belongs to another model");
         const hy_generate_params gp = params ? *params : hy_generate_default_params();
         HY_CHECK_ARG(gp.n_stop >= 0 && (gp.n_stop == 0 || gp.stop), "hy_generate: stop is NULL or n_stop negative");
@@ -673,10 +746,16 @@ int hy_generate(hy_context* c, hy_sampler* s, const int32_t* prompt, int n_promp
             };
         o.should_abort = gp.should_abort;
         o.abort_data = gp.user_data;
+        c->generating = true;
+        struct Done {
+            hy_context* c;
+            ~Done() { c->generating = false; }
+        } done{c};
         hy::generate(*c, *s->s, *c->m->tok, std::span<const int32_t>(prompt, size_t(n_prompt)), o, res);
         return int(Status::ok);
     });
-    if (result) {
+    if (result && rc == int(Status::ok)) {  // (output pointers: written on success only)
+        *result = hy_generate_result{};
         result->n_prompt = res.n_prompt;
         result->n_generated = res.n_generated;
         result->n_decoded = res.n_decoded;
@@ -725,6 +804,7 @@ int hy_batch_new(hy_model* m, int n_slots, hy_batch** out) {
         b->slots = free_slots;
         b->gen = std::make_unique<hy::BatchGenerator>(*m->model, m->n_vocab, free_slots, m->holes);
         for (int s : free_slots) m->slot_used[size_t(s)] = 1;
+        adopt(m);
         *out = b.release();
         return int(Status::ok);
     });
@@ -736,7 +816,9 @@ void hy_batch_free(hy_batch* b) {
         b->m->slot_used[size_t(s)] = 0;
         b->m->model->reset(s);
     }
+    hy_model* m = b->m;
     delete b;
+    release(m);
 }
 
 int hy_batch_submit(hy_batch* b, const int32_t* prompt, int n_prompt, const hy_request_params* params, int* id) {

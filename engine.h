@@ -131,7 +131,8 @@ int hy_quant_parse(const char* value, int* quant, int* group);
  * HY_ERR_BACKEND. On the CPU the state's pages become resident only as the sequences grow. */
 int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out);
 
-/* Frees the model. Every context and sampler made from it must be freed first. NULL is allowed. */
+/* Frees the model: at once when no context, sampler or batch made from it is left, else when the last of them is
+ * freed (they stay usable until then). NULL is allowed. */
 void hy_model_free(hy_model* model);
 
 /* Ids [0, n_vocab) can be tokens (the tokenizer's size); samplers never pick ids >= n_vocab, nor ids below it that
@@ -335,10 +336,11 @@ int hy_model_sampler_defaults(const hy_model* model, hy_sampler_params* out);
 int hy_sampler_new(const hy_model* model, const hy_sampler_params* params, hy_sampler** out);
 void hy_sampler_free(hy_sampler* sampler);
 
-/* Samples one id from the context's current logits (HY_ERR_INVALID_ARGUMENT when it has none; HY_ERR_BACKEND when
- * no id that may be sampled has a finite logit: NaN or inf weights or activations). *logprob (may be
- * NULL) receives log p(id) under the log-softmax of the raw logits over ids [0, n_vocab), natural log. Does not
- * append the id to the context nor to the penalty history (see hy_sampler_accept). */
+/* Samples one id from the context's current logits (HY_ERR_INVALID_ARGUMENT when it has none, and while its last id
+ * is pending, as after hy_generate: feed it first; HY_ERR_BACKEND when no id that may be sampled has a finite
+ * logit: NaN or inf weights or activations). *logprob (may be NULL) receives log p(id) under the log-softmax of
+ * the raw logits over ids [0, n_vocab), natural log. Does not append the id to the context nor to the penalty
+ * history (see hy_sampler_accept). */
 int hy_sampler_sample(hy_sampler* sampler, const hy_context* ctx, int32_t* id, float* logprob);
 
 /* Records an id in the penalty history. */
@@ -380,7 +382,9 @@ typedef struct hy_token_info {
  * and, when text was held back, once more at the end with id -1. Text is held back while it could still be the
  * start of a stop string or an incomplete UTF-8 character, so the concatenated texts are exactly the output (the
  * stop string and what follows it excluded). Return non-zero to stop generation (HY_STOP_CALLBACK; the id just
- * given is kept in the history). The info pointer is valid only during the call. */
+ * given is kept in the history). The info pointer is valid only during the call. This callback and should_abort
+ * must not change the generating context: hy_prefill, hy_decode, hy_decode_batch, hy_generate, hy_context_reset
+ * and hy_state_load(_file) on it return HY_ERR_INVALID_ARGUMENT there, and it must not be freed. */
 typedef int (*hy_token_callback)(const hy_token_info* token, void* user_data);
 
 typedef struct hy_generate_params {
@@ -416,7 +420,9 @@ typedef struct hy_generate_result {
  * prompt: call hy_sampler_accept yourself for that). History rules: a generated id given to the callback is kept (the
  * last one is pending: fed by the next call); an end-of-sequence id and the id completing a stop string are dropped, so
  * a chat can append its own end-of-turn text. Reaching n_ctx is a stop (HY_STOP_CONTEXT_FULL), not an error; a
- * prompt that does not fit returns HY_ERR_CONTEXT_FULL before anything runs. result may be NULL.
+ * prompt that does not fit returns HY_ERR_CONTEXT_FULL before anything runs. result may be NULL (written on
+ * success only). After it returns the last generated id is pending: hy_context_logits gives NULL and
+ * hy_sampler_sample refuses until it is fed (hy_prefill(ctx, NULL, 0), or the next hy_generate).
  * Errors: as hy_prefill; HY_ERR_INVALID_ARGUMENT (n_prompt == 0 with no logits, empty stop string);
  * HY_ERR_BACKEND when a logits row has no finite value to sample from (NaN or inf weights or activations). */
 int hy_generate(hy_context* ctx, hy_sampler* sampler, const int32_t* prompt, int n_prompt,

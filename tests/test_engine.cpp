@@ -2,6 +2,7 @@
 // conditions, snapshots (memory and file, another model refused), batched decode, error codes.
 #include <catch2/catch.hpp>
 #include <cmath>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -680,4 +681,106 @@ TEST_CASE("engine: snapshot files: no PATH.tmp, no symlink/device/folder replace
     CHECK(hy_context_n_tokens(t.c) == int(prompt.size()));
     CHECK(hy_state_size_max(nullptr) == 0);
     fs::remove_all(dir);
+}
+
+// From the thirty-second session's fresh-user test of the C API.
+TEST_CASE(
+    "engine: a pending id hides the logits; callbacks cannot change their context; the model outlives its "
+    "objects",
+    "[engine]") {
+    SECTION("after hy_generate the last id is pending: no logits to sample until it is fed") {
+        Tiny t;
+        Collect out;
+        t.generate(t.tokenize("def f(x):"), 3, out);
+        REQUIRE(out.ids.size() == 3);
+        CHECK(hy_context_logits(t.c, nullptr) == nullptr);  // (it returned the row that gave the pending id)
+        int32_t id = -1;
+        CHECK(hy_sampler_sample(t.s, t.c, &id, nullptr) == HY_ERR_INVALID_ARGUMENT);
+        CHECK(std::string(hy_last_error()).find("not fed yet") != std::string::npos);
+        REQUIRE(hy_prefill(t.c, nullptr, 0) == HY_OK);  // feeds the pending id
+        CHECK(hy_context_logits(t.c, nullptr) != nullptr);
+        REQUIRE(hy_sampler_sample(t.s, t.c, &id, nullptr) == HY_OK);
+        // the next greedy id is the one a fresh run gives after the same ids
+        Tiny u;
+        Collect again;
+        u.generate(u.tokenize("def f(x):"), 4, again);
+        REQUIRE(again.ids.size() == 4);
+        CHECK(id == again.ids[3]);
+    }
+    SECTION("calls that change the generating context from its callback are refused") {
+        Tiny t;
+        struct Probe {
+            hy_context* c;
+            hy_sampler* s;
+            int rc_prefill = 0, rc_reset = 0, rc_generate = 0;
+            std::string message, generate_message;
+        } probe{t.c, t.s, 0, 0, 0, "", ""};
+        hy_generate_params gp = hy_generate_default_params();
+        gp.max_tokens = 3;
+        gp.user_data = &probe;
+        gp.on_token = [](const hy_token_info* info, void* user) {
+            Probe& p = *static_cast<Probe*>(user);
+            if (info->index == 1) {
+                const int32_t x = 5;
+                p.rc_prefill = hy_prefill(p.c, &x, 1);
+                p.message = hy_last_error();
+                p.rc_reset = hy_context_reset(p.c);
+                p.rc_generate = hy_generate(p.c, p.s, &x, 1, nullptr, nullptr);
+                p.generate_message = hy_last_error();
+            }
+            return 0;
+        };
+        const std::vector<int32_t> prompt = t.tokenize("def f(x):");
+        hy_generate_result r{};
+        REQUIRE(hy_generate(t.c, t.s, prompt.data(), int(prompt.size()), &gp, &r) == HY_OK);
+        CHECK(probe.rc_prefill == HY_ERR_INVALID_ARGUMENT);
+        CHECK(probe.message == "hy_prefill: called from a callback of hy_generate on the same context");
+        CHECK(probe.rc_reset == HY_ERR_INVALID_ARGUMENT);
+        CHECK(probe.rc_generate == HY_ERR_INVALID_ARGUMENT);
+        CHECK(probe.generate_message == "hy_generate: called from a callback of hy_generate on the same context");
+        CHECK(r.n_generated == 3);
+        CHECK(hy_context_n_tokens(t.c) == int(prompt.size()) + 3);
+        const int32_t x = 5;
+        CHECK(hy_prefill(t.c, &x, 1) == HY_OK);  // outside the callback again
+    }
+    SECTION("hy_generate leaves its result alone on failure") {
+        Tiny t(8);
+        const std::vector<int32_t> prompt(12, 5);  // longer than the context
+        hy_generate_result r{};
+        r.n_prompt = 77;
+        CHECK(hy_generate(t.c, t.s, prompt.data(), int(prompt.size()), nullptr, &r) == HY_ERR_CONTEXT_FULL);
+        CHECK(r.n_prompt == 77);
+    }
+    SECTION("the model freed before its batch, context and sampler: released with the last of them") {
+        hy_model_params mp = hy_model_default_params();
+        mp.device = HY_DEVICE_CPU;
+        mp.n_threads = 1;
+        mp.n_ctx = 64;
+        mp.n_slots = 2;
+        hy_model* m = nullptr;
+        REQUIRE(hy_model_load(kTiny.c_str(), &mp, &m) == HY_OK);
+        hy_context* c = nullptr;
+        hy_sampler* s = nullptr;
+        hy_batch* b = nullptr;
+        REQUIRE(hy_context_new(m, nullptr, &c) == HY_OK);
+        REQUIRE(hy_sampler_new(m, nullptr, &s) == HY_OK);
+        REQUIRE(hy_batch_new(m, 1, &b) == HY_OK);
+        const int32_t p[3] = {5, 6, 7};
+        int id = 0;
+        REQUIRE(hy_batch_submit(b, p, 3, nullptr, &id) == HY_OK);
+        hy_model_free(m);                       // (under AddressSanitizer: the frees below read freed memory before)
+        REQUIRE(hy_prefill(c, p, 3) == HY_OK);  // still usable
+        hy_batch_free(b);
+        hy_context_free(c);
+        hy_sampler_free(s);
+    }
+    SECTION("a device value outside the enum is refused, read as the int it is") {
+        hy_model_params mp = hy_model_default_params();
+        const int nine = 9;
+        std::memcpy(&mp.device, &nine, sizeof nine);
+        hy_model* m = nullptr;
+        CHECK(hy_model_load(kTiny.c_str(), &mp, &m) == HY_ERR_INVALID_ARGUMENT);
+        CHECK(std::string(hy_last_error()) == "unknown device 9");
+        CHECK(m == nullptr);
+    }
 }
