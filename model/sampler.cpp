@@ -16,9 +16,12 @@ Sampler::Sampler(const SamplerParams& p, int n_logits, int n_valid, int history_
     if (n_logits <= 0) throw Error(Status::invalid_argument, "sampler: n_logits must be > 0");
     if (n_valid <= 0) throw Error(Status::invalid_argument, "sampler: n_valid must be > 0");
     // (top_p >= 1 and min_p <= 0 are "off", as engine.h documents; min_p 2 and infinities were taken)
-    if (!(p.top_p >= 0.0f)) throw Error(Status::invalid_argument, "sampler: top_p must be >= 0");
+    // (NaN fails both: named as what it is)
+    if (!(p.top_p >= 0.0f))
+        throw Error(Status::invalid_argument, "sampler: top_p must be a number >= 0, got " + std::to_string(p.top_p));
     if (!(p.min_p <= 1.0f))
-        throw Error(Status::invalid_argument, "sampler: min_p must be at most 1, got " + std::to_string(p.min_p));
+        throw Error(Status::invalid_argument,
+                    "sampler: min_p must be a number at most 1, got " + std::to_string(p.min_p));
     if (!(p.repeat_penalty > 0.0f)) throw Error(Status::invalid_argument, "sampler: repeat_penalty must be > 0");
     if (p.repeat_last_n < -1) throw Error(Status::invalid_argument, "sampler: repeat_last_n must be >= -1");
     if (!std::isfinite(p.temperature) || !std::isfinite(p.presence_penalty) || !std::isfinite(p.frequency_penalty) ||

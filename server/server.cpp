@@ -1156,7 +1156,7 @@ struct Server::Impl {
                 if (messages[i]["role"] == "tool")
                     bad(where + ".role", where +
                                              ".role 'tool' needs the model's chat template (the built-in ChatML takes "
-                                             "system, user and assistant)");
+                                             "system (developer too), user and assistant)");
                 const ojson* calls = field(messages[i], "tool_calls");
                 if (calls && !calls->empty())  // (they were dropped from the prompt without a word)
                     bad(where + ".tool_calls", where +
