@@ -50,8 +50,9 @@ struct hy_model {
     }
     // The contexts, samplers and batches made from it and not yet freed, and whether hy_model_free was called: the
     // model is deleted when both say it is no longer used (a batch freed after its model read freed memory).
-    std::mutex owners_mutex;
-    int n_owned = 0;
+    // (mutable: a sampler is made from a const model)
+    mutable std::mutex owners_mutex;
+    mutable int n_owned = 0;
     bool free_called = false;
 };
 
@@ -59,13 +60,11 @@ namespace {
 
 // A context, sampler or batch of m was made (adopt) or freed (release: deletes m after hy_model_free when it was
 // the last).
-void adopt(const hy_model* cm) {
-    hy_model* m = const_cast<hy_model*>(cm);  // (hy_sampler_new takes a const model; the count is bookkeeping)
+void adopt(const hy_model* m) {
     std::lock_guard<std::mutex> lk(m->owners_mutex);
     m->n_owned++;
 }
-void release(const hy_model* cm) {
-    hy_model* m = const_cast<hy_model*>(cm);
+void release(const hy_model* m) {
     bool last = false;
     {
         std::lock_guard<std::mutex> lk(m->owners_mutex);

@@ -1,5 +1,7 @@
 #include "base/common.h"
 
+#include <unistd.h>
+
 #include "base/fp8.h"
 
 namespace hy {
@@ -87,6 +89,11 @@ void convert_to_f32(const void* src, DType src_type, float* dst, size_t n) {
         case DType::Q4: break;
     }
     throw Error(Status::internal, std::string("convert_to_f32: unsupported source dtype ") + dtype_name(src_type));
+}
+
+size_t host_memory_bytes() {
+    const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
+    return pages > 0 && page > 0 ? size_t(pages) * size_t(page) : 0;
 }
 
 }  // namespace hy

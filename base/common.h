@@ -31,6 +31,9 @@ enum class Status : int {
 
 const char* status_name(Status s);
 
+// The machine's physical memory in bytes (sysconf), 0 when unknown.
+size_t host_memory_bytes();
+
 // The exception thrown by library internals. what() is a single line.
 class Error : public std::runtime_error {
 public:

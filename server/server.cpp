@@ -4,7 +4,6 @@
 #include <netdb.h>
 #include <poll.h>
 #include <sys/socket.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -78,8 +77,7 @@ public:
     // all is refused now (Linux would grant it and kill the server when the cache fills).
     StateCache(Backend& backend, size_t max_bytes, size_t model_host_bytes) {
         if (max_bytes == 0) return;
-        const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-        const size_t host = pages > 0 && page > 0 ? size_t(pages) * size_t(page) : 0;
+        const size_t host = host_memory_bytes();
         if (host > 0 && (max_bytes > host || model_host_bytes > host - max_bytes))
             throw Error(Status::out_of_memory,
                         "the conversation-state cache (--cache-mb " + std::to_string(max_bytes >> 20) + ") needs " +

@@ -55,10 +55,7 @@ public:
             }
     }
     bool alloc_zeroed() const override { return true; }
-    size_t memory_capacity() const override {
-        const long pages = ::sysconf(_SC_PHYS_PAGES), page = ::sysconf(_SC_PAGESIZE);
-        return pages > 0 && page > 0 ? size_t(pages) * size_t(page) : 0;
-    }
+    size_t memory_capacity() const override { return host_memory_bytes(); }
     void upload(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
     void download(void* dst, const void* src, size_t bytes) override { std::memcpy(dst, src, bytes); }
     void fill_zero(void* dst, size_t bytes) override { std::memset(dst, 0, bytes); }

@@ -313,6 +313,7 @@ public:
         }
         if (o.wide_gemv != 0) ctx_.wide_gemv_max_rows = o.wide_gemv > 0 ? cuda::kWideGemvMaxTokens : 0;
         HY_CUDA_CHECK(cudaDeviceGetAttribute(&ctx_.sm_count, cudaDevAttrMultiProcessorCount, device));
+        HY_CUDA_CHECK(cudaDeviceGetAttribute(&ctx_.smem_optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
         ctx_.wgmma = sm90_code && cuda::wgmma_available();
         if (o.wgmma_gemm < -1 || o.wgmma_gemm > 2)
             throw Error(Status::invalid_argument,

@@ -95,6 +95,7 @@ struct LaunchContext {
     int wgmma_gemm_parts = 0;  // its K split (1, 2, 4, 8); 0: wgmma_gemm_parts by shape
     bool wgmma = false;        // the build has sm_90a code for the device (wgmma_available)
     int sm_count = 0;          // the device's multiprocessors (launch shapes that fill the device)
+    int smem_optin = 0;        // the most dynamic shared memory a block may opt in to, bytes (0: not read)
 };
 
 // Per batch row, on the device (filled by the backend's begin_batch from the host runs).

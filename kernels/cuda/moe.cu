@@ -602,21 +602,6 @@ void moe_grouped_gemm_opt_in() {
                 "cudaFuncSetAttribute (MoE grouped GEMM shared memory)", true);
 }
 
-// Whether the current device gives a block the shared memory of BK 128 (read once per device).
-bool moe_group_k128() {
-    static std::atomic<uint64_t> known{0}, big{0};
-    int dev = 0;
-    check(cudaGetDevice(&dev), "cudaGetDevice");
-    const uint64_t bit = dev < 64 ? uint64_t(1) << dev : 0;
-    if (bit && (known.load(std::memory_order_relaxed) & bit)) return (big.load(std::memory_order_relaxed) & bit) != 0;
-    int optin = 0;
-    check(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev), "cudaDeviceGetAttribute");
-    const bool fits = size_t(optin) >= moe_grouped_gemm_smem<128>();
-    if (fits) big.fetch_or(bit, std::memory_order_relaxed);
-    known.fetch_or(bit, std::memory_order_relaxed);
-    return fits;
-}
-
 // Both grouped GEMMs (gate/up with the SiLU product, then down) with BK values a stage.
 template <int BK>
 void moe_grouped_gemms(const bf16* x, const int32_t* src_row, const bf16* gate_up, const bf16* down, int H, int I,
@@ -783,7 +768,7 @@ void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const
     int32_t* tiles = pos + n;
     launch(moe_group_kernel, unsigned(E), kGroupScanThreads, size_t(E) * 4, ctx, "MoE grouping kernel", ids, n, k, E,
            max_tiles, src_row, choice, pos, tiles);
-    if (!ctx.moe_group_k64 && moe_group_k128())
+    if (!ctx.moe_group_k64 && size_t(ctx.smem_optin) >= moe_grouped_gemm_smem<128>())
         moe_grouped_gemms<128>(x, src_row, gate_up, down, H, I, max_tiles, tiles, choice, weights, scratch.act,
                                scratch.y_slot, ctx);
     else
