@@ -397,6 +397,7 @@ struct Settings {
     bool ignore_eos = false;
     bool cache_prompt = true;       // use and fill the conversation-state cache (llama-server's cache_prompt)
     std::vector<int32_t> keep_ids;  // special ids kept in the text (a chat request's <think>/<tool_call> markers)
+    bool chat = false;              // a chat answer: it also ends where the model starts a new turn (chat_eos)
 };
 
 // OpenAI's logit_bias: {"token id": bias in [-100, 100], ...}; each id in [0, n_valid) and assigned by the
@@ -653,7 +654,8 @@ struct Server::Impl {
     std::unique_ptr<Model> model;
     std::unique_ptr<Tokenizer> tok;
     ChatFormat chat;
-    std::vector<int32_t> eos;  // sorted
+    std::vector<int32_t> eos;       // sorted
+    std::vector<int32_t> chat_eos;  // sorted: eos, <|im_start|> and <|endoftext|> (as the CLI's chat_stop_ids)
     int n_valid = 0;
     SamplerParams defaults;
     std::unique_ptr<StateCache> cache;
@@ -758,7 +760,8 @@ struct Server::Impl {
         r.max_new_tokens = s.max_tokens < 0 ? room : std::min(s.max_tokens, room);
         r.sampling = s.sampling;
         if (r.sampling.top_k < 0) r.sampling.top_k = 0;
-        if (!s.ignore_eos) r.stop_ids = eos;
+        const std::vector<int32_t>& stops = s.chat ? chat_eos : eos;
+        if (!s.ignore_eos) r.stop_ids = stops;
         r.top_logprobs = s.top_logprobs;
         const bool use_cache = cache->enabled() && s.cache_prompt;
         if (use_cache) {
@@ -808,7 +811,7 @@ struct Server::Impl {
                 // part of it: not counted in usage, not kept (the count was 4-8 for one answer, run to run)
                 if (stopped) continue;
                 out.ids.push_back(id);
-                if (std::binary_search(eos.begin(), eos.end(), id) && !s.ignore_eos) continue;
+                if (std::binary_search(stops.begin(), stops.end(), id) && !s.ignore_eos) continue;
                 held += dec.push(id);
                 // stop strings: the earliest match ends the text
                 size_t cut = std::string::npos;
@@ -896,7 +899,7 @@ struct Server::Impl {
     ojson chat_logprobs(const Output& o, size_t a, size_t b) const {
         ojson content = ojson::array();
         for (size_t k = a; k < b && k < o.ids.size(); k++) {
-            if (std::binary_search(eos.begin(), eos.end(), o.ids[k])) continue;
+            if (std::binary_search(chat_eos.begin(), chat_eos.end(), o.ids[k])) continue;
             ojson e = token_logprob(o.ids[k], o.logprobs[k]);
             ojson top = ojson::array();
             if (k < o.top.size())
@@ -1098,6 +1101,7 @@ struct Server::Impl {
                          const Settings& settings) {
         Settings s = settings;
         s.keep_ids = chat.marker_ids();  // the output parser needs them even when the tokenizer marks them special
+        s.chat = true;
         // OpenAI's deprecated function-calling fields: refused by name (they were ignored, so a function never
         // reached the prompt)
         for (const auto& [legacy, now] :
@@ -1681,6 +1685,12 @@ Server::Server(const ServerParams& params) : impl_(std::make_unique<Impl>()) {
     if (im_end >= 0) s.eos.push_back(im_end);
     std::sort(s.eos.begin(), s.eos.end());
     s.eos.erase(std::unique(s.eos.begin(), s.eos.end()), s.eos.end());
+    // A chat answer also ends where the model starts a new turn or document (the CLI's --chat stops there too).
+    s.chat_eos = s.eos;
+    for (const char* special : {"<|im_start|>", "<|endoftext|>"})
+        if (const int32_t id = s.tok->token_id(special); id >= 0) s.chat_eos.push_back(id);
+    std::sort(s.chat_eos.begin(), s.chat_eos.end());
+    s.chat_eos.erase(std::unique(s.chat_eos.begin(), s.chat_eos.end()), s.chat_eos.end());
     // Sampling defaults: generation_config.json, else llama.cpp's (as the hybrid CLI).
     SamplerParams d;
     if (g.do_sample && !*g.do_sample) d.temperature = 0;

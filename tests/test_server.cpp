@@ -1242,6 +1242,26 @@ TEST_CASE("server: logit_bias moves greedy and sampled picks", "[server]") {
         if (!ev["choices"].empty() && ev["choices"][0]["delta"].contains("content"))
             text += ev["choices"][0]["delta"]["content"].get<std::string>();
     CHECK(text == piece + piece + piece);
+    // a chat answer ends where the model starts a new turn (<|im_start|>), as the CLI's --chat; a plain completion
+    // does not
+    const int32_t im_start = tok.token_id("<|im_start|>");
+    REQUIRE(im_start >= 0);
+    ojson forced = chat;
+    forced["stream"] = false;
+    forced["max_tokens"] = 4;
+    forced["logit_bias"] = {{std::to_string(im_start), 100}};
+    const Reply r = post(port, "/v1/chat/completions", forced);
+    REQUIRE(r.status == 200);
+    CHECK(r.json()["choices"][0]["finish_reason"] == "stop");
+    CHECK(r.json()["choices"][0]["message"]["content"] == "");
+    CHECK(r.json()["usage"]["completion_tokens"] == 1);
+    const Reply rc = post(
+        port, "/v1/completions",
+        ojson{
+            {"prompt", "x"}, {"max_tokens", 3}, {"temperature", 0}, {"logit_bias", {{std::to_string(im_start), 100}}}});
+    REQUIRE(rc.status == 200);
+    CHECK(rc.json()["choices"][0]["finish_reason"] == "length");
+    CHECK(rc.json()["usage"]["completion_tokens"] == 3);
 }
 
 TEST_CASE("server: a POST body is JSON whatever its content type, up to 64 MiB", "[server]") {
