@@ -473,7 +473,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         const std::string text = r[name].as<std::string>();
         double v = 0.0;
         if (!parse_real(text, &v) || !std::isfinite(float(v)))
-            usage("invalid value '" + text + "' for --" + name + " (a decimal number)");
+            usage("invalid value '" + text + "' for --" + name + " (a decimal number) (see --help)");
         return float(v);
     };
     // (options not given take the model folder's generation_config.json values when it has them: main.cpp)

@@ -1,7 +1,8 @@
 // hybrid-server: the OpenAI-compatible HTTP server (server/server.h), with llama-server's flag names.
 //
 // Exit status (hybrid's convention, README): 0 after SIGTERM, 130 after SIGINT (Ctrl-C), 1 on a usage error, 2 when
-// the model, its tokenizer or the chat template cannot be loaded, 6 when the address cannot be listened on.
+// the model, its tokenizer or the chat template cannot be loaded or the state cache not allocated, 6 when the address
+// cannot be listened on.
 #include <pthread.h>
 
 #include <algorithm>
@@ -104,7 +105,7 @@ int main(int argc, char** argv) {
                 "  0    stopped by SIGTERM\n"
                 "  1    usage: unknown flag, bad value, missing -m\n"
                 "  2    the model or --chat-template-file could not be loaded (missing folder, malformed or\n"
-                "       unsupported files, no GPU)\n"
+                "       unsupported files, no GPU, not enough memory), or the --cache-mb cache not allocated\n"
                 "  6    the address could not be bound or listened on (port in use, unknown host)\n"
                 "  130  stopped by SIGINT (Ctrl-C)\n");
             return 0;

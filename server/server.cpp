@@ -1791,7 +1791,7 @@ std::string Server::summary() const {
     return "model " + s.model_id + " (" + s.p.model_dir + "), backend " + s.model->backend().name() + quant + ", " +
            std::to_string(s.model->n_slots()) + (s.model->n_slots() == 1 ? " slot of " : " slots of ") +
            std::to_string(s.model->n_ctx()) + " tokens, chat template: " + s.chat.description() + ", state cache " +
-           std::to_string(s.p.cache_mb) + " MB";
+           std::to_string(s.p.cache_mb) + " MiB";
 }
 
 }  // namespace hy::server

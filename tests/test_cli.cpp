@@ -149,7 +149,7 @@ TEST_CASE("cli: errors have one-line messages and documented exit codes", "[cli]
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "-n", "2.5"}), 1,
                 "invalid value '2.5' for -n (a decimal integer)");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--temp=hot"}), 1,
-                "invalid value 'hot' for --temp (a decimal number)");
+                "invalid value 'hot' for --temp (a decimal number) (see --help)");
     for (const char* junk : {"0.5abc", "1,5", "0x10", "nan", ""})  // real numbers are parsed strictly too
         check_error(hybrid({"-m", "models/tiny", "-p", "x", "--top-p", junk}), 1,
                     std::string("invalid value '") + junk + "' for --top-p");
