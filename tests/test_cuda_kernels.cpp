@@ -1431,13 +1431,14 @@ TEST_CASE("CUDA MoE router and experts (routed and shared) against the CPU refer
         int E, k, H, I, T, Is;  // Is: the shared expert's width (0: none)
     };
     // rows >= kMoeGroupedMinRows (16) take the grouped path (sorted by expert, tile GEMMs; the shared expert in
-    // separate kernels) by default, fewer the per-row kernels with the shared expert fused in; the backends `gemv`
-    // and `grouped` force one path for every size: both must match the reference (1-2 rows: the prefetching down
-    // kernel)
+    // separate kernels) by default, fewer the per-row kernels with the shared expert fused in (gate/up on the
+    // decode GEMV's loop, gemv_expert_gate_up, where H % 8 == 0); the backends `gemv` and `grouped` force one path
+    // for every size: both must match the reference (1-2 rows: the prefetching down kernel)
     for (const Shape s : {Shape{8, 2, 256, 64, 5, 128}, Shape{256, 8, 512, 64, 3, 64}, Shape{512, 10, 256, 32, 2, 0},
                           Shape{8, 4, 256, 64, 300, 128}, Shape{256, 8, 256, 96, 64, 96},
                           Shape{512, 10, 128, 32, 20, 40}, Shape{256, 8, 512, 64, 1, 64}, Shape{1024, 8, 128, 32, 2, 0},
-                          Shape{8, 2, 4096, 32, 2, 0}, Shape{16, 4, 9216, 32, 1, 0}, Shape{64, 8, 2048, 64, 2, 128}}) {
+                          Shape{8, 2, 4096, 32, 2, 0}, Shape{16, 4, 9216, 32, 1, 0}, Shape{64, 8, 2048, 64, 2, 128},
+                          Shape{8, 2, 100, 24, 3, 0}}) {  // (H % 8 != 0: the gate/up kernel outside the GEMV's loop)
         INFO("E " << s.E << " k " << s.k << " H " << s.H << " I " << s.I << " rows " << s.T << " Is " << s.Is);
         const WorkspaceShape ws{4, 64, s.H, s.E, s.k, s.I, s.Is};
         const BatchLimits l = limits(std::max(s.T, 8), 1, 16);

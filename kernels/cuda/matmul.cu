@@ -141,6 +141,67 @@ __global__ void __launch_bounds__(kGemvWarps * 32)
     }
 }
 
+constexpr int kExpertGateUpPer = 4;  // words a lane loads per round where a round holds the row (4 or 8)
+
+// matmul.cuh, gemv_expert_gate_up: gemv_gate_up_kernel's loop over one choice's expert (blockIdx.y).
+template <int kSplit, int kPer>
+__global__ void __launch_bounds__(gemv_block_warps<kSplit>() * 32)
+    gemv_expert_gate_up_kernel(const __grid_constant__ ExpertGateUpArgs a) {
+    constexpr int kWarps = gemv_block_warps<kSplit>(), kRows = kWarps / kSplit;
+    __shared__ float part[kWarps][2];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int i = int(blockIdx.x) * kRows + warp / kSplit;
+    const int64_t n_shared = a.Is > 0 ? a.rows : 0;
+    const bool shared = int64_t(blockIdx.y) < n_shared;
+    const int64_t n = int64_t(blockIdx.y) - n_shared;  // the routed choice t k + j
+    const int64_t H = a.H;
+    const bf16* wg = nullptr;
+    const bf16* wu = nullptr;
+    int64_t t = 0;
+    if (shared) {  // (weights: loaded before the wait, in rows_dot)
+        t = blockIdx.y;
+        if (i < a.Is) {
+            wg = a.shared_gate_proj + i * H;
+            wu = a.shared_up_proj + i * H;
+        } else if (i == a.Is) {
+            wg = wu = a.shared_gate;  // (its dot twice: both rows' loads stay defined)
+        }
+    } else {
+        pdl_wait();     // the routing comes from the top-k kernel
+        pdl_trigger();  // (after the wait: the down kernel reads the routing before its own wait)
+        t = n / a.k;
+        const int e = a.ids[n];
+        if (i < a.I && e >= 0 && e < a.E) {
+            wg = a.gate_up + (int64_t(e) * 2 * a.I + i) * H;
+            wu = wg + int64_t(a.I) * H;
+        }
+    }
+    const bool valid[2] = {wg != nullptr, wu != nullptr};
+    const bf16* const w_row[2] = {valid[0] ? wg : a.x, valid[1] ? wu : a.x};
+    float acc[2][1];
+    rows_dot<1, kPer, 2>(w_row, valid, a.x + t * H, int(H), lane + 32 * (warp % kSplit), 32 * kSplit, acc,
+                         weight_policy(a.evict_first));  // (waits for the predecessor; a second wait returns at once)
+    if (shared) pdl_trigger();
+    if (!reduce_parts<2, kSplit>(&acc[0][0], part) || lane != 0) return;
+    const float g = round_bf16(acc[0][0]), u = round_bf16(acc[1][0]);
+    if (!shared) {
+        if (i < a.I) a.act[n * a.I + i] = to_bf16(round_bf16(siluf_(g)) * u);
+    } else if (i < a.Is) {
+        a.shared_act[t * a.Is + i] = to_bf16(round_bf16(siluf_(g)) * u);
+    } else if (i == a.Is) {
+        a.shared_gate_out[t] = round_bf16(1.0f / (1.0f + expf(-g)));
+    }
+}
+
+template <int kSplit, int kPer>
+void expert_gate_up_launch(const ExpertGateUpArgs& a, const LaunchContext& ctx) {
+    constexpr int kRows = gemv_block_warps<kSplit>() / kSplit;
+    const int cols = a.Is > 0 ? std::max(a.I, a.Is + 1) : a.I;
+    const int64_t choices = a.rows * a.k + (a.Is > 0 ? a.rows : 0);
+    launch(gemv_expert_gate_up_kernel<kSplit, kPer>, dim3(unsigned(ceil_div(cols, kRows)), unsigned(choices)),
+           gemv_block_warps<kSplit>() * 32, 0, ctx, "MoE gate/up GEMV kernel", a);
+}
+
 template <int NT, typename OutT, int kSplit, int kPer>
 void gemv_launch(const bf16* x, GemvGroup g, int64_t K, const LaunchContext& ctx) {
     constexpr int kWarps = gemv_block_warps<kSplit>(), kRows = kWarps / kSplit;
@@ -803,6 +864,25 @@ void gemv_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int6
             throw Error(Status::internal, "gemv_gate_up: " + std::to_string(T) + " rows of " + std::to_string(K) +
                                               " values (1-2 rows, or 3-16 with K % 32 == 0)");
     }
+}
+
+bool gemv_expert_gate_up_fits(const ExpertGateUpArgs& a) {
+    const bool shared_ok =
+        a.Is == 0 || (aligned16(a.shared_gate_proj) && aligned16(a.shared_up_proj) && aligned16(a.shared_gate));
+    return a.rows >= 1 && a.k >= 1 && a.I >= 1 && a.H % 8 == 0 && a.H <= (1 << 24) && aligned16(a.x) &&
+           aligned16(a.gate_up) && shared_ok && a.rows * a.k + a.rows <= 65535;
+}
+
+void gemv_expert_gate_up(ExpertGateUpArgs a, const LaunchContext& ctx) {
+    if (!gemv_expert_gate_up_fits(a)) throw Error(Status::internal, "MoE gate/up GEMV: shape or alignment not taken");
+    a.evict_first = ctx.evict_first;
+    const GemvConfig c = gemv_config(a.H);
+    // (rounds of 4 words where one round holds the row: the same sums, 64 registers fewer)
+    if (kExpertGateUpPer == 4 && c.split == 2 && a.H / 8 <= 32 * 2 * 4) return expert_gate_up_launch<2, 4>(a, ctx);
+    if (c.split == 2 && c.per == 8) return expert_gate_up_launch<2, 8>(a, ctx);
+    if (c.split == 4 && c.per == 8) return expert_gate_up_launch<4, 8>(a, ctx);
+    if (c.split == 8 && c.per == 8) return expert_gate_up_launch<8, 8>(a, ctx);
+    throw Error(Status::internal, "MoE gate/up GEMV: no kernel for split " + std::to_string(c.split));
 }
 
 Gemm::Gemm() {

@@ -113,6 +113,32 @@ struct GemvConfig {
     int per = 8;
 };
 GemvConfig gemv_config(int64_t K);
+
+// The MoE decode gate/up/SiLU (moe.cu's per-row path, fewer rows than moe_grouped takes) on this GEMV's loop: split
+// warps share a feature's gate and up rows (gemv_config(H)), every lane's words of both loaded at once, and a block
+// takes kGemvWarps / split features of one choice. Choices c (blockIdx.y): c < rows (when Is > 0) the shared expert of
+// row c, loaded before the PDL wait (its weights do not depend on the routing; feature Is is the shared gate:
+// shared_gate_out[t] = bf16(sigmoid(bf16(x_t . shared_gate)))); then the routed choice n = c - rows' = t k + j:
+// act[n, i] = bf16(bf16(silu(bf16(x_t . Wg_e[i]))) * bf16(x_t . Wu_e[i])), e = ids[n] (0 for e outside [0, E)), its
+// weights loaded after the wait. shared_act[t, i] likewise with the shared expert's rows.
+struct ExpertGateUpArgs {
+    const bf16* x = nullptr;        // [rows, H]
+    const bf16* gate_up = nullptr;  // [E * 2I, H]: expert e's gate rows [2eI, 2eI + I), up rows [2eI + I, 2(e+1)I)
+    const int32_t* ids = nullptr;   // [rows * k]
+    int E = 0, H = 0, I = 0, k = 0;
+    int64_t rows = 0;
+    const bf16* shared_gate_proj = nullptr;  // [Is, H]
+    const bf16* shared_up_proj = nullptr;    // [Is, H]
+    const bf16* shared_gate = nullptr;       // [H]
+    int Is = 0;                              // 0: no shared expert
+    bf16* act = nullptr;                     // [rows * k, I]
+    bf16* shared_act = nullptr;              // [rows, Is]
+    float* shared_gate_out = nullptr;        // [rows]
+    bool evict_first = false;                // (set from the launch context)
+};
+// Whether gemv_expert_gate_up takes a: H % 8 == 0, 16-byte aligned x, gate_up and shared rows, and a grid that fits.
+bool gemv_expert_gate_up_fits(const ExpertGateUpArgs& a);
+void gemv_expert_gate_up(ExpertGateUpArgs a, const LaunchContext& ctx);
 // gemv_group with an explicit launch shape (benchmarks). Shapes built: (split, per) in {(2,8), (4,8), (8,8)};
 // others throw internal.
 void gemv_group_with(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, bool out_f32, GemvConfig c,

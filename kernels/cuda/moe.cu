@@ -1,5 +1,7 @@
 #include "kernels/cuda/moe.cuh"
 
+#include "kernels/cuda/matmul.cuh"
+
 #include <algorithm>
 #include <climits>
 
@@ -166,8 +168,13 @@ __global__ void moe_route_kernel(const bf16* __restrict__ router_logits, int E, 
 // next kernel (down) start only after that wait: the choice is then complete, and down loads its first weights
 // before its own wait (for one or two rows, where the whole grid is resident at once).
 constexpr int kDownWords = 2;  // prefetching down: words per lane per row and round (I = 512: one round)
+// The gate/up of up to kMoeGateUpGemvMaxRows rows on the GEMV's loop (matmul.cuh, gemv_expert_gate_up) where it
+// takes the shapes, else moe_gate_up_kernel below.
+constexpr bool kMoeGateUpGemv = true;
 
 // act[(t k + j), i] = bf16(bf16(silu(bf16(gate_e . x_t))) * bf16(up_e . x_t)), e = ids[t k + j]; one warp per i.
+// (More than kMoeGateUpGemvMaxRows rows, or where the decode GEMV's loop does not take the shapes: H % 8 != 0 or x
+// not 16-byte aligned.)
 // (Run 99: loading a lane's whole gate and up words at once, 124 registers and two blocks per SM, was slower: b=1
 // 14.98 us against 12.63 in the trace, batches of 8-32 1.5-5% slower.)
 // Blocks x >= rows k (with a shared expert): shared_act[t, i] likewise with the shared expert's gate and up, t =
@@ -745,10 +752,29 @@ void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const
         throw Error(Status::internal, "CUDA MoE experts: a shared expert cannot be fused for these rows");
     if (!moe_grouped(rows, H, I, ctx)) {
         const MoeShared sh = shared ? *shared : MoeShared{};
+        ExpertGateUpArgs a;
+        a.x = x;
+        a.gate_up = gate_up;
+        a.ids = ids;
+        a.E = E;
+        a.H = H;
+        a.I = I;
+        a.k = k;
+        a.rows = rows;
+        a.shared_gate_proj = sh.gate_proj;
+        a.shared_up_proj = sh.up_proj;
+        a.shared_gate = sh.gate;
+        a.Is = sh.Is;
+        a.act = scratch.act;
+        a.shared_act = scratch.shared_act;
+        a.shared_gate_out = scratch.shared_gate;
         const int cols = std::max(I, sh.Is);
-        launch(moe_gate_up_kernel, dim3(unsigned(rows * k + (shared ? rows : 0)), ceil_div(cols, kMoeWarps)),
-               kMoeWarps * 32, 0, ctx, "MoE gate/up kernel", x, gate_up, ids, E, H, I, k, rows, scratch.act, sh,
-               scratch.shared_act, scratch.shared_gate);
+        if (kMoeGateUpGemv && rows <= kMoeGateUpGemvMaxRows && gemv_expert_gate_up_fits(a))
+            gemv_expert_gate_up(a, ctx);
+        else
+            launch(moe_gate_up_kernel, dim3(unsigned(rows * k + (shared ? rows : 0)), ceil_div(cols, kMoeWarps)),
+                   kMoeWarps * 32, 0, ctx, "MoE gate/up kernel", x, gate_up, ids, E, H, I, k, rows, scratch.act, sh,
+                   scratch.shared_act, scratch.shared_gate);
         if (rows <= 2 && I % 8 == 0)
             launch(moe_down_rows_kernel, dim3(unsigned(rows), ceil_div(H, kDownRows)), (kDownWarps + 1) * 32, 0, ctx,
                    "MoE down kernel (prefetching)", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H, I,

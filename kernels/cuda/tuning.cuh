@@ -82,5 +82,10 @@ constexpr int kMoeGroupedMinRows = 16;
 // The shared expert runs inside the routed experts' per-row kernels up to this many rows (run 98, 35B-A3B shapes:
 // b=1 +12%, b=8 +4%, b=16 equal, b=32 -3% against its own kernels).
 constexpr int kMoeFusedSharedMaxRows = 16;
+// The per-row experts' gate/up/SiLU on the decode GEMV's loop (matmul.cuh, gemv_expert_gate_up: two warps a feature,
+// both rows' words loaded at once, the shared expert's before the PDL wait) up to this many rows; more rows: one warp
+// a feature (moe.cu, moe_gate_up_kernel). H100, 35B-A3B shapes, thirty-third session, tok/s against the one-warp
+// kernel: b=1 355.8 / 345.3 (+3.0%), b=2 528.6 / 519.3 (+1.8%), b=8 908.9 / 959.4 (-5.3%).
+constexpr int kMoeGateUpGemvMaxRows = 2;
 
 }  // namespace hy::cuda
