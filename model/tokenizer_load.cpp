@@ -299,7 +299,8 @@ Tokenizer Tokenizer::from_json_string(std::string_view text, const std::string& 
 
     // -- model --
     const json* model = field(root, "model");
-    if (!model || !model->is_object()) throw Error(Status::format, origin + ": missing object 'model'");
+    if (!model || !model->is_object())
+        throw Error(Status::format, origin + ": missing object 'model' (is it a Hugging Face tokenizer.json?)");
     if (const json* type = field(*model, "type")) {
         if (!type->is_string()) throw Error(Status::format, origin + ": model.type must be a string");
         if (type->get<std::string>() != "BPE")

@@ -390,6 +390,9 @@ TEST_CASE("loading errors are reported with a status and a clear message", "[tok
     CHECK(msg.find("malformed JSON") != std::string::npos);
     CHECK(error_of([] { Tokenizer::from_json_string(""); }) == Status::format);
     CHECK(error_of([] { Tokenizer::from_json_string("[1, 2]"); }) == Status::format);
+    // another JSON file given as the tokenizer (a config.json): says what was expected
+    CHECK(error_of([] { Tokenizer::from_json_string("{\"model_type\": \"qwen3_5\"}"); }, &msg) == Status::format);
+    CHECK(msg.find("missing object 'model' (is it a Hugging Face tokenizer.json?)") != std::string::npos);
 
     auto variant = [](const char* ptr, const json& value) {
         json j = tiny_json();
