@@ -116,11 +116,11 @@ GemvConfig gemv_config(int64_t K);
 
 // The MoE decode gate/up/SiLU (moe.cu's per-row path, fewer rows than moe_grouped takes) on this GEMV's loop: split
 // warps share a feature's gate and up rows (gemv_config(H)), every lane's words of both loaded at once, and a block
-// takes kGemvWarps / split features of one choice. Choices c (blockIdx.y): c < rows (when Is > 0) the shared expert of
-// row c, loaded before the PDL wait (its weights do not depend on the routing; feature Is is the shared gate:
-// shared_gate_out[t] = bf16(sigmoid(bf16(x_t . shared_gate)))); then the routed choice n = c - rows' = t k + j:
-// act[n, i] = bf16(bf16(silu(bf16(x_t . Wg_e[i]))) * bf16(x_t . Wu_e[i])), e = ids[n] (0 for e outside [0, E)), its
-// weights loaded after the wait. shared_act[t, i] likewise with the shared expert's rows.
+// takes kGemvWarps / split features of one choice. Blocks y < rows (only when Is > 0) take the shared expert of row
+// t = y, its weights loaded before the PDL wait (they do not depend on the routing): shared_act[t, i] =
+// bf16(bf16(silu(bf16(x_t . Wg_s[i]))) * bf16(x_t . Wu_s[i])), and feature Is the shared gate, shared_gate_out[t] =
+// bf16(sigmoid(bf16(x_t . shared_gate))). The other blocks take the routed choice n = t k + j (y minus those rows):
+// act[n, i] likewise with expert e = ids[n]'s rows (0 for e outside [0, E)), loaded after the wait.
 struct ExpertGateUpArgs {
     const bf16* x = nullptr;        // [rows, H]
     const bf16* gate_up = nullptr;  // [E * 2I, H]: expert e's gate rows [2eI, 2eI + I), up rows [2eI + I, 2(e+1)I)
