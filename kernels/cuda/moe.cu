@@ -175,8 +175,9 @@ constexpr bool kMoeGateUpGemv = true;
 // act[(t k + j), i] = bf16(bf16(silu(bf16(gate_e . x_t))) * bf16(up_e . x_t)), e = ids[t k + j]; one warp per i.
 // (More than kMoeGateUpGemvMaxRows rows, or where the decode GEMV's loop does not take the shapes: H % 8 != 0 or x
 // not 16-byte aligned.)
-// (Run 99: loading a lane's whole gate and up words at once, 124 registers and two blocks per SM, was slower: b=1
-// 14.98 us against 12.63 in the trace, batches of 8-32 1.5-5% slower.)
+// (Run 99: this kernel loading a lane's whole gate and up words at once, 124 registers and two blocks per SM, was
+// slower: b=1 14.98 us against 12.63 in the trace, batches of 8-32 1.5-5% slower. gemv_expert_gate_up does load them
+// at once, but with two warps a feature and 62 registers, and wins at 1-2 rows.)
 // Blocks x >= rows k (with a shared expert): shared_act[t, i] likewise with the shared expert's gate and up, t =
 // x - rows k; and one warp of the row's first block: shared_gate[t] = bf16(sigmoid(bf16(x_t . gate))).
 __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up,
