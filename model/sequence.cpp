@@ -15,8 +15,12 @@ void Sequence::feed(const int32_t* ids, int n) {
     const int total = n_pending + n;
     if (total == 0) return;
     if (int64_t(len) + total > model->n_ctx())
-        throw Error(Status::context_full, "the sequence would hold " + std::to_string(int64_t(len) + total) +
-                                              " tokens; the context length is " + std::to_string(model->n_ctx()));
+        throw Error(Status::context_full,
+                    "the sequence would hold " + std::to_string(int64_t(len) + total) +
+                        " tokens; the context length is " + std::to_string(model->n_ctx()) +
+                        (n_pending > 0 ? " (counting the last generated id, which is not yet fed: " +
+                                             std::to_string(len) + " tokens are in the context)"
+                                       : std::string()));
     std::span<const int32_t> run;
     if (n_pending == 0) {
         run = std::span<const int32_t>(ids, size_t(n));

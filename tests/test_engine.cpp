@@ -220,6 +220,11 @@ TEST_CASE("engine: stop strings, callback stop, context full", "[engine]") {
         hy_generate_params gp = hy_generate_default_params();
         CHECK(hy_generate(t.c, t.s, long_prompt.data(), 17, &gp, nullptr) == HY_ERR_CONTEXT_FULL);
         CHECK(std::string(hy_last_error()).find("context length is 16") != std::string::npos);
+        // feeding only the pending id: the message says that it is what does not fit
+        CHECK(hy_prefill(t.c, nullptr, 0) == HY_ERR_CONTEXT_FULL);
+        CHECK(std::string(hy_last_error())
+                  .find("would hold 17 tokens; the context length is 16 (counting the last "
+                        "generated id, which is not yet fed: 16 tokens are in the context)") != std::string::npos);
     }
 }
 
