@@ -329,8 +329,6 @@ public:
     virtual DType act_dtype() const = 0;
     // Storage type for a weight matrix stored as `checkpoint` in the file.
     virtual DType matrix_dtype(DType checkpoint) const = 0;
-    // Whether moe_experts takes FP8 experts (the loader refuses FP8 experts otherwise, naming the backend).
-    virtual bool fp8_experts() const { return true; }
     // Whether moe_experts takes Q8/Q4 experts (--quant int8 / int4 of a MoE model; refused at load otherwise).
     virtual bool int_experts() const { return true; }
 

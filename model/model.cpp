@@ -656,10 +656,6 @@ struct ModelLoader {
             throw Error(Status::model_mismatch,
                         where + "no experts: expected '" + xp + "gate_up_proj' or '" + xp + "0.gate_proj.weight'");
         }
-        if ((is_fp8(w.experts.gate_up.dtype) || is_fp8(w.experts.down.dtype)) && !be.fp8_experts())
-            throw Error(Status::unsupported, where + "FP8 MoE experts are not supported by the " +
-                                                 std::string(be.name()) +
-                                                 " backend yet (its dense FP8 matrices are); use --device cpu");
         if ((is_int_quant(w.experts.gate_up.dtype) || is_int_quant(w.experts.down.dtype)) && !be.int_experts())
             throw Error(Status::unsupported, where + "int8/int4 MoE experts are not supported by the " +
                                                  std::string(be.name()) +

@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <functional>
+#include <numeric>
 #include <random>
 #include <string>
 #include <vector>
@@ -1592,6 +1593,124 @@ TEST_CASE("CUDA MoE router and experts (routed and shared) against the CPU refer
     }
 }
 
+// FP8 experts (the routed experts' gate_up and down as e4m3 or e5m2 codes with 128 x 128 block scales, segments
+// of I and H rows as the loader makes them) against the CPU reference of the same codes and scales, on every path:
+// the per-row kernels (one warp per output; the bf16 shared expert fused in), the grouped tensor-core GEMMs (codes
+// converted to bf16 in shared memory, each stage's sums scaled) with stages of 128 and 64 values, and the default.
+// Block scales vary from block to block (vary_blocks), so a scale read from the wrong block shows.
+TEST_CASE("CUDA MoE FP8 experts against the CPU reference", "[gpu][fp8]") {
+    HY_REQUIRE_GPU();
+    struct Shape {
+        int E, k, H, I, T, Is;
+        DType type;
+    };
+    const DType e4 = DType::F8_E4M3, e5 = DType::F8_E5M2;
+    for (const Shape s :
+         {Shape{8, 2, 256, 64, 5, 128, e4}, Shape{256, 8, 512, 128, 3, 0, e4}, Shape{8, 4, 256, 64, 300, 0, e4},
+          Shape{16, 4, 1024, 256, 40, 0, e4}, Shape{512, 10, 256, 32, 2, 0, e4}, Shape{512, 10, 128, 32, 20, 0, e4},
+          Shape{16, 4, 384, 160, 24, 64, e5}, Shape{8, 2, 200, 24, 20, 0, e4}}) {
+        // (H 200, I 24: not multiples of 16, so every row count takes the per-row kernels, value by value)
+        INFO("E " << s.E << " k " << s.k << " H " << s.H << " I " << s.I << " rows " << s.T << " Is " << s.Is << " "
+                  << dtype_name(s.type));
+        const WorkspaceShape ws{4, 64, s.H, s.E, s.k, s.I, s.Is};
+        const BatchLimits l = limits(std::max(s.T, 8), 1, 16);
+        const size_t bytes = size_t(s.E) * 3 * s.I * s.H * 2 + (size_t(16) << 20);
+        Side cpu(make_cpu_backend(2), l, ws, bytes);
+        Side gpu(make_cuda_backend(0), l, ws, bytes);
+        CudaOptions o;
+        o.moe_grouped_min_rows = 1;
+        Side grouped(make_cuda_backend(0, o), l, ws, bytes);
+        o.moe_grouped_min_rows = 1 << 30;
+        Side gemv(make_cuda_backend(0, o), l, ws, bytes);
+        o.moe_grouped_min_rows = 1;
+        o.moe_group_k64 = true;
+        Side grouped64(make_cuda_backend(0, o), l, ws, bytes);
+        const auto x = randn(size_t(s.T) * s.H);
+        auto gate_up = randn(size_t(s.E) * 2 * s.I * s.H, 0.06f), down = randn(size_t(s.E) * s.H * s.I, 0.08f);
+        vary_blocks(gate_up, int64_t(s.E) * 2 * s.I, s.H, false);
+        vary_blocks(down, int64_t(s.E) * s.H, s.I, false);
+        const auto sgate = randn(size_t(s.H), 0.1f), s_gate = randn(size_t(s.Is) * s.H, 0.06f),
+                   s_up = randn(size_t(s.Is) * s.H, 0.06f), s_down = randn(size_t(s.H) * s.Is, 0.08f);
+        // the codes and scales (e4m3 from quantize_fp8_blocks; e5m2: each normal e4m3 value with its last mantissa
+        // bit dropped, the subnormal ones zero)
+        struct Codes {
+            std::vector<uint8_t> q;
+            std::vector<float> sc;
+        };
+        auto quantize = [&](const std::vector<float>& w, int64_t rows, int64_t cols, int64_t seg) {
+            Codes c{std::vector<uint8_t>(size_t(rows * cols)),
+                    std::vector<float>(size_t(fp8_scale_rows(rows, seg) * fp8_scale_cols(cols)))};
+            quantize_fp8_blocks(w.data(), rows, cols, seg, c.q.data(), c.sc.data());
+            if (s.type == DType::F8_E5M2)
+                for (uint8_t& b : c.q) {
+                    const int e = (b >> 3) & 15;
+                    b = uint8_t((b & 0x80) | (e == 0 ? 0 : ((e + 8) << 2) | ((b & 7) >> 1)));
+                }
+            return c;
+        };
+        const Codes gu = quantize(gate_up, int64_t(s.E) * 2 * s.I, s.H, s.I),
+                    dn = quantize(down, int64_t(s.E) * s.H, s.I, s.H);
+        std::vector<float> w(size_t(s.T) * s.k);
+        std::vector<int32_t> ids(size_t(s.T) * s.k);
+        for (int t = 0; t < s.T; t++) {  // k distinct experts a row, weights summing to 1 (bf16 values)
+            std::vector<int32_t> perm(size_t(s.E));
+            std::iota(perm.begin(), perm.end(), 0);
+            std::shuffle(perm.begin(), perm.end(), rng());
+            float sum = 0.0f;
+            for (int j = 0; j < s.k; j++) sum += float(j + 1);
+            for (int j = 0; j < s.k; j++) {
+                ids[size_t(t) * s.k + j] = perm[size_t(j)];
+                w[size_t(t) * s.k + j] = bf16_to_f32(f32_to_bf16(float(j + 1) / sum));
+            }
+        }
+        Batch batch({{0, 0, s.T}}, 64);
+        Side* sides[5] = {&cpu, &gpu, &grouped, &gemv, &grouped64};
+        std::vector<float> ye[5];
+        for (int i = 0; i < 5; i++) {
+            Side& d = *sides[i];
+            d.be->begin_batch(batch.desc);
+            void* xa = d.act(x);
+            auto upload = [&](const Codes& c, int64_t rows, int64_t cols, int64_t seg) {
+                void* p = d.take(c.q.size());
+                d.be->upload(p, c.q.data(), c.q.size());
+                return Matrix{p, s.type, rows, cols, d.f32(c.sc), seg};
+            };
+            MoeExperts ex;
+            ex.gate_up = upload(gu, int64_t(s.E) * 2 * s.I, s.H, s.I);
+            ex.down = upload(dn, int64_t(s.E) * s.H, s.I, s.H);
+            ex.n_experts = s.E;
+            ex.intermediate = s.I;
+            float* wt = static_cast<float*>(d.take(w.size() * 4));
+            int32_t* id = static_cast<int32_t*>(d.take(ids.size() * 4));
+            d.be->upload(wt, w.data(), w.size() * 4);
+            d.be->upload(id, ids.data(), ids.size() * 4);
+            SharedExpert sh;
+            if (s.Is > 0) {
+                sh.gate_proj = d.matrix(s_gate, s.Is, s.H);
+                sh.up_proj = d.matrix(s_up, s.Is, s.H);
+                sh.down_proj = d.matrix(s_down, s.H, s.Is);
+                sh.gate = d.matrix(sgate, 1, s.H);
+            }
+            void* out = d.poisoned(size_t(s.T) * s.H);
+            d.be->moe_experts(xa, s.T, ex, sh, wt, id, s.k, out);
+            ye[i] = d.read_act(out, size_t(s.T) * s.H);
+        }
+        for (int i = 1; i < 5; i++) {
+            const double ey = rel_err(ye[i], ye[0]);
+            const char* path = i == 1 ? "default" : i == 2 ? "grouped" : i == 3 ? "per-row" : "grouped, BK 64";
+            std::printf("CUDA MoE FP8 experts %s E %d k %d H %d I %d rows %d, %s path: rel err %.3g\n",
+                        dtype_name(s.type), s.E, s.k, s.H, s.I, s.T, path, ey);
+            INFO(path << " experts rel err " << ey);
+            CHECK(ey <= 2e-2);
+        }
+        // the default takes the grouped path's kernels from kMoeGroupedMinRows rows (H and I multiples of 16), else
+        // the per-row ones, bit for bit
+        const bool grouped_fits = s.H % 16 == 0 && s.I % 16 == 0;
+        CHECK(ye[1] == ye[grouped_fits && s.T >= cuda::kMoeGroupedMinRows ? 2 : 3]);
+        if (!grouped_fits) CHECK(ye[2] == ye[3]);
+    }
+}
+
 // The router's top-k on exact ties: pairs of experts with equal logits (x one-hot, so every logit is a router
 // weight exactly, on both sides): the larger logit first and, between equal ones, the lower id, as torch.topk and
 // the CPU backend; the weights as the CPU's. 1, 2 and 5 rows (the rows are independent).
@@ -1648,15 +1767,19 @@ TEST_CASE("CUDA MoE top-k: ties go to the lower id, as on the CPU", "[gpu]") {
 // through the recurrent state the later rows', by far more than rounding. So the check is on the median of the
 // rows' relative errors, at most 15% (GPU run 95: medians 3-7% over random prompts, single rows up to 49%; a
 // broken expert path or wiring is off by about 100% on every row); the ops themselves are checked tightly above.
+// Also with --quant fp8 on both sides (FP8 experts, shared expert and projections; W8A16 on CUDA, as the CPU).
 TEST_CASE("CUDA MoE models: logits match the CPU backend, decode graphs equal eager execution", "[gpu]") {
     HY_REQUIRE_GPU();
-    for (const char* name : {"moe", "next"}) {
-        INFO(name);
+    for (const auto& [name, quant] : {std::pair{"moe", WeightQuant::none}, std::pair{"next", WeightQuant::none},
+                                      std::pair{"moe", WeightQuant::fp8}, std::pair{"next", WeightQuant::fp8}}) {
+        INFO(name << (quant == WeightQuant::fp8 ? " --quant fp8" : ""));
         const std::string dir = std::string(HY_SOURCE_DIR) + "/tests/data/models/" + name;
         ModelParams mp;
         mp.n_ctx = 128;
         mp.max_batch_tokens = 64;
         mp.max_logits = 64;
+        mp.quant = quant;
+        mp.cuda.fp8_block_scaled_gemm = false;
         mp.device = Device::cpu;
         auto cpu = Model::load(dir, mp);
         mp.device = Device::cuda;
@@ -1696,8 +1819,8 @@ TEST_CASE("CUDA MoE models: logits match the CPU backend, decode graphs equal ea
             row_errors(lx, lc1, err);
         }
         const double med = median(err), worst = *std::max_element(err.begin(), err.end());
-        std::printf("CUDA MoE model %s: rows' logits rel err median %.4f max %.4f (prompt grouped: median %.4f)\n",
-                    name, med, worst, median(err_grouped));
+        std::printf("CUDA MoE model %s%s: rows' logits rel err median %.4f max %.4f (prompt grouped: median %.4f)\n",
+                    name, quant == WeightQuant::fp8 ? " --quant fp8" : "", med, worst, median(err_grouped));
         INFO("rows' rel err median " << med << " max " << worst);
         CHECK(med <= 0.15);
         CHECK(median(err_grouped) <= 0.15);

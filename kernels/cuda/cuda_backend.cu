@@ -411,7 +411,6 @@ public:
     DType matrix_dtype(DType checkpoint) const override {
         return is_fp8(checkpoint) || is_int_quant(checkpoint) ? checkpoint : DType::BF16;
     }
-    bool fp8_experts() const override { return false; }
     bool int_experts() const override { return false; }
 
     // The device memory free now (cudaMemGetInfo): the load refuses a larger arena before allocating, naming the
@@ -852,8 +851,10 @@ public:
     // slot buffer (free again once the routed experts' combine has run): gate|up [rows, 2 Is], output [rows, H].
     void moe_experts(const void* x, int64_t rows, const MoeExperts& ex, const SharedExpert& shared,
                      const float* weights, const int32_t* ids, int k, void* y) override {
-        require_bf16(ex.gate_up, "MoE experts");
-        require_bf16(ex.down, "MoE experts");
+        if (!cuda::moe_experts_take(ex.gate_up.dtype, ex.down.dtype))
+            throw Error(Status::unsupported, std::string("CUDA MoE experts: gate_up ") + dtype_name(ex.gate_up.dtype) +
+                                                 ", down " + dtype_name(ex.down.dtype) +
+                                                 " (supported: both BF16, or both one FP8 type)");
         const int H = int(ex.gate_up.cols);
         const int64_t Is = shared.gate_proj.rows;
         if (Is > 0) {
@@ -864,9 +865,10 @@ public:
         }
         const bool shared_bf16 = Is > 0 && shared.gate_proj.dtype == DType::BF16 &&
                                  shared.up_proj.dtype == DType::BF16 && shared.down_proj.dtype == DType::BF16;
-        const bool fused = shared_bf16 && cuda::moe_fuses_shared(rows, H, ex.intermediate, int(Is), ctx_);
+        const DType wt = ex.gate_up.dtype;
+        const bool fused = shared_bf16 && cuda::moe_fuses_shared(rows, H, ex.intermediate, int(Is), ctx_, wt);
         if (size_t(rows) * size_t(k) * size_t(ex.intermediate) > scratch_a_elems_ ||
-            (cuda::moe_grouped(rows, H, ex.intermediate, ctx_) &&
+            (cuda::moe_grouped(rows, H, ex.intermediate, ctx_, wt) &&
              (size_t(rows) * size_t(k) * size_t(H) > moe_slot_elems_ ||
               cuda::moe_index_ints(rows, ex.n_experts, k) > moe_index_ints_)) ||
             (Is > 0 && size_t(rows) * size_t(2 * Is + H) > moe_slot_elems_))

@@ -1,5 +1,6 @@
 #include "kernels/cuda/moe.cuh"
 
+#include "kernels/cuda/fp8_convert.cuh"
 #include "kernels/cuda/matmul.cuh"
 
 #include <algorithm>
@@ -13,6 +14,14 @@ constexpr int kMoeWarps = 8;  // output rows per block (one warp each)
 constexpr int kRouteThreads = 256;
 constexpr int kMaxTopK = 32;
 constexpr int kMaxExperts = 4096;
+
+// A stacked expert matrix as the kernels read it (MoeExperts' gate_up [E 2I, H] or down [E H, I]; Matrix's data,
+// scales and scale segments).
+struct ExpertMatrix {
+    const void* w = nullptr;        // [E N, K]: bf16, or fp8 codes
+    const float* scales = nullptr;  // FP8: F32 [fp8_scale_rows(E N, segment_rows), ceil(K / 128)]
+    int64_t segment_rows = 0;       // FP8: rows of one independently blocked segment (0: one segment)
+};
 
 // sum_i a[i] * b[i] over K values, fp32, by one warp (every lane gets it); 16-byte loads when both rows allow.
 __device__ __forceinline__ float warp_dot(const bf16* a, const bf16* b, int K) {
@@ -32,6 +41,60 @@ __device__ __forceinline__ float warp_dot(const bf16* a, const bf16* b, int K) {
         for (int i = lane; i < K; i += 32) s = fmaf(to_f32(a[i]), to_f32(b[i]), s);
     }
     return warp_sum(s);
+}
+
+// The weight types of the experts' kernels (template argument kW): bf16, or FP8 codes with 128 x 128 block scales.
+constexpr int kWBf16 = 0, kWE4M3 = 1, kWE5M2 = 2;
+
+// sum_c x[c] * fp8(w[c]) * s[c / 128] over K values, fp32, by one warp (every lane gets it): with 16-byte words
+// (16 codes, one block) where x and w allow, each word's 16 products summed, then times its block's scale (as the
+// FP8 GEMVs, fp8_matmul.cu), a lane's words in rounds of kFp8DotWords loaded at once (lane l: words l, l + 32, ...);
+// else value by value.
+constexpr int kFp8DotWords = 4;  // (H = 2048: the whole row in one round)
+template <bool kE5M2>
+__device__ __forceinline__ float warp_dot_fp8(const bf16* x, const uint8_t* w, const float* s, int K) {
+    const int lane = threadIdx.x & 31;
+    float acc = 0.0f;
+    if (((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(w)) & 15u) == 0 && K % 16 == 0) {
+        const uint4* w4 = reinterpret_cast<const uint4*>(w);
+        const uint4* x4 = reinterpret_cast<const uint4*>(x);
+        const int K16 = K / 16;
+        for (int base = lane; base < K16; base += 32 * kFp8DotWords) {
+            uint4 wv[kFp8DotWords];
+#pragma unroll
+            for (int u = 0; u < kFp8DotWords; u++)
+                if (base + 32 * u < K16) wv[u] = __ldg(w4 + base + 32 * u);
+#pragma unroll
+            for (int u = 0; u < kFp8DotWords; u++) {
+                const int i = base + 32 * u;
+                if (i >= K16) break;
+                float wf[16], xf[16];
+                unpack16<kE5M2>(wv[u], wf);
+                unpack8(x4[2 * i], xf);
+                unpack8(x4[2 * i + 1], xf + 8);
+                float p = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 16; j++) p = fmaf(wf[j], xf[j], p);
+                acc = fmaf(p, __ldg(s + i / 8), acc);
+            }
+        }
+    } else {
+        for (int c = lane; c < K; c += 32)
+            acc = fmaf(fp8_to_f32<kE5M2>(w[c]) * __ldg(s + c / kFp8Block), to_f32(x[c]), acc);
+    }
+    return warp_sum(acc);
+}
+
+// x . row `row` of an expert matrix of K columns (ExpertMatrix: bf16, or FP8 with its block scales), by one warp.
+template <int kW>
+__device__ __forceinline__ float expert_dot(const bf16* x, const ExpertMatrix& m, int64_t row, int K) {
+    if constexpr (kW == kWBf16) {
+        return warp_dot(x, static_cast<const bf16*>(m.w) + row * K, K);
+    } else {
+        const int64_t scale_cols = (K + kFp8Block - 1) / kFp8Block;
+        return warp_dot_fp8<kW == kWE5M2>(x, static_cast<const uint8_t*>(m.w) + row * K,
+                                          m.scales + fp8_scale_row(row, m.segment_rows) * scale_cols, K);
+    }
 }
 
 // The router's choice for one row by one warp (E <= 32 kPer): softmax over the row's bf16 logits in fp32, then k
@@ -180,9 +243,11 @@ constexpr bool kMoeGateUpGemv = true;
 // at once, but with two warps a feature and 62 registers, and wins at 1-2 rows.)
 // Blocks x >= rows k (with a shared expert): shared_act[t, i] likewise with the shared expert's gate and up, t =
 // x - rows k; and one warp of the row's first block: shared_gate[t] = bf16(sigmoid(bf16(x_t . gate))).
-__global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __restrict__ gate_up,
-                                   const int32_t* __restrict__ ids, int E, int H, int I, int k, int64_t rows, bf16* act,
-                                   MoeShared sh, bf16* shared_act, float* shared_gate) {
+// kW: the routed experts' weight type (the shared expert's are bf16).
+template <int kW>
+__global__ void moe_gate_up_kernel(const bf16* __restrict__ x, ExpertMatrix gate_up, const int32_t* __restrict__ ids,
+                                   int E, int H, int I, int k, int64_t rows, bf16* act, MoeShared sh, bf16* shared_act,
+                                   float* shared_gate) {
     pdl_wait();
     pdl_trigger();                  // (after the wait: the down kernel reads the routing before its own wait)
     const int64_t tj = blockIdx.x;  // t * k + j, or rows * k + t
@@ -207,9 +272,8 @@ __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, const bf16* __res
     const bf16* xr = x + (tj / k) * H;
     float a = 0.0f;
     if (e >= 0 && e < E) {
-        const bf16* w = gate_up + int64_t(e) * 2 * I * H;
-        const float g = round_bf16(warp_dot(xr, w + int64_t(i) * H, H));
-        const float u = round_bf16(warp_dot(xr, w + int64_t(I + i) * H, H));
+        const float g = round_bf16(expert_dot<kW>(xr, gate_up, int64_t(e) * 2 * I + i, H));
+        const float u = round_bf16(expert_dot<kW>(xr, gate_up, int64_t(e) * 2 * I + I + i, H));
         a = round_bf16(siluf_(g)) * u;
     }
     if ((threadIdx.x & 31) == 0) act[tj * I + i] = to_bf16(a);
@@ -229,10 +293,11 @@ __device__ __forceinline__ int choice_rank(int my_id, int lane, int k) {
 // y[t, h] = the bf16 running sum over the row's experts in increasing id of bf16(bf16(down_e[h] . act) * w); one
 // warp per h, the experts one after another.
 // With a shared expert (sh.down_proj): then acc = bf16(acc + bf16(shared_gate[t] * bf16(down_s[h] . shared_act[t]))).
-__global__ void moe_down_kernel(const bf16* __restrict__ act, const bf16* __restrict__ down,
-                                const float* __restrict__ weights, const int32_t* __restrict__ ids, int E, int H, int I,
-                                int k, MoeShared sh, const bf16* __restrict__ shared_act,
-                                const float* __restrict__ shared_gate, bf16* y) {
+// kW: the routed experts' weight type.
+template <int kW>
+__global__ void moe_down_kernel(const bf16* __restrict__ act, ExpertMatrix down, const float* __restrict__ weights,
+                                const int32_t* __restrict__ ids, int E, int H, int I, int k, MoeShared sh,
+                                const bf16* __restrict__ shared_act, const float* __restrict__ shared_gate, bf16* y) {
     pdl_trigger();
     pdl_wait();
     const int64_t t = blockIdx.x;
@@ -250,7 +315,7 @@ __global__ void moe_down_kernel(const bf16* __restrict__ act, const bf16* __rest
         const int e = ids[t * k + j];
         prev = e;
         if (e >= E) break;
-        const float d = round_bf16(warp_dot(act + (t * k + j) * I, down + (int64_t(e) * H + h) * I, I));
+        const float d = round_bf16(expert_dot<kW>(act + (t * k + j) * I, down, int64_t(e) * H + h, I));
         acc = round_bf16(acc + round_bf16(d * weights[t * k + j]));
     }
     if (sh.down_proj) {
@@ -455,33 +520,45 @@ __global__ void __launch_bounds__(kGroupScanThreads)
 
 // One tile (blockIdx.x, from moe_group_kernel) times one column block (blockIdx.y) of its expert's matrix, on
 // tensor cores (mma m16n8k16, fp32 accumulation, A and W through shared memory by a ring of group_stages<BK>()
-// cp.async stages of BK values in moe_grouped_gemm_smem<BK>() bytes of dynamic shared memory). At 2-4 rows a tile
+// cp.async stages of BK values in moe_grouped_gemm_smem<BK, kW>() bytes of dynamic shared memory). At 2-4 rows a tile
 // (decode batches) the kernel streams weights: 256-byte pieces of a weight row a stage read faster than 64-byte ones
 // (H100, 35B-A3B shapes, b=64: 2,478 against 1,735 tok/s; docs/perf-notes.md, thirty-second session). kGateUp: A = x
 // rows gathered by src_row, W = gate_up[e] [2I, H], K = H; the block's 128 weight rows are, per warp column wn, 16 gate
 // rows and the 16 up rows of the same activation columns, so each thread holds a column's gate and up values: out = act
 // [n, I] at the sorted positions, bf16(bf16(silu(bf16(g))) * bf16(u)). Else: A = act [n, I] (sorted positions), W =
 // down[e] [H, I], K = I; out = y_slot [n, H], bf16(bf16(d) * weight of the position's choice).
-template <bool kGateUp, int BK>
+// FP8 weights (kW != kWBf16; K a multiple of 16): the stages hold the codes (half the bytes of bf16), each stage is
+// converted (exactly) into one bf16 tile in shared memory before the products, and a stage's products are summed
+// apart, then multiplied by their 128 x 128 block's scale and added in fp32 (a stage lies in one block of columns:
+// BK divides 128), as the FP8 GEMVs scale each block's sum (fp8_matmul.cu).
+template <bool kGateUp, int BK, int kW>
 __global__ void __launch_bounds__(kGroupThreads)
-    moe_grouped_gemm_kernel(const bf16* __restrict__ a, const int32_t* __restrict__ src_row, const bf16* __restrict__ w,
-                            int N, int K, int I, const int32_t* __restrict__ tiles, const int32_t* __restrict__ choice,
+    moe_grouped_gemm_kernel(const bf16* __restrict__ a, const int32_t* __restrict__ src_row, ExpertMatrix wm, int N,
+                            int K, int I, const int32_t* __restrict__ tiles, const int32_t* __restrict__ choice,
                             const float* __restrict__ weights, bf16* out) {
     constexpr int kStages = group_stages<BK>();
+    constexpr bool kFp8 = kW != kWBf16;
+    constexpr int kWElems = kFp8 ? 16 : 8;                        // weights in a 16-byte word
+    constexpr int kWRow = kFp8 ? BK + 16 : 2 * (BK + kGroupPad);  // bytes between weight rows of a stage
     extern __shared__ __align__(16) unsigned char group_smem[];
     auto as = reinterpret_cast<bf16(*)[kGroupRows][BK + kGroupPad]>(group_smem);
-    auto bs = reinterpret_cast<bf16(*)[kGroupCols][BK + kGroupPad]>(as + kStages);
+    unsigned char* ws = group_smem + sizeof(bf16) * kStages * kGroupRows * (BK + kGroupPad);  // W stages (raw)
+    // the tile the products read: stage s itself (bf16), or the bf16 tile stage s is converted into (FP8)
+    auto bconv = reinterpret_cast<bf16(*)[BK + kGroupPad]>(ws + kStages * kGroupCols * kWRow);
     pdl_trigger();
     pdl_wait();
     const int expert = tiles[3 * int64_t(blockIdx.x)];
     if (expert < 0) return;
     const int p0 = tiles[3 * int64_t(blockIdx.x) + 1], p_end = tiles[3 * int64_t(blockIdx.x) + 2];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm = warp >> 2, wn = warp & 3;
-    // this thread copies 16-byte word `chunk` of kAPasses A rows and kWPasses W rows of every stage; words at or past
-    // K are zero-filled (K a multiple of 8)
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm_ = warp >> 2, wn = warp & 3;
+    // this thread copies 16-byte word `chunk` of kAPasses A rows and word `w_chunk` of kWPasses W rows of every stage;
+    // words at or past K are zero-filled (K a multiple of 8, of 16 for FP8)
     constexpr int kWords = BK / 8, kRowsPerPass = kGroupThreads / kWords;
-    constexpr int kAPasses = kGroupRows / kRowsPerPass, kWPasses = kGroupCols / kRowsPerPass;
+    constexpr int kAPasses = kGroupRows / kRowsPerPass;
+    constexpr int kWWords = BK / kWElems, kWRowsPerPass = kGroupThreads / kWWords;
+    constexpr int kWPasses = kGroupCols / kWRowsPerPass;
     const int chunk = tid % kWords, row0 = tid / kWords;
+    const int w_chunk = tid % kWWords, w_row0 = tid / kWWords;
     const bf16* a_src[kAPasses];
     bool a_valid[kAPasses];
 #pragma unroll
@@ -491,22 +568,25 @@ __global__ void __launch_bounds__(kGroupThreads)
         const int64_t a_row = a_valid[q] ? (kGateUp ? src_row[p0 + ar] : p0 + ar) : 0;
         a_src[q] = a + a_row * K + chunk * 8;
     }
-    const bf16* w_src[kWPasses];
-    bool w_valid[kWPasses];
-    const bf16* we = w + int64_t(expert) * N * K;
-#pragma unroll
-    for (int q = 0; q < kWPasses; q++) {
-        const int r = row0 + kRowsPerPass * q;
-        int row;
+    // the expert's weight row (0 <= row < N) of row r of the block's W tile, and whether it is one
+    auto weight_row = [&](int r, bool& valid) {
         if (kGateUp) {
             const int col = blockIdx.y * (kGroupCols / 2) + (r / 32) * 16 + (r % 16);
-            w_valid[q] = col < I;
-            row = (r % 32 >= 16 ? I : 0) + col;
-        } else {
-            row = blockIdx.y * kGroupCols + r;
-            w_valid[q] = row < N;
+            valid = col < I;
+            return valid ? (r % 32 >= 16 ? I : 0) + col : 0;
         }
-        w_src[q] = we + int64_t(w_valid[q] ? row : 0) * K + chunk * 8;
+        const int row = blockIdx.y * kGroupCols + r;
+        valid = row < N;
+        return valid ? row : 0;
+    };
+    constexpr int kWBytes = kFp8 ? 1 : 2;
+    const unsigned char* w_src[kWPasses];
+    bool w_valid[kWPasses];
+    const unsigned char* we = static_cast<const unsigned char*>(wm.w) + int64_t(expert) * N * K * kWBytes;
+#pragma unroll
+    for (int q = 0; q < kWPasses; q++) {
+        const int row = weight_row(w_row0 + kWRowsPerPass * q, w_valid[q]);
+        w_src[q] = we + (int64_t(row) * K + w_chunk * kWElems) * kWBytes;
     }
     auto load_stage = [&](int s, int k0) {
         const bool k_in = k0 + chunk * 8 < K;
@@ -514,18 +594,33 @@ __global__ void __launch_bounds__(kGroupThreads)
         for (int q = 0; q < kAPasses; q++)
             cp_async16(smem_addr(&as[s][row0 + kRowsPerPass * q][chunk * 8]), a_src[q] + (k_in ? k0 : 0),
                        a_valid[q] && k_in);
+        const bool w_in = k0 + w_chunk * kWElems < K;
 #pragma unroll
         for (int q = 0; q < kWPasses; q++)
-            cp_async16(smem_addr(&bs[s][row0 + kRowsPerPass * q][chunk * 8]), w_src[q] + (k_in ? k0 : 0),
-                       w_valid[q] && k_in);
+            cp_async16(smem_addr(ws + (s * kGroupCols + w_row0 + kWRowsPerPass * q) * kWRow + w_chunk * 16),
+                       w_src[q] + (w_in ? k0 * kWBytes : 0), w_valid[q] && w_in);
     };
-    float acc[2][4][4];
+    // FP8: the scale rows of this thread's 8 output columns (bconv rows wn 32 + nj 8 + c2 + c); a stage's block of
+    // columns is (its first k) / 128
+    const float* s_row[4][2] = {};
+    if constexpr (kFp8) {
+        const int64_t scale_cols = (K + kFp8Block - 1) / kFp8Block;
+#pragma unroll
+        for (int nj = 0; nj < 4; nj++)
+#pragma unroll
+            for (int c = 0; c < 2; c++) {
+                bool valid;
+                const int row = weight_row(wn * 32 + nj * 8 + (lane & 3) * 2 + c, valid);
+                s_row[nj][c] = wm.scales + fp8_scale_row(int64_t(expert) * N + row, wm.segment_rows) * scale_cols;
+            }
+    }
+    float acc[2][4][4], part[2][4][4];
 #pragma unroll
     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
         for (int nj = 0; nj < 4; nj++)
 #pragma unroll
-            for (int c = 0; c < 4; c++) acc[mi][nj][c] = 0.0f;
+            for (int c = 0; c < 4; c++) acc[mi][nj][c] = part[mi][nj][c] = 0.0f;
     const int n_k = (K + BK - 1) / BK;
     // (a commit without copies is an empty group, so that group kt is always stage kt's)
 #pragma unroll
@@ -540,24 +635,64 @@ __global__ void __launch_bounds__(kGroupThreads)
         const int next = kt + kStages - 1;
         if (next < n_k) load_stage(next % kStages, next * BK);
         cp_async_commit();
+        if constexpr (kFp8) {  // stage s's codes -> bconv (this thread's words of the stage)
+#pragma unroll
+            for (int q = 0; q < kWPasses; q++) {
+                const int r = w_row0 + kWRowsPerPass * q;
+                const uint4 v = *reinterpret_cast<const uint4*>(ws + (s * kGroupCols + r) * kWRow + w_chunk * 16);
+                const uint32_t in[4] = {v.x, v.y, v.z, v.w};
+                uint32_t o[8];
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    o[2 * i] = fp8x2_to_bf16x2<kW == kWE5M2>(in[i]);
+                    o[2 * i + 1] = fp8x2_to_bf16x2<kW == kWE5M2>(in[i] >> 16);
+                }
+                uint4* dst = reinterpret_cast<uint4*>(&bconv[r][w_chunk * 16]);
+                dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+                dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+            }
+            __syncthreads();
+        }
+        auto b_tile = [&](int r, int c) -> const bf16* {
+            if constexpr (kFp8) return &bconv[r][c];
+            return reinterpret_cast<const bf16*>(ws + (s * kGroupCols + r) * kWRow) + c;
+        };
+        float(&sum)[2][4][4] = kFp8 ? part : acc;
 #pragma unroll
         for (int ks = 0; ks < BK / 16; ks++) {
             uint32_t af[2][4], bfr[4][2];
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
-                ldsm_x4(smem_addr(&as[s][wm * 32 + mi * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]), af[mi][0],
+                ldsm_x4(smem_addr(&as[s][wm_ * 32 + mi * 16 + (lane & 15)][ks * 16 + (lane >> 4) * 8]), af[mi][0],
                         af[mi][1], af[mi][2], af[mi][3]);
 #pragma unroll
             for (int pr = 0; pr < 2; pr++) {
                 const int q = lane >> 3;
-                ldsm_x4(smem_addr(&bs[s][wn * 32 + pr * 16 + (lane & 7) + (q >> 1) * 8][ks * 16 + (q & 1) * 8]),
+                ldsm_x4(smem_addr(b_tile(wn * 32 + pr * 16 + (lane & 7) + (q >> 1) * 8, ks * 16 + (q & 1) * 8)),
                         bfr[2 * pr][0], bfr[2 * pr][1], bfr[2 * pr + 1][0], bfr[2 * pr + 1][1]);
             }
 #pragma unroll
             for (int mi = 0; mi < 2; mi++)
 #pragma unroll
                 for (int nj = 0; nj < 4; nj++)
-                    mma_bf16_16816(acc[mi][nj], af[mi][0], af[mi][1], af[mi][2], af[mi][3], bfr[nj][0], bfr[nj][1]);
+                    mma_bf16_16816(sum[mi][nj], af[mi][0], af[mi][1], af[mi][2], af[mi][3], bfr[nj][0], bfr[nj][1]);
+        }
+        if constexpr (kFp8) {  // this stage's sums times their block's scale
+            const int block = kt * BK / kFp8Block;
+            float sc[4][2];
+#pragma unroll
+            for (int nj = 0; nj < 4; nj++)
+#pragma unroll
+                for (int c = 0; c < 2; c++) sc[nj][c] = __ldg(s_row[nj][c] + block);
+#pragma unroll
+            for (int mi = 0; mi < 2; mi++)
+#pragma unroll
+                for (int nj = 0; nj < 4; nj++)
+#pragma unroll
+                    for (int c = 0; c < 4; c++) {
+                        acc[mi][nj][c] = fmaf(part[mi][nj][c], sc[nj][c & 1], acc[mi][nj][c]);
+                        part[mi][nj][c] = 0.0f;
+                    }
         }
     }
     cp_async_wait<0>();
@@ -566,7 +701,7 @@ __global__ void __launch_bounds__(kGroupThreads)
     for (int mi = 0; mi < 2; mi++)
 #pragma unroll
         for (int half = 0; half < 2; half++) {
-            const int p = p0 + wm * 32 + mi * 16 + g + 8 * half;
+            const int p = p0 + wm_ * 32 + mi * 16 + g + 8 * half;
             if (p >= p_end) continue;
             if (kGateUp) {
 #pragma unroll
@@ -595,34 +730,37 @@ __global__ void __launch_bounds__(kGroupThreads)
         }
 }
 
-// The grouped GEMM's dynamic shared memory: group_stages<BK>() stages of A and W tiles (BK 128: 104,448 bytes, two
-// blocks an SM; BK 64: 82,944), opted in above the 48 KB default with the largest carveout, once per device and
-// kernel.
-template <int BK>
+// The grouped GEMM's dynamic shared memory: group_stages<BK>() stages of A and W tiles (bf16 W, BK 128: 104,448
+// bytes, two blocks an SM; BK 64: 82,944; FP8 W: the stages' codes and one bf16 tile, BK 128: 106,496; BK 64:
+// 76,800), opted in above the 48 KB default with the largest carveout, once per device and kernel.
+template <int BK, int kW>
 constexpr size_t moe_grouped_gemm_smem() {
-    return size_t(group_stages<BK>()) * (kGroupRows + kGroupCols) * (BK + kGroupPad) * sizeof(bf16);
+    const size_t a = size_t(group_stages<BK>()) * kGroupRows * (BK + kGroupPad) * sizeof(bf16);
+    if (kW == kWBf16) return a + size_t(group_stages<BK>()) * kGroupCols * (BK + kGroupPad) * sizeof(bf16);
+    return a + size_t(group_stages<BK>()) * kGroupCols * (BK + 16) +
+           size_t(kGroupCols) * (BK + kGroupPad) * sizeof(bf16);
 }
 
-template <bool kGateUp, int BK>
+template <bool kGateUp, int BK, int kW>
 void moe_grouped_gemm_opt_in() {
     static std::atomic<uint64_t> done{0};
-    opt_in_smem(moe_grouped_gemm_kernel<kGateUp, BK>, moe_grouped_gemm_smem<BK>(), done,
+    opt_in_smem(moe_grouped_gemm_kernel<kGateUp, BK, kW>, moe_grouped_gemm_smem<BK, kW>(), done,
                 "cudaFuncSetAttribute (MoE grouped GEMM shared memory)", true);
 }
 
 // Both grouped GEMMs (gate/up with the SiLU product, then down) with BK values a stage.
-template <int BK>
-void moe_grouped_gemms(const bf16* x, const int32_t* src_row, const bf16* gate_up, const bf16* down, int H, int I,
-                       int max_tiles, const int32_t* tiles, const int32_t* choice, const float* weights, bf16* act,
-                       bf16* y_slot, const LaunchContext& ctx) {
-    moe_grouped_gemm_opt_in<true, BK>();
-    moe_grouped_gemm_opt_in<false, BK>();
-    launch(moe_grouped_gemm_kernel<true, BK>, dim3(unsigned(max_tiles), ceil_div(I, kGroupCols / 2)), kGroupThreads,
-           moe_grouped_gemm_smem<BK>(), ctx, "MoE grouped gate/up kernel", x, src_row, gate_up, 2 * I, H, I, tiles,
+template <int BK, int kW>
+void moe_grouped_gemms(const bf16* x, const int32_t* src_row, const ExpertMatrix& gate_up, const ExpertMatrix& down,
+                       int H, int I, int max_tiles, const int32_t* tiles, const int32_t* choice, const float* weights,
+                       bf16* act, bf16* y_slot, const LaunchContext& ctx) {
+    moe_grouped_gemm_opt_in<true, BK, kW>();
+    moe_grouped_gemm_opt_in<false, BK, kW>();
+    launch(moe_grouped_gemm_kernel<true, BK, kW>, dim3(unsigned(max_tiles), ceil_div(I, kGroupCols / 2)), kGroupThreads,
+           moe_grouped_gemm_smem<BK, kW>(), ctx, "MoE grouped gate/up kernel", x, src_row, gate_up, 2 * I, H, I, tiles,
            choice, weights, act);
-    launch(moe_grouped_gemm_kernel<false, BK>, dim3(unsigned(max_tiles), ceil_div(H, kGroupCols)), kGroupThreads,
-           moe_grouped_gemm_smem<BK>(), ctx, "MoE grouped down kernel", static_cast<const bf16*>(act), src_row, down, H,
-           I, I, tiles, choice, weights, y_slot);
+    launch(moe_grouped_gemm_kernel<false, BK, kW>, dim3(unsigned(max_tiles), ceil_div(H, kGroupCols)), kGroupThreads,
+           moe_grouped_gemm_smem<BK, kW>(), ctx, "MoE grouped down kernel", static_cast<const bf16*>(act), src_row,
+           down, H, I, I, tiles, choice, weights, y_slot);
 }
 
 // y[t, :] = the bf16 running sum of the row's k weighted expert outputs (y_slot at their sorted positions) in
@@ -734,28 +872,32 @@ int64_t moe_max_tiles(int64_t rows, int E, int k) {
     return (n + kGroupRows - 1) / kGroupRows + std::min<int64_t>(E, n);
 }
 
-bool moe_grouped(int64_t rows, int H, int I, const LaunchContext& ctx) {
-    return rows >= ctx.moe_grouped_min_rows && H % 8 == 0 && I % 8 == 0;
+bool moe_grouped(int64_t rows, int H, int I, const LaunchContext& ctx, DType weights) {
+    const int align = weights == DType::BF16 ? 8 : 16;
+    return rows >= ctx.moe_grouped_min_rows && H % align == 0 && I % align == 0;
 }
 
-bool moe_fuses_shared(int64_t rows, int H, int I, int Is, const LaunchContext& ctx) {
+bool moe_fuses_shared(int64_t rows, int H, int I, int Is, const LaunchContext& ctx, DType weights) {
     // (from 32 rows the shared expert's own GEMV/GEMM, which reads its weights once for all rows, is faster: run 98)
-    return rows <= kMoeFusedSharedMaxRows && !moe_grouped(rows, H, I, ctx) && H % 8 == 0 && Is % 8 == 0 && Is > 0;
+    return rows <= kMoeFusedSharedMaxRows && !moe_grouped(rows, H, I, ctx, weights) && H % 8 == 0 && Is % 8 == 0 &&
+           Is > 0;
 }
 
-void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const float* weights, const int32_t* ids,
-                 int k, const MoeShared* shared, const MoeScratch& scratch, bf16* y, const LaunchContext& ctx) {
-    if (rows <= 0) return;
+namespace {
+
+// moe_experts for one weight type (kW).
+template <int kW>
+void moe_experts_as(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const float* weights, const int32_t* ids,
+                    int k, const MoeShared* shared, const MoeScratch& scratch, bf16* y, const LaunchContext& ctx) {
     const int E = ex.n_experts, I = ex.intermediate;
-    const bf16* gate_up = static_cast<const bf16*>(ex.gate_up.data);
-    const bf16* down = static_cast<const bf16*>(ex.down.data);
-    if (shared && !moe_fuses_shared(rows, H, I, shared->Is, ctx))
-        throw Error(Status::internal, "CUDA MoE experts: a shared expert cannot be fused for these rows");
-    if (!moe_grouped(rows, H, I, ctx)) {
+    const ExpertMatrix gate_up{ex.gate_up.data, ex.gate_up.scales, ex.gate_up.scale_segment_rows};
+    const ExpertMatrix down{ex.down.data, ex.down.scales, ex.down.scale_segment_rows};
+    const DType wtype = ex.gate_up.dtype;
+    if (!moe_grouped(rows, H, I, ctx, wtype)) {
         const MoeShared sh = shared ? *shared : MoeShared{};
         ExpertGateUpArgs a;
         a.x = x;
-        a.gate_up = gate_up;
+        a.gate_up = static_cast<const bf16*>(gate_up.w);
         a.ids = ids;
         a.E = E;
         a.H = H;
@@ -770,19 +912,19 @@ void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const
         a.shared_act = scratch.shared_act;
         a.shared_gate_out = scratch.shared_gate;
         const int cols = std::max(I, sh.Is);
-        if (kMoeGateUpGemv && rows <= kMoeGateUpGemvMaxRows && gemv_expert_gate_up_fits(a))
+        if (kW == kWBf16 && kMoeGateUpGemv && rows <= kMoeGateUpGemvMaxRows && gemv_expert_gate_up_fits(a))
             gemv_expert_gate_up(a, ctx);
         else
-            launch(moe_gate_up_kernel, dim3(unsigned(rows * k + (shared ? rows : 0)), ceil_div(cols, kMoeWarps)),
+            launch(moe_gate_up_kernel<kW>, dim3(unsigned(rows * k + (shared ? rows : 0)), ceil_div(cols, kMoeWarps)),
                    kMoeWarps * 32, 0, ctx, "MoE gate/up kernel", x, gate_up, ids, E, H, I, k, rows, scratch.act, sh,
                    scratch.shared_act, scratch.shared_gate);
-        if (rows <= 2 && I % 8 == 0)
+        if (kW == kWBf16 && rows <= 2 && I % 8 == 0)
             launch(moe_down_rows_kernel, dim3(unsigned(rows), ceil_div(H, kDownRows)), (kDownWarps + 1) * 32, 0, ctx,
-                   "MoE down kernel (prefetching)", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H, I,
-                   k, ctx.evict_first, sh, static_cast<const bf16*>(scratch.shared_act),
-                   static_cast<const float*>(scratch.shared_gate), y);
+                   "MoE down kernel (prefetching)", static_cast<const bf16*>(scratch.act),
+                   static_cast<const bf16*>(down.w), weights, ids, E, H, I, k, ctx.evict_first, sh,
+                   static_cast<const bf16*>(scratch.shared_act), static_cast<const float*>(scratch.shared_gate), y);
         else
-            launch(moe_down_kernel, dim3(unsigned(rows), ceil_div(H, kMoeWarps)), kMoeWarps * 32, 0, ctx,
+            launch(moe_down_kernel<kW>, dim3(unsigned(rows), ceil_div(H, kMoeWarps)), kMoeWarps * 32, 0, ctx,
                    "MoE down kernel", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H, I, k, sh,
                    static_cast<const bf16*>(scratch.shared_act), static_cast<const float*>(scratch.shared_gate), y);
         return;
@@ -795,14 +937,34 @@ void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const
     int32_t* tiles = pos + n;
     launch(moe_group_kernel, unsigned(E), kGroupScanThreads, size_t(E) * 4, ctx, "MoE grouping kernel", ids, n, k, E,
            max_tiles, src_row, choice, pos, tiles);
-    if (!ctx.moe_group_k64 && size_t(ctx.smem_optin) >= moe_grouped_gemm_smem<128>())
-        moe_grouped_gemms<128>(x, src_row, gate_up, down, H, I, max_tiles, tiles, choice, weights, scratch.act,
-                               scratch.y_slot, ctx);
+    if (!ctx.moe_group_k64 && size_t(ctx.smem_optin) >= moe_grouped_gemm_smem<128, kW>())
+        moe_grouped_gemms<128, kW>(x, src_row, gate_up, down, H, I, max_tiles, tiles, choice, weights, scratch.act,
+                                   scratch.y_slot, ctx);
     else
-        moe_grouped_gemms<64>(x, src_row, gate_up, down, H, I, max_tiles, tiles, choice, weights, scratch.act,
-                              scratch.y_slot, ctx);
+        moe_grouped_gemms<64, kW>(x, src_row, gate_up, down, H, I, max_tiles, tiles, choice, weights, scratch.act,
+                                  scratch.y_slot, ctx);
     launch(moe_combine_kernel, unsigned(rows), 256, 0, ctx, "MoE combine kernel",
            static_cast<const bf16*>(scratch.y_slot), static_cast<const int32_t*>(pos), ids, E, H, k, y);
+}
+
+}  // namespace
+
+bool moe_experts_take(DType gate_up, DType down) {
+    return gate_up == down && (gate_up == DType::BF16 || is_fp8(gate_up));
+}
+
+void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const float* weights, const int32_t* ids,
+                 int k, const MoeShared* shared, const MoeScratch& scratch, bf16* y, const LaunchContext& ctx) {
+    if (rows <= 0) return;
+    const DType t = ex.gate_up.dtype;
+    if (!moe_experts_take(t, ex.down.dtype))
+        throw Error(Status::internal, std::string("CUDA MoE experts: weights ") + dtype_name(t) + " / " +
+                                          dtype_name(ex.down.dtype) + " (supported: BF16, F8_E4M3, F8_E5M2, alike)");
+    if (shared && !moe_fuses_shared(rows, H, ex.intermediate, shared->Is, ctx, t))
+        throw Error(Status::internal, "CUDA MoE experts: a shared expert cannot be fused for these rows");
+    if (t == DType::BF16) return moe_experts_as<kWBf16>(x, rows, ex, H, weights, ids, k, shared, scratch, y, ctx);
+    if (t == DType::F8_E4M3) return moe_experts_as<kWE4M3>(x, rows, ex, H, weights, ids, k, shared, scratch, y, ctx);
+    moe_experts_as<kWE5M2>(x, rows, ex, H, weights, ids, k, shared, scratch, y, ctx);
 }
 
 void add_sigmoid_gated(bf16* y, const bf16* s, const bf16* x, const bf16* gate, int64_t rows, int H,

@@ -41,14 +41,20 @@ struct MoeShared {
 size_t moe_index_ints(int64_t rows, int E, int k);
 int64_t moe_max_tiles(int64_t rows, int E, int k);
 // Whether moe_experts takes the grouped path for these rows (at least ctx.moe_grouped_min_rows rows and H and I
-// multiples of 8); else one warp per output reads the chosen experts' rows for every row.
-bool moe_grouped(int64_t rows, int H, int I, const LaunchContext& ctx);
+// multiples of 8, of 16 for FP8 experts); else one warp per output reads the chosen experts' rows for every row.
+bool moe_grouped(int64_t rows, int H, int I, const LaunchContext& ctx, DType weights = DType::BF16);
 // Whether moe_experts runs a shared expert of width Is inside its kernels for these rows: the per-row path (not
 // moe_grouped), at most kMoeFusedSharedMaxRows rows (tuning.cuh), H and Is multiples of 8.
-bool moe_fuses_shared(int64_t rows, int H, int I, int Is, const LaunchContext& ctx);
+bool moe_fuses_shared(int64_t rows, int H, int I, int Is, const LaunchContext& ctx, DType weights = DType::BF16);
+// Whether moe_experts takes experts of these types: both BF16, or both one FP8 type (F8_E4M3, F8_E5M2) with 128 x
+// 128 block scales (Matrix::scales, scale_segment_rows).
+bool moe_experts_take(DType gate_up, DType down);
 
 // y bf16 [rows, H] = the routed experts' weighted sum, experts added in increasing id. Few rows: a gate/up kernel
-// and a down kernel, one warp per output. Many rows (moe_grouped): the choices sorted by expert on the device, two
+// and a down kernel, one warp per output (bf16 experts, 1-2 rows: the decode GEMV's loop and a prefetching down
+// kernel). FP8 experts (moe_experts_take): the weights are fp8 codes times their block's scale, each block's products
+// summed in fp32 before the scale (W8A16, as the FP8 GEMVs); the grouped path converts the codes to bf16 (exact) in
+// shared memory for the tensor cores. Many rows (moe_grouped): the choices sorted by expert on the device, two
 // grouped tensor-core GEMMs over the tiles of each expert's rows, and a combine kernel.
 // shared (only where moe_fuses_shared; else nullptr): the gate/up kernel also computes the shared expert's
 // activation and gate, the down kernel adds bf16(gate * bf16(down_s . act_s)) after the routed sum: the values of
