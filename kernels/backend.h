@@ -329,8 +329,6 @@ public:
     virtual DType act_dtype() const = 0;
     // Storage type for a weight matrix stored as `checkpoint` in the file.
     virtual DType matrix_dtype(DType checkpoint) const = 0;
-    // Whether moe_experts takes Q8/Q4 experts (--quant int8 / int4 of a MoE model; refused at load otherwise).
-    virtual bool int_experts() const { return true; }
 
     // ---- memory ----
     // Allocates the arena (once, at load). Throws hy::Error(out_of_memory) on failure.

@@ -656,10 +656,6 @@ struct ModelLoader {
             throw Error(Status::model_mismatch,
                         where + "no experts: expected '" + xp + "gate_up_proj' or '" + xp + "0.gate_proj.weight'");
         }
-        if ((is_int_quant(w.experts.gate_up.dtype) || is_int_quant(w.experts.down.dtype)) && !be.int_experts())
-            throw Error(Status::unsupported, where + "int8/int4 MoE experts are not supported by the " +
-                                                 std::string(be.name()) +
-                                                 " backend yet (its dense int8/int4 matrices are); use --device cpu");
         const int64_t S = c.shared_expert_intermediate_size;
         if (S == 0 && ck.has(mp + "shared_expert.gate_proj.weight"))
             throw Error(Status::model_mismatch, where + "the checkpoint holds a shared expert ('" + mp +

@@ -1598,20 +1598,28 @@ TEST_CASE("CUDA MoE router and experts (routed and shared) against the CPU refer
 // the per-row kernels (one warp per output; the bf16 shared expert fused in), the grouped tensor-core GEMMs (codes
 // converted to bf16 in shared memory, each stage's sums scaled) with stages of 128 and 64 values, and the default.
 // Block scales vary from block to block (vary_blocks), so a scale read from the wrong block shows.
-TEST_CASE("CUDA MoE FP8 experts against the CPU reference", "[gpu][fp8]") {
+// Q8/Q4 experts (--quant int8 / int4; groups of 32-128) likewise, against the CPU's bf16 experts holding the
+// dequantized weights (q * scale rounded to bf16: what the grouped path multiplies; the per-row kernels use q * scale
+// unrounded).
+TEST_CASE("CUDA MoE FP8 and Q8/Q4 experts against the CPU reference", "[gpu][fp8][int]") {
     HY_REQUIRE_GPU();
     struct Shape {
         int E, k, H, I, T, Is;
         DType type;
+        int group = 0;  // Q8/Q4
     };
-    const DType e4 = DType::F8_E4M3, e5 = DType::F8_E5M2;
+    const DType e4 = DType::F8_E4M3, e5 = DType::F8_E5M2, q8 = DType::Q8, q4 = DType::Q4;
     for (const Shape s :
          {Shape{8, 2, 256, 64, 5, 128, e4}, Shape{256, 8, 512, 128, 3, 0, e4}, Shape{8, 4, 256, 64, 300, 0, e4},
           Shape{16, 4, 1024, 256, 40, 0, e4}, Shape{512, 10, 256, 32, 2, 0, e4}, Shape{512, 10, 128, 32, 20, 0, e4},
-          Shape{16, 4, 384, 160, 24, 64, e5}, Shape{8, 2, 200, 24, 20, 0, e4}}) {
+          Shape{16, 4, 384, 160, 24, 64, e5}, Shape{8, 2, 200, 24, 20, 0, e4}, Shape{8, 2, 256, 64, 5, 128, q8, 64},
+          Shape{256, 8, 512, 128, 3, 0, q4, 32}, Shape{8, 4, 256, 64, 300, 0, q4, 32},
+          Shape{16, 4, 1024, 256, 40, 0, q8, 64}, Shape{512, 10, 256, 64, 20, 0, q4, 128},
+          Shape{16, 4, 384, 192, 24, 64, q4, 64}, Shape{64, 8, 2048, 512, 2, 0, q4, 32}}) {
         // (H 200, I 24: not multiples of 16, so every row count takes the per-row kernels, value by value)
         INFO("E " << s.E << " k " << s.k << " H " << s.H << " I " << s.I << " rows " << s.T << " Is " << s.Is << " "
-                  << dtype_name(s.type));
+                  << dtype_name(s.type) << " group " << s.group);
+        const bool int_q = is_int_quant(s.type);
         const WorkspaceShape ws{4, 64, s.H, s.E, s.k, s.I, s.Is};
         const BatchLimits l = limits(std::max(s.T, 8), 1, 16);
         const size_t bytes = size_t(s.E) * 3 * s.I * s.H * 2 + (size_t(16) << 20);
@@ -1635,11 +1643,20 @@ TEST_CASE("CUDA MoE FP8 experts against the CPU reference", "[gpu][fp8]") {
         // bit dropped, the subnormal ones zero)
         struct Codes {
             std::vector<uint8_t> q;
-            std::vector<float> sc;
+            std::vector<float> sc, deq;  // deq: Q8/Q4, [rows, cols]
         };
         auto quantize = [&](const std::vector<float>& w, int64_t rows, int64_t cols, int64_t seg) {
+            if (int_q) {
+                Codes c{std::vector<uint8_t>(size_t(rows) * row_bytes(s.type, cols)),
+                        std::vector<float>(size_t(rows * (cols / s.group))), std::vector<float>(size_t(rows * cols))};
+                quantize_int_groups(w.data(), rows, cols, s.group, s.type, c.q.data(), c.sc.data());
+                const Matrix host{c.q.data(), s.type, rows, cols, c.sc.data(), 0, s.group};
+                for (int64_t r = 0; r < rows; r++) dequantize_int_row(host, r, c.deq.data() + r * cols);
+                return c;
+            }
             Codes c{std::vector<uint8_t>(size_t(rows * cols)),
-                    std::vector<float>(size_t(fp8_scale_rows(rows, seg) * fp8_scale_cols(cols)))};
+                    std::vector<float>(size_t(fp8_scale_rows(rows, seg) * fp8_scale_cols(cols))),
+                    {}};
             quantize_fp8_blocks(w.data(), rows, cols, seg, c.q.data(), c.sc.data());
             if (s.type == DType::F8_E5M2)
                 for (uint8_t& b : c.q) {
@@ -1671,9 +1688,11 @@ TEST_CASE("CUDA MoE FP8 experts against the CPU reference", "[gpu][fp8]") {
             d.be->begin_batch(batch.desc);
             void* xa = d.act(x);
             auto upload = [&](const Codes& c, int64_t rows, int64_t cols, int64_t seg) {
+                if (int_q && i == 0) return d.matrix(c.deq, rows, cols);  // (the CPU: bf16 dequantized weights)
                 void* p = d.take(c.q.size());
                 d.be->upload(p, c.q.data(), c.q.size());
-                return Matrix{p, s.type, rows, cols, d.f32(c.sc), seg};
+                return int_q ? Matrix{p, s.type, rows, cols, d.f32(c.sc), 0, s.group}
+                             : Matrix{p, s.type, rows, cols, d.f32(c.sc), seg};
             };
             MoeExperts ex;
             ex.gate_up = upload(gu, int64_t(s.E) * 2 * s.I, s.H, s.I);
@@ -1698,8 +1717,8 @@ TEST_CASE("CUDA MoE FP8 experts against the CPU reference", "[gpu][fp8]") {
         for (int i = 1; i < 5; i++) {
             const double ey = rel_err(ye[i], ye[0]);
             const char* path = i == 1 ? "default" : i == 2 ? "grouped" : i == 3 ? "per-row" : "grouped, BK 64";
-            std::printf("CUDA MoE FP8 experts %s E %d k %d H %d I %d rows %d, %s path: rel err %.3g\n",
-                        dtype_name(s.type), s.E, s.k, s.H, s.I, s.T, path, ey);
+            std::printf("CUDA MoE experts %s (group %d) E %d k %d H %d I %d rows %d, %s path: rel err %.3g\n",
+                        dtype_name(s.type), s.group, s.E, s.k, s.H, s.I, s.T, path, ey);
             INFO(path << " experts rel err " << ey);
             CHECK(ey <= 2e-2);
         }

@@ -411,7 +411,6 @@ public:
     DType matrix_dtype(DType checkpoint) const override {
         return is_fp8(checkpoint) || is_int_quant(checkpoint) ? checkpoint : DType::BF16;
     }
-    bool int_experts() const override { return false; }
 
     // The device memory free now (cudaMemGetInfo): the load refuses a larger arena before allocating, naming the
     // context that would fit.
@@ -851,10 +850,10 @@ public:
     // slot buffer (free again once the routed experts' combine has run): gate|up [rows, 2 Is], output [rows, H].
     void moe_experts(const void* x, int64_t rows, const MoeExperts& ex, const SharedExpert& shared,
                      const float* weights, const int32_t* ids, int k, void* y) override {
-        if (!cuda::moe_experts_take(ex.gate_up.dtype, ex.down.dtype))
+        if (!cuda::moe_experts_take(ex.gate_up, ex.down))
             throw Error(Status::unsupported, std::string("CUDA MoE experts: gate_up ") + dtype_name(ex.gate_up.dtype) +
                                                  ", down " + dtype_name(ex.down.dtype) +
-                                                 " (supported: both BF16, or both one FP8 type)");
+                                                 " (supported: both BF16, one FP8 type, Q8 or Q4)");
         const int H = int(ex.gate_up.cols);
         const int64_t Is = shared.gate_proj.rows;
         if (Is > 0) {

@@ -18,9 +18,11 @@ constexpr int kMaxExperts = 4096;
 // A stacked expert matrix as the kernels read it (MoeExperts' gate_up [E 2I, H] or down [E H, I]; Matrix's data,
 // scales and scale segments).
 struct ExpertMatrix {
-    const void* w = nullptr;        // [E N, K]: bf16, or fp8 codes
-    const float* scales = nullptr;  // FP8: F32 [fp8_scale_rows(E N, segment_rows), ceil(K / 128)]
-    int64_t segment_rows = 0;       // FP8: rows of one independently blocked segment (0: one segment)
+    const void* w = nullptr;  // [E N, K]: bf16, or fp8 codes
+    const float* scales =
+        nullptr;               // FP8: F32 [fp8_scale_rows(E N, segment_rows), ceil(K / 128)]; Q8/Q4: [E N, K / group]
+    int64_t segment_rows = 0;  // FP8: rows of one independently blocked segment (0: one segment)
+    int group = 0;             // Q8/Q4: weights of a row per scale
 };
 
 // sum_i a[i] * b[i] over K values, fp32, by one warp (every lane gets it); 16-byte loads when both rows allow.
@@ -43,8 +45,11 @@ __device__ __forceinline__ float warp_dot(const bf16* a, const bf16* b, int K) {
     return warp_sum(s);
 }
 
-// The weight types of the experts' kernels (template argument kW): bf16, or FP8 codes with 128 x 128 block scales.
-constexpr int kWBf16 = 0, kWE4M3 = 1, kWE5M2 = 2;
+// The weight types of the experts' kernels (template argument kW): bf16, FP8 codes with 128 x 128 block scales, or
+// Q8/Q4 codes with a scale per row and group (kernels/backend.h Matrix).
+constexpr int kWBf16 = 0, kWE4M3 = 1, kWE5M2 = 2, kWQ8 = 3, kWQ4 = 4;
+constexpr bool is_fp8_w(int kW) { return kW == kWE4M3 || kW == kWE5M2; }
+constexpr bool is_int_w(int kW) { return kW == kWQ8 || kW == kWQ4; }
 
 // sum_c x[c] * fp8(w[c]) * s[c / 128] over K values, fp32, by one warp (every lane gets it): with 16-byte words
 // (16 codes, one block) where x and w allow, each word's 16 products summed, then times its block's scale (as the
@@ -85,11 +90,63 @@ __device__ __forceinline__ float warp_dot_fp8(const bf16* x, const uint8_t* w, c
     return warp_sum(acc);
 }
 
-// x . row `row` of an expert matrix of K columns (ExpertMatrix: bf16, or FP8 with its block scales), by one warp.
+// sum_c x[c] * q[c] * s[c / group] over K values (K a multiple of 64, x and w 16-byte aligned: int_quant_shape_ok),
+// fp32, by one warp (every lane gets it), the weights never rounded: a lane takes 16-byte words l, l + 32, ... in
+// rounds of kFp8DotWords loaded at once; each word's codes lie in one group per nibble half (Q8: 16 codes of
+// columns 16 i ..; Q4: word i is half i % 2 of 64-column chunk i / 2, its low nibbles columns 64 (i / 2) + 16 (i % 2)
+// .., its high nibbles 32 columns on), whose products are summed, then times the group's scale (as the integer
+// GEMV sums a group before its scale, int_matmul.cuh).
+template <bool kQ4>
+__device__ __forceinline__ float warp_dot_int(const bf16* x, const uint8_t* w, const float* s, int K, int group) {
+    const int lane = threadIdx.x & 31;
+    const uint4* w4 = reinterpret_cast<const uint4*>(w);
+    const uint4* x4 = reinterpret_cast<const uint4*>(x);  // 8 values a word
+    const int n_words = kQ4 ? K / 32 : K / 16;
+    float acc = 0.0f;
+    for (int base = lane; base < n_words; base += 32 * kFp8DotWords) {
+        uint4 wv[kFp8DotWords];
+#pragma unroll
+        for (int u = 0; u < kFp8DotWords; u++)
+            if (base + 32 * u < n_words) wv[u] = __ldg(w4 + base + 32 * u);
+#pragma unroll
+        for (int u = 0; u < kFp8DotWords; u++) {
+            const int i = base + 32 * u;
+            if (i >= n_words) break;
+            const uint32_t b[4] = {wv[u].x, wv[u].y, wv[u].z, wv[u].w};
+            // c0: the first column of the word's (low) codes
+            const int c0 = kQ4 ? 64 * (i / 2) + 16 * (i % 2) : 16 * i;
+            float xf[16];
+            unpack8(x4[c0 / 8], xf);
+            unpack8(x4[c0 / 8 + 1], xf + 8);
+            float p = 0.0f;
+#pragma unroll
+            for (int j = 0; j < 16; j++) {
+                const uint32_t byte = (b[j / 4] >> (8 * (j % 4))) & 0xffu;
+                p = fmaf(float(kQ4 ? int(byte & 15u) - 8 : int(int8_t(byte))), xf[j], p);
+            }
+            acc = fmaf(p, __ldg(s + c0 / group), acc);
+            if constexpr (kQ4) {  // the high nibbles: columns c0 + 32 ..
+                unpack8(x4[c0 / 8 + 4], xf);
+                unpack8(x4[c0 / 8 + 5], xf + 8);
+                float h = 0.0f;
+#pragma unroll
+                for (int j = 0; j < 16; j++) h = fmaf(float(int((b[j / 4] >> (8 * (j % 4) + 4)) & 15u) - 8), xf[j], h);
+                acc = fmaf(h, __ldg(s + (c0 + 32) / group), acc);
+            }
+        }
+    }
+    return warp_sum(acc);
+}
+
+// x . row `row` of an expert matrix of K columns (ExpertMatrix: bf16, FP8 with its block scales or Q8/Q4 with its
+// group scales), by one warp.
 template <int kW>
 __device__ __forceinline__ float expert_dot(const bf16* x, const ExpertMatrix& m, int64_t row, int K) {
     if constexpr (kW == kWBf16) {
         return warp_dot(x, static_cast<const bf16*>(m.w) + row * K, K);
+    } else if constexpr (is_int_w(kW)) {
+        return warp_dot_int<kW == kWQ4>(x, static_cast<const uint8_t*>(m.w) + row * (kW == kWQ4 ? K / 2 : K),
+                                        m.scales + row * (K / m.group), K, m.group);
     } else {
         const int64_t scale_cols = (K + kFp8Block - 1) / kFp8Block;
         return warp_dot_fp8<kW == kWE5M2>(x, static_cast<const uint8_t*>(m.w) + row * K,
@@ -531,19 +588,22 @@ __global__ void __launch_bounds__(kGroupScanThreads)
 // converted (exactly) into one bf16 tile in shared memory before the products, and a stage's products are summed
 // apart, then multiplied by their 128 x 128 block's scale and added in fp32 (a stage lies in one block of columns:
 // BK divides 128), as the FP8 GEMVs scale each block's sum (fp8_matmul.cu).
+// Q8/Q4 weights: the stages hold the codes (Q4: the 64-column chunks' packed bytes), and each stage is converted into
+// bf16(q * scale) of its group (the weights the dense path's dequantize_int gives its bf16 GEMM, int_matmul.cuh).
 template <bool kGateUp, int BK, int kW>
 __global__ void __launch_bounds__(kGroupThreads)
     moe_grouped_gemm_kernel(const bf16* __restrict__ a, const int32_t* __restrict__ src_row, ExpertMatrix wm, int N,
                             int K, int I, const int32_t* __restrict__ tiles, const int32_t* __restrict__ choice,
                             const float* __restrict__ weights, bf16* out) {
     constexpr int kStages = group_stages<BK>();
-    constexpr bool kFp8 = kW != kWBf16;
-    constexpr int kWElems = kFp8 ? 16 : 8;                        // weights in a 16-byte word
-    constexpr int kWRow = kFp8 ? BK + 16 : 2 * (BK + kGroupPad);  // bytes between weight rows of a stage
+    constexpr bool kFp8 = is_fp8_w(kW), kCodes = kW != kWBf16;      // (kCodes: a stage is converted to bconv)
+    constexpr int kWBits = kW == kWBf16 ? 16 : kW == kWQ4 ? 4 : 8;  // bits of a weight
+    constexpr int kWElems = 128 / kWBits;                           // weights in a 16-byte word
+    constexpr int kWRow = kCodes ? BK * kWBits / 8 + 16 : 2 * (BK + kGroupPad);  // bytes between W rows of a stage
     extern __shared__ __align__(16) unsigned char group_smem[];
     auto as = reinterpret_cast<bf16(*)[kGroupRows][BK + kGroupPad]>(group_smem);
     unsigned char* ws = group_smem + sizeof(bf16) * kStages * kGroupRows * (BK + kGroupPad);  // W stages (raw)
-    // the tile the products read: stage s itself (bf16), or the bf16 tile stage s is converted into (FP8)
+    // the tile the products read: stage s itself (bf16), or the bf16 tile stage s is converted into (codes)
     auto bconv = reinterpret_cast<bf16(*)[BK + kGroupPad]>(ws + kStages * kGroupCols * kWRow);
     pdl_trigger();
     pdl_wait();
@@ -552,7 +612,7 @@ __global__ void __launch_bounds__(kGroupThreads)
     const int p0 = tiles[3 * int64_t(blockIdx.x) + 1], p_end = tiles[3 * int64_t(blockIdx.x) + 2];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, wm_ = warp >> 2, wn = warp & 3;
     // this thread copies 16-byte word `chunk` of kAPasses A rows and word `w_chunk` of kWPasses W rows of every stage;
-    // words at or past K are zero-filled (K a multiple of 8, of 16 for FP8)
+    // words at or past K are zero-filled (K a multiple of 8; of 16 for FP8; of 64 for Q8/Q4)
     constexpr int kWords = BK / 8, kRowsPerPass = kGroupThreads / kWords;
     constexpr int kAPasses = kGroupRows / kRowsPerPass;
     constexpr int kWWords = BK / kWElems, kWRowsPerPass = kGroupThreads / kWWords;
@@ -579,14 +639,15 @@ __global__ void __launch_bounds__(kGroupThreads)
         valid = row < N;
         return valid ? row : 0;
     };
-    constexpr int kWBytes = kFp8 ? 1 : 2;
     const unsigned char* w_src[kWPasses];
     bool w_valid[kWPasses];
-    const unsigned char* we = static_cast<const unsigned char*>(wm.w) + int64_t(expert) * N * K * kWBytes;
+    const float* w_scales[kWPasses];  // Q8/Q4: the scale row of the thread's W rows
+    const unsigned char* we = static_cast<const unsigned char*>(wm.w) + int64_t(expert) * N * K * kWBits / 8;
 #pragma unroll
     for (int q = 0; q < kWPasses; q++) {
         const int row = weight_row(w_row0 + kWRowsPerPass * q, w_valid[q]);
-        w_src[q] = we + (int64_t(row) * K + w_chunk * kWElems) * kWBytes;
+        w_src[q] = we + (int64_t(row) * K + w_chunk * kWElems) * kWBits / 8;
+        w_scales[q] = is_int_w(kW) ? wm.scales + (int64_t(expert) * N + row) * (K / wm.group) : nullptr;
     }
     auto load_stage = [&](int s, int k0) {
         const bool k_in = k0 + chunk * 8 < K;
@@ -598,7 +659,7 @@ __global__ void __launch_bounds__(kGroupThreads)
 #pragma unroll
         for (int q = 0; q < kWPasses; q++)
             cp_async16(smem_addr(ws + (s * kGroupCols + w_row0 + kWRowsPerPass * q) * kWRow + w_chunk * 16),
-                       w_src[q] + (w_in ? k0 * kWBytes : 0), w_valid[q] && w_in);
+                       w_src[q] + (w_in ? k0 * kWBits / 8 : 0), w_valid[q] && w_in);
     };
     // FP8: the scale rows of this thread's 8 output columns (bconv rows wn 32 + nj 8 + c2 + c); a stage's block of
     // columns is (its first k) / 128
@@ -635,6 +696,36 @@ __global__ void __launch_bounds__(kGroupThreads)
         const int next = kt + kStages - 1;
         if (next < n_k) load_stage(next % kStages, next * BK);
         cp_async_commit();
+        if constexpr (is_int_w(kW)) {  // stage s's codes -> bconv, bf16(q * scale) (this thread's words of the stage)
+#pragma unroll
+            for (int q = 0; q < kWPasses; q++) {
+                const int r = w_row0 + kWRowsPerPass * q;
+                const uint4 v = *reinterpret_cast<const uint4*>(ws + (s * kGroupCols + r) * kWRow + w_chunk * 16);
+                const uint32_t b[4] = {v.x, v.y, v.z, v.w};
+                // c0: the stage column of the word's (low) codes; Q4: the high nibbles are columns c0 + 32 ..
+                const int c0 = kW == kWQ4 ? 64 * (w_chunk / 2) + 16 * (w_chunk % 2) : 16 * w_chunk;
+                const int k0 = kt * BK;
+                const float sc = c0 + k0 < K ? __ldg(w_scales[q] + (k0 + c0) / wm.group) : 0.0f;
+                float f[16];
+#pragma unroll
+                for (int j = 0; j < 16; j++) {
+                    const uint32_t byte = (b[j / 4] >> (8 * (j % 4))) & 0xffu;
+                    f[j] = float(kW == kWQ4 ? int(byte & 15u) - 8 : int(int8_t(byte))) * sc;
+                }
+                uint4* dst = reinterpret_cast<uint4*>(&bconv[r][c0]);
+                dst[0] = pack8(f);
+                dst[1] = pack8(f + 8);
+                if constexpr (kW == kWQ4) {
+                    const float sh = c0 + 32 + k0 < K ? __ldg(w_scales[q] + (k0 + c0 + 32) / wm.group) : 0.0f;
+#pragma unroll
+                    for (int j = 0; j < 16; j++) f[j] = float(int((b[j / 4] >> (8 * (j % 4) + 4)) & 15u) - 8) * sh;
+                    uint4* hi = reinterpret_cast<uint4*>(&bconv[r][c0 + 32]);
+                    hi[0] = pack8(f);
+                    hi[1] = pack8(f + 8);
+                }
+            }
+            __syncthreads();
+        }
         if constexpr (kFp8) {  // stage s's codes -> bconv (this thread's words of the stage)
 #pragma unroll
             for (int q = 0; q < kWPasses; q++) {
@@ -654,7 +745,7 @@ __global__ void __launch_bounds__(kGroupThreads)
             __syncthreads();
         }
         auto b_tile = [&](int r, int c) -> const bf16* {
-            if constexpr (kFp8) return &bconv[r][c];
+            if constexpr (kCodes) return &bconv[r][c];
             return reinterpret_cast<const bf16*>(ws + (s * kGroupCols + r) * kWRow) + c;
         };
         float(&sum)[2][4][4] = kFp8 ? part : acc;
@@ -737,8 +828,8 @@ template <int BK, int kW>
 constexpr size_t moe_grouped_gemm_smem() {
     const size_t a = size_t(group_stages<BK>()) * kGroupRows * (BK + kGroupPad) * sizeof(bf16);
     if (kW == kWBf16) return a + size_t(group_stages<BK>()) * kGroupCols * (BK + kGroupPad) * sizeof(bf16);
-    return a + size_t(group_stages<BK>()) * kGroupCols * (BK + 16) +
-           size_t(kGroupCols) * (BK + kGroupPad) * sizeof(bf16);
+    const size_t row = size_t(BK) * (kW == kWQ4 ? 4 : 8) / 8 + 16;  // (bytes of a stage's W row: codes and a pad)
+    return a + size_t(group_stages<BK>()) * kGroupCols * row + size_t(kGroupCols) * (BK + kGroupPad) * sizeof(bf16);
 }
 
 template <bool kGateUp, int BK, int kW>
@@ -890,8 +981,9 @@ template <int kW>
 void moe_experts_as(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const float* weights, const int32_t* ids,
                     int k, const MoeShared* shared, const MoeScratch& scratch, bf16* y, const LaunchContext& ctx) {
     const int E = ex.n_experts, I = ex.intermediate;
-    const ExpertMatrix gate_up{ex.gate_up.data, ex.gate_up.scales, ex.gate_up.scale_segment_rows};
-    const ExpertMatrix down{ex.down.data, ex.down.scales, ex.down.scale_segment_rows};
+    const ExpertMatrix gate_up{ex.gate_up.data, ex.gate_up.scales, ex.gate_up.scale_segment_rows,
+                               int(ex.gate_up.group)};
+    const ExpertMatrix down{ex.down.data, ex.down.scales, ex.down.scale_segment_rows, int(ex.down.group)};
     const DType wtype = ex.gate_up.dtype;
     if (!moe_grouped(rows, H, I, ctx, wtype)) {
         const MoeShared sh = shared ? *shared : MoeShared{};
@@ -949,21 +1041,27 @@ void moe_experts_as(const bf16* x, int64_t rows, const MoeExperts& ex, int H, co
 
 }  // namespace
 
-bool moe_experts_take(DType gate_up, DType down) {
-    return gate_up == down && (gate_up == DType::BF16 || is_fp8(gate_up));
+bool moe_experts_take(const Matrix& gate_up, const Matrix& down) {
+    if (gate_up.dtype != down.dtype) return false;
+    if (is_int_quant(gate_up.dtype))
+        return int_quant_shape_ok(gate_up.cols, gate_up.group) && int_quant_shape_ok(down.cols, down.group);
+    return gate_up.dtype == DType::BF16 || is_fp8(gate_up.dtype);
 }
 
 void moe_experts(const bf16* x, int64_t rows, const MoeExperts& ex, int H, const float* weights, const int32_t* ids,
                  int k, const MoeShared* shared, const MoeScratch& scratch, bf16* y, const LaunchContext& ctx) {
     if (rows <= 0) return;
     const DType t = ex.gate_up.dtype;
-    if (!moe_experts_take(t, ex.down.dtype))
+    if (!moe_experts_take(ex.gate_up, ex.down))
         throw Error(Status::internal, std::string("CUDA MoE experts: weights ") + dtype_name(t) + " / " +
-                                          dtype_name(ex.down.dtype) + " (supported: BF16, F8_E4M3, F8_E5M2, alike)");
+                                          dtype_name(ex.down.dtype) +
+                                          " (supported: both BF16, F8_E4M3, F8_E5M2, Q8 or Q4 with valid groups)");
     if (shared && !moe_fuses_shared(rows, H, ex.intermediate, shared->Is, ctx, t))
         throw Error(Status::internal, "CUDA MoE experts: a shared expert cannot be fused for these rows");
     if (t == DType::BF16) return moe_experts_as<kWBf16>(x, rows, ex, H, weights, ids, k, shared, scratch, y, ctx);
     if (t == DType::F8_E4M3) return moe_experts_as<kWE4M3>(x, rows, ex, H, weights, ids, k, shared, scratch, y, ctx);
+    if (t == DType::Q8) return moe_experts_as<kWQ8>(x, rows, ex, H, weights, ids, k, shared, scratch, y, ctx);
+    if (t == DType::Q4) return moe_experts_as<kWQ4>(x, rows, ex, H, weights, ids, k, shared, scratch, y, ctx);
     moe_experts_as<kWE5M2>(x, rows, ex, H, weights, ids, k, shared, scratch, y, ctx);
 }
 

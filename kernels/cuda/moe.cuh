@@ -46,19 +46,21 @@ bool moe_grouped(int64_t rows, int H, int I, const LaunchContext& ctx, DType wei
 // Whether moe_experts runs a shared expert of width Is inside its kernels for these rows: the per-row path (not
 // moe_grouped), at most kMoeFusedSharedMaxRows rows (tuning.cuh), H and Is multiples of 8.
 bool moe_fuses_shared(int64_t rows, int H, int I, int Is, const LaunchContext& ctx, DType weights = DType::BF16);
-// Whether moe_experts takes experts of these types: both BF16, or both one FP8 type (F8_E4M3, F8_E5M2) with 128 x
-// 128 block scales (Matrix::scales, scale_segment_rows).
-bool moe_experts_take(DType gate_up, DType down);
+// Whether moe_experts takes experts of these types: both BF16, both one FP8 type (F8_E4M3, F8_E5M2) with 128 x 128
+// block scales (Matrix::scales, scale_segment_rows), or both Q8 or both Q4 with valid groups (int_quant_shape_ok).
+bool moe_experts_take(const Matrix& gate_up, const Matrix& down);
 
 // y bf16 [rows, H] = the routed experts' weighted sum, experts added in increasing id. Few rows: a gate/up kernel
 // and a down kernel, one warp per output (bf16 experts, 1-2 rows: the decode GEMV's loop and a prefetching down
 // kernel). FP8 experts (moe_experts_take): the weights are fp8 codes times their block's scale, each block's products
 // summed in fp32 before the scale (W8A16, as the FP8 GEMVs); the grouped path converts the codes to bf16 (exact) in
-// shared memory for the tensor cores. Many rows (moe_grouped): the choices sorted by expert on the device, two
-// grouped tensor-core GEMMs over the tiles of each expert's rows, and a combine kernel.
-// shared (only where moe_fuses_shared; else nullptr): the gate/up kernel also computes the shared expert's
-// activation and gate, the down kernel adds bf16(gate * bf16(down_s . act_s)) after the routed sum: the values of
-// add_sigmoid_gated over the shared expert's gate_up_silu and matmul.
+// shared memory for the tensor cores. Q8/Q4 experts: the per-row kernels sum each group's products of codes and x
+// in fp32, then times the group's scale (weights never rounded, as the integer GEMV); the grouped path converts the
+// codes to bf16(q * scale) in shared memory (the dense path's dequantized weights). Many rows (moe_grouped): the
+// choices sorted by expert on the device, two grouped tensor-core GEMMs over the tiles of each expert's rows, and a
+// combine kernel. shared (only where moe_fuses_shared; else nullptr): the gate/up kernel also computes the shared
+// expert's activation and gate, the down kernel adds bf16(gate * bf16(down_s . act_s)) after the routed sum: the values
+// of add_sigmoid_gated over the shared expert's gate_up_silu and matmul.
 void moe_experts(const bf16* x, int64_t rows, const MoeExperts& experts, int H, const float* weights,
                  const int32_t* ids, int k, const MoeShared* shared, const MoeScratch& scratch, bf16* y,
                  const LaunchContext& ctx);
