@@ -857,9 +857,9 @@ public:
         const int H = int(ex.gate_up.cols);
         const int64_t Is = shared.gate_proj.rows;
         if (Is > 0) {
-            require_matrix(shared.gate_proj, "shared expert");
-            require_matrix(shared.up_proj, "shared expert");
-            require_matrix(shared.down_proj, "shared expert");
+            require_matrix(shared.gate_proj, "shared expert", true);
+            require_matrix(shared.up_proj, "shared expert", true);
+            require_matrix(shared.down_proj, "shared expert", true);
             require_bf16(shared.gate, "shared expert gate");
         }
         const bool shared_bf16 = Is > 0 && shared.gate_proj.dtype == DType::BF16 &&
@@ -1244,7 +1244,6 @@ private:
             throw Error(Status::internal,
                         std::string("CUDA backend: ") + what + " is " + dtype_name(m.dtype) + ", expected BF16");
     }
-    // BF16, or FP8 with its block scales.
     // bf16, or FP8 with scales; also Q8/Q4 with scales and a valid group where int_ok (the ops that take them).
     static void require_matrix(const Matrix& m, const char* what, bool int_ok = false) {
         if (is_fp8(m.dtype) && m.scales) return;
