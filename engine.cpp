@@ -116,6 +116,15 @@ int guard(F&& f) {
         if (!(cond)) return fail(Status::invalid_argument, msg); \
     } while (0)
 
+// "stop_ids[i] = id is out of range [0, n_logits)" for the first such id, else "".
+std::string stop_id_error(const int32_t* ids, int n, int n_logits) {
+    for (int i = 0; i < n; i++)
+        if (ids[i] < 0 || ids[i] >= n_logits)
+            return "stop_ids[" + std::to_string(i) + "] = " + std::to_string(ids[i]) + " is out of range [0, " +
+                   std::to_string(n_logits) + ")";
+    return "";
+}
+
 hy::SamplerParams to_core(const hy_sampler_params& p) {
     hy::SamplerParams s;
     s.temperature = p.temperature;
@@ -720,6 +729,8 @@ int hy_generate(hy_context* c, hy_sampler* s, const int32_t* prompt, int n_promp
         HY_CHECK_ARG(gp.n_stop >= 0 && (gp.n_stop == 0 || gp.stop), "hy_generate: stop is NULL or n_stop negative");
         HY_CHECK_ARG(gp.n_stop_ids >= 0 && (gp.n_stop_ids == 0 || gp.stop_ids),
                      "hy_generate: stop_ids is NULL or n_stop_ids negative");
+        if (const std::string e = stop_id_error(gp.stop_ids, gp.n_stop_ids, c->m->n_logits); !e.empty())
+            return fail(Status::invalid_argument, "hy_generate: " + e);
         hy::GenerateOptions o;
         for (int i = 0; i < gp.n_stop; i++) {
             HY_CHECK_ARG(gp.stop && gp.stop[i] && gp.stop[i][0], "hy_generate: stop strings must be non-empty");
@@ -834,6 +845,8 @@ int hy_batch_submit(hy_batch* b, const int32_t* prompt, int n_prompt, const hy_r
         r.accept_prompt = p.accept_prompt != 0;
         HY_CHECK_ARG(p.n_stop_ids >= 0 && (p.n_stop_ids == 0 || p.stop_ids),
                      "hy_batch_submit: stop_ids is NULL or n_stop_ids negative");
+        if (const std::string e = stop_id_error(p.stop_ids, p.n_stop_ids, b->m->n_logits); !e.empty())
+            return fail(Status::invalid_argument, "hy_batch_submit: " + e);
         if (!p.ignore_eos) r.stop_ids = b->m->eos;
         r.stop_ids.insert(r.stop_ids.end(), p.stop_ids, p.stop_ids + p.n_stop_ids);
         *id = b->gen->submit(std::move(r));

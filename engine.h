@@ -343,7 +343,7 @@ void hy_sampler_free(hy_sampler* sampler);
  * history (see hy_sampler_accept). */
 int hy_sampler_sample(hy_sampler* sampler, const hy_context* ctx, int32_t* id, float* logprob);
 
-/* Records an id in the penalty history. */
+/* Records an id in the penalty history (an id outside [0, hy_model_n_vocab) is ignored). */
 void hy_sampler_accept(hy_sampler* sampler, int32_t id);
 
 /* Clears the penalty history and restarts the RNG from the seed (the same draws again). */
@@ -393,7 +393,8 @@ typedef struct hy_generate_params {
     int n_stop;
     int skip_special;        /* decode special tokens as empty text (default 1) */
     int ignore_eos;          /* do not stop on the end-of-sequence set (default 0) */
-    const int32_t* stop_ids; /* n_stop_ids more ids that end generation like the end-of-sequence set */
+    const int32_t* stop_ids; /* n_stop_ids more ids that end generation like the end-of-sequence set (each in [0,
+                                the model's vocab_size), else HY_ERR_INVALID_ARGUMENT) */
     int n_stop_ids;
     hy_token_callback on_token;           /* may be NULL */
     void* user_data;                      /* passed to on_token and should_abort */
@@ -444,7 +445,8 @@ typedef struct hy_request_params {
     int ignore_eos;             /* do not stop at the end-of-sequence set (default 0) */
     int accept_prompt;          /* the prompt ids enter the penalty history, as the hybrid CLI does (default 1) */
     const int32_t* stop_ids;    /* n_stop_ids more ids that end the request like the end-of-sequence set (copied
-                                   by hy_batch_submit; default none) */
+                                   by hy_batch_submit; each in [0, the model's vocab_size), else
+                                   HY_ERR_INVALID_ARGUMENT; default none) */
     int n_stop_ids;
 } hy_request_params;
 

@@ -188,11 +188,12 @@ std::string chat_first_turn(hy_model* m, const Options& o, const std::string& sy
 
 std::vector<int32_t> chat_stop_ids(hy_model* m) {
     std::vector<int32_t> ids;
-    if (const int32_t eot = hy_chat_end_of_turn_id(m); eot >= 0) ids.push_back(eot);
+    if (const int32_t eot = hy_chat_end_of_turn_id(m); eot >= 0 && eot < hy_model_n_logits(m)) ids.push_back(eot);
     for (const char* special : {"<|endoftext|>", "<|im_start|>"}) {
         int32_t id = -1;
         int n = 0;
-        if (hy_tokenize(m, special, -1, 1, &id, 1, &n) == HY_OK && n == 1 &&
+        // (an id past the model's logits, from a tokenizer larger than the model, could never be sampled)
+        if (hy_tokenize(m, special, -1, 1, &id, 1, &n) == HY_OK && n == 1 && id < hy_model_n_logits(m) &&
             std::find(ids.begin(), ids.end(), id) == ids.end())
             ids.push_back(id);
     }

@@ -463,6 +463,11 @@ TEST_CASE("engine: errors are status codes with a message", "[engine]") {
     gp.stop_ids = &one;
     gp.n_stop_ids = -5;
     CHECK(hy_generate(t.c, t.s, &one, 1, &gp, nullptr) == HY_ERR_INVALID_ARGUMENT);
+    const int32_t outside[2] = {300, 1 << 20};  // (an id no logit has: it could never stop anything)
+    gp.stop_ids = outside;
+    gp.n_stop_ids = 2;
+    CHECK(hy_generate(t.c, t.s, &one, 1, &gp, nullptr) == HY_ERR_INVALID_ARGUMENT);
+    CHECK(std::string(hy_last_error()).starts_with("hy_generate: stop_ids[1] = 1048576 is out of range [0, "));
     CHECK(hy_state_load_file(t.c, "") == HY_ERR_INVALID_ARGUMENT);  // (it was an IO error naming "")
     hy_context_params cp = hy_context_default_params();
     cp.slot = -2;  // (it was taken as -1)
@@ -579,6 +584,11 @@ TEST_CASE("engine: hy_batch reproduces the golden left-padded batch and each sol
         CHECK(std::vector<int32_t>(toks, toks + n) == std::vector<int32_t>(want.begin(), want.begin() + first + 1));
         sp.stop_ids = nullptr;
         REQUIRE(hy_batch_submit(b, prompt.data(), int(prompt.size()), &sp, &id) == HY_ERR_INVALID_ARGUMENT);
+        const int32_t negative = -1;
+        sp.stop_ids = &negative;
+        REQUIRE(hy_batch_submit(b, prompt.data(), int(prompt.size()), &sp, &id) == HY_ERR_INVALID_ARGUMENT);
+        CHECK(std::string(hy_last_error()) ==
+              "hy_batch_submit: stop_ids[0] = -1 is out of range [0, " + std::to_string(hy_model_n_logits(m)) + ")");
     }
     hy_batch_free(b);
     REQUIRE(hy_context_new(m, nullptr, &c2) == HY_OK);  // slots are back
