@@ -822,8 +822,8 @@ __global__ void __launch_bounds__(kGroupThreads)
 }
 
 // The grouped GEMM's dynamic shared memory: group_stages<BK>() stages of A and W tiles (bf16 W, BK 128: 104,448
-// bytes, two blocks an SM; BK 64: 82,944; FP8 W: the stages' codes and one bf16 tile, BK 128: 106,496; BK 64:
-// 76,800), opted in above the 48 KB default with the largest carveout, once per device and kernel.
+// bytes, two blocks an SM; BK 64: 82,944; FP8 and Q8 W: the stages' codes and one bf16 tile, BK 128: 106,496; BK 64:
+// 76,800; Q4 BK 128: 90,112), opted in above the 48 KB default with the largest carveout, once per device and kernel.
 template <int BK, int kW>
 constexpr size_t moe_grouped_gemm_smem() {
     const size_t a = size_t(group_stages<BK>()) * kGroupRows * (BK + kGroupPad) * sizeof(bf16);
