@@ -82,15 +82,14 @@ typedef enum hy_quant {
     HY_QUANT_FP8 = 1,  /* quantize a 16-bit checkpoint at load: linear weights to FP8 e4m3 with 128 x 128 block
                           scales (the format of Qwen's FP8 releases; embeddings, lm_head, norms, in_proj_a/b, the MoE
                           router and shared_expert_gate stay 16-bit). An FP8 checkpoint with it:
-                          HY_ERR_INVALID_ARGUMENT. CUDA runs dense FP8 matrices; FP8 MoE experts there:
-                          HY_ERR_UNSUPPORTED (CPU only so far) */
+                          HY_ERR_INVALID_ARGUMENT. Both backends run FP8 matrices and MoE experts */
     HY_QUANT_INT8 = 2, /* quantize a 16-bit checkpoint at load: the same linear weights to int8, group-wise symmetric
                           (an F32 scale per quant_group weights of a row, default 64; codes in [-127, 127]); the CPU
-                          runs them with int8 activations (per row and group), CUDA with bf16 ones; int8 MoE experts
-                          on CUDA: HY_ERR_UNSUPPORTED. About 0.53x the 16-bit bytes */
+                          runs them with int8 activations (per row and group), CUDA with bf16 ones (MoE experts
+                          included). About 0.53x the 16-bit bytes */
     HY_QUANT_INT4 = 3  /* the same to int4 (default group 32; codes in [-8, 7], two per byte): about 0.31x the 16-bit
-                          bytes; int4 MoE experts on CUDA: HY_ERR_UNSUPPORTED. Both: HY_ERR_INVALID_ARGUMENT on an FP8
-                          checkpoint or for a group that does not divide a quantized matrix's input features */
+                          bytes. Both: HY_ERR_INVALID_ARGUMENT on an FP8 checkpoint, for a quantized matrix whose input
+                          features are not a multiple of 64, or for a group that does not divide them */
 } hy_quant;
 
 typedef struct hy_model_params {

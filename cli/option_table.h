@@ -25,7 +25,9 @@ inline constexpr SharedOption kSharedOptions[] = {
     {"quant",
      "quantize a 16-bit checkpoint's linear weights at load: fp8 (FP8 e4m3 with 128 x 128 block scales, as Qwen's "
      "FP8 releases), int8 or int4 (group-wise symmetric, a scale per 64 (int8) or 32 (int4) weights of a row; "
-     "int8:G / int4:G for another group size G, 32 or a multiple of 64 up to 1024; MoE experts CPU only), or none. FP8 "
+     "int8:G / int4:G for another group size G, 32 or a multiple of 64 up to 1024; the matrices' input features must "
+     "be "
+     "a multiple of 64), or none. FP8 "
      "checkpoints "
      "load as they are, without it",
      SharedOption::Type::text, "none"},

@@ -503,14 +503,16 @@ struct ModelLoader {
             for (const Part& p : parts) rows += part_rows(p, cols);
             const int64_t group = weight_quant_group(quant, m.params_.quant_group);
             if (!int_quant_shape_ok(cols, group))
-                throw Error(Status::invalid_argument,
-                            std::string("weight quantization ") + weight_quant_name(quant) + " with groups of " +
-                                std::to_string(group) + " weights does not fit " + what + ": its " +
-                                std::to_string(cols) + " input features are not a multiple of " +
-                                std::to_string(cols % kQuantChunk != 0 ? kQuantChunk : group) +
-                                (cols % kQuantChunk != 0 ? " (the integer layouts' chunk)"
-                                                         : " (choose a group size dividing them, e.g. " +
-                                                               std::string(weight_quant_name(quant)) + ":64)"));
+                throw Error(
+                    Status::invalid_argument,
+                    std::string("weight quantization ") + weight_quant_name(quant) + " with groups of " +
+                        std::to_string(group) + " weights does not fit " + what + ": its " + std::to_string(cols) +
+                        " input features are not a multiple of " +
+                        std::to_string(cols % kQuantChunk != 0 ? kQuantChunk : group) +
+                        (cols % kQuantChunk != 0
+                             ? " (the integer layouts' chunk, so no group size fits; --quant fp8 takes any shape)"
+                             : " (choose a group size dividing them, e.g. " + std::string(weight_quant_name(quant)) +
+                                   ":64)"));
             const DType type = int_quant_dtype(quant);
             const DType d = be.matrix_dtype(type);  // (throws where the backend has no integer kernels)
             if (d != type)
