@@ -39,13 +39,17 @@ struct Reader {
         throw Error(Status::format, source + ": field '" + scope + field + "' " + what);
     }
     bool has(const char* field) const { return j.contains(field) && !j.at(field).is_null(); }
-    // A required integer: absent is "is missing"; null is of the wrong type ("must be an integer, found null").
+    // A required integer: absent is "is missing"; null is of the wrong type ("must be an integer, found null"). A
+    // whole number written as a float (8.0) is taken, as Python's json writes what some tools saved as floats.
     int get_int(const char* field, int min_value) const {
         if (!j.contains(field)) fail(field, "is missing");
         const json& v = j.at(field);
-        if (!v.is_number_integer()) fail(field, "must be an integer, found " + v.dump());
-        long long x = v.get<long long>();
-        if (x < min_value || x > (1ll << 30)) fail(field, "has invalid value " + v.dump());
+        const bool whole = v.is_number_float() && std::isfinite(v.get<double>()) &&
+                           v.get<double>() == std::floor(v.get<double>()) && std::fabs(v.get<double>()) < 1e18;
+        if (!v.is_number_integer() && !whole) fail(field, "must be an integer, found " + v.dump());
+        const long long x = whole ? static_cast<long long>(v.get<double>()) : v.get<long long>();
+        if (x < min_value || x > (1ll << 30))
+            fail(field, "has invalid value " + v.dump() + " (expected " + std::to_string(min_value) + " to 2^30)");
         return int(x);
     }
     int get_int_or(const char* field, int fallback, int min_value) const {

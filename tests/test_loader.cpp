@@ -294,7 +294,8 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
             {"/eos_token_id", 4294967297LL, "field 'eos_token_id' must hold token ids, found 4294967297"},
             {"/model_type", 5, "field 'model_type' must be a string"},
             // (absent is allowed: the context length is then unchecked)
-            {"/max_position_embeddings", 0, "'max_position_embeddings' has invalid value 0"}};
+            {"/max_position_embeddings", 0, "'max_position_embeddings' has invalid value 0 (expected 1 to 2^30)"},
+            {"/num_hidden_layers", 2.5, "field 'num_hidden_layers' must be an integer, found 2.5"}};
         for (const auto& [field, value, message] : cases) {
             TempDir d;
             nlohmann::json j = nlohmann::json::parse(config);
@@ -303,6 +304,14 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
             INFO(field);
             require_error([&] { Model::load(d.path, p); }, Status::format, message);
         }
+    }
+    SECTION("a whole number written as a float (8.0) is an integer field's value") {
+        TempDir d;
+        nlohmann::json j = nlohmann::json::parse(config);
+        const int layers = j["num_hidden_layers"].get<int>();
+        j["num_hidden_layers"] = double(layers);
+        write_model_dir(d.path, tensors, j.dump());
+        CHECK(Model::load(d.path, p)->config().n_layers == layers);
     }
     SECTION("invalid JSON: the parser's message without the library's tag") {
         TempDir d;
