@@ -184,6 +184,8 @@ hy_model_params hy_model_default_params(void) {
     p.quant = HY_QUANT_NONE;
     p.quant_group = 0;
     p.quant_lm_head = 0;
+    p.progress = nullptr;
+    p.progress_user_data = nullptr;
     return p;
 }
 
@@ -240,6 +242,7 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
                                               : hy::WeightQuant::none;
         mp.quant_group = p.quant_group;
         mp.quant_lm_head = p.quant_lm_head != 0;
+        if (p.progress) mp.progress = [f = p.progress, u = p.progress_user_data](float x) { f(x, u); };
         auto m = std::make_unique<hy_model>();
         m->tok = std::make_unique<hy::Tokenizer>(hy::Tokenizer::from_folder(dir));
         m->generation = hy::load_generation_defaults(dir);

@@ -109,6 +109,11 @@ typedef struct hy_model_params {
                              mode's default (README "Weight quantization") */
     int quant_lm_head;    /* HY_QUANT_INT8/INT4: 1 quantizes lm_head too (a tied lm_head gets a quantized copy of the
                              embeddings); 0 (default) keeps it 16-bit. 1 with another quant: HY_ERR_INVALID_ARGUMENT */
+    /* May be NULL (default). Called on the loading thread as the weights are read, converted or quantized and put in
+       place, with the fraction done by weight count: 0 < fraction <= 1, non-decreasing, 1 exactly once (all the
+       weights are in place; the load may still fail after it). Quantizing a large model at load takes minutes. */
+    void (*progress)(float fraction, void* user_data);
+    void* progress_user_data; /* passed to progress */
 } hy_model_params;
 
 hy_model_params hy_model_default_params(void);

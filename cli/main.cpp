@@ -283,7 +283,18 @@ int run(int argc, char** argv) {
     mp.cuda_graphs = o.cuda_graphs ? 1 : 0;
     mp.n_ctx = o.n_ctx;
     if (o.has_batch) mp.n_slots = std::min<int>(o.parallel, int(o.batch_prompts.size()));
-    if (stderr_tty()) std::fprintf(stderr, "hybrid: loading %s ...", o.model_dir.c_str());
+    if (stderr_tty()) {  // "hybrid: loading DIR ... NN%", cleared when the load returns
+        std::fprintf(stderr, "hybrid: loading %s ...", o.model_dir.c_str());
+        mp.progress_user_data = const_cast<char*>(o.model_dir.c_str());
+        mp.progress = [](float f, void* dir) {
+            static int shown = -1;
+            const int pct = int(f * 100.0f);
+            if (pct == shown || pct >= 100) return;
+            shown = pct;
+            std::fprintf(stderr, "\r\033[Khybrid: loading %s ... %d%%", static_cast<const char*>(dir), pct);
+            std::fflush(stderr);
+        };
+    }
     const auto t0 = std::chrono::steady_clock::now();
     const int rc = hy_model_load(o.model_dir.c_str(), &mp, &h.m);
     const double load_ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t0).count();

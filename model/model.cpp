@@ -886,9 +886,37 @@ struct ModelLoader {
     void upload_weights(char* base) {
         std::vector<float> tmp;
         std::vector<uint16_t> half;
-        for (const QuantJob& j : quant_jobs) upload_quantized(base, j);
-        for (const PackedJob& j : packed_jobs) upload_packed_int4(base, j);
+        // progress by weight count: quantized matrices, packed ones and plain pieces (the vectors are negligible)
+        const auto& progress = m.params_.progress;
+        double total_weights = 0.0, done_weights = 0.0;
+        auto weights_of = [](const Matrix& d) { return double(d.rows) * double(d.cols); };
+        auto piece_weights = [](const Piece& p) {
+            int64_t total = 1;
+            for (int d = 0; d < p.src->n_dims; d++) total *= p.src->shape[d];
+            return p.rows.empty() ? double(total) : double(p.rows.size()) * double(total / p.src->shape[0]);
+        };
+        for (const QuantJob& j : quant_jobs) total_weights += weights_of(*j.dst);
+        for (const PackedJob& j : packed_jobs) total_weights += weights_of(*j.dst);
+        for (const Piece& p : pieces) total_weights += piece_weights(p);
+        auto advance = [&](double n) {
+            if (n <= 0.0) return;
+            done_weights += n;
+            if (progress && done_weights < total_weights) progress(float(done_weights / total_weights));
+        };
+        for (const QuantJob& j : quant_jobs) {
+            upload_quantized(base, j);
+            advance(weights_of(*j.dst));
+        }
+        for (const PackedJob& j : packed_jobs) {
+            upload_packed_int4(base, j);
+            advance(weights_of(*j.dst));
+        }
+        double previous = 0.0;  // the last piece's weights (the loop below leaves through several continues)
         for (const Piece& p : pieces) {
+            if (progress) {
+                advance(previous);
+                previous = piece_weights(p);
+            }
             int64_t total = 1;
             for (int d = 0; d < p.src->n_dims; d++) total *= p.src->shape[d];
             const int64_t cols = total / p.src->shape[0];
@@ -926,6 +954,7 @@ struct ModelLoader {
                 throw Error(Status::internal, "no conversion to the backend's matrix dtype");
             }
         }
+        advance(previous);
         for (const MatrixJob& j : matrices) {
             j.dst->data = base + j.off;
             if (j.scale_off != SIZE_MAX) j.dst->scales = reinterpret_cast<const float*>(base + j.scale_off);
@@ -945,6 +974,7 @@ struct ModelLoader {
             be.upload(base + j.off, tmp.data(), size_t(j.n) * 4);
             if (j.dst) *j.dst = reinterpret_cast<const float*>(base + j.off);
         }
+        if (progress) progress(1.0f);
     }
 };
 

@@ -13,6 +13,7 @@
 //   workspace     the backend's private scratch
 #pragma once
 
+#include <functional>
 #include <memory>
 #include <span>
 #include <string>
@@ -142,6 +143,10 @@ struct ModelParams {
     WeightQuant quant = WeightQuant::none;
     int quant_group = 0;         // int8/int4: weights per scale (int_quant_group_ok); 0: the mode's default
     bool quant_lm_head = false;  // int8/int4: quantize lm_head too (a tied one gets a quantized copy)
+    // Called as the weights are read, converted or quantized and uploaded, with the fraction done by weight count
+    // (0 < f <= 1, non-decreasing; 1 exactly once, when they are all in the arena); may be empty. Quantizing a large
+    // model on the host takes minutes (README "Weight quantization"): programs show it.
+    std::function<void(float)> progress;
 };
 
 // Throws hy::Error(io) unless dir is a model folder: "the model folder path is empty", "DIR: no such model folder",

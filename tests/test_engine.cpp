@@ -1,5 +1,6 @@
 // engine.h tests on the bundled models/tiny: golden greedy ids through the C API, log-probabilities, stop
 // conditions, snapshots (memory and file, another model refused), batched decode, error codes.
+#include <algorithm>
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <cstring>
@@ -120,6 +121,34 @@ TEST_CASE("engine: hy_model_params.quant = HY_QUANT_FP8 quantizes at load; an un
     CHECK(hy_model_load(kTiny.c_str(), &p, &bad) == HY_ERR_INVALID_ARGUMENT);
     CHECK(std::string(hy_last_error()).find("unknown weight quantization 7") != std::string::npos);
     CHECK(bad == nullptr);
+}
+
+// hy_model_params.progress: fractions in (0, 1], non-decreasing, 1 exactly once and last, several calls on the way
+// (16-bit and int4-quantized loads, the MoE test model's stacked experts too).
+TEST_CASE("engine: the load reports its progress", "[engine]") {
+    struct Seen {
+        std::vector<float> f;
+    };
+    for (const auto& [dir, quant] :
+         {std::pair{kTiny, int(HY_QUANT_NONE)}, std::pair{kTiny, int(HY_QUANT_INT4)},
+          std::pair{std::string(HY_SOURCE_DIR) + "/tests/data/models/moe", int(HY_QUANT_FP8)}}) {
+        INFO(dir << " quant " << quant);
+        hy_model_params p = hy_model_default_params();
+        p.device = HY_DEVICE_CPU;
+        p.n_ctx = 64;
+        p.quant = quant;
+        Seen seen;
+        p.progress_user_data = &seen;
+        p.progress = [](float f, void* u) { static_cast<Seen*>(u)->f.push_back(f); };
+        hy_model* m = nullptr;
+        REQUIRE(hy_model_load(dir.c_str(), &p, &m) == HY_OK);
+        REQUIRE(seen.f.size() >= 3);
+        CHECK(seen.f.back() == 1.0f);
+        CHECK(std::count(seen.f.begin(), seen.f.end(), 1.0f) == 1);
+        CHECK(seen.f.front() > 0.0f);
+        CHECK(std::is_sorted(seen.f.begin(), seen.f.end()));
+        hy_model_free(m);
+    }
 }
 
 TEST_CASE("engine: without a generation_config.json the model's sampler defaults are the engine's", "[engine]") {

@@ -374,6 +374,7 @@ int main(int argc, char** argv) {
         // (a chunk past the longer of the prompt and the depth is never used)
         mp.max_batch_tokens = std::max(std::min(ubatch, std::max(n_prompt, depth)), max_b);
         mp.max_logits = max_b;
+        mp.progress = tools::load_progress("hybrid-bench");
         auto model = tools::loading([&] {
             try {
                 return Model::load(dir, mp);

@@ -233,6 +233,7 @@ int main(int argc, char** argv) {
                 have_logits = true;
             }
         }
+        mp.progress = tools::load_progress("hybrid-compare");
         auto model = tools::loading([&] { return Model::load(dir, mp); });
         if (!model->load_warning().empty())
             std::fprintf(stderr, "%s: warning: %s\n", "hybrid-compare", model->load_warning().c_str());

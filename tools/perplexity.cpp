@@ -189,6 +189,7 @@ int main(int argc, char** argv) {
             throw tools::Failure(tools::exit_usage, text_name + ": " + std::to_string(ids.size()) +
                                                         " tokens, fewer than one window of --ctx " +
                                                         std::to_string(ctx));
+        mp.progress = tools::load_progress("hybrid-perplexity");
         auto model = tools::loading([&] {
             auto m = Model::load(dir, mp);
             tok.require_fits(m->config().vocab_size, dir);  // (it failed at the first such token of the text)

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <cxxopts.hpp>
+#include <functional>
 #include <iostream>
 #include <stdexcept>
 #include <string>
@@ -53,6 +54,22 @@ auto loading(F&& f) {
     } catch (const Error& e) {
         throw Failure(exit_model, e.what());
     }
+}
+
+// A ModelParams::progress that shows "<tool>: loading weights NN%" on stderr when it is a terminal (rewritten in
+// place, cleared at 100%), and nothing otherwise (logs and pipes stay clean).
+inline std::function<void(float)> load_progress(const char* tool) {
+    if (!isatty(STDERR_FILENO)) return {};
+    return [tool, shown = -1](float f) mutable {
+        const int pct = int(f * 100.0f);
+        if (pct == shown) return;
+        shown = pct;
+        if (pct >= 100)
+            std::fprintf(stderr, "\r\033[K");
+        else
+            std::fprintf(stderr, "\r%s: loading weights %d%%", tool, pct);
+        std::fflush(stderr);
+    };
 }
 
 // "1 window", "2 windows".
