@@ -1197,6 +1197,7 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     m->arena_ = be.alloc(m->arena_bytes_);
     char* base = static_cast<char*>(m->arena_);
     ld.upload_weights(base);
+    m->params_.progress = nullptr;  // (its captures belong to the caller's load: not kept with the model's params)
     if (c.tie_word_embeddings && !m->weights_.output.data) m->weights_.output = m->weights_.embed;
 
     m->state_.resize(size_t(c.n_layers));
