@@ -61,8 +61,9 @@ struct Reader {
             throw Error(Status::format,
                         source + ": field '" + scope_name + field + "' must be a number, found " + v.dump());
         if (!std::isfinite(v.get<float>()))  // (1e300 becomes inf as a float)
-            throw Error(Status::format,
-                        source + ": field '" + scope_name + field + "' must be a finite number, found " + v.dump());
+            throw Error(Status::format, source + ": field '" + scope_name + field +
+                                            "' must be a finite number (an f32: at most about 3.4e38), found " +
+                                            v.dump());
         return v.get<float>();
     }
 };
@@ -70,12 +71,15 @@ struct Reader {
 std::vector<int> read_id_list(const json& v, const std::string& source, const std::string& field) {
     std::vector<int> out;
     if (v.is_null()) return out;
-    auto id = [&](const json& x) {  // (a value past int would wrap into a valid-looking id)
+    auto id = [&](const json& x) {  // (a value past int would wrap into a valid-looking id; 2.0 is taken as 2)
+        const bool whole = x.is_number_float() && x.get<double>() >= 0.0 && x.get<double>() <= double(INT32_MAX) &&
+                           x.get<double>() == std::floor(x.get<double>());
+        if (whole) return int(x.get<double>());
         if (!x.is_number_integer() || x.get<int64_t>() < 0 || x.get<int64_t>() > INT32_MAX)
             throw Error(Status::format, source + ": field '" + field + "' must hold token ids, found " + x.dump());
         return int(x.get<int64_t>());
     };
-    if (v.is_number_integer()) {
+    if (v.is_number()) {
         out.push_back(id(v));
     } else if (v.is_array()) {
         for (const json& x : v) out.push_back(id(x));

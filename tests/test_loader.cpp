@@ -290,7 +290,8 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
             {"/attn_output_gate", 1, "field 'attn_output_gate' must be true or false"},
             {"/rope_parameters", "x", "field 'rope_parameters' must be an object"},
             {"/rope_parameters/rope_type", true, "field 'rope_parameters.rope_type' must be a string"},
-            {"/rms_norm_eps", 1e300, "field 'rms_norm_eps' must be a finite number"},
+            {"/rms_norm_eps", 1e300, "field 'rms_norm_eps' must be a finite number (an f32: at most about 3.4e38)"},
+            {"/eos_token_id", 2.5, "field 'eos_token_id' must hold token ids, found 2.5"},
             {"/eos_token_id", 4294967297LL, "field 'eos_token_id' must hold token ids, found 4294967297"},
             {"/model_type", 5, "field 'model_type' must be a string"},
             // (absent is allowed: the context length is then unchecked)
@@ -310,8 +311,11 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
         nlohmann::json j = nlohmann::json::parse(config);
         const int layers = j["num_hidden_layers"].get<int>();
         j["num_hidden_layers"] = double(layers);
+        j["eos_token_id"] = nlohmann::json::array({2.0, 3.0});  // (token ids too)
         write_model_dir(d.path, tensors, j.dump());
-        CHECK(Model::load(d.path, p)->config().n_layers == layers);
+        auto m = Model::load(d.path, p);
+        CHECK(m->config().n_layers == layers);
+        CHECK(m->config().eos_token_ids == std::vector<int>{2, 3});
     }
     SECTION("invalid JSON: the parser's message without the library's tag") {
         TempDir d;
