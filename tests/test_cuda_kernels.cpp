@@ -1422,6 +1422,25 @@ TEST_CASE("CUDA fused ops (graph replay and eager) equal the CPU reference's pla
     }
 }
 
+// The backends the MoE experts tests compare: the CPU reference, CUDA by default, CUDA with every row count on the
+// grouped path, every one on the per-row kernels, and grouped with stages of 64 values (those of GPUs with less
+// shared memory a block).
+static CudaOptions moe_path(int grouped_min_rows, bool k64) {
+    CudaOptions o;
+    o.moe_grouped_min_rows = grouped_min_rows;
+    o.moe_group_k64 = k64;
+    return o;
+}
+struct MoeSides {
+    Side cpu, gpu, grouped, gemv, grouped64;
+    MoeSides(const BatchLimits& l, const WorkspaceShape& ws, size_t bytes)
+        : cpu(make_cpu_backend(2), l, ws, bytes),
+          gpu(make_cuda_backend(0), l, ws, bytes),
+          grouped(make_cuda_backend(0, moe_path(1, false)), l, ws, bytes),
+          gemv(make_cuda_backend(0, moe_path(1 << 30, false)), l, ws, bytes),
+          grouped64(make_cuda_backend(0, moe_path(1, true)), l, ws, bytes) {}
+};
+
 // The MoE ops on random inputs (bf16-exact inputs on both sides): the router's choices and weights, and the
 // experts' output (routed weighted sum plus the gated shared expert) given the same routing, at the sizes of the
 // tests' models and of the real routers (256 experts top-8 as Qwen3.5-35B-A3B, 512 top-10 as Qwen3.5-397B and
@@ -1444,16 +1463,8 @@ TEST_CASE("CUDA MoE router and experts (routed and shared) against the CPU refer
         const WorkspaceShape ws{4, 64, s.H, s.E, s.k, s.I, s.Is};
         const BatchLimits l = limits(std::max(s.T, 8), 1, 16);
         const size_t bytes = size_t(s.E) * 3 * s.I * s.H * 8 + (size_t(16) << 20);  // (the experts twice)
-        Side cpu(make_cpu_backend(2), l, ws, bytes);
-        Side gpu(make_cuda_backend(0), l, ws, bytes);
-        CudaOptions o;
-        o.moe_grouped_min_rows = 1;
-        Side grouped(make_cuda_backend(0, o), l, ws, bytes);
-        o.moe_grouped_min_rows = 1 << 30;
-        Side gemv(make_cuda_backend(0, o), l, ws, bytes);
-        o.moe_grouped_min_rows = 1;
-        o.moe_group_k64 = true;  // (the stages of GPUs with less shared memory a block)
-        Side grouped64(make_cuda_backend(0, o), l, ws, bytes);
+        MoeSides all(l, ws, bytes);
+        Side &cpu = all.cpu, &gpu = all.gpu, &grouped = all.grouped, &gemv = all.gemv, &grouped64 = all.grouped64;
         auto bf = [](std::vector<float> v) {  // values exactly representable in bf16, the same on both sides
             for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
             return v;
@@ -1623,16 +1634,8 @@ TEST_CASE("CUDA MoE FP8 and Q8/Q4 experts against the CPU reference", "[gpu][fp8
         const WorkspaceShape ws{4, 64, s.H, s.E, s.k, s.I, s.Is};
         const BatchLimits l = limits(std::max(s.T, 8), 1, 16);
         const size_t bytes = size_t(s.E) * 3 * s.I * s.H * 2 + (size_t(16) << 20);
-        Side cpu(make_cpu_backend(2), l, ws, bytes);
-        Side gpu(make_cuda_backend(0), l, ws, bytes);
-        CudaOptions o;
-        o.moe_grouped_min_rows = 1;
-        Side grouped(make_cuda_backend(0, o), l, ws, bytes);
-        o.moe_grouped_min_rows = 1 << 30;
-        Side gemv(make_cuda_backend(0, o), l, ws, bytes);
-        o.moe_grouped_min_rows = 1;
-        o.moe_group_k64 = true;
-        Side grouped64(make_cuda_backend(0, o), l, ws, bytes);
+        MoeSides all(l, ws, bytes);
+        Side &cpu = all.cpu, &gpu = all.gpu, &grouped = all.grouped, &gemv = all.gemv, &grouped64 = all.grouped64;
         const auto x = randn(size_t(s.T) * s.H);
         auto gate_up = randn(size_t(s.E) * 2 * s.I * s.H, 0.06f), down = randn(size_t(s.E) * s.H * s.I, 0.08f);
         vary_blocks(gate_up, int64_t(s.E) * 2 * s.I, s.H, false);
