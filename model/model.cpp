@@ -883,6 +883,51 @@ struct ModelLoader {
         if (r > r0) flush();
     }
 
+    // A piece's columns (the product of its tensor's dims after the first) and the elements of the arena it fills
+    // (its rows, or the rows it picks, times the columns).
+    static size_t piece_cols(const Piece& p) {
+        size_t cols = 1;
+        for (int d = 1; d < p.src->n_dims; d++) cols *= size_t(p.src->shape[d]);
+        return cols;
+    }
+    static size_t piece_elements(const Piece& p) {
+        return (p.rows.empty() ? size_t(p.src->shape[0]) : p.rows.size()) * piece_cols(p);
+    }
+
+    // Copies (converting where the dtypes differ) or fills (dummy weights) one piece into the arena.
+    void upload_piece(char* base, const Piece& p, std::vector<float>& tmp, std::vector<uint16_t>& half) {
+        const size_t n = piece_elements(p);
+        if (!p.src->data) {  // dummy weights: uniform in +-0.035 (standard deviation 0.02, as HF's initializer)
+            be.fill_random(base + p.off, n, p.dtype, -0.035f, 0.035f, p.seed);
+            return;
+        }
+        const size_t cols = piece_cols(p);
+        const DType src_type = to_dtype(p.src->dtype);
+        const size_t ss = dtype_size(src_type);
+        // the source bytes in destination order
+        const char* src = static_cast<const char*>(p.src->data);
+        std::vector<char> gathered;
+        if (!p.rows.empty()) {
+            gathered.resize(n * ss);
+            for (size_t r = 0; r < p.rows.size(); r++)
+                std::memcpy(gathered.data() + r * cols * ss, src + size_t(p.rows[r]) * cols * ss, cols * ss);
+            src = gathered.data();
+        }
+        void* dst = base + p.off;
+        if (src_type == p.dtype) return be.upload(dst, src, n * ss);
+        tmp.resize(n);
+        convert_to_f32(src, src_type, tmp.data(), n);
+        if (p.dtype == DType::F32) {
+            be.upload(dst, tmp.data(), n * 4);
+        } else if (p.dtype == DType::BF16) {
+            half.resize(n);
+            for (size_t i = 0; i < n; i++) half[i] = f32_to_bf16(tmp[i]);
+            be.upload(dst, half.data(), n * 2);
+        } else {
+            throw Error(Status::internal, "no conversion to the backend's matrix dtype");
+        }
+    }
+
     void upload_weights(char* base) {
         std::vector<float> tmp;
         std::vector<uint16_t> half;
@@ -890,16 +935,10 @@ struct ModelLoader {
         const auto& progress = m.params_.progress;
         double total_weights = 0.0, done_weights = 0.0;
         auto weights_of = [](const Matrix& d) { return double(d.rows) * double(d.cols); };
-        auto piece_weights = [](const Piece& p) {
-            int64_t total = 1;
-            for (int d = 0; d < p.src->n_dims; d++) total *= p.src->shape[d];
-            return p.rows.empty() ? double(total) : double(p.rows.size()) * double(total / p.src->shape[0]);
-        };
         for (const QuantJob& j : quant_jobs) total_weights += weights_of(*j.dst);
         for (const PackedJob& j : packed_jobs) total_weights += weights_of(*j.dst);
-        for (const Piece& p : pieces) total_weights += piece_weights(p);
+        for (const Piece& p : pieces) total_weights += double(piece_elements(p));
         auto advance = [&](double n) {
-            if (n <= 0.0) return;
             done_weights += n;
             if (progress && done_weights < total_weights) progress(float(done_weights / total_weights));
         };
@@ -911,50 +950,10 @@ struct ModelLoader {
             upload_packed_int4(base, j);
             advance(weights_of(*j.dst));
         }
-        double previous = 0.0;  // the last piece's weights (the loop below leaves through several continues)
         for (const Piece& p : pieces) {
-            if (progress) {
-                advance(previous);
-                previous = piece_weights(p);
-            }
-            int64_t total = 1;
-            for (int d = 0; d < p.src->n_dims; d++) total *= p.src->shape[d];
-            const int64_t cols = total / p.src->shape[0];
-            const size_t n = p.rows.empty() ? size_t(total) : p.rows.size() * size_t(cols);  // elements written
-            if (!p.src->data) {  // dummy weights: uniform in +-0.035 (standard deviation 0.02, as HF's initializer)
-                be.fill_random(base + p.off, n, p.dtype, -0.035f, 0.035f, p.seed);
-                continue;
-            }
-            const DType src_type = to_dtype(p.src->dtype);
-            const size_t ss = dtype_size(src_type);
-            // the source bytes in destination order
-            const char* src = static_cast<const char*>(p.src->data);
-            std::vector<char> gathered;
-            if (!p.rows.empty()) {
-                gathered.resize(n * ss);
-                for (size_t r = 0; r < p.rows.size(); r++)
-                    std::memcpy(gathered.data() + r * size_t(cols) * ss, src + size_t(p.rows[r] * cols) * ss,
-                                size_t(cols) * ss);
-                src = gathered.data();
-            }
-            void* dst = base + p.off;
-            if (src_type == p.dtype) {
-                be.upload(dst, src, n * ss);
-                continue;
-            }
-            tmp.resize(n);
-            convert_to_f32(src, src_type, tmp.data(), n);
-            if (p.dtype == DType::F32) {
-                be.upload(dst, tmp.data(), n * 4);
-            } else if (p.dtype == DType::BF16) {
-                half.resize(n);
-                for (size_t i = 0; i < n; i++) half[i] = f32_to_bf16(tmp[i]);
-                be.upload(dst, half.data(), n * 2);
-            } else {
-                throw Error(Status::internal, "no conversion to the backend's matrix dtype");
-            }
+            upload_piece(base, p, tmp, half);
+            advance(double(piece_elements(p)));
         }
-        advance(previous);
         for (const MatrixJob& j : matrices) {
             j.dst->data = base + j.off;
             if (j.scale_off != SIZE_MAX) j.dst->scales = reinterpret_cast<const float*>(base + j.scale_off);
