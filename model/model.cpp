@@ -812,31 +812,40 @@ struct ModelLoader {
         }
     }
 
-    // Quantizes a QuantJob's matrix segment by segment and uploads its FP8 data and scales.
+    // Quantizes a QuantJob's matrix and uploads its FP8 data and scales, in runs of whole segments (at least one,
+    // about 2^24 weights: a 35B-A3B expert segment is 512 x 2048, so a run holds 16 of them). A segment's
+    // 128-row blocks are independent; host threads take runs of (segment, block row) pairs, so an MoE matrix of
+    // many small segments uses every thread (one segment at a time gave 4 threads and took 137 s for 35B-A3B's
+    // dummy weights, thirty-fourth session).
     void upload_quantized(char* base, const QuantJob& job) {
         const Matrix& d = *job.dst;
         if (is_int_quant(d.dtype)) return upload_int_quantized(base, job);
         const int64_t seg = d.scale_segment_rows > 0 ? d.scale_segment_rows : d.rows, sc = fp8_scale_cols(d.cols);
-        std::vector<float> w(size_t(seg * d.cols)), scales(size_t(fp8_scale_rows(seg, 0) * sc));
-        std::vector<uint8_t> q(size_t(seg * d.cols));
-        // A segment's block rows are independent: host threads take runs of them (a 4B model has about 4e9
-        // weights to convert and round).
-        const int64_t block_rows = fp8_scale_rows(seg, 0);
-        const int n_threads = int(std::min<int64_t>(
-            block_rows,
-            std::max(1, m.params_.n_threads > 0 ? m.params_.n_threads : int(std::thread::hardware_concurrency()))));
-        for (int64_t r0 = 0; r0 < d.rows; r0 += seg) {
+        const int64_t seg_blocks = fp8_scale_rows(seg, 0);  // block rows of a segment
+        const int64_t run_segs = std::max<int64_t>(1, ((int64_t(1) << 24) / d.cols) / seg);
+        std::vector<float> w(size_t(run_segs * seg * d.cols)), scales(size_t(run_segs * seg_blocks * sc));
+        std::vector<uint8_t> q(size_t(run_segs * seg * d.cols));
+        const int max_threads =
+            std::max(1, m.params_.n_threads > 0 ? m.params_.n_threads : int(std::thread::hardware_concurrency()));
+        for (int64_t r0 = 0; r0 < d.rows; r0 += run_segs * seg) {
+            const int64_t rows = std::min(run_segs * seg, d.rows - r0);
+            const int64_t n_segs = (rows + seg - 1) / seg, items = n_segs * seg_blocks;
+            const int n_threads = int(std::min<int64_t>(items, max_threads));
             auto part = [&](int i) {
-                const int64_t b0 = block_rows * i / n_threads, b1 = block_rows * (i + 1) / n_threads;
-                const int64_t a = b0 * kFp8Block, n = std::min(seg, b1 * kFp8Block) - a;
-                read_rows(job, d.cols, r0 + a, n, w.data() + a * d.cols);
-                quantize_fp8_blocks(w.data() + a * d.cols, n, d.cols, 0, q.data() + a * d.cols,
-                                    scales.data() + b0 * sc);
+                for (int64_t it = items * i / n_threads; it < items * (i + 1) / n_threads; it++) {
+                    const int64_t s = it / seg_blocks, b = it % seg_blocks;
+                    const int64_t a = s * seg + b * kFp8Block;  // the block row's first row in the run
+                    const int64_t n = std::min({kFp8Block, seg - b * kFp8Block, rows - a});
+                    if (n <= 0) continue;
+                    read_rows(job, d.cols, r0 + a, n, w.data() + a * d.cols);
+                    quantize_fp8_blocks(w.data() + a * d.cols, n, d.cols, 0, q.data() + a * d.cols,
+                                        scales.data() + it * sc);
+                }
             };
             run_parts(n_threads, part);
-            be.upload(base + job.off + size_t(r0 * d.cols), q.data(), q.size());
+            be.upload(base + job.off + size_t(r0 * d.cols), q.data(), size_t(rows * d.cols));
             be.upload(base + job.scale_off + size_t(fp8_scale_row(r0, d.scale_segment_rows) * sc) * 4, scales.data(),
-                      scales.size() * 4);
+                      size_t(fp8_scale_rows(rows, seg) * sc) * 4);
         }
     }
 
