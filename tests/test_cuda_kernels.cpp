@@ -1626,8 +1626,11 @@ TEST_CASE("CUDA MoE FP8 and Q8/Q4 experts against the CPU reference", "[gpu][fp8
           Shape{16, 4, 384, 160, 24, 64, e5}, Shape{8, 2, 200, 24, 20, 0, e4}, Shape{8, 2, 256, 64, 5, 128, q8, 64},
           Shape{256, 8, 512, 128, 3, 0, q4, 32}, Shape{8, 4, 256, 64, 300, 0, q4, 32},
           Shape{16, 4, 1024, 256, 40, 0, q8, 64}, Shape{512, 10, 256, 128, 20, 0, q4, 128},
-          Shape{16, 4, 384, 192, 24, 64, q4, 64}, Shape{64, 8, 2048, 512, 2, 0, q4, 32}}) {
+          Shape{16, 4, 384, 192, 24, 64, q4, 64}, Shape{64, 8, 2048, 512, 2, 0, q4, 32},
+          Shape{64, 8, 2048, 512, 1, 512, e4}, Shape{8, 2, 256, 64, 2, 128, e5}, Shape{16, 4, 4096, 64, 1, 64, e4}}) {
         // (H 200, I 24: not multiples of 16, so every row count takes the per-row kernels, value by value)
+        // (1-2 rows: the FP8 gate/up on the GEMV's loop, gemv_fp8_expert_gate_up, with the shared expert where it is
+        // FP8 too; H 2048 and 4096: its two launch shapes)
         INFO("E " << s.E << " k " << s.k << " H " << s.H << " I " << s.I << " rows " << s.T << " Is " << s.Is << " "
                   << dtype_name(s.type) << " group " << s.group);
         const bool int_q = is_int_quant(s.type);
@@ -1683,53 +1686,67 @@ TEST_CASE("CUDA MoE FP8 and Q8/Q4 experts against the CPU reference", "[gpu][fp8
                 w[size_t(t) * s.k + j] = bf16_to_f32(f32_to_bf16(float(j + 1) / sum));
             }
         }
-        Batch batch({{0, 0, s.T}}, 64);
-        Side* sides[5] = {&cpu, &gpu, &grouped, &gemv, &grouped64};
-        std::vector<float> ye[5];
-        for (int i = 0; i < 5; i++) {
-            Side& d = *sides[i];
-            d.be->begin_batch(batch.desc);
-            void* xa = d.act(x);
-            auto upload = [&](const Codes& c, int64_t rows, int64_t cols, int64_t seg) {
-                if (int_q && i == 0) return d.matrix(c.deq, rows, cols);  // (the CPU: bf16 dequantized weights)
-                void* p = d.take(c.q.size());
-                d.be->upload(p, c.q.data(), c.q.size());
-                return int_q ? Matrix{p, s.type, rows, cols, d.f32(c.sc), 0, s.group}
-                             : Matrix{p, s.type, rows, cols, d.f32(c.sc), seg};
-            };
-            MoeExperts ex;
-            ex.gate_up = upload(gu, int64_t(s.E) * 2 * s.I, s.H, s.I);
-            ex.down = upload(dn, int64_t(s.E) * s.H, s.I, s.H);
-            ex.n_experts = s.E;
-            ex.intermediate = s.I;
-            float* wt = static_cast<float*>(d.take(w.size() * 4));
-            int32_t* id = static_cast<int32_t*>(d.take(ids.size() * 4));
-            d.be->upload(wt, w.data(), w.size() * 4);
-            d.be->upload(id, ids.data(), ids.size() * 4);
-            SharedExpert sh;
-            if (s.Is > 0) {
-                sh.gate_proj = d.matrix(s_gate, s.Is, s.H);
-                sh.up_proj = d.matrix(s_up, s.Is, s.H);
-                sh.down_proj = d.matrix(s_down, s.H, s.Is);
-                sh.gate = d.matrix(sgate, 1, s.H);
+        // the shared expert in bf16, and (q_shared) quantized as the routed experts, as --quant and the FP8
+        // releases make it (one scale segment a matrix)
+        const Codes sgc = s.Is > 0 ? quantize(s_gate, s.Is, s.H, 0) : Codes{},
+                    suc = s.Is > 0 ? quantize(s_up, s.Is, s.H, 0) : Codes{},
+                    sdc = s.Is > 0 ? quantize(s_down, s.H, s.Is, 0) : Codes{};
+        for (const bool q_shared : {false, true}) {
+            if (q_shared && s.Is == 0) break;
+            INFO("shared expert " << (q_shared ? dtype_name(s.type) : "BF16"));
+            Batch batch({{0, 0, s.T}}, 64);
+            Side* sides[5] = {&cpu, &gpu, &grouped, &gemv, &grouped64};
+            std::vector<float> ye[5];
+            for (int i = 0; i < 5; i++) {
+                Side& d = *sides[i];
+                d.be->begin_batch(batch.desc);
+                void* xa = d.act(x);
+                auto upload = [&](const Codes& c, int64_t rows, int64_t cols, int64_t seg) {
+                    if (int_q && i == 0) return d.matrix(c.deq, rows, cols);  // (the CPU: bf16 dequantized weights)
+                    void* p = d.take(c.q.size());
+                    d.be->upload(p, c.q.data(), c.q.size());
+                    return int_q ? Matrix{p, s.type, rows, cols, d.f32(c.sc), 0, s.group}
+                                 : Matrix{p, s.type, rows, cols, d.f32(c.sc), seg};
+                };
+                MoeExperts ex;
+                ex.gate_up = upload(gu, int64_t(s.E) * 2 * s.I, s.H, s.I);
+                ex.down = upload(dn, int64_t(s.E) * s.H, s.I, s.H);
+                ex.n_experts = s.E;
+                ex.intermediate = s.I;
+                float* wt = static_cast<float*>(d.take(w.size() * 4));
+                int32_t* id = static_cast<int32_t*>(d.take(ids.size() * 4));
+                d.be->upload(wt, w.data(), w.size() * 4);
+                d.be->upload(id, ids.data(), ids.size() * 4);
+                SharedExpert sh;
+                if (s.Is > 0) {
+                    sh.gate_proj = q_shared ? upload(sgc, s.Is, s.H, 0) : d.matrix(s_gate, s.Is, s.H);
+                    sh.up_proj = q_shared ? upload(suc, s.Is, s.H, 0) : d.matrix(s_up, s.Is, s.H);
+                    sh.down_proj = q_shared ? upload(sdc, s.H, s.Is, 0) : d.matrix(s_down, s.H, s.Is);
+                    sh.gate = d.matrix(sgate, 1, s.H);
+                }
+                void* out = d.poisoned(size_t(s.T) * s.H);
+                d.be->moe_experts(xa, s.T, ex, sh, wt, id, s.k, out);
+                ye[i] = d.read_act(out, size_t(s.T) * s.H);
             }
-            void* out = d.poisoned(size_t(s.T) * s.H);
-            d.be->moe_experts(xa, s.T, ex, sh, wt, id, s.k, out);
-            ye[i] = d.read_act(out, size_t(s.T) * s.H);
+            for (int i = 1; i < 5; i++) {
+                const double ey = rel_err(ye[i], ye[0]);
+                const char* path = i == 1 ? "default" : i == 2 ? "grouped" : i == 3 ? "per-row" : "grouped, BK 64";
+                std::printf(
+                    "CUDA MoE experts %s (group %d) E %d k %d H %d I %d rows %d, shared %s, %s path: rel err %.3g\n",
+                    dtype_name(s.type), s.group, s.E, s.k, s.H, s.I, s.T,
+                    s.Is == 0  ? "none"
+                    : q_shared ? dtype_name(s.type)
+                               : "BF16",
+                    path, ey);
+                INFO(path << " experts rel err " << ey);
+                CHECK(ey <= 2e-2);
+            }
+            // the default takes the grouped path's kernels from kMoeGroupedMinRows rows (H and I multiples of 16), else
+            // the per-row ones, bit for bit
+            const bool grouped_fits = s.H % 16 == 0 && s.I % 16 == 0;
+            CHECK(ye[1] == ye[grouped_fits && s.T >= cuda::kMoeGroupedMinRows ? 2 : 3]);
+            if (!grouped_fits) CHECK(ye[2] == ye[3]);
         }
-        for (int i = 1; i < 5; i++) {
-            const double ey = rel_err(ye[i], ye[0]);
-            const char* path = i == 1 ? "default" : i == 2 ? "grouped" : i == 3 ? "per-row" : "grouped, BK 64";
-            std::printf("CUDA MoE experts %s (group %d) E %d k %d H %d I %d rows %d, %s path: rel err %.3g\n",
-                        dtype_name(s.type), s.group, s.E, s.k, s.H, s.I, s.T, path, ey);
-            INFO(path << " experts rel err " << ey);
-            CHECK(ey <= 2e-2);
-        }
-        // the default takes the grouped path's kernels from kMoeGroupedMinRows rows (H and I multiples of 16), else
-        // the per-row ones, bit for bit
-        const bool grouped_fits = s.H % 16 == 0 && s.I % 16 == 0;
-        CHECK(ye[1] == ye[grouped_fits && s.T >= cuda::kMoeGroupedMinRows ? 2 : 3]);
-        if (!grouped_fits) CHECK(ye[2] == ye[3]);
     }
 }
 

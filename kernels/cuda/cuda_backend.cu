@@ -206,11 +206,15 @@ void sign(const Op& op, std::vector<uint64_t>& sig) {
         }
     }
     if (op.kind == Op::Kind::moe_experts) {
-        p(op.shared.gate_proj);
-        p(op.shared.up_proj);
-        p(op.shared.down_proj);
+        for (const cuda::ExpertMatrix* m : {&op.shared.gate_proj, &op.shared.up_proj, &op.shared.down_proj}) {
+            p(m->w);
+            p(m->scales);
+            u(uint64_t(m->segment_rows));
+            u(uint64_t(m->group));
+        }
         p(op.shared.gate);
         u(uint64_t(op.shared.Is));
+        u(op.shared.quantized);
     }
     if (op.kind == Op::Kind::attention) {
         const AttentionArgs& a = op.attn;
@@ -862,10 +866,18 @@ public:
             require_matrix(shared.down_proj, "shared expert", true);
             require_bf16(shared.gate, "shared expert gate");
         }
-        const bool shared_bf16 = Is > 0 && shared.gate_proj.dtype == DType::BF16 &&
-                                 shared.up_proj.dtype == DType::BF16 && shared.down_proj.dtype == DType::BF16;
+        // The per-row kernels take a shared expert of bf16 or of the routed experts' type (FP8: one scale segment a
+        // matrix, as the loader makes them).
         const DType wt = ex.gate_up.dtype;
-        const bool fused = shared_bf16 && cuda::moe_fuses_shared(rows, H, ex.intermediate, int(Is), ctx_, wt);
+        auto all_of = [&](DType t) {
+            return shared.gate_proj.dtype == t && shared.up_proj.dtype == t && shared.down_proj.dtype == t;
+        };
+        const bool shared_quantized =
+            wt != DType::BF16 && all_of(wt) &&
+            (!is_fp8(wt) || (shared.gate_proj.scale_segment_rows == 0 && shared.up_proj.scale_segment_rows == 0 &&
+                             shared.down_proj.scale_segment_rows == 0));
+        const bool fused = Is > 0 && (all_of(DType::BF16) || shared_quantized) &&
+                           cuda::moe_fuses_shared(rows, H, ex.intermediate, int(Is), ctx_, wt);
         if (size_t(rows) * size_t(k) * size_t(ex.intermediate) > scratch_a_elems_ ||
             (cuda::moe_grouped(rows, H, ex.intermediate, ctx_, wt) &&
              (size_t(rows) * size_t(k) * size_t(H) > moe_slot_elems_ ||
@@ -884,10 +896,17 @@ public:
         op.x2 = ids;
         op.y = y;
         op.n3 = ex.intermediate;
-        if (fused)
-            op.shared = cuda::MoeShared{
-                static_cast<const bf16*>(shared.gate_proj.data), static_cast<const bf16*>(shared.up_proj.data),
-                static_cast<const bf16*>(shared.down_proj.data), static_cast<const bf16*>(shared.gate.data), int(Is)};
+        if (fused) {
+            auto em = [](const Matrix& m) {
+                return cuda::ExpertMatrix{m.data, m.scales, m.scale_segment_rows, int(m.group)};
+            };
+            op.shared = cuda::MoeShared{em(shared.gate_proj),
+                                        em(shared.up_proj),
+                                        em(shared.down_proj),
+                                        static_cast<const bf16*>(shared.gate.data),
+                                        int(Is),
+                                        shared_quantized};
+        }
         submit(op);
         if (Is == 0 || fused) return;
         bf16* gate = moe_slot_;
@@ -1145,9 +1164,9 @@ private:
                 // the fused shared expert's activation [rows, Is] and gates [rows] (fp32 aligned) in the slot buffer
                 scratch.shared_act = moe_slot_;
                 scratch.shared_gate = reinterpret_cast<float*>(moe_slot_ + (op.n * op.shared.Is + 1) / 2 * 2);
-                cuda::moe_experts(static_cast<const bf16*>(op.x), op.n, ex, int(op.m.cols), op.w,
-                                  static_cast<const int32_t*>(op.x2), int(op.dim),
-                                  op.shared.gate_proj ? &op.shared : nullptr, scratch, static_cast<bf16*>(op.y), ctx_);
+                cuda::moe_experts(
+                    static_cast<const bf16*>(op.x), op.n, ex, int(op.m.cols), op.w, static_cast<const int32_t*>(op.x2),
+                    int(op.dim), op.shared.gate_proj.w ? &op.shared : nullptr, scratch, static_cast<bf16*>(op.y), ctx_);
                 return;
             }
             case K::add_sigmoid_gated:

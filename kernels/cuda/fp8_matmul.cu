@@ -2,6 +2,7 @@
 
 #include "kernels/cuda/fp8_convert.cuh"
 
+#include <algorithm>
 #include <string>
 
 namespace hy::cuda {
@@ -161,6 +162,89 @@ __global__ void __launch_bounds__(gemv_block_warps<kSplit>() * 32)
         if (act_out != gate_out) gate_out[o] = to_bf16(gv);
         act_out[o] = to_bf16(round_bf16(siluf_(gv)) * uv);
     }
+}
+
+// fp8_matmul.cuh, gemv_fp8_expert_gate_up: gemv_fp8_gate_up_kernel's loop over one choice's expert (blockIdx.y),
+// as matmul.cu's gemv_expert_gate_up_kernel: the shared expert's blocks first (their weights loaded before the
+// PDL wait), then each routed choice's (after it: the ids come from the top-k kernel). Feature Is of a shared
+// block is the shared expert's gate (a bf16 vector): its warps sum their words of x . gate after fp8_rows_dot
+// (which loads nothing for it).
+template <int kSplit, int kPer, bool kE5M2>
+__global__ void __launch_bounds__(gemv_block_warps<kSplit>() * 32)
+    gemv_fp8_expert_gate_up_kernel(const __grid_constant__ ExpertGateUpArgs a) {
+    constexpr int kWarps = gemv_block_warps<kSplit>(), kRows = kWarps / kSplit;
+    __shared__ float part[kWarps][2];
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    const int i = int(blockIdx.x) * kRows + warp / kSplit;
+    const int64_t n_shared = a.Is > 0 ? a.rows : 0;
+    const bool shared = int64_t(blockIdx.y) < n_shared;
+    const int64_t n = int64_t(blockIdx.y) - n_shared;  // the routed choice t k + j
+    const int H = a.H;
+    const int64_t sc = scale_cols(H);
+    const uint8_t* wg = nullptr;
+    const uint8_t* wu = nullptr;
+    const float* sg = nullptr;
+    const float* su = nullptr;
+    int64_t t = 0;
+    if (shared) {
+        t = blockIdx.y;
+        if (i < a.Is) {
+            wg = static_cast<const uint8_t*>(a.shared_gate_proj) + int64_t(i) * H;
+            wu = static_cast<const uint8_t*>(a.shared_up_proj) + int64_t(i) * H;
+            sg = a.shared_gate_scales + fp8_scale_row(i, 0) * sc;
+            su = a.shared_up_scales + fp8_scale_row(i, 0) * sc;
+        }
+    } else {
+        pdl_wait();     // the routing comes from the top-k kernel
+        pdl_trigger();  // (after the wait: the down kernel reads the routing before its own wait)
+        t = n / a.k;
+        const int e = a.ids[n];
+        if (i < a.I && e >= 0 && e < a.E) {
+            const int64_t rg = int64_t(e) * 2 * a.I + i, ru = rg + a.I;
+            wg = static_cast<const uint8_t*>(a.gate_up) + rg * H;
+            wu = static_cast<const uint8_t*>(a.gate_up) + ru * H;
+            sg = a.gate_up_scales + fp8_scale_row(rg, a.segment_rows) * sc;
+            su = a.gate_up_scales + fp8_scale_row(ru, a.segment_rows) * sc;
+        }
+    }
+    const bool valid = wg != nullptr;
+    const uint8_t* const w_row[2] = {wg, wu};
+    const float* const s_row[2] = {sg, su};
+    const int first = lane + 32 * (warp % kSplit), step = 32 * kSplit;
+    const bf16* xt = a.x + t * H;
+    float acc[2][1];
+    fp8_rows_dot<1, kPer, 2, kE5M2>(w_row, s_row, valid, xt, H, first, step, acc, weight_policy(a.evict_first));
+    if (shared && i == a.Is) {  // the shared expert's gate: this warp's 8-value words of x . gate
+        const uint4* g4 = reinterpret_cast<const uint4*>(a.shared_gate);
+        const uint4* x4 = reinterpret_cast<const uint4*>(xt);
+        for (int w = first; w < H / 8; w += step) {
+            float gf[8], xf[8];
+            unpack8(__ldg(g4 + w), gf);
+            unpack8(__ldg(x4 + w), xf);
+#pragma unroll
+            for (int c = 0; c < 8; c++) acc[0][0] = fmaf(gf[c], xf[c], acc[0][0]);
+        }
+    }
+    if (shared) pdl_trigger();
+    if (!reduce_parts<2, kSplit>(&acc[0][0], part) || lane != 0) return;
+    const float g = round_bf16(acc[0][0]), u = round_bf16(acc[1][0]);
+    if (!shared) {
+        if (i < a.I) a.act[n * a.I + i] = to_bf16(round_bf16(siluf_(g)) * u);
+    } else if (i < a.Is) {
+        a.shared_act[t * a.Is + i] = to_bf16(round_bf16(siluf_(g)) * u);
+    } else if (i == a.Is) {
+        a.shared_gate_out[t] = round_bf16(1.0f / (1.0f + expf(-g)));
+    }
+}
+
+template <int kSplit, int kPer, bool kE5M2>
+void fp8_expert_gate_up_launch(const ExpertGateUpArgs& a, const LaunchContext& ctx) {
+    constexpr int kRows = gemv_block_warps<kSplit>() / kSplit;
+    const int cols = a.Is > 0 ? std::max(a.I, a.Is + 1) : a.I;
+    const int64_t choices = a.rows * a.k + (a.Is > 0 ? a.rows : 0);
+    launch(gemv_fp8_expert_gate_up_kernel<kSplit, kPer, kE5M2>,
+           dim3(unsigned(ceil_div(cols, kRows)), unsigned(choices)), gemv_block_warps<kSplit>() * 32, 0, ctx,
+           "MoE FP8 gate/up GEMV kernel", a);
 }
 
 template <int NT, int kSplit, int kPer, int kR, bool kE5M2>
@@ -641,6 +725,26 @@ Fp8GemvConfig fp8_gemv_config(int64_t K, int64_t T) {
 }
 
 // The fused gate/up/SiLU GEMV: one row on CUDA cores (gate and up rows by the same warp), 2-8 rows as the GEMVs.
+bool gemv_fp8_expert_gate_up_fits(const ExpertGateUpArgs& a) {
+    auto a16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
+    const bool shared_ok = a.Is == 0 || (a16(a.shared_gate_proj) && a16(a.shared_up_proj) && a16(a.shared_gate) &&
+                                         a.shared_gate_scales && a.shared_up_scales);
+    return a.rows >= 1 && a.k >= 1 && a.I >= 1 && a.H % 16 == 0 && a.H <= (1 << 24) && a16(a.x) && a16(a.gate_up) &&
+           a.gate_up_scales && shared_ok && a.rows * a.k + a.rows <= 65535;
+}
+
+void gemv_fp8_expert_gate_up(ExpertGateUpArgs a, bool e5m2, const LaunchContext& ctx) {
+    if (!gemv_fp8_expert_gate_up_fits(a))
+        throw Error(Status::internal, "MoE FP8 gate/up GEMV: shape or alignment not taken");
+    a.evict_first = ctx.evict_first;
+    // one warp a feature, the row in one round of 4 words a lane up to H = 2048 (35B-A3B), of 8 up to 4096
+    if (a.H <= 2048)
+        return e5m2 ? fp8_expert_gate_up_launch<1, 4, true>(a, ctx) : fp8_expert_gate_up_launch<1, 4, false>(a, ctx);
+    if (a.H <= 4096)
+        return e5m2 ? fp8_expert_gate_up_launch<1, 8, true>(a, ctx) : fp8_expert_gate_up_launch<1, 8, false>(a, ctx);
+    e5m2 ? fp8_expert_gate_up_launch<2, 8, true>(a, ctx) : fp8_expert_gate_up_launch<2, 8, false>(a, ctx);
+}
+
 Fp8GemvConfig fp8_gate_up_config(int64_t K, int64_t T) {
     if (T >= 2) return fp8_gemv_config(K, T);
     return K <= 4096 ? Fp8GemvConfig{false, 1, 8} : Fp8GemvConfig{false, 4, 4};

@@ -80,6 +80,13 @@ void gemv_fp8_gate_up(const bf16* x, int64_t T, const Matrix& wg, const Matrix& 
 void gemv_fp8_gate_up_with(const bf16* x, int64_t T, const Matrix& wg, const Matrix& wu, bf16* gate_out, bf16* up_out,
                            bf16* act_out, Fp8GemvConfig c, const LaunchContext& ctx);
 
+// The MoE per-row gate/up/SiLU with FP8 experts (ExpertGateUpArgs with gate_up and the shared expert's gate_proj
+// and up_proj as fp8 codes of one type, their block scales; the shared gate bf16): gemv_expert_gate_up's values
+// with each 16-code word's products summed, then times its block's scale, on the FP8 GEMV's loop. _fits: H % 16 ==
+// 0, 16-byte aligned x and rows, scales given, a grid that fits.
+bool gemv_fp8_expert_gate_up_fits(const ExpertGateUpArgs& a);
+void gemv_fp8_expert_gate_up(ExpertGateUpArgs a, bool e5m2, const LaunchContext& ctx);
+
 // How FP8 matrices are multiplied when there are more rows than the GEMVs take (CudaOptions::fp8_gemm).
 enum class Fp8GemmMode { block_scaled, dequantize };
 

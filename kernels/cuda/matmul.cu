@@ -159,8 +159,8 @@ __global__ void __launch_bounds__(gemv_block_warps<kSplit>() * 32)
     if (shared) {  // (weights: loaded before the wait, in rows_dot)
         t = blockIdx.y;
         if (i < a.Is) {
-            wg = a.shared_gate_proj + i * H;
-            wu = a.shared_up_proj + i * H;
+            wg = static_cast<const bf16*>(a.shared_gate_proj) + i * H;
+            wu = static_cast<const bf16*>(a.shared_up_proj) + i * H;
         } else if (i == a.Is) {
             wg = wu = a.shared_gate;  // (its dot twice: both rows' loads stay defined)
         }
@@ -170,7 +170,7 @@ __global__ void __launch_bounds__(gemv_block_warps<kSplit>() * 32)
         t = n / a.k;
         const int e = a.ids[n];
         if (i < a.I && e >= 0 && e < a.E) {
-            wg = a.gate_up + (int64_t(e) * 2 * a.I + i) * H;
+            wg = static_cast<const bf16*>(a.gate_up) + (int64_t(e) * 2 * a.I + i) * H;
             wu = wg + int64_t(a.I) * H;
         }
     }

@@ -123,18 +123,22 @@ GemvConfig gemv_config(int64_t K);
 // act[n, i] likewise with expert e = ids[n]'s rows (0 for e outside [0, E)), loaded after the wait.
 struct ExpertGateUpArgs {
     const bf16* x = nullptr;        // [rows, H]
-    const bf16* gate_up = nullptr;  // [E * 2I, H]: expert e's gate rows [2eI, 2eI + I), up rows [2eI + I, 2(e+1)I)
-    const int32_t* ids = nullptr;   // [rows * k]
+    const void* gate_up = nullptr;  // [E * 2I, H]: expert e's gate rows [2eI, 2eI + I), up rows [2eI + I, 2(e+1)I)
+    const float* gate_up_scales = nullptr;  // FP8 (gemv_fp8_expert_gate_up): the block scales of gate_up
+    int64_t segment_rows = 0;               // FP8: gate_up's scale segment (kernels/backend.h Matrix)
+    const int32_t* ids = nullptr;           // [rows * k]
     int E = 0, H = 0, I = 0, k = 0;
     int64_t rows = 0;
-    const bf16* shared_gate_proj = nullptr;  // [Is, H]
-    const bf16* shared_up_proj = nullptr;    // [Is, H]
-    const bf16* shared_gate = nullptr;       // [H]
-    int Is = 0;                              // 0: no shared expert
-    bf16* act = nullptr;                     // [rows * k, I]
-    bf16* shared_act = nullptr;              // [rows, Is]
-    float* shared_gate_out = nullptr;        // [rows]
-    bool evict_first = false;                // (set from the launch context)
+    const void* shared_gate_proj = nullptr;     // [Is, H] (bf16, or FP8 as gate_up for gemv_fp8_expert_gate_up)
+    const void* shared_up_proj = nullptr;       // [Is, H]
+    const float* shared_gate_scales = nullptr;  // FP8: the block scales of shared_gate_proj (one segment)
+    const float* shared_up_scales = nullptr;    // FP8: those of shared_up_proj
+    const bf16* shared_gate = nullptr;          // [H] (bf16 in every case)
+    int Is = 0;                                 // 0: no shared expert
+    bf16* act = nullptr;                        // [rows * k, I]
+    bf16* shared_act = nullptr;                 // [rows, Is]
+    float* shared_gate_out = nullptr;           // [rows]
+    bool evict_first = false;                   // (set from the launch context)
 };
 // Whether gemv_expert_gate_up takes a: H % 8 == 0, 16-byte aligned x, gate_up and shared rows, and a grid that fits.
 bool gemv_expert_gate_up_fits(const ExpertGateUpArgs& a);

@@ -1,6 +1,7 @@
 #include "kernels/cuda/moe.cuh"
 
 #include "kernels/cuda/fp8_convert.cuh"
+#include "kernels/cuda/fp8_matmul.cuh"
 #include "kernels/cuda/matmul.cuh"
 
 #include <algorithm>
@@ -14,16 +15,6 @@ constexpr int kMoeWarps = 8;  // output rows per block (one warp each)
 constexpr int kRouteThreads = 256;
 constexpr int kMaxTopK = 32;
 constexpr int kMaxExperts = 4096;
-
-// A stacked expert matrix as the kernels read it (MoeExperts' gate_up [E 2I, H] or down [E H, I]; Matrix's data,
-// scales and scale segments).
-struct ExpertMatrix {
-    const void* w = nullptr;  // [E N, K]: bf16, or fp8 codes
-    const float* scales =
-        nullptr;               // FP8: F32 [fp8_scale_rows(E N, segment_rows), ceil(K / 128)]; Q8/Q4: [E N, K / group]
-    int64_t segment_rows = 0;  // FP8: rows of one independently blocked segment (0: one segment)
-    int group = 0;             // Q8/Q4: weights of a row per scale
-};
 
 // sum_i a[i] * b[i] over K values, fp32, by one warp (every lane gets it); 16-byte loads when both rows allow.
 __device__ __forceinline__ float warp_dot(const bf16* a, const bf16* b, int K) {
@@ -152,6 +143,15 @@ __device__ __forceinline__ float expert_dot(const bf16* x, const ExpertMatrix& m
         return warp_dot_fp8<kW == kWE5M2>(x, static_cast<const uint8_t*>(m.w) + row * K,
                                           m.scales + fp8_scale_row(row, m.segment_rows) * scale_cols, K);
     }
+}
+
+// x . row `row` of one of the shared expert's matrices (MoeShared: bf16, or the routed experts' type kW), by one
+// warp.
+template <int kW>
+__device__ __forceinline__ float shared_dot(const bf16* x, const MoeShared& sh, const ExpertMatrix& m, int64_t row,
+                                            int K) {
+    if (kW != kWBf16 && sh.quantized) return expert_dot<kW>(x, m, row, K);
+    return warp_dot(x, static_cast<const bf16*>(m.w) + row * K, K);
 }
 
 // The router's choice for one row by one warp (E <= 32 kPer): softmax over the row's bf16 logits in fp32, then k
@@ -300,7 +300,7 @@ constexpr bool kMoeGateUpGemv = true;
 // at once, but with two warps a feature and 62 registers, and wins at 1-2 rows.)
 // Blocks x >= rows k (with a shared expert): shared_act[t, i] likewise with the shared expert's gate and up, t =
 // x - rows k; and one warp of the row's first block: shared_gate[t] = bf16(sigmoid(bf16(x_t . gate))).
-// kW: the routed experts' weight type (the shared expert's are bf16).
+// kW: the routed experts' weight type (the shared expert's too where sh.quantized, else bf16).
 template <int kW>
 __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, ExpertMatrix gate_up, const int32_t* __restrict__ ids,
                                    int E, int H, int I, int k, int64_t rows, bf16* act, MoeShared sh, bf16* shared_act,
@@ -314,8 +314,8 @@ __global__ void moe_gate_up_kernel(const bf16* __restrict__ x, ExpertMatrix gate
         const int64_t t = tj - rows * k;
         const bf16* xr = x + t * H;
         if (i < sh.Is) {
-            const float g = round_bf16(warp_dot(xr, sh.gate_proj + int64_t(i) * H, H));
-            const float u = round_bf16(warp_dot(xr, sh.up_proj + int64_t(i) * H, H));
+            const float g = round_bf16(shared_dot<kW>(xr, sh, sh.gate_proj, i, H));
+            const float u = round_bf16(shared_dot<kW>(xr, sh, sh.up_proj, i, H));
             if ((threadIdx.x & 31) == 0) shared_act[t * sh.Is + i] = to_bf16(round_bf16(siluf_(g)) * u);
         }
         if (blockIdx.y == 0 && warp == kMoeWarps - 1) {
@@ -375,8 +375,8 @@ __global__ void moe_down_kernel(const bf16* __restrict__ act, ExpertMatrix down,
         const float d = round_bf16(expert_dot<kW>(act + (t * k + j) * I, down, int64_t(e) * H + h, I));
         acc = round_bf16(acc + round_bf16(d * weights[t * k + j]));
     }
-    if (sh.down_proj) {
-        const float d = round_bf16(warp_dot(shared_act + t * sh.Is, sh.down_proj + int64_t(h) * sh.Is, sh.Is));
+    if (sh.down_proj.w) {
+        const float d = round_bf16(shared_dot<kW>(shared_act + t * sh.Is, sh, sh.down_proj, h, sh.Is));
         acc = round_bf16(acc + round_bf16(shared_gate[t] * d));
     }
     if ((threadIdx.x & 31) == 0) y[t * H + h] = to_bf16(acc);
@@ -384,11 +384,11 @@ __global__ void moe_down_kernel(const bf16* __restrict__ act, ExpertMatrix down,
 
 // moe_down_kernel's values for one or two rows, I a multiple of 8, by blocks of kDownRows outputs: warp w < kDownWarps
 // takes the row's choices w, w + kDownWarps, ... and computes their dot products for the block's kDownRows outputs,
-// a last warp the shared expert's (sh.down_proj); the sums are then formed in shared memory, experts in increasing
-// id. Every warp loads its first round of weights (kDownRows rows x kDownWords words per lane) before the PDL
-// wait: the routing is complete by then (this kernel starts only once gate/up has passed its own wait; read
-// through L2) and the shared expert's rows do not depend on it. Then one wave of blocks keeps about 8 KB per warp
-// in flight.
+// a last warp the shared expert's (sh.down_proj, bf16 as the routed experts); the sums are then formed in shared
+// memory, experts in increasing id. Every warp loads its first round of weights (kDownRows rows x kDownWords words per
+// lane) before the PDL wait: the routing is complete by then (this kernel starts only once gate/up has passed its own
+// wait; read through L2) and the shared expert's rows do not depend on it. Then one wave of blocks keeps about 8 KB per
+// warp in flight.
 constexpr int kDownRows = 8;   // outputs per block
 constexpr int kDownWarps = 8;  // warps over the routed choices (then one for the shared expert)
 __global__ void __launch_bounds__((kDownWarps + 1) * 32, 2)
@@ -412,7 +412,7 @@ __global__ void __launch_bounds__((kDownWarps + 1) * 32, 2)
         return ee >= 0 && ee < E ? ee : -1;
     };
     auto rows_of = [&](int ee) -> const uint4* {
-        return is_shared ? reinterpret_cast<const uint4*>(sh.down_proj + int64_t(h0) * K)
+        return is_shared ? reinterpret_cast<const uint4*>(static_cast<const bf16*>(sh.down_proj.w) + int64_t(h0) * K)
                          : reinterpret_cast<const uint4*>(down + (int64_t(ee) * H + h0) * K);
     };
     uint4 wv[kDownRows][kDownWords];
@@ -423,7 +423,7 @@ __global__ void __launch_bounds__((kDownWarps + 1) * 32, 2)
             for (int q = 0; q < kDownWords; q++)
                 if (r < n_rows && base + 32 * q < K8) wv[r][q] = ld_weight(w + int64_t(r) * K8 + base + 32 * q, pol);
     };
-    const bool active = is_shared ? sh.down_proj != nullptr : j < k;
+    const bool active = is_shared ? sh.down_proj.w != nullptr : j < k;
     if (!is_shared && active) e = expert_of(j);
     if (active && (is_shared || e >= 0)) load(rows_of(e), lane);
     if (warp == 0) {  // the order of the choices (out-of-range ids, which the router makes none of, are skipped)
@@ -481,7 +481,7 @@ __global__ void __launch_bounds__((kDownWarps + 1) * 32, 2)
             const int jj = order[n];
             acc = round_bf16(acc + round_bf16(dots[jj][r] * weights[t * k + jj]));
         }
-        if (sh.down_proj) acc = round_bf16(acc + round_bf16(shared_gate[t] * dots[k][r]));
+        if (sh.down_proj.w) acc = round_bf16(acc + round_bf16(shared_gate[t] * dots[k][r]));
         y[t * H + h0 + r] = to_bf16(acc);
     }
 }
@@ -989,23 +989,30 @@ void moe_experts_as(const bf16* x, int64_t rows, const MoeExperts& ex, int H, co
         const MoeShared sh = shared ? *shared : MoeShared{};
         ExpertGateUpArgs a;
         a.x = x;
-        a.gate_up = static_cast<const bf16*>(gate_up.w);
+        a.gate_up = gate_up.w;
+        a.gate_up_scales = gate_up.scales;
+        a.segment_rows = gate_up.segment_rows;
         a.ids = ids;
         a.E = E;
         a.H = H;
         a.I = I;
         a.k = k;
         a.rows = rows;
-        a.shared_gate_proj = sh.gate_proj;
-        a.shared_up_proj = sh.up_proj;
+        a.shared_gate_proj = sh.gate_proj.w;
+        a.shared_up_proj = sh.up_proj.w;
+        a.shared_gate_scales = sh.gate_proj.scales;
+        a.shared_up_scales = sh.up_proj.scales;
         a.shared_gate = sh.gate;
         a.Is = sh.Is;
         a.act = scratch.act;
         a.shared_act = scratch.shared_act;
         a.shared_gate_out = scratch.shared_gate;
         const int cols = std::max(I, sh.Is);
-        if (kW == kWBf16 && kMoeGateUpGemv && rows <= kMoeGateUpGemvMaxRows && gemv_expert_gate_up_fits(a))
+        const bool gemv_rows = kMoeGateUpGemv && rows <= kMoeGateUpGemvMaxRows;
+        if (kW == kWBf16 && gemv_rows && gemv_expert_gate_up_fits(a))
             gemv_expert_gate_up(a, ctx);
+        else if (is_fp8_w(kW) && gemv_rows && (sh.Is == 0 || sh.quantized) && gemv_fp8_expert_gate_up_fits(a))
+            gemv_fp8_expert_gate_up(a, kW == kWE5M2, ctx);
         else
             launch(moe_gate_up_kernel<kW>, dim3(unsigned(rows * k + (shared ? rows : 0)), ceil_div(cols, kMoeWarps)),
                    kMoeWarps * 32, 0, ctx, "MoE gate/up kernel", x, gate_up, ids, E, H, I, k, rows, scratch.act, sh,

@@ -29,13 +29,24 @@ struct MoeScratch {
     float* shared_gate = nullptr;  // [rows]: fused shared expert: bf16(sigmoid(bf16(x . gate)))
 };
 
-// The shared expert's weights for moe_experts' fused path (bf16; Is and H multiples of 8).
+// A matrix of the experts' kernels: bf16 [N, K], or codes with scales (Matrix's data, scales, scale_segment_rows
+// and group; for MoeExperts' stacked gate_up [E 2I, H] and down [E H, I] the segments are each expert's rows).
+struct ExpertMatrix {
+    const void* w = nullptr;        // [N, K]: bf16, fp8 codes or Q8/Q4 codes
+    const float* scales = nullptr;  // FP8: F32 [fp8_scale_rows(N, segment_rows), ceil(K / 128)]; Q8/Q4: [N, K / group]
+    int64_t segment_rows = 0;       // FP8: rows of one independently blocked segment (0: one segment)
+    int group = 0;                  // Q8/Q4: weights of a row per scale
+};
+
+// The shared expert's weights for moe_experts' fused path (Is and H multiples of 8): bf16, or (quantized) of the
+// routed experts' type with their own scales.
 struct MoeShared {
-    const bf16* gate_proj = nullptr;  // [Is, H]
-    const bf16* up_proj = nullptr;    // [Is, H]
-    const bf16* down_proj = nullptr;  // [H, Is]
-    const bf16* gate = nullptr;       // [H]
+    ExpertMatrix gate_proj;      // [Is, H]
+    ExpertMatrix up_proj;        // [Is, H]
+    ExpertMatrix down_proj;      // [H, Is]
+    const bf16* gate = nullptr;  // [H] (always bf16)
     int Is = 0;
+    bool quantized = false;  // the three projections hold the routed experts' weight type, else bf16
 };
 // Sizes of the grouped path's index and of its tile list.
 size_t moe_index_ints(int64_t rows, int E, int k);
@@ -51,16 +62,17 @@ bool moe_fuses_shared(int64_t rows, int H, int I, int Is, const LaunchContext& c
 bool moe_experts_take(const Matrix& gate_up, const Matrix& down);
 
 // y bf16 [rows, H] = the routed experts' weighted sum, experts added in increasing id. Few rows: a gate/up kernel
-// and a down kernel, one warp per output (bf16 experts, 1-2 rows: the decode GEMV's loop and a prefetching down
-// kernel). FP8 experts (moe_experts_take): the weights are fp8 codes times their block's scale, each block's products
-// summed in fp32 before the scale (W8A16, as the FP8 GEMVs); the grouped path converts the codes to bf16 (exact) in
-// shared memory for the tensor cores. Q8/Q4 experts: the per-row kernels sum each group's products of codes and x
-// in fp32, then times the group's scale (weights never rounded, as the integer GEMV); the grouped path converts the
-// codes to bf16(q * scale) in shared memory (the dense path's dequantized weights). Many rows (moe_grouped): the
-// choices sorted by expert on the device, two grouped tensor-core GEMMs over the tiles of each expert's rows, and a
-// combine kernel. shared (only where moe_fuses_shared; else nullptr): the gate/up kernel also computes the shared
-// expert's activation and gate, the down kernel adds bf16(gate * bf16(down_s . act_s)) after the routed sum: the values
-// of add_sigmoid_gated over the shared expert's gate_up_silu and matmul.
+// and a down kernel, one warp per output (1-2 rows: the gate/up on the decode GEMV's loop for bf16
+// and FP8 experts, and for bf16 a prefetching down kernel). FP8 experts (moe_experts_take): the weights are fp8 codes
+// times their block's scale, each block's products summed in fp32 before the scale (W8A16, as the FP8 GEMVs); the
+// grouped path converts the codes to bf16 (exact) in shared memory for the tensor cores. Q8/Q4 experts: the per-row
+// kernels sum each group's products of codes and x in fp32, then times the group's scale (weights never rounded, as the
+// integer GEMV); the grouped path converts the codes to bf16(q * scale) in shared memory (the dense path's dequantized
+// weights). Many rows (moe_grouped): the choices sorted by expert on the device, two grouped tensor-core GEMMs over the
+// tiles of each expert's rows, and a combine kernel. shared (only where moe_fuses_shared; else nullptr): the gate/up
+// kernel also computes the shared expert's activation and gate (its projections bf16 or of the routed experts' type, as
+// the per-row kernels read those), the down kernel adds bf16(gate * bf16(down_s . act_s)) after the routed sum: the
+// values of add_sigmoid_gated over the shared expert's gate_up_silu and matmul.
 void moe_experts(const bf16* x, int64_t rows, const MoeExperts& experts, int H, const float* weights,
                  const int32_t* ids, int k, const MoeShared* shared, const MoeScratch& scratch, bf16* y,
                  const LaunchContext& ctx);
