@@ -287,7 +287,8 @@ __global__ void moe_route_kernel(const bf16* __restrict__ router_logits, int E, 
 // The expert weights depend on the router's choice, so gate/up cannot load any before its PDL wait. It lets the
 // next kernel (down) start only after that wait: the choice is then complete, and down loads its first weights
 // before its own wait (for one or two rows, where the whole grid is resident at once).
-constexpr int kDownWords = 2;  // prefetching down: words per lane per row and round (I = 512: one round)
+constexpr int kDownWords = 2;     // prefetching down: words per lane per row and round (I = 512: one round)
+constexpr int kDownWordsFp8 = 1;  // (FP8: 16 codes a word, I = 512 in one round; 2 spill registers)
 // The gate/up of up to kMoeGateUpGemvMaxRows rows on the GEMV's loop (matmul.cuh, gemv_expert_gate_up) where it
 // takes the shapes, else moe_gate_up_kernel below.
 constexpr bool kMoeGateUpGemv = true;
@@ -382,19 +383,25 @@ __global__ void moe_down_kernel(const bf16* __restrict__ act, ExpertMatrix down,
     if ((threadIdx.x & 31) == 0) y[t * H + h] = to_bf16(acc);
 }
 
-// moe_down_kernel's values for one or two rows, I a multiple of 8, by blocks of kDownRows outputs: warp w < kDownWarps
-// takes the row's choices w, w + kDownWarps, ... and computes their dot products for the block's kDownRows outputs,
-// a last warp the shared expert's (sh.down_proj, bf16 as the routed experts); the sums are then formed in shared
-// memory, experts in increasing id. Every warp loads its first round of weights (kDownRows rows x kDownWords words per
-// lane) before the PDL wait: the routing is complete by then (this kernel starts only once gate/up has passed its own
-// wait; read through L2) and the shared expert's rows do not depend on it. Then one wave of blocks keeps about 8 KB per
-// warp in flight.
+// moe_down_kernel's values for one or two rows, by blocks of kDownRows outputs: warp w < kDownWarps takes the
+// row's choices w, w + kDownWarps, ... and computes their dot products for the block's kDownRows outputs, a last
+// warp the shared expert's (sh.down_proj); the sums are then formed in shared memory, experts in increasing id.
+// Every warp loads its first round of weights (kDownRows rows x kDownWords or kDownWordsFp8 16-byte words per lane)
+// before the PDL wait: the routing is complete by then (this kernel starts only once gate/up has passed its own wait;
+// read through L2) and the shared expert's rows do not depend on it. Then one wave of blocks keeps about 8 KB per warp
+// in flight. kW: bf16 (I a multiple of 8; words of 8 values) or FP8 (I and Is multiples of 16, H of 8; words of 16
+// codes, each word's products summed, then times its block's scale, as warp_dot_fp8: the block's 8 rows share a scale
+// row); the shared expert, if any, of the same type.
 constexpr int kDownRows = 8;   // outputs per block
 constexpr int kDownWarps = 8;  // warps over the routed choices (then one for the shared expert)
+template <int kW>
 __global__ void __launch_bounds__((kDownWarps + 1) * 32, 2)
-    moe_down_rows_kernel(const bf16* __restrict__ act, const bf16* __restrict__ down, const float* __restrict__ weights,
+    moe_down_rows_kernel(const bf16* __restrict__ act, ExpertMatrix down, const float* __restrict__ weights,
                          const int32_t* __restrict__ ids, int E, int H, int I, int k, bool evict_first, MoeShared sh,
                          const bf16* __restrict__ shared_act, const float* __restrict__ shared_gate, bf16* y) {
+    static_assert(kW == kWBf16 || is_fp8_w(kW), "bf16 or FP8 experts");
+    constexpr int kVals = kW == kWBf16 ? 8 : 16;                       // values a word
+    constexpr int kWords = kW == kWBf16 ? kDownWords : kDownWordsFp8;  // words a lane per row and round
     __shared__ float dots[kMaxTopK + 1][kDownRows];  // bf16-rounded dot products; row k: the shared expert's
     __shared__ int order[kMaxTopK];                  // the choices in increasing expert id
     __shared__ int n_valid;
@@ -404,24 +411,28 @@ __global__ void __launch_bounds__((kDownWarps + 1) * 32, 2)
     const uint64_t pol = weight_policy(evict_first);
     const bool is_shared = warp == kDownWarps;
     const int n_rows = min(kDownRows, H - h0);
-    const int K = is_shared ? sh.Is : I, K8 = K / 8;
+    const int K = is_shared ? sh.Is : I, KW = K / kVals;
+    // the matrix (fields picked one by one: a reference to either parameter would copy it to the stack)
+    const uint8_t* mw = static_cast<const uint8_t*>(is_shared ? sh.down_proj.w : down.w);
+    const float* ms = is_shared ? sh.down_proj.scales : down.scales;
+    const int64_t mseg = is_shared ? sh.down_proj.segment_rows : down.segment_rows;
     // this warp's first choice (routed warps) and its weight rows
     int j = warp, e = -1;
     auto expert_of = [&](int jj) {
         const int ee = jj < k ? __ldcg(ids + t * k + jj) : -1;
         return ee >= 0 && ee < E ? ee : -1;
     };
-    auto rows_of = [&](int ee) -> const uint4* {
-        return is_shared ? reinterpret_cast<const uint4*>(static_cast<const bf16*>(sh.down_proj.w) + int64_t(h0) * K)
-                         : reinterpret_cast<const uint4*>(down + (int64_t(ee) * H + h0) * K);
+    auto row0_of = [&](int ee) { return is_shared ? int64_t(h0) : int64_t(ee) * H + h0; };  // the matrix row of h0
+    auto rows_of = [&](int ee) {
+        return reinterpret_cast<const uint4*>(mw + row0_of(ee) * K * int64_t(kW == kWBf16 ? 2 : 1));
     };
-    uint4 wv[kDownRows][kDownWords];
+    uint4 wv[kDownRows][kWords];
     auto load = [&](const uint4* w, int base) {
 #pragma unroll
         for (int r = 0; r < kDownRows; r++)
 #pragma unroll
-            for (int q = 0; q < kDownWords; q++)
-                if (r < n_rows && base + 32 * q < K8) wv[r][q] = ld_weight(w + int64_t(r) * K8 + base + 32 * q, pol);
+            for (int q = 0; q < kWords; q++)
+                if (r < n_rows && base + 32 * q < KW) wv[r][q] = ld_weight(w + int64_t(r) * KW + base + 32 * q, pol);
     };
     const bool active = is_shared ? sh.down_proj.w != nullptr : j < k;
     if (!is_shared && active) e = expert_of(j);
@@ -445,25 +456,41 @@ __global__ void __launch_bounds__((kDownWarps + 1) * 32, 2)
         if (!is_shared && e < 0) continue;
         const uint4* w = rows_of(e);
         const uint4* a4 = reinterpret_cast<const uint4*>(is_shared ? shared_act + t * K : act + (t * k + j) * I);
+        // FP8: the scale row of the block's rows (h0 is a multiple of 8 inside one expert's segment)
+        const float* srow =
+            kW == kWBf16 ? nullptr : ms + fp8_scale_row(row0_of(e), mseg) * ((K + kFp8Block - 1) / kFp8Block);
         float part[kDownRows];
 #pragma unroll
         for (int r = 0; r < kDownRows; r++) part[r] = 0.0f;
         for (int base = lane;;) {
 #pragma unroll
-            for (int q = 0; q < kDownWords; q++)
-                if (base + 32 * q < K8) {
-                    float af[8];
-                    unpack8(a4[base + 32 * q], af);
+            for (int q = 0; q < kWords; q++) {
+                const int wi = base + 32 * q;
+                if (wi >= KW) break;
+                float af[kVals];
+                unpack8(a4[(kVals / 8) * wi], af);
+                if constexpr (kVals == 16) unpack8(a4[2 * wi + 1], af + 8);
+                const float sc = kW == kWBf16 ? 1.0f : __ldg(srow + wi / 8);
 #pragma unroll
-                    for (int r = 0; r < kDownRows; r++) {
-                        float wf[8];
+                for (int r = 0; r < kDownRows; r++) {
+                    float wf[kVals];
+                    if constexpr (kW == kWBf16)
                         unpack8(wv[r][q], wf);
+                    else
+                        unpack16<kW == kWE5M2>(wv[r][q], wf);
+                    if constexpr (kW == kWBf16) {
 #pragma unroll
                         for (int c = 0; c < 8; c++) part[r] = fmaf(wf[c], af[c], part[r]);
+                    } else {
+                        float p = 0.0f;
+#pragma unroll
+                        for (int c = 0; c < 16; c++) p = fmaf(wf[c], af[c], p);
+                        part[r] = fmaf(p, sc, part[r]);
                     }
                 }
-            base += 32 * kDownWords;
-            if (base >= K8) break;
+            }
+            base += 32 * kWords;
+            if (base >= KW) break;
             load(w, base);
         }
 #pragma unroll
@@ -1017,11 +1044,16 @@ void moe_experts_as(const bf16* x, int64_t rows, const MoeExperts& ex, int H, co
             launch(moe_gate_up_kernel<kW>, dim3(unsigned(rows * k + (shared ? rows : 0)), ceil_div(cols, kMoeWarps)),
                    kMoeWarps * 32, 0, ctx, "MoE gate/up kernel", x, gate_up, ids, E, H, I, k, rows, scratch.act, sh,
                    scratch.shared_act, scratch.shared_gate);
-        if (kW == kWBf16 && rows <= 2 && I % 8 == 0)
-            launch(moe_down_rows_kernel, dim3(unsigned(rows), ceil_div(H, kDownRows)), (kDownWarps + 1) * 32, 0, ctx,
-                   "MoE down kernel (prefetching)", static_cast<const bf16*>(scratch.act),
-                   static_cast<const bf16*>(down.w), weights, ids, E, H, I, k, ctx.evict_first, sh,
-                   static_cast<const bf16*>(scratch.shared_act), static_cast<const float*>(scratch.shared_gate), y);
+        // (the prefetching down kernel: bf16, or FP8 with the shared expert, if any, FP8 too)
+        const bool down_rows = rows <= 2 && (kW == kWBf16 ? I % 8 == 0
+                                                          : is_fp8_w(kW) && I % 16 == 0 && H % 8 == 0 &&
+                                                                (sh.Is == 0 || (sh.quantized && sh.Is % 16 == 0)));
+        if (down_rows)
+            launch(moe_down_rows_kernel < kW == kWBf16 || is_fp8_w(kW) ? kW : kWBf16 >,
+                   dim3(unsigned(rows), ceil_div(H, kDownRows)), (kDownWarps + 1) * 32, 0, ctx,
+                   "MoE down kernel (prefetching)", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H, I,
+                   k, ctx.evict_first, sh, static_cast<const bf16*>(scratch.shared_act),
+                   static_cast<const float*>(scratch.shared_gate), y);
         else
             launch(moe_down_kernel<kW>, dim3(unsigned(rows), ceil_div(H, kMoeWarps)), kMoeWarps * 32, 0, ctx,
                    "MoE down kernel", static_cast<const bf16*>(scratch.act), down, weights, ids, E, H, I, k, sh,

@@ -1,9 +1,11 @@
 #!/bin/bash
 # The thirty-fifth session's FP8 MoE decode changes against the tree before them, in one job: the FP8 gate/up on
-# the GEMV's loop (1-2 rows) and the FP8/Q8/Q4 shared expert fused into the per-row kernels. Builds this tree
+# the GEMV's loop (1-2 rows), the FP8 prefetching down kernel (1-2 rows) and the FP8/Q8/Q4 shared expert fused
+# into the per-row kernels. Builds this tree
 # (hybrid-tests, hybrid-bench) and BASE (a source tree of the previous commit, default .device/base, carried) in
 # parallel; runs the FP8/Q8/Q4 experts op test and the MoE model tests; then 35B-A3B shapes with --dummy-weights
-# --quant fp8, b=1/2/8, new and base in alternation (two rounds), and bf16 b=1/16/64 of the new tree.
+# --quant fp8, b=1/2/8, and bf16 b=1/2 (the bf16 prefetching down kernel is now a template), new and base in
+# alternation (two rounds); bf16 b=1/16/64 of the new tree.
 # Usage (device tool, repository root, carry [".carry/deps", ".device/base"]): bash tools/gpu/moe_fp8_ab.sh
 set -u
 . tools/gpu/run_lib.sh
@@ -40,6 +42,8 @@ if want ab; then
             step "fp8_${v}_$round" 200 $B -m /tmp/q35 --dummy-weights --device cuda --quant fp8 -p 16 -n 32 -b 1,2,8 -r 1
             grep -E "ready|arena" "$LOG" | tail -2 | sed "s/^/  [fp8 $v] /" >>"$SUM"
             rows 3 "fp8 $v $round"
+            step "bf16_${v}_$round" 120 $B -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 32 -b 1,2 -r 1
+            rows 2 "bf16 $v $round"
         done
     done
 fi
