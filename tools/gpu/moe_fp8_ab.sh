@@ -5,7 +5,7 @@
 # (hybrid-tests, hybrid-bench) and BASE (a source tree of the previous commit, default .device/base, carried) in
 # parallel; runs the FP8/Q8/Q4 experts op test and the MoE model tests; then 35B-A3B shapes with --dummy-weights
 # --quant fp8, b=1/2/8, and bf16 b=1/2 (the bf16 prefetching down kernel is now a template), new and base in
-# alternation (two rounds); bf16 b=1/16/64 of the new tree.
+# alternation (two rounds); ONLY="... bf16": bf16 b=1/16/64 of the new tree.
 # Usage (device tool, repository root, carry [".carry/deps", ".device/base"]): bash tools/gpu/moe_fp8_ab.sh
 set -u
 . tools/gpu/run_lib.sh
@@ -28,7 +28,7 @@ fi
 T=$N/hybrid-tests
 OP="CUDA MoE FP8 and Q8*"
 if want tests; then
-    step tests_moe_quant 240 $T "$OP","CUDA MoE models*","int quant: int8 / int4 MoE*","CUDA MoE router and experts*"
+    step tests_moe_quant 240 $T "$OP","CUDA MoE models*","int quant: int8 / int4 MoE*"
     grep -E "CUDA MoE experts.*(shared|rows [12],)|test cases|FAILED|assertions|model.*rel|median" "$LOG" | grep -v "^  " | tail -80 >>"$SUM"
 fi
 mkdir -p /tmp/q35 && cp tools/gpu/config_35b_a3b.json /tmp/q35/config.json
@@ -47,7 +47,7 @@ if want ab; then
         done
     done
 fi
-if want bf16; then
+if [[ " $ONLY " == *" bf16 "* ]]; then  # (only when named: moe_fp8_check.sh's bf16_dec does it)
     step bf16_dec 200 $N/hybrid-bench -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 32 -b 1,16,64 -r 1
     rows 3 bf16
 fi
