@@ -135,7 +135,7 @@ public:
     }
     void put(std::vector<int32_t> tokens, std::shared_ptr<const StoredState> state) {
         if (!enabled() || tokens.empty() || !state) return;
-        const size_t bytes = state->footprint() + tokens.size() * sizeof(int32_t);
+        const size_t bytes = state->footprint();  // (the store's blocks: what --cache-mb bounds; ids not counted)
         std::lock_guard<std::mutex> lk(m_);
         for (auto it = entries_.begin(); it != entries_.end(); ++it)
             if (it->tokens == tokens) {  // the same sequence again: keep the newer state
@@ -159,7 +159,7 @@ private:
     struct Entry {
         std::vector<int32_t> tokens;
         std::shared_ptr<const StoredState> state;
-        size_t bytes;  // its blocks and ids
+        size_t bytes;  // its blocks in the store
         uint64_t last_use;
     };
     std::unique_ptr<StateStore> store_;
@@ -1324,7 +1324,8 @@ struct Server::Impl {
                std::to_string(http->open_connections()));
         metric("hybrid_state_cache_entries", "gauge", "Sequence states in the conversation-state cache.",
                std::to_string(cs.entries));
-        metric("hybrid_state_cache_bytes", "gauge", "Host memory held by the conversation-state cache.",
+        metric("hybrid_state_cache_bytes", "gauge",
+               "Bytes of the conversation-state cache's store holding cached states (at most its capacity).",
                std::to_string(cs.bytes));
         metric("hybrid_state_cache_capacity_bytes", "gauge", "The cache's limit (--cache-mb).",
                std::to_string(cs.max_bytes));

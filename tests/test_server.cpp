@@ -580,6 +580,9 @@ TEST_CASE("server: a second chat turn continues from the first turn's state", "[
     CHECK(fresh["usage"]["prompt_tokens_details"]["cached_tokens"] == 0);
     CHECK(fresh["choices"][0]["message"]["content"] == t2["choices"][0]["message"]["content"]);
     CHECK(metric(port, "hybrid_state_cache_hits_total") >= 1);
+    // the cache's gauge counts its store's bytes, which --cache-mb bounds
+    CHECK(metric(port, "hybrid_state_cache_bytes") > 0);
+    CHECK(metric(port, "hybrid_state_cache_bytes") <= metric(port, "hybrid_state_cache_capacity_bytes"));
 }
 
 TEST_CASE("server: a client that disconnects frees its slot", "[server]") {
