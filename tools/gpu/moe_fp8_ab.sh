@@ -5,7 +5,7 @@
 # (hybrid-tests, hybrid-bench) and BASE (a source tree of the previous commit, default .device/base, carried) in
 # parallel; runs the FP8/Q8/Q4 experts op test and the MoE model tests; then 35B-A3B shapes with --dummy-weights
 # --quant fp8, b=1/2/8, and bf16 b=1/2 (the bf16 prefetching down kernel is now a template), new and base in
-# alternation (two rounds); ONLY="... bf16": bf16 b=1/16/64 of the new tree.
+# alternation (ROUNDS, default 2); ONLY="... bf16": bf16 b=1/16/64 of the new tree.
 # Usage (device tool, repository root, carry [".carry/deps", ".device/base"]): bash tools/gpu/moe_fp8_ab.sh
 set -u
 . tools/gpu/run_lib.sh
@@ -34,7 +34,7 @@ fi
 mkdir -p /tmp/q35 && cp tools/gpu/config_35b_a3b.json /tmp/q35/config.json
 rows() { grep -E '^\| +[0-9]' "$LOG" | tail -$1 | sed "s/^/  [$2] /" >>"$SUM"; }
 if want ab; then
-    for round in 1 2; do
+    for round in $(seq 1 "${ROUNDS:-2}"); do
         for v in new base; do
             B=$N/hybrid-bench
             [ $v = base ] && B=$O/hybrid-bench
