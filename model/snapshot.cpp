@@ -230,8 +230,15 @@ std::vector<uint8_t> read_snapshot_file(const Sequence& seq, uint64_t fingerprin
         check_snapshot_header(head.data(), head.size());
         const size_t cap = max_snapshot_bytes(seq);
         if (size > cap) {
-            // (too big for this model: most likely another model's)
+            // (too big for this model: most likely another model's, or this model's saved with a longer context)
             check_snapshot_fingerprint(fingerprint, head.data(), head.size());
+            uint32_t n_hist = 0, n_pending = 0;  // (the header's fields at 24 and 28)
+            std::memcpy(&n_hist, head.data() + 24, 4);
+            std::memcpy(&n_pending, head.data() + 28, 4);
+            if (n_pending <= n_hist && int64_t(n_hist) - int64_t(n_pending) > seq.model->n_ctx())
+                throw Error(Status::context_full, "snapshot holds " + std::to_string(n_hist) +
+                                                      " tokens; the context length is " +
+                                                      std::to_string(seq.model->n_ctx()));
             throw Error(Status::format, "snapshot file has " + std::to_string(size) +
                                             " bytes, more than any snapshot of this model (at most " +
                                             std::to_string(cap) + ")");

@@ -371,6 +371,13 @@ TEST_CASE("engine: snapshots restore the sequence exactly", "[engine]") {
         CHECK(std::string(hy_last_error()).find("another model") != std::string::npos);
         CHECK(hy_context_n_tokens(o.c) == 0);
     }
+    // the same model with a context too short for the snapshot's tokens: the message says so (not "damaged")
+    {
+        Tiny s(16);
+        CHECK(hy_state_load_file(s.c, path.c_str()) == HY_ERR_CONTEXT_FULL);
+        CHECK(std::string(hy_last_error()).find("tokens; the context length is 16") != std::string::npos);
+        CHECK(hy_context_n_tokens(s.c) == 0);
+    }
     fs::remove_all(dir);
 }
 
