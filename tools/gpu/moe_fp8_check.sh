@@ -24,6 +24,12 @@ if want fp8_dec; then
     grep -E "ready|arena" "$LOG" | tail -2 | sed "s/^/  [fp8] /" >>"$SUM"
     rows 5 fp8
 fi
+if [[ " $ONLY " == *" fp8_rows "* ]]; then  # (only when named) FP8 at 16-24 rows, default against per-row up to 31
+    step fp8_rows 240 $B -m /tmp/q35 --dummy-weights --device cuda --quant fp8 -p 16 -n 32 -b 16,24 -r 1
+    rows 2 "fp8 default"
+    step fp8_rows32 240 $B -m /tmp/q35 --dummy-weights --device cuda --quant fp8 -p 16 -n 32 -b 16,24 -r 1 --moe-grouped-rows 32
+    rows 2 "fp8 per-row to 31"
+fi
 if want bf16_dec; then
     step bf16_dec 200 $B -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 32 -b 1,16,64 -r 1
     rows 3 bf16
