@@ -1634,7 +1634,8 @@ TEST_CASE("CUDA MoE FP8 and Q8/Q4 experts against the CPU reference", "[gpu][fp8
         INFO("E " << s.E << " k " << s.k << " H " << s.H << " I " << s.I << " rows " << s.T << " Is " << s.Is << " "
                   << dtype_name(s.type) << " group " << s.group);
         const bool int_q = is_int_quant(s.type);
-        const WorkspaceShape ws{4, 64, s.H, s.E, s.k, s.I, s.Is};
+        // (the dequantization scratch of a quantized shared expert's own kernels: 16+ rows, or e5m2 / Q8 / Q4 GEMMs)
+        const WorkspaceShape ws{4, 64, s.H, s.E, s.k, s.I, s.Is, std::max(s.H, s.Is), int64_t(s.Is) * s.H};
         const BatchLimits l = limits(std::max(s.T, 8), 1, 16);
         const size_t bytes = size_t(s.E) * 3 * s.I * s.H * 2 + (size_t(16) << 20);
         MoeSides all(l, ws, bytes);
