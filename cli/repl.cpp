@@ -294,7 +294,22 @@ struct Repl {
         }
         const uint64_t max_size = 12 + uint64_t(hl) + hy_state_size_max(c);
         if (size > max_size) {
+            // The snapshot's own header (model/snapshot.h: magic, ..., u32 n_history at 24, u32 n_pending at 28)
+            // tells a conversation longer than this -c (exit 3, as hy_state_load says it) from a damaged file.
+            char sh[32];
+            const bool got = ::pread(fd, sh, sizeof sh, off_t(12 + uint64_t(hl))) == ssize_t(sizeof sh) &&
+                             std::memcmp(sh, "HYCTX01", 8) == 0;
             read_rest(fd, 0, path);
+            uint32_t n_hist = 0, n_pending = 0;
+            if (got) {
+                std::memcpy(&n_hist, sh + 24, 4);
+                std::memcpy(&n_pending, sh + 28, 4);
+            }
+            if (got && n_pending <= n_hist && int64_t(n_hist) - int64_t(n_pending) > hy_model_n_ctx(m))
+                throw Failure(exit_context, path + ": snapshot holds " + std::to_string(n_hist) +
+                                                " tokens; the context length is " + std::to_string(hy_model_n_ctx(m)) +
+                                                " (-c " + std::to_string(hy_model_n_ctx(m)) +
+                                                "): a larger -c may hold it");
             // (exit 4: from the size alone, a conversation longer than this -c and a damaged file look alike)
             throw Failure(exit_snapshot, path + ": " + std::to_string(size) +
                                              " bytes, larger than any conversation file of this model with this "

@@ -280,6 +280,15 @@ TEST_CASE("cli: /save then /load continues identically; another model's snapshot
     INFO(tight.err);
     CHECK(tight.rc == 3);
     CHECK(tight.err.find("-c " + std::to_string(n_tokens - 2)) != std::string::npos);
+    // a context so short that the file is larger than any of its snapshots: the same exit and message (it was a
+    // size error, exit 4, from a fresh-user pass)
+    std::vector<std::string> tiny_ctx = chat;
+    tiny_ctx.insert(tiny_ctx.end(), {"-c", "8"});
+    const Run shorter = hybrid(tiny_ctx, "/load " + file2 + "\n");
+    INFO(shorter.err);
+    CHECK(shorter.rc == 3);
+    CHECK(shorter.err.find("snapshot holds " + std::to_string(n_tokens) + " tokens; the context length is 8 (-c 8)") !=
+          std::string::npos);
     // a scripted chat whose second message does not fit: the advice fits a script (no /save after the end)
     std::vector<std::string> short_ctx = chat;
     short_ctx.insert(short_ctx.end(), {"-c", "70"});
