@@ -288,7 +288,7 @@ __global__ void moe_route_kernel(const bf16* __restrict__ router_logits, int E, 
 // next kernel (down) start only after that wait: the choice is then complete, and down loads its first weights
 // before its own wait (for one or two rows, where the whole grid is resident at once).
 constexpr int kDownWords = 2;     // prefetching down: words per lane per row and round (I = 512: one round)
-constexpr int kDownWordsFp8 = 1;  // (FP8: 16 codes a word, I = 512 in one round; 2 spill registers)
+constexpr int kDownWordsFp8 = 1;  // (FP8: 16 codes a word, I = 512 in one round; 2 words a lane spilled registers)
 // The gate/up of up to kMoeGateUpGemvMaxRows rows on the GEMV's loop (matmul.cuh, gemv_expert_gate_up) where it
 // takes the shapes, else moe_gate_up_kernel below.
 constexpr bool kMoeGateUpGemv = true;
