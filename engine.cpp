@@ -226,6 +226,7 @@ int hy_model_load(const char* dir, const hy_model_params* params, hy_model** out
             "quant_lm_head must be 0 or, with HY_QUANT_INT8/INT4, 1, got " + std::to_string(p.quant_lm_head));
         if (!*dir) return fail(Status::io, "the model folder path is empty");
         hy::require_model_folder(dir);  // (before the tokenizer is read: a folder without config.json is named)
+        hy::load_model_config(dir);     // (config.json's errors before the tokenizer's; Model::load reads it again)
         hy::ModelParams mp;
         mp.device = p.device == HY_DEVICE_CPU    ? hy::Device::cpu
                     : p.device == HY_DEVICE_CUDA ? hy::Device::cuda

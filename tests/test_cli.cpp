@@ -850,6 +850,14 @@ TEST_CASE("cli: model folder messages, -t -1 and -t past the cores, llama.cpp fl
     // the parent of a model folder: named as not a model, not a complaint about tokenizer.json
     check_one_line_error(hybrid({"-m", "models", "-p", "x"}), 2, "models: not a model folder (no config.json)");
     check_one_line_error(hybrid({"-m", tmp.path.string(), "-p", "x"}), 2, "not a model folder (no config.json)");
+    // a broken config.json in a folder without tokenizer.json: the config is named first (fresh-user pass)
+    fs::create_directories(tmp.path / "garbage");
+    std::ofstream(tmp.path / "garbage" / "config.json") << "{\"model_type\": ";
+    const Run garbage = hybrid({"-m", (tmp.path / "garbage").string(), "-p", "x"});
+    INFO(garbage.err);
+    CHECK(garbage.rc != 0);
+    CHECK(garbage.err.find("config.json") != std::string::npos);
+    CHECK(garbage.err.find("tokenizer.json") == std::string::npos);
     // -t -1: all cores (llama.cpp's spelling); more threads than cores: a warning
     auto with_t = [](const std::string& t, const std::vector<std::string>& more = {}) {
         std::vector<std::string> a = {"--device", "cpu", "-m", "models/tiny", "-p", "x", "-n", "1", "-t", t};
