@@ -1807,6 +1807,88 @@ TEST_CASE("CUDA MoE top-k: ties go to the lower id, as on the CPU", "[gpu]") {
     }
 }
 
+// add_rms_norm_moe_route of 1-2 rows: one kernel on CUDA (the residual add, RMSNorm, router and top-k) against
+// add_rms_norm then moe_route (CudaOptions::moe_route_norm off: the same route kernel after the norm kernel), bit for
+// bit, and against the CPU (the residual and the normed rows within bf16 rounding; every chosen expert among the
+// CPU's top k up to the logits' rounding). Also with more rows (the two ops on every backend).
+TEST_CASE("CUDA add + RMSNorm + MoE router in one kernel equals the ops in sequence", "[gpu]") {
+    HY_REQUIRE_GPU();
+    struct Shape {
+        int E, k, H, T;
+    };
+    for (const Shape s : {Shape{256, 8, 2048, 1}, Shape{256, 8, 2048, 2}, Shape{512, 10, 4096, 2}, Shape{8, 2, 64, 1},
+                          Shape{64, 4, 1024, 2}, Shape{512, 10, 2048, 1}, Shape{256, 8, 2048, 3}}) {
+        INFO("E " << s.E << " k " << s.k << " H " << s.H << " rows " << s.T);
+        const WorkspaceShape ws{4, 64, s.H, s.E, s.k, 64, 0};
+        const BatchLimits l = limits(8, 1, 16);
+        const size_t bytes = size_t(s.E) * s.H * 2 + (size_t(16) << 20);
+        CudaOptions unfused;
+        unfused.moe_route_norm = false;
+        Side cpu(make_cpu_backend(1), l, ws, bytes), gpu(make_cuda_backend(0), l, ws, bytes),
+            split(make_cuda_backend(0, unfused), l, ws, bytes);
+        auto bf = [](std::vector<float> v) {
+            for (float& x : v) x = bf16_to_f32(f32_to_bf16(x));
+            return v;
+        };
+        const auto x = bf(randn(size_t(s.T) * s.H)), d = bf(randn(size_t(s.T) * s.H, 0.5f)),
+                   norm_w = randn(size_t(s.H), 0.1f), router = randn(size_t(s.E) * s.H, 0.2f);
+        Batch batch({{0, 0, s.T}}, 64);
+        std::vector<float> resid[3], xn[3], w[3];
+        std::vector<int32_t> ids[3];
+        Side* sides[3] = {&cpu, &gpu, &split};
+        for (int i = 0; i < 3; i++) {
+            Side& b = *sides[i];
+            b.be->begin_batch(batch.desc);
+            void* xa = b.act(x);
+            void* da = b.act(d);
+            void* ya = b.poisoned(size_t(s.T) * s.H);
+            const float* nw = b.f32(norm_w);
+            const Matrix r = b.matrix(router, s.E, s.H);
+            float* wt = static_cast<float*>(b.take(size_t(s.T) * s.k * 4));
+            int32_t* id = static_cast<int32_t*>(b.take(size_t(s.T) * s.k * 4));
+            b.be->add_rms_norm_moe_route(xa, da, nw, s.T, s.H, 1e-6f, true, ya, r, s.k, true, wt, id);
+            resid[i] = b.read_act(xa, size_t(s.T) * s.H);
+            xn[i] = b.read_act(ya, size_t(s.T) * s.H);
+            w[i] = b.read_f32(wt, size_t(s.T) * s.k);
+            ids[i].resize(size_t(s.T) * s.k);
+            b.be->download(ids[i].data(), id, ids[i].size() * 4);
+        }
+        auto bits_of_f32 = [](float f) {
+            uint32_t b;
+            std::memcpy(&b, &f, 4);
+            return b;
+        };
+        for (size_t j = 0; j < resid[1].size(); j++) {  // the fused kernel: the norm kernel's bits
+            REQUIRE(bits_of_f32(resid[1][j]) == bits_of_f32(resid[2][j]));
+            REQUIRE(bits_of_f32(xn[1][j]) == bits_of_f32(xn[2][j]));
+        }
+        CHECK(ids[1] == ids[2]);
+        for (size_t j = 0; j < w[1].size(); j++) CHECK(bits_of_f32(w[1][j]) == bits_of_f32(w[2][j]));
+        CHECK(rel_err(resid[1], resid[0]) < 1e-2);  // (the CPU keeps fp32 activations)
+        CHECK(rel_err(xn[1], xn[0]) < 1e-2);
+        for (int t = 0; t < s.T; t++) {  // each chosen expert among the top k of the CPU's logits of the GPU's xn
+            std::vector<double> lg(size_t(s.E));
+            for (int e = 0; e < s.E; e++) {
+                double acc = 0.0;
+                for (int h = 0; h < s.H; h++)
+                    acc += double(xn[1][size_t(t) * s.H + h]) * bf16_to_f32(f32_to_bf16(router[size_t(e) * s.H + h]));
+                lg[size_t(e)] = acc;
+            }
+            std::vector<double> sorted = lg;
+            std::sort(sorted.begin(), sorted.end(), std::greater<>());
+            double wsum = 0.0;
+            for (int j = 0; j < s.k; j++) {
+                const int32_t e = ids[1][size_t(t) * s.k + j];
+                REQUIRE(e >= 0);
+                REQUIRE(e < s.E);
+                CHECK(lg[size_t(e)] >= sorted[size_t(s.k) - 1] - 0.05 * std::fabs(sorted[0]) - 0.1);
+                wsum += w[1][size_t(t) * s.k + j];
+            }
+            CHECK(wsum == Approx(1.0).epsilon(1e-2));
+        }
+    }
+}
+
 // The MoE test models through the whole forward: prompt logits and a few decode steps (graphs) near the CPU's.
 // bf16 moves router scores enough to change an expert choice at near-ties (as in transformers' own bf16 forward:
 // on these random-weight models its logits are up to 2.4 from its fp32 run), which moves that row's logits, and
