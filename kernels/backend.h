@@ -254,10 +254,8 @@ struct CudaOptions {
     int moe_grouped_min_rows = 0;  // MoE experts grouped by expert from this many rows on; 0: the tuned default
     // Decode (1-2 rows): the MoE router's projection and top-k in one kernel (a thread-block cluster, sm_90; E up to
     // 512, H up to 4096) instead of the router GEMV and the top-k kernel. The logits' fp32 sums run in another
-    // order, so a near-tie may route differently; for comparisons. moe_route_norm: the residual add and RMSNorm
-    // before them (add_rms_norm_moe_route) inside that kernel too (the same bits as add_rms_norm).
+    // order, so a near-tie may route differently; for comparisons.
     bool moe_route_fused = true;
-    bool moe_route_norm = true;
     // The grouped expert GEMM copies 64 K values a stage (three stages, 83 KB of shared memory a block) instead of
     // 128 (two stages, 104 KB), as it does by itself on GPUs that give a block less (sm_86, sm_89). Bitwise the same
     // results; for tests on the larger GPUs.
@@ -414,15 +412,6 @@ public:
     // [rows, k] and ids I32 [rows, k] are arena buffers; 1 <= k <= E.
     virtual void moe_route(const void* x, int64_t rows, const Matrix& router, int k, bool normalize, float* weights,
                            int32_t* ids) = 0;
-    // The residual add and norm before an MoE block, then its router: add_rms_norm(x, d, w, rows, dim, eps,
-    // zero_centred, y), then moe_route(y, rows, router, k, normalize, weights, ids); the same results. The CUDA
-    // backend runs decode rows (1-2) as one kernel.
-    virtual void add_rms_norm_moe_route(void* x, const void* d, const float* w, int64_t rows, int dim, float eps,
-                                        bool zero_centred, void* y, const Matrix& router, int k, bool normalize,
-                                        float* weights, int32_t* ids) {
-        add_rms_norm(x, d, w, rows, dim, eps, zero_centred, y);
-        moe_route(y, rows, router, k, normalize, weights, ids);
-    }
     // The MoE block's experts (fused: routed and shared): y[t] = r[t] + sigmoid(x_t . shared.gate) * s[t], where
     // r[t] = sum over j of weights[t, j] * down_e(silu(gate_e(x_t)) * up_e(x_t)), e = ids[t, j], added in increasing e
     // (the order transformers accumulates them in), and s[t] = shared.down_proj(silu(shared.gate_proj(x_t)) *

@@ -84,16 +84,14 @@ void Model::forward(const BatchDesc& batch, std::span<const int32_t> out_rows) {
             be.gated_delta_net(args);
             be.matmul(a.mix_out, T, w.out_proj, a.y);  // [T, H]
         }
-        if (L.moe) {  // docs/QWEN35.md "Mixture-of-experts members"
+        be.add_rms_norm(a.x, a.y, L.post_norm, T, H, eps, true, a.xn);  // x += mixer; [T, H]
+        if (L.moe) {                                                    // docs/QWEN35.md "Mixture-of-experts members"
             const MoeWeights& m = L.moe_block;
             const int k = c.n_experts_per_tok;
-            // x += mixer, xn = norm(x) [T, H]; then the router's choice [T, k] (one kernel for decode on CUDA)
-            be.add_rms_norm_moe_route(a.x, a.y, L.post_norm, T, H, eps, true, a.xn, m.router, k, c.norm_topk_prob,
-                                      a.route_weights, a.route_ids);
+            be.moe_route(a.xn, T, m.router, k, c.norm_topk_prob, a.route_weights, a.route_ids);  // [T, k]
             // routed experts + sigmoid(xn . g) * shared expert, one fused op
             be.moe_experts(a.xn, T, m.experts, m.shared, a.route_weights, a.route_ids, k, a.y);  // [T, H]
         } else {
-            be.add_rms_norm(a.x, a.y, L.post_norm, T, H, eps, true, a.xn);                   // x += mixer; [T, H]
             be.gate_up_silu(a.xn, T, L.mlp.gate_proj, L.mlp.up_proj, a.gate, a.up, a.gate);  // [T, F]
             be.matmul(a.gate, T, L.mlp.down_proj, a.y);                                      // [T, H]
         }

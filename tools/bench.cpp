@@ -256,10 +256,9 @@ int main(int argc, char** argv) {
         ("gdn-decode-blocks", "CUDA, decode steps of more than 8 sequences: the Gated DeltaNet decode kernel with "
          "three blocks an SM (3; value heads up to 128, 80 registers a thread) or two (2, the default)",
          cxxopts::value<int>()->default_value("2"))
-        ("moe-route", "CUDA, MoE decode of 1-2 rows: the residual add, RMSNorm, router projection and top-k in one "
-         "kernel (norm, the default), the norm kernel then the router and top-k in one (fused), or the norm kernel, "
-         "the router GEMV and the top-k kernel (split)",
-         cxxopts::value<std::string>()->default_value("norm"))
+        ("moe-route", "CUDA, MoE decode of 1-2 rows: the router's projection and top-k in one kernel (fused, the "
+         "default) or as the router GEMV and the top-k kernel (split)",
+         cxxopts::value<std::string>()->default_value("fused"))
         ("gdn-conv-rows", "CUDA, prefill: the most rows a Gated DeltaNet conv thread takes, 1 to 16; 0: 16 (the "
          "default)", cxxopts::value<int>()->default_value("0"))
         ("wgmma-parts", "CUDA, the wgmma GEMM (--wgmma-gemm): split K over 1, 2, 4 or 8 blocks of a cluster; 0: by shape (the "
@@ -354,10 +353,9 @@ int main(int argc, char** argv) {
         }
         {
             const std::string v = args["moe-route"].as<std::string>();
-            if (v != "norm" && v != "fused" && v != "split")
-                throw tools::UsageError("--moe-route must be norm, fused or split, got '" + v + "'");
-            mp.cuda.moe_route_fused = v != "split";
-            mp.cuda.moe_route_norm = v == "norm";
+            if (v != "fused" && v != "split")
+                throw tools::UsageError("--moe-route must be fused or split, got '" + v + "'");
+            mp.cuda.moe_route_fused = v == "fused";
         }
         {
             const int blocks = args["gdn-decode-blocks"].as<int>();

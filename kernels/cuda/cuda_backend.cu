@@ -131,7 +131,6 @@ struct Op {
         gate_up_quant,
         add_rms_norm,
         moe_route,
-        add_rms_norm_moe_route,
         moe_experts,
         add_sigmoid_gated,
     };
@@ -151,9 +150,7 @@ struct Op {
     bool flag = false;  // rms_norm zero_centred; matmul: not the wgmma GEMM
     cuda::GemvGroup group;
     cuda::Fp8Group fp8;  // gemv_quant_group: FP8 or Q8/Q4 members (their dtype in m.dtype, Q8/Q4's group in m.group)
-    cuda::MoeShared shared;          // moe_experts: the fused shared expert (gate_proj null: none)
-    float* route_weights = nullptr;  // add_rms_norm_moe_route: the router's outputs
-    int32_t* route_ids = nullptr;
+    cuda::MoeShared shared;  // moe_experts: the fused shared expert (gate_proj null: none)
     AttentionArgs attn;
     GatedDeltaNetArgs gdn;
     cuda::RowMap rows;
@@ -184,8 +181,6 @@ void sign(const Op& op, std::vector<uint64_t>& sig) {
         u(uint64_t(m->scale_segment_rows));
         u(uint64_t(m->group));
     }
-    p(op.route_weights);
-    p(op.route_ids);
     u(uint64_t(op.n));
     u(uint64_t(op.dim));
     u(uint64_t(op.n2));
@@ -310,7 +305,6 @@ public:
         if (o.moe_grouped_min_rows > 0) ctx_.moe_grouped_min_rows = o.moe_grouped_min_rows;
         ctx_.moe_group_k64 = o.moe_group_k64;
         ctx_.moe_route_fused = o.moe_route_fused;
-        ctx_.moe_route_norm = o.moe_route_norm;
         if (o.attn_heads_per_block > 0) ctx_.attn_heads_per_block = o.attn_heads_per_block;
         if (o.attn_prefill_heads_per_block > 0) ctx_.attn_prefill_heads_per_block = o.attn_prefill_heads_per_block;
         if (o.attn_max_splits > 0) ctx_.attn_max_splits = std::min(o.attn_max_splits, cuda::kAttnMaxSplits);
@@ -844,7 +838,8 @@ public:
         cuda::check_moe_route(int(router.rows), k);
         Op op;
         op.kind = Op::Kind::moe_route;
-        if (cuda::moe_route_fused_fits(route_args(x, rows, router, k, normalize, weights, ids), ctx_)) {
+        if (cuda::moe_route_fused_fits(static_cast<const bf16*>(x), rows, static_cast<const bf16*>(router.data),
+                                       int(router.rows), int(router.cols), k, ctx_)) {
             op.x = x;  // decode: the projection and the top-k in one kernel (op.m: the router)
             op.m = router;
         } else {
@@ -860,58 +855,6 @@ public:
         op.y = weights;
         op.y2 = ids;
         submit(op);
-    }
-    // Decode rows where cuda::moe_route_fused_fits: one kernel (the residual add, RMSNorm, router and top-k); else
-    // add_rms_norm, then moe_route.
-    void add_rms_norm_moe_route(void* x, const void* d, const float* w, int64_t rows, int dim, float eps,
-                                bool zero_centred, void* y, const Matrix& router, int k, bool normalize, float* weights,
-                                int32_t* ids) override {
-        require_bf16(router, "MoE router");
-        cuda::check_moe_route(int(router.rows), k);
-        if (d == x || d == y) throw Error(Status::internal, "CUDA add_rms_norm: the addend aliases x or y");
-        if (router.cols != dim) throw Error(Status::internal, "CUDA MoE router: width differs from the norm's");
-        cuda::MoeRouteArgs a = route_args(nullptr, rows, router, k, normalize, weights, ids);
-        a.residual = static_cast<bf16*>(x);
-        a.d = static_cast<const bf16*>(d);
-        a.norm_w = w;
-        a.eps = eps;
-        a.zero_centred = zero_centred;
-        a.xn = static_cast<bf16*>(y);
-        if (!cuda::moe_route_fused_fits(a, ctx_)) {
-            add_rms_norm(x, d, w, rows, dim, eps, zero_centred, y);
-            moe_route(y, rows, router, k, normalize, weights, ids);
-            return;
-        }
-        Op op;
-        op.kind = Op::Kind::add_rms_norm_moe_route;
-        op.y = x;  // (as add_rms_norm's op, with moe_route's router in m, weights and ids in route_*)
-        op.x2 = d;
-        op.w = w;
-        op.n = rows;
-        op.dim = k;
-        op.n2 = router.rows;
-        op.n3 = normalize;
-        op.eps = eps;
-        op.flag = zero_centred;
-        op.y2 = y;
-        op.m = router;
-        op.route_weights = weights;
-        op.route_ids = ids;
-        submit(op);
-    }
-    static cuda::MoeRouteArgs route_args(const void* x, int64_t rows, const Matrix& router, int k, bool normalize,
-                                         float* weights, int32_t* ids) {
-        cuda::MoeRouteArgs a;
-        a.x = static_cast<const bf16*>(x);
-        a.router = static_cast<const bf16*>(router.data);
-        a.rows = int(std::min<int64_t>(rows, int64_t(1) << 30));
-        a.E = int(router.rows);
-        a.H = int(router.cols);
-        a.k = k;
-        a.normalize = normalize;
-        a.weights = weights;
-        a.ids = ids;
-        return a;
     }
     // Two kernels (cuda::moe_experts: the chosen experts' gate/up/SiLU, then down_proj and the weighted sum).
     // Decode-sized rows: two kernels, the shared expert inside them (cuda::moe_experts' fused path). Else the
@@ -1214,9 +1157,9 @@ private:
                 return;
             case K::moe_route:
                 if (op.m.data)  // (op.x: the rows of x)
-                    cuda::moe_route_fused(route_args(op.x, op.n, op.m, int(op.dim), op.flag, static_cast<float*>(op.y),
-                                                     static_cast<int32_t*>(op.y2)),
-                                          ctx_);
+                    cuda::moe_route_fused(static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data),
+                                          int(op.n2), int(op.m.cols), int(op.dim), op.flag, static_cast<float*>(op.y),
+                                          static_cast<int32_t*>(op.y2), ctx_);
                 else  // (op.x: the router's logits)
                     cuda::moe_top_k(static_cast<const bf16*>(op.x), op.n, int(op.n2), int(op.dim), op.flag,
                                     static_cast<float*>(op.y), static_cast<int32_t*>(op.y2), ctx_);
@@ -1248,18 +1191,6 @@ private:
                 cuda::add_rms_norm(static_cast<bf16*>(op.y), static_cast<const bf16*>(op.x2), op.w, op.n, int(op.dim),
                                    op.eps, op.flag, static_cast<bf16*>(op.y2), ctx_);
                 return;
-            case K::add_rms_norm_moe_route: {
-                cuda::MoeRouteArgs a =
-                    route_args(nullptr, op.n, op.m, int(op.dim), op.n3 != 0, op.route_weights, op.route_ids);
-                a.residual = static_cast<bf16*>(op.y);
-                a.d = static_cast<const bf16*>(op.x2);
-                a.norm_w = op.w;
-                a.eps = op.eps;
-                a.zero_centred = op.flag;
-                a.xn = static_cast<bf16*>(op.y2);
-                cuda::moe_route_fused(a, ctx_);
-                return;
-            }
         }
     }
 

@@ -67,7 +67,6 @@ struct LaunchContext {
     int gdn_conv_rows = 0;
     int moe_grouped_min_rows = kMoeGroupedMinRows;  // moe.cuh: rows from which the experts run grouped by expert
     bool moe_route_fused = true;  // moe.cuh: decode's router and top-k in one kernel (moe_route_fused_fits)
-    bool moe_route_norm = true;   // ... with the residual add and RMSNorm before them inside (moe_route_fused)
     bool moe_group_k64 = false;   // moe.cuh: the grouped GEMM's stages of 64 K values even where 128 fit
     int attn_heads_per_block = kAttnHeadsPerBlock;  // attention.cuh: q heads of one kv head per decode block
     int attn_prefill_heads_per_block = kAttnPrefillHeadsPerBlock;  // attention.cuh: ... per prefill (flash) block

@@ -291,33 +291,29 @@ __global__ void moe_route_kernel(const bf16* __restrict__ router_logits, int E, 
 // The GEMV and the top-k kernel in one: a cluster of C <= 8 blocks of 8 warps; in pass p, warp w of block b takes
 // the kExperts experts from ((p C + b) 8 + w) kExperts on. A lane loads its words of the first pass's rows before
 // the PDL wait (the router does not depend on the step), the next pass's after the products of the one before. The
-// products with x (in shared memory) are summed in fp32 (lane l: words l, l + 32, ..., 8 values each), the warp
-// reduces, and each logit is rounded to bf16 (the projection's output) into its block's shared memory. After a
-// cluster barrier, warp t of block 0 reads row t's logits from the blocks' shared memory and ranks them
+// products with x (copied to shared memory) are summed in fp32 (lane l: words l, l + 32, ..., 8 values each), the
+// warp reduces, and each logit is rounded to bf16 (the projection's output) into its block's shared memory. After
+// a cluster barrier, warp t of block 0 reads row t's logits from the blocks' shared memory and ranks them
 // (warp_top_k_values); a second barrier keeps the other blocks (and their shared memory) until that read is done.
 // The same softmax, ties and weights as moe_route_warp_kernel; the logits are the projection's up to the order of
 // the fp32 sum.
-// kNorm: x is made here from the residual stream, as add_rms_norm does (every block computes it for itself with
-// the norm kernel's 256 threads, word mapping and block reduction: the same bits); block 0 writes the residual sum
-// and x back after the first cluster barrier, when every block has read the residual.
-constexpr int kRouteWarps = 8;          // warps a block (kNormThreads: the norm's sums in the same order)
+constexpr int kRouteWarps = 8;          // warps a block
 constexpr int kRouteClusterMax = 8;     // blocks a cluster (the portable limit)
 constexpr int kRouteMaxRows = 2;        // rows of x (decode b = 1, 2)
 constexpr int kRouteMaxExperts = 512;   // (kPer <= 16)
 constexpr int kRouteBlockLogits = 128;  // a block's logits a row, all passes (>= 512 / 8 + pass rounding)
-static_assert(kRouteWarps * 32 == kNormThreads, "the fused add + RMSNorm sums as add_rms_norm's kernel");
 constexpr int route_warp_experts(int kWords) { return kWords <= 8 ? 4 : 2; }  // (128 registers of weights at most)
-template <int kWords, int kPer, bool kNorm>
-__global__ void __launch_bounds__(kRouteWarps * 32) moe_route_cluster_kernel(MoeRouteArgs a) {
+template <int kWords, int kPer>
+__global__ void __launch_bounds__(kRouteWarps * 32)
+    moe_route_cluster_kernel(const bf16* __restrict__ x, const bf16* __restrict__ router, int rows, int E, int H, int k,
+                             bool normalize, bool evict_first, float* weights, int32_t* ids) {
     constexpr int kExperts = route_warp_experts(kWords), kBlockExperts = kRouteWarps * kExperts;
     __shared__ float logit[kRouteMaxRows][kRouteBlockLogits];
     __shared__ uint4 xs[kRouteMaxRows][32 * kWords];
-    __shared__ uint4 sum_s[kNorm ? kRouteMaxRows : 1][kNorm ? 32 * kWords : 1];  // kNorm: the residual sums
-    __shared__ float scratch[32];
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int C = int(gridDim.x), H = a.H, E = a.E, rows = a.rows, H8 = H / 8;
+    const int C = int(gridDim.x), H8 = H / 8;
     const int passes = (E + C * kBlockExperts - 1) / (C * kBlockExperts);
-    const uint64_t pol = weight_policy(a.evict_first);
+    const uint64_t pol = weight_policy(evict_first);
     uint4 w[kExperts][kWords];
     auto load = [&](int p) {
         const int e0 = (p * C + int(blockIdx.x)) * kBlockExperts + warp * kExperts;
@@ -327,47 +323,17 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_cluster_kernel(Moe
             for (int q = 0; q < kWords; q++) {
                 const int c = lane + 32 * q;
                 w[r][q] = e0 + r < E && c < H8
-                              ? ld_weight(reinterpret_cast<const uint4*>(a.router + size_t(e0 + r) * H) + c, pol)
+                              ? ld_weight(reinterpret_cast<const uint4*>(router + size_t(e0 + r) * H) + c, pol)
                               : make_uint4(0u, 0u, 0u, 0u);
             }
     };
     load(0);
     pdl_trigger();
     pdl_wait();
-    if constexpr (kNorm) {
-        const float one = a.zero_centred ? 1.0f : 0.0f;
-        for (int t = 0; t < rows; t++) {
-            const uint4* r4 = reinterpret_cast<const uint4*>(a.residual + size_t(t) * H);
-            const uint4* d4 = reinterpret_cast<const uint4*>(a.d + size_t(t) * H);
-            float ss = 0.0f;
-            for (int i = threadIdx.x; i < H8; i += blockDim.x) {
-                float v[8], dv[8];
-                unpack8(r4[i], v);
-                unpack8(d4[i], dv);
-#pragma unroll
-                for (int j = 0; j < 8; j++) v[j] += dv[j];
-                const uint4 word = pack8(v);
-                sum_s[t][i] = word;
-                unpack8(word, v);  // (the rounded sum, as the norm reads it)
-#pragma unroll
-                for (int j = 0; j < 8; j++) ss = fmaf(v[j], v[j], ss);
-            }
-            ss = block_sum(ss, scratch);
-            const float inv = rsqrtf(ss / float(H) + a.eps);
-            for (int i = threadIdx.x; i < H8; i += blockDim.x) {
-                float v[8];
-                unpack8(sum_s[t][i], v);
-#pragma unroll
-                for (int j = 0; j < 8; j++) v[j] = v[j] * inv * (one + a.norm_w[8 * i + j]);
-                xs[t][i] = pack8(v);
-            }
-        }
-    } else {
-        // x's rows into shared memory (the products then read them there: loads of x hoisted into registers beside
-        // the weights' would spill)
-        for (int i = threadIdx.x; i < rows * H8; i += blockDim.x)
-            xs[i / H8][i % H8] = reinterpret_cast<const uint4*>(a.x + size_t(i / H8) * H)[i % H8];
-    }
+    // x's rows into shared memory (the products then read them there: loads of x hoisted into registers beside the
+    // weights' would spill)
+    for (int i = threadIdx.x; i < rows * H8; i += blockDim.x)
+        xs[i / H8][i % H8] = reinterpret_cast<const uint4*>(x + size_t(i / H8) * H)[i % H8];
     __syncthreads();
     for (int p = 0; p < passes; p++) {
         if (p > 0) load(p);
@@ -402,11 +368,6 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_cluster_kernel(Moe
     }
     cluster_arrive();
     cluster_wait();
-    if (kNorm && blockIdx.x == 0)  // (every block has read the residual: it may be overwritten now)
-        for (int i = threadIdx.x; i < rows * H8; i += blockDim.x) {
-            reinterpret_cast<uint4*>(a.residual + size_t(i / H8) * H)[i % H8] = sum_s[i / H8][i % H8];
-            reinterpret_cast<uint4*>(a.xn + size_t(i / H8) * H)[i % H8] = xs[i / H8][i % H8];
-        }
     const bool ranks = blockIdx.x == 0 && warp < rows;  // (the grid is one cluster: block 0 is its rank 0)
     float v[kPer];
     if (ranks) {
@@ -420,10 +381,10 @@ __global__ void __launch_bounds__(kRouteWarps * 32) moe_route_cluster_kernel(Moe
     }
     cluster_arrive();  // (the blocks' logits are read: they may exit once all have arrived)
     if (ranks) {
-        const Choice c = warp_top_k_values<kPer>(v, E, a.k, a.normalize);
-        if (lane < a.k) {
-            a.weights[warp * a.k + lane] = c.weight;
-            a.ids[warp * a.k + lane] = c.id;
+        const Choice c = warp_top_k_values<kPer>(v, E, k, normalize);
+        if (lane < k) {
+            weights[warp * k + lane] = c.weight;
+            ids[warp * k + lane] = c.id;
         }
     }
     cluster_wait();
@@ -1134,37 +1095,33 @@ int route_blocks(int E, int H) {
 }
 }  // namespace
 
-bool moe_route_fused_fits(const MoeRouteArgs& a, const LaunchContext& ctx) {
-    auto a16 = [](const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; };
-    const int E = a.E, H = a.H;
-    if (!ctx.moe_route_fused || !ctx.clusters || a.rows < 1 || a.rows > kRouteMaxRows || a.k < 1 || a.k > E ||
-        E > kRouteMaxExperts || H <= 0 || H % 8 != 0 || H > 32 * 8 * 16 || !a16(a.router))
-        return false;
-    if (a.residual ? !(ctx.moe_route_norm && a16(a.residual) && a16(a.d) && a16(a.xn) && a.norm_w) : !a16(a.x))
+bool moe_route_fused_fits(const bf16* x, int64_t rows, const bf16* router, int E, int H, int k,
+                          const LaunchContext& ctx) {
+    if (!ctx.moe_route_fused || !ctx.clusters || rows < 1 || rows > kRouteMaxRows || k < 1 || k > E ||
+        E > kRouteMaxExperts || H <= 0 || H % 8 != 0 || H > 32 * 8 * 16 ||
+        ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(router)) & 15u))
         return false;
     const int C = route_blocks(E, H), per_pass = C * kRouteWarps * route_warp_experts(route_words(H));
-    return int(ceil_div(E, per_pass)) * (per_pass / C) <= kRouteBlockLogits;  // (a block's logits of every pass)
+    return ceil_div(E, per_pass) * (per_pass / C) <= kRouteBlockLogits;  // (a block's logits of every pass)
 }
 
-void moe_route_fused(const MoeRouteArgs& a, const LaunchContext& ctx) {
-    if (!moe_route_fused_fits(a, ctx))
+void moe_route_fused(const bf16* x, int64_t rows, const bf16* router, int E, int H, int k, bool normalize,
+                     float* weights, int32_t* ids, const LaunchContext& ctx) {
+    if (!moe_route_fused_fits(x, rows, router, E, H, k, ctx))
         throw Error(Status::internal, "CUDA MoE router: the fused router and top-k do not take these shapes");
-    MoeRouteArgs args = a;
-    args.evict_first = ctx.evict_first;
-    const unsigned C = unsigned(route_blocks(a.E, a.H));
-    const char* what =
-        a.residual ? "add + rms_norm, MoE router and top-k kernel (cluster)" : "MoE router and top-k kernel (cluster)";
-    auto go = [&](auto kernel) { launch_clusters(kernel, dim3(C), dim3(kRouteWarps * 32), C, 0, ctx, what, args); };
-    auto by_norm = [&](auto plain, auto norm) { a.residual ? go(norm) : go(plain); };
-    const bool wide = a.E > 256;  // (kPer 16: up to 512 experts)
-#define HY_ROUTE(W, P) by_norm(moe_route_cluster_kernel<W, P, false>, moe_route_cluster_kernel<W, P, true>)
-    switch (route_words(a.H)) {
-        case 1: return wide ? HY_ROUTE(1, 16) : HY_ROUTE(1, 8);
-        case 4: return wide ? HY_ROUTE(4, 16) : HY_ROUTE(4, 8);
-        case 8: return wide ? HY_ROUTE(8, 16) : HY_ROUTE(8, 8);
-        default: return wide ? HY_ROUTE(16, 16) : HY_ROUTE(16, 8);
+    const unsigned C = unsigned(route_blocks(E, H));
+    const char* what = "MoE router and top-k kernel (cluster)";
+    auto go = [&](auto kernel) {
+        launch_clusters(kernel, dim3(C), dim3(kRouteWarps * 32), C, 0, ctx, what, x, router, int(rows), E, H, k,
+                        normalize, ctx.evict_first, weights, ids);
+    };
+    const bool wide = E > 256;  // (kPer 16: up to 512 experts)
+    switch (route_words(H)) {
+        case 1: return wide ? go(moe_route_cluster_kernel<1, 16>) : go(moe_route_cluster_kernel<1, 8>);
+        case 4: return wide ? go(moe_route_cluster_kernel<4, 16>) : go(moe_route_cluster_kernel<4, 8>);
+        case 8: return wide ? go(moe_route_cluster_kernel<8, 16>) : go(moe_route_cluster_kernel<8, 8>);
+        default: return wide ? go(moe_route_cluster_kernel<16, 16>) : go(moe_route_cluster_kernel<16, 8>);
     }
-#undef HY_ROUTE
 }
 
 size_t moe_index_ints(int64_t rows, int E, int k) {

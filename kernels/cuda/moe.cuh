@@ -18,29 +18,14 @@ namespace hy::cuda {
 void moe_top_k(const bf16* router_logits, int64_t rows, int E, int k, bool normalize, float* weights, int32_t* ids,
                const LaunchContext& ctx);
 // The router's projection and moe_top_k in one kernel, for decode (1-2 rows): logits[t, e] = bf16(x_t . router_e)
-// (fp32 sums) ranked as moe_top_k does. With `residual` set, x is made first as add_rms_norm makes it (the same
-// bits): residual = bf16(residual + d), xn = rms_norm(residual) with norm_w, eps, zero_centred; x is then unused.
-struct MoeRouteArgs {
-    const bf16* x = nullptr;       // [rows, H] (without residual)
-    const bf16* router = nullptr;  // [E, H]
-    int rows = 0, E = 0, H = 0, k = 0;
-    bool normalize = false;
-    float* weights = nullptr;  // F32 [rows, k]
-    int32_t* ids = nullptr;    // I32 [rows, k]
-    // the residual add and RMSNorm before the router (add_rms_norm's arguments; residual null: none)
-    bf16* residual = nullptr;       // [rows, H], updated in place
-    const bf16* d = nullptr;        // [rows, H]; aliases neither residual nor xn
-    const float* norm_w = nullptr;  // F32 [H]
-    float eps = 0.0f;
-    bool zero_centred = false;
-    bf16* xn = nullptr;       // [rows, H]: the normed rows (the experts' input)
-    bool evict_first = true;  // (set from the LaunchContext)
-};
-// A cluster of up to 8 blocks (sm_90), so moe_route_fused_fits asks for ctx.moe_route_fused (and for the norm
-// ctx.moe_route_norm) and ctx.clusters, rows <= 2, E <= 512, H a multiple of 8 up to 4096 and 16-byte aligned
-// rows; moe_route_fused throws internal otherwise.
-bool moe_route_fused_fits(const MoeRouteArgs& a, const LaunchContext& ctx);
-void moe_route_fused(const MoeRouteArgs& a, const LaunchContext& ctx);
+// (fp32 sums) ranked as moe_top_k does. x bf16 [rows, H], router bf16 [E, H], both 16-byte aligned; weights F32
+// [rows, k], ids I32 [rows, k]. A cluster of up to 8 blocks (sm_90), so moe_route_fused_fits asks for
+// ctx.moe_route_fused and ctx.clusters, rows <= 2, E <= 512, H a multiple of 8 up to 4096; moe_route_fused throws
+// internal otherwise.
+bool moe_route_fused_fits(const bf16* x, int64_t rows, const bf16* router, int E, int H, int k,
+                          const LaunchContext& ctx);
+void moe_route_fused(const bf16* x, int64_t rows, const bf16* router, int E, int H, int k, bool normalize,
+                     float* weights, int32_t* ids, const LaunchContext& ctx);
 // Throws unsupported unless 1 <= k <= 32, k <= E and E <= 4096.
 void check_moe_route(int E, int k);
 
