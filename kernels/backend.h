@@ -252,10 +252,6 @@ struct CudaOptions {
     // tuned default (16). The results are bitwise the same for every value.
     int gdn_conv_rows = 0;
     int moe_grouped_min_rows = 0;  // MoE experts grouped by expert from this many rows on; 0: the tuned default
-    // Decode (1-2 rows): the MoE router's projection and top-k in one kernel (a thread-block cluster, sm_90; E up to
-    // 512, H up to 4096) instead of the router GEMV and the top-k kernel. The logits' fp32 sums run in another
-    // order, so a near-tie may route differently; for comparisons.
-    bool moe_route_fused = true;
     // The grouped expert GEMM copies 64 K values a stage (three stages, 83 KB of shared memory a block) instead of
     // 128 (two stages, 104 KB), as it does by itself on GPUs that give a block less (sm_86, sm_89). Bitwise the same
     // results; for tests on the larger GPUs.

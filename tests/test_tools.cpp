@@ -247,7 +247,6 @@ TEST_CASE("hybrid-bench: CUDA tuning switches are checked, and noted as ignored 
         {{"--gdn-decode-stream", "yes"}, "--gdn-decode-stream must be on or off, got 'yes'"},
         {{"--gdn-conv-rows", "17"}, "--gdn-conv-rows must be 0 to 16, got 17"},
         {{"--gdn-decode-blocks", "4"}, "--gdn-decode-blocks must be 2 or 3, got 4"},
-        {{"--moe-route", "on"}, "--moe-route must be fused or split, got 'on'"},
         {{"--wgmma-gemm", "on", "--wgmma-parts", "0x4"}, "invalid value '0x4' for --wgmma-parts"},
     };
     for (const auto& [flags, message] : bad) {

@@ -256,9 +256,6 @@ int main(int argc, char** argv) {
         ("gdn-decode-blocks", "CUDA, decode steps of more than 8 sequences: the Gated DeltaNet decode kernel with "
          "three blocks an SM (3; value heads up to 128, 80 registers a thread) or two (2, the default)",
          cxxopts::value<int>()->default_value("2"))
-        ("moe-route", "CUDA, MoE decode of 1-2 rows: the router's projection and top-k in one kernel (fused, the "
-         "default) or as the router GEMV and the top-k kernel (split)",
-         cxxopts::value<std::string>()->default_value("fused"))
         ("gdn-conv-rows", "CUDA, prefill: the most rows a Gated DeltaNet conv thread takes, 1 to 16; 0: 16 (the "
          "default)", cxxopts::value<int>()->default_value("0"))
         ("wgmma-parts", "CUDA, the wgmma GEMM (--wgmma-gemm): split K over 1, 2, 4 or 8 blocks of a cluster; 0: by shape (the "
@@ -352,12 +349,6 @@ int main(int argc, char** argv) {
             mp.cuda.gdn_decode_stream = v == "on";
         }
         {
-            const std::string v = args["moe-route"].as<std::string>();
-            if (v != "fused" && v != "split")
-                throw tools::UsageError("--moe-route must be fused or split, got '" + v + "'");
-            mp.cuda.moe_route_fused = v == "fused";
-        }
-        {
             const int blocks = args["gdn-decode-blocks"].as<int>();
             if (blocks != 2 && blocks != 3)
                 throw tools::UsageError("--gdn-decode-blocks must be 2 or 3, got " + std::to_string(blocks));
@@ -407,10 +398,9 @@ int main(int argc, char** argv) {
                          "for (max_position_embeddings)\n",
                          mp.n_ctx - 1, c.max_position_embeddings);
         Backend& be = model->backend();
-        for (const char* flag :
-             {"fp8-gemm", "attn-heads-per-block", "attn-prefill-heads", "attn-splits", "int-split-k",
-              "moe-grouped-rows", "small-batch-gemv", "wide-gemv", "wgmma-gemm", "wgmma-parts", "gdn-decode-stream",
-              "gdn-conv-rows", "gdn-decode-blocks", "moe-route", "no-cuda-graphs", "no-pdl"})
+        for (const char* flag : {"fp8-gemm", "attn-heads-per-block", "attn-prefill-heads", "attn-splits", "int-split-k",
+                                 "moe-grouped-rows", "small-batch-gemv", "wide-gemv", "wgmma-gemm", "wgmma-parts",
+                                 "gdn-decode-stream", "gdn-conv-rows", "gdn-decode-blocks", "no-cuda-graphs", "no-pdl"})
             if (args.count(flag) && std::string(be.name()) != "cuda")
                 std::fprintf(stderr, "hybrid-bench: note: --%s only changes the CUDA backend; ignored on %s\n", flag,
                              be.name());

@@ -304,7 +304,6 @@ public:
         ctx_.gdn_conv_rows = o.gdn_conv_rows;
         if (o.moe_grouped_min_rows > 0) ctx_.moe_grouped_min_rows = o.moe_grouped_min_rows;
         ctx_.moe_group_k64 = o.moe_group_k64;
-        ctx_.moe_route_fused = o.moe_route_fused;
         if (o.attn_heads_per_block > 0) ctx_.attn_heads_per_block = o.attn_heads_per_block;
         if (o.attn_prefill_heads_per_block > 0) ctx_.attn_prefill_heads_per_block = o.attn_prefill_heads_per_block;
         if (o.attn_max_splits > 0) ctx_.attn_max_splits = std::min(o.attn_max_splits, cuda::kAttnMaxSplits);
@@ -829,25 +828,18 @@ public:
         matmul(x, rows, w_up, up);
         silu_mul(gate, up, rows * w_gate.rows, act);
     }
-    // Decode (1-2 rows, where cuda::moe_route_fused_fits): the router's projection and the top-k in one kernel.
-    // Else the router's logits through matmul() (bf16 as transformers' linear), then one top-k kernel
-    // (cuda::moe_top_k: softmax and the choice on the device).
+    // The router's logits through matmul() (the GEMV for 1-2 rows, else cuBLASLt; bf16 as transformers' linear),
+    // then one top-k kernel (cuda::moe_top_k: softmax and the choice on the device).
     void moe_route(const void* x, int64_t rows, const Matrix& router, int k, bool normalize, float* weights,
                    int32_t* ids) override {
         require_bf16(router, "MoE router");
         cuda::check_moe_route(int(router.rows), k);
+        if (size_t(rows) * size_t(router.rows) > scratch_a_elems_)
+            throw Error(Status::internal, "CUDA MoE router: workspace too small");
+        matmul(x, rows, router, scratch_a_);  // [rows, E]
         Op op;
         op.kind = Op::Kind::moe_route;
-        if (cuda::moe_route_fused_fits(static_cast<const bf16*>(x), rows, static_cast<const bf16*>(router.data),
-                                       int(router.rows), int(router.cols), k, ctx_)) {
-            op.x = x;  // decode: the projection and the top-k in one kernel (op.m: the router)
-            op.m = router;
-        } else {
-            if (size_t(rows) * size_t(router.rows) > scratch_a_elems_)
-                throw Error(Status::internal, "CUDA MoE router: workspace too small");
-            matmul(x, rows, router, scratch_a_);  // [rows, E]
-            op.x = scratch_a_;
-        }
+        op.x = scratch_a_;
         op.n = rows;
         op.dim = k;
         op.n2 = router.rows;
@@ -1156,13 +1148,8 @@ private:
                                    static_cast<bf16*>(op.y2), static_cast<bf16*>(op.y3), ctx_);
                 return;
             case K::moe_route:
-                if (op.m.data)  // (op.x: the rows of x)
-                    cuda::moe_route_fused(static_cast<const bf16*>(op.x), op.n, static_cast<const bf16*>(op.m.data),
-                                          int(op.n2), int(op.m.cols), int(op.dim), op.flag, static_cast<float*>(op.y),
-                                          static_cast<int32_t*>(op.y2), ctx_);
-                else  // (op.x: the router's logits)
-                    cuda::moe_top_k(static_cast<const bf16*>(op.x), op.n, int(op.n2), int(op.dim), op.flag,
-                                    static_cast<float*>(op.y), static_cast<int32_t*>(op.y2), ctx_);
+                cuda::moe_top_k(static_cast<const bf16*>(op.x), op.n, int(op.n2), int(op.dim), op.flag,
+                                static_cast<float*>(op.y), static_cast<int32_t*>(op.y2), ctx_);
                 return;
             case K::moe_experts: {
                 MoeExperts ex;

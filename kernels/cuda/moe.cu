@@ -162,13 +162,17 @@ struct Choice {
     int id;
     float weight;
 };
-// warp_top_k_values takes the logits already in registers: v[q] the bf16 value of expert lane + 32 q (-inf past E).
 template <int kPer>
-__device__ __forceinline__ Choice warp_top_k_values(const float (&v)[kPer], int E, int k, bool normalize) {
+__device__ __forceinline__ Choice warp_top_k(const bf16* __restrict__ logits, int E, int k, bool normalize) {
     const int lane = threadIdx.x & 31;
+    float v[kPer];
     float mx = -INFINITY;
 #pragma unroll
-    for (int q = 0; q < kPer; q++) mx = fmaxf(mx, v[q]);
+    for (int q = 0; q < kPer; q++) {
+        const int e = lane + 32 * q;
+        v[q] = e < E ? __bfloat162float(logits[e]) : -INFINITY;
+        mx = fmaxf(mx, v[q]);
+    }
     mx = warp_max(mx);
     float sum = 0.0f;
 #pragma unroll
@@ -213,14 +217,6 @@ __device__ __forceinline__ Choice warp_top_k_values(const float (&v)[kPer], int 
     }
     mine.weight = round_bf16(normalize ? mine.weight / total : mine.weight);
     return mine;
-}
-template <int kPer>
-__device__ __forceinline__ Choice warp_top_k(const bf16* __restrict__ logits, int E, int k, bool normalize) {
-    const int lane = threadIdx.x & 31;
-    float v[kPer];
-#pragma unroll
-    for (int q = 0; q < kPer; q++) v[q] = lane + 32 * q < E ? __bfloat162float(logits[lane + 32 * q]) : -INFINITY;
-    return warp_top_k_values<kPer>(v, E, k, normalize);
 }
 
 // Up to 1024 experts: one warp per row (warp_top_k).
@@ -285,109 +281,6 @@ __global__ void moe_route_kernel(const bf16* __restrict__ router_logits, int E, 
             ids[row * k + j] = chosen_id[j];
         }
     }
-}
-
-// ---- The router's projection and top-k of 1-2 rows in one kernel: a cluster of blocks ----
-// The GEMV and the top-k kernel in one: a cluster of C <= 8 blocks of 8 warps; in pass p, warp w of block b takes
-// the kExperts experts from ((p C + b) 8 + w) kExperts on. A lane loads its words of the first pass's rows before
-// the PDL wait (the router does not depend on the step), the next pass's after the products of the one before. The
-// products with x (copied to shared memory) are summed in fp32 (lane l: words l, l + 32, ..., 8 values each), the
-// warp reduces, and each logit is rounded to bf16 (the projection's output) into its block's shared memory. After
-// a cluster barrier, warp t of block 0 reads row t's logits from the blocks' shared memory and ranks them
-// (warp_top_k_values); a second barrier keeps the other blocks (and their shared memory) until that read is done.
-// The same softmax, ties and weights as moe_route_warp_kernel; the logits are the projection's up to the order of
-// the fp32 sum.
-constexpr int kRouteWarps = 8;          // warps a block
-constexpr int kRouteClusterMax = 8;     // blocks a cluster (the portable limit)
-constexpr int kRouteMaxRows = 2;        // rows of x (decode b = 1, 2)
-constexpr int kRouteMaxExperts = 512;   // (kPer <= 16)
-constexpr int kRouteBlockLogits = 128;  // a block's logits a row, all passes (>= 512 / 8 + pass rounding)
-constexpr int route_warp_experts(int kWords) { return kWords <= 8 ? 4 : 2; }  // (128 registers of weights at most)
-template <int kWords, int kPer>
-__global__ void __launch_bounds__(kRouteWarps * 32)
-    moe_route_cluster_kernel(const bf16* __restrict__ x, const bf16* __restrict__ router, int rows, int E, int H, int k,
-                             bool normalize, bool evict_first, float* weights, int32_t* ids) {
-    constexpr int kExperts = route_warp_experts(kWords), kBlockExperts = kRouteWarps * kExperts;
-    __shared__ float logit[kRouteMaxRows][kRouteBlockLogits];
-    __shared__ uint4 xs[kRouteMaxRows][32 * kWords];
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    const int C = int(gridDim.x), H8 = H / 8;
-    const int passes = (E + C * kBlockExperts - 1) / (C * kBlockExperts);
-    const uint64_t pol = weight_policy(evict_first);
-    uint4 w[kExperts][kWords];
-    auto load = [&](int p) {
-        const int e0 = (p * C + int(blockIdx.x)) * kBlockExperts + warp * kExperts;
-#pragma unroll
-        for (int r = 0; r < kExperts; r++)
-#pragma unroll
-            for (int q = 0; q < kWords; q++) {
-                const int c = lane + 32 * q;
-                w[r][q] = e0 + r < E && c < H8
-                              ? ld_weight(reinterpret_cast<const uint4*>(router + size_t(e0 + r) * H) + c, pol)
-                              : make_uint4(0u, 0u, 0u, 0u);
-            }
-    };
-    load(0);
-    pdl_trigger();
-    pdl_wait();
-    // x's rows into shared memory (the products then read them there: loads of x hoisted into registers beside the
-    // weights' would spill)
-    for (int i = threadIdx.x; i < rows * H8; i += blockDim.x)
-        xs[i / H8][i % H8] = reinterpret_cast<const uint4*>(x + size_t(i / H8) * H)[i % H8];
-    __syncthreads();
-    for (int p = 0; p < passes; p++) {
-        if (p > 0) load(p);
-        // (each weight word unpacked once for both rows: a row loop outside kept every unpacked word live)
-        float acc[kRouteMaxRows][kExperts] = {};
-#pragma unroll
-        for (int q = 0; q < kWords; q++) {
-            const int c = lane + 32 * q;
-            if (c >= H8) continue;
-            float xf[kRouteMaxRows][8];
-#pragma unroll
-            for (int t = 0; t < kRouteMaxRows; t++)
-                if (t < rows) unpack8(xs[t][c], xf[t]);
-#pragma unroll
-            for (int r = 0; r < kExperts; r++) {
-                float wf[8];
-                unpack8(w[r][q], wf);
-#pragma unroll
-                for (int t = 0; t < kRouteMaxRows; t++)
-                    if (t < rows)
-#pragma unroll
-                        for (int j = 0; j < 8; j++) acc[t][r] = fmaf(xf[t][j], wf[j], acc[t][r]);
-            }
-        }
-#pragma unroll
-        for (int t = 0; t < kRouteMaxRows; t++)
-#pragma unroll
-            for (int r = 0; r < kExperts; r++) {
-                const float sum = warp_sum(acc[t][r]);
-                if (lane == 0 && t < rows) logit[t][p * kBlockExperts + warp * kExperts + r] = round_bf16(sum);
-            }
-    }
-    cluster_arrive();
-    cluster_wait();
-    const bool ranks = blockIdx.x == 0 && warp < rows;  // (the grid is one cluster: block 0 is its rank 0)
-    float v[kPer];
-    if (ranks) {
-        const uint32_t base = smem_addr(&logit[warp][0]);
-#pragma unroll
-        for (int q = 0; q < kPer; q++) {
-            const int e = lane + 32 * q, chunk = e / kBlockExperts;  // (chunk p C + b: pass p of block b)
-            const uint32_t at = uint32_t((chunk / C) * kBlockExperts + e % kBlockExperts);
-            v[q] = e < E ? ld_cluster_f32(cluster_smem_addr(base + 4u * at, uint32_t(chunk % C))) : -INFINITY;
-        }
-    }
-    cluster_arrive();  // (the blocks' logits are read: they may exit once all have arrived)
-    if (ranks) {
-        const Choice c = warp_top_k_values<kPer>(v, E, k, normalize);
-        if (lane < k) {
-            weights[warp * k + lane] = c.weight;
-            ids[warp * k + lane] = c.id;
-        }
-    }
-    cluster_wait();
 }
 
 // ---- Decode (few rows): one warp per output, reading only the chosen experts' rows ----
@@ -1085,43 +978,6 @@ void moe_top_k(const bf16* router_logits, int64_t rows, int E, int k, bool norma
                       normalize, weights, ids);
     launch(moe_route_kernel, unsigned(rows), kRouteThreads, size_t(E) * 4, ctx, "MoE top-k kernel", router_logits, E, k,
            normalize, weights, ids);
-}
-
-// The blocks of moe_route_cluster_kernel for H (kWords = 8 H / 256 rounded up to 1, 4, 8 or 16 words a lane)
-namespace {
-int route_words(int H) { return H <= 256 ? 1 : H <= 1024 ? 4 : H <= 2048 ? 8 : 16; }
-int route_blocks(int E, int H) {
-    return std::min(kRouteClusterMax, int(ceil_div(E, kRouteWarps * route_warp_experts(route_words(H)))));
-}
-}  // namespace
-
-bool moe_route_fused_fits(const bf16* x, int64_t rows, const bf16* router, int E, int H, int k,
-                          const LaunchContext& ctx) {
-    if (!ctx.moe_route_fused || !ctx.clusters || rows < 1 || rows > kRouteMaxRows || k < 1 || k > E ||
-        E > kRouteMaxExperts || H <= 0 || H % 8 != 0 || H > 32 * 8 * 16 ||
-        ((reinterpret_cast<uintptr_t>(x) | reinterpret_cast<uintptr_t>(router)) & 15u))
-        return false;
-    const int C = route_blocks(E, H), per_pass = C * kRouteWarps * route_warp_experts(route_words(H));
-    return ceil_div(E, per_pass) * (per_pass / C) <= kRouteBlockLogits;  // (a block's logits of every pass)
-}
-
-void moe_route_fused(const bf16* x, int64_t rows, const bf16* router, int E, int H, int k, bool normalize,
-                     float* weights, int32_t* ids, const LaunchContext& ctx) {
-    if (!moe_route_fused_fits(x, rows, router, E, H, k, ctx))
-        throw Error(Status::internal, "CUDA MoE router: the fused router and top-k do not take these shapes");
-    const unsigned C = unsigned(route_blocks(E, H));
-    const char* what = "MoE router and top-k kernel (cluster)";
-    auto go = [&](auto kernel) {
-        launch_clusters(kernel, dim3(C), dim3(kRouteWarps * 32), C, 0, ctx, what, x, router, int(rows), E, H, k,
-                        normalize, ctx.evict_first, weights, ids);
-    };
-    const bool wide = E > 256;  // (kPer 16: up to 512 experts)
-    switch (route_words(H)) {
-        case 1: return wide ? go(moe_route_cluster_kernel<1, 16>) : go(moe_route_cluster_kernel<1, 8>);
-        case 4: return wide ? go(moe_route_cluster_kernel<4, 16>) : go(moe_route_cluster_kernel<4, 8>);
-        case 8: return wide ? go(moe_route_cluster_kernel<8, 16>) : go(moe_route_cluster_kernel<8, 8>);
-        default: return wide ? go(moe_route_cluster_kernel<16, 16>) : go(moe_route_cluster_kernel<16, 8>);
-    }
 }
 
 size_t moe_index_ints(int64_t rows, int E, int k) {

@@ -17,15 +17,6 @@ namespace hy::cuda {
 // [rows, k] (bf16-rounded values), ids I32 [rows, k].
 void moe_top_k(const bf16* router_logits, int64_t rows, int E, int k, bool normalize, float* weights, int32_t* ids,
                const LaunchContext& ctx);
-// The router's projection and moe_top_k in one kernel, for decode (1-2 rows): logits[t, e] = bf16(x_t . router_e)
-// (fp32 sums) ranked as moe_top_k does. x bf16 [rows, H], router bf16 [E, H], both 16-byte aligned; weights F32
-// [rows, k], ids I32 [rows, k]. A cluster of up to 8 blocks (sm_90), so moe_route_fused_fits asks for
-// ctx.moe_route_fused and ctx.clusters, rows <= 2, E <= 512, H a multiple of 8 up to 4096; moe_route_fused throws
-// internal otherwise.
-bool moe_route_fused_fits(const bf16* x, int64_t rows, const bf16* router, int E, int H, int k,
-                          const LaunchContext& ctx);
-void moe_route_fused(const bf16* x, int64_t rows, const bf16* router, int E, int H, int k, bool normalize,
-                     float* weights, int32_t* ids, const LaunchContext& ctx);
 // Throws unsupported unless 1 <= k <= 32, k <= E and E <= 4096.
 void check_moe_route(int E, int k);
 
