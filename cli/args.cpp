@@ -408,6 +408,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     const int n_sources = int(r.count("prompt") > 0) + int(r.count("file") > 0) + int(r.count("prompt-ids") > 0) +
                           int(r.count("batch-file") > 0);
     if (n_sources > 1) usage("give only one of -p, -f, --prompt-ids and --batch-file");
+    // (option clashes before any file is read: a missing batch file is not the first thing to fix)
+    if (flag("interactive") && r.count("batch-file")) usage("-i does not take --batch-file");
     if (r.count("batch-file")) {
         const std::string path = r["batch-file"].as<std::string>();
         if (path.empty()) usage("--batch-file needs a file name (or - for standard input)");
@@ -451,7 +453,6 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     if (r.count("system") && !o.chat && !o.interactive) usage("--system needs --chat or -i");
     if (o.chat && o.has_prompt_ids) usage("--chat needs a text prompt (-p or -f), not --prompt-ids");
     if (o.interactive && o.has_prompt_ids) usage("-i does not take --prompt-ids");
-    if (o.interactive && o.has_batch) usage("-i does not take --batch-file");
     if (o.has_batch && !stops.empty()) usage("--stop is not supported with --batch-file");
     if (r.count("parallel") && !o.has_batch) usage("--parallel (-np) needs --batch-file");
     if (o.no_think && !o.chat && !o.interactive) usage("--no-think needs --chat or -i");
@@ -472,8 +473,10 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     auto real = [&](const char* name) {  // the strict parse of a real-number option (arg_error.h)
         const std::string text = r[name].as<std::string>();
         double v = 0.0;
-        if (!parse_real(text, &v) || !std::isfinite(float(v)))
+        if (!parse_real(text, &v) || !std::isfinite(v))
             usage("invalid value '" + text + "' for --" + name + " (a decimal number) (see --help)");
+        if (!std::isfinite(float(v)))  // (a number, but past float's range)
+            usage("invalid value '" + text + "' for --" + name + " (out of range) (see --help)");
         return float(v);
     };
     // (options not given take the model folder's generation_config.json values when it has them: main.cpp)

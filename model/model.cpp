@@ -822,7 +822,9 @@ struct ModelLoader {
         if (is_int_quant(d.dtype)) return upload_int_quantized(base, job);
         const int64_t seg = d.scale_segment_rows > 0 ? d.scale_segment_rows : d.rows, sc = fp8_scale_cols(d.cols);
         const int64_t seg_blocks = fp8_scale_rows(seg, 0);  // block rows of a segment
-        const int64_t run_segs = std::max<int64_t>(1, ((int64_t(1) << 24) / d.cols) / seg);
+        // (no more segments than the matrix has: a small matrix gets buffers of its own size, not of 2^24 weights)
+        const int64_t run_segs =
+            std::min(std::max<int64_t>(1, ((int64_t(1) << 24) / d.cols) / seg), (d.rows + seg - 1) / seg);
         std::vector<float> w(size_t(run_segs * seg * d.cols)), scales(size_t(run_segs * seg_blocks * sc));
         std::vector<uint8_t> q(size_t(run_segs * seg * d.cols));
         const int max_threads =

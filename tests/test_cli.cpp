@@ -150,6 +150,8 @@ TEST_CASE("cli: errors have one-line messages and documented exit codes", "[cli]
                 "invalid value '2.5' for -n (a decimal integer)");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--temp=hot"}), 1,
                 "invalid value 'hot' for --temp (a decimal number) (see --help)");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "--temp", "1e300"}), 1,
+                "invalid value '1e300' for --temp (out of range)");
     for (const char* junk : {"0.5abc", "1,5", "0x10", "nan", ""})  // real numbers are parsed strictly too
         check_error(hybrid({"-m", "models/tiny", "-p", "x", "--top-p", junk}), 1,
                     std::string("invalid value '") + junk + "' for --top-p");
@@ -163,6 +165,9 @@ TEST_CASE("cli: errors have one-line messages and documented exit codes", "[cli]
     check_error(hybrid({"-m", "models/tiny", "--prompt-ids", "1,x"}), 1, "prompt-ids");
     check_error(hybrid({"-m", "models/tiny", "--prompt-ids", "999999"}), 1, "999999");
     check_error(hybrid({"-m", "models/tiny", "-f", "/nonexistent/prompt.txt"}), 5, "prompt.txt");
+    // an option clash is named before a file is read (a fresh-user pass: the missing file came first, exit 5)
+    check_error(hybrid({"-m", "models/tiny", "-i", "--batch-file", "/nonexistent/prompts.txt"}), 1,
+                "-i does not take --batch-file");
     std::string long_prompt;
     for (int i = 0; i < 100; i++) long_prompt += "word ";
     check_error(hybrid({"-m", "models/tiny", "-p", long_prompt, "-c", "32"}), 3, "context");

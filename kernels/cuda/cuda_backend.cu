@@ -302,7 +302,8 @@ public:
             throw Error(Status::invalid_argument,
                         "CudaOptions::gdn_conv_rows must be 0 to 16, got " + std::to_string(o.gdn_conv_rows));
         ctx_.gdn_conv_rows = o.gdn_conv_rows;
-        if (o.moe_grouped_min_rows > 0) ctx_.moe_grouped_min_rows = o.moe_grouped_min_rows;
+        if (o.moe_grouped_min_rows > 0)
+            ctx_.moe_grouped_min_rows = ctx_.moe_grouped_min_rows_fp8 = o.moe_grouped_min_rows;
         ctx_.moe_group_k64 = o.moe_group_k64;
         if (o.attn_heads_per_block > 0) ctx_.attn_heads_per_block = o.attn_heads_per_block;
         if (o.attn_prefill_heads_per_block > 0) ctx_.attn_prefill_heads_per_block = o.attn_prefill_heads_per_block;
@@ -372,7 +373,8 @@ public:
                on(ctx_.clusters) + ", l2 evict-first " + on(ctx_.evict_first) + ", gdn fused conv " +
                on(ctx_.gdn_fused_conv) + ", gdn streamed decode " + on(ctx_.gdn_decode_stream) +
                ", gdn decode blocks an SM " + (ctx_.gdn_decode_three_blocks ? "3" : "2") + ", moe grouped from " +
-               std::to_string(ctx_.moe_grouped_min_rows) + " rows" + ", attention q heads per decode block up to " +
+               std::to_string(ctx_.moe_grouped_min_rows) + " rows (FP8 " +
+               std::to_string(ctx_.moe_grouped_min_rows_fp8) + "), attention q heads per decode block up to " +
                std::to_string(ctx_.attn_heads_per_block) + ", prefill attention q heads per block up to " +
                std::to_string(ctx_.attn_prefill_heads_per_block) + ", attention splits up to " +
                std::to_string(ctx_.attn_max_splits) + ", integer gemv K split " +

@@ -65,7 +65,8 @@ struct LaunchContext {
     bool gdn_decode_three_blocks = false;
     // gated_delta_net.cuh: the most rows a prefill conv thread takes (its weights loaded once for them); 0: 16
     int gdn_conv_rows = 0;
-    int moe_grouped_min_rows = kMoeGroupedMinRows;  // moe.cuh: rows from which the experts run grouped by expert
+    int moe_grouped_min_rows = kMoeGroupedMinRows;         // moe.cuh: rows from which the experts run grouped by expert
+    int moe_grouped_min_rows_fp8 = kMoeGroupedMinRowsFp8;  // ... FP8 experts
     bool moe_group_k64 = false;  // moe.cuh: the grouped GEMM's stages of 64 K values even where 128 fit
     int attn_heads_per_block = kAttnHeadsPerBlock;  // attention.cuh: q heads of one kv head per decode block
     int attn_prefill_heads_per_block = kAttnPrefillHeadsPerBlock;  // attention.cuh: ... per prefill (flash) block

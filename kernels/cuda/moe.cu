@@ -992,7 +992,8 @@ int64_t moe_max_tiles(int64_t rows, int E, int k) {
 
 bool moe_grouped(int64_t rows, int H, int I, const LaunchContext& ctx, DType weights) {
     const int align = weights == DType::BF16 ? 8 : 16;
-    return rows >= ctx.moe_grouped_min_rows && H % align == 0 && I % align == 0;
+    return rows >= (is_fp8(weights) ? ctx.moe_grouped_min_rows_fp8 : ctx.moe_grouped_min_rows) && H % align == 0 &&
+           I % align == 0;
 }
 
 bool moe_fuses_shared(int64_t rows, int H, int I, int Is, const LaunchContext& ctx, DType weights) {

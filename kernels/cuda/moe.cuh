@@ -51,8 +51,9 @@ struct MoeShared {
 // Sizes of the grouped path's index and of its tile list.
 size_t moe_index_ints(int64_t rows, int E, int k);
 int64_t moe_max_tiles(int64_t rows, int E, int k);
-// Whether moe_experts takes the grouped path for these rows (at least ctx.moe_grouped_min_rows rows and H and I
-// multiples of 8, of 16 for FP8 experts); else one warp per output reads the chosen experts' rows for every row.
+// Whether moe_experts takes the grouped path for these rows (at least ctx.moe_grouped_min_rows rows, for FP8 experts
+// ctx.moe_grouped_min_rows_fp8, and H and I multiples of 8, of 16 for FP8 experts); else one warp per output reads
+// the chosen experts' rows for every row.
 bool moe_grouped(int64_t rows, int H, int I, const LaunchContext& ctx, DType weights = DType::BF16);
 // Whether moe_experts runs a shared expert of width Is inside its kernels for these rows: the per-row path (not
 // moe_grouped), at most kMoeFusedSharedMaxRows rows (tuning.cuh), H and Is multiples of 8.

@@ -79,6 +79,10 @@ constexpr int kAttnPrefillHeadsPerBlock = 4;
 // session (the grouped GEMM with 256-byte stages), tok/s grouped against per row: b=12 1,060 / 1,085, b=16 1,223 /
 // 1,202, b=24 1,449 / 1,353, b=32 1,685 / 1,483.
 constexpr int kMoeGroupedMinRows = 16;
+// ... for FP8 experts: the grouped GEMM converts each stage's codes to bf16 (a second barrier), and the per-row
+// kernels read half the bytes. H100, 35B-A3B shapes, thirty-sixth session (run 19, `--quant fp8 -b 16,24`), tok/s
+// grouped from 16 against from 32: b=16 984.8 / 1,258.4 (+28%), b=24 1,158.5 / 1,371.1 (+18%).
+constexpr int kMoeGroupedMinRowsFp8 = 32;
 // The shared expert runs inside the routed experts' per-row kernels up to this many rows (run 98, 35B-A3B shapes:
 // b=1 +12%, b=8 +4%, b=16 equal, b=32 -3% against its own kernels).
 constexpr int kMoeFusedSharedMaxRows = 16;
