@@ -1742,10 +1742,11 @@ TEST_CASE("CUDA MoE FP8 and Q8/Q4 experts against the CPU reference", "[gpu][fp8
                 INFO(path << " experts rel err " << ey);
                 CHECK(ey <= 2e-2);
             }
-            // the default takes the grouped path's kernels from kMoeGroupedMinRows rows (H and I multiples of 16), else
-            // the per-row ones, bit for bit
+            // the default takes the grouped path's kernels from kMoeGroupedMinRows rows (FP8 experts:
+            // kMoeGroupedMinRowsFp8; H and I multiples of 16), else the per-row ones, bit for bit
             const bool grouped_fits = s.H % 16 == 0 && s.I % 16 == 0;
-            CHECK(ye[1] == ye[grouped_fits && s.T >= cuda::kMoeGroupedMinRows ? 2 : 3]);
+            const int grouped_from = is_fp8(s.type) ? cuda::kMoeGroupedMinRowsFp8 : cuda::kMoeGroupedMinRows;
+            CHECK(ye[1] == ye[grouped_fits && s.T >= grouped_from ? 2 : 3]);
             if (!grouped_fits) CHECK(ye[2] == ye[3]);
         }
     }
