@@ -291,7 +291,13 @@ struct CudaOptions {
     int wgmma_gemm = 0;
     // The wgmma GEMM's K split (cluster size): 1, 2, 4 or 8; 0: by shape and SM count (wgmma_gemm_parts).
     int wgmma_gemm_parts = 0;
-    // FP8 matrices with more rows than the FP8 GEMVs take (prefill, batches over 8): true (default), FP8 tensor cores
+    // Q8/Q4/FP8 (e4m3) matrices with 9 to 64 rows of x (batched decode) on the wgmma GEMM reading their codes (sm_90a;
+    // kernels/cuda/gemm_wgmma.cuh: weights turned into bf16 in registers, W8A16 / W4A16) when true (the default);
+    // false: Q8/Q4 dequantized to bf16 scratch for cuBLASLt, FP8 as fp8_block_scaled_gemm says. Its K split is
+    // wgmma_gemm_parts.
+    bool wgmma_quant = true;
+    // FP8 matrices with more rows than the FP8 GEMVs and wgmma_quant take (prefill, batches over 64; with
+    // wgmma_quant false or without sm_90a over 8): true (default), FP8 tensor cores
     // with the activations quantized per row and 128-value group (W8A8 with cuBLASLt block scales, the checkpoints'
     // "activation_scheme: dynamic", as vLLM and transformers run them); false: the weights dequantized to bf16 and
     // the bf16 GEMM (W8A16, as the GEMVs and the CPU backend: closer to the CPU, slower; kernels/cuda/fp8_matmul.cuh,

@@ -519,6 +519,7 @@ static void fp8_matmul_checks(bool block_scaled) {
     {
         CudaOptions o;
         o.fp8_block_scaled_gemm = block_scaled;
+        o.wgmma_quant = false;  // (9-64 rows: the GEMMs of fp8_block_scaled_gemm, not the quantized wgmma GEMM)
         Side cpu(make_cpu_backend(2), l, ws, bytes);
         Side gpu(make_cuda_backend(0, o), l, ws, bytes);
         // (T, N, K, segment rows)
@@ -1915,6 +1916,7 @@ static void fp8_tiny_model_check(bool block_scaled) {
     std::vector<float> next_want(l1.begin(), l1.end());
     mp.device = Device::cuda;
     mp.cuda.fp8_block_scaled_gemm = block_scaled;
+    mp.cuda.wgmma_quant = !block_scaled;  // (W8A8: the 64 prompt rows through that GEMM, not the quantized wgmma)
     auto gpu = Model::load(HY_SOURCE_DIR "/models/tiny", mp);
     auto lg = gpu->prefill(0, ids, true);
     std::vector<float> got(lg.begin(), lg.end());
@@ -2184,6 +2186,177 @@ TEST_CASE("CUDA Q8/Q4 GEMV: NaN scales propagate; rows do not depend on the batc
                     CHECK(std::isnan(got[size_t(t * N + n)]) == (n == 5));
                 }
         }
+}
+
+// ---- The quantized wgmma GEMM (Q8/Q4/FP8 weights, 9-64 rows; sm_90a) ----
+
+// A Q8/Q4 (int_matrix) or FP8 matrix (e4m3 codes and 128 x 128 block scales by quantize_fp8_blocks, segments of
+// `seg` rows) of int_weights on the GPU side, with its dequantized weights on the host.
+static IntMatrix quant_matrix(Side& gpu, int64_t rows, int64_t cols, int64_t group, DType type, int64_t seg = 0) {
+    const std::vector<float> w = int_weights(rows, cols, type == DType::F8_E4M3 ? 128 : group);
+    if (type != DType::F8_E4M3) return int_matrix(gpu, w, rows, cols, group, type);
+    IntMatrix m;
+    std::vector<uint8_t> q(size_t(rows * cols));
+    const int64_t sc = fp8_scale_cols(cols);
+    m.scales.resize(size_t(fp8_scale_rows(rows, seg) * sc));
+    quantize_fp8_blocks(w.data(), rows, cols, seg, q.data(), m.scales.data());
+    m.deq.resize(size_t(rows * cols));
+    for (int64_t r = 0; r < rows; r++)
+        for (int64_t c = 0; c < cols; c++)
+            m.deq[size_t(r * cols + c)] =
+                f8_e4m3_to_f32(q[size_t(r * cols + c)]) * m.scales[size_t(fp8_scale_row(r, seg) * sc + c / 128)];
+    void* d = gpu.take(q.size());
+    gpu.be->upload(d, q.data(), q.size());
+    m.gpu = Matrix{d, DType::F8_E4M3, rows, cols, gpu.f32(m.scales), seg, 0};
+    return m;
+}
+
+static bool has_quant_wgmma(Side& gpu) {
+    if (gpu.be->settings().find("fp8 wgmma gemm of") != std::string::npos) return true;
+    WARN("skipped: no sm_90a code (wgmma) or no thread-block clusters for this device");
+    return false;
+}
+
+// Single matrices of Q8, Q4 (groups 32 to 256) and FP8 (one segment, and segments of 48 rows) with 9 to 64 rows,
+// N not a multiple of 128 and K from 4 to 144 chunks of 64, against the double-precision product with the
+// dequantized weights; the first 9 rows bitwise the same as alone (n-tiles of 16, 32, 64). Then the same shapes with
+// the kernel off (CudaOptions::wgmma_quant: Q8/Q4 dequantized for cuBLASLt, FP8 through the W8A16 dequantization).
+TEST_CASE("CUDA quantized wgmma GEMM, 9-64 rows: matches the dequantized reference, a row's bits in any batch",
+          "[gpu][int][fp8]") {
+    HY_REQUIRE_GPU();
+    const BatchLimits l = limits(64, 8, 16);
+    WorkspaceShape ws{4, 64, 0, 0, 0, 0, 0};
+    ws.fp8_max_cols = 9216;
+    ws.fp8_max_elems = int64_t(1000) * 9216;
+    for (const bool on : {true, false}) {
+        CudaOptions o;
+        o.wgmma_quant = on;
+        o.fp8_block_scaled_gemm = false;
+        Side gpu(make_cuda_backend(0, o), l, ws, size_t(256) << 20);
+        if (on && !has_quant_wgmma(gpu)) return;
+        // (T, N, K, group; FP8: segment rows)
+        const int shapes[][4] = {{9, 96, 256, 32},    {16, 300, 2560, 64}, {17, 33, 768, 128},  {33, 256, 1024, 32},
+                                 {48, 40, 9216, 256}, {64, 130, 4096, 64}, {64, 1000, 512, 32}, {24, 200, 2560, 48}};
+        for (const DType type : {DType::Q8, DType::Q4, DType::F8_E4M3})
+            for (auto& sh : shapes) {
+                const int T = sh[0], N = sh[1], K = sh[2];
+                const int group = type == DType::F8_E4M3 ? 0 : sh[3] == 48 ? 32 : sh[3];
+                const int seg = type == DType::F8_E4M3 && sh[3] == 48 ? 48 : 0;
+                INFO((on ? "wgmma " : "off ") << dtype_name(type) << " T=" << T << " N=" << N << " K=" << K
+                                              << " group=" << group << " seg=" << seg);
+                const IntMatrix m = quant_matrix(gpu, N, K, group, type, seg);
+                const auto x = randn(size_t(T) * K);
+                void* xg = gpu.act(x);
+                void* yg = gpu.poisoned(size_t(T) * N);
+                gpu.be->matmul(xg, T, m.gpu, yg);
+                const auto got = gpu.read_act(yg, size_t(T) * N);
+                const double e = rel_err(got, int_reference(x, T, m));
+                INFO("rel err " << e);
+                CHECK(e <= kTol);
+                if (!on || T == 9) continue;
+                void* y9 = gpu.poisoned(size_t(9) * N);
+                gpu.be->matmul(xg, 9, m.gpu, y9);
+                const auto nine = gpu.read_act(y9, size_t(9) * N);
+                for (size_t j = 0; j < nine.size(); j++) REQUIRE(bits_of(nine[j]) == bits_of(got[j]));
+            }
+    }
+}
+
+// With the K split given (1, 2 or 8 parts: the bits of a row then depend on N and K alone): a group of 3 matrices
+// (N 200, 40, 72) gives each member's bits alone; gate/up/SiLU (N 200 and 44) gives gate and up bitwise those of the
+// pair as a group and act those of silu_mul on them, act in place of gate the same; against the reference too. A
+// NaN scale (Q8/Q4) or NaN code (FP8) in row 5 makes row 5's outputs NaN and leaves the others finite.
+TEST_CASE("CUDA quantized wgmma GEMM: groups, gate/up/SiLU and NaN weights", "[gpu][int][fp8]") {
+    HY_REQUIRE_GPU();
+    const BatchLimits l = limits(64, 8, 16);
+    WorkspaceShape ws{4, 64, 0, 0, 0, 0, 0};
+    const int K = 2560;
+    const int ns[3] = {200, 40, 72};
+    for (const int parts : {1, 2, 8}) {
+        CudaOptions o;
+        o.wgmma_gemm_parts = parts;
+        Side gpu(make_cuda_backend(0, o), l, ws, size_t(160) << 20);
+        if (!has_quant_wgmma(gpu)) return;
+        for (const DType type : {DType::Q8, DType::Q4, DType::F8_E4M3})
+            for (const int T : {9, 40, 64}) {
+                const int group = type == DType::F8_E4M3 ? 0 : 32;
+                INFO(dtype_name(type) << " T=" << T << " parts " << parts);
+                std::vector<IntMatrix> m;
+                for (int n : ns) m.push_back(quant_matrix(gpu, n, K, group, type));
+                const auto x = randn(size_t(T) * K);
+                void* xg = gpu.act(x);
+                Projection pr[3];
+                for (int i = 0; i < 3; i++) pr[i] = {m[size_t(i)].gpu, gpu.poisoned(size_t(T) * ns[i])};
+                gpu.be->matmul_group(xg, T, pr, 3);
+                for (int i = 0; i < 3; i++) {
+                    INFO("member " << i);
+                    const auto got = gpu.read_act(pr[i].y, size_t(T) * ns[i]);
+                    void* solo = gpu.poisoned(size_t(T) * ns[i]);
+                    gpu.be->matmul(xg, T, m[size_t(i)].gpu, solo);
+                    const auto alone = gpu.read_act(solo, size_t(T) * ns[i]);
+                    for (size_t j = 0; j < got.size(); j++) {
+                        REQUIRE(std::isfinite(got[j]));
+                        REQUIRE(bits_of(got[j]) == bits_of(alone[j]));
+                    }
+                    CHECK(rel_err(got, int_reference(x, T, m[size_t(i)])) <= kTol);
+                }
+                for (const int N : {200, 44}) {
+                    INFO("gate/up N=" << N);
+                    const IntMatrix gm = quant_matrix(gpu, N, K, group, type);
+                    const IntMatrix um = quant_matrix(gpu, N, K, group, type);
+                    const size_t n = size_t(T) * N;
+                    void* g = gpu.poisoned(n);
+                    void* u = gpu.poisoned(n);
+                    void* a = gpu.poisoned(n);
+                    gpu.be->gate_up_silu(xg, T, gm.gpu, um.gpu, g, u, a);
+                    const Projection pair[2] = {{gm.gpu, gpu.poisoned(n)}, {um.gpu, gpu.poisoned(n)}};
+                    gpu.be->matmul_group(xg, T, pair, 2);
+                    void* a2 = gpu.poisoned(n);
+                    gpu.be->silu_mul(pair[0].y, pair[1].y, int64_t(n), a2);
+                    const auto got_g = gpu.read_act(g, n), got_u = gpu.read_act(u, n), got_a = gpu.read_act(a, n);
+                    const auto ref_g = gpu.read_act(pair[0].y, n), ref_u = gpu.read_act(pair[1].y, n);
+                    const auto ref_a = gpu.read_act(a2, n);
+                    size_t differ = 0;
+                    for (size_t j = 0; j < n; j++) {
+                        REQUIRE(std::isfinite(got_a[j]));
+                        differ += bits_of(got_g[j]) != bits_of(ref_g[j]) || bits_of(got_u[j]) != bits_of(ref_u[j]) ||
+                                  bits_of(got_a[j]) != bits_of(ref_a[j]);
+                    }
+                    CHECK(differ == 0);
+                    void* ga = gpu.poisoned(n);
+                    void* ua = gpu.poisoned(n);
+                    gpu.be->gate_up_silu(xg, T, gm.gpu, um.gpu, ga, ua, ga);  // act in place of gate
+                    const auto in_place = gpu.read_act(ga, n);
+                    for (size_t j = 0; j < n; j++) REQUIRE(bits_of(in_place[j]) == bits_of(got_a[j]));
+                    const auto gr = int_reference(x, T, gm), ur = int_reference(x, T, um);
+                    std::vector<float> ar(gr.size());
+                    for (size_t j = 0; j < ar.size(); j++) {
+                        const float gb = bf16_to_f32(f32_to_bf16(gr[j])), ub = bf16_to_f32(f32_to_bf16(ur[j]));
+                        ar[j] = bf16_to_f32(f32_to_bf16(gb / (1.0f + std::exp(-gb)))) * ub;  // (as silu_mul rounds)
+                    }
+                    CHECK(rel_err(got_a, ar) <= kTol);
+                }
+                if (parts != 2) continue;
+                // row 5: a NaN scale (Q8/Q4: its group 7) or a NaN code (FP8 0x7F at column 300)
+                IntMatrix bad = quant_matrix(gpu, 48, K, group, type);
+                if (type == DType::F8_E4M3) {
+                    const uint8_t nan_code = 0x7F;
+                    gpu.be->upload(static_cast<uint8_t*>(const_cast<void*>(bad.gpu.data)) + 5 * K + 300, &nan_code, 1);
+                } else {
+                    std::vector<float> sc = bad.scales;
+                    sc[size_t(5 * (K / group) + 7)] = NAN;
+                    gpu.be->upload(const_cast<float*>(bad.gpu.scales), sc.data(), sc.size() * 4);
+                }
+                void* y = gpu.poisoned(size_t(T) * 48);
+                gpu.be->matmul(xg, T, bad.gpu, y);
+                const auto got = gpu.read_act(y, size_t(T) * 48);
+                for (int t = 0; t < T; t++)
+                    for (int r = 0; r < 48; r++) {
+                        INFO("NaN weight: t=" << t << " row " << r);
+                        REQUIRE(std::isnan(got[size_t(t * 48 + r)]) == (r == 5));
+                    }
+            }
+    }
 }
 
 // The tiny model with --quant int8 / int4 on CUDA (weights only: x stays bf16) against the CPU backend's integer

@@ -259,7 +259,10 @@ int main(int argc, char** argv) {
         ("gdn-conv-rows", "CUDA, prefill: the most rows a Gated DeltaNet conv thread takes, 1 to 16; 0: 16 (the "
          "default)", cxxopts::value<int>()->default_value("0"))
         ("wgmma-parts", "CUDA, the wgmma GEMM (--wgmma-gemm): split K over 1, 2, 4 or 8 blocks of a cluster; 0: by shape (the "
-         "default)", cxxopts::value<int>()->default_value("0"));
+         "default)", cxxopts::value<int>()->default_value("0"))
+        ("wgmma-quant", "CUDA, int8/int4/fp8 weights with 9 to 64 rows: on (the default: the wgmma GEMM reading their "
+         "codes, sm_90a) or off (int8/int4 dequantized for cuBLASLt, fp8 as --fp8-gemm says)",
+         cxxopts::value<std::string>()->default_value("on"));
     add_shared_option(opts, "", "fp8-gemm");
     add_shared_option(opts, "", "version");
     add_shared_option(opts, "", "help");
@@ -343,6 +346,11 @@ int main(int argc, char** argv) {
             mp.cuda.wgmma_gemm_parts = parts;
         }
         {
+            const std::string v = args["wgmma-quant"].as<std::string>();
+            if (v != "on" && v != "off") throw tools::UsageError("--wgmma-quant must be on or off, got '" + v + "'");
+            mp.cuda.wgmma_quant = v == "on";
+        }
+        {
             const std::string v = args["gdn-decode-stream"].as<std::string>();
             if (v != "on" && v != "off")
                 throw tools::UsageError("--gdn-decode-stream must be on or off, got '" + v + "'");
@@ -398,9 +406,10 @@ int main(int argc, char** argv) {
                          "for (max_position_embeddings)\n",
                          mp.n_ctx - 1, c.max_position_embeddings);
         Backend& be = model->backend();
-        for (const char* flag : {"fp8-gemm", "attn-heads-per-block", "attn-prefill-heads", "attn-splits", "int-split-k",
-                                 "moe-grouped-rows", "small-batch-gemv", "wide-gemv", "wgmma-gemm", "wgmma-parts",
-                                 "gdn-decode-stream", "gdn-conv-rows", "gdn-decode-blocks", "no-cuda-graphs", "no-pdl"})
+        for (const char* flag :
+             {"fp8-gemm", "attn-heads-per-block", "attn-prefill-heads", "attn-splits", "int-split-k",
+              "moe-grouped-rows", "small-batch-gemv", "wide-gemv", "wgmma-gemm", "wgmma-parts", "wgmma-quant",
+              "gdn-decode-stream", "gdn-conv-rows", "gdn-decode-blocks", "no-cuda-graphs", "no-pdl"})
             if (args.count(flag) && std::string(be.name()) != "cuda")
                 std::fprintf(stderr, "hybrid-bench: note: --%s only changes the CUDA backend; ignored on %s\n", flag,
                              be.name());

@@ -337,6 +337,7 @@ public:
             throw Error(Status::invalid_argument, "CudaOptions::wgmma_gemm_parts must be 0, 1, 2, 4 or 8, got " +
                                                       std::to_string(o.wgmma_gemm_parts));
         ctx_.wgmma_gemm_parts = o.wgmma_gemm_parts;
+        if (!o.wgmma_quant) ctx_.wgmma_quant_max_rows = 0;
         fp8_mode_ = o.fp8_block_scaled_gemm ? cuda::Fp8GemmMode::block_scaled : cuda::Fp8GemmMode::dequantize;
 #if defined(HY_CUDA_TRACE)
         if (!o.trace_file.empty()) start_trace(o.trace_file);
@@ -404,6 +405,10 @@ public:
                                  (ctx_.wgmma_gemm_parts > 0 ? std::to_string(ctx_.wgmma_gemm_parts)
                                                             : std::string("by shape"))
                            : std::string(", no wgmma gemm (no sm_90a code for this device)"))
+                    : std::string()) +
+               (ctx_.wgmma && ctx_.clusters && ctx_.wgmma_quant_max_rows > 0
+                    ? ", q8/q4/fp8 wgmma gemm of " + std::to_string(cuda::kWgmmaGemmMinRows) + "-" +
+                          std::to_string(std::min(ctx_.wgmma_quant_max_rows, cuda::kWgmmaQuantMaxRows)) + " rows"
                     : std::string()) +
                ", fp8 gemm " + (fp8_mode_ == cuda::Fp8GemmMode::block_scaled ? "block-scaled" : "dequantize") +
                (gemm_->fp8_shapes_without_algorithm() > 0
@@ -717,8 +722,10 @@ public:
             if (p[k].y == x) throw Error(Status::internal, "CUDA matmul_group: an output aliases the input");
         }
         auto groupable = [&](const Projection& q) {
-            if (is_fp8(q.w.dtype)) return cuda::fp8_gemv_fits(xb, rows, q.w);
-            if (is_int_quant(q.w.dtype)) return cuda::int_gemv_fits(xb, rows, q.w);
+            if (is_fp8(q.w.dtype))
+                return cuda::fp8_gemv_fits(xb, rows, q.w) || cuda::wgmma_quant_fits(xb, rows, q.w, ctx_);
+            if (is_int_quant(q.w.dtype))
+                return cuda::int_gemv_fits(xb, rows, q.w) || cuda::wgmma_quant_fits(xb, rows, q.w, ctx_);
             const bf16* w = static_cast<const bf16*>(q.w.data);
             if (cuda::gemv_wide_rows(rows, ctx_)) return cuda::gemv_wide_fits(xb, rows, w, q.w.cols, ctx_);
             if (cuda::wgmma_gemm_rows(rows, ctx_)) return cuda::wgmma_gemm_fits(xb, rows, w, q.w.cols, ctx_);
@@ -783,10 +790,12 @@ public:
         // its GEMV does
         bool fits = false;
         if (fp8)
-            fits = cuda::fp8_gemv_fits(xb, rows, w_gate) && cuda::fp8_gemv_fits(xb, rows, w_up);
+            fits = (cuda::fp8_gemv_fits(xb, rows, w_gate) && cuda::fp8_gemv_fits(xb, rows, w_up)) ||
+                   (cuda::wgmma_quant_fits(xb, rows, w_gate, ctx_) && cuda::wgmma_quant_fits(xb, rows, w_up, ctx_));
         else if (int_quant)
             fits = w_gate.group == w_up.group && w_gate.scale_segment_rows == 0 &&
-                   cuda::int_gemv_fits(xb, rows, w_gate) && cuda::int_gemv_fits(xb, rows, w_up);
+                   ((cuda::int_gemv_fits(xb, rows, w_gate) && cuda::int_gemv_fits(xb, rows, w_up)) ||
+                    (cuda::wgmma_quant_fits(xb, rows, w_gate, ctx_) && cuda::wgmma_quant_fits(xb, rows, w_up, ctx_)));
         else if (rows <= cuda::kGemvBlockMaxTokens)
             fits = cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_gate.data), w_gate.cols) &&
                    cuda::gemv_fits(xb, rows, static_cast<const bf16*>(w_up.data), w_up.cols);
@@ -1091,6 +1100,14 @@ private:
                 return;
             case K::matmul:
             case K::logits:
+                if (op.kind == K::matmul && (is_fp8(op.m.dtype) || is_int_quant(op.m.dtype)) &&
+                    cuda::wgmma_quant_fits(static_cast<const bf16*>(op.x), op.n, op.m, ctx_)) {
+                    cuda::Fp8Group g;
+                    g.add(op.m, op.y);
+                    cuda::wgmma_gemm_quant_group(static_cast<const bf16*>(op.x), op.n, g, op.m.cols, op.m.dtype,
+                                                 op.m.group, ctx_, ctx_.wgmma_gemm_parts);
+                    return;
+                }
                 if (is_fp8(op.m.dtype)) {
                     cuda::matmul_fp8(*gemm_, static_cast<const bf16*>(op.x), op.n, op.m, op.y, op.kind == K::logits,
                                      fp8_mode_, fp8_scratch_, ctx_);
@@ -1130,13 +1147,20 @@ private:
                 cuda::gemv_group(static_cast<const bf16*>(op.x), op.n, op.group, op.dim, false, ctx_);
                 return;
             case K::gemv_quant_group:
-                if (is_int_quant(op.m.dtype))
+                if (cuda::wgmma_quant_rows(op.n, ctx_))  // (9+ rows: matmul_group took them for the quantized wgmma)
+                    cuda::wgmma_gemm_quant_group(static_cast<const bf16*>(op.x), op.n, op.fp8, op.dim, op.m.dtype,
+                                                 op.m.group, ctx_, ctx_.wgmma_gemm_parts);
+                else if (is_int_quant(op.m.dtype))
                     cuda::gemv_int_group(static_cast<const bf16*>(op.x), op.n, op.fp8, op.dim, op.m.dtype, op.m.group,
                                          ctx_);
                 else
                     cuda::gemv_fp8_group(static_cast<const bf16*>(op.x), op.n, op.fp8, op.dim, op.m.dtype, ctx_);
                 return;
             case K::gate_up_quant:
+                if (cuda::wgmma_quant_rows(op.n, ctx_))
+                    return cuda::wgmma_gate_up_quant(static_cast<const bf16*>(op.x), op.n, op.m, op.m2,
+                                                     static_cast<bf16*>(op.y), static_cast<bf16*>(op.y2),
+                                                     static_cast<bf16*>(op.y3), ctx_, ctx_.wgmma_gemm_parts);
                 if (is_int_quant(op.m.dtype))
                     return cuda::gemv_int_gate_up(static_cast<const bf16*>(op.x), op.n, op.m, op.m2,
                                                   static_cast<bf16*>(op.y), static_cast<bf16*>(op.y2),

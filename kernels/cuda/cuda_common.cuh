@@ -94,9 +94,12 @@ struct LaunchContext {
     int wgmma_gate_up_max_rows = 1 << 30;
     int wgmma_logits_max_rows = 1 << 30;
     int wgmma_gemm_parts = 0;  // its K split (1, 2, 4, 8); 0: wgmma_gemm_parts by shape
-    bool wgmma = false;        // the build has sm_90a code for the device (wgmma_available)
-    int sm_count = 0;          // the device's multiprocessors (launch shapes that fill the device)
-    int smem_optin = 0;        // the most dynamic shared memory a block may opt in to, bytes (0: not read)
+    // gemm_wgmma.cuh: Q8/Q4/FP8 matrices with kWgmmaGemmMinRows to this many rows (at most 64) on the quantized
+    // wgmma GEMM (where wgmma and clusters); 0: none (the dequantization / FP8 GEMM paths)
+    int wgmma_quant_max_rows = 64;
+    bool wgmma = false;  // the build has sm_90a code for the device (wgmma_available)
+    int sm_count = 0;    // the device's multiprocessors (launch shapes that fill the device)
+    int smem_optin = 0;  // the most dynamic shared memory a block may opt in to, bytes (0: not read)
 };
 
 // Per batch row, on the device (filled by the backend's begin_batch from the host runs).

@@ -1,6 +1,8 @@
 // The wgmma GEMM for batched decode (gemm_wgmma.cuh).
 #include "kernels/cuda/gemm_wgmma.cuh"
 
+#include "kernels/cuda/fp8_convert.cuh"
+
 #include <algorithm>
 #include <atomic>
 #include <mutex>
@@ -183,6 +185,82 @@ __device__ __forceinline__ void wgmma_tile(float (&d)[kN / 2], uint64_t a, uint6
         wgmma_m64n128k16(d, a, b);
 }
 
+// D[64 x n] += A[64 x 16] B[16 x n] with A in registers (the register fragment of the PTX ISA's wgmma A operand:
+// warp w of the warpgroup holds rows 16 w .. 16 w + 15, laid out as mma.m16n8k16's A: a[0] = (row r, columns 2 q,
+// 2 q + 1), a[1] = (row r + 8, the same), a[2] = (row r, columns 2 q + 8, 2 q + 9), a[3] = (row r + 8, the same),
+// r = lane / 4, q = lane % 4) and B K-major in shared memory by descriptor; sm_90a. The registers are read
+// asynchronously: they keep their values until wgmma_wait_all, and fence_registers on them after it keeps the
+// compiler from reusing them earlier.
+__device__ __forceinline__ void wgmma_rs_m64n16k16(float (&d)[8], const uint32_t (&a)[4], uint64_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %13, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n16k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7}, {%8, %9, %10, %11}, %12, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+#else
+    (void)d;
+    (void)a;
+    (void)b;
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n32k16(float (&d)[16], const uint32_t (&a)[4], uint64_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %21, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, {%16, %17, %18, %19}, %20, p, 1, 1, "
+        "0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+#else
+    (void)d;
+    (void)a;
+    (void)b;
+    __trap();
+#endif
+}
+
+__device__ __forceinline__ void wgmma_rs_m64n64k16(float (&d)[32], const uint32_t (&a)[4], uint64_t b) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile(
+        "{\n.reg .pred p;\nsetp.ne.b32 p, %37, 0;\n"
+        "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+        "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, "
+        "%23, %24, %25, %26, %27, %28, %29, %30, %31}, {%32, %33, %34, %35}, %36, p, 1, 1, 0;\n}\n"
+        : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]),
+          "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]),
+          "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]),
+          "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "l"(b), "r"(1));
+#else
+    (void)d;
+    (void)a;
+    (void)b;
+    __trap();
+#endif
+}
+
+template <int kN>
+__device__ __forceinline__ void wgmma_rs_tile(float (&d)[kN / 2], const uint32_t (&a)[4], uint64_t b) {
+    static_assert(kN == 16 || kN == 32 || kN == 64, "the quantized kernel's n-tiles: 16, 32 or 64 rows");
+    if constexpr (kN == 16)
+        wgmma_rs_m64n16k16(d, a, b);
+    else if constexpr (kN == 32)
+        wgmma_rs_m64n32k16(d, a, b);
+    else
+        wgmma_rs_m64n64k16(d, a, b);
+}
+template <int kR>
+__device__ __forceinline__ void fence_registers(uint32_t (&v)[kR]) {
+#pragma unroll
+    for (int i = 0; i < kR; i++) asm volatile("" : "+r"(v[i])::"memory");
+}
+
 // Set by the sm_90a compilation only (wgmma_available reads it).
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 __device__ int wgmma_compiled = 1;
@@ -192,14 +270,85 @@ __device__ int wgmma_compiled = 0;
 
 // The gate and up projections of gemv_gate_up's contract: gate_out = bf16(x Wg^T), up_out = bf16(x Wu^T), act_out =
 // bf16(bf16(silu(gate)) * up) (act_out may be gate_out: then gate is not stored).
+// The quantized kernel reads wg and wu as codes with their scales sg and su (segments of segment_rows rows for FP8).
 struct WgmmaGateUp {
-    const bf16* wg = nullptr;
-    const bf16* wu = nullptr;
+    const void* wg = nullptr;
+    const void* wu = nullptr;
+    const float* sg = nullptr;
+    const float* su = nullptr;
+    int segment_rows = 0;
     bf16* gate = nullptr;
     bf16* up = nullptr;
     bf16* act = nullptr;
     int n = 0;  // rows of each matrix
 };
+
+// The end of both kernels: the fp32 sums acc (thread tid's values of wgmma tiles 0 and 1, features f0 + .. and f1 +
+// .., all T rows) stored as y (or gate/up/SiLU), added over the cluster's parts first when parts > 1. The ring (base
+// its 1024-aligned shared address) is free: every cp.async has completed.
+template <typename OutT, int kN, bool kGateUp>
+__device__ __forceinline__ void wg_epilogue(float (&acc)[2][kN / 2], unsigned char* ring, uint32_t base, int tid,
+                                            int rank, int parts, int T, int N, int f0, int f1, OutT* y,
+                                            const WgmmaGateUp& gu) {
+    // value i = 4 j + 2 h + c of thread t in tile m: feature f_m + 16 (t / 32) + (t % 32) / 4 + 8 h, token
+    // 8 j + 2 (t % 4) + c; store(v, i, t) writes the outputs of both tiles' value i of thread t
+    auto store = [&](const float(&v)[2], int i, int t) {
+        const int f = 16 * (t >> 5) + ((t & 31) >> 2) + 8 * ((i >> 1) & 1);
+        const int tok = 8 * (i >> 2) + 2 * (t & 3) + (i & 1);
+        if (tok >= T) return;
+        if constexpr (kGateUp) {
+            const int n = f0 + f;
+            if (n >= N) return;
+            const float gv = round_bf16(v[0]), uv = round_bf16(v[1]);
+            const int64_t o = int64_t(tok) * N + n;
+            gu.up[o] = to_bf16(uv);
+            if (gu.act != gu.gate) gu.gate[o] = to_bf16(gv);
+            gu.act[o] = to_bf16(round_bf16(siluf_(gv)) * uv);
+        } else {
+            if (f0 + f < N) y[int64_t(tok) * N + f0 + f] = store_as<OutT>(v[0]);
+            if (f1 + f < N) y[int64_t(tok) * N + f1 + f] = store_as<OutT>(v[1]);
+        }
+    };
+    if (parts == 1) {
+#pragma unroll
+        for (int i = 0; i < kN / 2; i++) {
+            const float v[2] = {acc[0][i], acc[1][i]};
+            store(v, i, tid);
+        }
+        return;
+    }
+    // parts > 1: the sums go to shared memory as red[m][i][thread]; block `rank` of the cluster adds its share of
+    // the (i, thread) pairs over the parts in part order (reading the other blocks' shared memory), then stores them
+    __syncthreads();  // every warp is done with the ring
+    float* red = reinterpret_cast<float*>(ring);
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int i = 0; i < kN / 2; i++) red[(m * (kN / 2) + i) * kWgThreads + tid] = acc[m][i];
+    cluster_arrive();
+    cluster_wait();
+    constexpr int kPairs = kN / 2 * kWgThreads;  // (i, thread) pairs of one tile
+    const int share = kPairs / parts;            // (parts divides 512)
+    for (int e = rank * share + tid; e < (rank + 1) * share; e += kWgThreads) {
+        float v[2];
+#pragma unroll
+        for (int m = 0; m < 2; m++) {
+            const uint32_t off = base + uint32_t(m * kPairs + e) * 4;
+            float part[8];  // (the loads first, all in flight together; then the sum in part order)
+#pragma unroll
+            for (int p = 0; p < 8; p++)
+                part[p] = p < parts ? ld_cluster_f32(cluster_smem_addr(off, uint32_t(p))) : 0.0f;
+            float sum = part[0];
+#pragma unroll
+            for (int p = 1; p < 8; p++)
+                if (p < parts) sum += part[p];
+            v[m] = sum;
+        }
+        store(v, e / kWgThreads, e % kWgThreads);
+    }
+    cluster_arrive();  // no block leaves while another may still read its shared memory
+    cluster_wait();
+}
 
 // Block b takes part b % parts of K (chunks [part * per, ..)); the parts of a tile are one cluster. Tile b / parts
 // is, without kGateUp, 128 features of a group member (matrix s owns tiles [block_end[s-1], block_end[s])), the
@@ -217,8 +366,8 @@ __global__ void __launch_bounds__(kWgThreads)
     int f0, f1, N;
     OutT* y = nullptr;
     if constexpr (kGateUp) {
-        w0 = gu.wg;
-        w1 = gu.wu;
+        w0 = static_cast<const bf16*>(gu.wg);
+        w1 = static_cast<const bf16*>(gu.wu);
         f0 = f1 = tile * 64;
         N = gu.n;
     } else {
@@ -309,64 +458,7 @@ __global__ void __launch_bounds__(kWgThreads)
     }
     cp_async_wait_all();
 
-    // value i = 4 j + 2 h + c of thread t in tile m: feature f_m + 16 (t / 32) + (t % 32) / 4 + 8 h, token
-    // 8 j + 2 (t % 4) + c; store(v, i, t) writes the outputs of both tiles' value i of thread t
-    auto store = [&](const float(&v)[2], int i, int t) {
-        const int f = 16 * (t >> 5) + ((t & 31) >> 2) + 8 * ((i >> 1) & 1);
-        const int tok = 8 * (i >> 2) + 2 * (t & 3) + (i & 1);
-        if (tok >= T) return;
-        if constexpr (kGateUp) {
-            const int n = f0 + f;
-            if (n >= N) return;
-            const float gv = round_bf16(v[0]), uv = round_bf16(v[1]);
-            const int64_t o = int64_t(tok) * N + n;
-            gu.up[o] = to_bf16(uv);
-            if (gu.act != gu.gate) gu.gate[o] = to_bf16(gv);
-            gu.act[o] = to_bf16(round_bf16(siluf_(gv)) * uv);
-        } else {
-            if (f0 + f < N) y[int64_t(tok) * N + f0 + f] = store_as<OutT>(v[0]);
-            if (f1 + f < N) y[int64_t(tok) * N + f1 + f] = store_as<OutT>(v[1]);
-        }
-    };
-    if (parts == 1) {
-#pragma unroll
-        for (int i = 0; i < kN / 2; i++) {
-            const float v[2] = {acc[0][i], acc[1][i]};
-            store(v, i, tid);
-        }
-        return;
-    }
-    // parts > 1: the sums go to shared memory as red[m][i][thread]; block `rank` of the cluster adds its share of
-    // the (i, thread) pairs over the parts in part order (reading the other blocks' shared memory), then stores them
-    __syncthreads();  // every warp is done with the ring
-    float* red = reinterpret_cast<float*>(ring);
-#pragma unroll
-    for (int m = 0; m < 2; m++)
-#pragma unroll
-        for (int i = 0; i < kN / 2; i++) red[(m * (kN / 2) + i) * kWgThreads + tid] = acc[m][i];
-    cluster_arrive();
-    cluster_wait();
-    constexpr int kPairs = kN / 2 * kWgThreads;  // (i, thread) pairs of one tile
-    const int share = kPairs / parts;            // (parts divides 512)
-    for (int e = rank * share + tid; e < (rank + 1) * share; e += kWgThreads) {
-        float v[2];
-#pragma unroll
-        for (int m = 0; m < 2; m++) {
-            const uint32_t off = base + uint32_t(m * kPairs + e) * 4;
-            float part[8];  // (the loads first, all in flight together; then the sum in part order)
-#pragma unroll
-            for (int p = 0; p < 8; p++)
-                part[p] = p < parts ? ld_cluster_f32(cluster_smem_addr(off, uint32_t(p))) : 0.0f;
-            float sum = part[0];
-#pragma unroll
-            for (int p = 1; p < 8; p++)
-                if (p < parts) sum += part[p];
-            v[m] = sum;
-        }
-        store(v, e / kWgThreads, e % kWgThreads);
-    }
-    cluster_arrive();  // no block leaves while another may still read its shared memory
-    cluster_wait();
+    wg_epilogue<OutT, kN, kGateUp>(acc, ring, base, tid, rank, parts, T, N, f0, f1, y, gu);
 }
 
 template <typename OutT, int kN, bool kGateUp>
@@ -388,6 +480,292 @@ void wgmma_rows(const bf16* x, int64_t T, const GemvGroup& g, const WgmmaGateUp&
     if (T <= 32) return wgmma_launch<OutT, 32, kGateUp>(x, T, g, gu, tiles, K, parts, ctx);
     if (T <= 64) return wgmma_launch<OutT, 64, kGateUp>(x, T, g, gu, tiles, K, parts, ctx);
     return wgmma_launch<OutT, 128, kGateUp>(x, T, g, gu, tiles, K, parts, ctx);
+}
+
+// ---- The quantized kernel: Q8, Q4 or FP8 (e4m3) codes turned into bf16 weights in registers ----
+constexpr int kWgQ8 = 1, kWgQ4 = 2, kWgE4M3 = 3;
+
+// Bytes of one weight row's 64-value chunk.
+template <int kW>
+constexpr int wgq_code_bytes() {
+    return kW == kWgQ4 ? 32 : 64;
+}
+// Bytes of one stage: the x tile [kN tokens][128 bytes] (swizzled, first: 1024-byte aligned), the codes [128
+// features][wgq_code_bytes], the scales [128 features][2 entries] (1 KB).
+template <int kN, int kW>
+constexpr int wgq_stage_bytes() {
+    return kN * 128 + kWgFeatures * wgq_code_bytes<kW>() + 1024;
+}
+template <int kN, int kW>
+constexpr size_t wgq_smem_bytes() {
+    const size_t ring = size_t(kWgStages) * wgq_stage_bytes<kN, kW>();
+    const size_t red = size_t(kWgFeatures) * kN * 4;
+    return (ring > red ? ring : red) + 1024;
+}
+
+// Where x's values go. Lane q = lane % 4 of a warp reads 16 consecutive codes of each of its weight rows per chunk
+// (one 16-byte load for Q8/FP8: columns 16 q .. 16 q + 15; one 8-byte load for Q4: bytes 8 q .. 8 q + 7, whose low
+// nibbles are columns 8 q .. 8 q + 7 and high nibbles 32 + 8 q .. 32 + 8 q + 7), and k-step s (0..3) of the chunk
+// takes 4 of them as its A fragment's columns {2 q, 2 q + 1} (h = 0) and {2 q + 8, 2 q + 9} (h = 1): Q8/FP8 columns
+// 16 q + 4 s + 2 h + {0, 1}; Q4 columns 32 (s / 2) + 8 q + 4 (s % 2) + 2 h + {0, 1}. The products only need x's
+// values in the same order, so x word p (values 2 p, 2 p + 1 of the chunk) is copied to word 8 s + 4 h + q of the
+// swizzled B tile row (the columns 16 s + 8 h + 2 q + {0, 1} that wgmma pairs with those A columns).
+template <int kW>
+__device__ __forceinline__ int wgq_x_word(int p) {
+    int q, s;
+    if constexpr (kW == kWgQ4) {
+        q = (p >> 2) & 3;
+        s = 2 * (p >> 4) + ((p >> 1) & 1);
+    } else {
+        q = p >> 3;
+        s = (p >> 1) & 3;
+    }
+    return 8 * s + 4 * (p & 1) + q;
+}
+
+// 4-byte global -> shared copy (cp.async.ca); when !valid nothing is read and the 4 bytes are zero-filled.
+__device__ __forceinline__ void cp_async4_zfill(uint32_t dst, const void* src, bool valid) {
+    const int n = valid ? 4 : 0;
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 4, %2;\n" ::"r"(dst), "l"(src), "r"(n) : "memory");
+}
+
+__device__ __forceinline__ uint32_t pack_bf16x2(float a, float b) {
+    const __nv_bfloat162 v = __floats2bfloat162_rn(a, b);
+    return *reinterpret_cast<const uint32_t*>(&v);
+}
+
+// Four codes of a word (byte i: the code of column i of the four; Q4: the nibble value + 8 in each byte's low bits)
+// times the scale s as bf16 pairs: lo = (byte 0, byte 1), hi = (byte 2, byte 3), each bf16(code * s) rounded to
+// nearest even from the exact f32 product, as dequantize_int and the FP8 dequantization write them. Q8/Q4: 0x4B0000uu
+// is the f32 value 2^23 + uu, exact; FP8: fp8x2_to_f32 (exact).
+template <int kW>
+__device__ __forceinline__ void wgq_convert(uint32_t w, float s, uint32_t& lo, uint32_t& hi) {
+    float f[4];
+    if constexpr (kW == kWgE4M3) {
+        const float2 a = fp8x2_to_f32<false>(w), b = fp8x2_to_f32<false>(w >> 16);
+        f[0] = a.x;
+        f[1] = a.y;
+        f[2] = b.x;
+        f[3] = b.y;
+    } else {
+        const uint32_t u = kW == kWgQ8 ? w ^ 0x80808080u : w;      // Q8: c + 128 in [0, 255]
+        const float bias = kW == kWgQ8 ? 8388736.0f : 8388616.0f;  // 2^23 + 128, 2^23 + 8
+        f[0] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7440)) - bias;
+        f[1] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7441)) - bias;
+        f[2] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7442)) - bias;
+        f[3] = __uint_as_float(__byte_perm(u, 0x4B000000u, 0x7443)) - bias;
+    }
+    lo = pack_bf16x2(f[0] * s, f[1] * s);
+    hi = pack_bf16x2(f[2] * s, f[3] * s);
+}
+
+// The quantized members of a launch (Fp8Group: Q8/Q4 or FP8 codes, their F32 scales, segment_rows for FP8).
+struct QuantMember {
+    const uint8_t* w;
+    const float* scales;
+    void* y;
+    int n, first_block, segment_rows;
+};
+__device__ __forceinline__ QuantMember quant_member(const Fp8Group& g, int block) {
+    QuantMember m{g.w[0], g.scales[0], g.y[0], g.n[0], 0, g.segment_rows[0]};
+#pragma unroll
+    for (int j = 1; j < Fp8Group::kMax; j++)
+        if (j < g.count && block >= g.block_end[j - 1])
+            m = QuantMember{g.w[j], g.scales[j], g.y[j], g.n[j], g.block_end[j - 1], g.segment_rows[j]};
+    return m;
+}
+
+// gemm_wgmma_kernel with weights of kW: the same tiles, K split, ring and epilogue (so the same contract), but each
+// stage holds the chunk's codes and scales, and each thread turns its rows' codes into bf16(code * scale) A
+// fragments in registers (wgq_convert) for wgmma with A from registers; x goes to the B tile in the order those
+// fragments need (wgq_x_word), by 4-byte copies. A weight is rounded to bf16 exactly as the dequantize-then-GEMM
+// path rounds it; the sums are fp32 on the tensor cores. Scale entries of a row and chunk: Q8/Q4 with group 32 two
+// (the chunk's halves), else one (Q8/Q4: the group holding the chunk; FP8: its 128 x 128 block).
+template <int kN, bool kGateUp, int kW>
+__global__ void __launch_bounds__(kWgThreads)
+    gemm_wgmma_quant_kernel(const bf16* __restrict__ x, int T, const __grid_constant__ Fp8Group g,
+                            const __grid_constant__ WgmmaGateUp gu, int K, int group, int parts, bool evict_first) {
+    pdl_trigger();
+    const int tile = int(blockIdx.x) / parts;
+    const uint8_t *w0, *w1;
+    const float *s0, *s1;
+    int f0, f1, N, seg;
+    bf16* y = nullptr;
+    if constexpr (kGateUp) {
+        w0 = static_cast<const uint8_t*>(gu.wg);
+        w1 = static_cast<const uint8_t*>(gu.wu);
+        s0 = gu.sg;
+        s1 = gu.su;
+        f0 = f1 = tile * 64;
+        N = gu.n;
+        seg = gu.segment_rows;
+    } else {
+        const QuantMember mem = quant_member(g, tile);
+        w0 = w1 = mem.w;
+        s0 = s1 = mem.scales;
+        f0 = (tile - mem.first_block) * kWgFeatures;
+        f1 = f0 + 64;
+        N = mem.n;
+        seg = mem.segment_rows;
+        y = static_cast<bf16*>(mem.y);
+    }
+    extern __shared__ __align__(16) unsigned char wg_raw[];
+    const uint32_t raw_addr = smem_addr(wg_raw);
+    const uint32_t base = (raw_addr + 1023u) & ~1023u;
+    unsigned char* ring = wg_raw + (base - raw_addr);
+    constexpr int kStage = wgq_stage_bytes<kN, kW>(), kCB = wgq_code_bytes<kW>();
+    const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
+    const int rank = int(blockIdx.x) % parts;
+    const int n_chunks = K / kWgChunk;
+    const int per = (n_chunks + parts - 1) / parts;
+    const int c_first = rank * per;
+    const int rounds = std::max(0, std::min(n_chunks, c_first + per) - c_first);
+    const uint64_t pol = weight_policy(evict_first);
+    const int64_t row_bytes = int64_t(n_chunks) * kCB;
+    const int G = kW == kWgE4M3 ? (K + 127) / 128 : K / group;  // scale columns
+    const bool two = kW != kWgE4M3 && group == 32;              // two scale entries per chunk
+
+    // chunk r of this part: the codes of the 128 rows (row r of the stage is row r % 64 of tile r / 64; rows past N
+    // read nothing and hold zeros), and thread i's row's scale entries
+    auto issue_w = [&](int r) {
+        if (r >= rounds) return;
+        const uint32_t st = base + uint32_t((r % kWgStages) * kStage + kN * 128);
+        const int chunk = c_first + r;
+#pragma unroll
+        for (int i = 0; i < kCB / 16; i++) {
+            const int e = tid + i * kWgThreads, row = e / (kCB / 16), c = e % (kCB / 16);
+            const bool hi = row >= 64;
+            const int n = (hi ? f1 : f0) + (row & 63);
+            const bool ok = n < N;
+            cp_async16_policy(st + uint32_t(row * kCB + 16 * c),
+                              ok ? (hi ? w1 : w0) + int64_t(n) * row_bytes + int64_t(chunk) * kCB + 16 * c : w0, ok,
+                              pol);
+        }
+        const bool hi = tid >= 64;
+        const int n = (hi ? f1 : f0) + (tid & 63);
+        const bool ok = n < N;
+        const float* sp = hi ? s1 : s0;
+        const int k0 = chunk * kWgChunk;
+        const uint32_t sd = st + uint32_t(kWgFeatures * kCB + tid * 8);
+        if constexpr (kW == kWgE4M3) {
+            cp_async4_zfill(sd, ok ? sp + fp8_scale_row(n, seg) * G + k0 / 128 : sp, ok);
+        } else {
+            cp_async4_zfill(sd, ok ? sp + int64_t(n) * G + k0 / group : sp, ok);
+            if (two) cp_async4_zfill(sd + 4, ok ? sp + int64_t(n) * G + k0 / group + 1 : sp, ok);
+        }
+    };
+    // x: warp w copies rows w, w + 4, ... (tokens < T; the other rows' products are never stored), lane p its word p
+    const int xw = wgq_x_word<kW>(lane);
+    auto issue_x = [&](int r) {
+        if (r >= rounds) return;
+        const uint32_t st = base + uint32_t((r % kWgStages) * kStage);
+        const int k0 = (c_first + r) * kWgChunk;
+#pragma unroll
+        for (int i = 0; i < kN / 4; i++) {
+            const int t = warp + 4 * i;
+            if (t >= T) break;
+            cp_async4_zfill(st + swizzle128(t, xw >> 2) + 4 * (xw & 3), x + int64_t(t) * K + k0 + 2 * lane, true);
+        }
+    };
+
+    float acc[2][kN / 2];
+#pragma unroll
+    for (int m = 0; m < 2; m++)
+#pragma unroll
+        for (int i = 0; i < kN / 2; i++) acc[m][i] = 0.0f;
+
+#pragma unroll
+    for (int s = 0; s < kWgStages - 1; s++) issue_w(s);
+    pdl_wait();
+#pragma unroll
+    for (int s = 0; s < kWgStages - 1; s++) {
+        issue_x(s);
+        cp_async_commit();
+    }
+    const int gi = lane >> 2, q = lane & 3;
+    for (int r = 0; r < rounds; r++) {
+        cp_async_wait<kWgStages - 2>();
+        fence_proxy_async_shared();
+        __syncthreads();  // chunk r is in; every warp's products of chunk r - 1 are done (its stage is refilled now)
+        issue_w(r + kWgStages - 1);
+        issue_x(r + kWgStages - 1);
+        cp_async_commit();
+        const uint32_t st = base + uint32_t((r % kWgStages) * kStage);
+        const unsigned char* codes = ring + (r % kWgStages) * kStage + kN * 128;
+        const float* sc = reinterpret_cast<const float*>(codes + kWgFeatures * kCB);
+        // a[m][s]: tile m's A fragment of k-step s (rows 16 warp + gi and + 8 of the tile)
+        uint32_t a[2][4][4];
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int row = 64 * m + 16 * warp + gi + 8 * h;
+                const float* rs = sc + row * 2;
+                if constexpr (kW == kWgQ4) {
+                    const uint2 c = *reinterpret_cast<const uint2*>(codes + row * kCB + 8 * q);
+                    const float lo_s = rs[0], hi_s = two ? rs[1] : lo_s;  // columns 0-31, 32-63
+                    wgq_convert<kW>(c.x & 0x0F0F0F0Fu, lo_s, a[m][0][h], a[m][0][2 + h]);
+                    wgq_convert<kW>(c.y & 0x0F0F0F0Fu, lo_s, a[m][1][h], a[m][1][2 + h]);
+                    wgq_convert<kW>((c.x >> 4) & 0x0F0F0F0Fu, hi_s, a[m][2][h], a[m][2][2 + h]);
+                    wgq_convert<kW>((c.y >> 4) & 0x0F0F0F0Fu, hi_s, a[m][3][h], a[m][3][2 + h]);
+                } else {
+                    const uint4 c = *reinterpret_cast<const uint4*>(codes + row * kCB + 16 * q);
+                    const float s = rs[two ? (q >> 1) : 0];  // (columns 16 q ..: half q / 2 of the chunk)
+                    wgq_convert<kW>(c.x, s, a[m][0][h], a[m][0][2 + h]);
+                    wgq_convert<kW>(c.y, s, a[m][1][h], a[m][1][2 + h]);
+                    wgq_convert<kW>(c.z, s, a[m][2][h], a[m][2][2 + h]);
+                    wgq_convert<kW>(c.w, s, a[m][3][h], a[m][3][2 + h]);
+                }
+            }
+        fence_registers(acc[0]);
+        fence_registers(acc[1]);
+        wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < kWgChunk / 16; kk++) {
+            const uint64_t b = wg_desc(st + 32 * kk);
+            wgmma_rs_tile<kN>(acc[0], a[0][kk], b);
+            wgmma_rs_tile<kN>(acc[1], a[1][kk], b);
+        }
+        wgmma_commit();
+        wgmma_wait_all();
+        fence_registers(acc[0]);
+        fence_registers(acc[1]);
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int kk = 0; kk < 4; kk++) fence_registers(a[m][kk]);
+    }
+    cp_async_wait_all();
+    wg_epilogue<bf16, kN, kGateUp>(acc, ring, base, tid, rank, parts, T, N, f0, f1, y, gu);
+}
+
+template <int kN, bool kGateUp, int kW>
+void wgq_launch(const bf16* x, int64_t T, const Fp8Group& g, const WgmmaGateUp& gu, unsigned tiles, int64_t K,
+                int64_t group, int parts, const LaunchContext& ctx) {
+    constexpr size_t smem = wgq_smem_bytes<kN, kW>();
+    static std::atomic<uint64_t> done{0};
+    const char* what = kW == kWgQ8   ? (kGateUp ? "Q8 wgmma gate/up/SiLU kernel" : "Q8 wgmma GEMM kernel")
+                       : kW == kWgQ4 ? (kGateUp ? "Q4 wgmma gate/up/SiLU kernel" : "Q4 wgmma GEMM kernel")
+                                     : (kGateUp ? "FP8 wgmma gate/up/SiLU kernel" : "FP8 wgmma GEMM kernel");
+    opt_in_smem(gemm_wgmma_quant_kernel<kN, kGateUp, kW>, smem, done, what);
+    launch_clusters(gemm_wgmma_quant_kernel<kN, kGateUp, kW>, dim3(tiles * unsigned(parts)), dim3(kWgThreads),
+                    unsigned(parts), smem, ctx, what, x, int(T), g, gu, int(K), int(group), parts, ctx.evict_first);
+}
+
+template <bool kGateUp, int kW>
+void wgq_rows(const bf16* x, int64_t T, const Fp8Group& g, const WgmmaGateUp& gu, unsigned tiles, int64_t K,
+              int64_t group, int parts, const LaunchContext& ctx) {
+    if (T <= 16) return wgq_launch<16, kGateUp, kW>(x, T, g, gu, tiles, K, group, parts, ctx);
+    if (T <= 32) return wgq_launch<32, kGateUp, kW>(x, T, g, gu, tiles, K, group, parts, ctx);
+    return wgq_launch<64, kGateUp, kW>(x, T, g, gu, tiles, K, group, parts, ctx);
+}
+
+template <bool kGateUp>
+void wgq_dtype(DType dtype, const bf16* x, int64_t T, const Fp8Group& g, const WgmmaGateUp& gu, unsigned tiles,
+               int64_t K, int64_t group, int parts, const LaunchContext& ctx) {
+    if (dtype == DType::Q8) return wgq_rows<kGateUp, kWgQ8>(x, T, g, gu, tiles, K, group, parts, ctx);
+    if (dtype == DType::Q4) return wgq_rows<kGateUp, kWgQ4>(x, T, g, gu, tiles, K, group, parts, ctx);
+    wgq_rows<kGateUp, kWgE4M3>(x, T, g, gu, tiles, K, group, parts, ctx);
 }
 
 // The K split of a launch of `tiles` blocks' worth of 128 weight rows: given, ctx's, or by shape.
@@ -503,6 +881,68 @@ void wgmma_gemm(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, v
     GemvGroup g;
     g.add(w, y, N);
     wgmma_gemm_group(x, T, g, K, out_f32, ctx, parts);
+}
+
+bool wgmma_quant_rows(int64_t T, const LaunchContext& ctx) {
+    return ctx.wgmma && ctx.clusters && T >= kWgmmaGemmMinRows &&
+           T <= std::min<int64_t>(ctx.wgmma_quant_max_rows, kWgmmaQuantMaxRows);
+}
+
+bool wgmma_quant_fits(const bf16* x, int64_t T, const Matrix& w, const LaunchContext& ctx) {
+    if (!wgmma_quant_rows(T, ctx) || !w.data || !w.scales || w.rows <= 0 || w.rows >= (int64_t(1) << 30) ||
+        w.cols % kWgChunk != 0 || w.cols >= (int64_t(1) << 30) || !aligned16(x) || !aligned16(w.data))
+        return false;
+    if (is_int_quant(w.dtype)) return int_quant_shape_ok(w.cols, w.group) && w.scale_segment_rows == 0;
+    return w.dtype == DType::F8_E4M3 && w.scale_segment_rows >= 0;
+}
+
+void wgmma_gemm_quant_group(const bf16* x, int64_t T, const Fp8Group& group, int64_t K, DType dtype, int64_t qgroup,
+                            const LaunchContext& ctx, int parts) {
+    if (T <= 0) return;
+    check_wgmma(ctx);
+    if (group.count < 1 || group.count > Fp8Group::kMax)
+        throw Error(Status::internal, "quantized wgmma GEMM: 1 to 4 members expected");
+    Fp8Group g = group;
+    int64_t tiles = 0;
+    for (int i = 0; i < g.count; i++) {
+        const Matrix w{g.w[i], dtype, g.n[i], K, g.scales[i], g.segment_rows[i], qgroup};
+        if (!wgmma_quant_fits(x, T, w, ctx))
+            throw Error(Status::internal, std::string("quantized wgmma GEMM: a ") + dtype_name(dtype) + " member of " +
+                                              std::to_string(g.n[i]) + " x " + std::to_string(K) + " with " +
+                                              std::to_string(T) + " rows is not taken");
+        tiles += (g.n[i] + kWgFeatures - 1) / kWgFeatures;
+        g.block_end[i] = int(tiles);
+    }
+    g.evict_first = ctx.evict_first ? 1 : 0;
+    parts = launch_parts(parts, tiles, K, ctx);
+    wgq_dtype<false>(dtype, x, T, g, WgmmaGateUp{}, unsigned(tiles), K, qgroup, parts, ctx);
+}
+
+void wgmma_gate_up_quant(const bf16* x, int64_t T, const Matrix& w_gate, const Matrix& w_up, bf16* gate_out,
+                         bf16* up_out, bf16* act_out, const LaunchContext& ctx, int parts) {
+    if (T <= 0) return;
+    check_wgmma(ctx);
+    if (!wgmma_quant_fits(x, T, w_gate, ctx) || !wgmma_quant_fits(x, T, w_up, ctx) || w_gate.dtype != w_up.dtype ||
+        w_gate.rows != w_up.rows || w_gate.cols != w_up.cols || w_gate.group != w_up.group ||
+        w_gate.scale_segment_rows != w_up.scale_segment_rows)
+        throw Error(Status::internal, "quantized wgmma gate/up: shapes, dtypes or alignment not taken");
+    if (!gate_out || !up_out || !act_out || up_out == gate_out || up_out == act_out)
+        throw Error(Status::internal, "quantized wgmma gate/up: gate, up and act (which may alias gate) expected");
+    const int64_t tiles = (w_gate.rows + 63) / 64;  // (each block: 64 gate and 64 up rows)
+    parts = launch_parts(parts, tiles, w_gate.cols, ctx);
+    WgmmaGateUp gu;
+    gu.wg = w_gate.data;
+    gu.wu = w_up.data;
+    gu.sg = w_gate.scales;
+    gu.su = w_up.scales;
+    gu.segment_rows = int(w_gate.scale_segment_rows);
+    gu.gate = gate_out;
+    gu.up = up_out;
+    gu.act = act_out;
+    gu.n = int(w_gate.rows);
+    Fp8Group g;
+    g.add(w_gate, up_out);  // (unused by the kernel)
+    wgq_dtype<true>(w_gate.dtype, x, T, g, gu, unsigned(tiles), w_gate.cols, w_gate.group, parts, ctx);
 }
 
 }  // namespace hy::cuda

@@ -15,7 +15,9 @@
 // against cuBLASLt's 1.6-2.5, behind it at 128 rows. CudaOptions::wgmma_gemm: on by default, by shape (tuning.cuh).
 #pragma once
 
+#include "kernels/backend.h"
 #include "kernels/cuda/cuda_common.cuh"
+#include "kernels/cuda/fp8_matmul.cuh"
 #include "kernels/cuda/matmul.cuh"
 
 namespace hy::cuda {
@@ -54,5 +56,32 @@ void wgmma_gemm_group(const bf16* x, int64_t T, const GemvGroup& g, int64_t K, b
 // the activation is computed where the sums are. Same errors as wgmma_gemm.
 void wgmma_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int64_t N, int64_t K, bf16* gate_out,
                    bf16* up_out, bf16* act_out, const LaunchContext& ctx, int parts = 0);
+
+// ---- Quantized weights (Q8, Q4, FP8 e4m3) on the same GEMM: W8A16 / W4A16 ----
+// The same tiles, K split, ring and epilogue as the bf16 kernel; each stage holds a 64-value chunk of the weights'
+// codes and scales, which every thread turns into bf16(code * scale) in registers, as wgmma's A operand (so the
+// weights are rounded exactly as the dequantize-then-GEMM path rounds them, without writing them to memory), and x
+// goes to shared memory in the order those register fragments take K. y is bf16. Without it, Q8/Q4 matrices of
+// more rows than the integer GEMV takes were dequantized to bf16 scratch for cuBLASLt every step (reading the codes,
+// writing and reading back twice their bytes), and FP8 ones went to the FP8 tensor-core GEMM (W8A8) or the same
+// dequantization (CudaOptions::fp8_block_scaled_gemm).
+
+// Rows this GEMM takes at most (n-tiles of 16, 32 or 64).
+constexpr int kWgmmaQuantMaxRows = 64;
+
+// True when ctx sends T rows of quantized weights to this GEMM: ctx.wgmma and ctx.clusters and kWgmmaGemmMinRows
+// <= T <= min(ctx.wgmma_quant_max_rows, kWgmmaQuantMaxRows). wgmma_quant_fits adds the matrix: Q8/Q4 with a valid
+// group and no scale segments, or F8_E4M3 (any segments), K % 64 == 0, N and K < 2^30, x and w 16-byte aligned.
+bool wgmma_quant_rows(int64_t T, const LaunchContext& ctx);
+bool wgmma_quant_fits(const bf16* x, int64_t T, const Matrix& w, const LaunchContext& ctx);
+// y_s = x @ W_s^T (bf16) for the 1 to Fp8Group::kMax members of g (one dtype, K and, for Q8/Q4, group qgroup; each
+// wgmma_quant_fits) in one launch; parts as wgmma_gemm_group. Throws Error(internal) for a member it does not take
+// and Error(backend) without sm_90a code or clusters.
+void wgmma_gemm_quant_group(const bf16* x, int64_t T, const Fp8Group& g, int64_t K, DType dtype, int64_t qgroup,
+                            const LaunchContext& ctx, int parts = 0);
+// wgmma_gate_up's contract for quantized w_gate and w_up (one dtype, shape, group and scale segments; both
+// wgmma_quant_fits).
+void wgmma_gate_up_quant(const bf16* x, int64_t T, const Matrix& w_gate, const Matrix& w_up, bf16* gate_out,
+                         bf16* up_out, bf16* act_out, const LaunchContext& ctx, int parts = 0);
 
 }  // namespace hy::cuda

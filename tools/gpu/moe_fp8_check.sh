@@ -24,11 +24,14 @@ if want fp8_dec; then
     grep -E "ready|arena" "$LOG" | tail -2 | sed "s/^/  [fp8] /" >>"$SUM"
     rows 5 fp8
 fi
-if [[ " $ONLY " == *" fp8_rows "* ]]; then  # (only when named) FP8 at 16-24 rows, default against per-row up to 31
-    step fp8_rows 240 $B -m /tmp/q35 --dummy-weights --device cuda --quant fp8 -p 16 -n 32 -b 16,24 -r 1
-    rows 2 "fp8 default"
-    step fp8_rows32 240 $B -m /tmp/q35 --dummy-weights --device cuda --quant fp8 -p 16 -n 32 -b 16,24 -r 1 --moe-grouped-rows 32
-    rows 2 "fp8 per-row to 31"
+if [[ " $ONLY " == *" fp8_rows "* ]]; then  # (only when named) FP8 at FP8_ROWS_B rows (default 16,24: 2 sizes), grouped from
+    # FP8_ROWS_GROUPED rows (default 16) against grouped from FP8_ROWS_PERROW (default 64: per row up to 63)
+    FB=${FP8_ROWS_B:-16,24}
+    NB=$(($(echo "$FB" | tr -cd , | wc -c) + 1))
+    step fp8_rows 240 $B -m /tmp/q35 --dummy-weights --device cuda --quant fp8 -p 16 -n 32 -b $FB -r 1 --moe-grouped-rows ${FP8_ROWS_GROUPED:-16}
+    rows $NB "fp8 grouped from ${FP8_ROWS_GROUPED:-16}"
+    step fp8_rows32 240 $B -m /tmp/q35 --dummy-weights --device cuda --quant fp8 -p 16 -n 32 -b $FB -r 1 --moe-grouped-rows ${FP8_ROWS_PERROW:-64}
+    rows $NB "fp8 grouped from ${FP8_ROWS_PERROW:-64}"
 fi
 if want bf16_dec; then
     step bf16_dec 200 $B -m /tmp/q35 --dummy-weights --device cuda -p 16 -n 32 -b 1,16,64 -r 1
