@@ -296,6 +296,9 @@ struct CudaOptions {
     // false: Q8/Q4 dequantized to bf16 scratch for cuBLASLt, FP8 as fp8_block_scaled_gemm says. Its K split is
     // wgmma_gemm_parts.
     bool wgmma_quant = true;
+    // ... its pipelined form (a chunk's codes turned into bf16 while the previous chunk's products run; 5 stages).
+    // Bitwise the same results.
+    bool wgmma_quant_pipelined = false;
     // FP8 matrices with more rows than the FP8 GEMVs and wgmma_quant take (prefill, batches over 64; with
     // wgmma_quant false or without sm_90a over 8): true (default), FP8 tensor cores
     // with the activations quantized per row and 128-value group (W8A8 with cuBLASLt block scales, the checkpoints'

@@ -2219,8 +2219,9 @@ static bool has_quant_wgmma(Side& gpu) {
 
 // Single matrices of Q8, Q4 (groups 32 to 256) and FP8 (one segment, and segments of 48 rows) with 9 to 64 rows,
 // N not a multiple of 128 and K from 4 to 144 chunks of 64, against the double-precision product with the
-// dequantized weights; the first 9 rows bitwise the same as alone (n-tiles of 16, 32, 64). Then the same shapes with
-// the kernel off (CudaOptions::wgmma_quant: Q8/Q4 dequantized for cuBLASLt, FP8 through the W8A16 dequantization).
+// dequantized weights; the first 9 rows bitwise the same as alone (n-tiles of 16, 32, 64); the pipelined form
+// (CudaOptions::wgmma_quant_pipelined) bitwise the plain one. Then the same shapes with the kernel off
+// (CudaOptions::wgmma_quant: Q8/Q4 dequantized for cuBLASLt, FP8 through the W8A16 dequantization).
 TEST_CASE("CUDA quantized wgmma GEMM, 9-64 rows: matches the dequantized reference, a row's bits in any batch",
           "[gpu][int][fp8]") {
     HY_REQUIRE_GPU();
@@ -2228,22 +2229,25 @@ TEST_CASE("CUDA quantized wgmma GEMM, 9-64 rows: matches the dequantized referen
     WorkspaceShape ws{4, 64, 0, 0, 0, 0, 0};
     ws.fp8_max_cols = 9216;
     ws.fp8_max_elems = int64_t(1000) * 9216;
-    for (const bool on : {true, false}) {
+    std::vector<std::vector<float>> plain;  // the plain form's outputs, in order
+    for (const int mode : {0, 1, 2}) {      // plain, pipelined, off
         CudaOptions o;
-        o.wgmma_quant = on;
+        o.wgmma_quant = mode != 2;
+        o.wgmma_quant_pipelined = mode == 1;
         o.fp8_block_scaled_gemm = false;
         Side gpu(make_cuda_backend(0, o), l, ws, size_t(256) << 20);
-        if (on && !has_quant_wgmma(gpu)) return;
+        if (mode == 0 && !has_quant_wgmma(gpu)) return;
         // (T, N, K, group; FP8: segment rows)
         const int shapes[][4] = {{9, 96, 256, 32},    {16, 300, 2560, 64}, {17, 33, 768, 128},  {33, 256, 1024, 32},
                                  {48, 40, 9216, 256}, {64, 130, 4096, 64}, {64, 1000, 512, 32}, {24, 200, 2560, 48}};
+        size_t index = 0;
         for (const DType type : {DType::Q8, DType::Q4, DType::F8_E4M3})
             for (auto& sh : shapes) {
                 const int T = sh[0], N = sh[1], K = sh[2];
                 const int group = type == DType::F8_E4M3 ? 0 : sh[3] == 48 ? 32 : sh[3];
                 const int seg = type == DType::F8_E4M3 && sh[3] == 48 ? 48 : 0;
-                INFO((on ? "wgmma " : "off ") << dtype_name(type) << " T=" << T << " N=" << N << " K=" << K
-                                              << " group=" << group << " seg=" << seg);
+                INFO("mode " << mode << " " << dtype_name(type) << " T=" << T << " N=" << N << " K=" << K
+                             << " group=" << group << " seg=" << seg);
                 const IntMatrix m = quant_matrix(gpu, N, K, group, type, seg);
                 const auto x = randn(size_t(T) * K);
                 void* xg = gpu.act(x);
@@ -2253,7 +2257,15 @@ TEST_CASE("CUDA quantized wgmma GEMM, 9-64 rows: matches the dequantized referen
                 const double e = rel_err(got, int_reference(x, T, m));
                 INFO("rel err " << e);
                 CHECK(e <= kTol);
-                if (!on || T == 9) continue;
+                if (mode == 0) plain.push_back(got);
+                if (mode == 1) {
+                    REQUIRE(index < plain.size());
+                    size_t differ = 0;
+                    for (size_t j = 0; j < got.size(); j++) differ += bits_of(got[j]) != bits_of(plain[index][j]);
+                    CHECK(differ == 0);
+                }
+                index++;
+                if (mode == 2 || T == 9) continue;
                 void* y9 = gpu.poisoned(size_t(9) * N);
                 gpu.be->matmul(xg, 9, m.gpu, y9);
                 const auto nine = gpu.read_act(y9, size_t(9) * N);
@@ -2272,9 +2284,10 @@ TEST_CASE("CUDA quantized wgmma GEMM: groups, gate/up/SiLU and NaN weights", "[g
     WorkspaceShape ws{4, 64, 0, 0, 0, 0, 0};
     const int K = 2560;
     const int ns[3] = {200, 40, 72};
-    for (const int parts : {1, 2, 8}) {
+    for (const int parts : {1, 2, 8, -2}) {  // (-2: 2 parts, the pipelined form)
         CudaOptions o;
-        o.wgmma_gemm_parts = parts;
+        o.wgmma_gemm_parts = std::abs(parts);
+        o.wgmma_quant_pipelined = parts < 0;
         Side gpu(make_cuda_backend(0, o), l, ws, size_t(160) << 20);
         if (!has_quant_wgmma(gpu)) return;
         for (const DType type : {DType::Q8, DType::Q4, DType::F8_E4M3})

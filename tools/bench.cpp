@@ -261,7 +261,8 @@ int main(int argc, char** argv) {
         ("wgmma-parts", "CUDA, the wgmma GEMM (--wgmma-gemm): split K over 1, 2, 4 or 8 blocks of a cluster; 0: by shape (the "
          "default)", cxxopts::value<int>()->default_value("0"))
         ("wgmma-quant", "CUDA, int8/int4/fp8 weights with 9 to 64 rows: on (the default: the wgmma GEMM reading their "
-         "codes, sm_90a) or off (int8/int4 dequantized for cuBLASLt, fp8 as --fp8-gemm says)",
+         "codes, sm_90a), pipelined (the same, a chunk's codes converted while the previous chunk's products run) or "
+         "off (int8/int4 dequantized for cuBLASLt, fp8 as --fp8-gemm says)",
          cxxopts::value<std::string>()->default_value("on"));
     add_shared_option(opts, "", "fp8-gemm");
     add_shared_option(opts, "", "version");
@@ -347,8 +348,10 @@ int main(int argc, char** argv) {
         }
         {
             const std::string v = args["wgmma-quant"].as<std::string>();
-            if (v != "on" && v != "off") throw tools::UsageError("--wgmma-quant must be on or off, got '" + v + "'");
-            mp.cuda.wgmma_quant = v == "on";
+            if (v != "on" && v != "off" && v != "pipelined")
+                throw tools::UsageError("--wgmma-quant must be on, pipelined or off, got '" + v + "'");
+            mp.cuda.wgmma_quant = v != "off";
+            mp.cuda.wgmma_quant_pipelined = v == "pipelined";
         }
         {
             const std::string v = args["gdn-decode-stream"].as<std::string>();

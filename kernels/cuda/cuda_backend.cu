@@ -338,6 +338,7 @@ public:
                                                       std::to_string(o.wgmma_gemm_parts));
         ctx_.wgmma_gemm_parts = o.wgmma_gemm_parts;
         if (!o.wgmma_quant) ctx_.wgmma_quant_max_rows = 0;
+        ctx_.wgmma_quant_pipelined = o.wgmma_quant_pipelined;
         fp8_mode_ = o.fp8_block_scaled_gemm ? cuda::Fp8GemmMode::block_scaled : cuda::Fp8GemmMode::dequantize;
 #if defined(HY_CUDA_TRACE)
         if (!o.trace_file.empty()) start_trace(o.trace_file);
@@ -408,7 +409,8 @@ public:
                     : std::string()) +
                (ctx_.wgmma && ctx_.clusters && ctx_.wgmma_quant_max_rows > 0
                     ? ", q8/q4/fp8 wgmma gemm of " + std::to_string(cuda::kWgmmaGemmMinRows) + "-" +
-                          std::to_string(std::min(ctx_.wgmma_quant_max_rows, cuda::kWgmmaQuantMaxRows)) + " rows"
+                          std::to_string(std::min(ctx_.wgmma_quant_max_rows, cuda::kWgmmaQuantMaxRows)) + " rows" +
+                          (ctx_.wgmma_quant_pipelined ? " (pipelined)" : "")
                     : std::string()) +
                ", fp8 gemm " + (fp8_mode_ == cuda::Fp8GemmMode::block_scaled ? "block-scaled" : "dequantize") +
                (gemm_->fp8_shapes_without_algorithm() > 0

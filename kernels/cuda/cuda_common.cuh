@@ -97,6 +97,8 @@ struct LaunchContext {
     // gemm_wgmma.cuh: Q8/Q4/FP8 matrices with kWgmmaGemmMinRows to this many rows (at most 64) on the quantized
     // wgmma GEMM (where wgmma and clusters); 0: none (the dequantization / FP8 GEMM paths)
     int wgmma_quant_max_rows = 64;
+    // ... converting chunk r's codes while chunk r - 1's products run (two fragment buffers, 5 stages) when true
+    bool wgmma_quant_pipelined = false;
     bool wgmma = false;  // the build has sm_90a code for the device (wgmma_available)
     int sm_count = 0;    // the device's multiprocessors (launch shapes that fill the device)
     int smem_optin = 0;  // the most dynamic shared memory a block may opt in to, bytes (0: not read)

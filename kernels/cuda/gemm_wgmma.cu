@@ -66,6 +66,12 @@ __device__ __forceinline__ void wgmma_wait_all() {
     asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory");
 #endif
 }
+template <int N>
+__device__ __forceinline__ void wgmma_wait() {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+    asm volatile("wgmma.wait_group.sync.aligned %0;\n" ::"n"(N) : "memory");
+#endif
+}
 // Keeps the compiler from moving accesses of v across the asynchronous products.
 template <int kR>
 __device__ __forceinline__ void fence_registers(float (&v)[kR]) {
@@ -484,6 +490,7 @@ void wgmma_rows(const bf16* x, int64_t T, const GemvGroup& g, const WgmmaGateUp&
 
 // ---- The quantized kernel: Q8, Q4 or FP8 (e4m3) codes turned into bf16 weights in registers ----
 constexpr int kWgQ8 = 1, kWgQ4 = 2, kWgE4M3 = 3;
+constexpr int kWgQuantPipeStages = 5;  // stages of the pipelined form (three chunks in flight, as the plain form)
 
 // Bytes of one weight row's 64-value chunk.
 template <int kW>
@@ -496,9 +503,9 @@ template <int kN, int kW>
 constexpr int wgq_stage_bytes() {
     return kN * 128 + kWgFeatures * wgq_code_bytes<kW>() + 1024;
 }
-template <int kN, int kW>
+template <int kN, int kW, int kS>
 constexpr size_t wgq_smem_bytes() {
-    const size_t ring = size_t(kWgStages) * wgq_stage_bytes<kN, kW>();
+    const size_t ring = size_t(kS) * wgq_stage_bytes<kN, kW>();
     const size_t red = size_t(kWgFeatures) * kN * 4;
     return (ring > red ? ring : red) + 1024;
 }
@@ -581,7 +588,7 @@ __device__ __forceinline__ QuantMember quant_member(const Fp8Group& g, int block
 // fragments need (wgq_x_word), by 4-byte copies. A weight is rounded to bf16 exactly as the dequantize-then-GEMM
 // path rounds it; the sums are fp32 on the tensor cores. Scale entries of a row and chunk: Q8/Q4 with group 32 two
 // (the chunk's halves), else one (Q8/Q4: the group holding the chunk; FP8: its 128 x 128 block).
-template <int kN, bool kGateUp, int kW>
+template <int kN, bool kGateUp, int kW, bool kPipe>
 __global__ void __launch_bounds__(kWgThreads)
     gemm_wgmma_quant_kernel(const bf16* __restrict__ x, int T, const __grid_constant__ Fp8Group g,
                             const __grid_constant__ WgmmaGateUp gu, int K, int group, int parts, bool evict_first) {
@@ -614,6 +621,8 @@ __global__ void __launch_bounds__(kWgThreads)
     const uint32_t base = (raw_addr + 1023u) & ~1023u;
     unsigned char* ring = wg_raw + (base - raw_addr);
     constexpr int kStage = wgq_stage_bytes<kN, kW>(), kCB = wgq_code_bytes<kW>();
+    constexpr int kS = kPipe ? kWgQuantPipeStages : kWgStages;  // stages of the ring
+    constexpr int kAhead = kS - 1;                              // chunks requested before the loop
     const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
     const int rank = int(blockIdx.x) % parts;
     const int n_chunks = K / kWgChunk;
@@ -629,7 +638,7 @@ __global__ void __launch_bounds__(kWgThreads)
     // read nothing and hold zeros), and thread i's row's scale entries
     auto issue_w = [&](int r) {
         if (r >= rounds) return;
-        const uint32_t st = base + uint32_t((r % kWgStages) * kStage + kN * 128);
+        const uint32_t st = base + uint32_t((r % kS) * kStage + kN * 128);
         const int chunk = c_first + r;
 #pragma unroll
         for (int i = 0; i < kCB / 16; i++) {
@@ -658,7 +667,7 @@ __global__ void __launch_bounds__(kWgThreads)
     const int xw = wgq_x_word<kW>(lane);
     auto issue_x = [&](int r) {
         if (r >= rounds) return;
-        const uint32_t st = base + uint32_t((r % kWgStages) * kStage);
+        const uint32_t st = base + uint32_t((r % kS) * kStage);
         const int k0 = (c_first + r) * kWgChunk;
 #pragma unroll
         for (int i = 0; i < kN / 4; i++) {
@@ -675,26 +684,18 @@ __global__ void __launch_bounds__(kWgThreads)
         for (int i = 0; i < kN / 2; i++) acc[m][i] = 0.0f;
 
 #pragma unroll
-    for (int s = 0; s < kWgStages - 1; s++) issue_w(s);
+    for (int s = 0; s < kAhead; s++) issue_w(s);
     pdl_wait();
 #pragma unroll
-    for (int s = 0; s < kWgStages - 1; s++) {
+    for (int s = 0; s < kAhead; s++) {
         issue_x(s);
         cp_async_commit();
     }
     const int gi = lane >> 2, q = lane & 3;
-    for (int r = 0; r < rounds; r++) {
-        cp_async_wait<kWgStages - 2>();
-        fence_proxy_async_shared();
-        __syncthreads();  // chunk r is in; every warp's products of chunk r - 1 are done (its stage is refilled now)
-        issue_w(r + kWgStages - 1);
-        issue_x(r + kWgStages - 1);
-        cp_async_commit();
-        const uint32_t st = base + uint32_t((r % kWgStages) * kStage);
-        const unsigned char* codes = ring + (r % kWgStages) * kStage + kN * 128;
+    // chunk r's A fragments into a[m][s] (tile m, k-step s: rows 16 warp + gi and + 8 of the tile)
+    auto convert = [&](int r, uint32_t(&a)[2][4][4]) {
+        const unsigned char* codes = ring + (r % kS) * kStage + kN * 128;
         const float* sc = reinterpret_cast<const float*>(codes + kWgFeatures * kCB);
-        // a[m][s]: tile m's A fragment of k-step s (rows 16 warp + gi and + 8 of the tile)
-        uint32_t a[2][4][4];
 #pragma unroll
         for (int m = 0; m < 2; m++)
 #pragma unroll
@@ -717,6 +718,10 @@ __global__ void __launch_bounds__(kWgThreads)
                     wgq_convert<kW>(c.w, s, a[m][3][h], a[m][3][2 + h]);
                 }
             }
+    };
+    // chunk r's products from a (committed, not waited for)
+    auto products = [&](int r, uint32_t(&a)[2][4][4]) {
+        const uint32_t st = base + uint32_t((r % kS) * kStage);
         fence_registers(acc[0]);
         fence_registers(acc[1]);
         wgmma_fence();
@@ -727,37 +732,90 @@ __global__ void __launch_bounds__(kWgThreads)
             wgmma_rs_tile<kN>(acc[1], a[1][kk], b);
         }
         wgmma_commit();
-        wgmma_wait_all();
-        fence_registers(acc[0]);
-        fence_registers(acc[1]);
+    };
+    auto fence_a = [&](uint32_t(&a)[2][4][4]) {
 #pragma unroll
         for (int m = 0; m < 2; m++)
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) fence_registers(a[m][kk]);
+    };
+    if constexpr (!kPipe) {
+        for (int r = 0; r < rounds; r++) {
+            cp_async_wait<kS - 2>();
+            fence_proxy_async_shared();
+            __syncthreads();  // chunk r is in; every warp's products of chunk r - 1 are done (its stage is refilled)
+            issue_w(r + kAhead);
+            issue_x(r + kAhead);
+            cp_async_commit();
+            uint32_t a[2][4][4];
+            convert(r, a);
+            products(r, a);
+            wgmma_wait_all();
+            fence_registers(acc[0]);
+            fence_registers(acc[1]);
+            fence_a(a);
+        }
+    } else {
+        // chunk r + 1's codes are converted while chunk r's products run, into the other fragment buffer (no
+        // register a running product reads is written before it is waited for, so ptxas keeps the products
+        // asynchronous); the stage of chunk r - 1 is refilled once every warp has waited for its products
+        uint32_t a0[2][4][4], a1[2][4][4];
+        cp_async_wait<kS - 2>();
+        fence_proxy_async_shared();
+        __syncthreads();
+        if (rounds > 0) convert(0, a0);
+        auto step = [&](int r, uint32_t(&cur)[2][4][4], uint32_t(&nxt)[2][4][4]) {
+            if (r >= rounds) return;
+            products(r, cur);
+            if (r + 1 < rounds) {
+                cp_async_wait<kS - 3>();
+                fence_proxy_async_shared();
+                __syncthreads();  // chunk r + 1 is in; every warp's products of chunk r - 1 are done
+                issue_w(r + kS - 1);
+                issue_x(r + kS - 1);
+                cp_async_commit();
+                convert(r + 1, nxt);
+            }
+            wgmma_wait_all();
+            fence_registers(acc[0]);
+            fence_registers(acc[1]);
+            fence_a(cur);
+        };
+        for (int r = 0; r < rounds; r += 2) {
+            step(r, a0, a1);
+            step(r + 1, a1, a0);
+        }
     }
     cp_async_wait_all();
     wg_epilogue<bf16, kN, kGateUp>(acc, ring, base, tid, rank, parts, T, N, f0, f1, y, gu);
 }
 
-template <int kN, bool kGateUp, int kW>
+template <int kN, bool kGateUp, int kW, bool kPipe>
 void wgq_launch(const bf16* x, int64_t T, const Fp8Group& g, const WgmmaGateUp& gu, unsigned tiles, int64_t K,
                 int64_t group, int parts, const LaunchContext& ctx) {
-    constexpr size_t smem = wgq_smem_bytes<kN, kW>();
+    constexpr size_t smem = wgq_smem_bytes < kN, kW, kPipe ? kWgQuantPipeStages : kWgStages > ();
     static std::atomic<uint64_t> done{0};
     const char* what = kW == kWgQ8   ? (kGateUp ? "Q8 wgmma gate/up/SiLU kernel" : "Q8 wgmma GEMM kernel")
                        : kW == kWgQ4 ? (kGateUp ? "Q4 wgmma gate/up/SiLU kernel" : "Q4 wgmma GEMM kernel")
                                      : (kGateUp ? "FP8 wgmma gate/up/SiLU kernel" : "FP8 wgmma GEMM kernel");
-    opt_in_smem(gemm_wgmma_quant_kernel<kN, kGateUp, kW>, smem, done, what);
-    launch_clusters(gemm_wgmma_quant_kernel<kN, kGateUp, kW>, dim3(tiles * unsigned(parts)), dim3(kWgThreads),
+    opt_in_smem(gemm_wgmma_quant_kernel<kN, kGateUp, kW, kPipe>, smem, done, what);
+    launch_clusters(gemm_wgmma_quant_kernel<kN, kGateUp, kW, kPipe>, dim3(tiles * unsigned(parts)), dim3(kWgThreads),
                     unsigned(parts), smem, ctx, what, x, int(T), g, gu, int(K), int(group), parts, ctx.evict_first);
+}
+
+template <bool kGateUp, int kW, bool kPipe>
+void wgq_n(const bf16* x, int64_t T, const Fp8Group& g, const WgmmaGateUp& gu, unsigned tiles, int64_t K, int64_t group,
+           int parts, const LaunchContext& ctx) {
+    if (T <= 16) return wgq_launch<16, kGateUp, kW, kPipe>(x, T, g, gu, tiles, K, group, parts, ctx);
+    if (T <= 32) return wgq_launch<32, kGateUp, kW, kPipe>(x, T, g, gu, tiles, K, group, parts, ctx);
+    return wgq_launch<64, kGateUp, kW, kPipe>(x, T, g, gu, tiles, K, group, parts, ctx);
 }
 
 template <bool kGateUp, int kW>
 void wgq_rows(const bf16* x, int64_t T, const Fp8Group& g, const WgmmaGateUp& gu, unsigned tiles, int64_t K,
               int64_t group, int parts, const LaunchContext& ctx) {
-    if (T <= 16) return wgq_launch<16, kGateUp, kW>(x, T, g, gu, tiles, K, group, parts, ctx);
-    if (T <= 32) return wgq_launch<32, kGateUp, kW>(x, T, g, gu, tiles, K, group, parts, ctx);
-    return wgq_launch<64, kGateUp, kW>(x, T, g, gu, tiles, K, group, parts, ctx);
+    if (ctx.wgmma_quant_pipelined) return wgq_n<kGateUp, kW, true>(x, T, g, gu, tiles, K, group, parts, ctx);
+    wgq_n<kGateUp, kW, false>(x, T, g, gu, tiles, K, group, parts, ctx);
 }
 
 template <bool kGateUp>

@@ -2,7 +2,7 @@
 # The quantized wgmma GEMM (thirty-seventh session): Q8/Q4/FP8 matrices with 9-64 rows on wgmma with the weights
 # turned into bf16 in registers, against the paths before it (--wgmma-quant off: Q8/Q4 dequantized to bf16 scratch
 # for cuBLASLt, FP8 block-scaled W8A8) in the same binary. Steps, in order of need: its tests; every [int] and [fp8]
-# case; 4B-shaped decode at 16/32/64 rows for int4, int8, fp8 (on, then off) and bf16; every [gpu] case.
+# case; 4B-shaped decode at 16/32/64 rows for int4, int8, fp8 (on, pipelined, off) and bf16; every [gpu] case.
 # Usage (device tool, repository root, carry [".carry/deps"]): bash tools/gpu/wgmma_quant_check.sh; ONLY="tests
 # bench_int4 ..." runs the named steps (the build always runs); B_LIST (default 16,32,64) the batch sizes.
 set -u
@@ -29,6 +29,8 @@ for q in int4 int8 fp8; do
     if want bench_$q; then
         step bench_$q 200 $B -m /tmp/q4b --dummy-weights --device cuda --quant $q -p 128 -n 32 -b $BL -r 1
         rows $NB "$q wgmma"
+        step bench_${q}_pipe 200 $B -m /tmp/q4b --dummy-weights --device cuda --quant $q -p 128 -n 32 -b $BL -r 1 --wgmma-quant pipelined
+        rows $NB "$q wgmma pipelined"
         step bench_${q}_off 200 $B -m /tmp/q4b --dummy-weights --device cuda --quant $q -p 128 -n 32 -b $BL -r 1 --wgmma-quant off
         rows $NB "$q off"
     fi
