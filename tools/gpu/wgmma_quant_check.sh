@@ -1,8 +1,8 @@
 #!/bin/bash
 # The quantized wgmma GEMM (thirty-seventh session): Q8/Q4/FP8 matrices with 9-64 rows on wgmma with the weights
 # turned into bf16 in registers, against the paths before it (--wgmma-quant off: Q8/Q4 dequantized to bf16 scratch
-# for cuBLASLt, FP8 block-scaled W8A8) in the same binary. Steps, in order of need: its tests; every [int] and [fp8]
-# case; 4B-shaped decode at 16/32/64 rows for int4, int8, fp8 (on, pipelined, off) and bf16; every [gpu] case.
+# for cuBLASLt, FP8 block-scaled W8A8) in the same binary. Steps, in order of need: its tests; 4B-shaped decode at
+# 16/32/64 rows for int4, int8, fp8 (on, pipelined, off) and bf16; every [int] and [fp8] case; every [gpu] case.
 # Usage (device tool, repository root, carry [".carry/deps"]): bash tools/gpu/wgmma_quant_check.sh; ONLY="tests
 # bench_int4 ..." runs the named steps (the build always runs); B_LIST (default 16,32,64) the batch sizes.
 set -u
@@ -16,10 +16,6 @@ step build 300 bash -c "cmake -S . -B $N ${CFG[*]} >/tmp/bn.log 2>&1 && cmake --
 if want tests; then
     step tests 300 $T "CUDA quantized wgmma*"
     grep -E "test cases|FAILED|rel err|with expansion|REQUIRE|CHECK" "$LOG" | head -60 >>"$SUM"
-fi
-if want tests_q; then
-    step tests_q 400 $T "[int],[fp8]"
-    grep -E "test cases|FAILED" "$LOG" | tail -8 >>"$SUM"
 fi
 BL=${B_LIST:-16,32,64}
 NB=$(($(echo "$BL" | tr -cd , | wc -c) + 1))
@@ -38,6 +34,10 @@ done
 if want bench_bf16; then
     step bench_bf16 200 $B -m /tmp/q4b --dummy-weights --device cuda -p 128 -n 32 -b $BL -r 1
     rows $NB bf16
+fi
+if want tests_q; then
+    step tests_q 400 $T "[int],[fp8]"
+    grep -E "test cases|FAILED" "$LOG" | tail -8 >>"$SUM"
 fi
 if want tests_gpu; then
     step tests_gpu 400 $T "[gpu]"
