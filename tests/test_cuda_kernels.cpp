@@ -2286,6 +2286,7 @@ TEST_CASE("CUDA quantized wgmma GEMM: groups, gate/up/SiLU and NaN weights", "[g
     const int ns[3] = {200, 40, 72};
     for (const int parts : {1, 2, 8, -2}) {  // (-2: 2 parts, the pipelined form)
         CudaOptions o;
+        o.wgmma_quant = true;
         o.wgmma_gemm_parts = std::abs(parts);
         o.wgmma_quant_pipelined = parts < 0;
         Side gpu(make_cuda_backend(0, o), l, ws, size_t(160) << 20);
