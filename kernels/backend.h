@@ -292,10 +292,10 @@ struct CudaOptions {
     // The wgmma GEMM's K split (cluster size): 1, 2, 4 or 8; 0: by shape and SM count (wgmma_gemm_parts).
     int wgmma_gemm_parts = 0;
     // Q8/Q4/FP8 (e4m3) matrices with 9 to 64 rows of x (batched decode) on the wgmma GEMM reading their codes (sm_90a;
-    // kernels/cuda/gemm_wgmma.cuh: weights turned into bf16 in registers, W8A16 / W4A16) when true (the default);
-    // false: Q8/Q4 dequantized to bf16 scratch for cuBLASLt, FP8 as fp8_block_scaled_gemm says. Its K split is
-    // wgmma_gemm_parts.
-    bool wgmma_quant = true;
+    // kernels/cuda/gemm_wgmma.cuh: weights turned into bf16 in registers, W8A16 / W4A16) when true; false (the default
+    // until it has run on a GPU: written in the thirty-seventh session without one): Q8/Q4 dequantized to bf16
+    // scratch for cuBLASLt, FP8 as fp8_block_scaled_gemm says. Its K split is wgmma_gemm_parts.
+    bool wgmma_quant = false;
     // ... its pipelined form (a chunk's codes turned into bf16 while the previous chunk's products run; 5 stages).
     // Bitwise the same results.
     bool wgmma_quant_pipelined = false;

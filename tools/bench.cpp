@@ -260,10 +260,10 @@ int main(int argc, char** argv) {
          "default)", cxxopts::value<int>()->default_value("0"))
         ("wgmma-parts", "CUDA, the wgmma GEMM (--wgmma-gemm): split K over 1, 2, 4 or 8 blocks of a cluster; 0: by shape (the "
          "default)", cxxopts::value<int>()->default_value("0"))
-        ("wgmma-quant", "CUDA, int8/int4/fp8 weights with 9 to 64 rows: on (the default: the wgmma GEMM reading their "
-         "codes, sm_90a), pipelined (the same, a chunk's codes converted while the previous chunk's products run) or "
-         "off (int8/int4 dequantized for cuBLASLt, fp8 as --fp8-gemm says)",
-         cxxopts::value<std::string>()->default_value("on"));
+        ("wgmma-quant", "CUDA, int8/int4/fp8 weights with 9 to 64 rows: on (the wgmma GEMM reading their codes, "
+         "sm_90a; not yet run on a GPU), pipelined (the same, a chunk's codes converted while the previous chunk's "
+         "products run) or off (the default: int8/int4 dequantized for cuBLASLt, fp8 as --fp8-gemm says)",
+         cxxopts::value<std::string>()->default_value("off"));
     add_shared_option(opts, "", "fp8-gemm");
     add_shared_option(opts, "", "version");
     add_shared_option(opts, "", "help");

@@ -337,7 +337,7 @@ public:
             throw Error(Status::invalid_argument, "CudaOptions::wgmma_gemm_parts must be 0, 1, 2, 4 or 8, got " +
                                                       std::to_string(o.wgmma_gemm_parts));
         ctx_.wgmma_gemm_parts = o.wgmma_gemm_parts;
-        if (!o.wgmma_quant) ctx_.wgmma_quant_max_rows = 0;
+        ctx_.wgmma_quant_max_rows = o.wgmma_quant ? cuda::kWgmmaQuantMaxRows : 0;
         ctx_.wgmma_quant_pipelined = o.wgmma_quant_pipelined;
         fp8_mode_ = o.fp8_block_scaled_gemm ? cuda::Fp8GemmMode::block_scaled : cuda::Fp8GemmMode::dequantize;
 #if defined(HY_CUDA_TRACE)

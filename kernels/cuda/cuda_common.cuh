@@ -95,8 +95,9 @@ struct LaunchContext {
     int wgmma_logits_max_rows = 1 << 30;
     int wgmma_gemm_parts = 0;  // its K split (1, 2, 4, 8); 0: wgmma_gemm_parts by shape
     // gemm_wgmma.cuh: Q8/Q4/FP8 matrices with kWgmmaGemmMinRows to this many rows (at most 64) on the quantized
-    // wgmma GEMM (where wgmma and clusters); 0: none (the dequantization / FP8 GEMM paths)
-    int wgmma_quant_max_rows = 64;
+    // wgmma GEMM (where wgmma and clusters); 0 (CudaOptions::wgmma_quant false, the default): none (the
+    // dequantization / FP8 GEMM paths)
+    int wgmma_quant_max_rows = 0;
     // ... converting chunk r's codes while chunk r - 1's products run (two fragment buffers, 5 stages) when true
     bool wgmma_quant_pipelined = false;
     bool wgmma = false;  // the build has sm_90a code for the device (wgmma_available)

@@ -23,7 +23,7 @@ mkdir -p /tmp/q4b && cp tools/gpu/config_4b.json /tmp/q4b/config.json
 rows() { grep -E '^\| +[0-9]' "$LOG" | tail -$1 | sed "s/^/  [$2] /" >>"$SUM"; }
 for q in int4 int8; do
     if want bench_$q; then
-        step bench_$q 200 $B -m /tmp/q4b --dummy-weights --device cuda --quant $q -p 128 -n 32 -b $BL -r 1
+        step bench_$q 200 $B -m /tmp/q4b --dummy-weights --device cuda --quant $q -p 128 -n 32 -b $BL -r 1 --wgmma-quant on
         rows $NB "$q wgmma"
         step bench_${q}_pipe 200 $B -m /tmp/q4b --dummy-weights --device cuda --quant $q -p 128 -n 32 -b $BL -r 1 --wgmma-quant pipelined
         rows $NB "$q wgmma pipelined"
@@ -37,7 +37,7 @@ if want bench_bf16; then
 fi
 for q in fp8; do
     if want bench_$q; then
-        step bench_$q 200 $B -m /tmp/q4b --dummy-weights --device cuda --quant $q -p 128 -n 32 -b $BL -r 1
+        step bench_$q 200 $B -m /tmp/q4b --dummy-weights --device cuda --quant $q -p 128 -n 32 -b $BL -r 1 --wgmma-quant on
         rows $NB "$q wgmma"
         step bench_${q}_pipe 200 $B -m /tmp/q4b --dummy-weights --device cuda --quant $q -p 128 -n 32 -b $BL -r 1 --wgmma-quant pipelined
         rows $NB "$q wgmma pipelined"
