@@ -1994,6 +1994,65 @@ static std::vector<float> int_weights(int64_t rows, int64_t cols, int64_t group)
     return w;
 }
 
+// matmul_group over the matrices m (sharing x, T rows): each member's output finite, bitwise its own matmul()'s, and
+// within kTol of the dequantized-weight reference.
+static void check_quant_group(Side& gpu, const std::vector<float>& x, void* xg, int T,
+                              const std::vector<IntMatrix>& m) {
+    std::vector<Projection> pr;
+    for (const IntMatrix& mi : m) pr.push_back({mi.gpu, gpu.poisoned(size_t(T * mi.gpu.rows))});
+    gpu.be->matmul_group(xg, T, pr.data(), int(pr.size()));
+    for (size_t i = 0; i < m.size(); i++) {
+        INFO("member " << i);
+        const size_t n = size_t(T * m[i].gpu.rows);
+        const auto got = gpu.read_act(pr[i].y, n);
+        void* solo = gpu.poisoned(n);
+        gpu.be->matmul(xg, T, m[i].gpu, solo);
+        const auto alone = gpu.read_act(solo, n);
+        for (size_t j = 0; j < n; j++) {
+            REQUIRE(std::isfinite(got[j]));
+            REQUIRE(bits_of(got[j]) == bits_of(alone[j]));
+        }
+        CHECK(rel_err(got, int_reference(x, T, m[i])) <= kTol);
+    }
+}
+
+// gate_up_silu over gm and um (N rows each, T rows of x): act finite, the same bits with act in place of gate, and
+// within kTol of the reference (rounded as silu_mul rounds); with same_bits, gate and up bitwise those of the pair as
+// a group (matmul_group) and act bitwise silu_mul's on them.
+static void check_quant_gate_up(Side& gpu, const std::vector<float>& x, void* xg, int T, const IntMatrix& gm,
+                                const IntMatrix& um, bool same_bits) {
+    const size_t n = size_t(T * gm.gpu.rows);
+    void* g = gpu.poisoned(n);
+    void* u = gpu.poisoned(n);
+    void* a = gpu.poisoned(n);
+    gpu.be->gate_up_silu(xg, T, gm.gpu, um.gpu, g, u, a);
+    const Projection pair[2] = {{gm.gpu, gpu.poisoned(n)}, {um.gpu, gpu.poisoned(n)}};
+    gpu.be->matmul_group(xg, T, pair, 2);
+    void* a2 = gpu.poisoned(n);
+    gpu.be->silu_mul(pair[0].y, pair[1].y, int64_t(n), a2);
+    const auto got_g = gpu.read_act(g, n), got_u = gpu.read_act(u, n), got_a = gpu.read_act(a, n);
+    const auto ref_g = gpu.read_act(pair[0].y, n), ref_u = gpu.read_act(pair[1].y, n), ref_a = gpu.read_act(a2, n);
+    size_t differ = 0;
+    for (size_t j = 0; j < n; j++) {
+        REQUIRE(std::isfinite(got_a[j]));
+        differ += bits_of(got_g[j]) != bits_of(ref_g[j]) || bits_of(got_u[j]) != bits_of(ref_u[j]) ||
+                  bits_of(got_a[j]) != bits_of(ref_a[j]);
+    }
+    if (same_bits) CHECK(differ == 0);
+    void* ga = gpu.poisoned(n);
+    void* ua = gpu.poisoned(n);
+    gpu.be->gate_up_silu(xg, T, gm.gpu, um.gpu, ga, ua, ga);  // act in place of gate
+    const auto in_place = gpu.read_act(ga, n);
+    for (size_t j = 0; j < n; j++) REQUIRE(bits_of(in_place[j]) == bits_of(got_a[j]));
+    const auto gr = int_reference(x, T, gm), ur = int_reference(x, T, um);
+    std::vector<float> ar(gr.size());
+    for (size_t j = 0; j < ar.size(); j++) {
+        const float gb = bf16_to_f32(f32_to_bf16(gr[j])), ub = bf16_to_f32(f32_to_bf16(ur[j]));
+        ar[j] = bf16_to_f32(f32_to_bf16(gb / (1.0f + std::exp(-gb)))) * ub;  // (as silu_mul rounds)
+    }
+    CHECK(rel_err(got_a, ar) <= kTol);
+}
+
 // The integer GEMV (1-8 rows) and the dequantize + bf16 GEMM path (more rows), Q8 and Q4, groups 32/64/128/256,
 // against the double-precision product with the dequantized weights (x as uploaded: bf16 values); logits in f32,
 // including a matrix larger than the dequantization scratch (then GEMVs of 8 rows).
@@ -2086,60 +2145,14 @@ TEST_CASE("CUDA Q8/Q4 GEMV groups equal their members run alone", "[gpu][int]") 
                     for (int n : ns) m.push_back(int_matrix(gpu, int_weights(n, K, group), n, K, group, type));
                     const auto x = randn(size_t(T) * K);
                     void* xg = gpu.act(x);
-                    Projection pr[3];
-                    for (int i = 0; i < 3; i++) pr[i] = {m[size_t(i)].gpu, gpu.poisoned(size_t(T) * ns[i])};
-                    gpu.be->matmul_group(xg, T, pr, 3);
-                    for (int i = 0; i < 3; i++) {
-                        INFO("member " << i);
-                        const auto got = gpu.read_act(pr[i].y, size_t(T) * ns[i]);
-                        void* solo = gpu.poisoned(size_t(T) * ns[i]);
-                        gpu.be->matmul(xg, T, m[size_t(i)].gpu, solo);
-                        const auto alone = gpu.read_act(solo, size_t(T) * ns[i]);
-                        for (size_t j = 0; j < got.size(); j++) {
-                            REQUIRE(std::isfinite(got[j]));
-                            REQUIRE(bits_of(got[j]) == bits_of(alone[j]));
-                        }
-                        CHECK(rel_err(got, int_reference(x, T, m[size_t(i)])) <= kTol);
-                    }
+                    check_quant_group(gpu, x, xg, T, m);
                     // gate/up/SiLU (the SwiGLU GEMV: 8 features a block) over two matrices of 200 and of 44 rows (a
-                    // partial last tile): gate and up bitwise those of the pair as a group, act bitwise silu_mul's on
-                    // them; act aliasing gate gives the same bits
+                    // partial last tile); the pair as a group splits K when split_k > 0, the SwiGLU mode never does
                     for (const int N : {200, 44}) {
                         INFO("gate/up N=" << N);
                         const IntMatrix gm = int_matrix(gpu, int_weights(N, K, group), N, K, group, type);
                         const IntMatrix um = int_matrix(gpu, int_weights(N, K, group), N, K, group, type);
-                        const size_t n = size_t(T) * N;
-                        void* g = gpu.poisoned(n);
-                        void* u = gpu.poisoned(n);
-                        void* a = gpu.poisoned(n);
-                        gpu.be->gate_up_silu(xg, T, gm.gpu, um.gpu, g, u, a);
-                        const Projection pair[2] = {{gm.gpu, gpu.poisoned(n)}, {um.gpu, gpu.poisoned(n)}};
-                        gpu.be->matmul_group(xg, T, pair, 2);
-                        void* a2 = gpu.poisoned(n);
-                        gpu.be->silu_mul(pair[0].y, pair[1].y, int64_t(n), a2);
-                        const auto got_g = gpu.read_act(g, n), got_u = gpu.read_act(u, n), got_a = gpu.read_act(a, n);
-                        const auto ref_g = gpu.read_act(pair[0].y, n), ref_u = gpu.read_act(pair[1].y, n);
-                        const auto ref_a = gpu.read_act(a2, n);
-                        for (size_t j = 0; j < n; j++) {
-                            REQUIRE(std::isfinite(got_a[j]));
-                            if (split_k > 0)
-                                continue;  // (the pair as a group then splits K; the SwiGLU mode never does)
-                            REQUIRE(bits_of(got_g[j]) == bits_of(ref_g[j]));
-                            REQUIRE(bits_of(got_u[j]) == bits_of(ref_u[j]));
-                            REQUIRE(bits_of(got_a[j]) == bits_of(ref_a[j]));
-                        }
-                        void* ga = gpu.poisoned(n);
-                        void* ua = gpu.poisoned(n);
-                        gpu.be->gate_up_silu(xg, T, gm.gpu, um.gpu, ga, ua, ga);  // act in place of gate
-                        const auto in_place = gpu.read_act(ga, n);
-                        for (size_t j = 0; j < n; j++) REQUIRE(bits_of(in_place[j]) == bits_of(got_a[j]));
-                        const auto gr = int_reference(x, T, gm), ur = int_reference(x, T, um);
-                        std::vector<float> ar(gr.size());
-                        for (size_t j = 0; j < ar.size(); j++) {
-                            const float gb = bf16_to_f32(f32_to_bf16(gr[j])), ub = bf16_to_f32(f32_to_bf16(ur[j]));
-                            ar[j] = bf16_to_f32(f32_to_bf16(gb / (1.0f + std::exp(-gb)))) * ub;  // (as silu_mul rounds)
-                        }
-                        CHECK(rel_err(got_a, ar) <= kTol);
+                        check_quant_gate_up(gpu, x, xg, T, gm, um, split_k <= 0);
                     }
                 }
     }
@@ -2299,56 +2312,11 @@ TEST_CASE("CUDA quantized wgmma GEMM: groups, gate/up/SiLU and NaN weights", "[g
                 for (int n : ns) m.push_back(quant_matrix(gpu, n, K, group, type));
                 const auto x = randn(size_t(T) * K);
                 void* xg = gpu.act(x);
-                Projection pr[3];
-                for (int i = 0; i < 3; i++) pr[i] = {m[size_t(i)].gpu, gpu.poisoned(size_t(T) * ns[i])};
-                gpu.be->matmul_group(xg, T, pr, 3);
-                for (int i = 0; i < 3; i++) {
-                    INFO("member " << i);
-                    const auto got = gpu.read_act(pr[i].y, size_t(T) * ns[i]);
-                    void* solo = gpu.poisoned(size_t(T) * ns[i]);
-                    gpu.be->matmul(xg, T, m[size_t(i)].gpu, solo);
-                    const auto alone = gpu.read_act(solo, size_t(T) * ns[i]);
-                    for (size_t j = 0; j < got.size(); j++) {
-                        REQUIRE(std::isfinite(got[j]));
-                        REQUIRE(bits_of(got[j]) == bits_of(alone[j]));
-                    }
-                    CHECK(rel_err(got, int_reference(x, T, m[size_t(i)])) <= kTol);
-                }
+                check_quant_group(gpu, x, xg, T, m);
                 for (const int N : {200, 44}) {
                     INFO("gate/up N=" << N);
-                    const IntMatrix gm = quant_matrix(gpu, N, K, group, type);
-                    const IntMatrix um = quant_matrix(gpu, N, K, group, type);
-                    const size_t n = size_t(T) * N;
-                    void* g = gpu.poisoned(n);
-                    void* u = gpu.poisoned(n);
-                    void* a = gpu.poisoned(n);
-                    gpu.be->gate_up_silu(xg, T, gm.gpu, um.gpu, g, u, a);
-                    const Projection pair[2] = {{gm.gpu, gpu.poisoned(n)}, {um.gpu, gpu.poisoned(n)}};
-                    gpu.be->matmul_group(xg, T, pair, 2);
-                    void* a2 = gpu.poisoned(n);
-                    gpu.be->silu_mul(pair[0].y, pair[1].y, int64_t(n), a2);
-                    const auto got_g = gpu.read_act(g, n), got_u = gpu.read_act(u, n), got_a = gpu.read_act(a, n);
-                    const auto ref_g = gpu.read_act(pair[0].y, n), ref_u = gpu.read_act(pair[1].y, n);
-                    const auto ref_a = gpu.read_act(a2, n);
-                    size_t differ = 0;
-                    for (size_t j = 0; j < n; j++) {
-                        REQUIRE(std::isfinite(got_a[j]));
-                        differ += bits_of(got_g[j]) != bits_of(ref_g[j]) || bits_of(got_u[j]) != bits_of(ref_u[j]) ||
-                                  bits_of(got_a[j]) != bits_of(ref_a[j]);
-                    }
-                    CHECK(differ == 0);
-                    void* ga = gpu.poisoned(n);
-                    void* ua = gpu.poisoned(n);
-                    gpu.be->gate_up_silu(xg, T, gm.gpu, um.gpu, ga, ua, ga);  // act in place of gate
-                    const auto in_place = gpu.read_act(ga, n);
-                    for (size_t j = 0; j < n; j++) REQUIRE(bits_of(in_place[j]) == bits_of(got_a[j]));
-                    const auto gr = int_reference(x, T, gm), ur = int_reference(x, T, um);
-                    std::vector<float> ar(gr.size());
-                    for (size_t j = 0; j < ar.size(); j++) {
-                        const float gb = bf16_to_f32(f32_to_bf16(gr[j])), ub = bf16_to_f32(f32_to_bf16(ur[j]));
-                        ar[j] = bf16_to_f32(f32_to_bf16(gb / (1.0f + std::exp(-gb)))) * ub;  // (as silu_mul rounds)
-                    }
-                    CHECK(rel_err(got_a, ar) <= kTol);
+                    check_quant_gate_up(gpu, x, xg, T, quant_matrix(gpu, N, K, group, type),
+                                        quant_matrix(gpu, N, K, group, type), true);
                 }
                 if (parts != 2) continue;
                 // row 5: a NaN scale (Q8/Q4: its group 7) or a NaN code (FP8 0x7F at column 300)

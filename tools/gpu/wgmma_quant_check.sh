@@ -21,29 +21,18 @@ BL=${B_LIST:-16,32,64}
 NB=$(($(echo "$BL" | tr -cd , | wc -c) + 1))
 mkdir -p /tmp/q4b && cp tools/gpu/config_4b.json /tmp/q4b/config.json
 rows() { grep -E '^\| +[0-9]' "$LOG" | tail -$1 | sed "s/^/  [$2] /" >>"$SUM"; }
-for q in int4 int8; do
-    if want bench_$q; then
-        step bench_$q 200 $B -m /tmp/q4b --dummy-weights --device cuda --quant $q -p 128 -n 32 -b $BL -r 1 --wgmma-quant on
-        rows $NB "$q wgmma"
-        step bench_${q}_pipe 200 $B -m /tmp/q4b --dummy-weights --device cuda --quant $q -p 128 -n 32 -b $BL -r 1 --wgmma-quant pipelined
-        rows $NB "$q wgmma pipelined"
-        step bench_${q}_off 200 $B -m /tmp/q4b --dummy-weights --device cuda --quant $q -p 128 -n 32 -b $BL -r 1 --wgmma-quant off
-        rows $NB "$q off"
+for q in int4 int8 bf16 fp8; do  # (each quantized mode: on, pipelined, off)
+    want bench_$q || continue
+    if [ $q = bf16 ]; then
+        step bench_bf16 200 $B -m /tmp/q4b --dummy-weights --device cuda -p 128 -n 32 -b $BL -r 1
+        rows $NB bf16
+        continue
     fi
-done
-if want bench_bf16; then
-    step bench_bf16 200 $B -m /tmp/q4b --dummy-weights --device cuda -p 128 -n 32 -b $BL -r 1
-    rows $NB bf16
-fi
-for q in fp8; do
-    if want bench_$q; then
-        step bench_$q 200 $B -m /tmp/q4b --dummy-weights --device cuda --quant $q -p 128 -n 32 -b $BL -r 1 --wgmma-quant on
-        rows $NB "$q wgmma"
-        step bench_${q}_pipe 200 $B -m /tmp/q4b --dummy-weights --device cuda --quant $q -p 128 -n 32 -b $BL -r 1 --wgmma-quant pipelined
-        rows $NB "$q wgmma pipelined"
-        step bench_${q}_off 200 $B -m /tmp/q4b --dummy-weights --device cuda --quant $q -p 128 -n 32 -b $BL -r 1 --wgmma-quant off
-        rows $NB "$q off"
-    fi
+    for mode in on pipelined off; do
+        step bench_${q}_$mode 200 $B -m /tmp/q4b --dummy-weights --device cuda --quant $q -p 128 -n 32 -b $BL -r 1 \
+            --wgmma-quant $mode
+        rows $NB "$q wgmma $mode"
+    done
 done
 if want tests_q; then
     step tests_q 400 $T "[int],[fp8]"
