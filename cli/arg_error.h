@@ -79,6 +79,16 @@ inline std::string parse_error_message(const char* what, int argc, char** argv) 
 }
 
 // Digits with an optional '-' first, of any length ("+4", "0x10", "" are not).
+// True when text is a whole decimal real number in strtod's syntax that parse_real refuses only for its range
+// (overflow past double, or underflow such as 1e-400).
+inline bool decimal_real_out_of_range(const std::string& text) {
+    if (text.empty() || text.find_first_not_of("0123456789+-.eE") != std::string::npos) return false;
+    char* end = nullptr;
+    errno = 0;
+    (void)std::strtod(text.c_str(), &end);
+    return end == text.c_str() + text.size() && errno == ERANGE;
+}
+
 inline bool decimal_int_text(const std::string& text) {
     const size_t sign = !text.empty() && text[0] == '-' ? 1 : 0;
     return text.size() > sign && text.find_first_not_of("0123456789", sign) == std::string::npos;

@@ -474,7 +474,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         const std::string text = r[name].as<std::string>();
         double v = 0.0;
         if (!parse_real(text, &v) || !std::isfinite(v))
-            usage("invalid value '" + text + "' for --" + name + " (a decimal number) (see --help)");
+            usage("invalid value '" + text + "' for --" + name +
+                  (decimal_real_out_of_range(text) ? " (out of range)" : " (a decimal number)") + " (see --help)");
         if (!std::isfinite(float(v)))  // (a number, but past float's range)
             usage("invalid value '" + text + "' for --" + name + " (out of range) (see --help)");
         return float(v);

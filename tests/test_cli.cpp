@@ -152,6 +152,10 @@ TEST_CASE("cli: errors have one-line messages and documented exit codes", "[cli]
                 "invalid value 'hot' for --temp (a decimal number) (see --help)");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--temp", "1e300"}), 1,
                 "invalid value '1e300' for --temp (out of range)");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "--temp", "1e400"}), 1,  // (past double, and below it)
+                "invalid value '1e400' for --temp (out of range)");
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "--min-p", "1e-400"}), 1,
+                "invalid value '1e-400' for --min-p (out of range)");
     for (const char* junk : {"0.5abc", "1,5", "0x10", "nan", ""})  // real numbers are parsed strictly too
         check_error(hybrid({"-m", "models/tiny", "-p", "x", "--top-p", junk}), 1,
                     std::string("invalid value '") + junk + "' for --top-p");
