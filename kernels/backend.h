@@ -291,16 +291,17 @@ struct CudaOptions {
     int wgmma_gemm = 0;
     // The wgmma GEMM's K split (cluster size): 1, 2, 4 or 8; 0: by shape and SM count (wgmma_gemm_parts).
     int wgmma_gemm_parts = 0;
-    // Q8/Q4/FP8 (e4m3) matrices with 9 to 64 rows of x (batched decode) on the wgmma GEMM reading their codes (sm_90a;
-    // kernels/cuda/gemm_wgmma.cuh: weights turned into bf16 in registers, W8A16 / W4A16) when true; false (the default
-    // until it has run on a GPU: written in the thirty-seventh session without one): Q8/Q4 dequantized to bf16
-    // scratch for cuBLASLt, FP8 as fp8_block_scaled_gemm says. Its K split is wgmma_gemm_parts.
-    bool wgmma_quant = false;
-    // ... its pipelined form (a chunk's codes turned into bf16 while the previous chunk's products run; 5 stages).
-    // Bitwise the same results.
-    bool wgmma_quant_pipelined = false;
-    // FP8 matrices with more rows than the FP8 GEMVs and wgmma_quant take (prefill, batches over 64; with
-    // wgmma_quant false or without sm_90a over 8): true (default), FP8 tensor cores
+    // Q8/Q4 matrices, and FP8 (e4m3) ones when fp8_block_scaled_gemm is false, with 9 to 64 rows of x (batched
+    // decode) on the wgmma GEMM reading their codes (sm_90a; kernels/cuda/gemm_wgmma.cuh: weights turned into bf16 in
+    // registers, W8A16 / W4A16) when true (the default: H100, thirty-eighth session, 4B decode at 16/32/64 rows int4
+    // +18%/+18%/+10%, int8 +27%/+7%/+12% against false; FP8 W8A8 stayed faster than it, so block-scaled FP8 keeps
+    // its GEMM); false: Q8/Q4 dequantized to bf16 scratch for cuBLASLt, FP8 as fp8_block_scaled_gemm says. Its K
+    // split is wgmma_gemm_parts.
+    bool wgmma_quant = true;
+    // Its consumer warpgroups a block: 1 (default: each thread converts and multiplies both 64-row tiles) or 2 (one
+    // tile each, twice the warps to hide the conversion's latency; the same bits).
+    int wgmma_quant_warpgroups = 1;
+    // FP8 matrices with more rows than the FP8 GEMVs take (over 8): true (default), FP8 tensor cores
     // with the activations quantized per row and 128-value group (W8A8 with cuBLASLt block scales, the checkpoints'
     // "activation_scheme: dynamic", as vLLM and transformers run them); false: the weights dequantized to bf16 and
     // the bf16 GEMM (W8A16, as the GEMVs and the CPU backend: closer to the CPU, slower; kernels/cuda/fp8_matmul.cuh,

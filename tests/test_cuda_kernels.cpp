@@ -1915,8 +1915,7 @@ static void fp8_tiny_model_check(bool block_scaled) {
     auto l1 = cpu->prefill(0, std::span<const int32_t>(ids.data(), 1));
     std::vector<float> next_want(l1.begin(), l1.end());
     mp.device = Device::cuda;
-    mp.cuda.fp8_block_scaled_gemm = block_scaled;
-    mp.cuda.wgmma_quant = !block_scaled;  // (W8A8: the 64 prompt rows through that GEMM, not the quantized wgmma)
+    mp.cuda.fp8_block_scaled_gemm = block_scaled;  // (W8A16: the 64 prompt rows on the quantized wgmma GEMM)
     auto gpu = Model::load(HY_SOURCE_DIR "/models/tiny", mp);
     auto lg = gpu->prefill(0, ids, true);
     std::vector<float> got(lg.begin(), lg.end());
@@ -2232,9 +2231,10 @@ static bool has_quant_wgmma(Side& gpu) {
 
 // Single matrices of Q8, Q4 (groups 32 to 256) and FP8 (one segment, and segments of 48 rows) with 9 to 64 rows,
 // N not a multiple of 128 and K from 4 to 144 chunks of 64, against the double-precision product with the
-// dequantized weights; the first 9 rows bitwise the same as alone (n-tiles of 16, 32, 64); the pipelined form
-// (CudaOptions::wgmma_quant_pipelined) bitwise the plain one. Then the same shapes with the kernel off
-// (CudaOptions::wgmma_quant: Q8/Q4 dequantized for cuBLASLt, FP8 through the W8A16 dequantization).
+// dequantized weights; the first 9 rows bitwise the same as alone (n-tiles of 16, 32, 64); with 2 consumer
+// warpgroups (CudaOptions::wgmma_quant_warpgroups) bitwise the same as with 1 (the same inputs: the generator is
+// reseeded for each mode). Then the same shapes with the kernel off (CudaOptions::wgmma_quant: Q8/Q4 dequantized for
+// cuBLASLt, FP8 through the W8A16 dequantization).
 TEST_CASE("CUDA quantized wgmma GEMM, 9-64 rows: matches the dequantized reference, a row's bits in any batch",
           "[gpu][int][fp8]") {
     HY_REQUIRE_GPU();
@@ -2242,25 +2242,27 @@ TEST_CASE("CUDA quantized wgmma GEMM, 9-64 rows: matches the dequantized referen
     WorkspaceShape ws{4, 64, 0, 0, 0, 0, 0};
     ws.fp8_max_cols = 9216;
     ws.fp8_max_elems = int64_t(1000) * 9216;
-    std::vector<std::vector<float>> plain;  // the plain form's outputs, in order
-    for (const int mode : {0, 1, 2}) {      // plain, pipelined, off
+    std::vector<std::vector<float>> one;  // the outputs with 1 warpgroup, in order
+    for (const int mode : {1, 2, 0}) {    // warpgroups; 0: off
+        const bool on = mode != 0;
+        rng().seed(Catch::rngSeed() + 38);
         CudaOptions o;
-        o.wgmma_quant = mode != 2;
-        o.wgmma_quant_pipelined = mode == 1;
-        o.fp8_block_scaled_gemm = false;
+        o.wgmma_quant = on;
+        o.wgmma_quant_warpgroups = on ? mode : 1;
+        o.fp8_block_scaled_gemm = false;  // (FP8 takes the quantized wgmma GEMM in W8A16 mode only)
         Side gpu(make_cuda_backend(0, o), l, ws, size_t(256) << 20);
-        if (mode == 0 && !has_quant_wgmma(gpu)) return;
+        if (mode == 1 && !has_quant_wgmma(gpu)) return;
+        size_t index = 0;
         // (T, N, K, group; FP8: segment rows)
         const int shapes[][4] = {{9, 96, 256, 32},    {16, 300, 2560, 64}, {17, 33, 768, 128},  {33, 256, 1024, 32},
                                  {48, 40, 9216, 256}, {64, 130, 4096, 64}, {64, 1000, 512, 32}, {24, 200, 2560, 48}};
-        size_t index = 0;
         for (const DType type : {DType::Q8, DType::Q4, DType::F8_E4M3})
             for (auto& sh : shapes) {
                 const int T = sh[0], N = sh[1], K = sh[2];
                 const int group = type == DType::F8_E4M3 ? 0 : sh[3] == 48 ? 32 : sh[3];
                 const int seg = type == DType::F8_E4M3 && sh[3] == 48 ? 48 : 0;
-                INFO("mode " << mode << " " << dtype_name(type) << " T=" << T << " N=" << N << " K=" << K
-                             << " group=" << group << " seg=" << seg);
+                INFO("warpgroups " << mode << " (0: off) " << dtype_name(type) << " T=" << T << " N=" << N << " K=" << K
+                                   << " group=" << group << " seg=" << seg);
                 const IntMatrix m = quant_matrix(gpu, N, K, group, type, seg);
                 const auto x = randn(size_t(T) * K);
                 void* xg = gpu.act(x);
@@ -2270,15 +2272,15 @@ TEST_CASE("CUDA quantized wgmma GEMM, 9-64 rows: matches the dequantized referen
                 const double e = rel_err(got, int_reference(x, T, m));
                 INFO("rel err " << e);
                 CHECK(e <= kTol);
-                if (mode == 0) plain.push_back(got);
-                if (mode == 1) {
-                    REQUIRE(index < plain.size());
+                if (mode == 1) one.push_back(got);
+                if (mode == 2) {
+                    REQUIRE(index < one.size());
                     size_t differ = 0;
-                    for (size_t j = 0; j < got.size(); j++) differ += bits_of(got[j]) != bits_of(plain[index][j]);
+                    for (size_t j = 0; j < got.size(); j++) differ += bits_of(got[j]) != bits_of(one[index][j]);
                     CHECK(differ == 0);
                 }
                 index++;
-                if (mode == 2 || T == 9) continue;
+                if (!on || T == 9) continue;
                 void* y9 = gpu.poisoned(size_t(9) * N);
                 gpu.be->matmul(xg, 9, m.gpu, y9);
                 const auto nine = gpu.read_act(y9, size_t(9) * N);
@@ -2287,21 +2289,21 @@ TEST_CASE("CUDA quantized wgmma GEMM, 9-64 rows: matches the dequantized referen
     }
 }
 
-// With the K split given (1, 2 or 8 parts: the bits of a row then depend on N and K alone): a group of 3 matrices
-// (N 200, 40, 72) gives each member's bits alone; gate/up/SiLU (N 200 and 44) gives gate and up bitwise those of the
-// pair as a group and act those of silu_mul on them, act in place of gate the same; against the reference too. A
-// NaN scale (Q8/Q4) or NaN code (FP8) in row 5 makes row 5's outputs NaN and leaves the others finite.
+// With the K split given (1, 2 or 8 parts; 1 or 2 warpgroups: the bits of a row then depend on N and K alone): a group
+// of 3 matrices (N 200, 40, 72) gives each member's bits alone; gate/up/SiLU (N 200 and 44) gives gate and up bitwise
+// those of the pair as a group and act those of silu_mul on them, act in place of gate the same; against the reference
+// too. A NaN scale (Q8/Q4) or NaN code (FP8) in row 5 makes row 5's outputs NaN and leaves the others finite.
 TEST_CASE("CUDA quantized wgmma GEMM: groups, gate/up/SiLU and NaN weights", "[gpu][int][fp8]") {
     HY_REQUIRE_GPU();
     const BatchLimits l = limits(64, 8, 16);
     WorkspaceShape ws{4, 64, 0, 0, 0, 0, 0};
     const int K = 2560;
     const int ns[3] = {200, 40, 72};
-    for (const int parts : {1, 2, 8, -2}) {  // (-2: 2 parts, the pipelined form)
+    for (const int parts : {1, 2, 8, -1, -8}) {  // (negative: 2 consumer warpgroups)
         CudaOptions o;
-        o.wgmma_quant = true;
         o.wgmma_gemm_parts = std::abs(parts);
-        o.wgmma_quant_pipelined = parts < 0;
+        o.wgmma_quant_warpgroups = parts < 0 ? 2 : 1;
+        o.fp8_block_scaled_gemm = false;  // (FP8 takes the quantized wgmma GEMM in W8A16 mode only)
         Side gpu(make_cuda_backend(0, o), l, ws, size_t(160) << 20);
         if (!has_quant_wgmma(gpu)) return;
         for (const DType type : {DType::Q8, DType::Q4, DType::F8_E4M3})

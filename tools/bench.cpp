@@ -260,10 +260,11 @@ int main(int argc, char** argv) {
          "default)", cxxopts::value<int>()->default_value("0"))
         ("wgmma-parts", "CUDA, the wgmma GEMM (--wgmma-gemm): split K over 1, 2, 4 or 8 blocks of a cluster; 0: by shape (the "
          "default)", cxxopts::value<int>()->default_value("0"))
-        ("wgmma-quant", "CUDA, int8/int4/fp8 weights with 9 to 64 rows: on (the wgmma GEMM reading their codes, "
-         "sm_90a; not yet run on a GPU), pipelined (the same, a chunk's codes converted while the previous chunk's "
-         "products run) or off (the default: int8/int4 dequantized for cuBLASLt, fp8 as --fp8-gemm says)",
-         cxxopts::value<std::string>()->default_value("off"));
+        ("wgmma-quant", "CUDA, int8/int4 weights (fp8 with --fp8-gemm dequantize) with 9 to 64 rows: on (the "
+         "default: the wgmma GEMM reading their codes, sm_90a) or off (int8/int4 dequantized for cuBLASLt, fp8 "
+         "dequantized for the bf16 GEMM)", cxxopts::value<std::string>()->default_value("on"))
+        ("wgmma-quant-warpgroups", "CUDA, that GEMM's consumer warpgroups a block: 1 (the default) or 2",
+         cxxopts::value<int>()->default_value("1"));
     add_shared_option(opts, "", "fp8-gemm");
     add_shared_option(opts, "", "version");
     add_shared_option(opts, "", "help");
@@ -348,10 +349,12 @@ int main(int argc, char** argv) {
         }
         {
             const std::string v = args["wgmma-quant"].as<std::string>();
-            if (v != "on" && v != "off" && v != "pipelined")
-                throw tools::UsageError("--wgmma-quant must be on, pipelined or off, got '" + v + "'");
-            mp.cuda.wgmma_quant = v != "off";
-            mp.cuda.wgmma_quant_pipelined = v == "pipelined";
+            if (v != "on" && v != "off") throw tools::UsageError("--wgmma-quant must be on or off, got '" + v + "'");
+            mp.cuda.wgmma_quant = v == "on";
+            const int wg = args["wgmma-quant-warpgroups"].as<int>();
+            if (wg != 1 && wg != 2)
+                throw tools::UsageError("--wgmma-quant-warpgroups must be 1 or 2, got " + std::to_string(wg));
+            mp.cuda.wgmma_quant_warpgroups = wg;
         }
         {
             const std::string v = args["gdn-decode-stream"].as<std::string>();
@@ -409,10 +412,10 @@ int main(int argc, char** argv) {
                          "for (max_position_embeddings)\n",
                          mp.n_ctx - 1, c.max_position_embeddings);
         Backend& be = model->backend();
-        for (const char* flag :
-             {"fp8-gemm", "attn-heads-per-block", "attn-prefill-heads", "attn-splits", "int-split-k",
-              "moe-grouped-rows", "small-batch-gemv", "wide-gemv", "wgmma-gemm", "wgmma-parts", "wgmma-quant",
-              "gdn-decode-stream", "gdn-conv-rows", "gdn-decode-blocks", "no-cuda-graphs", "no-pdl"})
+        for (const char* flag : {"fp8-gemm", "attn-heads-per-block", "attn-prefill-heads", "attn-splits", "int-split-k",
+                                 "moe-grouped-rows", "small-batch-gemv", "wide-gemv", "wgmma-gemm", "wgmma-parts",
+                                 "wgmma-quant", "wgmma-quant-warpgroups", "gdn-decode-stream", "gdn-conv-rows",
+                                 "gdn-decode-blocks", "no-cuda-graphs", "no-pdl"})
             if (args.count(flag) && std::string(be.name()) != "cuda")
                 std::fprintf(stderr, "hybrid-bench: note: --%s only changes the CUDA backend; ignored on %s\n", flag,
                              be.name());

@@ -338,7 +338,11 @@ public:
                                                       std::to_string(o.wgmma_gemm_parts));
         ctx_.wgmma_gemm_parts = o.wgmma_gemm_parts;
         ctx_.wgmma_quant_max_rows = o.wgmma_quant ? cuda::kWgmmaQuantMaxRows : 0;
-        ctx_.wgmma_quant_pipelined = o.wgmma_quant_pipelined;
+        ctx_.wgmma_quant_fp8 = o.wgmma_quant && !o.fp8_block_scaled_gemm;
+        if (o.wgmma_quant_warpgroups != 1 && o.wgmma_quant_warpgroups != 2)
+            throw Error(Status::invalid_argument, "CudaOptions::wgmma_quant_warpgroups must be 1 or 2, got " +
+                                                      std::to_string(o.wgmma_quant_warpgroups));
+        ctx_.wgmma_quant_warpgroups = o.wgmma_quant_warpgroups;
         fp8_mode_ = o.fp8_block_scaled_gemm ? cuda::Fp8GemmMode::block_scaled : cuda::Fp8GemmMode::dequantize;
 #if defined(HY_CUDA_TRACE)
         if (!o.trace_file.empty()) start_trace(o.trace_file);
@@ -408,9 +412,10 @@ public:
                            : std::string(", no wgmma gemm (no sm_90a code for this device)"))
                     : std::string()) +
                (ctx_.wgmma && ctx_.clusters && ctx_.wgmma_quant_max_rows > 0
-                    ? ", q8/q4/fp8 wgmma gemm of " + std::to_string(cuda::kWgmmaGemmMinRows) + "-" +
+                    ? std::string(ctx_.wgmma_quant_fp8 ? ", q8/q4/fp8" : ", q8/q4") + " wgmma gemm of " +
+                          std::to_string(cuda::kWgmmaGemmMinRows) + "-" +
                           std::to_string(std::min(ctx_.wgmma_quant_max_rows, cuda::kWgmmaQuantMaxRows)) + " rows" +
-                          (ctx_.wgmma_quant_pipelined ? " (pipelined)" : "")
+                          (ctx_.wgmma_quant_warpgroups == 2 ? " (2 warpgroups)" : "")
                     : std::string()) +
                ", fp8 gemm " + (fp8_mode_ == cuda::Fp8GemmMode::block_scaled ? "block-scaled" : "dequantize") +
                (gemm_->fp8_shapes_without_algorithm() > 0

@@ -94,12 +94,15 @@ struct LaunchContext {
     int wgmma_gate_up_max_rows = 1 << 30;
     int wgmma_logits_max_rows = 1 << 30;
     int wgmma_gemm_parts = 0;  // its K split (1, 2, 4, 8); 0: wgmma_gemm_parts by shape
-    // gemm_wgmma.cuh: Q8/Q4/FP8 matrices with kWgmmaGemmMinRows to this many rows (at most 64) on the quantized
-    // wgmma GEMM (where wgmma and clusters); 0 (CudaOptions::wgmma_quant false, the default): none (the
-    // dequantization / FP8 GEMM paths)
+    // gemm_wgmma.cuh: Q8/Q4 matrices with kWgmmaGemmMinRows to this many rows (at most 64) on the quantized wgmma
+    // GEMM (where wgmma and clusters); 0 (CudaOptions::wgmma_quant false): none (the dequantization path)
     int wgmma_quant_max_rows = 0;
-    // ... converting chunk r's codes while chunk r - 1's products run (two fragment buffers, 5 stages) when true
-    bool wgmma_quant_pipelined = false;
+    // ... and FP8 matrices too (CudaOptions::wgmma_quant and not fp8_block_scaled_gemm: it replaces the W8A16
+    // dequantization; the FP8 tensor-core GEMM is faster than it)
+    bool wgmma_quant_fp8 = false;
+    // ... its consumer warpgroups a block: 1 (each thread converts and multiplies both 64-row tiles) or 2 (one tile
+    // each: twice the warps to hide the conversion's latency)
+    int wgmma_quant_warpgroups = 1;
     bool wgmma = false;  // the build has sm_90a code for the device (wgmma_available)
     int sm_count = 0;    // the device's multiprocessors (launch shapes that fill the device)
     int smem_optin = 0;  // the most dynamic shared memory a block may opt in to, bytes (0: not read)

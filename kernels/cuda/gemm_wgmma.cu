@@ -290,15 +290,18 @@ struct WgmmaGateUp {
     int n = 0;  // rows of each matrix
 };
 
-// The end of both kernels: the fp32 sums acc (thread tid's values of wgmma tiles 0 and 1, features f0 + .. and f1 +
-// .., all T rows) stored as y (or gate/up/SiLU), added over the cluster's parts first when parts > 1. The ring (base
-// its 1024-aligned shared address) is free: every cp.async has completed.
-template <typename OutT, int kN, bool kGateUp>
-__device__ __forceinline__ void wg_epilogue(float (&acc)[2][kN / 2], unsigned char* ring, uint32_t base, int tid,
+// The end of both kernels: the fp32 sums acc (wgmma tiles 0 and 1, features f0 + .. and f1 + .., all T rows) stored
+// as y (or gate/up/SiLU), added over the cluster's parts first when parts > 1. With kWG = 1 thread tid holds both
+// tiles' values; with kWG = 2 (256 threads) warpgroup tid / 128 holds its tile's, which go through shared memory
+// even when parts == 1 (gate/up/SiLU needs both tiles' values of a feature in one thread). The ring (base its
+// 1024-aligned shared address) is free: every cp.async has completed.
+template <typename OutT, int kN, bool kGateUp, int kWG = 1>
+__device__ __forceinline__ void wg_epilogue(float (&acc)[2 / kWG][kN / 2], unsigned char* ring, uint32_t base, int tid,
                                             int rank, int parts, int T, int N, int f0, int f1, OutT* y,
                                             const WgmmaGateUp& gu) {
-    // value i = 4 j + 2 h + c of thread t in tile m: feature f_m + 16 (t / 32) + (t % 32) / 4 + 8 h, token
-    // 8 j + 2 (t % 4) + c; store(v, i, t) writes the outputs of both tiles' value i of thread t
+    constexpr int kThreads = kWgThreads * kWG;
+    // value i = 4 j + 2 h + c of thread t (of a warpgroup) in tile m: feature f_m + 16 (t / 32) + (t % 32) / 4 +
+    // 8 h, token 8 j + 2 (t % 4) + c; store(v, i, t) writes the outputs of both tiles' value i of thread t
     auto store = [&](const float(&v)[2], int i, int t) {
         const int f = 16 * (t >> 5) + ((t & 31) >> 2) + 8 * ((i >> 1) & 1);
         const int tok = 8 * (i >> 2) + 2 * (t & 3) + (i & 1);
@@ -316,30 +319,43 @@ __device__ __forceinline__ void wg_epilogue(float (&acc)[2][kN / 2], unsigned ch
             if (f1 + f < N) y[int64_t(tok) * N + f1 + f] = store_as<OutT>(v[1]);
         }
     };
-    if (parts == 1) {
+    if constexpr (kWG == 1) {
+        if (parts == 1) {
 #pragma unroll
-        for (int i = 0; i < kN / 2; i++) {
-            const float v[2] = {acc[0][i], acc[1][i]};
-            store(v, i, tid);
+            for (int i = 0; i < kN / 2; i++) {
+                const float v[2] = {acc[0][i], acc[1][i]};
+                store(v, i, tid);
+            }
+            return;
         }
-        return;
     }
-    // parts > 1: the sums go to shared memory as red[m][i][thread]; block `rank` of the cluster adds its share of
-    // the (i, thread) pairs over the parts in part order (reading the other blocks' shared memory), then stores them
+    // the sums go to shared memory as red[m][i][thread of the warpgroup]; block `rank` of the cluster adds its share
+    // of the (i, thread) pairs over the parts in part order (reading the other blocks' shared memory), then stores
+    // them
     __syncthreads();  // every warp is done with the ring
     float* red = reinterpret_cast<float*>(ring);
 #pragma unroll
-    for (int m = 0; m < 2; m++)
+    for (int m = 0; m < 2 / kWG; m++) {
+        const int mt = kWG == 1 ? m : tid / kWgThreads;
 #pragma unroll
-        for (int i = 0; i < kN / 2; i++) red[(m * (kN / 2) + i) * kWgThreads + tid] = acc[m][i];
-    cluster_arrive();
-    cluster_wait();
+        for (int i = 0; i < kN / 2; i++) red[(mt * (kN / 2) + i) * kWgThreads + tid % kWgThreads] = acc[m][i];
+    }
+    if (parts > 1) {
+        cluster_arrive();
+        cluster_wait();
+    } else {
+        __syncthreads();
+    }
     constexpr int kPairs = kN / 2 * kWgThreads;  // (i, thread) pairs of one tile
     const int share = kPairs / parts;            // (parts divides 512)
-    for (int e = rank * share + tid; e < (rank + 1) * share; e += kWgThreads) {
+    for (int e = rank * share + tid; e < (rank + 1) * share; e += kThreads) {
         float v[2];
 #pragma unroll
         for (int m = 0; m < 2; m++) {
+            if (parts == 1) {
+                v[m] = red[m * kPairs + e];
+                continue;
+            }
             const uint32_t off = base + uint32_t(m * kPairs + e) * 4;
             float part[8];  // (the loads first, all in flight together; then the sum in part order)
 #pragma unroll
@@ -353,8 +369,10 @@ __device__ __forceinline__ void wg_epilogue(float (&acc)[2][kN / 2], unsigned ch
         }
         store(v, e / kWgThreads, e % kWgThreads);
     }
-    cluster_arrive();  // no block leaves while another may still read its shared memory
-    cluster_wait();
+    if (parts > 1) {
+        cluster_arrive();  // no block leaves while another may still read its shared memory
+        cluster_wait();
+    }
 }
 
 // Block b takes part b % parts of K (chunks [part * per, ..)); the parts of a tile are one cluster. Tile b / parts
@@ -491,7 +509,7 @@ void wgmma_rows(const bf16* x, int64_t T, const GemvGroup& g, const WgmmaGateUp&
 
 // ---- The quantized kernel: Q8, Q4 or FP8 (e4m3) codes turned into bf16 weights in registers ----
 constexpr int kWgQ8 = 1, kWgQ4 = 2, kWgE4M3 = 3;
-constexpr int kWgQuantPipeStages = 5;  // stages of the pipelined form (three chunks in flight, as the plain form)
+constexpr int kWgQuantStages = 5;  // stages of the ring (chunks r .. r + 3 requested while r is converted)
 
 // Bytes of one weight row's 64-value chunk.
 template <int kW>
@@ -589,8 +607,8 @@ __device__ __forceinline__ QuantMember quant_member(const Fp8Group& g, int block
 // fragments need (wgq_x_word), by 4-byte copies. A weight is rounded to bf16 exactly as the dequantize-then-GEMM
 // path rounds it; the sums are fp32 on the tensor cores. Scale entries of a row and chunk: Q8/Q4 with group 32 two
 // (the chunk's halves), else one (Q8/Q4: the group holding the chunk; FP8: its 128 x 128 block).
-template <int kN, bool kGateUp, int kW, bool kPipe>
-__global__ void __launch_bounds__(kWgThreads)
+template <int kN, bool kGateUp, int kW, int kWG>
+__global__ void __launch_bounds__(kWgThreads* kWG)
     gemm_wgmma_quant_kernel(const bf16* __restrict__ x, int T, const __grid_constant__ Fp8Group g,
                             const __grid_constant__ WgmmaGateUp gu, int K, int group, int parts, bool evict_first) {
     pdl_trigger();
@@ -622,8 +640,9 @@ __global__ void __launch_bounds__(kWgThreads)
     const uint32_t base = (raw_addr + 1023u) & ~1023u;
     unsigned char* ring = wg_raw + (base - raw_addr);
     constexpr int kStage = wgq_stage_bytes<kN, kW>(), kCB = wgq_code_bytes<kW>();
-    constexpr int kS = kPipe ? kWgQuantPipeStages : kWgStages;  // stages of the ring
-    constexpr int kAhead = kS - 1;                              // chunks requested before the loop
+    constexpr int kS = kWgQuantStages;
+    constexpr int kAhead = kS - 1;  // chunks requested before the loop
+    constexpr int kThreads = kWgThreads * kWG, kWarps = kThreads / 32;
     const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
     const int rank = int(blockIdx.x) % parts;
     const int n_chunks = K / kWgChunk;
@@ -642,8 +661,8 @@ __global__ void __launch_bounds__(kWgThreads)
         const uint32_t st = base + uint32_t((r % kS) * kStage + kN * 128);
         const int chunk = c_first + r;
 #pragma unroll
-        for (int i = 0; i < kCB / 16; i++) {
-            const int e = tid + i * kWgThreads, row = e / (kCB / 16), c = e % (kCB / 16);
+        for (int i = 0; i < kWgFeatures * kCB / 16 / kThreads; i++) {
+            const int e = tid + i * kThreads, row = e / (kCB / 16), c = e % (kCB / 16);
             const bool hi = row >= 64;
             const int n = (hi ? f1 : f0) + (row & 63);
             const bool ok = n < N;
@@ -651,6 +670,7 @@ __global__ void __launch_bounds__(kWgThreads)
                               ok ? (hi ? w1 : w0) + int64_t(n) * row_bytes + int64_t(chunk) * kCB + 16 * c : w0, ok,
                               pol);
         }
+        if (tid >= kWgFeatures) return;
         const bool hi = tid >= 64;
         const int n = (hi ? f1 : f0) + (tid & 63);
         const bool ok = n < N;
@@ -664,23 +684,27 @@ __global__ void __launch_bounds__(kWgThreads)
             if (two) cp_async4_zfill(sd + 4, ok ? sp + int64_t(n) * G + k0 / group + 1 : sp, ok);
         }
     };
-    // x: warp w copies rows w, w + 4, ... (tokens < T; the other rows' products are never stored), lane p its word p
+    // x: warp w copies rows w, w + kWarps, ... (tokens < T; the other rows' products are never stored), lane p its
+    // word p
     const int xw = wgq_x_word<kW>(lane);
     auto issue_x = [&](int r) {
         if (r >= rounds) return;
         const uint32_t st = base + uint32_t((r % kS) * kStage);
         const int k0 = (c_first + r) * kWgChunk;
 #pragma unroll
-        for (int i = 0; i < kN / 4; i++) {
-            const int t = warp + 4 * i;
+        for (int i = 0; i < kN / kWarps; i++) {
+            const int t = warp + kWarps * i;
             if (t >= T) break;
             cp_async4_zfill(st + swizzle128(t, xw >> 2) + 4 * (xw & 3), x + int64_t(t) * K + k0 + 2 * lane, true);
         }
     };
 
-    float acc[2][kN / 2];
+    // this thread's wgmma tiles: both (kWG = 1), or tile tid / 128 of its warpgroup (kWG = 2)
+    constexpr int kM = 2 / kWG;
+    const int m0 = kWG == 1 ? 0 : tid / kWgThreads, wq = warp & 3;  // (wq: the warp in its warpgroup)
+    float acc[kM][kN / 2];
 #pragma unroll
-    for (int m = 0; m < 2; m++)
+    for (int m = 0; m < kM; m++)
 #pragma unroll
         for (int i = 0; i < kN / 2; i++) acc[m][i] = 0.0f;
 
@@ -693,15 +717,16 @@ __global__ void __launch_bounds__(kWgThreads)
         cp_async_commit();
     }
     const int gi = lane >> 2, q = lane & 3;
-    // chunk r's A fragments into a[m][s] (tile m, k-step s: rows 16 warp + gi and + 8 of the tile)
-    auto convert = [&](int r, uint32_t(&a)[2][4][4]) {
+    using Frags = uint32_t[kM][4][4];
+    // chunk r's A fragments into a[m][s] (tile m0 + m, k-step s: rows 16 wq + gi and + 8 of the tile)
+    auto convert = [&](int r, Frags& a) {
         const unsigned char* codes = ring + (r % kS) * kStage + kN * 128;
         const float* sc = reinterpret_cast<const float*>(codes + kWgFeatures * kCB);
 #pragma unroll
-        for (int m = 0; m < 2; m++)
+        for (int m = 0; m < kM; m++)
 #pragma unroll
             for (int h = 0; h < 2; h++) {
-                const int row = 64 * m + 16 * warp + gi + 8 * h;
+                const int row = 64 * (m0 + m) + 16 * wq + gi + 8 * h;
                 const float* rs = sc + row * 2;
                 if constexpr (kW == kWgQ4) {
                     const uint2 c = *reinterpret_cast<const uint2*>(codes + row * kCB + 8 * q);
@@ -720,103 +745,89 @@ __global__ void __launch_bounds__(kWgThreads)
                 }
             }
     };
+    auto fence_acc = [&] {
+#pragma unroll
+        for (int m = 0; m < kM; m++) fence_registers(acc[m]);
+    };
     // chunk r's products from a (committed, not waited for)
-    auto products = [&](int r, uint32_t(&a)[2][4][4]) {
+    auto products = [&](int r, Frags& a) {
         const uint32_t st = base + uint32_t((r % kS) * kStage);
-        fence_registers(acc[0]);
-        fence_registers(acc[1]);
+        fence_acc();
         wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < kWgChunk / 16; kk++) {
             const uint64_t b = wg_desc(st + 32 * kk);
-            wgmma_rs_tile<kN>(acc[0], a[0][kk], b);
-            wgmma_rs_tile<kN>(acc[1], a[1][kk], b);
+#pragma unroll
+            for (int m = 0; m < kM; m++) wgmma_rs_tile<kN>(acc[m], a[m][kk], b);
         }
         wgmma_commit();
     };
-    auto fence_a = [&](uint32_t(&a)[2][4][4]) {
+    auto fence_a = [&](Frags& a) {
 #pragma unroll
-        for (int m = 0; m < 2; m++)
+        for (int m = 0; m < kM; m++)
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) fence_registers(a[m][kk]);
     };
-    if constexpr (!kPipe) {
-        for (int r = 0; r < rounds; r++) {
-            cp_async_wait<kS - 2>();
+    // chunk r + 1's codes are converted while chunk r's products run, into the other fragment buffer (no
+    // register a running product reads is written before it is waited for, so ptxas keeps the products
+    // asynchronous); the stage of chunk r - 1 is refilled once every warp has waited for its products
+    Frags a0, a1;
+    cp_async_wait<kS - 2>();
+    fence_proxy_async_shared();
+    __syncthreads();
+    if (rounds > 0) convert(0, a0);
+    auto step = [&](int r, Frags& cur, Frags& nxt) {
+        if (r >= rounds) return;
+        products(r, cur);
+        if (r + 1 < rounds) {
+            cp_async_wait<kS - 3>();
             fence_proxy_async_shared();
-            __syncthreads();  // chunk r is in; every warp's products of chunk r - 1 are done (its stage is refilled)
-            issue_w(r + kAhead);
-            issue_x(r + kAhead);
+            __syncthreads();  // chunk r + 1 is in; every warp's products of chunk r - 1 are done
+            issue_w(r + kS - 1);
+            issue_x(r + kS - 1);
             cp_async_commit();
-            uint32_t a[2][4][4];
-            convert(r, a);
-            products(r, a);
-            wgmma_wait_all();
-            fence_registers(acc[0]);
-            fence_registers(acc[1]);
-            fence_a(a);
+            convert(r + 1, nxt);
         }
-    } else {
-        // chunk r + 1's codes are converted while chunk r's products run, into the other fragment buffer (no
-        // register a running product reads is written before it is waited for, so ptxas keeps the products
-        // asynchronous); the stage of chunk r - 1 is refilled once every warp has waited for its products
-        uint32_t a0[2][4][4], a1[2][4][4];
-        cp_async_wait<kS - 2>();
-        fence_proxy_async_shared();
-        __syncthreads();
-        if (rounds > 0) convert(0, a0);
-        auto step = [&](int r, uint32_t(&cur)[2][4][4], uint32_t(&nxt)[2][4][4]) {
-            if (r >= rounds) return;
-            products(r, cur);
-            if (r + 1 < rounds) {
-                cp_async_wait<kS - 3>();
-                fence_proxy_async_shared();
-                __syncthreads();  // chunk r + 1 is in; every warp's products of chunk r - 1 are done
-                issue_w(r + kS - 1);
-                issue_x(r + kS - 1);
-                cp_async_commit();
-                convert(r + 1, nxt);
-            }
-            wgmma_wait_all();
-            fence_registers(acc[0]);
-            fence_registers(acc[1]);
-            fence_a(cur);
-        };
-        for (int r = 0; r < rounds; r += 2) {
-            step(r, a0, a1);
-            step(r + 1, a1, a0);
-        }
+        wgmma_wait_all();
+        fence_acc();
+        fence_a(cur);
+    };
+    for (int r = 0; r < rounds; r += 2) {
+        step(r, a0, a1);
+        step(r + 1, a1, a0);
     }
     cp_async_wait_all();
-    wg_epilogue<bf16, kN, kGateUp>(acc, ring, base, tid, rank, parts, T, N, f0, f1, y, gu);
+    wg_epilogue<bf16, kN, kGateUp, kWG>(acc, ring, base, tid, rank, parts, T, N, f0, f1, y, gu);
 }
 
-template <int kN, bool kGateUp, int kW, bool kPipe>
+template <int kN, bool kGateUp, int kW, int kWG>
 void wgq_launch(const bf16* x, int64_t T, const Fp8Group& g, const WgmmaGateUp& gu, unsigned tiles, int64_t K,
                 int64_t group, int parts, const LaunchContext& ctx) {
-    constexpr size_t smem = wgq_smem_bytes < kN, kW, kPipe ? kWgQuantPipeStages : kWgStages > ();
+    constexpr size_t smem = wgq_smem_bytes<kN, kW, kWgQuantStages>();
     static std::atomic<uint64_t> done{0};
     const char* what = kW == kWgQ8   ? (kGateUp ? "Q8 wgmma gate/up/SiLU kernel" : "Q8 wgmma GEMM kernel")
                        : kW == kWgQ4 ? (kGateUp ? "Q4 wgmma gate/up/SiLU kernel" : "Q4 wgmma GEMM kernel")
                                      : (kGateUp ? "FP8 wgmma gate/up/SiLU kernel" : "FP8 wgmma GEMM kernel");
-    opt_in_smem(gemm_wgmma_quant_kernel<kN, kGateUp, kW, kPipe>, smem, done, what);
-    launch_clusters(gemm_wgmma_quant_kernel<kN, kGateUp, kW, kPipe>, dim3(tiles * unsigned(parts)), dim3(kWgThreads),
-                    unsigned(parts), smem, ctx, what, x, int(T), g, gu, int(K), int(group), parts, ctx.evict_first);
+    opt_in_smem(gemm_wgmma_quant_kernel<kN, kGateUp, kW, kWG>, smem, done, what);
+    launch_clusters(gemm_wgmma_quant_kernel<kN, kGateUp, kW, kWG>, dim3(tiles * unsigned(parts)),
+                    dim3(kWgThreads * kWG), unsigned(parts), smem, ctx, what, x, int(T), g, gu, int(K), int(group),
+                    parts, ctx.evict_first);
 }
 
-template <bool kGateUp, int kW, bool kPipe>
+template <bool kGateUp, int kW, int kWG>
 void wgq_n(const bf16* x, int64_t T, const Fp8Group& g, const WgmmaGateUp& gu, unsigned tiles, int64_t K, int64_t group,
            int parts, const LaunchContext& ctx) {
-    if (T <= 16) return wgq_launch<16, kGateUp, kW, kPipe>(x, T, g, gu, tiles, K, group, parts, ctx);
-    if (T <= 32) return wgq_launch<32, kGateUp, kW, kPipe>(x, T, g, gu, tiles, K, group, parts, ctx);
-    return wgq_launch<64, kGateUp, kW, kPipe>(x, T, g, gu, tiles, K, group, parts, ctx);
+    if (T <= 16) return wgq_launch<16, kGateUp, kW, kWG>(x, T, g, gu, tiles, K, group, parts, ctx);
+    if (T <= 32) return wgq_launch<32, kGateUp, kW, kWG>(x, T, g, gu, tiles, K, group, parts, ctx);
+    return wgq_launch<64, kGateUp, kW, kWG>(x, T, g, gu, tiles, K, group, parts, ctx);
 }
 
+// (ctx.wgmma_quant_warpgroups: 1 or 2 consumer warpgroups a block)
 template <bool kGateUp, int kW>
 void wgq_rows(const bf16* x, int64_t T, const Fp8Group& g, const WgmmaGateUp& gu, unsigned tiles, int64_t K,
               int64_t group, int parts, const LaunchContext& ctx) {
-    if (ctx.wgmma_quant_pipelined) return wgq_n<kGateUp, kW, true>(x, T, g, gu, tiles, K, group, parts, ctx);
-    wgq_n<kGateUp, kW, false>(x, T, g, gu, tiles, K, group, parts, ctx);
+    if (ctx.wgmma_quant_warpgroups == 2) return wgq_n<kGateUp, kW, 2>(x, T, g, gu, tiles, K, group, parts, ctx);
+    wgq_n<kGateUp, kW, 1>(x, T, g, gu, tiles, K, group, parts, ctx);
 }
 
 template <bool kGateUp>
@@ -952,7 +963,7 @@ bool wgmma_quant_fits(const bf16* x, int64_t T, const Matrix& w, const LaunchCon
         w.cols % kWgChunk != 0 || w.cols >= (int64_t(1) << 30) || !aligned16(x) || !aligned16(w.data))
         return false;
     if (is_int_quant(w.dtype)) return int_quant_shape_ok(w.cols, w.group) && w.scale_segment_rows == 0;
-    return w.dtype == DType::F8_E4M3 && w.scale_segment_rows >= 0;
+    return w.dtype == DType::F8_E4M3 && ctx.wgmma_quant_fp8;
 }
 
 void wgmma_gemm_quant_group(const bf16* x, int64_t T, const Fp8Group& group, int64_t K, DType dtype, int64_t qgroup,

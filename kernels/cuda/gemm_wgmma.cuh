@@ -71,7 +71,8 @@ constexpr int kWgmmaQuantMaxRows = 64;
 
 // True when ctx sends T rows of quantized weights to this GEMM: ctx.wgmma and ctx.clusters and kWgmmaGemmMinRows
 // <= T <= min(ctx.wgmma_quant_max_rows, kWgmmaQuantMaxRows). wgmma_quant_fits adds the matrix: Q8/Q4 with a valid
-// group and no scale segments, or F8_E4M3 (any segments), K % 64 == 0, N and K < 2^30, x and w 16-byte aligned.
+// group and no scale segments, or F8_E4M3 (any segments) when ctx.wgmma_quant_fp8, K % 64 == 0, N and K < 2^30, x and w
+// 16-byte aligned.
 bool wgmma_quant_rows(int64_t T, const LaunchContext& ctx);
 bool wgmma_quant_fits(const bf16* x, int64_t T, const Matrix& w, const LaunchContext& ctx);
 // y_s = x @ W_s^T (bf16) for the 1 to Fp8Group::kMax members of g (one dtype, K and, for Q8/Q4, group qgroup; each
