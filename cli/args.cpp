@@ -495,14 +495,10 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     sp.repeat_last_n = r["repeat-last-n"].as<int>();
     sp.presence_penalty = real("presence-penalty");
     sp.frequency_penalty = real("frequency-penalty");
-    auto shown = [](float v) {  // as short as the value allows ("1.5", not "1.500000")
-        char buf[32];
-        std::snprintf(buf, sizeof buf, "%g", double(v));
-        return std::string(buf);
-    };
-    if (sp.top_p < 0.0f || sp.top_p > 1.0f) usage("--top-p must be in [0, 1], got " + shown(sp.top_p));
-    if (sp.min_p < 0.0f || sp.min_p > 1.0f) usage("--min-p must be in [0, 1], got " + shown(sp.min_p));
-    if (sp.repeat_penalty <= 0.0f) usage("--repeat-penalty must be > 0, got " + shown(sp.repeat_penalty));
+    auto given = [&](const char* name) { return r[name].as<std::string>(); };  // (as typed: 1.0000001 is not "1")
+    if (sp.top_p < 0.0f || sp.top_p > 1.0f) usage("--top-p must be in [0, 1], got " + given("top-p"));
+    if (sp.min_p < 0.0f || sp.min_p > 1.0f) usage("--min-p must be in [0, 1], got " + given("min-p"));
+    if (sp.repeat_penalty <= 0.0f) usage("--repeat-penalty must be > 0, got " + given("repeat-penalty"));
     if (sp.repeat_last_n < -1) usage("--repeat-last-n must be >= -1, got " + std::to_string(sp.repeat_last_n));
     const std::string seed = r["seed"].as<std::string>();
     o.random_seed = seed == "-1";

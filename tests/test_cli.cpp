@@ -590,6 +590,11 @@ TEST_CASE("cli: single-dash words are unknown options, not -n or -s with a value
     }
     check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "--top-p", "1.5"}), 1,
                          "--top-p must be in [0, 1], got 1.5");
+    // the value as typed (float(1.0000001) > 1, but "%g" showed it as "got 1")
+    check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "--min-p", "1.0000001"}), 1,
+                         "--min-p must be in [0, 1], got 1.0000001");
+    check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "--repeat-penalty", "-0"}), 1,
+                         "--repeat-penalty must be > 0, got -0");
     CHECK(hybrid({"-m", "models/tiny", "-n", "1", "-cnv"}, "hi\n").rc == 0);  // llama.cpp's -cnv is taken
     CHECK(hybrid({"-m", "models/tiny", "-p", "-ngl", "-n", "1"}).rc == 0);    // a value that looks like one is fine
     // ... also over several lines (a Markdown list as the prompt: cxxopts refused it as --prompt=VALUE)
