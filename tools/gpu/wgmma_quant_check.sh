@@ -5,7 +5,8 @@
 # same binary. Steps, in order of need: its tests; 4B-shaped decode at 16/32/64 rows for int4, int8, fp8 (W8A16: on,
 # on with 2 warpgroups, off; block-scaled W8A8: the default) and bf16; every [int] and [fp8] case; every [gpu] case.
 # Usage (device tool, repository root, carry [".carry/deps"]): bash tools/gpu/wgmma_quant_check.sh; ONLY="tests
-# bench_int4 ..." runs the named steps (the build always runs); B_LIST (default 16,32,64) the batch sizes.
+# bench_int4 ..." runs the named steps (the build always runs); B_LIST (default 16,32,64) the batch sizes; MODES
+# (default "on on2 off") the bench modes.
 set -u
 . tools/gpu/run_lib.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$SUM" 2>&1
@@ -31,7 +32,7 @@ for q in int4 int8 bf16 fp8; do  # (each quantized mode: on, off)
     fi
     extra=()
     [ $q = fp8 ] && extra=(--fp8-gemm dequantize)
-    for mode in on on2 off; do  # (on2: 2 consumer warpgroups)
+    for mode in ${MODES:-on on2 off}; do  # (on2: 2 consumer warpgroups)
         step bench_${q}_$mode 200 $B -m /tmp/q4b --dummy-weights --device cuda --quant $q -p 128 -n 32 -b $BL -r 1 \
             --wgmma-quant ${mode%2} --wgmma-quant-warpgroups $([ $mode = on2 ] && echo 2 || echo 1) "${extra[@]}"
         rows $NB "$q ${extra[*]} wgmma $mode"
