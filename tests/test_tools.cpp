@@ -205,6 +205,9 @@ TEST_CASE("hybrid-bench --depth: speeds measured after D context tokens", "[cli]
         REQUIRE(!j.is_discarded());
         REQUIRE(j["runs"].size() == 2);
         CHECK(r.err.find("| batch | depth | prompt | gen |") != std::string::npos);
+        // the untimed context prefill is announced (it was silent for minutes at -d 100000 on a CPU)
+        CHECK((r.err.find("prefills " + std::string(depth) + " context tokens") != std::string::npos) ==
+              (std::string(depth) != "0"));
         return j;
     };
     const auto flat = run("0"), deep = run("40");
@@ -400,6 +403,7 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     check(run_prog(bench, {"-m", "models/tiny", "--ubatch", "0"}), 1, "--ubatch");
     check(run_prog(bench, {"-m", "models/tiny", "-t", "2000"}), 1, "-t");
     check(run_prog(bench, {"-m", "models/tiny", "-r", "0"}), 1, "-r must be >= 1");
+    check(run_prog(bench, {"-m", "models/tiny", "-r", "2147483647"}), 1, "-r must be at most 10000");
     check(run_prog(bench, {"-m", "models/tiny", "stray"}), 1, "'stray'");
     check(run_prog(bench, {"-m", "models/tiny", "-n", "abc"}), 1, "invalid value 'abc' for -n");
     check(run_prog(bench, {"-p", "8"}), 1, "-m DIR");  // a missing model folder is named in one line

@@ -288,6 +288,7 @@ int main(int argc, char** argv) {
         std::vector<int> batches = parse_list(args["batch"].as<std::string>());
         for (const auto& [flag, v] : {std::pair<const char*, int>{"-p", n_prompt}, {"-n", n_gen}, {"-r", reps}})
             if (v < 1) throw tools::UsageError(std::string(flag) + " must be >= 1, got " + std::to_string(v));
+        if (reps > 10000) throw tools::UsageError("-r must be at most 10000, got " + std::to_string(reps));
         const int max_b = *std::max_element(batches.begin(), batches.end());  // parse_list: not empty, all >= 1
         const int ubatch = args["ubatch"].as<int>(), threads = tools::parse_threads(args["threads"].as<int>());
         if (ubatch < 1) throw tools::UsageError("--ubatch must be >= 1, got " + std::to_string(ubatch));
@@ -517,6 +518,11 @@ int main(int argc, char** argv) {
         std::vector<int32_t> prompt(static_cast<size_t>(n_prompt)), context(static_cast<size_t>(depth)),
             toks(static_cast<size_t>(max_b)), rows(static_cast<size_t>(max_b));
         std::vector<SeqRun> runs(static_cast<size_t>(max_b));
+        if (depth > 0)  // (untimed, but long on a CPU: say what the wait is)
+            std::fprintf(stderr,
+                         "hybrid-bench: each of the %d repetitions prefills %d context tokens a sequence "
+                         "first (untimed)\n",
+                         reps + 1, depth);
         for (int b : batches) {
             std::vector<double> pre_tps, dec_tps;
             for (int rep = 0; rep < reps + 1; rep++) {  // the first repetition warms up
