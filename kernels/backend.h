@@ -299,7 +299,9 @@ struct CudaOptions {
     // split is wgmma_gemm_parts.
     bool wgmma_quant = true;
     // Its consumer warpgroups a block: 1 (default: each thread converts and multiplies both 64-row tiles) or 2 (one
-    // tile each, twice the warps to hide the conversion's latency; the same bits).
+    // tile each, twice the warps to hide the conversion's latency; the same bits). 2 changes Q8 matrices only (H200,
+    // thirty-eighth session, int8 4B decode at 16/32/64 rows +29%/+37%/+10% against 1; the Q4 form failed with an
+    // illegal instruction and the FP8 one has not run: docs/perf-notes.md).
     int wgmma_quant_warpgroups = 1;
     // FP8 matrices with more rows than the FP8 GEMVs take (over 8): true (default), FP8 tensor cores
     // with the activations quantized per row and 128-value group (W8A8 with cuBLASLt block scales, the checkpoints'
