@@ -321,6 +321,22 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
         if (type != "default")
             throw Error(Status::unsupported, source + ": unsupported rope_type '" + type + "' (supported: default)");
     }
+    // The legacy rope_scaling (the Qwen model cards' recipe for long contexts adds {"rope_type": "yarn", "factor": 4,
+    // ...} there): a scaling other than the default would change every position's rotation, so it is refused rather
+    // than ignored. null (Qwen3-Next's checkpoints) or an object of type "default" is taken.
+    if (r.has("rope_scaling")) {
+        const json& rs = tj->at("rope_scaling");
+        if (!rs.is_object()) r.fail("rope_scaling", "must be an object or null");
+        for (const char* f : {"rope_type", "type"}) {
+            if (!rs.contains(f) || rs.at(f).is_null()) continue;
+            if (!rs.at(f).is_string()) r.fail(std::string("rope_scaling.") + f, "must be a string");
+            const std::string type = rs.at(f).get<std::string>();
+            if (type != "default")
+                throw Error(Status::unsupported, source + ": unsupported rope_scaling " + f + " '" + type +
+                                                     "' (supported: default; hybrid has no YaRN or other RoPE "
+                                                     "scaling yet)");
+        }
+    }
     // Each of rope_theta and partial_rotary_factor: rope_parameters' value, else the top level's, else the default.
     // null counts as absent in either place, but a null with no value anywhere is refused: the default would be a
     // silent guess (models/tiny was trained with rope_theta 1e7, the default is 1e4).

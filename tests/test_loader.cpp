@@ -290,6 +290,8 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
             {"/attn_output_gate", 1, "field 'attn_output_gate' must be true or false"},
             {"/rope_parameters", "x", "field 'rope_parameters' must be an object"},
             {"/rope_parameters/rope_type", true, "field 'rope_parameters.rope_type' must be a string"},
+            {"/rope_scaling", "x", "field 'rope_scaling' must be an object or null"},
+            {"/rope_scaling", nlohmann::json{{"type", 2}}, "field 'rope_scaling.type' must be a string"},
             {"/rms_norm_eps", 1e300, "field 'rms_norm_eps' must be a finite number (an f32: at most about 3.4e38)"},
             {"/eos_token_id", 2.5, "field 'eos_token_id' must hold token ids, found 2.5"},
             {"/eos_token_id", 4294967297LL, "field 'eos_token_id' must hold token ids, found 4294967297"},
@@ -304,6 +306,25 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
             write_model_dir(d.path, tensors, j.dump());
             INFO(field);
             require_error([&] { Model::load(d.path, p); }, Status::format, message);
+        }
+    }
+    SECTION(
+        "rope_scaling: YaRN (the model cards' long-context recipe) is refused, not ignored; null and default load") {
+        {
+            TempDir d;
+            nlohmann::json j = nlohmann::json::parse(config);
+            j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 262144}};
+            write_model_dir(d.path, tensors, j.dump());
+            require_error([&] { Model::load(d.path, p); }, Status::unsupported,
+                          "config.json: unsupported rope_scaling rope_type 'yarn' (supported: default;");
+        }
+        for (const nlohmann::json& v : {nlohmann::json(nullptr), nlohmann::json{{"type", "default"}}}) {
+            TempDir d;
+            nlohmann::json j = nlohmann::json::parse(config);
+            j["rope_scaling"] = v;
+            write_model_dir(d.path, tensors, j.dump());
+            INFO(v.dump());
+            CHECK(Model::load(d.path, p) != nullptr);
         }
     }
     SECTION("a whole number written as a float (8.0) is an integer field's value") {
