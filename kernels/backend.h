@@ -293,10 +293,10 @@ struct CudaOptions {
     int wgmma_gemm_parts = 0;
     // Q8/Q4 matrices, and FP8 (e4m3) ones when fp8_block_scaled_gemm is false, with 9 to 64 rows of x (batched
     // decode) on the wgmma GEMM reading their codes (sm_90a; kernels/cuda/gemm_wgmma.cuh: weights turned into bf16 in
-    // registers, W8A16 / W4A16) when true (the default: H100, thirty-eighth session, 4B decode at 16/32/64 rows int4
-    // +18%/+18%/+10%, int8 +27%/+7%/+12% against false; FP8 W8A8 stayed faster than it, so block-scaled FP8 keeps
-    // its GEMM); false: Q8/Q4 dequantized to bf16 scratch for cuBLASLt, FP8 as fp8_block_scaled_gemm says. Its K
-    // split is wgmma_gemm_parts.
+    // registers, W8A16 / W4A16) when true (the default; thirty-eighth session, 4B decode at 16/32/64 rows against
+    // false: H100 int4 +18%/+18%/+10%, int8 +27%/+7%/+12%; H200 int4 +4%/+10%/+3%, int8 +17%/+1%/+2%; FP8 W8A8 stayed
+    // faster than it on the H100, so block-scaled FP8 keeps its GEMM); false: Q8/Q4 dequantized to bf16 scratch for
+    // cuBLASLt, FP8 as fp8_block_scaled_gemm says. Its K split is wgmma_gemm_parts.
     bool wgmma_quant = true;
     // Its consumer warpgroups a block: 1 (default: each thread converts and multiplies both 64-row tiles) or 2 (one
     // tile each, twice the warps to hide the conversion's latency; the same bits). 2 changes Q8 matrices only (H200,
