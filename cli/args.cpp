@@ -476,8 +476,11 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         if (!parse_real(text, &v) || !std::isfinite(v))
             usage("invalid value '" + text + "' for --" + name +
                   (decimal_real_out_of_range(text) ? " (out of range)" : " (a decimal number)") + " (see --help)");
-        if (!std::isfinite(float(v)) || (v != 0.0 && float(v) == 0.0f))  // (a number past float's range, or one
-            usage("invalid value '" + text + "' for --" + name + " (out of range) (see --help)");  // it rounds to 0)
+        if (!std::isfinite(float(v)))  // (a number, but past float's range)
+            usage("invalid value '" + text + "' for --" + name + " (out of range) (see --help)");
+        if (v != 0.0 && float(v) == 0.0f)  // (it would silently be 0: --temp 1e-300 was greedy without a word)
+            usage("invalid value '" + text + "' for --" + name +
+                  " (too small: it rounds to 0 as a float; give 0 for 0)");
         return float(v);
     };
     // (options not given take the model folder's generation_config.json values when it has them: main.cpp)

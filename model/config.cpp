@@ -319,11 +319,15 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
         if (!rp->at("rope_type").is_string()) r.fail("rope_parameters.rope_type", "must be a string");
         std::string type = rp->at("rope_type").get<std::string>();
         if (type != "default")
-            throw Error(Status::unsupported, source + ": unsupported rope_type '" + type + "' (supported: default)");
+            throw Error(Status::unsupported, source + ": unsupported " + rp_scope + "rope_type '" + type +
+                                                 "' (supported: default; hybrid has no YaRN or other RoPE scaling "
+                                                 "yet)");
     }
     // The legacy rope_scaling (the Qwen model cards' recipe for long contexts adds {"rope_type": "yarn", "factor": 4,
     // ...} there): a scaling other than the default would change every position's rotation, so it is refused rather
-    // than ignored. null (Qwen3-Next's checkpoints) or an object of type "default" is taken.
+    // than ignored. null (Qwen3-Next's checkpoints) or an object of type "default" is taken, and "mrope" (Qwen2-VL's
+    // name for the multimodal sections, which transformers maps to the default rotation: text positions are the same
+    // in every section).
     if (r.has("rope_scaling")) {
         const json& rs = tj->at("rope_scaling");
         if (!rs.is_object()) r.fail("rope_scaling", "must be an object or null");
@@ -331,7 +335,7 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
             if (!rs.contains(f) || rs.at(f).is_null()) continue;
             if (!rs.at(f).is_string()) r.fail(std::string("rope_scaling.") + f, "must be a string");
             const std::string type = rs.at(f).get<std::string>();
-            if (type != "default")
+            if (type != "default" && type != "mrope")
                 throw Error(Status::unsupported, source + ": unsupported rope_scaling " + f + " '" + type +
                                                      "' (supported: default; hybrid has no YaRN or other RoPE "
                                                      "scaling yet)");
@@ -453,12 +457,12 @@ GenerationDefaults parse_generation_defaults(const std::string& text, const std:
     auto real = [&](const char* f, bool unit, bool positive) -> std::optional<float> {
         if (!given(f)) return std::nullopt;
         const double v = j.at(f).is_number() ? j.at(f).get<double>() : 0.0;
-        const char* err = !j.at(f).is_number()           ? "must be a number"
-                          : !std::isfinite(float(v))     ? "must be a finite number"
-                          : unit && (v < 0.0 || v > 1.0) ? "must be in [0, 1]"
-                          : positive && !(v > 0.0)       ? "must be > 0"
-                          : v < 0.0                      ? "must be >= 0"
-                                                         : nullptr;
+        const char* err = !j.at(f).is_number()             ? "must be a number"
+                          : !std::isfinite(float(v))       ? "must be a finite number"
+                          : unit && (v < 0.0 || v > 1.0)   ? "must be in [0, 1]"
+                          : positive && !(float(v) > 0.0f) ? "must be > 0"  // (as the float it becomes: 1e-300 is 0)
+                          : v < 0.0                        ? "must be >= 0"
+                                                           : nullptr;
         if (!err) return float(v);
         bad(f, err);
         return std::nullopt;

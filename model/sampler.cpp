@@ -100,9 +100,14 @@ void Sampler::apply_penalties(std::span<float> logits) const {
         if (seen_[size_t(id)] || size_t(id) >= logits.size()) continue;
         seen_[size_t(id)] = 1;
         float& l = logits[size_t(id)];
-        if (rp != 1.0f) l = l > 0.0f ? l / rp : l * rp;
+        if (!std::isfinite(l)) continue;  // (a banned -inf stays banned; NaN is never a candidate)
+        float v = l;
+        if (rp != 1.0f) v = v > 0.0f ? v / rp : v * rp;
         const int c = counts_[size_t(id)];
-        l -= pp * (c > 0 ? 1.0f : 0.0f) + fp * float(c);
+        v -= pp * (c > 0 ? 1.0f : 0.0f) + fp * float(c);
+        // kept finite: a repeat_penalty of 1e-38 made +inf of every positive logit, and +inf is no candidate (the
+        // draw fell back to an arbitrary id); at the float limit the boosted ids tie instead
+        l = std::clamp(v, -std::numeric_limits<float>::max(), std::numeric_limits<float>::max());
     }
     for (size_t k = 0; k < ring_count_; k++) seen_[size_t(ring_[(start + k) % cap])] = 0;
 }

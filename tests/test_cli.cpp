@@ -158,7 +158,7 @@ TEST_CASE("cli: errors have one-line messages and documented exit codes", "[cli]
                 "invalid value '1e-400' for --min-p (out of range)");
     // a double that rounds to 0 as a float (it sampled greedily without a word)
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--temp", "1e-300"}), 1,
-                "invalid value '1e-300' for --temp (out of range)");
+                "invalid value '1e-300' for --temp (too small: it rounds to 0 as a float; give 0 for 0)");
     CHECK(hybrid({"-m", "models/tiny", "-p", "x", "-n", "1", "--temp", "1e-30"}).rc == 0);  // (a float: taken)
     for (const char* junk : {"0.5abc", "1,5", "0x10", "nan", ""})  // real numbers are parsed strictly too
         check_error(hybrid({"-m", "models/tiny", "-p", "x", "--top-p", junk}), 1,

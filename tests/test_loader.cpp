@@ -318,7 +318,16 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
             require_error([&] { Model::load(d.path, p); }, Status::unsupported,
                           "config.json: unsupported rope_scaling rope_type 'yarn' (supported: default;");
         }
-        for (const nlohmann::json& v : {nlohmann::json(nullptr), nlohmann::json{{"type", "default"}}}) {
+        {
+            TempDir d;
+            nlohmann::json j = nlohmann::json::parse(config);
+            j["rope_parameters"]["rope_type"] = "yarn";
+            write_model_dir(d.path, tensors, j.dump());
+            require_error([&] { Model::load(d.path, p); }, Status::unsupported,
+                          "unsupported rope_parameters.rope_type 'yarn' (supported: default; hybrid has no YaRN");
+        }
+        for (const nlohmann::json& v : {nlohmann::json(nullptr), nlohmann::json{{"type", "default"}},
+                                        nlohmann::json{{"type", "mrope"}, {"mrope_section", {16, 24, 24}}}}) {
             TempDir d;
             nlohmann::json j = nlohmann::json::parse(config);
             j["rope_scaling"] = v;
@@ -463,6 +472,8 @@ TEST_CASE("generation_config.json: sampling fields, types and ranges", "[loader]
              {R"({"top_p": 1.5})", "g.json: field 'top_p' must be in [0, 1], found 1.5: ignored"},
              {R"({"min_p": 2})", "g.json: field 'min_p' must be in [0, 1], found 2: ignored"},
              {R"({"repetition_penalty": 0})", "g.json: field 'repetition_penalty' must be > 0, found 0: ignored"},
+             // (1e-300 is 0 as a float: it passed, and the sampler then stopped the run with exit 1)
+             {R"({"repetition_penalty": 1e-300})", "field 'repetition_penalty' must be > 0, found 1e-300: ignored"},
              {R"({"repetition_penalty": 1e39})", "field 'repetition_penalty' must be a finite number"},
              {R"({"top_k": 2.5})", "g.json: field 'top_k' must be an integer, found 2.5: ignored"},
              {R"({"top_k": 2000000000})", "field 'top_k' must be in [0, 2^30]"},

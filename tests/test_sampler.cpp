@@ -120,6 +120,25 @@ TEST_CASE("sampler: penalties match their formulas", "[sampler]") {
     CHECK(o3[0] == Approx(2.0f));  // left the window
     CHECK(o3[5] == Approx(1.0f / 1.5f));
 
+    // penalties at the float limits keep the logits finite: a repeat_penalty of 1e-38 divided positive logits to +inf,
+    // which no candidate may be, and the draw fell back to an arbitrary id (the sixth session's fresh-user test found
+    // random tokens); now the boosted ids tie at the float maximum and one of them is drawn, with any seed
+    for (const float rp : {1e-38f, 1e-45f}) {
+        SamplerParams r = plain();
+        r.repeat_penalty = rp;
+        for (uint64_t seed = 1; seed <= 20; seed++) {
+            r.seed = seed;
+            Sampler sr(r, 6, 6);
+            for (int32_t id : {0, 5, 1}) sr.accept(id);  // (logits 2, 1 positive; -1 negative)
+            std::vector<float> o4 = logits;
+            sr.apply_penalties(o4);
+            for (float v : o4) CHECK(std::isfinite(v));
+            const int32_t got = sr.sample(logits);
+            INFO("repeat_penalty " << rp << " seed " << seed);
+            CHECK((got == 0 || got == 5));
+        }
+    }
+
     // a penalty large enough changes the greedy choice
     SamplerParams g = plain();
     g.temperature = 0.0f;

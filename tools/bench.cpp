@@ -520,9 +520,9 @@ int main(int argc, char** argv) {
         std::vector<SeqRun> runs(static_cast<size_t>(max_b));
         if (depth > 0)  // (untimed, but long on a CPU: say what the wait is)
             std::fprintf(stderr,
-                         "hybrid-bench: each of the %d repetitions prefills %d context tokens a sequence "
-                         "first (untimed)\n",
-                         reps + 1, depth);
+                         "hybrid-bench: each of the %d runs of a batch size (a warm-up, then -r %d) prefills %d "
+                         "context tokens a sequence first (untimed)\n",
+                         reps + 1, reps, depth);
         for (int b : batches) {
             std::vector<double> pre_tps, dec_tps;
             for (int rep = 0; rep < reps + 1; rep++) {  // the first repetition warms up
