@@ -350,7 +350,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     o.n_threads = r["threads"].as<int>();
     if (o.n_threads == -1) o.n_threads = 0;  // llama.cpp's spelling of "all cores"
     if (o.n_threads < 0 || o.n_threads > 1024)
-        usage("-t must be in [0, 1024] (0 or -1: all cores), got " + std::to_string(o.n_threads));
+        usage("-t must be -1 or in [0, 1024] (0 or -1: all cores), got " + std::to_string(o.n_threads));
     const std::string dev = r["device"].as<std::string>();
     if (dev == "auto")
         o.device = HY_DEVICE_AUTO;

@@ -889,7 +889,7 @@ TEST_CASE("cli: model folder messages, -t -1 and -t past the cores, llama.cpp fl
     CHECK(many.rc == 0);
     CHECK(many.err.find("hybrid: warning: -t 1000 is more than the ") != std::string::npos);
     CHECK(with_t("1").err.find("warning") == std::string::npos);
-    check_one_line_error(with_t("-2"), 1, "-t must be in [0, 1024]");
+    check_one_line_error(with_t("-2"), 1, "-t must be -1 or in [0, 1024] (0 or -1: all cores), got -2");
     // llama.cpp's flags that hybrid does without get a hint, as -ngl does
     for (const auto& [flag, hint] : std::vector<std::pair<std::string, std::string>>{
              {"-e", "escapes in -p are processed by default"},

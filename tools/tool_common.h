@@ -160,7 +160,8 @@ inline void check_given_once(const cxxopts::ParseResult& r) {
 // -t as given: 0 or -1 (llama.cpp's spelling) is all cores, returned as 0; outside [-1, 1024] a UsageError.
 inline int parse_threads(int t) {
     if (t == -1) return 0;
-    if (t < 0 || t > 1024) throw UsageError("-t must be in [0, 1024] (0 or -1: all cores), got " + std::to_string(t));
+    if (t < 0 || t > 1024)
+        throw UsageError("-t must be -1 or in [0, 1024] (0 or -1: all cores), got " + std::to_string(t));
     return t;
 }
 
