@@ -78,7 +78,6 @@ inline std::string parse_error_message(const char* what, int argc, char** argv) 
     return msg;
 }
 
-// Digits with an optional '-' first, of any length ("+4", "0x10", "" are not).
 // True when text is a whole decimal real number in strtod's syntax that parse_real refuses only for its range
 // (overflow past double, or underflow such as 1e-400).
 inline bool decimal_real_out_of_range(const std::string& text) {
@@ -89,6 +88,7 @@ inline bool decimal_real_out_of_range(const std::string& text) {
     return end == text.c_str() + text.size() && errno == ERANGE;
 }
 
+// Digits with an optional '-' first, of any length ("+4", "0x10", "" are not).
 inline bool decimal_int_text(const std::string& text) {
     const size_t sign = !text.empty() && text[0] == '-' ? 1 : 0;
     return text.size() > sign && text.find_first_not_of("0123456789", sign) == std::string::npos;
