@@ -315,31 +315,28 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
     std::string rp_scope = std::string(scope) + "rope_parameters.";
     // (null counts as absent in rope_parameters too, as at the top level)
     auto rp_has = [&](const char* f) { return rp && rp->contains(f) && !rp->at(f).is_null(); };
-    if (rp_has("rope_type")) {
-        if (!rp->at("rope_type").is_string()) r.fail("rope_parameters.rope_type", "must be a string");
-        std::string type = rp->at("rope_type").get<std::string>();
-        if (type != "default")
-            throw Error(Status::unsupported, source + ": unsupported " + rp_scope + "rope_type '" + type +
-                                                 "' (supported: default; hybrid has no YaRN or other RoPE scaling "
-                                                 "yet)");
-    }
+    // A RoPE type field of obj (null counts as absent): "default" is taken (and "mrope" where mrope_ok); another type
+    // is refused as unsupported, named as `shown`: hybrid has no YaRN or other scaling, and running without it would
+    // change every position's rotation.
+    auto check_rope_type = [&](const json& obj, const char* f, const std::string& field, const std::string& shown,
+                               bool mrope_ok) {
+        if (!obj.contains(f) || obj.at(f).is_null()) return;
+        if (!obj.at(f).is_string()) r.fail(field, "must be a string");
+        const std::string type = obj.at(f).get<std::string>();
+        if (type == "default" || (mrope_ok && type == "mrope")) return;
+        throw Error(Status::unsupported, source + ": unsupported " + shown + " '" + type +
+                                             "' (supported: default; hybrid has no YaRN or other RoPE scaling yet)");
+    };
+    if (rp) check_rope_type(*rp, "rope_type", "rope_parameters.rope_type", rp_scope + "rope_type", false);
     // The legacy rope_scaling (the Qwen model cards' recipe for long contexts adds {"rope_type": "yarn", "factor": 4,
-    // ...} there): a scaling other than the default would change every position's rotation, so it is refused rather
-    // than ignored. null (Qwen3-Next's checkpoints) or an object of type "default" is taken, and "mrope" (Qwen2-VL's
-    // name for the multimodal sections, which transformers maps to the default rotation: text positions are the same
-    // in every section).
+    // ...} there): null (Qwen3-Next's checkpoints), {} and type "default" are taken, and "mrope" (Qwen2-VL's name for
+    // the multimodal sections, which transformers maps to the default rotation: text positions are the same in every
+    // section).
     if (r.has("rope_scaling")) {
         const json& rs = tj->at("rope_scaling");
         if (!rs.is_object()) r.fail("rope_scaling", "must be an object or null");
-        for (const char* f : {"rope_type", "type"}) {
-            if (!rs.contains(f) || rs.at(f).is_null()) continue;
-            if (!rs.at(f).is_string()) r.fail(std::string("rope_scaling.") + f, "must be a string");
-            const std::string type = rs.at(f).get<std::string>();
-            if (type != "default" && type != "mrope")
-                throw Error(Status::unsupported, source + ": unsupported rope_scaling " + f + " '" + type +
-                                                     "' (supported: default; hybrid has no YaRN or other RoPE "
-                                                     "scaling yet)");
-        }
+        for (const char* f : {"rope_type", "type"})
+            check_rope_type(rs, f, std::string("rope_scaling.") + f, std::string("rope_scaling ") + f, true);
     }
     // Each of rope_theta and partial_rotary_factor: rope_parameters' value, else the top level's, else the default.
     // null counts as absent in either place, but a null with no value anywhere is refused: the default would be a
