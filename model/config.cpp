@@ -337,6 +337,11 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
         if (!rs.is_object()) r.fail("rope_scaling", "must be an object or null");
         for (const char* f : {"rope_type", "type"})
             check_rope_type(rs, f, std::string("rope_scaling.") + f, std::string("rope_scaling ") + f, true);
+        // a scale factor with no type names no rotation (transformers refuses it too): not dropped in silence
+        const auto has = [&](const char* f) { return rs.contains(f) && !rs.at(f).is_null(); };
+        if (has("factor") && !has("rope_type") && !has("type"))
+            throw Error(Status::unsupported, source + ": rope_scaling has a factor (" + rs.at("factor").dump() +
+                                                 ") but no rope_type; hybrid has no YaRN or other RoPE scaling yet");
     }
     // Each of rope_theta and partial_rotary_factor: rope_parameters' value, else the top level's, else the default.
     // null counts as absent in either place, but a null with no value anywhere is refused: the default would be a

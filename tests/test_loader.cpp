@@ -318,6 +318,14 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
             require_error([&] { Model::load(d.path, p); }, Status::unsupported,
                           "config.json: unsupported rope_scaling rope_type 'yarn' (supported: default;");
         }
+        {  // (a factor without a type: the fresh-user test found it loaded and ran unscaled without a word)
+            TempDir d;
+            nlohmann::json j = nlohmann::json::parse(config);
+            j["rope_scaling"] = {{"factor", 4.0}, {"original_max_position_embeddings", 32768}};
+            write_model_dir(d.path, tensors, j.dump());
+            require_error([&] { Model::load(d.path, p); }, Status::unsupported,
+                          "config.json: rope_scaling has a factor (4.0) but no rope_type");
+        }
         {
             TempDir d;
             nlohmann::json j = nlohmann::json::parse(config);
