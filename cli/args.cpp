@@ -479,9 +479,15 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         if (!std::isfinite(float(v)))  // (a number, but past float's range)
             usage("invalid value '" + text + "' for --" + name + " (out of range) (see --help)");
         if (v != 0.0 && float(v) == 0.0f)  // (it would silently be 0: --temp 1e-300 was greedy without a word)
-            usage("invalid value '" + text + "' for --" + name +
-                  " (too small: it rounds to 0 as a float; give 0 for 0)");
+            usage("invalid value '" + text + "' for --" + name + " (too small: it rounds to 0 as a float" +
+                  (std::string(name) == "repeat-penalty" ? ")" : "; give 0 for 0)") + " (see --help)");
         return float(v);
+    };
+    // the value as parsed, before float rounding (--top-p 1.00000001 is 1 as a float, but not in [0, 1])
+    auto exact = [&](const char* name) {
+        double v = 0.0;
+        parse_real(r[name].as<std::string>(), &v);
+        return v;
     };
     // (options not given take the model folder's generation_config.json values when it has them: main.cpp)
     if (r.count("temp")) o.sampling_given |= HY_SAMPLER_TEMPERATURE;
@@ -499,9 +505,11 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     sp.presence_penalty = real("presence-penalty");
     sp.frequency_penalty = real("frequency-penalty");
     auto given = [&](const char* name) { return r[name].as<std::string>(); };  // (as typed: 1.0000001 is not "1")
-    if (sp.top_p < 0.0f || sp.top_p > 1.0f) usage("--top-p must be in [0, 1], got " + given("top-p"));
-    if (sp.min_p < 0.0f || sp.min_p > 1.0f) usage("--min-p must be in [0, 1], got " + given("min-p"));
-    if (sp.repeat_penalty <= 0.0f) usage("--repeat-penalty must be > 0, got " + given("repeat-penalty"));
+    for (const char* name : {"top-p", "min-p"})
+        if (!(exact(name) >= 0.0 && exact(name) <= 1.0))
+            usage(std::string("--") + name + " must be in [0, 1], got " + given(name) + " (see --help)");
+    if (sp.repeat_penalty <= 0.0f)
+        usage("--repeat-penalty must be > 0, got " + given("repeat-penalty") + " (see --help)");
     if (sp.repeat_last_n < -1) usage("--repeat-last-n must be >= -1, got " + std::to_string(sp.repeat_last_n));
     const std::string seed = r["seed"].as<std::string>();
     o.random_seed = seed == "-1";

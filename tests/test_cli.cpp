@@ -158,7 +158,10 @@ TEST_CASE("cli: errors have one-line messages and documented exit codes", "[cli]
                 "invalid value '1e-400' for --min-p (out of range)");
     // a double that rounds to 0 as a float (it sampled greedily without a word)
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--temp", "1e-300"}), 1,
-                "invalid value '1e-300' for --temp (too small: it rounds to 0 as a float; give 0 for 0)");
+                "invalid value '1e-300' for --temp (too small: it rounds to 0 as a float; give 0 for 0) (see --help)");
+    // ... where 0 itself is refused, it does not offer 0
+    check_error(hybrid({"-m", "models/tiny", "-p", "x", "--repeat-penalty", "1e-300"}), 1,
+                "invalid value '1e-300' for --repeat-penalty (too small: it rounds to 0 as a float) (see --help)");
     CHECK(hybrid({"-m", "models/tiny", "-p", "x", "-n", "1", "--temp", "1e-30"}).rc == 0);  // (a float: taken)
     for (const char* junk : {"0.5abc", "1,5", "0x10", "nan", ""})  // real numbers are parsed strictly too
         check_error(hybrid({"-m", "models/tiny", "-p", "x", "--top-p", junk}), 1,
@@ -596,7 +599,10 @@ TEST_CASE("cli: single-dash words are unknown options, not -n or -s with a value
                          "--top-p must be in [0, 1], got 1.5");
     // the value as typed (float(1.0000001) > 1, but "%g" showed it as "got 1")
     check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "--min-p", "1.0000001"}), 1,
-                         "--min-p must be in [0, 1], got 1.0000001");
+                         "--min-p must be in [0, 1], got 1.0000001 (see --help)");
+    // ... and checked before float rounding (1.00000001 is 1 as a float: it was taken)
+    check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "--top-p", "1.00000001"}), 1,
+                         "--top-p must be in [0, 1], got 1.00000001 (see --help)");
     check_one_line_error(hybrid({"-m", "models/tiny", "-p", "x", "--repeat-penalty", "-0"}), 1,
                          "--repeat-penalty must be > 0, got -0");
     CHECK(hybrid({"-m", "models/tiny", "-n", "1", "-cnv"}, "hi\n").rc == 0);  // llama.cpp's -cnv is taken
