@@ -476,6 +476,7 @@ int main(int argc, char** argv) {
         const int quant_group = weight_quant_group(quant, mp.quant_group);
         const std::string weight_types = weight_dtypes_text(w);
         const bool fp8 = has_fp8_weights(w) && std::string(be.name()) == "cuda";  // (the CPU has one FP8 matmul)
+        // (JSON null where no FP8 GEMM runs)
         const char* fp8_gemm = mp.cuda.fp8_block_scaled_gemm ? "block-scaled" : "dequantize";
         std::fprintf(table, "weights %s; --quant %s%s%s%s\n", weight_types.c_str(), weight_quant_name(quant),
                      quant_group > 0 ? (", groups of " + std::to_string(quant_group)).c_str() : "",
@@ -511,7 +512,7 @@ int main(int argc, char** argv) {
                                 {"quant", weight_quant_name(quant)},
                                 {"quant_group", quant_group},
                                 {"quant_lm_head", model->params().quant_lm_head},
-                                {"fp8_gemm", fp8_gemm}}},
+                                {"fp8_gemm", fp8 ? nlohmann::json(fp8_gemm) : nlohmann::json()}}},
                               {"weight_dtypes", nlohmann::json::object()},
                               {"runs", nlohmann::json::array()}};
         for (const auto& [type, n] : weight_dtypes(w)) out["weight_dtypes"][dtype_name(type)] = n;  // weights each
