@@ -229,6 +229,21 @@ TEST_CASE("hybrid-bench --depth: speeds measured after D context tokens", "[cli]
     const Run big = run_prog(bench, {"-m", "models/tiny", "--depth", "1073741823", "-p", "8", "-n", "2"});
     CHECK(big.rc == 1);
     CHECK(big.err.find("--depth + -p + -n must be at most 2^30 - 1 positions") != std::string::npos);
+    // the trained-context warning: positions past max_position_embeddings, not up to it (it warned one too early)
+    TempDir tmp("depth");
+    nlohmann::json config = nlohmann::json::parse(slurp(fs::path(kSrc) / "models/tiny/config.json"));
+    config["max_position_embeddings"] = 16;
+    for (const char* f : {"model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+        fs::copy_file(fs::path(kSrc) / "models/tiny" / f, tmp.path / f);
+    std::ofstream(tmp.path / "config.json") << config.dump();
+    for (const char* depth : {"6", "7"}) {  // (+ -p 8 + -n 2: 16, then 17 positions)
+        const Run r =
+            run_prog(bench, {"-m", tmp.path.string(), "-t", "1", "-p", "8", "-n", "2", "-r", "1", "--depth", depth});
+        INFO(r.err);
+        CHECK(r.rc == 0);
+        CHECK((r.err.find("positions pass the 16 the model was trained for") != std::string::npos) ==
+              (std::string(depth) == "7"));
+    }
 }
 
 // The CUDA tuning switches of hybrid-bench (decode attention's q heads per block and splits, the integer GEMV's K

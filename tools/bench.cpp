@@ -197,6 +197,8 @@ private:
 }  // namespace
 
 int main(int argc, char** argv) {
+    // each finished line reaches a redirected stdout at once (a Ctrl-C lost every finished row and case)
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);
     const auto t_start = Clock::now();
     cxxopts::Options opts("hybrid-bench",
                           "Prefill and decode speed, bytes moved per token, share of the bandwidth roofline");
@@ -263,8 +265,8 @@ int main(int argc, char** argv) {
         ("wgmma-quant", "CUDA, int8/int4 weights (fp8 with --fp8-gemm dequantize) with 9 to 64 rows: on (the "
          "default: the wgmma GEMM reading their codes, sm_90a) or off (int8/int4 dequantized for cuBLASLt, fp8 "
          "dequantized for the bf16 GEMM)", cxxopts::value<std::string>()->default_value("on"))
-        ("wgmma-quant-warpgroups", "CUDA, that GEMM's consumer warpgroups a block for int8 weights: 1 (the default) or 2",
-         cxxopts::value<int>()->default_value("1"));
+        ("wgmma-quant-warpgroups", "CUDA, that GEMM's consumer warpgroups a block for int8 weights: 1 or 2 (the default)",
+         cxxopts::value<int>()->default_value("2"));
     add_shared_option(opts, "", "fp8-gemm");
     add_shared_option(opts, "", "version");
     add_shared_option(opts, "", "help");
@@ -407,7 +409,7 @@ int main(int argc, char** argv) {
         tools::warn_oversubscribed("hybrid-bench", threads, *model);
         const double t_ready = seconds_since(t_start);
         const ModelConfig& c = model->config();
-        if (c.max_position_embeddings > 0 && mp.n_ctx > c.max_position_embeddings)
+        if (c.max_position_embeddings > 0 && mp.n_ctx - 1 > c.max_position_embeddings)  // (n_ctx: positions + 1)
             std::fprintf(stderr,
                          "hybrid-bench: warning: --depth + -p + -n = %d positions pass the %d the model was trained "
                          "for (max_position_embeddings)\n",

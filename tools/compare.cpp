@@ -69,6 +69,8 @@ std::string read_file(const std::string& path) { return read_regular_file(path, 
 }  // namespace
 
 int main(int argc, char** argv) {
+    // each finished line reaches a redirected stdout at once (a Ctrl-C lost every finished row and case)
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);
     cxxopts::Options opts("hybrid-compare", "Compare hybrid's logits and greedy tokens with Hugging Face goldens");
     // clang-format off
     // (-m, --device, -t and -h are declared in cli/option_table.h, shared with hybrid and the other tools)

@@ -104,6 +104,8 @@ void write_all(std::FILE* f, const void* p, size_t n, const std::string& path) {
 }  // namespace
 
 int main(int argc, char** argv) {
+    // each finished line reaches a redirected stdout at once (a Ctrl-C lost every finished row and case)
+    std::setvbuf(stdout, nullptr, _IOLBF, 0);
     cxxopts::Options opts("hybrid-perplexity",
                           "Perplexity over a text in windows, and the KL divergence and top-1 agreement of this run's "
                           "token distributions against a saved run (--save-logits, --kl-base)");
@@ -398,9 +400,10 @@ int main(int argc, char** argv) {
             partial.complete = true;
         }
         const double ppl = std::exp(nll / double(positions));
-        std::printf("text: %s, %zu tokens; %s of %d, the last %d positions of each scored (%llu tokens)\n",
-                    text_name.c_str(), ids.size(), tools::count_of(size_t(windows), "window").c_str(), ctx,
-                    int(per_window), (unsigned long long)positions);
+        std::printf("text: %s, %zu tokens; %s of %d, the last %s of each scored (%s)\n", text_name.c_str(), ids.size(),
+                    tools::count_of(size_t(windows), "window").c_str(), ctx,
+                    tools::count_of(size_t(per_window), "position").c_str(),
+                    tools::count_of(size_t(positions), "token").c_str());
         // (the label goes by the matrices loaded: a folder whose config.json says FP8 but holds 16-bit tensors loads
         // 16-bit)
         const std::string quant =
