@@ -289,7 +289,7 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
     c.gdn_v_heads = r.get_int("linear_num_value_heads", 1);
     c.gdn_k_dim = r.get_int("linear_key_head_dim", 1);
     c.gdn_v_dim = r.get_int("linear_value_head_dim", 1);
-    c.conv_kernel = r.get_int("linear_conv_kernel_dim", 1);
+    c.conv_kernel = r.get_int("linear_conv_kernel_dim", -(1 << 30));  // (its range is checked below: [2, 16])
     if (r.has("rms_norm_eps")) c.rms_norm_eps = r.get_float(*tj, "rms_norm_eps", scope);
     if (!(c.rms_norm_eps > 0.0f)) r.fail("rms_norm_eps", "must be positive");
 

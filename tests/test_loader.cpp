@@ -298,7 +298,12 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
             {"/model_type", 5, "field 'model_type' must be a string"},
             // (absent is allowed: the context length is then unchecked)
             {"/max_position_embeddings", 0, "'max_position_embeddings' has invalid value 0 (expected 1 to 2^30)"},
-            {"/num_hidden_layers", 2.5, "field 'num_hidden_layers' must be an integer, found 2.5"}};
+            {"/num_hidden_layers", 2.5, "field 'num_hidden_layers' must be an integer, found 2.5"},
+            // (one range in the message, whatever the value: 0 said "expected 1 to 2^30", 1 "[2, 16]")
+            {"/linear_conv_kernel_dim", 0, "field 'linear_conv_kernel_dim' must lie in [2, 16], found 0"},
+            {"/linear_conv_kernel_dim", 1, "field 'linear_conv_kernel_dim' must lie in [2, 16], found 1"},
+            {"/linear_conv_kernel_dim", -3, "field 'linear_conv_kernel_dim' must lie in [2, 16], found -3"},
+            {"/linear_conv_kernel_dim", 17, "field 'linear_conv_kernel_dim' must lie in [2, 16], found 17"}};
         for (const auto& [field, value, message] : cases) {
             TempDir d;
             nlohmann::json j = nlohmann::json::parse(config);
