@@ -678,6 +678,18 @@ TEST_CASE("hybrid-perplexity: --top-k needs --save-logits, -f - and a FIFO are r
     CHECK(file.out.find("weights: as stored (BF16), ") != std::string::npos);
     CHECK(file.out.find("FP8") == std::string::npos);
     TempDir tmp("ppl_input");
+    {  // special-token text is that token, as hybrid -f and hybrid-tokenize read it (it was 6 tokens each), and
+       // invalid UTF-8 is named as in hybrid
+        std::string special;
+        for (int i = 0; i < 8; i++) special += "<|im_end|>";
+        std::ofstream(tmp.path / "special.txt") << special << "\xff";
+        const Run sp =
+            run_prog(ppl, {"-m", "models/tiny", "--ctx", "8", "-t", "1", "-f", (tmp.path / "special.txt").string()});
+        INFO(sp.out << sp.err);
+        CHECK(sp.rc == 0);
+        CHECK(sp.out.find(", 11 tokens; 1 window of 8,") != std::string::npos);  // (8, and U+FFFD's 3 bytes)
+        CHECK(sp.err.find("special.txt is not valid UTF-8; its invalid bytes are read as U+FFFD") != std::string::npos);
+    }
     auto shell = [&](const std::string& cmd) {  // stdout of `cmd` run from the source folder (stderr with it)
         const std::string out = (tmp.path / "out").string();
         const int st = std::system(("cd " + quote(kSrc) + " && (" + cmd + ") >" + quote(out) + " 2>&1").c_str());

@@ -1,10 +1,12 @@
 // hybrid-perplexity: the perplexity of a model over a text, and (as llama.cpp's perplexity --kl-divergence) how far
 // this run's token distributions are from a saved run of another load of the model (e.g. bf16 vs --quant fp8).
 //
-// Windows: the text is tokenized once (no special tokens added) and cut into consecutive, non-overlapping windows
-// of --ctx tokens (the tail shorter than a window is left out). Each window is a fresh sequence; as in llama.cpp's
-// perplexity, only its second half is scored: the logits at positions j in [ctx/2, ctx - 1) predict token j + 1, so
-// every scored token has at least ctx/2 tokens of context. perplexity = exp(mean negative log-likelihood).
+// Windows: the text is tokenized once (no special tokens added; the text of one, such as <|im_end|>, is read as that
+// token, as hybrid -f, hybrid-tokenize and Hugging Face's tokenizer read it) and cut into consecutive,
+// non-overlapping windows of --ctx tokens (the tail shorter than a window is left out). Each window is a fresh
+// sequence; as in llama.cpp's perplexity, only its second half is scored: the logits at positions j in
+// [ctx/2, ctx - 1) predict token j + 1, so every scored token has at least ctx/2 tokens of context.
+// perplexity = exp(mean negative log-likelihood).
 //
 // --save-logits FILE keeps, per scored position, the next token's log-probability and the K most probable tokens'
 // log-probabilities (--top-k, default 64): compact for any vocabulary (248,320 for Qwen3.5, where the full
@@ -184,7 +186,11 @@ int main(int argc, char** argv) {
             require_model_folder(dir);
             return Tokenizer::from_folder(dir);
         });
-        const std::vector<int32_t> ids = tok.encode(text, false);
+        if (!utf8_is_valid(text))  // (as hybrid warns: each invalid sequence is encoded as U+FFFD)
+            std::fprintf(stderr,
+                         "hybrid-perplexity: warning: %s is not valid UTF-8; its invalid bytes are read as U+FFFD\n",
+                         text_name.c_str());
+        const std::vector<int32_t> ids = tok.encode(text);
         int windows = int(ids.size() / size_t(ctx));
         if (chunks > 0) windows = std::min(windows, chunks);
         if (windows == 0)
