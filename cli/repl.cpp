@@ -18,6 +18,7 @@
 // gets new draws. Ctrl-C during a long message's prefill stops it between prefill steps and drops the
 // message: the conversation is restored from a snapshot taken before the prefill (the engine resets a sequence
 // whose prefill was stopped).
+#include <algorithm>
 #include <cerrno>
 #include <cstdio>
 #include <cstdlib>
@@ -387,7 +388,7 @@ struct Repl {
         if (!arg.empty() && (arg.front() == '"' || arg.front() == '\'')) {
             const char q = arg.front();
             const size_t close = arg.find(q, 1);
-            if (close == std::string::npos || arg.find(q, close + 1) != std::string::npos)
+            if (std::count(arg.begin(), arg.end(), q) % 2 != 0)  // ("a" "b" pairs up: two names, said below)
                 throw Failure(exit_usage, cmd + ": unbalanced quotes in " + arg +
                                               " (put the whole file name in one pair of quotes)");
             if (close != arg.size() - 1)

@@ -324,6 +324,9 @@ TEST_CASE("cli: /save then /load continues identically; another model's snapshot
     INFO(extra.err);
     CHECK(extra.rc == 1);
     CHECK(extra.err.find("/load takes one file name; after \"" + spaced + "\" comes ' now'") != std::string::npos);
+    const Run two = hybrid(chat, "/save \"a\" \"b\"\n");  // (it said "unbalanced quotes")
+    CHECK(two.rc == 1);
+    CHECK(two.err.find("/save takes one file name; after \"a\" comes ' \"b\"'") != std::string::npos);
 
     // not a snapshot; a missing file
     std::ofstream(tmp.path / "junk") << "hello";
