@@ -345,7 +345,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     o.model_dir = r["model"].as<std::string>();
     o.escape = !flag("no-escape");
     o.n_ctx = r["ctx-size"].as<int>();
-    if (o.n_ctx < 0) usage("-c must be >= 0 (0: the model's trained context), got " + std::to_string(o.n_ctx));
+    if (o.n_ctx < 0)
+        usage("-c must be >= 0 (0: the model's trained context), got " + std::to_string(o.n_ctx) + " (see --help)");
     o.cuda_graphs = !flag("no-cuda-graphs");
     o.n_threads = r["threads"].as<int>();
     if (o.n_threads == -1) o.n_threads = 0;  // llama.cpp's spelling of "all cores"
@@ -460,7 +461,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         usage("no prompt: give -p TEXT, -f FILE, --prompt-ids, --batch-file or -i");
 
     o.n_predict = r["n-predict"].as<int>();
-    if (o.n_predict < -1) usage("-n must be >= -1, got " + std::to_string(o.n_predict));
+    if (o.n_predict < -1) usage("-n must be >= -1, got " + std::to_string(o.n_predict) + " (see --help)");
     for (const auto& s : stops) {
         std::string v = o.escape ? process_escapes(s) : s;
         if (v.empty()) usage("--stop needs a non-empty string");
@@ -510,7 +511,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
             usage(std::string("--") + name + " must be in [0, 1], got " + given(name) + " (see --help)");
     if (sp.repeat_penalty <= 0.0f)
         usage("--repeat-penalty must be > 0, got " + given("repeat-penalty") + " (see --help)");
-    if (sp.repeat_last_n < -1) usage("--repeat-last-n must be >= -1, got " + std::to_string(sp.repeat_last_n));
+    if (sp.repeat_last_n < -1)
+        usage("--repeat-last-n must be >= -1, got " + std::to_string(sp.repeat_last_n) + " (see --help)");
     const std::string seed = r["seed"].as<std::string>();
     o.random_seed = seed == "-1";
     if (o.random_seed) {

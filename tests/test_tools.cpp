@@ -359,6 +359,14 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
     check(run_prog(compare, {"-m", "models/tiny", "--tol", "-1"}), 1, "--tol");  // bad values: 1, as documented
     check(run_prog(compare, {"-m", "models/tiny", "--near-tie", "-0.5"}), 1, "--near-tie");
     check(run_prog(compare, {"-m", "models/tiny", "--tol", "1x"}), 1, "invalid value '1x' for --tol");
+    // past double's range: "out of range", as hybrid says (it said "a decimal number")
+    check(run_prog(compare, {"-m", "models/tiny", "--tol", "1e400"}), 1,
+          "invalid value '1e400' for --tol (out of range)");
+    // --min-top1 names its range below 0 as above 1 (-1 said "a number >= 0", 2 "a fraction in [0, 1]")
+    for (const char* v : {"-1", "2"})
+        check(run_prog(kBin + "/hybrid-perplexity",
+                       {"-m", "models/tiny", "-f", "tests/data/text/heldout.py", "--min-top1", v}),
+              1, std::string("--min-top1 is a fraction in [0, 1] (0.97 for 97%), got ") + v);
     check(run_prog(compare, {"-m", "models/tiny", "-t", "-3"}), 1, "-t");
     check(run_prog(compare, {"-m", "models/tiny", "--device", "gpu"}), 1, "--device");
     check(run_prog(compare, {"-m", "models/tiny", "--moe-grouped-rows", "-1"}), 1,

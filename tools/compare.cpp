@@ -126,7 +126,8 @@ int main(int argc, char** argv) {
             const std::string text = args[name].as<std::string>();
             double v = 0.0;
             if (!parse_real(text, &v))
-                throw tools::UsageError("invalid value '" + text + "' for --" + name + " (a decimal number)");
+                throw tools::UsageError("invalid value '" + text + "' for --" + name +
+                                        (decimal_real_out_of_range(text) ? " (out of range)" : " (a decimal number)"));
             if (v < 0.0) throw tools::UsageError(std::string("--") + name + " must be a number >= 0");
             return v;
         };
