@@ -9,7 +9,8 @@
 //
 // Everything is validated: the header length lies within the file and below HYST_MAX_HEADER_BYTES, the JSON is
 // well formed, each dtype is known, shape product x dtype size == end - begin, every range lies inside the data
-// area, and no two ranges overlap. Files are mapped read-only (mmap).
+// area, no two ranges overlap, and the last range ends the file (no bytes after it). Files are mapped read-only
+// (mmap).
 //
 // Design: public names carry the prefix hyst_; capacities are fixed (HYST_MAX_TENSORS tensors per file, names of
 // at most HYST_MAX_NAME-1 bytes, HYST_MAX_DIMS dims); the reader allocates nothing (the caller owns hyst_file,
@@ -555,6 +556,17 @@ int hyst_parse(hyst_file* f, const void* bytes, uint64_t n_bytes) {
                 return hyst__fail(f, HYST_ERR_FORMAT, "tensors '%s' and '%s' have overlapping data ranges",
                                   order[i - 1]->name, order[i]->name);
     }
+    // The data area ends with the last tensor's data, as Hugging Face's reader requires ("file not fully covered"):
+    // bytes past it are a damaged file or two files joined.
+    uint64_t last_end = 0;
+    for (int i = 0; i < f->n_tensors; i++)
+        if (f->tensors[i].end > last_end) last_end = f->tensors[i].end;
+    if (last_end != f->data_bytes)
+        return hyst__fail(f, HYST_ERR_FORMAT,
+                          "%llu bytes follow the last tensor's data (the data area holds %llu, the tensors end at "
+                          "%llu): a damaged file, or two joined",
+                          (unsigned long long)(f->data_bytes - last_end), (unsigned long long)f->data_bytes,
+                          (unsigned long long)last_end);
     return HYST_OK;
 }
 

@@ -202,6 +202,12 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
         write_text(d / "model.safetensors", img.substr(0, img.size() / 2));
         require_error([&] { Model::load(d.path, p); }, Status::format, "past the data area");
     }
+    SECTION("bytes after the last tensor's data (Hugging Face's reader refuses the file; it loaded)") {
+        TempDir d;
+        write_model_dir(d.path, tensors, config);
+        write_text(d / "model.safetensors", read_text(d / "model.safetensors") + "junk");
+        require_error([&] { Model::load(d.path, p); }, Status::format, "4 bytes follow the last tensor's data");
+    }
     SECTION("missing tensor") {
         TempDir d;
         TensorMap t = tensors;
