@@ -680,8 +680,10 @@ __global__ void __launch_bounds__(kWgThreads* kWG)
         if constexpr (kW == kWgE4M3) {
             cp_async4_zfill(sd, ok ? sp + fp8_scale_row(n, seg) * G + k0 / 128 : sp, ok);
         } else {
-            cp_async4_zfill(sd, ok ? sp + int64_t(n) * G + k0 / group : sp, ok);
-            if (two) cp_async4_zfill(sd + 4, ok ? sp + int64_t(n) * G + k0 / group + 1 : sp, ok);
+            // (the scale column: no integer division for the default groups, 32 for Q4 and 64 for Q8)
+            const int col = two ? 2 * chunk : group == kWgChunk ? chunk : k0 / group;
+            cp_async4_zfill(sd, ok ? sp + int64_t(n) * G + col : sp, ok);
+            if (two) cp_async4_zfill(sd + 4, ok ? sp + int64_t(n) * G + col + 1 : sp, ok);
         }
     };
     // x: warp w copies rows w, w + kWarps, ... (tokens < T; the other rows' products are never stored), lane p its
@@ -822,9 +824,12 @@ void wgq_n(const bf16* x, int64_t T, const Fp8Group& g, const WgmmaGateUp& gu, u
     return wgq_launch<64, kGateUp, kW, kWG>(x, T, g, gu, tiles, K, group, parts, ctx);
 }
 
-// (ctx.wgmma_quant_warpgroups: 1 or 2 consumer warpgroups a block; 2 for Q8 only: on an H200 (thirty-eighth
-// session) the Q4 form stopped at its first launch with cudaErrorIllegalInstruction, not yet understood, and the FP8
-// form has not run)
+// (ctx.wgmma_quant_warpgroups: 1 or 2 consumer warpgroups a block; 2 for Q8 only. The Q4 form stopped at its first
+// launch with cudaErrorIllegalInstruction (thirty-eighth session): compute-sanitizer puts it at issue_w's 16-byte
+// weight copy, which ptxas 13.0 emits there, and only there, as an LDGSTS whose shared address has a uniform-register
+// part ([R+UR+imm]) and whose cache-policy descriptor names UR1, a register nothing writes. Letting only the first
+// warpgroup copy the weights, two pieces a thread as with one warpgroup, gives the usual form (checked on the SASS,
+// not yet run; docs/perf-notes.md, thirty-ninth session). The FP8 form has not run.)
 template <bool kGateUp, int kW>
 void wgq_rows(const bf16* x, int64_t T, const Fp8Group& g, const WgmmaGateUp& gu, unsigned tiles, int64_t K,
               int64_t group, int parts, const LaunchContext& ctx) {
