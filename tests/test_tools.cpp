@@ -456,6 +456,15 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
           "hybrid-tokenize: --golden needs a file name");
     check(run_prog(tokenize, {"--tokenizer", "models/tiny", "--bench", ""}), 1,
           "hybrid-tokenize: --bench needs a file name");
+    {  // - is standard input, as for hybrid -f (it was "cannot open '-'")
+        const std::string cmd = "cd " + quote(kSrc) + " && " + quote(tokenize) +
+                                " --tokenizer tests/data/tokenizers/qwen3/tokenizer.json --golden - "
+                                "< tests/data/tokenizers/qwen3/golden.json > /dev/null 2>&1";
+        CHECK(std::system(cmd.c_str()) == 0);
+        const std::string bench_cmd = "cd " + quote(kSrc) + " && echo 'def f(x): return x' | " + quote(tokenize) +
+                                      " --tokenizer models/tiny --bench - --repeat 1 > /dev/null 2>&1";
+        CHECK(std::system(bench_cmd.c_str()) == 0);
+    }
     // golden logits that lack a case: refused before any case runs (it stopped midway without a SUMMARY line)
     {
         auto g = nlohmann::json::parse(slurp(kSrc + "/models/tiny/golden.json"));

@@ -42,7 +42,11 @@ double cpu_ms() {
     return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) / 1e6;
 }
 
-std::string read_all(const std::string& path) { return hy::read_regular_file(path, size_t(1) << 30); }
+// A --golden or --bench file: a regular file, or - for standard input (as hybrid -f and hybrid-perplexity -f)
+std::string read_all(const std::string& path) {
+    if (path == "-") return hy::tools::read_text_input(path, size_t(1) << 30);
+    return hy::read_regular_file(path, size_t(1) << 30);
+}
 
 std::string join_ids(const std::vector<int32_t>& ids) {
     std::string s;
@@ -165,9 +169,11 @@ int main(int argc, char** argv) {
                                                                  cxxopts::value<std::string>())(
         "golden",
         "tokenizer golden file to check: {\"cases\": [{\"text\", \"ids\", \"decoded\" (optional)}]}, e.g. "
-        "tests/data/tokenizers/qwen3/golden.json (a model folder's golden.json is hybrid-compare's)",
-        cxxopts::value<std::string>())("bench", "text file to time encoding on", cxxopts::value<std::string>())(
-        "repeat", "bench repetitions", cxxopts::value<int>()->default_value("5"))(
+        "tests/data/tokenizers/qwen3/golden.json (a model folder's golden.json is hybrid-compare's); - reads standard "
+        "input",
+        cxxopts::value<std::string>())("bench", "text file to time encoding on (- reads standard input)",
+                                       cxxopts::value<std::string>())("repeat", "bench repetitions",
+                                                                      cxxopts::value<int>()->default_value("5"))(
         "no-special",
         "--text: encode special tokens' text as plain text; --decode: leave special tokens out (as transformers' "
         "skip_special_tokens)");
