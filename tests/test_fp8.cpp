@@ -526,6 +526,14 @@ TEST_CASE("fp8: bad FP8 checkpoints and quantization requests are refused with o
         write_dir(d.path, tiny_dir(), c.dump(), fp8);
         CHECK(Model::load(d.path, cpu_params())->weights().layers[0].mlp.down_proj.dtype == DType::F8_E4M3);
     }
+    SECTION("a config.json that says FP8 over 16-bit matrices: loaded as stored, with a warning (it was silent)") {
+        write_dir(d.path, tiny_dir(), config.dump(), read_safetensors(tiny_dir() + "/model.safetensors"));
+        const auto m = Model::load(d.path, cpu_params());
+        CHECK(m->weights().layers[0].mlp.down_proj.dtype == DType::BF16);
+        CHECK(m->load_warning().find("config.json: quantization_config says quant_method fp8, but no matrix is FP8: "
+                                     "the weights are used as stored (16-bit)") != std::string::npos);
+        CHECK(Model::load(tiny_dir(), cpu_params())->load_warning().find("FP8") == std::string::npos);
+    }
     SECTION("--quant fp8 on a checkpoint that is already FP8") {
         write_dir(d.path, tiny_dir(), config.dump(), fp8);
         require_error([&] { Model::load(d.path, cpu_params(WeightQuant::fp8)); }, Status::invalid_argument,
