@@ -88,6 +88,13 @@ inline bool decimal_real_out_of_range(const std::string& text) {
     return end == text.c_str() + text.size() && errno == ERANGE;
 }
 
+// The message for a real-number option's value that parse_real refused: "invalid value 'TEXT' for --NAME (out of
+// range)" for a decimal number past double's range, else "... (a decimal number)" (what the value should be).
+inline std::string invalid_real_message(const std::string& text, const std::string& name) {
+    return "invalid value '" + text + "' for --" + name +
+           (decimal_real_out_of_range(text) ? " (out of range)" : " (a decimal number)");
+}
+
 // Digits with an optional '-' first, of any length ("+4", "0x10", "" are not).
 inline bool decimal_int_text(const std::string& text) {
     const size_t sign = !text.empty() && text[0] == '-' ? 1 : 0;

@@ -474,9 +474,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     auto real = [&](const char* name) {  // the strict parse of a real-number option (arg_error.h)
         const std::string text = r[name].as<std::string>();
         double v = 0.0;
-        if (!parse_real(text, &v) || !std::isfinite(v))
-            usage("invalid value '" + text + "' for --" + name +
-                  (decimal_real_out_of_range(text) ? " (out of range)" : " (a decimal number)") + " (see --help)");
+        if (!parse_real(text, &v) || !std::isfinite(v)) usage(invalid_real_message(text, name) + " (see --help)");
         if (!std::isfinite(float(v)))  // (a number, but past float's range)
             usage("invalid value '" + text + "' for --" + name + " (out of range) (see --help)");
         if (v != 0.0 && float(v) == 0.0f)  // (it would silently be 0: --temp 1e-300 was greedy without a word)

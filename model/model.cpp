@@ -1106,16 +1106,17 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     ModelLoader ld{*m, ck, be, 0, {}, {}, {}, {}, {}, 1};
     ld.plan_weights();
     m->weight_bytes_ = ld.offset;
-    m->load_warning_ = check_unused_tensors(ck, c);
-    if (!c.warning.empty())
-        m->load_warning_ = m->load_warning_.empty() ? c.warning : c.warning + "; " + m->load_warning_;
+    // the load's warnings, "; "-separated: config.json's first, then unused tensors, then the weights' formats
+    m->load_warning_ = c.warning;
+    auto warn = [&](const std::string& w) {
+        if (!w.empty()) m->load_warning_ += (m->load_warning_.empty() ? "" : "; ") + w;
+    };
+    warn(check_unused_tensors(ck, c));
     // (a folder whose config.json says FP8 but whose matrices are 16-bit loads them as stored: said, not silent)
-    if (c.fp8_weights && !p.dummy_weights && !has_fp8_weights(m->weights_)) {
-        const std::string w = dir +
-                              "/config.json: quantization_config says quant_method fp8, but no matrix is FP8: "
-                              "the weights are used as stored (16-bit)";
-        m->load_warning_ = m->load_warning_.empty() ? w : m->load_warning_ + "; " + w;
-    }
+    if (c.fp8_weights && !p.dummy_weights && !has_fp8_weights(m->weights_))
+        warn(dir +
+             "/config.json: quantization_config says quant_method fp8, but no matrix is FP8: the weights are "
+             "used as stored (16-bit)");
 
     // Sequence state.
     const DType act = be.act_dtype();

@@ -125,9 +125,7 @@ int main(int argc, char** argv) {
         auto nonnegative = [&](const char* name) {  // a real option >= 0, parsed strictly (arg_error.h)
             const std::string text = args[name].as<std::string>();
             double v = 0.0;
-            if (!parse_real(text, &v))
-                throw tools::UsageError("invalid value '" + text + "' for --" + name +
-                                        (decimal_real_out_of_range(text) ? " (out of range)" : " (a decimal number)"));
+            if (!parse_real(text, &v)) throw tools::UsageError(invalid_real_message(text, name));
             if (v < 0.0) throw tools::UsageError(std::string("--") + name + " must be a number >= 0");
             return v;
         };

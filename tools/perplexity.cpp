@@ -156,14 +156,13 @@ int main(int argc, char** argv) {
         auto real = [&](const char* name) {
             const std::string text = args[name].as<std::string>();
             double v = 0.0;
-            if (!parse_real(text, &v))
-                throw tools::UsageError("invalid value '" + text + "' for --" + name +
-                                        (decimal_real_out_of_range(text) ? " (out of range)" : " (a decimal number)"));
-            if (v < 0.0 && std::string(name) == "max-ppl-ratio")
-                throw tools::UsageError("invalid value '" + text + "' for --" + name + " (a number >= 0)");
+            if (!parse_real(text, &v)) throw tools::UsageError(invalid_real_message(text, name));
             return v;
         };
         const double max_ratio = args.count("max-ppl-ratio") ? real("max-ppl-ratio") : -1.0;
+        if (args.count("max-ppl-ratio") && max_ratio < 0.0)
+            throw tools::UsageError("invalid value '" + args["max-ppl-ratio"].as<std::string>() +
+                                    "' for --max-ppl-ratio (a number >= 0)");
         const double min_top1 = args.count("min-top1") ? real("min-top1") : -1.0;
         if (args.count("min-top1") && !(min_top1 >= 0.0 && min_top1 <= 1.0))  // (-1 said "a number >= 0")
             throw tools::UsageError("--min-top1 is a fraction in [0, 1] (0.97 for 97%), got " +
