@@ -477,7 +477,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         if (!parse_real(text, &v) || !std::isfinite(v)) usage(invalid_real_message(text, name) + " (see --help)");
         if (!std::isfinite(float(v)))  // (a number, but past float's range)
             usage("invalid value '" + text + "' for --" + name + " (out of range) (see --help)");
-        if (v != 0.0 && float(v) == 0.0f)  // (it would silently be 0: --temp 1e-300 was greedy without a word)
+        if (v > 0.0 && float(v) == 0.0f)  // (it would silently be 0: --temp 1e-300 was greedy without a word)
             usage("invalid value '" + text + "' for --" + name + " (too small: it rounds to 0 as a float" +
                   (std::string(name) == "repeat-penalty" ? ")" : "; give 0 for 0)") + " (see --help)");
         return float(v);

@@ -563,9 +563,10 @@ int hyst_parse(hyst_file* f, const void* bytes, uint64_t n_bytes) {
         if (f->tensors[i].end > last_end) last_end = f->tensors[i].end;
     if (last_end != f->data_bytes)
         return hyst__fail(f, HYST_ERR_FORMAT,
-                          "%llu bytes follow the last tensor's data (the data area holds %llu, the tensors end at "
+                          "%llu byte%s follow%s the last tensor's data (the data area holds %llu, the tensors end at "
                           "%llu): a damaged file, or two joined",
-                          (unsigned long long)(f->data_bytes - last_end), (unsigned long long)f->data_bytes,
+                          (unsigned long long)(f->data_bytes - last_end), f->data_bytes - last_end == 1 ? "" : "s",
+                          f->data_bytes - last_end == 1 ? "s" : "", (unsigned long long)f->data_bytes,
                           (unsigned long long)last_end);
     return HYST_OK;
 }

@@ -160,9 +160,9 @@ int main(int argc, char** argv) {
             return v;
         };
         const double max_ratio = args.count("max-ppl-ratio") ? real("max-ppl-ratio") : -1.0;
-        if (args.count("max-ppl-ratio") && max_ratio < 0.0)
+        if (args.count("max-ppl-ratio") && !(max_ratio > 0.0))  // (0 could never pass)
             throw tools::UsageError("invalid value '" + args["max-ppl-ratio"].as<std::string>() +
-                                    "' for --max-ppl-ratio (a number >= 0)");
+                                    "' for --max-ppl-ratio (a ratio > 0)");
         const double min_top1 = args.count("min-top1") ? real("min-top1") : -1.0;
         if (args.count("min-top1") && !(min_top1 >= 0.0 && min_top1 <= 1.0))  // (-1 said "a number >= 0")
             throw tools::UsageError("--min-top1 is a fraction in [0, 1] (0.97 for 97%), got " +
