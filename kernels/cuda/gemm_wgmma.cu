@@ -660,15 +660,20 @@ __global__ void __launch_bounds__(kWgThreads* kWG)
         if (r >= rounds) return;
         const uint32_t st = base + uint32_t((r % kS) * kStage + kN * 128);
         const int chunk = c_first + r;
+        // (Q4: the first warpgroup copies, two pieces a thread: with one piece for each of 256 threads ptxas 13.0
+        // emitted an LDGSTS with an unwritten cache-policy register, an illegal instruction)
+        constexpr int kCopiers = kW == kWgQ4 ? kWgThreads : kThreads;
+        if (tid < kCopiers) {
 #pragma unroll
-        for (int i = 0; i < kWgFeatures * kCB / 16 / kThreads; i++) {
-            const int e = tid + i * kThreads, row = e / (kCB / 16), c = e % (kCB / 16);
-            const bool hi = row >= 64;
-            const int n = (hi ? f1 : f0) + (row & 63);
-            const bool ok = n < N;
-            cp_async16_policy(st + uint32_t(row * kCB + 16 * c),
-                              ok ? (hi ? w1 : w0) + int64_t(n) * row_bytes + int64_t(chunk) * kCB + 16 * c : w0, ok,
-                              pol);
+            for (int i = 0; i < kWgFeatures * kCB / 16 / kCopiers; i++) {
+                const int e = tid + i * kCopiers, row = e / (kCB / 16), c = e % (kCB / 16);
+                const bool hi = row >= 64;
+                const int n = (hi ? f1 : f0) + (row & 63);
+                const bool ok = n < N;
+                cp_async16_policy(st + uint32_t(row * kCB + 16 * c),
+                                  ok ? (hi ? w1 : w0) + int64_t(n) * row_bytes + int64_t(chunk) * kCB + 16 * c : w0, ok,
+                                  pol);
+            }
         }
         if (tid >= kWgFeatures) return;
         const bool hi = tid >= 64;
@@ -833,8 +838,7 @@ void wgq_n(const bf16* x, int64_t T, const Fp8Group& g, const WgmmaGateUp& gu, u
 template <bool kGateUp, int kW>
 void wgq_rows(const bf16* x, int64_t T, const Fp8Group& g, const WgmmaGateUp& gu, unsigned tiles, int64_t K,
               int64_t group, int parts, const LaunchContext& ctx) {
-    if constexpr (kW == kWgQ8)
-        if (ctx.wgmma_quant_warpgroups == 2) return wgq_n<kGateUp, kW, 2>(x, T, g, gu, tiles, K, group, parts, ctx);
+    if (ctx.wgmma_quant_warpgroups == 2) return wgq_n<kGateUp, kW, 2>(x, T, g, gu, tiles, K, group, parts, ctx);
     wgq_n<kGateUp, kW, 1>(x, T, g, gu, tiles, K, group, parts, ctx);
 }
 
