@@ -9,6 +9,7 @@
 #          kernel's SASS in $OUT/q4_2wg.sass (on branch wip/q4-two-warpgroups, where the guard is gone, it tests the fix)
 #   parts  int8 4B decode at 16 and 64 rows with the K split by shape (0), and forced to 2 and 4 parts (are 1-1.5
 #          blocks an SM too few for the conversion's latency?)
+#   wg     4B decode at 16, 32 and 64 rows: int4, int8 and fp8 (--fp8-gemm dequantize) with 1 and 2 warpgroups, and bf16
 #   ncu    Nsight Compute: the time of every kernel of int8 4B decode steps at 16 rows ($OUT/ncu_int8_b16.txt)
 #   ncu2   ... and the quantized GEMM's occupancy, issue and warp-state sections ($OUT/ncu_quant_detail.txt)
 set -u
@@ -46,6 +47,18 @@ for p in 0 2 4; do
   step bench_i8_parts$p 60 $N/hybrid-bench -m /tmp/q4b --dummy-weights --device cuda --quant int8 -p 128 -n 32 -b 16,64 -r 1 --wgmma-parts $p
   grep -E '^\| +[0-9]' "$LOG" | tail -2 | sed "s/^/  [parts $p] /" >>"$SUM"
 done
+fi
+if want wg; then
+for q in int4 int8 fp8; do
+  extra=""; [ $q = fp8 ] && extra="--fp8-gemm dequantize"
+  for w in 1 2; do
+    [ $(($(date +%s) - T0)) -lt 480 ] || break
+    step bench_${q}_wg$w 60 $N/hybrid-bench -m /tmp/q4b --dummy-weights --device cuda --quant $q $extra -p 128 -n 32 -b 16,32,64 -r 1 --wgmma-quant-warpgroups $w
+    grep -E '^\| +[0-9]' "$LOG" | tail -3 | sed "s/^/  [$q wg$w] /" >>"$SUM"
+  done
+done
+step bench_bf16 60 $N/hybrid-bench -m /tmp/q4b --dummy-weights --device cuda -p 128 -n 32 -b 16,32,64 -r 1
+grep -E '^\| +[0-9]' "$LOG" | tail -3 | sed "s/^/  [bf16] /" >>"$SUM"
 fi
 if want ncu && [ $(($(date +%s) - T0)) -lt 440 ]; then
 step ncu_int8_b16 150 ncu --clock-control none --graph-profiling node --metrics gpu__time_duration.sum --csv \
