@@ -299,10 +299,9 @@ struct CudaOptions {
     // cuBLASLt, FP8 as fp8_block_scaled_gemm says. Its K split is wgmma_gemm_parts.
     bool wgmma_quant = true;
     // Its consumer warpgroups a block: 1 (each thread converts and multiplies both 64-row tiles) or 2 (default: one
-    // tile each, twice the warps to hide the conversion's latency; the same bits). 2 changes Q8 matrices only (int8
-    // 4B decode at 16/32/64 rows against 1: H200 +29%/+37%/+10%, thirty-eighth session; H100 +21%/+26%/+11% with
-    // every [gpu] case passing, thirty-ninth). The Q4 form is compiled wrong by ptxas 13.0 (an illegal instruction:
-    // docs/perf-notes.md, thirty-ninth session) and the FP8 one has not run.
+    // tile each, twice the warps to hide the conversion's latency; the same bits). 4B decode at 16/32/64 rows against
+    // 1: int8 H200 +29%/+37%/+10% (thirty-eighth session), H100 +20%/+23%/+10%; int4 H100 +34%/+17%/+10%; FP8 (W8A16)
+    // H100 +21%/+19%/+4% (fortieth session, every [gpu] case passing; docs/perf-notes.md).
     int wgmma_quant_warpgroups = 2;
     // FP8 matrices with more rows than the FP8 GEMVs take (over 8): true (default), FP8 tensor cores
     // with the activations quantized per row and 128-value group (W8A8 with cuBLASLt block scales, the checkpoints'

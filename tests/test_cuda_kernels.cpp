@@ -2232,7 +2232,7 @@ static bool has_quant_wgmma(Side& gpu) {
 // Single matrices of Q8, Q4 (groups 32 to 256) and FP8 (one segment, and segments of 48 rows) with 9 to 64 rows,
 // N not a multiple of 128 and K from 4 to 144 chunks of 64, against the double-precision product with the
 // dequantized weights; the first 9 rows bitwise the same as alone (n-tiles of 16, 32, 64); with 2 consumer
-// warpgroups (CudaOptions::wgmma_quant_warpgroups: Q8's kernel; Q4 and FP8 keep 1) bitwise the same as with 1 (the
+// warpgroups (CudaOptions::wgmma_quant_warpgroups) bitwise the same as with 1 (the
 // same inputs: the generator is reseeded for each mode). Then the same shapes with the kernel off
 // (CudaOptions::wgmma_quant: Q8/Q4 dequantized for cuBLASLt, FP8 through the W8A16 dequantization).
 TEST_CASE("CUDA quantized wgmma GEMM, 9-64 rows: matches the dequantized reference, a row's bits in any batch",

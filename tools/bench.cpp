@@ -265,7 +265,7 @@ int main(int argc, char** argv) {
         ("wgmma-quant", "CUDA, int8/int4 weights (fp8 with --fp8-gemm dequantize) with 9 to 64 rows: on (the "
          "default: the wgmma GEMM reading their codes, sm_90a) or off (int8/int4 dequantized for cuBLASLt, fp8 "
          "dequantized for the bf16 GEMM)", cxxopts::value<std::string>()->default_value("on"))
-        ("wgmma-quant-warpgroups", "CUDA, that GEMM's consumer warpgroups a block for int8 weights: 1 or 2 (the default)",
+        ("wgmma-quant-warpgroups", "CUDA, that GEMM's consumer warpgroups a block: 1 or 2 (the default)",
          cxxopts::value<int>()->default_value("2"));
     add_shared_option(opts, "", "fp8-gemm");
     add_shared_option(opts, "", "version");

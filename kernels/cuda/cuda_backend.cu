@@ -415,7 +415,7 @@ public:
                     ? std::string(ctx_.wgmma_quant_fp8 ? ", q8/q4/fp8" : ", q8/q4") + " wgmma gemm of " +
                           std::to_string(cuda::kWgmmaGemmMinRows) + "-" +
                           std::to_string(std::min(ctx_.wgmma_quant_max_rows, cuda::kWgmmaQuantMaxRows)) + " rows" +
-                          (ctx_.wgmma_quant_warpgroups == 2 ? " (q8: 2 warpgroups)" : "")
+                          (ctx_.wgmma_quant_warpgroups == 2 ? " (2 warpgroups)" : "")
                     : std::string()) +
                ", fp8 gemm " + (fp8_mode_ == cuda::Fp8GemmMode::block_scaled ? "block-scaled" : "dequantize") +
                (gemm_->fp8_shapes_without_algorithm() > 0

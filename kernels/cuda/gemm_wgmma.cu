@@ -829,12 +829,12 @@ void wgq_n(const bf16* x, int64_t T, const Fp8Group& g, const WgmmaGateUp& gu, u
     return wgq_launch<64, kGateUp, kW, kWG>(x, T, g, gu, tiles, K, group, parts, ctx);
 }
 
-// (ctx.wgmma_quant_warpgroups: 1 or 2 consumer warpgroups a block; 2 for Q8 only. The Q4 form stopped at its first
-// launch with cudaErrorIllegalInstruction (thirty-eighth session): compute-sanitizer puts it at issue_w's 16-byte
-// weight copy, which ptxas 13.0 emits there, and only there, as an LDGSTS whose shared address has a uniform-register
-// part ([R+UR+imm]) and whose cache-policy descriptor names UR1, a register nothing writes. Letting only the first
-// warpgroup copy the weights, two pieces a thread as with one warpgroup, gives the usual form (checked on the SASS,
-// not yet run; docs/perf-notes.md, thirty-ninth session). The FP8 form has not run.)
+// (ctx.wgmma_quant_warpgroups: 1 or 2 consumer warpgroups a block, for every weight format. The Q4 form once stopped
+// at its first launch with cudaErrorIllegalInstruction (thirty-eighth session): ptxas 13.0 emitted issue_w's 16-byte
+// weight copy, when all 256 threads made one each, as an LDGSTS whose shared address has a uniform-register part
+// ([R+UR+imm]) and whose cache-policy descriptor names UR1, a register nothing writes. issue_w now lets only the first
+// warpgroup copy Q4 weights, two pieces a thread; every [gpu] case passes, compute-sanitizer finds nothing (H100,
+// fortieth session; docs/perf-notes.md).)
 template <bool kGateUp, int kW>
 void wgq_rows(const bf16* x, int64_t T, const Fp8Group& g, const WgmmaGateUp& gu, unsigned tiles, int64_t K,
               int64_t group, int parts, const LaunchContext& ctx) {
