@@ -12,6 +12,8 @@
 #   wg     4B decode at 16, 32 and 64 rows: int4, int8 and fp8 (--fp8-gemm dequantize) with 1 and 2 warpgroups, and bf16
 #   ncu    Nsight Compute: the time of every kernel of int8 4B decode steps at 16 rows ($OUT/ncu_int8_b16.txt)
 #   ncu2   ... and the quantized GEMM's occupancy, issue and warp-state sections ($OUT/ncu_quant_detail.txt)
+#   ncu3   at 64 rows: those sections and the memory workload for int8's and int4's quantized GEMM and bf16's wgmma
+#          GEMM ($OUT/ncu64_{int8,int4,none}.txt)
 set -u
 . tools/gpu/run_lib.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$SUM" 2>&1
@@ -73,6 +75,18 @@ step ncu_quant_detail 120 ncu --graph-profiling node -k regex:gemm_wgmma_quant -
   $N/hybrid-bench -m /tmp/q4b --dummy-weights --device cuda --quant int8 -p 16 -n 12 -b 16 -r 1
 tail -400 "$LOG" > "$OUT/ncu_quant_detail.txt"
 grep -E "gemm_wgmma_quant|Duration|Memory Throughput|DRAM Throughput|Issue Slots|Eligible Warps|Active Warps|Achieved Occupancy|Registers|Grid Size|Block Size|No Eligible|Theoretical Occ" "$LOG" | tail -60 >>"$SUM"
+fi
+if want ncu3; then
+for q in int8 int4 none; do
+  [ $(($(date +%s) - T0)) -lt 450 ] || break
+  k=gemm_wgmma_quant; [ $q = none ] && k=gemm_wgmma_kernel
+  step ncu64_$q 120 ncu --graph-profiling node -k regex:$k --launch-skip 40 --launch-count 4 \
+    --section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats --section LaunchStats \
+    --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section InstructionStats \
+    $N/hybrid-bench -m /tmp/q4b --dummy-weights --device cuda --quant $q -p 16 -n 12 -b 64 -r 1
+  awk -v s="==== ncu64_$q:" 'index($0, s) == 1 {p = 1} p' "$LOG" >"$OUT/ncu64_$q.txt"
+  grep -E "Duration|DRAM Throughput|Issue Slots Busy|Eligible Warps|Achieved Occupancy|Registers Per|Grid Size|No Eligible|Warp Cycles Per Issued" "$OUT/ncu64_$q.txt" | head -12 | sed "s/^/  [$q] /" >>"$SUM"
+done
 fi
 say "total $(($(date +%s) - T0)) s"
 cat "$SUM"
