@@ -79,11 +79,12 @@ fi
 if want ncu3; then
 for q in int8 int4 none; do
   [ $(($(date +%s) - T0)) -lt 450 ] || break
-  k=gemm_wgmma_quant; [ $q = none ] && k=gemm_wgmma_kernel
-  step ncu64_$q 120 ncu --graph-profiling node -k regex:$k --launch-skip 40 --launch-count 4 \
+  # (the demangled name with its template arguments: the n-tile of 64 rows, so decode steps, not the prompts)
+  k='gemm_wgmma_quant_kernel<64'; [ $q = none ] && k='gemm_wgmma_kernel<__nv_bfloat16, 64'
+  step ncu64_$q 120 ncu --graph-profiling node --kernel-name-base demangled -k "regex:$k" --launch-skip 8 --launch-count 4 \
     --section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats --section LaunchStats \
     --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section InstructionStats \
-    $N/hybrid-bench -m /tmp/q4b --dummy-weights --device cuda --quant $q -p 16 -n 12 -b 64 -r 1
+    $N/hybrid-bench -m /tmp/q4b --dummy-weights --device cuda --quant $q -p 4 -n 12 -b 64 -r 1
   awk -v s="==== ncu64_$q:" 'index($0, s) == 1 {p = 1} p' "$LOG" >"$OUT/ncu64_$q.txt"
   grep -E "Duration|DRAM Throughput|Issue Slots Busy|Eligible Warps|Achieved Occupancy|Registers Per|Grid Size|No Eligible|Warp Cycles Per Issued" "$OUT/ncu64_$q.txt" | head -12 | sed "s/^/  [$q] /" >>"$SUM"
 done
