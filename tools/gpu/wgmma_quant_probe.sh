@@ -80,7 +80,7 @@ if want ncu3; then
 for q in int8 int4 none; do
   [ $(($(date +%s) - T0)) -lt 450 ] || break
   # (the demangled name with its template arguments: the n-tile of 64 rows, so decode steps, not the prompts)
-  k='gemm_wgmma_quant_kernel<64'; [ $q = none ] && k='gemm_wgmma_kernel<__nv_bfloat16, 64'
+  k='gemm_wgmma_quant_kernel<\(int\)64'; [ $q = none ] && k='gemm_wgmma_kernel<__nv_bfloat16, \(int\)64'
   step ncu64_$q 120 ncu --graph-profiling node --kernel-name-base demangled -k "regex:$k" --launch-skip 8 --launch-count 4 \
     --section SpeedOfLight --section Occupancy --section SchedulerStats --section WarpStateStats --section LaunchStats \
     --section MemoryWorkloadAnalysis --section ComputeWorkloadAnalysis --section InstructionStats \
