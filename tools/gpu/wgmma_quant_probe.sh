@@ -14,6 +14,8 @@
 #   ncu2   ... and the quantized GEMM's occupancy, issue and warp-state sections ($OUT/ncu_quant_detail.txt)
 #   ncu3   at 64 rows: those sections and the memory workload for int8's and int4's quantized GEMM and bf16's wgmma
 #          GEMM ($OUT/ncu64_{int8,int4,none}.txt)
+#   ncu4   at 64 rows: the warps' stall reasons (cycles a warp waits per issued instruction, by reason) of int8's
+#          quantized GEMM and bf16's wgmma GEMM ($OUT/stalls_{int8,none}.txt)
 set -u
 . tools/gpu/run_lib.sh
 nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$SUM" 2>&1
@@ -87,6 +89,16 @@ for q in int8 int4 none; do
     $N/hybrid-bench -m /tmp/q4b --dummy-weights --device cuda --quant $q -p 4 -n 12 -b 64 -r 1
   awk -v s="==== ncu64_$q:" 'index($0, s) == 1 {p = 1} p' "$LOG" >"$OUT/ncu64_$q.txt"
   grep -E "Duration|DRAM Throughput|Issue Slots Busy|Eligible Warps|Achieved Occupancy|Registers Per|Grid Size|No Eligible|Warp Cycles Per Issued" "$OUT/ncu64_$q.txt" | head -12 | sed "s/^/  [$q] /" >>"$SUM"
+done
+fi
+if want ncu4; then
+for q in int8 none; do
+  [ $(($(date +%s) - T0)) -lt 450 ] || break
+  k='gemm_wgmma_quant_kernel<\(int\)64'; [ $q = none ] && k='gemm_wgmma_kernel<__nv_bfloat16, \(int\)64'
+  step stalls_$q 120 ncu --graph-profiling node --kernel-name-base demangled -k "regex:$k" --launch-skip 8 --launch-count 3 \
+    --metrics "regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio,gpu__time_duration.sum,smsp__inst_executed.sum" \
+    $N/hybrid-bench -m /tmp/q4b --dummy-weights --device cuda --quant $q -p 4 -n 12 -b 64 -r 1
+  awk -v s="==== stalls_$q:" 'index($0, s) == 1 {p = 1} p' "$LOG" >"$OUT/stalls_$q.txt"
 done
 fi
 say "total $(($(date +%s) - T0)) s"
