@@ -522,7 +522,7 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
         const unsigned long long v = std::strtoull(seed.c_str(), &end, 10);
         if (seed.empty() || seed.find_first_not_of("0123456789") != std::string::npos || *end != '\0' ||
             errno == ERANGE)
-            usage("-s must be -1 or an integer in [0, 18446744073709551615], got '" + seed + "'");
+            usage("-s must be -1 or an integer in [0, 18446744073709551615], got '" + seed + "' (see --help)");
         sp.seed = uint64_t(v);
     }
     return true;

@@ -465,6 +465,20 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
                                       " --tokenizer models/tiny --bench - --repeat 1 > /dev/null 2>&1";
         CHECK(std::system(bench_cmd.c_str()) == 0);
     }
+    {  // --bench: an empty text is refused (it timed nothing and printed 0.0 MB/s); invalid UTF-8 warns, as --text
+        const std::string empty = (tmp.path / "empty.txt").string(), bad = (tmp.path / "bad.txt").string();
+        std::ofstream(empty).close();
+        std::ofstream(bad) << "ab\xff"
+                           << "cd";
+        check(run_prog(tokenize, {"--tokenizer", "models/tiny", "--bench", empty}), 5,
+              "hybrid-tokenize: --bench " + empty + " is empty: there is no text to time");
+        const Run r = run_prog(tokenize, {"--tokenizer", "models/tiny", "--bench", bad, "--repeat", "1"});
+        CHECK(r.rc == 0);
+        CHECK(r.err.find("warning: --bench " + bad + " is not valid UTF-8") != std::string::npos);
+        const Run ok = run_prog(tokenize, {"--tokenizer", "models/tiny", "--bench", "README.md", "--repeat", "1"});
+        CHECK(ok.rc == 0);
+        CHECK(ok.err.find("warning") == std::string::npos);
+    }
     // golden logits that lack a case: refused before any case runs (it stopped midway without a SUMMARY line)
     {
         auto g = nlohmann::json::parse(slurp(kSrc + "/models/tiny/golden.json"));

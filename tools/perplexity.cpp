@@ -437,12 +437,13 @@ int main(int argc, char** argv) {
             std::printf("perplexity ratio: %.5f (%+.3f%%)\n", ratio, (ratio - 1.0) * 100.0);
             std::printf("KL divergence: mean %.6f, 99th percentile %.6f, max %.6f (over the base's top %u + rest)\n",
                         mean, p99, sorted.back(), base_k);
-            const std::string clear_pct =
-                clear ? std::to_string(100.0 * double(clear_agree) / double(clear)) + "%" : "n/a";
+            char clear_pct[32] = "n/a";  // (three decimals, as the overall figure)
+            if (clear)
+                std::snprintf(clear_pct, sizeof clear_pct, "%.3f%%", 100.0 * double(clear_agree) / double(clear));
             std::printf(
                 "top-1 agreement: %.3f%% (%llu of %llu); where the base's top-1 leads its second by more "
                 "than 0.05 in probability: %s (%llu of %llu)\n",
-                top1 * 100.0, (unsigned long long)agree, (unsigned long long)positions, clear_pct.c_str(),
+                top1 * 100.0, (unsigned long long)agree, (unsigned long long)positions, clear_pct,
                 (unsigned long long)clear_agree, (unsigned long long)clear);
             // (NaN fails every check: a comparison with NaN is false, so each test is written as "not within")
             if (max_ratio >= 0.0 && !(ratio <= max_ratio)) {

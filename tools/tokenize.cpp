@@ -115,6 +115,15 @@ int run_golden(const hy::Tokenizer& tok, const std::string& path, bool parse_spe
 }
 
 int run_bench(const std::string& tok_path, const std::string& text_path, int repeat) {
+    // (the text first: an unusable file fails before the loads are timed; an empty one times nothing, which printed
+    // "0.0 MB/s")
+    const std::string text = read_all(text_path);
+    const std::string shown = text_path == "-" ? std::string("standard input") : text_path;
+    if (text.empty()) throw hy::Error(hy::Status::format, "--bench " + shown + " is empty: there is no text to time");
+    if (!hy::utf8_is_valid(text))  // as for --text
+        std::fprintf(stderr,
+                     "hybrid-tokenize: warning: --bench %s is not valid UTF-8; its invalid bytes are read as U+FFFD\n",
+                     shown.c_str());
     // Wall time and thread CPU time of each step; the best of several runs.
     const int loads = 5;
     double load_wall = 1e30, load_cpu = 1e30;
@@ -126,7 +135,6 @@ int run_bench(const std::string& tok_path, const std::string& text_path, int rep
         load_wall = std::min(load_wall, ms_since(t0));
     }
     hy::Tokenizer tok = load(tok_path);
-    std::string text = read_all(text_path);
     auto t0 = Clock::now();
     double c0 = cpu_ms();
     size_t n_tokens = tok.encode(text).size();  // first pass: empty word cache
