@@ -1084,7 +1084,12 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     m->backend_ = choose_backend(p);
     Backend& be = *m->backend_;
 
-    if (p.quant != WeightQuant::none && c.fp8_weights)
+    // (FP8 by config.json with FP8 matrices, or dummy weights made in its format; 16-bit matrices under such a config
+    // are quantized as asked, with the load warning below)
+    bool fp8_matrices = false;
+    for (const auto& [name, t] : ck.tensors)
+        fp8_matrices = fp8_matrices || t->dtype == HYST_F8_E4M3 || t->dtype == HYST_F8_E5M2;
+    if (p.quant != WeightQuant::none && c.fp8_weights && (fp8_matrices || p.dummy_weights))
         throw Error(Status::invalid_argument, std::string("weight quantization ") + weight_quant_name(p.quant) +
                                                   " was asked for, but " + dir +
                                                   " is already an FP8 checkpoint (config.json quantization_config "
@@ -1113,10 +1118,11 @@ std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& pa
     };
     warn(check_unused_tensors(ck, c));
     // (a folder whose config.json says FP8 but whose matrices are 16-bit loads them as stored: said, not silent)
-    if (c.fp8_weights && !p.dummy_weights && !has_fp8_weights(m->weights_))
-        warn(dir +
-             "/config.json: quantization_config says quant_method fp8, but no matrix is FP8: the weights are "
-             "used as stored (16-bit)");
+    if (c.fp8_weights && !p.dummy_weights && !fp8_matrices)
+        warn(dir + "/config.json: quantization_config says quant_method fp8, but no matrix is FP8: the weights are " +
+             (p.quant == WeightQuant::none
+                  ? std::string("used as stored (16-bit)")
+                  : std::string("16-bit, quantized at load as asked (--quant ") + weight_quant_name(p.quant) + ")"));
 
     // Sequence state.
     const DType act = be.act_dtype();

@@ -533,6 +533,14 @@ TEST_CASE("fp8: bad FP8 checkpoints and quantization requests are refused with o
         CHECK(m->load_warning().find("config.json: quantization_config says quant_method fp8, but no matrix is FP8: "
                                      "the weights are used as stored (16-bit)") != std::string::npos);
         CHECK(Model::load(tiny_dir(), cpu_params())->load_warning().find("FP8") == std::string::npos);
+        // --quant on it quantizes the 16-bit matrices (it was refused as "already an FP8 checkpoint")
+        for (const WeightQuant q : {WeightQuant::fp8, WeightQuant::int8}) {
+            const auto mq = Model::load(d.path, cpu_params(q));
+            CHECK(mq->weights().layers[0].mlp.down_proj.dtype == (q == WeightQuant::fp8 ? DType::F8_E4M3 : DType::Q8));
+            CHECK(mq->load_warning().find(std::string("no matrix is FP8: the weights are 16-bit, quantized at load as "
+                                                      "asked (--quant ") +
+                                          weight_quant_name(q) + ")") != std::string::npos);
+        }
     }
     SECTION("--quant fp8 on a checkpoint that is already FP8") {
         write_dir(d.path, tiny_dir(), config.dump(), fp8);
