@@ -46,10 +46,12 @@ TEST_CASE("hybrid-perplexity: --quant fp8 on models/tiny keeps the perplexity wi
     CHECK(b.out.find("19 windows of 256, the last 127 positions of each scored (2413 tokens)") != std::string::npos);
     // The same run against itself: ratio 1, KL 0, full agreement.
     const Run same = run_prog(ppl, {"-m", "models/tiny", "-f", text, "--ctx", "256", "--device", "cpu", "-t", "2",
-                                    "--kl-base", base, "--max-ppl-ratio", "1.0000001", "--min-top1", "1"});
+                                    "--kl-base", base, "--max-ppl-ratio", "1", "--min-top1", "1"});
     INFO(same.out << same.err);
     CHECK(same.rc == 0);
     CHECK(same.out.find("KL divergence: mean 0.000000, 99th percentile 0.000000") != std::string::npos);
+    // (the ratio 1 exactly: this run's log-probabilities are summed as the saved floats; 1 failed by a rounding)
+    CHECK(same.out.find("perplexity ratio: 1.00000 (+0.000%)") != std::string::npos);
     // (both agreement figures with three decimals: the second had six)
     CHECK(same.out.find("top-1 agreement: 100.000% (2413 of 2413); where the base's top-1 leads its second by more "
                         "than 0.05 in probability: 100.000% (") != std::string::npos);
@@ -61,6 +63,13 @@ TEST_CASE("hybrid-perplexity: --quant fp8 on models/tiny keeps the perplexity wi
     INFO(q.out << q.err);
     CHECK(q.rc == 0);
     CHECK(q.out.find("perplexity ratio: 1.00") != std::string::npos);
+    CHECK(q.out.find("weights: --quant fp8, blocks of 128 x 128, lm_head 16-bit") != std::string::npos);
+    // a failed check says its figure as the summary does, a percentage (it printed the fraction 0.96644)
+    const Run q99 = run_prog(ppl, {"-m", "models/tiny", "-f", text, "--ctx", "256", "--device", "cpu", "-t", "2",
+                                   "--quant", "fp8", "--kl-base", base, "--min-top1", "0.99"});
+    CHECK(q99.rc == 7);
+    CHECK(q99.out.find("% < 99.000% (--min-top1 0.99)") != std::string::npos);
+    CHECK(q99.out.find("CHECK FAILED: top-1 agreement 9") != std::string::npos);
     // --save-logits never replaces a file: the base run stays as it was
     const std::string before = read_text(base);
     const Run again = run_prog(
@@ -94,16 +103,19 @@ TEST_CASE("hybrid-perplexity: --quant fp8 on models/tiny keeps the perplexity wi
                            "ids)") != std::string::npos);
     // a damaged base (its top_k field, or bytes past the end): named as damaged, exit 5 (it read "saved from another
     // text" with the same numbers on both sides, or was accepted)
-    for (int damage = 0; damage < 3; damage++) {
+    for (int damage = 0; damage < 4; damage++) {
         std::string bytes = read_text(base);
         if (damage == 0) {
             bytes[12] = char(bytes[12] + 1);  // top_k (bytes 12-15)
         } else if (damage == 1) {
             bytes += "xxxxxxxx";
-        } else {  // position 0's top-k log-probabilities all 0 (after the 48-byte header and its token's entry)
+        } else if (damage == 2) {  // position 0's top-k log-probabilities all 0 (after the 48-byte header and its
+                                   // token's entry)
             uint32_t k = 0;
             std::memcpy(&k, bytes.data() + 12, 4);
             for (uint32_t i = 0; i < k; i++) std::memset(bytes.data() + 48 + 8 + 8 * i + 4, 0, 4);
+        } else {  // position 0's next-token log-probability 0 (it was accepted and moved the base perplexity)
+            std::memset(bytes.data() + 48 + 4, 0, 4);
         }
         const std::string bad = (d.path / ("damaged" + std::to_string(damage) + ".kl")).string();
         std::ofstream(bad, std::ios::binary) << bytes;
@@ -111,8 +123,10 @@ TEST_CASE("hybrid-perplexity: --quant fp8 on models/tiny keeps the perplexity wi
             run_prog(ppl, {"-m", "models/tiny", "-f", text, "--ctx", "256", "--device", "cpu", "--kl-base", bad});
         INFO(r.err);
         CHECK(r.rc == 5);
-        CHECK(r.err.find(bad + (damage < 2 ? ": damaged (its header says " : ": damaged (position 0: its top-")) !=
-              std::string::npos);
+        CHECK(r.err.find(bad + (damage < 2    ? ": damaged (its header says "
+                                : damage == 2 ? ": damaged (position 0: its top-"
+                                              : ": damaged (position 0: the next token's log-probability disagrees "
+                                                "with its top-")) != std::string::npos);
     }
     // a --ctx past the trained positions (the MoE test model: 4,096) is run with a warning
     const Run past = run_prog(ppl, {"-m", "tests/data/models/moe", "-f", text, "--ctx", "4200", "-t", "2"});

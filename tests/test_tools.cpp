@@ -464,6 +464,10 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
         const std::string bench_cmd = "cd " + quote(kSrc) + " && echo 'def f(x): return x' | " + quote(tokenize) +
                                       " --tokenizer models/tiny --bench - --repeat 1 > /dev/null 2>&1";
         CHECK(std::system(bench_cmd.c_str()) == 0);
+        // and a pipe by its name, as hybrid -f /dev/stdin (it was "a FIFO, expected a regular file")
+        const std::string pipe_cmd = "cd " + quote(kSrc) + " && echo 'def f(x): return x' | " + quote(tokenize) +
+                                     " --tokenizer models/tiny --bench /dev/stdin --repeat 1 > /dev/null 2>&1";
+        CHECK(std::system(pipe_cmd.c_str()) == 0);
     }
     {  // --bench: an empty text is refused (it timed nothing and printed 0.0 MB/s); invalid UTF-8 warns, as --text
         const std::string empty = (tmp.path / "empty.txt").string(), bad = (tmp.path / "bad.txt").string();

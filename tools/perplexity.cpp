@@ -299,6 +299,15 @@ int main(int argc, char** argv) {
                                         (mass > 1.0 + 1e-3 ? " probabilities sum to " + std::to_string(mass)
                                                            : std::string(" repeats a token id")) +
                                         ")");
+                    // and the next token's entry agrees with them: its top-k entry's value (the same float, written
+                    // from the same sum), or at most the k-th's when it is not among them (an edited value moved the
+                    // base perplexity, exit 0)
+                    const Entry& next = t[-1];
+                    const Entry* in_top = std::find_if(t, t + base_k, [&](const Entry& e) { return e.id == next.id; });
+                    if (in_top != t + base_k ? in_top->logprob != next.logprob : next.logprob > t[base_k - 1].logprob)
+                        throw Error(Status::format, base_path + ": damaged (position " + std::to_string(pos) +
+                                                        ": the next token's log-probability disagrees with its top-" +
+                                                        std::to_string(base_k) + ")");
                 }
             }
         }
@@ -364,7 +373,9 @@ int main(int argc, char** argv) {
                     throw Error(Status::backend, "the model produced non-finite logits at window " +
                                                      std::to_string(w + 1) + ", position " + std::to_string(j) +
                                                      " (NaN or inf weights or scales?)");
-                nll -= lp;
+                // (summed as the float --save-logits writes, as the base's sum: a run against its own saved file
+                // has the ratio 1 exactly, which --max-ppl-ratio 1 accepts)
+                nll -= double(float(lp));
                 if (out) {
                     std::iota(order.begin(), order.end(), 0);
                     std::partial_sort(order.begin(), order.begin() + top_k, order.end(), [&](int32_t a, int32_t b) {
@@ -418,7 +429,7 @@ int main(int argc, char** argv) {
             mp.quant == WeightQuant::none
                 ? std::string("as stored") + (has_fp8_weights(model->weights()) ? ", an FP8 checkpoint" : "") + " (" +
                       weight_dtypes_text(model->weights()) + ")"
-            : mp.quant == WeightQuant::fp8 ? "--quant fp8"
+            : mp.quant == WeightQuant::fp8 ? "--quant fp8, blocks of 128 x 128, lm_head 16-bit"
                                            : std::string("--quant ") + weight_quant_name(mp.quant) + ", groups of " +
                                                  std::to_string(weight_quant_group(mp.quant, mp.quant_group)) +
                                                  (mp.quant_lm_head ? ", lm_head quantized" : ", lm_head 16-bit");
@@ -451,7 +462,8 @@ int main(int argc, char** argv) {
                 rc = tools::exit_check;
             }
             if (min_top1 >= 0.0 && !(top1 >= min_top1)) {
-                std::printf("CHECK FAILED: top-1 agreement %.5f < %.5f\n", top1, min_top1);
+                std::printf("CHECK FAILED: top-1 agreement %.3f%% < %.3f%% (--min-top1 %g)\n", top1 * 100.0,
+                            min_top1 * 100.0, min_top1);
                 rc = tools::exit_check;
             }
         }

@@ -23,6 +23,8 @@
 #include <string>
 #include <vector>
 
+#include <sys/stat.h>
+
 #include "cli/arg_error.h"
 #include "model/common.h"
 #include "model/tokenizer.h"
@@ -42,9 +44,12 @@ double cpu_ms() {
     return double(ts.tv_sec) * 1e3 + double(ts.tv_nsec) / 1e6;
 }
 
-// A --golden or --bench file: a regular file, or - for standard input (as hybrid -f and hybrid-perplexity -f)
+// A --golden or --bench file: a regular file, a pipe such as /dev/stdin, or - for standard input (as hybrid -f and
+// hybrid-perplexity -f); a directory or a device is refused by name
 std::string read_all(const std::string& path) {
-    if (path == "-") return hy::tools::read_text_input(path, size_t(1) << 30);
+    struct stat st;
+    if (path == "-" || (::stat(path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode)))
+        return hy::tools::read_text_input(path, size_t(1) << 30);
     return hy::read_regular_file(path, size_t(1) << 30);
 }
 
