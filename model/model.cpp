@@ -977,10 +977,13 @@ struct ModelLoader {
                 convert_to_f32(j.src->data, to_dtype(j.src->dtype), tmp.data(), size_t(j.n));
             if (!j.dst && j.src->data)  // an FP8 matrix's block scales: finite and positive, or the output is garbage
                 for (int64_t i = 0; i < j.n; i++)
-                    if (!(std::isfinite(tmp[size_t(i)]) && tmp[size_t(i)] > 0.0f))
+                    if (!(std::isfinite(tmp[size_t(i)]) && tmp[size_t(i)] > 0.0f)) {
+                        char v[32];  // (-1, 0, nan, inf: as short as the value allows)
+                        std::snprintf(v, sizeof v, "%g", double(tmp[size_t(i)]));
                         throw Error(Status::format, "tensor '" + std::string(j.src->name) + "': block scale " +
-                                                        std::to_string(i) + " is " + std::to_string(tmp[size_t(i)]) +
+                                                        std::to_string(i) + " is " + v +
                                                         " (FP8 block scales must be finite and > 0)");
+                    }
             be.upload(base + j.off, tmp.data(), size_t(j.n) * 4);
             if (j.dst) *j.dst = reinterpret_cast<const float*>(base + j.off);
         }

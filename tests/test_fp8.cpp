@@ -451,6 +451,8 @@ TEST_CASE("fp8: bad FP8 checkpoints and quantization requests are refused with o
                       "tensor '" + w + "_scale_inv' has shape [6, 2], expected [2, 6]");
     }
     SECTION("a block scale that is NaN, infinite, zero or negative") {
+        const char* shown[] = {"nan", "inf", "0", "-0.5"};  // (printed as short as the value allows)
+        int which = 0;
         for (const float bad : {std::numeric_limits<float>::quiet_NaN(), INFINITY, 0.0f, -0.5f}) {
             TensorMap t = fp8;
             RawTensor& s = t[w + "_scale_inv"];
@@ -458,7 +460,8 @@ TEST_CASE("fp8: bad FP8 checkpoints and quantization requests are refused with o
             std::memcpy(s.bytes.data() + 4, &bad, 4);  // (block 1)
             write_dir(d.path, tiny_dir(), config.dump(), t);
             require_error([&] { Model::load(d.path, cpu_params()); }, Status::format,
-                          "tensor '" + w + "_scale_inv': block scale 1 is ");
+                          "tensor '" + w + "_scale_inv': block scale 1 is " + shown[which++] +
+                              " (FP8 block scales must be finite and > 0)");
         }
     }
     SECTION("quantization_config: unknown quant_method, fmt, activation scheme, block size") {

@@ -474,7 +474,7 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
         std::ofstream(empty).close();
         std::ofstream(bad) << "ab\xff"
                            << "cd";
-        check(run_prog(tokenize, {"--tokenizer", "models/tiny", "--bench", empty}), 5,
+        check(run_prog(tokenize, {"--tokenizer", "models/tiny", "--bench", empty}), 1,
               "hybrid-tokenize: --bench " + empty + " is empty: there is no text to time");
         const Run r = run_prog(tokenize, {"--tokenizer", "models/tiny", "--bench", bad, "--repeat", "1"});
         CHECK(r.rc == 0);

@@ -124,7 +124,8 @@ int run_bench(const std::string& tok_path, const std::string& text_path, int rep
     // "0.0 MB/s")
     const std::string text = read_all(text_path);
     const std::string shown = text_path == "-" ? std::string("standard input") : text_path;
-    if (text.empty()) throw hy::Error(hy::Status::format, "--bench " + shown + " is empty: there is no text to time");
+    if (text.empty())  // (exit 1, as hybrid -f and hybrid-perplexity -f with an empty text)
+        throw hy::Error(hy::Status::invalid_argument, "--bench " + shown + " is empty: there is no text to time");
     if (!hy::utf8_is_valid(text))  // as for --text
         std::fprintf(stderr,
                      "hybrid-tokenize: warning: --bench %s is not valid UTF-8; its invalid bytes are read as U+FFFD\n",
