@@ -19,6 +19,12 @@ nlohmann::json parse_json(const std::string& text, const std::string& source) {
     }
 }
 
+std::string folder_path(const std::string& dir) {
+    const size_t end = dir.find_last_not_of('/');
+    if (end == std::string::npos) return dir.empty() ? dir : std::string("/");
+    return dir.substr(0, end + 1);
+}
+
 bool path_present(const std::string& path) {
     struct stat st;
     if (::stat(path.c_str(), &st) == 0) return true;

@@ -32,6 +32,9 @@ std::string read_regular_file(const std::string& path, size_t max_bytes);
 // target (stat alone reads it as "no such file"); any other state (an unreadable or odd file) is true, and the
 // read that follows names it.
 bool path_present(const std::string& path);
+// A model folder's path as messages name it: `dir` without trailing slashes ("m/" is "m", so a file in it reads
+// "m/config.json", not "m//config.json"); "/" stays "/", and "" stays "".
+std::string folder_path(const std::string& dir);
 // Limit for the JSON files of a model folder (config.json, tokenizer.json, tokenizer_config.json, the safetensors
 // index): the real ones are a few MB (Qwen3's tokenizer.json: 11 MB).
 constexpr size_t kMaxJsonFileBytes = size_t(256) << 20;

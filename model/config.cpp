@@ -493,12 +493,13 @@ GenerationDefaults parse_generation_defaults(const std::string& text, const std:
 }
 
 GenerationDefaults load_generation_defaults(const std::string& dir) {
-    const std::string path = dir + "/generation_config.json";
+    const std::string path = folder_path(dir) + "/generation_config.json";
     if (!path_present(path)) return {};
     return parse_generation_defaults(read_regular_file(path, kMaxJsonFileBytes), path);
 }
 
-ModelConfig load_model_config(const std::string& dir) {
+ModelConfig load_model_config(const std::string& dir_in) {
+    const std::string dir = folder_path(dir_in);
     std::string path = dir + "/config.json";
     if (!path_present(path))
         throw Error(Status::io, path + ": cannot open (is '" + dir + "' a Hugging Face model folder?)");

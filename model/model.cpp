@@ -1048,7 +1048,8 @@ void require_model_folder(const std::string& dir) {
     if (!path_present(dir + "/config.json")) throw Error(Status::io, dir + ": not a model folder (no config.json)");
 }
 
-std::unique_ptr<Model> Model::load(const std::string& dir, const ModelParams& params_in) {
+std::unique_ptr<Model> Model::load(const std::string& dir_in, const ModelParams& params_in) {
+    const std::string dir = folder_path(dir_in);
     require_model_folder(dir);
     std::unique_ptr<Model> m(new Model());
     m->dir_ = dir;

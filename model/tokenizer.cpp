@@ -52,7 +52,8 @@ bool Tokenizer::is_special(int32_t id) const { return is_valid(id) && (impl_->id
 
 const std::vector<AddedToken>& Tokenizer::added_tokens() const { return impl_->added; }
 
-void Tokenizer::require_fits(int32_t n_logits, const std::string& dir) const {
+void Tokenizer::require_fits(int32_t n_logits, const std::string& dir_in) const {
+    const std::string dir = folder_path(dir_in);
     const std::string vocab_range =
         "outside the model's vocabulary [0, " + std::to_string(n_logits) + ") (config.json vocab_size)";
     for (int32_t id = n_logits; id < n_vocab(); id++) {

@@ -595,7 +595,7 @@ json read_json_file(const std::string& path) {
 }  // namespace
 
 Tokenizer Tokenizer::from_folder(const std::string& dir) {
-    std::string base = dir.empty() ? std::string(".") : dir;
+    std::string base = dir.empty() ? std::string(".") : folder_path(dir);
     if (base.back() != '/') base += '/';
     Tokenizer tok = from_file(base + "tokenizer.json");
     Impl& t = *tok.impl_;

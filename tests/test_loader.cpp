@@ -433,6 +433,19 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
     }
 }
 
+TEST_CASE("folder_path: a model folder named with trailing slashes names its files with one", "[loader]") {
+    CHECK(folder_path("m/") == "m");
+    CHECK(folder_path("a/b//") == "a/b");
+    CHECK(folder_path("a/b") == "a/b");
+    CHECK(folder_path("/") == "/");
+    CHECK(folder_path("///") == "/");
+    CHECK(folder_path("") == "");
+    // (a bad config.json in "DIR/" was named "DIR//config.json")
+    TempDir d;
+    write_text(d / "config.json", "{ not json");
+    require_error([&] { load_model_config(d.path + "/"); }, Status::format, d.path + "/config.json: invalid JSON");
+}
+
 TEST_CASE("read_regular_file: the whole of a regular file up to a bound, nothing else", "[loader]") {
     TempDir d;
     const std::string bytes("a\0b\nc", 5);
