@@ -69,12 +69,13 @@ bool parse_options(int argc, char** argv, Options& opts, int* exit_code);
 // sequence stays as written.
 std::string process_escapes(const std::string& s);
 
-// ---- files (cli/files.cpp); every failure throws Failure(exit_io) with "PATH: reason" ----
+// ---- files (cli/files.cpp); every failure throws Failure(exit_io) worded as the library's reader (read_regular_file):
+// "cannot open 'PATH': reason" or "cannot read 'PATH': reason" (write_file_atomic: "PATH: reason") ----
 constexpr size_t kMaxInputFile = size_t(256) << 20;  // -f and --batch-file: 256 MiB
 
 // Reads a whole input file of at most `cap` bytes: a regular file, or a pipe/terminal/device such as /dev/stdin
-// (read until end of file, at most cap bytes). Refuses a directory ("PATH: is a directory") and a larger file
-// ("PATH: larger than 256 MiB").
+// (read until end of file, at most cap bytes). Refuses a directory ("cannot read 'PATH': a directory") and a larger
+// file ("cannot read 'PATH': larger than 256 MiB, the most this reader takes").
 std::string read_input_file(const std::string& path, size_t cap = kMaxInputFile);
 
 // Opens a regular file (anything else is refused without opening it) and reads its first n bytes (fewer if it

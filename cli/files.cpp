@@ -17,7 +17,9 @@ namespace hy::cli {
 
 namespace {
 
-std::string mib(size_t bytes) { return std::to_string(bytes >> 20) + " MiB"; }
+std::string too_large(const std::string& path, size_t cap) {
+    return "cannot read '" + path + "': larger than " + std::to_string(cap >> 20) + " MiB, the most this reader takes";
+}
 
 // Reads up to n bytes (fewer at end of file). Throws Failure(exit_io).
 size_t read_some(int fd, char* dst, size_t n, const std::string& path) {
@@ -26,7 +28,7 @@ size_t read_some(int fd, char* dst, size_t n, const std::string& path) {
         const ssize_t r = ::read(fd, dst + got, n - got);
         if (r < 0) {
             if (errno == EINTR) continue;
-            throw Failure(exit_io, path + ": read failed: " + std::strerror(errno));
+            throw Failure(exit_io, "cannot read '" + path + "': " + std::strerror(errno));
         }
         if (r == 0) break;
         got += size_t(r);
@@ -46,13 +48,15 @@ struct Fd {
 std::string read_input_file(const std::string& path_in, size_t cap) {
     const std::string path = path_in == "-" ? "/dev/stdin" : path_in;  // "-": standard input, as most tools take it
     struct stat st;
-    if (::stat(path.c_str(), &st) != 0) throw Failure(exit_io, path + ": cannot read: " + std::strerror(errno));
-    if (S_ISDIR(st.st_mode)) throw Failure(exit_io, path + ": is a directory");
-    if (S_ISREG(st.st_mode) && uint64_t(st.st_size) > cap) throw Failure(exit_io, path + ": larger than " + mib(cap));
+    // (the wording of the library's and the tools' readers: "cannot open 'X': ...", "cannot read 'X': ...")
+    if (::stat(path.c_str(), &st) != 0) throw Failure(exit_io, "cannot open '" + path + "': " + std::strerror(errno));
+    if (S_ISDIR(st.st_mode)) throw Failure(exit_io, "cannot read '" + path + "': a directory");
+    if (S_ISREG(st.st_mode) && uint64_t(st.st_size) > cap) throw Failure(exit_io, too_large(path, cap));
     Fd f;
     f.fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-    if (f.fd < 0) throw Failure(exit_io, path + ": cannot read: " + std::strerror(errno));
-    if (::fstat(f.fd, &st) == 0 && S_ISDIR(st.st_mode)) throw Failure(exit_io, path + ": is a directory");
+    if (f.fd < 0) throw Failure(exit_io, "cannot open '" + path + "': " + std::strerror(errno));
+    if (::fstat(f.fd, &st) == 0 && S_ISDIR(st.st_mode))
+        throw Failure(exit_io, "cannot read '" + path + "': a directory");
     // a pipe, a terminal or a device (/dev/stdin): read up to cap + 1 bytes
     std::string out;
     size_t want = S_ISREG(st.st_mode) ? size_t(st.st_size) + 1 : size_t(1) << 16;
@@ -62,7 +66,7 @@ std::string read_input_file(const std::string& path_in, size_t cap) {
         out.resize(at + want);
         const size_t got = read_some(f.fd, out.data() + at, want, path);
         out.resize(at + got);
-        if (out.size() > cap) throw Failure(exit_io, path + ": larger than " + mib(cap));
+        if (out.size() > cap) throw Failure(exit_io, too_large(path, cap));
         if (got < want) break;
         want = std::max<size_t>(want, 1 << 16);
     }
@@ -71,14 +75,16 @@ std::string read_input_file(const std::string& path_in, size_t cap) {
 
 std::string read_regular_file_head(const std::string& path, size_t n, uint64_t* size, int* fd_out) {
     struct stat st;
-    if (::stat(path.c_str(), &st) != 0) throw Failure(exit_io, path + ": cannot read: " + std::strerror(errno));
+    if (::stat(path.c_str(), &st) != 0) throw Failure(exit_io, "cannot open '" + path + "': " + std::strerror(errno));
     if (!S_ISREG(st.st_mode))
-        throw Failure(exit_io, path + ": is " + std::string(hy::file_kind(st.st_mode)) + ", not a regular file");
+        throw Failure(exit_io, "cannot read '" + path + "': " + std::string(hy::file_kind(st.st_mode)) +
+                                   ", expected a regular file");
     const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK);
-    if (fd < 0) throw Failure(exit_io, path + ": cannot read: " + std::strerror(errno));
+    if (fd < 0) throw Failure(exit_io, "cannot open '" + path + "': " + std::strerror(errno));
     Fd f;
     f.fd = fd;
-    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode)) throw Failure(exit_io, path + ": not a regular file");
+    if (::fstat(fd, &st) != 0 || !S_ISREG(st.st_mode))
+        throw Failure(exit_io, "cannot read '" + path + "': expected a regular file");
     std::string head(n, '\0');
     head.resize(read_some(fd, head.data(), n, path));
     *size = uint64_t(st.st_size);

@@ -430,7 +430,8 @@ TEST_CASE("cli: /load reads only a regular file of a bounded size", "[cli]") {
     const std::vector<std::string> chat = {"-m", "models/tiny", "-i", "--temp", "0", "-n", "4", "--no-think"};
     REQUIRE(::mkfifo((tmp.path / "fifo").c_str(), 0600) == 0);
     check_one_line_error(hybrid(chat, "/load " + (tmp.path / "fifo").string() + "\n"), 5, "FIFO");
-    check_one_line_error(hybrid(chat, "/load /dev/zero\n"), 5, "device");
+    check_one_line_error(hybrid(chat, "/load /dev/zero\n"), 5,
+                         "cannot read '/dev/zero': a device, expected a regular file");
     check_one_line_error(hybrid(chat, "/load " + tmp.path.string() + "\n"), 5, "directory");
     // a valid header followed by far more bytes than any snapshot of this model
     const std::string file = (tmp.path / "conv").string();
