@@ -27,7 +27,7 @@
 namespace {
 
 int usage_error(const std::string& msg) {
-    std::fprintf(stderr, "hybrid-server: %s (see hybrid-server -h)\n", msg.c_str());
+    std::fprintf(stderr, "hybrid-server: %s (see --help)\n", msg.c_str());  // (as hybrid and the tools)
     return 1;
 }
 
@@ -171,13 +171,19 @@ int main(int argc, char** argv) {
             return usage_error("--device must be auto, cpu or cuda, got '" + device + "'");
         if (p.port < 0 || p.port > 65535)
             return usage_error("--port must be in [0, 65535], got " + std::to_string(p.port));
-        if (p.n_slots < 1 || p.n_slots > 4096) return usage_error("-np must be in [1, 4096]");
-        if (p.n_ctx < 0 || p.n_ctx == 1) return usage_error("-c must be 0 (the model's trained context) or at least 2");
-        if (p.max_batch_tokens < 1) return usage_error("-b must be at least 1");
+        if (p.n_slots < 1 || p.n_slots > 4096)
+            return usage_error("-np must be in [1, 4096], got " + std::to_string(p.n_slots));
+        if (p.n_ctx < 0 || p.n_ctx == 1)
+            return usage_error("-c must be 0 (the model's trained context) or at least 2, got " +
+                               std::to_string(p.n_ctx));
+        if (p.max_batch_tokens < 1)
+            return usage_error("-b must be at least 1, got " + std::to_string(p.max_batch_tokens));
         if (p.n_threads == -1) p.n_threads = 0;  // (llama.cpp's spelling of all cores, as hybrid and the tools take it)
-        if (p.n_threads < 0 || p.n_threads > 1024) return usage_error("-t must be in [0, 1024] (0 or -1: all cores)");
-        if (cache_mb < 0) return usage_error("--cache-mb must be >= 0");
-        if (p.http_threads < 0) return usage_error("--threads-http must be >= 0");
+        if (p.n_threads < 0 || p.n_threads > 1024)
+            return usage_error("-t must be in [0, 1024] (0 or -1: all cores), got " + std::to_string(p.n_threads));
+        if (cache_mb < 0) return usage_error("--cache-mb must be >= 0, got " + std::to_string(cache_mb));
+        if (p.http_threads < 0)
+            return usage_error("--threads-http must be >= 0, got " + std::to_string(p.http_threads));
         p.cache_mb = size_t(cache_mb);
     } catch (const cxxopts::exceptions::exception& e) {
         return usage_error(hy::parse_error_message(e.what(), argc, argv));

@@ -842,6 +842,18 @@ TEST_CASE("server and hybrid-perplexity: a bad -m is named as in hybrid; a repea
         run_prog(kBin + "/hybrid-server", {"-m", "models/tiny", "--port", "0", "-np", "1", "-np", "2"});
     CHECK(twice.rc == 1);
     CHECK(twice.err.find("hybrid-server: --parallel was given more than once (give it once)") == 0);
+    // a value out of range names what was given, and points to --help as hybrid and the tools do (it said
+    // "(see hybrid-server -h)" and left the value out)
+    for (const auto& [opt, value, msg] :
+         {std::tuple<const char*, const char*, const char*>{"-np", "0", "-np must be in [1, 4096], got 0 (see --help)"},
+          {"-c", "1", "-c must be 0 (the model's trained context) or at least 2, got 1 (see --help)"},
+          {"-b", "0", "-b must be at least 1, got 0 (see --help)"},
+          {"--cache-mb", "-3", "--cache-mb must be >= 0, got -3 (see --help)"}}) {
+        const hy::test::cli_util::Run r = run_prog(kBin + "/hybrid-server", {"-m", "models/tiny", opt, value});
+        INFO(r.err);
+        CHECK(r.rc == 1);
+        CHECK(r.err == std::string("hybrid-server: ") + msg + "\n");
+    }
     // -np is llama.cpp's --parallel only where it stands as an option (`-a -np` named the model "--parallel");
     // words cxxopts would misread are refused as hybrid refuses them
     {
