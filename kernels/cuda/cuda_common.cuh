@@ -101,7 +101,8 @@ struct LaunchContext {
     // dequantization; the FP8 tensor-core GEMM is faster than it)
     bool wgmma_quant_fp8 = false;
     // ... its consumer warpgroups a block: 1 (each thread converts and multiplies both 64-row tiles) or 2 (one tile
-    // each: twice the warps to hide the conversion's latency; Q8 only, CudaOptions::wgmma_quant_warpgroups, default 2)
+    // each: twice the warps to hide the conversion's latency; every weight format, CudaOptions::wgmma_quant_warpgroups,
+    // default 2)
     int wgmma_quant_warpgroups = 2;
     bool wgmma = false;  // the build has sm_90a code for the device (wgmma_available)
     int sm_count = 0;    // the device's multiprocessors (launch shapes that fill the device)
