@@ -93,6 +93,8 @@ void write_file_atomic(const std::string& path, const std::string& data, bool ov
 // ---- stdout (cli/main.cpp): write errors (a full disk, a closed pipe or descriptor) end the program with
 // exit_io and "cannot write to stdout: <reason>" ----
 extern int g_stdout_errno;  // the first write error on stdout (0: none)
+// Standard input was closed at start (`<&-`; main puts /dev/null there): reading "-" is an error, not an empty text.
+extern bool g_stdin_closed;
 // Flushes stdout; false when this or an earlier write failed.
 bool stdout_ok();
 // Writes and flushes; false on a write error (the caller stops producing output).

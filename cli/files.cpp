@@ -47,6 +47,9 @@ struct Fd {
 
 std::string read_input_file(const std::string& path_in, size_t cap) {
     const std::string path = path_in == "-" ? "/dev/stdin" : path_in;  // "-": standard input, as most tools take it
+    // (a closed standard input holds /dev/null now: said as the tools say it, not read as an empty text)
+    if ((path_in == "-" || path_in == "/dev/stdin") && g_stdin_closed)
+        throw Failure(exit_io, "cannot read '" + path_in + "': standard input is closed");
     struct stat st;
     // (the wording of the library's and the tools' readers: "cannot open 'X': ...", "cannot read 'X': ...")
     if (::stat(path.c_str(), &st) != 0) throw Failure(exit_io, "cannot open '" + path + "': " + std::strerror(errno));

@@ -22,6 +22,7 @@ namespace hy::cli {
 
 std::atomic<bool> g_interrupted{false};
 int g_stdout_errno = 0;
+bool g_stdin_closed = false;
 
 namespace {
 
@@ -465,6 +466,7 @@ int run(int argc, char** argv) {
 static void guard_std_fds() {
     for (int fd = 0; fd <= 2; fd++) {
         if (fcntl(fd, F_GETFD) != -1 || errno != EBADF) continue;
+        if (fd == 0) hy::cli::g_stdin_closed = true;
         const int n = open("/dev/null", O_RDONLY | O_CLOEXEC);
         if (n >= 0 && n != fd) {
             dup2(n, fd);

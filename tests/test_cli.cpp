@@ -343,6 +343,17 @@ TEST_CASE("cli: flags without effect and repeated flags are usage errors", "[cli
         CHECK(WEXITSTATUS(st) == 5);
         CHECK(slurp(err).find("hybrid: error: cannot read the chat input (stdin)") != std::string::npos);
     }
+    {  // -f - and --batch-file - with standard input closed: an error (exit 5), not an empty prompt (exit 1)
+        const std::string err = (tmp.path / "closed.txt").string();
+        for (const char* opt : {"-f", "--batch-file"}) {
+            const std::string cmd = "cd " + quote(kSrc) + " && " + quote(kBin + "/hybrid") +
+                                    " -t 1 --device cpu -m models/tiny -n 2 " + opt + " - <&- 2>" + quote(err);
+            const int st = std::system(cmd.c_str());
+            CHECK(WIFEXITED(st));
+            CHECK(WEXITSTATUS(st) == 5);
+            CHECK(slurp(err) == "hybrid: error: cannot read '-': standard input is closed\n");
+        }
+    }
     CHECK(hybrid({"-m", "models/tiny", "-p", "hello\\0world", "-n", "1"}).rc == 0);  // plain text keeps it
 }
 

@@ -469,6 +469,13 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
                                      " --tokenizer models/tiny --bench /dev/stdin --repeat 1 > /dev/null 2>&1";
         CHECK(std::system(pipe_cmd.c_str()) == 0);
     }
+    {  // a folder named with a trailing slash names its files with one (it read "m//golden.json")
+        const fs::path nog = tmp.path / "nogolden";
+        fs::create_directories(nog);
+        fs::copy_file(kSrc + "/models/tiny/config.json", nog / "config.json");
+        check(run_prog(compare, {"-m", nog.string() + "/"}), 5,
+              "hybrid-compare: cannot open '" + (nog / "golden.json").string() + "': No such file or directory");
+    }
     {  // --bench: an empty text is refused (it timed nothing and printed 0.0 MB/s); invalid UTF-8 warns, as --text
         const std::string empty = (tmp.path / "empty.txt").string(), bad = (tmp.path / "bad.txt").string();
         std::ofstream(empty).close();

@@ -111,7 +111,7 @@ int main(int argc, char** argv) {
     try {
         tools::check_int_args(args, {"threads", "moe-grouped-rows"});
         tools::check_given_once(args);
-        const std::string dir = args["model"].as<std::string>();
+        const std::string dir = folder_path(args["model"].as<std::string>());  // ("m/golden.json", not "m//...")
         const std::string dev = args["device"].as<std::string>();
         ModelParams mp;
         mp.device = tools::parse_device(dev);
