@@ -112,8 +112,9 @@ int main(int argc, char** argv) {
     }
     printf("\n");
     /* the continuation's line before the summary when both go to one terminal; a lost write is an error */
+    errno = 0;
     if (fflush(stdout) != 0 || ferror(stdout)) {
-        fprintf(stderr, "embed_example: error: cannot write to stdout\n");
+        fprintf(stderr, "embed_example: error: cannot write to stdout: %s\n", strerror(errno != 0 ? errno : EIO));
         rc = 4;
         goto done;
     }

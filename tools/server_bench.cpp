@@ -18,9 +18,11 @@
 // failed (the figures are still printed, with the failed counts).
 #include <algorithm>
 #include <atomic>
+#include <cerrno>
 #include <chrono>
 #include <climits>
 #include <cstdio>
+#include <cstring>
 #include <cxxopts.hpp>
 #include <httplib.h>
 #include <mutex>
@@ -362,8 +364,10 @@ int main(int argc, char** argv) {
                         cell(log, 1, on.total_ms).c_str());
         }
     }
+    errno = 0;
     if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
-        std::fprintf(stderr, "hybrid-server-bench: cannot write to stdout\n");
+        std::fprintf(stderr, "hybrid-server-bench: cannot write to stdout: %s\n",
+                     std::strerror(errno != 0 ? errno : EIO));
         return 5;
     }
     return failed ? kFailed : 0;

@@ -86,16 +86,26 @@ inline int exit_code_of(const Error& e) {
     }
 }
 
-// False when something written to stdout (C stdio or std::cout) was lost (e.g. a full disk).
-inline bool stdout_ok() {
-    std::cout.flush();
-    return std::fflush(stdout) == 0 && !std::ferror(stdout) && std::cout.good();
+// The reason of the first lost write to stdout that stdout_ok() saw (an errno value; 0: none).
+inline int& stdout_errno() {
+    static int e = 0;
+    return e;
 }
 
-// rc, or exit_io with "NAME: cannot write to stdout" on stderr when stdout_ok() is false and rc is 0.
+// False when something written to stdout (C stdio or std::cout) was lost (e.g. a full disk); the first time, the
+// reason goes to stdout_errno() (EIO when the C library left none).
+inline bool stdout_ok() {
+    std::cout.flush();
+    errno = 0;
+    const bool ok = std::fflush(stdout) == 0 && !std::ferror(stdout) && std::cout.good();
+    if (!ok && stdout_errno() == 0) stdout_errno() = errno != 0 ? errno : EIO;
+    return ok;
+}
+
+// rc, or exit_io with "NAME: cannot write to stdout: <reason>" on stderr when stdout_ok() is false and rc is 0.
 inline int finish(const char* name, int rc) {
     if (!stdout_ok() && rc == 0) {
-        std::fprintf(stderr, "%s: cannot write to stdout\n", name);
+        std::fprintf(stderr, "%s: cannot write to stdout: %s\n", name, std::strerror(stdout_errno()));
         return exit_io;
     }
     return rc;
