@@ -602,8 +602,7 @@ int main(int argc, char** argv) {
         }
         out["peak_rss_bytes"] = int64_t(peak_rss);
         if (be.host_threads() > 0) out["cpu_threads"] = be.host_threads();  // what -t 0 ("all cores") became
-        if (!tools::stdout_ok())
-            throw Error(Status::io, std::string("cannot write to stdout: ") + std::strerror(tools::stdout_errno()));
+        if (!tools::stdout_ok()) throw Error(Status::io, tools::stdout_error());
         if (args.count("json")) json_out.write(out.dump(1) + "\n");
         return tools::exit_ok;
     } catch (const tools::UsageError& e) {
