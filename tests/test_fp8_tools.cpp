@@ -102,8 +102,9 @@ TEST_CASE("hybrid-perplexity: --quant fp8 on models/tiny keeps the perplexity wi
     CHECK(swapped.err.find("saved from another text (the same 19 windows of 256 tokens and vocabulary, other token "
                            "ids)") != std::string::npos);
     // a damaged base (its top_k field, or bytes past the end): named as damaged, exit 5 (it read "saved from another
-    // text" with the same numbers on both sides, or was accepted)
-    for (int damage = 0; damage < 4; damage++) {
+    // text" with the same numbers on both sides, or was accepted); its reserved header field not 0, and position 1's
+    // second top-k entry with an id past the vocabulary or a positive log-probability: named with where
+    for (int damage = 0; damage < 7; damage++) {
         std::string bytes = read_text(base);
         if (damage == 0) {
             bytes[12] = char(bytes[12] + 1);  // top_k (bytes 12-15)
@@ -114,8 +115,21 @@ TEST_CASE("hybrid-perplexity: --quant fp8 on models/tiny keeps the perplexity wi
             uint32_t k = 0;
             std::memcpy(&k, bytes.data() + 12, 4);
             for (uint32_t i = 0; i < k; i++) std::memset(bytes.data() + 48 + 8 + 8 * i + 4, 0, 4);
-        } else {  // position 0's next-token log-probability 0 (it was accepted and moved the base perplexity)
+        } else if (damage == 3) {  // position 0's next-token log-probability 0 (it was accepted and moved the base
+                                   // perplexity)
             std::memset(bytes.data() + 48 + 4, 0, 4);
+        } else if (damage == 4) {
+            bytes[40] = 1;  // reserved (bytes 40-47)
+        } else {            // position 1, entry 2 (its second top-k entry): id 1 << 30, or log-probability 0.5
+            uint32_t k = 0;
+            std::memcpy(&k, bytes.data() + 12, 4);
+            const size_t at = 48 + 8 * (size_t(1 + k) + 2);
+            const int32_t id = 1 << 30;
+            const float lp = 0.5f;
+            if (damage == 5)
+                std::memcpy(bytes.data() + at, &id, 4);
+            else
+                std::memcpy(bytes.data() + at + 4, &lp, 4);
         }
         const std::string bad = (d.path / ("damaged" + std::to_string(damage) + ".kl")).string();
         std::ofstream(bad, std::ios::binary) << bytes;
@@ -123,10 +137,15 @@ TEST_CASE("hybrid-perplexity: --quant fp8 on models/tiny keeps the perplexity wi
             run_prog(ppl, {"-m", "models/tiny", "-f", text, "--ctx", "256", "--device", "cpu", "--kl-base", bad});
         INFO(r.err);
         CHECK(r.rc == 5);
-        CHECK(r.err.find(bad + (damage < 2    ? ": damaged (its header says "
-                                : damage == 2 ? ": damaged (position 0: its top-"
-                                              : ": damaged (position 0: the next token's log-probability disagrees "
-                                                "with its top-")) != std::string::npos);
+        const char* want[7] = {": damaged (its header says ",
+                               ": damaged (its header says ",
+                               ": damaged (position 0: its top-",
+                               ": damaged (position 0: the next token's log-probability disagrees with its top-",
+                               ": damaged (its header's reserved field is 1, written as 0)",
+                               ": damaged (position 1, entry 2: token id 1073741824 is not in [0, ",
+                               ": damaged (position 1, entry 2: the log-probability 0.500000 is not a finite value "
+                               "<= 0)"};
+        CHECK(r.err.find(bad + want[damage]) != std::string::npos);
     }
     // a --ctx past the trained positions (the MoE test model: 4,096) is run with a warning
     const Run past = run_prog(ppl, {"-m", "tests/data/models/moe", "-f", text, "--ctx", "4200", "-t", "2"});

@@ -248,6 +248,9 @@ int main(int argc, char** argv) {
                 const unsigned __int128 want = (unsigned __int128)sizeof(Header) + (unsigned __int128)h.positions *
                                                                                        (1u + uint64_t(h.top_k)) *
                                                                                        sizeof(Entry);
+                if (h.reserved != 0)
+                    throw Error(Status::format, base_path + ": damaged (its header's reserved field is " +
+                                                    std::to_string(h.reserved) + ", written as 0)");
                 if (h.top_k == 0 || h.top_k > h.vocab || want != bytes.size())
                     throw Error(Status::format, base_path + ": damaged (its header says " +
                                                     std::to_string(h.positions) + " positions of 1 + " +
@@ -271,11 +274,17 @@ int main(int argc, char** argv) {
                 base_k = h.top_k;
                 base.resize(size_t(positions) * (1 + base_k));
                 read_all(base.data(), base.size() * sizeof(Entry), base_path);
-                for (const Entry& e : base) {
-                    if (e.id < 0 || e.id >= V) throw Error(Status::format, base_path + ": a token id is out of range");
+                for (size_t i = 0; i < base.size(); i++) {
+                    const Entry& e = base[i];
+                    const std::string where =
+                        "position " + std::to_string(i / (1 + base_k)) + ", entry " + std::to_string(i % (1 + base_k));
+                    if (e.id < 0 || e.id >= V)
+                        throw Error(Status::format, base_path + ": damaged (" + where + ": token id " +
+                                                        std::to_string(e.id) + " is not in [0, " + std::to_string(V) +
+                                                        "))");
                     if (!std::isfinite(e.logprob) || e.logprob > 0.0f)
-                        throw Error(Status::format, base_path + ": a saved log-probability is " +
-                                                        std::to_string(e.logprob) + " (not a finite value <= 0)");
+                        throw Error(Status::format, base_path + ": damaged (" + where + ": the log-probability " +
+                                                        std::to_string(e.logprob) + " is not a finite value <= 0)");
                 }
                 // each position's top-k as written: distinct ids, in decreasing probability, probabilities summing to
                 // at most 1 (a damaged one gave a KL of hundreds, exit 0)
