@@ -31,6 +31,12 @@ constexpr int kWgmmaGemmMinRows = 9;
 // from a device variable that only the sm_90a compilation sets.
 bool wgmma_available();
 
+// The stream-K split (CudaOptions::wgmma_stream_k, LaunchContext::stream_k_*): kWgmmaStreamKBlocksPerSm blocks an
+// SM, each with a partial of kWgmmaStreamKPartialFloats fp32 sums (128 features x 64 rows) and an int flag in the
+// workspace.
+constexpr int kWgmmaStreamKBlocksPerSm = 2;
+constexpr int kWgmmaStreamKPartialFloats = 128 * 64;
+
 // The K split (cluster size: 1, 2, 4 or 8) for an N x K matrix on a device of `sms` SMs: the fewest parts that give
 // every SM a block, with at least 4 chunks of 64 values per part.
 int wgmma_gemm_parts(int64_t N, int64_t K, int sms);
