@@ -354,6 +354,33 @@ __device__ __forceinline__ void sk_add_partials(float (&acc)[kM][kN / 2], const 
     }
 }
 
+// A block's work: tiles t_last down to t_first (one without stream-K: blockIdx.x / parts) and, for tile t, chunks
+// [c_first, c_first + rounds) (chunks(t): its stream-K range's, or K part blockIdx.x % parts of n_chunks).
+struct WgBlockWork {
+    int t_first, t_last, w_begin = 0, w_end = 0, n_chunks, parts;
+    __device__ WgBlockWork(bool stream, const WgStreamK& sk, int parts_, int n_chunks_)
+        : n_chunks(n_chunks_), parts(parts_) {
+        if (stream) {
+            w_begin = sk_begin(int(blockIdx.x), sk);
+            w_end = sk_begin(int(blockIdx.x) + 1, sk);
+            t_first = w_begin / n_chunks;
+            t_last = (w_end - 1) / n_chunks;
+        } else {
+            t_first = t_last = int(blockIdx.x) / parts;
+        }
+    }
+    __device__ void chunks(bool stream, int tile, int& c_first, int& rounds) const {
+        if (stream) {
+            c_first = std::max(w_begin - tile * n_chunks, 0);
+            rounds = std::min(w_end - tile * n_chunks, n_chunks) - c_first;
+        } else {
+            const int per = (n_chunks + parts - 1) / parts;
+            c_first = int(blockIdx.x) % parts * per;
+            rounds = std::max(0, std::min(n_chunks, c_first + per) - c_first);
+        }
+    }
+};
+
 // The end of both kernels: the fp32 sums acc (wgmma tiles 0 and 1, features f0 + .. and f1 + .., all T rows) stored
 // as y (or gate/up/SiLU), added over the cluster's parts first when parts > 1. With kWG = 1 thread tid holds both
 // tiles' values; with kWG = 2 (256 threads) warpgroup tid / 128 holds its tile's, which go through shared memory
@@ -460,21 +487,11 @@ __global__ void __launch_bounds__(kWgThreads)
     const bool stream = kN <= 64 && sk.blocks > 0;  // (partials hold 64 rows)
     const int n_chunks = (K + kWgChunk - 1) / kWgChunk;
     const uint64_t pol = weight_policy(evict_first);
-    // this block's tiles t_last down to t_first (one without stream-K) and, per tile, chunks [c_first, c_first +
-    // rounds)
-    int t_first, t_last, w_begin = 0, w_end = 0;
-    if (stream) {
-        w_begin = sk_begin(int(blockIdx.x), sk);
-        w_end = sk_begin(int(blockIdx.x) + 1, sk);
-        t_first = w_begin / n_chunks;
-        t_last = (w_end - 1) / n_chunks;
-    } else {
-        t_first = t_last = int(blockIdx.x) / parts;
-    }
+    const WgBlockWork work(stream, sk, parts, n_chunks);
     // the matrices of wgmma tiles 0 and 1 and their first features (scalars: a dynamically indexed array would go to
     // local memory)
-    const bf16 *w0, *w1;
-    int f0, f1, N, c_first, rounds;
+    const bf16 *w0 = nullptr, *w1 = nullptr;
+    int f0 = 0, f1 = 0, N = 0, c_first = 0, rounds = 0;
     OutT* y = nullptr;
 
     // chunk r of this part: 8 16-byte words of each of the 128 weight rows (8 a thread; row r of the stage is row
@@ -506,7 +523,7 @@ __global__ void __launch_bounds__(kWgThreads)
     };
 
     float acc[2][kN / 2];
-    for (int tile = t_last; tile >= t_first; tile--) {
+    for (int tile = work.t_last; tile >= work.t_first; tile--) {
         if constexpr (kGateUp) {
             w0 = static_cast<const bf16*>(gu.wg);
             w1 = static_cast<const bf16*>(gu.wu);
@@ -520,14 +537,7 @@ __global__ void __launch_bounds__(kWgThreads)
             N = mem.n;
             y = static_cast<OutT*>(mem.y);
         }
-        if (stream) {
-            c_first = std::max(w_begin - tile * n_chunks, 0);
-            rounds = std::min(w_end - tile * n_chunks, n_chunks) - c_first;
-        } else {
-            const int per = (n_chunks + parts - 1) / parts;
-            c_first = rank * per;
-            rounds = std::max(0, std::min(n_chunks, c_first + per) - c_first);
-        }
+        work.chunks(stream, tile, c_first, rounds);
 #pragma unroll
         for (int m = 0; m < 2; m++)
 #pragma unroll
@@ -537,7 +547,7 @@ __global__ void __launch_bounds__(kWgThreads)
                 // group per chunk
 #pragma unroll
         for (int s = 0; s < kWgStages - 1; s++) issue_w(s);
-        if (tile == t_last) pdl_wait();
+        if (tile == work.t_last) pdl_wait();
 #pragma unroll
         for (int s = 0; s < kWgStages - 1; s++) {
             issue_x(s);
@@ -576,7 +586,7 @@ __global__ void __launch_bounds__(kWgThreads)
             if (c_first > 0) sk_add_partials<2, kN, kWgThreads>(acc, sk, sk_block_of(tile * n_chunks, sk), tid);
             wg_epilogue<OutT, kN, kGateUp>(acc, ring, base, tid, 0, 1, T, N, f0, f1, y, gu);
         }
-        if (tile > t_first) __syncthreads();  // every warp is done with the ring before the next tile refills it
+        if (tile > work.t_first) __syncthreads();  // every warp is done with the ring before the next tile refills it
     }
 }
 
@@ -719,7 +729,8 @@ __device__ __forceinline__ QuantMember quant_member(const Fp8Group& g, int block
 // path rounds it; the sums are fp32 on the tensor cores. Scale entries of a row and chunk: Q8/Q4 with group 32 two
 // (the chunk's halves), else one (Q8/Q4: the group holding the chunk; FP8: its 128 x 128 block).
 template <int kN, bool kGateUp, int kW, int kWG>
-__global__ void __launch_bounds__(kWgThreads* kWG)
+// (2 warpgroups: at most 128 registers, two blocks an SM)
+__global__ void __launch_bounds__(kWgThreads* kWG, kWG == 2 ? 2 : 1)
     gemm_wgmma_quant_kernel(const bf16* __restrict__ x, int T, const __grid_constant__ Fp8Group g,
                             const __grid_constant__ WgmmaGateUp gu, int K, int group, int parts, bool evict_first,
                             const __grid_constant__ WgStreamK sk) {
@@ -735,20 +746,11 @@ __global__ void __launch_bounds__(kWgThreads* kWG)
     const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
     const int rank = int(blockIdx.x) % parts;
     const int n_chunks = K / kWgChunk;
-    // this block's tiles t_last down to t_first (one without stream-K) and, per tile, chunks [c_first, c_first +
-    // rounds)
-    int t_first, t_last, w_begin = 0, w_end = 0;
-    if (sk.blocks > 0) {
-        w_begin = sk_begin(int(blockIdx.x), sk);
-        w_end = sk_begin(int(blockIdx.x) + 1, sk);
-        t_first = w_begin / n_chunks;
-        t_last = (w_end - 1) / n_chunks;
-    } else {
-        t_first = t_last = int(blockIdx.x) / parts;
-    }
-    const uint8_t *w0, *w1;
-    const float *s0, *s1;
-    int f0, f1, N, seg, c_first, rounds;
+    const bool stream = sk.blocks > 0;
+    const WgBlockWork work(stream, sk, parts, n_chunks);
+    const uint8_t *w0 = nullptr, *w1 = nullptr;
+    const float *s0 = nullptr, *s1 = nullptr;
+    int f0 = 0, f1 = 0, N = 0, seg = 0, c_first = 0, rounds = 0;
     bf16* y = nullptr;
     const uint64_t pol = weight_policy(evict_first);
     const int64_t row_bytes = int64_t(n_chunks) * kCB;
@@ -863,7 +865,7 @@ __global__ void __launch_bounds__(kWgThreads* kWG)
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) fence_registers(a[m][kk]);
     };
-    for (int tile = t_last; tile >= t_first; tile--) {
+    for (int tile = work.t_last; tile >= work.t_first; tile--) {
         if constexpr (kGateUp) {
             w0 = static_cast<const uint8_t*>(gu.wg);
             w1 = static_cast<const uint8_t*>(gu.wu);
@@ -882,14 +884,7 @@ __global__ void __launch_bounds__(kWgThreads* kWG)
             seg = mem.segment_rows;
             y = static_cast<bf16*>(mem.y);
         }
-        if (sk.blocks > 0) {
-            c_first = std::max(w_begin - tile * n_chunks, 0);
-            rounds = std::min(w_end - tile * n_chunks, n_chunks) - c_first;
-        } else {
-            const int per = (n_chunks + parts - 1) / parts;
-            c_first = rank * per;
-            rounds = std::max(0, std::min(n_chunks, c_first + per) - c_first);
-        }
+        work.chunks(stream, tile, c_first, rounds);
 #pragma unroll
         for (int m = 0; m < kM; m++)
 #pragma unroll
@@ -898,7 +893,7 @@ __global__ void __launch_bounds__(kWgThreads* kWG)
                 // per chunk
 #pragma unroll
         for (int s = 0; s < kAhead; s++) issue_w(s);
-        if (tile == t_last) pdl_wait();
+        if (tile == work.t_last) pdl_wait();
 #pragma unroll
         for (int s = 0; s < kAhead; s++) {
             issue_x(s);
@@ -934,7 +929,7 @@ __global__ void __launch_bounds__(kWgThreads* kWG)
         }
         cp_async_wait_all();
 
-        if (sk.blocks == 0) {
+        if (!stream) {
             wg_epilogue<bf16, kN, kGateUp, kWG>(acc, ring, base, tid, rank, parts, T, N, f0, f1, y, gu);
         } else if (c_first + rounds < n_chunks) {
             sk_store_partial<kM, kN, kThreads>(acc, sk, tid);
@@ -942,7 +937,7 @@ __global__ void __launch_bounds__(kWgThreads* kWG)
             if (c_first > 0) sk_add_partials<kM, kN, kThreads>(acc, sk, sk_block_of(tile * n_chunks, sk), tid);
             wg_epilogue<bf16, kN, kGateUp, kWG>(acc, ring, base, tid, 0, 1, T, N, f0, f1, y, gu);
         }
-        if (tile > t_first) __syncthreads();  // every warp is done with the ring before the next tile refills it
+        if (tile > work.t_first) __syncthreads();  // every warp is done with the ring before the next tile refills it
     }
 }
 
