@@ -24,17 +24,17 @@ if want bench; then
 B="$N/hybrid-bench -m /tmp/m4b --dummy-weights --device cuda -p 128 -n 32 -b 16,32,64 -r 1"
 run() {  # name, flags...
   local name=$1; shift
-  [ $(($(date +%s) - T0)) -lt 470 ] || { say "skipped $name (time)"; return; }
+  [ $(($(date +%s) - T0)) -lt ${BENCH_UNTIL:-430} ] || { say "skipped $name (time)"; return; }
   step "bench_$name" 60 $B "$@"
   grep -E '^\| +[0-9]' "$LOG" | tail -3 | sed "s/^/  [$name] /" >>"$SUM"
 }
-run bf16_off
-run bf16_on --wgmma-stream-k on
-run bf16_uni_on --wgmma-gemm uniform --wgmma-stream-k on
 run int8_off --quant int8
 run int8_on --quant int8 --wgmma-stream-k on
+run bf16_off
+run bf16_on --wgmma-stream-k on
 run int4_off --quant int4
 run int4_on --quant int4 --wgmma-stream-k on
+run bf16_uni_on --wgmma-gemm uniform --wgmma-stream-k on
 run fp8_off --quant fp8 --fp8-gemm dequantize
 run fp8_on --quant fp8 --fp8-gemm dequantize --wgmma-stream-k on
 run bf16_uni_off --wgmma-gemm uniform
