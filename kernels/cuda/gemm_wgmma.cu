@@ -538,13 +538,12 @@ __global__ void __launch_bounds__(kWgThreads)
             y = static_cast<OutT*>(mem.y);
         }
         work.chunks(stream, tile, c_first, rounds);
+        // the sums from 0; the first kWgStages - 1 chunks: weights (before the PDL wait in the first tile), then x;
+        // one commit group per chunk
 #pragma unroll
         for (int m = 0; m < 2; m++)
 #pragma unroll
             for (int i = 0; i < kN / 2; i++) acc[m][i] = 0.0f;
-
-                // the first kWgStages - 1 chunks: weights (before the PDL wait in the first tile), then x; one commit
-                // group per chunk
 #pragma unroll
         for (int s = 0; s < kWgStages - 1; s++) issue_w(s);
         if (tile == work.t_last) pdl_wait();
