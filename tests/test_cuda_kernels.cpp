@@ -412,6 +412,15 @@ TEST_CASE("CUDA wgmma GEMM, 9-128 rows: matches the CPU, a row's bits the same i
     o.wgmma_gemm = 2;
     check_tensor_core_gemv(o, {17, 33, 64}, true);
     check_tensor_core_gemv(o, {9, 16, 65, 128}, false);
+    // The stream-K split (CudaOptions::wgmma_stream_k) at 9-64 rows: against the CPU and a row's bits the same at
+    // every row count (the split depends on N, K and the SM count only); 65-128 rows keep the cluster split
+    o = CudaOptions();
+    o.wgmma_gemm = 1;
+    o.wide_gemv = -1;
+    o.wgmma_stream_k = true;
+    REQUIRE(make_cuda_backend(0, o)->settings().find("stream-k") != std::string::npos);
+    check_tensor_core_gemv(o, {9, 16, 17, 31, 64}, true);
+    check_tensor_core_gemv(o, {65, 128}, false);
 }
 
 // A recorded decode step (one row): the backend fuses matmul(gate), matmul(up), silu_mul into one GEMV and 2-4
@@ -1993,10 +2002,10 @@ static std::vector<float> int_weights(int64_t rows, int64_t cols, int64_t group)
     return w;
 }
 
-// matmul_group over the matrices m (sharing x, T rows): each member's output finite, bitwise its own matmul()'s, and
-// within kTol of the dequantized-weight reference.
-static void check_quant_group(Side& gpu, const std::vector<float>& x, void* xg, int T,
-                              const std::vector<IntMatrix>& m) {
+// matmul_group over the matrices m (sharing x, T rows): each member's output finite, bitwise its own matmul()'s (with
+// same_bits), and both within kTol of the dequantized-weight reference.
+static void check_quant_group(Side& gpu, const std::vector<float>& x, void* xg, int T, const std::vector<IntMatrix>& m,
+                              bool same_bits = true) {
     std::vector<Projection> pr;
     for (const IntMatrix& mi : m) pr.push_back({mi.gpu, gpu.poisoned(size_t(T * mi.gpu.rows))});
     gpu.be->matmul_group(xg, T, pr.data(), int(pr.size()));
@@ -2009,9 +2018,10 @@ static void check_quant_group(Side& gpu, const std::vector<float>& x, void* xg, 
         const auto alone = gpu.read_act(solo, n);
         for (size_t j = 0; j < n; j++) {
             REQUIRE(std::isfinite(got[j]));
-            REQUIRE(bits_of(got[j]) == bits_of(alone[j]));
+            if (same_bits) REQUIRE(bits_of(got[j]) == bits_of(alone[j]));
         }
         CHECK(rel_err(got, int_reference(x, T, m[i])) <= kTol);
+        CHECK(rel_err(alone, int_reference(x, T, m[i])) <= kTol);
     }
 }
 
@@ -2234,7 +2244,8 @@ static bool has_quant_wgmma(Side& gpu) {
 // dequantized weights; the first 9 rows bitwise the same as alone (n-tiles of 16, 32, 64); with 2 consumer
 // warpgroups (CudaOptions::wgmma_quant_warpgroups) bitwise the same as with 1 (the
 // same inputs: the generator is reseeded for each mode). Then the same shapes with the kernel off
-// (CudaOptions::wgmma_quant: Q8/Q4 dequantized for cuBLASLt, FP8 through the W8A16 dequantization).
+// (CudaOptions::wgmma_quant: Q8/Q4 dequantized for cuBLASLt, FP8 through the W8A16 dequantization), and on with the
+// stream-K split (CudaOptions::wgmma_stream_k; N = 40, K = 9216 puts one tile's 144 chunks on 36 blocks).
 TEST_CASE("CUDA quantized wgmma GEMM, 9-64 rows: matches the dequantized reference, a row's bits in any batch",
           "[gpu][int][fp8]") {
     HY_REQUIRE_GPU();
@@ -2242,13 +2253,14 @@ TEST_CASE("CUDA quantized wgmma GEMM, 9-64 rows: matches the dequantized referen
     WorkspaceShape ws{4, 64, 0, 0, 0, 0, 0};
     ws.fp8_max_cols = 9216;
     ws.fp8_max_elems = int64_t(1000) * 9216;
-    std::vector<std::vector<float>> one;  // the outputs with 1 warpgroup, in order
-    for (const int mode : {1, 2, 0}) {    // warpgroups; 0: off
+    std::vector<std::vector<float>> one;   // the outputs with 1 warpgroup, in order
+    for (const int mode : {1, 2, 0, 3}) {  // warpgroups; 0: off; 3: 2 warpgroups, stream-K
         const bool on = mode != 0;
         rng().seed(Catch::rngSeed() + 38);
         CudaOptions o;
         o.wgmma_quant = on;
-        o.wgmma_quant_warpgroups = on ? mode : 1;
+        o.wgmma_quant_warpgroups = mode == 1 ? 1 : 2;
+        o.wgmma_stream_k = mode == 3;
         o.fp8_block_scaled_gemm = false;  // (FP8 takes the quantized wgmma GEMM in W8A16 mode only)
         Side gpu(make_cuda_backend(0, o), l, ws, size_t(256) << 20);
         if (mode == 1 && !has_quant_wgmma(gpu)) return;
@@ -2261,8 +2273,8 @@ TEST_CASE("CUDA quantized wgmma GEMM, 9-64 rows: matches the dequantized referen
                 const int T = sh[0], N = sh[1], K = sh[2];
                 const int group = type == DType::F8_E4M3 ? 0 : sh[3] == 48 ? 32 : sh[3];
                 const int seg = type == DType::F8_E4M3 && sh[3] == 48 ? 48 : 0;
-                INFO("warpgroups " << mode << " (0: off) " << dtype_name(type) << " T=" << T << " N=" << N << " K=" << K
-                                   << " group=" << group << " seg=" << seg);
+                INFO("warpgroups " << mode << " (0: off, 3: stream-K) " << dtype_name(type) << " T=" << T << " N=" << N
+                                   << " K=" << K << " group=" << group << " seg=" << seg);
                 const IntMatrix m = quant_matrix(gpu, N, K, group, type, seg);
                 const auto x = randn(size_t(T) * K);
                 void* xg = gpu.act(x);
@@ -2292,17 +2304,20 @@ TEST_CASE("CUDA quantized wgmma GEMM, 9-64 rows: matches the dequantized referen
 // With the K split given (1, 2 or 8 parts; 1 or 2 warpgroups: the bits of a row then depend on N and K alone): a group
 // of 3 matrices (N 200, 40, 72) gives each member's bits alone; gate/up/SiLU (N 200 and 44) gives gate and up bitwise
 // those of the pair as a group and act those of silu_mul on them, act in place of gate the same; against the reference
-// too. A NaN scale (Q8/Q4) or NaN code (FP8) in row 5 makes row 5's outputs NaN and leaves the others finite.
+// too. A NaN scale (Q8/Q4) or NaN code (FP8) in row 5 makes row 5's outputs NaN and leaves the others finite. The
+// stream-K split (parts 0 here: CudaOptions::wgmma_stream_k, 2 warpgroups) the same against the reference and with the
+// NaN row (a member's split there depends on the group's tiles, so no bits are compared across launch shapes).
 TEST_CASE("CUDA quantized wgmma GEMM: groups, gate/up/SiLU and NaN weights", "[gpu][int][fp8]") {
     HY_REQUIRE_GPU();
     const BatchLimits l = limits(64, 8, 16);
     WorkspaceShape ws{4, 64, 0, 0, 0, 0, 0};
     const int K = 2560;
     const int ns[3] = {200, 40, 72};
-    for (const int parts : {1, 2, 8, -1, -8}) {  // (negative: 2 consumer warpgroups)
+    for (const int parts : {1, 2, 8, -1, -8, 0}) {  // (negative: 2 consumer warpgroups; 0: stream-K)
         CudaOptions o;
         o.wgmma_gemm_parts = std::abs(parts);
-        o.wgmma_quant_warpgroups = parts < 0 ? 2 : 1;
+        o.wgmma_quant_warpgroups = parts <= 0 ? 2 : 1;
+        o.wgmma_stream_k = parts == 0;
         o.fp8_block_scaled_gemm = false;  // (FP8 takes the quantized wgmma GEMM in W8A16 mode only)
         Side gpu(make_cuda_backend(0, o), l, ws, size_t(160) << 20);
         if (!has_quant_wgmma(gpu)) return;
@@ -2314,13 +2329,13 @@ TEST_CASE("CUDA quantized wgmma GEMM: groups, gate/up/SiLU and NaN weights", "[g
                 for (int n : ns) m.push_back(quant_matrix(gpu, n, K, group, type));
                 const auto x = randn(size_t(T) * K);
                 void* xg = gpu.act(x);
-                check_quant_group(gpu, x, xg, T, m);
+                check_quant_group(gpu, x, xg, T, m, parts != 0);
                 for (const int N : {200, 44}) {
                     INFO("gate/up N=" << N);
                     check_quant_gate_up(gpu, x, xg, T, quant_matrix(gpu, N, K, group, type),
-                                        quant_matrix(gpu, N, K, group, type), true);
+                                        quant_matrix(gpu, N, K, group, type), parts != 0);
                 }
-                if (parts != 2) continue;
+                if (parts != 2 && parts != 0) continue;
                 // row 5: a NaN scale (Q8/Q4: its group 7) or a NaN code (FP8 0x7F at column 300)
                 IntMatrix bad = quant_matrix(gpu, 48, K, group, type);
                 if (type == DType::F8_E4M3) {

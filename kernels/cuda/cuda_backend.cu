@@ -343,6 +343,8 @@ public:
             throw Error(Status::invalid_argument, "CudaOptions::wgmma_quant_warpgroups must be 1 or 2, got " +
                                                       std::to_string(o.wgmma_quant_warpgroups));
         ctx_.wgmma_quant_warpgroups = o.wgmma_quant_warpgroups;
+        ctx_.wgmma_stream_k = o.wgmma_stream_k && ctx_.wgmma && ctx_.clusters;
+        ctx_.stream_k_blocks = ctx_.wgmma_stream_k ? cuda::kWgmmaStreamKBlocksPerSm * ctx_.sm_count : 0;
         fp8_mode_ = o.fp8_block_scaled_gemm ? cuda::Fp8GemmMode::block_scaled : cuda::Fp8GemmMode::dequantize;
 #if defined(HY_CUDA_TRACE)
         if (!o.trace_file.empty()) start_trace(o.trace_file);
@@ -415,7 +417,8 @@ public:
                     ? std::string(ctx_.wgmma_quant_fp8 ? ", q8/q4/fp8" : ", q8/q4") + " wgmma gemm of " +
                           std::to_string(cuda::kWgmmaGemmMinRows) + "-" +
                           std::to_string(std::min(ctx_.wgmma_quant_max_rows, cuda::kWgmmaQuantMaxRows)) + " rows" +
-                          (ctx_.wgmma_quant_warpgroups == 2 ? " (2 warpgroups)" : "")
+                          (ctx_.wgmma_quant_warpgroups == 2 ? " (2 warpgroups)" : "") +
+                          (ctx_.wgmma_stream_k ? ", stream-k" : "")
                     : std::string()) +
                ", fp8 gemm " + (fp8_mode_ == cuda::Fp8GemmMode::block_scaled ? "block-scaled" : "dequantize") +
                (gemm_->fp8_shapes_without_algorithm() > 0
@@ -578,7 +581,13 @@ public:
         fp8_weight_elems_ = s.fp8_max_elems > 0 ? align256(size_t(s.fp8_max_elems) * 2) / 2 : 0;
         return align256(cuda::Gemm::kWorkspaceBytes) + align256(5 * T * 4 + R * sizeof(SeqRun)) + scratch_a_elems_ * 2 +
                align256(split_floats_ * 4) + align256(cuda::argmax_scratch_floats(int(T)) * 4) + moe_slot_elems_ * 2 +
-               moe_index_ints_ * 4 + fp8_act_bytes_ + align256(fp8_act_bytes_ / 128 * 4 + 4) + fp8_weight_elems_ * 2;
+               moe_index_ints_ * 4 + fp8_act_bytes_ + align256(fp8_act_bytes_ / 128 * 4 + 4) + fp8_weight_elems_ * 2 +
+               stream_k_bytes();
+    }
+    // The wgmma GEMMs' stream-K partials and flags (LaunchContext::stream_k_*), at the workspace's end.
+    size_t stream_k_bytes() const {
+        const size_t b = size_t(ctx_.stream_k_blocks);
+        return b == 0 ? 0 : align256(b * cuda::kWgmmaStreamKPartialFloats * 4) + align256(b * 4);
     }
     void set_workspace(void* ws, const BatchLimits& l) override {
         if (scratch_a_elems_ == 0) throw Error(Status::internal, "CUDA backend: set_workspace before workspace_bytes");
@@ -615,6 +624,13 @@ public:
         fp8_scratch_.act_scales = reinterpret_cast<float*>(f + fp8_act_bytes_);
         fp8_scratch_.weight = reinterpret_cast<bf16*>(f + fp8_act_bytes_ + align256(fp8_act_bytes_ / 128 * 4 + 4));
         fp8_scratch_.weight_elems = fp8_weight_elems_;
+        if (ctx_.stream_k_blocks > 0) {
+            const size_t b = size_t(ctx_.stream_k_blocks);
+            char* k = reinterpret_cast<char*>(fp8_scratch_.weight + fp8_weight_elems_);
+            ctx_.stream_k_partials = reinterpret_cast<float*>(k);
+            ctx_.stream_k_flags = reinterpret_cast<int*>(k + align256(b * cuda::kWgmmaStreamKPartialFloats * 4));
+            HY_CUDA_CHECK(cudaMemset(ctx_.stream_k_flags, 0, b * 4));
+        }
     }
 
     void begin_batch(const BatchDesc& b) override {

@@ -104,6 +104,13 @@ struct LaunchContext {
     // each: twice the warps to hide the conversion's latency; every weight format, CudaOptions::wgmma_quant_warpgroups,
     // default 2)
     int wgmma_quant_warpgroups = 2;
+    // gemm_wgmma.cuh: the wgmma GEMMs (bf16 and quantized, 9-64 rows, K split not given) as a stream-K split over
+    // stream_k_blocks blocks (CudaOptions::wgmma_stream_k), their partial sums [stream_k_blocks][128 x 64] fp32 and
+    // flags [stream_k_blocks] (zero between launches) in the workspace; off or no workspace: the cluster K split
+    bool wgmma_stream_k = false;
+    float* stream_k_partials = nullptr;
+    int* stream_k_flags = nullptr;
+    int stream_k_blocks = 0;
     bool wgmma = false;  // the build has sm_90a code for the device (wgmma_available)
     int sm_count = 0;    // the device's multiprocessors (launch shapes that fill the device)
     int smem_optin = 0;  // the most dynamic shared memory a block may opt in to, bytes (0: not read)

@@ -290,6 +290,97 @@ struct WgmmaGateUp {
     int n = 0;  // rows of each matrix
 };
 
+// The stream-K split (CudaOptions::wgmma_stream_k): a launch of `blocks` blocks (at most the resident ones) over
+// work = tiles x chunks (tile-major (tile, chunk) pairs, chunks of kWgChunk K values); block b takes the contiguous
+// range [b work / blocks, (b + 1) work / blocks), so every block gets the same number of chunks (within one) and the
+// grid fills the device in one wave, where a K split into 1, 2, 4 or 8 parts leaves most SMs one block and some two.
+// A block walks its range's tiles from the last to the first: a tile whose first chunks it holds but not its last
+// (at most one: the range's last tile) goes first, its fp32 sums stored as this block's partial (partials[b], flag
+// b set after them); a tile whose last chunk it holds but not its first (the range's first tile) goes last: it waits
+// for the flags of the tile's earlier blocks and adds their partials to its sums from block b - 1 down, a fixed
+// order, then stores the outputs. So a row's result depends on N, K and blocks only (as with parts: not on T or on
+// the other rows), and a block waits only for lower-numbered blocks that stored their partial first (no deadlock
+// while all blocks are resident, which the launcher checks). The consumer clears the flags it read (zero between
+// launches; the next launch writes only after its PDL wait, so after this one has ended).
+struct WgStreamK {
+    float* partials = nullptr;  // [blocks][kWgPartialFloats]
+    int* flags = nullptr;       // [blocks], zero at launch
+    int blocks = 0;             // 0: the cluster K split (parts)
+    int work = 0;               // tiles x chunks
+};
+// The floats of one block's partial: its 128 features x at most 64 rows.
+constexpr int kWgPartialFloats = kWgmmaStreamKPartialFloats;
+static_assert(kWgPartialFloats == kWgFeatures * 64, "a partial: 128 features x 64 rows");
+
+// The first work item of block b, and the block that holds item w.
+__device__ __forceinline__ int sk_begin(int b, const WgStreamK& sk) { return int(int64_t(b) * sk.work / sk.blocks); }
+__device__ __forceinline__ int sk_block_of(int w, const WgStreamK& sk) {
+    return int((int64_t(w + 1) * sk.blocks + sk.work - 1) / sk.work) - 1;
+}
+__device__ __forceinline__ void st_release_gpu(int* p, int v) {
+    asm volatile("st.release.gpu.global.b32 [%0], %1;\n" ::"l"(p), "r"(v) : "memory");
+}
+__device__ __forceinline__ int ld_acquire_gpu(const int* p) {
+    int v;
+    asm volatile("ld.acquire.gpu.global.b32 %0, [%1];\n" : "=r"(v) : "l"(p) : "memory");
+    return v;
+}
+// This block's sums acc (kM tiles of kN / 2 values a thread, kThreads threads) as its partial, then its flag.
+template <int kM, int kN, int kThreads>
+__device__ __forceinline__ void sk_store_partial(const float (&acc)[kM][kN / 2], const WgStreamK& sk, int tid) {
+    float* p = sk.partials + size_t(blockIdx.x) * kWgPartialFloats;
+#pragma unroll
+    for (int m = 0; m < kM; m++)
+#pragma unroll
+        for (int i = 0; i < kN / 2; i++) __stcg(p + (m * (kN / 2) + i) * kThreads + tid, acc[m][i]);
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) st_release_gpu(sk.flags + blockIdx.x, 1);
+}
+// acc += the partials of blocks blockIdx.x - 1 down to `first` (each once its flag is set; the flag cleared).
+template <int kM, int kN, int kThreads>
+__device__ __forceinline__ void sk_add_partials(float (&acc)[kM][kN / 2], const WgStreamK& sk, int first, int tid) {
+    for (int b = int(blockIdx.x) - 1; b >= first; b--) {
+        if (tid == 0) {
+            while (ld_acquire_gpu(sk.flags + b) == 0) __nanosleep(64);
+            sk.flags[b] = 0;
+        }
+        __syncthreads();
+        const float* p = sk.partials + size_t(b) * kWgPartialFloats;
+#pragma unroll
+        for (int m = 0; m < kM; m++)
+#pragma unroll
+            for (int i = 0; i < kN / 2; i++) acc[m][i] += __ldcg(p + (m * (kN / 2) + i) * kThreads + tid);
+    }
+}
+
+// A block's work: tiles t_last down to t_first (one without stream-K: blockIdx.x / parts) and, for tile t, chunks
+// [c_first, c_first + rounds) (chunks(t): its stream-K range's, or K part blockIdx.x % parts of n_chunks).
+struct WgBlockWork {
+    int t_first, t_last, w_begin = 0, w_end = 0, n_chunks, parts;
+    __device__ WgBlockWork(bool stream, const WgStreamK& sk, int parts_, int n_chunks_)
+        : n_chunks(n_chunks_), parts(parts_) {
+        if (stream) {
+            w_begin = sk_begin(int(blockIdx.x), sk);
+            w_end = sk_begin(int(blockIdx.x) + 1, sk);
+            t_first = w_begin / n_chunks;
+            t_last = (w_end - 1) / n_chunks;
+        } else {
+            t_first = t_last = int(blockIdx.x) / parts;
+        }
+    }
+    __device__ void chunks(bool stream, int tile, int& c_first, int& rounds) const {
+        if (stream) {
+            c_first = std::max(w_begin - tile * n_chunks, 0);
+            rounds = std::min(w_end - tile * n_chunks, n_chunks) - c_first;
+        } else {
+            const int per = (n_chunks + parts - 1) / parts;
+            c_first = int(blockIdx.x) % parts * per;
+            rounds = std::max(0, std::min(n_chunks, c_first + per) - c_first);
+        }
+    }
+};
+
 // The end of both kernels: the fp32 sums acc (wgmma tiles 0 and 1, features f0 + .. and f1 + .., all T rows) stored
 // as y (or gate/up/SiLU), added over the cluster's parts first when parts > 1. With kWG = 1 thread tid holds both
 // tiles' values; with kWG = 2 (256 threads) warpgroup tid / 128 holds its tile's, which go through shared memory
@@ -378,31 +469,14 @@ __device__ __forceinline__ void wg_epilogue(float (&acc)[2 / kWG][kN / 2], unsig
 // Block b takes part b % parts of K (chunks [part * per, ..)); the parts of a tile are one cluster. Tile b / parts
 // is, without kGateUp, 128 features of a group member (matrix s owns tiles [block_end[s-1], block_end[s])), the
 // first 64 as wgmma tile 0 and the next 64 as tile 1; with kGateUp, features [64 tile, 64 tile + 64) of gate (tile
-// 0) and of up (tile 1), so that a thread holds the gate and up sums of the same outputs.
+// 0) and of up (tile 1), so that a thread holds the gate and up sums of the same outputs. With sk.blocks > 0 (then
+// parts == 1 and kN <= 64) the block takes its stream-K range of tiles and chunks instead (WgStreamK).
 template <typename OutT, int kN, bool kGateUp>
 __global__ void __launch_bounds__(kWgThreads)
     gemm_wgmma_kernel(const bf16* __restrict__ x, int T, const __grid_constant__ GemvGroup g,
-                      const __grid_constant__ WgmmaGateUp gu, int K, int parts, bool evict_first) {
+                      const __grid_constant__ WgmmaGateUp gu, int K, int parts, bool evict_first,
+                      const __grid_constant__ WgStreamK sk) {
     pdl_trigger();
-    const int tile = int(blockIdx.x) / parts;
-    // the matrices of wgmma tiles 0 and 1 and their first features (scalars: a dynamically indexed array would go to
-    // local memory)
-    const bf16 *w0, *w1;
-    int f0, f1, N;
-    OutT* y = nullptr;
-    if constexpr (kGateUp) {
-        w0 = static_cast<const bf16*>(gu.wg);
-        w1 = static_cast<const bf16*>(gu.wu);
-        f0 = f1 = tile * 64;
-        N = gu.n;
-    } else {
-        const GroupMember mem = group_member(g, tile);
-        w0 = w1 = mem.w;
-        f0 = (tile - mem.first_block) * kWgFeatures;
-        f1 = f0 + 64;
-        N = mem.n;
-        y = static_cast<OutT*>(mem.y);
-    }
     extern __shared__ __align__(16) unsigned char wg_raw[];
     const uint32_t raw_addr = smem_addr(wg_raw);
     const uint32_t base = (raw_addr + 1023u) & ~1023u;
@@ -410,11 +484,15 @@ __global__ void __launch_bounds__(kWgThreads)
     constexpr int kStage = wg_stage_bytes<kN>();
     const int tid = int(threadIdx.x);
     const int rank = int(blockIdx.x) % parts;
+    const bool stream = kN <= 64 && sk.blocks > 0;  // (partials hold 64 rows)
     const int n_chunks = (K + kWgChunk - 1) / kWgChunk;
-    const int per = (n_chunks + parts - 1) / parts;
-    const int c_first = rank * per;
-    const int rounds = std::max(0, std::min(n_chunks, c_first + per) - c_first);
     const uint64_t pol = weight_policy(evict_first);
+    const WgBlockWork work(stream, sk, parts, n_chunks);
+    // the matrices of wgmma tiles 0 and 1 and their first features (scalars: a dynamically indexed array would go to
+    // local memory)
+    const bf16 *w0 = nullptr, *w1 = nullptr;
+    int f0 = 0, f1 = 0, N = 0, c_first = 0, rounds = 0;
+    OutT* y = nullptr;
 
     // chunk r of this part: 8 16-byte words of each of the 128 weight rows (8 a thread; row r of the stage is row
     // r % 64 of tile r / 64), then of the kN x rows
@@ -445,66 +523,108 @@ __global__ void __launch_bounds__(kWgThreads)
     };
 
     float acc[2][kN / 2];
-#pragma unroll
-    for (int m = 0; m < 2; m++)
-#pragma unroll
-        for (int i = 0; i < kN / 2; i++) acc[m][i] = 0.0f;
-
-            // the first kWgStages - 1 chunks: weights before the PDL wait, x after it; one commit group per chunk
-#pragma unroll
-    for (int s = 0; s < kWgStages - 1; s++) issue_w(s);
-    pdl_wait();
-#pragma unroll
-    for (int s = 0; s < kWgStages - 1; s++) {
-        issue_x(s);
-        cp_async_commit();
-    }
-    for (int r = 0; r < rounds; r++) {
-        cp_async_wait<kWgStages - 2>();
-        fence_proxy_async_shared();
-        __syncthreads();  // chunk r is in; every warp's products of chunk r - 1 are done (its stage is refilled now)
-        issue_w(r + kWgStages - 1);
-        issue_x(r + kWgStages - 1);
-        cp_async_commit();
-        const uint32_t st = base + uint32_t((r % kWgStages) * kStage);
-        fence_registers(acc[0]);
-        fence_registers(acc[1]);
-        wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < kWgChunk / 16; kk++) {
-            const uint64_t b = wg_desc(st + kWgFeatures * 128 + 32 * kk);
-            wgmma_tile<kN>(acc[0], wg_desc(st + 32 * kk), b);
-            wgmma_tile<kN>(acc[1], wg_desc(st + 64 * 128 + 32 * kk), b);
+    for (int tile = work.t_last; tile >= work.t_first; tile--) {
+        if constexpr (kGateUp) {
+            w0 = static_cast<const bf16*>(gu.wg);
+            w1 = static_cast<const bf16*>(gu.wu);
+            f0 = f1 = tile * 64;
+            N = gu.n;
+        } else {
+            const GroupMember mem = group_member(g, tile);
+            w0 = w1 = mem.w;
+            f0 = (tile - mem.first_block) * kWgFeatures;
+            f1 = f0 + 64;
+            N = mem.n;
+            y = static_cast<OutT*>(mem.y);
         }
-        wgmma_commit();
-        wgmma_wait_all();
-        fence_registers(acc[0]);
-        fence_registers(acc[1]);
-    }
-    cp_async_wait_all();
+        work.chunks(stream, tile, c_first, rounds);
+        // the sums from 0; the first kWgStages - 1 chunks: weights (before the PDL wait in the first tile), then x;
+        // one commit group per chunk
+#pragma unroll
+        for (int m = 0; m < 2; m++)
+#pragma unroll
+            for (int i = 0; i < kN / 2; i++) acc[m][i] = 0.0f;
+#pragma unroll
+        for (int s = 0; s < kWgStages - 1; s++) issue_w(s);
+        if (tile == work.t_last) pdl_wait();
+#pragma unroll
+        for (int s = 0; s < kWgStages - 1; s++) {
+            issue_x(s);
+            cp_async_commit();
+        }
+        for (int r = 0; r < rounds; r++) {
+            cp_async_wait<kWgStages - 2>();
+            fence_proxy_async_shared();
+            __syncthreads();  // chunk r is in; every warp's products of chunk r - 1 are done (its stage is refilled
+                              // now)
+            issue_w(r + kWgStages - 1);
+            issue_x(r + kWgStages - 1);
+            cp_async_commit();
+            const uint32_t st = base + uint32_t((r % kWgStages) * kStage);
+            fence_registers(acc[0]);
+            fence_registers(acc[1]);
+            wgmma_fence();
+#pragma unroll
+            for (int kk = 0; kk < kWgChunk / 16; kk++) {
+                const uint64_t b = wg_desc(st + kWgFeatures * 128 + 32 * kk);
+                wgmma_tile<kN>(acc[0], wg_desc(st + 32 * kk), b);
+                wgmma_tile<kN>(acc[1], wg_desc(st + 64 * 128 + 32 * kk), b);
+            }
+            wgmma_commit();
+            wgmma_wait_all();
+            fence_registers(acc[0]);
+            fence_registers(acc[1]);
+        }
+        cp_async_wait_all();
 
-    wg_epilogue<OutT, kN, kGateUp>(acc, ring, base, tid, rank, parts, T, N, f0, f1, y, gu);
+        if (!stream) {
+            wg_epilogue<OutT, kN, kGateUp>(acc, ring, base, tid, rank, parts, T, N, f0, f1, y, gu);
+        } else if (c_first + rounds < n_chunks) {
+            sk_store_partial<2, kN, kWgThreads>(acc, sk, tid);
+        } else {
+            if (c_first > 0) sk_add_partials<2, kN, kWgThreads>(acc, sk, sk_block_of(tile * n_chunks, sk), tid);
+            wg_epilogue<OutT, kN, kGateUp>(acc, ring, base, tid, 0, 1, T, N, f0, f1, y, gu);
+        }
+        if (tile > work.t_first) __syncthreads();  // every warp is done with the ring before the next tile refills it
+    }
+}
+
+// True when `blocks` blocks of kernel (threads, smem) are all resident at once on the device (occ: the kernel's
+// blocks an SM, read once).
+template <typename... KArgs>
+bool all_resident(void (*kernel)(KArgs...), int threads, size_t smem, int blocks, std::atomic<int>& occ,
+                  const LaunchContext& ctx) {
+    int n = occ.load(std::memory_order_relaxed);
+    if (n < 0) {
+        check(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&n, kernel, threads, smem), "wgmma GEMM occupancy");
+        occ.store(n, std::memory_order_relaxed);
+    }
+    return int64_t(n) * ctx.sm_count >= blocks;
 }
 
 template <typename OutT, int kN, bool kGateUp>
 void wgmma_launch(const bf16* x, int64_t T, const GemvGroup& g, const WgmmaGateUp& gu, unsigned tiles, int64_t K,
-                  int parts, const LaunchContext& ctx) {
+                  int parts, WgStreamK sk, const LaunchContext& ctx) {
     constexpr size_t smem = wg_smem_bytes<kN>();
     static std::atomic<uint64_t> done{0};
+    static std::atomic<int> occ{-1};
     const char* what = kGateUp ? "wgmma GEMM gate/up/SiLU kernel" : "wgmma GEMM kernel";
-    opt_in_smem(gemm_wgmma_kernel<OutT, kN, kGateUp>, smem, done, what);
-    launch_clusters(gemm_wgmma_kernel<OutT, kN, kGateUp>, dim3(tiles * unsigned(parts)), dim3(kWgThreads),
-                    unsigned(parts), smem, ctx, what, x, int(T), g, gu, int(K), parts, ctx.evict_first);
+    auto* kernel = gemm_wgmma_kernel<OutT, kN, kGateUp>;
+    opt_in_smem(kernel, smem, done, what);
+    if (sk.blocks > 0 && (kN > 64 || !all_resident(kernel, kWgThreads, smem, sk.blocks, occ, ctx))) sk = WgStreamK{};
+    if (sk.blocks > 0) parts = 1;
+    launch_clusters(kernel, dim3(sk.blocks > 0 ? unsigned(sk.blocks) : tiles * unsigned(parts)), dim3(kWgThreads),
+                    unsigned(parts), smem, ctx, what, x, int(T), g, gu, int(K), parts, ctx.evict_first, sk);
 }
 
 template <typename OutT, bool kGateUp>
 void wgmma_rows(const bf16* x, int64_t T, const GemvGroup& g, const WgmmaGateUp& gu, unsigned tiles, int64_t K,
-                int parts, const LaunchContext& ctx) {
-    if (T <= 8) return wgmma_launch<OutT, 8, kGateUp>(x, T, g, gu, tiles, K, parts, ctx);
-    if (T <= 16) return wgmma_launch<OutT, 16, kGateUp>(x, T, g, gu, tiles, K, parts, ctx);
-    if (T <= 32) return wgmma_launch<OutT, 32, kGateUp>(x, T, g, gu, tiles, K, parts, ctx);
-    if (T <= 64) return wgmma_launch<OutT, 64, kGateUp>(x, T, g, gu, tiles, K, parts, ctx);
-    return wgmma_launch<OutT, 128, kGateUp>(x, T, g, gu, tiles, K, parts, ctx);
+                int parts, const WgStreamK& sk, const LaunchContext& ctx) {
+    if (T <= 8) return wgmma_launch<OutT, 8, kGateUp>(x, T, g, gu, tiles, K, parts, sk, ctx);
+    if (T <= 16) return wgmma_launch<OutT, 16, kGateUp>(x, T, g, gu, tiles, K, parts, sk, ctx);
+    if (T <= 32) return wgmma_launch<OutT, 32, kGateUp>(x, T, g, gu, tiles, K, parts, sk, ctx);
+    if (T <= 64) return wgmma_launch<OutT, 64, kGateUp>(x, T, g, gu, tiles, K, parts, sk, ctx);
+    return wgmma_launch<OutT, 128, kGateUp>(x, T, g, gu, tiles, K, parts, sk, ctx);
 }
 
 // ---- The quantized kernel: Q8, Q4 or FP8 (e4m3) codes turned into bf16 weights in registers ----
@@ -608,33 +728,12 @@ __device__ __forceinline__ QuantMember quant_member(const Fp8Group& g, int block
 // path rounds it; the sums are fp32 on the tensor cores. Scale entries of a row and chunk: Q8/Q4 with group 32 two
 // (the chunk's halves), else one (Q8/Q4: the group holding the chunk; FP8: its 128 x 128 block).
 template <int kN, bool kGateUp, int kW, int kWG>
-__global__ void __launch_bounds__(kWgThreads* kWG)
+// (2 warpgroups: at most 128 registers, two blocks an SM)
+__global__ void __launch_bounds__(kWgThreads* kWG, kWG == 2 ? 2 : 1)
     gemm_wgmma_quant_kernel(const bf16* __restrict__ x, int T, const __grid_constant__ Fp8Group g,
-                            const __grid_constant__ WgmmaGateUp gu, int K, int group, int parts, bool evict_first) {
+                            const __grid_constant__ WgmmaGateUp gu, int K, int group, int parts, bool evict_first,
+                            const __grid_constant__ WgStreamK sk) {
     pdl_trigger();
-    const int tile = int(blockIdx.x) / parts;
-    const uint8_t *w0, *w1;
-    const float *s0, *s1;
-    int f0, f1, N, seg;
-    bf16* y = nullptr;
-    if constexpr (kGateUp) {
-        w0 = static_cast<const uint8_t*>(gu.wg);
-        w1 = static_cast<const uint8_t*>(gu.wu);
-        s0 = gu.sg;
-        s1 = gu.su;
-        f0 = f1 = tile * 64;
-        N = gu.n;
-        seg = gu.segment_rows;
-    } else {
-        const QuantMember mem = quant_member(g, tile);
-        w0 = w1 = mem.w;
-        s0 = s1 = mem.scales;
-        f0 = (tile - mem.first_block) * kWgFeatures;
-        f1 = f0 + 64;
-        N = mem.n;
-        seg = mem.segment_rows;
-        y = static_cast<bf16*>(mem.y);
-    }
     extern __shared__ __align__(16) unsigned char wg_raw[];
     const uint32_t raw_addr = smem_addr(wg_raw);
     const uint32_t base = (raw_addr + 1023u) & ~1023u;
@@ -646,9 +745,12 @@ __global__ void __launch_bounds__(kWgThreads* kWG)
     const int tid = int(threadIdx.x), warp = tid >> 5, lane = tid & 31;
     const int rank = int(blockIdx.x) % parts;
     const int n_chunks = K / kWgChunk;
-    const int per = (n_chunks + parts - 1) / parts;
-    const int c_first = rank * per;
-    const int rounds = std::max(0, std::min(n_chunks, c_first + per) - c_first);
+    const bool stream = sk.blocks > 0;
+    const WgBlockWork work(stream, sk, parts, n_chunks);
+    const uint8_t *w0 = nullptr, *w1 = nullptr;
+    const float *s0 = nullptr, *s1 = nullptr;
+    int f0 = 0, f1 = 0, N = 0, seg = 0, c_first = 0, rounds = 0;
+    bf16* y = nullptr;
     const uint64_t pol = weight_policy(evict_first);
     const int64_t row_bytes = int64_t(n_chunks) * kCB;
     const int G = kW == kWgE4M3 ? (K + 127) / 128 : K / group;  // scale columns
@@ -710,19 +812,6 @@ __global__ void __launch_bounds__(kWgThreads* kWG)
     constexpr int kM = 2 / kWG;
     const int m0 = kWG == 1 ? 0 : tid / kWgThreads, wq = warp & 3;  // (wq: the warp in its warpgroup)
     float acc[kM][kN / 2];
-#pragma unroll
-    for (int m = 0; m < kM; m++)
-#pragma unroll
-        for (int i = 0; i < kN / 2; i++) acc[m][i] = 0.0f;
-
-#pragma unroll
-    for (int s = 0; s < kAhead; s++) issue_w(s);
-    pdl_wait();
-#pragma unroll
-    for (int s = 0; s < kAhead; s++) {
-        issue_x(s);
-        cp_async_commit();
-    }
     const int gi = lane >> 2, q = lane & 3;
     using Frags = uint32_t[kM][4][4];
     // chunk r's A fragments into a[m][s] (tile m0 + m, k-step s: rows 16 wq + gi and + 8 of the tile)
@@ -775,58 +864,105 @@ __global__ void __launch_bounds__(kWgThreads* kWG)
 #pragma unroll
             for (int kk = 0; kk < 4; kk++) fence_registers(a[m][kk]);
     };
-    // chunk r + 1's codes are converted while chunk r's products run, into the other fragment buffer (no
-    // register a running product reads is written before it is waited for, so ptxas keeps the products
-    // asynchronous); the stage of chunk r - 1 is refilled once every warp has waited for its products
-    Frags a0, a1;
-    cp_async_wait<kS - 2>();
-    fence_proxy_async_shared();
-    __syncthreads();
-    if (rounds > 0) convert(0, a0);
-    auto step = [&](int r, Frags& cur, Frags& nxt) {
-        if (r >= rounds) return;
-        products(r, cur);
-        if (r + 1 < rounds) {
-            cp_async_wait<kS - 3>();
-            fence_proxy_async_shared();
-            __syncthreads();  // chunk r + 1 is in; every warp's products of chunk r - 1 are done
-            issue_w(r + kS - 1);
-            issue_x(r + kS - 1);
-            cp_async_commit();
-            convert(r + 1, nxt);
+    for (int tile = work.t_last; tile >= work.t_first; tile--) {
+        if constexpr (kGateUp) {
+            w0 = static_cast<const uint8_t*>(gu.wg);
+            w1 = static_cast<const uint8_t*>(gu.wu);
+            s0 = gu.sg;
+            s1 = gu.su;
+            f0 = f1 = tile * 64;
+            N = gu.n;
+            seg = gu.segment_rows;
+        } else {
+            const QuantMember mem = quant_member(g, tile);
+            w0 = w1 = mem.w;
+            s0 = s1 = mem.scales;
+            f0 = (tile - mem.first_block) * kWgFeatures;
+            f1 = f0 + 64;
+            N = mem.n;
+            seg = mem.segment_rows;
+            y = static_cast<bf16*>(mem.y);
         }
-        wgmma_wait_all();
-        fence_acc();
-        fence_a(cur);
-    };
-    for (int r = 0; r < rounds; r += 2) {
-        step(r, a0, a1);
-        step(r + 1, a1, a0);
+        work.chunks(stream, tile, c_first, rounds);
+#pragma unroll
+        for (int m = 0; m < kM; m++)
+#pragma unroll
+            for (int i = 0; i < kN / 2; i++) acc[m][i] = 0.0f;
+                // the first kAhead chunks: weights (before the PDL wait in the first tile), then x; one commit group
+                // per chunk
+#pragma unroll
+        for (int s = 0; s < kAhead; s++) issue_w(s);
+        if (tile == work.t_last) pdl_wait();
+#pragma unroll
+        for (int s = 0; s < kAhead; s++) {
+            issue_x(s);
+            cp_async_commit();
+        }
+        // chunk r + 1's codes are converted while chunk r's products run, into the other fragment buffer (no
+        // register a running product reads is written before it is waited for, so ptxas keeps the products
+        // asynchronous); the stage of chunk r - 1 is refilled once every warp has waited for its products
+        Frags a0, a1;
+        cp_async_wait<kS - 2>();
+        fence_proxy_async_shared();
+        __syncthreads();
+        if (rounds > 0) convert(0, a0);
+        auto step = [&](int r, Frags& cur, Frags& nxt) {
+            if (r >= rounds) return;
+            products(r, cur);
+            if (r + 1 < rounds) {
+                cp_async_wait<kS - 3>();
+                fence_proxy_async_shared();
+                __syncthreads();  // chunk r + 1 is in; every warp's products of chunk r - 1 are done
+                issue_w(r + kS - 1);
+                issue_x(r + kS - 1);
+                cp_async_commit();
+                convert(r + 1, nxt);
+            }
+            wgmma_wait_all();
+            fence_acc();
+            fence_a(cur);
+        };
+        for (int r = 0; r < rounds; r += 2) {
+            step(r, a0, a1);
+            step(r + 1, a1, a0);
+        }
+        cp_async_wait_all();
+
+        if (!stream) {
+            wg_epilogue<bf16, kN, kGateUp, kWG>(acc, ring, base, tid, rank, parts, T, N, f0, f1, y, gu);
+        } else if (c_first + rounds < n_chunks) {
+            sk_store_partial<kM, kN, kThreads>(acc, sk, tid);
+        } else {
+            if (c_first > 0) sk_add_partials<kM, kN, kThreads>(acc, sk, sk_block_of(tile * n_chunks, sk), tid);
+            wg_epilogue<bf16, kN, kGateUp, kWG>(acc, ring, base, tid, 0, 1, T, N, f0, f1, y, gu);
+        }
+        if (tile > work.t_first) __syncthreads();  // every warp is done with the ring before the next tile refills it
     }
-    cp_async_wait_all();
-    wg_epilogue<bf16, kN, kGateUp, kWG>(acc, ring, base, tid, rank, parts, T, N, f0, f1, y, gu);
 }
 
 template <int kN, bool kGateUp, int kW, int kWG>
 void wgq_launch(const bf16* x, int64_t T, const Fp8Group& g, const WgmmaGateUp& gu, unsigned tiles, int64_t K,
-                int64_t group, int parts, const LaunchContext& ctx) {
+                int64_t group, int parts, WgStreamK sk, const LaunchContext& ctx) {
     constexpr size_t smem = wgq_smem_bytes<kN, kW, kWgQuantStages>();
     static std::atomic<uint64_t> done{0};
+    static std::atomic<int> occ{-1};
     const char* what = kW == kWgQ8   ? (kGateUp ? "Q8 wgmma gate/up/SiLU kernel" : "Q8 wgmma GEMM kernel")
                        : kW == kWgQ4 ? (kGateUp ? "Q4 wgmma gate/up/SiLU kernel" : "Q4 wgmma GEMM kernel")
                                      : (kGateUp ? "FP8 wgmma gate/up/SiLU kernel" : "FP8 wgmma GEMM kernel");
-    opt_in_smem(gemm_wgmma_quant_kernel<kN, kGateUp, kW, kWG>, smem, done, what);
-    launch_clusters(gemm_wgmma_quant_kernel<kN, kGateUp, kW, kWG>, dim3(tiles * unsigned(parts)),
-                    dim3(kWgThreads * kWG), unsigned(parts), smem, ctx, what, x, int(T), g, gu, int(K), int(group),
-                    parts, ctx.evict_first);
+    auto* kernel = gemm_wgmma_quant_kernel<kN, kGateUp, kW, kWG>;
+    opt_in_smem(kernel, smem, done, what);
+    if (sk.blocks > 0 && !all_resident(kernel, kWgThreads * kWG, smem, sk.blocks, occ, ctx)) sk = WgStreamK{};
+    if (sk.blocks > 0) parts = 1;
+    launch_clusters(kernel, dim3(sk.blocks > 0 ? unsigned(sk.blocks) : tiles * unsigned(parts)), dim3(kWgThreads * kWG),
+                    unsigned(parts), smem, ctx, what, x, int(T), g, gu, int(K), int(group), parts, ctx.evict_first, sk);
 }
 
 template <bool kGateUp, int kW, int kWG>
 void wgq_n(const bf16* x, int64_t T, const Fp8Group& g, const WgmmaGateUp& gu, unsigned tiles, int64_t K, int64_t group,
-           int parts, const LaunchContext& ctx) {
-    if (T <= 16) return wgq_launch<16, kGateUp, kW, kWG>(x, T, g, gu, tiles, K, group, parts, ctx);
-    if (T <= 32) return wgq_launch<32, kGateUp, kW, kWG>(x, T, g, gu, tiles, K, group, parts, ctx);
-    return wgq_launch<64, kGateUp, kW, kWG>(x, T, g, gu, tiles, K, group, parts, ctx);
+           int parts, const WgStreamK& sk, const LaunchContext& ctx) {
+    if (T <= 16) return wgq_launch<16, kGateUp, kW, kWG>(x, T, g, gu, tiles, K, group, parts, sk, ctx);
+    if (T <= 32) return wgq_launch<32, kGateUp, kW, kWG>(x, T, g, gu, tiles, K, group, parts, sk, ctx);
+    return wgq_launch<64, kGateUp, kW, kWG>(x, T, g, gu, tiles, K, group, parts, sk, ctx);
 }
 
 // (ctx.wgmma_quant_warpgroups: 1 or 2 consumer warpgroups a block, for every weight format. The Q4 form once stopped
@@ -837,17 +973,17 @@ void wgq_n(const bf16* x, int64_t T, const Fp8Group& g, const WgmmaGateUp& gu, u
 // fortieth session; docs/perf-notes.md).)
 template <bool kGateUp, int kW>
 void wgq_rows(const bf16* x, int64_t T, const Fp8Group& g, const WgmmaGateUp& gu, unsigned tiles, int64_t K,
-              int64_t group, int parts, const LaunchContext& ctx) {
-    if (ctx.wgmma_quant_warpgroups == 2) return wgq_n<kGateUp, kW, 2>(x, T, g, gu, tiles, K, group, parts, ctx);
-    wgq_n<kGateUp, kW, 1>(x, T, g, gu, tiles, K, group, parts, ctx);
+              int64_t group, int parts, const WgStreamK& sk, const LaunchContext& ctx) {
+    if (ctx.wgmma_quant_warpgroups == 2) return wgq_n<kGateUp, kW, 2>(x, T, g, gu, tiles, K, group, parts, sk, ctx);
+    wgq_n<kGateUp, kW, 1>(x, T, g, gu, tiles, K, group, parts, sk, ctx);
 }
 
 template <bool kGateUp>
 void wgq_dtype(DType dtype, const bf16* x, int64_t T, const Fp8Group& g, const WgmmaGateUp& gu, unsigned tiles,
-               int64_t K, int64_t group, int parts, const LaunchContext& ctx) {
-    if (dtype == DType::Q8) return wgq_rows<kGateUp, kWgQ8>(x, T, g, gu, tiles, K, group, parts, ctx);
-    if (dtype == DType::Q4) return wgq_rows<kGateUp, kWgQ4>(x, T, g, gu, tiles, K, group, parts, ctx);
-    wgq_rows<kGateUp, kWgE4M3>(x, T, g, gu, tiles, K, group, parts, ctx);
+               int64_t K, int64_t group, int parts, const WgStreamK& sk, const LaunchContext& ctx) {
+    if (dtype == DType::Q8) return wgq_rows<kGateUp, kWgQ8>(x, T, g, gu, tiles, K, group, parts, sk, ctx);
+    if (dtype == DType::Q4) return wgq_rows<kGateUp, kWgQ4>(x, T, g, gu, tiles, K, group, parts, sk, ctx);
+    wgq_rows<kGateUp, kWgE4M3>(x, T, g, gu, tiles, K, group, parts, sk, ctx);
 }
 
 // The K split of a launch of `tiles` blocks' worth of 128 weight rows: given, ctx's, or by shape.
@@ -858,6 +994,27 @@ int launch_parts(int parts, int64_t tiles, int64_t K, const LaunchContext& ctx) 
     if (parts != 1 && parts != 2 && parts != 4 && parts != 8)
         throw Error(Status::internal, "wgmma GEMM: " + std::to_string(parts) + " parts (1, 2, 4 or 8)");
     return parts;
+}
+
+// The stream-K split (WgStreamK) of a launch of `tiles` tiles over K, where ctx asks for it (ctx.wgmma_stream_k,
+// its workspace set) and the K split is not given (parts <= 0, ctx.wgmma_gemm_parts == 0), for up to 64 rows:
+// ctx.stream_k_blocks blocks (two an SM), fewer where that would leave a block under kStreamKMinChunks chunks; else
+// none (blocks 0: the cluster K split). The launcher also falls back to the cluster split where not every block
+// would be resident.
+constexpr int64_t kStreamKMinChunks = 4;
+WgStreamK stream_k_split(int parts, int64_t T, int64_t tiles, int64_t K, const LaunchContext& ctx) {
+    WgStreamK sk;
+    if (!ctx.wgmma_stream_k || !ctx.stream_k_partials || !ctx.stream_k_flags || parts > 0 || ctx.wgmma_gemm_parts > 0 ||
+        T > 64)
+        return sk;
+    const int64_t work = tiles * ((K + kWgChunk - 1) / kWgChunk);
+    const int64_t blocks = std::min<int64_t>(ctx.stream_k_blocks, work / kStreamKMinChunks);
+    if (blocks < 1 || work >= (int64_t(1) << 30)) return sk;
+    sk.partials = ctx.stream_k_partials;
+    sk.flags = ctx.stream_k_flags;
+    sk.blocks = int(blocks);
+    sk.work = int(work);
+    return sk;
 }
 
 void check_wgmma(const LaunchContext& ctx) {
@@ -926,11 +1083,12 @@ void wgmma_gemm_group(const bf16* x, int64_t T, const GemvGroup& group, int64_t 
                                           " values (at most " + std::to_string(kWgmmaGemmMaxRows) +
                                           " rows, K % 8 == 0, 16-byte aligned rows)");
     if (tiles == 0) return;
+    const WgStreamK sk = stream_k_split(parts, T, tiles, K, ctx);
     parts = launch_parts(parts, tiles, K, ctx);
     if (out_f32)
-        wgmma_rows<float, false>(x, T, g, WgmmaGateUp{}, unsigned(tiles), K, parts, ctx);
+        wgmma_rows<float, false>(x, T, g, WgmmaGateUp{}, unsigned(tiles), K, parts, sk, ctx);
     else
-        wgmma_rows<bf16, false>(x, T, g, WgmmaGateUp{}, unsigned(tiles), K, parts, ctx);
+        wgmma_rows<bf16, false>(x, T, g, WgmmaGateUp{}, unsigned(tiles), K, parts, sk, ctx);
 }
 
 void wgmma_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int64_t N, int64_t K, bf16* gate_out,
@@ -943,6 +1101,7 @@ void wgmma_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int
                                           " values (at most " + std::to_string(kWgmmaGemmMaxRows) +
                                           " rows, K % 8 == 0, 16-byte aligned rows)");
     const int64_t tiles = (N + 63) / 64;  // (each block: 64 gate and 64 up rows)
+    const WgStreamK sk = stream_k_split(parts, T, tiles, K, ctx);
     parts = launch_parts(parts, tiles, K, ctx);
     WgmmaGateUp gu;
     gu.wg = wg;
@@ -953,7 +1112,7 @@ void wgmma_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int
     gu.n = int(N);
     GemvGroup g;
     g.add(wg, up_out, N);  // (unused by the kernel)
-    wgmma_rows<bf16, true>(x, T, g, gu, unsigned(tiles), K, parts, ctx);
+    wgmma_rows<bf16, true>(x, T, g, gu, unsigned(tiles), K, parts, sk, ctx);
 }
 
 void wgmma_gemm(const bf16* x, int64_t T, const bf16* w, int64_t N, int64_t K, void* y, bool out_f32,
@@ -996,8 +1155,9 @@ void wgmma_gemm_quant_group(const bf16* x, int64_t T, const Fp8Group& group, int
         g.block_end[i] = int(tiles);
     }
     g.evict_first = ctx.evict_first ? 1 : 0;
+    const WgStreamK sk = stream_k_split(parts, T, tiles, K, ctx);
     parts = launch_parts(parts, tiles, K, ctx);
-    wgq_dtype<false>(dtype, x, T, g, WgmmaGateUp{}, unsigned(tiles), K, qgroup, parts, ctx);
+    wgq_dtype<false>(dtype, x, T, g, WgmmaGateUp{}, unsigned(tiles), K, qgroup, parts, sk, ctx);
 }
 
 void wgmma_gate_up_quant(const bf16* x, int64_t T, const Matrix& w_gate, const Matrix& w_up, bf16* gate_out,
@@ -1011,6 +1171,7 @@ void wgmma_gate_up_quant(const bf16* x, int64_t T, const Matrix& w_gate, const M
     if (!gate_out || !up_out || !act_out || up_out == gate_out || up_out == act_out)
         throw Error(Status::internal, "quantized wgmma gate/up: gate, up and act (which may alias gate) expected");
     const int64_t tiles = (w_gate.rows + 63) / 64;  // (each block: 64 gate and 64 up rows)
+    const WgStreamK sk = stream_k_split(parts, T, tiles, w_gate.cols, ctx);
     parts = launch_parts(parts, tiles, w_gate.cols, ctx);
     WgmmaGateUp gu;
     gu.wg = w_gate.data;
@@ -1024,7 +1185,7 @@ void wgmma_gate_up_quant(const bf16* x, int64_t T, const Matrix& w_gate, const M
     gu.n = int(w_gate.rows);
     Fp8Group g;
     g.add(w_gate, up_out);  // (unused by the kernel)
-    wgq_dtype<true>(w_gate.dtype, x, T, g, gu, unsigned(tiles), w_gate.cols, w_gate.group, parts, ctx);
+    wgq_dtype<true>(w_gate.dtype, x, T, g, gu, unsigned(tiles), w_gate.cols, w_gate.group, parts, sk, ctx);
 }
 
 }  // namespace hy::cuda
