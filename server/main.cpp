@@ -21,6 +21,7 @@
 
 #include "cli/arg_error.h"
 #include "cli/option_table.h"
+#include "cli/stdout_check.h"
 #include "engine.h"
 #include "server/server.h"
 
@@ -29,6 +30,13 @@ namespace {
 int usage_error(const std::string& msg) {
     std::fprintf(stderr, "hybrid-server: %s (see --help)\n", msg.c_str());  // (as hybrid and the tools)
     return 1;
+}
+
+// 0 after --help or --version, or 5 with "hybrid-server: cannot write to stdout: <reason>" when that text was lost.
+int printed() {
+    if (hy::tools::stdout_ok()) return 0;
+    std::fprintf(stderr, "hybrid-server: %s\n", hy::tools::stdout_error().c_str());
+    return 5;
 }
 
 }  // namespace
@@ -96,7 +104,7 @@ int main(int argc, char** argv) {
         auto r = opts.parse(n_args, args.data());
         if (r.count("version")) {
             std::printf("hybrid-server %s\n", hy_version());
-            return 0;
+            return printed();
         }
         if (r.count("help")) {
             std::printf("%s\n", opts.help().c_str());
@@ -106,9 +114,10 @@ int main(int argc, char** argv) {
                 "  1    usage: unknown flag, bad value, missing -m\n"
                 "  2    the model or --chat-template-file could not be loaded (missing folder, malformed or\n"
                 "       unsupported files, no GPU, not enough memory), or the --cache-mb cache not allocated\n"
+                "  5    --help or --version could not be written to stdout\n"
                 "  6    the address could not be bound or listened on (port in use, unknown host)\n"
                 "  130  stopped by SIGINT (Ctrl-C)\n");
-            return 0;
+            return printed();
         }
         if (!r.unmatched().empty()) return usage_error("unexpected argument '" + r.unmatched()[0] + "'");
         if (const std::string bad = hy::repeated_option(r); !bad.empty()) return usage_error(bad);

@@ -102,9 +102,10 @@ TEST_CASE("hybrid-perplexity: --quant fp8 on models/tiny keeps the perplexity wi
     CHECK(swapped.err.find("saved from another text (the same 19 windows of 256 tokens and vocabulary, other token "
                            "ids)") != std::string::npos);
     // a damaged base (its top_k field, or bytes past the end): named as damaged, exit 5 (it read "saved from another
-    // text" with the same numbers on both sides, or was accepted); its reserved header field not 0, and position 1's
-    // second top-k entry with an id past the vocabulary or a positive log-probability: named with where
-    for (int damage = 0; damage < 7; damage++) {
+    // text" with the same numbers on both sides, or was accepted); its reserved header field not 0, a ctx or vocab
+    // field its other fields contradict, and position 1's second top-k entry with an id past the vocabulary or a
+    // positive log-probability: named with where
+    for (int damage = 0; damage < 9; damage++) {
         std::string bytes = read_text(base);
         if (damage == 0) {
             bytes[12] = char(bytes[12] + 1);  // top_k (bytes 12-15)
@@ -120,7 +121,11 @@ TEST_CASE("hybrid-perplexity: --quant fp8 on models/tiny keeps the perplexity wi
             std::memset(bytes.data() + 48 + 4, 0, 4);
         } else if (damage == 4) {
             bytes[40] = 1;  // reserved (bytes 40-47)
-        } else {            // position 1, entry 2 (its second top-k entry): id 1 << 30, or log-probability 0.5
+        } else if (damage == 7) {
+            bytes[16] = char(bytes[16] ^ 1);  // ctx (bytes 16-19): 257, which the positions field contradicts
+        } else if (damage == 8) {
+            std::memset(bytes.data() + 8, 0, 4);  // vocab (bytes 8-11)
+        } else {  // position 1, entry 2 (its second top-k entry): id 1 << 30, or log-probability 0.5
             uint32_t k = 0;
             std::memcpy(&k, bytes.data() + 12, 4);
             const size_t at = 48 + 8 * (size_t(1 + k) + 2);
@@ -137,14 +142,17 @@ TEST_CASE("hybrid-perplexity: --quant fp8 on models/tiny keeps the perplexity wi
             run_prog(ppl, {"-m", "models/tiny", "-f", text, "--ctx", "256", "--device", "cpu", "--kl-base", bad});
         INFO(r.err);
         CHECK(r.rc == 5);
-        const char* want[7] = {": damaged (its header says ",
+        const char* want[9] = {": damaged (its header says ",
                                ": damaged (its header says ",
                                ": damaged (position 0: its top-",
                                ": damaged (position 0: the next token's log-probability disagrees with its top-",
                                ": damaged (its header's reserved field is 1, written as 0)",
                                ": damaged (position 1, entry 2: token id 1073741824 is not in [0, ",
                                ": damaged (position 1, entry 2: the log-probability 0.500000 is not a finite value "
-                               "<= 0)"};
+                               "<= 0)",
+                               ": damaged (its header says 19 windows of 257 tokens, 2413 positions, vocabulary ",
+                               ": damaged (its header says 19 windows of 256 tokens, 2413 positions, vocabulary 0, "
+                               "which disagree)"};
         CHECK(r.err.find(bad + want[damage]) != std::string::npos);
     }
     // a --ctx past the trained positions (the MoE test model: 4,096) is run with a warning

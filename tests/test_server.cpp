@@ -1397,6 +1397,20 @@ TEST_CASE("server: a bad --chat-template-file fails at start; -c 0 is the traine
     CHECK(help.rc == 0);
     CHECK(help.out.find("Exit codes:\n  0    stopped by SIGTERM\n") != std::string::npos);
     CHECK(help.out.find("  130  stopped by SIGINT (Ctrl-C)\n") != std::string::npos);
+    // --help and --version on a full stdout: exit 5 and the reason (they exited 0 with nothing on stderr)
+    if (std::filesystem::exists("/dev/full"))
+        for (const char* flag : {"--help", "--version"}) {
+            INFO(flag);
+            const std::string err = (std::filesystem::temp_directory_path() / "hy_server_full.err").string();
+            const std::string cmd = hy::test::cli_util::quote(kBin + "/hybrid-server") + " " + flag + " >/dev/full 2>" +
+                                    hy::test::cli_util::quote(err);
+            const int st = std::system(cmd.c_str());
+            CHECK((WIFEXITED(st) ? WEXITSTATUS(st) : -1) == 5);
+            std::ifstream f(err);
+            const std::string text((std::istreambuf_iterator<char>(f)), std::istreambuf_iterator<char>());
+            CHECK(text == "hybrid-server: cannot write to stdout: No space left on device\n");
+            std::filesystem::remove(err);
+        }
     // -c 0: config.json's max_position_embeddings
     ServerProcess s({"-c", "0", "-np", "1", "--cache-mb", "0"});
     const ojson models = get(s.port(), "/v1/models").json();

@@ -248,6 +248,14 @@ int main(int argc, char** argv) {
                 const unsigned __int128 want = (unsigned __int128)sizeof(Header) + (unsigned __int128)h.positions *
                                                                                        (1u + uint64_t(h.top_k)) *
                                                                                        sizeof(Entry);
+                // (its fields against each other: a window of C tokens scores C - 1 - C / 2 positions; a damaged
+                // ctx or windows field read as "saved from another --ctx", a usage error)
+                const uint64_t per = h.ctx >= 4 ? uint64_t(h.ctx - 1 - h.ctx / 2) : 0;
+                if (h.vocab == 0 || per == 0 || h.windows == 0 || per * h.windows != h.positions)
+                    throw Error(Status::format, base_path + ": damaged (its header says " + std::to_string(h.windows) +
+                                                    " windows of " + std::to_string(h.ctx) + " tokens, " +
+                                                    std::to_string(h.positions) + " positions, vocabulary " +
+                                                    std::to_string(h.vocab) + ", which disagree)");
                 if (h.reserved != 0)
                     throw Error(Status::format, base_path + ": damaged (its header's reserved field is " +
                                                     std::to_string(h.reserved) + ", written as 0)");

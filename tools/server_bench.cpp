@@ -34,6 +34,7 @@
 #include <vector>
 
 #include "cli/arg_error.h"
+#include "cli/stdout_check.h"
 
 namespace {
 
@@ -212,10 +213,12 @@ int main(int argc, char** argv) {
         auto r = hy::parse_split(opts, argc, argv);
         if (r.count("help")) {
             std::printf(
-                "%s\nExit codes (as hybrid's): 0 success; 1 bad arguments; 6 the server cannot be reached "
-                "or a request failed.\n",
+                "%s\nExit codes (as hybrid's): 0 success; 1 bad arguments; 5 stdout could not be written; 6 the "
+                "server cannot be reached or a request failed.\n",
                 opts.help().c_str());
-            return 0;
+            if (hy::tools::stdout_ok()) return 0;
+            std::fprintf(stderr, "hybrid-server-bench: %s\n", hy::tools::stdout_error().c_str());
+            return 5;
         }
         if (!r.unmatched().empty()) throw UsageError("unexpected argument '" + r.unmatched()[0] + "' (see --help)");
         if (const std::string bad = hy::repeated_option(r); !bad.empty()) throw UsageError(bad);
@@ -364,10 +367,8 @@ int main(int argc, char** argv) {
                         cell(log, 1, on.total_ms).c_str());
         }
     }
-    errno = 0;
-    if (std::fflush(stdout) != 0 || std::ferror(stdout)) {
-        std::fprintf(stderr, "hybrid-server-bench: cannot write to stdout: %s\n",
-                     std::strerror(errno != 0 ? errno : EIO));
+    if (!hy::tools::stdout_ok()) {
+        std::fprintf(stderr, "hybrid-server-bench: %s\n", hy::tools::stdout_error().c_str());
         return 5;
     }
     return failed ? kFailed : 0;
