@@ -4,6 +4,7 @@
 #   say TEXT...            prints TEXT and appends it to the summary
 #   step NAME LIMIT CMD... runs CMD under `timeout LIMIT` with its output in the log; records rc and seconds
 #   want STAGE             true when ONLY (default all) names STAGE
+#   build_in DIR TARGET... the device build of TARGETS (defined at the end)
 # It also makes /work/main point at the checkout (the tests name their source folder) and unbuffers Python.
 OUT=${OUT:-/tmp/out}
 mkdir -p "$OUT"
@@ -30,3 +31,12 @@ CFG=(-DCMAKE_BUILD_TYPE=Release -DCMAKE_CUDA_ARCHITECTURES=90a -DHY_NATIVE=OFF -
     -DHY_PCRE2_LIB=$DEPS/lib/libpcre2-8.a -DHY_UTF8PROC_LIB=$DEPS/lib/libutf8proc.a)
 ONLY=${ONLY:-all}
 want() { [ "$ONLY" = all ] || [[ " $ONLY " == *" $1 "* ]]; }
+# build_in DIR TARGET...: the device build (CFG) of TARGETS in DIR as the step "build" (300 s); on failure the build
+# log's errors go to the summary and the script exits 1. Also prints the GPU's name and driver to the summary.
+build_in() {
+    local dir=$1
+    shift
+    nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$SUM" 2>&1
+    step build 300 bash -c "cmake -S . -B $dir ${CFG[*]} >/tmp/bn.log 2>&1 && cmake --build $dir -j16 --target $* >>/tmp/bn.log 2>&1" ||
+        { grep -E "error|Error" /tmp/bn.log | head -20 | tee -a "$SUM"; exit 1; }
+}

@@ -18,11 +18,9 @@
 #          quantized GEMM and bf16's wgmma GEMM ($OUT/stalls_{int8,none}.txt)
 set -u
 . tools/gpu/run_lib.sh
-nvidia-smi --query-gpu=name,driver_version --format=csv,noheader >>"$SUM" 2>&1
 N=/tmp/bn
 T=$N/hybrid-tests
-step build 300 bash -c "cmake -S . -B $N ${CFG[*]} >/tmp/bn.log 2>&1 && cmake --build $N -j16 --target hybrid-tests hybrid-bench hybrid-compare >>/tmp/bn.log 2>&1" ||
-    { grep -E "error|Error" /tmp/bn.log | head -20 | tee -a "$SUM"; exit 1; }
+build_in $N hybrid-tests hybrid-bench hybrid-compare
 if want gpu; then
 step tests_gpu 200 $T "[gpu]" --durations yes
 grep -E "test cases|FAILED|assertions" "$LOG" | tail -3 >>"$SUM"
