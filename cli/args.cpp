@@ -8,6 +8,7 @@
 #include <cxxopts.hpp>
 #include <random>
 #include <sstream>
+#include <unistd.h>
 
 #include "cli/arg_error.h"
 #include "cli/cli.h"
@@ -458,7 +459,8 @@ bool parse_options(int argc, char** argv, Options& o, int* exit_code) {
     if (r.count("parallel") && !o.has_batch) usage("--parallel (-np) needs --batch-file");
     if (o.no_think && !o.chat && !o.interactive) usage("--no-think needs --chat or -i");
     if (!o.interactive && !o.has_prompt && !o.has_prompt_ids && !o.has_batch)
-        usage("no prompt: give -p TEXT, -f FILE, --prompt-ids, --batch-file or -i");
+        usage(std::string("no prompt: give -p TEXT, -f FILE, --prompt-ids, --batch-file or -i") +
+              (!g_stdin_closed && !isatty(STDIN_FILENO) ? " (-f - reads the prompt from standard input)" : ""));
 
     o.n_predict = r["n-predict"].as<int>();
     if (o.n_predict < -1) usage("-n must be >= -1, got " + std::to_string(o.n_predict) + " (see --help)");

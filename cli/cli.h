@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "cli/stdout_check.h"
 #include "engine.h"
 
 namespace hy::cli {
@@ -90,15 +91,13 @@ std::string read_rest(int fd, size_t n, const std::string& path);
 // is refused with "PATH: " + exists_msg.
 void write_file_atomic(const std::string& path, const std::string& data, bool overwrite, const std::string& exists_msg);
 
-// ---- stdout (cli/main.cpp): write errors (a full disk, a closed pipe or descriptor) end the program with
-// exit_io and "cannot write to stdout: <reason>" ----
-extern int g_stdout_errno;  // the first write error on stdout (0: none)
+// ---- stdout (cli/stdout_check.h, shared with the tools and the server): write errors (a full disk, a closed pipe or
+// descriptor) end the program with exit_io and "cannot write to stdout: <reason>" ----
+using hy::tools::stdout_lost;   // true once a write to stdout was lost
+using hy::tools::stdout_ok;     // flushes stdout; false when this or an earlier write failed
+using hy::tools::write_stdout;  // writes and flushes; false on a write error (the caller stops producing output)
 // Standard input was closed at start (`<&-`; main puts /dev/null there): reading "-" is an error, not an empty text.
 extern bool g_stdin_closed;
-// Flushes stdout; false when this or an earlier write failed.
-bool stdout_ok();
-// Writes and flushes; false on a write error (the caller stops producing output).
-bool write_stdout(const char* data, size_t n);
 // Throws Failure(exit_io) when a write to stdout failed.
 void check_stdout();
 

@@ -21,7 +21,6 @@
 namespace hy::cli {
 
 std::atomic<bool> g_interrupted{false};
-int g_stdout_errno = 0;
 bool g_stdin_closed = false;
 
 namespace {
@@ -117,27 +116,8 @@ int status_exit_code(int status) {
 
 }  // namespace
 
-bool stdout_ok() {
-    if (g_stdout_errno != 0) return false;
-    errno = 0;
-    const bool flushed = std::fflush(stdout) == 0;
-    if (flushed && !std::ferror(stdout)) return true;
-    g_stdout_errno = errno != 0 ? errno : EIO;
-    return false;
-}
-
-bool write_stdout(const char* data, size_t n) {
-    if (g_stdout_errno != 0) return false;
-    errno = 0;
-    if (n > 0 && std::fwrite(data, 1, n, stdout) != n) {
-        g_stdout_errno = errno != 0 ? errno : EIO;
-        return false;
-    }
-    return stdout_ok();
-}
-
 void check_stdout() {
-    if (!stdout_ok()) throw Failure(exit_io, std::string("cannot write to stdout: ") + std::strerror(g_stdout_errno));
+    if (!stdout_ok()) throw Failure(exit_io, hy::tools::stdout_error());
 }
 
 int interrupted_abort(void*) { return g_interrupted.load() ? 1 : 0; }
@@ -481,7 +461,7 @@ int main(int argc, char** argv) {
         int code = hy::cli::run(argc, argv);
         // a write error not reported yet (an error exit has printed its message already)
         if (!hy::cli::stdout_ok() && (code == hy::cli::exit_ok || code == hy::cli::exit_interrupted)) {
-            std::fprintf(stderr, "hybrid: error: cannot write to stdout: %s\n", std::strerror(hy::cli::g_stdout_errno));
+            std::fprintf(stderr, "hybrid: error: %s\n", hy::tools::stdout_error().c_str());
             code = hy::cli::exit_io;
         }
         return code;

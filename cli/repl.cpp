@@ -454,7 +454,7 @@ int run_repl(const Options& o, hy_model* m, hy_context* c, hy_sampler* s, double
         } catch (const Failure& f) {
             std::fflush(stdout);
             std::fprintf(stderr, "hybrid: error: %s\n", f.what());
-            if (!r.tty_in || g_stdout_errno != 0) return f.code;  // scripted, or stdout is lost: the session ends
+            if (!r.tty_in || stdout_lost()) return f.code;  // scripted, or stdout is lost: the session ends
         }
         return -1;
     };

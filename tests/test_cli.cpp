@@ -18,6 +18,7 @@
 #include <chrono>
 #include <csignal>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -139,6 +140,10 @@ TEST_CASE("cli: errors have one-line messages and documented exit codes", "[cli]
     check_error(hybrid({"-m", "models/nope", "-p", "x"}), 2, "models/nope");
     check_error(hybrid({"-p", "x"}), 1, "-m");
     check_error(hybrid({"-m", "models/tiny"}), 1, "no prompt");
+    // stdin is a file here, not a terminal: the error says how to read it
+    check_error(hybrid({"-m", "models/tiny", "--chat"}, "Hello"), 1, "(-f - reads the prompt from standard input)");
+    // an empty -m is the loader's error, exit 2, as in the tools and the server
+    check_error(hybrid({"-m", "", "-p", "x"}), 2, "the model folder path is empty");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "--bogus"}), 1,
                 "unknown option --bogus (-h lists the options)");
     check_error(hybrid({"-m", "models/tiny", "-p", "x", "-v"}), 1, "unknown option -v (--verbose prints");
@@ -411,7 +416,9 @@ TEST_CASE("cli: a write error on stdout is exit code 5", "[cli]") {
     const std::string file = (tmp.path / "prompts.txt").string();
     std::ofstream(file) << "a\nb\n";
     const std::string msg = "cannot write to stdout: ";
-    check_one_line_error(hybrid_redirected({"-m", "models/tiny", "-p", "def f", "-n", "4"}, "/dev/full"), 5, msg);
+    // the reason is the failed write's (ENOSPC on /dev/full), as in the tools (cli/stdout_check.h)
+    check_one_line_error(hybrid_redirected({"-m", "models/tiny", "-p", "def f", "-n", "4"}, "/dev/full"), 5,
+                         msg + std::strerror(ENOSPC));
     check_one_line_error(hybrid_redirected({"-m", "models/tiny", "--prompt-ids", "5", "-n", "4"}, "/dev/full"), 5, msg);
     check_one_line_error(hybrid_redirected({"-m", "models/tiny", "--batch-file", file, "-n", "2"}, "/dev/full"), 5,
                          msg);
