@@ -747,6 +747,14 @@ TEST_CASE("hybrid-perplexity: --top-k needs --save-logits, -f - and a FIFO are r
         CHECK(r.out.find(want + "\n") != std::string::npos);
         CHECK(r.out.find("text: standard input, ") != std::string::npos);
     }
+    {  // - on a closed standard input: said so, exit 5 (it was "cannot read 'standard input': Bad file descriptor")
+        const Run r = shell(quote(ppl) + line + " -f - <&-");
+        CHECK(r.rc == 5);
+        CHECK(r.out == "hybrid-perplexity: cannot read standard input: it is closed\n");
+        const Run t = shell(quote(kBin + "/hybrid-tokenize") + " --tokenizer models/tiny --bench - <&-");
+        CHECK(t.rc == 5);
+        CHECK(t.out == "hybrid-tokenize: cannot read standard input: it is closed\n");
+    }
     {  // a FIFO (the writer gives up after 120 s should the program never open it)
         const fs::path fifo = tmp.path / "fifo";
         REQUIRE(::mkfifo(fifo.c_str(), 0600) == 0);

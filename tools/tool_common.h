@@ -210,7 +210,10 @@ inline std::string read_text_input(const std::string& path, size_t max_bytes) {
         if (S_ISDIR(st.st_mode)) throw Error(Status::io, "cannot read '" + path + "': a directory");
         fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
         if (fd < 0) throw Error(Status::io, "cannot open '" + path + "': " + std::strerror(errno));
-    } else if (::fstat(0, &st) == 0 && S_ISDIR(st.st_mode)) {
+    } else if (::fstat(0, &st) != 0) {  // (EBADF: started with `<&-`)
+        throw Error(Status::io, std::string("cannot read standard input: ") +
+                                    (errno == EBADF ? "it is closed" : std::strerror(errno)));
+    } else if (S_ISDIR(st.st_mode)) {
         throw Error(Status::io, "cannot read standard input: a directory");
     }
     std::string out;
