@@ -303,12 +303,15 @@ struct CudaOptions {
     // 1: int8 H200 +29%/+37%/+10% (thirty-eighth session), H100 +20%/+23%/+10%; int4 H100 +34%/+17%/+10%; FP8 (W8A16)
     // H100 +21%/+19%/+4% (fortieth session, every [gpu] case passing; docs/perf-notes.md).
     int wgmma_quant_warpgroups = 2;
-    // The wgmma GEMMs (bf16 and quantized, 9-64 rows, K split not given by wgmma_gemm_parts) split their tiles x
-    // K chunks evenly over two blocks an SM (stream-K; a tile's parts added in a fixed block order, so a row's bits
-    // still depend on N and K only) instead of splitting K into 1-8 parts over a cluster, which at 64 rows leaves
-    // about 0.73 waves (most SMs one block, some two; fortieth session's profile). Workspace: 32 KB of partial sums a
-    // block (8.4 MB with 132 SMs).
-    bool wgmma_stream_k = false;
+    // The wgmma GEMMs (9-64 rows, K split not given by wgmma_gemm_parts) split their tiles x K chunks evenly over
+    // two blocks an SM (stream-K; a tile's parts added in a fixed block order, so a row's bits still depend on N, K and
+    // the SM count only) instead of splitting K into 1-8 parts over a cluster, which at 64 rows leaves about 0.73
+    // waves (most SMs one block, some two; fortieth session's profile). Workspace: 32 KB of partial sums a block
+    // (8.4 MB with 132 SMs), where either is on. 4B decode at 16/32/64 rows, stream-K against the cluster split
+    // (H100, forty-second session, docs/perf-notes.md): quantized int8 +3%/+8%/+8%, int4 +7%/+9%/+6%, fp8 W8A16
+    // +1%/+5%/+2%, so on by default; bf16 -10%/-9%/-1%, so off.
+    bool wgmma_stream_k = false;       // the bf16 wgmma GEMM
+    bool wgmma_stream_k_quant = true;  // the quantized (int8/int4/fp8) wgmma GEMM
     // FP8 matrices with more rows than the FP8 GEMVs take (over 8): true (default), FP8 tensor cores
     // with the activations quantized per row and 128-value group (W8A8 with cuBLASLt block scales, the checkpoints'
     // "activation_scheme: dynamic", as vLLM and transformers run them); false: the weights dequantized to bf16 and

@@ -2245,7 +2245,7 @@ static bool has_quant_wgmma(Side& gpu) {
 // warpgroups (CudaOptions::wgmma_quant_warpgroups) bitwise the same as with 1 (the
 // same inputs: the generator is reseeded for each mode). Then the same shapes with the kernel off
 // (CudaOptions::wgmma_quant: Q8/Q4 dequantized for cuBLASLt, FP8 through the W8A16 dequantization), and on with the
-// stream-K split (CudaOptions::wgmma_stream_k; N = 40, K = 9216 puts one tile's 144 chunks on 36 blocks).
+// stream-K split (CudaOptions::wgmma_stream_k_quant; N = 40, K = 9216 puts one tile's 144 chunks on 36 blocks).
 TEST_CASE("CUDA quantized wgmma GEMM, 9-64 rows: matches the dequantized reference, a row's bits in any batch",
           "[gpu][int][fp8]") {
     HY_REQUIRE_GPU();
@@ -2260,7 +2260,7 @@ TEST_CASE("CUDA quantized wgmma GEMM, 9-64 rows: matches the dequantized referen
         CudaOptions o;
         o.wgmma_quant = on;
         o.wgmma_quant_warpgroups = mode == 1 ? 1 : 2;
-        o.wgmma_stream_k = mode == 3;
+        o.wgmma_stream_k_quant = mode == 3;
         o.fp8_block_scaled_gemm = false;  // (FP8 takes the quantized wgmma GEMM in W8A16 mode only)
         Side gpu(make_cuda_backend(0, o), l, ws, size_t(256) << 20);
         if (mode == 1 && !has_quant_wgmma(gpu)) return;
@@ -2305,8 +2305,8 @@ TEST_CASE("CUDA quantized wgmma GEMM, 9-64 rows: matches the dequantized referen
 // of 3 matrices (N 200, 40, 72) gives each member's bits alone; gate/up/SiLU (N 200 and 44) gives gate and up bitwise
 // those of the pair as a group and act those of silu_mul on them, act in place of gate the same; against the reference
 // too. A NaN scale (Q8/Q4) or NaN code (FP8) in row 5 makes row 5's outputs NaN and leaves the others finite. The
-// stream-K split (parts 0 here: CudaOptions::wgmma_stream_k, 2 warpgroups) the same against the reference and with the
-// NaN row (a member's split there depends on the group's tiles, so no bits are compared across launch shapes).
+// stream-K split (parts 0 here: CudaOptions::wgmma_stream_k_quant, 2 warpgroups) the same against the reference and
+// with the NaN row (a member's split there depends on the group's tiles, so no bits are compared across launch shapes).
 TEST_CASE("CUDA quantized wgmma GEMM: groups, gate/up/SiLU and NaN weights", "[gpu][int][fp8]") {
     HY_REQUIRE_GPU();
     const BatchLimits l = limits(64, 8, 16);
@@ -2317,7 +2317,7 @@ TEST_CASE("CUDA quantized wgmma GEMM: groups, gate/up/SiLU and NaN weights", "[g
         CudaOptions o;
         o.wgmma_gemm_parts = std::abs(parts);
         o.wgmma_quant_warpgroups = parts <= 0 ? 2 : 1;
-        o.wgmma_stream_k = parts == 0;
+        o.wgmma_stream_k_quant = parts == 0;
         o.fp8_block_scaled_gemm = false;  // (FP8 takes the quantized wgmma GEMM in W8A16 mode only)
         Side gpu(make_cuda_backend(0, o), l, ws, size_t(160) << 20);
         if (!has_quant_wgmma(gpu)) return;

@@ -263,6 +263,8 @@ TEST_CASE("hybrid-bench: CUDA tuning switches are checked, and noted as ignored 
         {{"--wgmma-gemm", "on", "--wgmma-parts", "3"}, "--wgmma-parts must be 0, 1, 2, 4 or 8, got 3"},
         {{"--wgmma-gemm", "off", "--wgmma-parts", "4"}, "--wgmma-parts needs --wgmma-gemm auto or on"},
         {{"--gdn-decode-stream", "yes"}, "--gdn-decode-stream must be on or off, got 'yes'"},
+        {{"--wgmma-stream-k", "1"}, "--wgmma-stream-k must be on or off, got '1'"},
+        {{"--wgmma-stream-k-quant", "auto"}, "--wgmma-stream-k-quant must be on or off, got 'auto'"},
         {{"--gdn-conv-rows", "17"}, "--gdn-conv-rows must be 0 to 16, got 17"},
         {{"--gdn-decode-blocks", "4"}, "--gdn-decode-blocks must be 2 or 3, got 4"},
         {{"--wgmma-gemm", "on", "--wgmma-parts", "0x4"}, "invalid value '0x4' for --wgmma-parts"},

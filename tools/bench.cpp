@@ -267,9 +267,11 @@ int main(int argc, char** argv) {
          "dequantized for the bf16 GEMM)", cxxopts::value<std::string>()->default_value("on"))
         ("wgmma-quant-warpgroups", "CUDA, that GEMM's consumer warpgroups a block: 1 or 2 (the default)",
          cxxopts::value<int>()->default_value("2"))
-        ("wgmma-stream-k", "CUDA, the wgmma GEMMs (bf16 and int8/int4/fp8, 9 to 64 rows) split their tiles and K "
-         "evenly over two blocks an SM (stream-K): on or off (the default: K split over a cluster)",
-         cxxopts::value<std::string>()->default_value("off"));
+        ("wgmma-stream-k", "CUDA, the bf16 wgmma GEMM (9 to 64 rows) splits its tiles and K evenly over two "
+         "blocks an SM (stream-K): on or off (the default: K split over a cluster)",
+         cxxopts::value<std::string>()->default_value("off"))
+        ("wgmma-stream-k-quant", "CUDA, the same for the int8/int4/fp8 wgmma GEMM: on or off",
+         cxxopts::value<std::string>()->default_value("on"));
     add_shared_option(opts, "", "fp8-gemm");
     add_shared_option(opts, "", "version");
     add_shared_option(opts, "", "help");
@@ -361,10 +363,13 @@ int main(int argc, char** argv) {
             if (wg != 1 && wg != 2)
                 throw tools::UsageError("--wgmma-quant-warpgroups must be 1 or 2, got " + std::to_string(wg));
             mp.cuda.wgmma_quant_warpgroups = wg;
-            const std::string sk = args["wgmma-stream-k"].as<std::string>();
-            if (sk != "on" && sk != "off")
-                throw tools::UsageError("--wgmma-stream-k must be on or off, got '" + sk + "'");
-            mp.cuda.wgmma_stream_k = sk == "on";
+            for (const char* name : {"wgmma-stream-k", "wgmma-stream-k-quant"}) {
+                const std::string sk = args[name].as<std::string>();
+                if (sk != "on" && sk != "off")
+                    throw tools::UsageError(std::string("--") + name + " must be on or off, got '" + sk + "'");
+                (std::string(name) == "wgmma-stream-k" ? mp.cuda.wgmma_stream_k : mp.cuda.wgmma_stream_k_quant) =
+                    sk == "on";
+            }
         }
         {
             const std::string v = args["gdn-decode-stream"].as<std::string>();
@@ -424,8 +429,8 @@ int main(int argc, char** argv) {
         Backend& be = model->backend();
         for (const char* flag : {"fp8-gemm", "attn-heads-per-block", "attn-prefill-heads", "attn-splits", "int-split-k",
                                  "moe-grouped-rows", "small-batch-gemv", "wide-gemv", "wgmma-gemm", "wgmma-parts",
-                                 "wgmma-quant", "wgmma-quant-warpgroups", "wgmma-stream-k", "gdn-decode-stream",
-                                 "gdn-conv-rows", "gdn-decode-blocks", "no-cuda-graphs", "no-pdl"})
+                                 "wgmma-quant", "wgmma-quant-warpgroups", "wgmma-stream-k", "wgmma-stream-k-quant",
+                                 "gdn-decode-stream", "gdn-conv-rows", "gdn-decode-blocks", "no-cuda-graphs", "no-pdl"})
             if (args.count(flag) && std::string(be.name()) != "cuda")
                 std::fprintf(stderr, "hybrid-bench: note: --%s only changes the CUDA backend; ignored on %s\n", flag,
                              be.name());

@@ -344,7 +344,9 @@ public:
                                                       std::to_string(o.wgmma_quant_warpgroups));
         ctx_.wgmma_quant_warpgroups = o.wgmma_quant_warpgroups;
         ctx_.wgmma_stream_k = o.wgmma_stream_k && ctx_.wgmma && ctx_.clusters;
-        ctx_.stream_k_blocks = ctx_.wgmma_stream_k ? cuda::kWgmmaStreamKBlocksPerSm * ctx_.sm_count : 0;
+        ctx_.wgmma_stream_k_quant = o.wgmma_stream_k_quant && ctx_.wgmma && ctx_.clusters && o.wgmma_quant;
+        ctx_.stream_k_blocks =
+            ctx_.wgmma_stream_k || ctx_.wgmma_stream_k_quant ? cuda::kWgmmaStreamKBlocksPerSm * ctx_.sm_count : 0;
         fp8_mode_ = o.fp8_block_scaled_gemm ? cuda::Fp8GemmMode::block_scaled : cuda::Fp8GemmMode::dequantize;
 #if defined(HY_CUDA_TRACE)
         if (!o.trace_file.empty()) start_trace(o.trace_file);
@@ -410,7 +412,8 @@ public:
                                       : std::string()) +
                                  ", K parts " +
                                  (ctx_.wgmma_gemm_parts > 0 ? std::to_string(ctx_.wgmma_gemm_parts)
-                                                            : std::string("by shape"))
+                                                            : std::string("by shape")) +
+                                 (ctx_.wgmma_stream_k ? ", stream-k" : "")
                            : std::string(", no wgmma gemm (no sm_90a code for this device)"))
                     : std::string()) +
                (ctx_.wgmma && ctx_.clusters && ctx_.wgmma_quant_max_rows > 0
@@ -418,7 +421,7 @@ public:
                           std::to_string(cuda::kWgmmaGemmMinRows) + "-" +
                           std::to_string(std::min(ctx_.wgmma_quant_max_rows, cuda::kWgmmaQuantMaxRows)) + " rows" +
                           (ctx_.wgmma_quant_warpgroups == 2 ? " (2 warpgroups)" : "") +
-                          (ctx_.wgmma_stream_k ? ", stream-k" : "")
+                          (ctx_.wgmma_stream_k_quant ? ", stream-k" : "")
                     : std::string()) +
                ", fp8 gemm " + (fp8_mode_ == cuda::Fp8GemmMode::block_scaled ? "block-scaled" : "dequantize") +
                (gemm_->fp8_shapes_without_algorithm() > 0

@@ -105,9 +105,11 @@ struct LaunchContext {
     // default 2)
     int wgmma_quant_warpgroups = 2;
     // gemm_wgmma.cuh: the wgmma GEMMs (bf16 and quantized, 9-64 rows, K split not given) as a stream-K split over
-    // stream_k_blocks blocks (CudaOptions::wgmma_stream_k), their partial sums [stream_k_blocks][128 x 64] fp32 and
-    // flags [stream_k_blocks] (zero between launches) in the workspace; off or no workspace: the cluster K split
+    // stream_k_blocks blocks (CudaOptions::wgmma_stream_k for bf16, wgmma_stream_k_quant for int8/int4/fp8), their
+    // partial sums [stream_k_blocks][128 x 64] fp32 and flags [stream_k_blocks] (zero between launches) in the
+    // workspace; off or no workspace: the cluster K split
     bool wgmma_stream_k = false;
+    bool wgmma_stream_k_quant = false;
     float* stream_k_partials = nullptr;
     int* stream_k_flags = nullptr;
     int stream_k_blocks = 0;

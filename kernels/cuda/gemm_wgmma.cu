@@ -290,18 +290,18 @@ struct WgmmaGateUp {
     int n = 0;  // rows of each matrix
 };
 
-// The stream-K split (CudaOptions::wgmma_stream_k): a launch of `blocks` blocks (at most the resident ones) over
-// work = tiles x chunks (tile-major (tile, chunk) pairs, chunks of kWgChunk K values); block b takes the contiguous
-// range [b work / blocks, (b + 1) work / blocks), so every block gets the same number of chunks (within one) and the
-// grid fills the device in one wave, where a K split into 1, 2, 4 or 8 parts leaves most SMs one block and some two.
-// A block walks its range's tiles from the last to the first: a tile whose first chunks it holds but not its last
-// (at most one: the range's last tile) goes first, its fp32 sums stored as this block's partial (partials[b], flag
-// b set after them); a tile whose last chunk it holds but not its first (the range's first tile) goes last: it waits
-// for the flags of the tile's earlier blocks and adds their partials to its sums from block b - 1 down, a fixed
-// order, then stores the outputs. So a row's result depends on N, K and blocks only (as with parts: not on T or on
-// the other rows), and a block waits only for lower-numbered blocks that stored their partial first (no deadlock
-// while all blocks are resident, which the launcher checks). The consumer clears the flags it read (zero between
-// launches; the next launch writes only after its PDL wait, so after this one has ended).
+// The stream-K split (CudaOptions::wgmma_stream_k, wgmma_stream_k_quant): a launch of `blocks` blocks (at most the
+// resident ones) over work = tiles x chunks (tile-major (tile, chunk) pairs, chunks of kWgChunk K values); block b
+// takes the contiguous range [b work / blocks, (b + 1) work / blocks), so every block gets the same number of chunks
+// (within one) and the grid fills the device in one wave, where a K split into 1, 2, 4 or 8 parts leaves most SMs one
+// block and some two. A block walks its range's tiles from the last to the first: a tile whose first chunks it holds
+// but not its last (at most one: the range's last tile) goes first, its fp32 sums stored as this block's partial
+// (partials[b], flag b set after them); a tile whose last chunk it holds but not its first (the range's first tile)
+// goes last: it waits for the flags of the tile's earlier blocks and adds their partials to its sums from block b - 1
+// down, a fixed order, then stores the outputs. So a row's result depends on N, K and blocks only (as with parts: not
+// on T or on the other rows), and a block waits only for lower-numbered blocks that stored their partial first (no
+// deadlock while all blocks are resident, which the launcher checks). The consumer clears the flags it read (zero
+// between launches; the next launch writes only after its PDL wait, so after this one has ended).
 struct WgStreamK {
     float* partials = nullptr;  // [blocks][kWgPartialFloats]
     int* flags = nullptr;       // [blocks], zero at launch
@@ -996,16 +996,16 @@ int launch_parts(int parts, int64_t tiles, int64_t K, const LaunchContext& ctx) 
     return parts;
 }
 
-// The stream-K split (WgStreamK) of a launch of `tiles` tiles over K, where ctx asks for it (ctx.wgmma_stream_k,
-// its workspace set) and the K split is not given (parts <= 0, ctx.wgmma_gemm_parts == 0), for up to 64 rows:
-// ctx.stream_k_blocks blocks (two an SM), fewer where that would leave a block under kStreamKMinChunks chunks; else
-// none (blocks 0: the cluster K split). The launcher also falls back to the cluster split where not every block
-// would be resident.
+// The stream-K split (WgStreamK) of a launch of `tiles` tiles over K, where ctx asks for it (ctx.wgmma_stream_k for
+// the bf16 GEMM, ctx.wgmma_stream_k_quant for the quantized one; the workspace set) and the K split is not given (parts
+// <= 0, ctx.wgmma_gemm_parts == 0), for up to 64 rows: ctx.stream_k_blocks blocks (two an SM), fewer where that would
+// leave a block under kStreamKMinChunks chunks; else none (blocks 0: the cluster K split). The launcher also falls back
+// to the cluster split where not every block would be resident.
 constexpr int64_t kStreamKMinChunks = 4;
-WgStreamK stream_k_split(int parts, int64_t T, int64_t tiles, int64_t K, const LaunchContext& ctx) {
+WgStreamK stream_k_split(bool quantized, int parts, int64_t T, int64_t tiles, int64_t K, const LaunchContext& ctx) {
     WgStreamK sk;
-    if (!ctx.wgmma_stream_k || !ctx.stream_k_partials || !ctx.stream_k_flags || parts > 0 || ctx.wgmma_gemm_parts > 0 ||
-        T > 64)
+    if (!(quantized ? ctx.wgmma_stream_k_quant : ctx.wgmma_stream_k) || !ctx.stream_k_partials || !ctx.stream_k_flags ||
+        parts > 0 || ctx.wgmma_gemm_parts > 0 || T > 64)
         return sk;
     const int64_t work = tiles * ((K + kWgChunk - 1) / kWgChunk);
     const int64_t blocks = std::min<int64_t>(ctx.stream_k_blocks, work / kStreamKMinChunks);
@@ -1083,7 +1083,7 @@ void wgmma_gemm_group(const bf16* x, int64_t T, const GemvGroup& group, int64_t 
                                           " values (at most " + std::to_string(kWgmmaGemmMaxRows) +
                                           " rows, K % 8 == 0, 16-byte aligned rows)");
     if (tiles == 0) return;
-    const WgStreamK sk = stream_k_split(parts, T, tiles, K, ctx);
+    const WgStreamK sk = stream_k_split(false, parts, T, tiles, K, ctx);
     parts = launch_parts(parts, tiles, K, ctx);
     if (out_f32)
         wgmma_rows<float, false>(x, T, g, WgmmaGateUp{}, unsigned(tiles), K, parts, sk, ctx);
@@ -1101,7 +1101,7 @@ void wgmma_gate_up(const bf16* x, int64_t T, const bf16* wg, const bf16* wu, int
                                           " values (at most " + std::to_string(kWgmmaGemmMaxRows) +
                                           " rows, K % 8 == 0, 16-byte aligned rows)");
     const int64_t tiles = (N + 63) / 64;  // (each block: 64 gate and 64 up rows)
-    const WgStreamK sk = stream_k_split(parts, T, tiles, K, ctx);
+    const WgStreamK sk = stream_k_split(false, parts, T, tiles, K, ctx);
     parts = launch_parts(parts, tiles, K, ctx);
     WgmmaGateUp gu;
     gu.wg = wg;
@@ -1155,7 +1155,7 @@ void wgmma_gemm_quant_group(const bf16* x, int64_t T, const Fp8Group& group, int
         g.block_end[i] = int(tiles);
     }
     g.evict_first = ctx.evict_first ? 1 : 0;
-    const WgStreamK sk = stream_k_split(parts, T, tiles, K, ctx);
+    const WgStreamK sk = stream_k_split(true, parts, T, tiles, K, ctx);
     parts = launch_parts(parts, tiles, K, ctx);
     wgq_dtype<false>(dtype, x, T, g, WgmmaGateUp{}, unsigned(tiles), K, qgroup, parts, sk, ctx);
 }
@@ -1171,7 +1171,7 @@ void wgmma_gate_up_quant(const bf16* x, int64_t T, const Matrix& w_gate, const M
     if (!gate_out || !up_out || !act_out || up_out == gate_out || up_out == act_out)
         throw Error(Status::internal, "quantized wgmma gate/up: gate, up and act (which may alias gate) expected");
     const int64_t tiles = (w_gate.rows + 63) / 64;  // (each block: 64 gate and 64 up rows)
-    const WgStreamK sk = stream_k_split(parts, T, tiles, w_gate.cols, ctx);
+    const WgStreamK sk = stream_k_split(true, parts, T, tiles, w_gate.cols, ctx);
     parts = launch_parts(parts, tiles, w_gate.cols, ctx);
     WgmmaGateUp gu;
     gu.wg = w_gate.data;

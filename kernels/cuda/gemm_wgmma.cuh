@@ -10,10 +10,11 @@
 // split into `parts` contiguous ranges whose blocks form one thread-block cluster; their fp32 sums are added over
 // distributed shared memory in part order, so a row's result depends on N, K and parts only: not on T or on the other
 // rows (batch invariance within this kernel's rows). parts comes from wgmma_gemm_parts (N, K and the SM count).
-// With LaunchContext::wgmma_stream_k (CudaOptions::wgmma_stream_k, off by default: built in the forty-first session,
-// not yet run on a GPU) launches of 9-64 rows whose split is not given take a stream-K split instead: two blocks an
-// SM share the tiles x chunks evenly, a tile's pieces added through fp32 partials in the workspace in a fixed block
-// order (gemm_wgmma.cu, WgStreamK), so a row's bits depend on N, K and the SM count only.
+// With LaunchContext::wgmma_stream_k_quant (CudaOptions::wgmma_stream_k_quant, on by default) the quantized GEMM's
+// launches of 9-64 rows whose split is not given take a stream-K split instead: two blocks an SM share the tiles x
+// chunks evenly, a tile's pieces added through fp32 partials in the workspace in a fixed block order (gemm_wgmma.cu,
+// WgStreamK), so a row's bits depend on N, K and the SM count only. The bf16 GEMM has it too
+// (CudaOptions::wgmma_stream_k), off by default: slower there (backend.h has the figures).
 //
 // Measured (H100, twenty-ninth session; docs/perf-notes.md): correct at every split; 2.0-2.6 TB/s at 16-64 rows
 // against cuBLASLt's 1.6-2.5, behind it at 128 rows. CudaOptions::wgmma_gemm: on by default, by shape (tuning.cuh).
@@ -35,9 +36,9 @@ constexpr int kWgmmaGemmMinRows = 9;
 // from a device variable that only the sm_90a compilation sets.
 bool wgmma_available();
 
-// The stream-K split (CudaOptions::wgmma_stream_k, LaunchContext::stream_k_*): kWgmmaStreamKBlocksPerSm blocks an
-// SM, each with a partial of kWgmmaStreamKPartialFloats fp32 sums (128 features x 64 rows) and an int flag in the
-// workspace.
+// The stream-K split (CudaOptions::wgmma_stream_k and wgmma_stream_k_quant, LaunchContext::stream_k_*):
+// kWgmmaStreamKBlocksPerSm blocks an SM, each with a partial of kWgmmaStreamKPartialFloats fp32 sums (128 features x 64
+// rows) and an int flag in the workspace.
 constexpr int kWgmmaStreamKBlocksPerSm = 2;
 constexpr int kWgmmaStreamKPartialFloats = 128 * 64;
 
