@@ -405,10 +405,11 @@ int main(int argc, char** argv) {
                 }
                 if (!base.empty()) {
                     const Entry* b = base.data() + size_t(pos) * (1 + base_k);
-                    if (b[0].id != next)
-                        throw Error(Status::format, base_path +
-                                                        ": its tokens differ from this text's (saved from "
-                                                        "another text or tokenizer, or damaged)");
+                    if (b[0].id != next)  // (the header's hash of the token ids matched: not another text)
+                        throw Error(Status::format, base_path + ": damaged (position " + std::to_string(pos) +
+                                                        ": next token " + std::to_string(b[0].id) + ", this text's " +
+                                                        std::to_string(next) +
+                                                        ", though the header's hash of the token ids matches)");
                     base_nll -= b[0].logprob;
                     const std::vector<Entry> top(b + 1, b + 1 + base_k);
                     kls.push_back(kl_top_k(top, l, s.lse));
