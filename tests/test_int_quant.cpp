@@ -189,6 +189,25 @@ TEST_CASE(
                 CHECK(q4_code(row, top) < 0);
             }
         }
+        // The scale search runs several groups side by side (vector lanes): a group's scale and codes are the same
+        // quantized alone (each row by itself) and with a group of NaN before it (every later group in another lane)
+        std::vector<float> shifted = w;
+        shifted[0] = std::numeric_limits<float>::quiet_NaN();
+        const QMatrix qs = quantize(shifted, rows, cols, group, DType::Q4);
+        for (int64_t r = 0; r < rows; r++) {
+            const std::vector<float> one(w.begin() + r * cols, w.begin() + (r + 1) * cols);
+            const QMatrix q1 = quantize(one, 1, cols, group, DType::Q4);
+            INFO("row " << r);
+            CHECK(std::memcmp(q1.q.data(), q.q.data() + r * cols / 2, size_t(cols / 2)) == 0);
+            CHECK(std::memcmp(q1.scales.data(), q.scales.data() + r * G, size_t(G) * 4) == 0);
+            const int64_t from = r == 0 ? 1 : 0;  // (row 0's first group is the NaN one)
+            CHECK(std::memcmp(qs.scales.data() + r * G + from, q.scales.data() + r * G + from, size_t(G - from) * 4) ==
+                  0);
+            int64_t differ = 0;
+            for (int64_t c = from * group; c < cols; c++)
+                differ += q4_code(qs.q.data() + r * cols / 2, c) != q4_code(q.q.data() + r * cols / 2, c);
+            CHECK(differ == 0);
+        }
     }
     const std::vector<float> nan_row = {std::numeric_limits<float>::quiet_NaN()};
     std::vector<float> w(64, 0.01f);
