@@ -33,6 +33,7 @@ run() {  # name, flags...
   local name=$1; shift
   [ $(($(date +%s) - T0)) -lt ${BENCH_UNTIL:-540} ] || { say "skipped $name (time)"; return; }
   step "bench_$name" 60 $B "$@"
+  grep -E '^ready after' "$LOG" | tail -1 | sed "s/^/  [$name] /" >>"$SUM"  # (the load: --quant quantizes on the host)
   grep -E '^\| +[0-9]' "$LOG" | tail -3 | sed "s/^/  [$name] /" >>"$SUM"
 }
 for round in $(seq ${R:-2}); do
