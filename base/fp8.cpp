@@ -65,4 +65,52 @@ uint8_t f32_to_f8_e4m3(float f) {
     return uint8_t(sign | code);
 }
 
+namespace {
+
+#if defined(__AVX512F__)
+constexpr int kLanes = 16;
+#elif defined(__AVX__)
+constexpr int kLanes = 8;
+#else
+constexpr int kLanes = 4;
+#endif
+typedef float VF __attribute__((vector_size(kLanes * 4)));
+typedef int32_t VI __attribute__((vector_size(kLanes * 4)));
+
+// f32_to_f8_e4m3 in each lane, branch-free: the same cases on the bits (NaN, saturation, subnormal, normal with
+// round to nearest even).
+inline VI to_e4m3(VF f) {
+    VI bits;
+    std::memcpy(&bits, &f, sizeof bits);
+    const VI u = bits & 0x7fffffff, sign = (bits >> 24) & 0x80;
+    // subnormal range (|f| < 2^-6): a * 2^9 rounded to nearest even (exact product; adding and taking away
+    // 1.5 * 2^23 rounds a value below 8 to an integer, ties to even)
+    VF a;
+    std::memcpy(&a, &u, sizeof a);
+    const VF sub_f = (a * 512.0f + 12582912.0f) - 12582912.0f;
+    const VI sub = __builtin_convertvector(sub_f, VI);
+    // normal: the exponent moved to bias 7, the top 3 mantissa bits, the other 20 rounded to nearest even
+    const VI code = (((u >> 23) - 120) << 3) | ((u >> 20) & 7);
+    const VI rest = u & 0xfffff;
+    const VI up = (rest > 0x80000) | ((rest == 0x80000) & ((code & 1) != 0));
+    const VI normal = code - up;                  // (a true comparison is -1)
+    VI r = u < 0x3c800000 ? sub : normal;         // 2^-6
+    r = u >= 0x43e00000 ? VI{} + 0x7e : r;        // 448 and above, inf included
+    r = u > 0x7f800000 ? VI{} + 0x7f : r | sign;  // NaN: 0x7f whatever its sign
+    return r;
+}
+
+}  // namespace
+
+void f32_to_f8_e4m3_divided(const float* x, float divisor, size_t n, uint8_t* out) {
+    size_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+        VF v;
+        std::memcpy(&v, x + i, sizeof v);
+        const VI r = to_e4m3(v / divisor);
+        for (int l = 0; l < kLanes; l++) out[i + size_t(l)] = uint8_t(r[l]);
+    }
+    for (; i < n; i++) out[i] = f32_to_f8_e4m3(x[i] / divisor);
+}
+
 }  // namespace hy

@@ -27,4 +27,8 @@ constexpr float kF8E4M3Max = 448.0f;
 // torch's saturating cast in the FP8 quantizers does); NaN gives 0x7f. -0.0 gives 0x80.
 uint8_t f32_to_f8_e4m3(float f);
 
+// out[i] = f32_to_f8_e4m3(x[i] / divisor) for i < n, the same bits, a vector of values at a time (the FP8 quantizer's
+// inner loop: one call a row of a 128-column block).
+void f32_to_f8_e4m3_divided(const float* x, float divisor, size_t n, uint8_t* out);
+
 }  // namespace hy

@@ -249,7 +249,9 @@ void quantize_fp8_blocks(const float* w, int64_t rows, int64_t cols, int64_t seg
     for (int64_t i = 0; i < sr * sc; i++) scales[i] = scales[i] == 0.0f ? 1.0f : scales[i] / kF8E4M3Max;
     for (int64_t r = 0; r < rows; r++) {
         const float* s = scales + fp8_scale_row(r, segment_rows) * sc;
-        for (int64_t c = 0; c < cols; c++) q[r * cols + c] = f32_to_f8_e4m3(w[r * cols + c] / s[c / kFp8Block]);
+        for (int64_t c = 0; c < cols; c += kFp8Block)
+            f32_to_f8_e4m3_divided(w + r * cols + c, s[c / kFp8Block], size_t(std::min(kFp8Block, cols - c)),
+                                   q + r * cols + c);
     }
 }
 

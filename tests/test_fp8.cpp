@@ -282,6 +282,23 @@ TEST_CASE("fp8: f32 -> e4m3fn rounds to nearest even and saturates, as an exhaus
         INFO("value " << v);
         CHECK(int(f32_to_f8_e4m3(v)) == int(reference_round(v)));
     }
+    // the vector form (the quantizer's loop) gives the same bits, over these values and a sweep of every exponent
+    // with NaN and the infinities, divided by 1 and by a scale (and with a tail shorter than a vector)
+    for (uint32_t b = 0; b < 0x100000u; b++) {
+        const uint32_t bits = b * 4099u;  // (odd: every exponent, sign and mantissa pattern in the sweep's range)
+        float v;
+        std::memcpy(&v, &bits, 4);
+        values.push_back(v);
+    }
+    values.push_back(NAN);
+    values.push_back(-NAN);
+    for (const float divisor : {1.0f, 0.0123f}) {
+        std::vector<uint8_t> got(values.size() - 3);
+        f32_to_f8_e4m3_divided(values.data(), divisor, got.size(), got.data());
+        size_t differ = 0;
+        for (size_t i = 0; i < got.size(); i++) differ += got[i] != f32_to_f8_e4m3(values[i] / divisor);
+        CHECK(differ == 0);
+    }
     CHECK(f32_to_f8_e4m3(NAN) == 0x7f);
     CHECK(f32_to_f8_e4m3(-1e9f) == 0xfe);
 }
