@@ -636,6 +636,15 @@ TEST_CASE("cli tools: hybrid-compare, hybrid-bench and hybrid-tokenize validate 
         CHECK((WIFEXITED(st) ? WEXITSTATUS(st) : -1) == 5);
         CHECK(slurp((tmp.path / "e").string()).find("cannot write to stdout: No space left on device") !=
               std::string::npos);
+        // --json - (the JSON to stdout) words it the same (it said "standard output: write failed: ...")
+        const std::string json = "cd " + quote(kSrc) + " && " + quote(bench) +
+                                 " -m models/tiny -t 1 -p 8 -n 4 -r 1 --json - >/dev/full 2>" +
+                                 quote((tmp.path / "e").string());
+        const int js = std::system(json.c_str());
+        CHECK((WIFEXITED(js) ? WEXITSTATUS(js) : -1) == 5);
+        CHECK(
+            slurp((tmp.path / "e").string()).find("hybrid-bench: cannot write to stdout: No space left on device\n") !=
+            std::string::npos);
     }
 
     // one exit-code convention (hybrid's): 1 bad arguments, 2 the model or tokenizer cannot be loaded, 5 a file,

@@ -184,7 +184,8 @@ public:
         std::signal(SIGPIPE, saved);
         if (err != 0) {
             if (created) ::unlink(path_.c_str());  // (this run's file: no truncated JSON left)
-            throw Error(Status::io, path_ + ": write failed: " + std::strerror(err));
+            throw Error(Status::io, to_stdout_ ? std::string("cannot write to stdout: ") + std::strerror(err)
+                                               : path_ + ": write failed: " + std::strerror(err));
         }
     }
 
