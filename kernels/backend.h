@@ -151,7 +151,8 @@ struct BatchLimits {
 
 // One gated full-attention layer's core, after the q/k/v projections and before o_proj (QWEN35.md):
 //   q = RMSNorm1p(query; q_norm), k = RMSNorm1p(k; k_norm) per head over D; RoPE on the first R dims of q and k
-//   (rotate_half pairs (i, i + R/2), inv_freq[i] = theta^(-2i/R), angle = pos * inv_freq[i]); k (after norm and
+//   (rotate_half pairs (i, i + R/2), angle = pos * inv_freq[i], inv_freq of kernels/rope.h: theta^(-2i/R), or YaRN's;
+//   cos and sin times rope_attention_factor); k (after norm and
 //   RoPE) and v are written to the KV cache at their positions; o = softmax(q k^T / sqrt(D) + causal) v (GQA);
 //   out = o * sigmoid(gate).
 struct AttentionArgs {
@@ -165,6 +166,8 @@ struct AttentionArgs {
     void* out = nullptr;            // act [T, Hq * D]
     int n_heads = 0, n_kv_heads = 0, head_dim = 0, rotary_dim = 0, n_ctx = 0;
     float rope_theta = 0.0f, eps = 0.0f;
+    // YaRN (ModelConfig's fields of the same names): factor 0 is plain RoPE
+    float rope_yarn_factor = 0.0f, rope_yarn_low = 0.0f, rope_yarn_range = 1.0f, rope_attention_factor = 1.0f;
 };
 
 // One Gated DeltaNet layer's core, after the input projections and before out_proj (QWEN35.md):

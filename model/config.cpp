@@ -315,17 +315,26 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
     std::string rp_scope = std::string(scope) + "rope_parameters.";
     // (null counts as absent in rope_parameters too, as at the top level)
     auto rp_has = [&](const char* f) { return rp && rp->contains(f) && !rp->at(f).is_null(); };
-    // A RoPE type field of obj (null counts as absent): "default" is taken (and "mrope" where mrope_ok); another type
-    // is refused as unsupported, named as `shown`: hybrid has no YaRN or other scaling, and running without it would
-    // change every position's rotation.
+    // A RoPE type field of obj (null counts as absent): "default" is taken (and "mrope" where mrope_ok), "yarn" too
+    // (its object and the field names' prefix kept for below); another type is refused as unsupported, named as
+    // `shown`: running without its scaling would change every position's rotation.
+    const json* yarn = nullptr;
+    std::string yarn_prefix;
     auto check_rope_type = [&](const json& obj, const char* f, const std::string& field, const std::string& shown,
                                bool mrope_ok) {
         if (!obj.contains(f) || obj.at(f).is_null()) return;
         if (!obj.at(f).is_string()) r.fail(field, "must be a string");
         const std::string type = obj.at(f).get<std::string>();
         if (type == "default" || (mrope_ok && type == "mrope")) return;
+        if (type == "yarn") {
+            if (!yarn) {
+                yarn = &obj;
+                yarn_prefix = field.substr(0, field.rfind('.') + 1);
+            }
+            return;
+        }
         throw Error(Status::unsupported, source + ": unsupported " + shown + " '" + type +
-                                             "' (supported: default; hybrid has no YaRN or other RoPE scaling yet)");
+                                             "' (supported: default, yarn; hybrid has no other RoPE scaling)");
     };
     if (rp) check_rope_type(*rp, "rope_type", "rope_parameters.rope_type", rp_scope + "rope_type", false);
     // The legacy rope_scaling (the Qwen model cards' recipe for long contexts adds {"rope_type": "yarn", "factor": 4,
@@ -341,7 +350,7 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
         const auto has = [&](const char* f) { return rs.contains(f) && !rs.at(f).is_null(); };
         if (has("factor") && !has("rope_type") && !has("type"))
             throw Error(Status::unsupported, source + ": rope_scaling has a factor (" + rs.at("factor").dump() +
-                                                 ") but no rope_type; hybrid has no YaRN or other RoPE scaling yet");
+                                                 ") but no rope_type (a factor alone names no scaling)");
     }
     // Each of rope_theta and partial_rotary_factor: rope_parameters' value, else the top level's, else the default.
     // null counts as absent in either place, but a null with no value anywhere is refused: the default would be a
@@ -420,6 +429,65 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
         throw Error(Status::unsupported, source + ": hidden_act " + tj->at("hidden_act").dump() + " (supported: silu)");
 
     c.max_position_embeddings = r.get_int_or("max_position_embeddings", 0, 1);  // 0: not given
+
+    // YaRN, as transformers' _compute_yarn_parameters (kernels/rope.h has the per-pair formula): the factor (or
+    // max_position_embeddings / original_max_position_embeddings), the attention factor (given, or from the factor and
+    // mscale / mscale_all_dim: 0.1 m ln(factor) + 1), and the correction range [low, high] in RoPE pairs where
+    // beta_fast (32) and beta_slow (1) rotations fit in original_max_position_embeddings (floored and ceiled unless
+    // truncate is false; clamped to [0, R - 1]).
+    if (yarn) {
+        auto number = [&](const char* f) -> double {  // NaN: absent or null
+            if (!yarn->contains(f) || yarn->at(f).is_null()) return NAN;
+            if (!yarn->at(f).is_number() || !std::isfinite(yarn->at(f).get<double>()))
+                r.fail(yarn_prefix + f, "must be a number, found " + yarn->at(f).dump());
+            return yarn->at(f).get<double>();
+        };
+        // (the top level's original_max_position_embeddings first, as transformers' standardize_rope_params)
+        double original = r.has("original_max_position_embeddings")
+                              ? double(r.get_int("original_max_position_embeddings", 1))
+                              : number("original_max_position_embeddings");
+        if (std::isnan(original)) original = double(c.max_position_embeddings);
+        if (!(original >= 1.0))
+            r.fail(yarn_prefix + "original_max_position_embeddings",
+                   "is needed by rope_type 'yarn' (nor is max_position_embeddings given)");
+        double factor = number("factor");
+        if (std::isnan(factor) && c.max_position_embeddings > 0) factor = c.max_position_embeddings / original;
+        if (!(factor >= 1.0))
+            r.fail(yarn_prefix + "factor", std::isnan(factor) ? std::string("is needed by rope_type 'yarn'")
+                                                              : "must be >= 1, found " + yarn->at("factor").dump());
+        auto mscale = [](double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
+        double attention = number("attention_factor");
+        const double ms = number("mscale"), ms_all = number("mscale_all_dim");
+        if (std::isnan(attention))
+            attention = !std::isnan(ms) && ms != 0.0 && !std::isnan(ms_all) && ms_all != 0.0
+                            ? mscale(factor, ms) / mscale(factor, ms_all)
+                            : mscale(factor, 1.0);
+        if (!(attention > 0.0)) r.fail(yarn_prefix + "attention_factor", "must be positive");
+        double beta_fast = number("beta_fast"), beta_slow = number("beta_slow");
+        if (std::isnan(beta_fast) || beta_fast == 0.0) beta_fast = 32.0;  // (transformers: `or 32`)
+        if (std::isnan(beta_slow) || beta_slow == 0.0) beta_slow = 1.0;
+        bool truncate = true;
+        if (yarn->contains("truncate") && !yarn->at("truncate").is_null()) {
+            if (!yarn->at("truncate").is_boolean()) r.fail(yarn_prefix + "truncate", "must be true or false");
+            truncate = yarn->at("truncate").get<bool>();
+        }
+        const double R = c.rotary_dim, base = c.rope_theta, kPi = 3.14159265358979323846;
+        auto correction_pair = [&](double rotations) {
+            return R * std::log(original / (rotations * 2.0 * kPi)) / (2.0 * std::log(base));
+        };
+        double low = correction_pair(beta_fast), high = correction_pair(beta_slow);
+        if (truncate) {
+            low = std::floor(low);
+            high = std::ceil(high);
+        }
+        low = std::max(low, 0.0);
+        high = std::min(high, R - 1.0);
+        if (low == high) high += 0.001;  // (transformers: "prevent singularity")
+        c.rope_yarn_factor = float(factor);
+        c.rope_yarn_low = float(low);
+        c.rope_yarn_range = float(high - low);
+        c.rope_attention_factor = float(attention);
+    }
 
     read_quantization_config(root, source, c);
 

@@ -43,6 +43,12 @@ struct ModelConfig {
     int rotary_dim = 0;  // R = int(D * partial_rotary_factor), even
     float rope_theta = 10000.0f;
     float partial_rotary_factor = 1.0f;
+    // YaRN RoPE scaling (rope_type "yarn" in rope_parameters or rope_scaling; kernels/rope.h has the formula):
+    // rope_yarn_factor 0 is plain RoPE; else the context factor, the correction range's low end and length in RoPE
+    // pairs, and the factor cos and sin are multiplied by (attention_factor, or 0.1 ln(factor) + 1).
+    float rope_yarn_factor = 0.0f;
+    float rope_yarn_low = 0.0f, rope_yarn_range = 1.0f;
+    float rope_attention_factor = 1.0f;
 
     // Gated DeltaNet (linear attention)
     int gdn_k_heads = 0;             // Hk

@@ -51,6 +51,10 @@ void Model::forward(const BatchDesc& batch, std::span<const int32_t> out_rows) {
             args.rotary_dim = c.rotary_dim;
             args.n_ctx = params_.n_ctx;
             args.rope_theta = c.rope_theta;
+            args.rope_yarn_factor = c.rope_yarn_factor;
+            args.rope_yarn_low = c.rope_yarn_low;
+            args.rope_yarn_range = c.rope_yarn_range;
+            args.rope_attention_factor = c.rope_attention_factor;
             args.eps = eps;
             be.attention(args);
             be.matmul(a.mix_out, T, w.o_proj, a.y);  // [T, H]

@@ -9,11 +9,14 @@
 #include <cmath>
 #include <cstdlib>
 #include <cstring>
+#include <filesystem>
 #include <functional>
 #include <numeric>
 #include <random>
 #include <string>
 #include <vector>
+
+#include <unistd.h>
 
 #include "base/fp8.h"
 #include "kernels/backend.h"
@@ -1292,16 +1295,18 @@ TEST_CASE("CUDA backend turns PDL on where the device runs code built for 9.0", 
 #endif
 }
 
-TEST_CASE("CUDA tiny model: prompt logits match the CPU backend; one-shot and token-by-token agree", "[gpu]") {
-    HY_REQUIRE_GPU();
+namespace {
+
+// A model folder's prompt logits on CUDA against the CPU backend's, and one-shot against token-by-token.
+void check_model_logits(const std::string& dir) {
     ModelParams mp;
     mp.n_ctx = 128;
     mp.max_batch_tokens = 64;
     mp.max_logits = 64;
     mp.device = Device::cpu;
-    auto cpu = Model::load(HY_SOURCE_DIR "/models/tiny", mp);
+    auto cpu = Model::load(dir, mp);
     mp.device = Device::cuda;
-    auto gpu = Model::load(HY_SOURCE_DIR "/models/tiny", mp);
+    auto gpu = Model::load(dir, mp);
     REQUIRE(std::string(gpu->backend().name()) == "cuda");
     const int V = gpu->config().vocab_size;
     std::vector<int32_t> ids(100);
@@ -1325,6 +1330,28 @@ TEST_CASE("CUDA tiny model: prompt logits match the CPU backend; one-shot and to
     const double e2 = rel_err(step, one_shot);
     INFO("token-by-token vs one-shot rel err " << e2);
     CHECK(e2 <= 2e-2);
+}
+
+}  // namespace
+
+TEST_CASE("CUDA tiny model: prompt logits match the CPU backend; one-shot and token-by-token agree", "[gpu]") {
+    HY_REQUIRE_GPU();
+    check_model_logits(HY_SOURCE_DIR "/models/tiny");
+}
+
+// YaRN RoPE (kernels/rope.h; the CPU matches Hugging Face's goldens, test_tools.cpp): models/tiny's weights with the
+// config of tests/data/yarn/b (factor 8, truncate false, mscale 1 / mscale_all_dim 0.5: an attention factor 1.09)
+TEST_CASE("CUDA tiny model with YaRN RoPE: prompt logits match the CPU backend", "[gpu]") {
+    HY_REQUIRE_GPU();
+    namespace fs = std::filesystem;
+    const fs::path dir = fs::temp_directory_path() / ("hy_yarn_" + std::to_string(::getpid()));
+    fs::remove_all(dir);
+    fs::create_directories(dir);
+    for (const char* f : {"model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+        fs::copy_file(fs::path(HY_SOURCE_DIR "/models/tiny") / f, dir / f);
+    fs::copy_file(HY_SOURCE_DIR "/tests/data/yarn/b/config.json", dir / "config.json");
+    check_model_logits(dir.string());
+    fs::remove_all(dir);
 }
 
 // The whole tiny model: decode steps replayed as graphs give bitwise the logits of eager execution (the same

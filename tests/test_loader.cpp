@@ -320,14 +320,37 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
         }
     }
     SECTION(
-        "rope_scaling: YaRN (the model cards' long-context recipe) is refused, not ignored; null and default load") {
-        {
+        "rope_scaling: YaRN (the model cards' long-context recipe) loads with its parameters; other scalings are "
+        "refused, not ignored; null and default load") {
+        {  // (hybrid-compare against Hugging Face goldens with YaRN: test_tools.cpp, "YaRN RoPE")
             TempDir d;
             nlohmann::json j = nlohmann::json::parse(config);
             j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 262144}};
             write_model_dir(d.path, tensors, j.dump());
-            require_error([&] { Model::load(d.path, p); }, Status::unsupported,
-                          "config.json: unsupported rope_scaling rope_type 'yarn' (supported: default;");
+            const auto m = Model::load(d.path, p);
+            CHECK(m->config().rope_yarn_factor == 4.0f);
+            CHECK(m->config().rope_attention_factor == float(0.1 * std::log(4.0) + 1.0));
+            CHECK(m->config().rope_yarn_range >= 1.0f);
+        }
+        for (const auto& [yarn, message] : std::vector<std::pair<nlohmann::json, std::string>>{
+                 {{{"rope_type", "linear"}, {"factor", 4.0}},
+                  "config.json: unsupported rope_scaling rope_type 'linear' (supported: default, yarn;"},
+                 {{{"rope_type", "yarn"}, {"factor", 0.5}}, "field 'rope_scaling.factor' must be >= 1, found 0.5"},
+                 {{{"rope_type", "yarn"}, {"factor", "4"}},
+                  "field 'rope_scaling.factor' must be a number, found \"4\""},
+                 {{{"type", "yarn"}, {"factor", 4.0}, {"truncate", 1}},
+                  "field 'rope_scaling.truncate' must be true or false"}}) {
+            TempDir d;
+            nlohmann::json j = nlohmann::json::parse(config);
+            j["rope_scaling"] = yarn;
+            write_model_dir(d.path, tensors, j.dump());
+            INFO(yarn.dump());
+            try {
+                Model::load(d.path, p);
+                FAIL("loaded");
+            } catch (const Error& e) {
+                CHECK(std::string(e.what()).find(message) != std::string::npos);
+            }
         }
         {  // (a factor without a type: the fresh-user test found it loaded and ran unscaled without a word)
             TempDir d;
@@ -340,10 +363,10 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
         {
             TempDir d;
             nlohmann::json j = nlohmann::json::parse(config);
-            j["rope_parameters"]["rope_type"] = "yarn";
+            j["rope_parameters"]["rope_type"] = "dynamic";
             write_model_dir(d.path, tensors, j.dump());
             require_error([&] { Model::load(d.path, p); }, Status::unsupported,
-                          "unsupported rope_parameters.rope_type 'yarn' (supported: default; hybrid has no YaRN");
+                          "unsupported rope_parameters.rope_type 'dynamic' (supported: default, yarn;");
         }
         for (const nlohmann::json& v : {nlohmann::json(nullptr), nlohmann::json{{"type", "default"}},
                                         nlohmann::json{{"type", "mrope"}, {"mrope_section", {16, 24, 24}}}}) {

@@ -792,6 +792,32 @@ TEST_CASE("hybrid-perplexity: --top-k needs --save-logits, -f - and a FIFO are r
     CHECK(r.out.find("FP8") == std::string::npos);
 }
 
+TEST_CASE("YaRN RoPE: hybrid-compare against Hugging Face goldens (models/tiny's weights, two YaRN settings)",
+          "[cli]") {
+    if (!have_programs() || !fs::exists(kBin + "/hybrid-compare")) return;
+    TempDir tmp("yarn");
+    for (const char* variant : {"a", "b"}) {
+        const fs::path dir = tmp.path / variant;
+        fs::create_directories(dir);
+        for (const char* f : {"model.safetensors", "tokenizer.json", "tokenizer_config.json"})
+            fs::copy_file(fs::path(kSrc) / "models/tiny" / f, dir / f);
+        for (const char* f : {"config.json", "golden.json", "golden_logits.safetensors"})
+            fs::copy_file(fs::path(kSrc) / "tests/data/yarn" / variant / f, dir / f);
+        const Run r = run_prog(kBin + "/hybrid-compare", {"-m", dir.string(), "--device", "cpu", "-t", "2"});
+        INFO(variant << ": " << r.out << r.err);
+        CHECK(r.rc == 0);
+        CHECK(r.out.find(std::string("SUMMARY: ") + (variant[0] == 'a' ? "2/2" : "1/1") + " cases exact") !=
+              std::string::npos);
+        // the same weights without YaRN do not match these goldens (the test can fail)
+        auto config = nlohmann::json::parse(slurp(dir / "config.json"));
+        config["rope_parameters"] =
+            nlohmann::json::parse(slurp(fs::path(kSrc) / "models/tiny/config.json"))["rope_parameters"];
+        std::ofstream(dir / "config.json", std::ios::trunc) << config.dump();
+        const Run plain = run_prog(kBin + "/hybrid-compare", {"-m", dir.string(), "--device", "cpu", "-t", "2"});
+        CHECK(plain.rc != 0);
+    }
+}
+
 TEST_CASE("hybrid-compare --quant: the batch entry (the fp32 model's tokens) is skipped, not failed", "[cli]") {
     if (!have_programs() || !fs::exists(kBin + "/hybrid-compare")) return;
     const Run r =

@@ -4,6 +4,7 @@
 
 #include "kernels/cpu/cpu_ops.h"
 #include "kernels/cpu/vec.h"
+#include "kernels/rope.h"
 
 namespace hy::cpu {
 
@@ -69,13 +70,16 @@ void norm1p(float* v, const float* w, int D, float eps) {
     for (int i = 0; i < D; i++) v[i] = v[i] * inv * (1.0f + w[i]);
 }
 
-// cos/sin of angle = pos * inv_freq[i], inv_freq[i] = 1 / theta^(2i/R), i < R/2 (fp32, as HF computes them).
-void rope_table(int R, int pos, float theta, float* cos_out, float* sin_out) {
+// cos/sin of angle = pos * inv_freq[i] (kernels/rope.h: 1 / theta^(2i/R), or YaRN's), i < R/2, times the YaRN
+// attention factor (1 without YaRN); fp32, as HF computes them.
+void rope_table(const AttentionArgs& p, int pos, float* cos_out, float* sin_out) {
+    const int R = p.rotary_dim;
     for (int i = 0; i < R / 2; i++) {
-        const float inv_freq = 1.0f / std::pow(theta, float(2 * i) / float(R));
+        const float inv_freq =
+            rope_inv_freq(i, R, p.rope_theta, p.rope_yarn_factor, p.rope_yarn_low, p.rope_yarn_range);
         const float angle = float(pos) * inv_freq;
-        cos_out[i] = std::cos(angle);
-        sin_out[i] = std::sin(angle);
+        cos_out[i] = std::cos(angle) * p.rope_attention_factor;
+        sin_out[i] = std::sin(angle) * p.rope_attention_factor;
     }
 }
 
@@ -112,7 +116,7 @@ void attention(const AttentionArgs& p, const RowMap& rows, float* q_all, float* 
         for (int64_t t = t0; t < t1; t++) {
             const int pos = row_pos[t];
             float cs[kMaxRotaryHalf], sn[kMaxRotaryHalf];
-            rope_table(R, pos, p.rope_theta, cs, sn);
+            rope_table(p, pos, cs, sn);
             for (int h = 0; h < Hq; h++) {
                 float* q = q_all + (t * Hq + h) * D;
                 const float* src = qg + (t * Hq + h) * 2 * D;

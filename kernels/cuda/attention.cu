@@ -3,6 +3,7 @@
 // sigmoid gate and its product are rounded. Softmax and the value sum run in fp32 (online softmax); the prefill
 // kernel rounds the softmax weights to bf16 for its tensor-core P V product.
 #include "kernels/cuda/attention.cuh"
+#include "kernels/rope.h"
 
 #include <algorithm>
 #include <atomic>
@@ -13,9 +14,10 @@ namespace {
 
 constexpr int kMaxHeadDim = 256;
 
-// The RoPE factors of lane l's elements i = l + 32 j (j < D/32) at position pos: c[j] = bf16(cos(pos f_i)),
-// s[j] = bf16(sin(pos f_i)), f_i = theta^(-2 (i mod R/2) / R) (rotate_half pairing; dims i >= R are not rotated and
-// get c 1, s 0, unused). They depend only on the position, so kernels compute them before their PDL wait.
+// The RoPE factors of lane l's elements i = l + 32 j (j < D/32) at position pos: c[j] = bf16(cos(pos f_i) a),
+// s[j] = bf16(sin(pos f_i) a), f_i = rope_inv_freq(i mod R/2) (kernels/rope.h: theta^(-2 (i mod R/2) / R), or
+// YaRN's), a the YaRN attention factor (1 without YaRN) (rotate_half pairing; dims i >= R are not rotated and get c
+// 1, s 0, unused). They depend only on the position, so kernels compute them before their PDL wait.
 template <int D>
 __device__ __forceinline__ void rope_factors(const AttentionArgs& p, int pos, float (&c)[D / 32], float (&s)[D / 32]) {
     const int lane = threadIdx.x & 31, R = p.rotary_dim, half = R / 2;
@@ -26,10 +28,11 @@ __device__ __forceinline__ void rope_factors(const AttentionArgs& p, int pos, fl
         s[j] = 0.0f;
         if (i < R) {
             const int f = i < half ? i : i - half;
-            const float inv_freq = 1.0f / powf(p.rope_theta, float(2 * f) / float(R));
+            const float inv_freq =
+                rope_inv_freq(f, R, p.rope_theta, p.rope_yarn_factor, p.rope_yarn_low, p.rope_yarn_range);
             const float angle = float(pos) * inv_freq;
-            c[j] = round_bf16(cosf(angle));
-            s[j] = round_bf16(sinf(angle));
+            c[j] = round_bf16(cosf(angle) * p.rope_attention_factor);
+            s[j] = round_bf16(sinf(angle) * p.rope_attention_factor);
         }
     }
 }

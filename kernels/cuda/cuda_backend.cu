@@ -233,6 +233,10 @@ void sign(const Op& op, std::vector<uint64_t>& sig) {
         u(uint64_t(a.n_ctx));
         f(a.rope_theta);
         f(a.eps);
+        f(a.rope_yarn_factor);
+        f(a.rope_yarn_low);
+        f(a.rope_yarn_range);
+        f(a.rope_attention_factor);
     }
     if (op.kind == Op::Kind::gated_delta_net) {
         const GatedDeltaNetArgs& g = op.gdn;
