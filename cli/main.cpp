@@ -251,6 +251,9 @@ int run(int argc, char** argv) {
     Options o;
     int code = exit_ok;
     if (!parse_options(argc, argv, o, &code)) return code;
+    // (-i reads the conversation from standard input: a closed one ended the session at once, exit 0, as -f - said)
+    if (o.interactive && g_stdin_closed)
+        throw Failure(exit_io, "-i: cannot read standard input: it is closed (the chat is read from it)");
     const bool show_summary = o.verbose || stderr_tty();
 
     // load

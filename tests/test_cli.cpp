@@ -358,6 +358,13 @@ TEST_CASE("cli: flags without effect and repeated flags are usage errors", "[cli
             CHECK(WEXITSTATUS(st) == 5);
             CHECK(slurp(err) == "hybrid: error: cannot read '-': standard input is closed\n");
         }
+        // -i reads the chat from it: exit 5 too (it ended at once, exit 0, with nothing said)
+        const std::string cmd = "cd " + quote(kSrc) + " && " + quote(kBin + "/hybrid") +
+                                " -t 1 --device cpu -m models/tiny -n 2 -i <&- 2>" + quote(err);
+        const int st = std::system(cmd.c_str());
+        CHECK(WIFEXITED(st));
+        CHECK(WEXITSTATUS(st) == 5);
+        CHECK(slurp(err) == "hybrid: error: -i: cannot read standard input: it is closed (the chat is read from it)\n");
     }
     CHECK(hybrid({"-m", "models/tiny", "-p", "hello\\0world", "-n", "1"}).rc == 0);  // plain text keeps it
 }

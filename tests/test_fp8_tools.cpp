@@ -105,7 +105,7 @@ TEST_CASE("hybrid-perplexity: --quant fp8 on models/tiny keeps the perplexity wi
     // text" with the same numbers on both sides, or was accepted); its reserved header field not 0, a ctx or vocab
     // field its other fields contradict, and position 1's second top-k entry with an id past the vocabulary or a
     // positive log-probability: named with where
-    for (int damage = 0; damage < 10; damage++) {
+    for (int damage = 0; damage < 11; damage++) {
         std::string bytes = read_text(base);
         if (damage == 0) {
             bytes[12] = char(bytes[12] + 1);  // top_k (bytes 12-15)
@@ -125,6 +125,9 @@ TEST_CASE("hybrid-perplexity: --quant fp8 on models/tiny keeps the perplexity wi
             bytes[16] = char(bytes[16] ^ 1);  // ctx (bytes 16-19): 257, which the positions field contradicts
         } else if (damage == 8) {
             std::memset(bytes.data() + 8, 0, 4);  // vocab (bytes 8-11)
+        } else if (damage == 10) {  // every log-probability -1e30 (it passed: base perplexity inf, ratio 0, exit 0)
+            const float lp = -1e30f;
+            for (size_t at = 48 + 4; at < bytes.size(); at += 8) std::memcpy(bytes.data() + at, &lp, 4);
         } else if (damage == 9) {  // position 0's next token replaced by a top-k entry of another id (consistent
                                    // with the top-k; the header's hash still matches): found when the run reaches it
             int32_t next = 0, id = 0;
@@ -149,7 +152,7 @@ TEST_CASE("hybrid-perplexity: --quant fp8 on models/tiny keeps the perplexity wi
             run_prog(ppl, {"-m", "models/tiny", "-f", text, "--ctx", "256", "--device", "cpu", "--kl-base", bad});
         INFO(r.err);
         CHECK(r.rc == 5);
-        const char* want[10] = {": damaged (its header says ",
+        const char* want[11] = {": damaged (its header says ",
                                 ": damaged (its header says ",
                                 ": damaged (position 0: its top-",
                                 ": damaged (position 0: the next token's log-probability disagrees with its top-",
@@ -160,7 +163,9 @@ TEST_CASE("hybrid-perplexity: --quant fp8 on models/tiny keeps the perplexity wi
                                 ": damaged (its header says 19 windows of 257 tokens, 2413 positions, vocabulary ",
                                 ": damaged (its header says 19 windows of 256 tokens, 2413 positions, vocabulary 0, "
                                 "which disagree)",
-                                ": damaged (position 0: next token "};
+                                ": damaged (position 0: next token ",
+                                ": damaged (position 0: its most likely token's log-probability -1e+30 is below "
+                                "-ln(vocabulary) = -8.31777)"};
         CHECK(r.err.find(bad + want[damage]) != std::string::npos);
     }
     // a --ctx past the trained positions (the MoE test model: 4,096) is run with a warning

@@ -765,6 +765,15 @@ TEST_CASE("hybrid-perplexity: --top-k needs --save-logits, -f - and a FIFO are r
         const Run t = shell(quote(kBin + "/hybrid-tokenize") + " --tokenizer models/tiny --bench - <&-");
         CHECK(t.rc == 5);
         CHECK(t.out == "hybrid-tokenize: cannot read standard input: it is closed\n");
+        // --bench takes at most 256 MiB, as the other readers (it took 1 GiB, and some 26 bytes of memory a byte)
+        const fs::path big = tmp.path / "big.txt";
+        std::ofstream(big).close();
+        fs::resize_file(big, (uintmax_t(256) << 20) + 1);  // (sparse)
+        const Run b =
+            shell(quote(kBin + "/hybrid-tokenize") + " --tokenizer models/tiny --bench " + quote(big.string()));
+        CHECK(b.rc == 5);
+        CHECK(b.out.find("larger than 256 MiB") != std::string::npos);
+        fs::remove(big);
     }
     {  // a FIFO (the writer gives up after 120 s should the program never open it)
         const fs::path fifo = tmp.path / "fifo";

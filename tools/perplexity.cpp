@@ -308,6 +308,16 @@ int main(int argc, char** argv) {
                                                             ": its top-" + std::to_string(base_k) +
                                                             " is not in decreasing order)");
                     }
+                    // (the most likely of V tokens has a probability of at least 1 / V: log-probabilities all
+                    // -1e30 passed as a base perplexity of inf and a ratio of 0, exit 0)
+                    if (double(t[0].logprob) < -std::log(double(V)) - 1e-3) {
+                        char msg[160];
+                        std::snprintf(msg, sizeof msg,
+                                      "its most likely token's log-probability %g is below -ln(vocabulary) = %g",
+                                      double(t[0].logprob), -std::log(double(V)));
+                        throw Error(Status::format,
+                                    base_path + ": damaged (position " + std::to_string(pos) + ": " + msg + ")");
+                    }
                     std::sort(ids_seen.begin(), ids_seen.end());
                     if (std::adjacent_find(ids_seen.begin(), ids_seen.end()) != ids_seen.end() || mass > 1.0 + 1e-3)
                         throw Error(Status::format,

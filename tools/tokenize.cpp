@@ -45,12 +45,12 @@ double cpu_ms() {
 }
 
 // A --golden or --bench file: a regular file, a pipe such as /dev/stdin, or - for standard input (as hybrid -f and
-// hybrid-perplexity -f); a directory or a device is refused by name
+// hybrid-perplexity -f), of at most 256 MiB as theirs; a directory or a device is refused by name
 std::string read_all(const std::string& path) {
     struct stat st;
     if (path == "-" || (::stat(path.c_str(), &st) == 0 && S_ISFIFO(st.st_mode)))
-        return hy::tools::read_text_input(path, size_t(1) << 30);
-    return hy::read_regular_file(path, size_t(1) << 30);
+        return hy::tools::read_text_input(path, size_t(256) << 20);
+    return hy::read_regular_file(path, size_t(256) << 20);
 }
 
 std::string join_ids(const std::vector<int32_t>& ids) {
@@ -185,9 +185,9 @@ int main(int argc, char** argv) {
         "tokenizer golden file to check: {\"cases\": [{\"text\", \"ids\", \"decoded\" (optional)}]}, e.g. "
         "tests/data/tokenizers/qwen3/golden.json (a model folder's golden.json is hybrid-compare's); - reads standard "
         "input",
-        cxxopts::value<std::string>())("bench", "text file to time encoding on (- reads standard input)",
-                                       cxxopts::value<std::string>())("repeat", "bench repetitions",
-                                                                      cxxopts::value<int>()->default_value("5"))(
+        cxxopts::value<std::string>())(
+        "bench", "text file to time encoding on (at most 256 MiB; - reads standard input)",
+        cxxopts::value<std::string>())("repeat", "bench repetitions", cxxopts::value<int>()->default_value("5"))(
         "no-special",
         "--text: encode special tokens' text as plain text; --decode: leave special tokens out (as transformers' "
         "skip_special_tokens)");
