@@ -42,6 +42,16 @@ TEST_CASE("cli: the C example (engine.h from C) generates the golden text", "[cl
     CHECK(r.out == g["greedy_fp32_text"].get<std::string>() + "\n");
     CHECK(r.err.find("48 generated (stop: max tokens)") != std::string::npos);
     CHECK(run_prog(kBin + "/embed_example", {"models/nope"}).rc == 2);
+    // hybrid's exit codes: a lost stdout is 5 (it was 4, hybrid's "snapshot could not be loaded")
+    if (fs::exists("/dev/full")) {
+        const int st = std::system(("cd " + quote(kSrc) + " && " + quote(kBin + "/embed_example") +
+                                    " models/tiny x 4 1 >/dev/full 2>/dev/null")
+                                       .c_str());
+        CHECK((WIFEXITED(st) ? WEXITSTATUS(st) : -1) == 5);
+    }
+    const Run usage = run_prog(kBin + "/embed_example", {});
+    CHECK(usage.rc == 1);
+    CHECK(usage.err.rfind("embed_example: usage: ", 0) == 0);
 }
 
 // More from the sixth session's fresh-user test: the tools read id lists as hybrid does ("1, 2"), an empty tokenizer

@@ -6,8 +6,8 @@
  *
  * Greedy decoding (temperature 0), CPU backend, N_TOKENS in [1, 1000000] (default 32; the context holds 1024),
  * N_THREADS CPU threads in [0, 1024] (default 0: all cores). Exit status: 0 on success, 1 on a usage error (bad
- * count, empty prompt), 2 when the model cannot be loaded, 3 when generation fails, 4 when the output cannot be
- * written.
+ * count, empty prompt), 2 when the model cannot be loaded, 5 when the output cannot be written, 6 when generation
+ * fails (hybrid's codes).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -53,7 +53,7 @@ int main(int argc, char** argv) {
     int rc = 0;
 
     if (argc < 2 || argc > 5) {
-        fprintf(stderr, "usage: %s MODEL_DIR [PROMPT] [N_TOKENS] [N_THREADS]\n", argv[0]);
+        fprintf(stderr, "embed_example: usage: %s MODEL_DIR [PROMPT] [N_TOKENS] [N_THREADS]\n", argv[0]);
         return 1;
     }
     dir = argv[1];
@@ -83,13 +83,13 @@ int main(int argc, char** argv) {
     /* tokenize: ask for the size first, then fill */
     if (hy_tokenize(model, prompt, -1, 1, NULL, 0, &n_ids) != HY_OK && n_ids == 0) {
         fprintf(stderr, "embed_example: error: %s\n", hy_last_error());
-        rc = 3;
+        rc = 6;
         goto done;
     }
     ids = (int32_t*)malloc(sizeof(int32_t) * (size_t)(n_ids > 0 ? n_ids : 1));
     if (!ids || hy_tokenize(model, prompt, -1, 1, ids, n_ids, &n_ids) != HY_OK) {
         fprintf(stderr, "embed_example: error: %s\n", ids ? hy_last_error() : "out of memory");
-        rc = 3;
+        rc = 6;
         goto done;
     }
 
@@ -97,7 +97,7 @@ int main(int argc, char** argv) {
     sp.temperature = 0.0f;
     if (hy_context_new(model, NULL, &ctx) != HY_OK || hy_sampler_new(model, &sp, &sampler) != HY_OK) {
         fprintf(stderr, "embed_example: error: %s\n", hy_last_error());
-        rc = 3;
+        rc = 6;
         goto done;
     }
 
@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
     gp.user_data = &logprob_sum;
     if (hy_generate(ctx, sampler, ids, n_ids, &gp, &result) != HY_OK) {
         fprintf(stderr, "\nembed_example: error: %s\n", hy_last_error());
-        rc = 3;
+        rc = 6;
         goto done;
     }
     printf("\n");
@@ -115,7 +115,7 @@ int main(int argc, char** argv) {
     errno = 0;
     if (fflush(stdout) != 0 || ferror(stdout)) {
         fprintf(stderr, "embed_example: error: cannot write to stdout: %s\n", strerror(errno != 0 ? errno : EIO));
-        rc = 4;
+        rc = 5;
         goto done;
     }
     fprintf(stderr, "embed_example: %d prompt token%s, %d generated (stop: %s), sum of log-probabilities %.3f\n",
