@@ -147,9 +147,15 @@ int main(int argc, char** argv) {
         const int cache_mb = r["cache-mb"].as<int>();
         p.http_threads = r["threads-http"].as<int>();
         const double idle_s = r["idle-timeout"].as<double>(), request_s = r["request-timeout"].as<double>();
-        if (!(idle_s > 0 && idle_s <= 86400)) return usage_error("--idle-timeout must be in (0, 86400] seconds");
+        auto shown = [](double v) {  // (the value, as the other range errors say it)
+            char b[32];
+            std::snprintf(b, sizeof b, "%g", v);
+            return std::string(b);
+        };
+        if (!(idle_s > 0 && idle_s <= 86400))
+            return usage_error("--idle-timeout must be in (0, 86400] seconds, got " + shown(idle_s));
         if (!(request_s > 0 && request_s <= 86400))
-            return usage_error("--request-timeout must be in (0, 86400] seconds");
+            return usage_error("--request-timeout must be in (0, 86400] seconds, got " + shown(request_s));
         p.idle_timeout = std::chrono::milliseconds(std::max<long long>(1, std::llround(idle_s * 1000)));
         p.request_timeout = std::chrono::milliseconds(std::max<long long>(1, std::llround(request_s * 1000)));
         if (r.count("alias")) p.alias = r["alias"].as<std::string>();

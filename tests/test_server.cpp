@@ -886,6 +886,12 @@ TEST_CASE("server and hybrid-perplexity: a bad -m is named as in hybrid; a repea
         CHECK(r.rc == 1);
         CHECK(r.err.find(std::string("invalid value '") + value + "' for --") != std::string::npos);
     }
+    // a timeout out of range names the value given, as the other range errors
+    for (const char* opt : {"--idle-timeout", "--request-timeout"}) {
+        const hy::test::cli_util::Run r = run_prog(kBin + "/hybrid-server", {"-m", "models/tiny", opt, "0"});
+        CHECK(r.rc == 1);
+        CHECK(r.err.find(std::string(opt) + " must be in (0, 86400] seconds, got 0 (see --help)") != std::string::npos);
+    }
     // a state cache larger than the machine's memory is refused at start, naming --cache-mb (it started, and Linux
     // would have killed it as the cache filled: a fresh-user pass), as is a context too large for memory
     {
