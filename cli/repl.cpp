@@ -289,9 +289,15 @@ struct Repl {
             read_rest(fd, 0, path);  // closes fd
             throw Failure(exit_snapshot, path + ": truncated conversation file");
         }
-        if (head.size() < 12 || std::memcmp(head.data(), kChatMagic, 8) != 0 || hl > max_header) {
+        if (head.size() < 12 || std::memcmp(head.data(), kChatMagic, 8) != 0) {
             read_rest(fd, 0, path);  // closes fd
             throw Failure(exit_snapshot, path + ": not a hybrid conversation file");
+        }
+        if (hl > max_header) {  // (the magic is right: a damaged file, not another kind)
+            read_rest(fd, 0, path);
+            throw Failure(exit_snapshot, path + ": conversation file is damaged (its header length field says " +
+                                             std::to_string(hl) + " bytes, more than the " +
+                                             std::to_string(max_header >> 20) + " MiB any header takes)");
         }
         const uint64_t max_size = 12 + uint64_t(hl) + hy_state_size_max(c);
         if (size > max_size) {

@@ -562,6 +562,14 @@ TEST_CASE("cli: /load names what is wrong in an edited conversation header", "[c
         std::ofstream(path, std::ios::binary) << good.substr(0, keep);
         check_one_line_error(hybrid(chat, "/load " + path + "\n"), 4, "snapshot is truncated");
     }
+    {  // the header length field wrecked, the magic intact: damage, not "not a hybrid conversation file"
+        std::string f = good;
+        std::memset(f.data() + 8, 0xff, 4);
+        const std::string path = (tmp.path / "length").string();
+        std::ofstream(path, std::ios::binary) << f;
+        check_one_line_error(hybrid(chat, "/load " + path + "\n"), 4,
+                             "conversation file is damaged (its header length field says 4294967295 bytes");
+    }
     CHECK(with_header(header.dump()).rc == 0);  // the same header rebuilt: loads
     // a changed message (its text, its role) is damage: the header's checksum (it loaded, and /save kept the change)
     j = header;
