@@ -4,6 +4,8 @@
 #include <cstring>
 #include <limits>
 
+#include "base/simd_width.h"
+
 namespace hy {
 
 namespace {
@@ -67,13 +69,7 @@ uint8_t f32_to_f8_e4m3(float f) {
 
 namespace {
 
-#if defined(__AVX512F__)
-constexpr int kLanes = 16;
-#elif defined(__AVX__)
-constexpr int kLanes = 8;
-#else
-constexpr int kLanes = 4;
-#endif
+constexpr int kLanes = kRegisterFloats;
 typedef float VF __attribute__((vector_size(kLanes * 4)));
 typedef int32_t VI __attribute__((vector_size(kLanes * 4)));
 

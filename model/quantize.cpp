@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "base/fp8.h"
+#include "base/simd_width.h"
 
 namespace hy {
 
@@ -88,14 +89,7 @@ void round_codes(const float* x, int64_t n, float scale, int lo, int hi, int8_t*
 // l]): each lane does its group's operations in the order above, so a group's scale and codes do not depend on the
 // lanes beside it. Scales go to scales[l], codes to codes[l * n + i]. (One group at a time, 21 x 2 dependent sums of
 // 32 terms each, it quantized 26 M weights/s a core; 4B's 3.8 G weights took about 2.5 core-minutes.)
-// (as many lanes as a register holds: GCC lowers a wider vector's selects lane by lane, which made SSE2 2x slower)
-#if defined(__AVX512F__)
-constexpr int kQ4Lanes = 16;
-#elif defined(__AVX__)
-constexpr int kQ4Lanes = 8;
-#else
-constexpr int kQ4Lanes = 4;
-#endif
+constexpr int kQ4Lanes = kRegisterFloats;  // (base/simd_width.h: wider vectors made SSE2 2x slower)
 typedef float Q4Lanes __attribute__((vector_size(kQ4Lanes * 4)));
 
 void search_q4_scales(const float* __restrict xt, int64_t n, float* scales, int8_t* codes) {
