@@ -3,6 +3,7 @@
 #include <climits>
 #include <cmath>
 #include <cstdint>
+#include <cstdio>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -451,10 +452,17 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
             r.fail(yarn_prefix + "original_max_position_embeddings",
                    "is needed by rope_type 'yarn' (nor is max_position_embeddings given)");
         double factor = number("factor");
-        if (std::isnan(factor) && c.max_position_embeddings > 0) factor = c.max_position_embeddings / original;
-        if (!(factor >= 1.0))
-            r.fail(yarn_prefix + "factor", std::isnan(factor) ? std::string("is needed by rope_type 'yarn'")
-                                                              : "must be >= 1, found " + yarn->at("factor").dump());
+        const bool implied = std::isnan(factor) && c.max_position_embeddings > 0;
+        if (implied) factor = c.max_position_embeddings / original;
+        if (!(factor >= 1.0)) {
+            if (std::isnan(factor)) r.fail(yarn_prefix + "factor", "is needed by rope_type 'yarn'");
+            char v[32];
+            std::snprintf(v, sizeof v, "%g", factor);
+            r.fail(
+                yarn_prefix + "factor",
+                std::string("must be >= 1, found ") + (implied ? v : yarn->at("factor").dump()) +
+                    (implied ? " (max_position_embeddings / original_max_position_embeddings: no factor given)" : ""));
+        }
         auto mscale = [](double scale, double m) { return scale <= 1.0 ? 1.0 : 0.1 * m * std::log(scale) + 1.0; };
         double attention = number("attention_factor");
         const double ms = number("mscale"), ms_all = number("mscale_all_dim");

@@ -336,6 +336,9 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
                  {{{"rope_type", "linear"}, {"factor", 4.0}},
                   "config.json: unsupported rope_scaling rope_type 'linear' (supported: default, yarn;"},
                  {{{"rope_type", "yarn"}, {"factor", 0.5}}, "field 'rope_scaling.factor' must be >= 1, found 0.5"},
+                 // (no factor: max_position_embeddings / original_max_position_embeddings, here below 1)
+                 {{{"rope_type", "yarn"}, {"original_max_position_embeddings", 1 << 30}},
+                  "field 'rope_scaling.factor' must be >= 1, found "},
                  {{{"rope_type", "yarn"}, {"factor", "4"}},
                   "field 'rope_scaling.factor' must be a number, found \"4\""},
                  {{{"type", "yarn"}, {"factor", 4.0}, {"truncate", 1}},
