@@ -356,28 +356,23 @@ int main(int argc, char** argv) {
                 throw tools::UsageError("--wgmma-parts needs --wgmma-gemm auto or on (it sets that GEMM's K split)");
             mp.cuda.wgmma_gemm_parts = parts;
         }
+        // an on|off switch's value (anything else is a usage error naming the flag)
+        auto on_off = [&](const char* name) {
+            const std::string v = args[name].as<std::string>();
+            if (v != "on" && v != "off")
+                throw tools::UsageError(std::string("--") + name + " must be on or off, got '" + v + "'");
+            return v == "on";
+        };
         {
-            const std::string v = args["wgmma-quant"].as<std::string>();
-            if (v != "on" && v != "off") throw tools::UsageError("--wgmma-quant must be on or off, got '" + v + "'");
-            mp.cuda.wgmma_quant = v == "on";
+            mp.cuda.wgmma_quant = on_off("wgmma-quant");
             const int wg = args["wgmma-quant-warpgroups"].as<int>();
             if (wg != 1 && wg != 2)
                 throw tools::UsageError("--wgmma-quant-warpgroups must be 1 or 2, got " + std::to_string(wg));
             mp.cuda.wgmma_quant_warpgroups = wg;
-            for (const char* name : {"wgmma-stream-k", "wgmma-stream-k-quant"}) {
-                const std::string sk = args[name].as<std::string>();
-                if (sk != "on" && sk != "off")
-                    throw tools::UsageError(std::string("--") + name + " must be on or off, got '" + sk + "'");
-                (std::string(name) == "wgmma-stream-k" ? mp.cuda.wgmma_stream_k : mp.cuda.wgmma_stream_k_quant) =
-                    sk == "on";
-            }
+            mp.cuda.wgmma_stream_k = on_off("wgmma-stream-k");
+            mp.cuda.wgmma_stream_k_quant = on_off("wgmma-stream-k-quant");
         }
-        {
-            const std::string v = args["gdn-decode-stream"].as<std::string>();
-            if (v != "on" && v != "off")
-                throw tools::UsageError("--gdn-decode-stream must be on or off, got '" + v + "'");
-            mp.cuda.gdn_decode_stream = v == "on";
-        }
+        mp.cuda.gdn_decode_stream = on_off("gdn-decode-stream");
         {
             const int blocks = args["gdn-decode-blocks"].as<int>();
             if (blocks != 2 && blocks != 3)
