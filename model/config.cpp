@@ -328,6 +328,15 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
         const std::string type = obj.at(f).get<std::string>();
         if (type == "default" || (mrope_ok && type == "mrope")) return;
         if (type == "yarn") {
+            // (both rope_parameters and rope_scaling with YaRN values that differ: one of them ran without a word)
+            auto yarn_value = [](const json& o, const char* k) { return o.contains(k) ? o.at(k) : json(); };
+            bool differ = false;
+            for (const char* k : {"factor", "original_max_position_embeddings", "attention_factor", "mscale",
+                                  "mscale_all_dim", "beta_fast", "beta_slow", "truncate"})
+                differ = differ || (yarn && yarn_value(*yarn, k) != yarn_value(obj, k));
+            if (yarn && yarn != &obj && differ)
+                throw Error(Status::format, source + ": " + yarn_prefix + "rope_type and " + shown +
+                                                " both say 'yarn', with other values (give them in one place)");
             if (!yarn) {
                 yarn = &obj;
                 yarn_prefix = field.substr(0, field.rfind('.') + 1);
@@ -443,10 +452,14 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
                 r.fail(yarn_prefix + f, "must be a number, found " + yarn->at(f).dump());
             return yarn->at(f).get<double>();
         };
-        // (the top level's original_max_position_embeddings first, as transformers' standardize_rope_params)
+        // (the top level's original_max_position_embeddings first, as transformers' standardize_rope_params; a
+        // whole number >= 1 in either place)
         double original = r.has("original_max_position_embeddings")
                               ? double(r.get_int("original_max_position_embeddings", 1))
                               : number("original_max_position_embeddings");
+        if (!std::isnan(original) && !(original >= 1.0 && original == std::floor(original) && original <= 1e15))
+            r.fail(yarn_prefix + "original_max_position_embeddings",
+                   "must be a whole number >= 1, found " + yarn->at("original_max_position_embeddings").dump());
         if (std::isnan(original)) original = double(c.max_position_embeddings);
         if (!(original >= 1.0))
             r.fail(yarn_prefix + "original_max_position_embeddings",

@@ -342,7 +342,11 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
                  {{{"rope_type", "yarn"}, {"factor", "4"}},
                   "field 'rope_scaling.factor' must be a number, found \"4\""},
                  {{{"type", "yarn"}, {"factor", 4.0}, {"truncate", 1}},
-                  "field 'rope_scaling.truncate' must be true or false"}}) {
+                  "field 'rope_scaling.truncate' must be true or false"},
+                 {{{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64.5}},
+                  "field 'rope_scaling.original_max_position_embeddings' must be a whole number >= 1, found 64.5"},
+                 {{{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", -64}},
+                  "field 'rope_scaling.original_max_position_embeddings' must be a whole number >= 1, found -64"}}) {
             TempDir d;
             nlohmann::json j = nlohmann::json::parse(config);
             j["rope_scaling"] = yarn;
@@ -354,6 +358,19 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
             } catch (const Error& e) {
                 CHECK(std::string(e.what()).find(message) != std::string::npos);
             }
+        }
+        {  // YaRN in both rope_parameters and rope_scaling with other values: refused (one was dropped silently)
+            TempDir d;
+            nlohmann::json j = nlohmann::json::parse(config);
+            j["rope_parameters"]["rope_type"] = "yarn";
+            j["rope_parameters"]["factor"] = 4.0;
+            j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 2.0}};
+            write_model_dir(d.path, tensors, j.dump());
+            require_error([&] { Model::load(d.path, p); }, Status::format,
+                          "rope_parameters.rope_type and rope_scaling rope_type both say 'yarn', with other values");
+            j["rope_scaling"]["factor"] = 4.0;  // (the same values: taken)
+            write_model_dir(d.path, tensors, j.dump());
+            CHECK(Model::load(d.path, p)->config().rope_yarn_factor == 4.0f);
         }
         {  // (a factor without a type: the fresh-user test found it loaded and ran unscaled without a word)
             TempDir d;

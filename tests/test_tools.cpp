@@ -49,6 +49,10 @@ TEST_CASE("cli: the C example (engine.h from C) generates the golden text", "[cl
                                        .c_str());
         CHECK((WIFEXITED(st) ? WEXITSTATUS(st) : -1) == 5);
     }
+    // a prompt past its 1,024-token context: 3, as hybrid's
+    std::string long_prompt;
+    for (int i = 0; i < 700; i++) long_prompt += "def f(x): ";
+    CHECK(run_prog(kBin + "/embed_example", {"models/tiny", long_prompt, "4", "1"}).rc == 3);
     const Run usage = run_prog(kBin + "/embed_example", {});
     CHECK(usage.rc == 1);
     CHECK(usage.err.rfind("embed_example: usage: ", 0) == 0);

@@ -6,8 +6,8 @@
  *
  * Greedy decoding (temperature 0), CPU backend, N_TOKENS in [1, 1000000] (default 32; the context holds 1024),
  * N_THREADS CPU threads in [0, 1024] (default 0: all cores). Exit status: 0 on success, 1 on a usage error (bad
- * count, empty prompt), 2 when the model cannot be loaded, 5 when the output cannot be written, 6 when generation
- * fails (hybrid's codes).
+ * count, empty prompt), 2 when the model cannot be loaded, 3 when the prompt does not fit the context, 5 when the
+ * output cannot be written, 6 when generation fails (hybrid's codes).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -50,7 +50,7 @@ int main(int argc, char** argv) {
     int32_t* ids = NULL;
     int n_ids = 0;
     double logprob_sum = 0.0;
-    int rc = 0;
+    int rc = 0, gen_rc = HY_OK;
 
     if (argc < 2 || argc > 5) {
         fprintf(stderr, "embed_example: usage: %s MODEL_DIR [PROMPT] [N_TOKENS] [N_THREADS]\n", argv[0]);
@@ -105,9 +105,10 @@ int main(int argc, char** argv) {
     gp.max_tokens = n_tokens;
     gp.on_token = print_token;
     gp.user_data = &logprob_sum;
-    if (hy_generate(ctx, sampler, ids, n_ids, &gp, &result) != HY_OK) {
+    gen_rc = hy_generate(ctx, sampler, ids, n_ids, &gp, &result);
+    if (gen_rc != HY_OK) {
         fprintf(stderr, "\nembed_example: error: %s\n", hy_last_error());
-        rc = 6;
+        rc = gen_rc == HY_ERR_CONTEXT_FULL ? 3 : 6;
         goto done;
     }
     printf("\n");
