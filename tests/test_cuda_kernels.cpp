@@ -2094,11 +2094,12 @@ static void check_quant_gate_up(Side& gpu, const std::vector<float>& x, void* xg
 // including a matrix larger than the dequantization scratch (then GEMVs of 8 rows).
 namespace {
 
-void int_reference_case(const BatchLimits& l, const WorkspaceShape& ws, int split_k) {
+void int_reference_case(const BatchLimits& l, const WorkspaceShape& ws, int split_k, bool staged) {
     CudaOptions o;
     o.int_gemv_split_k = split_k;
+    o.int_gemv_staged = staged;
     Side gpu(make_cuda_backend(0, o), l, ws, size_t(200) << 20);
-    INFO("K split " << split_k);
+    INFO("K split " << split_k << (staged ? ", staged codes" : ""));
     // (T, N, K, group)
     const int shapes[][4] = {{1, 96, 256, 32},
                              {2, 40, 768, 64},
@@ -2156,8 +2157,9 @@ TEST_CASE("CUDA Q8/Q4 matmuls match the dequantized-weight reference", "[gpu][in
     WorkspaceShape ws{4, 64, 0, 0, 0, 0, 0};
     ws.fp8_max_cols = 16384;
     ws.fp8_max_elems = int64_t(300) * 9216;
-    for (const int split_k : {-1, 1})  // the GEMV over whole rows, and with K split in two halves
-        int_reference_case(l, ws, split_k);
+    for (const bool staged : {false, true})  // codes through registers, and through shared memory
+        for (const int split_k : {-1, 1})    // the GEMV over whole rows, and with K split in two halves
+            int_reference_case(l, ws, split_k, staged);
 }
 
 // Q8/Q4 projections of one input as a group (one GEMV launch over the members' tiles; N not a multiple of 16) and
@@ -2235,6 +2237,91 @@ TEST_CASE("CUDA Q8/Q4 GEMV: NaN scales propagate; rows do not depend on the batc
                     CHECK(std::isnan(got[size_t(t * N + n)]) == (n == 5));
                 }
         }
+}
+
+// The staged GEMV (the codes copied into shared memory in cp.async stages) gives the register kernel's bits: lone
+// matrices, groups and gate/up/SiLU, whole rows and K in halves, K from one stage to 18 (refilled buffers) and with
+// odd chunk counts, 1 to 8 rows.
+TEST_CASE("CUDA Q8/Q4 GEMV: codes staged in shared memory give the register kernel's bits", "[gpu][int]") {
+    HY_REQUIRE_GPU();
+    const BatchLimits l = limits(16, 8, 16);
+    WorkspaceShape ws{4, 64, 0, 0, 0, 0, 0};
+    ws.fp8_max_cols = 16384;
+    ws.fp8_max_elems = int64_t(64) * 16384;
+    for (const int split_k : {-1, 1}) {
+        CudaOptions o_reg, o_staged;
+        o_reg.int_gemv_split_k = o_staged.int_gemv_split_k = split_k;
+        o_staged.int_gemv_staged = true;
+        Side s_reg(make_cuda_backend(0, o_reg), l, ws, size_t(96) << 20);
+        Side s_staged(make_cuda_backend(0, o_staged), l, ws, size_t(96) << 20);
+        Side* const sides[2] = {&s_reg, &s_staged};
+        // (N, K, group)
+        const int shapes[][3] = {{40, 256, 32},  {96, 2560, 32},  {33, 4096, 128}, {20, 4160, 64},
+                                 {24, 9216, 32}, {17, 9216, 256}, {16, 16384, 64}, {50, 8256, 32}};
+        for (const DType type : {DType::Q8, DType::Q4})
+            for (auto& sh : shapes)
+                for (const int T : {1, 2, 5, 8}) {
+                    const int N = sh[0], K = sh[1], group = sh[2];
+                    INFO(dtype_name(type)
+                         << " T=" << T << " N=" << N << " K=" << K << " group=" << group << " K split " << split_k);
+                    const auto w = int_weights(N, K, group), w2 = int_weights(N, K, group);
+                    const auto x = randn(size_t(T) * K);
+                    std::vector<float> out[2][4];  // [side][lone, gate, up, act]
+                    for (int si = 0; si < 2; si++) {
+                        Side& gpu = *sides[si];
+                        const size_t mark = gpu.used;
+                        const IntMatrix m = int_matrix(gpu, w, N, K, group, type);
+                        const IntMatrix m2 = int_matrix(gpu, w2, N, K, group, type);
+                        void* xg = gpu.act(x);
+                        void* y = gpu.poisoned(size_t(T) * N);
+                        gpu.be->matmul(xg, T, m.gpu, y);
+                        out[si][0] = gpu.read_act(y, size_t(T) * N);
+                        void* g = gpu.poisoned(size_t(T) * N);
+                        void* u = gpu.poisoned(size_t(T) * N);
+                        void* a = gpu.poisoned(size_t(T) * N);
+                        gpu.be->gate_up_silu(xg, T, m.gpu, m2.gpu, g, u, a);
+                        out[si][1] = gpu.read_act(g, size_t(T) * N);
+                        out[si][2] = gpu.read_act(u, size_t(T) * N);
+                        out[si][3] = gpu.read_act(a, size_t(T) * N);
+                        gpu.used = mark;
+                    }
+                    for (int k = 0; k < 4; k++) {
+                        INFO("output " << k);
+                        size_t differ = 0;
+                        for (size_t j = 0; j < out[0][k].size(); j++) {
+                            REQUIRE(std::isfinite(out[1][k][j]));
+                            differ += bits_of(out[0][k][j]) != bits_of(out[1][k][j]);
+                        }
+                        CHECK(differ == 0);
+                    }
+                }
+        // a group of three members that share x (one launch over their tiles)
+        for (const DType type : {DType::Q8, DType::Q4}) {
+            const int K = 2560, group = 32, T = 3, ns[3] = {200, 40, 72};
+            INFO(dtype_name(type) << " group of three, K split " << split_k);
+            const auto x = randn(size_t(T) * K);
+            std::vector<std::vector<float>> ws3;
+            for (int n : ns) ws3.push_back(int_weights(n, K, group));
+            std::vector<float> out[2][3];
+            for (int si = 0; si < 2; si++) {
+                Side& gpu = *sides[si];
+                const size_t mark = gpu.used;
+                std::vector<IntMatrix> m;
+                for (int i = 0; i < 3; i++) m.push_back(int_matrix(gpu, ws3[size_t(i)], ns[i], K, group, type));
+                void* xg = gpu.act(x);
+                Projection pr[3];
+                for (int i = 0; i < 3; i++) pr[i] = {m[size_t(i)].gpu, gpu.poisoned(size_t(T) * ns[i])};
+                gpu.be->matmul_group(xg, T, pr, 3);
+                for (int i = 0; i < 3; i++) out[si][i] = gpu.read_act(pr[i].y, size_t(T) * ns[i]);
+                gpu.used = mark;
+            }
+            for (int i = 0; i < 3; i++)
+                for (size_t j = 0; j < out[0][i].size(); j++) {
+                    REQUIRE(std::isfinite(out[1][i][j]));
+                    REQUIRE(bits_of(out[0][i][j]) == bits_of(out[1][i][j]));
+                }
+        }
+    }
 }
 
 // ---- The quantized wgmma GEMM (Q8/Q4/FP8 weights, 9-64 rows; sm_90a) ----

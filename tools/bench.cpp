@@ -240,6 +240,8 @@ int main(int argc, char** argv) {
          "default)", cxxopts::value<int>()->default_value("0"))
         ("int-split-k", "CUDA, --quant int8/int4 decode GEMVs: split K in two halves: always, never or auto (by shape, "
          "the default)", cxxopts::value<std::string>()->default_value("auto"))
+        ("int-gemv-staged", "CUDA, --quant int8/int4 decode GEMVs: copy the codes into shared memory in cp.async stages "
+         "instead of registers (the same results): on or off", cxxopts::value<std::string>()->default_value("off"))
         ("small-batch-gemv", "CUDA, bf16 matrices with 3 to 16 rows (batched decode): all (every matrix of 3-16 rows on the "
          "tensor-core GEMV), groups (only groups of 3 or 4 matrices of 3-8 rows there, the others on cuBLASLt), mixed "
          "(all up to 8 rows, then groups of 3 or 4 up to 16 rows there and the others on cuBLASLt) or auto (the "
@@ -373,6 +375,7 @@ int main(int argc, char** argv) {
             mp.cuda.wgmma_stream_k_quant = on_off("wgmma-stream-k-quant");
         }
         mp.cuda.gdn_decode_stream = on_off("gdn-decode-stream");
+        mp.cuda.int_gemv_staged = on_off("int-gemv-staged");
         {
             const int blocks = args["gdn-decode-blocks"].as<int>();
             if (blocks != 2 && blocks != 3)
@@ -423,10 +426,26 @@ int main(int argc, char** argv) {
                          "for (max_position_embeddings)\n",
                          mp.n_ctx - 1, c.max_position_embeddings);
         Backend& be = model->backend();
-        for (const char* flag : {"fp8-gemm", "attn-heads-per-block", "attn-prefill-heads", "attn-splits", "int-split-k",
-                                 "moe-grouped-rows", "small-batch-gemv", "wide-gemv", "wgmma-gemm", "wgmma-parts",
-                                 "wgmma-quant", "wgmma-quant-warpgroups", "wgmma-stream-k", "wgmma-stream-k-quant",
-                                 "gdn-decode-stream", "gdn-conv-rows", "gdn-decode-blocks", "no-cuda-graphs", "no-pdl"})
+        for (const char* flag : {"fp8-gemm",
+                                 "attn-heads-per-block",
+                                 "attn-prefill-heads",
+                                 "attn-splits",
+                                 "int-split-k",
+                                 "int-gemv-staged",
+                                 "moe-grouped-rows",
+                                 "small-batch-gemv",
+                                 "wide-gemv",
+                                 "wgmma-gemm",
+                                 "wgmma-parts",
+                                 "wgmma-quant",
+                                 "wgmma-quant-warpgroups",
+                                 "wgmma-stream-k",
+                                 "wgmma-stream-k-quant",
+                                 "gdn-decode-stream",
+                                 "gdn-conv-rows",
+                                 "gdn-decode-blocks",
+                                 "no-cuda-graphs",
+                                 "no-pdl"})
             if (args.count(flag) && std::string(be.name()) != "cuda")
                 std::fprintf(stderr, "hybrid-bench: note: --%s only changes the CUDA backend; ignored on %s\n", flag,
                              be.name());

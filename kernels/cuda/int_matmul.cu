@@ -26,14 +26,22 @@ constexpr int kIntSplitKTilesPerSm = 2;
 constexpr int kIntXPad = 32;
 __host__ __device__ inline int int_scale_stride(int E) { return E + ((2 - E % 32) + 32) % 32; }
 
+// The staged GEMV (CudaOptions::int_gemv_staged): the tile's codes are copied into shared memory with cp.async in
+// stages of 16 rows x 512 bytes (two 16-byte pieces a thread), kIntStages of them in flight, instead of into
+// registers; a row's 512 bytes of a stage are 16 units of 32 bytes (a Q4 chunk, half a Q8 chunk) stored at unit
+// u ^ (row % 8), so the 8 rows of a warp's 8-byte reads of one unit fall in distinct banks.
+constexpr int kIntStageBytes = 16 * 512;
+constexpr int kIntStages = 4;
+
 // Scale entries per row and 64-column chunk in the GEMV's shared table: 2 (the halves' groups) for group 32, else 1.
 inline int int_scale_entries(int64_t group) { return group == 32 ? 2 : 1; }
 
-// Bytes of dynamic shared memory of one GEMV block: the tile's per-chunk scale table, T rows of x, and the warps'
-// partial sums.
-size_t int_gemv_smem(int64_t T, int64_t K, int64_t group) {
+// Bytes of dynamic shared memory of one GEMV block: the tile's per-chunk scale table, T rows of x, the warps'
+// partial sums, and (staged) the stages of codes.
+size_t int_gemv_smem(int64_t T, int64_t K, int64_t group, bool staged = false) {
     return size_t(16) * size_t(int_scale_stride(int(K / 64 * int_scale_entries(group)))) * 4 +
-           size_t(T) * size_t(K + kIntXPad) * 2 + size_t(kIntWarps) * 32 * 4 * 4;
+           size_t(T) * size_t(K + kIntXPad) * 2 + size_t(kIntWarps) * 32 * 4 * 4 +
+           (staged ? size_t(kIntStages) * kIntStageBytes : 0);
 }
 
 // The largest dynamic shared memory a block may ask for on this device (opted in once per kernel at first launch).
@@ -115,7 +123,13 @@ __device__ __forceinline__ void q8_bytes_to_bf16x2(uint32_t w, uint32_t& lo, uin
 // lane (gi, q) reads x of token gi / 2, half gi % 2, and its sums c0 (rows' first half by x's first half) and c3
 // (second by second) are token q's two halves: y = c0 + c3 after the warps' sums (c1, c2 are never stored). A
 // token's arithmetic does not depend on T.
-template <bool kQ4, bool kSwiGLU, bool kSplit, bool kHalves = false>
+//
+// kStaged (CudaOptions::int_gemv_staged): the same sums, bit for bit (warp w still takes chunks w, w + 8, ... in
+// order), with the codes copied into shared memory instead of registers: warp w copies tile rows w and w + 8, 512
+// bytes a row and stage (lane l: bytes 16 l .. 16 l + 15), the first kIntStages stages before the PDL wait and
+// each later one into the buffer that the stage kIntStages before it freed; so a block keeps up to 32 KB of codes
+// in flight without registers to hold them.
+template <bool kQ4, bool kSwiGLU, bool kSplit, bool kHalves = false, bool kStaged = false>
 __global__ void __launch_bounds__(kIntWarps * 32, 2)
     gemv_int_kernel(const bf16* __restrict__ x, int T, Fp8Group g, int K, int group, bool out_f32, bf16* act) {
     static_assert(!(kSwiGLU && kHalves), "the SwiGLU tile already holds 8 rows of two matrices");
@@ -152,21 +166,23 @@ __global__ void __launch_bounds__(kIntWarps * 32, 2)
     const int64_t row_bytes = int64_t(n_chunks) * kChunkBytes;
     // kHalves: the block's tokens
     const int tq = kHalves ? int(blockIdx.y) * 4 : 0, Tb = kHalves ? min(4, T - tq) : T;
+    float* s_sc = reinterpret_cast<float*>(smem);                     // [16][gs]
+    bf16* s_x = reinterpret_cast<bf16*>(smem + size_t(16) * gs * 4);  // [Tb][K + kIntXPad]
+    float* s_red = reinterpret_cast<float*>(smem + size_t(16) * gs * 4 + size_t(Tb) * (K + kIntXPad) * 2);
+    uint8_t* s_w = reinterpret_cast<uint8_t*>(s_red + kIntWarps * 32 * 4);  // kStaged: [kIntStages][16][512]
+    const uint64_t pol = weight_policy(g.evict_first != 0);
+    const uint2 zero2 = make_uint2(0u, 0u);
+    constexpr int kRegDepth = kStaged ? 1 : kDepth;  // (kStaged: the register buffers are unused)
+    uint2 ra[kRegDepth][kWords], rb[kRegDepth][kWords];
     // the lane's bytes of chunk `warp` in rows a and b (rows past N: row 0's)
     const uint8_t* pa = w + int64_t(va ? ra_row : 0) * row_bytes + 8 * q + warp * kChunkBytes;
     const uint8_t* pb = (kSwiGLU ? g.w[1] : w) + int64_t(vb ? rb_row : 0) * row_bytes + 8 * q + warp * kChunkBytes +
                         (kHalves ? int64_t(n_loop) * kChunkBytes : 0);
-    float* s_sc = reinterpret_cast<float*>(smem);                     // [16][gs]
-    bf16* s_x = reinterpret_cast<bf16*>(smem + size_t(16) * gs * 4);  // [Tb][K + kIntXPad]
-    float* s_red = reinterpret_cast<float*>(smem + size_t(16) * gs * 4 + size_t(Tb) * (K + kIntXPad) * 2);
-    const uint64_t pol = weight_policy(g.evict_first != 0);
-    const uint2 zero2 = make_uint2(0u, 0u);
-    uint2 ra[kDepth][kWords], rb[kDepth][kWords];
     // the loads of the step whose first chunk is c0 (the lane's chunks c0 + kIntWarps u) from qa / qb (chunk c0)
     auto load_w = [&](const uint8_t* qa, const uint8_t* qb, int c0) {
         const bool whole = c0 + kIntWarps * (kDepth - 1) < n_loop;
 #pragma unroll
-        for (int u = 0; u < kDepth; u++) {
+        for (int u = 0; u < kRegDepth; u++) {
             const bool in = whole || c0 + kIntWarps * u < n_loop;
 #pragma unroll
             for (int h = 0; h < kWords; h++) {
@@ -176,7 +192,28 @@ __global__ void __launch_bounds__(kIntWarps * 32, 2)
             }
         }
     };
-    load_w(pa, pb, warp);
+    // kStaged: the copy of tile rows `warp` (sw_a) and `warp` + 8 (sw_b), stage s of n_stages: 512 bytes a row from
+    // byte 512 s of the row's loop, into buffer s % kIntStages
+    constexpr int kStageChunks = 512 / kChunkBytes;
+    const int n_stages = (n_loop + kStageChunks - 1) / kStageChunks;
+    const uint8_t* sw_a = nullptr;
+    const uint8_t* sw_b = nullptr;
+    if constexpr (kStaged) {
+        const int r_a = row0 + warp, r_b = k8Rows ? row0 + warp : row0 + warp + 8;
+        sw_a = w + int64_t(r_a < N ? r_a : 0) * row_bytes + 16 * lane;
+        sw_b = (kSwiGLU ? g.w[1] : w) + int64_t(r_b < N ? r_b : 0) * row_bytes + 16 * lane +
+               (kHalves ? int64_t(n_loop) * kChunkBytes : 0);
+    }
+    const int sw_off = warp * 512 + (((lane >> 1) ^ (warp & 7)) * 32) + (lane & 1) * 16;
+    auto copy_stage = [&](int s) {
+        const int off = s * 512;
+        if (off + 16 * lane < n_loop * kChunkBytes) {
+            uint8_t* dst = s_w + (s % kIntStages) * kIntStageBytes + sw_off;
+            cp_async16_policy(smem_addr(dst), sw_a + off, true, pol);
+            cp_async16_policy(smem_addr(dst + 8 * 512), sw_b + off, true, pol);
+        }
+    };
+    if constexpr (!kStaged) load_w(pa, pb, warp);
     // the tile's scale table: entry e of row r is the scale of chunk e (kSplit: of half e, group e; kHalves: of
     // the row's half r / 8, from chunk n_loop on for r >= 8); rows past N hold zeros, never read into a result.
     // Thread i copies entries i % 16, i % 16 + 16, ... of row i / 16.
@@ -195,6 +232,13 @@ __global__ void __launch_bounds__(kIntWarps * 32, 2)
                 dst[e] = 0.0f;
         }
     }
+    if constexpr (kStaged) {
+#pragma unroll
+        for (int s = 0; s < kIntStages; s++) {
+            if (s < n_stages) copy_stage(s);
+            cp_async_commit();
+        }
+    }
     pdl_wait();  // x comes from the kernel before
     for (int i = int(threadIdx.x); i < Tb * (K / 8); i += kIntWarps * 32) {
         const int t = i / (K / 8), c = (i - t * (K / 8)) * 8;
@@ -211,65 +255,102 @@ __global__ void __launch_bounds__(kIntWarps * 32, 2)
     const float* sa = s_sc + gi * gs + kEntries * warp;
     const float* sb = s_sc + (gi + 8) * gs + kEntries * warp;
     float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
-    for (int c0 = warp; c0 < n_loop; c0 += kStep) {
-        uint2 ca[kDepth][kWords], cb[kDepth][kWords];
+    // one chunk's products (codes wa of row a and wb of row b; x at xc, the scale entries at sca / scb), scaled and
+    // added to the sums
+    auto chunk = [&](const uint2(&wa)[kWords], const uint2(&wb)[kWords], const bf16* xc, const float* sca,
+                     const float* scb) {
+        const uint4 x0 = *reinterpret_cast<const uint4*>(xc);       // columns 8q .. 8q + 7
+        const uint4 x1 = *reinterpret_cast<const uint4*>(xc + 32);  // 32 + 8q .. + 7
+        const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
+        float part[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};  // low, high half
 #pragma unroll
-        for (int u = 0; u < kDepth; u++)
-#pragma unroll
-            for (int h = 0; h < kWords; h++) {
-                ca[u][h] = ra[u][h];
-                cb[u][h] = rb[u][h];
-            }
-        pa += kStep * kChunkBytes;
-        pb += kStep * kChunkBytes;
-        if (c0 + kStep < n_loop) load_w(pa, pb, c0 + kStep);
-        // chunk c0 + kIntWarps u (u < kDepth) of the step: its products, scaled and added to the sums
-        auto chunk = [&](int u) {
-            const bf16* xc = xr + 64 * kIntWarps * u;
-            const uint4 x0 = *reinterpret_cast<const uint4*>(xc);       // columns 8q .. 8q + 7
-            const uint4 x1 = *reinterpret_cast<const uint4*>(xc + 32);  // 32 + 8q .. + 7
-            const uint32_t xw[8] = {x0.x, x0.y, x0.z, x0.w, x1.x, x1.y, x1.z, x1.w};
-            float part[2][4] = {{0.0f, 0.0f, 0.0f, 0.0f}, {0.0f, 0.0f, 0.0f, 0.0f}};  // low, high half
-#pragma unroll
-            for (int m = 0; m < 4; m++) {
-                const int half = m >> 1;
-                uint32_t a0, a1, a2, a3;
-                if constexpr (kQ4) {
-                    const uint32_t wa = (m & 1) ? ca[u][0].y : ca[u][0].x, wb = (m & 1) ? cb[u][0].y : cb[u][0].x;
-                    const int sh = half ? 4 : 0;
-                    q4_nibbles_to_bf16x2((wa >> sh) & 0x0F0F0F0Fu, a0, a2);
-                    q4_nibbles_to_bf16x2((wb >> sh) & 0x0F0F0F0Fu, a1, a3);
-                } else {
-                    const uint32_t wa = (m & 1) ? ca[u][half].y : ca[u][half].x;
-                    const uint32_t wb = (m & 1) ? cb[u][half].y : cb[u][half].x;
-                    q8_bytes_to_bf16x2(wa, a0, a2);
-                    q8_bytes_to_bf16x2(wb, a1, a3);
-                }
-                mma_bf16_16816(part[half], a0, a1, a2, a3, xw[2 * m], xw[2 * m + 1]);
-            }
-            const int e = kEntries * kIntWarps * u;  // the chunk's first entry, from the step's
-            float s_alo, s_ahi, s_blo, s_bhi;
-            if constexpr (kSplit) {
-                const float2 s_a = *reinterpret_cast<const float2*>(sa + e);
-                const float2 s_b = *reinterpret_cast<const float2*>(sb + e);
-                s_alo = s_a.x, s_ahi = s_a.y, s_blo = s_b.x, s_bhi = s_b.y;
+        for (int m = 0; m < 4; m++) {
+            const int half = m >> 1;
+            uint32_t a0, a1, a2, a3;
+            if constexpr (kQ4) {
+                const uint32_t ua = (m & 1) ? wa[0].y : wa[0].x, ub = (m & 1) ? wb[0].y : wb[0].x;
+                const int sh = half ? 4 : 0;
+                q4_nibbles_to_bf16x2((ua >> sh) & 0x0F0F0F0Fu, a0, a2);
+                q4_nibbles_to_bf16x2((ub >> sh) & 0x0F0F0F0Fu, a1, a3);
             } else {
-                s_alo = s_ahi = sa[e];
-                s_blo = s_bhi = sb[e];
+                const uint32_t ua = (m & 1) ? wa[half].y : wa[half].x;
+                const uint32_t ub = (m & 1) ? wb[half].y : wb[half].x;
+                q8_bytes_to_bf16x2(ua, a0, a2);
+                q8_bytes_to_bf16x2(ub, a1, a3);
             }
-            acc[0] = fmaf(part[1][0], s_ahi, fmaf(part[0][0], s_alo, acc[0]));
-            acc[1] = fmaf(part[1][1], s_ahi, fmaf(part[0][1], s_alo, acc[1]));
-            acc[2] = fmaf(part[1][2], s_bhi, fmaf(part[0][2], s_blo, acc[2]));
-            acc[3] = fmaf(part[1][3], s_bhi, fmaf(part[0][3], s_blo, acc[3]));
-        };
-#pragma unroll
-        for (int u = 0; u < kDepth; u++) {
-            if (c0 + kIntWarps * u >= n_loop) break;
-            chunk(u);
+            mma_bf16_16816(part[half], a0, a1, a2, a3, xw[2 * m], xw[2 * m + 1]);
         }
-        xr += 64 * kStep;
-        sa += kEntries * kStep;
-        sb += kEntries * kStep;
+        float s_alo, s_ahi, s_blo, s_bhi;
+        if constexpr (kSplit) {
+            const float2 s_a = *reinterpret_cast<const float2*>(sca);
+            const float2 s_b = *reinterpret_cast<const float2*>(scb);
+            s_alo = s_a.x, s_ahi = s_a.y, s_blo = s_b.x, s_bhi = s_b.y;
+        } else {
+            s_alo = s_ahi = sca[0];
+            s_blo = s_bhi = scb[0];
+        }
+        acc[0] = fmaf(part[1][0], s_ahi, fmaf(part[0][0], s_alo, acc[0]));
+        acc[1] = fmaf(part[1][1], s_ahi, fmaf(part[0][1], s_alo, acc[1]));
+        acc[2] = fmaf(part[1][2], s_bhi, fmaf(part[0][2], s_blo, acc[2]));
+        acc[3] = fmaf(part[1][3], s_bhi, fmaf(part[0][3], s_blo, acc[3]));
+    };
+    if constexpr (kStaged) {
+        // stage st holds chunks kStageChunks st .. + kStageChunks - 1; warp w takes those = w (mod 8). Before stage
+        // st (st >= 1) the block refills the buffer stage st - 1 used with stage st - 1 + kIntStages (the wait
+        // leaves that many groups in flight that stage st is older than); once nothing is left to copy, the first
+        // stage not copied before the wait waits for all.
+        const int first_drain = max(kIntStages, n_stages - kIntStages + 1);
+        for (int st = 0; st < n_stages; st++) {
+            if (st > 0) {
+                if (st - 1 + kIntStages < n_stages) {
+                    cp_async_wait<kIntStages - 2>();
+                    __syncthreads();
+                    copy_stage(st - 1 + kIntStages);
+                    cp_async_commit();
+                } else if (st == first_drain) {
+                    cp_async_wait_all();
+                    __syncthreads();
+                }
+            }
+            const uint8_t* bw = s_w + (st % kIntStages) * kIntStageBytes;
+#pragma unroll
+            for (int u = 0; u < kStageChunks / kIntWarps; u++) {
+                const int lc = warp + kIntWarps * u, c = st * kStageChunks + lc;
+                if (c >= n_loop) break;
+                uint2 wa[kWords], wb[kWords];
+#pragma unroll
+                for (int h = 0; h < kWords; h++) {
+                    const int unit = ((kWords * lc + h) ^ gi) * 32 + 8 * q;
+                    wa[h] = *reinterpret_cast<const uint2*>(bw + gi * 512 + unit);
+                    wb[h] = *reinterpret_cast<const uint2*>(bw + (gi + 8) * 512 + unit);
+                }
+                const int d = c - warp;  // chunks past the lane's first (x and scale pointers are at chunk `warp`)
+                chunk(wa, wb, xr + 64 * d, sa + kEntries * d, sb + kEntries * d);
+            }
+        }
+    } else {
+        for (int c0 = warp; c0 < n_loop; c0 += kStep) {
+            uint2 ca[kDepth][kWords], cb[kDepth][kWords];
+#pragma unroll
+            for (int u = 0; u < kDepth; u++)
+#pragma unroll
+                for (int h = 0; h < kWords; h++) {
+                    ca[u][h] = ra[u][h];
+                    cb[u][h] = rb[u][h];
+                }
+            pa += kStep * kChunkBytes;
+            pb += kStep * kChunkBytes;
+            if (c0 + kStep < n_loop) load_w(pa, pb, c0 + kStep);
+#pragma unroll
+            for (int u = 0; u < kDepth; u++) {
+                if (c0 + kIntWarps * u >= n_loop) break;
+                const int e = kEntries * kIntWarps * u;  // the chunk's first entry, from the step's
+                chunk(ca[u], cb[u], xr + 64 * kIntWarps * u, sa + e, sb + e);
+            }
+            xr += 64 * kStep;
+            sa += kEntries * kStep;
+            sb += kEntries * kStep;
+        }
     }
 #pragma unroll
     for (int e = 0; e < 4; e++) s_red[(warp * 32 + lane) * 4 + e] = acc[e];
@@ -392,21 +473,30 @@ void launch_int_gemv(const bf16* x, int64_t T, Fp8Group g, int64_t K, DType dtyp
     g.evict_first = ctx.evict_first ? 1 : 0;
     const bool q4 = dtype == DType::Q4, split = group == 32;
     const int mode = swiglu ? 1 : halves ? 2 : 0;
+    const int64_t Tb = halves ? std::min<int64_t>(T, 4) : T;  // x rows a block stages
+    const bool staged = ctx.int_gemv_staged && int_gemv_smem(Tb, K, group, true) <= int_gemv_smem_limit();
     using Kernel = void (*)(const bf16*, int, Fp8Group, int, int, bool, bf16*);
+    // [q4][plain, swiglu, halves][split]
     static constexpr Kernel kernels[2][3][2] = {
-        // [q4][plain, swiglu, halves][split]
         {{gemv_int_kernel<false, false, false>, gemv_int_kernel<false, false, true>},
          {gemv_int_kernel<false, true, false>, gemv_int_kernel<false, true, true>},
          {gemv_int_kernel<false, false, false, true>, gemv_int_kernel<false, false, true, true>}},
         {{gemv_int_kernel<true, false, false>, gemv_int_kernel<true, false, true>},
          {gemv_int_kernel<true, true, false>, gemv_int_kernel<true, true, true>},
          {gemv_int_kernel<true, false, false, true>, gemv_int_kernel<true, false, true, true>}}};
-    const Kernel kernel = kernels[q4][mode][split];
-    static bool opted_in[2][3][2] = {};  // (the shared-memory opt-in, once per kernel)
-    if (!opted_in[q4][mode][split]) {
+    static constexpr Kernel staged_kernels[2][3][2] = {
+        {{gemv_int_kernel<false, false, false, false, true>, gemv_int_kernel<false, false, true, false, true>},
+         {gemv_int_kernel<false, true, false, false, true>, gemv_int_kernel<false, true, true, false, true>},
+         {gemv_int_kernel<false, false, false, true, true>, gemv_int_kernel<false, false, true, true, true>}},
+        {{gemv_int_kernel<true, false, false, false, true>, gemv_int_kernel<true, false, true, false, true>},
+         {gemv_int_kernel<true, true, false, false, true>, gemv_int_kernel<true, true, true, false, true>},
+         {gemv_int_kernel<true, false, false, true, true>, gemv_int_kernel<true, false, true, true, true>}}};
+    const Kernel kernel = (staged ? staged_kernels : kernels)[q4][mode][split];
+    static bool opted_in[2][2][3][2] = {};  // (the shared-memory opt-in, once per kernel)
+    if (!opted_in[staged][q4][mode][split]) {
         check(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(int_gemv_smem_limit())),
               "cudaFuncSetAttribute (integer GEMV shared memory)");
-        opted_in[q4][mode][split] = true;
+        opted_in[staged][q4][mode][split] = true;
     }
     const unsigned blocks = swiglu ? unsigned(ceil_div(g.n[0], 8)) : unsigned(g.block_end[g.count - 1]);
     const char* what =
@@ -414,8 +504,8 @@ void launch_int_gemv(const bf16* x, int64_t T, Fp8Group g, int64_t K, DType dtyp
         : halves ? (q4 ? "Q4 tensor-core gemv kernel (K halves)" : "Q8 tensor-core gemv kernel (K halves)")
                  : (q4 ? "Q4 tensor-core gemv kernel" : "Q8 tensor-core gemv kernel");
     const dim3 grid(blocks, halves ? unsigned(ceil_div(T, 4)) : 1u);
-    launch(kernel, grid, dim3(kIntWarps * 32), int_gemv_smem(halves ? std::min<int64_t>(T, 4) : T, K, group), ctx, what,
-           x, int(T), g, int(K), int(group), out_f32, act);
+    launch(kernel, grid, dim3(kIntWarps * 32), int_gemv_smem(Tb, K, group, staged), ctx, what, x, int(T), g, int(K),
+           int(group), out_f32, act);
 }
 
 }  // namespace
