@@ -2415,6 +2415,32 @@ TEST_CASE("CUDA quantized wgmma GEMM, 9-64 rows: matches the dequantized referen
     }
 }
 
+// The stream-K partials (8 MB or so) are reserved only where a GEMM may split: for quantized matrices when the
+// workspace shape has some (wgmma_stream_k_quant, on by default), for bf16 ones with wgmma_stream_k; a bf16 model's
+// workspace is the same with the quantized split on or off.
+TEST_CASE("CUDA workspace: stream-K partials only where a GEMM may split", "[gpu]") {
+    HY_REQUIRE_GPU();
+    const BatchLimits l = limits(64, 8, 16);
+    WorkspaceShape plain{4, 64, 0, 0, 0, 0, 0}, quant = plain;
+    quant.fp8_max_cols = 2560;
+    quant.fp8_max_elems = int64_t(200) * 2560;
+    auto bytes = [&](bool sk, bool sk_quant, const WorkspaceShape& s) {
+        CudaOptions o;
+        o.wgmma_stream_k = sk;
+        o.wgmma_stream_k_quant = sk_quant;
+        return make_cuda_backend(0, o)->workspace_bytes(l, s);
+    };
+    CHECK(bytes(false, true, plain) == bytes(false, false, plain));
+    CHECK(bytes(true, false, plain) >= bytes(false, false, plain));
+    CHECK(bytes(true, true, plain) == bytes(true, false, plain));
+    CHECK(bytes(true, false, quant) == bytes(false, true, quant));
+    CHECK(bytes(false, true, quant) >= bytes(false, false, quant));
+    Side gpu(make_cuda_backend(0, CudaOptions{}), l, plain, size_t(1) << 20);
+    if (!has_quant_wgmma(gpu)) return;  // (no wgmma: no split, nothing reserved either way)
+    CHECK(bytes(true, false, plain) > bytes(false, false, plain));
+    CHECK(bytes(false, true, quant) > bytes(false, false, quant));
+}
+
 // With the K split given (1, 2 or 8 parts; 1 or 2 warpgroups: the bits of a row then depend on N and K alone): a group
 // of 3 matrices (N 200, 40, 72) gives each member's bits alone; gate/up/SiLU (N 200 and 44) gives gate and up bitwise
 // those of the pair as a group and act those of silu_mul on them, act in place of gate the same; against the reference
@@ -2426,6 +2452,8 @@ TEST_CASE("CUDA quantized wgmma GEMM: groups, gate/up/SiLU and NaN weights", "[g
     const BatchLimits l = limits(64, 8, 16);
     WorkspaceShape ws{4, 64, 0, 0, 0, 0, 0};
     const int K = 2560;
+    ws.fp8_max_cols = K;  // (a workspace for quantized matrices: it holds the stream-K partials)
+    ws.fp8_max_elems = int64_t(200) * K;
     const int ns[3] = {200, 40, 72};
     for (const int parts : {1, 2, 8, -1, -8, 0}) {  // (negative: 2 consumer warpgroups; 0: stream-K)
         CudaOptions o;

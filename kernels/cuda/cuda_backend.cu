@@ -587,6 +587,11 @@ public:
         // largest matrix
         fp8_act_bytes_ = s.fp8_max_elems > 0 ? align256(T * size_t(s.fp8_max_cols)) : 0;
         fp8_weight_elems_ = s.fp8_max_elems > 0 ? align256(size_t(s.fp8_max_elems) * 2) / 2 : 0;
+        // stream-K partials only where a GEMM may split: bf16 with wgmma_stream_k, quantized matrices with
+        // wgmma_stream_k_quant (a bf16 model does not reserve them for the quantized GEMM)
+        stream_k_ws_blocks_ = ctx_.wgmma_stream_k || (ctx_.wgmma_stream_k_quant && s.fp8_max_elems > 0)
+                                  ? size_t(ctx_.stream_k_blocks)
+                                  : 0;
         return align256(cuda::Gemm::kWorkspaceBytes) + align256(5 * T * 4 + R * sizeof(SeqRun)) + scratch_a_elems_ * 2 +
                align256(split_floats_ * 4) + align256(cuda::argmax_scratch_floats(int(T)) * 4) + moe_slot_elems_ * 2 +
                moe_index_ints_ * 4 + fp8_act_bytes_ + align256(fp8_act_bytes_ / 128 * 4 + 4) + fp8_weight_elems_ * 2 +
@@ -594,7 +599,7 @@ public:
     }
     // The wgmma GEMMs' stream-K partials and flags (LaunchContext::stream_k_*), at the workspace's end.
     size_t stream_k_bytes() const {
-        const size_t b = size_t(ctx_.stream_k_blocks);
+        const size_t b = stream_k_ws_blocks_;
         return b == 0 ? 0 : align256(b * cuda::kWgmmaStreamKPartialFloats * 4) + align256(b * 4);
     }
     void set_workspace(void* ws, const BatchLimits& l) override {
@@ -632,8 +637,10 @@ public:
         fp8_scratch_.act_scales = reinterpret_cast<float*>(f + fp8_act_bytes_);
         fp8_scratch_.weight = reinterpret_cast<bf16*>(f + fp8_act_bytes_ + align256(fp8_act_bytes_ / 128 * 4 + 4));
         fp8_scratch_.weight_elems = fp8_weight_elems_;
-        if (ctx_.stream_k_blocks > 0) {
-            const size_t b = size_t(ctx_.stream_k_blocks);
+        ctx_.stream_k_partials = nullptr;  // (no partials: the GEMMs do not split)
+        ctx_.stream_k_flags = nullptr;
+        if (stream_k_ws_blocks_ > 0) {
+            const size_t b = stream_k_ws_blocks_;
             char* k = reinterpret_cast<char*>(fp8_scratch_.weight + fp8_weight_elems_);
             ctx_.stream_k_partials = reinterpret_cast<float*>(k);
             ctx_.stream_k_flags = reinterpret_cast<int*>(k + align256(b * cuda::kWgmmaStreamKPartialFloats * 4));
@@ -1346,6 +1353,7 @@ private:
     mutable size_t scratch_a_elems_ = 0, split_floats_ = 0;
     mutable size_t moe_slot_elems_ = 0, moe_index_ints_ = 0;   // MoE models (workspace_bytes)
     mutable size_t fp8_act_bytes_ = 0, fp8_weight_elems_ = 0;  // FP8 matrices (workspace_bytes)
+    mutable size_t stream_k_ws_blocks_ = 0;  // stream-K partials the workspace holds (workspace_bytes)
     cuda::Fp8Scratch fp8_scratch_;
     cuda::Fp8GemmMode fp8_mode_ = cuda::Fp8GemmMode::dequantize;
     cuda::RowMap rows_{};
