@@ -4,8 +4,9 @@
 //
 // - Up to kGemvMaxTokens rows (decode): a W-only GEMV on tensor cores (W8A16 / W4A16), over one matrix or a group
 //   of matrices that share x. A block of 8 warps owns 16 output features; warp w takes the 64-column chunks w,
-//   w + 8, ... (weights streamed into registers; the block's scales and x staged in shared memory, which bounds
-//   T * K: int_gemv_fits). Matrices with fewer 16-row tiles than 2 per SM split K in two halves (8 features a
+//   w + 8, ... (weights streamed into registers, or with CudaOptions::int_gemv_staged copied into shared memory in
+//   cp.async stages, the same sums; the block's scales and x staged in shared memory, which bounds T * K:
+//   int_gemv_fits). Matrices with fewer 16-row tiles than 2 per SM split K in two halves (8 features a
 //   block, twice the blocks; CudaOptions::int_gemv_split_k), the halves' sums added at the end; the choice depends
 //   on the shapes alone, so a row's result does not depend on the batch. Each lane turns its codes into
 //   bf16 exactly (integers of at most 8 bits are bf16 values) and runs mma m16n8k16 with x's bf16 values; the f32
