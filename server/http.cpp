@@ -275,8 +275,13 @@ std::string HttpServer::timeout_message() const {
 void HttpServer::close_after_response(const httplib::Request& req, httplib::Response& res) {
     const bool library_says_it = t_conn && t_conn->last;
     // (once: a chunked request is marked at its headers and again when its body fails to read)
-    if (!library_says_it && req.get_header_value("Connection") != "close" && !res.has_header("Connection"))
-        res.set_header("Connection", "close");
+    // As if the client had asked to close: the library then writes "Connection: close" itself, without the
+    // Keep-Alive header it adds to a connection it keeps (a response header alone would go out beside that one).
+    if (!library_says_it && req.get_header_value("Connection") != "close" && !res.has_header("Connection")) {
+        httplib::Headers& h = const_cast<httplib::Request&>(req).headers;  // (the request the library handed us)
+        h.erase("Connection");
+        h.emplace("Connection", "close");
+    }
     if (t_conn) t_conn->close_after = true;
 }
 

@@ -1796,6 +1796,7 @@ TEST_CASE("server: HTTP details: 411, 405 with Allow, /v1/models/{id}, the libra
     CHECK(r.status == 411);
     CHECK(error_of(r)["code"] == "length_required");
     CHECK(raw.find("Connection: close\r\n") != std::string::npos);
+    CHECK(raw.find("Keep-Alive:") == std::string::npos);  // (not beside "close")
     // a body too long is refused before it is sent
     // (however many digits: a length past 2^64 was "malformed", 400)
     for (const char* length : {"100000000000", "123456789012345678901234567890"}) {
@@ -1804,6 +1805,8 @@ TEST_CASE("server: HTTP details: 411, 405 with Allow, /v1/models/{id}, the libra
             &raw);
         CHECK(r.status == 413);
         CHECK(error_of(r)["code"] == "request_too_large");
+        CHECK(raw.find("Connection: close\r\n") != std::string::npos);
+        CHECK(raw.find("Keep-Alive:") == std::string::npos);
     }
     // a Content-Length that is not a decimal byte count: 400 at once (the library read "-5" as huge, "abc" as 0)
     for (const char* length : {"-5", "abc", "12x"}) {
@@ -1814,6 +1817,7 @@ TEST_CASE("server: HTTP details: 411, 405 with Allow, /v1/models/{id}, the libra
         CHECK(error_of(r)["message"] ==
               std::string("malformed Content-Length header '") + length + "' (expected a decimal byte count)");
         CHECK(raw.find("Connection: close\r\n") != std::string::npos);
+        CHECK(raw.find("Keep-Alive:") == std::string::npos);  // (not beside "close")
     }
     // two Content-Lengths that differ, or one with chunked encoding: 400 at once (they were served, or waited for)
     r = raw_reply(
@@ -1823,6 +1827,7 @@ TEST_CASE("server: HTTP details: 411, 405 with Allow, /v1/models/{id}, the libra
     CHECK(r.status == 400);
     CHECK(error_of(r)["message"] == "Content-Length headers that disagree");
     CHECK(raw.find("Connection: close\r\n") != std::string::npos);
+    CHECK(raw.find("Keep-Alive:") == std::string::npos);  // (not beside "close")
     r = raw_reply(
         "POST /v1/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nTransfer-Encoding: chunked\r\n"
         "Content-Length: 5\r\n\r\n0\r\n\r\n",
@@ -1846,6 +1851,7 @@ TEST_CASE("server: HTTP details: 411, 405 with Allow, /v1/models/{id}, the libra
                   &raw);
     CHECK(r.status == 400);
     CHECK(raw.find("Connection: close\r\n") != std::string::npos);
+    CHECK(raw.find("Keep-Alive:") == std::string::npos);  // (not beside "close")
     CHECK(raw.find("Connection: close\r\n") == raw.rfind("Connection: close\r\n"));
     // any other transfer coding, alone, in a list or beside a Content-Length: 501 at once (a list waited 10 s for the
     // client to close, then parsed the chunk framing as JSON; gzip with a length was served as if it were not there)
@@ -1858,6 +1864,7 @@ TEST_CASE("server: HTTP details: 411, 405 with Allow, /v1/models/{id}, the libra
         CHECK(error_of(r)["message"] ==
               std::string("unsupported Transfer-Encoding '") + te + "' (only chunked is taken)");
         CHECK(raw.find("Connection: close\r\n") != std::string::npos);
+        CHECK(raw.find("Keep-Alive:") == std::string::npos);  // (not beside "close")
     }
     // a request hidden behind a body the handler does not read (GET with a body; a chunk longer than its size line,
     // which the library's reader takes): answered, then the connection closes, so the hidden one never runs (it
@@ -1892,11 +1899,13 @@ TEST_CASE("server: HTTP details: 411, 405 with Allow, /v1/models/{id}, the libra
     CHECK(r.status == 400);
     error_of(r);
     CHECK(raw.find("Connection: close\r\n") != std::string::npos);
+    CHECK(raw.find("Keep-Alive:") == std::string::npos);  // (not beside "close")
     CHECK(raw.find("Access-Control-Allow-Origin: *\r\n") != std::string::npos);
     r = raw_reply("GET /" + std::string(9000, 'a') + " HTTP/1.1\r\nHost: 127.0.0.1\r\n\r\n", &raw);
     CHECK(r.status == 414);
     error_of(r);
     CHECK(raw.find("Connection: close\r\n") != std::string::npos);
+    CHECK(raw.find("Keep-Alive:") == std::string::npos);  // (not beside "close")
     // wrong methods on known paths: 405 with Allow
     httplib::Client cli("127.0.0.1", port);
     auto g = cli.Get("/v1/chat/completions");
