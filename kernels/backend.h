@@ -273,8 +273,10 @@ struct CudaOptions {
     // matrices (the tuned default). A row's result does not depend on the batch either way.
     int int_gemv_split_k = 0;
     // Q8/Q4 decode GEMVs: the codes copied into shared memory in cp.async stages (up to 32 KB a block in flight)
-    // instead of loaded into registers; bitwise the same results. Not yet measured, so off by default.
-    bool int_gemv_staged = false;
+    // instead of loaded into registers, bitwise the same results. 1: always, -1: never, 0: the tuned default (for
+    // 2 to 4 rows of x; H200, 4B shapes, forty-third session: int4 b=2 +11%, int8 b=3 +45%, but b=1 -2 to -3% and
+    // b=8 -5 to -7%; docs/perf-notes.md).
+    int int_gemv_staged = 0;
     // bf16 matrices with 3 to 16 rows of x (batched decode): 1: all on the tensor-core GEMV (singles, pairs, gate/up,
     // lm_head; 9-16 rows as two mma n-tiles), -1: only groups of 3 or 4 matrices of 3-8 rows there, the others on
     // cuBLASLt; 2: the default up to 8 rows, then groups of 3-4 matrices of up to 16 rows on the tensor-core GEMV and

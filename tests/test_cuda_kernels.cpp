@@ -2097,7 +2097,7 @@ namespace {
 void int_reference_case(const BatchLimits& l, const WorkspaceShape& ws, int split_k, bool staged) {
     CudaOptions o;
     o.int_gemv_split_k = split_k;
-    o.int_gemv_staged = staged;
+    o.int_gemv_staged = staged ? 1 : -1;
     Side gpu(make_cuda_backend(0, o), l, ws, size_t(200) << 20);
     INFO("K split " << split_k << (staged ? ", staged codes" : ""));
     // (T, N, K, group)
@@ -2251,7 +2251,8 @@ TEST_CASE("CUDA Q8/Q4 GEMV: codes staged in shared memory give the register kern
     for (const int split_k : {-1, 1}) {
         CudaOptions o_reg, o_staged;
         o_reg.int_gemv_split_k = o_staged.int_gemv_split_k = split_k;
-        o_staged.int_gemv_staged = true;
+        o_reg.int_gemv_staged = -1;
+        o_staged.int_gemv_staged = 1;
         Side s_reg(make_cuda_backend(0, o_reg), l, ws, size_t(96) << 20);
         Side s_staged(make_cuda_backend(0, o_staged), l, ws, size_t(96) << 20);
         Side* const sides[2] = {&s_reg, &s_staged};

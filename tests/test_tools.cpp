@@ -272,6 +272,7 @@ TEST_CASE("hybrid-bench: CUDA tuning switches are checked, and noted as ignored 
         {{"--attn-splits", "129"}, "--attn-splits must be 0 to 128, got 129"},
         {{"--attn-splits", "-1"}, "--attn-splits must be 0 to 128, got -1"},
         {{"--int-split-k", "sometimes"}, "--int-split-k must be auto, always or never, got 'sometimes'"},
+        {{"--int-gemv-staged", "on"}, "--int-gemv-staged must be auto, always or never, got 'on'"},
         {{"--small-batch-gemv", "some"}, "--small-batch-gemv must be auto, all, groups or mixed, got 'some'"},
         {{"--wgmma-gemm", "yes"}, "--wgmma-gemm must be auto, on, off or uniform, got 'yes'"},
         {{"--wgmma-gemm", "on", "--wgmma-parts", "3"}, "--wgmma-parts must be 0, 1, 2, 4 or 8, got 3"},
@@ -307,6 +308,8 @@ TEST_CASE("hybrid-bench: CUDA tuning switches are checked, and noted as ignored 
                                     "4",
                                     "--int-split-k",
                                     "never",
+                                    "--int-gemv-staged",
+                                    "always",
                                     "--small-batch-gemv",
                                     "groups",
                                     "--no-pdl",
@@ -319,6 +322,7 @@ TEST_CASE("hybrid-bench: CUDA tuning switches are checked, and noted as ignored 
     CHECK(ok.err.find("note: --attn-heads-per-block only changes the CUDA backend; ignored on cpu") !=
           std::string::npos);
     CHECK(ok.err.find("note: --int-split-k only changes the CUDA backend; ignored on cpu") != std::string::npos);
+    CHECK(ok.err.find("note: --int-gemv-staged only changes the CUDA backend; ignored on cpu") != std::string::npos);
     CHECK(ok.err.find("note: --small-batch-gemv only changes the CUDA backend; ignored on cpu") != std::string::npos);
     CHECK(ok.err.find("note: --no-pdl only changes the CUDA backend; ignored on cpu") != std::string::npos);
     CHECK(ok.err.find("note: --wgmma-gemm only changes the CUDA backend; ignored on cpu") != std::string::npos);

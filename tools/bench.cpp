@@ -241,7 +241,8 @@ int main(int argc, char** argv) {
         ("int-split-k", "CUDA, --quant int8/int4 decode GEMVs: split K in two halves: always, never or auto (by shape, "
          "the default)", cxxopts::value<std::string>()->default_value("auto"))
         ("int-gemv-staged", "CUDA, --quant int8/int4 decode GEMVs: copy the codes into shared memory in cp.async stages "
-         "instead of registers (the same results): on or off", cxxopts::value<std::string>()->default_value("off"))
+         "instead of registers (the same results): always, never or auto (2 to 4 rows, the default)",
+         cxxopts::value<std::string>()->default_value("auto"))
         ("small-batch-gemv", "CUDA, bf16 matrices with 3 to 16 rows (batched decode): all (every matrix of 3-16 rows on the "
          "tensor-core GEMV), groups (only groups of 3 or 4 matrices of 3-8 rows there, the others on cuBLASLt), mixed "
          "(all up to 8 rows, then groups of 3 or 4 up to 16 rows there and the others on cuBLASLt) or auto (the "
@@ -375,7 +376,12 @@ int main(int argc, char** argv) {
             mp.cuda.wgmma_stream_k_quant = on_off("wgmma-stream-k-quant");
         }
         mp.cuda.gdn_decode_stream = on_off("gdn-decode-stream");
-        mp.cuda.int_gemv_staged = on_off("int-gemv-staged");
+        {
+            const std::string v = args["int-gemv-staged"].as<std::string>();
+            if (v != "auto" && v != "always" && v != "never")
+                throw tools::UsageError("--int-gemv-staged must be auto, always or never, got '" + v + "'");
+            mp.cuda.int_gemv_staged = v == "always" ? 1 : v == "never" ? -1 : 0;
+        }
         {
             const int blocks = args["gdn-decode-blocks"].as<int>();
             if (blocks != 2 && blocks != 3)

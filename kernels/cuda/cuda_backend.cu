@@ -313,7 +313,7 @@ public:
         if (o.attn_prefill_heads_per_block > 0) ctx_.attn_prefill_heads_per_block = o.attn_prefill_heads_per_block;
         if (o.attn_max_splits > 0) ctx_.attn_max_splits = std::min(o.attn_max_splits, cuda::kAttnMaxSplits);
         ctx_.int_gemv_split_k = o.int_gemv_split_k < 0 ? -1 : o.int_gemv_split_k > 0 ? 1 : 0;
-        ctx_.int_gemv_staged = o.int_gemv_staged;
+        ctx_.int_gemv_staged = o.int_gemv_staged < 0 ? -1 : o.int_gemv_staged > 0 ? 1 : 0;
         if (o.small_batch_gemv == 2) {  // the default up to 8 rows; then groups of 3-4 up to 16, cuBLASLt for others
             ctx_.tc_group_max_rows = cuda::kTcGemvMaxTokens;
             ctx_.wide_gemv_max_rows = 0;
@@ -396,7 +396,12 @@ public:
                (ctx_.int_gemv_split_k > 0   ? "always"
                 : ctx_.int_gemv_split_k < 0 ? "never"
                                             : "by shape") +
-               (ctx_.int_gemv_staged ? ", integer gemv codes staged in shared memory" : "") + ", bf16 gemv of 3-" +
+               ", integer gemv codes staged in shared memory " +
+               (ctx_.int_gemv_staged > 0   ? std::string("always")
+                : ctx_.int_gemv_staged < 0 ? std::string("never")
+                                           : std::to_string(cuda::kIntStagedMinRows) + "-" +
+                                                 std::to_string(cuda::kIntStagedMaxRows) + " rows") +
+               ", bf16 gemv of 3-" +
                (ctx_.tc_gemv_all ? std::to_string(ctx_.tc_gemv_max_rows) + " rows all tensor-core"
                                  : std::string("8 rows groups tensor-core")) +
                (ctx_.tc_group_max_rows > cuda::kGemvMaxTokens

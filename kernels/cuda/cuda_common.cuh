@@ -71,8 +71,9 @@ struct LaunchContext {
     int attn_heads_per_block = kAttnHeadsPerBlock;  // attention.cuh: q heads of one kv head per decode block
     int attn_prefill_heads_per_block = kAttnPrefillHeadsPerBlock;  // attention.cuh: ... per prefill (flash) block
     int attn_max_splits = kAttnDefaultSplits;  // attention.cuh: most position splits of a decode step
-    int int_gemv_split_k = 0;      // int_matmul.cuh: the Q8/Q4 GEMV splits K in two: 1 always, -1 never, 0 by shape
-    bool int_gemv_staged = false;  // int_matmul.cuh: the Q8/Q4 GEMV copies its codes into shared memory (cp.async)
+    int int_gemv_split_k = 0;  // int_matmul.cuh: the Q8/Q4 GEMV splits K in two: 1 always, -1 never, 0 by shape
+    // int_matmul.cuh: the Q8/Q4 GEMV copies its codes into shared memory (cp.async): 1 always, -1 never, 0 by rows
+    int int_gemv_staged = 0;
     // matmul.cuh: bf16 matrices with 3 to tc_gemv_max_rows rows of x all go to the tensor-core GEMV (singles, pairs,
     // gate/up, lm_head); false: only groups of 3 or 4 matrices of 3 to 8 rows, the others to cuBLASLt
     bool tc_gemv_all = kTcGemvAll;

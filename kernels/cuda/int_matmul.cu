@@ -474,7 +474,9 @@ void launch_int_gemv(const bf16* x, int64_t T, Fp8Group g, int64_t K, DType dtyp
     const bool q4 = dtype == DType::Q4, split = group == 32;
     const int mode = swiglu ? 1 : halves ? 2 : 0;
     const int64_t Tb = halves ? std::min<int64_t>(T, 4) : T;  // x rows a block stages
-    const bool staged = ctx.int_gemv_staged && int_gemv_smem(Tb, K, group, true) <= int_gemv_smem_limit();
+    const bool staged =
+        (ctx.int_gemv_staged > 0 || (ctx.int_gemv_staged == 0 && T >= kIntStagedMinRows && T <= kIntStagedMaxRows)) &&
+        int_gemv_smem(Tb, K, group, true) <= int_gemv_smem_limit();
     using Kernel = void (*)(const bf16*, int, Fp8Group, int, int, bool, bf16*);
     // [q4][plain, swiglu, halves][split]
     static constexpr Kernel kernels[2][3][2] = {

@@ -27,6 +27,11 @@ namespace hy::cuda {
 // group (int_quant_shape_ok), 16-byte aligned x and w, and T rows of x plus a 16-row tile's scales within a block's
 // shared memory (about 200 KB on Hopper: T * K up to about 90,000 values with group 32).
 bool int_gemv_fits(const bf16* x, int64_t T, const Matrix& w);
+
+// The rows of x for which the GEMV copies its codes into shared memory by default (LaunchContext::int_gemv_staged
+// 0; CudaOptions::int_gemv_staged has the measurements): the same sums either way.
+constexpr int kIntStagedMinRows = 2;
+constexpr int kIntStagedMaxRows = 4;
 // y = x @ w^T by the integer GEMV (int_gemv_fits; y bf16, or f32 when out_f32).
 void gemv_int(const bf16* x, int64_t T, const Matrix& w, void* y, bool out_f32, const LaunchContext& ctx);
 // The same for 1 to Fp8Group::kMax matrices of one dtype (Q8 or Q4), K and group that share x, in one launch

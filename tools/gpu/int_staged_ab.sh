@@ -1,11 +1,11 @@
 #!/bin/bash
 # The staged Q8/Q4 decode GEMV (CudaOptions::int_gemv_staged, hybrid-bench --int-gemv-staged: the codes copied into
-# shared memory in cp.async stages instead of registers) in one device call: its tests, then 4B decode at 1, 2 and
+# shared memory in cp.async stages instead of registers; by default for 2-4 rows) in one device call: its tests, then 4B decode at 1, 2 and
 # 8 rows with it on and off in the same binary, in alternation (R rounds, default 2), then compute-sanitizer over its
 # test and every [gpu] case. Usage: the device tool, repository root, carry [".carry/deps"]; ONLY="tests bench san
 # gpu" picks steps (the build always runs).
 #   tests  the integer GEMV cases ([int]), among them the staged kernel against the register one, bit for bit
-#   bench  hybrid-bench 4B (--dummy-weights) -p 128 -n 64 -b 1,2,8 -r 1: int4 and int8 staged on then off, and
+#   bench  hybrid-bench 4B (--dummy-weights) -p 128 -n 64 -b 1,2,8 -r 1: int4 and int8 staged always then never, and
 #          int4 with --quant-lm-head (the 248k-row lm_head on the GEMV)
 #   san    compute-sanitizer memcheck over the staged-against-register case
 #   gpu    every [gpu] case (the defaults)
@@ -28,12 +28,12 @@ run() {  # name, flags...
   grep -E '^\| +[0-9]' "$LOG" | tail -3 | sed "s/^/  [$name] /" >>"$SUM"
 }
 for round in $(seq ${R:-2}); do
-  run int4_on --quant int4 --int-gemv-staged on
-  run int4_off --quant int4 --int-gemv-staged off
-  run int8_on --quant int8 --int-gemv-staged on
-  run int8_off --quant int8 --int-gemv-staged off
-  run int4_lm_on --quant int4 --quant-lm-head --int-gemv-staged on
-  run int4_lm_off --quant int4 --quant-lm-head --int-gemv-staged off
+  run int4_on --quant int4 --int-gemv-staged always
+  run int4_off --quant int4 --int-gemv-staged never
+  run int8_on --quant int8 --int-gemv-staged always
+  run int8_off --quant int8 --int-gemv-staged never
+  run int4_lm_on --quant int4 --quant-lm-head --int-gemv-staged always
+  run int4_lm_off --quant int4 --quant-lm-head --int-gemv-staged never
 done
 fi
 if want san && [ $(($(date +%s) - T0)) -lt ${SAN_UNTIL:-500} ]; then
