@@ -329,12 +329,15 @@ int main(int argc, char** argv) {
             mp.cuda.attn_prefill_heads_per_block != 2 && mp.cuda.attn_prefill_heads_per_block != 4)
             throw tools::UsageError("--attn-prefill-heads must be 0, 1, 2 or 4, got " +
                                     std::to_string(mp.cuda.attn_prefill_heads_per_block));
-        {
-            const std::string v = args["int-split-k"].as<std::string>();
+        // an auto|always|never switch's value as 0 / 1 / -1 (anything else is a usage error naming the flag)
+        auto auto_always_never = [&](const char* name) {
+            const std::string v = args[name].as<std::string>();
             if (v != "auto" && v != "always" && v != "never")
-                throw tools::UsageError("--int-split-k must be auto, always or never, got '" + v + "'");
-            mp.cuda.int_gemv_split_k = v == "always" ? 1 : v == "never" ? -1 : 0;
-        }
+                throw tools::UsageError(std::string("--") + name + " must be auto, always or never, got '" + v + "'");
+            return v == "always" ? 1 : v == "never" ? -1 : 0;
+        };
+        mp.cuda.int_gemv_split_k = auto_always_never("int-split-k");
+        mp.cuda.int_gemv_staged = auto_always_never("int-gemv-staged");
         {
             const std::string v = args["small-batch-gemv"].as<std::string>();
             if (v != "auto" && v != "all" && v != "groups" && v != "mixed")
@@ -376,12 +379,6 @@ int main(int argc, char** argv) {
             mp.cuda.wgmma_stream_k_quant = on_off("wgmma-stream-k-quant");
         }
         mp.cuda.gdn_decode_stream = on_off("gdn-decode-stream");
-        {
-            const std::string v = args["int-gemv-staged"].as<std::string>();
-            if (v != "auto" && v != "always" && v != "never")
-                throw tools::UsageError("--int-gemv-staged must be auto, always or never, got '" + v + "'");
-            mp.cuda.int_gemv_staged = v == "always" ? 1 : v == "never" ? -1 : 0;
-        }
         {
             const int blocks = args["gdn-decode-blocks"].as<int>();
             if (blocks != 2 && blocks != 3)
