@@ -354,8 +354,9 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
     if (r.has("rope_scaling")) {
         const json& rs = tj->at("rope_scaling");
         if (!rs.is_object()) r.fail("rope_scaling", "must be an object or null");
-        for (const char* f : {"rope_type", "type"})
-            check_rope_type(rs, f, std::string("rope_scaling.") + f, std::string("rope_scaling ") + f, true);
+        // rope_type, else the legacy type (as transformers reads them: a rope_type wins over a type beside it)
+        const char* f = rs.contains("rope_type") && !rs.at("rope_type").is_null() ? "rope_type" : "type";
+        check_rope_type(rs, f, std::string("rope_scaling.") + f, std::string("rope_scaling ") + f, true);
         // a scale factor with no type names no rotation (transformers refuses it too): not dropped in silence
         const auto has = [&](const char* f) { return rs.contains(f) && !rs.at(f).is_null(); };
         if (has("factor") && !has("rope_type") && !has("type"))
@@ -454,12 +455,25 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
         };
         // (the top level's original_max_position_embeddings first, as transformers' standardize_rope_params; a
         // whole number >= 1 in either place)
-        double original = r.has("original_max_position_embeddings")
-                              ? double(r.get_int("original_max_position_embeddings", 1))
-                              : number("original_max_position_embeddings");
+        // (both given: they must agree)
+        double original = number("original_max_position_embeddings");
         if (!std::isnan(original) && !(original >= 1.0 && original == std::floor(original) && original <= 1e15))
             r.fail(yarn_prefix + "original_max_position_embeddings",
                    "must be a whole number >= 1, found " + yarn->at("original_max_position_embeddings").dump());
+        if (r.has("original_max_position_embeddings")) {
+            const double top = double(r.get_int("original_max_position_embeddings", 1));
+            if (!std::isnan(original) && original != top)
+                r.fail(yarn_prefix + "original_max_position_embeddings",
+                       "is " + yarn->at("original_max_position_embeddings").dump() +
+                           ", but the top level's original_max_position_embeddings is " + std::to_string(int64_t(top)) +
+                           " (give one value)");
+            original = top;
+        }
+        // (neither a factor nor the original length: the implied factor would be 1, YaRN doing nothing)
+        if (std::isnan(original) && std::isnan(number("factor")))
+            r.fail(yarn_prefix + "factor",
+                   "is needed by rope_type 'yarn' (or original_max_position_embeddings, for max_position_embeddings / "
+                   "original_max_position_embeddings)");
         if (std::isnan(original)) original = double(c.max_position_embeddings);
         if (!(original >= 1.0))
             r.fail(yarn_prefix + "original_max_position_embeddings",
@@ -484,9 +498,17 @@ static ModelConfig parse_model_config_impl(const std::string& text, const std::s
                             ? mscale(factor, ms) / mscale(factor, ms_all)
                             : mscale(factor, 1.0);
         if (!(attention > 0.0)) r.fail(yarn_prefix + "attention_factor", "must be positive");
+        // (kept as f32: a value past its range became inf, and the logits NaN only at generation)
+        if (!std::isfinite(float(factor))) r.fail(yarn_prefix + "factor", "is too large (past the f32 range)");
+        if (!std::isfinite(float(attention)))
+            r.fail(yarn_prefix + (std::isnan(number("attention_factor")) ? "mscale" : "attention_factor"),
+                   "gives an attention factor past the f32 range");
         double beta_fast = number("beta_fast"), beta_slow = number("beta_slow");
         if (std::isnan(beta_fast) || beta_fast == 0.0) beta_fast = 32.0;  // (transformers: `or 32`)
         if (std::isnan(beta_slow) || beta_slow == 0.0) beta_slow = 1.0;
+        // (a rotation count below 0 has no logarithm: the correction range was NaN, which ran without a word)
+        for (const auto& [name, v] : {std::pair<const char*, double>{"beta_fast", beta_fast}, {"beta_slow", beta_slow}})
+            if (!(v > 0.0)) r.fail(yarn_prefix + name, "must be positive, found " + yarn->at(name).dump());
         bool truncate = true;
         if (yarn->contains("truncate") && !yarn->at("truncate").is_null()) {
             if (!yarn->at("truncate").is_boolean()) r.fail(yarn_prefix + "truncate", "must be true or false");

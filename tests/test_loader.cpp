@@ -346,7 +346,21 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
                  {{{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64.5}},
                   "field 'rope_scaling.original_max_position_embeddings' must be a whole number >= 1, found 64.5"},
                  {{{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", -64}},
-                  "field 'rope_scaling.original_max_position_embeddings' must be a whole number >= 1, found -64"}}) {
+                  "field 'rope_scaling.original_max_position_embeddings' must be a whole number >= 1, found -64"},
+                 // (the fresh-user test of the forty-third session: each of these ran, some with NaN or inf inside)
+                 {{{"rope_type", "yarn"}}, "field 'rope_scaling.factor' is needed by rope_type 'yarn'"},
+                 {{{"rope_type", "yarn"}, {"factor", 4.0}, {"beta_fast", -1}},
+                  "field 'rope_scaling.beta_fast' must be positive, found -1"},
+                 {{{"rope_type", "yarn"}, {"factor", 4.0}, {"beta_slow", -1.5}},
+                  "field 'rope_scaling.beta_slow' must be positive, found -1.5"},
+                 {{{"rope_type", "yarn"}, {"factor", 1e300}}, "field 'rope_scaling.factor' is too large"},
+                 {{{"rope_type", "yarn"}, {"factor", 4.0}, {"attention_factor", 1e39}},
+                  "field 'rope_scaling.attention_factor' gives an attention factor past the f32 range"},
+                 {{{"rope_type", "yarn"}, {"factor", 4.0}, {"mscale", 1e300}, {"mscale_all_dim", 1.0}},
+                  "field 'rope_scaling.mscale' gives an attention factor past the f32 range"},
+                 // (a rope_type wins over the legacy type beside it, as transformers reads them)
+                 {{{"rope_type", "linear"}, {"type", "yarn"}, {"factor", 4.0}},
+                  "unsupported rope_scaling rope_type 'linear'"}}) {
             TempDir d;
             nlohmann::json j = nlohmann::json::parse(config);
             j["rope_scaling"] = yarn;
@@ -369,6 +383,35 @@ TEST_CASE("loader: bad model folders give clear errors", "[loader]") {
             require_error([&] { Model::load(d.path, p); }, Status::format,
                           "rope_parameters.rope_type and rope_scaling rope_type both say 'yarn', with other values");
             j["rope_scaling"]["factor"] = 4.0;  // (the same values: taken)
+            write_model_dir(d.path, tensors, j.dump());
+            CHECK(Model::load(d.path, p)->config().rope_yarn_factor == 4.0f);
+        }
+        {  // rope_type "default" beside type "yarn": no scaling (rope_type wins); YaRN's rope_type beside another type
+            TempDir d;
+            nlohmann::json j = nlohmann::json::parse(config);
+            j["rope_scaling"] = {
+                {"rope_type", "default"}, {"type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 64}};
+            write_model_dir(d.path, tensors, j.dump());
+            CHECK(Model::load(d.path, p)->config().rope_yarn_factor == 0.0f);
+            j["rope_scaling"]["rope_type"] = "yarn";
+            j["rope_scaling"]["type"] = "linear";
+            write_model_dir(d.path, tensors, j.dump());
+            CHECK(Model::load(d.path, p)->config().rope_yarn_factor == 4.0f);
+        }
+        {  // original_max_position_embeddings at the top level and in the YaRN object: they must agree
+            TempDir d;
+            nlohmann::json j = nlohmann::json::parse(config);
+            j["rope_scaling"] = {{"rope_type", "yarn"}, {"factor", 4.0}, {"original_max_position_embeddings", 32}};
+            j["original_max_position_embeddings"] = 64;
+            write_model_dir(d.path, tensors, j.dump());
+            require_error([&] { Model::load(d.path, p); }, Status::format,
+                          "field 'rope_scaling.original_max_position_embeddings' is 32, but the top level's "
+                          "original_max_position_embeddings is 64 (give one value)");
+            j["rope_scaling"]["original_max_position_embeddings"] = 64.5;  // (checked though the top level has one)
+            write_model_dir(d.path, tensors, j.dump());
+            require_error([&] { Model::load(d.path, p); }, Status::format,
+                          "field 'rope_scaling.original_max_position_embeddings' must be a whole number >= 1");
+            j["rope_scaling"]["original_max_position_embeddings"] = 64;  // (the same value: taken)
             write_model_dir(d.path, tensors, j.dump());
             CHECK(Model::load(d.path, p)->config().rope_yarn_factor == 4.0f);
         }
